@@ -1,0 +1,42 @@
+"""The `servelab` command. Each feature module adds its own subcommand with ``register``."""
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, imported only when present so each role installs only what it needs.
+COMMAND_MODULES = (
+    "servelab.artifacts",  # models build
+    "servelab.serve",  # serve fastapi-pt | fastapi-onnx | flask
+    "servelab.triton.cli",  # triton up | down | stage
+    "servelab.bench.cli",  # bench fastapi | triton | perf-analyzer | input-data
+    "servelab.report",  # report
+    "servelab.lab",  # lab
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servelab", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name or name.startswith(f"{exc.name}."):
+                continue  # that feature is not part of this checkout
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

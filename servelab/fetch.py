@@ -1,0 +1,70 @@
+"""Download a file and verify it against a pinned git blob SHA-1, all or nothing.
+
+GitHub raw URLs are pinned by commit, and a file's git blob SHA-1 can be read from the repository
+(``git ls-tree``), so it is the natural hash to pin. Nothing is written under the final name until
+every byte has arrived and matched.
+"""
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+class FetchError(RuntimeError):
+    """The download failed or did not match its pinned hash; nothing was left behind."""
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The SHA-1 git gives a file's content: sha1(b"blob <size>\\0" + data)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_git_blob(path: Path, expected_sha1: str) -> None:
+    actual = git_blob_sha1(Path(path).read_bytes())
+    if actual != expected_sha1:
+        raise FetchError(f"{path}: git blob SHA-1 is {actual}, expected {expected_sha1}")
+
+
+def fetch(url: str, dest: Path, expected_git_sha1: str, timeout: float = 60.0) -> Path:
+    """Download ``url`` to ``dest`` unless ``dest`` already holds the expected content."""
+    dest = Path(dest)
+    if dest.exists():
+        try:
+            verify_git_blob(dest, expected_git_sha1)
+            return dest
+        except FetchError:
+            dest.unlink()  # a stale or corrupted cache entry: fetch again
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    what = f"{url} (expected git blob SHA-1 {expected_git_sha1})"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data = response.read()  # raises IncompleteRead when the body is shorter than announced
+    except urllib.error.HTTPError as exc:
+        raise FetchError(f"download of {what} failed: HTTP {exc.code} {exc.reason}") from None
+    except Exception as exc:
+        raise FetchError(f"download of {what} failed: {type(exc).__name__}: {exc}") from None
+    actual = git_blob_sha1(data)
+    if actual != expected_git_sha1:
+        raise FetchError(f"download of {what} got {len(data)} bytes with git blob SHA-1 {actual}; refusing it")
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return dest

@@ -1,0 +1,68 @@
+"""Run the classifier on a preprocessed batch: the same call for PyTorch and ONNX Runtime.
+
+Both classes take float32 [N, 3, 224, 224] and return float32 [N, 11] logits; softmax and labels
+are ``servelab.postprocess``'s job, so every stage reports probabilities the same way.
+"""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from servelab.artifacts import Manifest, load_manifest
+
+log = logging.getLogger(__name__)
+
+
+class TorchClassifier:
+    """The manifest's architecture with its state_dict (loaded with weights_only=True)."""
+
+    def __init__(self, manifest_path: Path, device: str = "cpu", fp16: bool = False, threads: int | None = None):
+        import torch
+
+        from servelab.models import build_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.manifest: Manifest = load_manifest(manifest_path)
+        self.device = torch.device(device)
+        # fp16 halves memory traffic on a GPU; CPUs have no fast fp16 path, so it stays fp32 there.
+        self.dtype = torch.float16 if fp16 and self.device.type == "cuda" else torch.float32
+        weights = Path(manifest_path).parent / self.manifest.state_dict_file
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        model = build_model(self.manifest.architecture)
+        model.load_state_dict(state, strict=True)
+        self.model = model.to(self.device, self.dtype).eval()
+        self._torch = torch
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        with torch.inference_mode():
+            x = torch.from_numpy(np.ascontiguousarray(batch)).to(self.device, self.dtype)
+            return self.model(x).float().cpu().numpy()
+
+    def describe(self) -> dict:
+        return {"runtime": "pytorch", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
+
+
+class OnnxClassifier:
+    """An ONNX Runtime session over the exported model."""
+
+    def __init__(self, onnx_path: Path, providers: list | None = None, session_options=None):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(
+            str(onnx_path), sess_options=session_options, providers=providers or ["CPUExecutionProvider"]
+        )
+        self.input_name = self.session.get_inputs()[0].name
+        self.output_name = self.session.get_outputs()[0].name
+
+    @property
+    def active_providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        return self.session.run([self.output_name], {self.input_name: np.ascontiguousarray(batch, np.float32)})[0]
+
+    def describe(self) -> dict:
+        return {"runtime": "onnxruntime", "providers": self.active_providers}

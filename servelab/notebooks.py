@@ -1,0 +1,87 @@
+"""Render the lab notebooks from their Jupytext Markdown sources.
+
+The numbered ``notebooks/N_name.md`` files are the source of truth; the ``.ipynb`` beside
+each one is generated (no outputs, stable cell ids) so that rendering twice gives the same
+bytes and ``--check`` can compare files exactly.
+
+    python -m servelab.notebooks          # write every .ipynb that is out of date
+    python -m servelab.notebooks --check  # only report; exit 1 if anything is out of sync
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The numbered Markdown sources, in the order students run them (README.md is not one)."""
+    return sorted(directory.glob("[0-9]*_*.md"))
+
+
+def to_notebook(source: Path) -> nbformat.NotebookNode:
+    """Read one Markdown source into the notebook that is committed beside it."""
+    nb = jupytext.read(source, fmt="md")
+    # jupytext's own bookkeeping would pair the .ipynb with the .md in Jupyter; students
+    # edit the .ipynb freely, so leave it out.
+    nb.metadata.pop("jupytext", None)
+    for index, cell in enumerate(nb.cells):
+        # jupytext draws random ids; fixed ones keep re-rendering byte-identical.
+        cell.id = f"cell-{index}"
+    return nb
+
+
+def to_ipynb_text(nb: nbformat.NotebookNode) -> str:
+    nbformat.validate(nb)
+    return nbformat.writes(nb, version=4) + "\n"
+
+
+def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
+    """Make the .ipynb files mirror the sources; with ``check`` change nothing.
+
+    Returns one line per .ipynb that was (or, with ``check``, would be) written or removed;
+    an empty list means everything is in sync.
+    """
+    messages = []
+    targets = set()
+    for source in sources(directory):
+        target = source.with_suffix(".ipynb")
+        targets.add(target)
+        text = to_ipynb_text(to_notebook(source))
+        if target.exists() and target.read_text(encoding="utf-8") == text:
+            continue
+        if check:
+            messages.append(f"{target.name} is out of sync with {source.name}")
+        else:
+            target.write_text(text, encoding="utf-8")
+            messages.append(f"rendered {target.name}")
+    for orphan in sorted(set(directory.glob("*.ipynb")) - targets):
+        if check:
+            messages.append(f"{orphan.name} has no Markdown source")
+        else:
+            orphan.unlink()
+            messages.append(f"removed {orphan.name} (no Markdown source)")
+    return messages
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servelab.notebooks", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report out-of-sync notebooks, write nothing")
+    args = parser.parse_args(argv)
+    messages = render(check=args.check)
+    for line in messages:
+        print(line)
+    if args.check and messages:
+        print("run `make notebooks` to re-render", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Preprocessing against an independently written reference (Pillow resize, then torch tensor ops)."""
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from photos import coffee, variants
+from servelab.preprocess import ImageError, ImageTooLarge, decode_base64, load_image, preprocess
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+
+def reference(data: bytes) -> np.ndarray:
+    """torchvision's Resize(256) + CenterCrop(224) + ToTensor + Normalize, written out by hand."""
+    im = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    if im.mode == "I;16":
+        im = Image.fromarray((np.asarray(im, dtype=np.float64) / 257).round().astype(np.uint8))
+    if im.mode in ("RGBA", "P"):
+        im = Image.alpha_composite(Image.new("RGBA", im.size, "white"), im.convert("RGBA"))
+    im = im.convert("RGB")
+    w, h = im.size
+    scale = 256 / min(w, h)
+    size = (256, int(h * scale)) if w <= h else (int(w * scale), 256)
+    t = torch.from_numpy(np.array(im.resize(size, Image.BILINEAR))).permute(2, 0, 1).float() / 255
+    top, left = round((t.shape[1] - 224) / 2), round((t.shape[2] - 224) / 2)
+    t = t[:, top : top + 224, left : left + 224]
+    return ((t - MEAN) / STD).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(variants()))
+def test_matches_reference(name):
+    data = variants()[name]
+    ours = preprocess(data)
+    assert ours.shape == (3, 224, 224) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, reference(data), atol=1e-5)
+
+
+def test_exif_orientation_is_applied():
+    upright = preprocess(variants()["png"])
+    rotated = preprocess(variants()["exif_rotated_jpeg"])
+    # Same photo after undoing the rotation (JPEG noise only); the unrotated pixels would differ a lot.
+    assert np.abs(upright - rotated).mean() < 0.05
+    sideways = np.rot90(upright, k=1, axes=(1, 2))
+    assert np.abs(sideways - rotated).mean() > 0.3
+
+
+def test_transparent_pixels_become_white():
+    im = Image.new("RGBA", (64, 64), (255, 0, 0, 0))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    x = preprocess(buf.getvalue())
+    white = (1 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(x[:, 100, 100], white, atol=1e-5)
+
+
+def test_base64_round_trip_and_data_url():
+    data = variants()["jpeg"]
+    text = base64.b64encode(data).decode()
+    assert decode_base64(text) == data
+    assert decode_base64("data:image/jpeg;base64," + text[:40] + "\n" + text[40:]) == data
+
+
+@pytest.mark.parametrize("text", ["", "   ", "not base64!!", "abc"])
+def test_bad_base64(text):
+    with pytest.raises(ImageError):
+        decode_base64(text)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares width x height but carries almost no data (a decompression bomb)."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("size", [(100_000, 100_000), (10_000, 5_000)])
+def test_bombs_refused_before_decoding(size):
+    with pytest.raises(ImageTooLarge):
+        load_image(_png_header(*size), max_pixels=40_000_000)
+
+
+def test_pixel_limit_is_configurable():
+    with pytest.raises(ImageTooLarge):
+        load_image(variants()["jpeg"], max_pixels=1000)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"plain text, not an image", variants()["jpeg"][:2000], _png_header(1, 1)],
+    ids=["empty", "text", "truncated", "one_pixel"],
+)
+def test_bad_images(data):
+    with pytest.raises(ImageError) as err:
+        preprocess(data)
+    assert str(err.value)  # a message a person can read
+
+
+def test_animated_gif_uses_first_frame():
+    first = coffee()
+    frames = [first, first.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    still = io.BytesIO()
+    first.save(still, "GIF")
+    np.testing.assert_allclose(preprocess(buf.getvalue()), preprocess(still.getvalue()), atol=1e-5)
