@@ -28,7 +28,7 @@ notebooks: $(STAMP)
 	$(BIN)/python -m servelab.notebooks
 
 bench: $(STAMP)
-	$(BIN)/servelab bench serving
+	$(BIN)/servelab benchmark
 
 clean:
 	rm -rf $(VENV) models results .servelab

@@ -1,0 +1,101 @@
+"""Start a server as a child process, wait until it answers, and always stop it by its PID.
+
+Used by the local stage runner, the CLI and the tests, so every server we start is ours to end
+and none is left running after Ctrl-C or a failure.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ok(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before {url} was ready{_tail(log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+                last = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except OSError as exc:
+            last = type(exc).__name__
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f} s ({last}){_tail(log)}")
+
+
+def _tail(log: Path | None, lines: int = 20) -> str:
+    if log is None or not Path(log).exists():
+        return ""
+    text = Path(log).read_text(errors="replace").splitlines()[-lines:]
+    return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
+
+
+class ServerProcess:
+    """A child server process in its own process group, logging to a file.
+
+    Use as a context manager, or call ``start()``/``stop()``; ``stop()`` is idempotent.
+    """
+
+    def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None, ready_timeout: float = 120.0, stop_timeout: float = 40.0):
+        self.cmd, self.ready_url, self.log = cmd, ready_url, Path(log)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd, self.ready_timeout, self.stop_timeout = cwd, ready_timeout, stop_timeout
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> "ServerProcess":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            # A new session, so a terminal's Ctrl-C reaches us, not the server; we stop it ourselves.
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                         cwd=self.cwd, start_new_session=True)
+        try:
+            wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM the process group we created, then SIGKILL it if it lingers."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)  # the group id is our child's PID (start_new_session)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
