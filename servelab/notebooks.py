@@ -17,7 +17,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+from servelab.paths import REPO_ROOT
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
 def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:

@@ -1,0 +1,80 @@
+"""Doubles for python-chi, for executing the provisioning notebooks without Chameleon.
+
+This module is imported *inside the notebook's kernel* by a cell the tests put in front of the
+notebook. Every double is built with autospec from the installed python-chi, so a call with an
+argument name the real library does not take, or of a method it no longer has, fails the
+notebook. ``submit`` accepts ``**kwargs``, so the tests also assert the exact calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import socket
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any, Callable
+from unittest import mock
+
+import chi.context
+import chi.hardware
+import chi.lease
+import chi.server
+
+# The names the notebooks go through (`from chi import lease` then `lease.Lease(...)`).
+PATCHED = (
+    "chi.context.choose_project",
+    "chi.context.choose_site",
+    "chi.hardware.get_nodes",
+    "chi.lease.Lease",
+    "chi.lease.get_lease",
+    "chi.server.Server",
+    "chi.server.get_server",
+)
+RESERVATION_ID = "0b7c4f9e-5d1a-4e8b-9c2f-reservation"
+FLOATING_IP = "192.0.2.10"  # TEST-NET-1 (RFC 5737): documentation only, never routed
+
+
+def _refuse_network(*args: Any, **kwargs: Any) -> None:
+    raise ConnectionError("a notebook under test tried to reach the network")
+
+
+def _node(name: str, free_from: datetime, free_until: datetime | None) -> mock.Mock:
+    node = mock.create_autospec(chi.hardware.Node, instance=True)
+    # Dataclass fields are instance attributes, which autospec cannot see.
+    node.name, node.type = name, "gpu_p100"
+    node.next_free_timeslot.return_value = (free_from, free_until)
+    return node
+
+
+def install() -> SimpleNamespace:
+    """Patch python-chi in this process, block sockets, and return the doubles by name."""
+    real_lease, real_server = chi.lease.Lease, chi.server.Server
+    doubles = {target.rsplit(".", 1)[1]: mock.patch(target, autospec=True).start() for target in PATCHED}
+    for name in ("connect", "connect_ex"):
+        setattr(socket.socket, name, _refuse_network)
+    socket.getaddrinfo = _refuse_network
+
+    now = datetime.now(timezone.utc)
+    nodes = [
+        _node("P3-GPU-009", now + timedelta(hours=6), None),
+        _node("P3-GPU-010", now + timedelta(minutes=20), now + timedelta(days=1)),
+    ]
+    doubles["get_nodes"].return_value = nodes
+
+    # A lease that has started, as `get_lease` finds it.
+    active = mock.create_autospec(real_lease, instance=True)
+    active.status = "ACTIVE"
+    active.node_reservations = [{"id": RESERVATION_ID, "resource_type": "physical:host"}]
+    doubles["get_lease"].return_value = active
+
+    # A fresh server: no floating IP until one is associated.
+    new_server = doubles["Server"].return_value
+    new_server.get_floating_ip.side_effect = lambda: FLOATING_IP if new_server.associate_floating_ip.called else None
+    doubles["get_server"].return_value = mock.create_autospec(real_server, instance=True)
+
+    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server)
+
+
+def arguments(recorded: mock._Call, double: Callable[..., Any]) -> dict[str, Any]:
+    """The arguments of a call recorded by an autospec double, by parameter name, however passed."""
+    return dict(inspect.signature(double).bind(*recorded.args, **recorded.kwargs).arguments)

@@ -1,0 +1,90 @@
+"""Execute a lab notebook the way a student would, in a fresh kernel of this interpreter.
+
+The notebook is rendered from its Markdown source (the committed .ipynb is checked to be the same
+elsewhere). Tests can give values to the names assigned in cells tagged ``parameters`` (a cell
+with the new values goes right after the cell that assigns them, as papermill does), and put
+cells before and after the notebook's own: a prologue that installs doubles, an epilogue that
+asserts what the notebook did.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from ipykernel.kernelspec import write_kernel_spec
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+from servelab.notebooks import NOTEBOOK_DIR, to_notebook
+
+TESTS_DIR = Path(__file__).resolve().parent
+KERNEL_NAME = "python3"
+
+
+def parameter_names(cell: nbformat.NotebookNode) -> list[str]:
+    """The names a ``parameters`` cell assigns, in order."""
+    names = []
+    for statement in ast.parse(cell.source).body:
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        names += [target.id for target in targets]
+    return names
+
+
+def parameters_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+
+
+def kernel_manager(directory: Path) -> KernelManager:
+    """A kernel manager whose ``python3`` is this interpreter, whatever else is installed.
+
+    Writes a spec for ``sys.executable`` into ``directory`` and looks nowhere else, so a
+    user's or the system's own ``python3`` kernel (maybe another Python) is never picked.
+    """
+    spec_dir = directory / "kernels" / KERNEL_NAME
+    if not spec_dir.exists():
+        write_kernel_spec(spec_dir, overrides={"env": {"IPYTHONDIR": str(directory / "ipython")}})
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)], ensure_native_kernel=False)
+    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
+
+
+def _code_cell(source: str, tag: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_code_cell(source, metadata={"tags": [tag]})
+
+
+def execute(
+    stem: str,
+    kernel_dir: Path,
+    workdir: Path,
+    *,
+    parameters: dict[str, Any] | None = None,
+    prologue: str = "",
+    epilogue: str = "",
+    timeout: int = 60,
+) -> nbformat.NotebookNode:
+    """Run ``notebooks/<stem>.md`` top to bottom in ``workdir``; raise on the first failing cell."""
+    nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
+    pending = dict(parameters or {})
+    for cell in parameters_cells(nb):
+        given = {name: pending.pop(name) for name in parameter_names(cell) if name in pending}
+        if given:
+            source = "\n".join(f"{name} = {value!r}" for name, value in given.items())
+            nb.cells.insert(nb.cells.index(cell) + 1, _code_cell(source, "injected-parameters"))
+    if pending:
+        raise KeyError(f"{stem} has no parameters cell for {sorted(pending)}")
+    if prologue:
+        nb.cells.insert(0, _code_cell(prologue, "injected-prologue"))
+    if epilogue:
+        nb.cells.append(_code_cell(epilogue, "injected-epilogue"))
+    client = NotebookClient(
+        nb,
+        km=kernel_manager(kernel_dir),
+        timeout=timeout,
+        startup_timeout=60,
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    client.execute()
+    return nb

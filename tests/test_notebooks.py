@@ -1,0 +1,273 @@
+"""The lab notebooks: rendered from their sources, clean, and executable.
+
+The provisioning notebooks (1_, 2_, 7_) run top to bottom in a real kernel with python-chi
+replaced by autospec doubles of the installed library (tests/chi_doubles.py); the last cell of
+each run asserts the calls the notebook made.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient.exceptions import CellExecutionError
+
+from servelab.notebooks import NOTEBOOK_DIR, render, sources, to_notebook
+from notebook_harness import TESTS_DIR, execute, parameter_names, parameters_cells
+
+SOURCES = sources()
+STEMS = [source.stem for source in SOURCES]
+PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "7_delete_resources"]
+NET_ID = "ab1234"
+
+FORBIDDEN = {
+    "a Jupyter token": r"[?&]token=\w",
+    "an OpenStack password": r"OS_PASSWORD\s*[=:]\s*\S",
+    "an application credential secret": r"OS_APPLICATION_CREDENTIAL_SECRET\s*[=:]\s*\S",
+    "a private key": r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+    "a GitHub token": r"\bgh[pousr]_[A-Za-z0-9]{20,}",
+    "an absolute path on the node": r"/home/cc/",
+    "an unpinned image": r":latest\b",
+}
+
+# Runs first in the kernel: python-chi doubles, no network, tracebacks without colour codes.
+PROLOGUE = f"""
+%colors nocolor
+import sys
+sys.path.insert(0, {str(TESTS_DIR)!r})
+import chi_doubles
+doubles = chi_doubles.install()
+"""
+
+
+def _cells(nb: nbformat.NotebookNode) -> list[tuple[str, str, list[str]]]:
+    return [(cell.cell_type, cell.source, cell.metadata.get("tags", [])) for cell in nb.cells]
+
+
+def _code(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kernel")
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def test_provisioning_notebooks_exist() -> None:
+    assert {"0_intro", *PROVISIONING} <= set(STEMS)
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=STEMS)
+def test_committed_ipynb_matches_its_source(source: Path) -> None:
+    committed = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    rendered = to_notebook(source)
+    assert _cells(committed) == _cells(rendered)
+    assert committed.metadata == rendered.metadata
+
+
+def test_render_check_finds_everything_in_sync() -> None:
+    assert render(check=True) == []
+
+
+def test_render_writes_checks_and_removes(tmp_path: Path) -> None:
+    shutil.copy(NOTEBOOK_DIR / "7_delete_resources.md", tmp_path)
+    (tmp_path / "README.md").write_text("# not a notebook\n")
+    (tmp_path / "9_gone.ipynb").write_text("{}")
+
+    assert render(check=True, directory=tmp_path) == [
+        "7_delete_resources.ipynb is out of sync with 7_delete_resources.md",
+        "9_gone.ipynb has no Markdown source",
+    ]
+    assert render(directory=tmp_path) == ["rendered 7_delete_resources.ipynb", "removed 9_gone.ipynb (no Markdown source)"]
+    assert render(check=True, directory=tmp_path) == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["7_delete_resources.ipynb", "7_delete_resources.md", "README.md"]
+
+    first = (tmp_path / "7_delete_resources.ipynb").read_text()
+    assert render(directory=tmp_path) == []  # rendering is stable: same bytes, nothing rewritten
+    assert (tmp_path / "7_delete_resources.ipynb").read_text() == first
+
+    source = tmp_path / "7_delete_resources.md"
+    source.write_text(source.read_text() + "\nOne more line.\n")
+    assert render(check=True, directory=tmp_path) == ["7_delete_resources.ipynb is out of sync with 7_delete_resources.md"]
+
+
+# --- what is committed -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=STEMS)
+def test_ipynb_is_valid_and_has_no_outputs(source: Path) -> None:
+    nb = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == "python3"
+    for cell in _code(nb):
+        assert cell.outputs == [] and cell.execution_count is None, cell.source
+
+
+@pytest.mark.parametrize("path", [*SOURCES, *(source.with_suffix(".ipynb") for source in SOURCES)], ids=lambda path: path.name)
+def test_no_secrets_or_machine_specifics(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    found = [what for what, pattern in FORBIDDEN.items() if re.search(pattern, text)]
+    assert found == [], f"{path.name} contains {', '.join(found)}"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=STEMS)
+def test_first_cell_says_where_it_runs_and_which_kernel(source: Path) -> None:
+    first = to_notebook(source).cells[0]
+    assert first.cell_type == "markdown"
+    assert re.search(r"\*\*Runs in:\*\* \S", first.source)
+    assert re.search(r"\*\*Kernel:\*\* \S", first.source)
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=STEMS)
+def test_parameters_cells_only_assign_literals(source: Path) -> None:
+    """So values can be injected (as here, or by papermill) and students see plain settings."""
+    for cell in parameters_cells(to_notebook(source)):
+        assert cell.cell_type == "code"
+        for statement in ast.parse(cell.source).body:
+            assert isinstance(statement, (ast.Assign, ast.AnnAssign)), cell.source
+            ast.literal_eval(statement.value)
+
+
+@pytest.mark.parametrize("stem", PROVISIONING)
+def test_net_id_is_set_once_at_the_top(stem: str) -> None:
+    nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
+    code = _code(nb)
+    assert code[0] in parameters_cells(nb)
+    assert parameter_names(code[0])[0] == "NET_ID"
+    assert 'NET_ID = ""' in code[0].source
+    assigning = [cell.source for cell in code if re.search(r"^NET_ID\s*[:=]", cell.source, re.MULTILINE)]
+    assert assigning == [code[0].source]
+
+
+# --- executed with python-chi doubles ---------------------------------------------------------
+
+CHECK_STUDENT_LEASE = """
+from datetime import timedelta
+from chi_doubles import arguments
+
+doubles.choose_project.assert_called_once_with()
+doubles.choose_site.assert_called_once_with(default="CHI@TACC")
+doubles.get_nodes.assert_any_call(node_type="gpu_p100", filter_reserved=True)
+for node in doubles.nodes:
+    node.next_free_timeslot.assert_called_once_with(minimum_hours=4)
+
+(made,) = doubles.Lease.call_args_list
+args = arguments(made, doubles.Lease)
+assert set(args) == {"name", "start_date", "end_date"}, args  # not duration: counted from now
+assert args["name"] == "serve_system_ab1234"
+earliest_free = min(node.next_free_timeslot.return_value[0] for node in doubles.nodes)
+start = args["start_date"]
+assert start.utcoffset() == timedelta(0) and (start.minute, start.second, start.microsecond) == (0, 0, 0)
+assert earliest_free < start <= earliest_free + timedelta(hours=1)
+assert args["end_date"] - start == timedelta(hours=2, minutes=55)
+
+new_lease = doubles.Lease.return_value
+new_lease.add_node_reservation.assert_called_once_with(amount=1, node_type="gpu_p100")
+new_lease.submit.assert_called_once_with(idempotent=True, wait_for_active=False)
+"""
+
+CHECK_CLASS_LEASES = """
+from datetime import datetime, timezone
+from unittest import mock
+from chi_doubles import arguments
+
+made = [arguments(recorded, doubles.Lease) for recorded in doubles.Lease.call_args_list]
+assert [args["name"] for args in made] == ["serve_system_ab1234", "serve_system_cd5678", "serve_system_ef9012"]
+assert made[0]["start_date"] == datetime(2030, 1, 7, 15, tzinfo=timezone.utc)
+new_lease = doubles.Lease.return_value
+new_lease.add_node_reservation.assert_has_calls([mock.call(amount=1, node_type="gpu_p100")] * 3)
+new_lease.submit.assert_has_calls([mock.call(idempotent=True, wait_for_active=False)] * 3)
+assert new_lease.submit.call_count == 3
+"""
+
+CHECK_SERVER = """
+from chi_doubles import FLOATING_IP, RESERVATION_ID
+
+doubles.choose_project.assert_called_once_with()
+doubles.choose_site.assert_called_once_with(default="CHI@TACC")
+doubles.get_lease.assert_called_once_with("serve_system_ab1234")
+doubles.Server.assert_called_once_with(
+    "node-serve-system-ab1234", reservation_id=RESERVATION_ID, image_name="CC-Ubuntu24.04-CUDA"
+)
+s = doubles.new_server
+s.submit.assert_called_once_with(idempotent=True)
+s.associate_floating_ip.assert_called_once_with()
+s.check_connectivity.assert_called_once_with()
+assert ip == FLOATING_IP
+
+commands = [recorded.args[0] for recorded in s.execute.call_args_list]
+assert all(recorded.kwargs == {} for recorded in s.execute.call_args_list)
+
+def step(fragment):
+    (index,) = [i for i, command in enumerate(commands) if fragment in command]
+    return index
+
+assert "git clone https://git.example.org/course/servelab.git ~/servelab" in commands[step("git clone")]
+assert "/etc/docker/daemon.json" in commands[step("native.cgroupdriver=cgroupfs")]
+step("apt-get install -y -q nvidia-container-toolkit")
+step("apt-get install -y -q nvtop")
+order = [
+    step("get.docker.com"),
+    step("nvidia-ctk runtime configure --runtime=docker"),
+    step("native.cgroupdriver=cgroupfs"),
+    step("systemctl restart docker"),
+    step("docker run --rm --gpus all"),
+]
+assert order == sorted(order), commands
+assert commands[-1].endswith(" nvidia-smi"), commands
+"""
+
+CHECK_DELETE = """
+doubles.choose_project.assert_called_once_with()
+doubles.choose_site.assert_called_once_with(default="CHI@TACC")
+doubles.get_server.assert_called_once_with("node-serve-system-ab1234")
+doubles.get_server.return_value.delete.assert_called_once_with()
+doubles.get_lease.assert_called_once_with("serve_system_ab1234")
+doubles.active_lease.delete.assert_called_once_with()
+doubles.Server.assert_not_called()
+doubles.Lease.assert_not_called()
+"""
+
+
+def test_create_lease_for_a_student(kernel_dir: Path, tmp_path: Path) -> None:
+    execute(
+        "1_create_lease", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE, epilogue=CHECK_STUDENT_LEASE
+    )
+
+
+def test_create_lease_at_a_chosen_time_and_for_a_class(kernel_dir: Path, tmp_path: Path) -> None:
+    execute(
+        "1_create_lease",
+        kernel_dir,
+        tmp_path,
+        parameters={"NET_ID": NET_ID, "START": "2030-01-07 15:00", "STUDENTS": ["cd5678", "ef9012"]},
+        prologue=PROLOGUE,
+        epilogue=CHECK_CLASS_LEASES,
+    )
+
+
+def test_create_lease_asks_for_the_net_id_first(kernel_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(CellExecutionError, match="Set NET_ID"):
+        execute("1_create_lease", kernel_dir, tmp_path, prologue=PROLOGUE)
+
+
+def test_create_server(kernel_dir: Path, tmp_path: Path) -> None:
+    execute(
+        "2_create_server_nvidia",
+        kernel_dir,
+        tmp_path,
+        parameters={"NET_ID": NET_ID, "REPO_URL": "https://git.example.org/course/servelab.git"},
+        prologue=PROLOGUE,
+        epilogue=CHECK_SERVER,
+    )
+
+
+def test_delete_resources(kernel_dir: Path, tmp_path: Path) -> None:
+    execute("7_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE, epilogue=CHECK_DELETE)
