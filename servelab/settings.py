@@ -7,6 +7,7 @@ Containers and local runs read the same variables with the same defaults.
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -32,9 +33,49 @@ class ServeSettings(_Env):
     host: str = Field("127.0.0.1", description="Address the service binds to (`0.0.0.0` inside a container).")
     port: int = Field(8000, description="Port of the FastAPI service.")
     max_image_pixels: int = Field(DEFAULT_MAX_PIXELS, description="Images whose header declares more pixels are refused (413) before decoding.")
+    max_body_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest request body in bytes; a larger one is refused (413) while it is being read.")
+    max_request_images: int = Field(16, ge=1, description="Most images in one `POST /predict/batch` request (more: 413).")
+    max_batch_size: int = Field(1, ge=1, description="Server-side dynamic batching: most images stacked from concurrent requests into one inference; 1 = off (one request per inference).")
+    batch_timeout_ms: float = Field(5.0, ge=0, description="With batching on, how long the oldest waiting request may wait for others to fill a batch.")
+    worker_threads: int = Field(0, ge=0, description="Threads that decode and preprocess images off the event loop; 0 = the CPUs left over by `INTRA_OP_THREADS` when the model runs on the CPU, all CPUs when it runs on a GPU.")
+    intra_op_threads: int = Field(0, ge=0, description="Threads one inference may use (PyTorch `set_num_threads`, ONNX Runtime `intra_op_num_threads`); 0 = half the CPUs, at least 1.")
+    inter_op_threads: int = Field(1, ge=1, description="PyTorch inter-op threads and ONNX Runtime `inter_op_num_threads` (used by the parallel execution mode).")
+    ort_providers: str = Field("auto", description="ONNX Runtime execution providers in order of preference, comma-separated (`tensorrt`, `cuda`, `cpu` or full names); `auto` = TensorRT, CUDA, CPU, those this onnxruntime build has.")
+    ort_execution_mode: Literal["sequential", "parallel"] = Field("sequential", description="ONNX Runtime execution mode (`parallel` runs independent graph branches at once).")
+    ort_graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimization level (`all` = ORT_ENABLE_ALL).")
+    ort_allow_spinning: bool = Field(False, description="Let idle ONNX Runtime intra-op threads spin; off, so they do not take CPU from the preprocessing workers.")
+    trt_fp16: bool = Field(True, description="TensorRT: allow float16 kernels (`trt_fp16_enable`).")
+    trt_engine_cache: bool = Field(True, description="TensorRT: cache built engines on disk, so a restart skips the minutes-long build (`trt_engine_cache_enable`).")
+    trt_cache_path: Path = Field(Path("~/.cache/servelab/tensorrt"), description="TensorRT: folder for the engine and timing caches (mount a volume here in a container).")
+    trt_timing_cache: bool = Field(True, description="TensorRT: keep kernel timing results, so rebuilds are faster (`trt_timing_cache_enable`).")
+    trt_max_workspace_bytes: int = Field(2 * 1024**3, gt=0, description="TensorRT: GPU memory the builder may use to try kernels (`trt_max_workspace_size`).")
+    trt_builder_optimization_level: int = Field(3, ge=0, le=5, description="TensorRT: builder optimization level, 0 (fast build) to 5 (slow build, fastest engine).")
+    require_gpu: bool = Field(False, description="Refuse to start unless the model really runs on a GPU (CUDA device, or an active TensorRT/CUDA execution provider).")
+    torch_device: str = Field("auto", description="PyTorch device: `auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`.")
+    torch_fp16: bool = Field(False, description="PyTorch: run the model in float16 (CUDA only; ignored on the CPU).")
+    access_log: bool = Field(True, description="`servelab serve`: log every request (uvicorn's access log).")
 
 
-class Settings(ModelSettings, ServeSettings):
+class FlaskSettings(_Env):
+    """The GourmetGram web front end (flask_app)."""
+
+    backend: Literal["fastapi", "triton", "triton_onnx", "triton_ensemble"] = Field("fastapi", description="Which service classifies the photos: `fastapi` (POST /predict), `triton` (food_classifier, image bytes), `triton_onnx` (food_classifier_onnx; pre- and post-processing in the app) or `triton_ensemble` (food_classifier_ensemble, image bytes).")
+    fastapi_server_url: str = Field("http://127.0.0.1:8000", description="Base URL of the FastAPI service (BACKEND=fastapi).")
+    triton_server_url: str = Field("127.0.0.1:8000", description="Triton's HTTP endpoint as host:port, without a scheme (the triton* backends).")
+    food11_model_name: str = Field("", description="Triton model to call; empty: food_classifier, food_classifier_onnx or food_classifier_ensemble, by BACKEND.")
+    backend_timeout: float = Field(10.0, gt=0, description="Seconds the app waits to connect to the backend and for each read of its answer; past it the page says so (504).")
+    max_upload_bytes: int = Field(7 * 1024 * 1024, gt=0, description="Largest accepted upload in bytes; larger ones are refused (413). In base64 a photo grows by a third: 7 MiB still fits the FastAPI service's `MAX_BODY_BYTES`.")
+
+
+class TritonSettings(_Env):
+    """Triton Inference Server stages (`servelab triton`, the Python-backend models)."""
+
+    triton_model_repository: Path = Field(REPO_ROOT / "models_staging", description="Triton's model repository; `servelab triton stage` writes each model's effective config to `<model>/configs/stage.pbtxt` there (on the lab node: the folder mounted into the Triton container).")
+    triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with.")
+    triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs divided by the model's instance count, at least 1.")
+
+
+class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -43,7 +84,7 @@ def get_settings() -> Settings:
     return Settings()
 
 
-SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings)
+SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings)
 
 
 def markdown_table() -> str:

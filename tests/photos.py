@@ -1,6 +1,8 @@
 """Real photos and their awkward variants, made from the bundled coffee photo with Pillow."""
 
 import io
+import struct
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -39,3 +41,10 @@ def variants() -> dict[str, bytes]:
         "palette_gif": _encode(im.convert("P", palette=Image.Palette.ADAPTIVE), "GIF"),
         "webp": _encode(im, "WEBP", quality=90),
     }
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that declares width x height but carries almost no data (a decompression bomb)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from photos import coffee, variants
+from photos import coffee, png_header, variants
 from servelab.preprocess import ImageError, ImageTooLarge, decode_base64, load_image, preprocess
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -71,20 +71,10 @@ def test_bad_base64(text):
         decode_base64(text)
 
 
-def _png_header(width: int, height: int) -> bytes:
-    """A PNG that declares width x height but carries almost no data (a decompression bomb)."""
-    import struct
-    import zlib
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
-
-
 @pytest.mark.parametrize("size", [(100_000, 100_000), (10_000, 5_000)])
 def test_bombs_refused_before_decoding(size):
     with pytest.raises(ImageTooLarge):
-        load_image(_png_header(*size), max_pixels=40_000_000)
+        load_image(png_header(*size), max_pixels=40_000_000)
 
 
 def test_pixel_limit_is_configurable():
@@ -94,7 +84,7 @@ def test_pixel_limit_is_configurable():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"plain text, not an image", variants()["jpeg"][:2000], _png_header(1, 1)],
+    [b"", b"plain text, not an image", variants()["jpeg"][:2000], png_header(1, 1)],
     ids=["empty", "text", "truncated", "one_pixel"],
 )
 def test_bad_images(data):

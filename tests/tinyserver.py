@@ -9,8 +9,9 @@ is an ideal deterministic single server: capacity 1/S, sequential latency S, clo
 C*S at C senders. ``--service-ms 0`` answers at once (the trivial endpoint for client-speed checks).
 
 Routes (any of them under a prefix that misbehaves on purpose):
-  POST [prefix]/predict, [prefix]/predict/batch   200 {"prediction": ...} + a Server-Timing header
-  GET  /health                                    200
+  POST [prefix]/predict        200 {"prediction": ...} + a Server-Timing header
+  POST [prefix]/predict/batch  200 {"predictions": [one per image in {"images": [...]}]} + Server-Timing
+  GET  /health, /count                            200 {"status": "ok", "count": <predict requests so far>}
   prefixes: /status/<code> answers <code>; /fail-every/<k> answers 500 to every k-th request;
             /bad-body answers 200 with an error body (the original lab counted those as successes).
 
@@ -66,11 +67,13 @@ class App:
             await send({"type": "lifespan.shutdown.complete"})
             return
         path: str = scope["path"]
-        more = True
-        while more:  # drain the body
-            more = (await receive()).get("more_body", False)
-        if scope["method"] == "GET" and path == "/health":
-            await _respond(send, 200, b'{"status":"ok"}')
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if scope["method"] == "GET" and path in ("/health", "/count"):
+            await _respond(send, 200, json.dumps({"status": "ok", "count": self.count}).encode())
             return
         if scope["method"] != "POST" or not path.endswith(("/predict", "/predict/batch")):
             await _respond(send, 404, b'{"detail":"not found"}')
@@ -87,7 +90,13 @@ class App:
         queue_s, service_s = await self._serve()
         total_ms = (time.perf_counter() - t0) * 1000
         timing = f"queue;dur={queue_s * 1000:.3f}, infer;dur={service_s * 1000:.3f}, total;dur={total_ms:.3f}"
-        await _respond(send, 200, BAD_BODY if parts[0] == "bad-body" else OK_BODY, timing)
+        if parts[0] == "bad-body":
+            answer = BAD_BODY
+        elif path.endswith("/batch"):  # one result per image, in order
+            answer = json.dumps({"predictions": [json.loads(OK_BODY)] * len(json.loads(body)["images"])}).encode()
+        else:
+            answer = OK_BODY
+        await _respond(send, 200, answer, timing)
 
 
 async def _respond(send, status: int, body: bytes, timing: str | None = None) -> None:

@@ -119,7 +119,8 @@ class Breakdown(BaseModel):
     parts_ms: dict[str, float] = {}
     batch_sizes: dict[int, int] = {}  # batch size formed on the server -> executions
     mean_batch_size: float | None = None
-    server_requests: int | None = None  # requests the server counted during the run
+    server_requests: int | None = None  # successful requests the server counted during the run
+    server_failures: int | None = None
 
     @property
     def queue_share(self) -> float | None:
