@@ -1,0 +1,226 @@
+"""``servelab lab``: the whole lab, locally on CPU, one stage after another.
+
+For each stage it starts the server, runs the lab's measurements with the one load generator,
+stops the server, and at the end prints the comparison table and writes ``results/``. Every
+server is a child process stopped by PID, also on Ctrl-C or failure.
+
+The measurements per stage: sequential requests; closed loop at concurrency 8 and 16; then Poisson
+arrivals at fractions of the capacity measured at concurrency 16, where queueing delay appears
+well before the server is saturated.
+"""
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
+from servelab.bench import FastAPITarget, Load, Record, TritonTarget, append_record, run_bench
+from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.procs import ServerProcess, free_port
+from servelab.settings import get_settings
+
+RESULTS = REPO_ROOT / "results"
+# Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
+ONNX_STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much each stage is measured."""
+
+    sequential: int
+    closed: int
+    concurrency: tuple[int, ...]
+    poisson_fractions: tuple[float, ...]
+    poisson_seconds: float
+    warmup: int
+
+    @classmethod
+    def full(cls) -> "Plan":
+        return cls(100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10)
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        return cls(10, 24, (8,), (0.5,), 1.0, 2)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    about: str
+    family: str  # "fastapi" or "triton"
+    service: str = ""  # fastapi: the `servelab serve` service
+    env: dict[str, str] = field(default_factory=dict)  # fastapi: settings for the service
+    model: str = ""  # triton: the model measured
+    input: str = "bytes"  # triton: "bytes" (encoded image) or "tensor" (client-side preprocessing)
+    stand_in: str = ""
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", "fastapi", service="fastapi-pt"),
+    Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference", "fastapi", service="fastapi-onnx"),
+    Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)", "fastapi",
+          service="fastapi-onnx", env={"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
+    Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier"),
+    Stage("pt-dyn", "Triton Python backend, 1 instance + dynamic batching", "triton", model="food_classifier"),
+    Stage("pt-2x2", "Triton Python backend, 2 + 2 instances (on CPU here)", "triton", model="food_classifier"),
+    Stage("onnx-1", "Triton ONNX model, 1 instance", "triton", model="food_classifier_onnx", input="tensor",
+          stand_in=ONNX_STAND_IN),
+    Stage("onnx-2", "Triton ONNX model, 2 instances", "triton", model="food_classifier_onnx", input="tensor",
+          stand_in=ONNX_STAND_IN),
+    Stage("onnx-dyn", "Triton ONNX model, 1 instance + dynamic batching", "triton", model="food_classifier_onnx",
+          input="tensor", stand_in=ONNX_STAND_IN),
+    Stage("ensemble", "Triton ensemble: server-side preprocessing + ONNX model", "triton",
+          model="food_classifier_ensemble", stand_in=ONNX_STAND_IN),
+)
+
+
+class Lab:
+    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print):
+        self.plan, self.out_dir, self.log = plan, out_dir, log
+        self.image = image.read_bytes()
+        self.image_name = image.name
+        self.records_path = out_dir / "records.jsonl"
+        self.logs = out_dir / "logs"
+        self.records: list[Record] = []
+        self.failures: list[str] = []
+
+    # --- servers ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def fastapi(self, stage: Stage) -> Iterator[tuple[str, int]]:
+        port = free_port()
+        cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
+        with ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
+                           env=stage.env, ready_timeout=180) as server:
+            yield f"http://127.0.0.1:{port}", server.pid
+
+    def triton(self, first: Stage):
+        from servelab.triton.server import start_local
+        from servelab.triton.stages import STAGES as TRITON_STAGES
+
+        return start_local(TRITON_STAGES[first.name], log=self.logs / "tritonserver.log")
+
+    # --- measurements ----------------------------------------------------------------------------
+
+    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest) -> None:
+        stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
+        common = dict(stage=stage.name, config={"about": stage.about, **stage.env}, server_pid=pid,
+                      stand_in=stand_in or None, out=self.records_path)
+        p = self.plan
+        loads = [Load.sequential(p.sequential, warmup=p.warmup)]
+        loads += [Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]
+        capacity = None
+        for load in loads:
+            record = self._run(target, load, common)
+            capacity = record.stats.throughput_rps or capacity
+        for fraction in p.poisson_fractions if capacity else ():
+            rate = round(fraction * capacity, 1)
+            load = Load.open(rate, "poisson", requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup)
+            self._run(target, load, common)
+
+    def _run(self, target, load: Load, common: dict) -> Record:
+        started = time.monotonic()
+        record = run_bench(target, load, **common)
+        self.records.append(record)
+        s = record.stats
+        p50, p99 = (f"{v:7.1f}" if v is not None else "    n/a" for v in (s.latency.p50_ms, s.latency.p99_ms))
+        self.log(f"    {load.label():<26} p50 {p50} ms   p99 {p99} ms   {s.throughput_rps:7.1f} req/s   "
+                 f"errors {s.error_count}   ({time.monotonic() - started:.0f} s)")
+        return record
+
+    # --- the whole run ---------------------------------------------------------------------------
+
+    def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.records_path.unlink(missing_ok=True)  # this run's records only
+        for i, stage in enumerate(s for s in stages if s.family == "fastapi"):
+            self.log(f"[{stage.name}] {stage.about}")
+            self._guard(stage, lambda: self._fastapi_stage(stage, manifest))
+        triton_stages = [s for s in stages if s.family == "triton"]
+        if triton_stages:
+            self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
+
+    def _guard(self, stage: Stage | None, work) -> None:
+        """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
+        try:
+            work()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            name = stage.name if stage else "triton"
+            self.failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            self.log(f"    FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]} (log in {self.logs})")
+
+    def _fastapi_stage(self, stage: Stage, manifest: Manifest) -> None:
+        with self.fastapi(stage) as (url, pid):
+            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest)
+
+    def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        # One server for every Triton stage: switching a stage reloads its model (explicit model
+        # control), the way students switch stages on the lab node, without restarting the server.
+        with self.triton(stages[0]) as server:
+            for stage in stages:
+                self.log(f"[{stage.name}] {stage.about}")
+
+                def one(stage=stage):
+                    server.apply_stage(stage.name)
+                    target = TritonTarget(server.url, stage.model, self.image, input=stage.input,
+                                          image_name=self.image_name, manifest=paths.manifest)
+                    self.measure(stage, target, server.process.pid, manifest)
+
+                self._guard(stage, one)
+
+
+def select_stages(names: str | None) -> list[Stage]:
+    if not names:
+        return list(STAGES)
+    by_name = {s.name: s for s in STAGES}
+    unknown = [n for n in names.split(",") if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
+    return [by_name[n] for n in names.split(",")]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("lab", help="run every lab stage locally on CPU and write results/")
+    p.add_argument("--quick", action="store_true", help="a few requests per measurement (tests, a first look)")
+    p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in STAGES)}")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: results/)")
+    p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="the photo sent in every request")
+    p.set_defaults(func=_cli_lab)
+
+
+def _model(paths: ArtifactPaths) -> Manifest:
+    """The model already built from the lab's weights, or else the offline stand-in (built if needed)."""
+    if paths.manifest.exists():
+        current = load_manifest(paths.manifest)
+        if not current.stand_in:
+            print(f"model: {current.name} from {current.source['location']}")
+            return current
+    return build_artifacts(ModelSource("offline"), paths.manifest.parent)
+
+
+def _cli_lab(args) -> int:
+    from servelab.report import render_report, summary_table
+
+    started = time.monotonic()
+    stages = select_stages(args.stages)
+    paths = ArtifactPaths.in_dir(get_settings().model_dir)
+    manifest = _model(paths)
+    if manifest.stand_in:
+        print(f"model: {manifest.description}")
+    lab = Lab(Plan.quick() if args.quick else Plan.full(), args.out, args.image)
+    lab.run(stages, manifest, paths)
+    report = render_report(lab.records, args.out, sources=[lab.records_path])
+    print()
+    print(summary_table(lab.records))
+    print(f"\nlab finished in {time.monotonic() - started:.0f} s: {report} and its plots; "
+          f"raw records in {lab.records_path}; server logs in {lab.logs}")
+    for failure in lab.failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    return 1 if lab.failures else 0
