@@ -1,0 +1,134 @@
+"""perf_analyzer interop: --input-data from a real photo, and its CSV as servelab records.
+
+perf_analyzer itself does not install here (it ships in NVIDIA's Triton SDK image), so the CSVs in
+tests/data are written in its documented format (``-f`` with ``--verbose-csv``: microseconds, rows
+sorted by throughput), and the run path is exercised with a stand-in executable on PATH that
+checks its arguments and writes such a CSV.
+"""
+
+import base64
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.artifacts import load_manifest
+from servelab.bench import Load, TritonTarget, read_records
+from servelab.bench.perf_analyzer import (
+    PerfAnalyzerNotFound, input_data, perf_analyzer_command, records_from_csv, run_perf_analyzer,
+    write_input_data,
+)
+from servelab.paths import DEFAULT_IMAGE
+from servelab.preprocess import preprocess
+
+DATA = Path(__file__).parent / "data"
+PHOTO = DEFAULT_IMAGE.read_bytes()
+
+
+def test_bytes_input_data_is_the_photo_in_base64() -> None:
+    data = input_data(PHOTO, "bytes")
+    [entry] = data["data"]
+    [element] = entry["INPUT_IMAGE"]
+    assert base64.b64decode(element) == PHOTO
+
+
+def test_tensor_input_data_is_the_real_preprocessed_photo(artifacts) -> None:
+    data = input_data(PHOTO, "tensor", artifacts.manifest)
+    raw = base64.b64decode(data["data"][0]["input"]["b64"])
+    tensor = np.frombuffer(raw, dtype="<f4").reshape(3, 224, 224)
+    m = load_manifest(artifacts.manifest)
+    np.testing.assert_array_equal(tensor, preprocess(PHOTO, resize=m.resize, crop=m.crop, mean=m.mean, std=m.std))
+
+
+def test_write_input_data(tmp_path: Path) -> None:
+    path = write_input_data(tmp_path / "sub" / "input.json", PHOTO, "bytes")
+    assert json.loads(path.read_text()) == input_data(PHOTO, "bytes")
+
+
+def test_concurrency_csv_becomes_records() -> None:
+    target = {"kind": "triton", "model": "food_classifier"}
+    records = records_from_csv((DATA / "perf_analyzer_concurrency.csv").read_text(), stage="pt-1", target=target)
+    assert [r.load.label() for r in records] == ["sequential", "concurrency 8", "concurrency 16"]
+    one, eight, _ = records
+    assert one.tool == "perf_analyzer" and one.stage == "pt-1"
+    # Microseconds become milliseconds; inferences/s become requests/s (batch 1).
+    assert one.stats.latency.p50_ms == pytest.approx(18.62)
+    assert one.stats.latency.p99_ms == pytest.approx(21.48)
+    assert one.stats.latency.mean_ms == pytest.approx(18.69)
+    assert one.stats.throughput_rps == pytest.approx(51.5)
+    assert eight.breakdown.queue_ms == pytest.approx(132.4)
+    assert eight.breakdown.service_ms == pytest.approx(0.170 + 18.120 + 0.115)
+    assert eight.breakdown.queue_share > 0.85
+    assert eight.stats.successes is None and eight.stats.errors == {}  # the CSV does not say
+
+
+def test_request_rate_csv_with_batches() -> None:
+    [r] = records_from_csv((DATA / "perf_analyzer_rate.csv").read_text(), stage="onnx-dyn", target={},
+                           batch=2, arrivals="poisson")
+    assert r.load.mode == "open" and r.load.rate == 120 and r.load.arrivals == "poisson"
+    assert r.stats.items_per_s == pytest.approx(119.8)
+    assert r.stats.throughput_rps == pytest.approx(59.9)
+    assert r.stats.latency.p95_ms == pytest.approx(11.9)
+
+
+def test_command_for_each_load(tmp_path: Path) -> None:
+    common = dict(url="127.0.0.1:8001", model="food_classifier_onnx", protocol="grpc", batch=1,
+                  input_data=tmp_path / "in.json", csv_path=tmp_path / "out.csv")
+    cmd = perf_analyzer_command(load=Load.closed(8, requests=2000, warmup=500), **common)
+    assert cmd[:3] == ["perf_analyzer", "-m", "food_classifier_onnx"]
+    for flag, value in [("-u", "127.0.0.1:8001"), ("-i", "grpc"), ("--concurrency-range", "8"),
+                        ("--measurement-request-count", "2000"), ("--warmup-request-count", "500"),
+                        ("-f", str(tmp_path / "out.csv")), ("--input-data", str(tmp_path / "in.json"))]:
+        assert cmd[cmd.index(flag) + 1] == value
+    cmd = perf_analyzer_command(load=Load.open(120, "poisson", duration_s=5), **common)
+    assert cmd[cmd.index("--request-rate-range") + 1] == "120"
+    assert cmd[cmd.index("--request-distribution") + 1] == "poisson"
+    assert cmd[cmd.index("--measurement-interval") + 1] == "5000"
+
+
+FAKE = """#!{python}
+# Stands in for perf_analyzer: checks the arguments it needs and writes its CSV row.
+import json, sys
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+data = json.load(open(value("--input-data")))
+assert "INPUT_IMAGE" in data["data"][0], data
+rows = open({csv!r}).read().splitlines()
+row = [r for r in rows[1:] if r.split(",")[0] == value("--concurrency-range")]
+open(value("-f"), "w").write(rows[0] + "\\n" + row[0] + "\\n")
+print("WARNING: Pass contained only one request")
+"""
+
+
+def _refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_run_with_perf_analyzer_on_path(tmp_path: Path, monkeypatch) -> None:
+    exe = tmp_path / "perf_analyzer"
+    exe.write_text(FAKE.format(python=sys.executable, csv=str(DATA / "perf_analyzer_concurrency.csv")))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    target = TritonTarget(f"127.0.0.1:{_refused_port()}", "food_classifier", PHOTO)  # no statistics there
+    out = tmp_path / "records.jsonl"
+    r = run_perf_analyzer(target, Load.closed(8, requests=100), stage="pt-1", monitor_interval_s=0.05, out=out)
+    assert r.tool == "perf_analyzer" and r.load == Load.closed(8, requests=100)
+    assert r.stats.latency.p50_ms == pytest.approx(151.2)
+    assert r.target["command"][0] == "perf_analyzer"
+    assert any("Triton statistics unavailable" in w for w in r.warnings)
+    assert "WARNING: Pass contained only one request" in r.warnings
+    assert r.monitors is not None and r.monitors.interval_s == 0.05
+    assert read_records(out) == [r]
+
+
+def test_missing_perf_analyzer_says_where_to_get_it(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PerfAnalyzerNotFound, match="Triton SDK image"):
+        run_perf_analyzer(TritonTarget("127.0.0.1:1", "food_classifier", PHOTO), Load.sequential(), stage="x")

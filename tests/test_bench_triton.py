@@ -1,0 +1,47 @@
+"""The load generator against a real local tritonserver: both protocols, tensor and bytes input,
+and Triton's statistics diffed across each run (queue vs compute, the batch sizes formed)."""
+
+from collections.abc import Iterator
+
+import pytest
+from test_triton_server import make_repository
+
+from servelab.bench import Load, TritonTarget, run_bench
+from servelab.paths import DEFAULT_IMAGE
+from servelab.triton import server
+from servelab.triton.stages import get_stage
+
+PHOTO = DEFAULT_IMAGE.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def triton(artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
+    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    with server.start_local(get_stage("onnx-dyn"), kind="cpu", repository=repository, log=log,
+                            exit_timeout_s=2) as local:
+        yield local
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, protocol: str) -> None:
+    url = triton.url if protocol == "http" else triton.grpc_url
+    target = TritonTarget(url, "food_classifier_onnx", PHOTO, protocol=protocol, input="tensor",
+                          manifest=artifacts.manifest)
+    r = run_bench(target, Load.closed(8, requests=48, warmup=8), stage="onnx-dyn", server_pid=triton.process.pid)
+    assert r.stats.successes == 48 and r.stats.errors == {}
+    b = r.breakdown
+    assert b.source == "triton-stats"
+    assert b.server_requests == 48  # the warm-up is not in the delta
+    assert sum(size * n for size, n in b.batch_sizes.items()) == 48
+    assert max(b.batch_sizes) > 1 and b.mean_batch_size > 1  # eight senders, one instance: batches form
+    assert b.queue_ms > 0 and b.service_ms > 0
+    assert r.monitors.rss_mib and min(r.monitors.rss_mib) > 50  # tritonserver and its backend stubs
+
+
+def test_sequential_bytes_requests(triton, artifacts) -> None:
+    triton.apply_stage("ensemble")  # takes the encoded image, like food_classifier
+    target = TritonTarget(triton.url, "food_classifier_ensemble", PHOTO, input="bytes")
+    r = run_bench(target, Load.sequential(10, warmup=2), stage="ensemble")
+    assert r.stats.successes == 10 and r.stats.errors == {}
+    assert r.breakdown.server_requests == 10 and r.breakdown.batch_sizes == {1: 10}

@@ -1,0 +1,66 @@
+"""`servelab report` renders a stored set of records.
+
+tests/data/bench_records.jsonl holds 14 real records: `servelab bench` runs against
+tests/tinyserver.py (20 ms per request, one slot; one stage with every 10th request failing) and
+against a local tritonserver 2.51 serving a Python-backend test model that sleeps 10 ms per
+execution with dynamic batching (marked as a stand-in), plus the perf_analyzer sample CSV
+(tests/data/perf_analyzer_concurrency.csv) converted to records.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from servelab.bench import read_records
+from servelab.report import markdown_table, render_report, summary_table
+
+DATA = Path(__file__).parent / "data"
+RECORDS = DATA / "bench_records.jsonl"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_renders_the_comparison_and_every_plot(tmp_path: Path) -> None:
+    records = read_records(RECORDS)
+    assert len(records) == 14
+    report = render_report(records, tmp_path, sources=[RECORDS])
+    text = report.read_text()
+    assert report == tmp_path / "report.md"
+    # The comparison table: one row per run, with units in the headers.
+    assert "| stage | tool | load | batch | ok | errors | p50 ms | p95 ms | p99 ms | req/s |" in text
+    assert text.count("| tiny-20ms |") == 6 and text.count("| triton-sleep-dyn |") == 4
+    assert "| pa-sample | perf_analyzer | concurrency 16 |" in text
+    assert "3 (http_500 3)" in text  # errors shown, never folded into successes
+    # The stand-in is said above the table, with its note.
+    assert "Stand-in models" in text and "sleeps 10 ms per execution" in text
+    for name in ("latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png", "latency_cdf.png",
+                 "batch_sizes.png", "utilization.png"):
+        assert f"]({name})" in text
+        assert (tmp_path / name).read_bytes().startswith(PNG)
+    assert "## Machines" in text and "logical CPUs" in text
+
+
+def test_tables_show_queue_share_and_mean_batch() -> None:
+    records = read_records(RECORDS)
+    table = summary_table(records)
+    header, *rows = table.splitlines()
+    assert len(rows) == 14 and "queue share" in header and "mean batch" in header
+    triton_c8 = next(row for row in rows if "triton-sleep-dyn" in row and "concurrency 8" in row)
+    assert "4.62" in triton_c8 and "yes" in triton_c8
+    assert markdown_table(records).count("\n") == 15
+
+
+def test_only_plots_with_data_are_made(tmp_path: Path) -> None:
+    [one] = [r for r in read_records(RECORDS) if r.stage == "tiny-20ms-faulty"]
+    text = render_report([one], tmp_path).read_text()
+    assert "batch_sizes.png" not in text and not (tmp_path / "batch_sizes.png").exists()
+    assert "latency_cdf.png" in text and "utilization.png" in text
+
+
+def test_command_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "servelab", "report", "--records", str(RECORDS),
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "p50 ms" in done.stdout and f"wrote {tmp_path / 'report.md'}" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "servelab", "report", "--records", str(tmp_path / "none.jsonl")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no records" in done.stdout
