@@ -1,0 +1,306 @@
+"""The lab's stage notebooks (3_ to 6_): their shell commands match the CLI and the compose files, and
+the measurement notebooks run end to end against real local stages.
+
+``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
+with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
+tritonserver, which the notebook itself walks through the stages with ``servelab triton stage NAME``,
+as a student does from the node's shell, plus one GourmetGram per Triton mode. Both in quick mode
+(a few requests per measurement) through their parameters cells; perf_analyzer is not installed
+here, so ``6_triton`` only prints the commands it would run.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import sys
+import tomllib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from dockerspec import REPO, dockerfile_for, load_compose
+from notebook_harness import execute, parameters_cells
+from servelab.cli import build_parser
+from servelab.notebooks import NOTEBOOK_DIR, sources, to_notebook
+from servelab.procs import ServerProcess, free_port
+from servelab.settings import Settings
+from servelab.triton import server as triton_server
+from servelab.triton.stages import STAGES as TRITON_STAGES
+
+STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton"]
+SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
+ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$")
+PROLOGUE = "%colors nocolor"
+
+
+# --- the commands students type into the node's shell -----------------------------------------
+
+
+def shell_commands(stem: str) -> list[tuple[dict[str, str], list[str]]]:
+    """Every simple command in the notebook's ```shell blocks: (VAR=value prefixes, argv)."""
+    commands = []
+    for block in SHELL_BLOCK.findall((NOTEBOOK_DIR / f"{stem}.md").read_text()):
+        for line in block.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            words: list[str] = []
+            for word in [*shlex.split(line), "&&"]:
+                if word not in ("&&", "|", ";"):
+                    words.append(word)
+                    continue
+                env = {}
+                while words and (m := ASSIGNMENT.match(words[0])):
+                    env[m[1]] = m[2]
+                    words.pop(0)
+                if words:
+                    commands.append((env, words))
+                words = []
+    return commands
+
+
+def all_commands() -> list[tuple[str, dict[str, str], list[str]]]:
+    return [(stem, env, argv) for stem in STAGE_NOTEBOOKS for env, argv in shell_commands(stem)]
+
+
+def commands_of(program: str) -> list:
+    """The commands running ``program``, as test parameters named by the command line."""
+    return [pytest.param(stem, env, argv, id=f"{stem}: {shlex.join([f'{k}={v}' for k, v in env.items()] + argv)}")
+            for stem, env, argv in all_commands() if argv[0] == program]
+
+
+def parameters(stem: str) -> dict:
+    """The default values of the notebook's parameters."""
+    values = {}
+    for cell in parameters_cells(to_notebook(NOTEBOOK_DIR / f"{stem}.md")):
+        for statement in ast.parse(cell.source).body:
+            target = statement.targets[0] if isinstance(statement, ast.Assign) else statement.target
+            values[target.id] = ast.literal_eval(statement.value)
+    return values
+
+
+def test_stage_notebooks_exist() -> None:
+    assert set(STAGE_NOTEBOOKS) <= {source.stem for source in sources()}
+
+
+@pytest.mark.parametrize(("stem", "env", "argv"), commands_of("servelab"))
+def test_servelab_commands_parse(stem: str, env: dict[str, str], argv: list[str]) -> None:
+    if argv[1:] == ["--help"]:
+        return
+    try:
+        build_parser().parse_args(argv[1:])
+    except SystemExit as exc:
+        pytest.fail(f"{stem}: `{shlex.join(argv)}` is not a valid servelab command (exit {exc.code})")
+
+
+def _compose_parts(argv: list[str]) -> tuple[Path, str, list[str]]:
+    """(compose file, subcommand, service names) of a `docker compose -f FILE SUB [opts] [services]`."""
+    assert argv[:3] == ["docker", "compose", "-f"], f"name the compose file: {shlex.join(argv)}"
+    path, sub, *rest = argv[3:]
+    return REPO / path, sub, [word for word in rest if not word.startswith("-")]
+
+
+@pytest.mark.parametrize(("stem", "env", "argv"), commands_of("docker"))
+def test_compose_commands_name_real_files_services_and_variables(stem: str, env: dict[str, str], argv: list[str]) -> None:
+    path, sub, services = _compose_parts(argv)
+    assert path.is_file(), f"{stem}: no compose file {path}"
+    document = load_compose(path, **env)
+    assert sub in {"up", "down", "ps", "logs", "build"}, sub
+    assert set(services) <= set(document["services"]), f"{stem}: unknown service in `{shlex.join(argv)}`"
+    text = path.read_text()
+    settings_fields = Settings.model_fields
+    for name, value in env.items():
+        assert re.search(rf"\b{name}\b", text), f"{stem}: {path.name} does not use {name}"
+        if name.lower() in settings_fields:
+            try:
+                Settings(**{name.lower(): value})
+            except ValidationError as exc:
+                pytest.fail(f"{stem}: {name}={value} is not a valid setting: {exc}")
+    for service in document["services"].values():
+        if "build" in service:
+            assert dockerfile_for(service, path).is_file()
+
+
+def test_pip_installs_use_the_constraints_and_real_extras() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installs = [argv for _, _, argv in all_commands() if argv[:2] == ["pip", "install"] and argv[-1] != "pip"]
+    assert installs
+    for argv in installs:
+        assert argv[argv.index("-c") + 1] == "constraints.txt" and (REPO / "constraints.txt").is_file()
+        for spec in [word for word in argv if word.startswith(".[")]:
+            assert set(spec[2:-1].split(",")) <= set(extras), spec
+
+
+def test_triton_notebook_walks_every_stage() -> None:
+    switched = [argv[3] for _, argv in shell_commands("6_triton") if argv[:3] == ["servelab", "triton", "stage"]]
+    assert set(switched) == set(TRITON_STAGES)
+    assert switched[0] == "pt-1"
+    assert parameters("6_triton")["STAGES"] == list(TRITON_STAGES)  # every stage measured by default
+
+
+def test_fastapi_notebook_switches_services_by_variables_only() -> None:
+    ups = [(env, argv) for env, argv in shell_commands("4_fastapi") if argv[:2] == ["docker", "compose"]]
+    assert [env.get("FASTAPI_STAGE") for env, _ in ups] == ["fastapi_onnx", "fastapi_onnx"]
+    assert ups[1][0].get("MAX_BATCH_SIZE") not in (None, "1")
+
+
+# --- executed against real local stages --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kernel")
+
+
+def _serve(args: list[str], ready_path: str, log: Path, env: dict[str, str] | None = None) -> tuple[ServerProcess, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "servelab", "serve", *args, "--port", str(port)]
+    return ServerProcess(cmd, url + ready_path, log, env={"ACCESS_LOG": "0", **(env or {})}, ready_timeout=180), url
+
+
+def _start_all(stack: ExitStack, servers: list[ServerProcess]) -> None:
+    """Start the servers side by side; every one is stopped when the stack closes, started or not."""
+    for server in servers:
+        stack.callback(server.stop)
+    with ThreadPoolExecutor(len(servers)) as pool:
+        for future in [pool.submit(server.start) for server in servers]:
+            future.result()
+
+
+@pytest.fixture(scope="module")
+def fastapi_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    logs = tmp_path_factory.mktemp("fastapi-logs")
+    stages = {
+        "fastapi-pt": _serve(["fastapi-pt"], "/ready", logs / "fastapi-pt.log"),
+        "fastapi-onnx": _serve(["fastapi-onnx"], "/ready", logs / "fastapi-onnx.log"),
+        "fastapi-onnx-dyn": _serve(["fastapi-onnx"], "/ready", logs / "fastapi-onnx-dyn.log",
+                                   {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
+    }
+    urls = {name: url for name, (_, url) in stages.items()}
+    flask, flask_url = _serve(["flask", "--backend", "fastapi"], "/health", logs / "flask.log",
+                              {"FASTAPI_SERVER_URL": urls["fastapi-pt"]})
+    with ExitStack() as stack:
+        _start_all(stack, [server for server, _ in stages.values()] + [flask])
+        yield {**urls, "flask": flask_url}
+
+
+CHECK_FASTAPI = """
+from servelab.bench import read_records
+
+records = read_records(records_file)
+assert records == runs
+assert [(r.stage, r.config["service"], r.load.label()) for r in records] == [
+    ("fastapi-pt", "fastapi_pt", "sequential"), ("fastapi-pt", "fastapi_pt", "concurrency 3"),
+    ("fastapi-onnx", "fastapi_onnx", "sequential"), ("fastapi-onnx", "fastapi_onnx", "concurrency 3"),
+    ("fastapi-onnx-dyn", "fastapi_onnx", "concurrency 3"),
+]
+for r in records:
+    assert r.stats.successes == r.load.requests and r.stats.error_count == 0, r.stats
+    assert r.breakdown.source == "server-timing" and r.breakdown.service_ms > 0
+    assert r.stand_in  # the offline zero-shot model, said in every record
+    assert r.monitors.gpu_note  # utilization is recorded; there is no GPU here, and it says why
+assert [r.config["batching"]["enabled"] for r in records] == [False] * 4 + [True]
+assert (report.parent / "report.md").exists() and (report.parent / "latency_throughput_vs_concurrency.png").exists()
+"""
+
+
+def _outputs(nb) -> str:
+    return "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", []))
+
+
+def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    nb = execute(
+        "4_fastapi", kernel_dir, tmp_path,
+        parameters={
+            "FASTAPI_URL": fastapi_stages["fastapi-pt"],
+            "STAGE_URLS": {name: fastapi_stages[name] for name in ("fastapi-onnx", "fastapi-onnx-dyn")},
+            "FLASK_URL": fastapi_stages["flask"], "WAIT_S": 30,
+            "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "RESULTS": str(results),
+        },
+        prologue=PROLOGUE, epilogue=CHECK_FASTAPI, timeout=120,
+    )
+    text = _outputs(nb)
+    assert text.count("GourmetGram: HTTP 200") == 2
+    assert "Little's law: 3 requests in flight" in text
+    assert (results / "fastapi" / "report.md").exists()
+
+
+@pytest.fixture(scope="module")
+def triton_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A local tritonserver at pt-1, registered like `servelab triton up` so that `servelab triton
+    stage NAME` switches it, and one GourmetGram per Triton mode."""
+    if triton_server.load_state() is not None:
+        pytest.fail("a tritonserver started by `servelab triton up` is running; stop it with `servelab triton down`")
+    logs = tmp_path_factory.mktemp("triton-logs")
+    local = triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", log=logs / "tritonserver.log")
+    with ExitStack() as stack:
+        stack.callback(triton_server.STATE_FILE.unlink, missing_ok=True)
+        stack.callback(local.stop)
+        triton_server.save_state(local)
+        flasks = {backend: _serve(["flask", "--backend", backend], "/health", logs / f"flask-{backend}.log",
+                                  {"TRITON_SERVER_URL": local.url})
+                  for backend in ("triton", "triton_onnx", "triton_ensemble")}
+        _start_all(stack, [server for server, _ in flasks.values()])
+        yield {"server": local.url, **{backend: url for backend, (_, url) in flasks.items()}}
+
+
+QUICK_STAGES = ["pt-1", "pt-dyn", "pt-2x2", "onnx-1", "onnx-2", "onnx-dyn", "ensemble"]  # pt-4x4: 8 CPU instances
+
+CHECK_TRITON = """
+from servelab.bench import read_records
+
+records = read_records(records_file)
+assert records == runs
+assert [(r.stage, r.load.label(), r.batch) for r in records] == [
+    ("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1), ("pt-1", "sequential", 16),
+    ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1),
+    ("onnx-1", "sequential", 1), ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
+    *[(stage, f"{arrivals} {rate} req/s", 1) for stage in ("onnx-1", "onnx-dyn") for rate in (20, 40)
+      for arrivals in ("constant", "poisson")],
+    ("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1),
+]
+for r in records:
+    assert r.tool == "servelab" and r.stats.error_count == 0 and r.stats.successes, (r.stage, r.stats)
+    assert r.breakdown.source == "triton-stats" and r.breakdown.server_requests >= r.stats.successes
+    assert r.stand_in, r.stage  # the offline model everywhere, and the local ONNX stand-in where used
+    if r.stage.startswith(("onnx", "ensemble")):
+        assert "LOCAL STAND-IN" in r.stand_in
+# Without dynamic batching Triton runs exactly the batches clients send.
+assert {b for r in records if r.stage in ("pt-1", "onnx-1") for b in r.breakdown.batch_sizes} == {1, 16}
+assert set(records[3].breakdown.batch_sizes) == {16}
+assert records[-1].config["platform"] == "ensemble"
+assert [g["count"] for g in records[5].config["instance_group"]] == [4]  # 2 + 2, on the CPU here
+assert sum(after.values()) > sum(before.values())
+for plot in ("report.md", "latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png",
+             "batch_sizes.png", "utilization.png"):
+    assert (report.parent / plot).exists(), plot
+"""
+
+
+def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
+    nb = execute(
+        "6_triton", kernel_dir, tmp_path,
+        parameters={
+            "TRITON_URL": triton_stages["server"],
+            "FLASK_URLS": {mode: triton_stages[mode] for mode in ("triton", "triton_onnx", "triton_ensemble")},
+            # As typed after `servelab triton up`; --url so that it never switches anyone else's server.
+            "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url {triton_stages['server']}",
+            "WAIT_S": 60,
+            "STAGES": QUICK_STAGES, "REQUESTS": 4, "BATCH_REQUESTS": 2, "WARMUP": 1,
+            "RATES": [20, 40], "RATE_SECONDS": 0.4, "RESULTS": str(tmp_path / "results"),
+        },
+        prologue=PROLOGUE, epilogue=CHECK_TRITON, timeout=180,
+    )
+    text = _outputs(nb)
+    for mode in ("triton", "triton_onnx", "triton_ensemble"):
+        assert f"GourmetGram ({mode}): HTTP 200" in text
+    assert "skipped: pt-4x4 is not in STAGES" in text
+    shown = [line for line in text.splitlines() if "on the node this step also runs: perf_analyzer" in line]
+    assert len(shown) == 19 and all("--percentile=95" in line and "--input-data" in line for line in shown)
