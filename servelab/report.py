@@ -89,7 +89,7 @@ def _plot_sweep(records: list[Record], out: Path, by: str) -> bool:
         if by == "concurrency" and r.load.mode in ("sequential", "closed"):
             series[_series_key(r)].append((r.load.concurrency, r))
         elif by == "rate" and r.load.mode == "open" and r.load.rate:
-            series[_series_key(r)].append((r.load.rate, r))
+            series[f"{_series_key(r)} {r.load.arrivals}"].append((r.load.rate, r))
     if not any(len(points) > 1 for points in series.values()):
         return False
     fig, axes = _new_figure(1, 2)
@@ -148,7 +148,9 @@ def _plot_cdf(records: list[Record], out: Path) -> bool:
 
 
 def _plot_batches(records: list[Record], out: Path) -> bool:
-    runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes][:MAX_BATCH_RUNS]
+    runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
+    # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
+    runs = sorted(runs, key=lambda r: set(r.breakdown.batch_sizes) == {1})[:MAX_BATCH_RUNS]
     if not runs:
         return False
     sizes = sorted({b for r in runs for b in r.breakdown.batch_sizes})
