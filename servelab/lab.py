@@ -95,8 +95,9 @@ class Lab:
     def fastapi(self, stage: Stage) -> Iterator[tuple[str, int]]:
         port = free_port()
         cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
+        # No access log while measuring: a log line per request is work the lab does not study.
         with ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
-                           env=stage.env, ready_timeout=180) as server:
+                           env={"ACCESS_LOG": "0", **stage.env}, ready_timeout=180) as server:
             yield f"http://127.0.0.1:{port}", server.pid
 
     def triton(self, first: Stage):

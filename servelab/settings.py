@@ -18,7 +18,8 @@ from servelab.preprocess import DEFAULT_MAX_PIXELS
 
 class _Env(BaseSettings):
     # Variable names are the field names in upper case; no prefix, to keep the lab's names.
-    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
+    # An empty variable (compose passing an unset shell variable through) means "use the default".
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", env_ignore_empty=True)
 
 
 class ModelSettings(_Env):
@@ -72,7 +73,7 @@ class TritonSettings(_Env):
 
     triton_model_repository: Path = Field(REPO_ROOT / "models_staging", description="Triton's model repository; `servelab triton stage` writes each model's effective config to `<model>/configs/stage.pbtxt` there (on the lab node: the folder mounted into the Triton container).")
     triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with.")
-    triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs divided by the model's instance count, at least 1.")
+    triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 
 
 class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings):

@@ -1,0 +1,208 @@
+"""``servelab benchmark``: what HTTP adds to the FastAPI stages, measured side by side in one run.
+
+For each stage, on this machine, with the same model, photo, threads and settings:
+
+* **sequential**: the in-process pipeline (base64 decode + image decode/preprocess + inference +
+  top-1 on one thread, no server) and the same photo through the service (batching off, one
+  request at a time over a persistent connection), *alternating request by request*, so both see
+  the same machine; compared by median latency (aim: HTTP at most 1.15x in-process);
+* **throughput at ``--concurrency``**: the in-process batched ceiling (the service's own pipeline,
+  worker pool + micro-batcher with ``--max-batch-size``, driven by that many callers in the same
+  process, no HTTP) and closed-loop HTTP senders (``servelab.bench``) against the service with
+  batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
+  or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
+
+The client shares the CPU with the server, as it does in the lab.
+"""
+
+import argparse
+import asyncio
+import base64
+import statistics
+import sys
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+
+STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
+SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
+SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
+
+
+@dataclass
+class Row:
+    """One measurement, summed over its windows."""
+
+    what: str
+    successes: int = 0
+    seconds: float = 0.0
+    medians_ms: list[float] = field(default_factory=list)  # one per window
+    batch_sizes: list[float] = field(default_factory=list)  # mean batch size per window
+    ratio: float | None = None
+    aim: str = ""
+
+    def add(self, successes: int, seconds: float, median_ms: float, mean_batch: float | None) -> None:
+        self.successes += successes
+        self.seconds += seconds
+        self.medians_ms.append(median_ms)
+        if mean_batch is not None:
+            self.batch_sizes.append(mean_batch)
+
+    @property
+    def throughput_rps(self) -> float:
+        return self.successes / self.seconds
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.medians_ms)
+
+
+async def _sequential(backend, url: str, image: bytes, requests: int) -> tuple[Row, Row]:
+    """In-process and HTTP in alternating blocks of ``SEQUENTIAL_BLOCK`` requests."""
+    from servelab.bench import FastAPITarget
+    from servelab.postprocess import top1
+    from servelab.preprocess import decode_base64, preprocess
+
+    text, kwargs = base64.b64encode(image).decode(), backend.manifest.preprocess_kwargs()
+
+    async def in_process() -> None:
+        top1(backend.infer(preprocess(decode_base64(text), **kwargs)[None]), backend.manifest.classes)
+
+    async def over_http() -> None:
+        outcome = await client.send()
+        if not outcome.ok:
+            raise RuntimeError(f"HTTP request failed: {outcome.error}")
+
+    latencies: dict = {in_process: [], over_http: []}
+    client = await FastAPITarget(url, image).connect(1, 30)
+    try:
+        for block in range(-1, -(-requests // SEQUENTIAL_BLOCK)):  # block -1 warms both up
+            for call, measured in latencies.items():
+                for _ in range(SEQUENTIAL_BLOCK):
+                    started = perf_counter()
+                    await call()
+                    if block >= 0:
+                        measured.append(perf_counter() - started)
+    finally:
+        await client.close()
+    rows = Row("in-process, sequential"), Row("HTTP, sequential")
+    for row, measured in zip(rows, latencies.values()):
+        row.add(len(measured), sum(measured), statistics.median(measured) * 1000, 1.0)
+    return rows
+
+
+async def _in_process_window(row: Row, backend, settings, text: str, concurrency: int, seconds: float) -> None:
+    from servelab.serving.pipeline import Pipeline
+
+    pipeline = Pipeline(backend, settings)
+    pipeline.start()
+    latencies, sizes = [], []
+
+    async def caller(stop_at: float, measured: bool) -> None:
+        while perf_counter() < stop_at:
+            started = perf_counter()
+            _, timing = await pipeline.predict([text])
+            if measured:
+                latencies.append(perf_counter() - started)
+                sizes.append(timing.batch_size)
+
+    try:
+        await asyncio.gather(*(caller(perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm up
+        started = perf_counter()
+        await asyncio.gather(*(caller(started + seconds, True) for _ in range(concurrency)))
+        wall = perf_counter() - started
+    finally:
+        await pipeline.close()
+    row.add(len(latencies), wall, statistics.median(latencies) * 1000, statistics.mean(sizes))
+
+
+def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: float, stage: str) -> None:
+    from servelab.bench import FastAPITarget, Load, run_bench
+
+    load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=2 * concurrency)
+    record = run_bench(FastAPITarget(url, image), load, stage=stage)
+    if record.stats.errors:
+        raise RuntimeError(f"{row.what}: requests failed: {record.stats.errors}")
+    row.add(record.stats.successes, record.stats.wall_s, record.stats.latency.p50_ms,
+            record.breakdown.mean_batch_size if record.breakdown else None)
+
+
+def _serve(stage: str, logs: Path, env: dict[str, str]):
+    from servelab.procs import ServerProcess, free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "servelab", "serve", stage, "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    return ServerProcess(cmd, f"{url}/ready", logs / f"{stage}-{port}.log", env={"ACCESS_LOG": "0", **env}), url
+
+
+def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
+    from servelab.paths import DEFAULT_IMAGE
+    from servelab.serving.backends import load_backend
+    from servelab.settings import get_settings
+
+    kind, image, c = STAGES[stage], DEFAULT_IMAGE.read_bytes(), args.concurrency
+    text = base64.b64encode(image).decode()
+    off = get_settings().model_copy(update={"max_batch_size": 1})
+    on = get_settings().model_copy(update={"max_batch_size": args.max_batch_size, "batch_timeout_ms": args.batch_timeout_ms})
+    ceiling = Row(f"in-process, {c} callers, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms (ceiling)")
+    http_off = Row(f"HTTP, {c} senders, batching off")
+    http_on = Row(f"HTTP, {c} senders, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms")
+    with ExitStack() as stack:
+        server_off, url_off = _serve(stage, logs, {"MAX_BATCH_SIZE": "1"})
+        server_on, url_on = _serve(stage, logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
+                                                 "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)})
+        stack.enter_context(server_off)
+        stack.enter_context(server_on)
+        sequential, http_sequential = asyncio.run(_sequential(load_backend(kind, off), url_off, image, args.requests))
+        backend = load_backend(kind, on)
+        window = args.duration / args.rounds
+        for _ in range(args.rounds):
+            asyncio.run(_in_process_window(ceiling, backend, on, text, c, window))
+            _http_window(http_off, url_off, image, c, window, stage)
+            _http_window(http_on, url_on, image, c, window, stage)
+    http_sequential.ratio = http_sequential.median_ms / sequential.median_ms
+    http_sequential.aim = f"≤ {SEQUENTIAL_AIM} (median latency)"
+    ceiling.ratio = 1.0
+    for row in (http_off, http_on):
+        row.ratio = row.throughput_rps / ceiling.throughput_rps
+    http_on.aim = f"≥ {BATCHED_AIM} (throughput)"
+    return [sequential, http_sequential, ceiling, http_off, http_on]
+
+
+def table(stage: str, rows: list[Row]) -> str:
+    lines = [f"| {stage} | median latency (ms) | throughput (req/s) | mean batch | ratio | aim |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        batch = f"{statistics.mean(r.batch_sizes):.1f}" if r.batch_sizes else "–"
+        ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
+        lines.append(f"| {r.what} | {r.median_ms:.1f} | {r.throughput_rps:.1f} | {batch} | {ratio} | {r.aim} |")
+    return "\n".join(lines)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    from servelab.serving.backends import cpu_count
+
+    started = perf_counter()
+    print(f"servelab benchmark: {cpu_count()} CPUs; {args.requests} sequential requests of each kind; "
+          f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)
+    with tempfile.TemporaryDirectory(prefix="servelab-benchmark-") as tmp:
+        for stage in args.stage:
+            print(f"\n{table(stage, benchmark_stage(stage, args, Path(tmp)))}", flush=True)
+    print(f"\n({perf_counter() - started:.0f} s in all)")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("benchmark", help="in-process pipeline vs end-to-end HTTP for the FastAPI stages",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to measure (default: both)")
+    p.add_argument("--requests", type=int, default=200, help="sequential requests of each kind (default 200)")
+    p.add_argument("--duration", type=float, default=12.0, help="seconds of each throughput measurement (default 12)")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds the throughput seconds are split into (default 4)")
+    p.add_argument("--concurrency", type=int, default=16, help="concurrent senders (default 16)")
+    p.add_argument("--max-batch-size", type=int, default=16, help="MAX_BATCH_SIZE with batching on (default 16)")
+    p.add_argument("--batch-timeout-ms", type=float, default=5.0, help="BATCH_TIMEOUT_MS with batching on (default 5)")
+    p.set_defaults(func=_cli)

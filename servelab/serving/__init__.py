@@ -1,0 +1,11 @@
+"""The FastAPI services (fastapi_pt, fastapi_onnx): one app factory, two backends.
+
+``create_app("pytorch" | "onnx")`` builds the app; ``servelab serve fastapi-pt|fastapi-onnx`` runs it.
+Modules: ``app`` (endpoints, startup), ``schemas`` (request/response bodies), ``errors`` (status
+codes), ``backends`` (PyTorch / ONNX Runtime, devices, execution providers, threads), ``pipeline``
+(worker pool), ``batcher`` (dynamic batching), ``timing`` (Server-Timing), ``metrics`` (Prometheus).
+"""
+
+from servelab.serving.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,129 @@
+"""An async micro-batcher: FastAPI's counterpart of Triton's dynamic batcher.
+
+Requests put their preprocessed images in a queue; one loop takes them in arrival order, stacks
+as many as fit in ``max_batch_size`` images into one inference call (run in its own thread, off
+the event loop) and hands each request its own rows of the result. When fewer than
+``max_batch_size`` images are waiting, it waits for more until the oldest has waited ``timeout_s``
+(Triton's ``max_queue_delay``); while an inference runs, new requests simply queue, so a busy
+server forms full batches with no added delay. ``max_batch_size=1`` is the baseline: one request
+per inference. A request's images always stay together, so a batched request larger than
+``max_batch_size`` runs alone.
+"""
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    logits: np.ndarray  # this request's rows
+    queue_s: float  # from submit() to the start of the inference that served it
+    infer_s: float  # that inference's duration
+    batch_size: int  # images in that inference
+
+
+@dataclass
+class _Pending:
+    x: np.ndarray
+    future: asyncio.Future
+    submitted: float
+
+
+class MicroBatcher:
+    def __init__(self, infer: Callable[[np.ndarray], np.ndarray], max_batch_size: int = 1, timeout_s: float = 0.0,
+                 on_batch: Callable[[int, float], None] | None = None):
+        self.infer, self.max_batch_size, self.timeout_s = infer, max_batch_size, timeout_s
+        self.on_batch = on_batch  # called with (images, seconds) after each inference
+        self._pending: deque[_Pending] = deque()
+        self._arrived = asyncio.Event()
+        # One inference at a time: it already uses INTRA_OP_THREADS cores (or the whole GPU).
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._pending:
+            item = self._pending.popleft()
+            if not item.future.done():
+                item.future.set_exception(RuntimeError("the service is shutting down"))
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, x: np.ndarray) -> BatchResult:
+        """Infer ``x`` [k, 3, H, W] as part of a batch; returns this request's k rows of logits."""
+        if self._task is None or self._task.done():
+            raise RuntimeError("the batcher is not running")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(x, future, perf_counter()))
+        self._arrived.set()
+        return await future
+
+    def _waiting_images(self) -> int:
+        return sum(len(p.x) for p in self._pending)
+
+    async def _fill(self) -> None:
+        """Wait for more requests until a full batch is waiting or the oldest has waited long enough."""
+        deadline = self._pending[0].submitted + self.timeout_s
+        while self._waiting_images() < self.max_batch_size:
+            remaining = deadline - perf_counter()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _take(self) -> list[_Pending]:
+        batch, size = [], 0
+        while self._pending:
+            item = self._pending[0]
+            if item.future.done():  # its caller went away; skip the work
+                self._pending.popleft()
+                continue
+            if batch and size + len(item.x) > self.max_batch_size:
+                break
+            batch.append(self._pending.popleft())
+            size += len(item.x)
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            if self.max_batch_size > 1 and self.timeout_s > 0:
+                await self._fill()
+            batch = self._take()
+            if not batch:
+                continue
+            x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
+            started = perf_counter()
+            try:
+                logits = await loop.run_in_executor(self._executor, self.infer, x)
+            except Exception as exc:  # noqa: BLE001 - every caller of this batch gets the error
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+                continue
+            infer_s = perf_counter() - started
+            if self.on_batch is not None:
+                self.on_batch(len(x), infer_s)
+            offset = 0
+            for item in batch:
+                rows = logits[offset:offset + len(item.x)]
+                offset += len(item.x)
+                if not item.future.done():
+                    item.future.set_result(BatchResult(rows, started - item.submitted, infer_s, len(x)))

@@ -1,0 +1,63 @@
+"""Starting the FastAPI stages: `servelab serve`, and no silent fallback from a GPU to the CPU."""
+
+import base64
+import os
+import subprocess
+import sys
+
+import httpx
+import onnxruntime
+import pytest
+import requests
+
+from fastapi_service import APPS, running
+from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.procs import ServerProcess, free_port, wait_http_ok
+
+CPU_ONLY = not any(p in onnxruntime.get_available_providers() for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
+
+
+def test_servelab_serve_answers_a_plain_requests_client(artifacts, tmp_path):
+    port = free_port()
+    cmd = [sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with ServerProcess(cmd, f"{url}/ready", tmp_path / "serve.log", env={"MODEL_DIR": str(artifacts.manifest.parent)}):
+        image = base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()
+        response = requests.post(f"{url}/predict", json={"image": image}, timeout=30)
+    assert response.status_code == 200
+    assert response.json()["prediction"] == "Dairy product"
+    log = (tmp_path / "serve.log").read_text()
+    assert "STAND-IN MODEL" in log and "providers active: CPUExecutionProvider" in log
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="this machine has a GPU execution provider")
+@pytest.mark.parametrize("kind", ["pytorch", "onnx"])
+def test_require_gpu_refuses_to_start_on_the_cpu(kind, artifacts):
+    cmd = [sys.executable, "-m", "uvicorn", APPS[kind], "--host", "127.0.0.1", "--port", str(free_port())]
+    env = {**os.environ, "MODEL_DIR": str(artifacts.manifest.parent), "REQUIRE_GPU": "1"}
+    run = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "REQUIRE_GPU=1 but the model would run on the CPU" in run.stderr
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="this machine has a GPU execution provider")
+def test_a_requested_gpu_provider_that_is_missing_is_reported(artifacts, tmp_path):
+    with running("onnx", artifacts, tmp_path, ort_providers="cuda,cpu") as url:
+        ready = httpx.get(f"{url}/ready").json()
+    assert ready["runtime"]["providers"] == ["CPUExecutionProvider"]
+    assert any("CUDAExecutionProvider" in warning for warning in ready["warnings"])
+
+
+def test_not_ready_until_the_warm_up_inference_succeeded(artifacts, tmp_path):
+    # A large MAX_REQUEST_IMAGES makes the warm-up (it runs the largest batch too) last a second or so.
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", APPS["onnx"], "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    env = {"MODEL_DIR": str(artifacts.manifest.parent), "MAX_REQUEST_IMAGES": "256"}
+    with ServerProcess(cmd, f"{url}/health", tmp_path / "warm-up.log", env=env, cwd=REPO_ROOT):
+        ready = httpx.get(f"{url}/ready")
+        refused = httpx.post(f"{url}/predict", json={"image": "irrelevant"})
+        for response in (ready, refused):
+            assert response.status_code == 503
+            assert "warming up" in response.json()["detail"] and response.headers["retry-after"]
+        wait_http_ok(f"{url}/ready", 60)
