@@ -1,0 +1,1 @@
+"""Triton Inference Server stages: model configs as data, a local server without Docker, request helpers."""

@@ -1,0 +1,139 @@
+"""Every Triton configuration the lab walks through, as a named stage: config as data.
+
+The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs: the lab's first
+configuration of each model on its GPU node, readable as plain Triton configs. A stage names the
+model clients call and, per model, the few top-level fields that replace the base's fields
+(``instance_group``, ``dynamic_batching``); nothing else is ever copied or edited by hand.
+
+Rendering a stage for a server (``render``) parses the base with Triton's own ``ModelConfig``
+protobuf (so a misspelt field fails here, not in the server), applies the stage's fields, then
+adapts it to the machine:
+
+* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count
+  (``count`` x number of GPUs), for machines without a GPU;
+* ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
+  ONNX Runtime (``<model>/1/model.py``, the local stand-in), labelled by the ``servelab_stand_in``
+  parameter, which ``GET /v2/models/<model>/config`` shows.
+
+Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
+stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
+server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
+"""
+
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+Kind = Literal["gpu", "cpu"]
+CONFIG_NAME = "stage"  # the server's --model-config-name
+STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.onnx, because this "
+                 "tritonserver has no onnxruntime backend; timings differ from the ONNX Runtime backend")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    model: str  # the model clients call
+    summary: str
+    changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model -> replaced fields
+    needs: tuple[str, ...] = ()  # models loaded before ``model`` (an ensemble's steps)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model this stage loads, dependencies first."""
+        return (*self.needs, self.model)
+
+
+def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
+    """``instance_group`` with ``count`` instances on each listed GPU, one entry per (count, gpus)."""
+    return {"instance_group": [{"count": count, "kind": "KIND_GPU", "gpus": gpus} for count, gpus in groups]}
+
+
+PT, ONNX, ENSEMBLE = "food_classifier", "food_classifier_onnx", "food_classifier_ensemble"
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("pt-1", PT, "Python backend (PyTorch), 1 instance on GPU 0 (the base config)"),
+    Stage("pt-dyn", PT, "pt-1 + dynamic batching", {PT: {"dynamic_batching": {}}}),
+    Stage("pt-2x2", PT, "2 instances on GPU 0 and 2 on GPU 1", {PT: _instances((2, [0]), (2, [1]))}),
+    Stage("pt-4x4", PT, "4 instances on GPU 0 and 4 on GPU 1", {PT: _instances((4, [0]), (4, [1]))}),
+    Stage("onnx-1", ONNX, "ONNX Runtime backend, 1 instance on GPU 0 (the base config)"),
+    Stage("onnx-2", ONNX, "2 instances on each of GPUs 0 and 1", {ONNX: _instances((2, [0, 1]))}),
+    Stage("onnx-dyn", ONNX, "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
+          {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8], "max_queue_delay_microseconds": 100}}}),
+    Stage("ensemble", ENSEMBLE, "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess",
+          needs=("food_preprocess", ONNX, "food_postprocess")),
+)}
+
+
+def get_stage(name: str) -> Stage:
+    try:
+        return STAGES[name]
+    except KeyError:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}") from None
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs visible here (0 without a driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return result.stdout.count("GPU ") if result.returncode == 0 else 0
+
+
+def resolve_kind(kind: str) -> Kind:
+    """``auto`` -> ``gpu`` where an NVIDIA GPU is visible, else ``cpu``."""
+    if kind == "auto":
+        return "gpu" if gpu_count() > 0 else "cpu"
+    if kind not in ("gpu", "cpu"):
+        raise ValueError(f"instance kind must be auto, gpu or cpu, not {kind!r}")
+    return kind  # type: ignore[return-value]
+
+
+def base_config(repository: Path, model: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((Path(repository) / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    total = sum(int(g.get("count", 1)) * max(1, len(g.get("gpus", []))) for g in groups)
+    return [{"count": total, "kind": "KIND_CPU"}]
+
+
+def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
+                     repository: Path) -> model_config_pb2.ModelConfig:
+    """The config ``model`` runs with in ``stage`` on a server of that kind."""
+    fields = json_format.MessageToDict(base_config(repository, model), preserving_proto_field_name=True)
+    fields.update(stage.changes.get(model, {}))
+    parameters = fields.setdefault("parameters", {})
+    parameters["servelab_stage"] = {"string_value": f"{stage.name} ({kind})"}
+    if kind == "cpu" and fields.get("instance_group"):
+        fields["instance_group"] = _on_cpu(fields["instance_group"])
+    if fields.get("backend") == "onnxruntime" and not onnxruntime:
+        fields["backend"] = "python"
+        parameters["servelab_stand_in"] = {"string_value": STAND_IN_NOTE}
+    return json_format.ParseDict(fields, model_config_pb2.ModelConfig())
+
+
+def render(config: model_config_pb2.ModelConfig) -> str:
+    return text_format.MessageToString(config, use_short_repeated_primitives=True)
+
+
+def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path) -> list[Path]:
+    """Write ``<model>/configs/stage.pbtxt`` for every model of the stage; returns the paths."""
+    written = []
+    for model in stage.models:
+        config = effective_config(stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository)
+        dest = Path(repository) / model / "configs" / f"{CONFIG_NAME}.pbtxt"
+        dest.parent.mkdir(exist_ok=True)
+        header = (f"# GENERATED by `servelab triton stage {stage.name}` ({kind}) from ../config.pbtxt; "
+                  "edit servelab/triton/stages.py, not this file.\n")
+        tmp = dest.with_suffix(".part")
+        tmp.write_text(header + render(config))
+        tmp.replace(dest)  # a server (re)loading now never reads half a file
+        written.append(dest)
+    return written

@@ -1,0 +1,289 @@
+"""A real tritonserver (the nvidia-pytriton build, started by the fixture) serving every stage.
+
+One server for the module: tests switch it between stages with the same model-control calls
+`servelab triton stage` makes, so only one startup is paid. Stages render with KIND_CPU (the venv's
+torch is a CPU build); the ONNX model runs as the local Python-backend stand-in. The model
+repository is a temporary copy of the base configs whose version folders link to the checkout's,
+so the tests leave no generated configs behind.
+"""
+
+import base64
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from photos import variants
+from servelab import cli
+from servelab.artifacts import load_manifest
+from servelab.inference import OnnxClassifier, TorchClassifier
+from servelab.paths import MODELS_STAGING
+from servelab.postprocess import Prediction, top1
+from servelab.preprocess import preprocess_batch
+from servelab.procs import free_port
+from servelab.settings import get_settings
+from servelab.triton import client, server
+from servelab.triton.stages import STAGES, get_stage
+
+PHOTOS = variants()
+FOUR = [PHOTOS[k] for k in ("jpeg", "grayscale_jpeg", "rgba_png", "palette_gif")]
+SIXTEEN = [*PHOTOS.values(), *list(PHOTOS.values())[:7]]
+TRUNCATED = PHOTOS["jpeg"][: len(PHOTOS["jpeg"]) // 3]
+TOLERANCE = 1e-3
+
+
+def make_repository(dest: Path) -> Path:
+    """Base configs copied, version folders linked: a repository whose generated files stay here."""
+    for model in server.ALL_MODELS:
+        (dest / model).mkdir(parents=True)
+        (dest / model / "config.pbtxt").write_bytes((MODELS_STAGING / model / "config.pbtxt").read_bytes())
+        (dest / model / "1").symlink_to(MODELS_STAGING / model / "1", target_is_directory=True)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def repository(artifacts, tmp_path_factory) -> Path:
+    return make_repository(tmp_path_factory.mktemp("model_repository"))
+
+
+@pytest.fixture(scope="module")
+def triton(repository, tmp_path_factory) -> Iterator[server.LocalTriton]:
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log,
+                            exit_timeout_s=2) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def reference(artifacts):
+    """servelab's in-process PyTorch and ONNX Runtime paths, for the same images."""
+    manifest = load_manifest(artifacts.manifest)
+    torch_model, onnx_model = TorchClassifier(artifacts.manifest), OnnxClassifier(artifacts.onnx)
+
+    def predict(images: list[bytes], runtime: str) -> list[Prediction]:
+        batch = preprocess_batch(images, **manifest.preprocess_kwargs())
+        return top1((torch_model if runtime == "torch" else onnx_model).infer(batch), manifest.classes)
+
+    return predict
+
+
+def use(triton: server.LocalTriton, name: str) -> None:
+    if triton.stage != name:
+        triton.apply_stage(name)
+
+
+def http(triton) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(triton.url, network_timeout=120)
+
+
+def infer_images(triton, model: str, images: list[bytes], protocol: str = "http",
+                 encoding: str = "base64") -> list[Prediction]:
+    if protocol == "http":
+        connection = http(triton)
+    else:
+        connection = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        result = connection.infer(model, client.image_inputs(protocol, images, encoding),
+                                  outputs=client.label_outputs(protocol))
+    finally:
+        connection.close()
+    return client.predictions(result)
+
+
+def assert_close(actual: list[Prediction], expected: list[Prediction], tolerance: float = TOLERANCE) -> None:
+    assert [p.label for p in actual] == [p.label for p in expected]
+    np.testing.assert_allclose([p.probability for p in actual], [p.probability for p in expected], atol=tolerance)
+
+
+def stats(triton, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{triton.url}/v2/models/{model}/stats") as response:
+        return json.loads(response.read())["model_stats"][0]
+
+
+def batch_sizes(entry: dict) -> dict[int, int]:
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in entry.get("batch_stats", [])}
+
+
+def concurrently(calls) -> list:
+    """Run the calls at once, one thread each (released together); each result or exception."""
+    start = threading.Barrier(len(calls))
+
+    def run(call):
+        start.wait()
+        try:
+            return call()
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+# --- pt-1: the lab's client and what the original model.py got wrong ---
+
+def test_the_labs_client_keeps_working(triton, reference):
+    """[1,1] BYTES with base64 text, outputs read as JSON: the lab's Flask client, verbatim in spirit."""
+    use(triton, "pt-1")
+    connection = http(triton)
+    infer_input = httpclient.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
+    infer_input.set_data_from_numpy(np.array([[base64.b64encode(PHOTOS["jpeg"]).decode("utf-8")]], dtype=object))
+    outputs = [httpclient.InferRequestedOutput("FOOD_LABEL", binary_data=False),
+               httpclient.InferRequestedOutput("PROBABILITY", binary_data=False)]
+    result = connection.infer(model_name="food_classifier", inputs=[infer_input], outputs=outputs)
+    connection.close()
+    label, probability = result.as_numpy("FOOD_LABEL")[0, 0], result.as_numpy("PROBABILITY")[0, 0]
+    expected = reference([PHOTOS["jpeg"]], "torch")[0]
+    assert label == expected.label  # JSON outputs (binary_data=False) arrive as text
+    assert abs(float(probability) - expected.probability) <= TOLERANCE
+
+
+def test_four_images_in_one_request_equal_four_single_requests(triton, reference):
+    use(triton, "pt-1")
+    together = infer_images(triton, "food_classifier", FOUR, protocol="grpc", encoding="raw")
+    alone = [infer_images(triton, "food_classifier", [image])[0] for image in FOUR]
+    assert len(together) == 4
+    assert_close(together, alone, 1e-4)
+    assert_close(together, reference(FOUR, "torch"))
+
+
+def test_batch_of_16_returns_16_results(triton, reference):
+    use(triton, "pt-1")
+    assert_close(infer_images(triton, "food_classifier", SIXTEEN), reference(SIXTEEN, "torch"))
+
+
+def test_a_corrupt_element_fails_its_whole_request(triton):
+    """One response carries all outputs of a request, so a request with one bad image out of
+    four fails as a whole (400, naming the element); nothing is half-answered."""
+    use(triton, "pt-1")
+    for protocol, status in (("http", "400"), ("grpc", "StatusCode.INVALID_ARGUMENT")):
+        with pytest.raises(InferenceServerException) as failure:
+            infer_images(triton, "food_classifier", [*FOUR[:2], TRUNCATED, FOUR[3]], protocol)
+        assert str(failure.value.status()) == status
+        assert "element 2 of 4" in failure.value.message()
+
+
+# --- dynamic batching ---
+
+def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
+    use(triton, "pt-dyn")
+    before = stats(triton, "food_classifier")
+    images = [PHOTOS["jpeg"], PHOTOS["png"], TRUNCATED, PHOTOS["webp"], PHOTOS["grayscale_jpeg"],
+              PHOTOS["rgba_png"], PHOTOS["cmyk_jpeg"], PHOTOS["palette_gif"]]
+    results = concurrently([lambda im=im: infer_images(triton, "food_classifier", [im]) for im in images])
+    failed = [i for i, r in enumerate(results) if isinstance(r, Exception)]
+    assert failed == [2], results
+    assert "truncated or corrupt" in results[2].message()
+    good = [im for i, im in enumerate(images) if i != 2]
+    assert_close([r[0] for i, r in enumerate(results) if i != 2], reference(good, "torch"))
+    after = stats(triton, "food_classifier")
+    formed = {b: n - batch_sizes(before).get(b, 0) for b, n in batch_sizes(after).items()}
+    assert max(b for b, n in formed.items() if n > 0) > 1, formed
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    assert executions < len(images), "the requests were not batched"
+
+
+# --- every stage ---
+
+@pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "ensemble"])
+def test_every_stage_loads_and_serves(triton, name):
+    config = triton.apply_stage(name)
+    stage = STAGES[name]
+    assert config["parameters"]["servelab_stage"]["string_value"] == f"{name} (cpu)"
+    for model in stage.models:
+        with urllib.request.urlopen(f"http://{triton.url}/v2/models/{model}/ready") as response:
+            assert response.status == 200
+    index = server._call(triton.url, "POST", "/v2/repository/index", {"ready": True})
+    assert {e["name"] for e in index} == set(stage.models)  # other stages' models were unloaded
+    if stage.model == "food_classifier_onnx":
+        # The local stand-in says so in the reported config and in the server log.
+        assert config["backend"] == "python" and "STAND-IN" in config["parameters"]["servelab_stand_in"]["string_value"]
+        assert "LOCAL STAND-IN" in triton.process.log.read_text()
+        connection = http(triton)
+        result = connection.infer(stage.model, client.tensor_inputs("http", preprocess_batch(FOUR[:1])))
+        connection.close()
+        assert result.as_numpy("output").shape == (1, 11)
+    else:
+        assert len(infer_images(triton, stage.model, FOUR[:1])) == 1
+
+
+# --- preprocessing on the server ---
+
+def test_ensemble_matches_the_onnx_path(triton, reference):
+    use(triton, "ensemble")
+    served = infer_images(triton, "food_classifier_ensemble", FOUR, encoding="raw")
+    connection = http(triton)
+    result = connection.infer("food_classifier_onnx", client.tensor_inputs("http", preprocess_batch(FOUR)),
+                              outputs=client.tensor_outputs("http"))
+    connection.close()
+    assert_close(served, client.tensor_predictions(result), 1e-5)
+    assert_close(served, reference(FOUR, "onnx"))
+
+
+def test_ensemble_fails_only_the_corrupt_request(triton):
+    use(triton, "ensemble")
+    results = concurrently([lambda im=im: infer_images(triton, "food_classifier_ensemble", [im])
+                            for im in (FOUR[0], TRUNCATED, FOUR[1])])
+    assert [isinstance(r, Exception) for r in results] == [False, True, False]
+    assert str(results[1].status()) == "400"
+
+
+def test_onnx_dynamic_batching_forms_batches(triton, reference):
+    use(triton, "onnx-dyn")
+    tensors = preprocess_batch(FOUR)
+    before = stats(triton, "food_classifier_onnx")
+    connection = grpcclient.InferenceServerClient(triton.grpc_url)
+
+    def send(i: int) -> list[Prediction]:
+        """A closed-loop sender: three requests, each as soon as the last is answered."""
+        for _ in range(3):
+            result = connection.infer("food_classifier_onnx", client.tensor_inputs("grpc", tensors[i % 4][None]),
+                                      outputs=client.tensor_outputs("grpc"))
+        return client.tensor_predictions(result)
+
+    results = concurrently([lambda i=i: send(i) for i in range(16)])
+    connection.close()
+    assert_close([r[0] for r in results[:4]], reference(FOUR, "onnx"))
+    formed = batch_sizes(stats(triton, "food_classifier_onnx"))
+    grown = {b: n - batch_sizes(before).get(b, 0) for b, n in formed.items()}
+    assert max(b for b, n in grown.items() if n > 0) > 1, grown
+
+
+# --- the CLI ---
+
+def test_cli_up_stage_down(repository, tmp_path, monkeypatch, capsys):
+    """`servelab triton up`, `stage` and `down` on a second server (state file in a temporary folder)."""
+    monkeypatch.setattr(server, "STATE_FILE", tmp_path / "state.json")
+    monkeypatch.setenv("TRITON_MODEL_REPOSITORY", str(repository))
+    monkeypatch.setenv("TRITON_INSTANCE_KIND", "cpu")
+    get_settings.cache_clear()
+    port = free_port()
+    try:
+        assert cli.main(["triton", "up", "--stage", "pt-1", "--port", str(port),
+                         "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]) == 0
+        state = server.load_state()
+        assert state is not None and state["url"] == f"127.0.0.1:{port}"
+        connection = httpclient.InferenceServerClient(state["url"])
+        result = connection.infer("food_classifier", client.image_inputs("http", FOUR[:1]))
+        connection.close()
+        assert client.predictions(result)[0].label
+        capsys.readouterr()
+        assert cli.main(["triton", "stage", "onnx-dyn"]) == 0
+        printed = capsys.readouterr().out
+        reported = json.loads(printed[printed.index("{"):])
+        assert reported["dynamic_batching"]["preferred_batch_size"] == [4, 6, 8]
+        assert reported["parameters"]["servelab_stage"]["string_value"] == "onnx-dyn (cpu)"
+        assert "onnx-dyn (cpu)" in (repository / "food_classifier_onnx" / "configs" / "stage.pbtxt").read_text()
+    finally:
+        assert cli.main(["triton", "down"]) == 0
+        get_settings.cache_clear()
+    assert server.load_state() is None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=2)

@@ -1,0 +1,152 @@
+"""Triton stages rendered from the base configs, and the Python-backend helpers (no server needed)."""
+
+import base64
+import os
+
+import numpy as np
+import pytest
+
+from photos import variants
+from servelab.paths import MODELS_STAGING
+from servelab.preprocess import preprocess
+from servelab.settings import get_settings
+from servelab.triton import backend, stages
+
+STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "ensemble"]
+
+
+def config(name: str, model: str | None = None, kind: stages.Kind = "gpu", onnxruntime: bool = True):
+    stage = stages.get_stage(name)
+    return stages.effective_config(stage, model or stage.model, kind=kind, onnxruntime=onnxruntime,
+                                   repository=MODELS_STAGING)
+
+
+def instances(cfg) -> list[tuple[int, str, list[int]]]:
+    return [(g.count, stages.model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind), list(g.gpus))
+            for g in cfg.instance_group]
+
+
+def test_every_lab_configuration_is_a_stage():
+    assert list(stages.STAGES) == STAGE_NAMES
+
+
+def test_base_configs_are_the_labs_interfaces():
+    pt = stages.base_config(MODELS_STAGING, stages.PT)
+    assert (pt.backend, pt.max_batch_size) == ("python", 16)
+    string = stages.model_config_pb2.DataType.TYPE_STRING
+    assert [(i.name, i.data_type, list(i.dims)) for i in pt.input] == [("INPUT_IMAGE", string, [1])]
+    assert [(o.name, list(o.dims)) for o in pt.output] == [("FOOD_LABEL", [1]), ("PROBABILITY", [1])]
+    onnx = stages.base_config(MODELS_STAGING, stages.ONNX)
+    assert (onnx.backend, onnx.max_batch_size) == ("onnxruntime", 16)
+    assert [(i.name, list(i.dims)) for i in onnx.input] == [("input", [3, 224, 224])]
+    assert [(o.name, list(o.dims)) for o in onnx.output] == [("output", [11])]
+    assert "logits" in (MODELS_STAGING / stages.ONNX / "config.pbtxt").read_text().lower()
+
+
+@pytest.mark.parametrize(("name", "gpu", "cpu"), [
+    ("pt-1", [(1, "KIND_GPU", [0])], 1),
+    ("pt-dyn", [(1, "KIND_GPU", [0])], 1),
+    ("pt-2x2", [(2, "KIND_GPU", [0]), (2, "KIND_GPU", [1])], 4),
+    ("pt-4x4", [(4, "KIND_GPU", [0]), (4, "KIND_GPU", [1])], 8),
+    ("onnx-1", [(1, "KIND_GPU", [0])], 1),
+    ("onnx-2", [(2, "KIND_GPU", [0, 1])], 4),
+    ("onnx-dyn", [(1, "KIND_GPU", [0])], 1),
+])
+def test_instance_groups_and_their_cpu_rendering(name, gpu, cpu):
+    assert instances(config(name)) == gpu
+    assert instances(config(name, kind="cpu")) == [(cpu, "KIND_CPU", [])]
+
+
+def test_dynamic_batching_only_where_the_lab_adds_it():
+    assert config("pt-dyn").HasField("dynamic_batching")
+    dyn = config("onnx-dyn").dynamic_batching
+    assert (list(dyn.preferred_batch_size), dyn.max_queue_delay_microseconds) == ([4, 6, 8], 100)
+    for name in ("pt-1", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2"):
+        assert not config(name).HasField("dynamic_batching"), name
+
+
+def test_a_stage_changes_only_its_fields():
+    base = stages.base_config(MODELS_STAGING, stages.PT)
+    cfg = config("pt-4x4")
+    for field in ("name", "backend", "max_batch_size", "input", "output"):
+        assert getattr(cfg, field) == getattr(base, field), field
+    assert cfg.parameters["servelab_stage"].string_value == "pt-4x4 (gpu)"
+
+
+def test_onnx_stand_in_swap_is_labelled():
+    real = config("onnx-1")
+    assert real.backend == "onnxruntime" and "servelab_stand_in" not in real.parameters
+    stand_in = config("onnx-1", kind="cpu", onnxruntime=False)
+    assert stand_in.backend == "python"
+    assert "STAND-IN" in stand_in.parameters["servelab_stand_in"].string_value
+    assert config("pt-1", onnxruntime=False).backend == "python"  # only the ONNX model is swapped
+
+
+def test_ensemble_loads_its_steps_first():
+    stage = stages.get_stage("ensemble")
+    assert stage.models == ("food_preprocess", stages.ONNX, "food_postprocess", stages.ENSEMBLE)
+    steps = [s.model_name for s in config("ensemble").ensemble_scheduling.step]
+    assert steps == ["food_preprocess", stages.ONNX, "food_postprocess"]
+
+
+def test_write_effective_leaves_the_base_alone(tmp_path):
+    for model in stages.get_stage("ensemble").models:
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.pbtxt").write_bytes((MODELS_STAGING / model / "config.pbtxt").read_bytes())
+    written = stages.write_effective(stages.get_stage("ensemble"), kind="cpu", onnxruntime=False, repository=tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == [
+        f"{m}/configs/stage.pbtxt" for m in stages.get_stage("ensemble").models]
+    for model in stages.get_stage("ensemble").models:
+        base = (MODELS_STAGING / model / "config.pbtxt").read_bytes()
+        assert (tmp_path / model / "config.pbtxt").read_bytes() == base
+    assert written[1].read_text().startswith("# GENERATED")
+
+
+def test_unknown_stage_and_kind():
+    with pytest.raises(ValueError, match="stages: pt-1"):
+        stages.get_stage("pt-3")
+    with pytest.raises(ValueError):
+        stages.resolve_kind("tpu")
+
+
+def test_elements_can_be_raw_bytes_or_base64_text():
+    jpeg = variants()["jpeg"]
+    text = base64.b64encode(jpeg)
+    assert backend.image_bytes(jpeg) == jpeg
+    assert backend.image_bytes(text) == jpeg
+    assert backend.image_bytes(text.decode()) == jpeg
+    assert backend.image_bytes(b"data:image/jpeg;base64," + text) == jpeg
+    for name, data in variants().items():  # no encoded image passes for base64 text
+        assert backend.image_bytes(data) == data, name
+
+
+def test_preprocess_requests_fails_only_the_bad_request():
+    good = variants()
+    truncated = good["jpeg"][: len(good["jpeg"]) // 3]
+    requests = [np.array([[good["jpeg"]], [good["png"]]], dtype=np.object_),
+                np.array([[good["webp"]], [truncated]], dtype=np.object_),
+                np.array([[base64.b64encode(good["grayscale_jpeg"])]], dtype=np.object_)]
+    images, rows, errors = backend.preprocess_requests(requests)
+    assert images.shape == (3, 3, 224, 224)
+    assert [(r.start, r.stop) for r in rows] == [(0, 2), (2, 2), (2, 3)]
+    assert errors[0] is None and errors[2] is None
+    assert errors[1].startswith("INPUT_IMAGE element 1 of 2")
+    np.testing.assert_array_equal(images[2], preprocess(good["grayscale_jpeg"]))
+
+
+def test_threads_per_instance_shares_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    one = {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
+    assert backend.threads_per_instance(one) == max(1, cores - 1)
+    eight = {"instance_group": [{"count": 4, "gpus": [0]}, {"count": 4, "gpus": [1]}]}
+    assert backend.threads_per_instance(eight) == max(1, (cores - 1) // 8)
+
+
+def test_threads_per_instance_setting(monkeypatch):
+    monkeypatch.setenv("TRITON_THREADS_PER_INSTANCE", "3")
+    get_settings.cache_clear()
+    try:
+        assert backend.threads_per_instance({"instance_group": [{"count": 8}]}) == 3
+    finally:
+        monkeypatch.delenv("TRITON_THREADS_PER_INSTANCE")
+        get_settings.cache_clear()
