@@ -243,7 +243,7 @@ def triton_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with ExitStack() as stack:
         stack.callback(triton_server.STATE_FILE.unlink, missing_ok=True)
         stack.callback(local.stop)
-        triton_server.save_state(local)
+        triton_server.save_state(triton_server.state_of(local))
         flasks = {backend: _serve(["flask", "--backend", backend], "/health", logs / f"flask-{backend}.log",
                                   {"TRITON_SERVER_URL": local.url})
                   for backend in ("triton", "triton_onnx", "triton_ensemble")}
