@@ -9,7 +9,6 @@ arrivals at fractions of the capacity measured at concurrency 16, where queueing
 well before the server is saturated.
 """
 
-import argparse
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
-from servelab.bench import FastAPITarget, Load, Record, TritonTarget, append_record, run_bench
+from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import ServerProcess, free_port
 from servelab.settings import get_settings

@@ -4,7 +4,7 @@ and Triton's statistics diffed across each run (queue vs compute, the batch size
 from collections.abc import Iterator
 
 import pytest
-from test_triton_server import make_repository
+from triton_repo import make_repository
 
 from servelab.bench import Load, TritonTarget, run_bench
 from servelab.paths import DEFAULT_IMAGE

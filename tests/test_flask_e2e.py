@@ -17,7 +17,7 @@ import tritonclient.http as triton_http
 from PIL import Image
 
 from photos import variants
-from test_triton_server import make_repository
+from triton_repo import make_repository
 from servelab.preprocess import preprocess
 from servelab.procs import ServerProcess, free_port
 from servelab.settings import Settings

@@ -25,28 +25,19 @@ from photos import variants
 from servelab import cli
 from servelab.artifacts import load_manifest
 from servelab.inference import OnnxClassifier, TorchClassifier
-from servelab.paths import MODELS_STAGING
 from servelab.postprocess import Prediction, top1
 from servelab.preprocess import preprocess_batch
 from servelab.procs import free_port
 from servelab.settings import get_settings
 from servelab.triton import client, server
 from servelab.triton.stages import STAGES, get_stage
+from triton_repo import make_repository
 
 PHOTOS = variants()
 FOUR = [PHOTOS[k] for k in ("jpeg", "grayscale_jpeg", "rgba_png", "palette_gif")]
 SIXTEEN = [*PHOTOS.values(), *list(PHOTOS.values())[:7]]
 TRUNCATED = PHOTOS["jpeg"][: len(PHOTOS["jpeg"]) // 3]
 TOLERANCE = 1e-3
-
-
-def make_repository(dest: Path) -> Path:
-    """Base configs copied, version folders linked: a repository whose generated files stay here."""
-    for model in server.ALL_MODELS:
-        (dest / model).mkdir(parents=True)
-        (dest / model / "config.pbtxt").write_bytes((MODELS_STAGING / model / "config.pbtxt").read_bytes())
-        (dest / model / "1").symlink_to(MODELS_STAGING / model / "1", target_is_directory=True)
-    return dest
 
 
 @pytest.fixture(scope="module")

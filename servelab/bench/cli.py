@@ -48,6 +48,10 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="images per request (default 1)")
 
 
+def _add_fastapi_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
+
+
 def _add_triton_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
     p.add_argument("--model", default="food_classifier", help="model name (default %(default)s)")
@@ -87,19 +91,16 @@ def register(subparsers: Any) -> None:
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
-    fastapi = sub.add_parser("fastapi", help="POST /predict (base64 JSON) to a FastAPI service")
-    fastapi.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
-    _add_image_args(fastapi)
-    _add_load_args(fastapi)
-    _add_record_args(fastapi)
-    fastapi.set_defaults(func=_cmd_bench)
-
-    triton = sub.add_parser("triton", help="infer through tritonclient's asyncio HTTP or gRPC client")
-    _add_triton_args(triton)
-    _add_image_args(triton)
-    _add_load_args(triton)
-    _add_record_args(triton)
-    triton.set_defaults(func=_cmd_bench)
+    for name, help_text, add_target_args in (
+        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service", _add_fastapi_args),
+        ("triton", "infer through tritonclient's asyncio HTTP or gRPC client", _add_triton_args),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        add_target_args(p)
+        _add_image_args(p)
+        _add_load_args(p)
+        _add_record_args(p)
+        p.set_defaults(func=_cmd_bench)
 
     pa = sub.add_parser("perf-analyzer", help="run perf_analyzer (when on PATH) and record its results")
     _add_triton_args(pa)

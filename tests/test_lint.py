@@ -1,0 +1,17 @@
+"""Static checks on our own code: pyflakes' rules (unused imports and names, undefined names)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_no_unused_or_undefined_names():
+    ruff = Path(sys.executable).parent / "ruff"
+    result = subprocess.run(
+        [str(ruff), "check", "--select", "F", "--no-cache", "servelab", "tests", "fastapi_pt", "fastapi_onnx",
+         "flask_app", "models_staging"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
