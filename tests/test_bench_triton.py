@@ -45,3 +45,7 @@ def test_sequential_bytes_requests(triton, artifacts) -> None:
     r = run_bench(target, Load.sequential(10, warmup=2), stage="ensemble")
     assert r.stats.successes == 10 and r.stats.errors == {}
     assert r.breakdown.server_requests == 10 and r.breakdown.batch_sizes == {1: 10}
+    # With 6 senders, requests wait in the steps' queues; the ensemble's breakdown must show it.
+    busy = run_bench(target, Load.closed(6, 60, warmup=2), stage="ensemble")
+    assert busy.breakdown.queue_ms > busy.breakdown.service_ms
+    assert busy.stats.latency.p50_ms > busy.breakdown.queue_ms

@@ -216,6 +216,7 @@ class _TritonClient:
             self.outputs = [tc.InferRequestedOutput(TENSOR_OUTPUT)]
         self.inputs[0].set_data_from_numpy(data)
         self.check = self.outputs[-1].name()
+        self.steps: list[str] | None = None  # an ensemble's composing models, read on first use
 
     async def send(self) -> Outcome:
         try:
@@ -228,9 +229,16 @@ class _TritonClient:
         return Outcome(True)
 
     async def server_stats(self) -> dict[str, Any]:
-        if self.protocol == "grpc":
-            return await self.client.get_inference_statistics(model_name=self.model, as_json=True)
-        return await self.client.get_inference_statistics(model_name=self.model)
+        # An ensemble's own statistics leave out the time its requests wait in the queues of its
+        # steps, so those models' statistics come along (all models: one call).
+        grpc = {"as_json": True} if self.protocol == "grpc" else {}
+        if self.steps is None:
+            config = await self.client.get_model_config(self.model, **grpc)
+            config = config.get("config", config)  # gRPC wraps it
+            steps = config.get("ensemble_scheduling", {}).get("step", [])
+            self.steps = [step["model_name"] for step in steps]
+        stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **grpc)
+        return {**stats, "ensemble_steps": {self.model: self.steps}} if self.steps else stats
 
     async def close(self) -> None:
         await self.client.close()

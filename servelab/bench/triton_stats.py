@@ -4,7 +4,8 @@ Triton's counters are cumulative since the model loaded, so a run's server-side 
 ``after - before``: per-request means of queue, compute input, compute infer and compute output,
 and the histogram of batch sizes the scheduler formed (``batch_stats``: one entry per batch size,
 ``compute_infer.count`` = executions of that size). Works with the HTTP JSON (integers) and the
-gRPC ``as_json`` form (64-bit integers as strings).
+gRPC ``as_json`` form (64-bit integers as strings). For an ensemble the snapshot also carries
+``ensemble_steps`` (its composing models), whose queue times make up the ensemble's queueing.
 """
 
 from typing import Any
@@ -53,6 +54,12 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Br
     inferences = int(new.get("inference_count", 0)) - int(old.get("inference_count", 0))
     executions = int(new.get("execution_count", 0)) - int(old.get("execution_count", 0))
     failed = _counter(new, "inference_stats", "fail")[0] - _counter(old, "inference_stats", "fail")[0]
+    steps = after.get("ensemble_steps", {}).get(model)
+    if steps and succeeded > 0:
+        # Triton counts an ensemble's queueing in its steps' statistics, not its own.
+        waited_ns = sum(_counter(_model_entry(after, m), "inference_stats", "queue")[1]
+                        - _counter(_model_entry(before, m), "inference_stats", "queue")[1] for m in steps)
+        parts["queue"] = waited_ns / succeeded / 1e6
     compute = [parts[p] for p in PHASES[1:] if p in parts]
     return Breakdown(
         source="triton-stats",
