@@ -1,0 +1,60 @@
+"""`servelab lab --quick` end to end, and no server left behind, also after Ctrl-C."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from servelab.bench import read_records
+from servelab.lab import STAGES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _servers() -> set[int]:
+    """PIDs of model servers on this machine (ours are children of the lab's process group)."""
+    found = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "tritonserver" in cmd or "servelab serve" in cmd or "-m servelab serve" in cmd:
+            found.add(p.pid)
+    return found
+
+
+def _lab(out: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_path):
+    before = _servers()
+    lab = _lab(tmp_path)
+    output, _ = lab.communicate(timeout=480)
+    assert lab.returncode == 0, output
+    records = read_records(tmp_path / "records.jsonl")
+    assert {r.stage for r in records} == {s.name for s in STAGES}
+    assert all(r.stats.error_count == 0 and r.stats.successes for r in records)
+    assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
+    report = (tmp_path / "report.md").read_text()
+    assert "| pt-2x2 |" in report and (tmp_path / "latency_cdf.png").exists()
+    assert "lab finished" in output and "p50" in output
+    assert _servers() <= before
+
+
+def test_ctrl_c_stops_the_servers(artifacts, tmp_path):
+    before = _servers()
+    lab = _lab(tmp_path, "--stages", "fastapi-onnx,pt-1")
+    deadline = time.monotonic() + 120
+    while not (_servers() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _servers() - before, "the lab started no server"
+    lab.send_signal(signal.SIGINT)
+    lab.communicate(timeout=90)
+    assert lab.returncode != 0
+    deadline = time.monotonic() + 30
+    while (_servers() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (_servers() - before)
