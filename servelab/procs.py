@@ -4,6 +4,7 @@ Used by the local stage runner, the CLI and the tests, so every server we start 
 and none is left running after Ctrl-C or a failure.
 """
 
+import ctypes
 import os
 import signal
 import socket
@@ -12,6 +13,18 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: Linux sends it SIGTERM if our process dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: stop() remains the only way
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,7 +83,7 @@ class ServerProcess:
         with open(self.log, "ab") as out:
             # A new session, so a terminal's Ctrl-C reaches us, not the server; we stop it ourselves.
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                         cwd=self.cwd, start_new_session=True)
+                                         cwd=self.cwd, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
         except BaseException:
