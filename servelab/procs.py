@@ -64,14 +64,18 @@ def _tail(log: Path | None, lines: int = 20) -> str:
 class ServerProcess:
     """A child server process in its own process group, logging to a file.
 
-    Use as a context manager, or call ``start()``/``stop()``; ``stop()`` is idempotent.
+    Use as a context manager, or call ``start()``/``stop()``; ``stop()`` is idempotent. Unless
+    ``detach`` is set, the server also ends when our process dies, however it dies.
     """
 
     def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None, ready_timeout: float = 120.0, stop_timeout: float = 40.0):
+                 cwd: Path | None = None, ready_timeout: float = 120.0, stop_timeout: float = 40.0,
+                 detach: bool = False):
         self.cmd, self.ready_url, self.log = cmd, ready_url, Path(log)
         self.env = {**os.environ, **(env or {})}
         self.cwd, self.ready_timeout, self.stop_timeout = cwd, ready_timeout, stop_timeout
+        # A detached server outlives us (`servelab triton up`); others end when our process ends.
+        self.detach = detach
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -83,7 +87,8 @@ class ServerProcess:
         with open(self.log, "ab") as out:
             # A new session, so a terminal's Ctrl-C reaches us, not the server; we stop it ourselves.
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                         cwd=self.cwd, start_new_session=True, preexec_fn=_die_with_parent)
+                                         cwd=self.cwd, start_new_session=True,
+                                         preexec_fn=None if self.detach else _die_with_parent)
         try:
             wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
         except BaseException:

@@ -14,7 +14,7 @@ import sys, time
 from servelab.procs import ServerProcess, free_port
 port = free_port()
 server = ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                       f"http://127.0.0.1:{port}/", sys.argv[1]).start()
+                       f"http://127.0.0.1:{port}/", sys.argv[1], detach=sys.argv[2] == "detach").start()
 print(server.pid, flush=True)
 time.sleep(120)
 """
@@ -39,13 +39,27 @@ def test_stop_ends_the_server(tmp_path):
     assert _gone(pid, 10)
 
 
-def test_server_dies_with_a_killed_parent(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "log")], stdout=subprocess.PIPE, text=True)
+def _server_of_killed_parent(tmp_path, mode: str) -> int:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "log"), mode],
+                              stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     assert psutil.pid_exists(child)
     parent.kill()  # SIGKILL: no cleanup code of the parent runs
     parent.wait()
-    assert _gone(child, 15), "the server outlived its parent"
+    return child
+
+
+def test_server_dies_with_a_killed_parent(tmp_path):
+    assert _gone(_server_of_killed_parent(tmp_path, "attached"), 15), "the server outlived its parent"
+
+
+def test_a_detached_server_outlives_its_parent(tmp_path):
+    """`servelab triton up` returns and leaves its server running for `servelab triton down`."""
+    child = _server_of_killed_parent(tmp_path, "detach")
+    try:
+        assert not _gone(child, 2)
+    finally:
+        psutil.Process(child).kill()
 
 
 def test_a_server_that_exits_early_is_reported(tmp_path):

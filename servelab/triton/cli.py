@@ -81,7 +81,8 @@ def _up(args) -> int:
     print(f"triton: starting tritonserver with stage {stage.name} ({stage.summary}) ...", flush=True)
     try:
         local = server.start_local(stage, ports=ports, kind=args.kind or settings.triton_instance_kind,
-                                   repository=settings.triton_model_repository, exit_timeout_s=10)
+                                   repository=settings.triton_model_repository, exit_timeout_s=10,
+                                   detach=True)  # it runs on after `up` returns, until `down`
     except (RuntimeError, TimeoutError) as exc:  # the message ends with the server log's last lines
         print(f"triton: tritonserver did not become ready: {exc}")
         return 1

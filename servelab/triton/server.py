@@ -157,7 +157,7 @@ class LocalTriton:
 
 def start_local(stage: Stage, *, ports: Ports | None = None, kind: str = "auto",
                 repository: Path = MODELS_STAGING, log: Path | None = None,
-                exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S) -> LocalTriton:
+                exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S, detach: bool = False) -> LocalTriton:
     """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY."""
     install_dir = install()
     ports = ports or Ports.pick()
@@ -169,7 +169,7 @@ def start_local(stage: Stage, *, ports: Ports | None = None, kind: str = "auto",
     process = ServerProcess(
         cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
-        ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15,
+        ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach,
     ).start()
     return LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository))
 
