@@ -101,3 +101,18 @@ def test_animated_gif_uses_first_frame():
     still = io.BytesIO()
     first.save(still, "GIF")
     np.testing.assert_allclose(preprocess(buf.getvalue()), preprocess(still.getvalue()), atol=1e-5)
+
+
+def test_a_long_thin_strip_does_not_blow_up_memory():
+    """Resizing the short side to 256 before cropping would make a 16 x 2,000,000 strip 32 gigapixels."""
+    import subprocess
+    import sys
+
+    code = (
+        "import io, resource; from PIL import Image; from servelab.preprocess import preprocess\n"
+        "buf = io.BytesIO(); Image.new('RGB', (2_000_000, 16), (200, 100, 50)).save(buf, 'PNG')\n"
+        "assert preprocess(buf.getvalue()).shape == (3, 224, 224)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    peak_kib = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert peak_kib < 1_000_000  # under 1 GB (the decoded strip itself is 96 MB)
