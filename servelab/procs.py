@@ -12,19 +12,28 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: Linux sends it SIGTERM if our process dies, even by SIGKILL."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: stop() remains the only way
-        pass
-
-
 _PR_SET_PDEATHSIG = 1
+try:  # looked up once here: between fork and exec the child may only make the C call
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: stop() remains the only way
+    _prctl = None
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: Linux sends it SIGTERM when the thread that started it ends —
+    our main thread, so in effect our process, even when it is killed with SIGKILL."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # we died before prctl took effect
+            os._exit(1)
+
+
+# Readiness checks go straight to 127.0.0.1, never through a proxy set in the environment.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -42,7 +51,7 @@ def wait_http_ok(url: str, timeout: float, proc: subprocess.Popen | None = None,
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before {url} was ready{_tail(log)}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with DIRECT.open(url, timeout=2) as response:
                 if response.status == 200:
                     return
                 last = f"HTTP {response.status}"
@@ -59,6 +68,18 @@ def _tail(log: Path | None, lines: int = 20) -> str:
         return ""
     text = Path(log).read_text(errors="replace").splitlines()[-lines:]
     return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
+
+
+def _group_gone(pgid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 class ServerProcess:
@@ -88,7 +109,7 @@ class ServerProcess:
             # A new session, so a terminal's Ctrl-C reaches us, not the server; we stop it ourselves.
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.cwd, start_new_session=True,
-                                         preexec_fn=None if self.detach else _die_with_parent)
+                                         preexec_fn=None if self.detach else partial(_die_with_parent, os.getpid()))
         try:
             wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
         except BaseException:
@@ -97,17 +118,23 @@ class ServerProcess:
         return self
 
     def stop(self) -> None:
-        """SIGTERM the process group we created, then SIGKILL it if it lingers."""
+        """SIGTERM the process group we created, then SIGKILL it if it lingers.
+
+        The whole group, even when its leader has already exited: its children (Triton's
+        Python-backend stubs, uvicorn's workers) may still be there.
+        """
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
         for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10)):
             try:
                 os.killpg(proc.pid, sig)  # the group id is our child's PID (start_new_session)
             except ProcessLookupError:
-                return
+                return  # nothing of the group is left
             try:
                 proc.wait(wait)
+                if sig == signal.SIGTERM and not _group_gone(proc.pid, 3.0):
+                    continue  # the leader went, stragglers stay: SIGKILL them
                 return
             except subprocess.TimeoutExpired:
                 continue

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.paths import MODELS_STAGING, REPO_ROOT
-from servelab.procs import ServerProcess, free_port
+from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.triton.client import server_address
 from servelab.triton.stages import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
 
@@ -180,7 +180,7 @@ def _call(url: str, method: str, path: str, body: dict | None = None, timeout: f
     request = urllib.request.Request(f"http://{server_address(url)}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with DIRECT.open(request, timeout=timeout) as response:
             text = response.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
