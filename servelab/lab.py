@@ -103,7 +103,12 @@ class Lab:
         from servelab.triton.server import start_local
         from servelab.triton.stages import STAGES as TRITON_STAGES
 
-        return start_local(TRITON_STAGES[first.name], log=self.logs / "tritonserver.log")
+        settings = get_settings()
+        # The local lab runs on the CPU (its torch is a CPU build) unless TRITON_INSTANCE_KIND=gpu says
+        # otherwise; "auto" would pick KIND_GPU on any machine where nvidia-smi sees a GPU.
+        kind = "cpu" if settings.triton_instance_kind == "auto" else settings.triton_instance_kind
+        return start_local(TRITON_STAGES[first.name], kind=kind, repository=settings.triton_model_repository,
+                           log=self.logs / "tritonserver.log")
 
     # --- measurements ----------------------------------------------------------------------------
 
