@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from servelab.bench.monitor import Monitor
 from servelab.bench.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
-from servelab.bench.targets import BYTES_INPUT, TENSOR_INPUT, TritonTarget, model_input_tensor
+from servelab.bench.targets import TritonTarget, model_input_tensor
+from servelab.triton.client import IMAGE_INPUT, TENSOR_INPUT
 from servelab.bench.triton_stats import stats_delta
 
 # perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
@@ -45,7 +46,7 @@ class PerfAnalyzerNotFound(RuntimeError):
 
 def input_data(image: bytes, input: Literal["bytes", "tensor"], manifest: Path | None = None) -> dict[str, Any]:
     if input == "bytes":
-        return {"data": [{BYTES_INPUT: [base64.b64encode(image).decode()]}]}
+        return {"data": [{IMAGE_INPUT: [base64.b64encode(image).decode()]}]}
     tensor = model_input_tensor(image, manifest).astype("<f4")
     return {"data": [{TENSOR_INPUT: {"b64": base64.b64encode(tensor.tobytes()).decode()}}]}
 

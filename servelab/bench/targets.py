@@ -29,9 +29,8 @@ import yarl
 import numpy as np
 
 from servelab.bench.server_timing import ServerTiming, parse_server_timing
+from servelab.triton import client as triton_io
 
-BYTES_INPUT, BYTES_OUTPUTS = "INPUT_IMAGE", ("FOOD_LABEL", "PROBABILITY")
-TENSOR_INPUT, TENSOR_OUTPUT = "input", "output"
 _JSON = {"content-type": "application/json"}
 
 
@@ -161,14 +160,10 @@ class _FastAPIClient:
 
 def model_input_tensor(image: bytes, manifest: Path | None = None) -> np.ndarray:
     """The image as the ONNX model's input [3, crop, crop], preprocessed as the manifest says."""
+    from servelab.artifacts import load_manifest
     from servelab.preprocess import preprocess
 
-    if manifest is None:
-        return preprocess(image)
-    from servelab.artifacts import load_manifest
-
-    m = load_manifest(manifest)
-    return preprocess(image, resize=m.resize, crop=m.crop, mean=m.mean, std=m.std)
+    return preprocess(image, **(load_manifest(manifest).preprocess_kwargs() if manifest else {}))
 
 
 @dataclass(frozen=True)
@@ -209,15 +204,12 @@ class _TritonClient:
         self.model, self.batch, self.protocol, self.errors = target.model, target.batch, target.protocol, _errors()
         if target.input == "bytes":
             # Base64 text, as the lab's own clients send it; the model accepts raw bytes too.
-            text = base64.b64encode(target.image)
-            data = np.array([[text]] * target.batch, dtype=np.object_)
-            self.inputs = [tc.InferInput(BYTES_INPUT, [target.batch, 1], "BYTES")]
-            self.outputs = [tc.InferRequestedOutput(name) for name in BYTES_OUTPUTS]
+            self.inputs = triton_io.image_inputs(target.protocol, [target.image] * target.batch)
+            self.outputs = triton_io.label_outputs(target.protocol)
         else:
             data = np.stack([model_input_tensor(target.image, target.manifest)] * target.batch)
-            self.inputs = [tc.InferInput(TENSOR_INPUT, list(data.shape), "FP32")]
-            self.outputs = [tc.InferRequestedOutput(TENSOR_OUTPUT)]
-        self.inputs[0].set_data_from_numpy(data)
+            self.inputs = triton_io.tensor_inputs(target.protocol, data)
+            self.outputs = triton_io.tensor_outputs(target.protocol)
         self.check = self.outputs[-1].name()
         self.steps: list[str] | None = None  # an ensemble's composing models, read on first use
 
