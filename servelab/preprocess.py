@@ -116,17 +116,22 @@ def to_tensor(im: Image.Image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarr
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
-def preprocess(
-    data: bytes,
+def preprocess_image(
+    im: Image.Image,
     *,
     resize: int = DEFAULT_RESIZE,
     crop: int = DEFAULT_CROP,
     mean=IMAGENET_MEAN,
     std=IMAGENET_STD,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
-    """Encoded image bytes -> float32 [3, crop, crop]. Raises ImageError on bad input."""
-    return to_tensor(resize_and_crop(load_image(data, max_pixels), resize, crop), mean, std)
+    """An upright RGB image (from ``load_image``) -> float32 [3, crop, crop]."""
+    return to_tensor(resize_and_crop(im, resize, crop), mean, std)
+
+
+def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, **sizes) -> np.ndarray:
+    """Encoded image bytes -> float32 [3, crop, crop] (``sizes``: see ``preprocess_image``).
+    Raises ImageError on bad input."""
+    return preprocess_image(load_image(data, max_pixels), **sizes)
 
 
 def preprocess_batch(images: list[bytes], **kwargs) -> np.ndarray:

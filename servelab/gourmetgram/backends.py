@@ -28,7 +28,7 @@ from urllib3.exceptions import ReadTimeoutError
 from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.labels import CLASSES
 from servelab.postprocess import Prediction
-from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, resize_and_crop, to_tensor
+from servelab.preprocess import preprocess_image
 from servelab.settings import Settings
 from servelab.triton import client as triton
 
@@ -261,13 +261,11 @@ class TritonTensorBackend(_TritonBackend):
 
     def __init__(self, url: str, model: str, timeout: float, manifest: Manifest | None) -> None:
         super().__init__("triton_onnx", url, model, timeout, manifest)
-        self.prep = manifest.preprocess_kwargs() if manifest else {
-            "resize": DEFAULT_RESIZE, "crop": DEFAULT_CROP, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+        self.prep = manifest.preprocess_kwargs() if manifest else {}
         self.classes = tuple(manifest.classes) if manifest else CLASSES
 
     def classify(self, data: bytes, image: Image.Image) -> Answer:
-        prep = self.prep
-        x = to_tensor(resize_and_crop(image, prep["resize"], prep["crop"]), prep["mean"], prep["std"])[None]
+        x = preprocess_image(image, **self.prep)[None]
 
         def read(result) -> list[Prediction]:
             if result.as_numpy(triton.TENSOR_OUTPUT).shape != (1, len(self.classes)):
