@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,8 +25,8 @@ except (OSError, AttributeError):  # not Linux: stop() remains the only way
 
 
 def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: Linux sends it SIGTERM when the thread that started it ends —
-    our main thread, so in effect our process, even when it is killed with SIGKILL."""
+    """In the child, before exec: Linux sends it SIGTERM when the thread that started it (our main
+    thread, so in effect our process) ends, even when our process is killed with SIGKILL."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # we died before prctl took effect
@@ -103,13 +104,20 @@ class ServerProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def _preexec(self):
+        # Linux ties the parent-death signal to the thread that forks: only the main thread lives as
+        # long as the process. From another thread, stop() is the only way the server ends.
+        if self.detach or threading.current_thread() is not threading.main_thread():
+            return None
+        return partial(_die_with_parent, os.getpid())
+
     def start(self) -> "ServerProcess":
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             # A new session, so a terminal's Ctrl-C reaches us, not the server; we stop it ourselves.
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.cwd, start_new_session=True,
-                                         preexec_fn=None if self.detach else partial(_die_with_parent, os.getpid()))
+                                         preexec_fn=self._preexec())
         try:
             wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
         except BaseException:

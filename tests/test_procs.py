@@ -66,3 +66,19 @@ def test_a_server_that_exits_early_is_reported(tmp_path):
     with pytest.raises(RuntimeError, match="exited with code 3"):
         ServerProcess([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], "http://127.0.0.1:9/",
                       tmp_path / "log", ready_timeout=10).start()
+
+
+def test_a_server_started_from_a_worker_thread_outlives_the_thread(tmp_path):
+    """Linux would signal the child when the forking thread ends; a pool thread ends any time."""
+    import threading
+
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                           f"http://127.0.0.1:{port}/", tmp_path / "log")
+    thread = threading.Thread(target=server.start)
+    thread.start()
+    thread.join()
+    try:
+        assert not _gone(server.pid, 2)
+    finally:
+        server.stop()

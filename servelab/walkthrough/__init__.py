@@ -1,0 +1,15 @@
+"""The steps of the lab's measurement notebooks, as tested library code.
+
+The notebooks explain; these modules do the work, so that each notebook cell is a call or two. Every
+value a step needs (URLs, how long to wait, where records go) comes from the notebook's parameters
+cell, passed in as arguments; nothing here reads notebook globals.
+
+* ``servelab.walkthrough.common``: ``wait_until`` (poll until a probe says what we want),
+  ``utilization(record)`` (one line of CPU/GPU use), ``try_gourmetgram`` (classify the photo through
+  the web page, as a user would), ``latest(records)`` (the newest run of each measurement).
+* ``servelab.walkthrough.fastapi``: ``FastAPIWalkthrough`` (``4_fastapi``: wait for a service, measure
+  it) and ``queueing(alone, busy)`` (Little's law from a sequential and a concurrent run).
+* ``servelab.walkthrough.triton``: ``TritonWalkthrough`` (``6_triton``: switch to or wait for a
+  stage, measure it with ``servelab bench`` and ``perf_analyzer``), ``open_loads`` and
+  ``batch_count_change``.
+"""

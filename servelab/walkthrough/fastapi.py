@@ -1,0 +1,103 @@
+"""``4_fastapi``: one FastAPI service, switched between stages, measured with ``servelab bench``."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from servelab.bench import FastAPITarget, Load, Record, run_bench_async
+from servelab.report import summary_table
+from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
+
+# The parts of /ready that say what a measurement measured; they go into its record's config.
+CONFIG_KEYS = ("service", "model", "runtime", "batching")
+
+
+@dataclass(frozen=True)
+class Service:
+    """A stage's service as it answered /ready once it was the one wanted."""
+
+    stage: str
+    url: str
+    ready: dict[str, Any]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {key: self.ready[key] for key in CONFIG_KEYS}
+
+    @property
+    def stand_in(self) -> str | None:
+        """Why its numbers are not the lab's own model's, if they are not."""
+        return self.ready["description"] if self.ready.get("stand_in") else None
+
+
+def serving(url: str) -> tuple[str | None, bool | None] | str:
+    """(service, batching enabled) as ``url``/ready says, or why it did not say."""
+    try:
+        ready = requests.get(f"{url}/ready", timeout=5).json()
+    except (requests.RequestException, ValueError) as exc:
+        return f"no answer ({type(exc).__name__})"
+    return ready.get("service"), (ready.get("batching") or {}).get("enabled")
+
+
+def queueing(alone: Record, busy: Record) -> str:
+    """A run one request at a time beside a run with several senders: how much longer requests took,
+    what Little's law predicts from the outside, and the service's own account of the time."""
+    n, x, w = busy.load.concurrency, busy.stats.throughput_rps, busy.stats.latency.mean_ms
+    service = alone.stats.latency.mean_ms
+    lines = [
+        f"one at a time: {service:.1f} ms per request, {alone.stats.throughput_rps:.0f} req/s",
+        f"{n} senders: {x:.0f} req/s, mean latency {w:.1f} ms = {w / service:.1f} x the time alone",
+        f"Little's law: {n} requests in flight / {x:.0f} req/s = {1000 * n / x:.1f} ms each",
+    ]
+    b = busy.breakdown
+    if b and b.queue_ms is not None and b.service_ms is not None:
+        lines.append(f"the service's own account: {b.queue_ms:.1f} ms waiting + {b.service_ms:.1f} ms being worked on")
+    return "\n".join(lines)
+
+
+@dataclass
+class FastAPIWalkthrough:
+    """The notebook's steps, with its parameters.
+
+    Every stage is the same service at ``url``, switched from the node's shell; ``stage_urls`` gives a
+    stage its own URL instead (stages side by side, locally or in tests). ``runs`` collects every
+    measurement in order; each is also appended to ``records_file``. ``flask_url`` is GourmetGram's,
+    in front of the service; empty: the student uses a browser instead.
+    """
+
+    url: str
+    photo: Path
+    records_file: Path
+    wait_s: float
+    stage_urls: dict[str, str] = field(default_factory=dict)
+    flask_url: str = ""
+    runs: list[Record] = field(default_factory=list)
+
+    def wait_for(self, stage: str, service: str, batching: bool) -> Service:
+        """Wait until the stage's URL runs ``service`` with batching on or off, and show what it runs
+        on, so that a measurement is never labelled with the wrong stage."""
+        url = self.stage_urls.get(stage, self.url)
+        on_off = "on" if batching else "off"
+        wait_until(f"{service} (batching {on_off}) at {url}", lambda: serving(url), (service, batching),
+                   wait_s=self.wait_s)
+        ready = requests.get(f"{url}/ready", timeout=5).json()
+        print(f"{stage}: {url} is {service}, batching {on_off}, model {ready['model']}")
+        print("runtime:", json.dumps(ready["runtime"]))
+        return Service(stage, url, ready)
+
+    async def measure(self, service: Service, load: Load) -> Record:
+        """Measure ``service`` under ``load``, record it, and print its table row and utilization."""
+        target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name)
+        record = await run_bench_async(target, load, stage=service.stage, out=self.records_file,
+                                       config=service.config, stand_in=service.stand_in)
+        self.runs.append(record)
+        print(summary_table([record]))
+        print(utilization(record))
+        return record
+
+    def try_gourmetgram(self) -> None:
+        """Classify the photo through GourmetGram, as a user would, and print its answer."""
+        try_gourmetgram(self.flask_url, self.photo)

@@ -1,0 +1,166 @@
+"""``6_triton``: Triton walked through the stages of ``servelab.triton.stages``, each measured with
+``servelab bench`` and, as a second opinion, ``perf_analyzer``."""
+
+import asyncio
+import json
+import shlex
+import shutil
+import subprocess
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from servelab.artifacts import load_manifest
+from servelab.bench import Load, Record, TritonTarget, run_bench_async
+from servelab.bench.perf_analyzer import perf_analyzer_command, run_perf_analyzer, write_input_data
+from servelab.report import summary_table
+from servelab.settings import get_settings
+from servelab.triton.server import model_config, server_address
+from servelab.triton.stages import STAGES
+from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
+
+# The parts of a model's config that say what a measurement measured; they go into its record.
+CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
+INPUTS: tuple[Literal["bytes", "tensor"], ...] = ("bytes", "tensor")
+
+
+def open_loads(rates: list[float], seconds: float, warmup: int) -> list[Load]:
+    """The bursty-arrival loads: at each rate, ``seconds`` of evenly spaced requests, then as many
+    seconds at random (Poisson) moments."""
+    return [Load.open(rate, arrivals, duration_s=seconds, warmup=warmup)
+            for rate in rates for arrivals in ("constant", "poisson")]
+
+
+def batch_count_change(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """Executions per batch size added between two ``batch_counts`` readings."""
+    return {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+
+
+def running_stage(url: str, model: str) -> str:
+    """The stage Triton at ``url`` runs ``model`` for (its ``servelab_stage`` parameter), or why
+    that cannot be told yet."""
+    try:
+        return model_config(url, model)["parameters"]["servelab_stage"]["string_value"].split()[0]
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        return f"{model} not ready ({type(exc).__name__})"
+
+
+def describe_config(name: str, config: dict[str, Any]) -> str:
+    """What a stage's model config says about instances and batching, in two lines."""
+    groups = [f"{g['count']} x {g['kind']} {g.get('gpus') or ''}".strip() for g in config.get("instance_group", [])]
+    return (f"Triton runs {name}: {STAGES[name].summary}\n"
+            f"  instances: {', '.join(groups) or '-'}; dynamic_batching: {json.dumps(config.get('dynamic_batching', 'off'))}")
+
+
+@dataclass
+class TritonWalkthrough:
+    """The notebook's steps, with its parameters.
+
+    ``url`` is Triton's HTTP endpoint as host:port. Each step waits until Triton runs its stage, which
+    a student switches from the node's shell; with ``stage_command`` (``{name}`` for the stage) the
+    step switches it itself. Steps whose stage is not in ``stages`` are skipped. Every measurement is
+    appended to ``results``/records.jsonl and collected in ``runs``. ``repository`` is where this
+    machine sees Triton's model repository, if it does (default: the ``triton_model_repository``
+    setting), to tell whether the model is a stand-in. GourmetGram is at ``flask_url``, or at
+    ``flask_urls[backend]`` where its modes run side by side (locally, in tests); empty: the student
+    uses a browser instead.
+    """
+
+    url: str
+    photo: Path
+    results: Path
+    wait_s: float
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stage_command: str = ""
+    perf_analyzer: bool = True
+    pa_window_s: float = 5.0
+    pa_extra: list[str] = field(default_factory=list)
+    repository: Path | None = None
+    flask_url: str = ""
+    flask_urls: dict[str, str] = field(default_factory=dict)
+    runs: list[Record] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.records_file = Path(self.results) / "records.jsonl"
+        self.have_perf_analyzer = self.perf_analyzer and shutil.which("perf_analyzer") is not None
+        if self.repository is None:
+            self.repository = get_settings().triton_model_repository
+        # perf_analyzer's --input-data: the same real photo, as bytes and as the preprocessed tensor.
+        image = self.photo.read_bytes()
+        self.inputs = {kind: write_input_data(Path(self.results) / f"input-{kind}.json", image, kind) for kind in INPUTS}
+
+    def config(self, model: str) -> dict[str, Any]:
+        return model_config(self.url, model)
+
+    def use_stage(self, name: str) -> dict[str, Any]:
+        """Wait until Triton runs stage ``name`` (switching it first with ``stage_command``), show its
+        instances and batching, and return the config of the model clients call."""
+        model = STAGES[name].model
+        if self.stage_command:
+            done = subprocess.run(shlex.split(self.stage_command.format(name=name)), capture_output=True, text=True, check=False)
+            if done.returncode:
+                raise RuntimeError(done.stderr or done.stdout)
+        wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, model), name,
+                   wait_s=self.wait_s)
+        config = self.config(model)
+        print(describe_config(name, config))
+        return config
+
+    def stand_in(self, name: str) -> str | None:
+        """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
+        notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
+                 for m in STAGES[name].models]
+        manifest = Path(self.repository or "") / "food_classifier" / "1" / "food11.json"
+        if manifest.exists() and (loaded := load_manifest(manifest)).stand_in:
+            notes.append(loaded.description)
+        return "; ".join(note for note in notes if note) or None
+
+    def batch_counts(self, model: str) -> dict[int, int]:
+        """Executions of ``model`` per batch size since it was loaded (Triton's statistics)."""
+        with urllib.request.urlopen(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
+            stats = json.load(response)["model_stats"][0]
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+    def try_gourmetgram(self, backend: str) -> None:
+        """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
+        through it and print its answer."""
+        try_gourmetgram(self.flask_urls.get(backend, self.flask_url), self.photo, backend=backend, wait_s=self.wait_s)
+
+    async def run_perf_analyzer(self, target: TritonTarget, load: Load, *, stage: str, stand_in: str | None) -> list[Record]:
+        """The same load with perf_analyzer, which measures in windows of ``pa_window_s`` until they
+        agree; where it is not installed, only show the command."""
+        window = load.model_copy(update={"requests": None, "duration_s": self.pa_window_s})
+        data = self.inputs[target.input]
+        if not self.have_perf_analyzer:
+            command = perf_analyzer_command(url=target.url, model=target.model, protocol=target.protocol, batch=target.batch,
+                                            load=window, input_data=data, csv_path=Path("perf.csv"), extra=self.pa_extra)
+            print("perf_analyzer is not installed here; on the node this step also runs:", shlex.join(command))
+            return []
+        result = await asyncio.to_thread(run_perf_analyzer, target, window, input_data_path=data, extra=self.pa_extra,
+                                         stage=stage, stand_in=stand_in, out=self.records_file)
+        print("$", shlex.join(result.target["command"]))
+        return [result]
+
+    async def measure(self, name: str, loads: list[Load], batch: int = 1) -> list[Record]:
+        """Measure stage ``name`` under each load with both tools (``batch`` images per request),
+        record every run, and print the table and the utilization seen."""
+        if name not in self.stages:
+            print(f"skipped: {name} is not in STAGES")
+            return []
+        config = self.use_stage(name)
+        model = STAGES[name].model
+        target = TritonTarget(self.url, model, self.photo.read_bytes(), input="tensor" if model.endswith("_onnx") else "bytes",
+                              batch=batch, image_name=self.photo.name)
+        stand_in = self.stand_in(name)
+        settings = {key: config.get(key) for key in CONFIG_KEYS}
+        done: list[Record] = []
+        for load in loads:
+            done.append(await run_bench_async(target, load, stage=name, config=settings, stand_in=stand_in,
+                                              out=self.records_file))
+            done += await self.run_perf_analyzer(target, load, stage=name, stand_in=stand_in)
+        self.runs.extend(done)
+        print(summary_table(done))
+        for r in done:
+            print(f"  {r.tool:13} {r.load.label():24} {utilization(r)}")
+        return done
