@@ -186,6 +186,18 @@ async def _snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | Non
         return None
 
 
+async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
+    """Statistics once the warm-up has reached them: two reads in a row that agree (bounded)."""
+    previous = await _snapshot(client, warnings)
+    for _ in range(STATS_SETTLE_TRIES):
+        await asyncio.sleep(STATS_SETTLE_S)
+        current = await _snapshot(client, warnings)
+        if current is None or current == previous:
+            return current
+        previous = current
+    return previous
+
+
 async def _server_breakdown(
     client: Client, before: dict[str, Any], model: str, successes: int, warnings: list[str]
 ) -> Breakdown | None:
@@ -223,10 +235,7 @@ async def run_bench_async(
         failed = await warm_up(client, load)
         if failed:
             warnings.append(f"{failed} of {load.warmup} warm-up requests failed")
-        before = None
-        if client.has_server_stats:
-            await asyncio.sleep(STATS_SETTLE_S)  # let the warm-up reach the statistics first
-            before = await _snapshot(client, warnings)
+        before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
         with Monitor(monitor_interval_s, server_pid) as monitor:
             run = await run_load(client, load)
         breakdown = run.timing.breakdown()
