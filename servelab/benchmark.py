@@ -183,7 +183,7 @@ def table(stage: str, rows: list[Row]) -> str:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    from servelab.serving.backends import cpu_count
+    from servelab.procs import cpu_count
 
     started = perf_counter()
     print(f"servelab benchmark: {cpu_count()} CPUs; {args.requests} sequential requests of each kind; "

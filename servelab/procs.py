@@ -37,6 +37,14 @@ def _die_with_parent(parent: int) -> None:
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on (a container's CPU set, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (the OS picks it)."""
     with socket.socket() as s:

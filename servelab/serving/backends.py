@@ -8,7 +8,6 @@ warning, and ``REQUIRE_GPU=1`` turns it into a refusal to start.
 """
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.inference import OnnxClassifier, TorchClassifier
+from servelab.procs import cpu_count
 from servelab.settings import ServeSettings, get_settings
 
 log = logging.getLogger("servelab.serving")
@@ -52,14 +52,6 @@ class Backend:
             return (f"onnxruntime {d['onnxruntime']}, providers active: {', '.join(d['providers'])} "
                     f"(requested: {', '.join(d['requested_providers'])})")
         return f"pytorch {d['torch']}, device {d['device']} ({d['dtype']})"
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (a container's CPU set, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def intra_op_threads(settings: ServeSettings) -> int:

@@ -8,7 +8,6 @@ request its own error response while the others succeed.
 ``triton_python_backend_utils`` exists only inside the stub, so it is imported where it is used.
 """
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from servelab.postprocess import top1
 from servelab.preprocess import ImageError, decode_base64, preprocess
+from servelab.procs import cpu_count
 from servelab.settings import get_settings
 
 # Base64 text (optionally a data: URL). An encoded image is binary and always contains bytes
@@ -103,11 +103,13 @@ def threads_per_instance(model_config: dict) -> int:
     configured = get_settings().triton_threads_per_instance
     if configured:
         return configured
-    instances = sum(
-        int(group.get("count", 1)) * max(1, len(group.get("gpus", [])))
-        for group in model_config.get("instance_group", [])
-    )
-    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, instances))
+    instances = instance_count(model_config.get("instance_group", []))
+    return max(1, (cpu_count() - 1) // max(1, instances))
+
+
+def instance_count(groups: Sequence[dict]) -> int:
+    """Instances an ``instance_group`` list starts: ``count`` per GPU listed (or once, without GPUs)."""
+    return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus", []))) for g in groups)
 
 
 def parameter(model_config: dict, key: str, default: str | None = None) -> str | None:

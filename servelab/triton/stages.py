@@ -30,6 +30,8 @@ from typing import Any, Literal
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from servelab.triton.backend import instance_count
+
 Kind = Literal["gpu", "cpu"]
 CONFIG_NAME = "stage"  # the server's --model-config-name
 STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.onnx, because this "
@@ -100,8 +102,7 @@ def base_config(repository: Path, model: str) -> model_config_pb2.ModelConfig:
 
 
 def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    total = sum(int(g.get("count", 1)) * max(1, len(g.get("gpus", []))) for g in groups)
-    return [{"count": total, "kind": "KIND_CPU"}]
+    return [{"count": instance_count(groups), "kind": "KIND_CPU"}]
 
 
 def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
