@@ -10,6 +10,7 @@ COMMAND_MODULES = (
     "servelab.serve",  # serve fastapi-pt | fastapi-onnx | flask
     "servelab.triton.cli",  # triton up | down | stage
     "servelab.bench.cli",  # bench fastapi | triton | perf-analyzer | input-data
+    "servelab.bench.perf_analyzer_binary",  # perf-analyzer install | check | run
     "servelab.report",  # report
     "servelab.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab

@@ -6,18 +6,23 @@ server is a child process stopped by PID, also on Ctrl-C or failure.
 
 The measurements per stage: sequential requests; closed loop at concurrency 8 and 16; then Poisson
 arrivals at fractions of the capacity measured at concurrency 16, where queueing delay appears
-well before the server is saturated.
+well before the server is saturated. Every Triton load is measured twice, back to back: by the load
+generator and by perf_analyzer, the tool the lab's students use on the node, with the same photo;
+requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
+same rates for the dynamic-batching ONNX stage. A perf_analyzer run that fails is recorded with its
+message and the lab goes on.
 """
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
-from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
+from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
+from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import ServerProcess, free_port
 from servelab.settings import get_settings
@@ -37,14 +42,23 @@ class Plan:
     poisson_fractions: tuple[float, ...]
     poisson_seconds: float
     warmup: int
+    batched: int  # requests of BATCH images at concurrency 1, where the stage batches
+    # perf_analyzer: how hard it tries for three stable windows, and how long one run may take.
+    windows: Windows = Windows()
+    pa_timeout_s: float = 180.0
 
     @classmethod
     def full(cls) -> "Plan":
-        return cls(100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10)
+        # 20 % stability instead of perf_analyzer's 10 %: two CPUs shared by client and server are noisy.
+        return cls(100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8))
 
     @classmethod
     def quick(cls) -> "Plan":
-        return cls(10, 24, (8,), (0.5,), 1.0, 2)
+        # A first look: three windows, whatever their spread (no stability requirement).
+        return cls(10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0)
+
+
+BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,8 @@ class Stage:
     model: str = ""  # triton: the model measured
     input: str = "bytes"  # triton: "bytes" (encoded image) or "tensor" (client-side preprocessing)
     stand_in: str = ""
+    batches: bool = False  # triton: also requests of BATCH images (the model batches them in one pass)
+    both_arrivals: bool = False  # triton: constant as well as Poisson arrivals at each rate
 
 
 STAGES: tuple[Stage, ...] = (
@@ -64,15 +80,16 @@ STAGES: tuple[Stage, ...] = (
     Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference", "fastapi", service="fastapi-onnx"),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)", "fastapi",
           service="fastapi-onnx", env={"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
-    Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier"),
-    Stage("pt-dyn", "Triton Python backend, 1 instance + dynamic batching", "triton", model="food_classifier"),
+    Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier", batches=True),
+    Stage("pt-dyn", "Triton Python backend, 1 instance + dynamic batching", "triton", model="food_classifier",
+          batches=True),
     Stage("pt-2x2", "Triton Python backend, 2 + 2 instances (on CPU here)", "triton", model="food_classifier"),
     Stage("onnx-1", "Triton ONNX model, 1 instance", "triton", model="food_classifier_onnx", input="tensor",
           stand_in=ONNX_STAND_IN),
     Stage("onnx-2", "Triton ONNX model, 2 instances", "triton", model="food_classifier_onnx", input="tensor",
           stand_in=ONNX_STAND_IN),
     Stage("onnx-dyn", "Triton ONNX model, 1 instance + dynamic batching", "triton", model="food_classifier_onnx",
-          input="tensor", stand_in=ONNX_STAND_IN),
+          input="tensor", stand_in=ONNX_STAND_IN, batches=True, both_arrivals=True),
     Stage("ensemble", "Triton ensemble: server-side preprocessing + ONNX model", "triton",
           model="food_classifier_ensemble", stand_in=ONNX_STAND_IN),
 )
@@ -114,27 +131,43 @@ class Lab:
 
     def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest) -> None:
         stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
-        common = dict(stage=stage.name, config={"about": stage.about, **stage.env}, server_pid=pid,
-                      stand_in=stand_in or None, out=self.records_path)
+        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None, out=self.records_path)
+        config = {"about": stage.about, **stage.env}
         p = self.plan
-        loads = [Load.sequential(p.sequential, warmup=p.warmup)]
-        loads += [Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]
-        capacity = None
-        for load in loads:
-            record = self._run(target, load, common)
-            capacity = record.stats.throughput_rps or capacity
-        for fraction in p.poisson_fractions if capacity else ():
-            rate = round(fraction * capacity, 1)
-            load = Load.open(rate, "poisson", requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup)
-            self._run(target, load, common)
+        # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
+        tools: list[Callable] = [lambda t, load: run_bench(t, load, config=config, **common)]
+        if stage.family == "triton":
+            tools.append(lambda t, load: run_perf_analyzer(t, load, windows=p.windows, timeout_s=p.pa_timeout_s,
+                                                           **common))
 
-    def _run(self, target, load: Load, common: dict) -> Record:
+        def each_tool(t, load: Load) -> Record:
+            return [self._run(tool, t, load) for tool in tools][0]
+
+        capacity = None
+        for load in [Load.sequential(p.sequential, warmup=p.warmup)] + [
+                Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]:
+            capacity = each_tool(target, load).stats.throughput_rps or capacity
+        if stage.batches:
+            each_tool(replace(target, batch=BATCH), Load.sequential(p.batched, warmup=min(p.warmup, p.batched)))
+        for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
+            rate = round(fraction * capacity, 1)
+            window = dict(requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup, seed=seed)
+            for arrivals in ("constant", "poisson") if stage.both_arrivals else ("poisson",):
+                # perf_analyzer only where both arrival processes are measured: the lab's rate step.
+                load = Load.open(rate, arrivals, **window)
+                (each_tool if stage.both_arrivals else tools[0])(target, load)
+
+    def _run(self, tool: Callable, target, load: Load) -> Record:
         started = time.monotonic()
-        record = run_bench(target, load, **common)
+        record = tool(target, load)
         self.records.append(record)
         s = record.stats
+        what = f"{record.tool:<13} {load.label() + (f' x{record.batch}' if record.batch > 1 else ''):<26}"
+        if record.failed:
+            self.log(f"    {what} FAILED: {record.failed.splitlines()[0][:200]}")
+            return record
         p50, p99 = (f"{v:7.1f}" if v is not None else "    n/a" for v in (s.latency.p50_ms, s.latency.p99_ms))
-        self.log(f"    {load.label():<26} p50 {p50} ms   p99 {p99} ms   {s.throughput_rps:7.1f} req/s   "
+        self.log(f"    {what} p50 {p50} ms   p99 {p99} ms   {s.throughput_rps:7.1f} req/s   "
                  f"errors {s.error_count}   ({time.monotonic() - started:.0f} s)")
         return record
 
@@ -224,6 +257,10 @@ def _cli_lab(args) -> int:
     report = render_report(lab.records, args.out, sources=[lab.records_path])
     print()
     print(summary_table(lab.records))
+    if found := compare.pairs(lab.records):
+        print(f"\nperf_analyzer vs servelab, same stage and load (ratio = perf_analyzer / servelab; aim "
+              f"{1 - compare.TOLERANCE:.1f}-{1 + compare.TOLERANCE:.1f}):")
+        print(compare.text(found))
     print(f"\nlab finished in {time.monotonic() - started:.0f} s: {report} and its plots; "
           f"raw records in {lab.records_path}; server logs in {lab.logs}")
     for failure in lab.failures:

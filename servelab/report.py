@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from servelab.bench import compare
 from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
 
-COLUMNS = ("stage", "tool", "load", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
+COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in")
 MAX_CDF_PANELS = 6
 MAX_BATCH_RUNS = 8
@@ -29,6 +30,8 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def _errors(record: Record) -> str:
+    if record.failed:
+        return "FAILED"
     errors = record.stats.errors
     if not errors:
         return "0" if record.stats.requests is not None else "-"
@@ -43,7 +46,7 @@ def summary_rows(records: list[Record]) -> list[dict[str, str]]:
         share = b.queue_share if b else None
         rows.append({
             "stage": r.stage, "tool": "perf_analyzer" if r.tool == "perf_analyzer" else "servelab",
-            "load": r.load.label(), "batch": str(r.batch),
+            "load": r.load.label(), "offered req/s": _num(r.stats.offered_rps), "batch": str(r.batch),
             "ok": "-" if r.stats.successes is None else str(r.stats.successes), "errors": _errors(r),
             "p50 ms": _num(lat.p50_ms), "p95 ms": _num(lat.p95_ms), "p99 ms": _num(lat.p99_ms),
             "req/s": _num(r.stats.throughput_rps), "img/s": _num(r.stats.items_per_s),
@@ -240,14 +243,29 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
         "## Comparison", "", markdown_table(records), "",
         "Latency is client-side, in milliseconds, over successful requests (open loop: from the *scheduled* "
         "send time). req/s = successful requests / measured wall time; img/s = req/s x batch. Errors are "
-        "never counted as successes. queue / service ms are server-side means per request (FastAPI "
+        "never counted as successes; a FAILED run measured nothing (its reason is under Failed runs). Offered "
+        "req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really sent at). queue / service ms are server-side means per request (FastAPI "
         "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
         "(queue + service); mean batch = batch size the server formed. `-` = not measured.", "",
     ]
+    found = compare.pairs(records)
+    if found:
+        md += [
+            "## Two clients, one server: perf_analyzer vs servelab", "",
+            "The same stage, photo and load measured by both clients back to back. The ratio is perf_analyzer ÷ "
+            f"servelab; a throughput or median ratio outside {1 - compare.TOLERANCE:.1f}–{1 + compare.TOLERANCE:.1f} "
+            "is flagged. perf_analyzer reports its last three stable measurement windows; servelab one run of the "
+            "same number of requests after a warm-up. In request-rate mode perf_analyzer counts latency from the "
+            "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
+            "the scheduled send.", "", compare.markdown(found), "",
+        ]
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", ""]
         md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
+    failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
+    if failed:
+        md += ["## Failed runs", "", *failed, ""]
     warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
     if warnings:
         md += ["## Warnings", "", *warnings, ""]

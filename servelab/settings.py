@@ -76,7 +76,13 @@ class TritonSettings(_Env):
     triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 
 
-class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings):
+class BenchSettings(_Env):
+    """Measuring (`servelab bench`, `servelab lab`, perf_analyzer)."""
+
+    perf_analyzer: str = Field("", description="perf_analyzer binary to run; empty = the project's copy (`make perf-analyzer` extracts it into the environment), else `perf_analyzer` on PATH (NVIDIA's Triton SDK image).")
+
+
+class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -85,7 +91,8 @@ def get_settings() -> Settings:
     return Settings()
 
 
-SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings)
+SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
+                                                     BenchSettings)
 
 
 def markdown_table() -> str:

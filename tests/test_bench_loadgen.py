@@ -73,6 +73,15 @@ def test_open_loop_below_capacity_sees_no_queue(server: str) -> None:
     assert r.stats.throughput_rps == pytest.approx(rate, rel=0.10)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_open_loop_at_low_load_achieves_the_offered_rate(server: str, seed: int) -> None:
+    """The label is the load really offered: an unconditioned Poisson draw offered 4-18 % less."""
+    load = Load.open(8.0, "poisson", requests=40, warmup=0, seed=seed)
+    r = run_bench(FastAPITarget(server, PHOTO), load, stage="tiny")
+    assert r.stats.offered_rps == 8.0 and r.stats.successes == 40
+    assert r.stats.throughput_rps == pytest.approx(r.stats.offered_rps, rel=0.05)
+
+
 def test_open_loop_overload_counts_the_backlog(server: str) -> None:
     """Twice the capacity, at most 4 requests in flight: the client falls behind, and latency still
     counts from the scheduled send time, growing by (S - 1/rate) per request. A client that timed

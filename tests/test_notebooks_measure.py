@@ -5,8 +5,8 @@ the measurement notebooks run end to end against real local stages.
 with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
 tritonserver, which the notebook itself walks through the stages with ``servelab triton stage NAME``,
 as a student does from the node's shell, plus one GourmetGram per Triton mode. Both in quick mode
-(a few requests per measurement) through their parameters cells; perf_analyzer is not installed
-here, so ``6_triton`` only prints the commands it would run.
+(a few requests per measurement) through their parameters cells; ``6_triton`` runs the project's
+perf_analyzer beside ``servelab bench`` at every load, with short windows.
 """
 
 from __future__ import annotations
@@ -258,6 +258,14 @@ from servelab.bench import read_records
 
 records = read_records(records_file)
 assert records == runs
+measured_by = {tool: [r for r in records if r.tool == tool] for tool in ("servelab", "perf_analyzer")}
+# perf_analyzer right after servelab at every load, with the same stage, load and batch.
+assert [(r.stage, r.load.label(), r.batch) for r in measured_by["perf_analyzer"]] == [
+    (r.stage, r.load.label(), r.batch) for r in measured_by["servelab"]]
+for r in measured_by["perf_analyzer"]:
+    assert r.failed is None and r.stats.successes and r.stats.latency.p95_ms, (r.stage, r.failed)
+    assert "--percentile=95" in r.target["command"] and "--input-data" in r.target["command"]
+records = measured_by["servelab"]
 assert [(r.stage, r.load.label(), r.batch) for r in records] == [
     ("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1), ("pt-1", "sequential", 16),
     ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1),
@@ -295,6 +303,8 @@ def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, 
             "WAIT_S": 60,
             "STAGES": QUICK_STAGES, "REQUESTS": 4, "BATCH_REQUESTS": 2, "WARMUP": 1,
             "RATES": [20, 40], "RATE_SECONDS": 0.4, "RESULTS": str(tmp_path / "results"),
+            # Short windows and no stability search (the last of a repeated flag counts): bounded.
+            "PA_WINDOW_S": 0.6, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
         },
         prologue=PROLOGUE, epilogue=CHECK_TRITON, timeout=180,
     )
@@ -302,5 +312,5 @@ def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, 
     for mode in ("triton", "triton_onnx", "triton_ensemble"):
         assert f"GourmetGram ({mode}): HTTP 200" in text
     assert "skipped: pt-4x4 is not in STAGES" in text
-    shown = [line for line in text.splitlines() if "on the node this step also runs: perf_analyzer" in line]
-    assert len(shown) == 19 and all("--percentile=95" in line and "--input-data" in line for line in shown)
+    shown = [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
+    assert len(shown) == 19

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servelab.bench import read_records
+import pytest
+
+from servelab.bench import compare, read_records
 from servelab.report import markdown_table, render_report, summary_table
 
 DATA = Path(__file__).parent / "data"
@@ -26,7 +28,7 @@ def test_renders_the_comparison_and_every_plot(tmp_path: Path) -> None:
     text = report.read_text()
     assert report == tmp_path / "report.md"
     # The comparison table: one row per run, with units in the headers.
-    assert "| stage | tool | load | batch | ok | errors | p50 ms | p95 ms | p99 ms | req/s |" in text
+    assert "| stage | tool | load | offered req/s | batch | ok | errors | p50 ms | p95 ms | p99 ms | req/s |" in text
     assert text.count("| tiny-20ms |") == 6 and text.count("| triton-sleep-dyn |") == 4
     assert "| pa-sample | perf_analyzer | concurrency 16 |" in text
     assert "3 (http_500 3)" in text  # errors shown, never folded into successes
@@ -64,3 +66,23 @@ def test_command_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "servelab", "report", "--records", str(tmp_path / "none.jsonl")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no records" in done.stdout
+
+
+def test_both_clients_side_by_side_and_disagreement_flagged(tmp_path: Path) -> None:
+    """pa-sample's perf_analyzer rows paired with servelab runs of the same stage and load."""
+    records = read_records(RECORDS)
+    pa = {r.load.label(): r for r in records if r.tool == "perf_analyzer"}
+    ours = [r.model_copy(update={"tool": "servelab", "stats": r.stats.model_copy(update={"successes": 100})})
+            for r in pa.values()]
+    near = ours[0].model_copy(update={"stats": ours[0].stats.model_copy(update={
+        "throughput_rps": pa["sequential"].stats.throughput_rps * 1.05})})
+    far = ours[1].model_copy(update={"stats": ours[1].stats.model_copy(update={
+        "throughput_rps": pa["concurrency 8"].stats.throughput_rps * 1.25})})
+    failed = pa["concurrency 16"].model_copy(update={"failed": "error: failed to get model metadata"})
+    found = compare.pairs([near, far, ours[2], pa["sequential"], pa["concurrency 8"], failed])
+    assert [(p.load, p.verdict) for p in found] == [
+        ("sequential", "agree"), ("concurrency 8", "DISAGREE (> 10%)"), ("concurrency 16", "perf_analyzer failed")]
+    assert found[1].throughput_ratio == pytest.approx(1 / 1.25)
+    text = render_report([near, far, ours[2], pa["sequential"], pa["concurrency 8"], failed], tmp_path).read_text()
+    assert "## Two clients, one server" in text and "| pa-sample | concurrency 8 | 1 |" in text
+    assert "DISAGREE" in text and "## Failed runs" in text and "failed to get model metadata" in text

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.bench.loadgen import run_bench
-from servelab.bench.perf_analyzer import PerfAnalyzerNotFound, run_perf_analyzer, write_input_data
+from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.bench.records import Load, Record
 from servelab.bench.targets import FastAPITarget, Target, TritonTarget
 
@@ -102,7 +102,7 @@ def register(subparsers: Any) -> None:
         _add_record_args(p)
         p.set_defaults(func=_cmd_bench)
 
-    pa = sub.add_parser("perf-analyzer", help="run perf_analyzer (when on PATH) and record its results")
+    pa = sub.add_parser("perf-analyzer", help="run perf_analyzer (see `servelab perf-analyzer check`) and record its results")
     _add_triton_args(pa)
     _add_image_args(pa)
     _add_load_args(pa, open_loop_extras=False)
@@ -159,13 +159,17 @@ def _default_stage(args: argparse.Namespace) -> str:
 
 
 def _finish(records: list[Record], out: Path | None) -> int:
-    """Print the summary table; fail when a run had no successful request at all."""
+    """Print the summary table; fail when a run measured nothing or had no successful request."""
     from servelab.report import summary_table
 
     print(summary_table(records))
+    for r in records:
+        if r.failed:
+            print(f"FAILED {r.stage} [{r.load.label()}]: {r.failed}")
     if out:
         print(f"appended {len(records)} record(s) to {out}")
-    return 0 if all((r.stats.successes or 0) > 0 or r.tool == "perf_analyzer" for r in records) else 1
+    measured = [r.failed is None and ((r.stats.successes or 0) > 0 or r.tool == "perf_analyzer") for r in records]
+    return 0 if all(measured) else 1
 
 
 def _progress(i: int, n: int, r: Record) -> None:
@@ -187,17 +191,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
-    target, records = _target(args), []
-    try:
-        for load in loads_from_args(args):
-            records.append(run_perf_analyzer(
-                target, load, stage=_default_stage(args), input_data_path=args.input_data, extra=args.extra.split(),
-                server_pid=args.server_pid, monitor_interval_s=args.monitor_interval, stand_in=args.stand_in,
-                out=args.out,
-            ))
-    except PerfAnalyzerNotFound as exc:
-        print(f"error: {exc}")
-        return 2
+    target = _target(args)
+    records = [run_perf_analyzer(
+        target, load, stage=_default_stage(args), input_data_path=args.input_data, extra=args.extra.split(),
+        server_pid=args.server_pid, monitor_interval_s=args.monitor_interval, stand_in=args.stand_in, out=args.out,
+    ) for load in loads_from_args(args)]
     return _finish(records, args.out)
 
 

@@ -17,7 +17,9 @@ Load modes (``Load``):
 
 * sequential: one request at a time;
 * closed loop: ``concurrency`` senders, each sending its next request when its response arrives;
-* open loop: send times fixed in advance (``schedule.send_times``); latency is measured from the
+* open loop: send times fixed in advance (``schedule.send_times``: exactly ``requests`` in a window of
+  ``requests / rate`` seconds, so the offered rate is the labelled one; throughput counts over that
+  window, or until the last response when that is later); latency is measured from the
   *scheduled* send time, so time a request spent waiting for the client (at most
   ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
@@ -38,7 +40,7 @@ import numpy as np
 
 from servelab.bench.monitor import Monitor
 from servelab.bench.records import Breakdown, Load, Record, append_record, machine_info
-from servelab.bench.schedule import send_times
+from servelab.bench.schedule import send_times, window_s
 from servelab.bench.server_timing import TimingSums
 from servelab.bench.stats import summarize
 from servelab.bench.targets import Client, Outcome, Target
@@ -65,10 +67,12 @@ class RawRun:
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
     last_done: float = 0.0
+    window_s: float = 0.0  # open loop: the schedule's window, the least time the run can take
+    offered_rps: float | None = None  # open loop: requests scheduled / window
 
     @property
     def wall_s(self) -> float:
-        return max(0.0, self.last_done - self.started)
+        return max(0.0, self.last_done - self.started, self.window_s)
 
     def add(self, i: int, outcome: Outcome, latency_s: float, done: float) -> None:
         if outcome.ok:
@@ -129,7 +133,8 @@ async def _open_loop(client: Client, load: Load) -> RawRun:
     if load.duration_s is not None:
         n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
     times = send_times(int(n), load.rate, load.arrivals, load.seed)
-    run = RawRun(timing=TimingSums(client.batch), started=clock() + OPEN_LOOP_LEAD_S)
+    run = RawRun(timing=TimingSums(client.batch), started=clock() + OPEN_LOOP_LEAD_S,
+                 window_s=window_s(len(times), load.rate), offered_rps=load.rate)
     give_up = run.started + load.max_duration_s
     slots = asyncio.Semaphore(load.max_inflight)
 
@@ -149,6 +154,7 @@ async def _open_loop(client: Client, load: Load) -> RawRun:
         due = run.started + offset
         if due > give_up:
             run.warnings.append(f"schedule cut at max_duration_s={load.max_duration_s:g} after {i} requests")
+            run.window_s, run.offered_rps = load.max_duration_s, i / load.max_duration_s
             break
         delay = due - clock()
         if delay > 0:
@@ -254,7 +260,8 @@ async def run_bench_async(
         config=config or {},
         load=load,
         batch=target.batch,
-        stats=summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S),
+        stats=summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
+                        run.offered_rps),
         breakdown=breakdown,
         monitors=monitors,
         machine=machine_info([g.name for g in monitors.gpus] or None),

@@ -5,10 +5,12 @@
   base64 text, as the lab's clients send it); ``tensor``: ``{"data": [{"input": {"b64": ...}}]}``,
   the real preprocessed float32 [3, 224, 224] tensor, little-endian, instead of perf_analyzer's
   random default.
-* ``perf_analyzer_command(...)``: the argument list for one load (``-f`` CSV, ``--verbose-csv``).
-* ``run_perf_analyzer(...)``: runs it when it is on PATH (it ships in NVIDIA's Triton SDK image,
-  ``nvcr.io/nvidia/tritonserver:<yy.mm>-py3-sdk``), diffing Triton's statistics around it for the
-  batch-size histogram, and returns the record.
+* ``perf_analyzer_command(...)``: the argument list for one load (``-f`` CSV, ``--verbose-csv``,
+  count windows and a bounded stability search: ``Windows``).
+* ``run_perf_analyzer(...)``: runs the binary ``perf_analyzer_binary.locate()`` finds (the project's
+  copy, or NVIDIA's Triton SDK image on the node), diffing Triton's statistics around it for the
+  batch-size histogram, and returns the record; a run that measured nothing is a record too, with
+  ``failed`` set to perf_analyzer's own message.
 * ``records_from_csv(text, ...)``: perf_analyzer's CSV (microseconds; rows sorted by throughput;
   first column ``Concurrency`` or ``Request Rate``) -> ``Record``s, so both tools share one table.
 """
@@ -18,13 +20,17 @@ import base64
 import csv
 import io
 import json
-import shutil
+import math
+import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from servelab.bench.monitor import Monitor
+from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
 from servelab.bench.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
 from servelab.bench.targets import TritonTarget, model_input_tensor
 from servelab.triton.client import IMAGE_INPUT, TENSOR_INPUT
@@ -38,10 +44,6 @@ _PARTS = {
     "Client Recv": "client_recv",
 }
 _COMPUTE = ("compute_input", "compute_infer", "compute_output")
-
-
-class PerfAnalyzerNotFound(RuntimeError):
-    pass
 
 
 def input_data(image: bytes, input: Literal["bytes", "tensor"], manifest: Path | None = None) -> dict[str, Any]:
@@ -58,22 +60,39 @@ def write_input_data(path: Path, image: bytes, input: Literal["bytes", "tensor"]
     return path
 
 
+@dataclass(frozen=True)
+class Windows:
+    """How perf_analyzer measures: windows of at least ``requests`` requests (count windows), until
+    the last three agree within ``stability_pct`` (throughput and latency) or ``max_trials`` windows
+    have run; it reports the last three together. Its own defaults: 10 % and 10 trials."""
+
+    stability_pct: float = 10.0
+    max_trials: int = 10
+
+    def requests_per_window(self, load: Load) -> int:
+        # Three windows of a third each: about as many measured requests as servelab's run of that load.
+        return max(10, math.ceil((load.requests or 100) / 3))
+
+
 def perf_analyzer_command(
     *, url: str, model: str, protocol: str, batch: int, load: Load, input_data: Path, csv_path: Path,
-    extra: list[str] | tuple[str, ...] = (),
+    windows: Windows = Windows(), extra: list[str] | tuple[str, ...] = (), binary: str = "perf_analyzer",
 ) -> list[str]:
-    cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
-           "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv"]
+    """One perf_analyzer run of ``load``. It has no warm-up option (2.50): unstable first windows are
+    what its stability check discards."""
+    cmd = [binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
+           "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv",
+           "--stability-percentage", f"{windows.stability_pct:g}", "--max-trials", str(windows.max_trials)]
     if load.mode == "open":
         cmd += ["--request-rate-range", f"{load.rate:g}", "--request-distribution", str(load.arrivals)]
     else:
         cmd += ["--concurrency-range", str(load.concurrency)]
     if load.requests is not None:
-        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count", str(load.requests)]
+        # Not --request-count: 2.50 divides that count by whole seconds and under-reports throughput.
+        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count",
+                str(windows.requests_per_window(load))]
     else:
         cmd += ["--measurement-interval", str(round((load.duration_s or 5) * 1000))]
-    if load.warmup:
-        cmd += ["--warmup-request-count", str(load.warmup)]
     return cmd + list(extra)
 
 
@@ -127,33 +146,92 @@ async def _stats(target: TritonTarget) -> dict[str, Any]:
         await client.close()
 
 
+def _try_stats(target: TritonTarget, warnings: list[str]) -> dict[str, Any] | None:
+    try:
+        return asyncio.run(_stats(target))
+    except Exception as exc:  # the breakdown loses its batch histogram, the run goes on
+        warnings.append(f"Triton statistics unavailable ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _message(out: str, err: str) -> str:
+    """perf_analyzer's own words for a failure: what it wrote to stderr, else its error lines, else
+    the end of what it printed."""
+    said = [line.strip() for line in err.splitlines() if line.strip()]
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith(("error", "failed"))]
+    return " | ".join(dict.fromkeys(said[-5:] or errors or lines[-3:]))[:2000] or "no output"
+
+
+def _printed_stats(out: str, load: Load, batch: int, warnings: list[str]) -> dict[str, Any]:
+    """What perf_analyzer prints but does not put in its CSV: requests measured, and in request-rate
+    mode the rate it really sent at. Its latency counts from the real send, so a rate it could not
+    keep up with hides the waiting (coordinated omission): say so."""
+    update: dict[str, Any] = {"offered_rps": load.rate}
+    if counted := re.search(r"Client:\s*\n\s*Request count:\s*(\d+)", out):
+        update |= {"requests": int(counted[1]), "successes": int(counted[1])}
+    sent = re.search(r"Avg send request rate:\s*([\d.]+)", out)
+    if load.mode == "open" and sent:
+        update["offered_rps"] = float(sent[1]) / batch
+        if float(sent[1]) / batch < 0.95 * (load.rate or 0):
+            warnings.append(f"perf_analyzer sent {float(sent[1]) / batch:.1f} req/s of the {load.rate:g} asked; its "
+                            "latency starts at the late send, so it leaves out the time requests waited to be sent")
+    return update
+
+
+def failed_record(target: TritonTarget, load: Load, *, stage: str, message: str, command: list[str] | None = None,
+                  stand_in: str | None = None, out: Path | None = None) -> Record:
+    """A perf_analyzer run that measured nothing, kept as a measurement with its reason."""
+    record = Record(
+        tool="perf_analyzer", stage=stage, target={**target.describe(), "command": command or []},
+        load=load.model_copy(update={"warmup": 0}), batch=target.batch,
+        stats=Stats(throughput_rps=0.0, items_per_s=0.0, latency=Latency(), offered_rps=load.rate),
+        machine=machine_info(), stand_in=stand_in, failed=message,
+    )
+    if out is not None:
+        append_record(out, record)
+    return record
+
+
 def run_perf_analyzer(
     target: TritonTarget, load: Load, *, stage: str, input_data_path: Path | None = None,
-    extra: list[str] | tuple[str, ...] = (), server_pid: int | None = None, monitor_interval_s: float = 0.5,
-    timeout_s: float = 900.0, stand_in: str | None = None, out: Path | None = None,
+    extra: list[str] | tuple[str, ...] = (), windows: Windows = Windows(), server_pid: int | None = None,
+    monitor_interval_s: float = 0.5, timeout_s: float = 300.0, stand_in: str | None = None, out: Path | None = None,
 ) -> Record:
-    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record."""
-    if shutil.which("perf_analyzer") is None:
-        raise PerfAnalyzerNotFound(
-            "perf_analyzer is not on PATH; it ships in NVIDIA's Triton SDK image "
-            "(nvcr.io/nvidia/tritonserver:<yy.mm>-py3-sdk)"
-        )
+    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record.
+
+    A run that cannot measure (perf_analyzer missing, exiting non-zero, past ``timeout_s``) is a
+    record with ``failed`` set to perf_analyzer's own message, never an exception: a lab goes on.
+    """
+    fail = partial(failed_record, target, load, stage=stage, stand_in=stand_in, out=out)
+    try:
+        pa = locate()
+    except PerfAnalyzerNotFound as exc:
+        return fail(message=str(exc))
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="servelab-pa-") as tmp:
         data = input_data_path or write_input_data(Path(tmp) / "input.json", target.image, target.input, target.manifest)
         csv_path = Path(tmp) / "perf.csv"
-        cmd = perf_analyzer_command(url=target.url, model=target.model, protocol=target.protocol,
-                                    batch=target.batch, load=load, input_data=data, csv_path=csv_path, extra=extra)
+        cmd = perf_analyzer_command(url=target.url, model=target.model, protocol=target.protocol, batch=target.batch,
+                                    load=load, input_data=data, csv_path=csv_path, windows=windows, extra=extra,
+                                    binary=str(pa.path))
         before = _try_stats(target, warnings)
         with Monitor(monitor_interval_s, server_pid) as monitor:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=pa.env())
+            except subprocess.TimeoutExpired as exc:  # subprocess.run has killed it
+                printed = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+                return fail(message=f"timed out after {timeout_s:g} s (killed); last output: {_message(printed, '')}",
+                            command=cmd)
         after = _try_stats(target, warnings) if before is not None else None
-        if done.returncode != 0 or not csv_path.exists():
-            raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {done.stderr.strip() or done.stdout[-2000:]}")
-        text = csv_path.read_text()
-    warnings += [line.strip() for line in done.stdout.splitlines() if line.strip().lower().startswith("warning")]
+        text = csv_path.read_text() if csv_path.exists() else ""
+    if done.returncode != 0 or not text.strip():
+        return fail(message=f"perf_analyzer exited with code {done.returncode}: {_message(done.stdout, done.stderr)}",
+                    command=cmd)
+    warnings += [line.strip() for line in done.stdout.splitlines() if "warning" in line.lower()]
     [record] = records_from_csv(text, stage=stage, target={**target.describe(), "command": cmd},
                                 batch=target.batch, arrivals=load.arrivals or "constant", template=load)
+    stats = record.stats.model_copy(update=_printed_stats(done.stdout, load, target.batch, warnings))
     breakdown = record.breakdown
     if before is not None and after is not None and breakdown is not None:
         server = stats_delta(before, after, target.model)
@@ -164,17 +242,11 @@ def run_perf_analyzer(
         })
     monitors = monitor.result()
     record = record.model_copy(update={
-        "load": load, "breakdown": breakdown, "monitors": monitors, "warnings": warnings, "stand_in": stand_in,
-        "machine": machine_info([g.name for g in monitors.gpus] or None),
+        "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,
+        "warnings": warnings, "stand_in": stand_in, "machine": machine_info([g.name for g in monitors.gpus] or None),
+        "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
+                   "max_trials": windows.max_trials},
     })
     if out is not None:
         append_record(out, record)
     return record
-
-
-def _try_stats(target: TritonTarget, warnings: list[str]) -> dict[str, Any] | None:
-    try:
-        return asyncio.run(_stats(target))
-    except Exception as exc:  # the breakdown loses its batch histogram, the run goes on
-        warnings.append(f"Triton statistics unavailable ({type(exc).__name__}: {exc})")
-        return None

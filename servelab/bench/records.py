@@ -98,7 +98,8 @@ class Stats(BaseModel):
     requests: int | None = None  # measured requests sent (None where the tool does not say)
     successes: int | None = None
     errors: dict[str, int] = {}  # kind ("http_500", "connection_refused", ...) -> count
-    wall_s: float | None = None  # first measured send (or scheduled send) to last completion
+    wall_s: float | None = None  # first measured send to last completion (open loop: at least the schedule's window)
+    offered_rps: float | None = None  # open loop: requests scheduled per second of the schedule's window
     throughput_rps: float  # successful requests / wall_s
     items_per_s: float  # throughput_rps x images per request (perf_analyzer's "infer/sec")
     latency: Latency
@@ -176,6 +177,7 @@ class Record(BaseModel):
     machine: dict[str, Any] = {}
     warnings: list[str] = []
     stand_in: str | None = None
+    failed: str | None = None  # the run measured nothing: the tool's own message (stats are empty)
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -28,6 +28,7 @@ def summarize(
     batch: int = 1,
     send_lags_s: Sequence[float] = (),
     late_after_s: float = 0.010,
+    offered_rps: float | None = None,
 ) -> Stats:
     """``latencies_s`` of successful requests only; throughput = successes / measured wall time."""
     successes = len(latencies_s)
@@ -43,4 +44,5 @@ def summarize(
         latency=latency_summary(latencies_s),
         late_sends=int((lags > late_after_s).sum()),
         max_send_lag_ms=float(lags.max() * 1000) if lags.size else None,
+        offered_rps=offered_rps,
     )

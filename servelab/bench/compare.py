@@ -1,0 +1,93 @@
+"""The two clients side by side: perf_analyzer against servelab's load generator, same stage and load.
+
+Both measure the same server with the same photo at the same load, back to back, so where they
+disagree by more than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and
+the row is flagged. Throughput and median latency are compared (the aim of the cross-check); the tail
+percentiles are shown, not flagged, because a few hundred requests make them noisy.
+"""
+
+from dataclasses import dataclass
+
+from servelab.bench.records import Record
+
+TOLERANCE = 0.10  # flag a ratio outside 0.9-1.1
+
+
+@dataclass(frozen=True)
+class Pair:
+    stage: str
+    load: str
+    batch: int
+    servelab: Record
+    perf_analyzer: Record
+
+    @staticmethod
+    def _ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    @property
+    def throughput_ratio(self) -> float | None:
+        """perf_analyzer ÷ servelab requests/s."""
+        return self._ratio(self.perf_analyzer.stats.throughput_rps, self.servelab.stats.throughput_rps)
+
+    @property
+    def p50_ratio(self) -> float | None:
+        return self._ratio(self.perf_analyzer.stats.latency.p50_ms, self.servelab.stats.latency.p50_ms)
+
+    @property
+    def verdict(self) -> str:
+        if self.perf_analyzer.failed:
+            return "perf_analyzer failed"
+        if self.servelab.failed or not self.servelab.stats.successes:
+            return "servelab measured nothing"
+        ratios = [r for r in (self.throughput_ratio, self.p50_ratio) if r is not None]
+        off = [r for r in ratios if abs(r - 1) > TOLERANCE]
+        return f"DISAGREE (> {TOLERANCE:.0%})" if off else "agree"
+
+
+def pairs(records: list[Record]) -> list[Pair]:
+    """Each perf_analyzer record with the latest servelab record of the same stage, load and batch."""
+    ours: dict[tuple[str, str, int], Record] = {}
+    for r in records:
+        if r.tool == "servelab":
+            ours[(r.stage, r.load.label(), r.batch)] = r
+    found = []
+    for r in records:
+        key = (r.stage, r.load.label(), r.batch)
+        if r.tool == "perf_analyzer" and key in ours:
+            found.append(Pair(*key, servelab=ours[key], perf_analyzer=r))
+    return found
+
+
+def _n(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+COLUMNS = ("stage", "load", "batch", "req/s servelab", "req/s perf_analyzer", "req/s ratio", "p50 ms servelab",
+           "p50 ms perf_analyzer", "p50 ratio", "p99 ms servelab", "p99 ms perf_analyzer", "verdict")
+
+
+def rows(found: list[Pair]) -> list[tuple[str, ...]]:
+    out = []
+    for p in found:
+        s = p.servelab.stats
+        a = None if p.perf_analyzer.failed else p.perf_analyzer.stats
+        out.append((p.stage, p.load, str(p.batch),
+                    _n(s.throughput_rps), _n(a and a.throughput_rps), _n(a and p.throughput_ratio, 2),
+                    _n(s.latency.p50_ms), _n(a and a.latency.p50_ms), _n(a and p.p50_ratio, 2),
+                    _n(s.latency.p99_ms), _n(a and a.latency.p99_ms), p.verdict))
+    return out
+
+
+def markdown(found: list[Pair]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---|---:|" + "---:|" * 8 + "---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(found)]
+    failures = [f"- {p.stage} [{p.load}, batch {p.batch}]: {p.perf_analyzer.failed}" for p in found
+                if p.perf_analyzer.failed]
+    return "\n".join(lines + ([""] + failures if failures else []))
+
+
+def text(found: list[Pair]) -> str:
+    table = [COLUMNS, *rows(found)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in table)

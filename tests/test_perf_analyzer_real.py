@@ -1,0 +1,161 @@
+"""The real perf_analyzer (the project's pinned copy) against a real local tritonserver.
+
+Concurrency and request-rate modes, HTTP and gRPC, the image model and the ONNX model, its CSV
+parsed into our records; and its failures for real: a stopped server, bad input data, a rate it
+cannot reach, a run past its time limit. Outside CI a machine that cannot install it skips these
+tests with the reason; in CI they never skip.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servelab.bench import Load, TritonTarget, read_records
+from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
+from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, install_dir, locate
+from servelab.paths import DEFAULT_IMAGE
+from servelab.procs import free_port
+from servelab.triton import server
+from servelab.triton.stages import get_stage
+from triton_repo import make_repository
+
+PHOTO = DEFAULT_IMAGE.read_bytes()
+QUICK = Windows(stability_pct=1000, max_trials=3)  # three windows, no stability search: bounded
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer():
+    try:
+        return locate()
+    except PerfAnalyzerNotFound as exc:
+        if os.environ.get("CI"):
+            raise  # CI installs it (`make test` runs `servelab perf-analyzer install`): never skip there
+        pytest.skip(f"perf_analyzer cannot run here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def triton(perf_analyzer, artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
+    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
+        yield local
+
+
+def use(triton: server.LocalTriton, name: str) -> None:
+    if triton.stage != name:
+        triton.apply_stage(name)
+
+
+def measured(record, requests: int) -> None:
+    """A real measurement: not failed, percentiles in order, at least the asked requests."""
+    assert record.failed is None, record.failed
+    lat = record.stats.latency
+    assert 0 < lat.p50_ms <= lat.p95_ms <= lat.p99_ms
+    assert record.stats.successes >= requests and record.stats.throughput_rps > 0
+    assert record.tool == "perf_analyzer" and record.config["perf_analyzer"].endswith(")")
+
+
+def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> None:
+    use(triton, "pt-1")
+    target = TritonTarget(triton.url, "food_classifier", PHOTO, "http", "bytes", image_name="coffee.jpg")
+    out = tmp_path / "records.jsonl"
+    record = run_perf_analyzer(target, Load.closed(2, requests=30), stage="pt-1", windows=QUICK,
+                               server_pid=triton.process.pid, monitor_interval_s=0.1, out=out)
+    measured(record, 30)
+    assert record.load.label() == "concurrency 2" and record.batch == 1
+    # Triton's own statistics around the run: every request perf_analyzer counted reached the model.
+    assert record.breakdown.source == "perf_analyzer+triton-stats"
+    assert record.breakdown.server_requests >= record.stats.successes and record.breakdown.server_failures == 0
+    assert record.breakdown.queue_ms is not None and record.breakdown.service_ms > 1
+    assert "--input-data" in record.target["command"] and record.monitors.rss_mib
+    assert read_records(out) == [record]
+
+
+def test_concurrency_over_grpc_with_the_onnx_model_and_a_batch(triton) -> None:
+    use(triton, "onnx-1")
+    target = TritonTarget(triton.grpc_url, "food_classifier_onnx", PHOTO, "grpc", "tensor", batch=4)
+    record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-1", windows=QUICK)
+    measured(record, 12)
+    assert record.batch == 4 and record.stats.items_per_s == pytest.approx(4 * record.stats.throughput_rps)
+    assert record.breakdown.batch_sizes == {4: record.breakdown.server_requests}  # one execution per request
+
+
+@pytest.mark.parametrize("arrivals", ["constant", "poisson"])
+def test_request_rate_mode(triton, arrivals: str) -> None:
+    use(triton, "onnx-dyn")
+    target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
+    record = run_perf_analyzer(target, Load.open(40, arrivals, requests=60), stage="onnx-dyn", windows=QUICK)
+    measured(record, 60)
+    assert record.load.rate == 40 and record.load.arrivals == arrivals
+    assert record.stats.offered_rps == pytest.approx(40, rel=0.1)  # the rate it really sent at
+    assert record.stats.throughput_rps == pytest.approx(40, rel=0.25)
+
+
+def test_a_rate_it_cannot_reach_is_recorded_with_what_it_really_sent(triton) -> None:
+    use(triton, "onnx-1")
+    target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
+    record = run_perf_analyzer(target, Load.open(20000, "constant", requests=60), stage="onnx-1", windows=QUICK)
+    measured(record, 60)
+    assert record.stats.offered_rps < 2000 and record.stats.throughput_rps < 2000
+    assert any("not able to keep up" in w for w in record.warnings)
+    assert any("of the 20000 asked" in w for w in record.warnings)
+
+
+def test_a_stopped_server_is_a_failed_measurement(perf_analyzer, tmp_path: Path) -> None:
+    target = TritonTarget(f"127.0.0.1:{free_port()}", "food_classifier", PHOTO)  # nothing listens there
+    out = tmp_path / "records.jsonl"
+    record = run_perf_analyzer(target, Load.closed(2, requests=10), stage="pt-1", windows=QUICK, out=out)
+    assert record.failed and "exited with code" in record.failed
+    assert "failed to get model metadata" in record.failed  # perf_analyzer's own words
+    assert record.stats.throughput_rps == 0 and record.stats.successes is None
+    assert read_records(out) == [record]  # kept as a measurement
+
+
+def test_bad_input_data_is_a_failed_measurement(triton, tmp_path: Path) -> None:
+    use(triton, "pt-1")
+    bad = tmp_path / "input.json"
+    bad.write_text(json.dumps({"data": [{"NOT_AN_INPUT": ["x"]}]}))
+    target = TritonTarget(triton.url, "food_classifier", PHOTO)
+    record = run_perf_analyzer(target, Load.sequential(10), stage="pt-1", input_data_path=bad, windows=QUICK)
+    assert record.failed and "exited with code" in record.failed
+    assert "INPUT_IMAGE" in record.failed or "NOT_AN_INPUT" in record.failed
+
+
+def test_a_run_past_its_time_limit_is_stopped_and_recorded(triton) -> None:
+    use(triton, "pt-1")
+    target = TritonTarget(triton.url, "food_classifier", PHOTO)
+    record = run_perf_analyzer(target, Load.closed(1, requests=100000), stage="pt-1", windows=QUICK, timeout_s=3)
+    assert record.failed and record.failed.startswith("timed out after 3 s")
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "servelab", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_wrapper_runs_it_with_its_libraries_and_says_what_is_missing(perf_analyzer, tmp_path: Path) -> None:
+    done = _cli("perf-analyzer", "check")
+    assert done.returncode == 0 and str(perf_analyzer.path) in done.stdout
+    assert _cli("perf-analyzer", "run", "--", "--version").returncode == 0
+    # The same binary without the wrapper's library path does not start; the check names the loader's complaint.
+    if perf_analyzer.source == "project":
+        copy = tmp_path / "perf_analyzer"
+        copy.symlink_to(install_dir() / "bin" / "perf_analyzer")
+        done = _cli("perf-analyzer", "check", env={"PERF_ANALYZER": str(copy)})
+        assert done.returncode == 1 and "error while loading shared libraries" in done.stderr
+    done = _cli("perf-analyzer", "check", env={"PERF_ANALYZER": str(tmp_path / "nowhere")})
+    assert done.returncode == 1 and "MISSING" in done.stderr and "make perf-analyzer" in done.stderr
+
+
+def test_bench_command_reports_a_failed_run_and_exits_non_zero(perf_analyzer, tmp_path: Path) -> None:
+    out = tmp_path / "records.jsonl"
+    done = _cli("bench", "perf-analyzer", "--url", f"127.0.0.1:{free_port()}", "--concurrency", "2",
+                "--requests", "10", "--out", str(out))
+    assert done.returncode == 1 and "FAILED" in done.stdout and "failed to get model metadata" in done.stdout
+    [record] = read_records(out)
+    assert record.failed
