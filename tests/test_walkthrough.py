@@ -5,6 +5,8 @@ The steps that talk to servers run end to end in tests/test_notebooks_measure.py
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from servelab.procs import free_port
 from servelab.triton.stages import STAGES
 from servelab.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
 from servelab.walkthrough.fastapi import Service, queueing, serving
+from servelab.walkthrough.stage_switch import COMPOSE_LOG, run_switch
 from servelab.walkthrough.triton import batch_count_change, describe_config, open_loads, running_stage
 
 RECORDS = Path(__file__).parent / "data" / "bench_records.jsonl"
@@ -185,3 +188,37 @@ def test_service_carries_config_and_stand_in() -> None:
 def test_gourmetgram_label_reads_the_page_title() -> None:
     assert gourmetgram_label("<html><title>Dessert · GourmetGram</title>") == "Dessert"
     assert gourmetgram_label("<html><title>GourmetGram</title>") is None
+
+
+# --- switching stages: progress, a bound, and why it failed -------------------------------------
+
+
+def _python(code: str) -> str:
+    return f"{sys.executable} -c {code!r}"
+
+
+def test_a_stage_switch_shows_each_new_state_once_and_its_time(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"127.0.0.1:{free_port()}"
+    took = run_switch(_python("import time; time.sleep(1)"), url, ("food_classifier",), wait_s=30, interval_s=0.1)
+    shown = capsys.readouterr().out.splitlines()
+    assert 1 <= took < 10
+    assert shown[0] == f"$ {_python('import time; time.sleep(1)')}"
+    assert len(shown) == 2 and shown[1].endswith("s  Triton does not answer (URLError)")
+
+
+def test_a_failing_stage_switch_says_what_the_command_and_triton_said() -> None:
+    url = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RuntimeError) as failure:
+        run_switch(_python("print('no stage pt-9'); raise SystemExit(3)"), url, ("food_classifier",), wait_s=30)
+    message = str(failure.value)
+    assert "failed (exit 3):\nno stage pt-9" in message
+    assert "Triton says: Triton does not answer" in message
+    assert COMPOSE_LOG in message  # no server of ours here: where the log is on the node
+
+
+def test_a_stage_switch_that_hangs_is_stopped_within_its_bound() -> None:
+    url = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 1 s"):
+        run_switch(_python("import time; time.sleep(60)"), url, ("food_classifier",), wait_s=1, interval_s=0.1)
+    assert time.monotonic() - started < 5
