@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -167,9 +168,9 @@ def test_each_table_step_is_quoted_where_ours_measures_it() -> None:
 
 
 def _code_cells(stem: str) -> list[ast.Module]:
+    cells = [cell.source for cell in to_notebook(NOTEBOOK_DIR / f"{stem}.md").cells if cell.cell_type == "code"]
     # IPython's top-level await is plain Python inside an async function.
-    return [ast.parse(f"async def _():\n{indented}") for cell in to_notebook(NOTEBOOK_DIR / f"{stem}.md").cells
-            if cell.cell_type == "code" for indented in ["\n".join("    " + line for line in cell.source.splitlines())]]
+    return [ast.parse("async def _():\n" + textwrap.indent(source, "    ")) for source in cells]
 
 
 @pytest.mark.parametrize("stem", STEMS)
