@@ -2,9 +2,11 @@
 
 The numbered ``notebooks/N_name.md`` files are the source of truth; the ``.ipynb`` beside
 each one is generated (no outputs, stable cell ids) so that rendering twice gives the same
-bytes and ``--check`` can compare files exactly.
+bytes and ``--check`` can compare files exactly. The parts of a source marked as generated
+(code excerpts, stage configs, the original lab's figures: ``servelab.notebook_blocks``) are
+rewritten from the project first, in the source too.
 
-    python -m servelab.notebooks          # write every .ipynb that is out of date
+    python -m servelab.notebooks          # write every .md part and .ipynb that is out of date
     python -m servelab.notebooks --check  # only report; exit 1 if anything is out of sync
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from servelab.notebook_blocks import expand
 from servelab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -28,14 +31,19 @@ def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
 
 
 def to_notebook(source: Path) -> nbformat.NotebookNode:
-    """Read one Markdown source into the notebook that is committed beside it."""
-    nb = jupytext.read(source, fmt="md")
+    """Read one Markdown source, its generated parts brought up to date, into the notebook that is
+    committed beside it."""
+    nb = jupytext.reads(expand(source.read_text(encoding="utf-8")), fmt="md")
     # jupytext's own bookkeeping would pair the .ipynb with the .md in Jupyter; students
     # edit the .ipynb freely, so leave it out.
     nb.metadata.pop("jupytext", None)
     for index, cell in enumerate(nb.cells):
         # jupytext draws random ids; fixed ones keep re-rendering byte-identical.
         cell.id = f"cell-{index}"
+        # A generated ```python excerpt outside a `<!-- #region -->` would become a runnable cell.
+        if cell.source.count("<!-- generated:") != cell.source.count("<!-- end generated -->"):
+            raise ValueError(f"{source.name}, cell {index}: a generated part is split over cells; "
+                             "wrap it in <!-- #region --> ... <!-- #endregion -->")
     return nb
 
 
@@ -45,14 +53,22 @@ def to_ipynb_text(nb: nbformat.NotebookNode) -> str:
 
 
 def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
-    """Make the .ipynb files mirror the sources; with ``check`` change nothing.
+    """Bring the sources' generated parts up to date and make the .ipynb files mirror the sources;
+    with ``check`` change nothing.
 
-    Returns one line per .ipynb that was (or, with ``check``, would be) written or removed;
-    an empty list means everything is in sync.
+    Returns one line per file that was (or, with ``check``, would be) written or removed; an empty
+    list means everything is in sync.
     """
     messages = []
     targets = set()
     for source in sources(directory):
+        text = source.read_text(encoding="utf-8")
+        if (expanded := expand(text)) != text:
+            if check:
+                messages.append(f"{source.name} has generated parts that are out of date")
+            else:
+                source.write_text(expanded, encoding="utf-8")
+                messages.append(f"updated the generated parts of {source.name}")
         target = source.with_suffix(".ipynb")
         targets.add(target)
         text = to_ipynb_text(to_notebook(source))

@@ -15,6 +15,7 @@ import ast
 import re
 import shlex
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +29,12 @@ from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
 from servelab.cli import build_parser
 from servelab.notebooks import NOTEBOOK_DIR, sources, to_notebook
+from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import ServerProcess, free_port
 from servelab.settings import Settings
 from servelab.triton import server as triton_server
 from servelab.triton.stages import STAGES as TRITON_STAGES
+from servelab.walkthrough.triton import TritonWalkthrough
 
 STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton"]
 SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -229,6 +232,7 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
     text = _outputs(nb)
     assert text.count("GourmetGram: HTTP 200") == 2
     assert "Little's law: 3 requests in flight" in text
+    assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers
     assert (results / "fastapi" / "report.md").exists()
 
 
@@ -293,24 +297,50 @@ for plot in ("report.md", "latency_throughput_vs_concurrency.png", "latency_thro
 
 
 def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
-    nb = execute(
-        "6_triton", kernel_dir, tmp_path,
-        parameters={
-            "TRITON_URL": triton_stages["server"],
-            "FLASK_URLS": {mode: triton_stages[mode] for mode in ("triton", "triton_onnx", "triton_ensemble")},
-            # As typed after `servelab triton up`; --url so that it never switches anyone else's server.
-            "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url {triton_stages['server']}",
-            "WAIT_S": 60,
-            "STAGES": QUICK_STAGES, "REQUESTS": 4, "BATCH_REQUESTS": 2, "WARMUP": 1,
-            "RATES": [20, 40], "RATE_SECONDS": 0.4, "RESULTS": str(tmp_path / "results"),
-            # Short windows and no stability search (the last of a repeated flag counts): bounded.
-            "PA_WINDOW_S": 0.6, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
-        },
-        prologue=PROLOGUE, epilogue=CHECK_TRITON, timeout=180,
-    )
+    parameters = {
+        "TRITON_URL": triton_stages["server"],
+        "FLASK_URLS": {mode: triton_stages[mode] for mode in ("triton", "triton_onnx", "triton_ensemble")},
+        # As typed after `servelab triton up`; --url so that it never switches anyone else's server.
+        "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url {triton_stages['server']}",
+        "WAIT_S": 60,
+        "STAGES": QUICK_STAGES, "REQUESTS": 4, "BATCH_REQUESTS": 2, "WARMUP": 1,
+        "RATES": [20, 40], "RATE_SECONDS": 0.4, "RESULTS": str(tmp_path / "results"),
+        # Short windows and no stability search (the last of a repeated flag counts): bounded.
+        "PA_WINDOW_S": 0.6, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
+    }
+    nb = execute("6_triton", kernel_dir, tmp_path, parameters=parameters, prologue=PROLOGUE, epilogue=CHECK_TRITON,
+                 timeout=180)
     text = _outputs(nb)
     for mode in ("triton", "triton_onnx", "triton_ensemble"):
         assert f"GourmetGram ({mode}): HTTP 200" in text
     assert "skipped: pt-4x4 is not in STAGES" in text
+    assert "$ " + parameters["STAGE_COMMAND"].format(name="pt-dyn") in text  # each switch shows its command,
+    assert "switched to pt-dyn in " in text  # and how long it took
     shown = [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
     assert len(shown) == 19
+
+
+def test_a_stage_switch_that_does_not_finish_fails_in_time_with_the_servers_log(
+        triton_stages: dict[str, str], tmp_path: Path) -> None:
+    lab = TritonWalkthrough(triton_stages["server"], DEFAULT_IMAGE, tmp_path, wait_s=2, perf_analyzer=False,
+                            stages=["pt-1", "pt-4x4"], stage_command=f"{sys.executable} -c 'import time; time.sleep(60)'")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as failure:
+        lab.use_stage("pt-4x4")
+    assert time.monotonic() - started < 10
+    message = str(failure.value)
+    assert "did not finish within 2 s" in message
+    assert re.search(r"Triton says: food_classifier (READY|UNAVAILABLE)", message), message
+    log = Path(triton_server.load_state()["log"])
+    assert f"--- last lines of {log} ---" in message
+    assert log.read_text().splitlines()[-1] in message  # the server's own words
+
+
+def test_steps_for_stages_left_out_are_skipped(triton_stages: dict[str, str], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    lab = TritonWalkthrough(triton_stages["server"], DEFAULT_IMAGE, tmp_path, wait_s=2, perf_analyzer=False,
+                            stages=["pt-1"], flask_urls={"triton_onnx": triton_stages["triton_onnx"]})
+    lab.try_gourmetgram("triton_onnx")
+    assert lab.batch_counts("onnx-dyn") == {}
+    assert capsys.readouterr().out == ("skipped: no stage in STAGES serves food_classifier_onnx "
+                                       "(GourmetGram's BACKEND=triton_onnx)\n")

@@ -5,6 +5,8 @@ The steps that talk to servers run end to end in tests/test_notebooks_measure.py
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,13 @@ from servelab.procs import free_port
 from servelab.triton.stages import STAGES
 from servelab.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
 from servelab.walkthrough.fastapi import Service, queueing, serving
+from servelab.walkthrough.stage_switch import COMPOSE_LOG, run_switch
 from servelab.walkthrough.triton import batch_count_change, describe_config, open_loads, running_stage
 
 RECORDS = Path(__file__).parent / "data" / "bench_records.jsonl"
+# `servelab bench fastapi --concurrency 1,8,16 --requests 200` against fastapi-pt and fastapi-onnx,
+# 2026-11-23 on the project's 2-CPU VM, offline stand-in model, nothing else running.
+OVERLAP = Path(__file__).parent / "data" / "fastapi_concurrency_records.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +43,34 @@ def test_queueing_puts_the_runs_side_by_side_with_littles_law(records: list[Reco
     alone, busy = _one(records, "tiny-20ms", "sequential"), _one(records, "tiny-20ms", "concurrency 8")
     assert queueing(alone, busy).splitlines() == [
         "one at a time: 21.1 ms per request, 47 req/s",
-        "8 senders: 50 req/s, mean latency 150.8 ms = 7.2 x the time alone",
+        "8 senders: 50 req/s = 1.05 x the rate alone, mean latency 150.8 ms = 7.2 x the time alone",
         "Little's law: 8 requests in flight / 50 req/s = 160.2 ms each",
         "the service's own account: 129.8 ms waiting + 20.0 ms being worked on",
+        "one inference at a time, 20.0 ms each: at most 50 req/s",
     ]
+
+
+def test_queueing_ceiling_counts_the_images_of_a_batch(records: list[Record]) -> None:
+    alone, busy = _one(records, "tiny-20ms", "sequential"), _one(records, "tiny-20ms", "concurrency 8")
+    batched = busy.breakdown.model_copy(update={"mean_batch_size": 4.0})
+    last = queueing(alone, busy.model_copy(update={"breakdown": batched})).splitlines()[-1]
+    assert last == "one inference at a time, 20.0 ms each for 4.0 images on average: at most 200 req/s"
+
+
+@pytest.mark.parametrize("stage", ["fastapi-pt", "fastapi-onnx"])
+def test_unbatched_fastapi_overlaps_preparing_with_inference(stage: str) -> None:
+    """What 4_fastapi tells students to look for, on real runs (2-CPU VM, 200 requests each): with
+    several senders an unbatched service serves more requests per second than one at a time, because
+    preparing one request overlaps with inference on another, up to one inference at a time."""
+    runs = [r for r in read_records(OVERLAP) if r.stage == stage]
+    alone, busy = runs[0], runs[1:]
+    assert [r.load.concurrency for r in runs] == [1, 8, 16]
+    for run in busy:
+        assert run.breakdown.mean_batch_size == 1.0
+        assert run.stats.throughput_rps > 1.1 * alone.stats.throughput_rps
+        ceiling = 1000 / run.breakdown.parts_ms["infer"]
+        assert run.stats.throughput_rps == pytest.approx(ceiling, rel=0.03)
+        assert f"at most {ceiling:.0f} req/s" in queueing(alone, run)
 
 
 def test_littles_law_agrees_with_the_measured_latency(records: list[Record]) -> None:
@@ -158,3 +188,37 @@ def test_service_carries_config_and_stand_in() -> None:
 def test_gourmetgram_label_reads_the_page_title() -> None:
     assert gourmetgram_label("<html><title>Dessert · GourmetGram</title>") == "Dessert"
     assert gourmetgram_label("<html><title>GourmetGram</title>") is None
+
+
+# --- switching stages: progress, a bound, and why it failed -------------------------------------
+
+
+def _python(code: str) -> str:
+    return f"{sys.executable} -c {code!r}"
+
+
+def test_a_stage_switch_shows_each_new_state_once_and_its_time(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"127.0.0.1:{free_port()}"
+    took = run_switch(_python("import time; time.sleep(1)"), url, ("food_classifier",), wait_s=30, interval_s=0.1)
+    shown = capsys.readouterr().out.splitlines()
+    assert 1 <= took < 10
+    assert shown[0] == f"$ {_python('import time; time.sleep(1)')}"
+    assert len(shown) == 2 and shown[1].endswith("s  Triton does not answer (URLError)")
+
+
+def test_a_failing_stage_switch_says_what_the_command_and_triton_said() -> None:
+    url = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RuntimeError) as failure:
+        run_switch(_python("print('no stage pt-9'); raise SystemExit(3)"), url, ("food_classifier",), wait_s=30)
+    message = str(failure.value)
+    assert "failed (exit 3):\nno stage pt-9" in message
+    assert "Triton says: Triton does not answer" in message
+    assert COMPOSE_LOG in message  # no server of ours here: where the log is on the node
+
+
+def test_a_stage_switch_that_hangs_is_stopped_within_its_bound() -> None:
+    url = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 1 s"):
+        run_switch(_python("import time; time.sleep(60)"), url, ("food_classifier",), wait_s=1, interval_s=0.1)
+    assert time.monotonic() - started < 5

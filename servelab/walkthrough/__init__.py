@@ -6,10 +6,14 @@ cell, passed in as arguments; nothing here reads notebook globals.
 
 * ``servelab.walkthrough.common``: ``wait_until`` (poll until a probe says what we want),
   ``utilization(record)`` (one line of CPU/GPU use), ``try_gourmetgram`` (classify the photo through
-  the web page, as a user would), ``latest(records)`` (the newest run of each measurement).
+  the web page, as a user would), ``latest(records)`` (the newest run of each measurement),
+  ``drawn`` (the report's plots that exist).
 * ``servelab.walkthrough.fastapi``: ``FastAPIWalkthrough`` (``4_fastapi``: wait for a service, measure
-  it) and ``queueing(alone, busy)`` (Little's law from a sequential and a concurrent run).
+  it) and ``queueing(alone, busy)`` (Little's law and the inference ceiling from a sequential and a
+  concurrent run).
 * ``servelab.walkthrough.triton``: ``TritonWalkthrough`` (``6_triton``: switch to or wait for a
   stage, measure it with ``servelab bench`` and ``perf_analyzer``), ``open_loads`` and
   ``batch_count_change``.
+* ``servelab.walkthrough.stage_switch``: ``run_switch`` (run a stage switch with progress and a bound)
+  and ``diagnosis`` (Triton's own account of its models and log, for the error).
 """

@@ -71,3 +71,9 @@ def latest(records: Iterable[Record]) -> list[Record]:
     run twice counts once, with its last numbers."""
     newest = {(r.stage, r.tool, r.load.label(), r.batch): r for r in records}
     return list(newest.values())
+
+
+def drawn(folder: Path, plots: Iterable[str]) -> list[Path]:
+    """The plots among ``plots`` that the report drew in ``folder``: it draws one only where the
+    records hold data of its kind (e.g. no rate plot without open-loop runs)."""
+    return [folder / name for name in plots if (folder / name).exists()]

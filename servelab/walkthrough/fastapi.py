@@ -44,17 +44,23 @@ def serving(url: str) -> tuple[str | None, bool | None] | str:
 
 def queueing(alone: Record, busy: Record) -> str:
     """A run one request at a time beside a run with several senders: how much longer requests took,
-    what Little's law predicts from the outside, and the service's own account of the time."""
+    what Little's law predicts from the outside, the service's own account of the time, and the most
+    its one-at-a-time inference allows (decoding and HTTP overlap with it; inference does not)."""
     n, x, w = busy.load.concurrency, busy.stats.throughput_rps, busy.stats.latency.mean_ms
-    service = alone.stats.latency.mean_ms
+    service, x_alone = alone.stats.latency.mean_ms, alone.stats.throughput_rps
     lines = [
-        f"one at a time: {service:.1f} ms per request, {alone.stats.throughput_rps:.0f} req/s",
-        f"{n} senders: {x:.0f} req/s, mean latency {w:.1f} ms = {w / service:.1f} x the time alone",
+        f"one at a time: {service:.1f} ms per request, {x_alone:.0f} req/s",
+        f"{n} senders: {x:.0f} req/s = {x / x_alone:.2f} x the rate alone, mean latency {w:.1f} ms = "
+        f"{w / service:.1f} x the time alone",
         f"Little's law: {n} requests in flight / {x:.0f} req/s = {1000 * n / x:.1f} ms each",
     ]
     b = busy.breakdown
     if b and b.queue_ms is not None and b.service_ms is not None:
         lines.append(f"the service's own account: {b.queue_ms:.1f} ms waiting + {b.service_ms:.1f} ms being worked on")
+    if b and (infer := b.parts_ms.get("infer")):
+        batch = b.mean_batch_size or 1
+        per = f" for {batch:.1f} images on average" if batch > 1 else ""
+        lines.append(f"one inference at a time, {infer:.1f} ms each{per}: at most {1000 * batch / infer:.0f} req/s")
     return "\n".join(lines)
 
 

@@ -4,8 +4,7 @@
 import asyncio
 import json
 import shlex
-import subprocess
-import urllib.request
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,11 +12,14 @@ from typing import Any, Literal
 from servelab.artifacts import load_manifest
 from servelab.bench import Load, Record, TritonTarget, run_bench_async
 from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
+from servelab.gourmetgram.backends import DEFAULT_MODELS
+from servelab.procs import DIRECT
 from servelab.report import summary_table
 from servelab.settings import get_settings
 from servelab.triton.server import model_config, server_address
 from servelab.triton.stages import STAGES
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
+from servelab.walkthrough.stage_switch import diagnosis, run_switch
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
 CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
@@ -92,16 +94,21 @@ class TritonWalkthrough:
         return model_config(self.url, model)
 
     def use_stage(self, name: str) -> dict[str, Any]:
-        """Wait until Triton runs stage ``name`` (switching it first with ``stage_command``), show its
-        instances and batching, and return the config of the model clients call."""
-        model = STAGES[name].model
-        if self.stage_command:
-            done = subprocess.run(shlex.split(self.stage_command.format(name=name)), capture_output=True, text=True, check=False)
-            if done.returncode:
-                raise RuntimeError(done.stderr or done.stdout)
-        wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, model), name,
-                   wait_s=self.wait_s)
-        config = self.config(model)
+        """Wait until Triton runs stage ``name`` (switching it first with ``stage_command`` unless it
+        runs it already), show its instances and batching, and return the config of the model clients
+        call. Gives up after ``wait_s`` in all, with Triton's own account of its models and the end of
+        its log."""
+        stage = STAGES[name]
+        deadline = time.monotonic() + self.wait_s
+        if self.stage_command and running_stage(self.url, stage.model) != name:
+            took = run_switch(self.stage_command.format(name=name), self.url, stage.models, wait_s=self.wait_s)
+            print(f"switched to {name} in {took:.0f} s")
+        try:
+            wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, stage.model),
+                       name, wait_s=max(0.0, deadline - time.monotonic()))
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}{diagnosis(self.url, stage.models)}") from None
+        config = self.config(stage.model)
         print(describe_config(name, config))
         return config
 
@@ -114,15 +121,23 @@ class TritonWalkthrough:
             notes.append(loaded.description)
         return "; ".join(note for note in notes if note) or None
 
-    def batch_counts(self, model: str) -> dict[int, int]:
-        """Executions of ``model`` per batch size since it was loaded (Triton's statistics)."""
-        with urllib.request.urlopen(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
+    def batch_counts(self, name: str) -> dict[int, int]:
+        """Executions per batch size of stage ``name``'s model since it was loaded (Triton's statistics),
+        once Triton runs that stage; nothing for a stage left out of ``stages``."""
+        if name not in self.stages:
+            return {}
+        model = self.use_stage(name)["name"]
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
             stats = json.load(response)["model_stats"][0]
         return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
 
     def try_gourmetgram(self, backend: str) -> None:
         """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
-        through it and print its answer."""
+        through it and print its answer; skipped when no stage in ``stages`` serves its model."""
+        model = DEFAULT_MODELS[backend]
+        if not any(STAGES[name].model == model for name in self.stages):
+            print(f"skipped: no stage in STAGES serves {model} (GourmetGram's BACKEND={backend})")
+            return
         try_gourmetgram(self.flask_urls.get(backend, self.flask_url), self.photo, backend=backend, wait_s=self.wait_s)
 
     async def run_perf_analyzer(self, target: TritonTarget, load: Load, *, stage: str, stand_in: str | None) -> list[Record]:
