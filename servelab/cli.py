@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "servelab.report",  # report
     "servelab.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab
+    "servelab.doctor.cli",  # doctor
 )
 
 

@@ -12,21 +12,26 @@ import inspect
 import socket
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 from unittest import mock
 
+import chi.clients
 import chi.context
 import chi.hardware
 import chi.lease
 import chi.server
+from blazarclient.v1.hosts import ComputeHostClientManager
 
 # The names the notebooks go through (`from chi import lease` then `lease.Lease(...)`).
 PATCHED = (
+    "chi.clients.blazar",
     "chi.context.choose_project",
     "chi.context.choose_site",
     "chi.hardware.get_nodes",
     "chi.lease.Lease",
     "chi.lease.get_lease",
+    "chi.lease.list_leases",
     "chi.server.Server",
     "chi.server.get_server",
 )
@@ -38,12 +43,35 @@ def _refuse_network(*args: Any, **kwargs: Any) -> None:
     raise ConnectionError("a notebook under test tried to reach the network")
 
 
-def _node(name: str, free_from: datetime, free_until: datetime | None) -> mock.Mock:
-    node = mock.create_autospec(chi.hardware.Node, instance=True)
+def node(name: str, free_from: datetime | None = None, free_until: datetime | None = None) -> mock.Mock:
+    """A gpu_p100 ``hardware.Node``; ``next_free_timeslot`` answers (free_from, free_until)."""
+    found = mock.create_autospec(chi.hardware.Node, instance=True)
     # Dataclass fields are instance attributes, which autospec cannot see.
-    node.name, node.type = name, "gpu_p100"
-    node.next_free_timeslot.return_value = (free_from, free_until)
-    return node
+    found.name, found.type, found.uid, found.reservable = name, "gpu_p100", f"uid-{name}", True
+    found.next_free_timeslot.return_value = (free_from or datetime.now(timezone.utc), free_until)
+    return found
+
+
+def blazar_hosts(nodes: Sequence[mock.Mock], reserved: Mapping[str, Sequence[tuple[datetime, datetime]]]) -> mock.Mock:
+    """Blazar's host manager (``chi.clients.blazar().host``) knowing these nodes and, by node name, their
+    reservations, in Blazar's own form (host ids, naive UTC times with microseconds)."""
+    host = mock.create_autospec(ComputeHostClientManager, instance=True)
+    host.list.return_value = [{"id": str(100 + i), "hypervisor_hostname": n.uid} for i, n in enumerate(nodes)]
+    host.list_allocations.return_value = [
+        {"resource_id": str(100 + i), "reservations": [
+            {"id": f"r{i}-{j}", "lease_id": f"l{i}-{j}", "start_date": f"{start:%Y-%m-%dT%H:%M:%S.%f}",
+             "end_date": f"{end:%Y-%m-%dT%H:%M:%S.%f}"} for j, (start, end) in enumerate(reserved.get(n.name, []))]}
+        for i, n in enumerate(nodes)
+    ]
+    return host
+
+
+def existing_lease(lease_class: type, name: str, start: datetime, status: str = "PENDING") -> mock.Mock:
+    """A lease as ``list_leases`` gives it: naive UTC times, as python-chi parses Blazar's."""
+    found = mock.create_autospec(lease_class, instance=True)
+    found.name, found.status = name, status
+    found.start_date, found.end_date = start.replace(tzinfo=None), (start + timedelta(hours=2, minutes=55)).replace(tzinfo=None)
+    return found
 
 
 def install() -> SimpleNamespace:
@@ -56,10 +84,12 @@ def install() -> SimpleNamespace:
 
     now = datetime.now(timezone.utc)
     nodes = [
-        _node("P3-GPU-009", now + timedelta(hours=6), None),
-        _node("P3-GPU-010", now + timedelta(minutes=20), now + timedelta(days=1)),
+        node("P3-GPU-009", now + timedelta(hours=6), None),
+        node("P3-GPU-010", now + timedelta(minutes=20), now + timedelta(days=1)),
     ]
     doubles["get_nodes"].return_value = nodes
+    doubles["list_leases"].return_value = []
+    doubles["blazar"].return_value.host = blazar_hosts(nodes, {})
 
     # A lease that has started, as `get_lease` finds it.
     active = mock.create_autospec(real_lease, instance=True)
@@ -72,7 +102,7 @@ def install() -> SimpleNamespace:
     new_server.get_floating_ip.side_effect = lambda: FLOATING_IP if new_server.associate_floating_ip.called else None
     doubles["get_server"].return_value = mock.create_autospec(real_server, instance=True)
 
-    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server)
+    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server, lease_class=real_lease)
 
 
 def arguments(recorded: mock._Call, double: Callable[..., Any]) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
+from servelab.docker_versions import read_env_file
+
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
-# The single versions file; Compose loads it by itself as the .env of docker/ (the project directory).
-VERSIONS_FILE = DOCKER / ".env"
 COMPOSE_FILES = sorted(DOCKER.glob("docker-compose-*.yaml"))
 DOCKERFILES = sorted(p for p in [*REPO.glob("*/Dockerfile"), *DOCKER.glob("Dockerfile.*")])
 # The shell variable that picks the FastAPI stage, and its values (docker/README.md).
@@ -28,17 +28,6 @@ def venv_tool(name: str) -> Path:
 
 def run_tool(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(venv_tool(name)), *args], capture_output=True, text=True, timeout=120)
-
-
-def read_env_file(path: Path = VERSIONS_FILE) -> dict[str, str]:
-    """KEY=VALUE lines of a Compose .env file (comments and blank lines skipped)."""
-    env = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    return env
 
 
 _VAR = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")

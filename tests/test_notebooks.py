@@ -179,13 +179,39 @@ from unittest import mock
 from chi_doubles import arguments
 
 made = [arguments(recorded, doubles.Lease) for recorded in doubles.Lease.call_args_list]
-assert [args["name"] for args in made] == ["serve_system_ab1234", "serve_system_cd5678", "serve_system_ef9012"]
-assert made[0]["start_date"] == datetime(2030, 1, 7, 15, tzinfo=timezone.utc)
+assert [(args["name"], args["start_date"]) for args in made] == [
+    ("serve_system_ab1234", datetime(2030, 1, 7, 15, tzinfo=timezone.utc)),  # the student's own, at START
+    ("serve_system_cd5678", datetime(2030, 1, 7, 13, tzinfo=timezone.utc)),  # the class: both free nodes at 13:00
+    ("serve_system_ef9012", datetime(2030, 1, 7, 13, tzinfo=timezone.utc)),
+]
+doubles.list_leases.assert_called_once_with()
+doubles.blazar.return_value.host.list_allocations.assert_called_once_with()
 new_lease = doubles.Lease.return_value
-new_lease.add_node_reservation.assert_has_calls([mock.call(amount=1, node_type="gpu_p100")] * 3)
+assert new_lease.add_node_reservation.call_args_list == [
+    mock.call(amount=1, node_type="gpu_p100"),
+    mock.call(amount=1, node_name="P3-GPU-009"),
+    mock.call(amount=1, node_name="P3-GPU-010"),
+]
 new_lease.submit.assert_has_calls([mock.call(idempotent=True, wait_for_active=False)] * 3)
 assert new_lease.submit.call_count == 3
+assert booked[0].status == booked[1].status == "reserved"
 """
+
+# Two leases named like the class's; only the listed student's may go.
+WITH_CLASS_LEASES = """
+from datetime import datetime, timezone
+from chi_doubles import existing_lease
+class_lease = existing_lease(doubles.lease_class, "serve_system_cd5678", datetime(2030, 1, 7, 13, tzinfo=timezone.utc))
+other_lease = existing_lease(doubles.lease_class, "serve_system_zz9999", datetime(2030, 1, 7, 13, tzinfo=timezone.utc))
+doubles.list_leases.return_value = [class_lease, other_lease]
+"""
+
+CHECK_CLASS_DELETED = """
+class_lease.delete.assert_called_once_with()
+other_lease.delete.assert_not_called()
+assert [arguments(c, doubles.Lease)["name"] for c in doubles.Lease.call_args_list] == ["serve_system_ab1234"]
+"""
+
 
 CHECK_SERVER = """
 from chi_doubles import FLOATING_IP, RESERVATION_ID
@@ -247,9 +273,21 @@ def test_create_lease_at_a_chosen_time_and_for_a_class(kernel_dir: Path, tmp_pat
         "1_create_lease",
         kernel_dir,
         tmp_path,
-        parameters={"NET_ID": NET_ID, "START": "2030-01-07 15:00", "STUDENTS": ["cd5678", "ef9012"]},
+        parameters={"NET_ID": NET_ID, "START": "2030-01-07 15:00", "STUDENTS": ["cd5678", "ef9012"],
+                    "CLASS_FROM": "2030-01-07 13:00", "CLASS_UNTIL": "2030-01-07 21:00"},
         prologue=PROLOGUE,
         epilogue=CHECK_CLASS_LEASES,
+    )
+
+
+def test_delete_a_class_s_leases(kernel_dir: Path, tmp_path: Path) -> None:
+    execute(
+        "1_create_lease",
+        kernel_dir,
+        tmp_path,
+        parameters={"NET_ID": NET_ID, "STUDENTS": ["cd5678"], "DELETE_CLASS_LEASES": True},
+        prologue=PROLOGUE + WITH_CLASS_LEASES,
+        epilogue="from chi_doubles import arguments\n" + CHECK_CLASS_DELETED,
     )
 
 

@@ -45,7 +45,7 @@ LOAD_TIMEOUT_S = 600.0
 ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.models))
 
 
-def _wheel_dirs() -> tuple[Path, Path]:
+def wheel_dirs() -> tuple[Path, Path]:
     """(the wheel's tritonserver folder, its bundled shared libraries) without importing pytriton."""
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
@@ -56,7 +56,7 @@ def _wheel_dirs() -> tuple[Path, Path]:
 
 def install(dest: Path = INSTALL_DIR) -> Path:
     """A writable copy of the bundled server with this Python's backend stub (made once, then reused)."""
-    server, _ = _wheel_dirs()
+    server, _ = wheel_dirs()
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = f"nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}, python {python}\n"
     marker = dest / ".servelab-install"
@@ -82,7 +82,7 @@ def onnxruntime_backend(install_dir: Path) -> bool:
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the bundled server and its Python stubs (see the module docstring)."""
     env = dict(os.environ if base is None else base)
-    _, libs = _wheel_dirs()
+    _, libs = wheel_dirs()
     library_path = [str(libs), sysconfig.get_config_var("LIBDIR") or "", env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in library_path if p)
     env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])

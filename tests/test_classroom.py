@@ -1,0 +1,145 @@
+"""Leases for a class (servelab.walkthrough.classroom), against autospec doubles of the installed python-chi:
+a call the real library would refuse (a wrong keyword, a method it does not have) fails here too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from unittest import mock
+
+import chi.exception
+import chi.lease
+import pytest
+
+from chi_doubles import arguments, blazar_hosts, existing_lease, node
+from servelab.walkthrough.classroom import Row, book_class, delete_class_leases, hourly_starts, plan, table
+
+UTC = timezone.utc
+LENGTH = timedelta(hours=2, minutes=55)
+PREFIX = "serve_system_"
+# The class: Monday 7 January 2030, 13:00 to 21:00 UTC; booked the week before.
+WINDOW = (datetime(2030, 1, 7, 13, tzinfo=UTC), datetime(2030, 1, 7, 21, tzinfo=UTC))
+NOW = datetime(2029, 12, 31, 9, 30, tzinfo=UTC)
+
+
+def at(hour: int, minute: int = 0) -> datetime:
+    return datetime(2030, 1, 7, hour, minute, tzinfo=UTC)
+
+
+@pytest.fixture
+def chi_api() -> Iterator[SimpleNamespace]:
+    """python-chi patched with autospec doubles; two gpu_p100 nodes, P3-GPU-010 reserved 12:00-16:00."""
+    real_lease = chi.lease.Lease
+    targets = ("chi.hardware.get_nodes", "chi.clients.blazar", "chi.lease.Lease", "chi.lease.list_leases")
+    with ExitStack() as stack:
+        doubles = SimpleNamespace(**{t.rsplit(".", 1)[1]: stack.enter_context(mock.patch(t, autospec=True)) for t in targets})
+        nodes = [node("P3-GPU-009"), node("P3-GPU-010")]
+        doubles.get_nodes.return_value = nodes
+        doubles.blazar.return_value.host = blazar_hosts(nodes, {"P3-GPU-010": [(at(12), at(16))]})
+        doubles.list_leases.return_value = []
+        doubles.real_lease, doubles.made = real_lease, []
+
+        def new_lease(*args: object, **kwargs: object) -> mock.Mock:
+            """A new lease object per Lease(...) call, as the real class makes."""
+            made = mock.create_autospec(real_lease, instance=True)
+            doubles.made.append(made)
+            return made
+
+        doubles.Lease.side_effect = new_lease
+        yield doubles
+
+
+def test_hourly_starts_are_whole_hours_in_the_window_and_the_future() -> None:
+    assert hourly_starts(WINDOW, LENGTH, NOW) == [at(h) for h in range(13, 19)]
+    assert hourly_starts(WINDOW, LENGTH, at(14, 10)) == [at(h) for h in range(15, 19)]
+    assert hourly_starts(WINDOW, LENGTH, at(19)) == []
+
+
+def test_plan_fills_free_nodes_then_later_hours_never_overlapping() -> None:
+    busy = {"A": [], "B": [(at(12), at(16))]}
+    slots = plan(["s1", "s2", "s3", "s4"], busy, WINDOW, LENGTH, NOW)
+    assert [(s.node, s.start) if s else None for s in slots.values()] == [
+        ("A", at(13)), ("A", at(16)), ("B", at(16)), None,  # 19:00 + 2:55 is past 21:00
+    ]
+    assert all(s.end - s.start == LENGTH for s in slots.values() if s)
+
+
+def test_a_class_is_booked_on_free_nodes_and_one_refusal_does_not_stop_the_rest(chi_api: SimpleNamespace) -> None:
+    # Blazar refuses the second lease (someone took the node meanwhile).
+    def refuse_second(*args: object, **kwargs: object) -> None:
+        if len(chi_api.made) == 2:
+            raise chi.exception.ResourceError("Unable to make lease")
+
+    original = chi_api.Lease.side_effect
+
+    def new_lease(*args: object, **kwargs: object) -> mock.Mock:
+        made = original(*args, **kwargs)
+        made.submit.side_effect = refuse_second
+        return made
+
+    chi_api.Lease.side_effect = new_lease
+    rows = book_class(["ab1", "cd2", "ef3", "gh4"], WINDOW, node_type="gpu_p100", length=LENGTH, prefix=PREFIX, now=NOW)
+
+    chi_api.get_nodes.assert_called_once_with(node_type="gpu_p100")
+    made = [arguments(recorded, chi_api.real_lease) for recorded in chi_api.Lease.call_args_list]
+    assert made == [
+        {"name": "serve_system_ab1", "start_date": at(13), "end_date": at(15, 55)},
+        {"name": "serve_system_cd2", "start_date": at(16), "end_date": at(18, 55)},
+        {"name": "serve_system_ef3", "start_date": at(16), "end_date": at(18, 55)},
+    ]
+    nodes = [lease.add_node_reservation.call_args for lease in chi_api.made]
+    assert nodes == [mock.call(amount=1, node_name=n) for n in ("P3-GPU-009", "P3-GPU-009", "P3-GPU-010")]
+    for lease in chi_api.made:  # every lease was submitted, the refused one included
+        lease.submit.assert_called_once_with(idempotent=True, wait_for_active=False)
+
+    assert [(r.student, r.node, r.start, r.status) for r in rows] == [
+        ("ab1", "P3-GPU-009", at(13), "reserved"),
+        ("cd2", "P3-GPU-009", at(16), "failed: ResourceError: Unable to make lease"),
+        ("ef3", "P3-GPU-010", at(16), "reserved"),
+        ("gh4", "", None, "no free node in the window"),
+    ]
+    summary = table(rows).splitlines()
+    assert summary[0].split() == ["student", "lease", "node", "start", "(UTC)", "end", "(UTC)", "status"]
+    assert summary[2].split()[:6] == ["cd2", "serve_system_cd2", "P3-GPU-009", "2030-01-07", "16:00", "2030-01-07"]
+    assert summary[2].endswith("failed: ResourceError: Unable to make lease")
+    assert summary[4].split() == ["gh4", "serve_system_gh4", "-", "-", "-", "no", "free", "node", "in", "the", "window"]
+
+
+def test_students_with_a_lease_keep_it_and_ended_leases_do_not_count(chi_api: SimpleNamespace) -> None:
+    kept = existing_lease(chi_api.real_lease, "serve_system_ab1", at(17), "PENDING")
+    ended = existing_lease(chi_api.real_lease, "serve_system_cd2", at(9), "TERMINATED")
+    chi_api.list_leases.return_value = [kept, ended]
+
+    rows = book_class(["ab1", "cd2", "ab1"], WINDOW, node_type="gpu_p100", length=LENGTH, prefix=PREFIX, now=NOW)
+
+    assert [(r.student, r.start, r.end, r.status) for r in rows] == [
+        ("ab1", at(17), at(19, 55), "kept (it existed)"),
+        ("cd2", at(13), at(15, 55), "reserved"),
+    ]
+    assert [arguments(c, chi_api.real_lease)["name"] for c in chi_api.Lease.call_args_list] == ["serve_system_cd2"]
+
+
+def test_deleting_a_class_touches_only_its_leases(chi_api: SimpleNamespace) -> None:
+    mine = existing_lease(chi_api.real_lease, "serve_system_ab1", at(13), "ACTIVE")
+    stuck = existing_lease(chi_api.real_lease, "serve_system_cd2", at(16), "PENDING")
+    stuck.delete.side_effect = chi.exception.ResourceError("Lease object does not yet have a valid id")
+    also_mine = existing_lease(chi_api.real_lease, "serve_system_ef3", at(16), "PENDING")
+    other_section = existing_lease(chi_api.real_lease, "serve_system_zz9", at(13), "ACTIVE")
+    unrelated = existing_lease(chi_api.real_lease, "ab1_thesis", at(13), "ACTIVE")
+    chi_api.list_leases.return_value = [mine, stuck, other_section, unrelated, also_mine]
+
+    rows = delete_class_leases(["ab1", "cd2", "ef3", "gh4"], prefix=PREFIX)
+
+    for deleted in (mine, stuck, also_mine):
+        deleted.delete.assert_called_once_with()
+    other_section.delete.assert_not_called()
+    unrelated.delete.assert_not_called()
+    assert [(r.lease, r.status) for r in rows] == [
+        ("serve_system_ab1", "deleted"),
+        ("serve_system_cd2", "failed: ResourceError: Lease object does not yet have a valid id"),
+        ("serve_system_ef3", "deleted"),
+        ("serve_system_gh4", "no lease"),
+    ]
+    assert rows[0] == Row("ab1", "serve_system_ab1", "", at(13), at(15, 55), "deleted")
