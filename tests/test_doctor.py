@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from servelab.bench.perf_analyzer_binary import install_dir
 from servelab.doctor import containers, gpu
 from servelab.doctor.cli import CHECKS
 from servelab.doctor.containers import DOCKER_INFO, compose_bytes, container_probe_command, triton_container_result
@@ -60,13 +61,13 @@ def _by_name(results: list[Result]) -> dict[str, Result]:
 # --- this machine, for real ------------------------------------------------------------------------
 
 
-def _doctor(*args: str, model_dir: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "MODEL_DIR": str(model_dir)}
+def _doctor(*args: str, model_dir: Path, **more_env: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "MODEL_DIR": str(model_dir), **more_env}
     return subprocess.run([str(SERVELAB), "doctor", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-def _doctor_json(*args: str, model_dir: Path) -> tuple[int, dict[str, Result]]:
-    done = _doctor("--json", *args, model_dir=model_dir)
+def _doctor_json(*args: str, model_dir: Path, **more_env: str) -> tuple[int, dict[str, Result]]:
+    done = _doctor("--json", *args, model_dir=model_dir, **more_env)
     return done.returncode, _by_name([Result(**r) for r in json.loads(done.stdout)])
 
 
@@ -99,6 +100,16 @@ def test_exit_status_is_zero_when_nothing_fails(artifacts) -> None:
     assert len(lines) == 1 + len(CHECKS)  # one line per check
     assert not any(line.startswith("FAIL") for line in lines), text
     assert code == 0
+
+
+def test_perf_analyzer_line_names_the_binary_or_the_fix(tmp_path: Path) -> None:
+    _, results = _doctor_json(model_dir=tmp_path, PERF_ANALYZER=str(tmp_path / "nowhere"))
+    missing = results["perf-analyzer"]
+    assert missing.status == "warn" and "make perf-analyzer" in missing.fix and "nowhere" in missing.fix
+    if (install_dir() / "bin" / "perf_analyzer").exists():  # `make test` installed the project's copy
+        _, results = _doctor_json(model_dir=tmp_path)
+        assert results["perf-analyzer"].status == "pass"
+        assert results["perf-analyzer"].detail.startswith(str(install_dir() / "bin" / "perf_analyzer"))
 
 
 def test_on_this_machine_as_a_node_a_missing_gpu_fails(tmp_path: Path) -> None:
