@@ -11,6 +11,8 @@ import psutil
 from servelab.bench import read_records
 from servelab.lab import STAGES
 
+TRITON = {s.name for s in STAGES if s.family == "triton"}
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,11 +38,18 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
     assert {r.stage for r in records} == {s.name for s in STAGES}
-    assert all(r.stats.error_count == 0 and r.stats.successes for r in records)
+    assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records)
+    # Every Triton load measured by both clients, back to back; batched requests where the stage batches.
+    ours = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "servelab" and r.stage in TRITON]
+    theirs = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "perf_analyzer"]
+    assert set(theirs) <= set(ours) and {stage for stage, _, _ in theirs} == TRITON
+    assert {(stage, batch) for stage, _, batch in theirs if batch > 1} == {("pt-1", 16), ("pt-dyn", 16), ("onnx-dyn", 16)}
+    assert {label.split()[0] for stage, label, _ in theirs if stage == "onnx-dyn"} >= {"constant", "poisson"}
     assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
     report = (tmp_path / "report.md").read_text()
     assert "| pt-2x2 |" in report and (tmp_path / "latency_cdf.png").exists()
     assert "lab finished" in output and "p50" in output
+    assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in report
     assert _servers() <= before
 
 
