@@ -32,6 +32,7 @@ from servelab.procs import ServerProcess, free_port
 from servelab.settings import Settings
 from servelab.triton import server as triton_server
 from servelab.triton.stages import STAGES as TRITON_STAGES
+from triton_repo import make_repository
 
 STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton"]
 SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -239,7 +240,9 @@ def triton_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     if triton_server.load_state() is not None:
         pytest.fail("a tritonserver started by `servelab triton up` is running; stop it with `servelab triton down`")
     logs = tmp_path_factory.mktemp("triton-logs")
-    local = triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", log=logs / "tritonserver.log")
+    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
+    local = triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", repository=repository,
+                                      log=logs / "tritonserver.log")
     with ExitStack() as stack:
         stack.callback(triton_server.STATE_FILE.unlink, missing_ok=True)
         stack.callback(local.stop)
