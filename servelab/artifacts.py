@@ -27,7 +27,6 @@ from pydantic import BaseModel
 from servelab import __version__
 from servelab.fetch import FetchError, fetch, git_blob_sha1, sha256_file
 from servelab.labels import CLASSES
-from servelab.paths import MODELS_STAGING
 from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD
 
 LAB_MODEL_URL = (
@@ -212,11 +211,12 @@ def _check_parity(model, onnx_path: Path) -> float:
 def build_artifacts(
     source: ModelSource,
     model_dir: Path,
-    staging: Path | None = MODELS_STAGING,
+    staging: Path | None,
     force: bool = False,
     log=print,
 ) -> Manifest:
-    """Build (or reuse, when the inputs are unchanged) the state_dict, manifest and ONNX model."""
+    """Build (or reuse, when the inputs are unchanged) the state_dict, manifest and ONNX model, and copy
+    them into the Triton model repository ``staging`` (None: nowhere)."""
     paths = ArtifactPaths.in_dir(model_dir)
     weights = _weights_file(source, Path(model_dir) / "cache")
     versions = _versions()
@@ -310,9 +310,10 @@ def register(subparsers) -> None:
 def _cli_build(args) -> int:
     from servelab.settings import get_settings
 
-    model_dir = args.model_dir or get_settings().model_dir
+    settings = get_settings()
     source = ModelSource.parse(args.source, args.sha1)
-    manifest = build_artifacts(source, model_dir, force=args.force)
+    manifest = build_artifacts(source, args.model_dir or settings.model_dir, settings.triton_model_repository,
+                               force=args.force)
     if manifest.stand_in:
         print(f"models: NOTE this is a {manifest.description}")
     return 0

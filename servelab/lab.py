@@ -240,7 +240,7 @@ def _model(paths: ArtifactPaths) -> Manifest:
         if not current.stand_in:
             print(f"model: {current.name} from {current.source['location']}")
             return current
-    return build_artifacts(ModelSource("offline"), paths.manifest.parent)
+    return build_artifacts(ModelSource("offline"), paths.manifest.parent, get_settings().triton_model_repository)
 
 
 def _cli_lab(args) -> int:

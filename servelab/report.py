@@ -1,7 +1,7 @@
 """``servelab report``: records (JSON lines from ``servelab bench`` / ``servelab lab``) ->
 ``results/report.md`` with a comparison table and PNG plots.
 
-    servelab report [--records results/records.jsonl ...] [--out-dir results]
+    servelab report [results/records.jsonl ...] [--out-dir results]
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
@@ -291,22 +291,26 @@ def _machines(records: list[Record]) -> list[str]:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("report", help="render run records into results/report.md with plots",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=Path, nargs="+", default=[DEFAULT_RECORDS],
-                   help="JSONL record files (default %(default)s)")
+    p.add_argument("records", type=Path, nargs="*", metavar="RECORDS",
+                   help=f"JSONL record files (default {DEFAULT_RECORDS})")
+    # The option form came first; scripts may still use it.
+    p.add_argument("--records", dest="more_records", type=Path, nargs="+", default=[], metavar="RECORDS",
+                   help="JSONL record files, as an option")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_RECORDS.parent, help="where report.md and plots go")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    missing = [p for p in args.records if not p.exists()]
+    files = [*args.records, *args.more_records] or [DEFAULT_RECORDS]
+    missing = [p for p in files if not p.exists()]
     if missing:
         print(f"error: no records at {', '.join(map(str, missing))}; run `servelab bench ... --out FILE` first")
         return 2
-    records = read_records(args.records)
+    records = read_records(files)
     if not records:
         print("error: the record files are empty")
         return 2
-    path = render_report(records, args.out_dir, args.records)
+    path = render_report(records, args.out_dir, files)
     print(summary_table(records))
     print(f"wrote {path}")
     return 0

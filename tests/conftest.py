@@ -1,12 +1,38 @@
+"""Every test session works in folders of its own: MODEL_DIR and TRITON_MODEL_REPOSITORY point into a
+session temporary folder (the servers the tests start inherit them), so `make test` never replaces
+the model the user built in models/ and models_staging/. The session fails if it changed the
+checkout's models/, models_staging/ or results/ anyway."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
+from checkout_guard import changes, fingerprint
 from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts
 from servelab.settings import get_settings
+from triton_repo import copy_sources
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    before = fingerprint()
+    root = tmp_path_factory.mktemp("servelab")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MODEL_DIR", str(root / "models"))
+        env.setenv("TRITON_MODEL_REPOSITORY", str(copy_sources(root / "model_repository")))
+        get_settings.cache_clear()  # settings are cached once read: read them again, with these folders
+        yield root
+    get_settings.cache_clear()
+    changed = changes(before, fingerprint())
+    assert not changed, "the tests changed the checkout's own folders:\n" + "\n".join(changed)
 
 
 @pytest.fixture(scope="session")
 def artifacts() -> ArtifactPaths:
-    """The offline model artifacts in MODEL_DIR, built once (a no-op when already up to date)."""
-    model_dir = get_settings().model_dir
-    build_artifacts(ModelSource("offline"), model_dir, log=lambda *_: None)
-    return ArtifactPaths.in_dir(model_dir)
+    """The offline model artifacts, built once into this session's MODEL_DIR and model repository.
+    Built afresh each session rather than cached: it takes about 3 s."""
+    settings = get_settings()
+    build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
+                    log=lambda *_: None)
+    return ArtifactPaths.in_dir(settings.model_dir)

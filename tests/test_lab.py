@@ -17,11 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _servers() -> set[int]:
-    """PIDs of model servers on this machine (ours are children of the lab's process group)."""
+    """PIDs of model servers started from this checkout (the lab's run here; other checkouts' test
+    runs on the same machine have servers of their own)."""
     found = set()
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "cwd"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "tritonserver" in cmd or "servelab serve" in cmd or "-m servelab serve" in cmd:
+        if p.info["cwd"] == str(REPO) and ("tritonserver" in cmd or "servelab serve" in cmd):
             found.add(p.pid)
     return found
 

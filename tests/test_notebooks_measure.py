@@ -1,5 +1,6 @@
-"""The lab's stage notebooks (3_ to 6_): their shell commands match the CLI and the compose files, and
-the measurement notebooks run end to end against real local stages.
+"""The lab's stage notebooks (3_ to 6_): their shell commands match the compose files (their servelab
+commands parse: test_shown_commands.py), and the measurement notebooks run end to end against real
+local stages.
 
 ``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
 with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
@@ -27,7 +28,6 @@ from pydantic import ValidationError
 
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
-from servelab.cli import build_parser
 from servelab.notebooks import NOTEBOOK_DIR, sources, to_notebook
 from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import ServerProcess, free_port
@@ -35,6 +35,7 @@ from servelab.settings import Settings
 from servelab.triton import server as triton_server
 from servelab.triton.stages import STAGES as TRITON_STAGES
 from servelab.walkthrough.triton import TritonWalkthrough
+from triton_repo import make_repository
 
 STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton"]
 SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -89,16 +90,6 @@ def parameters(stem: str) -> dict:
 
 def test_stage_notebooks_exist() -> None:
     assert set(STAGE_NOTEBOOKS) <= {source.stem for source in sources()}
-
-
-@pytest.mark.parametrize(("stem", "env", "argv"), commands_of("servelab"))
-def test_servelab_commands_parse(stem: str, env: dict[str, str], argv: list[str]) -> None:
-    if argv[1:] == ["--help"]:
-        return
-    try:
-        build_parser().parse_args(argv[1:])
-    except SystemExit as exc:
-        pytest.fail(f"{stem}: `{shlex.join(argv)}` is not a valid servelab command (exit {exc.code})")
 
 
 def _compose_parts(argv: list[str]) -> tuple[Path, str, list[str]]:
@@ -243,7 +234,9 @@ def triton_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     if triton_server.load_state() is not None:
         pytest.fail("a tritonserver started by `servelab triton up` is running; stop it with `servelab triton down`")
     logs = tmp_path_factory.mktemp("triton-logs")
-    local = triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", log=logs / "tritonserver.log")
+    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
+    local = triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", repository=repository,
+                                      log=logs / "tritonserver.log")
     with ExitStack() as stack:
         stack.callback(triton_server.STATE_FILE.unlink, missing_ok=True)
         stack.callback(local.stop)

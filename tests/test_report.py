@@ -59,13 +59,13 @@ def test_only_plots_with_data_are_made(tmp_path: Path) -> None:
 
 
 def test_command_line(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "servelab", "report", "--records", str(RECORDS),
-                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "servelab", "report", str(RECORDS), "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "p50 ms" in done.stdout and f"wrote {tmp_path / 'report.md'}" in done.stdout
     done = subprocess.run([sys.executable, "-m", "servelab", "report", "--records", str(tmp_path / "none.jsonl")],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "no records" in done.stdout
+    assert done.returncode == 2 and f"no records at {tmp_path / 'none.jsonl'}" in done.stdout
 
 
 def test_both_clients_side_by_side_and_disagreement_flagged(tmp_path: Path) -> None:

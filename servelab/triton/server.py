@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.paths import MODELS_STAGING, REPO_ROOT
+from servelab.paths import REPO_ROOT
 from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.triton.client import server_address
 from servelab.triton.stages import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
@@ -155,9 +155,9 @@ class LocalTriton:
         self.stop()
 
 
-def start_local(stage: Stage, *, ports: Ports | None = None, kind: str = "auto",
-                repository: Path = MODELS_STAGING, log: Path | None = None,
-                exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S, detach: bool = False) -> LocalTriton:
+def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
+                log: Path | None = None, exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S,
+                detach: bool = False) -> LocalTriton:
     """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY."""
     install_dir = install()
     ports = ports or Ports.pick()
@@ -189,7 +189,7 @@ def _call(url: str, method: str, path: str, body: dict | None = None, timeout: f
 
 
 def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool,
-                repository: Path = MODELS_STAGING, timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+                repository: Path, timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
     """Make a running Triton (explicit model control, ``--model-config-name=stage``) serve ``stage``.
 
     Writes the stage's effective configs into the model repository the server reads, unloads the
