@@ -14,7 +14,7 @@ import chi.lease
 import pytest
 
 from chi_doubles import arguments, blazar_hosts, existing_lease, node
-from servelab.walkthrough.classroom import Row, book_class, delete_class_leases, hourly_starts, plan, table
+from servelab.walkthrough.classroom import Row, book_class, delete_class_leases, hourly_starts, manage, plan, table
 
 UTC = timezone.utc
 LENGTH = timedelta(hours=2, minutes=55)
@@ -143,3 +143,19 @@ def test_deleting_a_class_touches_only_its_leases(chi_api: SimpleNamespace) -> N
         ("serve_system_gh4", "no lease"),
     ]
     assert rows[0] == Row("ab1", "serve_system_ab1", "", at(13), at(15, 55), "deleted")
+
+
+def test_the_class_cell_books_or_deletes_never_both_and_nothing_without_students(chi_api: SimpleNamespace) -> None:
+    common = dict(window=WINDOW, node_type="gpu_p100", length=LENGTH, prefix=PREFIX)
+    assert manage([], delete=False, **common) == [] and manage([], delete=True, **common) == []
+    chi_api.list_leases.assert_not_called()  # no student: Chameleon is not even asked
+
+    mine = existing_lease(chi_api.real_lease, "serve_system_ab1", at(13), "ACTIVE")
+    chi_api.list_leases.return_value = [mine]
+    rows = manage(["ab1", "cd2"], delete=True, **common)
+    assert [r.status for r in rows] == ["deleted", "no lease"] and chi_api.made == []  # deleting books nothing
+    mine.delete.assert_called_once_with()
+
+    chi_api.list_leases.return_value = []
+    rows = manage(["cd2"], delete=False, **common)
+    assert [r.status for r in rows] == ["reserved"] and len(chi_api.made) == 1

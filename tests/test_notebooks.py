@@ -194,7 +194,7 @@ assert new_lease.add_node_reservation.call_args_list == [
 ]
 new_lease.submit.assert_has_calls([mock.call(idempotent=True, wait_for_active=False)] * 3)
 assert new_lease.submit.call_count == 3
-assert booked[0].status == booked[1].status == "reserved"
+assert rows[0].status == rows[1].status == "reserved"
 """
 
 # Two leases named like the class's; only the listed student's may go.

@@ -149,6 +149,18 @@ def delete_class_leases(students: Iterable[str], *, prefix: str) -> list[Row]:
     return rows
 
 
+def manage(students: Iterable[str], window: Interval, *, delete: bool, node_type: str, length: timedelta,
+           prefix: str) -> list[Row]:
+    """The instructor's one cell: book the class's leases, or with ``delete`` only delete them (so a
+    notebook run top to bottom never books and deletes); nothing at all without students."""
+    students = list(students)
+    if not students:
+        return []
+    if delete:
+        return delete_class_leases(students, prefix=prefix)
+    return book_class(students, window, node_type=node_type, length=length, prefix=prefix)
+
+
 def table(rows: Sequence[Row]) -> str:
     """The rows as an aligned text table, times in UTC."""
     def when(moment: datetime | None) -> str:
