@@ -3,6 +3,7 @@ session temporary folder (the servers the tests start inherit them), so `make te
 the model the user built in models/ and models_staging/. The session fails if it changed the
 checkout's models/, models_staging/ or results/ anyway."""
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,3 +37,20 @@ def artifacts() -> ArtifactPaths:
     build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
                     log=lambda *_: None)
     return ArtifactPaths.in_dir(settings.model_dir)
+
+
+@pytest.fixture(scope="session")
+def u8_model(artifacts) -> Path:
+    """food11_u8.onnx (the fp32 model with preprocessing in its graph) in MODEL_DIR and in the model
+    repository's food_classifier_onnx_u8."""
+    from servelab.artifacts import load_manifest
+    from servelab.models import uint8_input
+    from servelab.models.variants import variant_path
+
+    settings, manifest = get_settings(), load_manifest(artifacts.manifest)
+    dest = uint8_input.build(artifacts.onnx, variant_path(settings.model_dir, "u8"), crop=manifest.crop,
+                             mean=manifest.mean, std=manifest.std)
+    staged = settings.triton_model_repository / "food_classifier_onnx_u8" / "1" / "model.onnx"
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(dest, staged)
+    return dest
