@@ -68,8 +68,12 @@ class Manifest(BaseModel):
         """A short identity for /ready and reports: the hash of the manifest's own content."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
 
+    def crop_kwargs(self) -> dict:
+        """The sizes ``servelab.preprocess.crop_pixels`` takes (models with preprocessing in the graph)."""
+        return {"resize": self.resize, "crop": self.crop}
+
     def preprocess_kwargs(self) -> dict:
-        return {"resize": self.resize, "crop": self.crop, "mean": tuple(self.mean), "std": tuple(self.std)}
+        return {**self.crop_kwargs(), "mean": tuple(self.mean), "std": tuple(self.std)}
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def perf_analyzer():
 
 
 @pytest.fixture(scope="module")
-def triton(perf_analyzer, artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
+def triton(perf_analyzer, artifacts, u8_model, tmp_path_factory) -> Iterator[server.LocalTriton]:
     repository = make_repository(tmp_path_factory.mktemp("model_repository"))
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
@@ -83,6 +83,15 @@ def test_concurrency_over_grpc_with_the_onnx_model_and_a_batch(triton) -> None:
     measured(record, 12)
     assert record.batch == 4 and record.stats.items_per_s == pytest.approx(4 * record.stats.throughput_rps)
     assert record.breakdown.batch_sizes == {4: record.breakdown.server_requests}  # one execution per request
+
+
+def test_uint8_input_data_against_the_model_with_preprocessing_inside(triton) -> None:
+    """The real photo's uint8 crop as perf_analyzer's --input-data (b64 UINT8), over gRPC."""
+    use(triton, "onnx-u8")
+    target = TritonTarget(triton.grpc_url, "food_classifier_onnx_u8", PHOTO, "grpc", "uint8", batch=2)
+    record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-u8", windows=QUICK)
+    measured(record, 12)
+    assert record.breakdown.batch_sizes == {2: record.breakdown.server_requests}
 
 
 @pytest.mark.parametrize("arrivals", ["constant", "poisson"])

@@ -29,7 +29,7 @@ class Pipeline:
         m = backend.manifest
         # A model with preprocessing in its graph takes the uint8 crop: no float math here.
         self._preprocess, self._preprocess_kwargs = (
-            (crop_pixels, {"resize": m.resize, "crop": m.crop}) if backend.takes_uint8
+            (crop_pixels, m.crop_kwargs()) if backend.takes_uint8
             else (preprocess, m.preprocess_kwargs()))
         self._preprocess_kwargs["max_pixels"] = settings.max_image_pixels
         self.batcher = MicroBatcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
