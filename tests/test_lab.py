@@ -54,6 +54,20 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert _servers() <= before
 
 
+def test_variant_stages_are_measured_by_both_tools_and_compared(u8_model, tmp_path):
+    lab = _lab(tmp_path, "--stages", "fastapi-onnx-u8,onnx-u8")
+    output, _ = lab.communicate(timeout=300)
+    assert lab.returncode == 0, output
+    records = read_records(tmp_path / "records.jsonl")
+    assert {(r.stage, r.tool) for r in records} == {
+        ("fastapi-onnx-u8", "servelab"), ("onnx-u8", "servelab"), ("onnx-u8", "perf_analyzer")}
+    assert all(r.stats.successes and not r.failed for r in records)
+    assert all(r.config["variant"] == "u8" for r in records if r.tool == "servelab")
+    assert {r.target["input"] for r in records if r.stage == "onnx-u8"} == {"uint8"}
+    report = (tmp_path / "report.md").read_text()
+    assert "## Model variants" in report and "| fastapi-onnx-u8 | u8 |" in report
+
+
 def test_ctrl_c_stops_the_servers(artifacts, tmp_path):
     before = _servers()
     lab = _lab(tmp_path, "--stages", "fastapi-onnx,pt-1")

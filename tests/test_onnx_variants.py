@@ -86,3 +86,12 @@ def test_the_u8_service_answers_as_fp32_and_refuses_bad_input(u8_model, artifact
     assert "uint8" in ready["variant"]["input"] and ready["variant"]["precision"]
     log = next(tmp_path.glob("*.log")).read_text()
     assert "variant u8: food11_u8.onnx" in log
+
+
+def test_the_setting_names_every_variant():
+    from typing import get_args
+
+    from servelab.models.variants import VARIANTS
+    from servelab.settings import ServeSettings
+
+    assert get_args(ServeSettings.model_fields["onnx_variant"].annotation) == tuple(VARIANTS)

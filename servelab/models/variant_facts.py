@@ -12,5 +12,4 @@ def variant_facts(model_dir: Path) -> dict[str, dict]:
     path = Path(model_dir) / FACTS_FILE
     if not path.exists():
         return {}
-    data = json.loads(path.read_text())
-    return data.get("variants", data)
+    return {v["name"]: v for v in json.loads(path.read_text())["variants"]}
