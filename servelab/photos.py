@@ -11,7 +11,6 @@ colour and texture that INT8 calibration needs and an agreement check should cov
 import hashlib
 import json
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel
