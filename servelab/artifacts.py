@@ -301,7 +301,7 @@ def _stage(paths: ArtifactPaths, staging: Path) -> None:
 def register(subparsers) -> None:
     models = subparsers.add_parser("models", help="build the model artifacts")
     sub = models.add_subparsers(dest="models_command", required=True)
-    build = sub.add_parser("build", help="build the state_dict, manifest and ONNX model (skipped when unchanged)")
+    build = sub.add_parser("build", help="build the state_dict, manifest, ONNX model and its variants (skipped when unchanged)")
     build.add_argument("--source", default="offline",
                        help="offline (packaged zero-shot stand-in, default), lab (the lab's real weights, "
                             "downloaded and hash-verified), an http(s) URL, or a local .pth path")
@@ -314,10 +314,13 @@ def register(subparsers) -> None:
 def _cli_build(args) -> int:
     from servelab.settings import get_settings
 
+    from servelab.models.variants import build_variants
+
     settings = get_settings()
     source = ModelSource.parse(args.source, args.sha1)
-    manifest = build_artifacts(source, args.model_dir or settings.model_dir, settings.triton_model_repository,
-                               force=args.force)
+    model_dir = args.model_dir or settings.model_dir
+    manifest = build_artifacts(source, model_dir, settings.triton_model_repository, force=args.force)
+    build_variants(model_dir, manifest, settings.triton_model_repository, force=args.force)
     if manifest.stand_in:
         print(f"models: NOTE this is a {manifest.description}")
     return 0

@@ -260,13 +260,18 @@ def register(subparsers) -> None:
 
 
 def _model(paths: ArtifactPaths) -> Manifest:
-    """The model already built from the lab's weights, or else the offline stand-in (built if needed)."""
-    if paths.manifest.exists():
-        current = load_manifest(paths.manifest)
-        if not current.stand_in:
-            print(f"model: {current.name} from {current.source['location']}")
-            return current
-    return build_artifacts(ModelSource("offline"), paths.manifest.parent, get_settings().triton_model_repository)
+    """The model already built from the lab's weights, or else the offline stand-in (built if needed),
+    with its cheaper variants (built if needed)."""
+    from servelab.models.variants import build_variants
+
+    staging = get_settings().triton_model_repository
+    manifest = load_manifest(paths.manifest) if paths.manifest.exists() else None
+    if manifest is not None and not manifest.stand_in:
+        print(f"model: {manifest.name} from {manifest.source['location']}")
+    else:
+        manifest = build_artifacts(ModelSource("offline"), paths.manifest.parent, staging)
+    build_variants(paths.manifest.parent, manifest, staging)
+    return manifest
 
 
 def _cli_lab(args) -> int:

@@ -3,7 +3,6 @@ session temporary folder (the servers the tests start inherit them), so `make te
 the model the user built in models/ and models_staging/. The session fails if it changed the
 checkout's models/, models_staging/ or results/ anyway."""
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from checkout_guard import changes, fingerprint
 from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts
+from servelab.models.variants import build_variants
 from servelab.settings import get_settings
 from triton_repo import copy_sources
 
@@ -31,26 +31,11 @@ def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def artifacts() -> ArtifactPaths:
-    """The offline model artifacts, built once into this session's MODEL_DIR and model repository.
-    Built afresh each session rather than cached: it takes about 3 s."""
+    """The offline model artifacts and their variants, built once into this session's MODEL_DIR and
+    model repository. Built afresh each session rather than cached: it takes about 3 + 10 s."""
     settings = get_settings()
-    build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
-                    log=lambda *_: None)
+    manifest = build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
+                               log=lambda *_: None)
+    build_variants(settings.model_dir, manifest, settings.triton_model_repository, log=lambda *_: None)
     return ArtifactPaths.in_dir(settings.model_dir)
 
-
-@pytest.fixture(scope="session")
-def u8_model(artifacts) -> Path:
-    """food11_u8.onnx (the fp32 model with preprocessing in its graph) in MODEL_DIR and in the model
-    repository's food_classifier_onnx_u8."""
-    from servelab.artifacts import load_manifest
-    from servelab.models import uint8_input
-    from servelab.models.variants import variant_path
-
-    settings, manifest = get_settings(), load_manifest(artifacts.manifest)
-    dest = uint8_input.build(artifacts.onnx, variant_path(settings.model_dir, "u8"), crop=manifest.crop,
-                             mean=manifest.mean, std=manifest.std)
-    staged = settings.triton_model_repository / "food_classifier_onnx_u8" / "1" / "model.onnx"
-    staged.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(dest, staged)
-    return dest

@@ -3,20 +3,28 @@ the services answer and refuse bad input, /ready says which variant runs."""
 
 import asyncio
 import base64
+import os
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import httpx
 import numpy as np
+import onnxruntime
 import pytest
-
-from fastapi_service import b64, predict, running
+from fastapi_service import APPS, b64, predict, running
 from photos import variants
-from servelab.paths import DEFAULT_IMAGE
+
+from servelab.models.variants import PRECISION, variant_path
+from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.postprocess import top1
+from servelab.procs import free_port
 from servelab.serving.backends import load_backend
 from servelab.serving.pipeline import Pipeline
 from servelab.settings import get_settings
 
 PHOTOS = variants()
+CPU_ONLY = not any(p in onnxruntime.get_available_providers() for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
 
 
 @contextmanager
@@ -35,13 +43,13 @@ def _logits(variant: str) -> dict[str, np.ndarray]:
         return {name: pipeline.backend.infer(pipeline.prepare(b64(data))[None])[0] for name, data in PHOTOS.items()}
 
 
-def test_the_uint8_path_equals_the_float_path_on_real_photos(u8_model):
+def test_the_uint8_path_equals_the_float_path_on_real_photos(artifacts):
     float_path, uint8_path = _logits("fp32"), _logits("u8")
     for name in PHOTOS:
         np.testing.assert_allclose(uint8_path[name], float_path[name], atol=1e-4, err_msg=name)
 
 
-def test_the_pipeline_feeds_uint8_crops_to_a_uint8_model(u8_model):
+def test_the_pipeline_feeds_uint8_crops_to_a_uint8_model(artifacts):
     with pipeline_for("u8") as pipeline:
         x = pipeline.prepare(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode())
     assert x.dtype == np.uint8 and x.shape == (224, 224, 3)
@@ -69,24 +77,48 @@ def fp32_answers(artifacts, client, tmp_path_factory) -> dict[str, dict]:
         return {name: predict(client, url, data) for name, data in PHOTOS.items()}
 
 
-def test_the_u8_service_answers_as_fp32_and_refuses_bad_input(u8_model, artifacts, fp32_answers, client, tmp_path):
-    with running("onnx", artifacts, tmp_path, onnx_variant="u8") as url:
-        for name, data in PHOTOS.items():
-            got, want = predict(client, url, data), fp32_answers[name]
-            assert got["prediction"] == want["prediction"], name
-            assert abs(got["probability"] - want["probability"]) <= 1e-4, name
+# Top-1 answers a variant may change on these photos, and how far each may move a probability.
+TOLERATED = {"u8": (0, 1e-4), "int8": (1, 0.1)}
+
+
+@pytest.mark.parametrize("variant", list(TOLERATED))
+def test_a_variant_service_answers_as_fp32_and_refuses_bad_input(variant, artifacts, fp32_answers, client, tmp_path):
+    changed, tolerance = TOLERATED[variant]
+    with running("onnx", artifacts, tmp_path, onnx_variant=variant) as url:
+        answers = {name: predict(client, url, data) for name, data in PHOTOS.items()}
         for body, status, words in BAD_INPUTS:
             response = client.post(f"{url}/predict", json=body)
             assert response.status_code == status and words in response.json()["detail"], response.text
         batch = client.post(f"{url}/predict/batch", json={"images": [b64(PHOTOS["jpeg"]), "nope!"]})
         assert batch.status_code == 400 and "image 1:" in batch.json()["detail"]
         ready = client.get(f"{url}/ready").json()
-    assert ready["variant"]["name"] == "u8" and ready["variant"]["file"] == "food11_u8.onnx"
-    assert ready["variant"]["size_bytes"] == u8_model.stat().st_size
-    assert "uint8" in ready["variant"]["input"] and ready["variant"]["precision"]
+    assert answers["jpeg"]["prediction"] == "Dairy product"
+    differ = [n for n in PHOTOS if answers[n]["prediction"] != fp32_answers[n]["prediction"]]
+    assert len(differ) <= changed, differ
+    for name in set(PHOTOS) - set(differ):
+        assert abs(answers[name]["probability"] - fp32_answers[name]["probability"]) <= tolerance, name
+    path = variant_path(artifacts.manifest.parent, variant)
+    assert ready["variant"] == {"name": variant, "file": path.name, "size_bytes": path.stat().st_size,
+                                "precision": PRECISION[variant], "input": "image uint8 ['batch', 224, 224, 3]"}
     log = next(tmp_path.glob("*.log")).read_text()
-    assert "variant u8: food11_u8.onnx" in log
+    assert f"variant {variant}: {path.name}" in log
 
+
+@pytest.mark.skipif(not CPU_ONLY, reason="this machine has a GPU execution provider")
+def test_fp16_refuses_the_cpu_unless_allowed_for_a_correctness_check(artifacts):
+    cmd = [sys.executable, "-m", "uvicorn", APPS["onnx"], "--host", "127.0.0.1", "--port", str(free_port())]
+    env = {**os.environ, "MODEL_DIR": str(artifacts.manifest.parent), "ONNX_VARIANT": "fp16"}
+    run = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "ONNX_VARIANT=fp16 runs only on a GPU" in run.stderr
+    settings = get_settings().model_copy(update={"onnx_variant": "fp16"})
+    backend = load_backend("onnx", settings, allow_gpu_only_on_cpu=True)
+    pipeline = Pipeline(backend, settings)
+    try:
+        x = pipeline.prepare(b64(PHOTOS["jpeg"]))
+    finally:
+        asyncio.run(pipeline.close())
+    assert backend.variant["precision"] == "fp16"
+    assert top1(backend.infer(x[None]), backend.manifest.classes)[0].label == "Dairy product"
 
 def test_the_setting_names_every_variant():
     from typing import get_args

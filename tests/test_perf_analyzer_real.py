@@ -39,7 +39,7 @@ def perf_analyzer():
 
 
 @pytest.fixture(scope="module")
-def triton(perf_analyzer, artifacts, u8_model, tmp_path_factory) -> Iterator[server.LocalTriton]:
+def triton(perf_analyzer, artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
     repository = make_repository(tmp_path_factory.mktemp("model_repository"))
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:

@@ -41,7 +41,7 @@ TOLERANCE = 1e-3
 
 
 @pytest.fixture(scope="module")
-def repository(artifacts, u8_model, tmp_path_factory) -> Path:
+def repository(artifacts, tmp_path_factory) -> Path:
     return make_repository(tmp_path_factory.mktemp("model_repository"))
 
 
@@ -189,7 +189,7 @@ def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
 # --- every stage ---
 
 @pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "onnx-u8",
-                                  "ensemble"])
+                                  "onnx-int8", "ensemble"])
 def test_every_stage_loads_and_serves(triton, name):
     config = triton.apply_stage(name)
     stage = STAGES[name]
@@ -256,7 +256,7 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
 
 # --- the ONNX variants: preprocessing in the model ---
 
-@pytest.mark.parametrize("name", ["onnx-u8"])
+@pytest.mark.parametrize("name", ["onnx-u8", "onnx-int8"])
 def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
     """The uint8 crops through Triton give the service's own in-process answers (same model file)."""
     use(triton, name)

@@ -5,15 +5,15 @@ Per stage, the closed-loop run at its highest concurrency (servelab's client) gi
 and the monitor's samples give CPU time per request: mean CPU % x cores x wall time / successes.
 That is the whole machine's CPU, client included, so it compares variants measured alike, not
 the model alone. Size is the model file's; agreement with fp32 (top-1 on the evaluation photos) is
-what ``servelab models build`` recorded in ``food11_variants.json``, where it is there.
+what ``servelab models build`` recorded in ``food11_variants.json`` (``servelab.models.variants``),
+where it is there.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.bench.records import Record
-from servelab.models.variant_facts import variant_facts
-from servelab.models.variants import variant_path
+from servelab.models.variants import RECORD_FILE, load_variants, variant_path
 
 BASELINE = "fp32"
 
@@ -43,14 +43,15 @@ def rows(records: list[Record]) -> list[Row]:
 
 
 def markdown(found: list[Row], model_dir: Path) -> str:
-    facts = variant_facts(model_dir)
+    built = load_variants(model_dir) if (Path(model_dir) / RECORD_FILE).exists() else None
+    agreements = {v.name: v.agreement.top1 for v in built.variants} if built else {}
     baseline = {row.family: row.record.stats.throughput_rps for row in found if row.variant == BASELINE}
     lines = ["| stage | variant | model MB | top-1 agreement with fp32 | load | req/s | × fp32 | CPU ms / request |",
              "|---|---|---:|---:|---|---:|---:|---:|"]
     for row in found:
         path = variant_path(model_dir, row.variant)
         size = f"{path.stat().st_size / 1e6:.1f}" if path.exists() else "-"
-        agreement = facts.get(row.variant, {}).get("agreement", {}).get("top1")
+        agreement = agreements.get(row.variant)
         agreement = "-" if agreement is None else f"{100 * agreement:.1f} %"
         rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
         ratio = f"{rps / base:.2f}" if base else "-"

@@ -1,8 +1,7 @@
 """Model architectures by the name a manifest gives them.
 
-torch is imported only when a model is built, so torch-free code (the ONNX service, which reads
-``servelab.models.variants``) can import the modules next to this one.
-"""
+Torch is imported only when a model is built: ``servelab.models.variants`` and
+``servelab.models.uint8_input`` live here too and are read where torch is not installed."""
 
 from collections.abc import Callable
 
@@ -15,7 +14,7 @@ def _architectures() -> dict[str, Callable]:
 
 
 def build_model(architecture: str):
-    """An untrained model of the named architecture (a torch ``nn.Module``), in eval mode."""
+    """An untrained model (a torch ``nn.Module``) of the named architecture, in eval mode."""
     architectures = _architectures()
     try:
         factory = architectures[architecture]

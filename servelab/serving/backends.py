@@ -21,8 +21,7 @@ import numpy as np
 
 from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.inference import OnnxClassifier, TorchClassifier
-from servelab.models.variants import variant_path
-from servelab.models.variant_facts import variant_facts
+from servelab.models.variants import PRECISION, variant_path
 from servelab.procs import cpu_count
 from servelab.settings import ServeSettings, get_settings
 
@@ -224,9 +223,8 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
     }
     if TENSORRT in active:
         details["tensorrt_options"] = options[TENSORRT]
-    facts = variant_facts(settings.model_dir).get(settings.onnx_variant, {})
     variant = {"name": settings.onnx_variant, "file": path.name, "size_bytes": path.stat().st_size,
-               "precision": facts.get("precision", "unknown (no food11_variants.json)"),
+               "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}
     return Backend("onnx", classifier, manifest, on_gpu, threads, details, warnings, variant)
 
