@@ -12,8 +12,8 @@ from servelab.preprocess import preprocess
 from servelab.settings import get_settings
 from servelab.triton import backend, stages
 
-STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "onnx-u8", "onnx-int8", "onnx-fp16",
-               "ensemble"]
+STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "ensemble", "onnx-u8", "onnx-int8",
+               "onnx-fp16"]
 
 
 def config(name: str, model: str | None = None, kind: stages.Kind = "gpu", onnxruntime: bool = True):

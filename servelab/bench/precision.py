@@ -25,12 +25,14 @@ class Row:
     family: str  # the target kind: fastapi or triton
     record: Record  # the closed-loop run at the stage's highest concurrency
 
-    @property
-    def cpu_ms_per_request(self) -> float | None:
-        m, s = self.record.monitors, self.record.stats
-        if not m or m.cpu_mean_pct is None or not m.cpu_pct or not s.successes or not s.wall_s:
-            return None
-        return m.cpu_mean_pct / 100 * len(m.cpu_pct[0]) * s.wall_s / s.successes * 1000
+
+
+def cpu_ms_per_request(record: Record) -> float | None:
+    """The machine's CPU time per successful request: mean CPU % x cores x wall time / successes."""
+    m, s = record.monitors, record.stats
+    if not m or m.cpu_mean_pct is None or not m.cpu_pct or not s.successes or not s.wall_s:
+        return None
+    return m.cpu_mean_pct / 100 * len(m.cpu_pct[0]) * s.wall_s / s.successes * 1000
 
 
 def rows(records: list[Record]) -> list[Row]:
@@ -45,7 +47,10 @@ def rows(records: list[Record]) -> list[Row]:
 def markdown(found: list[Row], model_dir: Path) -> str:
     built = load_variants(model_dir) if (Path(model_dir) / RECORD_FILE).exists() else None
     agreements = {v.name: v.agreement.top1 for v in built.variants} if built else {}
-    baseline = {row.family: row.record.stats.throughput_rps for row in found if row.variant == BASELINE}
+    baseline: dict[str, float] = {}  # the first fp32 stage of each server (fastapi-onnx, onnx-1)
+    for row in found:
+        if row.variant == BASELINE:
+            baseline.setdefault(row.family, row.record.stats.throughput_rps)
     lines = ["| stage | variant | model MB | top-1 agreement with fp32 | load | req/s | × fp32 | CPU ms / request |",
              "|---|---|---:|---:|---|---:|---:|---:|"]
     for row in found:
@@ -55,7 +60,7 @@ def markdown(found: list[Row], model_dir: Path) -> str:
         agreement = "-" if agreement is None else f"{100 * agreement:.1f} %"
         rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
         ratio = f"{rps / base:.2f}" if base else "-"
-        cpu = row.cpu_ms_per_request
+        cpu = cpu_ms_per_request(row.record)
         lines.append(f"| {row.stage} | {row.variant} | {size} | {agreement} | {row.record.load.label()} | {rps:.1f} | "
                      f"{ratio} | {'-' if cpu is None else f'{cpu:.1f}'} |")
     return "\n".join(lines)

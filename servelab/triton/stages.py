@@ -72,11 +72,11 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("onnx-2", ONNX, "2 instances on each of GPUs 0 and 1", {ONNX: _instances((2, [0, 1]))}),
     Stage("onnx-dyn", ONNX, "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
           {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8], "max_queue_delay_microseconds": 100}}}),
+    Stage("ensemble", ENSEMBLE, "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess",
+          needs=("food_preprocess", ONNX, "food_postprocess")),
     Stage("onnx-u8", ONNX_U8, "onnx-1 with preprocessing in the model: uint8 crops in (the base config)"),
     Stage("onnx-int8", ONNX_INT8, "onnx-u8 quantized to INT8, static QDQ (the base config)"),
     Stage("onnx-fp16", ONNX_FP16, "onnx-u8 in float16, GPU only (the base config)"),
-    Stage("ensemble", ENSEMBLE, "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess",
-          needs=("food_preprocess", ONNX, "food_postprocess")),
 )}
 
 
