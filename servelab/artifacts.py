@@ -309,6 +309,12 @@ def register(subparsers) -> None:
     build.add_argument("--model-dir", type=Path, help="output folder (default: MODEL_DIR)")
     build.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
     build.set_defaults(func=_cli_build)
+    variants = sub.add_parser("variants", help="the model's variants side by side: size, agreement with fp32, "
+                                               "in-process ms/image at batch 1 and 16 on this machine")
+    variants.add_argument("--model-dir", type=Path, help="model folder (default: MODEL_DIR)")
+    variants.add_argument("--rounds", type=int, default=5, help="timing rounds, all variants in each (default 5)")
+    variants.add_argument("--food11", type=Path, help="a Food-11 evaluation folder: also report each variant's accuracy")
+    variants.set_defaults(func=_cli_variants)
 
 
 def _cli_build(args) -> int:
@@ -324,3 +330,9 @@ def _cli_build(args) -> int:
     if manifest.stand_in:
         print(f"models: NOTE this is a {manifest.description}")
     return 0
+
+
+def _cli_variants(args) -> int:
+    from servelab.models.variant_bench import cli
+
+    return cli(args)
