@@ -68,8 +68,12 @@ class Manifest(BaseModel):
         """A short identity for /ready and reports: the hash of the manifest's own content."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
 
+    def crop_kwargs(self) -> dict:
+        """The sizes ``servelab.preprocess.crop_pixels`` takes (models with preprocessing in the graph)."""
+        return {"resize": self.resize, "crop": self.crop}
+
     def preprocess_kwargs(self) -> dict:
-        return {"resize": self.resize, "crop": self.crop, "mean": tuple(self.mean), "std": tuple(self.std)}
+        return {**self.crop_kwargs(), "mean": tuple(self.mean), "std": tuple(self.std)}
 
 
 @dataclass(frozen=True)
@@ -297,7 +301,7 @@ def _stage(paths: ArtifactPaths, staging: Path) -> None:
 def register(subparsers) -> None:
     models = subparsers.add_parser("models", help="build the model artifacts")
     sub = models.add_subparsers(dest="models_command", required=True)
-    build = sub.add_parser("build", help="build the state_dict, manifest and ONNX model (skipped when unchanged)")
+    build = sub.add_parser("build", help="build the state_dict, manifest, ONNX model and its variants (skipped when unchanged)")
     build.add_argument("--source", default="offline",
                        help="offline (packaged zero-shot stand-in, default), lab (the lab's real weights, "
                             "downloaded and hash-verified), an http(s) URL, or a local .pth path")
@@ -305,15 +309,30 @@ def register(subparsers) -> None:
     build.add_argument("--model-dir", type=Path, help="output folder (default: MODEL_DIR)")
     build.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
     build.set_defaults(func=_cli_build)
+    variants = sub.add_parser("variants", help="the model's variants side by side: size, agreement with fp32, "
+                                               "in-process ms/image at batch 1 and 16 on this machine")
+    variants.add_argument("--model-dir", type=Path, help="model folder (default: MODEL_DIR)")
+    variants.add_argument("--rounds", type=int, default=5, help="timing rounds, all variants in each (default 5)")
+    variants.add_argument("--food11", type=Path, help="a Food-11 evaluation folder: also report each variant's accuracy")
+    variants.set_defaults(func=_cli_variants)
 
 
 def _cli_build(args) -> int:
     from servelab.settings import get_settings
 
+    from servelab.models.variants import build_variants
+
     settings = get_settings()
     source = ModelSource.parse(args.source, args.sha1)
-    manifest = build_artifacts(source, args.model_dir or settings.model_dir, settings.triton_model_repository,
-                               force=args.force)
+    model_dir = args.model_dir or settings.model_dir
+    manifest = build_artifacts(source, model_dir, settings.triton_model_repository, force=args.force)
+    build_variants(model_dir, manifest, settings.triton_model_repository, force=args.force)
     if manifest.stand_in:
         print(f"models: NOTE this is a {manifest.description}")
     return 0
+
+
+def _cli_variants(args) -> int:
+    from servelab.models.variant_bench import cli
+
+    return cli(args)

@@ -12,6 +12,16 @@ For each stage, on this machine, with the same model, photo, threads and setting
   batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
   or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
 
+``--stage variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
+same photo, alternating variant by variant in each round: the in-process throughput of the service's
+own pipeline driven by ``--concurrency`` callers (batching off, as the lab's stages run) and the HTTP
+throughput at that concurrency, each divided by fp32's (aims: the uint8-input model at least 1.15x;
+the best INT8 model at least 1.5x with top-1 agreement of at least 98 % with fp32, as
+``servelab models build`` recorded it). Where an aim is missed the table says what bounds it: the
+in-process split of each request's time into preprocessing and inference, and the ceiling that
+split allows (the whole machine's CPU does both, so throughput is at most fp32's CPU time per
+request over the variant's).
+
 The client shares the CPU with the server, as it does in the lab.
 """
 
@@ -27,7 +37,9 @@ from pathlib import Path
 from time import perf_counter
 
 STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
+VARIANTS_STAGE = "variants"
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
+U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
 SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
 
 
@@ -40,6 +52,7 @@ class Row:
     seconds: float = 0.0
     medians_ms: list[float] = field(default_factory=list)  # one per window
     batch_sizes: list[float] = field(default_factory=list)  # mean batch size per window
+    split_ms: list[tuple[float, float]] = field(default_factory=list)  # in-process: (preprocess, infer) per request
     ratio: float | None = None
     aim: str = ""
 
@@ -107,6 +120,7 @@ async def _in_process_window(row: Row, backend, settings, text: str, concurrency
             if measured:
                 latencies.append(perf_counter() - started)
                 sizes.append(timing.batch_size)
+                row.split_ms.append((timing.preprocess_s * 1000, timing.infer_s * 1000))
 
     try:
         await asyncio.gather(*(caller(perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm up
@@ -172,6 +186,88 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
     return [sequential, http_sequential, ceiling, http_off, http_on]
 
 
+@dataclass
+class VariantRows:
+    """One variant's two measurements, and its agreement with fp32."""
+
+    variant: str
+    agreement: float | None  # top-1 with fp32, as `servelab models build` recorded it
+    in_process: Row
+    http: Row
+
+
+def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[VariantRows], list[str]]:
+    """The variants' rows (fp32 first) and the variants left out, with why."""
+    from servelab.models.variants import RECORD_FILE, load_variants
+    from servelab.paths import DEFAULT_IMAGE
+    from servelab.serving.backends import GPUUnavailable, load_backend
+    from servelab.settings import get_settings
+
+    image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
+    text = base64.b64encode(image).decode()
+    settings = get_settings().model_copy(update={"max_batch_size": 1})
+    built = load_variants(settings.model_dir) if (settings.model_dir / RECORD_FILE).exists() else None
+    backends, skipped = {}, []
+    for name in ["fp32", *args.variants]:
+        try:
+            backends[name] = load_backend("onnx", settings.model_copy(update={"onnx_variant": name}))
+        except (GPUUnavailable, FileNotFoundError) as exc:
+            skipped.append(f"{name}: {exc}")
+    rows = [VariantRows(name, built.get(name).agreement.top1 if built else None,
+                        Row(f"{name}, in-process, {c} callers"), Row(f"{name}, HTTP, {c} senders"))
+            for name in backends]
+    with ExitStack() as stack:
+        urls = {}
+        for row in rows:
+            server, urls[row.variant] = _serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
+            stack.enter_context(server)
+        window = args.duration / args.rounds
+        for _ in range(args.rounds):
+            for row in rows:
+                asyncio.run(_in_process_window(row.in_process, backends[row.variant], settings, text, c, window))
+                _http_window(row.http, urls[row.variant], image, c, window, f"fastapi-onnx-{row.variant}")
+    fp32 = rows[0]
+    for row in rows:
+        row.in_process.ratio = row.in_process.throughput_rps / fp32.in_process.throughput_rps
+        row.http.ratio = row.http.throughput_rps / fp32.http.throughput_rps
+    return rows, skipped
+
+
+def _split(row: Row) -> tuple[float, float]:
+    """Mean preprocessing and inference ms per request of an in-process row."""
+    return statistics.mean(p for p, _ in row.split_ms), statistics.mean(i for _, i in row.split_ms)
+
+
+def variants_table(rows: list[VariantRows]) -> str:
+    fp32_ms = sum(_split(rows[0].in_process))
+    int8 = [r for r in rows if r.variant.startswith("int8") and (r.agreement or 0) >= INT8_AGREEMENT]
+    best_int8 = max(int8, key=lambda r: r.http.ratio, default=None)
+    lines = ["| variant | top-1 agreement | in-process req/s | ratio | HTTP req/s | ratio | preprocess ms | infer ms "
+             "| CPU-time ceiling | aim |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        pre, infer = _split(r.in_process)
+        aim = _verdict(r, U8_AIM, rows[0]) if r.variant == "u8" else ""
+        if r is best_int8:
+            aim = f"{_verdict(r, INT8_AIM, rows[0])}; agreement ≥ {INT8_AGREEMENT:.0%} (best INT8)"
+        agreement = "–" if r.agreement is None else f"{r.agreement:.1%}"
+        lines.append(f"| {r.variant} | {agreement} | {r.in_process.throughput_rps:.1f} | {r.in_process.ratio:.2f} | "
+                     f"{r.http.throughput_rps:.1f} | {r.http.ratio:.2f} | {pre:.2f} | {infer:.2f} | "
+                     f"{fp32_ms / (pre + infer):.2f} | {aim} |")
+    if best_int8 is None:
+        lines.append(f"\nNo INT8 variant measured here agrees with fp32 on ≥ {INT8_AGREEMENT:.0%} of the photos.")
+    return "\n".join(lines)
+
+
+def _verdict(r: VariantRows, aim: float, fp32: VariantRows) -> str:
+    """The aim, in-process and over HTTP; where it is missed, what bounds it: the CPU time per request
+    it saves against fp32, part by part."""
+    if min(r.http.ratio, r.in_process.ratio) >= aim:
+        return f"≥ {aim} (met)"
+    (pre, infer), (pre0, infer0) = _split(r.in_process), _split(fp32.in_process)
+    return (f"≥ {aim} (**missed**: preprocess {pre - pre0:+.2f} ms, infer {infer - infer0:+.2f} ms per request "
+            f"against fp32's {pre0:.2f} + {infer0:.2f})")
+
+
 def table(stage: str, rows: list[Row]) -> str:
     lines = [f"| {stage} | median latency (ms) | throughput (req/s) | mean batch | ratio | aim |",
              "|---|---:|---:|---:|---:|---|"]
@@ -183,6 +279,7 @@ def table(stage: str, rows: list[Row]) -> str:
 
 
 def _cli(args: argparse.Namespace) -> int:
+    from servelab.models.variants import machine
     from servelab.procs import cpu_count
 
     started = perf_counter()
@@ -190,7 +287,14 @@ def _cli(args: argparse.Namespace) -> int:
           f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)
     with tempfile.TemporaryDirectory(prefix="servelab-benchmark-") as tmp:
         for stage in args.stage:
-            print(f"\n{table(stage, benchmark_stage(stage, args, Path(tmp)))}", flush=True)
+            if stage == VARIANTS_STAGE:
+                rows, skipped = benchmark_variants(args, Path(tmp))
+                print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}):\n\n"
+                      f"{variants_table(rows)}", flush=True)
+                for line in skipped:
+                    print(f"left out: {line}")
+            else:
+                print(f"\n{table(stage, benchmark_stage(stage, args, Path(tmp)))}", flush=True)
     print(f"\n({perf_counter() - started:.0f} s in all)")
     return 0
 
@@ -198,7 +302,10 @@ def _cli(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("benchmark", help="in-process pipeline vs end-to-end HTTP for the FastAPI stages",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to measure (default: both)")
+    p.add_argument("--stage", nargs="+", choices=[*STAGES, VARIANTS_STAGE], default=[*STAGES, VARIANTS_STAGE],
+                   help="what to measure (default: all): a FastAPI stage, or fastapi-onnx's model variants")
+    p.add_argument("--variants", nargs="+", default=["u8", "int8", "int8dyn", "fp16"],
+                   help="variants compared with fp32 in --stage variants (default: all; fp16 only where a GPU runs it)")
     p.add_argument("--requests", type=int, default=200, help="sequential requests of each kind (default 200)")
     p.add_argument("--duration", type=float, default=12.0, help="seconds of each throughput measurement (default 12)")
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds the throughput seconds are split into (default 4)")

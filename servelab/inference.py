@@ -1,7 +1,8 @@
 """Run the classifier on a preprocessed batch: the same call for PyTorch and ONNX Runtime.
 
-Both classes take float32 [N, 3, 224, 224] and return float32 [N, 11] logits; softmax and labels
-are ``servelab.postprocess``'s job, so every stage reports probabilities the same way.
+Both classes take float32 [N, 3, 224, 224] (an ONNX model with preprocessing in its graph: uint8
+[N, 224, 224, 3]) and return float32 [N, 11] logits; softmax and labels are
+``servelab.postprocess``'s job, so every stage reports probabilities the same way.
 """
 
 import logging
@@ -45,6 +46,10 @@ class TorchClassifier:
         return {"runtime": "pytorch", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
 
 
+# ONNX Runtime's names for the input types our models take.
+ONNX_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(float16)": "float16"}
+
+
 class OnnxClassifier:
     """An ONNX Runtime session over the exported model."""
 
@@ -54,7 +59,9 @@ class OnnxClassifier:
         self.session = ort.InferenceSession(
             str(onnx_path), sess_options=session_options, providers=providers or ["CPUExecutionProvider"]
         )
-        self.input_name = self.session.get_inputs()[0].name
+        model_input = self.session.get_inputs()[0]
+        self.input_name, self.input_shape = model_input.name, model_input.shape
+        self.input_dtype = np.dtype(ONNX_DTYPES[model_input.type])
         self.output_name = self.session.get_outputs()[0].name
 
     @property
@@ -62,7 +69,7 @@ class OnnxClassifier:
         return self.session.get_providers()
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        return self.session.run([self.output_name], {self.input_name: np.ascontiguousarray(batch, np.float32)})[0]
+        return self.session.run([self.output_name], {self.input_name: np.ascontiguousarray(batch, self.input_dtype)})[0]
 
     def describe(self) -> dict:
         return {"runtime": "onnxruntime", "providers": self.active_providers}

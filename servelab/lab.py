@@ -11,6 +11,10 @@ generator and by perf_analyzer, the tool the lab's students use on the node, wit
 requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
 same rates for the dynamic-batching ONNX stage. A perf_analyzer run that fails is recorded with its
 message and the lab goes on.
+
+The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
+FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
+time per request next to the latencies. fp16 stages run only where a GPU is present.
 """
 
 import sys
@@ -73,11 +77,20 @@ class Stage:
     stand_in: str = ""
     batches: bool = False  # triton: also requests of BATCH images (the model batches them in one pass)
     both_arrivals: bool = False  # triton: constant as well as Poisson arrivals at each rate
+    variant: str = ""  # the ONNX model variant served (servelab.models.variants), named in each record
+    needs_gpu: bool = False  # skipped, with the reason, where no GPU is present
 
 
 STAGES: tuple[Stage, ...] = (
     Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", "fastapi", service="fastapi-pt"),
-    Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference", "fastapi", service="fastapi-onnx"),
+    Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference", "fastapi", service="fastapi-onnx",
+          variant="fp32"),
+    Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)", "fastapi",
+          service="fastapi-onnx", env={"ONNX_VARIANT": "u8"}, variant="u8"),
+    Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)", "fastapi", service="fastapi-onnx",
+          env={"ONNX_VARIANT": "int8"}, variant="int8"),
+    Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)", "fastapi", service="fastapi-onnx",
+          env={"ONNX_VARIANT": "fp16"}, variant="fp16", needs_gpu=True),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)", "fastapi",
           service="fastapi-onnx", env={"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier", batches=True),
@@ -85,7 +98,13 @@ STAGES: tuple[Stage, ...] = (
           batches=True),
     Stage("pt-2x2", "Triton Python backend, 2 + 2 instances (on CPU here)", "triton", model="food_classifier"),
     Stage("onnx-1", "Triton ONNX model, 1 instance", "triton", model="food_classifier_onnx", input="tensor",
-          stand_in=ONNX_STAND_IN),
+          stand_in=ONNX_STAND_IN, variant="fp32"),
+    Stage("onnx-u8", "Triton ONNX model with preprocessing inside, 1 instance (uint8 crops in)", "triton",
+          model="food_classifier_onnx_u8", input="uint8", stand_in=ONNX_STAND_IN, variant="u8"),
+    Stage("onnx-int8", "Triton INT8 ONNX model (static), 1 instance (uint8 crops in)", "triton",
+          model="food_classifier_onnx_int8", input="uint8", stand_in=ONNX_STAND_IN, variant="int8"),
+    Stage("onnx-fp16", "Triton float16 ONNX model, 1 instance (uint8 crops in; GPU only)", "triton",
+          model="food_classifier_onnx_fp16", input="uint8", stand_in=ONNX_STAND_IN, variant="fp16", needs_gpu=True),
     Stage("onnx-2", "Triton ONNX model, 2 instances", "triton", model="food_classifier_onnx", input="tensor",
           stand_in=ONNX_STAND_IN),
     Stage("onnx-dyn", "Triton ONNX model, 1 instance + dynamic batching", "triton", model="food_classifier_onnx",
@@ -132,7 +151,7 @@ class Lab:
     def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest) -> None:
         stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
         common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None, out=self.records_path)
-        config = {"about": stage.about, **stage.env}
+        config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {})}
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
         tools: list[Callable] = [lambda t, load: run_bench(t, load, config=config, **common)]
@@ -176,6 +195,13 @@ class Lab:
     def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
+        from servelab.triton.stages import gpu_count
+
+        if gpu_count() == 0:
+            for stage in (s for s in stages if s.needs_gpu):
+                self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and "
+                         "nvidia-smi lists none")
+            stages = [s for s in stages if not s.needs_gpu]
         for i, stage in enumerate(s for s in stages if s.family == "fastapi"):
             self.log(f"[{stage.name}] {stage.about}")
             self._guard(stage, lambda: self._fastapi_stage(stage, manifest))
@@ -234,13 +260,18 @@ def register(subparsers) -> None:
 
 
 def _model(paths: ArtifactPaths) -> Manifest:
-    """The model already built from the lab's weights, or else the offline stand-in (built if needed)."""
-    if paths.manifest.exists():
-        current = load_manifest(paths.manifest)
-        if not current.stand_in:
-            print(f"model: {current.name} from {current.source['location']}")
-            return current
-    return build_artifacts(ModelSource("offline"), paths.manifest.parent, get_settings().triton_model_repository)
+    """The model already built from the lab's weights, or else the offline stand-in (built if needed),
+    with its cheaper variants (built if needed)."""
+    from servelab.models.variants import build_variants
+
+    staging = get_settings().triton_model_repository
+    manifest = load_manifest(paths.manifest) if paths.manifest.exists() else None
+    if manifest is not None and not manifest.stand_in:
+        print(f"model: {manifest.name} from {manifest.source['location']}")
+    else:
+        manifest = build_artifacts(ModelSource("offline"), paths.manifest.parent, staging)
+    build_variants(paths.manifest.parent, manifest, staging)
+    return manifest
 
 
 def _cli_lab(args) -> int:

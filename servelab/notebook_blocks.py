@@ -89,7 +89,8 @@ def triton_models() -> str:
         if config.backend == "onnxruntime":
             return "Triton's `onnxruntime` backend (C++, no Python)"
         if "servelab_stand_in" in config.parameters:
-            return "**LOCAL STAND-IN**: `python` backend, `1/model.py` calling ONNX Runtime"
+            return ("**LOCAL STAND-IN**: `python` backend, `food_classifier_onnx/1/model.py` calling ONNX Runtime on "
+                    "its own `1/model.onnx`")
         return "`python` backend, `1/model.py`"
 
     rows = ["| model | on the lab node | locally (`make lab`, `servelab triton up`) |", "|---|---|---|"]

@@ -4,6 +4,9 @@ The contract (the same in every stage, and the one the model was trained with):
 decode, apply the EXIF orientation, convert to RGB, resize the shorter side to ``resize``
 (bilinear), center-crop ``crop`` x ``crop``, scale to [0, 1], normalize with the ImageNet
 mean/std, and lay out as float32 CHW (NCHW for a batch).
+
+Models with preprocessing in the graph (``servelab.models.uint8_input``) take the center crop as it
+is: ``crop_pixels`` stops before the float math and returns uint8 HWC, the layout Pillow decodes to.
 """
 
 import base64
@@ -109,8 +112,8 @@ def resize_and_crop(im: Image.Image, resize: int = DEFAULT_RESIZE, crop: int = D
     return im.resize((crop, crop), Image.BILINEAR, box=box)
 
 
-def to_tensor(im: Image.Image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
-    """RGB image -> normalized float32 CHW array."""
+def to_tensor(im: Image.Image | np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
+    """RGB image (or its uint8 HWC pixels) -> normalized float32 CHW array."""
     x = np.asarray(im, dtype=np.float32) / 255.0
     x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
@@ -128,10 +131,17 @@ def preprocess_image(
     return to_tensor(resize_and_crop(im, resize, crop), mean, std)
 
 
-def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, **sizes) -> np.ndarray:
-    """Encoded image bytes -> float32 [3, crop, crop] (``sizes``: see ``preprocess_image``).
-    Raises ImageError on bad input."""
-    return preprocess_image(load_image(data, max_pixels), **sizes)
+def crop_pixels(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: int = DEFAULT_RESIZE,
+                crop: int = DEFAULT_CROP) -> np.ndarray:
+    """Encoded image bytes -> uint8 [crop, crop, 3] (RGB, HWC): every step but the float math, for
+    models that normalize in their graph. Raises ImageError on bad input."""
+    return np.asarray(resize_and_crop(load_image(data, max_pixels), resize, crop))
+
+
+def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: int = DEFAULT_RESIZE,
+               crop: int = DEFAULT_CROP, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
+    """Encoded image bytes -> float32 [3, crop, crop]. Raises ImageError on bad input."""
+    return to_tensor(crop_pixels(data, max_pixels=max_pixels, resize=resize, crop=crop), mean, std)
 
 
 def preprocess_batch(images: list[bytes], **kwargs) -> np.ndarray:

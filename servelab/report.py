@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.bench import compare
+from servelab.bench import compare, precision
 from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
@@ -259,6 +259,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
             "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
             "the scheduled send.", "", compare.markdown(found), "",
         ]
+    md += _precision_section(records)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", ""]
@@ -273,6 +274,23 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     path = out_dir / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
+
+
+def _precision_section(records: list[Record]) -> list[str]:
+    """The model variants side by side (servelab.bench.precision), where the records have them."""
+    from servelab.settings import get_settings
+
+    found = precision.rows(records)
+    if not found:
+        return []
+    return [
+        "## Model variants: size, agreement, CPU time", "",
+        "Each variant stage's closed-loop run at its highest concurrency (servelab's client). × fp32 = req/s ÷ the "
+        "fp32 stage of the same server (fastapi-onnx, onnx-1). CPU ms / request = mean CPU % × cores × wall time ÷ "
+        "successful requests: the whole machine, client included. Model MB and agreement (top-1 with fp32) come "
+        f"from `{get_settings().model_dir}` as it is now.", "",
+        precision.markdown(found, get_settings().model_dir), "",
+    ]
 
 
 def _machines(records: list[Record]) -> list[str]:

@@ -41,6 +41,9 @@ class ServeSettings(_Env):
     worker_threads: int = Field(0, ge=0, description="Threads that decode and preprocess images off the event loop; 0 = the CPUs left over by `INTRA_OP_THREADS` when the model runs on the CPU, all CPUs when it runs on a GPU.")
     intra_op_threads: int = Field(0, ge=0, description="Threads one inference may use (PyTorch `set_num_threads`, ONNX Runtime `intra_op_num_threads`); 0 = half the CPUs, at least 1.")
     inter_op_threads: int = Field(1, ge=1, description="PyTorch inter-op threads and ONNX Runtime `inter_op_num_threads` (used by the parallel execution mode).")
+    # The names of servelab.models.variants.VARIANTS (a test keeps them equal; that module is not
+    # imported here, so reading settings stays light).
+    onnx_variant: Literal["fp32", "u8", "int8", "int8dyn", "fp16"] = Field("fp32", description="fastapi_onnx: which ONNX model in `MODEL_DIR` it serves: `fp32` (food11.onnx, float32 input preprocessed by the service), `u8` (the same model with normalization in its graph: the service sends the uint8 crop), `int8` (static INT8, uint8 input), `int8dyn` (dynamic INT8, uint8 input) or `fp16` (GPU only: refuses to start on the CPU).")
     ort_providers: str = Field("auto", description="ONNX Runtime execution providers in order of preference, comma-separated (`tensorrt`, `cuda`, `cpu` or full names); `auto` = TensorRT, CUDA, CPU, those this onnxruntime build has.")
     ort_execution_mode: Literal["sequential", "parallel"] = Field("sequential", description="ONNX Runtime execution mode (`parallel` runs independent graph branches at once).")
     ort_graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimization level (`all` = ORT_ENABLE_ALL).")

@@ -10,6 +10,7 @@ import pytest
 
 from checkout_guard import changes, fingerprint
 from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts
+from servelab.models.variants import build_variants
 from servelab.settings import get_settings
 from triton_repo import copy_sources
 
@@ -30,9 +31,11 @@ def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def artifacts() -> ArtifactPaths:
-    """The offline model artifacts, built once into this session's MODEL_DIR and model repository.
-    Built afresh each session rather than cached: it takes about 3 s."""
+    """The offline model artifacts and their variants, built once into this session's MODEL_DIR and
+    model repository. Built afresh each session rather than cached: it takes about 3 + 10 s."""
     settings = get_settings()
-    build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
-                    log=lambda *_: None)
+    manifest = build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
+                               log=lambda *_: None)
+    build_variants(settings.model_dir, manifest, settings.triton_model_repository, log=lambda *_: None)
     return ArtifactPaths.in_dir(settings.model_dir)
+

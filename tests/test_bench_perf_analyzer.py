@@ -15,7 +15,7 @@ from servelab.artifacts import load_manifest
 from servelab.bench import Load
 from servelab.bench.perf_analyzer import Windows, input_data, perf_analyzer_command, records_from_csv, write_input_data
 from servelab.paths import DEFAULT_IMAGE
-from servelab.preprocess import preprocess
+from servelab.preprocess import crop_pixels, preprocess
 
 DATA = Path(__file__).parent / "data"
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -34,6 +34,13 @@ def test_tensor_input_data_is_the_real_preprocessed_photo(artifacts) -> None:
     tensor = np.frombuffer(raw, dtype="<f4").reshape(3, 224, 224)
     m = load_manifest(artifacts.manifest)
     np.testing.assert_array_equal(tensor, preprocess(PHOTO, resize=m.resize, crop=m.crop, mean=m.mean, std=m.std))
+
+
+def test_uint8_input_data_is_the_real_photos_crop(artifacts) -> None:
+    data = input_data(PHOTO, "uint8", artifacts.manifest)
+    raw = base64.b64decode(data["data"][0]["image"]["b64"])
+    pixels = np.frombuffer(raw, dtype=np.uint8).reshape(224, 224, 3)
+    np.testing.assert_array_equal(pixels, crop_pixels(PHOTO, **load_manifest(artifacts.manifest).crop_kwargs()))
 
 
 def test_write_input_data(tmp_path: Path) -> None:

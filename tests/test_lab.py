@@ -10,8 +10,10 @@ import psutil
 
 from servelab.bench import read_records
 from servelab.lab import STAGES
+from servelab.triton.stages import gpu_count
 
-TRITON = {s.name for s in STAGES if s.family == "triton"}
+RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
+TRITON = {s.name for s in RUN if s.family == "triton"}
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +40,8 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     output, _ = lab.communicate(timeout=480)
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
-    assert {r.stage for r in records} == {s.name for s in STAGES}
+    assert {r.stage for r in records} == {s.name for s in RUN}
+    assert gpu_count() or all(f"[{s.name}] skipped: it needs a GPU" in output for s in STAGES if s.needs_gpu)
     assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records)
     # Every Triton load measured by both clients, back to back; batched requests where the stage batches.
     ours = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "servelab" and r.stage in TRITON]
@@ -52,6 +55,20 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert "lab finished" in output and "p50" in output
     assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in report
     assert _servers() <= before
+
+
+def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_path):
+    lab = _lab(tmp_path, "--stages", "fastapi-onnx-u8,onnx-u8")
+    output, _ = lab.communicate(timeout=300)
+    assert lab.returncode == 0, output
+    records = read_records(tmp_path / "records.jsonl")
+    assert {(r.stage, r.tool) for r in records} == {
+        ("fastapi-onnx-u8", "servelab"), ("onnx-u8", "servelab"), ("onnx-u8", "perf_analyzer")}
+    assert all(r.stats.successes and not r.failed for r in records)
+    assert all(r.config["variant"] == "u8" for r in records if r.tool == "servelab")
+    assert {r.target["input"] for r in records if r.stage == "onnx-u8"} == {"uint8"}
+    report = (tmp_path / "report.md").read_text()
+    assert "## Model variants" in report and "| fastapi-onnx-u8 | u8 |" in report
 
 
 def test_ctrl_c_stops_the_servers(artifacts, tmp_path):

@@ -125,9 +125,10 @@ def test_no_python_claims_say_where_they_hold(stem: str) -> None:
 
 def test_the_triton_models_table_names_the_local_stand_in() -> None:
     table = notebook_blocks.triton_models()
-    (onnx,) = [row for row in table.splitlines() if row.startswith("| `food_classifier_onnx` |")]
-    assert "`onnxruntime` backend" in onnx and "LOCAL STAND-IN" in onnx
-    assert "LOCAL STAND-IN" not in table.replace(onnx, "")
+    onnx = [row for row in table.splitlines() if row.startswith("| `food_classifier_onnx")]
+    assert len(onnx) == 4  # the fp32 model and its variants: u8, int8, fp16
+    assert all("`onnxruntime` backend" in row and "LOCAL STAND-IN" in row for row in onnx)
+    assert "LOCAL STAND-IN" not in "\n".join(row for row in table.splitlines() if row not in onnx)
     assert "<!-- generated: triton-models -->" in _text("5_triton_setup")
 
 

@@ -139,8 +139,9 @@ def test_triton_notebook_walks_every_stage() -> None:
 
 def test_fastapi_notebook_switches_services_by_variables_only() -> None:
     ups = [(env, argv) for env, argv in shell_commands("4_fastapi") if argv[:2] == ["docker", "compose"]]
-    assert [env.get("FASTAPI_STAGE") for env, _ in ups] == ["fastapi_onnx", "fastapi_onnx"]
+    assert [env.get("FASTAPI_STAGE") for env, _ in ups] == ["fastapi_onnx"] * 5
     assert ups[1][0].get("MAX_BATCH_SIZE") not in (None, "1")
+    assert [env.get("ONNX_VARIANT") for env, _ in ups] == [None, None, "u8", "int8", "fp16"]
 
 
 # --- executed against real local stages --------------------------------------------------------
@@ -175,6 +176,8 @@ def fastapi_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "fastapi-onnx": _serve(["fastapi-onnx"], "/ready", logs / "fastapi-onnx.log"),
         "fastapi-onnx-dyn": _serve(["fastapi-onnx"], "/ready", logs / "fastapi-onnx-dyn.log",
                                    {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
+        **{f"fastapi-onnx-{v}": _serve(["fastapi-onnx"], "/ready", logs / f"fastapi-onnx-{v}.log", {"ONNX_VARIANT": v})
+           for v in ("u8", "int8")},  # fp16 needs a GPU
     }
     urls = {name: url for name, (_, url) in stages.items()}
     flask, flask_url = _serve(["flask", "--backend", "fastapi"], "/health", logs / "flask.log",
@@ -193,13 +196,15 @@ assert [(r.stage, r.config["service"], r.load.label()) for r in records] == [
     ("fastapi-pt", "fastapi_pt", "sequential"), ("fastapi-pt", "fastapi_pt", "concurrency 3"),
     ("fastapi-onnx", "fastapi_onnx", "sequential"), ("fastapi-onnx", "fastapi_onnx", "concurrency 3"),
     ("fastapi-onnx-dyn", "fastapi_onnx", "concurrency 3"),
+    ("fastapi-onnx-u8", "fastapi_onnx", "concurrency 3"), ("fastapi-onnx-int8", "fastapi_onnx", "concurrency 3"),
 ]
 for r in records:
     assert r.stats.successes == r.load.requests and r.stats.error_count == 0, r.stats
     assert r.breakdown.source == "server-timing" and r.breakdown.service_ms > 0
     assert r.stand_in  # the offline zero-shot model, said in every record
     assert r.monitors.gpu_note  # utilization is recorded; there is no GPU here, and it says why
-assert [r.config["batching"]["enabled"] for r in records] == [False] * 4 + [True]
+assert [r.config["batching"]["enabled"] for r in records] == [False] * 4 + [True] + [False] * 2
+assert [r.config["variant"] for r in records] == [None] * 2 + ["fp32"] * 3 + ["u8", "int8"]
 assert (report.parent / "report.md").exists() and (report.parent / "latency_throughput_vs_concurrency.png").exists()
 """
 
@@ -214,7 +219,9 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
         "4_fastapi", kernel_dir, tmp_path,
         parameters={
             "FASTAPI_URL": fastapi_stages["fastapi-pt"],
-            "STAGE_URLS": {name: fastapi_stages[name] for name in ("fastapi-onnx", "fastapi-onnx-dyn")},
+            "STAGE_URLS": {name: fastapi_stages[name] for name in ("fastapi-onnx", "fastapi-onnx-dyn",
+                                                                    "fastapi-onnx-u8", "fastapi-onnx-int8")},
+            "VARIANTS": ["u8", "int8"],
             "FLASK_URL": fastapi_stages["flask"], "WAIT_S": 30,
             "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "RESULTS": str(results),
         },
@@ -225,6 +232,8 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
     assert "Little's law: 3 requests in flight" in text
     assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers
     assert (results / "fastapi" / "report.md").exists()
+    assert "skipped: fp16 is not in VARIANTS" in text
+    assert re.search(r"int8 +food11_u8_int8.onnx .* MB int8 .* x fp32; preprocess .* ms \+ infer", text), text
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,15 @@ def test_concurrency_over_grpc_with_the_onnx_model_and_a_batch(triton) -> None:
     assert record.breakdown.batch_sizes == {4: record.breakdown.server_requests}  # one execution per request
 
 
+def test_uint8_input_data_against_the_model_with_preprocessing_inside(triton) -> None:
+    """The real photo's uint8 crop as perf_analyzer's --input-data (b64 UINT8), over gRPC."""
+    use(triton, "onnx-u8")
+    target = TritonTarget(triton.grpc_url, "food_classifier_onnx_u8", PHOTO, "grpc", "uint8", batch=2)
+    record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-u8", windows=QUICK)
+    measured(record, 12)
+    assert record.breakdown.batch_sizes == {2: record.breakdown.server_requests}
+
+
 @pytest.mark.parametrize("arrivals", ["constant", "poisson"])
 def test_request_rate_mode(triton, arrivals: str) -> None:
     use(triton, "onnx-dyn")

@@ -26,7 +26,7 @@ from servelab import cli
 from servelab.artifacts import load_manifest
 from servelab.inference import OnnxClassifier, TorchClassifier
 from servelab.postprocess import Prediction, top1
-from servelab.preprocess import preprocess_batch
+from servelab.preprocess import crop_pixels, preprocess_batch
 from servelab.procs import free_port
 from servelab.settings import get_settings
 from servelab.triton import client, server
@@ -64,6 +64,11 @@ def reference(artifacts):
         return top1((torch_model if runtime == "torch" else onnx_model).infer(batch), manifest.classes)
 
     return predict
+
+
+def pixels(images: list[bytes]) -> np.ndarray:
+    """The uint8 crops the variants with preprocessing in the graph take."""
+    return np.stack([crop_pixels(im) for im in images])
 
 
 def use(triton: server.LocalTriton, name: str) -> None:
@@ -183,7 +188,8 @@ def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
 
 # --- every stage ---
 
-@pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "ensemble"])
+@pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "onnx-u8",
+                                  "onnx-int8", "ensemble"])
 def test_every_stage_loads_and_serves(triton, name):
     config = triton.apply_stage(name)
     stage = STAGES[name]
@@ -193,12 +199,13 @@ def test_every_stage_loads_and_serves(triton, name):
             assert response.status == 200
     index = server._call(triton.url, "POST", "/v2/repository/index", {"ready": True})
     assert {e["name"] for e in index} == set(stage.models)  # other stages' models were unloaded
-    if stage.model == "food_classifier_onnx":
+    if client.input_kind(stage.model) != "bytes":
         # The local stand-in says so in the reported config and in the server log.
         assert config["backend"] == "python" and "STAND-IN" in config["parameters"]["servelab_stand_in"]["string_value"]
         assert "LOCAL STAND-IN" in triton.process.log.read_text()
         connection = http(triton)
-        result = connection.infer(stage.model, client.tensor_inputs("http", preprocess_batch(FOUR[:1])))
+        batch = pixels(FOUR[:1]) if client.input_kind(stage.model) == "uint8" else preprocess_batch(FOUR[:1])
+        result = connection.infer(stage.model, client.tensor_inputs("http", batch))
         connection.close()
         assert result.as_numpy("output").shape == (1, 11)
     else:
@@ -245,6 +252,20 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
     formed = batch_sizes(stats(triton, "food_classifier_onnx"))
     grown = {b: n - batch_sizes(before).get(b, 0) for b, n in formed.items()}
     assert max(b for b, n in grown.items() if n > 0) > 1, grown
+
+
+# --- the ONNX variants: preprocessing in the model ---
+
+@pytest.mark.parametrize("name", ["onnx-u8", "onnx-int8"])
+def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
+    """The uint8 crops through Triton give the service's own in-process answers (same model file)."""
+    use(triton, name)
+    model = STAGES[name].model
+    connection = grpcclient.InferenceServerClient(triton.grpc_url)
+    result = connection.infer(model, client.tensor_inputs("grpc", pixels(FOUR)), outputs=client.tensor_outputs("grpc"))
+    connection.close()
+    onnx = OnnxClassifier(Path(triton.repository) / model / "1" / "model.onnx")
+    np.testing.assert_allclose(result.as_numpy("output"), onnx.infer(pixels(FOUR)), atol=1e-5)
 
 
 # --- the CLI ---

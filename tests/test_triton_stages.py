@@ -12,7 +12,8 @@ from servelab.preprocess import preprocess
 from servelab.settings import get_settings
 from servelab.triton import backend, stages
 
-STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "ensemble"]
+STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "ensemble", "onnx-u8", "onnx-int8",
+               "onnx-fp16"]
 
 
 def config(name: str, model: str | None = None, kind: stages.Kind = "gpu", onnxruntime: bool = True):
@@ -73,12 +74,28 @@ def test_a_stage_changes_only_its_fields():
     assert cfg.parameters["servelab_stage"].string_value == "pt-4x4 (gpu)"
 
 
+@pytest.mark.parametrize("model", [stages.ONNX_U8, stages.ONNX_INT8, stages.ONNX_FP16])
+def test_variant_base_configs_take_uint8_crops(model):
+    cfg = stages.base_config(MODELS_STAGING, model)
+    assert (cfg.name, cfg.backend, cfg.max_batch_size) == (model, "onnxruntime", 16)
+    uint8, fp32 = (stages.model_config_pb2.DataType.Value(t) for t in ("TYPE_UINT8", "TYPE_FP32"))
+    assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("image", uint8, [224, 224, 3])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in cfg.output] == [("output", fp32, [11])]
+    assert instances(cfg) == [(1, "KIND_GPU", [0])]
+
+
 def test_onnx_stand_in_swap_is_labelled():
     real = config("onnx-1")
     assert real.backend == "onnxruntime" and "servelab_stand_in" not in real.parameters
     stand_in = config("onnx-1", kind="cpu", onnxruntime=False)
     assert stand_in.backend == "python"
     assert "STAND-IN" in stand_in.parameters["servelab_stand_in"].string_value
+    # Every ONNX model runs the one stand-in file, on its own model.onnx.
+    for name in ("onnx-1", "onnx-u8", "onnx-int8"):
+        swapped = config(name, kind="cpu", onnxruntime=False)
+        assert swapped.default_model_filename == stages.STAND_IN_FILE
+        assert (MODELS_STAGING / stages.get_stage(name).model / "1" / swapped.default_model_filename).resolve() == (
+            MODELS_STAGING / stages.ONNX / "1" / "model.py").resolve()
     assert config("pt-1", onnxruntime=False).backend == "python"  # only the ONNX model is swapped
 
 

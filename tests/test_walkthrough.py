@@ -178,9 +178,10 @@ def test_probes_say_when_nothing_answers() -> None:
 
 def test_service_carries_config_and_stand_in() -> None:
     ready = {"service": "fastapi_onnx", "model": "food11", "runtime": {"providers": ["CPUExecutionProvider"]},
-             "batching": {"enabled": True}, "stand_in": True, "description": "zero-shot stand-in", "status": "ok"}
+             "batching": {"enabled": True}, "stand_in": True, "description": "zero-shot stand-in", "status": "ok",
+             "variant": {"name": "fp32", "file": "food11.onnx"}}
     service = Service("fastapi-onnx-dyn", "http://127.0.0.1:1", ready)
-    assert service.config == {key: ready[key] for key in ("service", "model", "runtime", "batching")}
+    assert service.config == {**{key: ready[key] for key in ("service", "model", "runtime", "batching")}, "variant": "fp32"}
     assert service.stand_in == "zero-shot stand-in"
     assert Service("s", "u", {**ready, "stand_in": False}).stand_in is None
 

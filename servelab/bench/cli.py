@@ -15,12 +15,13 @@ printed either way. Latency in ms, throughput in requests/s (images/s = req/s x 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from servelab.bench.loadgen import run_bench
 from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.bench.records import Load, Record
 from servelab.bench.targets import FastAPITarget, Target, TritonTarget
+from servelab.triton.client import InputKind, input_kind
 
 
 def _numbers(kind: type):
@@ -56,9 +57,10 @@ def _add_triton_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
     p.add_argument("--model", default="food_classifier", help="model name (default %(default)s)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--input", choices=("bytes", "tensor"),
-                   help="INPUT_IMAGE bytes, or the preprocessed `input` tensor (default: tensor for *_onnx models)")
-    p.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor input)")
+    p.add_argument("--input", choices=get_args(InputKind),
+                   help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop (default: by "
+                        "model: tensor for *_onnx, uint8 for food_classifier_onnx_<variant>, else bytes)")
+    p.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
 
 
 def _add_load_args(p: argparse.ArgumentParser, open_loop_extras: bool = True) -> None:
@@ -113,9 +115,9 @@ def register(subparsers: Any) -> None:
 
     data = sub.add_parser("input-data", help="write perf_analyzer --input-data JSON from a real photo")
     data.add_argument("--model", default="food_classifier", help="model the data is for (default %(default)s)")
-    data.add_argument("--input", choices=("bytes", "tensor"), help="default: tensor for *_onnx models")
+    data.add_argument("--input", choices=get_args(InputKind), help="default: by model, as for `bench triton`")
     data.add_argument("--image", type=Path, help="photo (default: the bundled real photo)")
-    data.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor input)")
+    data.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
     data.add_argument("--out", type=Path, default=Path("input.json"), help="where to write (default %(default)s)")
     data.set_defaults(func=_cmd_input_data)
 
@@ -144,7 +146,7 @@ def _image(path: Path | None) -> tuple[bytes, str]:
 
 
 def _input_kind(args: argparse.Namespace) -> str:
-    return args.input or ("tensor" if args.model.endswith("_onnx") else "bytes")
+    return args.input or input_kind(args.model)
 
 
 def _target(args: argparse.Namespace) -> Target:

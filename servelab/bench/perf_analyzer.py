@@ -4,7 +4,8 @@
   JSON. ``bytes``: ``{"data": [{"INPUT_IMAGE": ["<base64 of the image>"]}]}`` (one BYTES element,
   base64 text, as the lab's clients send it); ``tensor``: ``{"data": [{"input": {"b64": ...}}]}``,
   the real preprocessed float32 [3, 224, 224] tensor, little-endian, instead of perf_analyzer's
-  random default.
+  random default; ``uint8``: ``{"data": [{"image": {"b64": ...}}]}``, the photo's uint8 center
+  crop [224, 224, 3].
 * ``perf_analyzer_command(...)``: the argument list for one load (``-f`` CSV, ``--verbose-csv``,
   count windows and a bounded stability search: ``Windows``).
 * ``run_perf_analyzer(...)``: runs the binary ``perf_analyzer_binary.locate()`` finds (the project's
@@ -33,7 +34,7 @@ from servelab.bench.monitor import Monitor
 from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
 from servelab.bench.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
 from servelab.bench.targets import TritonTarget, model_input_tensor
-from servelab.triton.client import IMAGE_INPUT, TENSOR_INPUT
+from servelab.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
 from servelab.bench.triton_stats import stats_delta
 
 # perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
@@ -46,14 +47,15 @@ _PARTS = {
 _COMPUTE = ("compute_input", "compute_infer", "compute_output")
 
 
-def input_data(image: bytes, input: Literal["bytes", "tensor"], manifest: Path | None = None) -> dict[str, Any]:
+def input_data(image: bytes, input: InputKind, manifest: Path | None = None) -> dict[str, Any]:
     if input == "bytes":
         return {"data": [{IMAGE_INPUT: [base64.b64encode(image).decode()]}]}
-    tensor = model_input_tensor(image, manifest).astype("<f4")
-    return {"data": [{TENSOR_INPUT: {"b64": base64.b64encode(tensor.tobytes()).decode()}}]}
+    name, tensor = ((PIXELS_INPUT, model_input_tensor(image, manifest, "uint8")) if input == "uint8"
+                    else (TENSOR_INPUT, model_input_tensor(image, manifest).astype("<f4")))
+    return {"data": [{name: {"b64": base64.b64encode(tensor.tobytes()).decode()}}]}
 
 
-def write_input_data(path: Path, image: bytes, input: Literal["bytes", "tensor"], manifest: Path | None = None) -> Path:
+def write_input_data(path: Path, image: bytes, input: InputKind, manifest: Path | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(input_data(image, input, manifest)))

@@ -13,7 +13,8 @@ refused connections (``connection_refused``, ``grpc_unavailable``) and timeouts 
   ``bytes`` sends the base64 text of the image as ``INPUT_IMAGE`` (BYTES, shape [batch, 1]) and
   reads ``FOOD_LABEL`` and ``PROBABILITY`` (model ``food_classifier``); ``tensor`` sends the
   preprocessed float32 ``input`` [batch, 3, 224, 224] and reads the ``output`` logits
-  (``food_classifier_onnx``). ``server_stats()`` returns Triton's statistics for the model.
+  (``food_classifier_onnx``); ``uint8`` sends the photo's uint8 center crop as ``image``
+  [batch, 224, 224, 3] (the variants with preprocessing in the graph, ``food_classifier_onnx_u8``...). ``server_stats()`` returns Triton's statistics for the model.
 """
 
 import asyncio
@@ -158,12 +159,16 @@ class _FastAPIClient:
         await self.session.close()
 
 
-def model_input_tensor(image: bytes, manifest: Path | None = None) -> np.ndarray:
-    """The image as the ONNX model's input [3, crop, crop], preprocessed as the manifest says."""
+def model_input_tensor(image: bytes, manifest: Path | None = None, input: str = "tensor") -> np.ndarray:
+    """The image as an ONNX model's input, with the manifest's sizes: float32 [3, crop, crop]
+    preprocessed, or (``input="uint8"``) the uint8 crop [crop, crop, 3]."""
     from servelab.artifacts import load_manifest
-    from servelab.preprocess import preprocess
+    from servelab.preprocess import crop_pixels, preprocess
 
-    return preprocess(image, **(load_manifest(manifest).preprocess_kwargs() if manifest else {}))
+    m = load_manifest(manifest) if manifest else None
+    if input == "uint8":
+        return crop_pixels(image, **(m.crop_kwargs() if m else {}))
+    return preprocess(image, **(m.preprocess_kwargs() if m else {}))
 
 
 @dataclass(frozen=True)
@@ -172,10 +177,10 @@ class TritonTarget:
     model: str
     image: bytes = field(repr=False)
     protocol: Literal["http", "grpc"] = "http"
-    input: Literal["bytes", "tensor"] = "bytes"
+    input: triton_io.InputKind = "bytes"
     batch: int = 1
     image_name: str = ""
-    manifest: Path | None = None  # preprocessing parameters for input="tensor"
+    manifest: Path | None = None  # preprocessing parameters for input="tensor" or "uint8"
     kind: ClassVar[str] = "triton"
 
     def describe(self) -> dict[str, Any]:
@@ -207,7 +212,7 @@ class _TritonClient:
             self.inputs = triton_io.image_inputs(target.protocol, [target.image] * target.batch)
             self.outputs = triton_io.label_outputs(target.protocol)
         else:
-            data = np.stack([model_input_tensor(target.image, target.manifest)] * target.batch)
+            data = np.stack([model_input_tensor(target.image, target.manifest, target.input)] * target.batch)
             self.inputs = triton_io.tensor_inputs(target.protocol, data)
             self.outputs = triton_io.tensor_outputs(target.protocol)
         self.check = self.outputs[-1].name()

@@ -1,22 +1,23 @@
-"""Model architectures by the name a manifest gives them (torch is needed only here)."""
+"""Model architectures by the name a manifest gives them.
+
+Torch is imported only when a model is built: ``servelab.models.variants`` and
+``servelab.models.uint8_input`` live here too and are read where torch is not installed."""
 
 from collections.abc import Callable
 
-from torch import nn
 
-from servelab.models.efficientnet_food11 import EfficientNetLite0Food11
-from servelab.models.mobilenet_v2 import food11_mobilenet_v2
+def _architectures() -> dict[str, Callable]:
+    from servelab.models.efficientnet_food11 import EfficientNetLite0Food11
+    from servelab.models.mobilenet_v2 import food11_mobilenet_v2
 
-ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
-    "mobilenet_v2": food11_mobilenet_v2,
-    "efficientnet_lite0_food11": EfficientNetLite0Food11,
-}
+    return {"mobilenet_v2": food11_mobilenet_v2, "efficientnet_lite0_food11": EfficientNetLite0Food11}
 
 
-def build_model(architecture: str) -> nn.Module:
-    """An untrained model of the named architecture, in eval mode."""
+def build_model(architecture: str):
+    """An untrained model (a torch ``nn.Module``) of the named architecture, in eval mode."""
+    architectures = _architectures()
     try:
-        factory = ARCHITECTURES[architecture]
+        factory = architectures[architecture]
     except KeyError:
-        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}") from None
+        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(architectures)}") from None
     return factory().eval()

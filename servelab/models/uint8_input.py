@@ -16,6 +16,8 @@ import onnx
 from onnx import TensorProto, compose, helper, numpy_helper
 
 IMAGE_INPUT = "image"
+# merge_models prefixes the preprocessing graph's node names with "pre_".
+PREPROCESS_NODE_PREFIX = "pre_preprocess_"
 
 
 def preprocessing_graph(crop: int, mean, std, opset: int, ir_version: int) -> onnx.ModelProto:
@@ -23,11 +25,12 @@ def preprocessing_graph(crop: int, mean, std, opset: int, ir_version: int) -> on
     std = np.asarray(std, dtype=np.float64)
     scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(1, 3, 1, 1)
     shift = (np.asarray(mean, dtype=np.float64) / std).astype(np.float32).reshape(1, 3, 1, 1)
+    # Named, so that quantization can leave them in float (``PREPROCESS_NODE_PREFIX``).
     nodes = [
-        helper.make_node("Cast", ["image"], ["pixels"], to=TensorProto.FLOAT),
-        helper.make_node("Transpose", ["pixels"], ["pixels_nchw"], perm=[0, 3, 1, 2]),
-        helper.make_node("Mul", ["pixels_nchw", "scale"], ["scaled"]),
-        helper.make_node("Sub", ["scaled", "shift"], ["input"]),
+        helper.make_node("Cast", ["image"], ["pixels"], name="preprocess_cast", to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["pixels"], ["pixels_nchw"], name="preprocess_transpose", perm=[0, 3, 1, 2]),
+        helper.make_node("Mul", ["pixels_nchw", "scale"], ["scaled"], name="preprocess_scale"),
+        helper.make_node("Sub", ["scaled", "shift"], ["input"], name="preprocess_shift"),
     ]
     graph = helper.make_graph(
         nodes, "preprocess",
@@ -48,6 +51,11 @@ def build(fp32_model: Path, dest: Path, *, crop: int, mean, std) -> Path:
     for node in merged.graph.node:
         node.input[:] = [IMAGE_INPUT if name == f"pre_{IMAGE_INPUT}" else name for name in node.input]
     merged.graph.input[0].name = IMAGE_INPUT
+    # merge_models lists the default domain twice (once per graph); ONNX Runtime's quantization
+    # tools refuse a model that does.
+    opsets = {o.domain: o.version for o in merged.opset_import}
+    del merged.opset_import[:]
+    merged.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in opsets.items())
     onnx.checker.check_model(merged)
     onnx.save(merged, str(dest))
     return dest

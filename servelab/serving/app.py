@@ -65,6 +65,9 @@ class Service:
             log.warning("%s: STAND-IN MODEL: %s", self.name, m.description)
         log.info("%s: %s; intra-op threads %d, preprocessing workers %d", self.name, backend.where(),
                  backend.intra_op_threads, self.pipeline.workers)
+        if v := backend.variant:
+            log.info("%s: variant %s: %s, %.1f MB, precision %s, input %s", self.name, v["name"], v["file"],
+                     v["size_bytes"] / 1e6, v["precision"], v["input"])
         if settings.max_batch_size > 1:
             log.info("%s: dynamic batching on: up to %d images per inference, the oldest waiting at most %g ms",
                      self.name, settings.max_batch_size, settings.batch_timeout_ms)
@@ -98,7 +101,7 @@ class Service:
         backend, m, s = self.backend, self.backend.manifest, self.settings
         return Ready(
             service=self.name, model=m.name, stand_in=m.stand_in, description=m.description, source=m.source,
-            manifest_sha256=m.sha256(), runtime={**backend.details, "on_gpu": backend.on_gpu},
+            manifest_sha256=m.sha256(), runtime={**backend.details, "on_gpu": backend.on_gpu}, variant=backend.variant,
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images),
             preprocess_workers=self.pipeline.workers, warnings=backend.warnings,

@@ -5,16 +5,23 @@ threads, and reports what is *actually* active. ONNX Runtime silently falls back
 GPU execution provider cannot start (missing CUDA/cuDNN/TensorRT libraries), so the active
 providers are read back from the session, a requested-but-inactive GPU provider is a loud
 warning, and ``REQUIRE_GPU=1`` turns it into a refusal to start.
+
+The ONNX service serves one of the model variants (``ONNX_VARIANT``); a variant with preprocessing
+in its graph takes uint8 pixels, which the classifier reads from the model's own input type. The
+fp16 variant has no fast path on a CPU (ONNX Runtime would insert casts around every operator), so
+it refuses to start there unless a caller allows it to check its answers.
 """
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.inference import OnnxClassifier, TorchClassifier
+from servelab.models.variants import PRECISION, variant_path
 from servelab.procs import cpu_count
 from servelab.settings import ServeSettings, get_settings
 
@@ -26,8 +33,11 @@ GPU_PROVIDERS = (TENSORRT, CUDA)
 PROVIDER_ALIASES = {"tensorrt": TENSORRT, "trt": TENSORRT, "cuda": CUDA, "cpu": CPU}
 
 
+GPU_ONLY_VARIANTS = ("fp16",)
+
+
 class GPUUnavailable(RuntimeError):
-    """REQUIRE_GPU=1, but the model would run on the CPU."""
+    """REQUIRE_GPU=1 (or a GPU-only variant), but the model would run on the CPU."""
 
 
 @dataclass
@@ -41,6 +51,12 @@ class Backend:
     intra_op_threads: int
     details: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    variant: dict[str, Any] | None = None  # ONNX: name, file, size, precision, input
+
+    @property
+    def takes_uint8(self) -> bool:
+        """Whether the model takes the uint8 crop (preprocessing in its graph) instead of float32."""
+        return getattr(self.classifier, "input_dtype", None) == np.uint8
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self.classifier.infer(batch)
@@ -72,15 +88,21 @@ def max_infer_batch(settings: ServeSettings) -> int:
     return max(settings.max_batch_size, settings.max_request_images)
 
 
-def load_backend(kind: BackendKind, settings: ServeSettings | None = None) -> Backend:
+def load_backend(kind: BackendKind, settings: ServeSettings | None = None, *,
+                 allow_gpu_only_on_cpu: bool = False) -> Backend:
+    """``allow_gpu_only_on_cpu``: run a GPU-only variant (fp16) on the CPU anyway, to check its answers."""
     settings = settings or get_settings()
     paths = ArtifactPaths.in_dir(settings.model_dir)
     if not paths.manifest.exists():
         raise FileNotFoundError(f"no model manifest at {paths.manifest}; run `servelab models build` first")
     manifest = load_manifest(paths.manifest)
-    backend = _load_torch(settings, paths, manifest) if kind == "pytorch" else _load_onnx(settings, paths, manifest)
+    backend = _load_torch(settings, paths, manifest) if kind == "pytorch" else _load_onnx(settings, manifest)
     for text in backend.warnings:
         log.warning("%s", text)
+    if kind == "onnx" and settings.onnx_variant in GPU_ONLY_VARIANTS and not backend.on_gpu and not allow_gpu_only_on_cpu:
+        raise GPUUnavailable(f"ONNX_VARIANT={settings.onnx_variant} runs only on a GPU (a CPU has no fast float16 "
+                             f"path), but the model would run on the CPU ({backend.where()}); refusing to start. "
+                             "Use ONNX_VARIANT=int8 or u8 on a CPU")
     if settings.require_gpu and not backend.on_gpu:
         raise GPUUnavailable(f"REQUIRE_GPU=1 but the model would run on the CPU ({backend.where()}); refusing to start")
     return backend
@@ -129,11 +151,12 @@ def requested_providers(spec: str, available: list[str]) -> tuple[list[str], lis
     return wanted, warnings
 
 
-def tensorrt_options(settings: ServeSettings, manifest: Manifest, input_name: str) -> dict[str, Any]:
-    """The optimization guide's TensorRT options; the profile covers every batch we may send."""
+def tensorrt_options(settings: ServeSettings, input_name: str, image_shape: list[int]) -> dict[str, Any]:
+    """The optimization guide's TensorRT options; the profile covers every batch we may send
+    (``image_shape``: one image as the model takes it, CHW float or HWC uint8)."""
     cache = settings.trt_cache_path.expanduser()
     cache.mkdir(parents=True, exist_ok=True)
-    shape = f"3x{manifest.crop}x{manifest.crop}"
+    shape = "x".join(map(str, image_shape))
     return {
         "trt_fp16_enable": settings.trt_fp16,
         "trt_engine_cache_enable": settings.trt_engine_cache,
@@ -169,14 +192,18 @@ def session_options(settings: ServeSettings, threads: int):
     return options
 
 
-def _load_onnx(settings: ServeSettings, paths: ArtifactPaths, manifest: Manifest) -> Backend:
+def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
     import onnxruntime as ort
 
+    path = variant_path(settings.model_dir, settings.onnx_variant)
+    if not path.exists():
+        raise FileNotFoundError(f"ONNX_VARIANT={settings.onnx_variant}: no {path.name} in {settings.model_dir}; "
+                                "run `servelab models build` first")
     available = ort.get_available_providers()
     wanted, warnings = requested_providers(settings.ort_providers, available)
-    options = {TENSORRT: tensorrt_options(settings, manifest, _onnx_input_name(paths))} if TENSORRT in wanted else {}
+    options = {TENSORRT: tensorrt_options(settings, *_onnx_input(path))} if TENSORRT in wanted else {}
     threads = intra_op_threads(settings)
-    classifier = OnnxClassifier(paths.onnx, providers=[(p, options.get(p, {})) for p in wanted],
+    classifier = OnnxClassifier(path, providers=[(p, options.get(p, {})) for p in wanted],
                                 session_options=session_options(settings, threads))
     # ONNX Runtime would otherwise switch providers (down to the CPU) after a failed run, unannounced.
     classifier.session.disable_fallback()
@@ -196,13 +223,18 @@ def _load_onnx(settings: ServeSettings, paths: ArtifactPaths, manifest: Manifest
     }
     if TENSORRT in active:
         details["tensorrt_options"] = options[TENSORRT]
-    return Backend("onnx", classifier, manifest, on_gpu, threads, details, warnings)
+    variant = {"name": settings.onnx_variant, "file": path.name, "size_bytes": path.stat().st_size,
+               "precision": PRECISION[settings.onnx_variant],
+               "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}
+    return Backend("onnx", classifier, manifest, on_gpu, threads, details, warnings, variant)
 
 
-def _onnx_input_name(paths: ArtifactPaths) -> str:
-    """The graph's input name, for TensorRT's profile shapes (read without building a session)."""
+def _onnx_input(path: Path) -> tuple[str, list[int]]:
+    """The graph's input name and one image's shape, for TensorRT's profile shapes (read without
+    building a session)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(paths.onnx), options, providers=[CPU]).get_inputs()[0].name
+    model_input = ort.InferenceSession(str(path), options, providers=[CPU]).get_inputs()[0]
+    return model_input.name, model_input.shape[1:]

@@ -60,7 +60,7 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
     async def submit(self, x: np.ndarray) -> BatchResult:
-        """Infer ``x`` [k, 3, H, W] as part of a batch; returns this request's k rows of logits."""
+        """Infer ``x`` [k, ...] (k images) as part of a batch; returns this request's k rows of logits."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
         future = asyncio.get_running_loop().create_future()

@@ -13,7 +13,7 @@ from time import perf_counter
 import numpy as np
 
 from servelab.postprocess import Prediction, top1
-from servelab.preprocess import ImageError, decode_base64, preprocess
+from servelab.preprocess import ImageError, crop_pixels, decode_base64, preprocess
 from servelab.serving.backends import Backend, worker_threads
 from servelab.serving.batcher import MicroBatcher
 from servelab.serving.metrics import Metrics
@@ -26,7 +26,12 @@ class Pipeline:
         self.backend, self.metrics = backend, metrics
         self.workers = worker_threads(settings, backend)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="preprocess")
-        self._preprocess_kwargs = {**backend.manifest.preprocess_kwargs(), "max_pixels": settings.max_image_pixels}
+        m = backend.manifest
+        # A model with preprocessing in its graph takes the uint8 crop: no float math here.
+        self._preprocess, self._preprocess_kwargs = (
+            (crop_pixels, m.crop_kwargs()) if backend.takes_uint8
+            else (preprocess, m.preprocess_kwargs()))
+        self._preprocess_kwargs["max_pixels"] = settings.max_image_pixels
         self.batcher = MicroBatcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
                                     on_batch=metrics.observe_batch if metrics else None)
 
@@ -38,8 +43,9 @@ class Pipeline:
         self._pool.shutdown(wait=True)
 
     def prepare(self, text: str) -> np.ndarray:
-        """base64 text -> model input [3, H, W]; raises ImageError (400) or ImageTooLarge (413)."""
-        return preprocess(decode_base64(text), **self._preprocess_kwargs)
+        """base64 text -> model input (float32 [3, H, W] or uint8 [H, W, 3]); raises ImageError (400)
+        or ImageTooLarge (413)."""
+        return self._preprocess(decode_base64(text), **self._preprocess_kwargs)
 
     def _prepare_timed(self, text: str) -> tuple[np.ndarray, float, float]:
         started = perf_counter()

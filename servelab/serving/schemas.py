@@ -77,6 +77,8 @@ class Ready(BaseModel):
     source: dict[str, str]
     manifest_sha256: str
     runtime: dict[str, Any] = Field(description="Device or the execution providers actually active, threads, options.")
+    variant: dict[str, Any] | None = Field(None, description="fastapi_onnx: the model variant served (ONNX_VARIANT): "
+                                                 "name, file, size_bytes, precision, input.")
     batching: Batching
     preprocess_workers: int
     warnings: list[str]

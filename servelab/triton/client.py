@@ -10,6 +10,9 @@ so they serve every tritonclient flavour: pass ``"http"`` or ``"grpc"``; the asy
   -> ``FOOD_LABEL`` BYTES [N, 1] and ``PROBABILITY`` FP32 [N, 1].
 * Tensor model (``food_classifier_onnx``): ``input`` FP32 [N, 3, 224, 224], preprocessed with
   ``servelab.preprocess`` -> ``output`` FP32 [N, 11] logits (softmax is the client's job).
+* Its variants with preprocessing in the graph (``food_classifier_onnx_u8``, ``_int8``, ``_fp16``):
+  ``image`` UINT8 [N, 224, 224, 3], the center crop from ``servelab.preprocess.crop_pixels`` -> the
+  same ``output``.
 """
 
 import base64
@@ -23,8 +26,18 @@ from servelab.labels import CLASSES
 from servelab.postprocess import Prediction, top1
 
 Protocol = Literal["http", "grpc"]
+InputKind = Literal["bytes", "tensor", "uint8"]
 IMAGE_INPUT, LABEL_OUTPUT, PROBABILITY_OUTPUT = "INPUT_IMAGE", "FOOD_LABEL", "PROBABILITY"
-TENSOR_INPUT, TENSOR_OUTPUT = "input", "output"
+TENSOR_INPUT, PIXELS_INPUT, TENSOR_OUTPUT = "input", "image", "output"
+ONNX_MODEL = "food_classifier_onnx"
+
+
+def input_kind(model: str) -> InputKind:
+    """What a model takes: its variants (``food_classifier_onnx_<variant>``) the uint8 crop, an ONNX
+    model (``*_onnx``) the preprocessed tensor, the others encoded images."""
+    if model.startswith(f"{ONNX_MODEL}_"):
+        return "uint8"
+    return "tensor" if model.endswith("_onnx") else "bytes"
 
 
 def server_address(url: str) -> str:
@@ -54,9 +67,11 @@ def image_inputs(protocol: Protocol, images: Sequence[bytes],
 
 
 def tensor_inputs(protocol: Protocol, batch: np.ndarray) -> list[Any]:
-    """``input`` carrying a preprocessed float32 batch [N, 3, 224, 224]."""
-    batch = np.ascontiguousarray(batch, dtype=np.float32)
-    infer_input = _module(protocol).InferInput(TENSOR_INPUT, list(batch.shape), "FP32")
+    """``input`` carrying a preprocessed float32 batch [N, 3, 224, 224], or ``image`` carrying uint8
+    crops [N, 224, 224, 3] (the variants with preprocessing in the graph)."""
+    name, datatype, dtype = (PIXELS_INPUT, "UINT8", np.uint8) if batch.dtype == np.uint8 else (TENSOR_INPUT, "FP32", np.float32)
+    batch = np.ascontiguousarray(batch, dtype=dtype)
+    infer_input = _module(protocol).InferInput(name, list(batch.shape), datatype)
     infer_input.set_data_from_numpy(batch)
     return [infer_input]
 

@@ -12,8 +12,9 @@ adapts it to the machine:
 * ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count
   (``count`` x number of GPUs), for machines without a GPU;
 * ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
-  ONNX Runtime (``<model>/1/model.py``, the local stand-in), labelled by the ``servelab_stand_in``
-  parameter, which ``GET /v2/models/<model>/config`` shows.
+  ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
+  (``food_classifier_onnx/1/model.py``, named by ``default_model_filename``), labelled by the
+  ``servelab_stand_in`` parameter, which ``GET /v2/models/<model>/config`` shows.
 
 Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
 stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
@@ -34,6 +35,8 @@ from servelab.triton.backend import instance_count
 
 Kind = Literal["gpu", "cpu"]
 CONFIG_NAME = "stage"  # the server's --model-config-name
+# The stand-in, relative to a model's version folder (where the Python backend looks for its file).
+STAND_IN_FILE = "../../food_classifier_onnx/1/model.py"
 STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.onnx, because this "
                  "tritonserver has no onnxruntime backend; timings differ from the ONNX Runtime backend")
 
@@ -58,6 +61,7 @@ def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
 
 
 PT, ONNX, ENSEMBLE = "food_classifier", "food_classifier_onnx", "food_classifier_ensemble"
+ONNX_U8, ONNX_INT8, ONNX_FP16 = "food_classifier_onnx_u8", "food_classifier_onnx_int8", "food_classifier_onnx_fp16"
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("pt-1", PT, "Python backend (PyTorch), 1 instance on GPU 0 (the base config)"),
@@ -70,6 +74,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8], "max_queue_delay_microseconds": 100}}}),
     Stage("ensemble", ENSEMBLE, "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess",
           needs=("food_preprocess", ONNX, "food_postprocess")),
+    Stage("onnx-u8", ONNX_U8, "onnx-1 with preprocessing in the model: uint8 crops in (the base config)"),
+    Stage("onnx-int8", ONNX_INT8, "onnx-u8 quantized to INT8, static QDQ (the base config)"),
+    Stage("onnx-fp16", ONNX_FP16, "onnx-u8 in float16, GPU only (the base config)"),
 )}
 
 
@@ -116,6 +123,7 @@ def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
         fields["instance_group"] = _on_cpu(fields["instance_group"])
     if fields.get("backend") == "onnxruntime" and not onnxruntime:
         fields["backend"] = "python"
+        fields["default_model_filename"] = STAND_IN_FILE
         parameters["servelab_stand_in"] = {"string_value": STAND_IN_NOTE}
     return json_format.ParseDict(fields, model_config_pb2.ModelConfig())
 

@@ -1,4 +1,5 @@
-"""``4_fastapi``: one FastAPI service, switched between stages, measured with ``servelab bench``."""
+"""``4_fastapi``: one FastAPI service, switched between stages and model variants, measured with
+``servelab bench``."""
 
 import json
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ from typing import Any
 import requests
 
 from servelab.bench import FastAPITarget, Load, Record, run_bench_async
+from servelab.bench.precision import cpu_ms_per_request
 from servelab.report import summary_table
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
 
@@ -25,7 +27,8 @@ class Service:
 
     @property
     def config(self) -> dict[str, Any]:
-        return {key: self.ready[key] for key in CONFIG_KEYS}
+        # The model variant by name, as `servelab lab` records it (the report reads the rest from MODEL_DIR).
+        return {**{key: self.ready[key] for key in CONFIG_KEYS}, "variant": (self.ready.get("variant") or {}).get("name")}
 
     @property
     def stand_in(self) -> str | None:
@@ -33,13 +36,28 @@ class Service:
         return self.ready["description"] if self.ready.get("stand_in") else None
 
 
-def serving(url: str) -> tuple[str | None, bool | None] | str:
-    """(service, batching enabled) as ``url``/ready says, or why it did not say."""
+def serving(url: str) -> tuple[str | None, bool | None, str | None] | str:
+    """(service, batching enabled, model variant) as ``url``/ready says, or why it did not say."""
     try:
         ready = requests.get(f"{url}/ready", timeout=5).json()
     except (requests.RequestException, ValueError) as exc:
         return f"no answer ({type(exc).__name__})"
-    return ready.get("service"), (ready.get("batching") or {}).get("enabled")
+    return ready.get("service"), (ready.get("batching") or {}).get("enabled"), (ready.get("variant") or {}).get("name")
+
+
+def compare_variants(runs: dict[str, tuple[Service, Record]]) -> str:
+    """Busy runs of the model variants (fp32 first) side by side: the file, its size and precision,
+    throughput against fp32's, the service's own split of a request into preprocessing and
+    inference, and the machine's CPU time per request."""
+    fp32 = runs["fp32"][1].stats.throughput_rps
+    lines = []
+    for name, (service, record) in runs.items():
+        v, parts, cpu = service.ready["variant"], record.breakdown.parts_ms, cpu_ms_per_request(record)
+        lines.append(f"{name:<8} {v['file']:<24} {v['size_bytes'] / 1e6:5.1f} MB {v['precision']:<5} "
+                     f"{record.stats.throughput_rps:6.1f} req/s = {record.stats.throughput_rps / fp32:.2f} x fp32; "
+                     f"preprocess {parts.get('preprocess', 0):.2f} ms + infer {parts.get('infer', 0):.2f} ms; "
+                     f"CPU {'-' if cpu is None else f'{cpu:.1f}'} ms per request")
+    return "\n".join(lines)
 
 
 def queueing(alone: Record, busy: Record) -> str:
@@ -80,15 +98,19 @@ class FastAPIWalkthrough:
     wait_s: float
     stage_urls: dict[str, str] = field(default_factory=dict)
     flask_url: str = ""
+    variants: list[str] = field(default_factory=lambda: ["u8", "int8", "fp16"])
     runs: list[Record] = field(default_factory=list)
+    variant_runs: dict[str, tuple[Service, Record]] = field(default_factory=dict)
 
-    def wait_for(self, stage: str, service: str, batching: bool) -> Service:
-        """Wait until the stage's URL runs ``service`` with batching on or off, and show what it runs
-        on, so that a measurement is never labelled with the wrong stage."""
+    def wait_for(self, stage: str, service: str, batching: bool, variant: str | None = None) -> Service:
+        """Wait until the stage's URL runs ``service`` with batching on or off (and the ONNX service,
+        ``variant``: fp32 unless said), and show what it runs on, so that a measurement is never
+        labelled with the wrong stage."""
         url = self.stage_urls.get(stage, self.url)
         on_off = "on" if batching else "off"
-        wait_until(f"{service} (batching {on_off}) at {url}", lambda: serving(url), (service, batching),
-                   wait_s=self.wait_s)
+        variant = variant or ("fp32" if service == "fastapi_onnx" else None)
+        wait_until(f"{service} (batching {on_off}{f', {variant}' if variant else ''}) at {url}", lambda: serving(url),
+                   (service, batching, variant), wait_s=self.wait_s)
         ready = requests.get(f"{url}/ready", timeout=5).json()
         print(f"{stage}: {url} is {service}, batching {on_off}, model {ready['model']}")
         print("runtime:", json.dumps(ready["runtime"]))
@@ -103,6 +125,17 @@ class FastAPIWalkthrough:
         print(summary_table([record]))
         print(utilization(record))
         return record
+
+    async def measure_variant(self, variant: str, load: Load, fp32: tuple[Service, Record]) -> None:
+        """Wait until the ONNX service runs model ``variant``, measure it under ``load`` and keep the
+        run beside fp32's (for ``compare_variants``); skipped for a variant not in ``variants``."""
+        if variant not in self.variants:
+            print(f"skipped: {variant} is not in VARIANTS")
+            return
+        service = self.wait_for(f"fastapi-onnx-{variant}", "fastapi_onnx", batching=False, variant=variant)
+        print("variant:", json.dumps(service.ready["variant"]))
+        self.variant_runs.setdefault("fp32", fp32)
+        self.variant_runs[variant] = (service, await self.measure(service, load))
 
     def try_gourmetgram(self) -> None:
         """Classify the photo through GourmetGram, as a user would, and print its answer."""

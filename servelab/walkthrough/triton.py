@@ -7,7 +7,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
 from servelab.artifacts import load_manifest
 from servelab.bench import Load, Record, TritonTarget, run_bench_async
@@ -16,6 +16,7 @@ from servelab.gourmetgram.backends import DEFAULT_MODELS
 from servelab.procs import DIRECT
 from servelab.report import summary_table
 from servelab.settings import get_settings
+from servelab.triton.client import InputKind, input_kind
 from servelab.triton.server import model_config, server_address
 from servelab.triton.stages import STAGES
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
@@ -23,7 +24,7 @@ from servelab.walkthrough.stage_switch import diagnosis, run_switch
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
 CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
-INPUTS: tuple[Literal["bytes", "tensor"], ...] = ("bytes", "tensor")
+INPUTS: tuple[InputKind, ...] = get_args(InputKind)
 
 
 def open_loads(rates: list[float], seconds: float, warmup: int) -> list[Load]:
@@ -86,7 +87,7 @@ class TritonWalkthrough:
         self.records_file = Path(self.results) / "records.jsonl"
         if self.repository is None:
             self.repository = get_settings().triton_model_repository
-        # perf_analyzer's --input-data: the same real photo, as bytes and as the preprocessed tensor.
+        # perf_analyzer's --input-data: the same real photo, as bytes, the preprocessed tensor and the uint8 crop.
         image = self.photo.read_bytes()
         self.inputs = {kind: write_input_data(Path(self.results) / f"input-{kind}.json", image, kind) for kind in INPUTS}
 
@@ -163,7 +164,7 @@ class TritonWalkthrough:
             return []
         config = self.use_stage(name)
         model = STAGES[name].model
-        target = TritonTarget(self.url, model, self.photo.read_bytes(), input="tensor" if model.endswith("_onnx") else "bytes",
+        target = TritonTarget(self.url, model, self.photo.read_bytes(), input=input_kind(model),
                               batch=batch, image_name=self.photo.name)
         stand_in = self.stand_in(name)
         settings = {key: config.get(key) for key in CONFIG_KEYS}

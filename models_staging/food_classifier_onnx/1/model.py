@@ -1,11 +1,13 @@
-"""LOCAL STAND-IN for food_classifier_onnx, used only where Triton has no ONNX Runtime backend.
+"""LOCAL STAND-IN for Triton's ONNX Runtime backend, used only where Triton has none.
 
-On the lab's GPU node this file is ignored: config.pbtxt says ``backend: "onnxruntime"`` and
-Triton serves model.onnx directly. The tritonserver bundled in the nvidia-pytriton wheel has only
-the Python backend, so `servelab triton` renders this model with ``backend: "python"`` and a
-``servelab_stand_in`` parameter instead, and this file runs model.onnx in ONNX Runtime with the
-same input (``input`` FP32 [N,3,224,224]) and output (``output`` FP32 [N,11] logits). Its timings
-include the Python backend's overhead and are not those of the ONNX Runtime backend.
+On the lab's GPU node this file is ignored: each ONNX model's config.pbtxt says
+``backend: "onnxruntime"`` and Triton serves its model.onnx directly. The tritonserver bundled in the
+nvidia-pytriton wheel has only the Python backend, so `servelab triton` renders every ONNX model
+(food_classifier_onnx and its variants) with ``backend: "python"``, a ``servelab_stand_in``
+parameter and this file as its ``default_model_filename``; it runs the model's own
+``<version>/model.onnx`` in ONNX Runtime with the input and output its config names (``input`` FP32
+[N,3,224,224], or ``image`` UINT8 [N,224,224,3] for the variants; ``output`` FP32 [N,11] logits).
+Its timings include the Python backend's overhead and are not those of the ONNX Runtime backend.
 """
 
 import json
@@ -21,6 +23,7 @@ from servelab.triton import backend
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
+        self.input_name, self.output_name = config["input"][0]["name"], config["output"][0]["name"]
         threads = backend.threads_per_instance(config)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -34,10 +37,11 @@ class TritonPythonModel:
         if device != "cpu" and "CUDAExecutionProvider" not in self.classifier.active_providers:
             raise RuntimeError(f"{device} requested but ONNX Runtime offers only {self.classifier.active_providers}")
         backend.log(f"{args['model_instance_name']}: LOCAL STAND-IN (Python backend running ONNX Runtime "
-                    f"{ort.__version__}, {self.classifier.active_providers}, {threads} threads) in place of "
-                    "Triton's onnxruntime backend; timings are not the ONNX backend's", warn=True)
+                    f"{ort.__version__}, {self.classifier.active_providers}, {threads} threads, "
+                    f"{self.input_name} {self.classifier.input_dtype}) in place of Triton's onnxruntime backend; "
+                    "timings are not the ONNX backend's", warn=True)
 
     def execute(self, requests):
-        batches = backend.inputs(requests, "input")
+        batches = backend.inputs(requests, self.input_name)
         logits = self.classifier.infer(np.concatenate(batches))  # one run for every request
-        return backend.responses({"output": logits}, backend.split_rows([len(b) for b in batches]))
+        return backend.responses({self.output_name: logits}, backend.split_rows([len(b) for b in batches]))

@@ -1,0 +1,66 @@
+"""The model variants side by side: what each costs and what it gives up, from the lab's records.
+
+A run of ``servelab lab`` names each variant stage's model in its records (``config["variant"]``).
+Per stage, the closed-loop run at its highest concurrency (servelab's client) gives throughput,
+and the monitor's samples give CPU time per request: mean CPU % x cores x wall time / successes.
+That is the whole machine's CPU, client included, so it compares variants measured alike, not
+the model alone. Size is the model file's; agreement with fp32 (top-1 on the evaluation photos) is
+what ``servelab models build`` recorded in ``food11_variants.json`` (``servelab.models.variants``),
+where it is there.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.bench.records import Record
+from servelab.models.variants import RECORD_FILE, load_variants, variant_path
+
+BASELINE = "fp32"
+
+
+@dataclass(frozen=True)
+class Row:
+    stage: str
+    variant: str
+    family: str  # the target kind: fastapi or triton
+    record: Record  # the closed-loop run at the stage's highest concurrency
+
+
+
+def cpu_ms_per_request(record: Record) -> float | None:
+    """The machine's CPU time per successful request: mean CPU % x cores x wall time / successes."""
+    m, s = record.monitors, record.stats
+    if not m or m.cpu_mean_pct is None or not m.cpu_pct or not s.successes or not s.wall_s:
+        return None
+    return m.cpu_mean_pct / 100 * len(m.cpu_pct[0]) * s.wall_s / s.successes * 1000
+
+
+def rows(records: list[Record]) -> list[Row]:
+    best: dict[str, Record] = {}
+    for r in records:
+        if r.config.get("variant") and r.tool == "servelab" and r.load.mode == "closed" and not r.failed:
+            if r.stage not in best or r.load.concurrency > best[r.stage].load.concurrency:
+                best[r.stage] = r
+    return [Row(stage, r.config["variant"], r.target.get("kind", "?"), r) for stage, r in best.items()]
+
+
+def markdown(found: list[Row], model_dir: Path) -> str:
+    built = load_variants(model_dir) if (Path(model_dir) / RECORD_FILE).exists() else None
+    agreements = {v.name: v.agreement.top1 for v in built.variants} if built else {}
+    baseline: dict[str, float] = {}  # the first fp32 stage of each server (fastapi-onnx, onnx-1)
+    for row in found:
+        if row.variant == BASELINE:
+            baseline.setdefault(row.family, row.record.stats.throughput_rps)
+    lines = ["| stage | variant | model MB | top-1 agreement with fp32 | load | req/s | × fp32 | CPU ms / request |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    for row in found:
+        path = variant_path(model_dir, row.variant)
+        size = f"{path.stat().st_size / 1e6:.1f}" if path.exists() else "-"
+        agreement = agreements.get(row.variant)
+        agreement = "-" if agreement is None else f"{100 * agreement:.1f} %"
+        rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
+        ratio = f"{rps / base:.2f}" if base else "-"
+        cpu = cpu_ms_per_request(row.record)
+        lines.append(f"| {row.stage} | {row.variant} | {size} | {agreement} | {row.record.load.label()} | {rps:.1f} | "
+                     f"{ratio} | {'-' if cpu is None else f'{cpu:.1f}'} |")
+    return "\n".join(lines)

@@ -1,0 +1,17 @@
+"""`servelab benchmark --stage variants`: the variants against fp32 in one run, for real (short windows)."""
+
+import subprocess
+import sys
+
+from servelab.paths import REPO_ROOT
+
+
+def test_variants_are_measured_against_fp32(artifacts):
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "variants", "--variants", "u8",
+                          "int8", "--duration", "1", "--rounds", "1"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line.split("|")[1].strip(): line for line in run.stdout.splitlines() if line.startswith("| ")}
+    assert {"fp32", "u8", "int8"} <= set(rows)
+    assert rows["fp32"].split("|")[4].strip() == "1.00" and rows["fp32"].split("|")[6].strip() == "1.00"
+    assert "≥ 1.15" in rows["u8"] and "best INT8" in rows["int8"]

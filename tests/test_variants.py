@@ -1,0 +1,127 @@
+"""The model variants (uint8 input, INT8 static and dynamic, fp16), built from the real offline model
+and checked on the real evaluation photos, and the photo sets themselves."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab import photos
+from servelab.artifacts import ArtifactPaths, load_manifest
+from servelab.models.variants import (
+    RECORD_FILE,
+    STAGED,
+    VARIANTS,
+    build_variants,
+    load_variants,
+    run_batches,
+    session,
+    variant_path,
+)
+from servelab.settings import get_settings
+
+# The chosen INT8 format must keep fp32's top-1 class on at least this share of the evaluation
+# photos (measured: 98.2 % on 168).
+INT8_MIN_AGREEMENT = 0.95
+
+
+@pytest.fixture(scope="module")
+def evaluation(artifacts: ArtifactPaths):
+    manifest = load_manifest(artifacts.manifest)
+    crops = photos.pixels(photos.evaluation_set(), manifest.resize, manifest.crop)
+    fp32 = run_batches(session(artifacts.onnx), crops, True, manifest)
+    return manifest, crops, fp32
+
+
+def test_photo_sets_are_disjoint_licensed_and_large_enough():
+    calibration, evaluation = photos.calibration_set(), photos.evaluation_set()
+    assert len(evaluation) >= 100
+    assert calibration
+    assert not {p.source_sha256 for p in calibration} & {p.source_sha256 for p in evaluation}
+    assert {p.file for p in photos.all_photos()} == {p.name for p in photos.PHOTO_DIR.glob("*.jpg")}
+    for p in photos.all_photos():
+        assert p.licence and p.copyright and p.package and p.path
+        p.read_bytes()  # checks the sha256
+
+
+def test_u8_model_matches_the_float_pipeline_on_real_photos(artifacts, evaluation):
+    manifest, crops, fp32 = evaluation
+    u8 = run_batches(session(variant_path(artifacts.onnx.parent, "u8")), crops, False, manifest)
+    assert np.abs(u8 - fp32).max() <= 1e-4
+
+
+@pytest.mark.parametrize(("name", "minimum"), [("int8", INT8_MIN_AGREEMENT), ("fp16", 0.99)])
+def test_variant_agrees_with_fp32_on_the_evaluation_photos(artifacts, evaluation, name, minimum):
+    manifest, crops, fp32 = evaluation
+    sess = session(variant_path(artifacts.onnx.parent, name))
+    (inp,), (out,) = sess.get_inputs(), sess.get_outputs()
+    assert (inp.name, inp.type, inp.shape[1:]) == ("image", "tensor(uint8)", [224, 224, 3])
+    assert (out.name, out.type) == ("output", "tensor(float)")
+    logits = run_batches(sess, crops, False, manifest)
+    top1 = float((logits.argmax(1) == fp32.argmax(1)).mean())
+    assert top1 >= minimum
+    assert top1 == load_variants(artifacts.onnx.parent).get(name).agreement.top1
+
+
+def test_record_is_complete_and_matches_the_files(artifacts):
+    model_dir = artifacts.onnx.parent
+    record = load_variants(model_dir)
+    assert [v.name for v in record.variants] == list(VARIANTS)
+    for v in record.variants:
+        path = variant_path(model_dir, v.name)
+        assert v.file == path.name and v.size_bytes == path.stat().st_size
+        assert v.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert v.agreement.photos == record.evaluation.count >= 100
+    int8 = record.get("int8")
+    assert (int8.precision, int8.input_name, int8.input_dtype, int8.input_layout) == ("int8", "image", "uint8", "NHWC")
+    assert int8.quantization["quant_format"] == "QDQ" and int8.quantization["per_channel"] is True
+    assert record.get("fp32").input_layout == "NCHW"
+    assert record.calibration.count and record.int8_formats_measured
+    for name, folder in STAGED.items():
+        staged = get_settings().triton_model_repository / folder / "1" / "model.onnx"
+        assert staged.read_bytes() == variant_path(model_dir, name).read_bytes()
+
+
+def test_record_reads_without_torch(artifacts):
+    code = ("import sys; sys.modules['torch'] = None; from servelab.models.variants import load_variants; "
+            f"print(load_variants({str(artifacts.onnx.parent)!r}).get('int8').file)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "food11_u8_int8.onnx"
+
+
+def test_variants_are_reused_when_unchanged_and_rebuilt_whole_when_not(artifacts, tmp_path):
+    for path in (artifacts.onnx, artifacts.manifest):
+        shutil.copy2(path, tmp_path)
+    for name in VARIANTS:
+        shutil.copy2(variant_path(artifacts.onnx.parent, name), tmp_path)
+    shutil.copy2(artifacts.onnx.parent / RECORD_FILE, tmp_path)
+    manifest = load_manifest(tmp_path / "food11.json")
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    lines = []
+    build_variants(tmp_path, manifest, log=lines.append)
+    assert lines == [f"models: variants up to date in {tmp_path}"]
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps
+
+    variant_path(tmp_path, "int8").write_bytes(b"half a file")
+    build_variants(tmp_path, manifest, log=lines.append)
+    assert "wrote the variants" in lines[-1]
+    assert load_variants(tmp_path).get("int8").sha256 == load_variants(artifacts.onnx.parent).get("int8").sha256
+    assert sorted(os.listdir(tmp_path)) == sorted(["food11.onnx", "food11.json", RECORD_FILE, *list(VARIANTS.values())[1:]])
+
+
+def test_variants_command_prints_the_table(artifacts, tmp_path):
+    # A two-photo "Food-11" folder in the lab's layout exercises the accuracy column.
+    for i, p in enumerate(photos.evaluation_set()[:2]):
+        (tmp_path / f"class_{i:02d}").mkdir()
+        (tmp_path / f"class_{i:02d}" / p.file).write_bytes(p.read_bytes())
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "servelab"), "models", "variants", "--rounds", "1", "--food11", str(tmp_path)],
+        capture_output=True, text=True, check=True)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0].strip("| ") for row in rows] == list(VARIANTS)
+    assert "Food-11 accuracy on 2 photos" in done.stdout
