@@ -308,7 +308,7 @@ def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, 
         "STAGES": QUICK_STAGES, "REQUESTS": 4, "BATCH_REQUESTS": 2, "WARMUP": 1,
         "RATES": [20, 40], "RATE_SECONDS": 0.4, "RESULTS": str(tmp_path / "results"),
         # Short windows and no stability search (the last of a repeated flag counts): bounded.
-        "PA_WINDOW_S": 0.6, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
+        "PA_WINDOW_S": 1.0, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
     }
     nb = execute("6_triton", kernel_dir, tmp_path, parameters=parameters, prologue=PROLOGUE, epilogue=CHECK_TRITON,
                  timeout=180)
