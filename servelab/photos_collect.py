@@ -1,7 +1,7 @@
 """How ``servelab/data/photos/`` was made (maintainers only; nothing runs this at lab or test time).
 
 Debian's desktop-background, jigsaw and children's-game packages ship real photographs under free
-licences, but installing them costs ~900 MB of downloads for ~140 photos, so a small, downscaled copy
+licences, but installing them costs ~650 MB of downloads for ~140 photos, so a small, downscaled copy
 is committed instead, with each picture's package, version, path, licence and hashes in
 ``manifest.json``. Each photo gives four pictures, its quadrants, so ~140 photographs make ~560
 distinct images; the calibration/evaluation split (``servelab.photos``) keeps all quadrants of one
