@@ -1,6 +1,6 @@
 """Real photographs for calibrating and checking the quantized models, available offline.
 
-``data/photos/`` holds ~200 small JPEGs cut from ~50 freely licensed photographs that Debian
+``data/photos/`` holds ~560 small JPEGs cut from ~140 freely licensed photographs that Debian
 packages ship (see ``photos_collect`` for how, and ``manifest.json`` for each picture's package,
 path, licence and hashes). The split is fixed by the hash of the *source photograph*, never by
 order or a random draw: the four quadrants of one photograph land on the same side, so the
