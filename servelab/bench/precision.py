@@ -26,7 +26,6 @@ class Row:
     record: Record  # the closed-loop run at the stage's highest concurrency
 
 
-
 def cpu_ms_per_request(record: Record) -> float | None:
     """The machine's CPU time per successful request: mean CPU % x cores x wall time / successes."""
     m, s = record.monitors, record.stats
