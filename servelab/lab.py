@@ -159,8 +159,8 @@ class Lab:
             tools.append(lambda t, load: run_perf_analyzer(t, load, windows=p.windows, timeout_s=p.pa_timeout_s,
                                                            **common))
 
-        def each_tool(t, load: Load) -> Record:
-            return [self._run(tool, t, load) for tool in tools][0]
+        def each_tool(t, load: Load, by: list[Callable] = tools) -> Record:
+            return [self._run(tool, t, load) for tool in by][0]  # servelab's: the capacity comes from it
 
         capacity = None
         for load in [Load.sequential(p.sequential, warmup=p.warmup)] + [
@@ -173,8 +173,7 @@ class Lab:
             window = dict(requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup, seed=seed)
             for arrivals in ("constant", "poisson") if stage.both_arrivals else ("poisson",):
                 # perf_analyzer only where both arrival processes are measured: the lab's rate step.
-                load = Load.open(rate, arrivals, **window)
-                (each_tool if stage.both_arrivals else tools[0])(target, load)
+                each_tool(target, Load.open(rate, arrivals, **window), tools if stage.both_arrivals else tools[:1])
 
     def _run(self, tool: Callable, target, load: Load) -> Record:
         started = time.monotonic()

@@ -54,6 +54,10 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert "| pt-2x2 |" in report and (tmp_path / "latency_cdf.png").exists()
     assert "lab finished" in output and "p50" in output
     assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in report
+    # Every run is in the report and the printout, the open-loop ones of every stage too.
+    assert "| fastapi-pt | servelab | poisson " in report and "| pt-1 | servelab | poisson " in report
+    assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
+                and "req/s" in line]) == len(records)
     assert _servers() <= before
 
 
