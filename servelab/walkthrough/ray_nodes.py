@@ -197,11 +197,18 @@ def _compose(file: str, arguments: str) -> str:
 
 
 def alive_nodes_check(count: int, wait_s: int) -> str:
-    """A command that waits (at most ``wait_s``) until the head's Ray counts ``count`` live nodes."""
-    probe = ("import ray, sys; ray.init(address='auto', logging_level='ERROR'); "
-             f"sys.exit(sum(n['Alive'] for n in ray.nodes()) < {count})")
-    inner = _compose(HEAD_COMPOSE, f"exec -T ray_head python -c {shlex.quote(probe)}")
-    return f"timeout {wait_s} bash -c {shlex.quote(f'until {inner}; do sleep 5; done')}"
+    """A command that waits (at most ``wait_s``) until the head's Ray counts ``count`` live nodes, and
+    fails with the count it saw."""
+    probe = "\n".join([
+        "import time, ray",
+        "ray.init(address='auto', logging_level='ERROR')",
+        f"deadline = time.monotonic() + {wait_s}",
+        f"while (alive := sum(n['Alive'] for n in ray.nodes())) < {count}:",
+        f"    assert time.monotonic() < deadline, f'{{alive}} of {count} Ray nodes alive after {wait_s} s'",
+        "    time.sleep(5)",
+        "print(alive, 'Ray nodes alive')",
+    ])
+    return _compose(HEAD_COMPOSE, f"exec -T ray_head python -c {shlex.quote(probe)}")
 
 
 def bring_up(head: server.Server, worker: server.Server, *, worker_gpu: bool, wait_s: int = 900) -> None:
