@@ -126,7 +126,8 @@ def install() -> SimpleNamespace:
     new_server.get_floating_ip.side_effect = lambda: FLOATING_IP if new_server.associate_floating_ip.called else None
     doubles["get_server"].return_value = mock.create_autospec(real_server, instance=True)
 
-    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server, lease_class=real_lease)
+    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server, lease_class=real_lease,
+                           server_class=real_server)
 
 
 def arguments(recorded: mock._Call, double: Callable[..., Any]) -> dict[str, Any]:

@@ -216,5 +216,5 @@ def test_release_deletes_what_exists_and_goes_on(chi_api) -> None:
     assert chi_api.get_server.call_args_list == [mock.call("node-ray-head-ab1234"), mock.call("node-ray-worker-ab1234")]
     chi_api.get_lease.assert_called_once_with("serve_ray_ab1234")
     found.delete.assert_called_once_with()
-    assert done == ["deleted server node-ray-head-ab1234", "no server node-ray-worker-ab1234 (CHIValueError)",
+    assert done == ["deleted server node-ray-head-ab1234", "no server node-ray-worker-ab1234 (CHIValueError: no server)",
                     "deleted lease serve_ray_ab1234"]

@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 
 from chi import hardware, lease, server
 
+from servelab.walkthrough import chameleon
+
 GPU_NODE_TYPE = "gpu_p100"
 IMAGE = "CC-Ubuntu24.04-CUDA"
 CHECKOUT = "~/servelab"
@@ -153,7 +155,8 @@ def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
         " --extra-index-url https://download.pytorch.org/whl/cpu torch",
         f'cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt -e ".[torch,onnx,bench]"',
         f"cd {CHECKOUT} && .venv/bin/servelab models build --source lab",
-        *(["nvidia-smi", "docker run --rm --gpus all ubuntu:24.04 nvidia-smi -L"] if gpu else []),
+        *(["sudo apt-get install -y -q nvtop", "nvidia-smi", "docker run --rm --gpus all ubuntu:24.04 nvidia-smi -L"]
+          if gpu else []),
     ]
 
 
@@ -226,18 +229,5 @@ def bring_up(head: server.Server, worker: server.Server, *, worker_gpu: bool, wa
 
 
 def release(nodes: RayNodes) -> list[str]:
-    """Delete both servers (their floating IPs with them) and the lease; what is already gone is
-    reported, not an error, so the cell can run again."""
-    done = []
-    for name in (nodes.head, nodes.worker):
-        try:
-            server.get_server(name).delete()
-            done.append(f"deleted server {name}")
-        except Exception as exc:  # noqa: BLE001 - python-chi raises several kinds for "not found"
-            done.append(f"no server {name} ({type(exc).__name__})")
-    try:
-        lease.get_lease(nodes.lease).delete()
-        done.append(f"deleted lease {nodes.lease}")
-    except Exception as exc:  # noqa: BLE001 - likewise
-        done.append(f"no lease {nodes.lease} ({type(exc).__name__})")
-    return done
+    """Delete both servers and the lease, whichever still exist."""
+    return chameleon.release([nodes.head, nodes.worker], nodes.lease)
