@@ -252,10 +252,11 @@ def test_ray_head_and_worker_files_are_checked():
 
 
 @pytest.mark.parametrize(("path", "document"), RAY_VARIANTS, ids=[p.stem for p, _ in RAY_VARIANTS])
-def test_ray_nodes_listen_on_the_private_address_or_the_node_itself(path, document):
-    """Host networking (Ray opens many ports), so nothing is published, and each listener is bound on
-    purpose: Ray to the node's private address, its dashboard and Jupyter to 127.0.0.1; only
-    GourmetGram (the page students open) listens everywhere, as in the other files."""
+def test_ray_nodes_advertise_the_private_address_and_keep_the_rest_on_the_node(path, document):
+    """Host networking (Ray opens many ports), so nothing is published: Ray advertises the node's
+    private address (it listens on every address; its token and the setup's firewall guard it), its
+    dashboard and Jupyter listen on 127.0.0.1; only GourmetGram (the page students open) listens
+    everywhere, as in the other files."""
     for name, service in services(document).items():
         assert service.get("network_mode") == "host", name
         assert "ports" not in service, f"{name}: nothing to publish on the host's network"

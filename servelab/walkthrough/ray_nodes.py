@@ -5,7 +5,7 @@ with python-chi.
 * ``earliest_start`` / ``reserve``: one lease holding a head node and a worker node (two ``gpu_p100``, or
   a GPU head and a worker of another type), from the earliest whole hour both are free.
 * ``start_servers``: both servers in the lease, each on its own reservation, with a floating IP for SSH.
-* ``private_address``: a server's fixed address on the shared network, the one Ray binds to.
+* ``private_address``: a server's fixed address on the shared network, the one Ray advertises.
 * ``prepare``: a checkout, Docker with the NVIDIA toolkit (GPU nodes), servelab and the model on a node.
 * ``cluster_files`` / ``firewall``: the shell commands that give a node its addresses and the cluster's
   shared token, and keep every port except SSH (and GourmetGram on the head) to the two nodes.
