@@ -19,6 +19,8 @@ cell, passed in as arguments; nothing here reads notebook globals.
 * ``servelab.walkthrough.ray_nodes``: ``8_ray_setup``'s steps with python-chi (lease two nodes, start,
   prepare and connect them, bring up the head's and the worker's compose files).
 * ``servelab.walkthrough.chameleon``: ``origin_url`` and ``release``, shared by the provisioning notebooks.
+* ``servelab.walkthrough.node_setup``: the commands that prepare a node (Docker, NVIDIA's toolkit,
+  servelab and the model), run by ``2_create_server_nvidia`` and ``8_ray_setup``.
 * ``servelab.walkthrough.stage_switch``: ``run_switch`` (run a stage switch with progress and a bound)
   and ``diagnosis`` (Triton's own account of its models and log, for the error).
 """

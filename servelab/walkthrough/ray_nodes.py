@@ -25,11 +25,11 @@ from datetime import datetime, timedelta
 
 from chi import hardware, lease, server
 
-from servelab.walkthrough import chameleon
+from servelab.walkthrough import chameleon, node_setup
 
 GPU_NODE_TYPE = "gpu_p100"
 IMAGE = "CC-Ubuntu24.04-CUDA"
-CHECKOUT = "~/servelab"
+CHECKOUT = node_setup.CHECKOUT
 # Written on each node by `cluster_files`, read by the compose files (git-ignored, never in an image).
 CLUSTER_DIR = f"{CHECKOUT}/.ray-cluster"
 HEAD_COMPOSE = "docker/docker-compose-ray-head.yaml"
@@ -121,43 +121,10 @@ def private_address(s: server.Server) -> str:
     return fixed[0]
 
 
-def _docker_commands(gpu: bool) -> list[str]:
-    """Docker (and, on a GPU node, NVIDIA's container toolkit with the cgroupfs driver), as
-    2_create_server_nvidia explains step by step; every command can run twice."""
-    commands = ["command -v docker > /dev/null || curl -fsSL https://get.docker.com | sudo sh",
-                'sudo usermod -aG docker "$USER"']
-    if gpu:
-        repo, keyring = "https://nvidia.github.io/libnvidia-container", "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
-        cgroupfs = ('import json, pathlib; p = pathlib.Path("/etc/docker/daemon.json"); '
-                    'c = json.loads(p.read_text()) if p.exists() else {}; '
-                    'c["exec-opts"] = ["native.cgroupdriver=cgroupfs"]; p.write_text(json.dumps(c, indent=2))')
-        commands += [
-            f"curl -fsSL {repo}/gpgkey | sudo gpg --batch --yes --dearmor -o {keyring}",
-            f"curl -fsSL {repo}/stable/deb/nvidia-container-toolkit.list"
-            f" | sed 's#deb https://#deb [signed-by={keyring}] https://#'"
-            " | sudo tee /etc/apt/sources.list.d/nvidia-container-toolkit.list",
-            "sudo apt-get update -q && sudo apt-get install -y -q nvidia-container-toolkit",
-            "sudo nvidia-ctk runtime configure --runtime=docker",
-            f"sudo python3 -c {shlex.quote(cgroupfs)}",
-        ]
-    return [*commands, "sudo systemctl restart docker"]
-
-
 def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
-    """Everything a node needs before its compose file starts: the checkout, Docker, servelab in
-    ``.venv`` (PyTorch's CPU build: it only exports the model) and the lab's model in ``models/``."""
-    return [
-        f"test -d {CHECKOUT}/.git || git clone {shlex.quote(repo_url)} {CHECKOUT}",
-        *_docker_commands(gpu),
-        "sudo apt-get update -q && sudo apt-get install -y -q python3-venv",
-        f"cd {CHECKOUT} && (test -d .venv || python3 -m venv .venv) && .venv/bin/pip install -q --upgrade pip",
-        f"cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt"
-        " --extra-index-url https://download.pytorch.org/whl/cpu torch",
-        f'cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt -e ".[torch,onnx,bench]"',
-        f"cd {CHECKOUT} && .venv/bin/servelab models build --source lab",
-        *(["sudo apt-get install -y -q nvtop", "nvidia-smi", "docker run --rm --gpus all ubuntu:24.04 nvidia-smi -L"]
-          if gpu else []),
-    ]
+    """Everything a node needs before its compose file starts (``servelab.walkthrough.node_setup``):
+    the checkout, Docker (and the NVIDIA toolkit on a GPU node), servelab and the lab's model."""
+    return node_setup.node_commands(repo_url, gpu=gpu, servelab=True)
 
 
 def prepare(s: server.Server, repo_url: str, *, gpu: bool) -> None:
