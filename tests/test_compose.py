@@ -40,7 +40,9 @@ PUBLIC_PORTS = {("fastapi_server", 8000), ("flask", 5000)}
 GENERATED = {"models": "servelab models build", "results": "servelab lab and the notebooks"}
 # Variables read by third-party software in the images rather than by servelab.
 EXTERNAL_VARIABLES = {"JUPYTER_TOKEN": "Jupyter Server's token", "RAY_AUTH_MODE": "Ray's token authentication",
-                      "RAY_AUTH_TOKEN_PATH": "Ray's token authentication"}
+                      "RAY_AUTH_TOKEN_PATH": "Ray's token authentication",
+                      # Read by Ray's clients, and by servelab.settings once the local Ray stages (branch ray-serve) are in.
+                      "RAY_ADDRESS": "the Ray cluster to connect to"}
 RAY_FILES = {"docker-compose-ray-head.yaml", "docker-compose-ray-worker.yaml"}
 
 
@@ -267,6 +269,8 @@ def test_ray_nodes_advertise_the_private_address_and_keep_the_rest_on_the_node(p
             assert "--disable-usage-stats" in command and "0.0.0.0" not in command, name
         if name == "ray_head":
             assert "--head" in command and "--dashboard-host=127.0.0.1" in command
+            # `servelab ray deploy|status`, exec'd in this container, find the cluster without --address.
+            assert environment(service)["RAY_ADDRESS"] == "127.0.0.1:6379" and "--port=6379" in command
         elif name in RAY_SERVICES:
             assert '--address="$HEAD_PRIVATE_IP:6379"' in command, name
         if name == "jupyter":
