@@ -1,6 +1,6 @@
-"""The lab's stage notebooks (3_ to 6_): their shell commands match the compose files (their servelab
-commands parse: test_shown_commands.py), and the measurement notebooks run end to end against real
-local stages.
+"""The lab's stage notebooks (3_ to 6_, and 9_ray): their shell commands match the compose files (their
+servelab commands parse: test_shown_commands.py), and the measurement notebooks run end to end against
+real local stages (9_ray: test_ray_walkthrough.py).
 
 ``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
 with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
