@@ -83,6 +83,7 @@ class BenchSettings(_Env):
     """Measuring (`servelab bench`, `servelab lab`, perf_analyzer)."""
 
     perf_analyzer: str = Field("", description="perf_analyzer binary to run; empty = the project's copy (`make perf-analyzer` extracts it into the environment), else `perf_analyzer` on PATH (NVIDIA's Triton SDK image).")
+    lab_device: Literal["auto", "cpu", "gpu"] = Field("auto", description="`servelab lab` (`--device`): where every stage runs: `gpu` (PyTorch on CUDA, ONNX Runtime's TensorRT/CUDA providers, Triton `KIND_GPU`, each server started with `REQUIRE_GPU=1`; fails where `nvidia-smi` lists no GPU), `cpu`, or `auto` = gpu where `nvidia-smi` lists a GPU.")
 
 
 class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings):
