@@ -1,0 +1,81 @@
+"""The CPU side of the GPU path: device selection, `--device gpu` and `make gpu-check` without a GPU,
+the gpu marker's skips, and the GPU record's parts. The GPU side is tests/test_gpu.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab.device import NO_GPU, NoGpu, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.gpu_check import TestOutcome, slug
+
+REPO = Path(__file__).resolve().parents[1]
+without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
+
+
+@pytest.mark.parametrize(("requested", "gpus", "device"), [
+    ("auto", 0, "cpu"), ("auto", 1, "gpu"), ("auto", 2, "gpu"), ("cpu", 2, "cpu"), ("gpu", 1, "gpu"),
+])
+def test_device_selection(requested, gpus, device):
+    assert resolve(requested, gpus) == device
+
+
+def test_gpu_without_a_gpu_is_an_error_that_says_why():
+    with pytest.raises(NoGpu, match=r"no NVIDIA GPU \(nvidia-smi lists none\)"):
+        resolve("gpu", 0)
+    with pytest.raises(ValueError, match="auto, cpu or gpu"):
+        resolve("cuda", 1)
+
+
+def test_on_the_gpu_every_server_must_really_use_it():
+    assert stage_env("gpu") == {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1"}
+    assert stage_env("cpu")["ORT_PROVIDERS"] == "cpu" and stage_env("cpu")["REQUIRE_GPU"] == "0"
+
+
+def test_where_a_stage_runs_is_read_from_what_the_server_reports():
+    assert runs_on_fastapi({"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]}) == \
+        "onnxruntime CUDAExecutionProvider, CPUExecutionProvider"
+    assert runs_on_fastapi({"device": "cuda:0", "dtype": "float16", "gpu": "NVIDIA H100"}) == \
+        "torch cuda:0 (NVIDIA H100) float16"
+    config = {"backend": "python", "instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}] * 2,
+              "parameters": {"servelab_gpu_placement": {"string_value": "this machine has 1"}}}
+    assert runs_on_triton(config) == "triton python: 2x KIND_GPU on GPU 0 + 2x KIND_GPU on GPU 0 (this machine has 1)"
+
+
+@without_gpu
+def test_lab_on_the_gpu_without_one_fails_at_once_with_the_reason(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "servelab", "lab", "--quick", "--device", "gpu", "--out", str(tmp_path / "r")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and NO_GPU in run.stderr and "--device cpu" in run.stderr
+    assert not (tmp_path / "r").exists()  # nothing measured, nothing written
+
+
+@without_gpu
+def test_make_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path):
+    run = subprocess.run(["make", "--no-print-directory", "gpu-check", f"GPU_VENV={tmp_path / 'venv'}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and f"gpu-check: {NO_GPU}" in run.stdout, run.stdout + run.stderr
+    assert not (tmp_path / "venv").exists()  # it built nothing
+    run = subprocess.run([sys.executable, "-m", "servelab", "gpu-check", "--docs", str(tmp_path / "docs")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and NO_GPU in run.stdout and not (tmp_path / "docs").exists()
+
+
+@without_gpu
+def test_gpu_tests_skip_with_the_reason_and_the_record_reads_their_outcome(tmp_path):
+    """What CI shows for them, through the same JUnit file gpu-check reads."""
+    junit = tmp_path / "gpu.xml"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rs",
+                          "-p", "no:cacheprovider", f"--junitxml={junit}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    outcome = TestOutcome.from_junit(junit)
+    assert outcome.skipped >= 10 and outcome.passed == outcome.failed == 0
+    assert {message for _, result, message in outcome.results} == {NO_GPU}
+    assert any("test_triton_kind_gpu" in name for name, _, _ in outcome.results)
+
+
+def test_gpu_names_become_file_names():
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert slug("Tesla P100-PCIE-16GB") == "tesla-p100-pcie-16gb"
