@@ -19,9 +19,15 @@ $(STAMP): pyproject.toml constraints.txt
 # runs as failed with the reason, and its tests skip, except in CI, where they must run.
 PERF_ANALYZER = $(BIN)/servelab perf-analyzer install --if-missing || echo "perf_analyzer: not installed (see above); going on without it"
 
-lab: $(STAMP)
-	@$(PERF_ANALYZER)
-	$(BIN)/servelab lab
+# On a machine whose nvidia-smi lists a GPU and whose GPU_PYTHON has a CUDA PyTorch, the lab runs on the GPU
+# from .venv-gpu (below); everywhere else on the CPU from .venv.
+GPU_READY = $(HAS_GPU) && $(GPU_PYTHON) -c 'import sys, torch; sys.exit(not torch.version.cuda)' 2>/dev/null
+
+lab:
+	@if $(GPU_READY); then $(MAKE) --no-print-directory $(GPU_STAMP) && \
+		{ $(GPU_VENV)/bin/servelab perf-analyzer install --if-missing || echo "perf_analyzer: not installed; going on without it"; } && \
+		$(GPU_VENV)/bin/servelab lab; \
+	else $(MAKE) --no-print-directory $(STAMP) && { $(PERF_ANALYZER); } && $(BIN)/servelab lab; fi
 
 test: $(STAMP)
 	@$(PERF_ANALYZER)

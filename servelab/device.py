@@ -38,16 +38,48 @@ def gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
 
 
-def resolve(requested: str, gpus: int) -> Device:
-    """``auto`` -> ``gpu`` where there is one, else ``cpu``; ``gpu`` without one is an error."""
+def environment_gaps() -> list[str]:
+    """What this Python environment lacks to run the lab on a GPU that is there (empty: nothing)."""
+    gaps = []
+    try:
+        import torch
+    except ImportError:
+        gaps.append("PyTorch is not installed")
+    else:
+        if not torch.version.cuda:
+            gaps.append(f"PyTorch {torch.__version__} is a CPU build")
+        elif not torch.cuda.is_available():
+            gaps.append(f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        gaps.append("ONNX Runtime is not installed")
+    else:
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            gaps.append(f"onnxruntime {ort.__version__} has no CUDA execution provider (onnxruntime-gpu has)")
+    return gaps
+
+
+def resolve(requested: str, gpus: int, gaps: list[str] | None = None, log=print) -> Device:
+    """``auto`` -> ``gpu`` where there is one and this environment can use it (``gaps``: what it
+    lacks), else ``cpu``, saying why; ``gpu`` without a GPU, or with gaps, is an error."""
     if requested not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be auto, cpu or gpu, not {requested!r}")
-    if requested == "gpu" and gpus == 0:
-        raise NoGpu(f"--device gpu (LAB_DEVICE=gpu), but this machine has {NO_GPU}; "
-                    "use --device cpu or auto, or run on a machine with an NVIDIA GPU and driver")
-    if requested == "auto":
-        return "gpu" if gpus else "cpu"
-    return requested  # type: ignore[return-value]
+    if requested == "cpu":
+        return "cpu"
+    if gpus == 0:
+        if requested == "gpu":
+            raise NoGpu(f"--device gpu (LAB_DEVICE=gpu), but this machine has {NO_GPU}; "
+                        "use --device cpu or auto, or run on a machine with an NVIDIA GPU and driver")
+        return "cpu"
+    if gaps:
+        why = "; ".join(gaps)
+        if requested == "gpu":
+            raise NoGpu(f"--device gpu, but this environment cannot use the GPU: {why}. "
+                        "`make gpu-check` builds one that can (docs/gpu/README.md)")
+        log(f"device: the GPU is not used: {why} (`make lab` and `make gpu-check` use .venv-gpu, which can)")
+        return "cpu"
+    return "gpu"
 
 
 def stage_env(device: Device) -> dict[str, str]:

@@ -40,7 +40,7 @@ RATIO_CONCURRENCY = 16
 
 
 @dataclass
-class TestOutcome:
+class PytestOutcome:
     """What ``pytest -m gpu`` reported (its JUnit XML): counts and each test's result."""
 
     passed: int = 0
@@ -49,7 +49,7 @@ class TestOutcome:
     results: list[tuple[str, str, str]] = field(default_factory=list)  # (test, outcome, message)
 
     @classmethod
-    def from_junit(cls, path: Path) -> "TestOutcome":
+    def from_junit(cls, path: Path) -> "PytestOutcome":
         outcome = cls()
         for case in ET.parse(path).getroot().iter("testcase"):
             name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
@@ -128,7 +128,7 @@ def stage_table(records: list[Record]) -> list[str]:
     return lines
 
 
-def record_markdown(records: list[Record], found: dict[str, Any], tests: TestOutcome | None, lab: str,
+def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
                     when: str) -> str:
     """The GPU record: hardware and versions, test outcomes, the stage table and the ratios."""
     gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
@@ -166,7 +166,7 @@ def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
     log(f"gpu-check: pytest -m gpu {GPU_TESTS}")
     pytest = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", GPU_TESTS, "-rs", "-q",
                              f"--junitxml={junit}"], cwd=REPO_ROOT)
-    tests = TestOutcome.from_junit(junit) if junit.exists() else None
+    tests = PytestOutcome.from_junit(junit) if junit.exists() else None
     lab_args = ["--device", "gpu"] + ([] if full else ["--quick", "--concurrency", "8,16"])
     log(f"gpu-check: servelab lab {' '.join(lab_args)}")
     lab = subprocess.run([sys.executable, "-m", "servelab", "lab", *lab_args, "--out", str(out / "lab")],

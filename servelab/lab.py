@@ -34,7 +34,7 @@ from pathlib import Path
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.device import Device, NoGpu, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.device import Device, NoGpu, environment_gaps, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.settings import get_settings
@@ -291,7 +291,8 @@ def _cli_lab(args) -> int:
     started = time.monotonic()
     stages = select_stages(args.stages)
     try:
-        device = resolve(args.device or get_settings().lab_device, gpu_count())
+        gpus = gpu_count()
+        device = resolve(args.device or get_settings().lab_device, gpus, environment_gaps() if gpus else [])
     except NoGpu as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

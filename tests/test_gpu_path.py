@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.device import NO_GPU, NoGpu, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
-from servelab.gpu_check import TestOutcome, slug
+from servelab.device import NO_GPU, NoGpu, environment_gaps, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.gpu_check import PytestOutcome, slug
 
 REPO = Path(__file__).resolve().parents[1]
 without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
@@ -19,6 +19,14 @@ without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without
 ])
 def test_device_selection(requested, gpus, device):
     assert resolve(requested, gpus) == device
+
+
+def test_a_gpu_this_environment_cannot_use_is_left_alone_by_auto_and_refused_by_gpu():
+    said = []
+    assert resolve("auto", 1, ["PyTorch 2.13.0+cpu is a CPU build"], log=said.append) == "cpu"
+    assert "PyTorch 2.13.0+cpu is a CPU build" in said[0]
+    with pytest.raises(NoGpu, match="cannot use the GPU: PyTorch 2.13.0\\+cpu is a CPU build"):
+        resolve("gpu", 1, ["PyTorch 2.13.0+cpu is a CPU build"])
 
 
 def test_gpu_without_a_gpu_is_an_error_that_says_why():
@@ -70,7 +78,7 @@ def test_gpu_tests_skip_with_the_reason_and_the_record_reads_their_outcome(tmp_p
                           "-p", "no:cacheprovider", f"--junitxml={junit}"], cwd=REPO, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
-    outcome = TestOutcome.from_junit(junit)
+    outcome = PytestOutcome.from_junit(junit)
     assert outcome.skipped >= 10 and outcome.passed == outcome.failed == 0
     assert {message for _, result, message in outcome.results} == {NO_GPU}
     assert any("test_triton_kind_gpu" in name for name, _, _ in outcome.results)
@@ -79,3 +87,13 @@ def test_gpu_tests_skip_with_the_reason_and_the_record_reads_their_outcome(tmp_p
 def test_gpu_names_become_file_names():
     assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     assert slug("Tesla P100-PCIE-16GB") == "tesla-p100-pcie-16gb"
+
+
+def test_this_environment_says_what_it_lacks_for_a_gpu():
+    import onnxruntime
+    import torch
+
+    gaps = environment_gaps()
+    assert (torch.version.cuda is None) == any("is a CPU build" in g for g in gaps)
+    has_cuda_provider = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert has_cuda_provider != any("no CUDA execution provider" in g for g in gaps)
