@@ -11,8 +11,10 @@ GPU build, and the CUDA it was built for), its providers, and TensorRT where it 
 probe is bounded and optional: a missing part is named as missing, never guessed.
 """
 
+import re
 import shutil
 import subprocess
+from collections import Counter
 from functools import cache
 from importlib import metadata
 from typing import Any, Literal
@@ -171,13 +173,28 @@ def runs_on_fastapi(runtime: dict[str, Any]) -> str:
     return f"torch {runtime.get('device', '?')}{gpu} {runtime.get('dtype', '')}".rstrip()
 
 
-def runs_on_triton(config: dict[str, Any]) -> str:
+def runs_on_triton(config: dict[str, Any], instances: str = "") -> str:
     """The instance groups of a model as the server reports them (``GET /v2/models/<m>/config``):
-    kind and GPU ids, and any note on moved instances."""
+    kind and GPU ids, any note on moved instances, and what the instances say (``instances_say``)."""
     groups = []
     for g in config.get("instance_group", []):
         where = f" on GPU {','.join(map(str, g['gpus']))}" if g.get("gpus") else ""
         groups.append(f"{g.get('count', 1)}x {g.get('kind', '?')}{where}")
     placement = config.get("parameters", {}).get("servelab_gpu_placement", {}).get("string_value")
     backend = config.get("backend") or config.get("platform") or "?"
-    return f"triton {backend}: {' + '.join(groups) or 'no instance group'}" + (f" ({placement})" if placement else "")
+    return (f"triton {backend}: {' + '.join(groups) or 'no instance group'}" + (f" ({placement})" if placement else "")
+            + (f"; instances say: {instances}" if instances else ""))
+
+
+def instances_say(log_text: str, model: str, instances: int) -> str:
+    """Where the ``instances`` latest instances of ``model`` say they run, from Triton's log: each
+    Python-backend model logs, once loaded, its device and (ONNX Runtime) the providers it made active."""
+    pattern = re.compile(rf"{re.escape(model)}_\d+(?:_\d+)?: (.*)")
+    lines = [m[1] for m in map(pattern.search, log_text.splitlines()) if m][-instances:] if instances else []
+    where = Counter()
+    for line in lines:
+        device = re.search(r" on (cuda:\d+|cpu)\b", line)
+        provider = re.search(r"\['(\w+ExecutionProvider)'", line)
+        runtime = provider[1] if provider else "PyTorch" if "PyTorch" in line else "?"
+        where[f"{runtime} on {device[1]}" if device else runtime] += 1
+    return ", ".join(f"{n}x {what}" for what, n in where.items())

@@ -33,8 +33,8 @@ RATIOS = (
     ("dynamic batching ÷ no batching", "pt-dyn", "pt-1"),
     ("dynamic batching ÷ no batching", "onnx-dyn", "onnx-1"),
     ("dynamic batching ÷ no batching", "fastapi-onnx-dyn", "fastapi-onnx"),
-    ("two instances ÷ one instance", "onnx-2", "onnx-1"),
-    ("two instances ÷ one instance", "pt-2x2", "pt-1"),
+    ("two instances per GPU ÷ one instance", "onnx-2", "onnx-1"),
+    ("two instances per GPU ÷ one instance", "pt-2x2", "pt-1"),
 )
 RATIO_CONCURRENCY = 16
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.device import Device, NoGpu, environment_gaps, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.device import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
+                             runs_on_triton, stage_env)
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.settings import get_settings
@@ -233,6 +234,8 @@ class Lab:
                          runs_on_fastapi(ready["runtime"]))
 
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        from servelab.triton.backend import instance_count
+
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
         with self.triton(stages[0]) as server:
@@ -243,7 +246,9 @@ class Lab:
                     config = server.apply_stage(stage.name)
                     target = TritonTarget(server.url, stage.model, self.image, input=stage.input,
                                           image_name=self.image_name, manifest=paths.manifest)
-                    self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config))
+                    said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), stage.model,
+                                         instance_count(config.get("instance_group", [])))
+                    self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
 
                 self._guard(stage, one)
 

@@ -66,8 +66,10 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert {r.config["device"] for r in ours} == {"cpu"}
     runs_on = {r.stage: r.config["runs_on"] for r in ours}
     assert runs_on["fastapi-onnx"] == "onnxruntime CPUExecutionProvider" and runs_on["fastapi-pt"] == "torch cpu float32"
-    assert runs_on["pt-2x2"] == "triton python: 4x KIND_CPU" and runs_on["onnx-2"] == "triton python: 4x KIND_CPU"
-    assert "## Hardware and versions" in report and "| pt-2x2 | triton python: 4x KIND_CPU |" in report
+    assert runs_on["pt-2x2"] == "triton python: 4x KIND_CPU; instances say: 4x PyTorch on cpu"
+    assert runs_on["onnx-2"] == "triton python: 4x KIND_CPU; instances say: 4x CPUExecutionProvider on cpu"
+    assert runs_on["ensemble"] == "triton ensemble: no instance group"
+    assert "## Hardware and versions" in report and f"| pt-2x2 | {runs_on['pt-2x2']} |" in report
     _check_gpu_record(records)
 
 
@@ -80,7 +82,7 @@ def _check_gpu_record(records):
     assert rows["pt-1"].split(" | ")[4] != "-" and rows["onnx-1"].split(" | ")[4] == "-"  # -b 16 where it batches
     by = {(r.stage, r.load.label()): r.stats.throughput_rps for r in records if r.tool == "servelab" and r.batch == 1}
     ratio = by["onnx-2", "concurrency 8"] / by["onnx-1", "concurrency 8"]
-    assert f"| two instances ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
+    assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
     assert "pt-dyn ÷ pt-1 at concurrency 8" in md and "## GPU tests (`pytest -m gpu`)" in md
 
 
