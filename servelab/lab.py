@@ -105,7 +105,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier", batches=True),
     Stage("pt-dyn", "Triton Python backend, 1 instance + dynamic batching", "triton", model="food_classifier",
           batches=True),
-    Stage("pt-2x2", "Triton Python backend, 2 + 2 instances (on CPU here)", "triton", model="food_classifier"),
+    Stage("pt-2x2", "Triton Python backend, 2 instances on each of 2 GPUs (all 4 on one GPU, or on the CPU)", "triton", model="food_classifier"),
     Stage("onnx-1", "Triton ONNX model, 1 instance", "triton", model="food_classifier_onnx", input="tensor",
           stand_in=ONNX_STAND_IN, variant="fp32"),
     Stage("onnx-u8", "Triton ONNX model with preprocessing inside, 1 instance (uint8 crops in)", "triton",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.device import NO_GPU, NoGpu, environment_gaps, gpu_count, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.device import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
 from servelab.gpu_check import PytestOutcome, slug
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +49,19 @@ def test_where_a_stage_runs_is_read_from_what_the_server_reports():
     config = {"backend": "python", "instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}] * 2,
               "parameters": {"servelab_gpu_placement": {"string_value": "this machine has 1"}}}
     assert runs_on_triton(config) == "triton python: 2x KIND_GPU on GPU 0 + 2x KIND_GPU on GPU 0 (this machine has 1)"
+
+
+def test_what_triton_instances_say_is_read_from_the_latest_load_in_its_log():
+    """Lines as the models log them (models_staging/*/1/model.py), on a GPU; the CPU lab checks real ones."""
+    stand_in = ('W1123 backend.py:160] "food_classifier_onnx_{i}_0: LOCAL STAND-IN (Python backend running ONNX Runtime '
+                "1.31.1, ['{p}', 'CPUExecutionProvider'] on cuda:{i}, 1 threads, input float32) in place of Triton's\"")
+    log = "\n".join([stand_in.format(i=0, p="CPUExecutionProvider"),  # an earlier stage's load
+                      'I1123 "food_classifier_0_0: food11 in PyTorch (float32) on cuda:0, 3 CPU threads"',
+                      stand_in.format(i=0, p="CUDAExecutionProvider"), stand_in.format(i=1, p="CUDAExecutionProvider")])
+    assert instances_say(log, "food_classifier_onnx", 2) == \
+        "1x CUDAExecutionProvider on cuda:0, 1x CUDAExecutionProvider on cuda:1"
+    assert instances_say(log, "food_classifier", 1) == "1x PyTorch on cuda:0"
+    assert instances_say(log, "food_classifier_ensemble", 0) == ""
 
 
 @without_gpu
