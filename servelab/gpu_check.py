@@ -25,6 +25,7 @@ from typing import Any
 from servelab.bench.records import Record, read_records
 from servelab.device import NO_GPU, describe, gpu_count, stack
 from servelab.paths import REPO_ROOT
+from servelab.tables import markdown, num
 
 DOCS = REPO_ROOT / "docs" / "gpu"
 GPU_TESTS = "tests/test_gpu.py"
@@ -100,8 +101,7 @@ def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[
 def _cell(r: Record | None, images: bool = False) -> str:
     if r is None:
         return "-"
-    rate = r.stats.items_per_s if images else r.stats.throughput_rps
-    return f"{rate:.1f} / {r.stats.latency.p50_ms:.1f}" if r.stats.latency.p50_ms is not None else f"{rate:.1f} / -"
+    return f"{num(r.stats.items_per_s if images else r.stats.throughput_rps)} / {num(r.stats.latency.p50_ms)}"
 
 
 def _gpu(records: list[Record]) -> str:
@@ -110,22 +110,21 @@ def _gpu(records: list[Record]) -> str:
     mem = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
     if not util:
         return "no NVML samples"
-    return f"{sum(util) / len(util):.0f} % / {max(mem):.0f} MiB"
+    return f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB"
 
 
-def stage_table(records: list[Record]) -> list[str]:
+def stage_table(records: list[Record]) -> str:
     ours = [r for r in records if r.tool == "servelab"]
     levels = sorted({r.load.concurrency for r in ours if r.load.mode == "closed"})
     head = ["stage", "runs on", "sequential", *(f"concurrency {c}" for c in levels), "-b 16 (img/s / ms)",
             "GPU util mean / memory peak"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for stage in dict.fromkeys(r.stage for r in ours):
         runs = [r for r in ours if r.stage == stage]
-        row = [stage, runs[0].config.get("runs_on", "-"), _cell(_closed(ours, stage, 1)),
-               *(_cell(_closed(ours, stage, c)) for c in levels),
-               _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+        rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(_closed(ours, stage, 1)),
+                     *(_cell(_closed(ours, stage, c)) for c in levels),
+                     _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)])
+    return markdown(head, rows)
 
 
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
@@ -142,17 +141,16 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
         md.append("not run")
     else:
         md += [f"{tests.passed} passed, {tests.failed} failed, {tests.skipped} skipped.", "",
-               "| test | outcome | message |", "|---|---|---|"]
-        md += [f"| {name} | {outcome} | {message.replace('|', '/')} |" for name, outcome, message in tests.results]
+               markdown(("test", "outcome", "message"), tests.results)]
     md += ["", f"## The lab on this GPU ({lab})", "",
            "req/s / median ms per load (servelab's client; `-b 16`: images/s / ms per request of 16); "
            "GPU utilization and memory from NVML during the stage's runs.", ""]
-    md += stage_table(records) if records else ["no records: the lab did not run"]
+    md.append(stage_table(records) if records else "no records: the lab did not run")
     failed = sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed})
     if failed:
         md += ["", "Failed runs:", *(f"- {line}" for line in failed)]
-    md += ["", "## Ratios (req/s)", "", "| what | stages | ratio |", "|---|---|---:|"]
-    md += [f"| {what} | {which} | {value:.2f} |" for what, which, value in ratios(records)] or ["| - | - | - |"]
+    md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
+        (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
     return "\n".join(md) + "\n"
 
 

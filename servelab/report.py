@@ -300,8 +300,7 @@ def hardware_section(records: list[Record]) -> list[str]:
         md.append(f"- lab device: {', '.join(devices)}")
     runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
     if runs_on:
-        md += ["", "| stage | runs on (read back from the server) |", "|---|---|"]
-        md += [f"| {stage} | {where} |" for stage, where in runs_on.items()]
+        md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
     return md + [""]
 
 
