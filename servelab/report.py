@@ -11,6 +11,7 @@ latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utiliza
 
 import argparse
 import datetime as dt
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
 from servelab.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
-           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in")
+           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")
 MAX_CDF_PANELS = 6
 MAX_BATCH_RUNS = 8
 
@@ -51,6 +52,7 @@ def summary_rows(records: list[Record]) -> list[dict[str, str]]:
             "queue ms": num(b.queue_ms if b else None), "service ms": num(b.service_ms if b else None),
             "queue share": "-" if share is None else f"{100 * share:.0f}%",
             "mean batch": num(b.mean_batch_size if b else None, 2), "stand-in": "yes" if r.stand_in else "no",
+            "runs on": r.config.get("runs_on", "-"),
         })
     return rows
 
@@ -226,6 +228,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     where = ", ".join(f"`{p}`" for p in sources) or "the given records"
     md = ["# servelab results", "", f"Generated {now} from {len(records)} run records ({where}).", ""]
+    md += hardware_section(records)
     stand_ins = sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in})
     if stand_ins:
         md += ["> **Stand-in models.** Numbers for these stages come from stand-ins, not the lab's models:", ">"]
@@ -282,6 +285,23 @@ def _precision_section(records: list[Record]) -> list[str]:
         f"from `{get_settings().model_dir}` as it is now.", "",
         precision.markdown(found, get_settings().model_dir), "",
     ]
+
+
+def hardware_section(records: list[Record]) -> list[str]:
+    """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
+    where each stage really ran: the header every report and GPU record starts with."""
+    from servelab.device import describe
+
+    stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
+    devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
+    md = ["## Hardware and versions", ""]
+    md += [f"- {line}" for stack in sorted(stacks) for line in describe(json.loads(stack))] or ["- not recorded"]
+    if devices:
+        md.append(f"- lab device: {', '.join(devices)}")
+    runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
+    if runs_on:
+        md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
+    return md + [""]
 
 
 def _machines(records: list[Record]) -> list[str]:
