@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Re-install only when the declared dependencies change, so a second run is quick.
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test models notebooks bench perf-analyzer clean
+.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,17 +18,29 @@ $(STAMP): pyproject.toml constraints.txt
 # perf_analyzer (pinned, extracted into .venv/opt) is soft for both: without it the lab records its
 # runs as failed with the reason, and its tests skip, except in CI, where they must run.
 PERF_ANALYZER = $(BIN)/servelab perf-analyzer install --if-missing || echo "perf_analyzer: not installed (see above); going on without it"
+# Prometheus (Debian's 2.42, unpacked into .venv/opt) is soft the same way: without it the lab goes on
+# unscraped and says so in its log and report; its tests skip, except in CI.
+PROMETHEUS = $(BIN)/servelab prometheus install --if-missing || echo "prometheus: not installed (see above); going on without it"
 
 lab: $(STAMP)
 	@$(PERF_ANALYZER)
+	@$(PROMETHEUS)
 	$(BIN)/servelab lab
 
 test: $(STAMP)
 	@$(PERF_ANALYZER)
+	@$(PROMETHEUS)
 	$(BIN)/python -m pytest
 
 perf-analyzer: $(STAMP)
 	$(BIN)/servelab perf-analyzer install --if-missing
+
+prometheus: $(STAMP)
+	$(BIN)/servelab prometheus install --if-missing
+
+# The Grafana dashboard and provisioning files under docker/grafana, generated from servelab.monitoring.dashboard.
+dashboard: $(STAMP)
+	$(BIN)/python -m servelab.monitoring.dashboard
 
 models: $(STAMP)
 	$(BIN)/servelab models build

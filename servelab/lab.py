@@ -27,6 +27,8 @@ from pathlib import Path
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
+from servelab.bench.records import append_record
+from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import ServerProcess, free_port
 from servelab.settings import get_settings
@@ -115,8 +117,12 @@ STAGES: tuple[Stage, ...] = (
 
 
 class Lab:
-    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print):
+    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print,
+                 prometheus: LabPrometheus | None = None):
         self.plan, self.out_dir, self.log = plan, out_dir, log
+        # Prometheus scrapes each server while it runs; absent or down, each record says so.
+        self.prometheus = prometheus or LabPrometheus(out_dir / "prometheus", log)
+        self.scraped: Scraped | None = None  # the server being measured now
         self.image = image.read_bytes()
         self.image_name = image.name
         self.records_path = out_dir / "records.jsonl"
@@ -132,8 +138,12 @@ class Lab:
         cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
         # No access log while measuring: a log line per request is work the lab does not study.
         with ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
-                           env={"ACCESS_LOG": "0", **stage.env}, ready_timeout=180) as server:
-            yield f"http://127.0.0.1:{port}", server.pid
+                           env={"ACCESS_LOG": "0", **stage.env}, ready_timeout=180) as server, \
+                self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped:
+            try:
+                yield f"http://127.0.0.1:{port}", server.pid
+            finally:
+                self.scraped = None
 
     def triton(self, first: Stage):
         from servelab.triton.server import start_local
@@ -150,7 +160,8 @@ class Lab:
 
     def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest) -> None:
         stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
-        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None, out=self.records_path)
+        # Records are written by _run, once the server's own series are attached.
+        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None)
         config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {})}
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
@@ -176,8 +187,11 @@ class Lab:
                 each_tool(target, Load.open(rate, arrivals, **window), tools if stage.both_arrivals else tools[:1])
 
     def _run(self, tool: Callable, target, load: Load) -> Record:
-        started = time.monotonic()
+        started, called = time.monotonic(), time.time()
+        before = self.prometheus.before(self.scraped)
         record = tool(target, load)
+        record.prometheus = self.prometheus.after(record, before, self.scraped, called)
+        append_record(self.records_path, record)
         self.records.append(record)
         s = record.stats
         what = f"{record.tool:<13} {load.label() + (f' x{record.batch}' if record.batch > 1 else ''):<26}"
@@ -194,6 +208,10 @@ class Lab:
     def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
+        with self.prometheus:
+            self._run_stages(stages, manifest, paths)
+
+    def _run_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         from servelab.triton.stages import gpu_count
 
         if gpu_count() == 0:
@@ -226,17 +244,20 @@ class Lab:
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
-        with self.triton(stages[0]) as server:
+        with self.triton(stages[0]) as server, \
+                self.prometheus.scrape(f"127.0.0.1:{server.ports.metrics}", "triton") as scraped:
             for stage in stages:
                 self.log(f"[{stage.name}] {stage.about}")
 
                 def one(stage=stage):
                     server.apply_stage(stage.name)
+                    self.scraped = scraped.narrowed(model=stage.model)
                     target = TritonTarget(server.url, stage.model, self.image, input=stage.input,
                                           image_name=self.image_name, manifest=paths.manifest)
                     self.measure(stage, target, server.process.pid, manifest)
 
                 self._guard(stage, one)
+            self.scraped = None
 
 
 def select_stages(names: str | None) -> list[Stage]:
