@@ -144,11 +144,17 @@ class PromWatch:
 
     def _rate(self, selector: str, labels: dict[str, str], start: float, end: float
               ) -> tuple[float | None, float | None]:
-        """Successes per second between the first and last scrape inside [start, end] (raw samples)."""
+        """Successes per second between the first and last scrape inside [start, end] (raw samples).
+
+        A sample is stamped when its scrape began; a busy server reads its counters only when it gets
+        to the request, up to ``scrape_duration_seconds`` later, so that is taken as the sample's time.
+        """
         span = max(1, math.ceil(end - start + self.step_s))
         result = self.client.query(f"{self._fill(selector, labels)}[{span}s]", end)
-        by_time: dict[float, float] = defaultdict(float)
+        durations = self.client.query(f'scrape_duration_seconds{{instance="{labels["instance"]}"}}[{span}s]', end)
+        took = {float(t): float(v) for s in durations for t, v in s["values"]}
         times = sorted({float(t) for s in result for t, _ in s["values"] if start <= float(t) <= end})
+        by_time: dict[float, float] = defaultdict(float)
         for s in result:
             values = {float(t): float(v) for t, v in s["values"]}
             for t in times:
@@ -158,7 +164,8 @@ class PromWatch:
         if len(times) < 2:
             return None, None
         first, last = times[0], times[-1]
-        return (by_time[last] - by_time[first]) / (last - first), last - first
+        elapsed = (last + took.get(last, 0.0)) - (first + took.get(first, 0.0))
+        return (by_time[last] - by_time[first]) / elapsed, elapsed
 
     def _range(self, expr: str, start: float, end: float) -> list[list[float]]:
         result = self.client.query_range(expr, start, end, self.step_s)
