@@ -1,5 +1,6 @@
 """`servelab lab --quick` end to end, and no server left behind, also after Ctrl-C."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -27,6 +28,17 @@ def _servers() -> set[int]:
         if p.info["cwd"] == str(REPO) and ("tritonserver" in cmd or "servelab serve" in cmd):
             found.add(p.pid)
     return found
+
+
+def _prometheus_here() -> bool:
+    """Prometheus can run here; CI installs it, so there it must."""
+    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+
+    try:
+        return bool(locate())
+    except PrometheusNotFound:
+        assert not os.environ.get("CI"), "CI runs make test, which installs Prometheus"
+        return False
 
 
 def _lab(out: Path, *args: str) -> subprocess.Popen:
@@ -73,6 +85,12 @@ def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_p
     assert {r.target["input"] for r in records if r.stage == "onnx-u8"} == {"uint8"}
     report = (tmp_path / "report.md").read_text()
     assert "## Model variants" in report and "| fastapi-onnx-u8 | u8 |" in report
+    # Prometheus scraped both families: the servers counted exactly what servelab's client sent.
+    if _prometheus_here():
+        ours = [r.prometheus for r in records if r.tool == "servelab"]
+        assert all(p.requests == p.client_requests and p.client_requests > 0 for p in ours), ours
+        assert any("compute (ms)" in p.series for p in ours) and "## The servers' own view: Prometheus" in report
+        assert "prometheus: " in output and "Prometheus not running" not in output
 
 
 def test_ctrl_c_stops_the_servers(artifacts, tmp_path):
