@@ -80,7 +80,8 @@ def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_p
     records = read_records(tmp_path / "records.jsonl")
     assert {(r.stage, r.tool) for r in records} == {
         ("fastapi-onnx-u8", "servelab"), ("onnx-u8", "servelab"), ("onnx-u8", "perf_analyzer")}
-    assert all(r.stats.successes and not r.failed for r in records)
+    assert all(r.stats.successes and not r.failed for r in records), [
+        (r.stage, r.tool, r.load.label(), r.failed) for r in records if r.failed or not r.stats.successes]
     assert all(r.config["variant"] == "u8" for r in records if r.tool == "servelab")
     assert {r.target["input"] for r in records if r.stage == "onnx-u8"} == {"uint8"}
     report = (tmp_path / "report.md").read_text()
