@@ -6,7 +6,6 @@ report says so. Outside CI a machine that cannot install Prometheus skips these 
 reason; in CI they never skip. Every process here is started by the test and stopped by its PID.
 """
 
-import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import psutil
 import pytest
 
 from fastapi_service import metric_samples, running
+from tools import located_or_skipped
 from servelab.bench import FastAPITarget, Load, run_bench
 from servelab.bench.records import Record
 from servelab.monitoring.lab_prometheus import LabPrometheus
@@ -31,12 +31,7 @@ STEP_S = 0.5
 
 @pytest.fixture(scope="module")
 def binary():
-    try:
-        return locate()
-    except PrometheusNotFound as exc:
-        if os.environ.get("CI"):
-            raise  # CI installs it (`make test` runs `servelab prometheus install`): never skip there
-        pytest.skip(f"Prometheus cannot run here: {exc}")
+    return located_or_skipped(locate, PrometheusNotFound, "Prometheus")
 
 
 @pytest.fixture(scope="module")

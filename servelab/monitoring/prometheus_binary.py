@@ -13,13 +13,13 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from servelab.fetch import sha256_file
+from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir
 from servelab.settings import get_settings
 
 PACKAGE = "prometheus"
@@ -30,15 +30,6 @@ INSTALL_HINT = "run `make prometheus` (or `servelab prometheus install`)"
 
 class PrometheusNotFound(RuntimeError):
     pass
-
-
-class InstallError(RuntimeError):
-    pass
-
-
-def install_dir() -> Path:
-    """Next to the Python environment, so a fresh .venv gets a fresh copy."""
-    return Path(sys.prefix) / "opt" / "prometheus"
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,7 @@ def _version(path: Path) -> str:
 def locate() -> PrometheusBinary:
     """The Prometheus to run, checked to start; raises ``PrometheusNotFound`` saying how to get one."""
     named = get_settings().prometheus
-    project = install_dir() / "bin" / "prometheus"
+    project = opt_dir("prometheus") / "bin" / "prometheus"
     on_path = shutil.which("prometheus")
     if named:
         path, source = Path(named), "PROMETHEUS"
@@ -81,17 +72,17 @@ def locate() -> PrometheusBinary:
 
 def installed() -> bool:
     try:
-        stamp = json.loads((install_dir() / "installed.json").read_text())
+        stamp = json.loads((opt_dir("prometheus") / "installed.json").read_text())
     except (OSError, ValueError):
         return False
-    return stamp.get("version", "").startswith(VERSION_LINE) and (install_dir() / "bin" / "prometheus").exists()
+    return stamp.get("version", "").startswith(VERSION_LINE) and (opt_dir("prometheus") / "bin" / "prometheus").exists()
 
 
 def install(log=print) -> PrometheusBinary:
     """Download Debian's package with apt, take out the binary, check it starts and is 2.42."""
     if not (shutil.which("apt-get") and shutil.which("dpkg")):
         raise InstallError("not a Debian/Ubuntu system: install Prometheus 2.42 yourself and set PROMETHEUS")
-    home = install_dir()
+    home = opt_dir("prometheus")
     (home / "bin").mkdir(parents=True, exist_ok=True)
     (home / "installed.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servelab-prometheus-") as tmp:
@@ -129,21 +120,9 @@ def register(subparsers) -> None:
 
 
 def _cmd_install(args) -> int:
-    if args.if_missing and installed():
-        return 0
-    try:
-        binary = install()
-    except (InstallError, PrometheusNotFound, subprocess.SubprocessError) as exc:
-        print(f"error: Prometheus not installed: {exc}", file=sys.stderr)
-        return 1
-    print(f"prometheus: ready, {binary.describe()}")
-    return 0
+    return cmd_install("prometheus", args.if_missing, installed, install,
+                       (InstallError, PrometheusNotFound, subprocess.SubprocessError))
 
 
 def _cmd_check(args) -> int:
-    try:
-        print(f"prometheus: {locate().describe()}")
-    except PrometheusNotFound as exc:
-        print(f"prometheus: MISSING: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cmd_check("prometheus", locate, PrometheusNotFound)
