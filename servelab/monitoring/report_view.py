@@ -7,6 +7,11 @@ series, every run end to end, with the client's own throughput and median drawn 
 
 from servelab.bench.records import Record
 from servelab.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
+from servelab.tables import markdown as markdown_table
+from servelab.tables import num
+
+COLUMNS = ("stage", "tool", "load", "requests client", "requests server", "counts", "req/s client", "req/s server",
+           "server span s", "ratio", "rates")
 
 PANELS = (  # panel title, the series drawn in it (by name, as run_series names them), client figure
     ("request rate (req/s)", ("request rate (req/s)",), "throughput"),
@@ -17,8 +22,9 @@ PANELS = (  # panel title, the series drawn in it (by name, as run_series names 
 )
 
 
-def _cell(value, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _notes(records: list[Record]) -> list[str]:
+    """The distinct notes of the runs' queries (each record's note joins several with "; ")."""
+    return sorted({part for r in records if r.prometheus.note for part in r.prometheus.note.split("; ")})
 
 
 def markdown(records: list[Record]) -> list[str]:
@@ -29,7 +35,7 @@ def markdown(records: list[Record]) -> list[str]:
     md = ["## The servers' own view: Prometheus", ""]
     found = agreements(records)
     if not found:
-        notes = sorted({part for r in with_prom if r.prometheus.note for part in r.prometheus.note.split("; ")})
+        notes = _notes(with_prom)
         return md + ["**Prometheus was not available for these runs**, so there are no server-side time series: "
                      + "; ".join(notes), ""]
     disagree = [a for a in found if a.counts_agree is False or a.rates_agree is False]
@@ -41,16 +47,13 @@ def markdown(records: list[Record]) -> list[str]:
         "scrape inside the measured window, against the client's throughput; flagged outside "
         f"±{RATE_TOLERANCE:.0%}, compared only where that span holds ≥ {MIN_RATE_REQUESTS} requests and two "
         f"scrape intervals (`-` otherwise). **{len(disagree)} of {len(found)} runs disagree.**", "",
-        "| stage | tool | load | requests client | requests server | counts | req/s client | req/s server "
-        "| server span s | ratio | rates |",
-        "|---|---|---|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     verdict = {True: "agree", False: "**DIFFER**", None: "-"}
-    for a in found:
-        md.append(f"| {a.stage} | {a.tool} | {a.load} | {_cell(a.client_requests, 0)} | {_cell(a.server_requests, 0)} "
-                  f"| {verdict[a.counts_agree]} | {_cell(a.client_rps)} | {_cell(a.server_rps)} "
-                  f"| {_cell(a.server_span_s)} | {_cell(a.rate_ratio, 3)} | {verdict[a.rates_agree]} |")
-    notes = sorted({part for r in with_prom if r.prometheus.note for part in r.prometheus.note.split("; ")})
+    rows = [[a.stage, a.tool, a.load, num(a.client_requests, 0), num(a.server_requests, 0), verdict[a.counts_agree],
+             num(a.client_rps), num(a.server_rps), num(a.server_span_s), num(a.rate_ratio, 3), verdict[a.rates_agree]]
+            for a in found]
+    md += [markdown_table(COLUMNS, rows, "lllrrlrrrrl")]
+    notes = _notes(with_prom)
     md += ["", "Notes from the queries: " + "; ".join(notes) if notes else "", ""]
     return md
 
