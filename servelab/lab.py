@@ -28,6 +28,7 @@ from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artif
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
 from servelab.bench.records import append_record
+from servelab.monitoring import run_series
 from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import ServerProcess, free_port
@@ -312,6 +313,9 @@ def _cli_lab(args) -> int:
         print(f"\nperf_analyzer vs servelab, same stage and load (ratio = perf_analyzer / servelab; aim "
               f"{1 - compare.TOLERANCE:.1f}-{1 + compare.TOLERANCE:.1f}):")
         print(compare.text(found))
+    found = run_series.agreements(lab.records)
+    print(f"\nprometheus: {run_series.summary(found)}" if found else
+          f"\nprometheus: no server-side series ({lab.prometheus.note or 'nothing read back'})")
     print(f"\nlab finished in {time.monotonic() - started:.0f} s: {report} and its plots; "
           f"raw records in {lab.records_path}; server logs in {lab.logs}")
     for failure in lab.failures:

@@ -198,8 +198,9 @@ class Agreement:
 
     @property
     def rate_comparable(self) -> bool:
-        """Long enough between scrapes for the 5 % comparison to mean something (MIN_RATE_REQUESTS)."""
-        if not self.server_span_s or self.server_rps is None or not self.step_s:
+        """servelab's client (perf_analyzer reports its last stable windows, not the whole run), and long
+        enough between scrapes for the 5 % comparison to mean something (MIN_RATE_REQUESTS)."""
+        if self.tool != "servelab" or not self.server_span_s or self.server_rps is None or not self.step_s:
             return False
         return self.server_span_s >= 2 * self.step_s and self.server_rps * self.server_span_s >= MIN_RATE_REQUESTS
 
@@ -225,3 +226,12 @@ def agreements(records: list[Record]) -> list[Agreement]:
     return [Agreement(r.stage, r.tool, r.load.label() + (f" x{r.batch}" if r.batch > 1 else ""), r.prometheus.client_requests, r.prometheus.requests,
                       r.stats.throughput_rps, r.prometheus.rate_rps, r.prometheus.rate_span_s, r.prometheus.step_s)
             for r in records if r.prometheus is not None and r.prometheus.start_unix is not None and not r.failed]
+
+
+def summary(found: list[Agreement]) -> str:
+    """One line for the lab's printout."""
+    counted = [a for a in found if a.counts_agree is not None]
+    rated = [a for a in found if a.rates_agree is not None]
+    return (f"{len(found)} runs read back from Prometheus: request counts equal in "
+            f"{sum(bool(a.counts_agree) for a in counted)} of {len(counted)}, rates within {RATE_TOLERANCE:.0%} in "
+            f"{sum(bool(a.rates_agree) for a in rated)} of {len(rated)} long enough to compare")
