@@ -87,6 +87,8 @@ class LabPrometheus:
         finally:
             if self.server is not None:
                 self.server.targets.remove(address)
+            if self.watch is not None:
+                self.watch.forget(address)
 
     def before(self, scraped: Scraped | None) -> Before | str:
         if self.watch is None or scraped is None:

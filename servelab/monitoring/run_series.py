@@ -102,12 +102,19 @@ class PromWatch:
 
     def __init__(self, client: PrometheusClient, step_s: float):
         self.client, self.step_s = client, step_s
-        self.window = f"{max(2 * step_s, 4 * step_s):g}s"  # rate() needs two samples in its window
+        self.window = f"{4 * step_s:g}s"  # rate() needs two samples in its window
+        # instance -> when its last scrape after a run was seen. Runs follow each other with nothing else
+        # sent to the server in between (the lab's case), so that scrape also serves as the next "before".
+        self._settled: dict[str, float] = {}
+
+    def forget(self, instance: str) -> None:
+        """The server at ``instance`` is gone: a later one there starts afresh."""
+        self._settled.pop(instance, None)
 
     def before(self, family: str, labels: dict[str, str]) -> Before | str:
         """A fresh scrape of the server, and its request count; or why not."""
         try:
-            at = self.client.settle(time.time(), {labels["instance"]})
+            at = self._settled.pop(labels["instance"], None) or self.client.settle(time.time(), {labels["instance"]})
             count = _scalar(self.client.query(self._fill(FAMILIES[family].all_requests, labels), at))
             return Before(at, count or 0.0)
         except PrometheusError as exc:
@@ -123,7 +130,7 @@ class PromWatch:
                            client_requests=_client_requests(record))
         notes = [FAMILIES[family].note]
         try:
-            at = self.client.settle(time.time(), {labels["instance"]})
+            at = self._settled[labels["instance"]] = self.client.settle(time.time(), {labels["instance"]})
             after = _scalar(self.client.query(self._fill(FAMILIES[family].all_requests, labels), at)) or 0.0
             out.requests = round(after - before.requests)
             out.rate_rps, out.rate_span_s = self._rate(FAMILIES[family].successes, labels, start, end)
