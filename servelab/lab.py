@@ -138,15 +138,17 @@ class Lab:
         port = free_port()
         cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
         # No access log while measuring: a log line per request is work the lab does not study.
-        with ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
-                           env={"ACCESS_LOG": "0", **stage.env}, ready_timeout=180) as server, \
-                self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped:
+        # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target, time
+        # the server spends loading its model anyway.
+        with self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped, \
+                ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
+                              env={"ACCESS_LOG": "0", **stage.env}, ready_timeout=180) as server:
             try:
                 yield f"http://127.0.0.1:{port}", server.pid
             finally:
                 self.scraped = None
 
-    def triton(self, first: Stage):
+    def triton(self, first: Stage, ports):
         from servelab.triton.server import start_local
         from servelab.triton.stages import STAGES as TRITON_STAGES
 
@@ -155,7 +157,7 @@ class Lab:
         # otherwise; "auto" would pick KIND_GPU on any machine where nvidia-smi sees a GPU.
         kind = "cpu" if settings.triton_instance_kind == "auto" else settings.triton_instance_kind
         return start_local(TRITON_STAGES[first.name], kind=kind, repository=settings.triton_model_repository,
-                           log=self.logs / "tritonserver.log")
+                           log=self.logs / "tritonserver.log", ports=ports)
 
     # --- measurements ----------------------------------------------------------------------------
 
@@ -245,8 +247,11 @@ class Lab:
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
-        with self.triton(stages[0]) as server, \
-                self.prometheus.scrape(f"127.0.0.1:{server.ports.metrics}", "triton") as scraped:
+        from servelab.triton.server import Ports
+
+        ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
+        with self.prometheus.scrape(f"127.0.0.1:{ports.metrics}", "triton") as scraped, \
+                self.triton(stages[0], ports) as server:
             for stage in stages:
                 self.log(f"[{stage.name}] {stage.about}")
 

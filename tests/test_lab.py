@@ -49,7 +49,7 @@ def _lab(out: Path, *args: str) -> subprocess.Popen:
 def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_path):
     before = _servers()
     lab = _lab(tmp_path)
-    output, _ = lab.communicate(timeout=480)
+    output, _ = lab.communicate(timeout=560)  # Prometheus read-back adds ~1 s per run
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
     assert {r.stage for r in records} == {s.name for s in RUN}
