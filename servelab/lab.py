@@ -36,6 +36,9 @@ from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, r
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
 from servelab.device import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
                              runs_on_triton, stage_env)
+from servelab.bench.records import append_record
+from servelab.monitoring import run_series
+from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.settings import get_settings
@@ -124,8 +127,12 @@ STAGES: tuple[Stage, ...] = (
 
 
 class Lab:
-    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu"):
+    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
+                 prometheus: LabPrometheus | None = None):
         self.plan, self.out_dir, self.log, self.device = plan, out_dir, log, device
+        # Prometheus scrapes each server while it runs; absent or down, each record says so.
+        self.prometheus = prometheus or LabPrometheus(out_dir / "prometheus", log)
+        self.scraped: Scraped | None = None  # the server being measured now
         self.image = image.read_bytes()
         self.image_name = image.name
         self.records_path = out_dir / "records.jsonl"
@@ -141,24 +148,31 @@ class Lab:
         cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
         # No access log while measuring: a log line per request is work the lab does not study.
         env = {"ACCESS_LOG": "0", **stage_env(self.device), **stage.env}
-        # A GPU stage may build a TensorRT engine before it is ready: minutes on a first run.
-        with ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
-                           env=env, ready_timeout=900 if self.device == "gpu" else 180) as server:
-            yield f"http://127.0.0.1:{port}", server.pid
+        # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target, time
+        # the server spends loading its model anyway. A GPU stage may build a TensorRT engine before it
+        # is ready: minutes on a first run.
+        with self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped, \
+                ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
+                              env=env, ready_timeout=900 if self.device == "gpu" else 180) as server:
+            try:
+                yield f"http://127.0.0.1:{port}", server.pid
+            finally:
+                self.scraped = None
 
-    def triton(self, first: Stage):
+    def triton(self, first: Stage, ports):
         from servelab.triton.server import start_local
         from servelab.triton.stages import STAGES as TRITON_STAGES
 
         # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
         return start_local(TRITON_STAGES[first.name], kind=self.device, repository=get_settings().triton_model_repository,
-                           log=self.logs / "tritonserver.log")
+                           log=self.logs / "tritonserver.log", ports=ports)
 
     # --- measurements ----------------------------------------------------------------------------
 
     def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str) -> None:
         stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
-        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None, out=self.records_path)
+        # Records are written by _run, once the server's own series are attached.
+        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None)
         config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {}),
                   "device": self.device, "runs_on": runs_on}
         self.log(f"    runs on: {runs_on}")
@@ -186,8 +200,11 @@ class Lab:
                 each_tool(target, Load.open(rate, arrivals, **window), tools if stage.both_arrivals else tools[:1])
 
     def _run(self, tool: Callable, target, load: Load) -> Record:
-        started = time.monotonic()
+        started, called = time.monotonic(), time.time()
+        before = self.prometheus.before(self.scraped)
         record = tool(target, load)
+        record.prometheus = self.prometheus.after(record, before, self.scraped, called)
+        append_record(self.records_path, record)
         self.records.append(record)
         s = record.stats
         what = f"{record.tool:<13} {load.label() + (f' x{record.batch}' if record.batch > 1 else ''):<26}"
@@ -204,6 +221,10 @@ class Lab:
     def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
+        with self.prometheus:
+            self._run_stages(stages, manifest, paths)
+
+    def _run_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         if self.device == "cpu":
             why = "nvidia-smi lists none" if gpu_count() == 0 else "the lab runs with --device cpu"
             for stage in (s for s in stages if s.needs_gpu):
@@ -238,12 +259,17 @@ class Lab:
 
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
-        with self.triton(stages[0]) as server:
+        from servelab.triton.server import Ports
+
+        ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
+        with self.prometheus.scrape(f"127.0.0.1:{ports.metrics}", "triton") as scraped, \
+                self.triton(stages[0], ports) as server:
             for stage in stages:
                 self.log(f"[{stage.name}] {stage.about}")
 
                 def one(stage=stage):
                     config = server.apply_stage(stage.name)
+                    self.scraped = scraped.narrowed(model=stage.model)
                     target = TritonTarget(server.url, stage.model, self.image, input=stage.input,
                                           image_name=self.image_name, manifest=paths.manifest)
                     said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), stage.model,
@@ -251,6 +277,7 @@ class Lab:
                     self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
 
                 self._guard(stage, one)
+            self.scraped = None
 
 
 def select_stages(names: str | None) -> list[Stage]:
@@ -320,6 +347,9 @@ def _cli_lab(args) -> int:
         print(f"\nperf_analyzer vs servelab, same stage and load (ratio = perf_analyzer / servelab; aim "
               f"{1 - compare.TOLERANCE:.1f}-{1 + compare.TOLERANCE:.1f}):")
         print(compare.text(found))
+    found = run_series.agreements(lab.records)
+    print(f"\nprometheus: {run_series.summary(found)}" if found else
+          f"\nprometheus: no server-side series ({lab.prometheus.note or 'nothing read back'})")
     print(f"\nlab finished in {time.monotonic() - started:.0f} s: {report} and its plots; "
           f"raw records in {lab.records_path}; server logs in {lab.logs}")
     for failure in lab.failures:

@@ -6,7 +6,8 @@
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
 the records hold its data): latency percentiles and throughput vs concurrency and vs offered rate,
-latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines.
+latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines, and
+the servers' own metrics read back from Prometheus (servelab.monitoring.report_view) where the lab ran it.
 """
 
 import argparse
@@ -20,6 +21,7 @@ from typing import Any
 from servelab.bench import compare, precision
 from servelab import tables
 from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
+from servelab.monitoring import report_view
 from servelab.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
@@ -218,6 +220,8 @@ PLOTS = (
     ("latency_cdf.png", "Latency CDF per load", _plot_cdf),
     ("batch_sizes.png", "Server-side batch-size histogram", _plot_batches),
     ("utilization.png", "CPU / GPU / memory utilization timeline", _plot_utilization),
+    ("prometheus_series.png", "The servers' own metrics (Prometheus range queries) beside the client's",
+     report_view.plot),
 )
 
 
@@ -254,6 +258,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
             "the scheduled send.", "", compare.markdown(found), "",
         ]
     md += _precision_section(records)
+    md += report_view.markdown(records)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", ""]

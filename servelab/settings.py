@@ -86,7 +86,16 @@ class BenchSettings(_Env):
     lab_device: Literal["auto", "cpu", "gpu"] = Field("auto", description="`servelab lab` (`--device`): where every stage runs: `gpu` (PyTorch on CUDA, ONNX Runtime's TensorRT/CUDA providers, Triton `KIND_GPU`, each server started with `REQUIRE_GPU=1`; fails where `nvidia-smi` lists no GPU), `cpu`, or `auto` = gpu where `nvidia-smi` lists a GPU.")
 
 
-class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings):
+class MonitoringSettings(_Env):
+    """Prometheus in the local lab (`servelab lab`, `servelab prometheus`)."""
+
+    prometheus: str = Field("", description="Prometheus binary to run; empty = the project's copy (`make prometheus` unpacks Debian's 2.42 into the environment), else `prometheus` on PATH. Without one the lab goes on unscraped and says so.")
+    prometheus_scrape_interval_s: float = Field(0.5, gt=0, le=60, description="How often the lab's Prometheus scrapes each server; short, so a run of a few seconds holds several samples.")
+    prometheus_retention_time: str = Field("2d", description="The lab's Prometheus keeps samples this long (`--storage.tsdb.retention.time`), in `<results>/prometheus/`.")
+    prometheus_retention_size: str = Field("512MB", description="The lab's Prometheus keeps at most this much data (`--storage.tsdb.retention.size`); the oldest blocks go first.")
+
+
+class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings, MonitoringSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -96,7 +105,7 @@ def get_settings() -> Settings:
 
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     BenchSettings)
+                                                     BenchSettings, MonitoringSettings)
 
 
 def markdown_table() -> str:

@@ -17,6 +17,7 @@ from servelab.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_files
 from dockerspec import (
     COMPOSE_FILES,
     DOCKER,
+    MONITORING_COMPOSE,
     REPO,
     compose_variants,
     dockerfile_for,
@@ -25,6 +26,7 @@ from dockerspec import (
     parse_dockerfile,
     read_env_file,
     run_tool,
+    variables,
     venv_tool,
 )
 
@@ -227,7 +229,8 @@ def test_triton_runs_the_mounted_repository_with_explicit_model_control():
 
 def test_versions_are_passed_from_the_one_versions_file():
     """Each compose file hands every docker/.env entry, and only those, to its builds, by reference."""
-    versions = read_env_file()
+    # The monitoring images are pulled as they are, never built: no build needs them.
+    versions = {k: v for k, v in read_env_file().items() if k not in variables(MONITORING_COMPOSE.read_text())}
     for path in COMPOSE_FILES:
         raw = yaml.safe_load(path.read_text())
         for name, service in raw["services"].items():
