@@ -82,6 +82,8 @@ class Ready(BaseModel):
     batching: Batching
     preprocess_workers: int
     warnings: list[str]
+    placement: dict[str, Any] | None = Field(None, description="Ray Serve stages: where this replica runs "
+                                                   "(Ray node id, replica id, deployment).")
 
 
 class ErrorResponse(BaseModel):
