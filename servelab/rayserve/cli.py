@@ -11,6 +11,7 @@ HTTP proxy listens on ``RAY_SERVE_HOST:RAY_SERVE_PORT`` with the FastAPI service
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -116,6 +117,8 @@ def stop_saved(timeout_s: float = 10.0) -> dict[str, Any] | None:
     for pid in pids:
         for member in session_members(pid):
             os.kill(member, signal.SIGKILL)
+    if Path(state["temp_dir"]).name.startswith("slray-"):
+        shutil.rmtree(state["temp_dir"], ignore_errors=True)
     STATE_FILE.unlink(missing_ok=True)
     return state
 

@@ -27,7 +27,7 @@ from servelab.procs import ServerProcess, free_port
 READY_LINE = "This command will now block forever"  # `ray start --block` prints it once the node is up
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # small: replicas pass requests, not tensors, through it
 START_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 10.0  # `ray start --block` may take 30 s to wind down on SIGTERM; past this, SIGKILL
+STOP_TIMEOUT_S = 5.0  # `ray start --block` may take 30 s to wind down on SIGTERM; past this, SIGKILL
 
 
 def ray_binary() -> str:

@@ -34,7 +34,7 @@ class ServeBatcher:
     counted in images (``batch_size_fn``), and runs in one inference thread."""
 
     def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None):
-        self.infer, self.on_batch = infer, on_batch
+        self.infer, self.on_batch, self.max_batch_size = infer, on_batch, max_batch_size
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s,
                                     batch_size_fn=lambda items: sum(len(x) for x, _ in items))(self._infer_batch)
@@ -46,6 +46,11 @@ class ServeBatcher:
         self._executor.shutdown(wait=True)
 
     async def submit(self, x: np.ndarray) -> BatchResult:
+        if len(x) > self.max_batch_size:
+            # A request's images stay together (as in MicroBatcher); @serve.batch refuses an item larger
+            # than its batch, so such a request runs alone, in the same inference thread.
+            (result,) = await self._infer_batch([(x, time.perf_counter())])
+            return result
         return await self._batched((x, time.perf_counter()))
 
     async def _infer_batch(self, items: list[tuple[np.ndarray, float]]) -> list[BatchResult]:
@@ -77,7 +82,7 @@ def build_app(overrides: dict[str, str]):
     from servelab.settings import Settings
 
     settings = Settings(**{k.lower(): v for k, v in overrides.items()})
-    return create_app("onnx", settings, batcher=ServeBatcher, placement=_placement)
+    return create_app("onnx", settings, batcher=ServeBatcher, placement=_placement, warm_up_first=True)
 
 
 def application(stage: RayStage, settings: RaySettings):

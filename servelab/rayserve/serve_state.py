@@ -24,7 +24,7 @@ def replica_rows(details: dict[str, Any]) -> list[dict[str, Any]]:
     """The deployment's replicas: replica id, state, node id, pid."""
     app = details.get("applications", {}).get(APP_NAME) or {}
     deployment = app.get("deployments", {}).get(DEPLOYMENT_NAME) or {}
-    return [{"replica": r["replica_id"], "state": r["state"], "node_id": r["node_id"], "pid": r.get("pid")}
+    return [{"replica": r["replica_id"], "state": r["state"], "node_id": r.get("node_id"), "pid": r.get("pid")}
             for r in deployment.get("replicas", [])]
 
 
@@ -51,7 +51,7 @@ class ReplicaSampler:
             try:
                 rows = replica_rows(serve_details(self.dashboard, timeout_s=2.0))
                 self.samples.append((time.perf_counter(), sum(r["state"] == "RUNNING" for r in rows)))
-            except OSError:
+            except (OSError, ValueError):
                 pass  # a missed sample; the dashboard may be busy for a moment
             self._stop.wait(self.interval_s)
 

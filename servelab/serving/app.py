@@ -133,11 +133,14 @@ def _prediction(p: Top1) -> dict:
 
 
 def create_app(kind: BackendKind, settings: ServeSettings | None = None, *,
-               batcher: type[MicroBatcher] = MicroBatcher, placement: Callable[[], dict] | None = None) -> FastAPI:
+               batcher: type[MicroBatcher] = MicroBatcher, placement: Callable[[], dict] | None = None,
+               warm_up_first: bool = False) -> FastAPI:
     """The service app; cheap to create (the model loads when the server starts it).
 
     The Ray Serve stages serve this same app in each replica (``servelab.rayserve.deployment``):
-    ``batcher`` swaps in ``@serve.batch``, ``placement`` names the replica's Ray node in ``/ready``.
+    ``batcher`` swaps in ``@serve.batch``, ``placement`` names the replica's Ray node in ``/ready``,
+    and ``warm_up_first`` finishes the warm-up before startup returns: Serve routes requests to a
+    replica as soon as its startup returns, with no /ready check, so it would otherwise get 503s.
     """
     settings = settings or get_settings()
     _configure_logging()
@@ -147,12 +150,20 @@ def create_app(kind: BackendKind, settings: ServeSettings | None = None, *,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
-        warm_up = asyncio.create_task(service.warm_up())
+        warm_up = None
+        if warm_up_first:
+            await service.warm_up()
+            if not service.ready:
+                await service.close()
+                raise RuntimeError(f"{service.name} is not ready: {service.not_ready_reason}")
+        else:
+            warm_up = asyncio.create_task(service.warm_up())
         try:
             yield
         finally:
-            warm_up.cancel()
-            await asyncio.gather(warm_up, return_exceptions=True)
+            if warm_up is not None:
+                warm_up.cancel()
+                await asyncio.gather(warm_up, return_exceptions=True)
             await service.close()
 
     app = FastAPI(
