@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.bench import compare, precision
+from servelab.bench import compare, precision, timelines
 from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
@@ -260,6 +260,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
             "the scheduled send.", "", compare.markdown(found), "",
         ]
     md += _precision_section(records)
+    md += timelines.section(records, out_dir)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", ""]

@@ -5,6 +5,8 @@ node-failure test kills the worker node, so it runs last.
 """
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -36,18 +38,12 @@ class Deployer:
     def __call__(self, stage: str, **env: str) -> None:
         run = subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", stage, "--address",
                               self.cluster.address], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
-                             env={**_environ(), "RAY_SERVE_PORT": str(self.port), **env})
+                             env={**os.environ, "RAY_SERVE_PORT": str(self.port), **env})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert f"{stage} deployed" in run.stdout
 
     def replicas(self) -> list[dict]:
         return [r for r in replica_rows(serve_details(self.cluster.dashboard_url)) if r["state"] == "RUNNING"]
-
-
-def _environ() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +67,6 @@ def test_two_nodes_and_replicas_on_both_by_node_id(ray_cluster, client):
     status = subprocess.run([sys.executable, "-m", "servelab", "ray", "status", "--json", "--address",
                              ray_cluster.cluster.address], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert status.returncode == 0, status.stderr[-3000:]
-    import json
-
     info = json.loads(status.stdout)
     nodes = {n["node_id"] for n in info["nodes"]}
     assert len(nodes) == 2 and sum(n["head"] for n in info["nodes"]) == 1

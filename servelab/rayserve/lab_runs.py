@@ -13,11 +13,12 @@ node id in each record's config. Then:
   (``http_500``, ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
 """
 
+import os
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
+from typing import Any
 
 from servelab.bench import FastAPITarget, Load, run_bench
 from servelab.procs import free_port
@@ -33,8 +34,8 @@ FAILURE_CONCURRENCY = 8
 
 @dataclass
 class RayRuns:
-    lab: "object"  # servelab.lab.Lab
-    manifest: "object"
+    lab: Any  # servelab.lab.Lab (not imported: it imports this module)
+    manifest: Any
 
     def run(self, stages: list) -> None:
         settings = get_settings()
@@ -58,10 +59,9 @@ class RayRuns:
     def deploy(self, stage) -> dict:
         cmd = [sys.executable, "-m", "servelab", "ray", "deploy", "--stage", stage.service,
                "--address", self.cluster.address]
-        env_log = self.lab.logs / f"ray-deploy-{stage.name}.log"
-        with open(env_log, "ab") as out:
+        with open(self.lab.logs / f"ray-deploy-{stage.name}.log", "ab") as out:
             subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=DEPLOY_TIMEOUT_S,
-                           env={**_environ(), "RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"})
+                           env={**os.environ, "RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"})
         where = placement(self.cluster.dashboard_url)
         nodes = ", ".join(f"{node[:8]}: {n}" for node, n in where["replicas_per_node"].items())
         self.lab.log(f"    deployed; running replicas per Ray node id: {nodes}")
@@ -114,9 +114,3 @@ class RayRuns:
         self.lab.log(f"    worker node (PID {killed[0] if killed else '?'}) killed at {t.events.get('worker node killed', 0):.1f} s; "
                      f"errors {record.stats.errors or 'none'}; recovered {t.recovery_s} s after the kill; "
                      f"slowest success {record.stats.latency.max_ms or 0:.0f} ms")
-
-
-def _environ() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)

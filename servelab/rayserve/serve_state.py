@@ -29,10 +29,13 @@ def replica_rows(details: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def placement(dashboard: str) -> dict[str, Any]:
-    """Running replicas per Ray node id, and replica id -> node id: what a record keeps."""
-    rows = [r for r in replica_rows(serve_details(dashboard)) if r["state"] == "RUNNING"]
+    """Running replicas per Ray node id, replica id -> node id, and the head's node id (where the one
+    HTTP proxy runs): what a record keeps."""
+    details = serve_details(dashboard)
+    rows = [r for r in replica_rows(details) if r["state"] == "RUNNING"]
     return {"replicas_per_node": dict(Counter(r["node_id"] for r in rows)),
-            "replica_nodes": {r["replica"]: r["node_id"] for r in rows}}
+            "replica_nodes": {r["replica"]: r["node_id"] for r in rows},
+            "proxy_node_id": next(iter(details.get("proxies") or {}), None)}
 
 
 class ReplicaSampler:
