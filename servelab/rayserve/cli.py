@@ -57,6 +57,19 @@ def deploy_stage(name: str, address: str) -> dict[str, Any]:
         disconnect()
 
 
+def deploy_in_child(name: str, address: str, port: int, log: Path, timeout_s: float = 300.0) -> None:
+    """``servelab ray deploy`` as a child process (the lab, the benchmark): this process never becomes
+    a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1."""
+    import subprocess
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", name, "--address", address],
+                       stdout=out, stderr=subprocess.STDOUT, check=True, timeout=timeout_s,
+                       env={**os.environ, "RAY_SERVE_PORT": str(port), "RAY_SERVE_HOST": "127.0.0.1"})
+
+
 def status(address: str) -> dict[str, Any]:
     from servelab.rayserve.cluster import alive_nodes, connect, disconnect
     from servelab.rayserve.serve_state import replica_rows, serve_details

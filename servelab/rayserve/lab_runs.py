@@ -13,20 +13,17 @@ node id in each record's config. Then:
   (``http_500``, ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
 """
 
-import os
-import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from servelab.bench import FastAPITarget, Load, run_bench
 from servelab.procs import free_port
+from servelab.rayserve.cli import deploy_in_child
 from servelab.rayserve.cluster import LocalCluster
 from servelab.rayserve.serve_state import ReplicaSampler, placement
 from servelab.settings import get_settings
 
-DEPLOY_TIMEOUT_S = 300.0
 FAILURE_TIMEOUT_S = 5.0  # per request in the node-failure run
 STEP_TIMEOUT_S = 10.0  # per request in the step load
 FAILURE_CONCURRENCY = 8
@@ -57,11 +54,7 @@ class RayRuns:
                 lab._guard(stage, lambda stage=stage: self.node_failure(stage))
 
     def deploy(self, stage) -> dict:
-        cmd = [sys.executable, "-m", "servelab", "ray", "deploy", "--stage", stage.service,
-               "--address", self.cluster.address]
-        with open(self.lab.logs / f"ray-deploy-{stage.name}.log", "ab") as out:
-            subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=DEPLOY_TIMEOUT_S,
-                           env={**os.environ, "RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"})
+        deploy_in_child(stage.service, self.cluster.address, self.port, self.lab.logs / f"ray-deploy-{stage.name}.log")
         where = placement(self.cluster.dashboard_url)
         nodes = ", ".join(f"{node[:8]}: {n}" for node, n in where["replicas_per_node"].items())
         self.lab.log(f"    deployed; running replicas per Ray node id: {nodes}")
