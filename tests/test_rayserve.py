@@ -38,12 +38,13 @@ class Deployer:
     def __call__(self, stage: str, **env: str) -> None:
         run = subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", stage, "--address",
                               self.cluster.address], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
-                             env={**os.environ, "RAY_SERVE_PORT": str(self.port), **env})
+                             env={**os.environ, **self.cluster.client_env(), "RAY_SERVE_PORT": str(self.port), **env})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert f"{stage} deployed" in run.stdout
 
     def replicas(self) -> list[dict]:
-        return [r for r in replica_rows(serve_details(self.cluster.dashboard_url)) if r["state"] == "RUNNING"]
+        details = serve_details(self.cluster.dashboard_url, token=self.cluster.token)
+        return [r for r in replica_rows(details) if r["state"] == "RUNNING"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def client():
 def test_two_nodes_and_replicas_on_both_by_node_id(ray_cluster, client):
     ray_cluster("ray-2")
     status = subprocess.run([sys.executable, "-m", "servelab", "ray", "status", "--json", "--address",
-                             ray_cluster.cluster.address], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+                             ray_cluster.cluster.address], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                            env={**os.environ, **ray_cluster.cluster.client_env()})
     assert status.returncode == 0, status.stderr[-3000:]
     info = json.loads(status.stdout)
     nodes = {n["node_id"] for n in info["nodes"]}
@@ -121,7 +123,7 @@ def test_autoscaling_goes_up_under_load_and_back_down(ray_cluster):
     ray_cluster("ray-auto", **AUTOSCALE)
     assert len(ray_cluster.replicas()) == 1
     target = FastAPITarget(ray_cluster.url, PHOTO)
-    with ReplicaSampler(ray_cluster.cluster.dashboard_url, 0.5) as sampler:
+    with ReplicaSampler(ray_cluster.cluster.dashboard_url, 0.5, ray_cluster.cluster.token) as sampler:
         record = run_bench(target, Load.closed(8, requests=None, duration_s=12, warmup=0), stage="ray-auto",
                            sampler=sampler)
     assert record.stats.error_count == 0 and max(record.timeline.replicas) > 1, record.timeline.replicas
@@ -135,7 +137,7 @@ def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray
     ray_cluster("ray-2")
     cluster = ray_cluster.cluster
     target = FastAPITarget(ray_cluster.url, PHOTO)
-    with ReplicaSampler(cluster.dashboard_url, 0.5) as sampler:
+    with ReplicaSampler(cluster.dashboard_url, 0.5, cluster.token) as sampler:
         killed = []
 
         def kill():

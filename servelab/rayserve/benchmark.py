@@ -55,7 +55,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     server, url = _serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                 "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
     with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
-        deploy_in_child("ray-dyn", cluster.address, port, logs / "ray-deploy.log")
+        deploy_in_child("ray-dyn", cluster, port, logs / "ray-deploy.log")
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for side, target in ((fastapi, url), (ray, f"http://127.0.0.1:{port}")):

@@ -33,6 +33,8 @@ def _address(args) -> str:
     address = getattr(args, "address", None) or _settings().ray_address
     if not address and (state := load_state()):
         address = state["address"]
+        for name, value in state["client_env"].items():  # its token
+            os.environ.setdefault(name, value)
     if not address:
         raise SystemExit("no Ray cluster: pass --address HOST:PORT, set RAY_ADDRESS, or start one with `servelab ray up`")
     return address
@@ -57,17 +59,17 @@ def deploy_stage(name: str, address: str) -> dict[str, Any]:
         disconnect()
 
 
-def deploy_in_child(name: str, address: str, port: int, log: Path, timeout_s: float = 300.0) -> None:
-    """``servelab ray deploy`` as a child process (the lab, the benchmark): this process never becomes
-    a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1."""
+def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float = 300.0) -> None:
+    """``servelab ray deploy`` onto a ``LocalCluster`` as a child process (the lab, the benchmark): this
+    process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1."""
     import subprocess
     import sys
 
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", name, "--address", address],
-                       stdout=out, stderr=subprocess.STDOUT, check=True, timeout=timeout_s,
-                       env={**os.environ, "RAY_SERVE_PORT": str(port), "RAY_SERVE_HOST": "127.0.0.1"})
+        subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", name, "--address",
+                        cluster.address], stdout=out, stderr=subprocess.STDOUT, check=True, timeout=timeout_s,
+                       env={**os.environ, **cluster.client_env(), "RAY_SERVE_PORT": str(port), "RAY_SERVE_HOST": "127.0.0.1"})
 
 
 def status(address: str) -> dict[str, Any]:
@@ -147,7 +149,8 @@ def _up(args) -> int:
     cluster = LocalCluster(workers=args.workers, cpus_per_node=settings.ray_node_cpus, detach=True,
                            log_dir=REPO_ROOT / ".servelab" / "ray-logs").start()
     save_state({"address": cluster.address, "dashboard": cluster.dashboard_url, "pids": cluster.pids(),
-                "temp_dir": str(cluster.temp_dir)})
+                "temp_dir": str(cluster.temp_dir), "client_env": cluster.client_env()})
+    os.environ.update(cluster.client_env())
     print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
           f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")
     try:

@@ -8,13 +8,17 @@ stand-in for a lab node's capacity, on the same 2 real cores. Killing a worker n
 (``kill_worker``) is the node-failure run: SIGKILL to its whole session, as a lost machine.
 
 Ray's own gRPC servers (GCS, raylets, agents) listen on every interface; Ray has no option to
-bind them to 127.0.0.1. What this module chooses is on 127.0.0.1: the node address, the dashboard,
-and (``deployment.deploy``) Serve's HTTP proxy.
+bind them to 127.0.0.1. So the cluster uses Ray's token authentication with a token of its own (in
+its temp folder; ``client_env()`` is what a driver needs to join), and what this module chooses is
+on 127.0.0.1: the node address, the dashboard, and (``deployment.deploy``) Serve's HTTP proxy. An
+explicit token also keeps the nodes consistent: Ray 2.60's head turns token auth on by itself when
+``~/.ray/auth_token`` exists, its workers do not, and they then cannot join.
 """
 
 import json
 import os
 import shutil
+import secrets
 import signal
 import sys
 import tempfile
@@ -59,10 +63,19 @@ class LocalCluster:
     nodes: list[ServerProcess] = field(default_factory=list)  # the worker nodes, in start order
     dashboard_port: int | None = None
     detach: bool = False  # `servelab ray up`: the nodes outlive this process (`down` stops them)
+    token: str = ""  # the cluster's authentication token (made by start())
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def token_path(self) -> Path:
+        return self.temp_dir / "auth_token"
+
+    def client_env(self) -> dict[str, str]:
+        """What a driver (``servelab ray deploy``) needs in its environment to join this cluster."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
 
     @property
     def dashboard_url(self) -> str | None:
@@ -76,13 +89,16 @@ class LocalCluster:
                "--resources", json.dumps({"servelab_node": 1}), "--object-store-memory", str(OBJECT_STORE_BYTES),
                "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
                "--disable-usage-stats", *args]
-        return ServerProcess(cmd, None, log, env={**ray_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
+        return ServerProcess(cmd, None, log, env={**ray_env(), **self.client_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
                              stop_timeout=STOP_TIMEOUT_S, detach=self.detach, ready_check=lambda: READY_LINE in log.read_text(errors="replace"))
 
     def start(self) -> "LocalCluster":
         self.port = self.port or free_port()
         if self.temp_dir is None:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="slray-", dir="/tmp"))
+        self.token = secrets.token_hex(32)  # 256 bits, as `ray get-auth-token --generate` makes
+        self.token_path.touch(mode=0o600)
+        self.token_path.write_text(self.token)
         args = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
                 "--ray-client-server-port", str(free_port()), "--include-dashboard", str(self.dashboard).lower(),
                 "--dashboard-host", "127.0.0.1"]

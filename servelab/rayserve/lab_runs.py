@@ -54,8 +54,8 @@ class RayRuns:
                 lab._guard(stage, lambda stage=stage: self.node_failure(stage))
 
     def deploy(self, stage) -> dict:
-        deploy_in_child(stage.service, self.cluster.address, self.port, self.lab.logs / f"ray-deploy-{stage.name}.log")
-        where = placement(self.cluster.dashboard_url)
+        deploy_in_child(stage.service, self.cluster, self.port, self.lab.logs / f"ray-deploy-{stage.name}.log")
+        where = placement(self.cluster.dashboard_url, self.cluster.token)
         nodes = ", ".join(f"{node[:8]}: {n}" for node, n in where["replicas_per_node"].items())
         self.lab.log(f"    deployed; running replicas per Ray node id: {nodes}")
         return where
@@ -81,14 +81,14 @@ class RayRuns:
         low, high = max(1.0, round(0.15 * capacity, 1)), max(2.0, round(0.9 * capacity, 1))
         s1, s2, s3 = self.lab.plan.steps_s
         load = Load.steps([(low, s1), (high, s2), (low, s3)], warmup=0, max_inflight=64)
-        with ReplicaSampler(self.cluster.dashboard_url) as sampler:
+        with ReplicaSampler(self.cluster.dashboard_url, token=self.cluster.token) as sampler:
             self._record(stage, load, sampler, {"run": "step load", **where}, STEP_TIMEOUT_S)
 
     def node_failure(self, stage) -> None:
         where = self.deploy(stage)
         seconds = self.lab.plan.failure_s
         load = Load.closed(FAILURE_CONCURRENCY, requests=None, duration_s=seconds, warmup=2)
-        with ReplicaSampler(self.cluster.dashboard_url) as sampler:
+        with ReplicaSampler(self.cluster.dashboard_url, token=self.cluster.token) as sampler:
             killed: list[int] = []
 
             def kill() -> None:

@@ -6,7 +6,10 @@ running replicas in a thread while a load runs (the step-load and node-failure r
 """
 
 import json
+import os
 import threading
+import urllib.request
+from pathlib import Path
 import time
 from collections import Counter
 from typing import Any
@@ -15,8 +18,22 @@ from servelab.procs import DIRECT
 from servelab.rayserve.stages import APP_NAME, DEPLOYMENT_NAME
 
 
-def serve_details(dashboard: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    with DIRECT.open(f"{dashboard.rstrip('/')}/api/serve/applications/", timeout=timeout_s) as response:
+def token_from_env() -> str | None:
+    """The cluster's token as a driver finds it (Ray's own variables), for the dashboard's REST API."""
+    if token := os.environ.get("RAY_AUTH_TOKEN"):
+        return token.strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path and Path(path).is_file():
+        return Path(path).read_text().strip()
+    return None
+
+
+def serve_details(dashboard: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
+    """``token``: the cluster's, when it uses token authentication (default: from the environment)."""
+    request = urllib.request.Request(f"{dashboard.rstrip('/')}/api/serve/applications/")
+    if token := token or token_from_env():
+        request.add_header("Authorization", f"Bearer {token}")
+    with DIRECT.open(request, timeout=timeout_s) as response:
         return json.load(response)
 
 
@@ -28,10 +45,10 @@ def replica_rows(details: dict[str, Any]) -> list[dict[str, Any]]:
             for r in deployment.get("replicas", [])]
 
 
-def placement(dashboard: str) -> dict[str, Any]:
+def placement(dashboard: str, token: str | None = None) -> dict[str, Any]:
     """Running replicas per Ray node id, replica id -> node id, and the head's node id (where the one
     HTTP proxy runs): what a record keeps."""
-    details = serve_details(dashboard)
+    details = serve_details(dashboard, token=token)
     rows = [r for r in replica_rows(details) if r["state"] == "RUNNING"]
     return {"replicas_per_node": dict(Counter(r["node_id"] for r in rows)),
             "replica_nodes": {r["replica"]: r["node_id"] for r in rows},
@@ -42,8 +59,8 @@ class ReplicaSampler:
     """Samples running replicas every ``interval_s`` in a thread; marks events (a node killed).
     Times are ``time.perf_counter()``, the load generator's clock."""
 
-    def __init__(self, dashboard: str, interval_s: float = 0.5):
-        self.dashboard, self.interval_s = dashboard, interval_s
+    def __init__(self, dashboard: str, interval_s: float = 0.5, token: str | None = None):
+        self.dashboard, self.interval_s, self.token = dashboard, interval_s, token
         self.samples: list[tuple[float, int]] = []
         self.events: list[tuple[float, str]] = []
         self._stop = threading.Event()
@@ -52,7 +69,7 @@ class ReplicaSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                rows = replica_rows(serve_details(self.dashboard, timeout_s=2.0))
+                rows = replica_rows(serve_details(self.dashboard, timeout_s=2.0, token=self.token))
                 self.samples.append((time.perf_counter(), sum(r["state"] == "RUNNING" for r in rows)))
             except (OSError, ValueError):
                 pass  # a missed sample; the dashboard may be busy for a moment
