@@ -98,10 +98,16 @@ def application(stage: RayStage, settings: RaySettings):
 
 
 def deploy(stage: RayStage, settings: RaySettings, timeout_s: float = 300.0) -> None:
-    """Deploy (or redeploy, replacing the previous stage) onto the cluster this driver is connected
-    to; returns once every replica is ready."""
+    """Deploy a stage onto the cluster this driver is connected to, replacing the one running;
+    returns once every replica is ready.
+
+    A stage switch, not a rolling update: the old replicas go first. Serve would start the new ones
+    beside them, and on a small cluster (ray-2 -> ray-4 on two 2-CPU nodes) they never fit: the
+    deploy waited out its 300 s timeout."""
     serve.start(http_options={"host": settings.ray_serve_host, "port": settings.ray_serve_port},
                 proxy_location="HeadOnly")
+    if APP_NAME in serve.status().applications:
+        serve.delete(APP_NAME)
     serve.run(application(stage, settings), name=APP_NAME, route_prefix="/", blocking=False)
     wait_running(timeout_s)
 
