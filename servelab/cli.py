@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "servelab.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab
     "servelab.doctor.cli",  # doctor
+    "servelab.gpu_check",  # gpu-check
 )
 
 

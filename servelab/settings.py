@@ -75,7 +75,7 @@ class TritonSettings(_Env):
     """Triton Inference Server stages (`servelab triton`, the Python-backend models)."""
 
     triton_model_repository: Path = Field(REPO_ROOT / "models_staging", description="Triton's model repository; `servelab triton stage` writes each model's effective config to `<model>/configs/stage.pbtxt` there (on the lab node: the folder mounted into the Triton container).")
-    triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with.")
+    triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with; `servelab lab` takes the kind from its device (`LAB_DEVICE`).")
     triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 
 
@@ -99,6 +99,7 @@ class BenchSettings(_Env):
     """Measuring (`servelab bench`, `servelab lab`, perf_analyzer)."""
 
     perf_analyzer: str = Field("", description="perf_analyzer binary to run; empty = the project's copy (`make perf-analyzer` extracts it into the environment), else `perf_analyzer` on PATH (NVIDIA's Triton SDK image).")
+    lab_device: Literal["auto", "cpu", "gpu"] = Field("auto", description="`servelab lab` (`--device`): where every stage runs: `gpu` (PyTorch on CUDA, ONNX Runtime's TensorRT/CUDA providers, Triton `KIND_GPU`, each server started with `REQUIRE_GPU=1`; fails where `nvidia-smi` lists no GPU), `cpu`, or `auto` = gpu where `nvidia-smi` lists a GPU.")
 
 
 class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, RaySettings, BenchSettings):

@@ -10,6 +10,8 @@ import psutil
 import pytest
 
 from servelab.bench import read_records
+from servelab.device import stack
+from servelab.gpu_check import record_markdown
 from servelab.lab import STAGES
 from servelab.triton.stages import gpu_count
 
@@ -73,6 +75,29 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
                 and "req/s" in line]) == len(records)
     assert _servers() <= before
+    # Where each stage ran, as its server reported it, in every record of ours and in the report.
+    ours = [r for r in records if r.tool == "servelab"]
+    assert {r.config["device"] for r in ours} == {"cpu"}
+    runs_on = {r.stage: r.config["runs_on"] for r in ours}
+    assert runs_on["fastapi-onnx"] == "onnxruntime CPUExecutionProvider" and runs_on["fastapi-pt"] == "torch cpu float32"
+    assert runs_on["pt-2x2"] == "triton python: 4x KIND_CPU; instances say: 4x PyTorch on cpu"
+    assert runs_on["onnx-2"] == "triton python: 4x KIND_CPU; instances say: 4x CPUExecutionProvider on cpu"
+    assert runs_on["ensemble"] == "triton ensemble: no instance group"
+    assert "## Hardware and versions" in report and f"| pt-2x2 | {runs_on['pt-2x2']} |" in report
+    _check_gpu_record(records)
+
+
+def _check_gpu_record(records):
+    """The GPU record (`servelab gpu-check`), written from this real lab's records."""
+    md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today")
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert {s.name for s in RUN} <= set(rows)
+    assert "| concurrency 8 |" in md and "no NVML samples" in rows["pt-1"]
+    assert rows["pt-1"].split(" | ")[4] != "-" and rows["onnx-1"].split(" | ")[4] == "-"  # -b 16 where it batches
+    by = {(r.stage, r.load.label()): r.stats.throughput_rps for r in records if r.tool == "servelab" and r.batch == 1}
+    ratio = by["onnx-2", "concurrency 8"] / by["onnx-1", "concurrency 8"]
+    assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
+    assert "pt-dyn ÷ pt-1 at concurrency 8" in md and "## GPU tests (`pytest -m gpu`)" in md
 
 
 def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_path):

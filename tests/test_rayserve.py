@@ -78,6 +78,7 @@ def test_two_nodes_and_replicas_on_both_by_node_id(ray_cluster, client):
     seen = set()
     for _ in range(10):
         answers = asyncio.run(_ready_concurrently(ray_cluster.url, 8))
+        assert {a["stage"] for a in answers} == {"ray-2"}
         seen |= {a["placement"]["ray_node_id"] for a in answers}
         if seen == nodes:
             break

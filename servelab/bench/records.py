@@ -238,6 +238,8 @@ def read_records(paths: Path | Iterable[Path]) -> list[Record]:
 
 def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
     """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
+    from servelab.device import stack
+
     versions = {}
     for name in _VERSIONED:
         try:
@@ -254,4 +256,5 @@ def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "gpus": gpu_names or [],
         "versions": versions,
+        "stack": stack(),  # GPUs, driver, CUDA, cuDNN, ONNX Runtime build and providers, TensorRT
     }

@@ -6,8 +6,8 @@ runs its lifespan, so the model loads and warms up in the replica. Two things di
 
 * ``ServeBatcher`` replaces the service's micro-batcher by Ray Serve's own ``@serve.batch`` (the
   ``ray-dyn`` stage); with batching off it forwards each request alone, like the service does;
-* ``/ready`` names the replica's Ray node id and replica id (``placement``), so placement shows
-  through the HTTP API.
+* ``/ready`` names the stage (``stage``) and the replica's Ray node id and replica id
+  (``placement``), so placement shows through the HTTP API.
 
 The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally every node shares
 127.0.0.1, and two proxies would want the same port.
@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -67,22 +68,22 @@ class ServeBatcher:
         return results
 
 
-def _placement() -> dict[str, Any]:
+def _placement(stage: str) -> dict[str, Any]:
     import ray
 
     context = serve.get_replica_context()
-    return {"ray_node_id": ray.get_runtime_context().get_node_id(), "replica": context.replica_id.unique_id,
-            "deployment": context.deployment, "app": context.app_name}
+    return {"stage": stage, "ray_node_id": ray.get_runtime_context().get_node_id(),
+            "replica": context.replica_id.unique_id, "deployment": context.deployment, "app": context.app_name}
 
 
-def build_app(overrides: dict[str, str]):
+def build_app(stage: str, overrides: dict[str, str]):
     """In the replica: the ONNX service's app, with this stage's serving settings on top of the
     replica's environment (MODEL_DIR and the rest come from where the replica runs)."""
     from servelab.serving import create_app
     from servelab.settings import Settings
 
     settings = Settings(**{k.lower(): v for k, v in overrides.items()})
-    return create_app("onnx", settings, batcher=ServeBatcher, placement=_placement, warm_up_first=True)
+    return create_app("onnx", settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
 
 
 def application(stage: RayStage, settings: RaySettings):
@@ -90,7 +91,7 @@ def application(stage: RayStage, settings: RaySettings):
     overrides = stage.serve_env(settings)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
-    @serve.ingress(lambda: build_app(overrides))
+    @serve.ingress(lambda: build_app(stage.name, overrides))
     class Food11:
         pass
 

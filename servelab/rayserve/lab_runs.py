@@ -13,12 +13,14 @@ node id in each record's config. Then:
   (``http_500``, ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
 """
 
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from servelab.bench import FastAPITarget, Load, run_bench
-from servelab.procs import free_port
+from servelab.device import runs_on_fastapi, stage_env
+from servelab.procs import DIRECT, free_port
 from servelab.rayserve.cli import deploy_in_child
 from servelab.rayserve.cluster import LocalCluster
 from servelab.rayserve.serve_state import ReplicaSampler, placement
@@ -41,7 +43,8 @@ class RayRuns:
         lab = self.lab
         # The nodes' environment reaches every replica: RAY_SERVE_PORT for the deploy, MODEL_DIR etc. as set here.
         with LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=lab.logs,
-                          env={"RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"}) as cluster:
+                          env={**stage_env(lab.device), "RAY_SERVE_PORT": str(self.port),
+                               "RAY_SERVE_HOST": "127.0.0.1"}) as cluster:
             self.cluster = cluster
             lab.log(f"[ray] local cluster: head {cluster.address} (PID {cluster.head.pid}) + 1 worker node "
                     f"(PID {cluster.nodes[0].pid}), {settings.ray_node_cpus} logical CPUs each; "
@@ -65,7 +68,9 @@ class RayRuns:
 
     def stage(self, stage) -> None:
         where = self.deploy(stage)
-        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest, extra=where)
+        ready = json.loads(DIRECT.open(f"{self.url}/ready", timeout=30).read())  # one replica's
+        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest,
+                                    runs_on_fastapi(ready["runtime"]), extra=where)
         if stage.step_load and capacity:
             self.step_load(stage, capacity, where)
 

@@ -109,7 +109,7 @@ class Service:
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images),
             preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
-            placement=self.placement() if self.placement else None,
+            **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
         )
 
 

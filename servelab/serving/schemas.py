@@ -82,6 +82,8 @@ class Ready(BaseModel):
     batching: Batching
     preprocess_workers: int
     warnings: list[str]
+    stage: str | None = Field(None, description="Ray Serve stages: the stage this replica serves (ray-2, ...), "
+                                        "so a client can tell a finished redeploy.")
     placement: dict[str, Any] | None = Field(None, description="Ray Serve stages: where this replica runs "
                                                    "(Ray node id, replica id, deployment).")
 
