@@ -66,11 +66,14 @@ class RayRuns:
     def target(self) -> FastAPITarget:
         return FastAPITarget(self.url, self.lab.image, image_name=self.lab.image_name)
 
+    def runs_on(self) -> str:
+        ready = json.loads(DIRECT.open(f"{self.url}/ready", timeout=30).read())  # one replica's
+        return runs_on_fastapi(ready["runtime"])
+
     def stage(self, stage) -> None:
         where = self.deploy(stage)
-        ready = json.loads(DIRECT.open(f"{self.url}/ready", timeout=30).read())  # one replica's
-        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest,
-                                    runs_on_fastapi(ready["runtime"]), extra=where)
+        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest, self.runs_on(),
+                                    extra=where)
         if stage.step_load and capacity:
             self.step_load(stage, capacity, where)
 
@@ -78,7 +81,8 @@ class RayRuns:
         def tool(target, load):
             return run_bench(target, load, stage=stage.name, server_pid=self.cluster.head.pid,
                              stand_in=self.lab._stand_in(stage, self.manifest), out=self.lab.records_path,
-                             config={"about": stage.about, **config}, timeout_s=timeout_s, sampler=sampler)
+                             config={"about": stage.about, "device": self.lab.device, "runs_on": self.runs_on(),
+                                     **config}, timeout_s=timeout_s, sampler=sampler)
 
         return self.lab._run(tool, self.target(), load)
 
