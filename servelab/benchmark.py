@@ -12,6 +12,10 @@ For each stage, on this machine, with the same model, photo, threads and setting
   batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
   or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
 
+``--stage ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
+``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
+each one's latency into time inside the app and outside it (``servelab.rayserve.benchmark``).
+
 ``--stage variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
 same photo, alternating variant by variant in each round: the in-process throughput of the service's
 own pipeline driven by ``--concurrency`` callers (batching off, as the lab's stages run) and the HTTP
@@ -38,6 +42,7 @@ from time import perf_counter
 
 STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
 VARIANTS_STAGE = "variants"
+RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.rayserve.benchmark)
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
 U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
 SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
@@ -287,7 +292,13 @@ def _cli(args: argparse.Namespace) -> int:
           f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)
     with tempfile.TemporaryDirectory(prefix="servelab-benchmark-") as tmp:
         for stage in args.stage:
-            if stage == VARIANTS_STAGE:
+            if stage == RAY_STAGE:
+                from servelab.rayserve.benchmark import benchmark_ray
+
+                print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
+                      f"outside the app = client mean latency - Server-Timing total):\n\n"
+                      f"{benchmark_ray(args, Path(tmp))}", flush=True)
+            elif stage == VARIANTS_STAGE:
                 rows, skipped = benchmark_variants(args, Path(tmp))
                 print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}):\n\n"
                       f"{variants_table(rows)}", flush=True)
@@ -302,8 +313,10 @@ def _cli(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("benchmark", help="in-process pipeline vs end-to-end HTTP for the FastAPI stages",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", nargs="+", choices=[*STAGES, VARIANTS_STAGE], default=[*STAGES, VARIANTS_STAGE],
-                   help="what to measure (default: all): a FastAPI stage, or fastapi-onnx's model variants")
+    p.add_argument("--stage", nargs="+", choices=[*STAGES, VARIANTS_STAGE, RAY_STAGE],
+                   default=[*STAGES, VARIANTS_STAGE, RAY_STAGE],
+                   help="what to measure (default: all): a FastAPI stage, fastapi-onnx's model variants, or Ray "
+                        "Serve (ray-dyn) against fastapi-onnx-dyn")
     p.add_argument("--variants", nargs="+", default=["u8", "int8", "int8dyn", "fp16"],
                    help="variants compared with fp32 in --stage variants (default: all; fp16 only where a GPU runs it)")
     p.add_argument("--requests", type=int, default=200, help="sequential requests of each kind (default 200)")

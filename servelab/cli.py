@@ -9,6 +9,7 @@ COMMAND_MODULES = (
     "servelab.artifacts",  # models build
     "servelab.serve",  # serve fastapi-pt | fastapi-onnx | flask
     "servelab.triton.cli",  # triton up | down | stage
+    "servelab.rayserve.cli",  # ray up | deploy | status | down
     "servelab.bench.cli",  # bench fastapi | triton | perf-analyzer | input-data
     "servelab.bench.perf_analyzer_binary",  # perf-analyzer install | check | run
     "servelab.monitoring.prometheus_binary",  # prometheus install | check

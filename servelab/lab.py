@@ -48,6 +48,11 @@ RESULTS = REPO_ROOT / "results"
 ONNX_STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"
 
 
+# The Ray nodes are processes on this one machine, sharing its cores: named in every Ray record.
+RAY_STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its CPUs (logical CPUs per node), "
+                "not separate machines (local stand-in)")
+
+
 @dataclass(frozen=True)
 class Plan:
     """How much each stage is measured."""
@@ -62,6 +67,9 @@ class Plan:
     # perf_analyzer: how hard it tries for three stable windows, and how long one run may take.
     windows: Windows = Windows()
     pa_timeout_s: float = 180.0
+    # Ray Serve: the step load's (low, high, low) seconds, and the node-failure run's length.
+    steps_s: tuple[float, float, float] = (10.0, 20.0, 25.0)
+    failure_s: float = 20.0
 
     @classmethod
     def full(cls) -> "Plan":
@@ -71,7 +79,7 @@ class Plan:
     @classmethod
     def quick(cls) -> "Plan":
         # A first look: three windows, whatever their spread (no stability requirement).
-        return cls(10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0)
+        return cls(10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0)
 
 
 BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
@@ -91,6 +99,8 @@ class Stage:
     both_arrivals: bool = False  # triton: constant as well as Poisson arrivals at each rate
     variant: str = ""  # the ONNX model variant served (servelab.models.variants), named in each record
     needs_gpu: bool = False  # skipped, with the reason, on the CPU
+    step_load: bool = False  # ray: also a step load (low -> high -> low) with replicas over time
+    node_failure: bool = False  # ray: also a run in which a worker node is killed mid-load
 
 
 STAGES: tuple[Stage, ...] = (
@@ -123,6 +133,15 @@ STAGES: tuple[Stage, ...] = (
           input="tensor", stand_in=ONNX_STAND_IN, batches=True, both_arrivals=True),
     Stage("ensemble", "Triton ensemble: server-side preprocessing + ONNX model", "triton",
           model="food_classifier_ensemble", stand_in=ONNX_STAND_IN),
+    # Ray Serve (servelab.rayserve.stages): the fastapi-onnx service in replicas over a head and a worker node.
+    Stage("ray-1", "Ray Serve, 1 replica", "ray", service="ray-1", stand_in=RAY_STAND_IN),
+    Stage("ray-2", "Ray Serve, 2 replicas (one per node)", "ray", service="ray-2", stand_in=RAY_STAND_IN,
+          node_failure=True),
+    Stage("ray-4", "Ray Serve, 4 replicas (two per node)", "ray", service="ray-4", stand_in=RAY_STAND_IN),
+    Stage("ray-dyn", "Ray Serve, 2 replicas + @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)", "ray",
+          service="ray-dyn", stand_in=RAY_STAND_IN),
+    Stage("ray-auto", "Ray Serve, autoscaling replicas (RAY_AUTOSCALE_*)", "ray", service="ray-auto",
+          stand_in=RAY_STAND_IN, step_load=True),
 )
 
 
@@ -169,12 +188,16 @@ class Lab:
 
     # --- measurements ----------------------------------------------------------------------------
 
-    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str) -> None:
-        stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
+    def _stand_in(self, stage: Stage, manifest: Manifest) -> str | None:
+        return "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s) or None
+
+    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str,
+                extra: dict | None = None) -> float | None:
+        """The stage's loads; returns its capacity (throughput at the highest concurrency)."""
         # Records are written by _run, once the server's own series are attached.
-        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None)
+        common = dict(stage=stage.name, server_pid=pid, stand_in=self._stand_in(stage, manifest))
         config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {}),
-                  "device": self.device, "runs_on": runs_on}
+                  "device": self.device, "runs_on": runs_on, **(extra or {})}
         self.log(f"    runs on: {runs_on}")
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
@@ -198,6 +221,7 @@ class Lab:
             for arrivals in ("constant", "poisson") if stage.both_arrivals else ("poisson",):
                 # perf_analyzer only where both arrival processes are measured: the lab's rate step.
                 each_tool(target, Load.open(rate, arrivals, **window), tools if stage.both_arrivals else tools[:1])
+        return capacity
 
     def _run(self, tool: Callable, target, load: Load) -> Record:
         started, called = time.monotonic(), time.time()
@@ -236,15 +260,20 @@ class Lab:
         triton_stages = [s for s in stages if s.family == "triton"]
         if triton_stages:
             self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
+        ray_stages = [s for s in stages if s.family == "ray"]
+        if ray_stages:
+            from servelab.rayserve.lab_runs import RayRuns
 
-    def _guard(self, stage: Stage | None, work) -> None:
+            self._guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
+
+    def _guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
         try:
             work()
         except KeyboardInterrupt:
             raise
         except Exception as exc:
-            name = stage.name if stage else "triton"
+            name = stage.name if stage else family
             self.failures.append(f"{name}: {type(exc).__name__}: {exc}")
             self.log(f"    FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]} (log in {self.logs})")
 

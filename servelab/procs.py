@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -72,6 +73,33 @@ def wait_http_ok(url: str, timeout: float, proc: subprocess.Popen | None = None,
     raise TimeoutError(f"{url} not ready after {timeout:.0f} s ({last}){log_tail(log)}")
 
 
+def wait_until(check: Callable[[], bool], what: str, timeout: float, proc: subprocess.Popen | None = None,
+               log: Path | None = None) -> None:
+    """Poll ``check()`` until it is true; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before {what}{log_tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} after {timeout:.0f} s{log_tail(log)}")
+        time.sleep(0.2)
+
+
+def session_members(sid: int) -> list[int]:
+    """PIDs in session ``sid``: a child started with ``start_new_session`` and everything it started,
+    also those that moved to process groups of their own (Ray's worker processes do)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+                pids.append(int(entry.name))
+    return pids
+
+
 def log_tail(log: Path | None, lines: int = 20) -> str:
     """The last lines of a server's log, to end an error message with (empty without a log)."""
     if log is None or not Path(log).exists():
@@ -99,10 +127,11 @@ class ServerProcess:
     ``detach`` is set, the server also ends when our process dies, however it dies.
     """
 
-    def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
+    def __init__(self, cmd: list[str], ready_url: str | None, log: Path, env: dict[str, str] | None = None,
                  cwd: Path | None = None, ready_timeout: float = 120.0, stop_timeout: float = 40.0,
-                 detach: bool = False):
-        self.cmd, self.ready_url, self.log = cmd, ready_url, Path(log)
+                 detach: bool = False, ready_check: Callable[[], bool] | None = None):
+        # Ready when ready_url answers 200, or (no URL: a process without HTTP) when ready_check() is true.
+        self.cmd, self.ready_url, self.ready_check, self.log = cmd, ready_url, ready_check, Path(log)
         self.env = {**os.environ, **(env or {})}
         self.cwd, self.ready_timeout, self.stop_timeout = cwd, ready_timeout, stop_timeout
         # A detached server outlives us (`servelab triton up`); others end when our process ends.
@@ -128,7 +157,10 @@ class ServerProcess:
                                          cwd=self.cwd, start_new_session=True,
                                          preexec_fn=self._preexec())
         try:
-            wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
+            if self.ready_url is not None:
+                wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
+            else:
+                wait_until(self.ready_check, "ready", self.ready_timeout, self.proc, self.log)
         except BaseException:
             self.stop()
             raise
@@ -143,18 +175,30 @@ class ServerProcess:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10)):
+        try:
+            for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(proc.pid, sig)  # the group id is our child's PID (start_new_session)
+                except ProcessLookupError:
+                    return  # nothing of the group is left
+                try:
+                    proc.wait(wait)
+                    if sig == signal.SIGTERM and not _group_gone(proc.pid, 3.0):
+                        continue  # the leader went, stragglers stay: SIGKILL them
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            self.kill_session(proc.pid)
+
+    @staticmethod
+    def kill_session(sid: int) -> None:
+        """SIGKILL what is left of the session we created (processes that left our process group)."""
+        for pid in session_members(sid):
             try:
-                os.killpg(proc.pid, sig)  # the group id is our child's PID (start_new_session)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
-                return  # nothing of the group is left
-            try:
-                proc.wait(wait)
-                if sig == signal.SIGTERM and not _group_gone(proc.pid, 3.0):
-                    continue  # the leader went, stragglers stay: SIGKILL them
-                return
-            except subprocess.TimeoutExpired:
-                continue
+                pass
 
     def __enter__(self) -> "ServerProcess":
         return self.start()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.bench import compare, precision
+from servelab.bench import compare, precision, timelines
 from servelab import tables
 from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
 from servelab.monitoring import report_view
@@ -259,6 +259,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
         ]
     md += _precision_section(records)
     md += report_view.markdown(records)
+    md += timelines.section(records, out_dir)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", ""]

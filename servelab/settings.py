@@ -79,6 +79,22 @@ class TritonSettings(_Env):
     triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 
 
+class RaySettings(_Env):
+    """Ray Serve stages (`servelab ray`)."""
+
+    ray_address: str = Field("", description="Ray cluster to join and deploy to, as `HOST:PORT` of its head (GCS); empty = `servelab ray up` / `servelab lab` start a local one (a head and worker nodes on 127.0.0.1).")
+    ray_serve_host: str = Field("127.0.0.1", description="Address Ray Serve's HTTP proxy binds to (`0.0.0.0` inside a container).")
+    ray_serve_port: int = Field(8000, description="Port of Ray Serve's HTTP proxy (the same API as the FastAPI services).")
+    ray_batch_max_size: int = Field(16, ge=1, description="`@serve.batch` stages (ray-dyn): most requests one replica stacks into one inference.")
+    ray_batch_wait_ms: float = Field(5.0, ge=0, description="`@serve.batch` stages: how long the first waiting request may wait for others to fill a batch.")
+    ray_autoscale_min_replicas: int = Field(1, ge=1, description="Autoscaling stage (ray-auto): fewest replicas.")
+    ray_autoscale_max_replicas: int = Field(4, ge=1, description="Autoscaling stage (ray-auto): most replicas.")
+    ray_autoscale_target_ongoing: float = Field(2.0, gt=0, description="Autoscaling stage (ray-auto): requests in flight per replica that Serve scales towards (`target_ongoing_requests`).")
+    ray_autoscale_upscale_delay_s: float = Field(2.0, ge=0, description="Autoscaling stage: how long the load must call for more replicas before Serve adds them (Serve's default is 30 s).")
+    ray_autoscale_downscale_delay_s: float = Field(5.0, ge=0, description="Autoscaling stage: how long the load must call for fewer replicas before Serve removes them (Serve's default is 600 s).")
+    ray_node_cpus: int = Field(2, ge=1, description="Local cluster: logical CPUs each node announces (replicas take 1 each); a CPU stand-in for a node's capacity, not real cores.")
+
+
 class BenchSettings(_Env):
     """Measuring (`servelab bench`, `servelab lab`, perf_analyzer)."""
 
@@ -95,7 +111,8 @@ class MonitoringSettings(_Env):
     prometheus_retention_size: str = Field("512MB", description="The lab's Prometheus keeps at most this much data (`--storage.tsdb.retention.size`); the oldest blocks go first.")
 
 
-class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings, MonitoringSettings):
+class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, RaySettings, BenchSettings,
+               MonitoringSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -105,7 +122,7 @@ def get_settings() -> Settings:
 
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     BenchSettings, MonitoringSettings)
+                                                     RaySettings, BenchSettings, MonitoringSettings)
 
 
 def markdown_table() -> str:

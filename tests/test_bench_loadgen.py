@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 import urllib.request
 
 import numpy as np
@@ -163,3 +164,34 @@ def test_one_process_drives_a_trivial_endpoint_fast(trivial: str) -> None:
     print(f"client drove {r.stats.throughput_rps:.0f} req/s (p50 {r.stats.latency.p50_ms:.2f} ms)")
     assert r.stats.successes == 6000
     assert r.stats.throughput_rps >= 1000
+
+
+class _Marks:
+    """What run_bench reads from a sampler (servelab.rayserve.serve_state.ReplicaSampler): samples and events
+    on the perf_counter clock; here a fixed replica count and one event, marked while the load runs."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self.events: list[tuple[float, str]] = []
+
+
+def test_step_load_offers_each_phase_rate_and_the_timeline_follows_it(server: str) -> None:
+    load = Load.steps([(5, 2.0), (15, 2.0), (5, 2.0)], warmup=0)
+    assert load.requests == 10 + 30 + 10 and load.rate == pytest.approx(50 / 6) and "steps 5 > 15 > 5" in load.label()
+    r = run_bench(FastAPITarget(server, PHOTO), load, stage="tiny", sampler=_Marks())
+    t = r.timeline
+    assert r.stats.successes == 50 and t.bin_s == 1.0 and len(t.t_s) >= 6
+    # The schedule's own per-second rate: the low, the high and the low phase.
+    assert sum(t.offered_rps[0:2]) == 10 and sum(t.offered_rps[2:4]) == 30 and sum(t.offered_rps[4:6]) == 10
+    assert sum(t.throughput_rps) * t.bin_s == 50 and sum(t.errors) == 0 and t.recovery_s is None
+
+
+def test_timeline_counts_failures_after_an_event_as_recovery(trivial: str) -> None:
+    marks = _Marks()
+    marks.events.append((time.perf_counter(), "before the run"))  # every failure comes after it
+    r = run_bench(FastAPITarget(trivial + "/fail-every/2", PHOTO), Load.closed(2, requests=40, warmup=0),
+                  stage="tiny", sampler=marks)
+    t = r.timeline
+    assert r.stats.errors == {"http_500": 20} and sum(t.errors) == 20
+    assert t.events["before the run"] <= 0 < t.first_error_s <= t.last_error_s
+    assert t.recovery_s == pytest.approx(t.last_error_s - t.events["before the run"], abs=0.002)

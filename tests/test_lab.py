@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from servelab.bench import read_records
 from servelab.device import stack
@@ -17,6 +18,7 @@ from servelab.triton.stages import gpu_count
 
 RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
 TRITON = {s.name for s in RUN if s.family == "triton"}
+RAY = {s.name for s in RUN if s.family == "ray"}
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +29,8 @@ def _servers() -> set[int]:
     found = set()
     for p in psutil.process_iter(["cmdline", "cwd"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["cwd"] == str(REPO) and ("tritonserver" in cmd or "servelab serve" in cmd):
+        if p.info["cwd"] == str(REPO) and ("tritonserver" in cmd or "servelab serve" in cmd or "raylet" in cmd
+                                           or "gcs_server" in cmd or "ray start" in cmd or "ray::" in cmd):
             found.add(p.pid)
     return found
 
@@ -48,15 +51,25 @@ def _lab(out: Path, *args: str) -> subprocess.Popen:
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.timeout(900)  # every stage, the Ray Serve cluster's too
 def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_path):
     before = _servers()
     lab = _lab(tmp_path)
-    output, _ = lab.communicate(timeout=560)  # Prometheus read-back adds ~1 s per run
+    output, _ = lab.communicate(timeout=900)  # Ray stages, and Prometheus read-back (~1 s per run)
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
     assert {r.stage for r in records} == {s.name for s in RUN}
     assert gpu_count() or all(f"[{s.name}] skipped: it needs a GPU" in output for s in STAGES if s.needs_gpu)
-    assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records)
+    failure = [r for r in records if r.config.get("run") == "node failure"]
+    assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records if r not in failure)
+    # Ray Serve: placement by node id in every record, a step load with replicas sampled, a node killed.
+    ray = [r for r in records if r.stage in RAY]
+    assert all(r.config["replicas_per_node"] for r in ray)
+    assert max(len(r.config["replicas_per_node"]) for r in ray if r.stage == "ray-2") == 2
+    step = [r for r in ray if r.config.get("run") == "step load"]
+    assert len(step) == 1 and step[0].timeline.replicas and step[0].load.phases
+    assert len(failure) == 1 and failure[0].stage == "ray-2" and "worker node killed" in failure[0].timeline.events
+    assert failure[0].stats.successes and failure[0].stats.latency.max_ms < 5000
     # Every Triton load measured by both clients, back to back; batched requests where the stage batches.
     ours = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "servelab" and r.stage in TRITON]
     theirs = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "perf_analyzer"]
@@ -70,6 +83,7 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in report
     # Every run is in the report and the printout, the open-loop ones of every stage too.
     assert "| fastapi-pt | servelab | poisson " in report and "| pt-1 | servelab | poisson " in report
+    assert "## Ray Serve: placement" in report and (tmp_path / "ray_timelines.png").exists()
     assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
                 and "req/s" in line]) == len(records)
     assert _servers() <= before

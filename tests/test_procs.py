@@ -1,5 +1,6 @@
 """Servers started through ServerProcess end with us: on stop(), and when our process is killed."""
 
+import os
 import subprocess
 import sys
 import time
@@ -82,3 +83,33 @@ def test_a_server_started_from_a_worker_thread_outlives_the_thread(tmp_path):
         assert not _gone(server.pid, 2)
     finally:
         server.stop()
+
+
+# A server that starts a helper in a process group of its own, as Ray's worker processes do; the
+# helper writes its PID to a file. Then the server answers HTTP.
+LEAVES_GROUP = """
+import os, subprocess, sys
+helper = subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(120)"])
+open(sys.argv[2], "w").write(str(helper.pid))
+os.execvp(sys.executable, [sys.executable, "-m", "http.server", sys.argv[1], "--bind", "127.0.0.1"])
+"""
+
+
+def test_stop_also_ends_what_left_the_process_group(tmp_path):
+    port, pid_file = free_port(), tmp_path / "helper.pid"
+    server = ServerProcess([sys.executable, "-c", LEAVES_GROUP, str(port), str(pid_file)],
+                           f"http://127.0.0.1:{port}/", tmp_path / "log").start()
+    helper = int(pid_file.read_text())
+    assert psutil.Process(helper).status() != psutil.STATUS_ZOMBIE and os.getpgid(helper) != server.pid
+    server.stop()
+    assert _gone(helper, 10), "the helper outlived stop()"
+
+
+def test_ready_check_instead_of_a_url(tmp_path):
+    marker = tmp_path / "up"
+    server = ServerProcess([sys.executable, "-c", f"import pathlib, time; time.sleep(0.5); "
+                            f"pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"], None, tmp_path / "log",
+                           ready_check=marker.exists, ready_timeout=20)
+    with server:
+        assert marker.exists()
+    assert server.proc is None

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from servelab.bench.monitor import Monitor
-from servelab.bench.records import Breakdown, Load, Record, append_record, machine_info
+from servelab.bench.records import Breakdown, Load, Record, Timeline, append_record, machine_info
 from servelab.bench.schedule import send_times, window_s
 from servelab.bench.server_timing import TimingSums
 from servelab.bench.stats import summarize
@@ -69,6 +69,9 @@ class RawRun:
     last_done: float = 0.0
     window_s: float = 0.0  # open loop: the schedule's window, the least time the run can take
     offered_rps: float | None = None  # open loop: requests scheduled / window
+    # Every request: (completed, seconds from ``started``; latency s; None or the error kind)
+    outcomes: list[tuple[float, float, str | None]] = field(default_factory=list)
+    scheduled_s: np.ndarray | None = None  # open loop: the send times, from ``started``
 
     @property
     def wall_s(self) -> float:
@@ -82,6 +85,7 @@ class RawRun:
                 self.timing.add(outcome.timing)
         else:
             self.errors[outcome.error or "unknown"] += 1
+        self.outcomes.append((done - self.started, latency_s, None if outcome.ok else outcome.error or "unknown"))
         self.last_done = max(self.last_done, done)
 
     def ordered_latencies_s(self) -> np.ndarray:
@@ -127,14 +131,24 @@ async def _closed_loop(client: Client, load: Load) -> RawRun:
     return run
 
 
+def _schedule(load: Load, n: int) -> np.ndarray:
+    if not load.phases:
+        return send_times(n, load.rate, load.arrivals, load.seed)
+    parts, offset = [], 0.0
+    for i, (rate, seconds) in enumerate(load.phases):
+        parts.append(offset + send_times(max(1, round(rate * seconds)), rate, load.arrivals, load.seed + i))
+        offset += seconds
+    return np.concatenate(parts)
+
+
 async def _open_loop(client: Client, load: Load) -> RawRun:
     assert load.rate is not None and load.arrivals is not None
     n = load.requests or math.inf
     if load.duration_s is not None:
         n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
-    times = send_times(int(n), load.rate, load.arrivals, load.seed)
+    times = _schedule(load, int(n))
     run = RawRun(timing=TimingSums(client.batch), started=clock() + OPEN_LOOP_LEAD_S,
-                 window_s=window_s(len(times), load.rate), offered_rps=load.rate)
+                 window_s=window_s(len(times), load.rate), offered_rps=load.rate, scheduled_s=times)
     give_up = run.started + load.max_duration_s
     slots = asyncio.Semaphore(load.max_inflight)
 
@@ -232,8 +246,12 @@ async def run_bench_async(
     timeout_s: float = 30.0,
     stand_in: str | None = None,
     out: Path | None = None,
+    sampler: Any = None,
 ) -> Record:
-    """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record."""
+    """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
+
+    With a ``sampler`` (``servelab.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events``
+    on the perf_counter clock) the record gets a ``timeline`` of the run, per second, with them."""
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
     client = await target.connect(connections, timeout_s)
@@ -270,10 +288,45 @@ async def run_bench_async(
         warnings=warnings,
         stand_in=stand_in,
         window_unix=[window_start, window_end],
+        timeline=build_timeline(run, sampler) if sampler is not None else None,
     )
     if out is not None:
         append_record(out, record)
     return record
+
+
+def build_timeline(run: RawRun, sampler: Any, bin_s: float = 1.0) -> Timeline:
+    """Per ``bin_s``: throughput, errors and latency of the requests completed in it; the sampler's
+    replica counts and events, on the same clock (seconds from the measured window's start)."""
+    end = max([run.wall_s] + [t for t, _, _ in run.outcomes])
+    bins = max(1, math.ceil(end / bin_s))
+    ok: list[list[float]] = [[] for _ in range(bins)]
+    errors = [0] * bins
+    for done, latency, error in run.outcomes:
+        b = min(bins - 1, max(0, int(done // bin_s)))
+        if error is None:
+            ok[b].append(latency * 1000)
+        else:
+            errors[b] += 1
+    offered = [0.0] * bins
+    if run.scheduled_s is not None:
+        for b, count in Counter(min(bins - 1, int(t // bin_s)) for t in run.scheduled_s).items():
+            offered[b] = count / bin_s
+    events = {name: round(t - run.started, 3) for t, name in sampler.events}
+    failed_at = sorted(done for done, _, error in run.outcomes if error is not None)
+    recovery = None
+    if events:
+        first_event = min(events.values())
+        after = [t for t in failed_at if t >= first_event]
+        recovery = round(after[-1] - first_event, 3) if after else 0.0
+    return Timeline(
+        bin_s=bin_s, t_s=[b * bin_s for b in range(bins)], throughput_rps=[len(v) / bin_s for v in ok], errors=errors,
+        p50_ms=[float(np.percentile(v, 50)) if v else None for v in ok],
+        p99_ms=[float(np.percentile(v, 99)) if v else None for v in ok], offered_rps=offered,
+        replicas_t_s=[round(t - run.started, 3) for t, _ in sampler.samples], replicas=[n for _, n in sampler.samples],
+        events=events, first_error_s=failed_at[0] if failed_at else None,
+        last_error_s=failed_at[-1] if failed_at else None, recovery_s=recovery,
+    )
 
 
 def run_bench(target: Target, load: Load, **kwargs: Any) -> Record:

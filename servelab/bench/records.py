@@ -46,6 +46,9 @@ class Load(BaseModel):
     max_inflight: int = Field(128, ge=1)
     max_duration_s: float = Field(600.0, gt=0)
     seed: int = 0
+    # Open loop in steps: (rate, seconds) after one another (a step load, low -> high -> low); ``rate``
+    # is then the mean offered rate and ``requests`` the schedule's total.
+    phases: tuple[tuple[float, float], ...] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "Load":
@@ -73,7 +76,16 @@ class Load(BaseModel):
             requests = max(1, round(rate * 10))  # ten seconds' worth by default
         return cls(mode="open", rate=rate, arrivals=arrivals, requests=requests, **window)
 
+    @classmethod
+    def steps(cls, phases: list[tuple[float, float]], arrivals: str = "poisson", **window: Any) -> "Load":
+        """Open-loop Poisson (or constant) arrivals whose rate changes in steps: [(rate, seconds), ...]."""
+        counts = [max(1, round(rate * seconds)) for rate, seconds in phases]
+        return cls(mode="open", rate=sum(counts) / sum(s for _, s in phases), arrivals=arrivals, requests=sum(counts),
+                   phases=tuple((float(r), float(s)) for r, s in phases), **window)
+
     def label(self) -> str:
+        if self.phases:
+            return f"{self.arrivals} steps {' > '.join(f'{r:g}' for r, _ in self.phases)} req/s"
         if self.mode == "open":
             return f"{self.arrivals} {self.rate:g} req/s"
         return "sequential" if self.mode == "sequential" else f"concurrency {self.concurrency}"
@@ -182,6 +194,25 @@ class ServerSeries(BaseModel):
     note: str | None = None
 
 
+class Timeline(BaseModel):
+    """A run over time, in bins of ``bin_s`` from the start of its measured window: what each bin's
+    completed requests saw, and samples of the serving side (Ray Serve's running replicas)."""
+
+    bin_s: float
+    t_s: list[float] = []  # bin starts
+    throughput_rps: list[float] = []  # successes completed in the bin / bin_s
+    errors: list[int] = []  # failures completed in the bin
+    p50_ms: list[float | None] = []  # of the bin's successes
+    p99_ms: list[float | None] = []
+    offered_rps: list[float] = []  # open loop: requests scheduled in the bin / bin_s
+    replicas_t_s: list[float] = []
+    replicas: list[int] = []
+    events: dict[str, float] = {}  # name -> seconds from the start (a node killed)
+    first_error_s: float | None = None
+    last_error_s: float | None = None
+    recovery_s: float | None = None  # from the first event to the last failure after it (0: none failed)
+
+
 class Record(BaseModel):
     """One measured run; serializes to one JSON line (``to_json``)."""
 
@@ -202,6 +233,7 @@ class Record(BaseModel):
     failed: str | None = None  # the run measured nothing: the tool's own message (stats are empty)
     window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
     prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
+    timeline: Timeline | None = None  # step-load and node-failure runs
 
     def to_json(self) -> str:
         return self.model_dump_json()

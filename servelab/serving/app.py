@@ -14,6 +14,7 @@ answers and ``/ready`` says 503. Handlers only parse, await and answer: the work
 import asyncio
 import base64
 import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from time import perf_counter
 
@@ -24,6 +25,7 @@ from servelab.paths import DEFAULT_IMAGE
 from servelab.postprocess import Prediction as Top1
 from servelab.preprocess import ImageError
 from servelab.serving.backends import Backend, BackendKind, load_backend, max_infer_batch
+from servelab.serving.batcher import MicroBatcher
 from servelab.serving.errors import ERROR_RESPONSES, install_error_handlers
 from servelab.serving.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.serving.pipeline import Pipeline
@@ -40,8 +42,10 @@ log = logging.getLogger("servelab.serving")
 class Service:
     """What the handlers share: the backend and pipeline once loaded, and whether they are ready."""
 
-    def __init__(self, kind: BackendKind, settings: ServeSettings, metrics: Metrics):
+    def __init__(self, kind: BackendKind, settings: ServeSettings, metrics: Metrics,
+                 batcher: type[MicroBatcher] = MicroBatcher, placement: Callable[[], dict] | None = None):
         self.kind, self.name, self.settings, self.metrics = kind, SERVICE_NAMES[kind], settings, metrics
+        self.batcher, self.placement = batcher, placement
         self.backend: Backend | None = None
         self.pipeline: Pipeline | None = None
         self.ready = False
@@ -53,7 +57,7 @@ class Service:
         except Exception as exc:
             log.error("%s cannot start: %s", self.name, exc)
             raise
-        self.pipeline = Pipeline(self.backend, self.settings, self.metrics)
+        self.pipeline = Pipeline(self.backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
@@ -105,6 +109,7 @@ class Service:
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images),
             preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
+            **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
         )
 
 
@@ -127,22 +132,38 @@ def _prediction(p: Top1) -> dict:
     return {"prediction": p.label, "probability": p.probability, "class_index": p.index}
 
 
-def create_app(kind: BackendKind, settings: ServeSettings | None = None) -> FastAPI:
-    """The service app; cheap to create (the model loads when the server starts it)."""
+def create_app(kind: BackendKind, settings: ServeSettings | None = None, *,
+               batcher: type[MicroBatcher] = MicroBatcher, placement: Callable[[], dict] | None = None,
+               warm_up_first: bool = False) -> FastAPI:
+    """The service app; cheap to create (the model loads when the server starts it).
+
+    The Ray Serve stages serve this same app in each replica (``servelab.rayserve.deployment``):
+    ``batcher`` swaps in ``@serve.batch``, ``placement`` names the replica's Ray node in ``/ready``,
+    and ``warm_up_first`` finishes the warm-up before startup returns: Serve routes requests to a
+    replica as soon as its startup returns, with no /ready check, so it would otherwise get 503s.
+    """
     settings = settings or get_settings()
     _configure_logging()
     metrics = Metrics(max_infer_batch(settings))
-    service = Service(kind, settings, metrics)
+    service = Service(kind, settings, metrics, batcher, placement)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
-        warm_up = asyncio.create_task(service.warm_up())
+        warm_up = None
+        if warm_up_first:
+            await service.warm_up()
+            if not service.ready:
+                await service.close()
+                raise RuntimeError(f"{service.name} is not ready: {service.not_ready_reason}")
+        else:
+            warm_up = asyncio.create_task(service.warm_up())
         try:
             yield
         finally:
-            warm_up.cancel()
-            await asyncio.gather(warm_up, return_exceptions=True)
+            if warm_up is not None:
+                warm_up.cancel()
+                await asyncio.gather(warm_up, return_exceptions=True)
             await service.close()
 
     app = FastAPI(

@@ -22,7 +22,8 @@ from servelab.settings import ServeSettings
 
 
 class Pipeline:
-    def __init__(self, backend: Backend, settings: ServeSettings, metrics: Metrics | None = None):
+    def __init__(self, backend: Backend, settings: ServeSettings, metrics: Metrics | None = None,
+                 batcher: type[MicroBatcher] = MicroBatcher):
         self.backend, self.metrics = backend, metrics
         self.workers = worker_threads(settings, backend)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="preprocess")
@@ -32,7 +33,8 @@ class Pipeline:
             (crop_pixels, m.crop_kwargs()) if backend.takes_uint8
             else (preprocess, m.preprocess_kwargs()))
         self._preprocess_kwargs["max_pixels"] = settings.max_image_pixels
-        self.batcher = MicroBatcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
+        # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one).
+        self.batcher = batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
                                     on_batch=metrics.observe_batch if metrics else None)
 
     def start(self) -> None:

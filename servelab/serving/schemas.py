@@ -6,7 +6,7 @@ import io
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from servelab.paths import DEFAULT_IMAGE
 
@@ -82,6 +82,19 @@ class Ready(BaseModel):
     batching: Batching
     preprocess_workers: int
     warnings: list[str]
+    stage: str | None = Field(None, description="Ray Serve stages: the stage this replica serves (ray-2, ...), "
+                                        "so a client can tell a finished redeploy.")
+    placement: dict[str, Any] | None = Field(None, description="Ray Serve stages: where this replica runs "
+                                                   "(Ray node id, replica id, deployment).")
+
+    @model_serializer(mode="wrap")
+    def _ray_fields_only_on_ray(self, handler):
+        # A FastAPI stage's /ready has no `stage`: clients (9_ray) read its absence as "not a Ray stage".
+        data = handler(self)
+        for key in ("stage", "placement"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class ErrorResponse(BaseModel):

@@ -1,0 +1,95 @@
+"""The report's Ray Serve section: replica placement by node id, and the runs with a timeline
+(step load, node failure) as a table and a plot of throughput, latency, errors and replicas over time."""
+
+from pathlib import Path
+
+from servelab.bench.records import Record
+
+
+def _short(node_id: str | None) -> str:
+    return (node_id or "?")[:8]
+
+
+def placement_rows(records: list[Record]) -> list[str]:
+    seen, rows = set(), []
+    for r in records:
+        per_node = r.config.get("replicas_per_node")
+        if per_node is None or r.stage in seen:
+            continue
+        seen.add(r.stage)
+        proxy = r.config.get("proxy_node_id")
+        nodes = ", ".join(f"`{_short(n)}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
+        rows.append(f"| {r.stage} | {sum(per_node.values())} | {len(per_node)} | {nodes} |")
+    return rows
+
+
+def timeline_rows(records: list[Record]) -> list[str]:
+    rows = []
+    for r in records:
+        t = r.timeline
+        if t is None:
+            continue
+        errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
+        replicas = f"{min(t.replicas)}–{max(t.replicas)}" if t.replicas else "-"
+        rows.append(f"| {r.stage} | {r.config.get('run', '')} | {r.load.label()} | {r.stats.successes} | {errors} | "
+                    f"{'-' if t.recovery_s is None else f'{t.recovery_s:.1f}'} | "
+                    f"{r.stats.latency.max_ms or 0:.0f} | {replicas} |")
+    return rows
+
+
+def plot_timelines(records: list[Record], out: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in records if r.timeline is not None]
+    if not runs:
+        return False
+    fig, axes = plt.subplots(3, len(runs), figsize=(6.0 * len(runs), 7.5), squeeze=False, sharex="col")
+    for col, r in enumerate(runs):
+        t = r.timeline
+        mid = [x + t.bin_s / 2 for x in t.t_s]
+        top, middle, bottom = axes[0][col], axes[1][col], axes[2][col]
+        top.plot(mid, t.throughput_rps, ".-", label="completed req/s")
+        if any(t.offered_rps):
+            top.step(t.t_s, t.offered_rps, where="post", color="grey", lw=1, label="offered req/s")
+        top.bar(mid, t.errors, width=t.bin_s * 0.8, color="tab:red", alpha=0.6, label="failed requests")
+        top.set_title(f"{r.stage}: {r.config.get('run', '')} ({r.load.label()})", fontsize=9)
+        top.legend(fontsize=7)
+        middle.plot(mid, t.p50_ms, ".-", label="p50 ms")
+        middle.plot(mid, t.p99_ms, ".-", label="p99 ms")
+        middle.set_ylabel("latency ms (completed in the second)")
+        middle.legend(fontsize=7)
+        bottom.step(t.replicas_t_s, t.replicas, where="post", color="tab:green")
+        bottom.set_ylabel("running replicas")
+        bottom.set_ylim(0, max(t.replicas or [1]) + 1)
+        bottom.set_xlabel("seconds from the start of the run")
+        for ax in (top, middle, bottom):
+            for name, at in t.events.items():
+                ax.axvline(at, color="tab:red", ls="--", lw=1)
+                if ax is top:
+                    ax.text(at, ax.get_ylim()[1], f" {name}", fontsize=7, va="top", color="tab:red")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def section(records: list[Record], out_dir: Path) -> list[str]:
+    placement, timed = placement_rows(records), timeline_rows(records)
+    if not placement and not timed:
+        return []
+    md = ["## Ray Serve: placement, step load, node failure", ""]
+    if placement:
+        md += ["Running replicas per Ray node id after each stage's deploy (the head runs the one HTTP proxy).", "",
+               "| stage | replicas | nodes | replicas per node id |", "|---|---:|---:|---|", *placement, ""]
+    if timed:
+        md += ["Runs followed over time. Recovery = from the node's kill to the last failed request after it "
+               "(0: none failed). Every failed request is counted by its kind (`http_500`: the proxy's answer for "
+               "a request its replica died with; `timeout`: past the per-request timeout).", "",
+               "| stage | run | load | ok | errors | recovery s | max latency ms | running replicas |",
+               "|---|---|---|---:|---|---:|---:|---|", *timed, ""]
+        if plot_timelines(records, out_dir / "ray_timelines.png"):
+            md += ["![Ray Serve runs over time: throughput, latency, errors, replicas](ray_timelines.png)", ""]
+    return md

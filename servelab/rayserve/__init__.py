@@ -1,0 +1,7 @@
+"""Ray Serve stages: the same Food-11 service, replicated over the nodes of a Ray cluster.
+
+``stages`` (the stages as data), ``cluster`` (a local head and worker nodes as child processes),
+``deployment`` (the Serve deployment serving ``servelab.serving``'s app, ``@serve.batch``, deploy,
+replica placement), ``cli`` (``servelab ray up | deploy | status | down``). Never name a folder
+``ray`` on ``sys.path``: it would shadow the ``ray`` package.
+"""
