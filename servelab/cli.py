@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "servelab.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab
     "servelab.doctor.cli",  # doctor
+    "servelab.containers.cli",  # containers up | down | stop | env
 )
 
 

@@ -98,7 +98,7 @@ class ServerProcess:
     ``detach`` is set, the server also ends when our process dies, however it dies.
     """
 
-    def __init__(self, cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
+    def __init__(self, cmd: list[str], ready_url: str | None, log: Path, env: dict[str, str] | None = None,
                  cwd: Path | None = None, ready_timeout: float = 120.0, stop_timeout: float = 40.0,
                  detach: bool = False):
         self.cmd, self.ready_url, self.log = cmd, ready_url, Path(log)
@@ -126,6 +126,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.cwd, start_new_session=True,
                                          preexec_fn=self._preexec())
+        if self.ready_url is None:  # the caller checks readiness its own way (a unix socket)
+            return self
         try:
             wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
         except BaseException:

@@ -85,7 +85,13 @@ class BenchSettings(_Env):
     perf_analyzer: str = Field("", description="perf_analyzer binary to run; empty = the project's copy (`make perf-analyzer` extracts it into the environment), else `perf_analyzer` on PATH (NVIDIA's Triton SDK image).")
 
 
-class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings):
+class ContainerSettings(_Env):
+    """The local container runner (`servelab containers`)."""
+
+    servelab_containers_cache: Path = Field(Path("~/.cache/servelab/containers"), description="Per-user cache of `servelab containers`, outside the checkout so a fresh clone reuses it: the Compose plugin, the debootstrap base image, the wheelhouse and the private Docker engine's data root with its layer cache.")
+
+
+class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings, ContainerSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -95,7 +101,7 @@ def get_settings() -> Settings:
 
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     BenchSettings)
+                                                     BenchSettings, ContainerSettings)
 
 
 def markdown_table() -> str:
