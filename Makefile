@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Re-install only when the declared dependencies change, so a second run is quick.
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test models notebooks bench perf-analyzer clean
+.PHONY: lab test models notebooks bench perf-analyzer containers-up containers-down clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/servelab benchmark
+
+# A lab stage from its compose file on a private Docker engine (root, docker.io, debootstrap; no GPU):
+# `make containers-up STAGE=fastapi-onnx`; `make containers-down STAGE=...` also stops the engine.
+STAGE ?= fastapi-pt
+containers-up: $(STAMP)
+	$(BIN)/servelab containers up --stage $(STAGE)
+
+containers-down: $(STAMP)
+	$(BIN)/servelab containers down --stage $(STAGE)
+	$(BIN)/servelab containers stop
 
 clean:
 	rm -rf $(VENV) models results .servelab

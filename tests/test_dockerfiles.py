@@ -109,3 +109,15 @@ def test_gpu_versions_still_run_on_pascal():
     assert re.search(r":12\.\d+(\.\d+)?-", VERSIONS["CUDA_BASE_IMAGE"]), "CUDA base must stay on CUDA 12"
     assert Version(VERSIONS["TORCH_VERSION"]).local == "cu126"
     assert Version(VERSIONS["ONNXRUNTIME_GPU_VERSION"]) < Version("1.27")
+
+
+STANDINS = sorted((DOCKER / "standin").glob("Dockerfile.*"))
+
+
+@pytest.mark.parametrize("dockerfile", STANDINS, ids=[p.name for p in STANDINS])
+def test_standin_dockerfiles_pass_hadolint_and_say_what_they_are(dockerfile: Path):
+    """`servelab containers` builds these local stand-ins for NVIDIA's and Ubuntu's images."""
+    result = run_tool("hadolint", "--no-color", str(dockerfile))
+    assert result.returncode == 0, result.stdout + result.stderr
+    labels = [i.args for i in parse_dockerfile(dockerfile) if i.keyword == "LABEL"]
+    assert any("LOCAL STAND-IN" in label for label in labels), "a stand-in image names itself as one"

@@ -118,6 +118,8 @@ class StageRunner:
                 for volume in volumes:
                     entry = {"type": "bind", "source": self._remap(volume["source"]), "target": volume["target"],
                              "read_only": bool(volume.get("read_only", False))}
+                    if volume.get("bind", {}).get("create_host_path"):
+                        Path(entry["source"]).mkdir(parents=True, exist_ok=True)
                     lines.append(f"      - {json.dumps(entry)}")
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_text("# Written by `servelab containers`: published ports on 127.0.0.1, other host folders.\n"
