@@ -55,7 +55,7 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def runner(engine, artifacts, tmp_path_factory) -> StageRunner:
+def runner(engine, artifacts, tmp_path_factory):
     cache = get_settings().servelab_containers_cache.expanduser()
     docker = Docker(engine.env, compose_tool.ensure(cache))
     args = standins.build_args(docker, cache, read_env_file())
@@ -64,7 +64,10 @@ def runner(engine, artifacts, tmp_path_factory) -> StageRunner:
     settings = get_settings()
     # Temporary folders in place of the checkout's models/, models_staging/, results/ and notebooks/.
     mounts = checkout_mounts(settings.model_dir, settings.triton_model_repository, root / "results", notebooks)
-    return StageRunner(docker, root / "work", args, mounts=mounts, free_ports=True)
+    runner = StageRunner(docker, root / "work", args, mounts=mounts, free_ports=True)
+    yield runner
+    for stage in {s.project: s for s in STAGES.values()}.values():  # one per project: what a failed test left up
+        runner.down(stage)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +104,7 @@ def assert_healthy_in_order(runner: StageRunner, stage: str, server: str, servic
 
 
 def bench(kind: str, url: str, tmp_path: Path, *extra: str) -> list[dict]:
-    out = tmp_path / f"bench-{kind}.jsonl"
+    out = tmp_path / f"bench-{kind}-{time.monotonic_ns()}.jsonl"
     done = subprocess.run([*SERVELAB, "bench", kind, "--url", url, "--requests", "12", "--concurrency", "1,4",
                            "--out", str(out), *extra], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -146,6 +149,29 @@ def assert_nothing_left(runner: StageRunner, stage: str) -> None:
         assert not left, f"{' '.join(kind)}: {left}"
 
 
+def notebook_compose_steps(notebook: str, compose_file: str) -> list[str]:
+    """The notebook's shell lines that inspect a running stage (`ps`, `logs`), as the student types them.
+    Its `up`/`down` lines are not run as typed: without a GPU they need the no-GPU override."""
+    text = (REPO_ROOT / "notebooks" / notebook).read_text()
+    blocks = re.findall(r"```(?:shell|bash)\n(.*?)```", text, re.DOTALL)
+    prefix = f"docker compose -f docker/{compose_file} "
+    return [line for block in blocks for line in block.splitlines()
+            if line.startswith(prefix) and line[len(prefix):].split()[0] in ("ps", "logs")]
+
+
+def run_notebook_steps(runner: StageRunner, notebook: str, stage: str, expect: str) -> None:
+    steps = notebook_compose_steps(notebook, STAGES[stage].compose_file)
+    assert steps, f"{notebook} shows no `docker compose ... ps|logs` step"
+    cache = get_settings().servelab_containers_cache.expanduser()
+    env = {**runner.docker.environ(), "DOCKER_CONFIG": str(compose_tool.docker_config(cache)),
+           "PATH": f"/usr/bin:{os.environ['PATH']}"}  # Debian's docker client, with our compose plugin
+    for step in steps:
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", step], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip(), f"{step}: {done.stdout}{done.stderr}"
+        assert expect in done.stdout or " ps" not in step, f"{step}: {done.stdout}"
+
+
 def image_id(runner: StageRunner, stage: str, service: str) -> str:
     return container(runner, stage, service)["Image"]
 
@@ -179,6 +205,7 @@ def test_fastapi_pt_stage(runner, expected, tmp_path):
     jupyter = running.url("jupyter", 8888)
     assert requests.get(f"{jupyter}/api/status", timeout=30).status_code == 403
     assert requests.get(f"{jupyter}/api/status", params={"token": TOKEN}, timeout=30).status_code == 200
+    run_notebook_steps(runner, "3_fastapi_setup.md", "fastapi-pt", "fastapi_server")
 
     kill_and_recover(runner, "fastapi-pt", "fastapi_server", app)
     assert page_label(classify(app, PHOTO).text) == expected.label
@@ -237,6 +264,7 @@ def test_triton_stage(runner, expected, tmp_path):
     jupyter = running.url("jupyter", 8888)
     assert requests.get(f"{jupyter}/api/status", timeout=30).status_code == 403
     assert requests.get(f"{jupyter}/api/status", params={"token": TOKEN}, timeout=30).status_code == 200
+    run_notebook_steps(runner, "5_triton_setup.md", "triton", "triton_server")
 
     # Restarted, Triton loads nothing until a stage is applied again (explicit model control).
     kill_and_recover(runner, "triton", "triton_server", app)

@@ -65,12 +65,17 @@ def _cmd_up(args) -> int:
     return 0
 
 
-def _cmd_down(args) -> int:
+def _running() -> EngineState | None:
     state = _engine(start=False)
     if state is None:
-        print("no engine of ours is running: nothing to take down")
-        return 0
-    _runner(state).down(STAGES[args.stage])
+        print("# no engine of ours is running: `servelab containers up --stage ...` starts one")
+    return state
+
+
+def _cmd_down(args) -> int:
+    state = _running()
+    if state is not None:
+        _runner(state).down(STAGES[args.stage])
     return 0
 
 
@@ -81,9 +86,8 @@ def _cmd_stop(args) -> int:
 
 
 def _cmd_env(args) -> int:
-    state = _engine(start=False)
+    state = _running()
     if state is None:
-        print("# no engine of ours is running: `servelab containers up --stage ...` starts one")
         return 1
     cache = _cache()
     docker = Docker(state.env, compose_tool.ensure(cache))

@@ -16,8 +16,8 @@ import http.client
 import json
 import os
 import secrets
-import shutil
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from servelab.containers.docker import Docker
 from servelab.procs import ServerProcess
 
 START_TIMEOUT_S = 60.0
@@ -216,6 +217,7 @@ class Engine:
             return
         # dockerd alone first: it stops its containers through containerd, then containerd.
         if state.pid and _alive(state.pid):
+            remove_containers(state)
             stop_pid(state.pid)
         if self._server is not None:
             self._server.stop()  # whatever is left of its process group
@@ -250,9 +252,21 @@ def stop_detached(cache: Path, log=print) -> bool:
     if state is None:
         owner.unlink(missing_ok=True)
         return False
+    remove_containers(state)
     stop_pid(state.pid)
     _cleanup(state, log)
     return True
+
+
+def remove_containers(state: EngineState) -> None:
+    """Every container, network and volume of the engine (all ours): none may come back when the
+    cached data root is used again (`restart: unless-stopped` would start them with the daemon)."""
+    docker = Docker(state.env, timeout=120)
+    ids = docker.run("ps", "--all", "--quiet", check=False).stdout.split()
+    if ids:
+        docker.run("rm", "--force", "--volumes", *ids, check=False)
+    docker.run("network", "prune", "--force", check=False)
+    docker.run("volume", "prune", "--force", check=False)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

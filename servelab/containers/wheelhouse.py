@@ -73,4 +73,7 @@ def ensure(cache: Path, versions: dict[str, str], log=print) -> Path:
     (part / ".complete").write_text("\n".join(reqs) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     part.rename(target)
+    for old in target.parent.iterdir():  # wheelhouses of earlier pins: one is ~700 MB
+        if old != target:
+            shutil.rmtree(old, ignore_errors=True)
     return target
