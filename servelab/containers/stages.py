@@ -5,10 +5,12 @@ are used unchanged, followed by the no-GPU override of the same name in docker/n
 is one) and a generated local override that (1) binds every published port to 127.0.0.1 (on a
 chosen free port when asked, so parallel runs do not collide), (2) mounts other host folders in
 place of the checkout's models/, models_staging/, results/ or notebooks/ when asked (the tests use
-temporary ones) and (3) runs the images' health checks more often, so a stage is up sooner. A new compose file plugs in as one more ``ComposeStage``.
+temporary ones), (3) runs the images' health checks more often, so a stage is up sooner, and (4) caps
+``ulimits`` at this machine's hard limits where they are lower (Triton's `memlock: -1`). A new compose file plugs in as one more ``ComposeStage``.
 """
 
 import json
+import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +118,9 @@ class StageRunner:
                 lines.append("    ports: !override")
                 lines += [f"      - {json.dumps(f'127.0.0.1:{host}:{target}')}" for target, host in published.items()]
                 ports[name] = published
+            ulimits = _within_host_limits(service.get("ulimits") or {})
+            if ulimits:
+                lines.append(f"    ulimits: !override {json.dumps(ulimits)}")
             volumes = service.get("volumes", [])
             if any(self._remap(v["source"]) != v["source"] for v in volumes):
                 lines.append("    volumes: !override")
@@ -154,6 +159,26 @@ class StageRunner:
         self.ports.pop(stage.project, None)
         # Images a rebuild replaced (untagged): without this the cached data root grows with every change.
         self.docker.run("image", "prune", "--force", timeout=300)
+
+
+RLIMITS = {"memlock": resource.RLIMIT_MEMLOCK, "stack": resource.RLIMIT_STACK, "nofile": resource.RLIMIT_NOFILE,
+           "nproc": resource.RLIMIT_NPROC}
+
+
+def _within_host_limits(ulimits: dict) -> dict:
+    """A service's ulimits, each capped at this machine's hard limit (runc cannot raise a limit past
+    it without the privilege this VM lacks: `memlock: -1` fails here). Empty when none needs capping."""
+    capped, changed = {}, False
+    for name, value in ulimits.items():
+        soft, hard = (value, value) if isinstance(value, int) else (value.get("soft", value.get("single")),
+                                                                    value.get("hard", value.get("single")))
+        limit = resource.getrlimit(RLIMITS[name])[1] if name in RLIMITS else resource.RLIM_INFINITY
+        if limit != resource.RLIM_INFINITY:
+            fit = [limit if v in (-1, None) or v > limit else v for v in (soft, hard)]
+            changed |= fit != [soft, hard]
+            soft, hard = fit
+        capped[name] = {"soft": soft, "hard": hard}
+    return capped if changed else {}
 
 
 def checkout_mounts(model_dir: Path, repository: Path, results: Path | None = None,
