@@ -58,13 +58,17 @@ def ping(sock: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Running, and not a zombie (an exited child of ours not yet waited for)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _used_second_octets() -> set[int]:
