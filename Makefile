@@ -4,8 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-install only when the declared dependencies change, so a second run is quick.
 STAMP := $(VENV)/.installed
+# The GPU path's environment (docs/gpu/README.md) and how a GPU is recognised.
+GPU_PYTHON ?= python3
+GPU_VENV := .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed
+HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab test models notebooks bench perf-analyzer containers-up containers-down clean
+.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,19 +21,35 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # perf_analyzer (pinned, extracted into .venv/opt) is soft for both: without it the lab records its
-# runs as failed with the reason, and its tests skip, except in CI, where they must run.
-PERF_ANALYZER = $(BIN)/servelab perf-analyzer install --if-missing || echo "perf_analyzer: not installed (see above); going on without it"
+# runs as failed with the reason, and its tests skip, except in CI, where they must run. Prometheus
+# (Debian's 2.42, unpacked into .venv/opt) is soft the same way: without it the lab goes on unscraped
+# and says so in its log and report. $(1): the environment's bin folder.
+SOFT_TOOLS = { $(1)/servelab perf-analyzer install --if-missing || echo "perf_analyzer: not installed (see above); going on without it"; }; \
+	{ $(1)/servelab prometheus install --if-missing || echo "prometheus: not installed (see above); going on without it"; }
 
-lab: $(STAMP)
-	@$(PERF_ANALYZER)
-	$(BIN)/servelab lab
+# `make lab` runs from .venv-gpu (below) on a machine whose nvidia-smi lists a GPU and whose GPU_PYTHON has a
+# CUDA PyTorch, everywhere else from .venv. Decided when make reads this file (no recursive make in the recipe,
+# so `make -n lab` only prints).
+GPU_READY = $(HAS_GPU) && $(GPU_PYTHON) -c 'import sys, torch; sys.exit(not torch.version.cuda)' 2>/dev/null
+LAB_VENV := $(shell $(GPU_READY) && echo $(GPU_VENV) || echo $(VENV))
+
+lab: $(LAB_VENV)/.installed
+	@$(call SOFT_TOOLS,$(LAB_VENV)/bin)
+	$(LAB_VENV)/bin/servelab lab
 
 test: $(STAMP)
-	@$(PERF_ANALYZER)
+	@$(call SOFT_TOOLS,$(BIN))
 	$(BIN)/python -m pytest
 
 perf-analyzer: $(STAMP)
 	$(BIN)/servelab perf-analyzer install --if-missing
+
+prometheus: $(STAMP)
+	$(BIN)/servelab prometheus install --if-missing
+
+# The Grafana dashboard and provisioning files under docker/grafana, generated from servelab.monitoring.dashboard.
+dashboard: $(STAMP)
+	$(BIN)/python -m servelab.monitoring.dashboard
 
 models: $(STAMP)
 	$(BIN)/servelab models build
@@ -50,4 +71,48 @@ containers-down: $(STAMP)
 	$(BIN)/servelab containers stop
 
 clean:
-	rm -rf $(VENV) models results .servelab
+	rm -rf $(VENV) $(GPU_VENV) models results .servelab
+
+# --- The GPU path (docs/gpu/README.md) -------------------------------------------------------------------
+# A machine with an NVIDIA GPU and a CUDA PyTorch preinstalled (GPU_PYTHON's), perhaps without network:
+# .venv-gpu sees that torch (--system-site-packages) and gets the rest from GPU_CONSTRAINTS, out of
+# GPU_WHEELHOUSE where that folder exists (made by `make gpu-wheelhouse` on a networked machine).
+GPU_CONSTRAINTS ?= constraints-gpu-cu13.txt
+GPU_WHEELHOUSE ?= wheelhouse/gpu-cu13
+GPU_TARGET := --only-binary=:all: --implementation cp --python-version 3.12 --abi cp312 \
+	--platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64
+PART_SIZE := 50M
+
+gpu-check:
+	@if ! $(HAS_GPU); then echo "gpu-check: no NVIDIA GPU (nvidia-smi lists none): nothing to check on this machine"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(GPU_STAMP) || exit 1; \
+	if [ -d $(GPU_WHEELHOUSE) ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=$(CURDIR)/$(GPU_WHEELHOUSE); fi; \
+	$(call SOFT_TOOLS,$(GPU_VENV)/bin); \
+	$(GPU_VENV)/bin/servelab gpu-check $(GPU_CHECK_ARGS)
+
+$(GPU_STAMP): pyproject.toml $(GPU_CONSTRAINTS)
+	@$(GPU_PYTHON) -c 'import torch; assert torch.version.cuda, "a CPU build"; print("using the preinstalled torch", torch.__version__, "CUDA", torch.version.cuda)' \
+		|| { echo "$(GPU_PYTHON) has no CUDA PyTorch: install one, or set GPU_PYTHON to the Python that has it"; exit 1; }
+	$(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	if [ -d $(GPU_WHEELHOUSE) ]; then $(MAKE) --no-print-directory gpu-wheelhouse-join; fi
+	$(GPU_VENV)/bin/pip install $$([ -d $(GPU_WHEELHOUSE) ] && echo --no-index --find-links $(GPU_WHEELHOUSE)) \
+		-c $(GPU_CONSTRAINTS) -e '.[gpu]'
+	touch $@
+
+# On a networked machine: every wheel .venv-gpu needs (GPU_CONSTRAINTS, for CPython 3.12 on x86-64 Linux) and
+# perf_analyzer's two pinned wheels; wheels over 60 MiB are split into $(PART_SIZE) parts, SHA256SUMS lists whole wheels.
+gpu-wheelhouse: $(STAMP)
+	rm -rf $(GPU_WHEELHOUSE) && mkdir -p $(GPU_WHEELHOUSE)
+	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps $(GPU_TARGET) -d $(GPU_WHEELHOUSE) -r $(GPU_CONSTRAINTS)
+	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d $(GPU_WHEELHOUSE) \
+		$$($(BIN)/python -c 'from servelab.bench.perf_analyzer_binary import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
+	cd $(GPU_WHEELHOUSE) && sha256sum *.whl > SHA256SUMS && \
+	for w in *.whl; do if [ $$(stat -c %s "$$w") -gt 62914560 ]; then split -b $(PART_SIZE) -d "$$w" "$$w.part-" && rm "$$w"; fi; done
+	@du -sh $(GPU_WHEELHOUSE); ls $(GPU_WHEELHOUSE) | wc -l
+
+# On the GPU machine, after copying the folder (or its parts) over: whole wheels again, checked.
+gpu-wheelhouse-join:
+	cd $(GPU_WHEELHOUSE) && for p in *.part-00; do [ -e "$$p" ] || continue; w="$${p%.part-00}"; \
+		[ -e "$$w" ] || cat "$$w".part-* > "$$w"; done && sha256sum --check --quiet SHA256SUMS

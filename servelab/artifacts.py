@@ -119,7 +119,7 @@ def load_manifest(path: Path) -> Manifest:
     return Manifest.model_validate_json(Path(path).read_text())
 
 
-def _write_atomic(dest: Path, write) -> None:
+def write_atomic(dest: Path, write) -> None:
     """Write through a temporary file in the same folder, so readers never see half a file."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
@@ -133,8 +133,9 @@ def _write_atomic(dest: Path, write) -> None:
         raise
 
 
-def _copy_atomic(src: Path, dest: Path) -> None:
-    _write_atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
+def copy_atomic(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` the way ``write_atomic`` writes."""
+    write_atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def _versions() -> dict[str, str]:
@@ -256,9 +257,9 @@ def _build(source, weights, paths, key, versions, log) -> Manifest:
 
     log(f"models: loading weights from {source.location or weights} ({source.kind})")
     model, architecture = _load_model(source, weights)
-    _write_atomic(paths.state_dict, lambda tmp: torch.save(model.state_dict(), tmp))
+    write_atomic(paths.state_dict, lambda tmp: torch.save(model.state_dict(), tmp))
     log("models: exporting ONNX")
-    _write_atomic(paths.onnx, lambda tmp: _export_onnx(model, tmp))
+    write_atomic(paths.onnx, lambda tmp: _export_onnx(model, tmp))
     diff = _check_parity(model, paths.onnx)
     if diff > PARITY_TOLERANCE:
         paths.onnx.unlink()
@@ -281,7 +282,7 @@ def _build(source, weights, paths, key, versions, log) -> Manifest:
         build_key=key,
         versions=versions,
     )
-    _write_atomic(paths.manifest, lambda tmp: tmp.write_text(manifest.model_dump_json(indent=2) + "\n"))
+    write_atomic(paths.manifest, lambda tmp: tmp.write_text(manifest.model_dump_json(indent=2) + "\n"))
     log(f"models: wrote {paths.state_dict}, {paths.manifest}, {paths.onnx}")
     return manifest
 
@@ -295,7 +296,7 @@ def _stage(paths: ArtifactPaths, staging: Path) -> None:
     }
     for src, dest in targets.items():
         if not dest.exists() or sha256_file(dest) != sha256_file(src):
-            _copy_atomic(src, dest)
+            copy_atomic(src, dest)
 
 
 def register(subparsers) -> None:

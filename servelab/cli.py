@@ -11,10 +11,12 @@ COMMAND_MODULES = (
     "servelab.triton.cli",  # triton up | down | stage
     "servelab.bench.cli",  # bench fastapi | triton | perf-analyzer | input-data
     "servelab.bench.perf_analyzer_binary",  # perf-analyzer install | check | run
+    "servelab.monitoring.prometheus_binary",  # prometheus install | check
     "servelab.report",  # report
     "servelab.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab
     "servelab.doctor.cli",  # doctor
+    "servelab.gpu_check",  # gpu-check
     "servelab.containers.cli",  # containers up | down | stop | env
 )
 

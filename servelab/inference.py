@@ -46,6 +46,19 @@ class TorchClassifier:
         return {"runtime": "pytorch", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
 
 
+def preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of the ``nvidia-*`` wheels (PyTorch's CUDA build brings them)
+    before a GPU session, so onnxruntime-gpu finds them without ``LD_LIBRARY_PATH`` (ONNX Runtime
+    >= 1.21; a library it cannot find still leaves the provider inactive, which the caller reads back)."""
+    import onnxruntime as ort
+
+    if hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()
+        except Exception as exc:  # noqa: BLE001 - a missing library shows as an inactive provider
+            log.warning("onnxruntime.preload_dlls() failed: %s", exc)
+
+
 # ONNX Runtime's names for the input types our models take.
 ONNX_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(float16)": "float16"}
 
@@ -56,6 +69,9 @@ class OnnxClassifier:
     def __init__(self, onnx_path: Path, providers: list | None = None, session_options=None):
         import onnxruntime as ort
 
+        names = [p[0] if isinstance(p, tuple) else p for p in providers or ()]
+        if any(name != "CPUExecutionProvider" for name in names):
+            preload_cuda_libraries()
         self.session = ort.InferenceSession(
             str(onnx_path), sess_options=session_options, providers=providers or ["CPUExecutionProvider"]
         )

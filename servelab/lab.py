@@ -1,4 +1,4 @@
-"""``servelab lab``: the whole lab, locally on CPU, one stage after another.
+"""``servelab lab``: the whole lab, locally, one stage after another, on the CPU or on the GPU.
 
 For each stage it starts the server, runs the lab's measurements with the one load generator,
 stops the server, and at the end prints the comparison table and writes ``results/``. Every
@@ -14,9 +14,16 @@ message and the lab goes on.
 
 The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
-time per request next to the latencies. fp16 stages run only where a GPU is present.
+time per request next to the latencies. fp16 stages run only on a GPU.
+
+``--device gpu|cpu|auto`` (``servelab.device``) is the one switch: on the GPU every FastAPI server
+runs with PyTorch on CUDA or ONNX Runtime's TensorRT/CUDA providers and ``REQUIRE_GPU=1``, and Triton
+with ``KIND_GPU`` instances on the GPUs present. Each record names the device and where the stage
+really ran (``runs_on``: the providers the service read back from its session, or the instance groups
+Triton reports), never what was asked for.
 """
 
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +34,13 @@ from pathlib import Path
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
+from servelab.device import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
+                             runs_on_triton, stage_env)
+from servelab.bench.records import append_record
+from servelab.monitoring import run_series
+from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.procs import ServerProcess, free_port
+from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.settings import get_settings
 
 RESULTS = REPO_ROOT / "results"
@@ -78,7 +90,7 @@ class Stage:
     batches: bool = False  # triton: also requests of BATCH images (the model batches them in one pass)
     both_arrivals: bool = False  # triton: constant as well as Poisson arrivals at each rate
     variant: str = ""  # the ONNX model variant served (servelab.models.variants), named in each record
-    needs_gpu: bool = False  # skipped, with the reason, where no GPU is present
+    needs_gpu: bool = False  # skipped, with the reason, on the CPU
 
 
 STAGES: tuple[Stage, ...] = (
@@ -96,7 +108,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier", batches=True),
     Stage("pt-dyn", "Triton Python backend, 1 instance + dynamic batching", "triton", model="food_classifier",
           batches=True),
-    Stage("pt-2x2", "Triton Python backend, 2 + 2 instances (on CPU here)", "triton", model="food_classifier"),
+    Stage("pt-2x2", "Triton Python backend, 2 instances on each of 2 GPUs (all 4 on one GPU, or on the CPU)", "triton", model="food_classifier"),
     Stage("onnx-1", "Triton ONNX model, 1 instance", "triton", model="food_classifier_onnx", input="tensor",
           stand_in=ONNX_STAND_IN, variant="fp32"),
     Stage("onnx-u8", "Triton ONNX model with preprocessing inside, 1 instance (uint8 crops in)", "triton",
@@ -115,8 +127,12 @@ STAGES: tuple[Stage, ...] = (
 
 
 class Lab:
-    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print):
-        self.plan, self.out_dir, self.log = plan, out_dir, log
+    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
+                 prometheus: LabPrometheus | None = None):
+        self.plan, self.out_dir, self.log, self.device = plan, out_dir, log, device
+        # Prometheus scrapes each server while it runs; absent or down, each record says so.
+        self.prometheus = prometheus or LabPrometheus(out_dir / "prometheus", log)
+        self.scraped: Scraped | None = None  # the server being measured now
         self.image = image.read_bytes()
         self.image_name = image.name
         self.records_path = out_dir / "records.jsonl"
@@ -131,27 +147,35 @@ class Lab:
         port = free_port()
         cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
         # No access log while measuring: a log line per request is work the lab does not study.
-        with ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
-                           env={"ACCESS_LOG": "0", **stage.env}, ready_timeout=180) as server:
-            yield f"http://127.0.0.1:{port}", server.pid
+        env = {"ACCESS_LOG": "0", **stage_env(self.device), **stage.env}
+        # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target, time
+        # the server spends loading its model anyway. A GPU stage may build a TensorRT engine before it
+        # is ready: minutes on a first run.
+        with self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped, \
+                ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
+                              env=env, ready_timeout=900 if self.device == "gpu" else 180) as server:
+            try:
+                yield f"http://127.0.0.1:{port}", server.pid
+            finally:
+                self.scraped = None
 
-    def triton(self, first: Stage):
+    def triton(self, first: Stage, ports):
         from servelab.triton.server import start_local
         from servelab.triton.stages import STAGES as TRITON_STAGES
 
-        settings = get_settings()
-        # The local lab runs on the CPU (its torch is a CPU build) unless TRITON_INSTANCE_KIND=gpu says
-        # otherwise; "auto" would pick KIND_GPU on any machine where nvidia-smi sees a GPU.
-        kind = "cpu" if settings.triton_instance_kind == "auto" else settings.triton_instance_kind
-        return start_local(TRITON_STAGES[first.name], kind=kind, repository=settings.triton_model_repository,
-                           log=self.logs / "tritonserver.log")
+        # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
+        return start_local(TRITON_STAGES[first.name], kind=self.device, repository=get_settings().triton_model_repository,
+                           log=self.logs / "tritonserver.log", ports=ports)
 
     # --- measurements ----------------------------------------------------------------------------
 
-    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest) -> None:
+    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str) -> None:
         stand_in = "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s)
-        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None, out=self.records_path)
-        config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {})}
+        # Records are written by _run, once the server's own series are attached.
+        common = dict(stage=stage.name, server_pid=pid, stand_in=stand_in or None)
+        config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {}),
+                  "device": self.device, "runs_on": runs_on}
+        self.log(f"    runs on: {runs_on}")
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
         tools: list[Callable] = [lambda t, load: run_bench(t, load, config=config, **common)]
@@ -176,8 +200,11 @@ class Lab:
                 each_tool(target, Load.open(rate, arrivals, **window), tools if stage.both_arrivals else tools[:1])
 
     def _run(self, tool: Callable, target, load: Load) -> Record:
-        started = time.monotonic()
+        started, called = time.monotonic(), time.time()
+        before = self.prometheus.before(self.scraped)
         record = tool(target, load)
+        record.prometheus = self.prometheus.after(record, before, self.scraped, called)
+        append_record(self.records_path, record)
         self.records.append(record)
         s = record.stats
         what = f"{record.tool:<13} {load.label() + (f' x{record.batch}' if record.batch > 1 else ''):<26}"
@@ -194,12 +221,14 @@ class Lab:
     def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
-        from servelab.triton.stages import gpu_count
+        with self.prometheus:
+            self._run_stages(stages, manifest, paths)
 
-        if gpu_count() == 0:
+    def _run_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        if self.device == "cpu":
+            why = "nvidia-smi lists none" if gpu_count() == 0 else "the lab runs with --device cpu"
             for stage in (s for s in stages if s.needs_gpu):
-                self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and "
-                         "nvidia-smi lists none")
+                self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
             stages = [s for s in stages if not s.needs_gpu]
         for i, stage in enumerate(s for s in stages if s.family == "fastapi"):
             self.log(f"[{stage.name}] {stage.about}")
@@ -221,22 +250,34 @@ class Lab:
 
     def _fastapi_stage(self, stage: Stage, manifest: Manifest) -> None:
         with self.fastapi(stage) as (url, pid):
-            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest)
+            ready = json.loads(DIRECT.open(f"{url}/ready", timeout=30).read())
+            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest,
+                         runs_on_fastapi(ready["runtime"]))
 
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        from servelab.triton.backend import instance_count
+
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
-        with self.triton(stages[0]) as server:
+        from servelab.triton.server import Ports
+
+        ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
+        with self.prometheus.scrape(f"127.0.0.1:{ports.metrics}", "triton") as scraped, \
+                self.triton(stages[0], ports) as server:
             for stage in stages:
                 self.log(f"[{stage.name}] {stage.about}")
 
                 def one(stage=stage):
-                    server.apply_stage(stage.name)
+                    config = server.apply_stage(stage.name)
+                    self.scraped = scraped.narrowed(model=stage.model)
                     target = TritonTarget(server.url, stage.model, self.image, input=stage.input,
                                           image_name=self.image_name, manifest=paths.manifest)
-                    self.measure(stage, target, server.process.pid, manifest)
+                    said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), stage.model,
+                                         instance_count(config.get("instance_group", [])))
+                    self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
 
                 self._guard(stage, one)
+            self.scraped = None
 
 
 def select_stages(names: str | None) -> list[Stage]:
@@ -250,11 +291,14 @@ def select_stages(names: str | None) -> list[Stage]:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("lab", help="run every lab stage locally on CPU and write results/")
+    p = subparsers.add_parser("lab", help="run every lab stage locally (CPU or GPU) and write results/")
     p.add_argument("--quick", action="store_true", help="a few requests per measurement (tests, a first look)")
     p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in STAGES)}")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: results/)")
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="the photo sent in every request")
+    p.add_argument("--concurrency", help="closed-loop concurrencies, comma-separated (default 8,16; --quick: 8)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None,
+                   help="where every stage runs (default: LAB_DEVICE, auto = the GPU where nvidia-smi lists one)")
     p.set_defaults(func=_cli_lab)
 
 
@@ -278,11 +322,23 @@ def _cli_lab(args) -> int:
 
     started = time.monotonic()
     stages = select_stages(args.stages)
+    try:
+        gpus = gpu_count()
+        device = resolve(args.device or get_settings().lab_device, gpus, environment_gaps() if gpus else [])
+    except NoGpu as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     paths = ArtifactPaths.in_dir(get_settings().model_dir)
     manifest = _model(paths)
     if manifest.stand_in:
         print(f"model: {manifest.description}")
-    lab = Lab(Plan.quick() if args.quick else Plan.full(), args.out, args.image)
+    from servelab.device import describe, stack
+
+    print(f"device: {device}; " + "; ".join(describe(stack())))
+    plan = Plan.quick() if args.quick else Plan.full()
+    if args.concurrency:
+        plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
+    lab = Lab(plan, args.out, args.image, device=device)
     lab.run(stages, manifest, paths)
     report = render_report(lab.records, args.out, sources=[lab.records_path])
     print()
@@ -291,6 +347,9 @@ def _cli_lab(args) -> int:
         print(f"\nperf_analyzer vs servelab, same stage and load (ratio = perf_analyzer / servelab; aim "
               f"{1 - compare.TOLERANCE:.1f}-{1 + compare.TOLERANCE:.1f}):")
         print(compare.text(found))
+    found = run_series.agreements(lab.records)
+    print(f"\nprometheus: {run_series.summary(found)}" if found else
+          f"\nprometheus: no server-side series ({lab.prometheus.note or 'nothing read back'})")
     print(f"\nlab finished in {time.monotonic() - started:.0f} s: {report} and its plots; "
           f"raw records in {lab.records_path}; server logs in {lab.logs}")
     for failure in lab.failures:

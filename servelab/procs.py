@@ -58,7 +58,7 @@ def wait_http_ok(url: str, timeout: float, proc: subprocess.Popen | None = None,
     last = "no answer yet"
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} before {url} was ready{_tail(log)}")
+            raise RuntimeError(f"server exited with code {proc.returncode} before {url} was ready{log_tail(log)}")
         try:
             with DIRECT.open(url, timeout=2) as response:
                 if response.status == 200:
@@ -69,10 +69,11 @@ def wait_http_ok(url: str, timeout: float, proc: subprocess.Popen | None = None,
         except OSError as exc:
             last = type(exc).__name__
         time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s ({last}){_tail(log)}")
+    raise TimeoutError(f"{url} not ready after {timeout:.0f} s ({last}){log_tail(log)}")
 
 
-def _tail(log: Path | None, lines: int = 20) -> str:
+def log_tail(log: Path | None, lines: int = 20) -> str:
+    """The last lines of a server's log, to end an error message with (empty without a log)."""
     if log is None or not Path(log).exists():
         return ""
     text = Path(log).read_text(errors="replace").splitlines()[-lines:]

@@ -6,27 +6,28 @@
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
 the records hold its data): latency percentiles and throughput vs concurrency and vs offered rate,
-latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines.
+latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines, and
+the servers' own metrics read back from Prometheus (servelab.monitoring.report_view) where the lab ran it.
 """
 
 import argparse
 import datetime as dt
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from servelab.bench import compare, precision
+from servelab import tables
 from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
+from servelab.monitoring import report_view
+from servelab.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
-           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in")
+           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")
 MAX_CDF_PANELS = 6
 MAX_BATCH_RUNS = 8
-
-
-def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _errors(record: Record) -> str:
@@ -46,31 +47,25 @@ def summary_rows(records: list[Record]) -> list[dict[str, str]]:
         share = b.queue_share if b else None
         rows.append({
             "stage": r.stage, "tool": "perf_analyzer" if r.tool == "perf_analyzer" else "servelab",
-            "load": r.load.label(), "offered req/s": _num(r.stats.offered_rps), "batch": str(r.batch),
+            "load": r.load.label(), "offered req/s": num(r.stats.offered_rps), "batch": str(r.batch),
             "ok": "-" if r.stats.successes is None else str(r.stats.successes), "errors": _errors(r),
-            "p50 ms": _num(lat.p50_ms), "p95 ms": _num(lat.p95_ms), "p99 ms": _num(lat.p99_ms),
-            "req/s": _num(r.stats.throughput_rps), "img/s": _num(r.stats.items_per_s),
-            "queue ms": _num(b.queue_ms if b else None), "service ms": _num(b.service_ms if b else None),
+            "p50 ms": num(lat.p50_ms), "p95 ms": num(lat.p95_ms), "p99 ms": num(lat.p99_ms),
+            "req/s": num(r.stats.throughput_rps), "img/s": num(r.stats.items_per_s),
+            "queue ms": num(b.queue_ms if b else None), "service ms": num(b.service_ms if b else None),
             "queue share": "-" if share is None else f"{100 * share:.0f}%",
-            "mean batch": _num(b.mean_batch_size if b else None, 2), "stand-in": "yes" if r.stand_in else "no",
+            "mean batch": num(b.mean_batch_size if b else None, 2), "stand-in": "yes" if r.stand_in else "no",
+            "runs on": r.config.get("runs_on", "-"),
         })
     return rows
 
 
 def summary_table(records: list[Record]) -> str:
     """Fixed-width text table (what ``servelab bench`` prints after its runs)."""
-    rows = summary_rows(records)
-    widths = {c: max([len(c), *(len(row[c]) for row in rows)]) for c in COLUMNS}
-    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
-    lines += ["  ".join(row[c].ljust(widths[c]) for c in COLUMNS) for row in rows]
-    return "\n".join(lines)
+    return tables.text(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
 
 
 def markdown_table(records: list[Record]) -> str:
-    rows = summary_rows(records)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row[c].replace("|", "/") for c in COLUMNS) + " |" for row in rows]
-    return "\n".join(lines)
+    return tables.markdown(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
 
 
 def _series_key(r: Record) -> str:
@@ -164,7 +159,7 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
         hist = r.breakdown.batch_sizes
         total = sum(hist.values())
         ax.bar([s + (i - (len(runs) - 1) / 2) * width for s in sizes], [hist.get(s, 0) / total for s in sizes],
-               width, label=f"{_series_key(r)}, {r.load.label()} (mean {_num(r.breakdown.mean_batch_size, 2)})")
+               width, label=f"{_series_key(r)}, {r.load.label()} (mean {num(r.breakdown.mean_batch_size, 2)})")
     ax.set_xticks(sizes)
     ax.set_xlabel("batch size formed on the server")
     ax.set_ylabel("fraction of executions")
@@ -225,6 +220,8 @@ PLOTS = (
     ("latency_cdf.png", "Latency CDF per load", _plot_cdf),
     ("batch_sizes.png", "Server-side batch-size histogram", _plot_batches),
     ("utilization.png", "CPU / GPU / memory utilization timeline", _plot_utilization),
+    ("prometheus_series.png", "The servers' own metrics (Prometheus range queries) beside the client's",
+     report_view.plot),
 )
 
 
@@ -235,6 +232,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     where = ", ".join(f"`{p}`" for p in sources) or "the given records"
     md = ["# servelab results", "", f"Generated {now} from {len(records)} run records ({where}).", ""]
+    md += hardware_section(records)
     stand_ins = sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in})
     if stand_ins:
         md += ["> **Stand-in models.** Numbers for these stages come from stand-ins, not the lab's models:", ">"]
@@ -260,6 +258,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
             "the scheduled send.", "", compare.markdown(found), "",
         ]
     md += _precision_section(records)
+    md += report_view.markdown(records)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", ""]
@@ -291,6 +290,23 @@ def _precision_section(records: list[Record]) -> list[str]:
         f"from `{get_settings().model_dir}` as it is now.", "",
         precision.markdown(found, get_settings().model_dir), "",
     ]
+
+
+def hardware_section(records: list[Record]) -> list[str]:
+    """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
+    where each stage really ran: the header every report and GPU record starts with."""
+    from servelab.device import describe
+
+    stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
+    devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
+    md = ["## Hardware and versions", ""]
+    md += [f"- {line}" for stack in sorted(stacks) for line in describe(json.loads(stack))] or ["- not recorded"]
+    if devices:
+        md.append(f"- lab device: {', '.join(devices)}")
+    runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
+    if runs_on:
+        md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
+    return md + [""]
 
 
 def _machines(records: list[Record]) -> list[str]:

@@ -75,7 +75,7 @@ class TritonSettings(_Env):
     """Triton Inference Server stages (`servelab triton`, the Python-backend models)."""
 
     triton_model_repository: Path = Field(REPO_ROOT / "models_staging", description="Triton's model repository; `servelab triton stage` writes each model's effective config to `<model>/configs/stage.pbtxt` there (on the lab node: the folder mounted into the Triton container).")
-    triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with.")
+    triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with; `servelab lab` takes the kind from its device (`LAB_DEVICE`).")
     triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 
 
@@ -83,6 +83,16 @@ class BenchSettings(_Env):
     """Measuring (`servelab bench`, `servelab lab`, perf_analyzer)."""
 
     perf_analyzer: str = Field("", description="perf_analyzer binary to run; empty = the project's copy (`make perf-analyzer` extracts it into the environment), else `perf_analyzer` on PATH (NVIDIA's Triton SDK image).")
+    lab_device: Literal["auto", "cpu", "gpu"] = Field("auto", description="`servelab lab` (`--device`): where every stage runs: `gpu` (PyTorch on CUDA, ONNX Runtime's TensorRT/CUDA providers, Triton `KIND_GPU`, each server started with `REQUIRE_GPU=1`; fails where `nvidia-smi` lists no GPU), `cpu`, or `auto` = gpu where `nvidia-smi` lists a GPU.")
+
+
+class MonitoringSettings(_Env):
+    """Prometheus in the local lab (`servelab lab`, `servelab prometheus`)."""
+
+    prometheus: str = Field("", description="Prometheus binary to run; empty = the project's copy (`make prometheus` unpacks Debian's 2.42 into the environment), else `prometheus` on PATH. Without one the lab goes on unscraped and says so.")
+    prometheus_scrape_interval_s: float = Field(0.5, gt=0, le=60, description="How often the lab's Prometheus scrapes each server; short, so a run of a few seconds holds several samples.")
+    prometheus_retention_time: str = Field("2d", description="The lab's Prometheus keeps samples this long (`--storage.tsdb.retention.time`), in `<results>/prometheus/`.")
+    prometheus_retention_size: str = Field("512MB", description="The lab's Prometheus keeps at most this much data (`--storage.tsdb.retention.size`); the oldest blocks go first.")
 
 
 class ContainerSettings(_Env):
@@ -91,7 +101,9 @@ class ContainerSettings(_Env):
     servelab_containers_cache: Path = Field(Path("~/.cache/servelab/containers"), description="Per-user cache of `servelab containers`, outside the checkout so a fresh clone reuses it: the Compose plugin, the debootstrap base image, the wheelhouse and the private Docker engine's data root with its layer cache.")
 
 
-class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings, ContainerSettings):
+
+class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, BenchSettings, MonitoringSettings,
+               ContainerSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -101,7 +113,7 @@ def get_settings() -> Settings:
 
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     BenchSettings, ContainerSettings)
+                                                     BenchSettings, MonitoringSettings, ContainerSettings)
 
 
 def markdown_table() -> str:

@@ -74,6 +74,30 @@ def existing_lease(lease_class: type, name: str, start: datetime, status: str = 
     return found
 
 
+def fixed_address(index: int) -> str:
+    """The private address of the index-th server a test starts (sharednet1-like)."""
+    return f"10.52.0.{10 + index}"
+
+
+def server_per_name(server_class: type) -> Callable[..., mock.Mock]:
+    """A side effect for the ``Server`` double: a new autospec server per name, as the real class makes,
+    with a fixed address on sharednet1 and no floating IP until one is associated. ``made`` holds them."""
+    made: dict[str, mock.Mock] = {}
+
+    def new_server(name: str, *args: Any, **kwargs: Any) -> mock.Mock:
+        s = mock.create_autospec(server_class, instance=True)
+        s.name = name
+        index = len(made)
+        # Nova's address list; a floating IP appears once associate_floating_ip was called.
+        s.addresses = {"sharednet1": [{"addr": fixed_address(index), "version": 4, "OS-EXT-IPS:type": "fixed"}]}
+        s.get_floating_ip.side_effect = lambda: f"192.0.2.{20 + index}" if s.associate_floating_ip.called else None
+        made[name] = s
+        return s
+
+    new_server.made = made
+    return new_server
+
+
 def install() -> SimpleNamespace:
     """Patch python-chi in this process, block sockets, and return the doubles by name."""
     real_lease, real_server = chi.lease.Lease, chi.server.Server
@@ -102,7 +126,8 @@ def install() -> SimpleNamespace:
     new_server.get_floating_ip.side_effect = lambda: FLOATING_IP if new_server.associate_floating_ip.called else None
     doubles["get_server"].return_value = mock.create_autospec(real_server, instance=True)
 
-    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server, lease_class=real_lease)
+    return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server, lease_class=real_lease,
+                           server_class=real_server)
 
 
 def arguments(recorded: mock._Call, double: Callable[..., Any]) -> dict[str, Any]:

@@ -10,9 +10,18 @@ import pytest
 
 from checkout_guard import changes, fingerprint
 from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts
+from servelab.device import NO_GPU, gpu_count
 from servelab.models.variants import build_variants
 from servelab.settings import get_settings
 from triton_repo import copy_sources
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run only where nvidia-smi lists a GPU; elsewhere they skip with that reason."""
+    if any(item.get_closest_marker("gpu") for item in items) and gpu_count() == 0:
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(pytest.mark.skip(reason=NO_GPU))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,7 +15,9 @@ from servelab.docker_versions import read_env_file
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
-COMPOSE_FILES = sorted(DOCKER.glob("docker-compose-*.yaml"))
+# The stage files; the monitoring file goes beside one of them (-f) and has tests of its own.
+MONITORING_COMPOSE = DOCKER / "docker-compose-monitoring.yaml"
+COMPOSE_FILES = sorted(p for p in DOCKER.glob("docker-compose-*.yaml") if p != MONITORING_COMPOSE)
 DOCKERFILES = sorted(p for p in [*REPO.glob("*/Dockerfile"), *DOCKER.glob("Dockerfile.*")])
 # The shell variable that picks the FastAPI stage, and its values (docker/README.md).
 FASTAPI_STAGES = ("fastapi_pt", "fastapi_onnx")

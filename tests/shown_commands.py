@@ -2,7 +2,7 @@
 
 Where a command is found decides how it is read:
 
-* a line of a ```bash / ```shell code block, an indented code block, or an IPython ``!`` line in a
+* a line of a ```bash / ```shell code block (also the command of a ``docker compose ... exec SERVICE``), an indented code block, or an IPython ``!`` line in a
   ```python cell: a shell line, run as typed (``&&``, ``|``, ``;``, ``&`` separate commands, ``#``
   starts a comment, a trailing ``\\`` continues the line);
 * a `code span` or a "double-quoted string" in prose or in a Python cell (its comments and strings): a
@@ -29,6 +29,8 @@ QUOTED = re.compile(r'"([^"\n]+)"')
 ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 MENTION = re.compile(r"^([A-Za-z_]\w*=\S*\s+)*(\.venv/bin/)?(servelab|make)(\s|$)")
 SEPARATORS = {"&&", "||", "|", ";", "&"}
+# `docker compose exec` options that take a value (the others are flags).
+EXEC_OPTIONS_WITH_VALUES = {"-e", "--env", "-u", "--user", "-w", "--workdir", "--index"}
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,22 @@ def _mentions(document: str, number: int, text: str) -> list[Shown]:
     return found
 
 
+def _inside_container(words: list[str]) -> list[str]:
+    """The command a `docker compose ... exec [OPTIONS] SERVICE COMMAND...` runs in the container."""
+    if words[:2] != ["docker", "compose"] or "exec" not in words:
+        return words
+    rest = words[words.index("exec") + 1:]
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] in EXEC_OPTIONS_WITH_VALUES else rest[1:]
+    return rest[1:]  # after the service
+
+
 def _command(document: str, number: int, text: str, words: list[str], *, mention: bool) -> list[Shown]:
     env = {}
     while words and (assignment := ASSIGNMENT.match(words[0])):
         env[assignment[1]] = assignment[2]
         words = words[1:]
+    words = _inside_container(words)
     if not words or words[0] not in PROGRAMS:
         return []
     return [Shown(document, number, text, env, words, mention)]

@@ -13,29 +13,39 @@ from pydantic_settings import BaseSettings
 import servelab.settings
 from servelab.lab import RESULTS
 from servelab.triton.stages import CONFIG_NAME
+from servelab.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_files
 from dockerspec import (
     COMPOSE_FILES,
     DOCKER,
+    MONITORING_COMPOSE,
     REPO,
     compose_variants,
     dockerfile_for,
+    dockerignored,
     environment,
     parse_dockerfile,
     read_env_file,
     run_tool,
+    variables,
     venv_tool,
 )
 
 VARIANTS = list(compose_variants())
 IDS = [f"{path.stem}{'-' + shell['FASTAPI_STAGE'] if shell else ''}" for path, shell, _ in VARIANTS]
 # Services that run the model: they reserve GPUs. Public ports: pages students open in their browser.
-SERVING = {"fastapi_server", "triton_server"}
+SERVING = {"fastapi_server", "triton_server", "ray_head", "ray_worker"}
+# The Ray worker for a node without GPUs (compose profile `cpu`): it runs the model on the CPU.
+CPU_SERVING = {"ray_worker_cpu"}
 PUBLIC_PORTS = {("fastapi_server", 8000), ("flask", 5000)}
 # Generated, git-ignored folders that are mounted: the command that writes them.
 # Folders a servelab command creates (never committed) -> where servelab says it writes them.
 GENERATED = {"models": "servelab models build", "results": "servelab lab and the notebooks"}
 # Variables read by third-party software in the images rather than by servelab.
-EXTERNAL_VARIABLES = {"JUPYTER_TOKEN": "Jupyter Server's token"}
+EXTERNAL_VARIABLES = {"JUPYTER_TOKEN": "Jupyter Server's token", "RAY_AUTH_MODE": "Ray's token authentication",
+                      "RAY_AUTH_TOKEN_PATH": "Ray's token authentication",
+                      # Read by Ray's clients, and by servelab.settings once the local Ray stages (branch ray-serve) are in.
+                      "RAY_ADDRESS": "the Ray cluster to connect to"}
+RAY_FILES = {"docker-compose-ray-head.yaml", "docker-compose-ray-worker.yaml"}
 
 
 def services(document: dict) -> dict[str, dict]:
@@ -60,7 +70,7 @@ def test_compose_file_matches_the_compose_specification(path: Path):
 
 
 def test_both_stages_have_compose_files():
-    assert {p.name for p in COMPOSE_FILES} == {"docker-compose-fastapi.yaml", "docker-compose-triton.yaml"}
+    assert {p.name for p in COMPOSE_FILES} == {"docker-compose-fastapi.yaml", "docker-compose-triton.yaml", *RAY_FILES}
 
 
 @pytest.mark.parametrize(("path", "shell", "document"), VARIANTS, ids=IDS)
@@ -148,9 +158,10 @@ def test_dependents_start_once_the_server_is_healthy(path, shell, document):
         for target, condition in (service.get("depends_on") or {}).items():
             assert condition.get("condition") == "service_healthy", f"{name} -> {target}"
             assert target in all_services
-    serving = SERVING & set(all_services)
+    serving = (SERVING | CPU_SERVING) & set(all_services)
     assert serving, "each compose file runs a model server"
-    assert set(all_services["flask"]["depends_on"]) == serving
+    if "flask" in all_services:  # the Ray worker's file runs Ray only
+        assert set(all_services["flask"]["depends_on"]) == serving
 
 
 @pytest.mark.parametrize(("path", "shell", "document"), VARIANTS, ids=IDS)
@@ -191,6 +202,9 @@ def test_no_absolute_host_paths_or_floating_tags(path: Path):
 
 @pytest.mark.parametrize(("path", "shell", "document"), VARIANTS, ids=IDS)
 def test_jupyter_keeps_its_token(path, shell, document):
+    if "jupyter" not in services(document):
+        assert path.name == "docker-compose-ray-worker.yaml"  # the head's file has Jupyter
+        return
     jupyter = services(document)["jupyter"]
     commands = [" ".join(jupyter.get("command") or []),
                 *(i.args for i in parse_dockerfile(dockerfile_for(jupyter, path)) if i.keyword in ("CMD", "ENTRYPOINT"))]
@@ -215,7 +229,8 @@ def test_triton_runs_the_mounted_repository_with_explicit_model_control():
 
 def test_versions_are_passed_from_the_one_versions_file():
     """Each compose file hands every docker/.env entry, and only those, to its builds, by reference."""
-    versions = read_env_file()
+    # The monitoring images are pulled as they are, never built: no build needs them.
+    versions = {k: v for k, v in read_env_file().items() if k not in variables(MONITORING_COMPOSE.read_text())}
     for path in COMPOSE_FILES:
         raw = yaml.safe_load(path.read_text())
         for name, service in raw["services"].items():
@@ -223,3 +238,83 @@ def test_versions_are_passed_from_the_one_versions_file():
             assert set(args) == set(versions), f"{path.name} {name}: build args differ from docker/.env"
             for key, value in args.items():
                 assert re.fullmatch(rf"\$\{{{key}:\?[^}}]*\}}", value), f"{path.name} {name}: {key}={value}"
+
+
+# --- the Ray cluster's two files ---------------------------------------------------------------------
+
+RAY_VARIANTS = [(path, document) for path, _, document in VARIANTS if path.name in RAY_FILES]
+RAY_SERVICES = {"ray_head", "ray_worker", "ray_worker_cpu"}
+
+
+def _command(service: dict) -> str:
+    command = service.get("command") or []
+    return command if isinstance(command, str) else " ".join(command)
+
+
+def test_ray_head_and_worker_files_are_checked():
+    assert [path.name for path, _ in RAY_VARIANTS] == sorted(RAY_FILES)
+    assert {name for _, document in RAY_VARIANTS for name in services(document)} == RAY_SERVICES | {"flask", "jupyter"}
+
+
+@pytest.mark.parametrize(("path", "document"), RAY_VARIANTS, ids=[p.stem for p, _ in RAY_VARIANTS])
+def test_ray_nodes_advertise_the_private_address_and_keep_the_rest_on_the_node(path, document):
+    """Host networking (Ray opens many ports), so nothing is published: Ray advertises the node's
+    private address (it listens on every address; its token and the setup's firewall guard it), its
+    dashboard and Jupyter listen on 127.0.0.1; only GourmetGram (the page students open) listens
+    everywhere, as in the other files."""
+    for name, service in services(document).items():
+        assert service.get("network_mode") == "host", name
+        assert "ports" not in service, f"{name}: nothing to publish on the host's network"
+        command = _command(service)
+        if name in RAY_SERVICES:
+            assert re.search(r'ray start .*--node-ip-address="\$NODE_PRIVATE_IP"', command), name
+            assert command.split()[-1] == "--block", f"{name}: `ray start --block` keeps the container running"
+            assert "--disable-usage-stats" in command and "0.0.0.0" not in command, name
+        if name == "ray_head":
+            assert "--head" in command and "--dashboard-host=127.0.0.1" in command
+            # `servelab ray deploy|status`, exec'd in this container, find the cluster without --address.
+            assert environment(service)["RAY_ADDRESS"] == "127.0.0.1:6379" and "--port=6379" in command
+        elif name in RAY_SERVICES:
+            assert '--address="$HEAD_PRIVATE_IP:6379"' in command, name
+        if name == "jupyter":
+            assert "--ip=127.0.0.1" in command and "0.0.0.0" not in command
+
+
+@pytest.mark.parametrize(("path", "document"), RAY_VARIANTS, ids=[p.stem for p, _ in RAY_VARIANTS])
+def test_every_ray_node_runs_the_same_image_with_the_model_and_the_cluster_token(path, document):
+    ignored = {line.strip("/") for line in (REPO / ".gitignore").read_text().split()}
+    for name in RAY_SERVICES & set(services(document)):
+        service = services(document)[name]
+        assert dockerfile_for(service, path) == DOCKER / "Dockerfile.ray" and service["image"] == "servelab/ray:local"
+        env = environment(service)
+        assert env["MODEL_DIR"] == "/models"
+        assert {"source": "../models", "target": "/models", "read_only": True}.items() <= service["volumes"][0].items()
+        assert env["RAY_AUTH_MODE"] == "token", f"{name}: Ray's token authentication"
+        assert service["secrets"] == ["ray_auth_token"] and env["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/ray_auth_token"
+        assert service["env_file"] == ["../.ray-cluster/node.env"]
+        size = re.fullmatch(r"(\d+)gb", str(service["shm_size"]).lower())
+        assert size and int(size[1]) >= 4, f"{name}: Ray's object store lives in /dev/shm"
+    token = (path.parent / document["secrets"]["ray_auth_token"]["file"]).resolve()
+    assert token.parent == REPO / ".ray-cluster" and ".ray-cluster" in ignored, "the token is never committed"
+    assert dockerignored(".ray-cluster/auth_token"), "nor sent to a build"
+
+
+def test_the_setup_writes_what_the_ray_commands_read():
+    """The node.env that servelab.walkthrough.ray_nodes writes on each node defines every variable the
+    Ray commands expand, and the token goes where the compose files look for it."""
+    written = cluster_files("TOKEN", "10.52.0.2", "10.52.0.1")
+    env_text = re.search(r"printf %s '([^']*)' > \S+/node\.env", written)[1]
+    defined = dict(line.split("=", 1) for line in env_text.split())
+    assert defined == {"NODE_PRIVATE_IP": "10.52.0.2", "HEAD_PRIVATE_IP": "10.52.0.1"}
+    for _, document in RAY_VARIANTS:
+        for name in RAY_SERVICES & set(services(document)):
+            assert set(re.findall(r"\$(\w+)", _command(services(document)[name]))) <= set(defined), name
+    assert f"> {CLUSTER_DIR}/auth_token" in written and written.startswith("umask 077")
+    assert CLUSTER_DIR.removeprefix(CHECKOUT + "/") == ".ray-cluster"
+
+
+def test_gourmetgram_on_the_head_calls_ray_serve_like_a_fastapi_stage():
+    _, head = next(v for v in RAY_VARIANTS if v[0].name == "docker-compose-ray-head.yaml")
+    flask = environment(services(head)["flask"])
+    assert flask["BACKEND"] == "fastapi" and flask["FASTAPI_SERVER_URL"] == "http://127.0.0.1:8000"
+    assert services(head)["flask"]["depends_on"] == {"ray_head": {"condition": "service_healthy"}}

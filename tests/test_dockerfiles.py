@@ -28,7 +28,7 @@ IDS = [str(p.relative_to(REPO)) for p in DOCKERFILES]
 
 def test_every_image_has_its_dockerfile():
     expected = {"fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile",
-                "docker/Dockerfile.triton", "docker/Dockerfile.jupyter"}
+                "docker/Dockerfile.triton", "docker/Dockerfile.jupyter", "docker/Dockerfile.ray"}
     assert expected <= set(IDS)
 
 
@@ -109,6 +109,24 @@ def test_gpu_versions_still_run_on_pascal():
     assert re.search(r":12\.\d+(\.\d+)?-", VERSIONS["CUDA_BASE_IMAGE"]), "CUDA base must stay on CUDA 12"
     assert Version(VERSIONS["TORCH_VERSION"]).local == "cu126"
     assert Version(VERSIONS["ONNXRUNTIME_GPU_VERSION"]) < Version("1.27")
+
+
+def test_ray_image_serves_on_the_gpu_with_the_pinned_ray():
+    """Every Ray node runs this image: CUDA 12 base and onnxruntime-gpu as the ONNX Runtime FastAPI
+    image, never beside the CPU wheel (the `onnx` extra), and servelab's `ray` extra (ray[serve],
+    pinned in constraints.txt)."""
+    instructions = parse_dockerfile(DOCKER / "Dockerfile.ray")
+    assert [i.args for i in instructions if i.keyword == "FROM"] == ["${CUDA_BASE_IMAGE}"]
+    (install,) = [i.args for i in instructions if i.keyword == "RUN" and "-c constraints.txt" in i.args]
+    extras = set(re.search(r'"\.\[([\w,]+)\]"', install)[1].split(","))
+    assert '"onnxruntime-gpu==${ONNXRUNTIME_GPU_VERSION}"' in install and "onnx" not in extras
+    assert {"ray", "serve"} <= extras
+    declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    if "ray" not in declared:
+        pytest.skip("pyproject.toml has no `ray` extra yet: it comes with the local Ray Serve stages (branch ray-serve)")
+    assert extras <= declared
+    pins = dict(line.split("==", 1) for line in (REPO / "constraints.txt").read_text().split() if "==" in line)
+    assert "ray" in pins, "ray[serve] must be pinned in constraints.txt"
 
 
 STANDINS = sorted((DOCKER / "standin").glob("Dockerfile.*"))

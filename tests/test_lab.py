@@ -1,5 +1,6 @@
 """`servelab lab --quick` end to end, and no server left behind, also after Ctrl-C."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -9,6 +10,8 @@ from pathlib import Path
 import psutil
 
 from servelab.bench import read_records
+from servelab.device import stack
+from servelab.gpu_check import record_markdown
 from servelab.lab import STAGES
 from servelab.triton.stages import gpu_count
 
@@ -29,6 +32,17 @@ def _servers() -> set[int]:
     return found
 
 
+def _prometheus_here() -> bool:
+    """Prometheus can run here; CI installs it, so there it must."""
+    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+
+    try:
+        return bool(locate())
+    except PrometheusNotFound:
+        assert not os.environ.get("CI"), "CI runs make test, which installs Prometheus"
+        return False
+
+
 def _lab(out: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -37,7 +51,7 @@ def _lab(out: Path, *args: str) -> subprocess.Popen:
 def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_path):
     before = _servers()
     lab = _lab(tmp_path)
-    output, _ = lab.communicate(timeout=480)
+    output, _ = lab.communicate(timeout=560)  # Prometheus read-back adds ~1 s per run
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
     assert {r.stage for r in records} == {s.name for s in RUN}
@@ -59,6 +73,29 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
                 and "req/s" in line]) == len(records)
     assert _servers() <= before
+    # Where each stage ran, as its server reported it, in every record of ours and in the report.
+    ours = [r for r in records if r.tool == "servelab"]
+    assert {r.config["device"] for r in ours} == {"cpu"}
+    runs_on = {r.stage: r.config["runs_on"] for r in ours}
+    assert runs_on["fastapi-onnx"] == "onnxruntime CPUExecutionProvider" and runs_on["fastapi-pt"] == "torch cpu float32"
+    assert runs_on["pt-2x2"] == "triton python: 4x KIND_CPU; instances say: 4x PyTorch on cpu"
+    assert runs_on["onnx-2"] == "triton python: 4x KIND_CPU; instances say: 4x CPUExecutionProvider on cpu"
+    assert runs_on["ensemble"] == "triton ensemble: no instance group"
+    assert "## Hardware and versions" in report and f"| pt-2x2 | {runs_on['pt-2x2']} |" in report
+    _check_gpu_record(records)
+
+
+def _check_gpu_record(records):
+    """The GPU record (`servelab gpu-check`), written from this real lab's records."""
+    md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today")
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert {s.name for s in RUN} <= set(rows)
+    assert "| concurrency 8 |" in md and "no NVML samples" in rows["pt-1"]
+    assert rows["pt-1"].split(" | ")[4] != "-" and rows["onnx-1"].split(" | ")[4] == "-"  # -b 16 where it batches
+    by = {(r.stage, r.load.label()): r.stats.throughput_rps for r in records if r.tool == "servelab" and r.batch == 1}
+    ratio = by["onnx-2", "concurrency 8"] / by["onnx-1", "concurrency 8"]
+    assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
+    assert "pt-dyn ÷ pt-1 at concurrency 8" in md and "## GPU tests (`pytest -m gpu`)" in md
 
 
 def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_path):
@@ -68,11 +105,18 @@ def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_p
     records = read_records(tmp_path / "records.jsonl")
     assert {(r.stage, r.tool) for r in records} == {
         ("fastapi-onnx-u8", "servelab"), ("onnx-u8", "servelab"), ("onnx-u8", "perf_analyzer")}
-    assert all(r.stats.successes and not r.failed for r in records)
+    assert all(r.stats.successes and not r.failed for r in records), [
+        (r.stage, r.tool, r.load.label(), r.failed) for r in records if r.failed or not r.stats.successes]
     assert all(r.config["variant"] == "u8" for r in records if r.tool == "servelab")
     assert {r.target["input"] for r in records if r.stage == "onnx-u8"} == {"uint8"}
     report = (tmp_path / "report.md").read_text()
     assert "## Model variants" in report and "| fastapi-onnx-u8 | u8 |" in report
+    # Prometheus scraped both families: the servers counted exactly what servelab's client sent.
+    if _prometheus_here():
+        ours = [r.prometheus for r in records if r.tool == "servelab"]
+        assert all(p.requests == p.client_requests and p.client_requests > 0 for p in ours), ours
+        assert any("compute (ms)" in p.series for p in ours) and "## The servers' own view: Prometheus" in report
+        assert "prometheus: " in output and "Prometheus not running" not in output
 
 
 def test_ctrl_c_stops_the_servers(artifacts, tmp_path):

@@ -1,6 +1,6 @@
 """The lab notebooks: rendered from their sources, clean, and executable.
 
-The provisioning notebooks (1_, 2_, 7_) run top to bottom in a real kernel with python-chi
+The provisioning notebooks (1_, 2_, 7_, 8_) run top to bottom in a real kernel with python-chi
 replaced by autospec doubles of the installed library (tests/chi_doubles.py); the last cell of
 each run asserts the calls the notebook made.
 """
@@ -21,7 +21,7 @@ from notebook_harness import TESTS_DIR, execute, parameter_names, parameters_cel
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]
-PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "7_delete_resources"]
+PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "7_delete_resources", "8_ray_setup"]
 NET_ID = "ab1234"
 
 FORBIDDEN = {
@@ -251,15 +251,98 @@ assert commands[-1].endswith(" nvidia-smi"), commands
 """
 
 CHECK_DELETE = """
+from unittest import mock
+
 doubles.choose_project.assert_called_once_with()
 doubles.choose_site.assert_called_once_with(default="CHI@TACC")
-doubles.get_server.assert_called_once_with("node-serve-system-ab1234")
-doubles.get_server.return_value.delete.assert_called_once_with()
-doubles.get_lease.assert_called_once_with("serve_system_ab1234")
-doubles.active_lease.delete.assert_called_once_with()
+# The single node, then the Ray part's two (they exist in the doubles too, so all are deleted).
+assert doubles.get_server.call_args_list == [
+    mock.call("node-serve-system-ab1234"), mock.call("node-ray-head-ab1234"), mock.call("node-ray-worker-ab1234")]
+assert doubles.get_server.return_value.delete.call_count == 3
+assert doubles.get_lease.call_args_list == [mock.call("serve_system_ab1234"), mock.call("serve_ray_ab1234")]
+assert doubles.active_lease.delete.call_args_list == [mock.call(), mock.call()]
 doubles.Server.assert_not_called()
 doubles.Lease.assert_not_called()
 """
+
+# Nothing of the Ray part exists: its cell reports that and the notebook still ends.
+WITHOUT_RAY_NODES = """
+import chi.exception
+_single = doubles.get_server.return_value
+doubles.get_server.side_effect = lambda name: _single if name == "node-serve-system-ab1234" else (_ for _ in ()).throw(
+    chi.exception.ResourceError(f"no server {name}"))
+"""
+
+CHECK_RAY_SETUP = r"""
+import shlex
+from pathlib import Path
+from unittest import mock
+from chi_doubles import RESERVATION_ID, arguments, fixed_address
+
+doubles.choose_project.assert_called_once_with()
+doubles.choose_site.assert_called_once_with(default="CHI@TACC")
+(made,) = doubles.Lease.call_args_list
+assert arguments(made, doubles.Lease)["name"] == "serve_ray_ab1234"
+new_lease = doubles.Lease.return_value
+new_lease.submit.assert_called_once_with(idempotent=True, wait_for_active=False)
+doubles.get_lease.assert_called_once_with("serve_ray_ab1234")
+assert [c.args[0] for c in doubles.Server.call_args_list] == ["node-ray-head-ab1234", "node-ray-worker-ab1234"]
+assert all(c.kwargs["image_name"] == "CC-Ubuntu24.04-CUDA" for c in doubles.Server.call_args_list)
+
+head, worker = doubles.Server.side_effect.made.values()
+head_ip, worker_ip = fixed_address(0), fixed_address(1)
+on_head = [c.args[0] for c in head.execute.call_args_list]
+on_worker = [c.args[0] for c in worker.execute.call_args_list]
+assert all(c.kwargs == {} for s in (head, worker) for c in s.execute.call_args_list)
+for commands in (on_head, on_worker):
+    assert commands[0] == "test -d ~/servelab/.git || git clone https://git.example.org/course/servelab.git ~/servelab"
+    assert any(c.endswith(".venv/bin/servelab models build --source lab") for c in commands)
+
+def token_of(commands, node_ip):
+    (files,) = [c for c in commands if "/.ray-cluster/auth_token" in c]
+    words = shlex.split(files)
+    assert f"NODE_PRIVATE_IP={node_ip}\nHEAD_PRIVATE_IP={head_ip}\n" in words
+    return words[words.index("~/servelab/.ray-cluster/auth_token") - 2]
+
+token = token_of(on_head, head_ip)
+assert token == token_of(on_worker, worker_ip) and len(token) == 64
+Path("token").write_text(token)  # the test checks that no output of the notebook shows it
+assert any(f"-s {worker_ip} -j ACCEPT" in c and "--dport 5000" in c for c in on_head)
+assert any(f"-s {head_ip} -j ACCEPT" in c and "--dport 5000" not in c and "--dport 22" in c for c in on_worker)
+# The head's Ray before the worker's, the worker's before the check that counts both nodes.
+assert [i for i, c in enumerate(on_head) if "up -d --wait --force-recreate ray_head" in c] != []
+assert on_worker[-1].endswith(WORKER_UP)
+assert "sum(n['Alive'] for n in ray.nodes())) < 2" in shlex.split(on_head[-2])[-1]
+assert on_head[-1].endswith("exec -T ray_head ray status")
+"""
+
+
+def _ray_setup(kernel_dir: Path, tmp_path: Path, worker_type: str, prologue: str, worker_up: str) -> None:
+    nb = execute(
+        "8_ray_setup",
+        kernel_dir,
+        tmp_path,
+        parameters={"NET_ID": NET_ID, "REPO_URL": "https://git.example.org/course/servelab.git", "WORKER_NODE_TYPE": worker_type},
+        prologue=PROLOGUE + "doubles.Server.side_effect = chi_doubles.server_per_name(doubles.server_class)\n" + prologue,
+        epilogue=f"WORKER_UP = {worker_up!r}\n" + CHECK_RAY_SETUP,
+    )
+    token = (tmp_path / "token").read_text()
+    shown = [str(output) for cell in nb.cells if "injected-epilogue" not in cell.metadata.get("tags", [])
+             for output in cell.get("outputs", [])]
+    assert shown and not any(token in text for text in shown), "the cluster's token must never be printed"
+
+
+def test_ray_setup_with_two_gpu_nodes(kernel_dir: Path, tmp_path: Path) -> None:
+    _ray_setup(kernel_dir, tmp_path, "gpu_p100", "", "up -d --force-recreate ray_worker")
+
+
+def test_ray_setup_with_a_cpu_worker(kernel_dir: Path, tmp_path: Path) -> None:
+    two_reservations = (
+        "doubles.active_lease.node_reservations = [\n"
+        "    {'id': 'res-gpu', 'resource_type': 'physical:host', 'resource_properties': '[\"==\", \"$node_type\", \"gpu_p100\"]'},\n"
+        "    {'id': 'res-cpu', 'resource_type': 'physical:host', 'resource_properties': '[\"==\", \"$node_type\", \"compute_cascadelake_r\"]'}]\n"
+    )
+    _ray_setup(kernel_dir, tmp_path, "compute_cascadelake_r", two_reservations, "--profile cpu up -d --force-recreate ray_worker_cpu")
 
 
 def test_create_lease_for_a_student(kernel_dir: Path, tmp_path: Path) -> None:
@@ -309,3 +392,12 @@ def test_create_server(kernel_dir: Path, tmp_path: Path) -> None:
 
 def test_delete_resources(kernel_dir: Path, tmp_path: Path) -> None:
     execute("7_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE, epilogue=CHECK_DELETE)
+
+
+def test_delete_resources_without_the_ray_part(kernel_dir: Path, tmp_path: Path) -> None:
+    nb = execute("7_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID},
+                 prologue=PROLOGUE + WITHOUT_RAY_NODES,
+                 epilogue="doubles.get_server.return_value.delete.assert_called_once_with()")
+    printed = "".join(output.get("text", "") for cell in nb.cells for output in cell.get("outputs", []))
+    assert "deleted server node-serve-system-ab1234" in printed
+    assert "no server node-ray-head-ab1234 (ResourceError: no server node-ray-head-ab1234)" in printed

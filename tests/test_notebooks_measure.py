@@ -1,6 +1,6 @@
-"""The lab's stage notebooks (3_ to 6_): their shell commands match the compose files (their servelab
-commands parse: test_shown_commands.py), and the measurement notebooks run end to end against real
-local stages.
+"""The lab's stage notebooks (3_ to 6_, and 9_ray): their shell commands match the compose files (their
+servelab commands parse: test_shown_commands.py), and the measurement notebooks run end to end against
+real local stages (9_ray: test_ray_walkthrough.py).
 
 ``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
 with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
@@ -37,7 +37,7 @@ from servelab.triton.stages import STAGES as TRITON_STAGES
 from servelab.walkthrough.triton import TritonWalkthrough
 from triton_repo import make_repository
 
-STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton"]
+STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton", "9_ray"]
 SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
 ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$")
 PROLOGUE = "%colors nocolor"
@@ -96,7 +96,9 @@ def _compose_parts(argv: list[str]) -> tuple[Path, str, list[str]]:
     """(compose file, subcommand, service names) of a `docker compose -f FILE SUB [opts] [services]`."""
     assert argv[:3] == ["docker", "compose", "-f"], f"name the compose file: {shlex.join(argv)}"
     path, sub, *rest = argv[3:]
-    return REPO / path, sub, [word for word in rest if not word.startswith("-")]
+    services = [word for word in rest if not word.startswith("-")]
+    # `exec SERVICE COMMAND...`: one service; what it runs is checked with the other commands (shown_commands.py).
+    return REPO / path, sub, services[:1] if sub == "exec" else services
 
 
 @pytest.mark.parametrize(("stem", "env", "argv"), commands_of("docker"))
@@ -104,7 +106,7 @@ def test_compose_commands_name_real_files_services_and_variables(stem: str, env:
     path, sub, services = _compose_parts(argv)
     assert path.is_file(), f"{stem}: no compose file {path}"
     document = load_compose(path, **env)
-    assert sub in {"up", "down", "ps", "logs", "build"}, sub
+    assert sub in {"up", "down", "ps", "logs", "build", "exec"}, sub
     assert set(services) <= set(document["services"]), f"{stem}: unknown service in `{shlex.join(argv)}`"
     text = path.read_text()
     settings_fields = Settings.model_fields

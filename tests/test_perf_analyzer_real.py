@@ -22,6 +22,7 @@ from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import free_port
 from servelab.triton import server
 from servelab.triton.stages import get_stage
+from tools import located_or_skipped
 from triton_repo import make_repository
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -30,12 +31,7 @@ QUICK = Windows(stability_pct=1000, max_trials=3)  # three windows, no stability
 
 @pytest.fixture(scope="module")
 def perf_analyzer():
-    try:
-        return locate()
-    except PerfAnalyzerNotFound as exc:
-        if os.environ.get("CI"):
-            raise  # CI installs it (`make test` runs `servelab perf-analyzer install`): never skip there
-        pytest.skip(f"perf_analyzer cannot run here: {exc}")
+    return located_or_skipped(locate, PerfAnalyzerNotFound, "perf_analyzer")
 
 
 @pytest.fixture(scope="module")

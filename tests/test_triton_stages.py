@@ -167,3 +167,21 @@ def test_threads_per_instance_setting(monkeypatch):
     finally:
         monkeypatch.delenv("TRITON_THREADS_PER_INSTANCE")
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(("name", "one_gpu"), [
+    ("pt-2x2", [(2, "KIND_GPU", [0]), (2, "KIND_GPU", [0])]),
+    ("onnx-2", [(2, "KIND_GPU", [0]), (2, "KIND_GPU", [0])]),
+    ("pt-1", [(1, "KIND_GPU", [0])]),
+])
+def test_kind_gpu_on_the_gpus_there_are(name, one_gpu):
+    """Two GPUs: the P100 node's placement as written; one GPU: every instance on it, and the config says so."""
+    stage = stages.get_stage(name)
+    on_two = stages.effective_config(stage, stage.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=2)
+    assert instances(on_two) == instances(config(name)) and "servelab_gpu_placement" not in on_two.parameters
+    on_one = stages.effective_config(stage, stage.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=1)
+    assert instances(on_one) == one_gpu
+    assert ("servelab_gpu_placement" in on_one.parameters) == (len(one_gpu) > 1)
+    if len(one_gpu) > 1:
+        assert "this machine has 1, so the instances of GPU 1 run on GPU 0" in \
+            on_one.parameters["servelab_gpu_placement"].string_value

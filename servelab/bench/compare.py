@@ -8,7 +8,9 @@ percentiles are shown, not flagged, because a few hundred requests make them noi
 
 from dataclasses import dataclass
 
+from servelab import tables
 from servelab.bench.records import Record
+from servelab.tables import num
 
 TOLERANCE = 0.10  # flag a ratio outside 0.9-1.1
 
@@ -59,10 +61,6 @@ def pairs(records: list[Record]) -> list[Pair]:
     return found
 
 
-def _n(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 COLUMNS = ("stage", "load", "batch", "req/s servelab", "req/s perf_analyzer", "req/s ratio", "p50 ms servelab",
            "p50 ms perf_analyzer", "p50 ratio", "p99 ms servelab", "p99 ms perf_analyzer", "verdict")
 
@@ -73,21 +71,18 @@ def rows(found: list[Pair]) -> list[tuple[str, ...]]:
         s = p.servelab.stats
         a = None if p.perf_analyzer.failed else p.perf_analyzer.stats
         out.append((p.stage, p.load, str(p.batch),
-                    _n(s.throughput_rps), _n(a and a.throughput_rps), _n(a and p.throughput_ratio, 2),
-                    _n(s.latency.p50_ms), _n(a and a.latency.p50_ms), _n(a and p.p50_ratio, 2),
-                    _n(s.latency.p99_ms), _n(a and a.latency.p99_ms), p.verdict))
+                    num(s.throughput_rps), num(a and a.throughput_rps), num(a and p.throughput_ratio, 2),
+                    num(s.latency.p50_ms), num(a and a.latency.p50_ms), num(a and p.p50_ratio, 2),
+                    num(s.latency.p99_ms), num(a and a.latency.p99_ms), p.verdict))
     return out
 
 
 def markdown(found: list[Pair]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---|---:|" + "---:|" * 8 + "---|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows(found)]
+    lines = [tables.markdown(COLUMNS, rows(found), align="llr" + "r" * 8 + "l")]
     failures = [f"- {p.stage} [{p.load}, batch {p.batch}]: {p.perf_analyzer.failed}" for p in found
                 if p.perf_analyzer.failed]
     return "\n".join(lines + ([""] + failures if failures else []))
 
 
 def text(found: list[Pair]) -> str:
-    table = [COLUMNS, *rows(found)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in table)
+    return tables.text(COLUMNS, rows(found))

@@ -243,7 +243,9 @@ async def run_bench_async(
             warnings.append(f"{failed} of {load.warmup} warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
         with Monitor(monitor_interval_s, server_pid) as monitor:
+            window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await run_load(client, load)
+            window_end = time.time()
         breakdown = run.timing.breakdown()
         if before is not None:
             model = getattr(target, "model", "")
@@ -267,6 +269,7 @@ async def run_bench_async(
         machine=machine_info([g.name for g in monitors.gpus] or None),
         warnings=warnings,
         stand_in=stand_in,
+        window_unix=[window_start, window_end],
     )
     if out is not None:
         append_record(out, record)

@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.fetch import sha256_file
+from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir
 from servelab.settings import get_settings
 
 
@@ -55,13 +56,8 @@ class PerfAnalyzerNotFound(RuntimeError):
     pass
 
 
-class InstallError(RuntimeError):
-    pass
-
-
 def install_dir() -> Path:
-    """Next to the Python environment, so a fresh .venv gets a fresh copy."""
-    return Path(sys.prefix) / "opt" / "perf_analyzer"
+    return opt_dir("perf_analyzer")
 
 
 @dataclass(frozen=True)
@@ -240,24 +236,11 @@ def register(subparsers) -> None:
 
 
 def _cmd_install(args) -> int:
-    if args.if_missing and installed():
-        return 0
-    try:
-        pa = install()
-    except InstallError as exc:
-        print(f"error: perf_analyzer not installed: {exc}", file=sys.stderr)
-        return 1
-    print(f"perf_analyzer: ready, {pa.describe()}")
-    return 0
+    return cmd_install("perf_analyzer", args.if_missing, installed, install)
 
 
 def _cmd_check(args) -> int:
-    try:
-        print(f"perf_analyzer: {locate().describe()}")
-    except PerfAnalyzerNotFound as exc:
-        print(f"perf_analyzer: MISSING: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cmd_check("perf_analyzer", locate, PerfAnalyzerNotFound)
 
 
 def _cmd_run(args) -> int:

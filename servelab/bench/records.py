@@ -160,6 +160,28 @@ class Monitors(BaseModel):
         return sum(flat) / len(flat) if flat else None
 
 
+class ServerSeries(BaseModel):
+    """The server's own metrics over one run, read back from Prometheus (servelab.monitoring.run_series).
+
+    ``requests`` is what the server counted between a scrape just before the run and one just after
+    it (warm-up included); ``client_requests`` what the client sent in that span. ``rate_rps`` is the
+    server's successful requests per second between the first and last scrape inside the measured
+    window (``rate_span_s`` apart). ``series``: name -> [[seconds from the window's start, value], ...]
+    from range queries, one point per ``step_s``. ``note`` says what could not be read, and why.
+    """
+
+    source: str = ""
+    start_unix: float | None = None
+    end_unix: float | None = None
+    step_s: float | None = None
+    requests: int | None = None
+    client_requests: int | None = None
+    rate_rps: float | None = None
+    rate_span_s: float | None = None
+    series: dict[str, list[list[float]]] = {}
+    note: str | None = None
+
+
 class Record(BaseModel):
     """One measured run; serializes to one JSON line (``to_json``)."""
 
@@ -178,6 +200,8 @@ class Record(BaseModel):
     warnings: list[str] = []
     stand_in: str | None = None
     failed: str | None = None  # the run measured nothing: the tool's own message (stats are empty)
+    window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
+    prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -206,6 +230,8 @@ def read_records(paths: Path | Iterable[Path]) -> list[Record]:
 
 def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
     """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
+    from servelab.device import stack
+
     versions = {}
     for name in _VERSIONED:
         try:
@@ -222,4 +248,5 @@ def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "gpus": gpu_names or [],
         "versions": versions,
+        "stack": stack(),  # GPUs, driver, CUDA, cuDNN, ONNX Runtime build and providers, TensorRT
     }

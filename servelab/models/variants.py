@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from servelab import __version__, photos
-from servelab.artifacts import Manifest, _copy_atomic, _write_atomic
+from servelab.artifacts import Manifest, copy_atomic, write_atomic
 from servelab.fetch import sha256_file
 from servelab.postprocess import softmax
 
@@ -214,14 +214,14 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
     else:
         started = time.monotonic()
         fp32 = variant_path(model_dir, "fp32")
-        _write_atomic(variant_path(model_dir, "u8"), lambda tmp: uint8_input.build(
+        write_atomic(variant_path(model_dir, "u8"), lambda tmp: uint8_input.build(
             fp32, tmp, crop=manifest.crop, mean=manifest.mean, std=manifest.std))
         with tempfile.TemporaryDirectory() as tmp:
             prepared = quantize.prepare(variant_path(model_dir, "u8"), Path(tmp) / "prepared.onnx")
             calibration = photos.pixels(photos.calibration_set(), manifest.resize, manifest.crop)
-            _write_atomic(variant_path(model_dir, "int8"), lambda t: quantize.int8_static(prepared, t, calibration))
-            _write_atomic(variant_path(model_dir, "int8dyn"), lambda t: quantize.int8_dynamic(prepared, t))
-            _write_atomic(variant_path(model_dir, "fp16"), lambda t: quantize.fp16(prepared, t))
+            write_atomic(variant_path(model_dir, "int8"), lambda t: quantize.int8_static(prepared, t, calibration))
+            write_atomic(variant_path(model_dir, "int8dyn"), lambda t: quantize.int8_dynamic(prepared, t))
+            write_atomic(variant_path(model_dir, "fp16"), lambda t: quantize.fp16(prepared, t))
         evaluation = photos.evaluation_set()
         pixels = photos.pixels(evaluation, manifest.resize, manifest.crop)
         reference = run_batches(session(variant_path(model_dir, "fp32")), pixels, True, manifest)
@@ -231,7 +231,7 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
             variants=[_describe(model_dir, name, reference, pixels, manifest) for name in VARIANTS],
             int8_formats_measured=quantize.FORMAT_MEASUREMENTS, int8_formats_machine=quantize.FORMAT_MEASUREMENTS_MACHINE,
         )
-        _write_atomic(model_dir / RECORD_FILE, lambda tmp: tmp.write_text(record.model_dump_json(indent=2) + "\n"))
+        write_atomic(model_dir / RECORD_FILE, lambda tmp: tmp.write_text(record.model_dump_json(indent=2) + "\n"))
         log(f"models: wrote the variants {', '.join(VARIANTS[n] for n in VARIANTS if n != 'fp32')} and {RECORD_FILE} "
             f"in {time.monotonic() - started:.1f} s; int8 agrees with fp32 on "
             f"{record.get('int8').agreement.top1:.1%} of {len(evaluation)} evaluation photos")
@@ -239,5 +239,5 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
         for name, folder in STAGED.items():
             src, dest = variant_path(model_dir, name), Path(staging) / folder / "1" / "model.onnx"
             if not dest.exists() or sha256_file(dest) != sha256_file(src):
-                _copy_atomic(src, dest)
+                copy_atomic(src, dest)
     return record

@@ -11,6 +11,9 @@ adapts it to the machine:
 
 * ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count
   (``count`` x number of GPUs), for machines without a GPU;
+* ``kind="gpu"`` on a machine with fewer GPUs than a stage names (``pt-2x2`` puts instances on GPUs
+  0 and 1, as on the P100 node): the instances of a missing GPU move to one that is there, with a
+  ``servelab_gpu_placement`` parameter saying so;
 * ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
   ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
   (``food_classifier_onnx/1/model.py``, named by ``default_model_filename``), labelled by the
@@ -21,8 +24,6 @@ stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git
 server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
 """
 
-import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any, Literal
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from servelab.device import gpu_count
 from servelab.triton.backend import instance_count
 
 Kind = Literal["gpu", "cpu"]
@@ -87,14 +89,6 @@ def get_stage(name: str) -> Stage:
         raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}") from None
 
 
-def gpu_count() -> int:
-    """NVIDIA GPUs visible here (0 without a driver)."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return result.stdout.count("GPU ") if result.returncode == 0 else 0
-
-
 def resolve_kind(kind: str) -> Kind:
     """``auto`` -> ``gpu`` where an NVIDIA GPU is visible, else ``cpu``."""
     if kind == "auto":
@@ -112,15 +106,40 @@ def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"count": instance_count(groups), "kind": "KIND_CPU"}]
 
 
+def on_gpus(groups: list[dict[str, Any]], gpus: int) -> tuple[list[dict[str, Any]], str | None]:
+    """``KIND_GPU`` groups placed on the ``gpus`` GPUs there are: a group naming a GPU that is not
+    there moves to GPU ``id % gpus``, with the same instance count, and the note says so (the lab
+    node's stages spread instances over its two P100s; a one-GPU machine holds them all)."""
+    moved, placed = [], []
+    for group in groups:
+        ids = [int(i) for i in group.get("gpus", [])]
+        if group.get("kind", "KIND_GPU") != "KIND_GPU" or all(i < gpus for i in ids):
+            placed.append(group)
+            continue
+        for i in ids:  # one group per GPU id, so the count per GPU stays as written
+            placed.append({**group, "gpus": [i % gpus]})
+        moved += [i for i in ids if i >= gpus]
+    if not moved:
+        return groups, None
+    return placed, (f"written for 2 GPUs (the lab node's P100s); this machine has {gpus}, so the instances "
+                    f"of GPU {', '.join(map(str, sorted(set(moved))))} run on GPU "
+                    f"{', '.join(str(i % gpus) for i in sorted(set(moved)))}, as many in all")
+
+
 def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
-                     repository: Path) -> model_config_pb2.ModelConfig:
-    """The config ``model`` runs with in ``stage`` on a server of that kind."""
+                     repository: Path, gpus: int = 0) -> model_config_pb2.ModelConfig:
+    """The config ``model`` runs with in ``stage`` on a server of that kind; ``gpus``: the GPUs of
+    the machine that server runs on (0 = not known here: the GPU ids stay as written)."""
     fields = json_format.MessageToDict(base_config(repository, model), preserving_proto_field_name=True)
     fields.update(stage.changes.get(model, {}))
     parameters = fields.setdefault("parameters", {})
     parameters["servelab_stage"] = {"string_value": f"{stage.name} ({kind})"}
     if kind == "cpu" and fields.get("instance_group"):
         fields["instance_group"] = _on_cpu(fields["instance_group"])
+    if kind == "gpu" and gpus and fields.get("instance_group"):
+        fields["instance_group"], note = on_gpus(fields["instance_group"], gpus)
+        if note:
+            parameters["servelab_gpu_placement"] = {"string_value": note}
     if fields.get("backend") == "onnxruntime" and not onnxruntime:
         fields["backend"] = "python"
         fields["default_model_filename"] = STAND_IN_FILE
@@ -135,8 +154,9 @@ def render(config: model_config_pb2.ModelConfig) -> str:
 def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path) -> list[Path]:
     """Write ``<model>/configs/stage.pbtxt`` for every model of the stage; returns the paths."""
     written = []
+    gpus = gpu_count() if kind == "gpu" else 0
     for model in stage.models:
-        config = effective_config(stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository)
+        config = effective_config(stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository, gpus=gpus)
         dest = Path(repository) / model / "configs" / f"{CONFIG_NAME}.pbtxt"
         dest.parent.mkdir(exist_ok=True)
         header = (f"# GENERATED by `servelab triton stage {stage.name}` ({kind}) from ../config.pbtxt; "

@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.request
 
-from servelab.procs import DIRECT, _tail
+from servelab.procs import DIRECT, log_tail
 from servelab.triton.server import load_state, server_address
 
 COMPOSE_LOG = "docker compose -f docker/docker-compose-triton.yaml logs triton_server | tail -n 40"
@@ -43,7 +43,7 @@ def server_log(url: str) -> str:
     to read the log on the node."""
     state = load_state()
     if state is not None and server_address(state["url"]) == server_address(url):
-        return _tail(state["log"], 30)
+        return log_tail(state["log"], 30)
     return f"\nTriton's log is not readable from here; in your SSH session on the node: {COMPOSE_LOG}"
 
 

@@ -37,7 +37,7 @@ class TritonPythonModel:
         if device != "cpu" and "CUDAExecutionProvider" not in self.classifier.active_providers:
             raise RuntimeError(f"{device} requested but ONNX Runtime offers only {self.classifier.active_providers}")
         backend.log(f"{args['model_instance_name']}: LOCAL STAND-IN (Python backend running ONNX Runtime "
-                    f"{ort.__version__}, {self.classifier.active_providers}, {threads} threads, "
+                    f"{ort.__version__}, {self.classifier.active_providers} on {device}, {threads} threads, "
                     f"{self.input_name} {self.classifier.input_dtype}) in place of Triton's onnxruntime backend; "
                     "timings are not the ONNX backend's", warn=True)
 

@@ -1,0 +1,192 @@
+"""``servelab gpu-check`` (``make gpu-check``): prove the GPU paths on the machine at hand, and record it.
+
+On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m gpu``: PyTorch on
+CUDA, ONNX Runtime's CUDA provider, fp16, Triton ``KIND_GPU``, NVML, ``REQUIRE_GPU``), then a short
+lab on the GPU (``servelab lab --quick --device gpu``), and writes ``docs/gpu/<gpu-name>.md``: the
+hardware and versions, each test's outcome, the stage table (sequential, concurrency 8 and 16,
+``-b 16`` where the stage batches, where each stage really ran, GPU utilization and memory from
+NVML) and the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one.
+Where there is no GPU it says so and exits 0: there is nothing to check.
+
+The record is built from the lab's own records (``record_markdown``), so it can be checked on a
+CPU lab's records too; it names the GPU it was measured on in its title and every table.
+"""
+
+import argparse
+import datetime as dt
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.bench.records import Record, read_records
+from servelab.device import NO_GPU, describe, gpu_count, stack
+from servelab.paths import REPO_ROOT
+from servelab.tables import markdown, num
+
+DOCS = REPO_ROOT / "docs" / "gpu"
+GPU_TESTS = "tests/test_gpu.py"
+# (what, numerator stage, denominator stage): the ratios of req/s the lab is about.
+RATIOS = (
+    ("dynamic batching ÷ no batching", "pt-dyn", "pt-1"),
+    ("dynamic batching ÷ no batching", "onnx-dyn", "onnx-1"),
+    ("dynamic batching ÷ no batching", "fastapi-onnx-dyn", "fastapi-onnx"),
+    ("two instances per GPU ÷ one instance", "onnx-2", "onnx-1"),
+    ("two instances per GPU ÷ one instance", "pt-2x2", "pt-1"),
+)
+RATIO_CONCURRENCY = 16
+
+
+@dataclass
+class PytestOutcome:
+    """What ``pytest -m gpu`` reported (its JUnit XML): counts and each test's result."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    results: list[tuple[str, str, str]] = field(default_factory=list)  # (test, outcome, message)
+
+    @classmethod
+    def from_junit(cls, path: Path) -> "PytestOutcome":
+        outcome = cls()
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            skip = case.find("skipped")
+            if bad is not None:
+                outcome.failed += 1
+                outcome.results.append((name, "FAIL", (bad.get("message") or "").splitlines()[0][:200]))
+            elif skip is not None:
+                outcome.skipped += 1
+                outcome.results.append((name, "skip", (skip.get("message") or "")[:200]))
+            else:
+                outcome.passed += 1
+                outcome.results.append((name, "pass", ""))
+        return outcome
+
+
+def slug(name: str) -> str:
+    """A file name for a GPU: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def _closed(records: list[Record], stage: str, concurrency: int, batch: int = 1) -> Record | None:
+    """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential)."""
+    for r in records:
+        if (r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
+                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency):
+            return r
+    return None
+
+
+def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[tuple[str, str, float]]:
+    """(what, "a ÷ b at concurrency N", ratio of req/s): at ``concurrency``, else at the highest
+    closed-loop concurrency both stages were measured at (the label says which)."""
+    found = []
+    for what, top, bottom in RATIOS:
+        levels = sorted({r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == top}
+                        & {r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == bottom})
+        if not levels:
+            continue
+        level = concurrency if concurrency in levels else levels[-1]
+        a, b = _closed(records, top, level), _closed(records, bottom, level)
+        if a and b and b.stats.throughput_rps:
+            found.append((what, f"{top} ÷ {bottom} at concurrency {level}", a.stats.throughput_rps / b.stats.throughput_rps))
+    return found
+
+
+def _cell(r: Record | None, images: bool = False) -> str:
+    if r is None:
+        return "-"
+    return f"{num(r.stats.items_per_s if images else r.stats.throughput_rps)} / {num(r.stats.latency.p50_ms)}"
+
+
+def _gpu(records: list[Record]) -> str:
+    """Mean NVML utilization and peak memory over a stage's servelab runs."""
+    util = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.util_pct]
+    mem = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
+    if not util:
+        return "no NVML samples"
+    return f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB"
+
+
+def stage_table(records: list[Record]) -> str:
+    ours = [r for r in records if r.tool == "servelab"]
+    levels = sorted({r.load.concurrency for r in ours if r.load.mode == "closed"})
+    head = ["stage", "runs on", "sequential", *(f"concurrency {c}" for c in levels), "-b 16 (img/s / ms)",
+            "GPU util mean / memory peak"]
+    rows = []
+    for stage in dict.fromkeys(r.stage for r in ours):
+        runs = [r for r in ours if r.stage == stage]
+        rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(_closed(ours, stage, 1)),
+                     *(_cell(_closed(ours, stage, c)) for c in levels),
+                     _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)])
+    return markdown(head, rows)
+
+
+def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
+                    when: str) -> str:
+    """The GPU record: hardware and versions, test outcomes, the stage table and the ratios."""
+    gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
+    md = [f"# servelab on {gpu}", "",
+          f"`make gpu-check`, {when}. Every figure below was measured on this {gpu}, by `servelab lab` "
+          "(servelab's client); the original lab's 2× P100 figures are in `servelab/data/original_lab.toml` "
+          "and are never mixed in here.", "", "## Hardware and versions", ""]
+    md += [f"- {line}" for line in describe(found)]
+    md += ["", "## GPU tests (`pytest -m gpu`)", ""]
+    if tests is None:
+        md.append("not run")
+    else:
+        md += [f"{tests.passed} passed, {tests.failed} failed, {tests.skipped} skipped.", "",
+               markdown(("test", "outcome", "message"), tests.results)]
+    md += ["", f"## The lab on this GPU ({lab})", "",
+           "req/s / median ms per load (servelab's client; `-b 16`: images/s / ms per request of 16); "
+           "GPU utilization and memory from NVML during the stage's runs.", ""]
+    md.append(stage_table(records) if records else "no records: the lab did not run")
+    failed = sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed})
+    if failed:
+        md += ["", "Failed runs:", *(f"- {line}" for line in failed)]
+    md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
+        (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
+    return "\n".join(md) + "\n"
+
+
+def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
+    """Run the GPU tests and the GPU lab; write the record. 0 when everything passed, 1 otherwise."""
+    if gpu_count() == 0:
+        log(f"gpu-check: {NO_GPU}: nothing to check on this machine")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    junit = out / "gpu-tests.xml"
+    log(f"gpu-check: pytest -m gpu {GPU_TESTS}")
+    pytest = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", GPU_TESTS, "-rs", "-q",
+                             f"--junitxml={junit}"], cwd=REPO_ROOT)
+    tests = PytestOutcome.from_junit(junit) if junit.exists() else None
+    lab_args = ["--device", "gpu"] + ([] if full else ["--quick", "--concurrency", "8,16"])
+    log(f"gpu-check: servelab lab {' '.join(lab_args)}")
+    lab = subprocess.run([sys.executable, "-m", "servelab", "lab", *lab_args, "--out", str(out / "lab")],
+                         cwd=REPO_ROOT)
+    records_path = out / "lab" / "records.jsonl"
+    records = read_records(records_path) if records_path.exists() else []
+    found = stack()
+    name = (found.get("gpus") or ["gpu"])[0].split(": ", 1)[-1].split(",")[0]
+    docs.mkdir(parents=True, exist_ok=True)
+    path = docs / f"{slug(name)}.md"
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    label = f"`servelab lab {' '.join(lab_args)}`, exit {lab.returncode}"
+    path.write_text(record_markdown(records, found, tests, label, when), encoding="utf-8")
+    ok = pytest.returncode == 0 and lab.returncode == 0 and tests is not None and tests.failed == 0
+    log(f"gpu-check: {'PASSED' if ok else 'FAILED'}; record in {path}")
+    return 0 if ok else 1
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("gpu-check", help="run the GPU tests and a short GPU lab; write docs/gpu/<gpu>.md",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "gpu-check", help="test and lab outputs")
+    p.add_argument("--docs", type=Path, default=DOCS, help="where the record goes (default docs/gpu/)")
+    p.add_argument("--full", action="store_true", help="the full lab instead of --quick")
+    p.set_defaults(func=lambda args: check(args.out, args.docs, args.full))

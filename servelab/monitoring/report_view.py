@@ -1,0 +1,98 @@
+"""The report's Prometheus section: the servers' own view of each run beside the load generator's.
+
+A table per run (requests counted by the client and by the server, which must be equal; rates, which
+must agree within 5 % where the run is long enough to compare), and one figure of the range-query
+series, every run end to end, with the client's own throughput and median drawn over each run.
+"""
+
+from servelab.bench.records import Record
+from servelab.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
+from servelab.tables import markdown as markdown_table
+from servelab.tables import num
+
+COLUMNS = ("stage", "tool", "load", "requests client", "requests server", "counts", "req/s client", "req/s server",
+           "server span s", "ratio", "rates")
+
+PANELS = (  # panel title, the series drawn in it (by name, as run_series names them), client figure
+    ("request rate (req/s)", ("request rate (req/s)",), "throughput"),
+    ("latency (ms)", ("p50 (ms)", "p99 (ms)", "mean latency (ms)"), "p50"),
+    ("queue vs compute (ms)", ("queue (ms)", "compute (ms)"), None),
+    ("mean batch", ("mean batch",), None),
+    ("machine", ("CPU busy (%)", "GPU utilization (%)"), None),
+)
+
+
+def _notes(records: list[Record]) -> list[str]:
+    """The distinct notes of the runs' queries (each record's note joins several with "; ")."""
+    return sorted({part for r in records if r.prometheus.note for part in r.prometheus.note.split("; ")})
+
+
+def markdown(records: list[Record]) -> list[str]:
+    """The section's lines; says plainly when Prometheus was not there."""
+    with_prom = [r for r in records if r.prometheus is not None]
+    if not with_prom:
+        return []
+    md = ["## The servers' own view: Prometheus", ""]
+    found = agreements(records)
+    if not found:
+        notes = _notes(with_prom)
+        return md + ["**Prometheus was not available for these runs**, so there are no server-side time series: "
+                     + "; ".join(notes), ""]
+    disagree = [a for a in found if a.counts_agree is False or a.rates_agree is False]
+    md += [
+        "Prometheus scraped each server while it ran (FastAPI's `/metrics`, Triton's metrics port, the "
+        "machine); the lab read it back after every run. *requests*: what the server counted between a scrape "
+        "just before the run and one just after it, against what the client sent in that span (warm-up "
+        "included); they must be equal. *req/s*: the server's successful requests between the first and last "
+        "scrape inside the measured window, against the client's throughput; flagged outside "
+        f"±{RATE_TOLERANCE:.0%}, compared only where that span holds ≥ {MIN_RATE_REQUESTS} requests and two "
+        f"scrape intervals (`-` otherwise). **{len(disagree)} of {len(found)} runs disagree.**", "",
+    ]
+    verdict = {True: "agree", False: "**DIFFER**", None: "-"}
+    rows = [[a.stage, a.tool, a.load, num(a.client_requests, 0), num(a.server_requests, 0), verdict[a.counts_agree],
+             num(a.client_rps), num(a.server_rps), num(a.server_span_s), num(a.rate_ratio, 3), verdict[a.rates_agree]]
+            for a in found]
+    md += [markdown_table(COLUMNS, rows, "lllrrlrrrrl")]
+    notes = _notes(with_prom)
+    md += ["", "Notes from the queries: " + "; ".join(notes) if notes else "", ""]
+    return md
+
+
+def plot(records: list[Record], out) -> bool:
+    """Every run's range-query series end to end; dashed: the client's own figure for that run."""
+    runs = [r for r in records if r.prometheus is not None and r.prometheus.series and not r.failed]
+    if not runs:
+        return False
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 2.4 * len(PANELS)), layout="constrained")
+    axes = fig.subplots(len(PANELS), 1, squeeze=False)[:, 0]
+    offset, drawn = 0.0, set()
+    for r in runs:
+        p = r.prometheus
+        length = (p.end_unix - p.start_unix) if p.end_unix and p.start_unix else 0.0
+        for ax, (title, names, client) in zip(axes, PANELS):
+            for i, name in enumerate(names):
+                points = p.series.get(name)
+                if points:
+                    ax.plot([offset + t for t, _ in points], [v for _, v in points], ".-", lw=1, ms=3,
+                            color=f"C{i}", label=None if name in drawn else name)
+                    drawn.add(name)
+            value = {"throughput": r.stats.throughput_rps, "p50": r.stats.latency.p50_ms}.get(client or "")
+            if value is not None and length:
+                ax.hlines(value, offset, offset + length, colors="black", linestyles="dashed", lw=0.8,
+                          label=None if f"client {client}" in drawn else f"client {client} (servelab bench)")
+                drawn.add(f"client {client}")
+            ax.axvline(offset, color="grey", lw=0.4)
+        axes[0].text(offset, 1.0, f" {r.stage} {r.tool[:4]}: {r.load.label()}", fontsize=5, rotation=90,
+                     va="top", ha="left", transform=axes[0].get_xaxis_transform())
+        offset += max(length, p.step_s or 0.5) + 0.5
+    for ax, (title, _, _) in zip(axes, PANELS):
+        ax.set_ylabel(title, fontsize=8)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small", loc="upper right")
+    axes[0].set_title("Prometheus range queries over each run (runs end to end)", fontsize=9)
+    axes[-1].set_xlabel("seconds of measured windows, runs placed end to end")
+    fig.savefig(out, dpi=110)
+    return True

@@ -1,0 +1,48 @@
+"""Small steps the provisioning notebooks share (``2_create_server_nvidia``, ``7_delete_resources``,
+``8_ray_setup``), with python-chi.
+
+* ``origin_url()``: the repository this checkout was cloned from, as an https URL a node can clone
+  without a key.
+* ``release(servers, lease_name)``: delete the servers (their floating IPs with them) and the lease,
+  whichever still exist, and say what happened to each.
+
+Runs in Chameleon Jupyter (python-chi and the standard library only).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+
+from chi import lease, server
+
+
+def origin_url() -> str:
+    """Where this checkout was cloned from; an SSH address (git@host:owner/repo.git) becomes https."""
+    try:
+        url = subprocess.run(["git", "remote", "get-url", "origin"], capture_output=True, text=True, check=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ValueError("This notebook is not in a git clone with an 'origin': set REPO_URL.") from err
+    if url.startswith("git@"):
+        host, path = url.removeprefix("git@").split(":", 1)
+        url = f"https://{host}/{path}"
+    return url
+
+
+def release(servers: Iterable[str], lease_name: str) -> list[str]:
+    """Delete each named server, then the lease; what is already gone is reported, not raised, so the
+    cell can run again and a student who skipped a part of the lab can run it too."""
+    done = []
+    for name in servers:
+        try:
+            server.get_server(name).delete()
+            done.append(f"deleted server {name}")
+        except Exception as exc:  # noqa: BLE001 - python-chi raises several kinds for "not found"
+            done.append(f"no server {name} ({type(exc).__name__}: {exc})")
+    try:
+        lease.get_lease(lease_name).delete()
+        done.append(f"deleted lease {lease_name}")
+    except Exception as exc:  # noqa: BLE001 - likewise
+        done.append(f"no lease {lease_name} ({type(exc).__name__}: {exc})")
+    return done

@@ -1,0 +1,135 @@
+"""Every GPU path, for real, on an NVIDIA GPU (`make gpu-check` runs these: `pytest -m gpu`).
+
+Where nvidia-smi lists no GPU each test is skipped with that reason (tests/conftest.py); nothing here
+fakes a GPU. The answers are checked against the CPU on real photos (servelab/data/photos).
+"""
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from fastapi_service import b64, running
+from servelab.bench.monitor import Monitor
+from servelab.device import gpu_count, stack
+from servelab.inference import OnnxClassifier, TorchClassifier
+from servelab.photos import evaluation_set, pixels
+from servelab.preprocess import preprocess
+from servelab.serving.backends import CPU, CUDA, TENSORRT, load_backend
+from servelab.settings import ServeSettings, get_settings
+
+pytestmark = pytest.mark.gpu
+
+PHOTOS = 64  # real photos per agreement check: enough to see a disagreement, quick on any GPU
+FP32_AGREEMENT = 0.98  # top-1 with the CPU: fp32 kernels differ only in rounding
+FP16_AGREEMENT = 0.95  # top-1 with the CPU's fp32: half precision moves near-ties
+
+
+@pytest.fixture(scope="module")
+def photos(artifacts):
+    from servelab.artifacts import load_manifest
+
+    chosen = evaluation_set()[:PHOTOS]
+    kwargs = load_manifest(artifacts.manifest).preprocess_kwargs()
+    floats = np.stack([preprocess(p.read_bytes(), **kwargs) for p in chosen])
+    return floats, pixels(chosen)
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(a.argmax(1) == b.argmax(1)))
+
+
+def settings(**overrides) -> ServeSettings:
+    return ServeSettings(model_dir=get_settings().model_dir, **overrides)
+
+
+def test_pytorch_on_cuda_agrees_with_the_cpu_on_real_photos(artifacts, photos):
+    floats, _ = photos
+    cpu = TorchClassifier(artifacts.manifest, device="cpu").infer(floats)
+    gpu = TorchClassifier(artifacts.manifest, device="cuda:0")
+    assert gpu.describe()["device"] == "cuda:0"
+    assert agreement(gpu.infer(floats), cpu) >= FP32_AGREEMENT
+    half = TorchClassifier(artifacts.manifest, device="cuda:0", fp16=True)
+    assert half.describe()["dtype"] == "float16"
+    assert agreement(half.infer(floats), cpu) >= FP16_AGREEMENT
+
+
+def test_onnx_runtime_cuda_provider_is_active_and_agrees_with_the_cpu(artifacts, photos):
+    floats, _ = photos
+    backend = load_backend("onnx", settings(ort_providers="cuda", require_gpu=True))
+    assert backend.on_gpu and backend.classifier.active_providers[0] == CUDA, backend.where()
+    cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
+    assert agreement(backend.infer(floats), cpu.infer(floats)) >= FP32_AGREEMENT
+
+
+def test_fp16_variant_runs_on_the_cuda_provider_and_agrees_with_fp32_on_the_cpu(artifacts, photos):
+    floats, crops = photos
+    backend = load_backend("onnx", settings(ort_providers="cuda", onnx_variant="fp16", require_gpu=True))
+    assert backend.on_gpu and backend.takes_uint8 and backend.variant["precision"] == "float16"
+    cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
+    assert agreement(backend.infer(crops), cpu.infer(floats)) >= FP16_AGREEMENT
+
+
+def test_tensorrt_provider_where_the_gpu_and_libraries_support_it(artifacts, photos, tmp_path):
+    found = stack()
+    if TENSORRT not in found.get("onnxruntime_providers", []) or not found.get("tensorrt"):
+        pytest.skip(f"TensorRT not usable here: onnxruntime providers {found.get('onnxruntime_providers')}, "
+                    f"tensorrt package {found.get('tensorrt')}")
+    floats, _ = photos
+    backend = load_backend("onnx", settings(ort_providers="tensorrt", trt_cache_path=tmp_path, require_gpu=True))
+    assert backend.classifier.active_providers[0] == TENSORRT, backend.where()
+    assert backend.details["tensorrt_options"]["trt_fp16_enable"] is True
+    cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
+    assert agreement(backend.infer(floats), cpu.infer(floats)) >= FP16_AGREEMENT
+    assert any(tmp_path.iterdir())  # the engine cache the guide asks for was written
+
+
+@pytest.mark.parametrize("kind", ["pytorch", "onnx"])
+def test_require_gpu_service_starts_on_the_gpu_and_ready_says_where(kind, artifacts, tmp_path):
+    with running(kind, artifacts, tmp_path, require_gpu=1, ort_providers="cuda", torch_device="cuda") as url:
+        runtime = httpx.get(f"{url}/ready", timeout=30).json()["runtime"]
+        answer = httpx.post(f"{url}/predict", json={"image": b64(evaluation_set()[0].read_bytes())}, timeout=30)
+    assert runtime["on_gpu"] is True
+    assert runtime.get("device", "").startswith("cuda") or runtime["providers"][0] == CUDA
+    assert answer.status_code == 200 and answer.json()["prediction"]
+
+
+@pytest.mark.parametrize("stage", ["pt-2x2", "onnx-2"])
+def test_triton_kind_gpu_instances_are_on_gpu_device_ids(stage, artifacts, tmp_path):
+    from servelab.triton.server import model_config, start_local
+    from servelab.triton.stages import STAGES
+
+    log = tmp_path / "tritonserver.log"
+    with start_local(STAGES[stage], kind="gpu", repository=get_settings().triton_model_repository, log=log) as server:
+        config = model_config(server.url, STAGES[stage].model)
+    groups = config["instance_group"]
+    assert {g["kind"] for g in groups} == {"KIND_GPU"}
+    assert {int(i) for g in groups for i in g["gpus"]} <= set(range(gpu_count()))
+    assert sum(int(g["count"]) * len(g["gpus"]) for g in groups) == 4  # as many instances as on the P100 node
+    if gpu_count() == 1:
+        assert "this machine has 1" in config["parameters"]["servelab_gpu_placement"]["string_value"]
+    text = log.read_text()
+    # Each instance said where it really runs (the models log it after loading on that device).
+    assert "on cuda:0" in text or "CUDAExecutionProvider" in text, text[-2000:]
+
+
+def test_nvml_samples_utilization_and_memory_under_load():
+    import torch
+
+    x = torch.randn(4096, 4096, device="cuda:0")
+    with Monitor(interval_s=0.1) as monitor:
+        ends = time.monotonic() + 2.0
+        while time.monotonic() < ends:  # bounded: two seconds of matrix products
+            x = (x @ x).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    series = monitor.result().gpus
+    assert series and monitor.gpu_note is None
+    assert max(series[0].util_pct) > 0 and max(series[0].mem_used_mib) > 0
+
+
+def test_the_stack_names_the_gpu_driver_and_cuda():
+    found = stack()
+    assert found["gpus"] and found["driver"]
+    assert found.get("torch_cuda") and found.get("torch_sees_gpus", 0) >= 1, found
+    assert found["onnxruntime"].startswith("onnxruntime-gpu") and CUDA in found["onnxruntime_providers"], found

@@ -1,0 +1,112 @@
+"""The CPU side of the GPU path: device selection, `--device gpu` and `make gpu-check` without a GPU,
+the gpu marker's skips, and the GPU record's parts. The GPU side is tests/test_gpu.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab.device import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.gpu_check import PytestOutcome, slug
+
+REPO = Path(__file__).resolve().parents[1]
+without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
+
+
+@pytest.mark.parametrize(("requested", "gpus", "device"), [
+    ("auto", 0, "cpu"), ("auto", 1, "gpu"), ("auto", 2, "gpu"), ("cpu", 2, "cpu"), ("gpu", 1, "gpu"),
+])
+def test_device_selection(requested, gpus, device):
+    assert resolve(requested, gpus) == device
+
+
+def test_a_gpu_this_environment_cannot_use_is_left_alone_by_auto_and_refused_by_gpu():
+    said = []
+    assert resolve("auto", 1, ["PyTorch 2.13.0+cpu is a CPU build"], log=said.append) == "cpu"
+    assert "PyTorch 2.13.0+cpu is a CPU build" in said[0]
+    with pytest.raises(NoGpu, match="cannot use the GPU: PyTorch 2.13.0\\+cpu is a CPU build"):
+        resolve("gpu", 1, ["PyTorch 2.13.0+cpu is a CPU build"])
+
+
+def test_gpu_without_a_gpu_is_an_error_that_says_why():
+    with pytest.raises(NoGpu, match=r"no NVIDIA GPU \(nvidia-smi lists none\)"):
+        resolve("gpu", 0)
+    with pytest.raises(ValueError, match="auto, cpu or gpu"):
+        resolve("cuda", 1)
+
+
+def test_on_the_gpu_every_server_must_really_use_it():
+    assert stage_env("gpu") == {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1"}
+    assert stage_env("cpu")["ORT_PROVIDERS"] == "cpu" and stage_env("cpu")["REQUIRE_GPU"] == "0"
+
+
+def test_where_a_stage_runs_is_read_from_what_the_server_reports():
+    assert runs_on_fastapi({"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]}) == \
+        "onnxruntime CUDAExecutionProvider, CPUExecutionProvider"
+    assert runs_on_fastapi({"device": "cuda:0", "dtype": "float16", "gpu": "NVIDIA H100"}) == \
+        "torch cuda:0 (NVIDIA H100) float16"
+    config = {"backend": "python", "instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}] * 2,
+              "parameters": {"servelab_gpu_placement": {"string_value": "this machine has 1"}}}
+    assert runs_on_triton(config) == "triton python: 2x KIND_GPU on GPU 0 + 2x KIND_GPU on GPU 0 (this machine has 1)"
+
+
+def test_what_triton_instances_say_is_read_from_the_latest_load_in_its_log():
+    """Lines as the models log them (models_staging/*/1/model.py), on a GPU; the CPU lab checks real ones."""
+    stand_in = ('W1123 backend.py:160] "food_classifier_onnx_{i}_0: LOCAL STAND-IN (Python backend running ONNX Runtime '
+                "1.31.1, ['{p}', 'CPUExecutionProvider'] on cuda:{i}, 1 threads, input float32) in place of Triton's\"")
+    log = "\n".join([stand_in.format(i=0, p="CPUExecutionProvider"),  # an earlier stage's load
+                      'I1123 "food_classifier_0_0: food11 in PyTorch (float32) on cuda:0, 3 CPU threads"',
+                      stand_in.format(i=0, p="CUDAExecutionProvider"), stand_in.format(i=1, p="CUDAExecutionProvider")])
+    assert instances_say(log, "food_classifier_onnx", 2) == \
+        "1x CUDAExecutionProvider on cuda:0, 1x CUDAExecutionProvider on cuda:1"
+    assert instances_say(log, "food_classifier", 1) == "1x PyTorch on cuda:0"
+    assert instances_say(log, "food_classifier_ensemble", 0) == ""
+
+
+@without_gpu
+def test_lab_on_the_gpu_without_one_fails_at_once_with_the_reason(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "servelab", "lab", "--quick", "--device", "gpu", "--out", str(tmp_path / "r")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and NO_GPU in run.stderr and "--device cpu" in run.stderr
+    assert not (tmp_path / "r").exists()  # nothing measured, nothing written
+
+
+@without_gpu
+def test_make_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path):
+    run = subprocess.run(["make", "--no-print-directory", "gpu-check", f"GPU_VENV={tmp_path / 'venv'}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and f"gpu-check: {NO_GPU}" in run.stdout, run.stdout + run.stderr
+    assert not (tmp_path / "venv").exists()  # it built nothing
+    run = subprocess.run([sys.executable, "-m", "servelab", "gpu-check", "--docs", str(tmp_path / "docs")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and NO_GPU in run.stdout and not (tmp_path / "docs").exists()
+
+
+@without_gpu
+def test_gpu_tests_skip_with_the_reason_and_the_record_reads_their_outcome(tmp_path):
+    """What CI shows for them, through the same JUnit file gpu-check reads."""
+    junit = tmp_path / "gpu.xml"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rs",
+                          "-p", "no:cacheprovider", f"--junitxml={junit}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    outcome = PytestOutcome.from_junit(junit)
+    assert outcome.skipped >= 10 and outcome.passed == outcome.failed == 0
+    assert {message for _, result, message in outcome.results} == {NO_GPU}
+    assert any("test_triton_kind_gpu" in name for name, _, _ in outcome.results)
+
+
+def test_gpu_names_become_file_names():
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert slug("Tesla P100-PCIE-16GB") == "tesla-p100-pcie-16gb"
+
+
+def test_this_environment_says_what_it_lacks_for_a_gpu():
+    import onnxruntime
+    import torch
+
+    gaps = environment_gaps()
+    assert (torch.version.cuda is None) == any("is a CPU build" in g for g in gaps)
+    has_cuda_provider = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert has_cuda_provider != any("no CUDA execution provider" in g for g in gaps)
