@@ -122,12 +122,13 @@ class StageRunner:
             if ulimits:
                 lines.append(f"    ulimits: !override {json.dumps(ulimits)}")
             volumes = service.get("volumes", [])
-            if any(self._remap(v["source"]) != v["source"] for v in volumes):
+            if any(v["type"] == "bind" and self._remap(v["source"]) != v["source"] for v in volumes):
                 lines.append("    volumes: !override")
                 for volume in volumes:
-                    entry = {"type": "bind", "source": self._remap(volume["source"]), "target": volume["target"],
-                             "read_only": bool(volume.get("read_only", False))}
-                    if volume.get("bind", {}).get("create_host_path"):
+                    bind = volume["type"] == "bind"  # named volumes keep their name
+                    entry = {"type": volume["type"], "source": self._remap(volume["source"]) if bind else volume["source"],
+                             "target": volume["target"], "read_only": bool(volume.get("read_only", False))}
+                    if bind and volume.get("bind", {}).get("create_host_path"):
                         Path(entry["source"]).mkdir(parents=True, exist_ok=True)
                     lines.append(f"      - {json.dumps(entry)}")
         local.parent.mkdir(parents=True, exist_ok=True)
