@@ -10,7 +10,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard clean gpu-check gpu-wheelhouse gpu-wheelhouse-join
+.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,16 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/servelab benchmark
+
+# A lab stage from its compose file on a private Docker engine (root, docker.io, debootstrap; no GPU):
+# `make containers-up STAGE=fastapi-onnx`; `make containers-down STAGE=...` also stops the engine.
+STAGE ?= fastapi-pt
+containers-up: $(STAMP)
+	$(BIN)/servelab containers up --stage $(STAGE)
+
+containers-down: $(STAMP)
+	$(BIN)/servelab containers down --stage $(STAGE)
+	$(BIN)/servelab containers stop
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) models results .servelab

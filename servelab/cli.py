@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "servelab.lab",  # lab
     "servelab.doctor.cli",  # doctor
     "servelab.gpu_check",  # gpu-check
+    "servelab.containers.cli",  # containers up | down | stop | env
 )
 
 

@@ -156,6 +156,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.cwd, start_new_session=True,
                                          preexec_fn=self._preexec())
+        if self.ready_url is None:  # the caller checks readiness its own way (a unix socket)
+            return self
         try:
             if self.ready_url is not None:
                 wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)

@@ -111,8 +111,14 @@ class MonitoringSettings(_Env):
     prometheus_retention_size: str = Field("512MB", description="The lab's Prometheus keeps at most this much data (`--storage.tsdb.retention.size`); the oldest blocks go first.")
 
 
+class ContainerSettings(_Env):
+    """The local container runner (`servelab containers`)."""
+
+    servelab_containers_cache: Path = Field(Path("~/.cache/servelab/containers"), description="Per-user cache of `servelab containers`, outside the checkout so a fresh clone reuses it: the Compose plugin, the debootstrap base image, the wheelhouse and the private Docker engine's data root with its layer cache.")
+
+
 class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, RaySettings, BenchSettings,
-               MonitoringSettings):
+               MonitoringSettings, ContainerSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -122,7 +128,7 @@ def get_settings() -> Settings:
 
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     RaySettings, BenchSettings, MonitoringSettings)
+                                                     RaySettings, BenchSettings, MonitoringSettings, ContainerSettings)
 
 
 def markdown_table() -> str:

@@ -127,3 +127,15 @@ def test_ray_image_serves_on_the_gpu_with_the_pinned_ray():
     assert extras <= declared
     pins = dict(line.split("==", 1) for line in (REPO / "constraints.txt").read_text().split() if "==" in line)
     assert "ray" in pins, "ray[serve] must be pinned in constraints.txt"
+
+
+STANDINS = sorted((DOCKER / "standin").glob("Dockerfile.*"))
+
+
+@pytest.mark.parametrize("dockerfile", STANDINS, ids=[p.name for p in STANDINS])
+def test_standin_dockerfiles_pass_hadolint_and_say_what_they_are(dockerfile: Path):
+    """`servelab containers` builds these local stand-ins for NVIDIA's and Ubuntu's images."""
+    result = run_tool("hadolint", "--no-color", str(dockerfile))
+    assert result.returncode == 0, result.stdout + result.stderr
+    labels = [i.args for i in parse_dockerfile(dockerfile) if i.keyword == "LABEL"]
+    assert any("LOCAL STAND-IN" in label for label in labels), "a stand-in image names itself as one"

@@ -187,6 +187,15 @@ def installed() -> bool:
         return False
 
 
+def extract_pinned(home: Path, scratch: Path, log=print) -> None:
+    """perf_analyzer into ``home/bin`` and libcudart into ``home/lib``, from the pinned wheels
+    (also the stand-in Triton SDK image of `servelab containers`, which adds libb64 with apt)."""
+    for pin in PINS:
+        (home / pin.dest).mkdir(parents=True, exist_ok=True)
+        wheel = _download(pin, scratch)
+        log(f"perf_analyzer: {_extract(wheel, pin.member, home / pin.dest)} from {wheel.name} (sha256 verified)")
+
+
 def install(log=print) -> PerfAnalyzer:
     """Download the pinned wheels, take out perf_analyzer and libcudart, add libb64; check it starts."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -198,9 +207,7 @@ def install(log=print) -> PerfAnalyzer:
     (home / "installed.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servelab-pa-install-") as tmp:
         scratch = Path(tmp)
-        for pin in PINS:
-            wheel = _download(pin, scratch)
-            log(f"perf_analyzer: {_extract(wheel, pin.member, home / pin.dest)} from {wheel.name} (sha256 verified)")
+        extract_pinned(home, scratch, log)
         log(f"perf_analyzer: {LIBB64} from {_libb64(home / 'lib', scratch)}")
     locate.cache_clear()
     pa = PerfAnalyzer(home / "bin" / "perf_analyzer", "project", str(home / "lib"))

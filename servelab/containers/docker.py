@@ -1,0 +1,58 @@
+"""The docker client and Compose, pointed at one engine."""
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class DockerError(RuntimeError):
+    pass
+
+
+def client() -> str:
+    """Debian's docker client (it matches the engine); any `docker` on PATH otherwise."""
+    for candidate in ("/usr/bin/docker", shutil.which("docker")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise DockerError("no docker client: install Docker (`apt-get install docker.io`)")
+
+
+@dataclass
+class Docker:
+    """``docker`` and ``docker compose`` commands against the engine whose variables are in ``env``."""
+
+    env: dict[str, str]
+    compose_binary: Path | None = None
+    timeout: float = 900.0
+    log: object = field(default=print, repr=False)
+
+    def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, **self.env, **(extra or {})}
+
+    def run(self, *args: str, check: bool = True, timeout: float | None = None,
+            extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return self._run([client(), *args], check, timeout, extra_env, cwd)
+
+    def compose(self, *args: str, check: bool = True, timeout: float | None = None,
+                extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        if self.compose_binary is None:
+            raise DockerError("no Docker Compose")
+        # The plugin binary run by itself acts as `docker-compose`, same commands as `docker compose`.
+        return self._run([str(self.compose_binary), *args], check, timeout, extra_env, cwd)
+
+    def _run(self, cmd, check, timeout, extra_env, cwd) -> subprocess.CompletedProcess:
+        done = subprocess.run(cmd, env=self.environ(extra_env), capture_output=True, text=True,
+                              timeout=timeout or self.timeout, cwd=cwd)
+        if check and done.returncode != 0:
+            raise DockerError(f"`{' '.join(cmd[:6])} ...` failed ({done.returncode}):\n"
+                              + (done.stdout[-2000:] + done.stderr[-4000:]))
+        return done
+
+    def has_image(self, ref: str) -> bool:
+        return self.run("image", "inspect", ref, check=False).returncode == 0
+
+    def image_label(self, ref: str, label: str) -> str:
+        done = self.run("image", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}', ref, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
