@@ -92,6 +92,7 @@ class RaySettings(_Env):
     ray_autoscale_target_ongoing: float = Field(2.0, gt=0, description="Autoscaling stage (ray-auto): requests in flight per replica that Serve scales towards (`target_ongoing_requests`).")
     ray_autoscale_upscale_delay_s: float = Field(2.0, ge=0, description="Autoscaling stage: how long the load must call for more replicas before Serve adds them (Serve's default is 30 s).")
     ray_autoscale_downscale_delay_s: float = Field(5.0, ge=0, description="Autoscaling stage: how long the load must call for fewer replicas before Serve removes them (Serve's default is 600 s).")
+    ray_replica_gpus: float = Field(0.0, ge=0, description="GPUs each replica asks Ray for (`num_gpus`): 0 = none (CPU nodes, the local lab); 1 on the GPU nodes, so Ray gives each replica a GPU of its own (its `CUDA_VISIBLE_DEVICES`) and ray-4 uses all four P100s; with a CPU worker in the cluster, 0.")
     ray_node_cpus: int = Field(2, ge=1, description="Local cluster: logical CPUs each node announces (replicas take 1 each); a CPU stand-in for a node's capacity, not real cores.")
 
 

@@ -24,8 +24,11 @@ class RayStage:
 
     def deployment_options(self, settings: RaySettings) -> dict:
         """Keyword arguments for ``serve.deployment(...).options``."""
-        # One logical CPU per replica: the scheduler's unit; ONNX Runtime gets one intra-op thread.
-        options: dict = {"ray_actor_options": {"num_cpus": 1}, "max_ongoing_requests": 32}
+        # One logical CPU per replica: the scheduler's unit; ONNX Runtime gets one intra-op thread. A
+        # replica that asks for no GPU sees every GPU of its node (Ray leaves CUDA_VISIBLE_DEVICES unset),
+        # so all of a node's replicas would share its first GPU: on GPU nodes each asks for its own.
+        actor = {"num_cpus": 1, **({"num_gpus": settings.ray_replica_gpus} if settings.ray_replica_gpus else {})}
+        options: dict = {"ray_actor_options": actor, "max_ongoing_requests": 32}
         if self.max_replicas_per_node:
             options["max_replicas_per_node"] = self.max_replicas_per_node
         if self.autoscaling:
