@@ -54,6 +54,8 @@ def test_mounted_files_exist_and_prometheus_scrapes_every_family():
     jobs = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
     assert set(FAMILIES) <= set(jobs) and "machine" in jobs
     assert jobs["fastapi"] == ["fastapi_server:8000"] and jobs["triton"] == ["triton_server:8002"]
+    assert jobs["ray"] == ["host.docker.internal:8080"] and "--metrics-export-port=8080" in (
+        DOCKER / "docker-compose-ray-head.yaml").read_text()
 
 
 def test_prometheus_accepts_the_node_config(tmp_path):
@@ -85,7 +87,7 @@ def test_dashboard_reads_back_through_the_sdk_with_a_row_per_family():
     assert json.loads(json.dumps(model, cls=JSONEncoder)) == committed  # nothing the SDK does not know
     rows = [p for p in model.panels if isinstance(p, RowPanel)]
     panels = [p for p in model.panels if isinstance(p, Panel)]
-    assert [r.title.split()[0] for r in rows] == ["FastAPI", "Triton", "Machine"]
+    assert [r.title.split()[0] for r in rows] == ["FastAPI", "Triton", "Ray", "Machine"]
     ids = [p.id_val for p in model.panels]
     assert len(set(ids)) == len(ids) and all(ids)  # unique panel ids
     assert all(p.datasource.uid == "prometheus" and p.targets for p in panels)

@@ -1,6 +1,6 @@
 """The Grafana dashboard, as code: built with Grafana's own Foundation SDK (``grafana-foundation-sdk``).
 
-One row per stage family (FastAPI, Triton, the machine; Ray Serve adds a row when its stage lands),
+One row per stage family (FastAPI, Triton, Ray Serve, the machine),
 each panel one PromQL expression, the same expressions the lab reads back after each run where one
 exists (servelab.monitoring.run_series), here over Grafana's own rate window. ``python -m
 servelab.monitoring.dashboard`` (``make dashboard``) writes ``docker/grafana/dashboards/servelab.json``
@@ -64,6 +64,24 @@ ROWS: dict[str, list[tuple[str, str, list[tuple[str, str]]]]] = {
         ("Mean batch size (images per execution)", "short", [
             (f'sum by (model) (rate(nv_inference_count{{job="triton"}}[{W}])) / '
              f'sum by (model) (rate(nv_inference_exec_count{{job="triton"}}[{W}]))', "{{model}}")]),
+    ],
+    "Ray Serve stages (ray-*; each node's metrics agent)": [
+        ("HTTP requests per second (proxy)", "reqps", [
+            (f'sum by (status_code) (rate(ray_serve_num_http_requests_total{{job="ray",{FASTAPI_PREDICT}}}[{W}]))',
+             "{{status_code}}")]),
+        ("Latency p50 / p99 (proxy)", "ms", [
+            (f'histogram_quantile(0.5, sum by (le) (rate(ray_serve_http_request_latency_ms_bucket'
+             f'{{job="ray",{FASTAPI_PREDICT}}}[{W}])))', "p50"),
+            (f'histogram_quantile(0.99, sum by (le) (rate(ray_serve_http_request_latency_ms_bucket'
+             f'{{job="ray",{FASTAPI_PREDICT}}}[{W}])))', "p99")]),
+        ("Replica processing time per request", "ms", [
+            (f'sum by (replica) (rate(ray_serve_deployment_processing_latency_ms_sum{{job="ray"}}[{W}])) / '
+             f'sum by (replica) (rate(ray_serve_deployment_processing_latency_ms_count{{job="ray"}}[{W}]))',
+             "{{replica}}")]),
+        ("Healthy replicas / mean @serve.batch size", "short", [
+            ('sum(ray_serve_deployment_replica_healthy{job="ray"})', "healthy replicas"),
+            (f'sum(rate(ray_serve_actual_batch_size_sum{{job="ray"}}[{W}])) / '
+             f'sum(rate(ray_serve_actual_batch_size_count{{job="ray"}}[{W}]))', "mean batch")]),
     ],
     "Machine (node exporter, dcgm-exporter; locally servelab's psutil exporter)": [
         ("CPU busy", "percent", [

@@ -33,6 +33,7 @@ class Family:
     successes: str  # a plain selector of counters (summed per scrape): successful requests
     series: dict[str, str]
     note: str = ""  # what this family cannot show
+    lag_s: float = 0.0  # how long the server may take to publish what it counted (read back after a run)
 
 
 # Request routes of the FastAPI services (not /metrics, /ready, ...).
@@ -74,13 +75,35 @@ TRITON = Family(
     },
     note="Triton 2.51 exports latency as sums, not histograms: a mean, no p50/p99",
 )
+# Ray Serve, from each node's metrics agent: the HTTP proxy (on the head, `$sel`) counts requests and
+# their latency; the replicas, on every node of the job, their processing time and @serve.batch sizes.
+RAY_ROUTES = 'route=~"/predict|/predict/batch"'
+RAY = Family(
+    all_requests=f"sum(ray_serve_num_http_requests_total{{$sel,{RAY_ROUTES}}})",
+    successes=f'ray_serve_num_http_requests_total{{$sel,{RAY_ROUTES},status_code=~"2.."}}',
+    series={
+        "request rate (req/s)": f'sum(rate(ray_serve_num_http_requests_total{{$sel,{RAY_ROUTES},status_code=~"2.."}}[$w]))',
+        "p50 (ms)": "histogram_quantile(0.5, sum by (le) "
+                    f"(rate(ray_serve_http_request_latency_ms_bucket{{$sel,{RAY_ROUTES}}}[$w])))",
+        "p99 (ms)": "histogram_quantile(0.99, sum by (le) "
+                    f"(rate(ray_serve_http_request_latency_ms_bucket{{$sel,{RAY_ROUTES}}}[$w])))",
+        "compute (ms)": 'sum(rate(ray_serve_deployment_processing_latency_ms_sum{job="ray"}[$w])) '
+                        '/ sum(rate(ray_serve_deployment_processing_latency_ms_count{job="ray"}[$w]))',
+        "mean batch": 'sum(rate(ray_serve_actual_batch_size_sum{job="ray"}[$w])) '
+                      '/ sum(rate(ray_serve_actual_batch_size_count{job="ray"}[$w]))',
+        "running replicas": 'sum(ray_serve_deployment_replica_healthy{job="ray"})',
+    },
+    note="Ray's own metrics: latency at the proxy (p50/p99 within its histogram's buckets), compute = the "
+         "replica's processing time; mean batch = Serve's actual_batch_size",
+    lag_s=1.5,  # RAY_metrics_report_interval_ms (500 ms locally) and the agent's export
+)
 # The machine as a whole (the lab's psutil exporter locally; node and dcgm exporters on the node).
 MACHINE = {
     "CPU busy (%)": '100 * (1 - avg(rate(node_cpu_seconds_total{mode="idle"}[$w])))',
     "memory used (GiB)": "(sum(node_memory_MemTotal_bytes) - sum(node_memory_MemAvailable_bytes)) / 2^30",
     "GPU utilization (%)": "avg(DCGM_FI_DEV_GPU_UTIL)",
 }
-FAMILIES = {"fastapi": FASTAPI, "triton": TRITON}
+FAMILIES = {"fastapi": FASTAPI, "triton": TRITON, "ray": RAY}
 
 
 def _selector(labels: dict[str, str]) -> str:
@@ -130,6 +153,7 @@ class PromWatch:
                            client_requests=_client_requests(record))
         notes = [FAMILIES[family].note]
         try:
+            time.sleep(FAMILIES[family].lag_s)
             at = self._settled[labels["instance"]] = self.client.settle(time.time(), {labels["instance"]})
             after = _scalar(self.client.query(self._fill(FAMILIES[family].all_requests, labels), at)) or 0.0
             out.requests = round(after - before.requests)

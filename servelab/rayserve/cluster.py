@@ -45,6 +45,8 @@ def ray_env() -> dict[str, str]:
         # The one proxy runs on the head; by default it sends requests to the head's own replicas
         # while they keep up, which leaves a worker node idle under light load. Spread them instead.
         "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+        # Each node's metrics agent publishes every 10 s by default; the lab reads counts back after each run.
+        "RAY_metrics_report_interval_ms": "500",
     }
 
 
@@ -64,6 +66,7 @@ class LocalCluster:
     dashboard_port: int | None = None
     detach: bool = False  # `servelab ray up`: the nodes outlive this process (`down` stops them)
     token: str = ""  # the cluster's authentication token (made by start())
+    metrics: dict[str, str] = field(default_factory=dict)  # node name -> host:port of its metrics agent
 
     @property
     def address(self) -> str:
@@ -85,9 +88,11 @@ class LocalCluster:
         log = self.log_dir / f"ray-{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("")  # readiness reads this run's lines only
+        metrics_port = free_port()
+        self.metrics[name] = f"127.0.0.1:{metrics_port}"
         cmd = [ray_binary(), "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus_per_node),
                "--resources", json.dumps({"servelab_node": 1}), "--object-store-memory", str(OBJECT_STORE_BYTES),
-               "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
+               "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(metrics_port),
                "--disable-usage-stats", *args]
         return ServerProcess(cmd, None, log, env={**ray_env(), **self.client_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
                              stop_timeout=STOP_TIMEOUT_S, detach=self.detach, ready_check=lambda: READY_LINE in log.read_text(errors="replace"))

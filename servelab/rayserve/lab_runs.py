@@ -15,6 +15,7 @@ node id in each record's config. Then:
 
 import json
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +43,17 @@ class RayRuns:
         self.url = f"http://127.0.0.1:{self.port}"
         lab = self.lab
         # The nodes' environment reaches every replica: RAY_SERVE_PORT for the deploy, MODEL_DIR etc. as set here.
-        with LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=lab.logs,
-                          env={**stage_env(lab.device), "RAY_SERVE_PORT": str(self.port),
-                               "RAY_SERVE_HOST": "127.0.0.1"}) as cluster:
+        with ExitStack() as stack:
+            cluster = stack.enter_context(LocalCluster(
+                workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=lab.logs,
+                env={**stage_env(lab.device), "RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"}))
+            stack.callback(setattr, lab, "scraped", None)
             self.cluster = cluster
+            # Prometheus scrapes every node's metrics agent; the head's (the HTTP proxy's) counts the requests.
+            lab.scraped = stack.enter_context(lab.prometheus.scrape(cluster.metrics["head"], "ray"))
+            for name, address in cluster.metrics.items():
+                if name != "head":
+                    stack.enter_context(lab.prometheus.scrape(address, "ray", node=name))
             lab.log(f"[ray] local cluster: head {cluster.address} (PID {cluster.head.pid}) + 1 worker node "
                     f"(PID {cluster.nodes[0].pid}), {settings.ray_node_cpus} logical CPUs each; "
                     f"dashboard {cluster.dashboard_url}")
