@@ -156,7 +156,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.cwd, start_new_session=True,
                                          preexec_fn=self._preexec())
-        if self.ready_url is None:  # the caller checks readiness its own way (a unix socket)
+        if self.ready_url is None and self.ready_check is None:  # the caller checks readiness its own way
             return self
         try:
             if self.ready_url is not None:

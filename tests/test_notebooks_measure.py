@@ -92,34 +92,40 @@ def test_stage_notebooks_exist() -> None:
     assert set(STAGE_NOTEBOOKS) <= {source.stem for source in sources()}
 
 
-def _compose_parts(argv: list[str]) -> tuple[Path, str, list[str]]:
-    """(compose file, subcommand, service names) of a `docker compose -f FILE SUB [opts] [services]`."""
+def _compose_parts(argv: list[str]) -> tuple[list[Path], str, list[str]]:
+    """(compose files, subcommand, service names) of a `docker compose -f FILE [-f FILE] SUB [opts] [services]`."""
     assert argv[:3] == ["docker", "compose", "-f"], f"name the compose file: {shlex.join(argv)}"
-    path, sub, *rest = argv[3:]
+    paths, rest = [], argv[2:]
+    while rest[0] == "-f":
+        paths.append(REPO / rest[1])
+        rest = rest[2:]
+    sub, *rest = rest
     services = [word for word in rest if not word.startswith("-")]
     # `exec SERVICE COMMAND...`: one service; what it runs is checked with the other commands (shown_commands.py).
-    return REPO / path, sub, services[:1] if sub == "exec" else services
+    return paths, sub, services[:1] if sub == "exec" else services
 
 
 @pytest.mark.parametrize(("stem", "env", "argv"), commands_of("docker"))
 def test_compose_commands_name_real_files_services_and_variables(stem: str, env: dict[str, str], argv: list[str]) -> None:
-    path, sub, services = _compose_parts(argv)
-    assert path.is_file(), f"{stem}: no compose file {path}"
-    document = load_compose(path, **env)
+    paths, sub, services = _compose_parts(argv)
     assert sub in {"up", "down", "ps", "logs", "build", "exec"}, sub
-    assert set(services) <= set(document["services"]), f"{stem}: unknown service in `{shlex.join(argv)}`"
-    text = path.read_text()
+    assert all(path.is_file() for path in paths), f"{stem}: no compose file among {paths}"
+    documents = [load_compose(path, **env) for path in paths]
+    named = {name for document in documents for name in document["services"]}
+    assert set(services) <= named, f"{stem}: unknown service in `{shlex.join(argv)}`"
+    text = "".join(path.read_text() for path in paths)
     settings_fields = Settings.model_fields
     for name, value in env.items():
-        assert re.search(rf"\b{name}\b", text), f"{stem}: {path.name} does not use {name}"
+        assert re.search(rf"\b{name}\b", text), f"{stem}: {[p.name for p in paths]} do not use {name}"
         if name.lower() in settings_fields:
             try:
                 Settings(**{name.lower(): value})
             except ValidationError as exc:
                 pytest.fail(f"{stem}: {name}={value} is not a valid setting: {exc}")
-    for service in document["services"].values():
-        if "build" in service:
-            assert dockerfile_for(service, path).is_file()
+    for path, document in zip(paths, documents):
+        for service in document["services"].values():
+            if "build" in service:
+                assert dockerfile_for(service, path).is_file()
 
 
 def test_pip_installs_use_the_constraints_and_real_extras() -> None:
@@ -140,7 +146,9 @@ def test_triton_notebook_walks_every_stage() -> None:
 
 
 def test_fastapi_notebook_switches_services_by_variables_only() -> None:
-    ups = [(env, argv) for env, argv in shell_commands("4_fastapi") if argv[:2] == ["docker", "compose"]]
+    # The stage's own commands (the monitoring containers beside it are started with a second -f).
+    ups = [(env, argv) for env, argv in shell_commands("4_fastapi")
+           if argv[:2] == ["docker", "compose"] and "docker/docker-compose-monitoring.yaml" not in argv]
     assert [env.get("FASTAPI_STAGE") for env, _ in ups] == ["fastapi_onnx"] * 5
     assert ups[1][0].get("MAX_BATCH_SIZE") not in (None, "1")
     assert [env.get("ONNX_VARIANT") for env, _ in ups] == [None, None, "u8", "int8", "fp16"]
