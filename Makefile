@@ -10,7 +10,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join
+.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ GPU_READY = $(HAS_GPU) && $(GPU_PYTHON) -c 'import sys, torch; sys.exit(not torc
 LAB_VENV := $(shell $(GPU_READY) && echo $(GPU_VENV) || echo $(VENV))
 
 lab: $(LAB_VENV)/.installed
-	@$(call SOFT_TOOLS,$(LAB_VENV)/bin)
+	@$(OFFLINE); $(call SOFT_TOOLS,$(LAB_VENV)/bin)
 	$(LAB_VENV)/bin/servelab lab
 
 test: $(STAMP)
@@ -74,45 +74,64 @@ clean:
 	rm -rf $(VENV) $(GPU_VENV) models results .servelab
 
 # --- The GPU path (docs/gpu/README.md) -------------------------------------------------------------------
-# A machine with an NVIDIA GPU and a CUDA PyTorch preinstalled (GPU_PYTHON's), perhaps without network:
-# .venv-gpu sees that torch (--system-site-packages) and gets the rest from GPU_CONSTRAINTS, out of
+# A machine with an NVIDIA GPU and a CUDA PyTorch preinstalled (GPU_PYTHON's: the system Python or a virtual
+# environment), perhaps without network: .venv-gpu sees that torch and gets the rest from GPU_CONSTRAINTS, out of
 # GPU_WHEELHOUSE where that folder exists (made by `make gpu-wheelhouse` on a networked machine).
 GPU_CONSTRAINTS ?= constraints-gpu-cu13.txt
 GPU_WHEELHOUSE ?= wheelhouse/gpu-cu13
+GPU_EXTRA ?= gpu
 GPU_TARGET := --only-binary=:all: --implementation cp --python-version 3.12 --abi cp312 \
 	--platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64
+# Debian packages the tools need on a machine without network: perf_analyzer's libb64, Prometheus.
+GPU_DEBS := libb64-0d prometheus
 PART_SIZE := 50M
+# Where the installers look first (servelab.opt_tools.wheelhouse); pip too, and only there.
+OFFLINE = if [ -d $(GPU_WHEELHOUSE) ]; then export SERVELAB_WHEELHOUSE=$(abspath $(GPU_WHEELHOUSE)) \
+	PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(GPU_WHEELHOUSE)); fi
 
 gpu-check:
 	@if ! $(HAS_GPU); then echo "gpu-check: no NVIDIA GPU (nvidia-smi lists none): nothing to check on this machine"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(GPU_STAMP) || exit 1; \
-	if [ -d $(GPU_WHEELHOUSE) ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=$(CURDIR)/$(GPU_WHEELHOUSE); fi; \
+	$(OFFLINE); \
 	$(call SOFT_TOOLS,$(GPU_VENV)/bin); \
 	$(GPU_VENV)/bin/servelab gpu-check $(GPU_CHECK_ARGS)
 
+# GPU_PYTHON may itself be a virtual environment: a venv made from it sees the *base* interpreter's packages,
+# not its own, so GPU_PYTHON's site folders go into a .pth (after .venv-gpu's own, before the base's). pip then
+# takes torch as installed and checks its requirements against GPU_CONSTRAINTS; pip installs nothing outside .venv-gpu.
 $(GPU_STAMP): pyproject.toml $(GPU_CONSTRAINTS)
-	@$(GPU_PYTHON) -c 'import torch; assert torch.version.cuda, "a CPU build"; print("using the preinstalled torch", torch.__version__, "CUDA", torch.version.cuda)' \
+	@$(GPU_PYTHON) -c 'import torch; assert torch.version.cuda, "a CPU build"; print("using the preinstalled torch", torch.__version__, "CUDA", torch.version.cuda, "from", torch.__file__)' \
 		|| { echo "$(GPU_PYTHON) has no CUDA PyTorch: install one, or set GPU_PYTHON to the Python that has it"; exit 1; }
+	rm -rf $(GPU_VENV)
 	$(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_PYTHON) -c 'import sys; print(*(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))), sep="\n")' \
+		> "$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/gpu-python.pth"
 	if [ -d $(GPU_WHEELHOUSE) ]; then $(MAKE) --no-print-directory gpu-wheelhouse-join; fi
-	$(GPU_VENV)/bin/pip install $$([ -d $(GPU_WHEELHOUSE) ] && echo --no-index --find-links $(GPU_WHEELHOUSE)) \
-		-c $(GPU_CONSTRAINTS) -e '.[gpu]'
+	$(GPU_VENV)/bin/python -m pip install $$([ -d $(GPU_WHEELHOUSE) ] && echo --no-index --find-links $(GPU_WHEELHOUSE)) \
+		-c $(GPU_CONSTRAINTS) -e '.[$(GPU_EXTRA)]'
+	$(GPU_VENV)/bin/python -c 'import torch; assert torch.version.cuda, torch.__file__; print("$(GPU_VENV): torch", torch.__version__, "CUDA", torch.version.cuda)'
 	touch $@
 
-# On a networked machine: every wheel .venv-gpu needs (GPU_CONSTRAINTS, for CPython 3.12 on x86-64 Linux) and
-# perf_analyzer's two pinned wheels; wheels over 60 MiB are split into $(PART_SIZE) parts, SHA256SUMS lists whole wheels.
+# On a networked machine: every wheel .venv-gpu needs (GPU_CONSTRAINTS, for CPython 3.12 on x86-64 Linux),
+# perf_analyzer's two pinned wheels and the GPU_DEBS; files over 60 MiB are split into $(PART_SIZE) parts,
+# SHA256SUMS lists whole files.
 gpu-wheelhouse: $(STAMP)
 	rm -rf $(GPU_WHEELHOUSE) && mkdir -p $(GPU_WHEELHOUSE)
 	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps $(GPU_TARGET) -d $(GPU_WHEELHOUSE) -r $(GPU_CONSTRAINTS)
 	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d $(GPU_WHEELHOUSE) \
 		$$($(BIN)/python -c 'from servelab.bench.perf_analyzer_binary import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
-	cd $(GPU_WHEELHOUSE) && sha256sum *.whl > SHA256SUMS && \
-	for w in *.whl; do if [ $$(stat -c %s "$$w") -gt 62914560 ]; then split -b $(PART_SIZE) -d "$$w" "$$w.part-" && rm "$$w"; fi; done
+	cd $(GPU_WHEELHOUSE) && apt-get download $(GPU_DEBS)
+	cd $(GPU_WHEELHOUSE) && sha256sum *.whl *.deb > SHA256SUMS && \
+	for w in *.whl *.deb; do if [ $$(stat -c %s "$$w") -gt 62914560 ]; then split -b $(PART_SIZE) -d "$$w" "$$w.part-" && rm "$$w"; fi; done
 	@du -sh $(GPU_WHEELHOUSE); ls $(GPU_WHEELHOUSE) | wc -l
 
-# On the GPU machine, after copying the folder (or its parts) over: whole wheels again, checked.
+# On the GPU machine, after copying the folder (or its parts) over: whole files again, checked.
 gpu-wheelhouse-join:
 	cd $(GPU_WHEELHOUSE) && for p in *.part-00; do [ -e "$$p" ] || continue; w="$${p%.part-00}"; \
 		[ -e "$$w" ] || cat "$$w".part-* > "$$w"; done && sha256sum --check --quiet SHA256SUMS
+
+# On a networked machine: GPU_CONSTRAINTS against the real requirements of each torch its header names.
+gpu-constraints-check: $(STAMP)
+	$(BIN)/python -m servelab.gpu_constraints $(GPU_CONSTRAINTS)

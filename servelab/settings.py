@@ -112,6 +112,12 @@ class MonitoringSettings(_Env):
     prometheus_retention_size: str = Field("512MB", description="The lab's Prometheus keeps at most this much data (`--storage.tsdb.retention.size`); the oldest blocks go first.")
 
 
+class ToolSettings(_Env):
+    """Installing the external tools (`servelab perf-analyzer install`, `servelab prometheus install`)."""
+
+    servelab_wheelhouse: Path | None = Field(None, description="Folder the tool installers take perf_analyzer's wheels and the `libb64-0d` and `prometheus` .debs from before trying the network (`make gpu-wheelhouse` fills one; `make gpu-check` sets it to that folder); empty = the network (pip's index, `apt-get download`).")
+
+
 class ContainerSettings(_Env):
     """The local container runner (`servelab containers`)."""
 
@@ -119,7 +125,7 @@ class ContainerSettings(_Env):
 
 
 class Settings(ModelSettings, ServeSettings, FlaskSettings, TritonSettings, RaySettings, BenchSettings,
-               MonitoringSettings, ContainerSettings):
+               MonitoringSettings, ToolSettings, ContainerSettings):
     """All settings together, for code that needs several roles."""
 
 
@@ -129,7 +135,8 @@ def get_settings() -> Settings:
 
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     RaySettings, BenchSettings, MonitoringSettings, ContainerSettings)
+                                                     RaySettings, BenchSettings, MonitoringSettings, ToolSettings,
+                                                     ContainerSettings)
 
 
 def markdown_table() -> str:

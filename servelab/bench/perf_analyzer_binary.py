@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.fetch import sha256_file
-from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir
+from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir, unpack_deb, wheelhouse
 from servelab.settings import get_settings
 
 
@@ -128,9 +128,10 @@ def _download(pin: Pin, into: Path) -> Path:
     """The pinned wheel through pip (its cache and index settings), hash-checked by pip and by us."""
     requirement = into / f"{pin.package}.txt"
     requirement.write_text(f"{pin.package}=={pin.version} --hash=sha256:{pin.sha256}\n")
+    local = wheelhouse()
     done = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--require-hashes",
-         "--dest", str(into), "-r", str(requirement)],
+         *(["--find-links", str(local)] if local else []), "--dest", str(into), "-r", str(requirement)],
         capture_output=True, text=True,
     )
     wheels = [w for w in into.glob("*.whl") if w.name.lower().startswith(pin.package.replace("-", "_"))]
@@ -161,17 +162,10 @@ def _libb64(lib: Path, scratch: Path) -> str:
     """Debian's libb64, from the system or else unpacked from its package (no root needed)."""
     if _system_has(LIBB64):
         return "system"
-    if not (shutil.which("apt-get") and shutil.which("dpkg")):
-        raise InstallError(f"{LIBB64} is missing and this is not Debian/Ubuntu: install the b64 library (libb64)")
-    done = subprocess.run(["apt-get", "download", LIBB64_PACKAGE], cwd=scratch, capture_output=True, text=True)
-    debs = list(scratch.glob(f"{LIBB64_PACKAGE}_*.deb"))
-    if done.returncode != 0 or not debs:
-        raise InstallError(f"{LIBB64} is missing and `apt-get download {LIBB64_PACKAGE}` failed "
-                           f"({done.stderr.strip()[-300:]}); run `apt-get update && apt-get install {LIBB64_PACKAGE}`")
-    subprocess.run(["dpkg", "-x", str(debs[0]), str(scratch / "deb")], check=True, capture_output=True)
-    [found] = (scratch / "deb").rglob(LIBB64)
+    root, deb = unpack_deb(LIBB64_PACKAGE, scratch, f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
+    [found] = root.rglob(LIBB64)
     shutil.copy2(found.resolve(), lib / LIBB64)
-    return f"{debs[0].name} (unpacked)"
+    return f"{deb.name} (unpacked)"
 
 
 def _manifest() -> dict:

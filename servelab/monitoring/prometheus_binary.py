@@ -1,8 +1,9 @@
 """Prometheus itself: the project installs it without root, finds it, and says how to get it.
 
 Locally the binary comes from Debian's ``prometheus`` package (2.42 in Debian 12), *unpacked*, never
-installed: ``apt-get download`` (apt checks the package against the signed archive) and ``dpkg -x``
-into ``<environment>/opt/prometheus``; only ``usr/bin/prometheus`` is kept (a Go binary that needs
+installed: taken from ``SERVELAB_WHEELHOUSE`` where that folder holds it (a GPU machine without network,
+``make gpu-wheelhouse``), else ``apt-get download`` (apt checks the package against the signed archive),
+then ``dpkg -x`` into ``<environment>/opt/prometheus``; only ``usr/bin/prometheus`` is kept (a Go binary that needs
 nothing but libc), so the package's many web-asset dependencies are not needed. The version is pinned
 to the 2.42 line the code is tested against, and the .deb's sha256 is recorded beside the binary.
 
@@ -19,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.fetch import sha256_file
-from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir
+from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir, unpack_deb
 from servelab.settings import get_settings
 
 PACKAGE = "prometheus"
@@ -79,34 +80,26 @@ def installed() -> bool:
 
 
 def install(log=print) -> PrometheusBinary:
-    """Download Debian's package with apt, take out the binary, check it starts and is 2.42."""
-    if not (shutil.which("apt-get") and shutil.which("dpkg")):
-        raise InstallError("not a Debian/Ubuntu system: install Prometheus 2.42 yourself and set PROMETHEUS")
+    """Debian's package (from the wheelhouse or apt), the binary taken out, checked to start and be 2.42."""
     home = opt_dir("prometheus")
     (home / "bin").mkdir(parents=True, exist_ok=True)
     (home / "installed.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servelab-prometheus-") as tmp:
-        scratch = Path(tmp)
-        done = subprocess.run(["apt-get", "download", PACKAGE], cwd=scratch, capture_output=True, text=True,
-                              timeout=300)
-        debs = list(scratch.glob(f"{PACKAGE}_*.deb"))
-        if done.returncode != 0 or not debs:
-            raise InstallError(f"`apt-get download {PACKAGE}` failed ({done.stderr.strip()[-300:]}); "
-                               "run `apt-get update` first, or install it with apt-get")
-        version = debs[0].name.split("_")[1].replace("%2b", "+")
+        root, deb = unpack_deb(PACKAGE, Path(tmp), "run `apt-get update` first, or install Prometheus 2.42 "
+                                                   "yourself and set PROMETHEUS")
+        version = deb.name.split("_")[1].replace("%2b", "+")
         if not version.startswith(VERSION_LINE):
-            raise InstallError(f"apt offers {PACKAGE} {version}; servelab is checked against {VERSION_LINE}x "
+            raise InstallError(f"{deb.name} is {PACKAGE} {version}; servelab is checked against {VERSION_LINE}x "
                                "(Debian 12): set PROMETHEUS to a 2.42 binary")
-        subprocess.run(["dpkg", "-x", str(debs[0]), str(scratch / "deb")], check=True, capture_output=True)
         part = home / "bin" / "prometheus.part"
-        shutil.copy2(scratch / "deb" / "usr" / "bin" / "prometheus", part)
+        shutil.copy2(root / "usr" / "bin" / "prometheus", part)
         part.replace(home / "bin" / "prometheus")  # never a half-written binary under its real name
-        sha = sha256_file(debs[0])
+        sha = sha256_file(deb)
     locate.cache_clear()
     binary = PrometheusBinary(home / "bin" / "prometheus", "project", _version(home / "bin" / "prometheus"))
-    (home / "installed.json").write_text(json.dumps({"package": debs[0].name, "version": version,
+    (home / "installed.json").write_text(json.dumps({"package": deb.name, "version": version,
                                                      "sha256": sha}, indent=1) + "\n")
-    log(f"prometheus: {binary.path} from {debs[0].name} (sha256 {sha[:16]}..., checked by apt)")
+    log(f"prometheus: {binary.path} from {deb.name} (sha256 {sha[:16]}...)")
     return binary
 
 
