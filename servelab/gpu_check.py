@@ -127,15 +127,32 @@ def stage_table(records: list[Record]) -> str:
     return markdown(head, rows)
 
 
+def skipped_parts() -> dict[str, str]:
+    """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
+    preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
+    from servelab.lab import STAGES, preflight
+    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+
+    skipped = preflight(list(STAGES))
+    try:
+        locate()
+    except PrometheusNotFound as exc:
+        skipped["prometheus"] = f"{exc}: the lab's servers are not scraped, so no server-side series"
+    return skipped
+
+
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
-                    when: str) -> str:
-    """The GPU record: hardware and versions, test outcomes, the stage table and the ratios."""
+                    when: str, skipped: dict[str, str] | None = None) -> str:
+    """The GPU record: hardware and versions, what was skipped and why, test outcomes, the stage table
+    and the ratios."""
     gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
     md = [f"# servelab on {gpu}", "",
           f"`make gpu-check`, {when}. Every figure below was measured on this {gpu}, by `servelab lab` "
           "(servelab's client); the original lab's 2× P100 figures are in `servelab/data/original_lab.toml` "
           "and are never mixed in here.", "", "## Hardware and versions", ""]
     md += [f"- {line}" for line in describe(found)]
+    md += ["", "## Skipped before the run", ""]
+    md += [f"- **{part}**: {why}" for part, why in (skipped or {}).items()] or ["nothing"]
     md += ["", "## GPU tests (`pytest -m gpu`)", ""]
     if tests is None:
         md.append("not run")
@@ -160,6 +177,9 @@ def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
         log(f"gpu-check: {NO_GPU}: nothing to check on this machine")
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    skipped = skipped_parts()
+    for part, why in skipped.items():
+        log(f"gpu-check: skips {part}: {why}")
     junit = out / "gpu-tests.xml"
     log(f"gpu-check: pytest -m gpu {GPU_TESTS}")
     pytest = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", GPU_TESTS, "-rs", "-q",
@@ -177,7 +197,7 @@ def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
     path = docs / f"{slug(name)}.md"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     label = f"`servelab lab {' '.join(lab_args)}`, exit {lab.returncode}"
-    path.write_text(record_markdown(records, found, tests, label, when), encoding="utf-8")
+    path.write_text(record_markdown(records, found, tests, label, when, skipped), encoding="utf-8")
     ok = pytest.returncode == 0 and lab.returncode == 0 and tests is not None and tests.failed == 0
     log(f"gpu-check: {'PASSED' if ok else 'FAILED'}; record in {path}")
     return 0 if ok else 1

@@ -10,7 +10,9 @@ well before the server is saturated. Every Triton load is measured twice, back t
 generator and by perf_analyzer, the tool the lab's students use on the node, with the same photo;
 requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
 same rates for the dynamic-batching ONNX stage. A perf_analyzer run that fails is recorded with its
-message and the lab goes on.
+message and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not
+installed) is decided before the first run (``preflight``): those parts are skipped, each with its
+reason in the log and the report, instead of failing run after run.
 
 The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
@@ -158,6 +160,7 @@ class Lab:
         self.logs = out_dir / "logs"
         self.records: list[Record] = []
         self.failures: list[str] = []
+        self.skipped: dict[str, str] = {}  # part -> why (``preflight``)
 
     # --- servers ---------------------------------------------------------------------------------
 
@@ -202,7 +205,7 @@ class Lab:
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
         tools: list[Callable] = [lambda t, load: run_bench(t, load, config=config, **common)]
-        if stage.family == "triton":
+        if stage.family == "triton" and "perf_analyzer" not in self.skipped:
             tools.append(lambda t, load: run_perf_analyzer(t, load, windows=p.windows, timeout_s=p.pa_timeout_s,
                                                            **common))
 
@@ -245,6 +248,9 @@ class Lab:
     def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
+        self.skipped = preflight(stages)
+        for part, why in self.skipped.items():
+            self.log(f"[{part}] skipped: {why}")
         with self.prometheus:
             self._run_stages(stages, manifest, paths)
 
@@ -260,7 +266,7 @@ class Lab:
         triton_stages = [s for s in stages if s.family == "triton"]
         if triton_stages:
             self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
-        ray_stages = [s for s in stages if s.family == "ray"]
+        ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
         if ray_stages:
             from servelab.rayserve.lab_runs import RayRuns
 
@@ -307,6 +313,26 @@ class Lab:
 
                 self._guard(stage, one)
             self.scraped = None
+
+
+def preflight(stages: list[Stage]) -> dict[str, str]:
+    """The parts of these stages this environment cannot run, each with the reason, before any run:
+    ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
+    import importlib.util
+
+    from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
+    from servelab.rayserve.cluster import ray_binary
+
+    missing = {}
+    if any(s.family == "triton" for s in stages):
+        try:
+            locate()
+        except PerfAnalyzerNotFound as exc:
+            missing["perf_analyzer"] = f"perf_analyzer cannot run here ({exc}): only servelab's client measures Triton"
+    if any(s.family == "ray" for s in stages) and not (importlib.util.find_spec("ray") and Path(ray_binary()).exists()):
+        missing["ray"] = ("Ray Serve is not installed in this environment (the `ray` extra; `make gpu-check`'s "
+                          "environment and wheelhouse carry none): the Ray stages are CPU-cluster stages here")
+    return missing
 
 
 def select_stages(names: str | None) -> list[Stage]:
@@ -369,7 +395,7 @@ def _cli_lab(args) -> int:
         plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
     lab = Lab(plan, args.out, args.image, device=device)
     lab.run(stages, manifest, paths)
-    report = render_report(lab.records, args.out, sources=[lab.records_path])
+    report = render_report(lab.records, args.out, sources=[lab.records_path], skipped=lab.skipped)
     print()
     print(summary_table(lab.records))
     if found := compare.pairs(lab.records):

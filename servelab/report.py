@@ -14,7 +14,7 @@ import argparse
 import datetime as dt
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,8 +225,10 @@ PLOTS = (
 )
 
 
-def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = ()) -> Path:
-    """Write ``out_dir/report.md`` and its PNG plots; returns the report's path."""
+def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = (),
+                  skipped: Mapping[str, str] | None = None) -> Path:
+    """Write ``out_dir/report.md`` and its PNG plots; returns the report's path. ``skipped``: parts of the
+    lab this environment could not run (``servelab.lab.preflight``), with the reason."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -264,6 +266,8 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     if made:
         md += ["## Plots", ""]
         md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
+    if skipped:
+        md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
     failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
     if failed:
         md += ["## Failed runs", "", *failed, ""]

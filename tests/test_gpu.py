@@ -17,7 +17,7 @@ from servelab.inference import OnnxClassifier, TorchClassifier
 from servelab.photos import evaluation_set, pixels
 from servelab.preprocess import preprocess
 from servelab.serving.backends import CPU, CUDA, TENSORRT, load_backend
-from servelab.settings import ServeSettings, get_settings
+from servelab.settings import Settings, get_settings
 
 pytestmark = pytest.mark.gpu
 
@@ -40,8 +40,9 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(a.argmax(1) == b.argmax(1)))
 
 
-def settings(**overrides) -> ServeSettings:
-    return ServeSettings(model_dir=get_settings().model_dir, **overrides)
+def settings(**overrides) -> Settings:
+    """The process's settings with some changed: load_backend needs the model folder too (ModelSettings)."""
+    return get_settings().model_copy(update=overrides)
 
 
 def test_pytorch_on_cuda_agrees_with_the_cpu_on_real_photos(artifacts, photos):

@@ -13,7 +13,7 @@ import pytest
 from servelab.bench import read_records
 from servelab.device import stack
 from servelab.gpu_check import record_markdown
-from servelab.lab import STAGES
+from servelab.lab import STAGES, preflight
 from servelab.triton.stages import gpu_count
 
 RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
@@ -46,9 +46,10 @@ def _prometheus_here() -> bool:
         return False
 
 
-def _lab(out: Path, *args: str) -> subprocess.Popen:
+def _lab(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
 
 
 @pytest.mark.timeout(900)  # every stage, the Ray Serve cluster's too
@@ -104,7 +105,7 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
 
 def _check_gpu_record(records):
     """The GPU record (`servelab gpu-check`), written from this real lab's records."""
-    md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today")
+    md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today", {"ray": "not installed here"})
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
     assert {s.name for s in RUN} <= set(rows)
     assert "| concurrency 8 |" in md and "no NVML samples" in rows["pt-1"]
@@ -113,6 +114,22 @@ def _check_gpu_record(records):
     ratio = by["onnx-2", "concurrency 8"] / by["onnx-1", "concurrency 8"]
     assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
     assert "pt-dyn ÷ pt-1 at concurrency 8" in md and "## GPU tests (`pytest -m gpu`)" in md
+    assert "## Skipped before the run\n\n- **ray**: not installed here\n" in md
+
+
+def test_what_cannot_run_here_is_skipped_before_the_first_run_with_the_reason(artifacts, tmp_path):
+    """perf_analyzer missing (as on the H100 machine without libb64): no run fails for it, the log and
+    the report say once why its runs are skipped; Ray installed here, so its stages are not skipped."""
+    assert preflight([s for s in STAGES if s.family == "ray"]) == {}
+    lab = _lab(tmp_path, "--stages", "onnx-1", env={"PERF_ANALYZER": str(tmp_path / "no-perf-analyzer")})
+    output, _ = lab.communicate(timeout=300)
+    assert lab.returncode == 0, output
+    records = read_records(tmp_path / "records.jsonl")
+    assert records and {r.tool for r in records} == {"servelab"} and not any(r.failed for r in records)
+    said = [line for line in output.splitlines() if line.startswith("[perf_analyzer] skipped: ")]
+    assert len(said) == 1 and "no-perf-analyzer" in said[0]
+    assert output.index(said[0]) < output.index("[onnx-1]")  # decided before the stage ran
+    assert "## Skipped\n\n- **perf_analyzer**: perf_analyzer cannot run here" in (tmp_path / "report.md").read_text()
 
 
 def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_path):

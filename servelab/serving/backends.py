@@ -23,7 +23,7 @@ from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.inference import OnnxClassifier, TorchClassifier
 from servelab.models.variants import PRECISION, variant_path
 from servelab.procs import cpu_count
-from servelab.settings import ServeSettings, get_settings
+from servelab.settings import ServeSettings, Settings, get_settings
 
 log = logging.getLogger("servelab.serving")
 
@@ -88,7 +88,7 @@ def max_infer_batch(settings: ServeSettings) -> int:
     return max(settings.max_batch_size, settings.max_request_images)
 
 
-def load_backend(kind: BackendKind, settings: ServeSettings | None = None, *,
+def load_backend(kind: BackendKind, settings: Settings | None = None, *,
                  allow_gpu_only_on_cpu: bool = False) -> Backend:
     """``allow_gpu_only_on_cpu``: run a GPU-only variant (fp16) on the CPU anyway, to check its answers."""
     settings = settings or get_settings()

@@ -1,0 +1,63 @@
+"""The tool installers' Debian packages on a machine without network: taken from the wheelhouse
+(``SERVELAB_WHEELHOUSE``, as `make gpu-check` sets it), with no apt-get to fall back on."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servelab.opt_tools import InstallError, unpack_deb
+from servelab.settings import get_settings
+
+PATH = os.environ["PATH"]
+APT_GET = shutil.which("apt-get")
+
+
+@pytest.fixture
+def no_apt(tmp_path, monkeypatch) -> Path:
+    """A PATH with dpkg (and the dpkg-deb it runs) but no apt-get: the H100 machine's situation, where
+    apt-get was there but could reach nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dpkg", "dpkg-deb", "tar"):
+        found = shutil.which(tool)
+        assert found, f"{tool} is part of every Debian/Ubuntu machine"
+        (bin_dir / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return bin_dir
+
+
+def _wheelhouse(folder: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("SERVELAB_WHEELHOUSE", str(folder))
+    get_settings.cache_clear()
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings():
+    yield
+    get_settings.cache_clear()
+
+
+def test_a_deb_in_the_wheelhouse_is_unpacked_without_apt(tmp_path, monkeypatch, no_apt):
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    # What `make gpu-wheelhouse` does on a networked machine (apt checks the package against its lists).
+    subprocess.run([APT_GET, "download", "libb64-0d"], cwd=house, check=True, capture_output=True,
+                   env={"PATH": PATH})
+    _wheelhouse(house, monkeypatch)
+    (scratch := tmp_path / "scratch").mkdir()
+    root, deb = unpack_deb("libb64-0d", scratch, "install libb64-0d")
+    assert deb.parent == house and deb.name.startswith("libb64-0d_")
+    assert [p.name for p in root.rglob("libb64.so.0d")] == ["libb64.so.0d"]
+
+
+def test_without_the_deb_or_apt_the_error_says_what_to_do(tmp_path, monkeypatch, no_apt):
+    _wheelhouse(tmp_path / "empty", monkeypatch)  # not a folder: as if unset
+    (scratch := tmp_path / "scratch").mkdir()
+    with pytest.raises(InstallError, match=r"no apt-get here and no prometheus_\*\.deb in SERVELAB_WHEELHOUSE: "
+                                           r"install it yourself"):
+        unpack_deb("prometheus", scratch, "install it yourself")
+    assert not any(scratch.iterdir())  # nothing half-written
