@@ -34,7 +34,7 @@ from servelab.procs import ServerProcess, free_port
 from servelab.settings import Settings
 from servelab.triton import server as triton_server
 from servelab.triton.stages import STAGES as TRITON_STAGES
-from servelab.walkthrough.triton import TritonWalkthrough
+from servelab.walkthrough.triton import TritonWalkthrough, batch_count_change
 from triton_repo import make_repository
 
 STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton", "9_ray"]
@@ -356,3 +356,17 @@ def test_steps_for_stages_left_out_are_skipped(triton_stages: dict[str, str], tm
     assert lab.batch_counts("onnx-dyn") == {}
     assert capsys.readouterr().out == ("skipped: no stage in STAGES serves food_classifier_onnx "
                                        "(GourmetGram's BACKEND=triton_onnx)\n")
+
+
+def test_shape_changes_times_alternating_and_repeated_batch_sizes(triton_stages: dict[str, str], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """6_triton's shape cell: one request at a time, sizes alternating, then each repeated; Triton's own
+    statistics show it ran exactly those batch sizes (no dynamic batcher merged them)."""
+    lab = TritonWalkthrough(triton_stages["server"], DEFAULT_IMAGE, tmp_path, wait_s=120, perf_analyzer=False,
+                            stages=["onnx-1"],
+                            stage_command=f"{sys.executable} -m servelab triton stage {{name}} --url {triton_stages['server']}")
+    before = lab.batch_counts("onnx-1")
+    found = lab.shape_changes("onnx-1", sizes=(2, 3), repeats=2)
+    assert set(found) == {"alternating 2/3", "repeated 2", "repeated 3"} and all(v > 0 for v in found.values())
+    assert batch_count_change(before, lab.batch_counts("onnx-1")) == {2: 5, 3: 5}  # 1 untimed + 2 + 2 each
+    assert "alternating 2/3" in capsys.readouterr().out

@@ -7,10 +7,14 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, get_args
+
+import numpy as np
 
 from servelab.artifacts import load_manifest
 from servelab.bench import Load, Record, TritonTarget, run_bench_async
+from servelab.bench.targets import model_input_tensor
 from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.gourmetgram.backends import DEFAULT_MODELS
 from servelab.procs import DIRECT
@@ -37,6 +41,33 @@ def open_loads(rates: list[float], seconds: float, warmup: int) -> list[Load]:
 def batch_count_change(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
     """Executions per batch size added between two ``batch_counts`` readings."""
     return {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+
+
+def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int] = (6, 10),
+                  repeats: int = 8) -> dict[str, float]:
+    """Median ms per request when ``model`` is called one request at a time with batch sizes that
+    alternate (as a dynamic batcher's do) and with each size repeated. ``image``: one model input,
+    stacked into batches. Each size runs once first, untimed: a first run is slow everywhere."""
+    import tritonclient.http as http
+
+    from servelab.triton.client import tensor_inputs
+
+    batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
+    client = http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300)
+
+    def ms(n: int) -> float:
+        started = time.perf_counter()
+        client.infer(model, tensor_inputs("http", batches[n]))
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        for n in sizes:
+            ms(n)
+        found = {f"alternating {sizes[0]}/{sizes[1]}": median(ms(sizes[i % 2]) for i in range(2 * repeats))}
+        found |= {f"repeated {n}": median(ms(n) for _ in range(repeats)) for n in sizes}
+    finally:
+        client.close()
+    return found
 
 
 def running_stage(url: str, model: str) -> str:
@@ -131,6 +162,19 @@ class TritonWalkthrough:
         with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
             stats = json.load(response)["model_stats"][0]
         return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+    def shape_changes(self, name: str, sizes: tuple[int, int] = (6, 10), repeats: int = 8) -> dict[str, float]:
+        """``shape_timings`` on stage ``name``'s model with the photo, printed: does a change of batch
+        shape cost this server more than a repeat of the last one?"""
+        if name not in self.stages:
+            print(f"skipped: {name} is not in STAGES")
+            return {}
+        model = self.use_stage(name)["name"]
+        found = shape_timings(self.url, model, model_input_tensor(self.photo.read_bytes(), input=input_kind(model)),
+                              sizes, repeats)
+        for what, value in found.items():
+            print(f"  {what:16} {value:8.1f} ms per request (median of {2 * repeats if 'alt' in what else repeats})")
+        return found
 
     def try_gourmetgram(self, backend: str) -> None:
         """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
