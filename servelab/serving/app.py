@@ -3,7 +3,8 @@
 * ``POST /predict`` ``{"image": "<base64>"}`` -> ``{"prediction", "probability", "class_index", "model"}``
 * ``POST /predict/batch`` ``{"images": [...]}`` -> ``{"predictions": [...], "model"}``, in order
 * ``GET /health`` (the process is up), ``GET /ready`` (503 until the model is loaded *and* a warm-up
-  inference succeeded at every batch size its ONNX Runtime sessions take; then what runs where), ``GET /metrics`` (Prometheus), ``GET /docs``
+  inference succeeded, at every batch size its ONNX Runtime sessions take; then what runs where),
+  ``GET /metrics`` (Prometheus), ``GET /docs``
 
 Startup: the model loads before the port opens, so a fatal problem (no artifacts, ``REQUIRE_GPU=1``
 without an active GPU) ends the process with an error; the warm-up then runs while ``/health``

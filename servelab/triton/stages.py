@@ -119,7 +119,8 @@ def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
     if not max_batch:
         return {}
     inputs = {i["name"]: {"data_type": i["data_type"], "dims": i["dims"], "zero_data": True} for i in fields["input"]}
-    return {"model_warmup": [{"name": f"batch {n}", "batch_size": n, "inputs": inputs} for n in batch_buckets(max_batch)]}
+    return {"model_warmup": [{"name": f"batch {n}", "batch_size": n, "inputs": inputs}
+                             for n in batch_buckets(max_batch)]}
 
 
 def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
