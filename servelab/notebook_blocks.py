@@ -73,9 +73,34 @@ def stage_config(name: str, previous: str = "") -> str:
             raise ValueError(f"{name} changes its base config: show it as a diff from the stage before it")
         path = f"models_staging/{stage.model}/config.pbtxt"
         return f"`{path}`, which `{name}` uses as it is:\n\n```text\n{(REPO_ROOT / path).read_text()}```"
-    diff = difflib.unified_diff(node_config(previous).splitlines(), node_config(name).splitlines(),
-                                f"{previous}/config.pbtxt", f"{name}/config.pbtxt", n=2, lineterm="")
+    diff = config_diff(node_config(previous), node_config(name), f"{previous}/config.pbtxt", f"{name}/config.pbtxt")
     return f"`{name}` against `{previous}`, as Triton runs them on the node:\n\n```diff\n" + "\n".join(diff) + "\n```"
+
+
+def config_diff(before: str, after: str, before_name: str, after_name: str, context: int = 2) -> list[str]:
+    """A unified diff of two rendered configs in which each line is matched only within the same
+    top-level field: a plain line diff pairs one field's closing ``}`` with another's (an inserted
+    ``dynamic_batching { ... }`` before ``parameters`` showed as ``+}`` first and its own ``}`` kept)."""
+    def keyed(text: str) -> tuple[list[str], list[tuple[str, str]]]:
+        lines, keys, field = text.splitlines(), [], ""
+        for line in lines:
+            field = field if line.startswith(" ") or line == "}" else line
+            keys.append((field, line))
+        return lines, keys
+
+    def span(start: int, end: int) -> str:  # as difflib's unified_diff writes a hunk's range
+        return f"{start + 1}" if end - start == 1 else f"{start + (end > start)},{end - start}"
+
+    (a, a_keys), (b, b_keys) = keyed(before), keyed(after)
+    out = [f"--- {before_name}", f"+++ {after_name}"]
+    for group in difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False).get_grouped_opcodes(context):
+        out.append(f"@@ -{span(group[0][1], group[-1][2])} +{span(group[0][3], group[-1][4])} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[i1:i2]]
+                continue
+            out += ["-" + line for line in a[i1:i2]] + ["+" + line for line in b[j1:j2]]
+    return out
 
 
 def triton_models() -> str:

@@ -3,7 +3,8 @@
 * ``POST /predict`` ``{"image": "<base64>"}`` -> ``{"prediction", "probability", "class_index", "model"}``
 * ``POST /predict/batch`` ``{"images": [...]}`` -> ``{"predictions": [...], "model"}``, in order
 * ``GET /health`` (the process is up), ``GET /ready`` (503 until the model is loaded *and* a warm-up
-  inference succeeded; then what runs where), ``GET /metrics`` (Prometheus), ``GET /docs``
+  inference succeeded, at every batch size its ONNX Runtime sessions take; then what runs where),
+  ``GET /metrics`` (Prometheus), ``GET /docs``
 
 Startup: the model loads before the port opens, so a fatal problem (no artifacts, ``REQUIRE_GPU=1``
 without an active GPU) ends the process with an error; the warm-up then runs while ``/health``
@@ -59,6 +60,7 @@ class Service:
             raise
         self.pipeline = Pipeline(self.backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
+        self.metrics.watch_sessions(self.backend.session_counts)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
 
@@ -80,7 +82,7 @@ class Service:
 
     async def warm_up(self) -> None:
         started = perf_counter()
-        sizes = sorted({1, self.settings.max_batch_size, max_infer_batch(self.settings)})
+        sizes = self.backend.warm_up_sizes(self.settings)
         try:
             await self.pipeline.warm_up(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode(), sizes)
         except Exception as exc:
@@ -105,7 +107,8 @@ class Service:
         backend, m, s = self.backend, self.backend.manifest, self.settings
         return Ready(
             service=self.name, model=m.name, stand_in=m.stand_in, description=m.description, source=m.source,
-            manifest_sha256=m.sha256(), runtime={**backend.details, "on_gpu": backend.on_gpu}, variant=backend.variant,
+            manifest_sha256=m.sha256(), variant=backend.variant,
+            runtime={**backend.details, "on_gpu": backend.on_gpu, "session_counts": backend.session_counts()},
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images),
             preprocess_workers=self.pipeline.workers, warnings=backend.warnings,

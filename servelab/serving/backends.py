@@ -10,6 +10,9 @@ The ONNX service serves one of the model variants (``ONNX_VARIANT``); a variant 
 in its graph takes uint8 pixels, which the classifier reads from the model's own input type. The
 fp16 variant has no fast path on a CPU (ONNX Runtime would insert casts around every operator), so
 it refuses to start there unless a caller allows it to check its answers.
+
+ONNX Runtime runs under ``ORT_SHAPE_POLICY`` (``OnnxClassifier``): its sessions are set up for the
+largest batch the service can hand them, and the warm-up runs each session's batch size once.
 """
 
 import logging
@@ -20,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
-from servelab.inference import OnnxClassifier, TorchClassifier
+from servelab.inference import GPU_PROVIDERS, OnnxClassifier, TorchClassifier
 from servelab.models.variants import PRECISION, variant_path
 from servelab.procs import cpu_count
 from servelab.settings import ServeSettings, Settings, get_settings
@@ -28,8 +31,8 @@ from servelab.settings import ServeSettings, Settings, get_settings
 log = logging.getLogger("servelab.serving")
 
 BackendKind = Literal["pytorch", "onnx"]
-TENSORRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
-GPU_PROVIDERS = (TENSORRT, CUDA)
+TENSORRT, CUDA = GPU_PROVIDERS
+CPU = "CPUExecutionProvider"
 PROVIDER_ALIASES = {"tensorrt": TENSORRT, "trt": TENSORRT, "cuda": CUDA, "cpu": CPU}
 
 
@@ -60,6 +63,16 @@ class Backend:
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self.classifier.infer(batch)
+
+    def warm_up_sizes(self, settings: ServeSettings) -> list[int]:
+        """Batch sizes to run before the service is ready: every ONNX Runtime session's own (buckets,
+        pad), else one image, a full dynamic batch and the largest request."""
+        sizes = self.classifier.batch_sizes if self.kind == "onnx" else []
+        return sizes or sorted({1, settings.max_batch_size, max_infer_batch(settings)})
+
+    def session_counts(self) -> list[dict[str, Any]]:
+        """ONNX Runtime: runs and shape changes of each session (none for PyTorch)."""
+        return self.classifier.session_counts() if self.kind == "onnx" else []
 
     def where(self) -> str:
         """Where the model runs, in a few words, for logs and errors."""
@@ -201,12 +214,16 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
                                 "run `servelab models build` first")
     available = ort.get_available_providers()
     wanted, warnings = requested_providers(settings.ort_providers, available)
-    options = {TENSORRT: tensorrt_options(settings, *_onnx_input(path))} if TENSORRT in wanted else {}
+    options = {CUDA: {"cudnn_conv_algo_search": settings.ort_cudnn_conv_algo_search}}
+    if TENSORRT in wanted:
+        options[TENSORRT] = tensorrt_options(settings, *_onnx_input(path))
     threads = intra_op_threads(settings)
     classifier = OnnxClassifier(path, providers=[(p, options.get(p, {})) for p in wanted],
-                                session_options=session_options(settings, threads))
-    # ONNX Runtime would otherwise switch providers (down to the CPU) after a failed run, unannounced.
-    classifier.session.disable_fallback()
+                                session_options=session_options(settings, threads),
+                                shape_policy=settings.ort_shape_policy, max_batch=max_infer_batch(settings))
+    for session in classifier.sessions.values():
+        # ONNX Runtime would otherwise switch providers (down to the CPU) after a failed run, unannounced.
+        session.disable_fallback()
     active = classifier.active_providers
     for provider in wanted:
         if provider in GPU_PROVIDERS and provider not in active:
@@ -223,6 +240,8 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
     }
     if TENSORRT in active:
         details["tensorrt_options"] = options[TENSORRT]
+    if CUDA in active:  # read back from the session: what ONNX Runtime really runs with
+        details["cuda_options"] = next(iter(classifier.sessions.values())).get_provider_options()[CUDA]
     variant = {"name": settings.onnx_variant, "file": path.name, "size_bytes": path.stat().st_size,
                "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}

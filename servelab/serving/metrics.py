@@ -3,11 +3,15 @@
 Requests by route and status, request latency, the time requests wait (queue) versus are worked
 on (preprocess, inference), and the sizes of the batches inference really ran: what Triton's
 statistics show for Triton, so the stages can be compared. Each app has its own registry.
+ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``), read at each scrape.
 """
 
+from collections.abc import Callable, Iterator
 from time import perf_counter
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.serving.timing import Timing
@@ -39,6 +43,10 @@ class Metrics:
                                     "batching or batched requests).", buckets=sizes, registry=r)
         self.images = Counter("servelab_images", "Images classified.", registry=r)
 
+    def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
+        """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""
+        self.registry.register(SessionCollector(counts))
+
     def observe_batch(self, images: int, seconds: float) -> None:
         self.batch_size.observe(images)
         self.infer.observe(seconds)
@@ -50,6 +58,26 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class SessionCollector(Collector):
+    """Runs and shape changes per ONNX Runtime session, labelled by the batch size it takes (``any``
+    under ORT_SHAPE_POLICY=off); warm-up runs count. A shape change is a run whose input shape differs
+    from that session's previous run: on a GPU each one costs a new cuDNN algorithm choice."""
+
+    def __init__(self, counts: Callable[[], list[dict]]):
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        runs = CounterMetricFamily("servelab_onnx_session_runs", "Runs of each ONNX Runtime session, warm-up "
+                                   "included, by the batch size it takes.", labels=["session_batch"])
+        changes = CounterMetricFamily("servelab_onnx_session_shape_changes", "Runs of each ONNX Runtime session "
+                                      "whose input shape differed from its previous run's.", labels=["session_batch"])
+        for count in self.counts():
+            runs.add_metric([count["session_batch"]], count["runs"])
+            changes.add_metric([count["session_batch"]], count["shape_changes"])
+        yield runs
+        yield changes
 
 
 class MetricsMiddleware:

@@ -125,6 +125,37 @@ def manifest_path(args: dict, model_config: dict) -> Path:
     return (Path(args["model_repository"]) / relative).resolve()
 
 
+class SessionMetrics:
+    """ONNX Runtime sessions' runs and shape changes (``OnnxClassifier.session_counts``) as Triton
+    metrics, labelled by model, instance and the batch size each session takes (``any``: every size)."""
+
+    def __init__(self, model: str, instance: str):
+        import triton_python_backend_utils as pb_utils
+
+        self._families = {
+            "runs": pb_utils.MetricFamily("servelab_onnx_session_runs", "Runs of each ONNX Runtime session, "
+                                          "warm-up included", pb_utils.MetricFamily.COUNTER),
+            "shape_changes": pb_utils.MetricFamily("servelab_onnx_session_shape_changes", "Runs of each ONNX "
+                                                   "Runtime session whose input shape differed from its previous run's",
+                                                   pb_utils.MetricFamily.COUNTER),
+        }
+        self._labels = {"model": model, "instance": instance}
+        self._metrics: dict[tuple[str, str], object] = {}
+        self._exported: dict[tuple[str, str], int] = {}
+
+    def update(self, counts: list[dict]) -> None:
+        """Add what each count gained since the last update (Triton's counters only increase)."""
+        for count in counts:
+            for key, family in self._families.items():
+                slot = (key, count["session_batch"])
+                if slot not in self._metrics:
+                    self._metrics[slot] = family.Metric(labels={**self._labels, "session_batch": slot[1]})
+                    self._exported[slot] = 0
+                if gained := count[key] - self._exported[slot]:
+                    self._metrics[slot].increment(gained)
+                    self._exported[slot] = count[key]
+
+
 def respond(outputs: dict[str, np.ndarray]):
     import triton_python_backend_utils as pb_utils
 

@@ -14,6 +14,9 @@ adapts it to the machine:
 * ``kind="gpu"`` on a machine with fewer GPUs than a stage names (``pt-2x2`` puts instances on GPUs
   0 and 1, as on the P100 node): the instances of a missing GPU move to one that is there, with a
   ``servelab_gpu_placement`` parameter saying so;
+* every ``backend: "onnxruntime"`` model gets Triton's own ``model_warmup``, a zero-filled batch of
+  each size of ``batch_buckets(max_batch_size)`` (Triton reports the model ready only after them),
+  and the backend's ``cudnn_conv_algo_search`` parameter from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
 * ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
   ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
   (``food_classifier_onnx/1/model.py``, named by ``default_model_filename``), labelled by the
@@ -33,6 +36,8 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from servelab.device import gpu_count
+from servelab.inference import batch_buckets
+from servelab.settings import get_settings
 from servelab.triton.backend import instance_count
 
 Kind = Literal["gpu", "cpu"]
@@ -102,6 +107,22 @@ def base_config(repository: Path, model: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse((Path(repository) / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
 
 
+# The ONNX Runtime backend's cudnn_conv_algo_search parameter takes the enum's number.
+CUDNN_CONV_ALGO_SEARCH = {"EXHAUSTIVE": "0", "HEURISTIC": "1", "DEFAULT": "2"}
+
+
+def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
+    """``model_warmup`` for an ONNX model's config fields: one zero-filled batch per bucket size, so each
+    shape the GPU will see has run once before the model is ready (a model that Triton does not batch,
+    ``max_batch_size`` 0, gets none)."""
+    max_batch = int(fields.get("max_batch_size", 0))
+    if not max_batch:
+        return {}
+    inputs = {i["name"]: {"data_type": i["data_type"], "dims": i["dims"], "zero_data": True} for i in fields["input"]}
+    return {"model_warmup": [{"name": f"batch {n}", "batch_size": n, "inputs": inputs}
+                             for n in batch_buckets(max_batch)]}
+
+
 def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"count": instance_count(groups), "kind": "KIND_CPU"}]
 
@@ -134,6 +155,10 @@ def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
     fields.update(stage.changes.get(model, {}))
     parameters = fields.setdefault("parameters", {})
     parameters["servelab_stage"] = {"string_value": f"{stage.name} ({kind})"}
+    if fields.get("backend") == "onnxruntime":
+        fields.update(onnx_warm_up(fields))
+        parameters["cudnn_conv_algo_search"] = {
+            "string_value": CUDNN_CONV_ALGO_SEARCH[get_settings().ort_cudnn_conv_algo_search]}
     if kind == "cpu" and fields.get("instance_group"):
         fields["instance_group"] = _on_cpu(fields["instance_group"])
     if kind == "gpu" and gpus and fields.get("instance_group"):

@@ -8,15 +8,22 @@ parameter and this file as its ``default_model_filename``; it runs the model's o
 ``<version>/model.onnx`` in ONNX Runtime with the input and output its config names (``input`` FP32
 [N,3,224,224], or ``image`` UINT8 [N,224,224,3] for the variants; ``output`` FP32 [N,11] logits).
 Its timings include the Python backend's overhead and are not those of the ONNX Runtime backend.
+
+Like the FastAPI service it runs under ``ORT_SHAPE_POLICY`` and ``ORT_CUDNN_CONV_ALGO_SEARCH`` (from
+the server's environment), with its sessions set up for the config's ``max_batch_size``; each session's
+batch size runs once in ``initialize``, so Triton reports the model ready only when it is warm. Every
+session's runs and shape changes are Triton metrics (``servelab_onnx_session_*`` on its metrics port).
 """
 
 import json
 from pathlib import Path
+from time import perf_counter
 
 import numpy as np
 import onnxruntime as ort
 
 from servelab.inference import OnnxClassifier
+from servelab.settings import get_settings
 from servelab.triton import backend
 
 
@@ -29,19 +36,34 @@ class TritonPythonModel:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         device = backend.instance_device(args)
+        settings = get_settings()
         providers = ["CPUExecutionProvider"]
         if device != "cpu":
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"]),
+                                 "cudnn_conv_algo_search": settings.ort_cudnn_conv_algo_search}))
         onnx_path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
-        self.classifier = OnnxClassifier(onnx_path, providers=providers, session_options=options)
+        # max_batch_size 0: Triton does not batch this model, so there is no batch size to fix.
+        max_batch = config.get("max_batch_size", 0)
+        self.classifier = OnnxClassifier(onnx_path, providers=providers, session_options=options,
+                                         shape_policy=settings.ort_shape_policy if max_batch else "off",
+                                         max_batch=max(1, max_batch))
         if device != "cpu" and "CUDAExecutionProvider" not in self.classifier.active_providers:
             raise RuntimeError(f"{device} requested but ONNX Runtime offers only {self.classifier.active_providers}")
+        started = perf_counter()
+        for size in self.classifier.batch_sizes:  # before initialize returns: Triton is not ready until then
+            self.classifier.infer(np.zeros((size, *config["input"][0]["dims"]), self.classifier.input_dtype))
+        self.metrics = backend.SessionMetrics(args["model_name"], args["model_instance_name"])
+        self.metrics.update(self.classifier.session_counts())
         backend.log(f"{args['model_instance_name']}: LOCAL STAND-IN (Python backend running ONNX Runtime "
                     f"{ort.__version__}, {self.classifier.active_providers} on {device}, {threads} threads, "
                     f"{self.input_name} {self.classifier.input_dtype}) in place of Triton's onnxruntime backend; "
                     "timings are not the ONNX backend's", warn=True)
+        backend.log(f"{args['model_instance_name']}: ORT_SHAPE_POLICY={self.classifier.shape_policy}: "
+                    f"{len(self.classifier.sessions)} session(s), batch sizes {self.classifier.batch_sizes or 'any'}, "
+                    f"warmed in {(perf_counter() - started) * 1000:.0f} ms")
 
     def execute(self, requests):
         batches = backend.inputs(requests, self.input_name)
         logits = self.classifier.infer(np.concatenate(batches))  # one run for every request
+        self.metrics.update(self.classifier.session_counts())
         return backend.responses({self.output_name: logits}, backend.split_rows([len(b) for b in batches]))
