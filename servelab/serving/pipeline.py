@@ -84,7 +84,8 @@ class Pipeline:
         raises ImageError (400) or ImageTooLarge (413)."""
         return self._prepare(text)[0]
 
-    async def _prepare_in_pool(self, text: str) -> tuple[np.ndarray, float, float]:
+    async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
+        """``prepare`` in a worker: (model input, when the worker started, when it ended)."""
         loop, pool = asyncio.get_running_loop(), self._pool
         try:
             job = loop.run_in_executor(pool, self._prepare, text)
@@ -112,7 +113,7 @@ class Pipeline:
         """Preprocess a real photo once per worker (worker processes start and import here, not on the
         first requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape),
         without touching the metrics."""
-        (x, *_), *_ = await asyncio.gather(*(self._prepare_in_pool(text) for _ in range(self.workers)))
+        (x, *_), *_ = await asyncio.gather(*(self.prepare_in_worker(text) for _ in range(self.workers)))
         for size in batch_sizes:
             await asyncio.to_thread(self.backend.infer, np.stack([x] * size))
 
@@ -120,7 +121,7 @@ class Pipeline:
         """One request's images -> one prediction each, in order. The first bad image (by position)
         fails the request; it never reaches the batcher, so it cannot fail anyone else's."""
         submitted = perf_counter()
-        results = await asyncio.gather(*(self._prepare_in_pool(text) for text in images), return_exceptions=True)
+        results = await asyncio.gather(*(self.prepare_in_worker(text) for text in images), return_exceptions=True)
         for i, result in enumerate(results):
             if isinstance(result, BaseException):
                 if isinstance(result, ImageError) and len(images) > 1:
