@@ -19,8 +19,10 @@ see 1/N of the traffic, forming batches N times smaller — undoing dynamic batc
 pays on a GPU. One server process per GPU keeps ONE model and ONE batcher (as Triton keeps one
 scheduler per model) and spreads only the CPU work over cores.
 
-A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: its
-requests in flight get ``PreprocessWorkerLost`` (503, retry) and the next request finds a new pool.
+A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: every
+request waiting for it then gets ``PreprocessWorkerLost`` (503, retry), a new pool replaces it at
+once, and later requests never see the difference. Retrying them here instead would let an image
+that crashes the decoder kill pool after pool.
 """
 
 import asyncio
