@@ -6,12 +6,16 @@ thread, so the event loop keeps accepting requests while the CPU works. The serv
 
 **Threads or processes** (``PREPROCESS_PROCESSES``). The workers run one picklable call,
 ``servelab.preprocess.prepare_timed``, either in threads of the server process or in worker
-processes. Pillow releases the GIL while it decodes and resamples, but every image also runs
-Python (base64, Pillow's header parsing, EXIF, mode checks, NumPy glue) under the GIL, which the
-event loop (HTTP, JSON) needs too, and a thread that returns from C code waits for it: threads stop
-scaling after a few cores. Worker processes have a GIL each; the server process only moves the
-base64 text in and the tensor out. Processes are the default where the model runs on a GPU (the
-CPUs are otherwise idle); on the CPU, inference needs the cores, so threads stay.
+processes. Pillow releases the GIL while it decodes and resamples, NumPy while it computes, but
+the rest of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the
+lab's 2-CPU VM; about a tenth in all), which caps threads near ten cores' worth before the event
+loop (HTTP, JSON) takes its share of the GIL; and a thread back from C code waits up to the 5 ms
+switch interval for a thread busy in Python (on that VM a preprocessing thread next to one ran at
+7-36 % of its speed alone, a worker process at 49-63 %). Worker processes have a GIL each; the
+server process only pickles the text out and the tensor back (~0.1 ms). Processes are the default
+where the model runs on a GPU and the CPUs would otherwise idle. On the CPU, inference needs the
+cores and the server process would take one from the workers (on that VM, 2 worker processes
+preprocessed 0.72-0.77x as fast as 2 threads in this pipeline), so threads stay.
 
 **Why not uvicorn's worker processes** (``--workers N``): each would load its own model and run
 its own batcher, so N CUDA contexts and model copies would share the GPU and each batcher would
