@@ -12,6 +12,11 @@ For each stage, on this machine, with the same model, photo, threads and setting
   batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
   or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
 
+``--stage preprocess`` measures decoding and preprocessing alone (no inference) through the
+service's own pipeline, with as many threads as worker processes (``PREPROCESS_PROCESSES``), one per
+CPU, and one thread for reference, alternating in ``--rounds`` windows; the ratio is each one's
+images/s over the threads', and the table names the CPU.
+
 ``--stage ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
 ``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
 each one's latency into time inside the app and outside it (``servelab.rayserve.benchmark``).
@@ -43,6 +48,7 @@ from time import perf_counter
 STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
 VARIANTS_STAGE = "variants"
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.rayserve.benchmark)
+PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
 U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
 SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
@@ -111,7 +117,8 @@ async def _sequential(backend, url: str, image: bytes, requests: int) -> tuple[R
     return rows
 
 
-async def _in_process_window(row: Row, backend, settings, text: str, concurrency: int, seconds: float) -> None:
+async def _in_process_window(row: Row, backend, settings, text: str, concurrency: int, seconds: float,
+                             preprocess_only: bool = False) -> None:
     from servelab.serving.pipeline import Pipeline
 
     pipeline = Pipeline(backend, settings)
@@ -121,20 +128,25 @@ async def _in_process_window(row: Row, backend, settings, text: str, concurrency
     async def caller(stop_at: float, measured: bool) -> None:
         while perf_counter() < stop_at:
             started = perf_counter()
-            _, timing = await pipeline.predict([text])
+            if preprocess_only:
+                await pipeline.prepare_in_worker(text)
+            else:
+                _, timing = await pipeline.predict([text])
             if measured:
                 latencies.append(perf_counter() - started)
-                sizes.append(timing.batch_size)
-                row.split_ms.append((timing.preprocess_s * 1000, timing.infer_s * 1000))
+                if not preprocess_only:
+                    sizes.append(timing.batch_size)
+                    row.split_ms.append((timing.preprocess_s * 1000, timing.infer_s * 1000))
 
     try:
+        await pipeline.warm_up(text, [])  # every worker started (processes spawn and import here)
         await asyncio.gather(*(caller(perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm up
         started = perf_counter()
         await asyncio.gather(*(caller(started + seconds, True) for _ in range(concurrency)))
         wall = perf_counter() - started
     finally:
         await pipeline.close()
-    row.add(len(latencies), wall, statistics.median(latencies) * 1000, statistics.mean(sizes))
+    row.add(len(latencies), wall, statistics.median(latencies) * 1000, statistics.mean(sizes) if sizes else None)
 
 
 def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: float, stage: str) -> None:
@@ -189,6 +201,34 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
         row.ratio = row.throughput_rps / ceiling.throughput_rps
     http_on.aim = f"≥ {BATCHED_AIM} (throughput)"
     return [sequential, http_sequential, ceiling, http_off, http_on]
+
+
+def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str]:
+    """One thread, then as many threads and as many worker processes as there are CPUs; and how far
+    each of those scales (its images/s over the CPUs times one thread's)."""
+    from servelab.paths import DEFAULT_IMAGE
+    from servelab.procs import cpu_count
+    from servelab.serving.backends import load_backend
+    from servelab.settings import get_settings
+
+    n, c, text = cpu_count(), args.concurrency, base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()
+    settings = get_settings()
+    backend = load_backend("onnx", settings)  # only for what its input needs; it infers nothing here
+    modes = {"1 thread": {"preprocess_processes": 0, "worker_threads": 1},
+             f"{n} threads": {"preprocess_processes": 0, "worker_threads": n},
+             f"{n} worker processes": {"preprocess_processes": n}}
+    runs = [(Row(f"{name}, {c} callers"), settings.model_copy(update=update)) for name, update in modes.items()]
+    window = args.duration / args.rounds
+    for _ in range(args.rounds):
+        for row, mode in runs:
+            asyncio.run(_in_process_window(row, backend, mode, text, c, window, preprocess_only=True))
+    rows = [row for row, _ in runs]
+    one, threads, processes = rows
+    for row in rows:
+        row.ratio = row.throughput_rps / threads.throughput_rps
+    scaling = "; ".join(f"{r.what.split(',')[0]}: {r.throughput_rps / (n * one.throughput_rps):.0%}"
+                        for r in (threads, processes))
+    return rows, f"Of {n} x one thread's images/s: {scaling}."
 
 
 @dataclass
@@ -298,6 +338,10 @@ def _cli(args: argparse.Namespace) -> int:
                 print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
                       f"outside the app = client mean latency - Server-Timing total):\n\n"
                       f"{benchmark_ray(args, Path(tmp))}", flush=True)
+            elif stage == PREPROCESS_STAGE:
+                rows, scaling = benchmark_preprocess(args)
+                print(f"\nDecoding + preprocessing alone, threads against worker processes (ratio = images/s ÷ the "
+                      f"threads'; {machine()}):\n\n{table(stage, rows)}\n\n{scaling}", flush=True)
             elif stage == VARIANTS_STAGE:
                 rows, skipped = benchmark_variants(args, Path(tmp))
                 print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}):\n\n"
@@ -313,10 +357,10 @@ def _cli(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("benchmark", help="in-process pipeline vs end-to-end HTTP for the FastAPI stages",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", nargs="+", choices=[*STAGES, VARIANTS_STAGE, RAY_STAGE],
-                   default=[*STAGES, VARIANTS_STAGE, RAY_STAGE],
-                   help="what to measure (default: all): a FastAPI stage, fastapi-onnx's model variants, or Ray "
-                        "Serve (ray-dyn) against fastapi-onnx-dyn")
+    p.add_argument("--stage", nargs="+", choices=[*STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
+                   default=[*STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
+                   help="what to measure (default: all): a FastAPI stage, preprocessing in threads against worker "
+                        "processes, fastapi-onnx's model variants, or Ray Serve (ray-dyn) against fastapi-onnx-dyn")
     p.add_argument("--variants", nargs="+", default=["u8", "int8", "int8dyn", "fp16"],
                    help="variants compared with fp32 in --stage variants (default: all; fp16 only where a GPU runs it)")
     p.add_argument("--requests", type=int, default=200, help="sequential requests of each kind (default 200)")

@@ -12,6 +12,8 @@ is: ``crop_pixels`` stops before the float math and returns uint8 HWC, the layou
 import base64
 import binascii
 import io
+from collections.abc import Callable
+from time import perf_counter
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -147,3 +149,13 @@ def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: int
 def preprocess_batch(images: list[bytes], **kwargs) -> np.ndarray:
     """Several encoded images -> float32 [N, 3, crop, crop]."""
     return np.stack([preprocess(data, **kwargs) for data in images])
+
+
+def prepare_timed(text: str, step: Callable[..., np.ndarray] = preprocess,
+                  **kwargs) -> tuple[np.ndarray, float, float]:
+    """base64 text -> (``step``'s output, when it started, when it ended): a request's whole CPU side
+    in one picklable call, so the service runs it the same way in a thread or in a worker process
+    (``perf_counter`` is the system's monotonic clock there, comparable across processes).
+    ``step``: ``preprocess``, or ``crop_pixels`` for a model that normalizes in its graph."""
+    started = perf_counter()
+    return step(decode_base64(text), **kwargs), started, perf_counter()

@@ -25,9 +25,10 @@ except (OSError, AttributeError):  # not Linux: stop() remains the only way
     _prctl = None
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: Linux sends it SIGTERM when the thread that started it (our main
-    thread, so in effect our process) ends, even when our process is killed with SIGKILL."""
+def die_with_parent(parent: int) -> None:
+    """In the child (before exec, or first thing in a worker process): Linux sends it SIGTERM when the
+    thread that started it (our main thread, so in effect our process) ends, even when our process
+    is killed with SIGKILL."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # we died before prctl took effect
@@ -147,7 +148,7 @@ class ServerProcess:
         # long as the process. From another thread, stop() is the only way the server ends.
         if self.detach or threading.current_thread() is not threading.main_thread():
             return None
-        return partial(_die_with_parent, os.getpid())
+        return partial(die_with_parent, os.getpid())
 
     def start(self) -> "ServerProcess":
         self.log.parent.mkdir(parents=True, exist_ok=True)

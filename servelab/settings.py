@@ -7,7 +7,7 @@ Containers and local runs read the same variables with the same defaults.
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,7 +38,8 @@ class ServeSettings(_Env):
     max_request_images: int = Field(16, ge=1, description="Most images in one `POST /predict/batch` request (more: 413).")
     max_batch_size: int = Field(1, ge=1, description="Server-side dynamic batching: most images stacked from concurrent requests into one inference; 1 = off (one request per inference).")
     batch_timeout_ms: float = Field(5.0, ge=0, description="With batching on, how long the oldest waiting request may wait for others to fill a batch.")
-    worker_threads: int = Field(0, ge=0, description="Threads that decode and preprocess images off the event loop; 0 = the CPUs left over by `INTRA_OP_THREADS` when the model runs on the CPU, all CPUs when it runs on a GPU.")
+    preprocess_processes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field("auto", description="Worker processes that decode and preprocess images, so preprocessing scales over cores while the one model and its batcher stay in the server process; 0 = threads in the server process (`WORKER_THREADS`); `auto` = the CPUs but one when the model runs on a GPU, 0 when it runs on the CPU (the model needs those cores).")
+    worker_threads: int = Field(0, ge=0, description="With `PREPROCESS_PROCESSES=0`: threads that decode and preprocess images off the event loop; 0 = the CPUs left over by `INTRA_OP_THREADS` when the model runs on the CPU, all CPUs when it runs on a GPU.")
     intra_op_threads: int = Field(0, ge=0, description="Threads one inference may use (PyTorch `set_num_threads`, ONNX Runtime `intra_op_num_threads`); 0 = half the CPUs, at least 1.")
     inter_op_threads: int = Field(1, ge=1, description="PyTorch inter-op threads and ONNX Runtime `inter_op_num_threads` (used by the parallel execution mode).")
     # The names of servelab.models.variants.VARIANTS (a test keeps them equal; that module is not

@@ -21,13 +21,20 @@ def b64(data: bytes) -> str:
 
 
 @contextmanager
-def running(kind: str, artifacts: ArtifactPaths, log_dir: Path, **env: object) -> Iterator[str]:
-    """Start ``uvicorn <stage>.app:app`` (settings from ``env``); yield its base URL; always stop it."""
+def serving(kind: str, artifacts: ArtifactPaths, log_dir: Path, **env: object) -> Iterator[tuple[ServerProcess, str]]:
+    """Start ``uvicorn <stage>.app:app`` (settings from ``env``); yield it and its base URL; always stop it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "uvicorn", APPS[kind], "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
     variables = {"MODEL_DIR": str(artifacts.manifest.parent), **{k.upper(): str(v) for k, v in env.items()}}
-    with ServerProcess(cmd, f"{url}/ready", log_dir / f"{kind}-{port}.log", env=variables, cwd=REPO_ROOT):
+    with ServerProcess(cmd, f"{url}/ready", log_dir / f"{kind}-{port}.log", env=variables, cwd=REPO_ROOT) as server:
+        yield server, url
+
+
+@contextmanager
+def running(kind: str, artifacts: ArtifactPaths, log_dir: Path, **env: object) -> Iterator[str]:
+    """``serving``, for tests that need only the URL."""
+    with serving(kind, artifacts, log_dir, **env) as (_, url):
         yield url
 
 

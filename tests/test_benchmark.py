@@ -1,9 +1,12 @@
-"""`servelab benchmark --stage variants`: the variants against fp32 in one run, for real (short windows)."""
+"""`servelab benchmark`: the variants against fp32, preprocessing in threads against processes, Ray Serve against
+FastAPI, each in one run, for real (short windows)."""
 
 import subprocess
 import sys
 
+from servelab.models.variants import machine
 from servelab.paths import REPO_ROOT
+from servelab.procs import cpu_count
 
 
 def test_variants_are_measured_against_fp32(artifacts):
@@ -27,3 +30,17 @@ def test_ray_serve_is_measured_against_fastapi_onnx_dyn(artifacts):
     assert rows["fastapi-onnx-dyn"][3].strip() == "1.00" and float(rows["ray-dyn"][3]) > 0
     # Time inside the app (Server-Timing) plus outside it is the client's mean latency: both measured.
     assert all(float(row[9]) > 0 and float(row[10]) > 0 for row in rows.values())
+
+
+def test_preprocessing_threads_are_measured_against_worker_processes(artifacts):
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "preprocess", "--duration", "1.5",
+                          "--rounds", "1", "--concurrency", "4"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line.split("|")[1].split(",")[0].strip(): line.split("|") for line in run.stdout.splitlines()
+            if line.startswith("| ") and "callers" in line}
+    n = cpu_count()
+    assert set(rows) == {"1 thread", f"{n} threads", f"{n} worker processes"}
+    assert rows[f"{n} threads"][5].strip() == "1.00" and float(rows[f"{n} worker processes"][5]) > 0
+    assert machine() in run.stdout  # the CPU is named
+    assert f"Of {n} x one thread's images/s" in run.stdout

@@ -17,6 +17,7 @@ from servelab.device import gpu_count, stack
 from servelab.inference import OnnxClassifier, TorchClassifier
 from servelab.photos import evaluation_set, pixels
 from servelab.preprocess import preprocess
+from servelab.procs import cpu_count
 from servelab.serving.backends import CPU, CUDA, TENSORRT, load_backend
 from servelab.settings import Settings, get_settings
 
@@ -109,9 +110,12 @@ def test_tensorrt_provider_where_the_gpu_and_libraries_support_it(artifacts, pho
 @pytest.mark.parametrize("kind", ["pytorch", "onnx"])
 def test_require_gpu_service_starts_on_the_gpu_and_ready_says_where(kind, artifacts, tmp_path):
     with running(kind, artifacts, tmp_path, require_gpu=1, ort_providers="cuda", torch_device="cuda") as url:
-        runtime = httpx.get(f"{url}/ready", timeout=30).json()["runtime"]
+        ready = httpx.get(f"{url}/ready", timeout=30).json()
         answer = httpx.post(f"{url}/predict", json={"image": b64(evaluation_set()[0].read_bytes())}, timeout=30)
+    runtime = ready["runtime"]
     assert runtime["on_gpu"] is True
+    # PREPROCESS_PROCESSES=auto: on a GPU the CPUs but one decode, in worker processes.
+    assert (ready["preprocess_mode"], ready["preprocess_workers"]) == ("processes", max(1, cpu_count() - 1))
     assert runtime.get("device", "").startswith("cuda") or runtime["providers"][0] == CUDA
     assert answer.status_code == 200 and answer.json()["prediction"]
 

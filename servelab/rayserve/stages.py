@@ -48,7 +48,8 @@ class RayStage:
 
     def serve_env(self, settings: RaySettings) -> dict[str, str]:
         """The serving settings (ServeSettings) each replica runs with."""
-        env = {"INTRA_OP_THREADS": "1", "WORKER_THREADS": "1", "ACCESS_LOG": "0"}
+        # One CPU per replica (num_cpus): Ray scales by replicas, so no preprocessing processes inside one.
+        env = {"INTRA_OP_THREADS": "1", "PREPROCESS_PROCESSES": "0", "WORKER_THREADS": "1", "ACCESS_LOG": "0"}
         if self.batching:
             env |= {"MAX_BATCH_SIZE": str(settings.ray_batch_max_size), "BATCH_TIMEOUT_MS": str(settings.ray_batch_wait_ms)}
         return env

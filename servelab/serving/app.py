@@ -9,7 +9,8 @@
 Startup: the model loads before the port opens, so a fatal problem (no artifacts, ``REQUIRE_GPU=1``
 without an active GPU) ends the process with an error; the warm-up then runs while ``/health``
 answers and ``/ready`` says 503. Handlers only parse, await and answer: the work runs in
-``servelab.serving.pipeline``'s threads. Every prediction response carries ``Server-Timing``.
+``servelab.serving.pipeline``'s workers (threads, or processes: ``PREPROCESS_PROCESSES``) and its
+batcher's thread. Every prediction response carries ``Server-Timing``.
 """
 
 import asyncio
@@ -69,8 +70,8 @@ class Service:
         log.info("%s: model %s (manifest sha256 %s), source %s", self.name, m.name, m.sha256()[:16], m.source["kind"])
         if m.stand_in:
             log.warning("%s: STAND-IN MODEL: %s", self.name, m.description)
-        log.info("%s: %s; intra-op threads %d, preprocessing workers %d", self.name, backend.where(),
-                 backend.intra_op_threads, self.pipeline.workers)
+        log.info("%s: %s; intra-op threads %d, preprocessing: %d %s", self.name, backend.where(),
+                 backend.intra_op_threads, self.pipeline.workers, self.pipeline.mode)
         if v := backend.variant:
             log.info("%s: variant %s: %s, %.1f MB, precision %s, input %s", self.name, v["name"], v["file"],
                      v["size_bytes"] / 1e6, v["precision"], v["input"])
@@ -111,7 +112,7 @@ class Service:
             runtime={**backend.details, "on_gpu": backend.on_gpu, "session_counts": backend.session_counts()},
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images),
-            preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
+            preprocess_mode=self.pipeline.mode, preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
             **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
         )
 

@@ -96,6 +96,19 @@ def worker_threads(settings: ServeSettings, backend: Backend) -> int:
     return max(1, cpu_count() - backend.intra_op_threads)
 
 
+PreprocessMode = Literal["threads", "processes"]
+
+
+def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[PreprocessMode, int]:
+    """How images are decoded and preprocessed, and by how many workers. On a GPU, worker processes
+    on every CPU but one (the server's event loop and the thread driving the GPU keep that one); on
+    the CPU, threads in what inference leaves free, as before."""
+    processes = settings.preprocess_processes
+    if processes == "auto":
+        processes = max(1, cpu_count() - 1) if backend.on_gpu else 0
+    return ("processes", processes) if processes else ("threads", worker_threads(settings, backend))
+
+
 def max_infer_batch(settings: ServeSettings) -> int:
     """The largest batch one inference may see: a batched request, or a dynamic batch."""
     return max(settings.max_batch_size, settings.max_request_images)

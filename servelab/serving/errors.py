@@ -5,7 +5,7 @@
 | 400 | invalid base64, bytes that are not an image, a truncated or corrupt image, empty input, a tiny image |
 | 413 | a body over ``MAX_BODY_BYTES`` (refused while it is read), more than ``MAX_REQUEST_IMAGES`` images, or an image whose header declares more than ``MAX_IMAGE_PIXELS`` pixels (refused before decoding) |
 | 422 | malformed JSON or a body that does not match the schema (``errors`` lists each problem) |
-| 503 | the model is not loaded and warmed up yet (``Retry-After``) |
+| 503 | the model is not loaded and warmed up yet, or a preprocessing worker process died under the request (``Retry-After``) |
 | 500 | a bug; the traceback goes to the log, not to the client |
 """
 
@@ -23,8 +23,13 @@ ERROR_RESPONSES = {
     413: {"model": ErrorResponse, "description": "Body over MAX_BODY_BYTES, too many images, or an image declaring more "
                                                  "than MAX_IMAGE_PIXELS pixels."},
     422: {"model": ValidationErrorResponse, "description": "Malformed JSON or a body that does not match the schema."},
-    503: {"model": ErrorResponse, "description": "The model is not loaded and warmed up yet."},
+    503: {"model": ErrorResponse, "description": "The model is not loaded and warmed up yet, or a preprocessing worker "
+                                                 "process died while the request waited for it (retry)."},
 }
+
+
+class PreprocessWorkerLost(RuntimeError):
+    """A preprocessing worker process died under this request (HTTP 503); the pool was replaced."""
 
 
 class BodyLimitMiddleware:
@@ -68,6 +73,10 @@ def _describe(error: dict) -> str:
     return f"{where}: {error['msg']}" + (f" ({reason})" if reason else "")
 
 
+async def _worker_lost(request: Request, exc: PreprocessWorkerLost) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     # The offending input is not echoed back: it may be megabytes of base64.
     errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
@@ -86,5 +95,6 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI, max_body_bytes: int) -> None:
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     app.add_exception_handler(ImageError, _image_error)
+    app.add_exception_handler(PreprocessWorkerLost, _worker_lost)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)

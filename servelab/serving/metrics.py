@@ -42,6 +42,8 @@ class Metrics:
         self.batch_size = Histogram("servelab_batch_size", "Images per inference call (above 1 with dynamic "
                                     "batching or batched requests).", buckets=sizes, registry=r)
         self.images = Counter("servelab_images", "Images classified.", registry=r)
+        self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
+                                                "process died and its pool was replaced.", registry=r)
 
     def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
         """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""

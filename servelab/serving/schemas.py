@@ -80,7 +80,10 @@ class Ready(BaseModel):
     variant: dict[str, Any] | None = Field(None, description="fastapi_onnx: the model variant served (ONNX_VARIANT): "
                                                  "name, file, size_bytes, precision, input.")
     batching: Batching
-    preprocess_workers: int
+    preprocess_mode: Literal["threads", "processes"] = Field(description="Where images are decoded and preprocessed: "
+                                                             "threads of the server process, or worker processes "
+                                                             "(PREPROCESS_PROCESSES).")
+    preprocess_workers: int = Field(description="How many threads or worker processes.")
     warnings: list[str]
     stage: str | None = Field(None, description="Ray Serve stages: the stage this replica serves (ray-2, ...), "
                                         "so a client can tell a finished redeploy.")
