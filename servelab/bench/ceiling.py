@@ -158,7 +158,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
 def where(result: Ceiling) -> str:
     """The provider and the machine, as a figure's caption names them."""
     ran = sorted({p.provider for p in result.points if p.provider})
-    device = f"GPU {result.gpu}" if result.on_gpu and result.gpu else "CPU"
+    device = ("GPU" + (f" {result.gpu}" if result.gpu else "")) if result.on_gpu else "CPU"
     return (f"onnxruntime {result.onnxruntime}, {', '.join(ran) or result.provider} ({device} figures); "
             f"{result.machine}")
 
