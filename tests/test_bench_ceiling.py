@@ -1,6 +1,12 @@
 """The model's own ceiling, measured for real with ONNX Runtime on the built models (this machine's CPU)."""
 
-from servelab.bench.ceiling import BATCHES, Ceiling, Point, ceiling_markdown, measure_ceiling
+from servelab.bench.ceiling import (
+    BATCHES,
+    Ceiling,
+    Point,
+    ceiling_markdown,
+    measure_ceiling,
+)
 from servelab.serving.backends import CPU, CUDA
 
 
@@ -50,8 +56,8 @@ def test_a_failing_measurement_is_recorded_with_its_reason_and_the_rest_go_on(ar
 
 
 def test_the_table_names_the_provider_each_point_really_ran_on():
-    asked = dict(provider=CUDA, machine="test", gpu="NVIDIA H100 80GB HBM3", onnxruntime="test", repeats=1,
-                 max_seconds=1.0)
+    asked = {"provider": CUDA, "machine": "test", "gpu": "NVIDIA H100 80GB HBM3", "onnxruntime": "test",
+             "repeats": 1, "max_seconds": 1.0}
     on_gpu = Ceiling(**asked, points=[Point(precision="fp32", batch=1, provider=CUDA, runs=1, ms=2.0, images_per_s=500.0)])
     assert on_gpu.on_gpu and "CUDAExecutionProvider (GPU NVIDIA H100 80GB HBM3 figures)" in ceiling_markdown(on_gpu)
     # ONNX Runtime fell back to the CPU: CPU figures, whatever was asked for.

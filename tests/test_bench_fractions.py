@@ -2,8 +2,17 @@
 made with the lab's own record classes, against figures worked out by hand."""
 
 from servelab.bench.ceiling import Ceiling, Point
-from servelab.bench.fractions import (MET, MISSED, NOT_MEASURED, ON_CPU, aims, first_requests, fractions_markdown,
-                                      ratios, stage_fractions)
+from servelab.bench.fractions import (
+    MET,
+    MISSED,
+    NOT_MEASURED,
+    ON_CPU,
+    aims,
+    first_requests,
+    fractions_markdown,
+    ratios,
+    stage_fractions,
+)
 from servelab.bench.records import GpuSeries, Latency, Load, Monitors, Record, Stats
 from servelab.benchmark import stage_inputs
 from servelab.serving.backends import CPU, CUDA

@@ -53,7 +53,7 @@ class Ceiling(BaseModel):
     machine: str
     gpu: str | None = None
     onnxruntime: str
-    started_at: str = Field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    started_at: str = Field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     repeats: int
     max_seconds: float
     points: list[Point] = []
@@ -139,7 +139,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
         try:
             sess = _session(variant_path(model_dir, VARIANT[precision]), provider)
             active, why = sess.get_providers()[0], None
-        except Exception as exc:  # every batch of this precision fails the same way
+        except Exception as exc:  # noqa: BLE001 (recorded: every batch of this precision fails the same way)
             sess, active, why = None, None, f"{type(exc).__name__}: {exc}"
         for batch in batches:
             point = Point(precision=precision, batch=batch, provider=active, failed=why)
@@ -147,7 +147,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
                 try:
                     point.runs, point.ms = _time(sess, batch, repeats, max_seconds)
                     point.images_per_s = batch / point.ms * 1e3
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 (recorded, and the other points go on)
                     point.failed = f"{type(exc).__name__}: {exc}"
             result.points.append(point)
             log(f"  {precision} batch {batch:>3}: " + (f"FAILED: {point.failed}" if point.failed else
@@ -178,9 +178,9 @@ def ceiling_markdown(result: Ceiling) -> str:
         rows.append(cells)
     best = [f"{p} {num(b.images_per_s, 0)} img/s at batch {b.batch}" if (b := result.best(p)) else f"{p} not measured"
             for p in precisions]
-    lines = [f"The model alone (ONNX Runtime, NumPy in and out, no server): {where(result)}. Median of up to "
-             f"{result.repeats} timed runs per batch size (at most {result.max_seconds:g} s), each after one "
-             "untimed run of the same shape.", "", markdown(head, rows, "r" * len(head)), "",
+    lines = [(f"The model alone (ONNX Runtime, NumPy in and out, no server): {where(result)}. Median of up to "
+              f"{result.repeats} timed runs per batch size (at most {result.max_seconds:g} s), each after one "
+              "untimed run of the same shape."), "", markdown(head, rows, "r" * len(head)), "",
              f"Ceiling (best img/s): {'; '.join(best)}."]
     failed = [p for p in result.points if p.failed]
     if failed:

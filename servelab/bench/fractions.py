@@ -171,9 +171,9 @@ def fractions_markdown(records: list[Record], ceiling: Ceiling, inputs: Mapping[
     best = ceiling.best("fp32")
     rows = [(f.stage, f.input, f.load, num(f.images_per_s), num(f.fraction * 100 if f.fraction is not None else None),
              num(f.cpu_pct, 0), num(f.gpu_pct, 0)) for f in stage_fractions(records, ceiling, inputs)]
-    lines = [f"Each stage's best run (servelab's client, one image per request) against the fp32 ceiling "
-             f"({num(best.images_per_s, 0) + ' img/s' if best else 'not measured'}; "
-             f"{'GPU' if ceiling.on_gpu else 'CPU'}):", "",
+    lines = [(f"Each stage's best run (servelab's client, one image per request) against the fp32 ceiling "
+              f"({num(best.images_per_s, 0) + ' img/s' if best else 'not measured'}; "
+              f"{'GPU' if ceiling.on_gpu else 'CPU'}):"), "",
              markdown(("stage", "input", "best run", "img/s", "% of fp32 ceiling", "CPU %", "GPU %"),
                       rows or [("-",) * 7], "lllrrrr"), "",
              markdown(("what", "stages", "ratio (req/s)"),
