@@ -31,6 +31,11 @@ in-process split of each request's time into preprocessing and inference, and th
 split allows (the whole machine's CPU does both, so throughput is at most fp32's CPU time per
 request over the variant's).
 
+``--stage ceiling`` measures the model alone (``servelab.bench.ceiling``: ONNX Runtime, no server, at
+batch 1 to 128; fp32 and fp16 on a GPU, fp32 and INT8 on a CPU) and, given a lab's records
+(``--records``), every stage's best throughput as a fraction of the fp32 ceiling, the batching and
+instance ratios and the GPU aims (``servelab.bench.fractions``).
+
 The client shares the CPU with the server, as it does in the lab.
 """
 
@@ -49,6 +54,7 @@ STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
 VARIANTS_STAGE = "variants"
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.rayserve.benchmark)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
+CEILING_STAGE = "ceiling"  # the model alone (servelab.bench.ceiling), and the lab's records against it
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
 U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
 SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
@@ -323,6 +329,32 @@ def table(stage: str, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def stage_inputs() -> dict[str, str]:
+    """stage -> what its client sends, from the lab's stage catalogue: "bytes" (an encoded photo),
+    "tensor" or "uint8" (a crop preprocessed by the client)."""
+    from servelab.lab import STAGES as LAB_STAGES
+
+    return {s.name: s.input for s in LAB_STAGES}
+
+
+def benchmark_ceiling(args: argparse.Namespace) -> str:
+    """The ceiling table and, with ``--records``, the stages against it; ``--ceiling-json`` keeps the result."""
+    from servelab.bench.ceiling import ceiling_markdown, measure_ceiling
+    from servelab.bench.fractions import fractions_markdown
+    from servelab.bench.records import read_records
+    from servelab.settings import get_settings
+
+    result = measure_ceiling(Path(get_settings().model_dir), repeats=args.ceiling_repeats,
+                             max_seconds=args.ceiling_seconds, log=lambda line: print(line, flush=True))
+    if args.ceiling_json:
+        args.ceiling_json.parent.mkdir(parents=True, exist_ok=True)
+        args.ceiling_json.write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    text = ceiling_markdown(result)
+    if args.records:
+        text += f"\n\n{fractions_markdown(read_records(args.records), result, stage_inputs())}"
+    return text
+
+
 def _cli(args: argparse.Namespace) -> int:
     from servelab.models.variants import machine
     from servelab.procs import cpu_count
@@ -332,7 +364,10 @@ def _cli(args: argparse.Namespace) -> int:
           f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)
     with tempfile.TemporaryDirectory(prefix="servelab-benchmark-") as tmp:
         for stage in args.stage:
-            if stage == RAY_STAGE:
+            if stage == CEILING_STAGE:
+                print("\nThe model's own ceiling:", flush=True)
+                print(f"\n{benchmark_ceiling(args)}", flush=True)
+            elif stage == RAY_STAGE:
                 from servelab.rayserve.benchmark import benchmark_ray
 
                 print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
@@ -355,12 +390,14 @@ def _cli(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("benchmark", help="in-process pipeline vs end-to-end HTTP for the FastAPI stages",
+    p = subparsers.add_parser("benchmark", help="the model alone (its ceiling); in-process pipeline vs end-to-end "
+                                                "HTTP for the FastAPI stages",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", nargs="+", choices=[*STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
-                   default=[*STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
-                   help="what to measure (default: all): a FastAPI stage, preprocessing in threads against worker "
-                        "processes, fastapi-onnx's model variants, or Ray Serve (ray-dyn) against fastapi-onnx-dyn")
+    p.add_argument("--stage", nargs="+", choices=[CEILING_STAGE, *STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
+                   default=[CEILING_STAGE, *STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
+                   help="what to measure (default: all): the model alone (ceiling), a FastAPI stage, preprocessing in "
+                        "threads against worker processes, fastapi-onnx's model variants, or Ray Serve (ray-dyn) "
+                        "against fastapi-onnx-dyn")
     p.add_argument("--variants", nargs="+", default=["u8", "int8", "int8dyn", "fp16"],
                    help="variants compared with fp32 in --stage variants (default: all; fp16 only where a GPU runs it)")
     p.add_argument("--requests", type=int, default=200, help="sequential requests of each kind (default 200)")
@@ -369,4 +406,10 @@ def register(subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="concurrent senders (default 16)")
     p.add_argument("--max-batch-size", type=int, default=16, help="MAX_BATCH_SIZE with batching on (default 16)")
     p.add_argument("--batch-timeout-ms", type=float, default=5.0, help="BATCH_TIMEOUT_MS with batching on (default 5)")
+    p.add_argument("--ceiling-repeats", type=int, default=20, help="ceiling: timed runs per batch size (default 20)")
+    p.add_argument("--ceiling-seconds", type=float, default=5.0,
+                   help="ceiling: at most this many seconds of timed runs per batch size (default 5)")
+    p.add_argument("--records", type=Path, nargs="+",
+                   help="ceiling: a lab's records.jsonl; every stage is then shown as a fraction of the ceiling")
+    p.add_argument("--ceiling-json", type=Path, help="ceiling: also write the measured result here (JSON)")
     p.set_defaults(func=_cli)

@@ -52,6 +52,9 @@ def test_sequential_matches_the_service_time(server: str) -> None:
     assert r.stats.throughput_rps == pytest.approx(1000 / r.stats.latency.mean_ms, rel=0.05)
     assert r.breakdown.source == "server-timing"
     assert r.breakdown.service_ms == pytest.approx(S_MS, rel=0.01)
+    # The first warm-up request is kept: at least a service time (on this server just started, ~3x that:
+    # its first request after ready).
+    assert r.first_request_ms >= S_MS
 
 
 def test_closed_loop_matches_queueing_theory(server: str) -> None:
@@ -121,6 +124,7 @@ def test_duration_window(server: str) -> None:
     # Two senders for 0.8 s at 25 req/s capacity: ~20 requests, plus the one in flight at the end.
     assert 17 <= r.stats.successes <= 23
     assert 0.75 <= r.stats.wall_s <= 1.0
+    assert r.first_request_ms is None  # no warm-up: nothing before the measured window
 
 
 def test_error_statuses_are_never_successes(trivial: str) -> None:
@@ -128,8 +132,9 @@ def test_error_statuses_are_never_successes(trivial: str) -> None:
     assert r.stats.successes == 60 and r.stats.errors == {"http_500": 30}
     assert r.stats.throughput_rps == pytest.approx(60 / r.stats.wall_s)
 
-    r = run_bench(FastAPITarget(trivial + "/status/400", PHOTO), Load.sequential(10, warmup=0), stage="tiny")
+    r = run_bench(FastAPITarget(trivial + "/status/400", PHOTO), Load.sequential(10, warmup=1), stage="tiny")
     assert r.stats.successes == 0 and r.stats.errors == {"http_400": 10}
+    assert r.first_request_ms is None and r.warnings == ["1 of 1 warm-up requests failed"]  # a failure has no latency
     assert r.stats.throughput_rps == 0 and r.stats.latency.p50_ms is None
 
 

@@ -44,3 +44,28 @@ def test_preprocessing_threads_are_measured_against_worker_processes(artifacts):
     assert rows[f"{n} threads"][5].strip() == "1.00" and float(rows[f"{n} worker processes"][5]) > 0
     assert machine() in run.stdout  # the CPU is named
     assert f"Of {n} x one thread's images/s" in run.stdout
+
+
+def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tmp_path):
+    """`servelab benchmark --stage ceiling --records ...` on this CPU: the table, the fractions, the saved result."""
+    from servelab.bench.ceiling import BATCHES, Ceiling
+    from servelab.bench.records import Latency, Load, Record, Stats, append_record
+
+    records = tmp_path / "records.jsonl"
+    for stage, rps in (("fastapi-onnx", 100.0), ("fastapi-onnx-dyn", 150.0)):
+        append_record(records, Record(stage=stage, load=Load.closed(16), config={"device": "cpu"},
+                                      stats=Stats(throughput_rps=rps, items_per_s=rps, latency=Latency(p50_ms=90.0))))
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "ceiling", "--ceiling-repeats", "1",
+                          "--ceiling-seconds", "0.1", "--records", str(records), "--ceiling-json",
+                          str(tmp_path / "ceiling.json")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = Ceiling.model_validate_json((tmp_path / "ceiling.json").read_text())
+    assert {(p.precision, p.batch) for p in result.points if p.images_per_s} == {
+        (q, b) for q in ("fp32", "int8") for b in BATCHES}
+    assert "CPUExecutionProvider (CPU figures)" in run.stdout
+    fp32 = result.best("fp32").images_per_s
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| fastapi-onnx-dyn | image |"))
+    assert row.split(" | ")[4] == f"{150 / fp32 * 100:.1f}"  # % of the fp32 ceiling this run measured
+    assert "| fastapi-onnx-dyn ÷ fastapi-onnx ≥ 2× at 16 senders | information only (GPU aims; this ran on the CPU) |" \
+        in run.stdout

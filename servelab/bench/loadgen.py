@@ -10,7 +10,8 @@ Library use (``servelab lab`` and notebooks)::
 
 ``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
 run_bench_async(...)`` instead. Each run: connect (one persistent client), send ``load.warmup``
-unmeasured requests, snapshot the server's statistics, start the monitors, run the measured
+unmeasured requests (the first one's latency is kept: on a fresh server, the first request after
+ready), snapshot the server's statistics, start the monitors, run the measured
 window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line if given).
 
 Load modes (``Load``):
@@ -94,20 +95,25 @@ class RawRun:
         return np.asarray(self.latency_s)[order]
 
 
-async def warm_up(client: Client, load: Load) -> int:
-    """Send ``load.warmup`` unmeasured requests (closed loop at the load's concurrency); returns failures."""
+async def warm_up(client: Client, load: Load) -> tuple[int, float | None]:
+    """Send ``load.warmup`` unmeasured requests (closed loop at the load's concurrency); returns the
+    failures and the first request's latency in ms (None where it failed or there was no warm-up)."""
     if load.warmup == 0:
-        return 0
-    issued, failed = 0, 0
+        return 0, None
+    issued, failed, first_ms = 0, 0, None
 
     async def sender() -> None:
-        nonlocal issued, failed
+        nonlocal issued, failed, first_ms
         while issued < load.warmup:
-            issued += 1
-            failed += not (await client.send()).ok
+            i, issued = issued, issued + 1
+            t0 = clock()
+            ok = (await client.send()).ok
+            failed += not ok
+            if i == 0 and ok:
+                first_ms = (clock() - t0) * 1e3
 
     await asyncio.gather(*(sender() for _ in range(min(load.concurrency, load.warmup))))
-    return failed
+    return failed, first_ms
 
 
 async def _closed_loop(client: Client, load: Load) -> RawRun:
@@ -256,7 +262,7 @@ async def run_bench_async(
     warnings: list[str] = []
     client = await target.connect(connections, timeout_s)
     try:
-        failed = await warm_up(client, load)
+        failed, first_ms = await warm_up(client, load)
         if failed:
             warnings.append(f"{failed} of {load.warmup} warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
@@ -287,6 +293,7 @@ async def run_bench_async(
         machine=machine_info([g.name for g in monitors.gpus] or None),
         warnings=warnings,
         stand_in=stand_in,
+        first_request_ms=first_ms,
         window_unix=[window_start, window_end],
         timeline=build_timeline(run, sampler) if sampler is not None else None,
     )

@@ -231,6 +231,9 @@ class Record(BaseModel):
     warnings: list[str] = []
     stand_in: str | None = None
     failed: str | None = None  # the run measured nothing: the tool's own message (stats are empty)
+    # The run's first request (its first warm-up request; None without one): the lab's first run of a
+    # stage holds the first request its server saw after it said it was ready.
+    first_request_ms: float | None = None
     window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
     prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
     timeline: Timeline | None = None  # step-load and node-failure runs
