@@ -243,6 +243,8 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
     assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers
     assert (results / "fastapi" / "report.md").exists()
     assert "skipped: fp16 is not in VARIANTS" in text
+    # The batching stage's sessions, read back after its run: on a CPU one session of any shape (policy off).
+    assert "shape policy off:" in text and "session for batch any:" in text
     assert re.search(r"int8 +food11_u8_int8.onnx .* MB int8 .* x fp32; preprocess .* ms \+ infer", text), text
 
 

@@ -126,6 +126,15 @@ class FastAPIWalkthrough:
         print(utilization(record))
         return record
 
+    def sessions(self, service: Service) -> list[dict[str, Any]]:
+        """The service's ONNX Runtime sessions now, as its /ready says: the batch size each takes, its runs
+        and its shape changes (runs whose input shape differed from that session's previous run)."""
+        runtime = requests.get(f"{service.url}/ready", timeout=5).json()["runtime"]
+        print(f"shape policy {runtime.get('shape_policy', '-')}:")
+        for s in runtime.get("session_counts", []):
+            print(f"  session for batch {s['session_batch']:>3}: {s['runs']:5} runs, {s['shape_changes']:5} shape changes")
+        return runtime.get("session_counts", [])
+
     async def measure_variant(self, variant: str, load: Load, fp32: tuple[Service, Record]) -> None:
         """Wait until the ONNX service runs model ``variant``, measure it under ``load`` and keep the
         run beside fp32's (for ``compare_variants``); skipped for a variant not in ``variants``."""
