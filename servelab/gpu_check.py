@@ -5,8 +5,10 @@ CUDA, ONNX Runtime's CUDA provider, fp16, Triton ``KIND_GPU``, NVML, ``REQUIRE_G
 lab on the GPU (``servelab lab --quick --device gpu``), and writes ``docs/gpu/<gpu-name>.md``: the
 hardware and versions, each test's outcome, the stage table (sequential, concurrency 8 and 16,
 ``-b 16`` where the stage batches, where each stage really ran, GPU utilization and memory from
-NVML) and the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one.
-Where there is no GPU it says so and exits 0: there is nothing to check.
+NVML), the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one,
+and the model's own ceiling (ONNX Runtime alone at batch 1 to 128, fp32 and fp16, measured in the
+same run) with every stage as a fraction of it and the issue's aims met or missed. What cannot run
+here (perf_analyzer, Ray, Prometheus) is named before the run starts and skipped. Where there is no GPU it says so and exits 0: there is nothing to check.
 
 The record is built from the lab's own records (``record_markdown``), so it can be checked on a
 CPU lab's records too; it names the GPU it was measured on in its title and every table.
@@ -22,22 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.bench.ceiling import Ceiling, ceiling_markdown, measure_ceiling
+from servelab.bench.fractions import closed_run, fractions_markdown, ratios
 from servelab.bench.records import Record, read_records
 from servelab.device import NO_GPU, describe, gpu_count, stack
 from servelab.paths import REPO_ROOT
+from servelab.settings import get_settings
 from servelab.tables import markdown, num
 
 DOCS = REPO_ROOT / "docs" / "gpu"
 GPU_TESTS = "tests/test_gpu.py"
-# (what, numerator stage, denominator stage): the ratios of req/s the lab is about.
-RATIOS = (
-    ("dynamic batching ÷ no batching", "pt-dyn", "pt-1"),
-    ("dynamic batching ÷ no batching", "onnx-dyn", "onnx-1"),
-    ("dynamic batching ÷ no batching", "fastapi-onnx-dyn", "fastapi-onnx"),
-    ("two instances per GPU ÷ one instance", "onnx-2", "onnx-1"),
-    ("two instances per GPU ÷ one instance", "pt-2x2", "pt-1"),
-)
-RATIO_CONCURRENCY = 16
 
 
 @dataclass
@@ -73,31 +69,6 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
-def _closed(records: list[Record], stage: str, concurrency: int, batch: int = 1) -> Record | None:
-    """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential)."""
-    for r in records:
-        if (r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
-                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency):
-            return r
-    return None
-
-
-def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[tuple[str, str, float]]:
-    """(what, "a ÷ b at concurrency N", ratio of req/s): at ``concurrency``, else at the highest
-    closed-loop concurrency both stages were measured at (the label says which)."""
-    found = []
-    for what, top, bottom in RATIOS:
-        levels = sorted({r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == top}
-                        & {r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == bottom})
-        if not levels:
-            continue
-        level = concurrency if concurrency in levels else levels[-1]
-        a, b = _closed(records, top, level), _closed(records, bottom, level)
-        if a and b and b.stats.throughput_rps:
-            found.append((what, f"{top} ÷ {bottom} at concurrency {level}", a.stats.throughput_rps / b.stats.throughput_rps))
-    return found
-
-
 def _cell(r: Record | None, images: bool = False) -> str:
     if r is None:
         return "-"
@@ -121,8 +92,8 @@ def stage_table(records: list[Record]) -> str:
     rows = []
     for stage in dict.fromkeys(r.stage for r in ours):
         runs = [r for r in ours if r.stage == stage]
-        rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(_closed(ours, stage, 1)),
-                     *(_cell(_closed(ours, stage, c)) for c in levels),
+        rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(closed_run(ours, stage, 1)),
+                     *(_cell(closed_run(ours, stage, c)) for c in levels),
                      _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)])
     return markdown(head, rows)
 
@@ -142,9 +113,9 @@ def skipped_parts() -> dict[str, str]:
 
 
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
-                    when: str, skipped: dict[str, str] | None = None) -> str:
-    """The GPU record: hardware and versions, what was skipped and why, test outcomes, the stage table
-    and the ratios."""
+                    when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None) -> str:
+    """The GPU record: hardware and versions, what was skipped and why, test outcomes, the stage table,
+    the ratios and, with ``ceiling``, the model's own ceiling with every stage and aim against it."""
     gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
     md = [f"# servelab on {gpu}", "",
           f"`make gpu-check`, {when}. Every figure below was measured on this {gpu}, by `servelab lab` "
@@ -166,8 +137,15 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
     failed = sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed})
     if failed:
         md += ["", "Failed runs:", *(f"- {line}" for line in failed)]
-    md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
-        (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
+    if ceiling is None:
+        md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
+            (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
+    else:  # the ratios come with the stages against the ceiling
+        from servelab.benchmark import stage_inputs
+
+        md += ["", "## The model's own ceiling (ONNX Runtime alone, measured after the lab)", "",
+               ceiling_markdown(ceiling), "", "## Every stage, ratio and aim against the ceiling", "",
+               fractions_markdown(records, ceiling, stage_inputs())]
     return "\n".join(md) + "\n"
 
 
@@ -191,13 +169,16 @@ def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
                          cwd=REPO_ROOT)
     records_path = out / "lab" / "records.jsonl"
     records = read_records(records_path) if records_path.exists() else []
+    log("gpu-check: the model alone at batch 1-128, fp32 and fp16 (its ceiling)")
+    ceiling = measure_ceiling(get_settings().model_dir, log=log)
+    (out / "ceiling.json").write_text(ceiling.model_dump_json(indent=1), encoding="utf-8")
     found = stack()
     name = (found.get("gpus") or ["gpu"])[0].split(": ", 1)[-1].split(",")[0]
     docs.mkdir(parents=True, exist_ok=True)
     path = docs / f"{slug(name)}.md"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     label = f"`servelab lab {' '.join(lab_args)}`, exit {lab.returncode}"
-    path.write_text(record_markdown(records, found, tests, label, when, skipped), encoding="utf-8")
+    path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling), encoding="utf-8")
     ok = pytest.returncode == 0 and lab.returncode == 0 and tests is not None and tests.failed == 0
     log(f"gpu-check: {'PASSED' if ok else 'FAILED'}; record in {path}")
     return 0 if ok else 1

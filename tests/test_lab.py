@@ -12,8 +12,10 @@ import pytest
 
 from servelab.bench import read_records
 from servelab.device import stack
+from servelab.bench.ceiling import measure_ceiling
 from servelab.gpu_check import record_markdown
 from servelab.lab import STAGES, preflight
+from servelab.settings import get_settings
 from servelab.triton.stages import gpu_count
 
 RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
@@ -105,7 +107,9 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
 
 def _check_gpu_record(records):
     """The GPU record (`servelab gpu-check`), written from this real lab's records."""
-    md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today", {"ray": "not installed here"})
+    ceiling = measure_ceiling(get_settings().model_dir, batches=(1, 8), repeats=1, max_seconds=0.1, log=lambda *_: None)
+    md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today", {"ray": "not installed here"},
+                         ceiling)
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
     assert {s.name for s in RUN} <= set(rows)
     assert "| concurrency 8 |" in md and "no NVML samples" in rows["pt-1"]
@@ -115,6 +119,9 @@ def _check_gpu_record(records):
     assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
     assert "pt-dyn ÷ pt-1 at concurrency 8" in md and "## GPU tests (`pytest -m gpu`)" in md
     assert "## Skipped before the run\n\n- **ray**: not installed here\n" in md
+    # The ceiling measured on this CPU, and the stages against it: aims shown, never judged on a CPU.
+    assert "## The model's own ceiling" in md and "CPU figures" in md
+    assert "## Every stage, ratio and aim against the ceiling" in md and "information only" in md and "| met |" not in md
 
 
 def test_what_cannot_run_here_is_skipped_before_the_first_run_with_the_reason(artifacts, tmp_path):
