@@ -149,3 +149,14 @@ def test_variants_command_prints_the_table(artifacts, tmp_path):
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0].strip("| ") for row in rows] == list(VARIANTS)
     assert "Food-11 accuracy on 2 photos" in done.stdout
+
+
+def test_int8_weights_are_signed_only_where_the_cpu_has_vnni(tmp_path):
+    from servelab.models.quantize import STATIC_OPTIONS, has_vnni
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 f16c\n")
+    assert not has_vnni(cpuinfo)
+    cpuinfo.write_text("model name\t: Intel Xeon\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n")
+    assert has_vnni(cpuinfo)
+    assert STATIC_OPTIONS["weight_type"] == ("QInt8" if has_vnni() else "QUInt8")
