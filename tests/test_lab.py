@@ -110,7 +110,8 @@ def _check_gpu_record(records):
     ceiling = measure_ceiling(get_settings().model_dir, batches=(1, 8), repeats=1, max_seconds=0.1, log=lambda *_: None)
     md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today", {"ray": "not installed here"},
                          ceiling)
-    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    stage_table = md.split("## The model's own ceiling")[0]  # the later tables have rows per stage too
+    rows = {line.split(" | ")[0].strip("| "): line for line in stage_table.splitlines() if line.startswith("| ")}
     assert {s.name for s in RUN} <= set(rows)
     assert "| concurrency 8 |" in md and "no NVML samples" in rows["pt-1"]
     assert rows["pt-1"].split(" | ")[4] != "-" and rows["onnx-1"].split(" | ")[4] == "-"  # -b 16 where it batches
