@@ -330,6 +330,7 @@ def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, 
     assert "skipped: pt-4x4 is not in STAGES" in text
     assert "$ " + parameters["STAGE_COMMAND"].format(name="pt-dyn") in text  # each switch shows its command,
     assert "switched to pt-dyn in " in text  # and how long it took
+    assert "perf_analyzer: windows of " in text  # pt-1's batch of 16 takes longer than the test's 1 s windows
     shown = [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
     assert len(shown) == 19
 

@@ -94,13 +94,15 @@ def test_uint8_input_data_against_the_model_with_preprocessing_inside(triton) ->
 def test_request_rate_mode(triton, arrivals: str) -> None:
     use(triton, "onnx-dyn")
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
-    record = run_perf_analyzer(target, Load.open(40, arrivals, requests=150), stage="onnx-dyn", windows=QUICK)
+    # 20 req/s, well under the stand-in's capacity on a busy 2-CPU runner (at 40 perf_analyzer's few
+    # threads were all waiting on answers there, and it sent at ~30).
+    record = run_perf_analyzer(target, Load.open(20, arrivals, requests=150), stage="onnx-dyn", windows=QUICK)
     measured(record, 150)
-    assert record.load.rate == 40 and record.load.arrivals == arrivals
+    assert record.load.rate == 20 and record.load.arrivals == arrivals
     # The rate it really sent at: exact for constant gaps; perf_analyzer's own (unconditioned) Poisson
     # draw over 150 requests varies by ~8 % (one standard deviation): allow three.
     spread = 0.1 if arrivals == "constant" else 0.25
-    assert record.stats.offered_rps == pytest.approx(40, rel=spread)
+    assert record.stats.offered_rps == pytest.approx(20, rel=spread)
     assert record.stats.throughput_rps == pytest.approx(record.stats.offered_rps, rel=0.15)
 
 

@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, running
 from photos import variants
 from servelab.artifacts import load_manifest
+from servelab.device import instances_say
 from servelab.inference import OnnxClassifier, batch_buckets
 from servelab.postprocess import top1
 from servelab.preprocess import preprocess_batch
@@ -230,4 +231,6 @@ def test_triton_batches_keep_each_sessions_shape_and_drop_padded_rows(triton, ar
         assert sum(runs for runs, _ in counts.values()) > 2 * len(BUCKETS)  # the load ran on them
     said = {"buckets": "ORT_SHAPE_POLICY=buckets: 5 session(s), batch sizes [1, 2, 4, 8, 16]",
             "off": "ORT_SHAPE_POLICY=off: 1 session(s), batch sizes any"}[policy]
-    assert local.process.log.read_text().count(said) == 1  # the settings reached the one instance
+    log = local.process.log.read_text()
+    assert log.count(said) == 1  # the settings reached the one instance
+    assert instances_say(log, "food_classifier_onnx", 1) == "1x CPUExecutionProvider on cpu"  # one line per instance

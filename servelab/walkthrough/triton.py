@@ -185,13 +185,20 @@ class TritonWalkthrough:
             return
         try_gourmetgram(self.flask_urls.get(backend, self.flask_url), self.photo, backend=backend, wait_s=self.wait_s)
 
-    async def run_perf_analyzer(self, target: TritonTarget, load: Load, *, stage: str, stand_in: str | None) -> list[Record]:
+    async def run_perf_analyzer(self, target: TritonTarget, load: Load, *, stage: str, stand_in: str | None,
+                                ours: Record) -> list[Record]:
         """The same load with perf_analyzer, which measures in windows of ``pa_window_s`` until they
         agree. A run that fails (not installed, server gone, rate not reachable) is recorded with
         perf_analyzer's own message, and the step goes on."""
         if not self.perf_analyzer:
             return []
-        window = load.model_copy(update={"requests": None, "duration_s": self.pa_window_s})
+        # perf_analyzer needs several completed requests per window: where servelab's run of the same
+        # load just took longer than that (a batch of 16 on a CPU), the window grows to about four of them.
+        seconds = max(self.pa_window_s, 4 * (ours.stats.latency.p50_ms or 0) / 1000)
+        if seconds > self.pa_window_s:
+            print(f"perf_analyzer: windows of {seconds:.1f} s instead of {self.pa_window_s:g} s "
+                  f"(servelab measured p50 {ours.stats.latency.p50_ms:.0f} ms per request)")
+        window = load.model_copy(update={"requests": None, "duration_s": round(seconds, 1)})
         result = await asyncio.to_thread(run_perf_analyzer, target, window, input_data_path=self.inputs[target.input],
                                          extra=self.pa_extra, stage=stage, stand_in=stand_in, out=self.records_file)
         if result.target.get("command"):
@@ -216,7 +223,7 @@ class TritonWalkthrough:
         for load in loads:
             done.append(await run_bench_async(target, load, stage=name, config=settings, stand_in=stand_in,
                                               out=self.records_file))
-            done += await self.run_perf_analyzer(target, load, stage=name, stand_in=stand_in)
+            done += await self.run_perf_analyzer(target, load, stage=name, stand_in=stand_in, ours=done[-1])
         self.runs.extend(done)
         print(summary_table(done))
         for r in done:

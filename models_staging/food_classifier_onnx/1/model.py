@@ -54,13 +54,14 @@ class TritonPythonModel:
             self.classifier.infer(np.zeros((size, *config["input"][0]["dims"]), self.classifier.input_dtype))
         self.metrics = backend.SessionMetrics(args["model_name"], args["model_instance_name"])
         self.metrics.update(self.classifier.session_counts())
+        # One line per instance: device.instances_say reads the latest line of each instance.
         backend.log(f"{args['model_instance_name']}: LOCAL STAND-IN (Python backend running ONNX Runtime "
                     f"{ort.__version__}, {self.classifier.active_providers} on {device}, {threads} threads, "
                     f"{self.input_name} {self.classifier.input_dtype}) in place of Triton's onnxruntime backend; "
-                    "timings are not the ONNX backend's", warn=True)
-        backend.log(f"{args['model_instance_name']}: ORT_SHAPE_POLICY={self.classifier.shape_policy}: "
-                    f"{len(self.classifier.sessions)} session(s), batch sizes {self.classifier.batch_sizes or 'any'}, "
-                    f"warmed in {(perf_counter() - started) * 1000:.0f} ms")
+                    "timings are not the ONNX backend's; "
+                    f"ORT_SHAPE_POLICY={self.classifier.shape_policy}: {len(self.classifier.sessions)} session(s), "
+                    f"batch sizes {self.classifier.batch_sizes or 'any'}, "
+                    f"warmed in {(perf_counter() - started) * 1000:.0f} ms", warn=True)
 
     def execute(self, requests):
         batches = backend.inputs(requests, self.input_name)
