@@ -43,14 +43,16 @@ import argparse
 import asyncio
 import base64
 import statistics
-import sys
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
-STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
+from servelab.stages import of_family
+
+# The FastAPI stages as the lab's first notebook serves them (no settings of their own) -> backend.
+STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if not s.fastapi.env}
 VARIANTS_STAGE = "variants"
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.rayserve.benchmark)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
@@ -167,12 +169,11 @@ def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: fl
 
 
 def _serve(stage: str, logs: Path, env: dict[str, str]):
-    from servelab.procs import ServerProcess, free_port
+    from servelab.procs import free_port
+    from servelab.serving.child import fastapi_process
 
     port = free_port()
-    cmd = [sys.executable, "-m", "servelab", "serve", stage, "--host", "127.0.0.1", "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    return ServerProcess(cmd, f"{url}/ready", logs / f"{stage}-{port}.log", env={"ACCESS_LOG": "0", **env}), url
+    return fastapi_process(stage, port, logs / f"{stage}-{port}.log", env), f"http://127.0.0.1:{port}"
 
 
 def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
@@ -330,11 +331,11 @@ def table(stage: str, rows: list[Row]) -> str:
 
 
 def stage_inputs() -> dict[str, str]:
-    """stage -> what its client sends, from the lab's stage catalogue: "bytes" (an encoded photo),
+    """stage -> what its client sends, from the stage catalogue: "bytes" (an encoded photo),
     "tensor" or "uint8" (a crop preprocessed by the client)."""
-    from servelab.lab import STAGES as LAB_STAGES
+    from servelab.stages import CATALOGUE
 
-    return {s.name: s.input for s in LAB_STAGES}
+    return {s.name: s.input for s in CATALOGUE}
 
 
 def benchmark_ceiling(args: argparse.Namespace) -> str:

@@ -101,10 +101,10 @@ def stage_table(records: list[Record]) -> str:
 def skipped_parts() -> dict[str, str]:
     """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
     preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
-    from servelab.lab import STAGES, preflight
+    from servelab.lab import LAB_STAGES, preflight
     from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
 
-    skipped = preflight(list(STAGES))
+    skipped = preflight(list(LAB_STAGES))
     try:
         locate()
     except PrometheusNotFound as exc:

@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
@@ -42,8 +42,10 @@ from servelab.bench.records import append_record
 from servelab.monitoring import run_series
 from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.procs import DIRECT, ServerProcess, free_port
+from servelab.procs import DIRECT, free_port
+from servelab.serving.child import fastapi_process
 from servelab.settings import get_settings
+from servelab.stages import CATALOGUE, PT, Stage
 
 RESULTS = REPO_ROOT / "results"
 # Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
@@ -87,64 +89,14 @@ class Plan:
 BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
 
 
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    about: str
-    family: str  # "fastapi" or "triton"
-    service: str = ""  # fastapi: the `servelab serve` service
-    env: dict[str, str] = field(default_factory=dict)  # fastapi: settings for the service
-    model: str = ""  # triton: the model measured
-    input: str = "bytes"  # triton: "bytes" (encoded image) or "tensor" (client-side preprocessing)
-    stand_in: str = ""
-    batches: bool = False  # triton: also requests of BATCH images (the model batches them in one pass)
-    both_arrivals: bool = False  # triton: constant as well as Poisson arrivals at each rate
-    variant: str = ""  # the ONNX model variant served (servelab.models.variants), named in each record
-    needs_gpu: bool = False  # skipped, with the reason, on the CPU
-    step_load: bool = False  # ray: also a step load (low -> high -> low) with replicas over time
-    node_failure: bool = False  # ray: also a run in which a worker node is killed mid-load
+def stand_in(stage: Stage) -> str:
+    """What stands in for the node's set-up when this stage runs here, named in each of its records."""
+    if stage.family == "ray":
+        return RAY_STAND_IN
+    return ONNX_STAND_IN if stage.family == "triton" and stage.triton.model != PT else ""
 
 
-STAGES: tuple[Stage, ...] = (
-    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", "fastapi", service="fastapi-pt"),
-    Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference", "fastapi", service="fastapi-onnx",
-          variant="fp32"),
-    Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)", "fastapi",
-          service="fastapi-onnx", env={"ONNX_VARIANT": "u8"}, variant="u8"),
-    Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)", "fastapi", service="fastapi-onnx",
-          env={"ONNX_VARIANT": "int8"}, variant="int8"),
-    Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)", "fastapi", service="fastapi-onnx",
-          env={"ONNX_VARIANT": "fp16"}, variant="fp16", needs_gpu=True),
-    Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)", "fastapi",
-          service="fastapi-onnx", env={"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
-    Stage("pt-1", "Triton Python backend (PyTorch), 1 instance", "triton", model="food_classifier", batches=True),
-    Stage("pt-dyn", "Triton Python backend, 1 instance + dynamic batching", "triton", model="food_classifier",
-          batches=True),
-    Stage("pt-2x2", "Triton Python backend, 2 instances on each of 2 GPUs (all 4 on one GPU, or on the CPU)", "triton", model="food_classifier"),
-    Stage("onnx-1", "Triton ONNX model, 1 instance", "triton", model="food_classifier_onnx", input="tensor",
-          stand_in=ONNX_STAND_IN, variant="fp32"),
-    Stage("onnx-u8", "Triton ONNX model with preprocessing inside, 1 instance (uint8 crops in)", "triton",
-          model="food_classifier_onnx_u8", input="uint8", stand_in=ONNX_STAND_IN, variant="u8"),
-    Stage("onnx-int8", "Triton INT8 ONNX model (static), 1 instance (uint8 crops in)", "triton",
-          model="food_classifier_onnx_int8", input="uint8", stand_in=ONNX_STAND_IN, variant="int8"),
-    Stage("onnx-fp16", "Triton float16 ONNX model, 1 instance (uint8 crops in; GPU only)", "triton",
-          model="food_classifier_onnx_fp16", input="uint8", stand_in=ONNX_STAND_IN, variant="fp16", needs_gpu=True),
-    Stage("onnx-2", "Triton ONNX model, 2 instances", "triton", model="food_classifier_onnx", input="tensor",
-          stand_in=ONNX_STAND_IN),
-    Stage("onnx-dyn", "Triton ONNX model, 1 instance + dynamic batching", "triton", model="food_classifier_onnx",
-          input="tensor", stand_in=ONNX_STAND_IN, batches=True, both_arrivals=True),
-    Stage("ensemble", "Triton ensemble: server-side preprocessing + ONNX model", "triton",
-          model="food_classifier_ensemble", stand_in=ONNX_STAND_IN),
-    # Ray Serve (servelab.rayserve.stages): the fastapi-onnx service in replicas over a head and a worker node.
-    Stage("ray-1", "Ray Serve, 1 replica", "ray", service="ray-1", stand_in=RAY_STAND_IN),
-    Stage("ray-2", "Ray Serve, 2 replicas (one per node)", "ray", service="ray-2", stand_in=RAY_STAND_IN,
-          node_failure=True),
-    Stage("ray-4", "Ray Serve, 4 replicas (two per node)", "ray", service="ray-4", stand_in=RAY_STAND_IN),
-    Stage("ray-dyn", "Ray Serve, 2 replicas + @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)", "ray",
-          service="ray-dyn", stand_in=RAY_STAND_IN),
-    Stage("ray-auto", "Ray Serve, autoscaling replicas (RAY_AUTOSCALE_*)", "ray", service="ray-auto",
-          stand_in=RAY_STAND_IN, step_load=True),
-)
+LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
 
 
 class Lab:
@@ -167,15 +119,13 @@ class Lab:
     @contextmanager
     def fastapi(self, stage: Stage) -> Iterator[tuple[str, int]]:
         port = free_port()
-        cmd = [sys.executable, "-m", "servelab", "serve", stage.service, "--host", "127.0.0.1", "--port", str(port)]
-        # No access log while measuring: a log line per request is work the lab does not study.
-        env = {"ACCESS_LOG": "0", **stage_env(self.device), **stage.env}
+        env = {**stage_env(self.device), **stage.fastapi.env}
         # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target, time
         # the server spends loading its model anyway. A GPU stage may build a TensorRT engine before it
         # is ready: minutes on a first run.
         with self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped, \
-                ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", self.logs / f"{stage.name}.log",
-                              env=env, ready_timeout=900 if self.device == "gpu" else 180) as server:
+                fastapi_process(stage.fastapi.service, port, self.logs / f"{stage.name}.log", env,
+                                ready_timeout=900 if self.device == "gpu" else 180) as server:
             try:
                 yield f"http://127.0.0.1:{port}", server.pid
             finally:
@@ -183,23 +133,22 @@ class Lab:
 
     def triton(self, first: Stage, ports):
         from servelab.triton.server import start_local
-        from servelab.triton.stages import STAGES as TRITON_STAGES
-
         # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
-        return start_local(TRITON_STAGES[first.name], kind=self.device, repository=get_settings().triton_model_repository,
+        return start_local(first, kind=self.device, repository=get_settings().triton_model_repository,
                            log=self.logs / "tritonserver.log", ports=ports)
 
     # --- measurements ----------------------------------------------------------------------------
 
     def _stand_in(self, stage: Stage, manifest: Manifest) -> str | None:
-        return "; ".join(s for s in (manifest.description if manifest.stand_in else "", stage.stand_in) if s) or None
+        return "; ".join(s for s in (manifest.description if manifest.stand_in else "", stand_in(stage)) if s) or None
 
     def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str,
                 extra: dict | None = None) -> float | None:
         """The stage's loads; returns its capacity (throughput at the highest concurrency)."""
         # Records are written by _run, once the server's own series are attached.
         common = dict(stage=stage.name, server_pid=pid, stand_in=self._stand_in(stage, manifest))
-        config = {"about": stage.about, **stage.env, **({"variant": stage.variant} if stage.variant else {}),
+        env = stage.fastapi.env if stage.family == "fastapi" else {}
+        config = {"about": stage.about, **env, **({"variant": stage.variant} if stage.variant else {}),
                   "device": self.device, "runs_on": runs_on, **(extra or {})}
         self.log(f"    runs on: {runs_on}")
         p = self.plan
@@ -216,14 +165,16 @@ class Lab:
         for load in [Load.sequential(p.sequential, warmup=p.warmup)] + [
                 Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]:
             capacity = each_tool(target, load).stats.throughput_rps or capacity
-        if stage.batches:
+        batches = stage.family == "triton" and stage.triton.batches
+        both_arrivals = stage.family == "triton" and stage.triton.both_arrivals
+        if batches:
             each_tool(replace(target, batch=BATCH), Load.sequential(p.batched, warmup=min(p.warmup, p.batched)))
         for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
             rate = round(fraction * capacity, 1)
             window = dict(requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup, seed=seed)
-            for arrivals in ("constant", "poisson") if stage.both_arrivals else ("poisson",):
+            for arrivals in ("constant", "poisson") if both_arrivals else ("poisson",):
                 # perf_analyzer only where both arrival processes are measured: the lab's rate step.
-                each_tool(target, Load.open(rate, arrivals, **window), tools if stage.both_arrivals else tools[:1])
+                each_tool(target, Load.open(rate, arrivals, **window), tools if both_arrivals else tools[:1])
         return capacity
 
     def _run(self, tool: Callable, target, load: Load) -> Record:
@@ -304,10 +255,11 @@ class Lab:
 
                 def one(stage=stage):
                     config = server.apply_stage(stage.name)
-                    self.scraped = scraped.narrowed(model=stage.model)
-                    target = TritonTarget(server.url, stage.model, self.image, input=stage.input,
+                    model = stage.triton.model
+                    self.scraped = scraped.narrowed(model=model)
+                    target = TritonTarget(server.url, model, self.image, input=stage.input,
                                           image_name=self.image_name, manifest=paths.manifest)
-                    said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), stage.model,
+                    said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), model,
                                          instance_count(config.get("instance_group", [])))
                     self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
 
@@ -337,8 +289,8 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
 
 def select_stages(names: str | None) -> list[Stage]:
     if not names:
-        return list(STAGES)
-    by_name = {s.name: s for s in STAGES}
+        return list(LAB_STAGES)
+    by_name = {s.name: s for s in LAB_STAGES}
     unknown = [n for n in names.split(",") if n not in by_name]
     if unknown:
         raise SystemExit(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
@@ -348,7 +300,7 @@ def select_stages(names: str | None) -> list[Stage]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("lab", help="run every lab stage locally (CPU or GPU) and write results/")
     p.add_argument("--quick", action="store_true", help="a few requests per measurement (tests, a first look)")
-    p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in STAGES)}")
+    p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in LAB_STAGES)}")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: results/)")
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="the photo sent in every request")
     p.add_argument("--concurrency", help="closed-loop concurrencies, comma-separated (default 8,16; --quick: 8)")

@@ -57,7 +57,7 @@ def node_config(stage_name: str) -> str:
     from servelab.triton.stages import STAGES, effective_config, render
 
     stage = STAGES[stage_name]
-    config = effective_config(stage, stage.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING)
+    config = effective_config(stage, stage.triton.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING)
     del config.parameters["servelab_stage"]
     return render(config)
 
@@ -69,9 +69,9 @@ def stage_config(name: str, previous: str = "") -> str:
 
     if not previous:
         stage = STAGES[name]
-        if stage.changes:
+        if stage.triton.changes:
             raise ValueError(f"{name} changes its base config: show it as a diff from the stage before it")
-        path = f"models_staging/{stage.model}/config.pbtxt"
+        path = f"models_staging/{stage.triton.model}/config.pbtxt"
         return f"`{path}`, which `{name}` uses as it is:\n\n```text\n{(REPO_ROOT / path).read_text()}```"
     diff = config_diff(node_config(previous), node_config(name), f"{previous}/config.pbtxt", f"{name}/config.pbtxt")
     return f"`{name}` against `{previous}`, as Triton runs them on the node:\n\n```diff\n" + "\n".join(diff) + "\n```"
@@ -119,7 +119,7 @@ def triton_models() -> str:
         return "`python` backend, `1/model.py`"
 
     rows = ["| model | on the lab node | locally (`make lab`, `servelab triton up`) |", "|---|---|---|"]
-    any_stage = {m: s for s in STAGES.values() for m in s.models}
+    any_stage = {m: s for s in STAGES.values() for m in s.triton.models}
     for model in ALL_MODELS:
         local = effective_config(any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING)
         rows.append(f"| `{model}` | {runner(base_config(MODELS_STAGING, model))} | {runner(local)} |")
@@ -130,14 +130,14 @@ def triton_models() -> str:
 
 def lab_stages() -> str:
     """The stages `make lab` measures, and the node's stages it leaves out."""
-    from servelab.lab import STAGES as LAB_STAGES
-    from servelab.triton.stages import STAGES as TRITON_STAGES
+    from servelab.lab import LAB_STAGES, ONNX_STAND_IN, RAY_STAND_IN, stand_in
+    from servelab.stages import CATALOGUE
 
+    notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
+             RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
     rows = ["| stage | what `make lab` serves |", "|---|---|"]
-    rows += [f"| `{s.name}` | {s.about}{' (**LOCAL STAND-IN** for the ONNX Runtime backend)' if s.stand_in else ''} |"
-             for s in LAB_STAGES]
-    local = {s.name for s in LAB_STAGES}
-    left_out = [f"`{s.name}` ({s.summary})" for s in TRITON_STAGES.values() if s.name not in local]
+    rows += [f"| `{s.name}` | {s.about}{notes[stand_in(s)]} |" for s in LAB_STAGES]
+    left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
     if left_out:
         rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
     return "\n".join(rows)

@@ -94,18 +94,18 @@ def test_triton_backends(local_triton, backend, tmp_path):
         with gourmetgram(backend, tmp_path / "flask.log", TRITON_SERVER_URL=local_triton.url) as app:
             for name, photo in PHOTOS.items():
                 if backend == "triton_onnx":
-                    result = client.infer(STAGES[stage].model, triton.tensor_inputs("http", preprocess(photo)[None]),
+                    result = client.infer(STAGES[stage].triton.model, triton.tensor_inputs("http", preprocess(photo)[None]),
                                           outputs=triton.tensor_outputs("http"))
                     (direct,) = triton.tensor_predictions(result)
                 else:
-                    result = client.infer(STAGES[stage].model, triton.image_inputs("http", [photo]),
+                    result = client.infer(STAGES[stage].triton.model, triton.image_inputs("http", [photo]),
                                           outputs=triton.label_outputs("http"))
                     (direct,) = triton.predictions(result)
                 label, probability, page = classify_page(app, photo)
                 assert label == direct.label, name
                 assert probability == pytest.approx(direct.probability, abs=0.0006)
             assert re.search(r'id="stage">(.*?)<', page).group(1) == f"{stage} (cpu)"
-            assert f"{STAGES[stage].model} (version 1)" in page
+            assert f"{STAGES[stage].triton.model} (version 1)" in page
             assert 'id="stand-in"' in page  # the offline model, and this host has its manifest
     finally:
         client.close()

@@ -127,7 +127,7 @@ def test_triton_kind_gpu_instances_are_on_gpu_device_ids(stage, artifacts, tmp_p
 
     log = tmp_path / "tritonserver.log"
     with start_local(STAGES[stage], kind="gpu", repository=get_settings().triton_model_repository, log=log) as server:
-        config = model_config(server.url, STAGES[stage].model)
+        config = model_config(server.url, STAGES[stage].triton.model)
     groups = config["instance_group"]
     assert {g["kind"] for g in groups} == {"KIND_GPU"}
     assert {int(i) for g in groups for i in g["gpus"]} <= set(range(gpu_count()))

@@ -14,7 +14,7 @@ from servelab.bench import read_records
 from servelab.device import stack
 from servelab.bench.ceiling import measure_ceiling
 from servelab.gpu_check import record_markdown
-from servelab.lab import STAGES, preflight
+from servelab.lab import LAB_STAGES as STAGES, preflight
 from servelab.settings import get_settings
 from servelab.triton.stages import gpu_count
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from servelab import notebook_blocks, original_lab
-from servelab.lab import STAGES as LAB_STAGES
+from servelab.lab import LAB_STAGES
 from servelab.notebook_blocks import definition_source, expand, specs, stage_config
 from servelab.notebooks import NOTEBOOK_DIR, sources, to_notebook
 from servelab.triton.stages import STAGES as TRITON_STAGES
@@ -88,7 +88,7 @@ def test_every_triton_stage_shows_its_config_and_diffs_name_real_stages() -> Non
     assert [args[0] for args in shown] == list(TRITON_STAGES)  # in the order the notebook walks them
     for args in shown:
         assert set(args) <= set(TRITON_STAGES)
-        assert not TRITON_STAGES[args[0]].changes or len(args) == 2, f"{args[0]}: show what it changes as a diff"
+        assert not TRITON_STAGES[args[0]].triton.changes or len(args) == 2, f"{args[0]}: show what it changes as a diff"
 
 
 def test_a_stage_config_diff_shows_exactly_what_the_stage_changes() -> None:

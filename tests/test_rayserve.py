@@ -165,10 +165,10 @@ def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray
 def test_replicas_ask_for_a_gpu_of_their_own_only_where_told():
     """Without `num_gpus` Ray leaves CUDA_VISIBLE_DEVICES unset and every replica of a GPU node would share
     its first GPU; the local lab (CPU nodes) must ask for none, or nothing could be placed."""
-    from servelab.rayserve.stages import STAGES
+    from servelab.rayserve.stages import STAGES, deployment_options
     from servelab.settings import RaySettings
 
     for stage in STAGES.values():
-        assert stage.deployment_options(RaySettings(ray_replica_gpus=0))["ray_actor_options"] == {"num_cpus": 1}
-        on_gpus = stage.deployment_options(RaySettings(ray_replica_gpus=1))["ray_actor_options"]
+        assert deployment_options(stage, RaySettings(ray_replica_gpus=0))["ray_actor_options"] == {"num_cpus": 1}
+        on_gpus = deployment_options(stage, RaySettings(ray_replica_gpus=1))["ray_actor_options"]
         assert on_gpus == {"num_cpus": 1, "num_gpus": 1}

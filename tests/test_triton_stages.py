@@ -10,6 +10,7 @@ from photos import variants
 from servelab.paths import MODELS_STAGING
 from servelab.preprocess import preprocess
 from servelab.settings import get_settings
+from servelab import stages as catalogue
 from servelab.triton import backend, stages
 
 STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "ensemble", "onnx-u8", "onnx-int8",
@@ -18,7 +19,7 @@ STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-d
 
 def config(name: str, model: str | None = None, kind: stages.Kind = "gpu", onnxruntime: bool = True):
     stage = stages.get_stage(name)
-    return stages.effective_config(stage, model or stage.model, kind=kind, onnxruntime=onnxruntime,
+    return stages.effective_config(stage, model or stage.triton.model, kind=kind, onnxruntime=onnxruntime,
                                    repository=MODELS_STAGING)
 
 
@@ -32,16 +33,16 @@ def test_every_lab_configuration_is_a_stage():
 
 
 def test_base_configs_are_the_labs_interfaces():
-    pt = stages.base_config(MODELS_STAGING, stages.PT)
+    pt = stages.base_config(MODELS_STAGING, catalogue.PT)
     assert (pt.backend, pt.max_batch_size) == ("python", 16)
     string = stages.model_config_pb2.DataType.TYPE_STRING
     assert [(i.name, i.data_type, list(i.dims)) for i in pt.input] == [("INPUT_IMAGE", string, [1])]
     assert [(o.name, list(o.dims)) for o in pt.output] == [("FOOD_LABEL", [1]), ("PROBABILITY", [1])]
-    onnx = stages.base_config(MODELS_STAGING, stages.ONNX)
+    onnx = stages.base_config(MODELS_STAGING, catalogue.ONNX)
     assert (onnx.backend, onnx.max_batch_size) == ("onnxruntime", 16)
     assert [(i.name, list(i.dims)) for i in onnx.input] == [("input", [3, 224, 224])]
     assert [(o.name, list(o.dims)) for o in onnx.output] == [("output", [11])]
-    assert "logits" in (MODELS_STAGING / stages.ONNX / "config.pbtxt").read_text().lower()
+    assert "logits" in (MODELS_STAGING / catalogue.ONNX / "config.pbtxt").read_text().lower()
 
 
 @pytest.mark.parametrize(("name", "gpu", "cpu"), [
@@ -67,14 +68,14 @@ def test_dynamic_batching_only_where_the_lab_adds_it():
 
 
 def test_a_stage_changes_only_its_fields():
-    base = stages.base_config(MODELS_STAGING, stages.PT)
+    base = stages.base_config(MODELS_STAGING, catalogue.PT)
     cfg = config("pt-4x4")
     for field in ("name", "backend", "max_batch_size", "input", "output"):
         assert getattr(cfg, field) == getattr(base, field), field
     assert cfg.parameters["servelab_stage"].string_value == "pt-4x4 (gpu)"
 
 
-@pytest.mark.parametrize("model", [stages.ONNX_U8, stages.ONNX_INT8, stages.ONNX_FP16])
+@pytest.mark.parametrize("model", [catalogue.ONNX_U8, catalogue.ONNX_INT8, catalogue.ONNX_FP16])
 def test_variant_base_configs_take_uint8_crops(model):
     cfg = stages.base_config(MODELS_STAGING, model)
     assert (cfg.name, cfg.backend, cfg.max_batch_size) == (model, "onnxruntime", 16)
@@ -94,26 +95,26 @@ def test_onnx_stand_in_swap_is_labelled():
     for name in ("onnx-1", "onnx-u8", "onnx-int8"):
         swapped = config(name, kind="cpu", onnxruntime=False)
         assert swapped.default_model_filename == stages.STAND_IN_FILE
-        assert (MODELS_STAGING / stages.get_stage(name).model / "1" / swapped.default_model_filename).resolve() == (
-            MODELS_STAGING / stages.ONNX / "1" / "model.py").resolve()
+        assert (MODELS_STAGING / stages.get_stage(name).triton.model / "1" / swapped.default_model_filename).resolve() == (
+            MODELS_STAGING / catalogue.ONNX / "1" / "model.py").resolve()
     assert config("pt-1", onnxruntime=False).backend == "python"  # only the ONNX model is swapped
 
 
 def test_ensemble_loads_its_steps_first():
     stage = stages.get_stage("ensemble")
-    assert stage.models == ("food_preprocess", stages.ONNX, "food_postprocess", stages.ENSEMBLE)
+    assert stage.triton.models == ("food_preprocess", catalogue.ONNX, "food_postprocess", catalogue.ENSEMBLE)
     steps = [s.model_name for s in config("ensemble").ensemble_scheduling.step]
-    assert steps == ["food_preprocess", stages.ONNX, "food_postprocess"]
+    assert steps == ["food_preprocess", catalogue.ONNX, "food_postprocess"]
 
 
 def test_write_effective_leaves_the_base_alone(tmp_path):
-    for model in stages.get_stage("ensemble").models:
+    for model in stages.get_stage("ensemble").triton.models:
         (tmp_path / model).mkdir()
         (tmp_path / model / "config.pbtxt").write_bytes((MODELS_STAGING / model / "config.pbtxt").read_bytes())
     written = stages.write_effective(stages.get_stage("ensemble"), kind="cpu", onnxruntime=False, repository=tmp_path)
     assert [p.relative_to(tmp_path).as_posix() for p in written] == [
-        f"{m}/configs/stage.pbtxt" for m in stages.get_stage("ensemble").models]
-    for model in stages.get_stage("ensemble").models:
+        f"{m}/configs/stage.pbtxt" for m in stages.get_stage("ensemble").triton.models]
+    for model in stages.get_stage("ensemble").triton.models:
         base = (MODELS_STAGING / model / "config.pbtxt").read_bytes()
         assert (tmp_path / model / "config.pbtxt").read_bytes() == base
     assert written[1].read_text().startswith("# GENERATED")
@@ -177,9 +178,9 @@ def test_threads_per_instance_setting(monkeypatch):
 def test_kind_gpu_on_the_gpus_there_are(name, one_gpu):
     """Two GPUs: the P100 node's placement as written; one GPU: every instance on it, and the config says so."""
     stage = stages.get_stage(name)
-    on_two = stages.effective_config(stage, stage.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=2)
+    on_two = stages.effective_config(stage, stage.triton.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=2)
     assert instances(on_two) == instances(config(name)) and "servelab_gpu_placement" not in on_two.parameters
-    on_one = stages.effective_config(stage, stage.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=1)
+    on_one = stages.effective_config(stage, stage.triton.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=1)
     assert instances(on_one) == one_gpu
     assert ("servelab_gpu_placement" in on_one.parameters) == (len(one_gpu) > 1)
     if len(one_gpu) > 1:

@@ -150,7 +150,7 @@ def test_describe_config_shows_instances_and_batching() -> None:
     config = {"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_CPU"}],
               "dynamic_batching": {"max_queue_delay_microseconds": "100"}}
     assert describe_config("onnx-dyn", config).splitlines() == [
-        f"Triton runs onnx-dyn: {STAGES['onnx-dyn'].summary}",
+        f"Triton runs onnx-dyn: {STAGES['onnx-dyn'].about}",
         '  instances: 2 x KIND_GPU [0], 2 x KIND_CPU; dynamic_batching: {"max_queue_delay_microseconds": "100"}',
     ]
     assert describe_config("pt-1", {}).endswith("instances: -; dynamic_batching: \"off\"")

@@ -6,7 +6,7 @@ is one) and a generated local override that (1) binds every published port to 12
 chosen free port when asked, so parallel runs do not collide), (2) mounts other host folders in
 place of the checkout's models/, models_staging/, results/ or notebooks/ when asked (the tests use
 temporary ones), (3) runs the images' health checks more often, so a stage is up sooner, and (4) caps
-``ulimits`` at this machine's hard limits where they are lower (Triton's `memlock: -1`). A new compose file plugs in as one more ``ComposeStage``.
+``ulimits`` at this machine's hard limits where they are lower (Triton's `memlock: -1`). A FastAPI stage of the catalogue (``servelab.stages``) with ``compose=True`` is one more compose stage.
 """
 
 import json
@@ -20,6 +20,7 @@ import yaml
 from servelab.containers.docker import Docker
 from servelab.paths import REPO_ROOT
 from servelab.procs import free_port
+from servelab.stages import of_family
 
 COMPOSE_DIR = REPO_ROOT / "docker"
 NO_GPU_DIR = COMPOSE_DIR / "no-gpu"
@@ -48,17 +49,19 @@ class ComposeStage:
         return yaml.safe_load(self.path.read_text())["name"]
 
 
-STAGES = {s.name: s for s in (
-    ComposeStage("fastapi-pt", "docker-compose-fastapi.yaml", {"FASTAPI_STAGE": "fastapi_pt"},
-                 "FastAPI + PyTorch, GourmetGram, Jupyter"),
-    ComposeStage("fastapi-onnx", "docker-compose-fastapi.yaml", {"FASTAPI_STAGE": "fastapi_onnx"},
-                 "FastAPI + ONNX Runtime, GourmetGram, Jupyter"),
-    ComposeStage("fastapi-onnx-dyn", "docker-compose-fastapi.yaml",
-                 {"FASTAPI_STAGE": "fastapi_onnx", "MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"},
-                 "FastAPI + ONNX Runtime with dynamic batching (16 images, 5 ms)"),
-    ComposeStage("triton", "docker-compose-triton.yaml", {"BACKEND": "triton"},
-                 "Triton (switch its stage with `servelab triton stage`), GourmetGram, Jupyter"),
-)}
+def _compose_stages() -> dict[str, ComposeStage]:
+    """Each catalogue stage the node runs from a compose file of its own settings, and one Triton
+    stage (its server switches between the catalogue's Triton stages with `servelab triton stage`)."""
+    fastapi = {s.name: ComposeStage(s.name, "docker-compose-fastapi.yaml",
+                                    {"FASTAPI_STAGE": s.fastapi.service.replace("-", "_"), **s.fastapi.env},
+                                    f"{s.about}; GourmetGram, Jupyter")
+               for s in of_family("fastapi").values() if s.fastapi.compose}
+    triton = ComposeStage("triton", "docker-compose-triton.yaml", {"BACKEND": "triton"},
+                          "Triton (switch its stage with `servelab triton stage`), GourmetGram, Jupyter")
+    return {**fastapi, triton.name: triton}
+
+
+STAGES = _compose_stages()
 
 
 @dataclass

@@ -114,7 +114,7 @@ def shm_needed(repository: Path) -> tuple[int, str, int]:
     most = (0, "", 0)
     for stage in STAGES.values():
         need = instances = 0
-        for model in stage.models:
+        for model in stage.triton.models:
             config = json_format.MessageToDict(
                 effective_config(stage, model, kind="gpu", onnxruntime=True, repository=repository),
                 preserving_proto_field_name=True)

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from servelab.rayserve.stages import APP_NAME, DEPLOYMENT_NAME, RayStage
+from servelab.rayserve.stages import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
 from servelab.serving.batcher import BatchResult
 from servelab.settings import RaySettings
+from servelab.stages import Stage
 
 log = logging.getLogger("servelab.rayserve")
 
@@ -86,19 +87,19 @@ def build_app(stage: str, overrides: dict[str, str]):
     return create_app("onnx", settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
 
 
-def application(stage: RayStage, settings: RaySettings):
+def application(stage: Stage, settings: RaySettings):
     """The bound Serve application for ``stage`` (``serve.run`` it)."""
-    overrides = stage.serve_env(settings)
+    overrides = serve_env(stage, settings)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
     @serve.ingress(lambda: build_app(stage.name, overrides))
     class Food11:
         pass
 
-    return Food11.options(**stage.deployment_options(settings)).bind()
+    return Food11.options(**deployment_options(stage, settings)).bind()
 
 
-def deploy(stage: RayStage, settings: RaySettings, timeout_s: float = 300.0) -> None:
+def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> None:
     """Deploy a stage onto the cluster this driver is connected to, replacing the one running;
     returns once every replica is ready.
 

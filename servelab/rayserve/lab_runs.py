@@ -60,12 +60,12 @@ class RayRuns:
             for stage in stages:
                 lab.log(f"[{stage.name}] {stage.about}")
                 lab._guard(stage, lambda stage=stage: self.stage(stage))
-            for stage in (s for s in stages if s.node_failure):
+            for stage in (s for s in stages if s.ray.node_failure):
                 lab.log(f"[{stage.name}] node failure: a worker node killed mid-load")
                 lab._guard(stage, lambda stage=stage: self.node_failure(stage))
 
     def deploy(self, stage) -> dict:
-        deploy_in_child(stage.service, self.cluster, self.port, self.lab.logs / f"ray-deploy-{stage.name}.log")
+        deploy_in_child(stage.name, self.cluster, self.port, self.lab.logs / f"ray-deploy-{stage.name}.log")
         where = placement(self.cluster.dashboard_url, self.cluster.token)
         nodes = ", ".join(f"{node[:8]}: {n}" for node, n in where["replicas_per_node"].items())
         self.lab.log(f"    deployed; running replicas per Ray node id: {nodes}")
@@ -82,7 +82,7 @@ class RayRuns:
         where = self.deploy(stage)
         capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest, self.runs_on(),
                                     extra=where)
-        if stage.step_load and capacity:
+        if stage.ray.step_load and capacity:
             self.step_load(stage, capacity, where)
 
     def _record(self, stage, load: Load, sampler: ReplicaSampler, config: dict, timeout_s: float):

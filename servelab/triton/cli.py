@@ -53,7 +53,7 @@ def _settings():
 
 def _stages(args) -> int:
     for stage in stages.STAGES.values():
-        print(f"{stage.name:9} {stage.model:25} {stage.summary}")
+        print(f"{stage.name:9} {stage.triton.model:25} {stage.about}")
     return 0
 
 
@@ -61,7 +61,7 @@ def _render(args) -> int:
     settings = _settings()
     kind = stages.resolve_kind(args.kind or settings.triton_instance_kind)
     stage = stages.STAGES[args.name]
-    for model in stage.models:
+    for model in stage.triton.models:
         config = stages.effective_config(stage, model, kind=kind, onnxruntime=not args.stand_in,
                                          repository=settings.triton_model_repository)
         print(f"# {model}/configs/{stages.CONFIG_NAME}.pbtxt\n{stages.render(config)}")
@@ -78,7 +78,7 @@ def _up(args) -> int:
     http = args.port or urlsplit(f"//{server.server_address(settings.triton_server_url)}").port or 8000
     ports = server.Ports(http, args.grpc_port or http + 1, args.metrics_port or http + 2)
     stage = stages.STAGES[args.stage]
-    print(f"triton: starting tritonserver with stage {stage.name} ({stage.summary}) ...", flush=True)
+    print(f"triton: starting tritonserver with stage {stage.name} ({stage.about}) ...", flush=True)
     try:
         local = server.start_local(stage, ports=ports, kind=args.kind or settings.triton_instance_kind,
                                    repository=settings.triton_model_repository, exit_timeout_s=10,
@@ -87,7 +87,7 @@ def _up(args) -> int:
         print(f"triton: tritonserver did not become ready: {exc}")
         return 1
     server.save_state(server.state_of(local))
-    print(f"triton: {stage.model} READY ({local.kind}) at http://{local.url}, gRPC {local.grpc_url}, "
+    print(f"triton: {stage.triton.model} READY ({local.kind}) at http://{local.url}, gRPC {local.grpc_url}, "
           f"metrics http://127.0.0.1:{ports.metrics}/metrics; pid {local.process.pid}, log {local.process.log}")
     if not local.onnxruntime:
         print("triton: NOTE no onnxruntime backend here: food_classifier_onnx runs as a LOCAL STAND-IN "
@@ -112,8 +112,8 @@ def _stage(args) -> int:
         return 1
     if ours:
         server.save_state({**running, "stage": stage.name})
-    print(f"# stage {stage.name} ({kind}) on {url}: {stage.summary}; loaded {', '.join(stage.models)}")
-    print(f"# GET /v2/models/{stage.model}/config:")
+    print(f"# stage {stage.name} ({kind}) on {url}: {stage.about}; loaded {', '.join(stage.triton.models)}")
+    print(f"# GET /v2/models/{stage.triton.model}/config:")
     print(json.dumps(config, indent=2))
     return 0
 

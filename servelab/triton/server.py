@@ -42,7 +42,7 @@ STATE_FILE = CACHE_DIR / "tritonserver-up.json"
 # Loading many PyTorch instances on a small CPU takes a while; the load call blocks until done.
 LOAD_TIMEOUT_S = 600.0
 # Every model any stage loads, dependencies first (reversed, it is a safe unload order).
-ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.models))
+ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.triton.models))
 
 
 def wheel_dirs() -> tuple[Path, Path]:
@@ -164,10 +164,10 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     resolved = resolve_kind(kind)
     onnxruntime = onnxruntime_backend(install_dir)
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
-    cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.models,
+    cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
                          gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s)
     process = ServerProcess(
-        cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.model}/ready",
+        cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
         ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach,
     ).start()
@@ -200,13 +200,13 @@ def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool,
     index = _call(url, "POST", "/v2/repository/index", {"ready": True})  # fails early if unreachable
     write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
-    unload = [m for m in reversed(ALL_MODELS) if m in loaded and m not in stage.models]
+    unload = [m for m in reversed(ALL_MODELS) if m in loaded and m not in stage.triton.models]
     for model in unload:
         _call(url, "POST", f"/v2/repository/models/{model}/unload", {}, timeout_s)
     _wait_unloaded(url, unload, timeout_s)
-    for model in stage.models:
+    for model in stage.triton.models:
         _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s)
-    return model_config(url, stage.model)
+    return model_config(url, stage.triton.model)
 
 
 def _wait_unloaded(url: str, models: list[str], timeout_s: float) -> None:

@@ -1,9 +1,9 @@
-"""Every Triton configuration the lab walks through, as a named stage: config as data.
+"""The Triton stages of the catalogue (``servelab.stages``) rendered as model configs.
 
 The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs: the lab's first
-configuration of each model on its GPU node, readable as plain Triton configs. A stage names the
-model clients call and, per model, the few top-level fields that replace the base's fields
-(``instance_group``, ``dynamic_batching``); nothing else is ever copied or edited by hand.
+configuration of each model on its GPU node, readable as plain Triton configs. A stage's
+``TritonPart`` names the model clients call and, per model, the few top-level fields that replace
+the base's fields (``instance_group``, ``dynamic_batching``); nothing else is ever copied or edited by hand.
 
 Rendering a stage for a server (``render``) parses the base with Triton's own ``ModelConfig``
 protobuf (so a misspelt field fails here, not in the server), applies the stage's fields, then
@@ -27,8 +27,6 @@ stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git
 server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
 """
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +36,8 @@ from tritonclient.grpc import model_config_pb2
 from servelab.device import gpu_count
 from servelab.inference import batch_buckets
 from servelab.settings import get_settings
+from servelab.stages import Stage, of_family
+from servelab.stages import get_stage as catalogue_stage
 from servelab.triton.backend import instance_count
 
 Kind = Literal["gpu", "cpu"]
@@ -48,50 +48,11 @@ STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.o
                  "tritonserver has no onnxruntime backend; timings differ from the ONNX Runtime backend")
 
 
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    model: str  # the model clients call
-    summary: str
-    changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model -> replaced fields
-    needs: tuple[str, ...] = ()  # models loaded before ``model`` (an ensemble's steps)
-
-    @property
-    def models(self) -> tuple[str, ...]:
-        """Every model this stage loads, dependencies first."""
-        return (*self.needs, self.model)
-
-
-def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
-    """``instance_group`` with ``count`` instances on each listed GPU, one entry per (count, gpus)."""
-    return {"instance_group": [{"count": count, "kind": "KIND_GPU", "gpus": gpus} for count, gpus in groups]}
-
-
-PT, ONNX, ENSEMBLE = "food_classifier", "food_classifier_onnx", "food_classifier_ensemble"
-ONNX_U8, ONNX_INT8, ONNX_FP16 = "food_classifier_onnx_u8", "food_classifier_onnx_int8", "food_classifier_onnx_fp16"
-
-STAGES: dict[str, Stage] = {s.name: s for s in (
-    Stage("pt-1", PT, "Python backend (PyTorch), 1 instance on GPU 0 (the base config)"),
-    Stage("pt-dyn", PT, "pt-1 + dynamic batching", {PT: {"dynamic_batching": {}}}),
-    Stage("pt-2x2", PT, "2 instances on GPU 0 and 2 on GPU 1", {PT: _instances((2, [0]), (2, [1]))}),
-    Stage("pt-4x4", PT, "4 instances on GPU 0 and 4 on GPU 1", {PT: _instances((4, [0]), (4, [1]))}),
-    Stage("onnx-1", ONNX, "ONNX Runtime backend, 1 instance on GPU 0 (the base config)"),
-    Stage("onnx-2", ONNX, "2 instances on each of GPUs 0 and 1", {ONNX: _instances((2, [0, 1]))}),
-    Stage("onnx-dyn", ONNX, "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
-          {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8], "max_queue_delay_microseconds": 100}}}),
-    Stage("ensemble", ENSEMBLE, "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess",
-          needs=("food_preprocess", ONNX, "food_postprocess")),
-    Stage("onnx-u8", ONNX_U8, "onnx-1 with preprocessing in the model: uint8 crops in (the base config)"),
-    Stage("onnx-int8", ONNX_INT8, "onnx-u8 quantized to INT8, static QDQ (the base config)"),
-    Stage("onnx-fp16", ONNX_FP16, "onnx-u8 in float16, GPU only (the base config)"),
-)}
+STAGES: dict[str, Stage] = of_family("triton")
 
 
 def get_stage(name: str) -> Stage:
-    try:
-        return STAGES[name]
-    except KeyError:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}") from None
+    return catalogue_stage(name, "triton")
 
 
 def resolve_kind(kind: str) -> Kind:
@@ -152,7 +113,7 @@ def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
     """The config ``model`` runs with in ``stage`` on a server of that kind; ``gpus``: the GPUs of
     the machine that server runs on (0 = not known here: the GPU ids stay as written)."""
     fields = json_format.MessageToDict(base_config(repository, model), preserving_proto_field_name=True)
-    fields.update(stage.changes.get(model, {}))
+    fields.update(stage.triton.changes.get(model, {}))
     parameters = fields.setdefault("parameters", {})
     parameters["servelab_stage"] = {"string_value": f"{stage.name} ({kind})"}
     if fields.get("backend") == "onnxruntime":
@@ -180,12 +141,12 @@ def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: 
     """Write ``<model>/configs/stage.pbtxt`` for every model of the stage; returns the paths."""
     written = []
     gpus = gpu_count() if kind == "gpu" else 0
-    for model in stage.models:
+    for model in stage.triton.models:
         config = effective_config(stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository, gpus=gpus)
         dest = Path(repository) / model / "configs" / f"{CONFIG_NAME}.pbtxt"
         dest.parent.mkdir(exist_ok=True)
         header = (f"# GENERATED by `servelab triton stage {stage.name}` ({kind}) from ../config.pbtxt; "
-                  "edit servelab/triton/stages.py, not this file.\n")
+                  "edit servelab/stages.py, not this file.\n")
         tmp = dest.with_suffix(".part")
         tmp.write_text(header + render(config))
         tmp.replace(dest)  # a server (re)loading now never reads half a file

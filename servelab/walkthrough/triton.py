@@ -82,7 +82,7 @@ def running_stage(url: str, model: str) -> str:
 def describe_config(name: str, config: dict[str, Any]) -> str:
     """What a stage's model config says about instances and batching, in two lines."""
     groups = [f"{g['count']} x {g['kind']} {g.get('gpus') or ''}".strip() for g in config.get("instance_group", [])]
-    return (f"Triton runs {name}: {STAGES[name].summary}\n"
+    return (f"Triton runs {name}: {STAGES[name].about}\n"
             f"  instances: {', '.join(groups) or '-'}; dynamic_batching: {json.dumps(config.get('dynamic_batching', 'off'))}")
 
 
@@ -132,22 +132,22 @@ class TritonWalkthrough:
         its log."""
         stage = STAGES[name]
         deadline = time.monotonic() + self.wait_s
-        if self.stage_command and running_stage(self.url, stage.model) != name:
-            took = run_switch(self.stage_command.format(name=name), self.url, stage.models, wait_s=self.wait_s)
+        if self.stage_command and running_stage(self.url, stage.triton.model) != name:
+            took = run_switch(self.stage_command.format(name=name), self.url, stage.triton.models, wait_s=self.wait_s)
             print(f"switched to {name} in {took:.0f} s")
         try:
-            wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, stage.model),
+            wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, stage.triton.model),
                        name, wait_s=max(0.0, deadline - time.monotonic()))
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}{diagnosis(self.url, stage.models)}") from None
-        config = self.config(stage.model)
+            raise TimeoutError(f"{exc}{diagnosis(self.url, stage.triton.models)}") from None
+        config = self.config(stage.triton.model)
         print(describe_config(name, config))
         return config
 
     def stand_in(self, name: str) -> str | None:
         """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
         notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
-                 for m in STAGES[name].models]
+                 for m in STAGES[name].triton.models]
         manifest = Path(self.repository or "") / "food_classifier" / "1" / "food11.json"
         if manifest.exists() and (loaded := load_manifest(manifest)).stand_in:
             notes.append(loaded.description)
@@ -180,7 +180,7 @@ class TritonWalkthrough:
         """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
         through it and print its answer; skipped when no stage in ``stages`` serves its model."""
         model = DEFAULT_MODELS[backend]
-        if not any(STAGES[name].model == model for name in self.stages):
+        if not any(STAGES[name].triton.model == model for name in self.stages):
             print(f"skipped: no stage in STAGES serves {model} (GourmetGram's BACKEND={backend})")
             return
         try_gourmetgram(self.flask_urls.get(backend, self.flask_url), self.photo, backend=backend, wait_s=self.wait_s)
@@ -214,7 +214,7 @@ class TritonWalkthrough:
             print(f"skipped: {name} is not in STAGES")
             return []
         config = self.use_stage(name)
-        model = STAGES[name].model
+        model = STAGES[name].triton.model
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=input_kind(model),
                               batch=batch, image_name=self.photo.name)
         stand_in = self.stand_in(name)

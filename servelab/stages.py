@@ -1,0 +1,175 @@
+"""The stage catalogue: every stage of the lab, once.
+
+A stage is one serving set-up the lab measures: a name, what it teaches, and the part that says how
+its family runs it:
+
+* ``FastAPIPart``: the ``servelab serve`` service and the settings it runs with;
+* ``TritonPart``: the model clients call and the few config fields that replace its base
+  ``models_staging/<model>/config.pbtxt`` fields (``servelab.triton.stages`` renders them);
+* ``RayPart``: replicas, ``@serve.batch`` and autoscaling (``servelab.rayserve.stages`` turns them
+  into deployment options).
+
+Everything that runs stages reads this table: the lab, the benchmark, the report, the notebooks'
+generated lists, ``servelab triton``, ``servelab ray`` and the containers runner. Adding a stage is
+one entry here (plus, for a new model, its folder in ``models_staging/``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Family = Literal["fastapi", "triton", "ray"]
+Input = Literal["bytes", "tensor", "uint8"]
+
+# The Triton models clients call (folders of models_staging/).
+PT, ONNX, ENSEMBLE = "food_classifier", "food_classifier_onnx", "food_classifier_ensemble"
+ONNX_U8, ONNX_INT8, ONNX_FP16 = "food_classifier_onnx_u8", "food_classifier_onnx_int8", "food_classifier_onnx_fp16"
+
+# The batching every batching stage uses, on FastAPI and on the node's compose file: up to 16 images, 5 ms.
+BATCHING = {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}
+
+
+@dataclass(frozen=True)
+class FastAPIPart:
+    service: Literal["fastapi-pt", "fastapi-onnx"]  # the `servelab serve` service
+    env: Mapping[str, str] = field(default_factory=dict)  # its settings (servelab.settings.ServeSettings)
+    compose: bool = False  # also a compose stage on the node (docker/docker-compose-fastapi.yaml)
+
+    @property
+    def backend(self) -> Literal["pytorch", "onnx"]:
+        """The service's backend (``servelab.serving.create_app``'s kind)."""
+        return "pytorch" if self.service == "fastapi-pt" else "onnx"
+
+
+@dataclass(frozen=True)
+class TritonPart:
+    model: str  # the model clients call
+    changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model -> replaced config fields
+    needs: tuple[str, ...] = ()  # models loaded before ``model`` (an ensemble's steps)
+    input: Input = "bytes"  # what a client sends: an encoded photo, or a crop it preprocessed itself
+    batches: bool = False  # the lab also sends requests of 16 images (the model batches them in one pass)
+    both_arrivals: bool = False  # the lab offers constant as well as Poisson arrivals at each rate
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model this stage loads, dependencies first."""
+        return (*self.needs, self.model)
+
+
+@dataclass(frozen=True)
+class RayPart:
+    replicas: int = 1  # fixed replicas; for autoscaling, the most
+    batching: bool = False  # @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)
+    autoscaling: bool = False  # RAY_AUTOSCALE_* settings
+    max_replicas_per_node: int | None = None  # None: as many as the node's CPUs allow
+    step_load: bool = False  # the lab also runs a step load (low -> high -> low), replicas over time
+    node_failure: bool = False  # the lab also runs a load during which a worker node is killed
+
+
+Part = FastAPIPart | TritonPart | RayPart
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    about: str  # what the stage is, in a line; the lesson is the difference from the stage it follows
+    part: Part
+    variant: str = ""  # the ONNX model variant served (servelab.models.variants), named in each record
+    needs_gpu: bool = False  # skipped, with the reason, on the CPU
+    in_lab: bool = True  # measured by `servelab lab` (False: on the node only)
+
+    @property
+    def family(self) -> Family:
+        return {FastAPIPart: "fastapi", TritonPart: "triton", RayPart: "ray"}[type(self.part)]  # type: ignore[return-value]
+
+    @property
+    def fastapi(self) -> FastAPIPart:
+        return self._part(FastAPIPart)
+
+    @property
+    def triton(self) -> TritonPart:
+        return self._part(TritonPart)
+
+    @property
+    def ray(self) -> RayPart:
+        return self._part(RayPart)
+
+    def _part(self, kind: type) -> Any:
+        if not isinstance(self.part, kind):
+            raise TypeError(f"{self.name} is a {self.family} stage")
+        return self.part
+
+    @property
+    def input(self) -> Input:
+        """What its client sends: FastAPI and Ray stages take encoded photos."""
+        return self.part.input if isinstance(self.part, TritonPart) else "bytes"
+
+
+def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
+    """``instance_group`` with ``count`` instances on each listed GPU, one entry per (count, gpus)."""
+    return {"instance_group": [{"count": count, "kind": "KIND_GPU", "gpus": gpus} for count, gpus in groups]}
+
+
+CATALOGUE: tuple[Stage, ...] = (
+    # In the order the notebooks teach them; the model variants come last in each family.
+    # FastAPI (4_fastapi): one process, one model; batching is the service's own (servelab.serving.batcher).
+    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True)),
+    Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
+          FastAPIPart("fastapi-onnx", compose=True), variant="fp32"),
+    Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
+          FastAPIPart("fastapi-onnx", BATCHING, compose=True)),
+    Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "u8"}), variant="u8"),
+    Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)",
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8"),
+    Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True),
+    # Triton (6_triton): each stage a config change from the one before it.
+    Stage("pt-1", "Triton Python backend (PyTorch), 1 instance on GPU 0 (the base config)",
+          TritonPart(PT, batches=True)),
+    Stage("pt-dyn", "pt-1 + dynamic batching", TritonPart(PT, {PT: {"dynamic_batching": {}}}, batches=True)),
+    Stage("pt-2x2", "Triton Python backend, 2 instances on each of 2 GPUs (4 instances; all on one GPU, or on the CPU)",
+          TritonPart(PT, {PT: _instances((2, [0]), (2, [1]))})),
+    Stage("pt-4x4", "Triton Python backend, 4 instances on each of 2 GPUs (8 instances)",
+          TritonPart(PT, {PT: _instances((4, [0]), (4, [1]))}), in_lab=False),
+    Stage("onnx-1", "Triton ONNX Runtime backend, 1 instance on GPU 0 (the base config)",
+          TritonPart(ONNX, input="tensor"), variant="fp32"),
+    Stage("onnx-2", "onnx-1 with 2 instances on each of GPUs 0 and 1 (4 instances)",
+          TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}, input="tensor")),
+    Stage("onnx-dyn", "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
+          TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
+                                                        "max_queue_delay_microseconds": 100}}},
+                     input="tensor", batches=True, both_arrivals=True)),
+    Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",
+          TritonPart(ENSEMBLE, needs=("food_preprocess", ONNX, "food_postprocess"))),
+    Stage("onnx-u8", "onnx-1 with preprocessing in the model: uint8 crops in (the base config)",
+          TritonPart(ONNX_U8, input="uint8"), variant="u8"),
+    Stage("onnx-int8", "onnx-u8 quantized to INT8, static QDQ (the base config)",
+          TritonPart(ONNX_INT8, input="uint8"), variant="int8"),
+    Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
+          TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True),
+    # Ray Serve (9_ray): the fastapi-onnx service in replicas over a head and a worker node.
+    Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1)),
+    Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True)),
+    Stage("ray-4", "Ray Serve, 4 replicas (two per node)", RayPart(replicas=4, max_replicas_per_node=2)),
+    Stage("ray-dyn", "Ray Serve, 2 replicas (one per node) + @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)",
+          RayPart(replicas=2, batching=True, max_replicas_per_node=1)),
+    Stage("ray-auto", "Ray Serve, autoscaling replicas (RAY_AUTOSCALE_*)",
+          RayPart(autoscaling=True, max_replicas_per_node=2, step_load=True)),
+)
+
+STAGES: dict[str, Stage] = {s.name: s for s in CATALOGUE}
+
+
+def of_family(family: Family) -> dict[str, Stage]:
+    """The stages one runner runs, in catalogue order."""
+    return {s.name: s for s in CATALOGUE if s.family == family}
+
+
+def get_stage(name: str, family: Family | None = None) -> Stage:
+    """The stage called ``name`` (of ``family``, when given), or a ValueError listing the names there are."""
+    stages = of_family(family) if family else STAGES
+    try:
+        return stages[name]
+    except KeyError:
+        raise ValueError(f"unknown {family + ' ' if family else ''}stage {name!r}; stages: {', '.join(stages)}") from None

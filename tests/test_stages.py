@@ -1,0 +1,94 @@
+"""The stage catalogue: every stage is runnable by each runner that claims it.
+
+Each runner's own check, without starting a server: the `servelab serve` service and settings of a
+FastAPI stage, the rendered Triton configs of a Triton stage (parsed by Triton's own protobuf, on the
+node and locally), the Ray Serve options of a Ray stage (validated by Ray Serve itself), the compose
+file of a compose stage; and the lab, the benchmark and the notebooks' lists read the same table.
+"""
+
+import pytest
+import yaml
+from google.protobuf import json_format
+
+from servelab import benchmark, lab
+from servelab.cli import build_parser
+from servelab.containers import stages as compose
+from servelab.models.variants import VARIANTS
+from servelab.notebook_blocks import lab_stages
+from servelab.paths import MODELS_STAGING
+from servelab.rayserve import stages as ray_stages
+from servelab.settings import RaySettings, ServeSettings
+from servelab.stages import CATALOGUE, STAGES, Stage, get_stage, of_family
+from servelab.triton import stages as triton_stages
+
+
+def by_family(family: str) -> list[Stage]:
+    return list(of_family(family).values())
+
+
+def test_each_stage_is_named_once_and_belongs_to_one_family() -> None:
+    assert len(STAGES) == len(CATALOGUE)
+    assert {s.family for s in CATALOGUE} == {"fastapi", "triton", "ray"}
+    assert sum(len(of_family(f)) for f in ("fastapi", "triton", "ray")) == len(CATALOGUE)
+    assert all(s.about for s in CATALOGUE)
+    with pytest.raises(TypeError, match="pt-1 is a triton stage"):
+        get_stage("pt-1").fastapi
+    with pytest.raises(ValueError, match="unknown ray stage 'pt-1'; stages: ray-1"):
+        get_stage("pt-1", "ray")
+
+
+@pytest.mark.parametrize("stage", by_family("fastapi"), ids=lambda s: s.name)
+def test_a_fastapi_stage_names_a_service_and_settings_the_service_reads(stage: Stage) -> None:
+    serve = build_parser().parse_args(["serve", stage.fastapi.service])
+    assert serve.serve_command == stage.fastapi.service
+    fields = {key.upper() for key in ServeSettings.model_fields}
+    assert set(stage.fastapi.env) <= fields
+    ServeSettings(**{key.lower(): value for key, value in stage.fastapi.env.items()})  # values that validate
+    assert stage.fastapi.env.get("ONNX_VARIANT", stage.variant or "fp32") == (stage.variant or "fp32")
+    assert not stage.variant or stage.variant in VARIANTS
+
+
+@pytest.mark.parametrize("stage", by_family("triton"), ids=lambda s: s.name)
+def test_a_triton_stage_renders_for_the_node_and_for_this_machine(stage: Stage) -> None:
+    assert set(stage.triton.changes) <= set(stage.triton.models)
+    for model in stage.triton.models:
+        assert (MODELS_STAGING / model / "config.pbtxt").exists()
+        for kind, onnxruntime in (("gpu", True), ("cpu", False)):
+            config = triton_stages.effective_config(stage, model, kind=kind, onnxruntime=onnxruntime,
+                                                    repository=MODELS_STAGING, gpus=2 if kind == "gpu" else 0)
+            assert config.parameters["servelab_stage"].string_value == f"{stage.name} ({kind})"
+            fields = json_format.MessageToDict(config, preserving_proto_field_name=True)
+            assert set(stage.triton.changes.get(model, {})) <= set(fields), model  # the change reached it
+
+
+@pytest.mark.parametrize("stage", by_family("ray"), ids=lambda s: s.name)
+def test_a_ray_stage_gives_options_ray_serve_accepts(stage: Stage) -> None:
+    serve = pytest.importorskip("ray.serve")
+    settings = RaySettings()
+    deployment = serve.deployment(lambda: None).options(**ray_stages.deployment_options(stage, settings))
+    assert (deployment._deployment_config.autoscaling_config is not None) == stage.ray.autoscaling
+    assert stage.ray.autoscaling or deployment.num_replicas == stage.ray.replicas
+    assert deployment._replica_config.max_replicas_per_node == stage.ray.max_replicas_per_node
+    assert set(ray_stages.serve_env(stage, settings)) <= {key.upper() for key in ServeSettings.model_fields}
+
+
+def test_the_compose_stages_are_the_fastapi_stages_marked_so_and_triton() -> None:
+    assert list(compose.STAGES) == [s.name for s in by_family("fastapi") if s.fastapi.compose] + ["triton"]
+    for stage in compose.STAGES.values():
+        text = stage.path.read_text()
+        yaml.safe_load(text)
+        assert all(variable in text for variable in stage.shell), stage.name  # the file reads each one
+    assert compose.STAGES["fastapi-onnx-dyn"].shell == {"FASTAPI_STAGE": "fastapi_onnx", "MAX_BATCH_SIZE": "16",
+                                                         "BATCH_TIMEOUT_MS": "5"}
+
+
+def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
+    assert [s.name for s in lab.select_stages(None)] == [s.name for s in CATALOGUE if s.in_lab]
+    assert "pt-4x4" not in {s.name for s in lab.select_stages(None)}
+    assert benchmark.STAGES == {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
+    assert benchmark.stage_inputs()["onnx-u8"] == "uint8" and benchmark.stage_inputs()["ray-1"] == "bytes"
+    table = lab_stages()
+    assert all(f"| `{s.name}` | {s.about}" in table for s in CATALOGUE if s.in_lab)
+    assert f"Only on the node: `pt-4x4` ({STAGES['pt-4x4'].about})." in table
+    assert lab.stand_in(STAGES["pt-1"]) == "" and lab.stand_in(STAGES["onnx-dyn"]) == lab.ONNX_STAND_IN
+    assert lab.stand_in(STAGES["ray-2"]) == lab.RAY_STAND_IN
