@@ -156,9 +156,29 @@ def lab_requirements() -> str:
     glibc, arch = re.search(r"manylinux_(\d+_\d+)_(\w+)", wheel.read_text("WHEEL") or "").groups()
     stubs = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver" / "python_backend_stubs"
     pythons = sorted((v.name for v in stubs.iterdir() if v.name in requires), key=lambda v: tuple(map(int, v.split("."))))
+    numpy = re.search(r"^numpy==(\S+)", (REPO_ROOT / "constraints.txt").read_text(), re.MULTILINE)[1]
+    # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
+    # version CI runs (`.ci/run`, `make test`), not every stub's.
+    tested = pythons[0]
     return (f"Linux on {arch.replace('_', '-')} with glibc {glibc.replace('_', '.')} or newer, and Python "
-            f"{', '.join(pythons[:-1])} or {pythons[-1]} with its shared library `libpython3.X` (on Debian and "
-            "Ubuntu, the package of that name) for the bundled `tritonserver`. No GPU, no Docker.")
+            f"{tested} with its shared library `libpython{tested}` (on Debian and Ubuntu, the package of that name) "
+            f"for the bundled `tritonserver`. No GPU, no Docker. Python {tested} is the version CI runs; the "
+            f"bundled server also has stubs for {' and '.join(pythons[1:])}, but the pins of `constraints.txt` are "
+            f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
+
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+
+
+def family_stages(family: str) -> str:
+    """How many stages the catalogue has in ``family``, and their names in the order it teaches them:
+    a count typed in prose went stale when a stage was added."""
+    from servelab.stages import of_family
+
+    names = list(of_family(family))  # type: ignore[arg-type]
+    title = {"fastapi": "FastAPI", "triton": "Triton", "ray": "Ray Serve"}[family]
+    return f"The catalogue (`servelab/stages.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
 
 
 def original(key: str) -> str:
@@ -172,6 +192,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "lab-stages": lab_stages,
     "lab-requirements": lab_requirements,
     "original-lab": original,
+    "family-stages": family_stages,
 }
 
 

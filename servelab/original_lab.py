@@ -31,13 +31,18 @@ class Step:
     load: str
     tool: str
     figures: tuple[Figure, ...]
+    source: str  # where the figures are written down (required: a figure without one is not quoted)
     method: str = ""  # how the figures were computed, where it matters for comparing them
 
+    def __post_init__(self) -> None:
+        if not self.source.strip():
+            raise ValueError(f"{self.key}: every step of {TABLE.name} needs its source")
+
     def sentence(self) -> str:
-        """The step's figures as one sentence for a notebook."""
+        """The step's figures as one sentence for a notebook, with their source."""
         method = f" ({self.method})" if self.method else ""
-        return (f"**The original lab observed** on its 2× P100 node, {self.load} ({self.tool}): "
-                f"{', '.join(map(str, self.figures))}{method}.")
+        return (f"**The original lab reported** on its 2× P100 node, {self.load} ({self.tool}): "
+                f"{', '.join(map(str, self.figures))}{method}. *Source:* {self.source}.")
 
 
 @cache

@@ -1,0 +1,198 @@
+"""Traps and claims of the notebooks (issue 26), checked by kind: what the student types must leave the
+node in a state the next notebook can use, and what the prose says must match the project."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from servelab import original_lab
+from servelab.notebooks import NOTEBOOK_DIR, sources
+from servelab.paths import MODELS_STAGING, REPO_ROOT
+from servelab.stages import CATALOGUE, of_family
+from servelab.triton.stages import STAGES as TRITON_STAGES, effective_config
+
+SOURCES = sources()
+PROSE = [*SOURCES, NOTEBOOK_DIR / "README.md", REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+SHELL_BLOCK = re.compile(r"```(?:shell|bash|sh)\n(.*?)```", re.DOTALL)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _compose_lines(text: str) -> list[str]:
+    """Every `docker compose` command typed in a shell block, in order."""
+    return [line.strip() for block in SHELL_BLOCK.findall(text) for line in block.splitlines()
+            if "docker compose" in line and not line.lstrip().startswith("#")]
+
+
+def _files(line: str) -> tuple[str, ...]:
+    words = shlex.split(line.split("#")[0])
+    return tuple(words[i + 1] for i, w in enumerate(words) if w == "-f")
+
+
+def _project(files: tuple[str, ...]) -> str:
+    """Compose's project name: the first file's top-level `name:`."""
+    return re.search(r"^name: (\S+)$", _text(REPO_ROOT / files[0]), re.MULTILINE)[1]
+
+
+# --- traps ---------------------------------------------------------------------------------------
+
+
+def test_every_compose_up_is_taken_down_with_the_same_files() -> None:
+    """A `down` stops only the services of the files it names: a monitoring `up` with an extra file,
+    taken down without it, keeps Prometheus and Grafana on 9090/3000 and the next stage's `up` fails."""
+    up: dict[str, set[str]] = {}  # project -> every file an `up` in it named
+    for source in SOURCES:
+        for line in _compose_lines(_text(source)):
+            files = _files(line)
+            if not files:
+                continue
+            project = _project(files)
+            if re.search(r"\bup\b", line):
+                up.setdefault(project, set()).update(files)
+            elif re.search(r"\bdown\b", line):
+                assert set(files) >= up.pop(project, set()), f"{source.name}: `{line}` leaves services of {project} up"
+    # The Ray nodes are given back with their containers (7_delete_resources); every other project is down.
+    assert set(up) <= {"servelab-ray-head", "servelab-ray-worker"}, f"never taken down: {sorted(up)}"
+
+
+def test_the_helper_reads_projects_and_files() -> None:
+    line = "docker compose -f docker/docker-compose-fastapi.yaml -f docker/docker-compose-monitoring.yaml up -d grafana"
+    assert _files(line) == ("docker/docker-compose-fastapi.yaml", "docker/docker-compose-monitoring.yaml")
+    assert _project(_files(line)) == "servelab-fastapi"
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_every_ssh_command_in_the_notebooks_carries_the_key(path: Path) -> None:
+    if path.parent != NOTEBOOK_DIR:
+        pytest.skip("reference documents may show a tunnel's shape without the key")
+    for line in _text(path).splitlines():
+        for command in re.findall(r"\bssh (?:-[A-Za-z] \S+ )*[^`\"]*cc@\S+", line):
+            assert " -i " in f" {command} ", f"{path.name}: `{command}` has no -i key"
+
+
+def test_the_clone_address_is_typed_once_by_the_student() -> None:
+    """No notebook types a repository address: the nodes clone `REPO_URL`, which defaults to the
+    address the student cloned from (their clone's `origin`)."""
+    for source in SOURCES:
+        text = _text(source)
+        assert not re.search(r"git clone\s+https?://", text), source.name
+        assert not re.search(r"REPO_URL\s*=\s*\"https?://", text), source.name
+        if re.search(r"^REPO_URL = \"\"$", text, re.MULTILINE):  # the parameter, left empty
+            assert "REPO_URL = REPO_URL or origin_url()" in text, source.name
+
+
+def test_the_intro_says_who_books_and_in_which_project() -> None:
+    intro = _text(NOTEBOOK_DIR / "0_intro.md")
+    assert "skip `1_create_lease`" in intro and "instructor's project" in intro
+    assert "docs/instructors.md" in intro and "docs/instructors.md" in _text(REPO_ROOT / "README.md")
+    assert (REPO_ROOT / "docs" / "instructors.md").is_file()
+
+
+def test_giving_the_node_back_comes_last() -> None:
+    intro = _text(NOTEBOOK_DIR / "0_intro.md")
+    row = next(line for line in intro.splitlines() if line.startswith("| `7_delete_resources`"))
+    assert "last" in row and "8" in row and "9" in row
+
+
+# --- claims --------------------------------------------------------------------------------------
+
+COUNT_WORDS = {w: i for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
+                                           "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen"))}
+COUNT = re.compile(r"\b(\d+|" + "|".join(COUNT_WORDS) + r")\s+(?:Triton\s+|FastAPI\s+|Ray Serve\s+)?(configurations|stages)\b",
+                   re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_stage_counts_in_prose_are_the_catalogue_s(path: Path) -> None:
+    families = ("fastapi", "triton", "ray")
+    counts = {len(of_family(f)) for f in families} | {len(CATALOGUE)}
+    # A CPU run's records (README's tables): the family's lab stages that need no GPU.
+    counts |= {len([s for s in of_family(f).values() if s.in_lab and not s.needs_gpu]) for f in families}
+    for number, _ in COUNT.findall(_text(path)):
+        n = int(number) if number.isdigit() else COUNT_WORDS[number.lower()]
+        if n >= 3:  # "two stages" compares a pair, not the catalogue
+            assert n in counts, f"{path.name}: {number} stages; the catalogue has {sorted(counts)}"
+
+
+def test_the_triton_notebook_generates_its_stage_count() -> None:
+    text = _text(NOTEBOOK_DIR / "6_triton.md")
+    assert f"has {len(of_family('triton'))} Triton stages" in text
+
+
+def _instances(stage: str, kind: str) -> int:
+    s = TRITON_STAGES[stage]
+    config = effective_config(s, s.triton.model, kind=kind, onnxruntime=kind == "gpu", repository=MODELS_STAGING)
+    return sum(g.count * max(1, len(g.gpus)) for g in config.instance_group)
+
+
+def test_instance_counts_are_the_configs() -> None:
+    assert {s: _instances(s, "gpu") for s in ("pt-1", "onnx-1", "pt-2x2", "onnx-2", "pt-4x4")} == \
+        {"pt-1": 1, "onnx-1": 1, "pt-2x2": 4, "onnx-2": 4, "pt-4x4": 8}
+    assert _instances("onnx-2", "cpu") == _instances("pt-2x2", "cpu") == 4
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_prose_does_not_count_onnx_2_or_pt_2x2_as_two_instances(path: Path) -> None:
+    """`count: 2` on each of two GPUs is four instances; "2 instances" or "a second instance" next to
+    these stages' names undercounts them (per GPU is fine: "2 instances on each GPU")."""
+    for line in _text(path).splitlines():
+        if not re.search(r"`?(onnx-2|pt-2x2)\b", line):
+            continue
+        for match in re.finditer(r"\b(2|two) instances\b(?! on each| per GPU| on every)|a second instance", line):
+            pytest.fail(f"{path.name}: {match[0]!r} in: {line.strip()}")
+
+
+def test_stage_descriptions_count_instances_right() -> None:
+    for stage in ("pt-2x2", "onnx-2", "pt-4x4"):
+        assert f"({_instances(stage, 'gpu')} instances" in TRITON_STAGES[stage].about, stage
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_no_python_3_13_claim(path: Path) -> None:
+    """constraints.txt pins numpy 1.26.4, which has no cp313 wheel, and CI runs 3.11: 3.13 may be named
+    only to say it does not install."""
+    pinned = re.search(r"^numpy==(\S+)", _text(REPO_ROOT / "constraints.txt"), re.MULTILINE)[1]
+    assert pinned.startswith("1."), "numpy 2 has cp313 wheels: revisit this test"
+    for paragraph in re.split(r"\n\s*\n", _text(path)):
+        if re.search(r"3\.11\s*[–-]\s*3\.13|3\.12,? or 3\.13|3\.13\+", paragraph):
+            pytest.fail(f"{path.name}: claims Python 3.13: {paragraph[:200]}")
+
+
+def test_no_unsourced_timing_claims_for_make_lab() -> None:
+    intro = _text(NOTEBOOK_DIR / "0_intro.md")
+    assert "about five minutes" not in intro
+    for paragraph in re.split(r"\n\s*\n", intro):
+        if "make lab" in paragraph and re.search(r"\b\d+\s*(min|minutes|s)\b", paragraph):
+            assert "issue 26" in paragraph or "measured" in paragraph, paragraph
+
+
+def test_removed_unsupported_figures_stay_out() -> None:
+    fastapi = _text(NOTEBOOK_DIR / "4_fastapi.md")
+    assert "within 3 %" not in fastapi and "132 to 200" not in fastapi
+    assert "fraction of a millisecond" not in fastapi
+
+
+def test_int8_is_not_promised_on_the_p100() -> None:
+    for stem in ("4_fastapi", "6_triton"):
+        text = _text(NOTEBOOK_DIR / f"{stem}.md")
+        assert "sm_60" in text and "DP4A" in text and "fp16" in text, stem
+
+
+def test_the_docker_claims_say_what_ran_where() -> None:
+    readme = _text(REPO_ROOT / "README.md")
+    assert "every compose stage built and brought up" not in readme
+    assert "stand-in base images" in readme
+
+
+def test_every_original_lab_figure_carries_its_source() -> None:
+    for key, step in original_lab.steps().items():
+        assert step.source and "Source:" in step.sentence(), key
+    assert "walkthrough has no step" in original_lab.step("pt-dyn-concurrency-8").source
+    for source in SOURCES:
+        assert "The original lab observed" not in _text(source), source.name
