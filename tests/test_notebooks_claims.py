@@ -196,3 +196,25 @@ def test_every_original_lab_figure_carries_its_source() -> None:
     assert "walkthrough has no step" in original_lab.step("pt-dyn-concurrency-8").source
     for source in SOURCES:
         assert "The original lab observed" not in _text(source), source.name
+
+
+# --- look inside ---------------------------------------------------------------------------------
+
+
+def test_the_notebooks_open_the_boxes_lab_measure_hides() -> None:
+    fastapi, triton = _text(NOTEBOOK_DIR / "4_fastapi.md"), _text(NOTEBOOK_DIR / "6_triton.md")
+    assert "generated: excerpt servelab/serving/backends.py requested_providers" in fastapi
+    assert "generated: excerpt servelab/inference.py OnnxClassifier.__init__" in fastapi
+    assert "ort.InferenceSession(" in fastapi
+    assert "generated: excerpt servelab/gourmetgram/backends.py _TritonBackend._infer" in triton
+    assert re.search(r"^curl -s http://127\.0\.0\.1:8000/v2/models/\S+/stats", triton, re.MULTILINE)
+
+
+def test_perf_analyzer_by_hand_explains_every_flag() -> None:
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    (command,) = [line for block in SHELL_BLOCK.findall(triton) for line in block.splitlines()
+                  if line.startswith("perf_analyzer ")]
+    explained = triton[triton.index(command) + len(command):]
+    explained = explained[:explained.index("### Watch it live")]
+    for flag in re.findall(r"(?<!\S)(--?[A-Za-z][\w-]*)", command):
+        assert f"`{flag}" in explained or f" {flag} " in explained, f"{flag} is not explained"
