@@ -218,3 +218,11 @@ def test_perf_analyzer_by_hand_explains_every_flag() -> None:
     explained = explained[:explained.index("### Watch it live")]
     for flag in re.findall(r"(?<!\S)(--?[A-Za-z][\w-]*)", command):
         assert f"`{flag}" in explained or f" {flag} " in explained, f"{flag} is not explained"
+
+
+def test_the_intro_plans_the_lease() -> None:
+    intro = _text(NOTEBOOK_DIR / "0_intro.md")
+    plan = intro[intro.index("## A plan for your lease"):intro.index('"Chameleon Jupyter" is')]
+    assert "about 2 hours" in plan and "estimate" in plan and "instructors.md#time-on-the-node" in plan
+    assert "*if time remains*" in plan and "docker-compose-triton.yaml build" in plan
+    assert "## Time on the node" in _text(REPO_ROOT / "docs" / "instructors.md")
