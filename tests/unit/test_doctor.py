@@ -23,7 +23,7 @@ from servelab.doctor.gpu import (
 )
 from servelab.paths import REPO_ROOT
 
-DATA = Path(__file__).parent / "data" / "doctor"
+DATA = Path(__file__).parents[1] / "data" / "doctor"
 SERVELAB = Path(sys.executable).parent / "servelab"
 P100_SMI = (DATA / "nvidia-smi-query-2xP100.csv").read_text()
 P100 = parse_gpus(P100_SMI)
