@@ -1,6 +1,6 @@
 """The pure parts of the measurement notebooks' steps (servelab.walkthrough), on stored real records.
 
-The steps that talk to servers run end to end in tests/test_notebooks_measure.py.
+The steps that talk to servers run end to end in tests/e2e/test_notebooks_measure.py.
 """
 
 from __future__ import annotations
