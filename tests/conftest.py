@@ -8,12 +8,18 @@ from pathlib import Path
 
 import pytest
 
+import tier_durations
 from checkout_guard import changes, fingerprint
 from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
 from servelab.device import NO_GPU, gpu_count
 from servelab.models.variants import build_variants
 from servelab.settings import get_settings
 from triton_repo import copy_sources
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each run that covers a whole tier records how long it took (tests/tier_durations.py)."""
+    config.pluginmanager.register(tier_durations, "servelab-durations")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
