@@ -1,4 +1,5 @@
 # The two commands: `make lab` (the local lab) and `make test` (every test). Both set up .venv first.
+# `make check`: the unit tier alone (tests/unit, under 2 minutes), for a quick answer while changing code.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab test models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab test check models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,10 @@ lab: $(LAB_VENV)/.installed
 test: $(STAMP)
 	@$(call SOFT_TOOLS,$(BIN))
 	$(BIN)/python -m pytest
+
+# The unit tier alone (tests/unit), under 2 minutes on 2 CPUs; `make test` runs every tier (docs/testing.md).
+check: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
 
 perf-analyzer: $(STAMP)
 	$(BIN)/servelab perf-analyzer install --if-missing

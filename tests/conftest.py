@@ -8,12 +8,18 @@ from pathlib import Path
 
 import pytest
 
+import tier_durations
 from checkout_guard import changes, fingerprint
-from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts
+from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
 from servelab.device import NO_GPU, gpu_count
 from servelab.models.variants import build_variants
 from servelab.settings import get_settings
 from triton_repo import copy_sources
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each run that covers a whole tier records how long it took (tests/tier_durations.py)."""
+    config.pluginmanager.register(tier_durations, "servelab-durations")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,12 +45,20 @@ def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def artifacts() -> ArtifactPaths:
-    """The offline model artifacts and their variants, built once into this session's MODEL_DIR and
-    model repository. Built afresh each session rather than cached: it takes about 3 + 10 s."""
+def model() -> ArtifactPaths:
+    """The offline stand-in model (PyTorch weights, ONNX, manifest), built once into this session's MODEL_DIR
+    and model repository: a few seconds. No variants; the unit tier's ``artifacts`` is this (tests/unit/conftest.py)."""
     settings = get_settings()
-    manifest = build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository,
-                               log=lambda *_: None)
-    build_variants(settings.model_dir, manifest, settings.triton_model_repository, log=lambda *_: None)
+    build_artifacts(ModelSource("offline"), settings.model_dir, settings.triton_model_repository, log=lambda *_: None)
     return ArtifactPaths.in_dir(settings.model_dir)
 
+
+@pytest.fixture(scope="session")
+def artifacts(model: ArtifactPaths) -> ArtifactPaths:
+    """The offline model artifacts and their variants, built once into this session's MODEL_DIR and
+    model repository. Built afresh each session rather than cached: the variants (quantization) take
+    half a minute on an idle 2-CPU machine, several minutes on a loaded one."""
+    settings = get_settings()
+    build_variants(settings.model_dir, load_manifest(model.manifest), settings.triton_model_repository,
+                   log=lambda *_: None)
+    return model

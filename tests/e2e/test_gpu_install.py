@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 
 from servelab.gpu_constraints import checked_torch, conflicts, pins
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO / "constraints-gpu-cu13.txt"
 TORCH = "2.11.0"  # the H100 machine's (torch 2.11.0+cu130)
 STAND_IN = f"{TORCH}+cu130"

@@ -17,7 +17,7 @@ from servelab.bench.perf_analyzer import Windows, input_data, perf_analyzer_comm
 from servelab.paths import DEFAULT_IMAGE
 from servelab.preprocess import crop_pixels, preprocess
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 PHOTO = DEFAULT_IMAGE.read_bytes()
 
 

@@ -22,7 +22,7 @@ RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages n
 TRITON = {s.name for s in RUN if s.family == "triton"}
 RAY = {s.name for s in RUN if s.family == "ray"}
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _servers() -> set[int]:

@@ -15,7 +15,7 @@ from servelab.preprocess import preprocess, preprocess_batch
 
 from photos import variants
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _torchvision_layout(num_classes: int) -> dict[str, torch.Tensor]:

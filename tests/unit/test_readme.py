@@ -4,7 +4,7 @@ from pathlib import Path
 
 from servelab.settings import markdown_table
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_two_commands_come_first():

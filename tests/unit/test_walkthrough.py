@@ -1,6 +1,6 @@
 """The pure parts of the measurement notebooks' steps (servelab.walkthrough), on stored real records.
 
-The steps that talk to servers run end to end in tests/test_notebooks_measure.py.
+The steps that talk to servers run end to end in tests/e2e/test_notebooks_measure.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from servelab.walkthrough.fastapi import Service, queueing, serving
 from servelab.walkthrough.stage_switch import COMPOSE_LOG, run_switch
 from servelab.walkthrough.triton import batch_count_change, describe_config, open_loads, running_stage
 
-RECORDS = Path(__file__).parent / "data" / "bench_records.jsonl"
+RECORDS = Path(__file__).parents[1] / "data" / "bench_records.jsonl"
 # `servelab bench fastapi --concurrency 1,8,16 --requests 200` against fastapi-pt and fastapi-onnx,
 # 2026-11-23 on the project's 2-CPU VM, offline stand-in model, nothing else running.
-OVERLAP = Path(__file__).parent / "data" / "fastapi_concurrency_records.jsonl"
+OVERLAP = Path(__file__).parents[1] / "data" / "fastapi_concurrency_records.jsonl"
 
 
 @pytest.fixture(scope="module")

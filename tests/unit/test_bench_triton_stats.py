@@ -13,7 +13,7 @@ import pytest
 
 from servelab.bench.triton_stats import stats_delta
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _snapshots(kind: str) -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ import pytest
 from servelab.bench import compare, read_records
 from servelab.report import markdown_table, render_report, summary_table
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 RECORDS = DATA / "bench_records.jsonl"
 PNG = b"\x89PNG\r\n\x1a\n"
 
