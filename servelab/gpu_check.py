@@ -33,7 +33,7 @@ from servelab.settings import get_settings
 from servelab.tables import markdown, num
 
 DOCS = REPO_ROOT / "docs" / "gpu"
-GPU_TESTS = "tests/test_gpu.py"
+GPU_TESTS = "tests/integration/test_gpu.py"
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The CPU side of the GPU path: device selection, `--device gpu` and `make gpu-check` without a GPU,
-the gpu marker's skips, and the GPU record's parts. The GPU side is tests/test_gpu.py."""
+the gpu marker's skips, and the GPU record's parts. The GPU side is tests/integration/test_gpu.py."""
 
 import subprocess
 import sys
@@ -87,7 +87,7 @@ def test_make_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path):
 def test_gpu_tests_skip_with_the_reason_and_the_record_reads_their_outcome(tmp_path):
     """What CI shows for them, through the same JUnit file gpu-check reads."""
     junit = tmp_path / "gpu.xml"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rs",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/integration/test_gpu.py", "-q", "-rs",
                           "-p", "no:cacheprovider", f"--junitxml={junit}"], cwd=REPO, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
