@@ -73,7 +73,9 @@ class Windows:
 
     def requests_per_window(self, load: Load) -> int:
         # Three windows of a third each: about as many measured requests as servelab's run of that load.
-        return max(10, math.ceil((load.requests or 100) / 3))
+        # At least 3 per window (one gives perf_analyzer no spread) and at least one per sender; no
+        # more, so that a short run of slow requests (16 images each on a CPU) stays short.
+        return max(3, load.concurrency or 1, math.ceil((load.requests or 100) / 3))
 
 
 def perf_analyzer_command(

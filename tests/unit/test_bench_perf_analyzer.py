@@ -90,3 +90,11 @@ def test_command_for_each_load(tmp_path: Path) -> None:
     assert cmd[cmd.index("--request-rate-range") + 1] == "120"
     assert cmd[cmd.index("--request-distribution") + 1] == "poisson"
     assert cmd[cmd.index("--measurement-interval") + 1] == "5000"
+
+
+def test_count_windows_hold_a_third_of_the_run_at_least_one_request_per_sender() -> None:
+    windows = Windows()
+    assert windows.requests_per_window(Load.sequential(3)) == 3  # three slow requests of 16 images: kept short
+    assert windows.requests_per_window(Load.closed(8, requests=24)) == 8
+    assert windows.requests_per_window(Load.closed(16, requests=24)) == 16
+    assert windows.requests_per_window(Load.closed(8, requests=2000)) == 667
