@@ -27,7 +27,7 @@ from typing import Any
 from servelab.bench.ceiling import Ceiling, ceiling_markdown, measure_ceiling
 from servelab.bench.fractions import closed_run, fractions_markdown, ratios
 from servelab.bench.records import Record, read_records
-from servelab.device import NO_GPU, describe, gpu_count, stack
+from servelab.hardware import NO_GPU, describe, gpu_count, stack
 from servelab.paths import REPO_ROOT
 from servelab.settings import get_settings
 from servelab.tables import markdown, num
@@ -141,7 +141,7 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
         md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
             (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
     else:  # the ratios come with the stages against the ceiling
-        from servelab.benchmark import stage_inputs
+        from servelab.side_by_side import stage_inputs
 
         md += ["", "## The model's own ceiling (ONNX Runtime alone, measured after the lab)", "",
                ceiling_markdown(ceiling), "", "## Every stage, ratio and aim against the ceiling", "",

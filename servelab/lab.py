@@ -18,7 +18,7 @@ The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by sid
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
 time per request next to the latencies. fp16 stages run only on a GPU.
 
-``--device gpu|cpu|auto`` (``servelab.device``) is the one switch: on the GPU every FastAPI server
+``--device gpu|cpu|auto`` (``servelab.hardware``) is the one switch: on the GPU every FastAPI server
 runs with PyTorch on CUDA or ONNX Runtime's TensorRT/CUDA providers and ``REQUIRE_GPU=1``, and Triton
 with ``KIND_GPU`` instances on the GPUs present. Each record names the device and where the stage
 really ran (``runs_on``: the providers the service read back from its session, or the instance groups
@@ -36,12 +36,13 @@ from pathlib import Path
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.device import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
+from servelab.hardware import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
                              runs_on_triton, stage_env)
 from servelab.bench.records import append_record
 from servelab.monitoring import run_series
 from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.lab_ray import RayRuns
 from servelab.procs import DIRECT, ServerProcess, free_port
 from servelab.settings import get_settings
 
@@ -268,8 +269,6 @@ class Lab:
             self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
         ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
         if ray_stages:
-            from servelab.rayserve.lab_runs import RayRuns
-
             self._guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
 
     def _guard(self, stage: Stage | None, work, family: str = "triton") -> None:
@@ -387,7 +386,7 @@ def _cli_lab(args) -> int:
     manifest = _model(paths)
     if manifest.stand_in:
         print(f"model: {manifest.description}")
-    from servelab.device import describe, stack
+    from servelab.hardware import describe, stack
 
     print(f"device: {device}; " + "; ".join(describe(stack())))
     plan = Plan.quick() if args.quick else Plan.full()

@@ -300,7 +300,7 @@ def _precision_section(records: list[Record]) -> list[str]:
 def hardware_section(records: list[Record]) -> list[str]:
     """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
     where each stage really ran: the header every report and GPU record starts with."""
-    from servelab.device import describe
+    from servelab.hardware import describe
 
     stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
     devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})

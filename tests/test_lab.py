@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from servelab.bench import read_records
-from servelab.device import stack
+from servelab.hardware import stack
 from servelab.bench.ceiling import measure_ceiling
 from servelab.gpu_check import record_markdown
 from servelab.lab import STAGES, preflight

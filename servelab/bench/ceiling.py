@@ -77,7 +77,7 @@ def default_provider() -> str:
     """ONNX Runtime's CUDA provider where it is built in and nvidia-smi lists a GPU, else the CPU's."""
     import onnxruntime as ort
 
-    from servelab.device import gpu_count
+    from servelab.hardware import gpu_count
 
     return CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU
 
@@ -128,7 +128,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
     with the reason it failed."""
     import onnxruntime as ort
 
-    from servelab.device import stack
+    from servelab.hardware import stack
 
     provider = provider or default_provider()
     on_gpu = provider in GPU_PROVIDERS

@@ -265,7 +265,7 @@ def read_records(paths: Path | Iterable[Path]) -> list[Record]:
 
 def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
     """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
-    from servelab.device import stack
+    from servelab.hardware import stack
 
     versions = {}
     for name in _VERSIONED:

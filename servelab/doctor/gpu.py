@@ -7,14 +7,11 @@ can be tested with recorded outputs of a P100 node on a machine without a GPU.
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from servelab.docker_versions import read_env_file
 from servelab.doctor.core import Context, Result
+from servelab.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
 
-NVIDIA_SMI_QUERY = (
-    "nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap,memory.total", "--format=csv,noheader",
-)
 LAB_NODE_CAPABILITY = (6, 0)  # the lab node's Tesla P100s
 # The oldest drivers documented for CUDA 12.6 containers on data-center GPUs (docker/VERSIONS.md).
 MIN_DRIVER = (525, 85)
@@ -23,38 +20,6 @@ TENSORRT_MIN_CAPABILITY = (7, 5)
 # Oldest compute capability in PyTorch's CUDA wheels (2.8 and later), by their local version tag.
 TORCH_BUILD_MIN_CAPABILITY = {"cu126": (5, 0), "cu128": (7, 5), "cu129": (7, 5), "cu130": (7, 5)}
 TENSORRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
-
-Capability = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    driver: str
-    capability: Capability
-    memory: str
-
-    def describe(self) -> str:
-        return f"GPU {self.index} {self.name} (compute capability {cc(self.capability)}, {self.memory})"
-
-
-def cc(capability: Capability) -> str:
-    return f"{capability[0]}.{capability[1]}"
-
-
-def parse_gpus(stdout: str) -> list[Gpu]:
-    """``nvidia-smi --query-gpu=index,name,driver_version,compute_cap,memory.total --format=csv,noheader``."""
-    found = []
-    for line in filter(str.strip, stdout.splitlines()):
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) < 5 or not re.fullmatch(r"\d+\.\d+", parts[-2]):
-            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
-        major, minor = parts[-2].split(".")
-        # A GPU's name may itself hold a comma: it is everything between the index and the driver.
-        found.append(Gpu(int(parts[0]), ", ".join(parts[1:-3]), parts[-3], (int(major), int(minor)), parts[-1]))
-    return found
-
 
 def gpus(ctx: Context) -> list[Gpu]:
     """The NVIDIA GPUs here; none without a working driver."""

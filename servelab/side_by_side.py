@@ -19,7 +19,7 @@ images/s over the threads', and the table names the CPU.
 
 ``--stage ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
 ``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
-each one's latency into time inside the app and outside it (``servelab.rayserve.benchmark``).
+each one's latency into time inside the app and outside it (``servelab.side_by_side_ray``).
 
 ``--stage variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
 same photo, alternating variant by variant in each round: the in-process throughput of the service's
@@ -50,9 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
+from servelab.side_by_side_ray import benchmark_ray
+
 STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
 VARIANTS_STAGE = "variants"
-RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.rayserve.benchmark)
+RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.side_by_side_ray)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
 CEILING_STAGE = "ceiling"  # the model alone (servelab.bench.ceiling), and the lab's records against it
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
@@ -355,7 +357,8 @@ def benchmark_ceiling(args: argparse.Namespace) -> str:
     return text
 
 
-def _cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """``servelab benchmark``: each of ``args.stage`` measured and its table printed."""
     from servelab.models.variants import machine
     from servelab.procs import cpu_count
 
@@ -368,11 +371,9 @@ def _cli(args: argparse.Namespace) -> int:
                 print("\nThe model's own ceiling:", flush=True)
                 print(f"\n{benchmark_ceiling(args)}", flush=True)
             elif stage == RAY_STAGE:
-                from servelab.rayserve.benchmark import benchmark_ray
-
                 print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
                       f"outside the app = client mean latency - Server-Timing total):\n\n"
-                      f"{benchmark_ray(args, Path(tmp))}", flush=True)
+                      f"{benchmark_ray(args, Path(tmp), _serve)}", flush=True)
             elif stage == PREPROCESS_STAGE:
                 rows, scaling = benchmark_preprocess(args)
                 print(f"\nDecoding + preprocessing alone, threads against worker processes (ratio = images/s ÷ the "
@@ -387,29 +388,3 @@ def _cli(args: argparse.Namespace) -> int:
                 print(f"\n{table(stage, benchmark_stage(stage, args, Path(tmp)))}", flush=True)
     print(f"\n({perf_counter() - started:.0f} s in all)")
     return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("benchmark", help="the model alone (its ceiling); in-process pipeline vs end-to-end "
-                                                "HTTP for the FastAPI stages",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", nargs="+", choices=[CEILING_STAGE, *STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
-                   default=[CEILING_STAGE, *STAGES, PREPROCESS_STAGE, VARIANTS_STAGE, RAY_STAGE],
-                   help="what to measure (default: all): the model alone (ceiling), a FastAPI stage, preprocessing in "
-                        "threads against worker processes, fastapi-onnx's model variants, or Ray Serve (ray-dyn) "
-                        "against fastapi-onnx-dyn")
-    p.add_argument("--variants", nargs="+", default=["u8", "int8", "int8dyn", "fp16"],
-                   help="variants compared with fp32 in --stage variants (default: all; fp16 only where a GPU runs it)")
-    p.add_argument("--requests", type=int, default=200, help="sequential requests of each kind (default 200)")
-    p.add_argument("--duration", type=float, default=12.0, help="seconds of each throughput measurement (default 12)")
-    p.add_argument("--rounds", type=int, default=4, help="alternating rounds the throughput seconds are split into (default 4)")
-    p.add_argument("--concurrency", type=int, default=16, help="concurrent senders (default 16)")
-    p.add_argument("--max-batch-size", type=int, default=16, help="MAX_BATCH_SIZE with batching on (default 16)")
-    p.add_argument("--batch-timeout-ms", type=float, default=5.0, help="BATCH_TIMEOUT_MS with batching on (default 5)")
-    p.add_argument("--ceiling-repeats", type=int, default=20, help="ceiling: timed runs per batch size (default 20)")
-    p.add_argument("--ceiling-seconds", type=float, default=5.0,
-                   help="ceiling: at most this many seconds of timed runs per batch size (default 5)")
-    p.add_argument("--records", type=Path, nargs="+",
-                   help="ceiling: a lab's records.jsonl; every stage is then shown as a fraction of the ceiling")
-    p.add_argument("--ceiling-json", type=Path, help="ceiling: also write the measured result here (JSON)")
-    p.set_defaults(func=_cli)

@@ -6,15 +6,15 @@ import sys
 
 # Subcommand modules, imported only when present so each role installs only what it needs.
 COMMAND_MODULES = (
-    "servelab.artifacts",  # models build
+    "servelab.cli.models",  # models build | variants
     "servelab.serve",  # serve fastapi-pt | fastapi-onnx | flask
     "servelab.triton.cli",  # triton up | down | stage
     "servelab.rayserve.cli",  # ray up | deploy | status | down
-    "servelab.bench.cli",  # bench fastapi | triton | perf-analyzer | input-data
+    "servelab.cli.bench",  # bench fastapi | triton | perf-analyzer | input-data
     "servelab.bench.perf_analyzer_binary",  # perf-analyzer install | check | run
     "servelab.monitoring.prometheus_binary",  # prometheus install | check
     "servelab.report",  # report
-    "servelab.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
+    "servelab.cli.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab
     "servelab.doctor.cli",  # doctor
     "servelab.gpu_check",  # gpu-check

@@ -1,4 +1,4 @@
-"""The Ray Serve stages in ``servelab lab``: one local cluster, a redeploy per stage, two extra runs.
+"""The Ray Serve stages in ``servelab lab`` (``servelab.lab`` hands its ``Lab`` over as a ``LabRun``): one local cluster, a redeploy per stage, two extra runs.
 
 One head and one worker node for every Ray stage; each stage is deployed by ``servelab ray deploy``
 (a child process, the command the lab node's notebooks call) and measured by ``Lab.measure``
@@ -16,11 +16,15 @@ node id in each record's config. Then:
 import json
 import threading
 from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from servelab.bench import FastAPITarget, Load, run_bench
-from servelab.device import runs_on_fastapi, stage_env
+from servelab.artifacts import Manifest
+from servelab.bench import FastAPITarget, Load, Record, run_bench
+from servelab.hardware import runs_on_fastapi, stage_env
+from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
 from servelab.procs import DIRECT, free_port
 from servelab.rayserve.cli import deploy_in_child
 from servelab.rayserve.cluster import LocalCluster
@@ -32,10 +36,34 @@ STEP_TIMEOUT_S = 10.0  # per request in the step load
 FAILURE_CONCURRENCY = 8
 
 
+class LabRun(Protocol):
+    """What the Ray runs use of ``servelab.lab.Lab``: its plan, photo, logs and Prometheus, and its way of
+    measuring a stage, running one load, and going on past a failing stage."""
+
+    plan: Any  # servelab.lab.Plan: steps_s, failure_s
+    device: str
+    image: bytes
+    image_name: str
+    logs: Path
+    prometheus: LabPrometheus
+    scraped: Scraped | None  # the server being measured now
+
+    def log(self, line: str) -> None: ...
+
+    def measure(self, stage, target: FastAPITarget, pid: int, manifest: Manifest, runs_on: str,
+                extra: dict | None = None) -> float | None: ...
+
+    def _run(self, tool: Callable, target: FastAPITarget, load: Load) -> Record: ...
+
+    def _stand_in(self, stage, manifest: Manifest) -> str | None: ...
+
+    def _guard(self, stage, work: Callable[[], None], family: str = "triton") -> None: ...
+
+
 @dataclass
 class RayRuns:
-    lab: Any  # servelab.lab.Lab (not imported: it imports this module)
-    manifest: Any
+    lab: LabRun
+    manifest: Manifest
 
     def run(self, stages: list) -> None:
         settings = get_settings()

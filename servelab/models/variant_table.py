@@ -82,16 +82,3 @@ def table(model_dir: Path, manifest, rounds: int, food11: Path | None) -> str:
     else:
         lines.append("\nFood-11 accuracy: not measured (no evaluation folder given: --food11 PATH)")
     return "\n".join(lines)
-
-
-def cli(args) -> int:
-    from servelab.artifacts import load_manifest
-    from servelab.settings import get_settings
-
-    model_dir = Path(args.model_dir or get_settings().model_dir)
-    missing = [name for name in VARIANTS if not variant_path(model_dir, name).exists()]
-    if missing:
-        print(f"models: {', '.join(missing)} missing in {model_dir}: run `servelab models build` first")
-        return 1
-    print(table(model_dir, load_manifest(model_dir / "food11.json"), args.rounds, args.food11))
-    return 0

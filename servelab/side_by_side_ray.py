@@ -1,4 +1,4 @@
-"""``servelab benchmark --stage ray``: Ray Serve against FastAPI, same machine, photo and run.
+"""``servelab benchmark --stage ray`` (started by ``servelab.side_by_side``): Ray Serve against FastAPI, same machine, photo and run.
 
 Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
 ≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
@@ -12,6 +12,7 @@ Serve also the proxy (HTTP parsing, routing to a replica) and the hop from proxy
 
 import argparse
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,8 @@ class Side:
                 f"{latency - total:.1f} | {self.mean(lambda r: r.breakdown.mean_batch_size or 1):.1f} |")
 
 
-def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
-    from servelab.benchmark import _serve
+def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Path, dict[str, str]], tuple]) -> str:
+    """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
     from servelab.paths import DEFAULT_IMAGE
     from servelab.procs import free_port
     from servelab.rayserve.cli import deploy_in_child
@@ -52,7 +53,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     ray = Side(f"ray-dyn: 2 replicas on 2 nodes, @serve.batch ≤ {settings.ray_batch_max_size} / "
                f"{settings.ray_batch_wait_ms:g} ms")
     port = free_port()
-    server, url = _serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
+    server, url = serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                 "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
     with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
         deploy_in_child("ray-dyn", cluster, port, logs / "ray-deploy.log")

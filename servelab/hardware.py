@@ -8,18 +8,55 @@ there is one, and each server reports what really became active.
 ``stack()`` is the hardware and library header of every record and report: the GPUs and driver
 (``nvidia-smi``), PyTorch and the CUDA and cuDNN it was built with, the ONNX Runtime package (CPU or
 GPU build, and the CUDA it was built for), its providers, and TensorRT where it is installed. Every
-probe is bounded and optional: a missing part is named as missing, never guessed.
+probe is bounded and optional: a missing part is named as missing, never guessed. The GPU list read from
+``nvidia-smi`` (``parse_gpus``) is the one the doctor checks too.
 """
 
 import re
 import shutil
 import subprocess
 from collections import Counter
+from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 from typing import Any, Literal
 
 Device = Literal["cpu", "gpu"]
+NVIDIA_SMI_QUERY = (
+    "nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap,memory.total", "--format=csv,noheader",
+)
+Capability = tuple[int, int]  # CUDA compute capability (major, minor)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    driver: str
+    capability: Capability
+    memory: str
+
+    def describe(self) -> str:
+        return f"GPU {self.index} {self.name} (compute capability {cc(self.capability)}, {self.memory})"
+
+
+def cc(capability: Capability) -> str:
+    return f"{capability[0]}.{capability[1]}"
+
+
+def parse_gpus(stdout: str) -> list[Gpu]:
+    """``nvidia-smi --query-gpu=index,name,driver_version,compute_cap,memory.total --format=csv,noheader``."""
+    found = []
+    for line in filter(str.strip, stdout.splitlines()):
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 5 or not re.fullmatch(r"\d+\.\d+", parts[-2]):
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        major, minor = parts[-2].split(".")
+        # A GPU's name may itself hold a comma: it is everything between the index and the driver.
+        found.append(Gpu(int(parts[0]), ", ".join(parts[1:-3]), parts[-3], (int(major), int(minor)), parts[-1]))
+    return found
+
+
 # The one wording of "there is no GPU here", shared by the lab, gpu-check and the gpu test marker.
 NO_GPU = "no NVIDIA GPU (nvidia-smi lists none)"
 NVIDIA_SMI_TIMEOUT_S = 20
@@ -102,8 +139,6 @@ def _version(package: str) -> str | None:
 
 
 def _nvidia_smi() -> dict[str, Any]:
-    from servelab.doctor.gpu import NVIDIA_SMI_QUERY, parse_gpus
-
     if shutil.which("nvidia-smi") is None:
         return {"gpus": [], "gpu_note": NO_GPU}
     try:
