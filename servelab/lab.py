@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
-from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
+from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
+from servelab.report import compare
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
 from servelab.hardware import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
                              runs_on_triton, stage_env)

@@ -13,7 +13,7 @@ COMMAND_MODULES = (
     "servelab.cli.bench",  # bench fastapi | triton | perf-analyzer | input-data
     "servelab.bench.perf_analyzer_binary",  # perf-analyzer install | check | run
     "servelab.monitoring.prometheus_binary",  # prometheus install | check
-    "servelab.report",  # report
+    "servelab.cli.report",  # report
     "servelab.cli.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
     "servelab.lab",  # lab
     "servelab.doctor.cli",  # doctor

@@ -1,16 +1,13 @@
-"""``servelab report``: records (JSON lines from ``servelab bench`` / ``servelab lab``) ->
+"""The report (``servelab report``): records (JSON lines from ``servelab bench`` / ``servelab lab``) ->
 ``results/report.md`` with a comparison table and PNG plots.
-
-    servelab report [results/records.jsonl ...] [--out-dir results]
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
 the records hold its data): latency percentiles and throughput vs concurrency and vs offered rate,
 latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines, and
-the servers' own metrics read back from Prometheus (servelab.monitoring.report_view) where the lab ran it.
+the servers' own metrics read back from Prometheus (servelab.report.server_view) where the lab ran it.
 """
 
-import argparse
 import datetime as dt
 import json
 from collections import defaultdict
@@ -18,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.bench import compare, precision, timelines
 from servelab import tables
-from servelab.bench.records import DEFAULT_RECORDS, Record, read_records
-from servelab.monitoring import report_view
+from servelab.bench.records import DEFAULT_RECORDS, Record
+from servelab.report import compare, precision, server_view, timelines
 from servelab.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
@@ -221,7 +217,7 @@ PLOTS = (
     ("batch_sizes.png", "Server-side batch-size histogram", _plot_batches),
     ("utilization.png", "CPU / GPU / memory utilization timeline", _plot_utilization),
     ("prometheus_series.png", "The servers' own metrics (Prometheus range queries) beside the client's",
-     report_view.plot),
+     server_view.plot),
 )
 
 
@@ -260,7 +256,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
             "the scheduled send.", "", compare.markdown(found), "",
         ]
     md += _precision_section(records)
-    md += report_view.markdown(records)
+    md += server_view.markdown(records)
     md += timelines.section(records, out_dir)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
@@ -281,7 +277,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
 
 
 def _precision_section(records: list[Record]) -> list[str]:
-    """The model variants side by side (servelab.bench.precision), where the records have them."""
+    """The model variants side by side (servelab.report.precision), where the records have them."""
     from servelab.settings import get_settings
 
     found = precision.rows(records)
@@ -325,31 +321,3 @@ def _machines(records: list[Record]) -> list[str]:
                             f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
                             f"Python {m.get('python', '?')}; {versions}")
     return list(seen.values()) or ["not recorded"]
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("report", help="render run records into results/report.md with plots",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("records", type=Path, nargs="*", metavar="RECORDS",
-                   help=f"JSONL record files (default {DEFAULT_RECORDS})")
-    # The option form came first; scripts may still use it.
-    p.add_argument("--records", dest="more_records", type=Path, nargs="+", default=[], metavar="RECORDS",
-                   help="JSONL record files, as an option")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_RECORDS.parent, help="where report.md and plots go")
-    p.set_defaults(func=_cmd_report)
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    files = [*args.records, *args.more_records] or [DEFAULT_RECORDS]
-    missing = [p for p in files if not p.exists()]
-    if missing:
-        print(f"error: no records at {', '.join(map(str, missing))}; run `servelab bench ... --out FILE` first")
-        return 2
-    records = read_records(files)
-    if not records:
-        print("error: the record files are empty")
-        return 2
-    path = render_report(records, args.out_dir, files)
-    print(summary_table(records))
-    print(f"wrote {path}")
-    return 0
