@@ -41,7 +41,7 @@ from servelab.hardware import (Device, NoGpu, environment_gaps, gpu_count, insta
                              runs_on_triton, stage_env)
 from servelab.bench.records import append_record
 from servelab.monitoring import run_series
-from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
+from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.lab_ray import RayRuns
 from servelab.procs import DIRECT, ServerProcess, free_port
@@ -320,7 +320,7 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
     ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
     import importlib.util
 
-    from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
+    from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
     from servelab.rayserve.cluster import ray_binary
 
     missing = {}
@@ -345,18 +345,6 @@ def select_stages(names: str | None) -> list[Stage]:
     return [by_name[n] for n in names.split(",")]
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("lab", help="run every lab stage locally (CPU or GPU) and write results/")
-    p.add_argument("--quick", action="store_true", help="a few requests per measurement (tests, a first look)")
-    p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in STAGES)}")
-    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: results/)")
-    p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="the photo sent in every request")
-    p.add_argument("--concurrency", help="closed-loop concurrencies, comma-separated (default 8,16; --quick: 8)")
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None,
-                   help="where every stage runs (default: LAB_DEVICE, auto = the GPU where nvidia-smi lists one)")
-    p.set_defaults(func=_cli_lab)
-
-
 def _model(paths: ArtifactPaths) -> Manifest:
     """The model already built from the lab's weights, or else the offline stand-in (built if needed),
     with its cheaper variants (built if needed)."""
@@ -372,7 +360,8 @@ def _model(paths: ArtifactPaths) -> Manifest:
     return manifest
 
 
-def _cli_lab(args) -> int:
+def run_lab(args) -> int:
+    """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
     from servelab.report import render_report, summary_table
 
     started = time.monotonic()

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 from servelab.artifacts import Manifest
 from servelab.bench import FastAPITarget, Load, Record, run_bench
 from servelab.hardware import runs_on_fastapi, stage_env
-from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
+from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.procs import DIRECT, free_port
-from servelab.rayserve.cli import deploy_in_child
+from servelab.rayserve.control import deploy_in_child
 from servelab.rayserve.cluster import LocalCluster
 from servelab.rayserve.serve_state import ReplicaSampler, placement
 from servelab.settings import get_settings

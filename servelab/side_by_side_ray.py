@@ -44,7 +44,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Pa
     """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
     from servelab.paths import DEFAULT_IMAGE
     from servelab.procs import free_port
-    from servelab.rayserve.cli import deploy_in_child
+    from servelab.rayserve.control import deploy_in_child
     from servelab.rayserve.cluster import LocalCluster
     from servelab.settings import get_settings
 

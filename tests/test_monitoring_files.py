@@ -17,7 +17,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel
 from dockerspec import DOCKER, MONITORING_COMPOSE, load_compose, run_tool, variables, venv_tool
 from servelab.monitoring import dashboard
 from servelab.monitoring.run_series import FAMILIES
-from servelab.docker_versions import read_env_file
+from servelab.tools.docker_versions import read_env_file
 
 
 def test_monitoring_compose_matches_the_compose_specification():
@@ -60,7 +60,7 @@ def test_mounted_files_exist_and_prometheus_scrapes_every_family():
 
 def test_prometheus_accepts_the_node_config(tmp_path):
     """The real Prometheus loads the node's config (its targets do not resolve here: they stay down)."""
-    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 
     try:
         binary = locate()

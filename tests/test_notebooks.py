@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from servelab.notebooks import NOTEBOOK_DIR, render, sources, to_notebook
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, render, sources, to_notebook
 from notebook_harness import TESTS_DIR, execute, parameter_names, parameters_cells
 
 SOURCES = sources()

@@ -1,4 +1,8 @@
-"""The `servelab` command. Each feature module adds its own subcommand with ``register``."""
+"""The `servelab` command: the top layer, argparse fronts only.
+
+Each module here adds its own subcommand with ``register`` and calls into the layers below it
+(orchestration, report, measurement, servers, core; see docs/architecture.md).
+"""
 
 import argparse
 import importlib
@@ -7,18 +11,17 @@ import sys
 # Subcommand modules, imported only when present so each role installs only what it needs.
 COMMAND_MODULES = (
     "servelab.cli.models",  # models build | variants
-    "servelab.serve",  # serve fastapi-pt | fastapi-onnx | flask
-    "servelab.triton.cli",  # triton up | down | stage
-    "servelab.rayserve.cli",  # ray up | deploy | status | down
+    "servelab.cli.serve",  # serve fastapi-pt | fastapi-onnx | flask
+    "servelab.cli.triton",  # triton up | down | stage
+    "servelab.cli.ray",  # ray up | deploy | status | down
     "servelab.cli.bench",  # bench fastapi | triton | perf-analyzer | input-data
-    "servelab.bench.perf_analyzer_binary",  # perf-analyzer install | check | run
-    "servelab.monitoring.prometheus_binary",  # prometheus install | check
+    "servelab.cli.installers",  # perf-analyzer install | check | run; prometheus install | check
     "servelab.cli.report",  # report
     "servelab.cli.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
-    "servelab.lab",  # lab
-    "servelab.doctor.cli",  # doctor
-    "servelab.gpu_check",  # gpu-check
-    "servelab.containers.cli",  # containers up | down | stop | env
+    "servelab.cli.lab",  # lab
+    "servelab.cli.doctor",  # doctor
+    "servelab.cli.gpu_check",  # gpu-check
+    "servelab.cli.containers",  # containers up | down | stop | env
 )
 
 

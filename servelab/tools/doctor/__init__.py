@@ -7,5 +7,5 @@
 * ``containers``: Docker, its NVIDIA runtime, Triton's ``/dev/shm`` against what the Python backend
   needs, and the Triton image's Python-backend stub and torch on the GPUs.
 * ``local``: Python, Linux, the model artifacts, the bundled tritonserver, perf_analyzer.
-* ``cli``: the table of checks and the ``servelab doctor [--node] [--json]`` command.
+* ``checks``: the table of checks; the ``servelab doctor [--node] [--json]`` command is ``servelab.cli.doctor``.
 """

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.doctor.core import Context, Output, Result
-from servelab.doctor.gpu import Gpu, gpus, has_kernels
+from servelab.tools.doctor.core import Context, Output, Result
+from servelab.tools.doctor.gpu import Gpu, gpus, has_kernels
 
 DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")
 TRITON_COMPOSE = Path("docker") / "docker-compose-triton.yaml"

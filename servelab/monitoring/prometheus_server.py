@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.monitoring.prometheus_binary import PrometheusBinary
+from servelab.tools.installers.prometheus import PrometheusBinary
 from servelab.procs import DIRECT, ServerProcess, free_port
 
 TARGETS_FILE = "targets.json"

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.fetch import sha256_file
-from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir, unpack_deb, wheelhouse
+from servelab.tools.installers.opt_tools import InstallError, opt_dir, unpack_deb, wheelhouse
 from servelab.settings import get_settings
 
 
@@ -208,39 +208,3 @@ def install(log=print) -> PerfAnalyzer:
     pa = PerfAnalyzer(pa.path, pa.source, pa.library_path, _version(pa))
     (home / "installed.json").write_text(json.dumps({"wheels": _manifest()}, indent=1) + "\n")
     return pa
-
-
-# --- `servelab perf-analyzer` ----------------------------------------------------------------------
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "perf-analyzer", help="install, check or run perf_analyzer (with its libraries on the library path)",
-        description="perf_analyzer, the same way locally and on the lab node. `servelab perf-analyzer run -- "
-                    "-m food_classifier -u 127.0.0.1:8000 --concurrency-range 8` runs it with its libraries; "
-                    "`servelab bench perf-analyzer` runs it and records its results.")
-    sub = p.add_subparsers(dest="pa_command", required=True)
-    inst = sub.add_parser("install", help="extract the pinned perf_analyzer into this environment (downloads once)")
-    inst.add_argument("--if-missing", action="store_true", help="do nothing when the pinned copy is already installed")
-    inst.set_defaults(func=_cmd_install)
-    sub.add_parser("check", help="say which perf_analyzer would run, or how to get one").set_defaults(func=_cmd_check)
-    run = sub.add_parser("run", help="run perf_analyzer with the given arguments (put them after --)")
-    run.add_argument("args", nargs="*", help="perf_analyzer's own arguments")
-    run.set_defaults(func=_cmd_run)
-
-
-def _cmd_install(args) -> int:
-    return cmd_install("perf_analyzer", args.if_missing, installed, install)
-
-
-def _cmd_check(args) -> int:
-    return cmd_check("perf_analyzer", locate, PerfAnalyzerNotFound)
-
-
-def _cmd_run(args) -> int:
-    try:
-        pa = locate()
-    except PerfAnalyzerNotFound as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    os.execve(pa.path, [str(pa.path), *args.args], pa.env())  # its exit code is ours

@@ -14,7 +14,6 @@ The record is built from the lab's own records (``record_markdown``), so it can 
 CPU lab's records too; it names the GPU it was measured on in its title and every table.
 """
 
-import argparse
 import datetime as dt
 import re
 import subprocess
@@ -102,7 +101,7 @@ def skipped_parts() -> dict[str, str]:
     """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
     preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
     from servelab.lab import STAGES, preflight
-    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 
     skipped = preflight(list(STAGES))
     try:
@@ -182,12 +181,3 @@ def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
     ok = pytest.returncode == 0 and lab.returncode == 0 and tests is not None and tests.failed == 0
     log(f"gpu-check: {'PASSED' if ok else 'FAILED'}; record in {path}")
     return 0 if ok else 1
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("gpu-check", help="run the GPU tests and a short GPU lab; write docs/gpu/<gpu>.md",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "gpu-check", help="test and lab outputs")
-    p.add_argument("--docs", type=Path, default=DOCS, help="where the record goes (default docs/gpu/)")
-    p.add_argument("--full", action="store_true", help="the full lab instead of --quick")
-    p.set_defaults(func=lambda args: check(args.out, args.docs, args.full))

@@ -14,7 +14,7 @@ from servelab.containers import compose_tool, standins
 from servelab.containers.docker import Docker
 from servelab.containers.engine import Engine, EngineState, stop_detached
 from servelab.containers.stages import STAGES, StageRunner, checkout_mounts
-from servelab.docker_versions import read_env_file
+from servelab.tools.docker_versions import read_env_file
 from servelab.settings import get_settings
 
 

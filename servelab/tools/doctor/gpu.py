@@ -8,8 +8,8 @@ can be tested with recorded outputs of a P100 node on a machine without a GPU.
 import re
 from collections.abc import Mapping, Sequence
 
-from servelab.docker_versions import read_env_file
-from servelab.doctor.core import Context, Result
+from servelab.tools.docker_versions import read_env_file
+from servelab.tools.doctor.core import Context, Result
 from servelab.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
 
 LAB_NODE_CAPABILITY = (6, 0)  # the lab node's Tesla P100s

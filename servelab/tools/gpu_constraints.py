@@ -8,7 +8,7 @@ names the torch releases it was checked against and their requirements, one line
     # torch==2.11.0 requires: filelock | typing-extensions>=4.10.0 | setuptools<82 | ...
 
 ``conflicts`` holds the pins against those lines (a test runs it offline); ``python -m
-servelab.gpu_constraints FILE`` reads each named release's requirements from the package index
+servelab.tools.gpu_constraints FILE`` reads each named release's requirements from the package index
 (metadata only, for CPython 3.12 on x86-64 Linux) and fails where they differ from the header or
 conflict with a pin. Requirements on packages that are not pinned (torch's CUDA libraries, sympy) are
 the machine's to satisfy, and are already, with its torch.

@@ -7,7 +7,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from servelab.doctor.core import Context, Result
+from servelab.tools.doctor.core import Context, Result
 
 MIN_PYTHON = (3, 11)
 
@@ -65,8 +65,8 @@ def local_tritonserver(ctx: Context) -> Result:
 
 
 def perf_analyzer(ctx: Context) -> Result:
-    """The perf_analyzer the lab would run, checked to start (servelab.bench.perf_analyzer_binary)."""
-    from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
+    """The perf_analyzer the lab would run, checked to start (servelab.tools.installers.perf_analyzer)."""
+    from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
 
     try:
         return Result("perf-analyzer", "pass", locate().describe())

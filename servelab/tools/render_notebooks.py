@@ -3,11 +3,11 @@
 The numbered ``notebooks/N_name.md`` files are the source of truth; the ``.ipynb`` beside
 each one is generated (no outputs, stable cell ids) so that rendering twice gives the same
 bytes and ``--check`` can compare files exactly. The parts of a source marked as generated
-(code excerpts, stage configs, the original lab's figures: ``servelab.notebook_blocks``) are
+(code excerpts, stage configs, the original lab's figures: ``servelab.tools.notebook_blocks``) are
 rewritten from the project first, in the source too.
 
-    python -m servelab.notebooks          # write every .md part and .ipynb that is out of date
-    python -m servelab.notebooks --check  # only report; exit 1 if anything is out of sync
+    python -m servelab.tools.render_notebooks          # write every .md part and .ipynb that is out of date
+    python -m servelab.tools.render_notebooks --check  # only report; exit 1 if anything is out of sync
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from servelab.notebook_blocks import expand
+from servelab.tools.notebook_blocks import expand
 from servelab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -89,7 +89,7 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servelab.notebooks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m servelab.tools.render_notebooks", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report out-of-sync notebooks, write nothing")
     args = parser.parse_args(argv)
     messages = render(check=args.check)

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.fetch import sha256_file
-from servelab.opt_tools import InstallError, cmd_check, cmd_install, opt_dir, unpack_deb
+from servelab.tools.installers.opt_tools import InstallError, opt_dir, unpack_deb
 from servelab.settings import get_settings
 
 PACKAGE = "prometheus"
@@ -101,21 +101,3 @@ def install(log=print) -> PrometheusBinary:
                                                      "sha256": sha}, indent=1) + "\n")
     log(f"prometheus: {binary.path} from {deb.name} (sha256 {sha[:16]}...)")
     return binary
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("prometheus", help="install or check the Prometheus the lab scrapes its servers with")
-    sub = p.add_subparsers(dest="prom_command", required=True)
-    inst = sub.add_parser("install", help="unpack Debian's Prometheus into this environment (no root)")
-    inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")
-    inst.set_defaults(func=_cmd_install)
-    sub.add_parser("check", help="say which Prometheus would run, or how to get one").set_defaults(func=_cmd_check)
-
-
-def _cmd_install(args) -> int:
-    return cmd_install("prometheus", args.if_missing, installed, install,
-                       (InstallError, PrometheusNotFound, subprocess.SubprocessError))
-
-
-def _cmd_check(args) -> int:
-    return cmd_check("prometheus", locate, PrometheusNotFound)

@@ -7,7 +7,7 @@ A notebook source marks such a part with a pair of HTML comments (invisible in J
     <!-- end generated -->
 
 The first word after ``generated:`` names one of ``GENERATORS``, the rest are its arguments.
-``servelab.notebooks`` rewrites every such part when it renders, and ``--check`` fails where one is
+``servelab.tools.render_notebooks`` rewrites every such part when it renders, and ``--check`` fails where one is
 out of date, e.g. after a change to the function it quotes. A name that no longer exists fails the
 rendering.
 """

@@ -6,12 +6,15 @@ Each stage adds its subcommands through a registrar in ``SERVICE_REGISTRARS``.
 import argparse
 from functools import partial
 
+from servelab.cli.serve_flask import register_flask
+from servelab.settings import get_settings
+
 
 def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
+    # Deferred: uvicorn and FastAPI are the serve extra's, absent from the Flask image, which has `serve flask`.
     import uvicorn
 
     from servelab.serving import create_app
-    from servelab.settings import get_settings
 
     settings = get_settings()
     uvicorn.run(create_app(kind, settings), host=args.host or settings.host, port=args.port or settings.port,
@@ -27,14 +30,7 @@ def register_fastapi(sub) -> None:
         p.set_defaults(func=partial(_run_fastapi, kind))
 
 
-def register_flask(sub) -> None:
-    """``servelab serve flask``: GourmetGram, the web front end (servelab/gourmetgram/cli.py)."""
-    from servelab.gourmetgram.cli import register_flask as register_gourmetgram
-
-    register_gourmetgram(sub)
-
-
-# One function per stage; each adds its own subcommands to `servelab serve`.
+# One function per stage; each adds its own subcommands to `servelab serve` (flask: servelab.cli.serve_flask).
 SERVICE_REGISTRARS = [register_fastapi, register_flask]
 
 

@@ -14,7 +14,7 @@ before debian/copyright), and Enlightenment's backgrounds are Edje files (``.edj
 photograph as an embedded JPEG (the largest one is taken).
 
     apt-get download mate-backgrounds ...   # the packages named in SOURCES, into DEBS
-    python -m servelab.photos_collect DEBS
+    python -m servelab.tools.photos_collect DEBS
 """
 
 import fnmatch

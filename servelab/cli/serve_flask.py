@@ -8,6 +8,8 @@ flask_app.app:app``.
 import argparse
 from typing import get_args
 
+from servelab.settings import FlaskSettings, Settings
+
 # Threads, not more processes: a request mostly waits on the backend, and each process holds one
 # connection pool that its threads share.
 GUNICORN_OPTIONS = {"worker_class": "gthread", "threads": 8, "graceful_timeout": 10, "accesslog": "-",
@@ -16,8 +18,6 @@ GUNICORN_OPTIONS = {"worker_class": "gthread", "threads": 8, "graceful_timeout":
 
 
 def register_flask(serve_subparsers: argparse._SubParsersAction) -> None:
-    from servelab.settings import FlaskSettings
-
     backends = get_args(FlaskSettings.model_fields["backend"].annotation)
     parser = serve_subparsers.add_parser("flask", help="GourmetGram, the web front end, under gunicorn")
     parser.add_argument("--backend", choices=backends, help="the service to ask (default: $BACKEND, else fastapi)")
@@ -28,10 +28,10 @@ def register_flask(serve_subparsers: argparse._SubParsersAction) -> None:
 
 
 def serve_flask(args: argparse.Namespace) -> int:
+    # Deferred: gunicorn and Flask are the flask extra's; `servelab --help` works without them.
     from gunicorn.app.base import BaseApplication
 
     from servelab.gourmetgram.web import create_app
-    from servelab.settings import Settings
 
     settings = Settings(**({"backend": args.backend} if args.backend else {}))
     # Built once before forking, so a bad setting fails here with its message; the backend's

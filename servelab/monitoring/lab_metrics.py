@@ -15,8 +15,8 @@ from pathlib import Path
 
 from servelab.bench.records import Record, ServerSeries
 from servelab.monitoring.machine_exporter import MachineExporter
-from servelab.monitoring.prometheus import LocalPrometheus
-from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+from servelab.monitoring.prometheus_server import LocalPrometheus
+from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 from servelab.monitoring.run_series import FAMILIES, Before, PromWatch
 from servelab.procs import free_port
 from servelab.settings import get_settings
