@@ -27,7 +27,9 @@ from pydantic import BaseModel
 from servelab import __version__
 from servelab.fetch import FetchError, fetch, git_blob_sha1, sha256_file
 from servelab.labels import CLASSES
-from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD
+from servelab.models import build_model
+from servelab.paths import DEFAULT_IMAGE
+from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, preprocess
 
 LAB_MODEL_URL = (
     "https://raw.githubusercontent.com/teaching-on-testbeds/gourmetgram/"
@@ -148,6 +150,7 @@ def _versions() -> dict[str, str]:
 
 def _weights_file(source: ModelSource, cache_dir: Path) -> Path:
     if source.kind == "offline":
+        # Deferred, not a circle: importing it loads torch (an optional extra) only when this runs.
         from servelab.models.efficientnet_food11 import packaged_imagenet_weights
 
         return Path(packaged_imagenet_weights())
@@ -164,8 +167,6 @@ def _weights_file(source: ModelSource, cache_dir: Path) -> Path:
 def _load_model(source: ModelSource, weights: Path):
     """The model in eval mode, weights loaded with weights_only=True and strict key matching."""
     import torch
-
-    from servelab.models import build_model
 
     state = torch.load(weights, map_location="cpu", weights_only=True)
     if source.kind == "offline":
@@ -199,9 +200,6 @@ def _check_parity(model, onnx_path: Path) -> float:
     import numpy as np
     import onnxruntime as ort
     import torch
-
-    from servelab.paths import DEFAULT_IMAGE
-    from servelab.preprocess import preprocess
 
     rng = np.random.default_rng(0)
     batch = np.concatenate([preprocess(DEFAULT_IMAGE.read_bytes())[None],

@@ -35,17 +35,21 @@ from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
-from servelab.report import compare
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.hardware import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
-                             runs_on_triton, stage_env)
 from servelab.bench.records import append_record
+from servelab.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
+                               runs_on_fastapi, runs_on_triton, stack, stage_env)
+from servelab.lab_ray import RayRuns
+from servelab.models.variants import build_variants
 from servelab.monitoring import run_series
 from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.lab_ray import RayRuns
 from servelab.procs import DIRECT, ServerProcess, free_port
+from servelab.rayserve.cluster import ray_binary
+from servelab.report import compare, render_report, summary_table
 from servelab.settings import get_settings
+from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
+from servelab.triton.backend import instance_count
 
 RESULTS = REPO_ROOT / "results"
 # Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
@@ -184,6 +188,8 @@ class Lab:
                 self.scraped = None
 
     def triton(self, first: Stage, ports):
+        # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+        # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
         from servelab.triton.server import start_local
         from servelab.triton.stages import STAGES as TRITON_STAGES
 
@@ -290,8 +296,6 @@ class Lab:
                          runs_on_fastapi(ready["runtime"]))
 
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
-        from servelab.triton.backend import instance_count
-
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
         from servelab.triton.server import Ports
@@ -320,9 +324,6 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
     ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
     import importlib.util
 
-    from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
-    from servelab.rayserve.cluster import ray_binary
-
     missing = {}
     if any(s.family == "triton" for s in stages):
         try:
@@ -348,8 +349,6 @@ def select_stages(names: str | None) -> list[Stage]:
 def _model(paths: ArtifactPaths) -> Manifest:
     """The model already built from the lab's weights, or else the offline stand-in (built if needed),
     with its cheaper variants (built if needed)."""
-    from servelab.models.variants import build_variants
-
     staging = get_settings().triton_model_repository
     manifest = load_manifest(paths.manifest) if paths.manifest.exists() else None
     if manifest is not None and not manifest.stand_in:
@@ -362,8 +361,6 @@ def _model(paths: ArtifactPaths) -> Manifest:
 
 def run_lab(args) -> int:
     """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
-    from servelab.report import render_report, summary_table
-
     started = time.monotonic()
     stages = select_stages(args.stages)
     try:
@@ -376,7 +373,6 @@ def run_lab(args) -> int:
     manifest = _model(paths)
     if manifest.stand_in:
         print(f"model: {manifest.description}")
-    from servelab.hardware import describe, stack
 
     print(f"device: {device}; " + "; ".join(describe(stack())))
     plan = Plan.quick() if args.quick else Plan.full()

@@ -51,6 +51,14 @@ from pathlib import Path
 from time import perf_counter
 
 from servelab.side_by_side_ray import benchmark_ray
+from servelab.bench import FastAPITarget, Load, run_bench
+from servelab.bench.records import read_records
+from servelab.models.variants import load_variants, machine, RECORD_FILE
+from servelab.paths import DEFAULT_IMAGE
+from servelab.postprocess import top1
+from servelab.preprocess import decode_base64, preprocess
+from servelab.procs import cpu_count
+from servelab.settings import get_settings
 
 STAGES = {"fastapi-onnx": "onnx", "fastapi-pt": "pytorch"}
 VARIANTS_STAGE = "variants"
@@ -93,10 +101,6 @@ class Row:
 
 async def _sequential(backend, url: str, image: bytes, requests: int) -> tuple[Row, Row]:
     """In-process and HTTP in alternating blocks of ``SEQUENTIAL_BLOCK`` requests."""
-    from servelab.bench import FastAPITarget
-    from servelab.postprocess import top1
-    from servelab.preprocess import decode_base64, preprocess
-
     text, kwargs = base64.b64encode(image).decode(), backend.manifest.preprocess_kwargs()
 
     async def in_process() -> None:
@@ -127,6 +131,7 @@ async def _sequential(backend, url: str, image: bytes, requests: int) -> tuple[R
 
 async def _in_process_window(row: Row, backend, settings, text: str, concurrency: int, seconds: float,
                              preprocess_only: bool = False) -> None:
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.serving.pipeline import Pipeline
 
     pipeline = Pipeline(backend, settings)
@@ -158,8 +163,6 @@ async def _in_process_window(row: Row, backend, settings, text: str, concurrency
 
 
 def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: float, stage: str) -> None:
-    from servelab.bench import FastAPITarget, Load, run_bench
-
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=2 * concurrency)
     record = run_bench(FastAPITarget(url, image), load, stage=stage)
     if record.stats.errors:
@@ -178,9 +181,8 @@ def _serve(stage: str, logs: Path, env: dict[str, str]):
 
 
 def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
-    from servelab.paths import DEFAULT_IMAGE
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.serving.backends import load_backend
-    from servelab.settings import get_settings
 
     kind, image, c = STAGES[stage], DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
@@ -214,10 +216,8 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
 def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str]:
     """One thread, then as many threads and as many worker processes as there are CPUs; and how far
     each of those scales (its images/s over the CPUs times one thread's)."""
-    from servelab.paths import DEFAULT_IMAGE
-    from servelab.procs import cpu_count
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.serving.backends import load_backend
-    from servelab.settings import get_settings
 
     n, c, text = cpu_count(), args.concurrency, base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()
     settings = get_settings()
@@ -251,10 +251,8 @@ class VariantRows:
 
 def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[VariantRows], list[str]]:
     """The variants' rows (fp32 first) and the variants left out, with why."""
-    from servelab.models.variants import RECORD_FILE, load_variants
-    from servelab.paths import DEFAULT_IMAGE
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.serving.backends import GPUUnavailable, load_backend
-    from servelab.settings import get_settings
 
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
@@ -334,6 +332,7 @@ def table(stage: str, rows: list[Row]) -> str:
 def stage_inputs() -> dict[str, str]:
     """stage -> what its client sends, from the lab's stage catalogue: "bytes" (an encoded photo),
     "tensor" or "uint8" (a crop preprocessed by the client)."""
+    # Deferred, not a circle: importing it loads prometheus-client (an optional extra) only when this runs.
     from servelab.lab import STAGES as LAB_STAGES
 
     return {s.name: s.input for s in LAB_STAGES}
@@ -341,10 +340,10 @@ def stage_inputs() -> dict[str, str]:
 
 def benchmark_ceiling(args: argparse.Namespace) -> str:
     """The ceiling table and, with ``--records``, the stages against it; ``--ceiling-json`` keeps the result."""
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.bench.ceiling import ceiling_markdown, measure_ceiling
     from servelab.bench.fractions import fractions_markdown
-    from servelab.bench.records import read_records
-    from servelab.settings import get_settings
 
     result = measure_ceiling(Path(get_settings().model_dir), repeats=args.ceiling_repeats,
                              max_seconds=args.ceiling_seconds, log=lambda line: print(line, flush=True))
@@ -359,9 +358,6 @@ def benchmark_ceiling(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``servelab benchmark``: each of ``args.stage`` measured and its table printed."""
-    from servelab.models.variants import machine
-    from servelab.procs import cpu_count
-
     started = perf_counter()
     print(f"servelab benchmark: {cpu_count()} CPUs; {args.requests} sequential requests of each kind; "
           f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)

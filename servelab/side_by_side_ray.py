@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.bench import FastAPITarget, Load, Record, run_bench
+from servelab.paths import DEFAULT_IMAGE
+from servelab.procs import free_port
+from servelab.rayserve.cluster import LocalCluster
+from servelab.rayserve.control import deploy_in_child
+from servelab.settings import get_settings
 
 
 @dataclass
@@ -42,12 +47,6 @@ class Side:
 
 def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Path, dict[str, str]], tuple]) -> str:
     """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
-    from servelab.paths import DEFAULT_IMAGE
-    from servelab.procs import free_port
-    from servelab.rayserve.control import deploy_in_child
-    from servelab.rayserve.cluster import LocalCluster
-    from servelab.settings import get_settings
-
     settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
     fastapi = Side(f"fastapi-onnx-dyn: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
     ray = Side(f"ray-dyn: 2 replicas on 2 nodes, @serve.batch ≤ {settings.ray_batch_max_size} / "

@@ -21,6 +21,8 @@ from servelab.bench.loadgen import run_bench
 from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.bench.records import Load, Record
 from servelab.bench.targets import FastAPITarget, Target, TritonTarget
+from servelab.paths import DEFAULT_IMAGE
+from servelab.report import summary_table
 from servelab.triton.client import InputKind, input_kind
 
 
@@ -139,8 +141,6 @@ def loads_from_args(args: argparse.Namespace) -> list[Load]:
 
 
 def _image(path: Path | None) -> tuple[bytes, str]:
-    from servelab.paths import DEFAULT_IMAGE
-
     path = path or DEFAULT_IMAGE
     return path.read_bytes(), path.name
 
@@ -162,8 +162,6 @@ def _default_stage(args: argparse.Namespace) -> str:
 
 def _finish(records: list[Record], out: Path | None) -> int:
     """Print the summary table; fail when a run measured nothing or had no successful request."""
-    from servelab.report import summary_table
-
     print(summary_table(records))
     for r in records:
         if r.failed:

@@ -11,7 +11,7 @@ from servelab.settings import get_settings
 
 
 def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
-    # Deferred: uvicorn and FastAPI are the serve extra's, absent from the Flask image, which has `serve flask`.
+    # Deferred: uvicorn and FastAPI (the serve extra) are absent from the Flask image, which has `serve flask`.
     import uvicorn
 
     from servelab.serving import create_app

@@ -28,7 +28,7 @@ def register_flask(serve_subparsers: argparse._SubParsersAction) -> None:
 
 
 def serve_flask(args: argparse.Namespace) -> int:
-    # Deferred: gunicorn and Flask are the flask extra's; `servelab --help` works without them.
+    # Deferred: gunicorn and Flask (the flask extra) are absent from the FastAPI images.
     from gunicorn.app.base import BaseApplication
 
     from servelab.gourmetgram.web import create_app

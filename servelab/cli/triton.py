@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from servelab.settings import get_settings
 from servelab.triton import server, stages
 
 
@@ -46,8 +47,6 @@ def register(subparsers) -> None:
 
 
 def _settings():
-    from servelab.settings import get_settings
-
     return get_settings()
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from servelab.models.variants import VARIANTS, load_variants, machine, run_batches, session, variant_path
 from servelab.photos import evaluation_set, pixels
+from servelab.preprocess import load_image, resize_and_crop
 
 
 def time_variants(model_dir: Path, manifest, rounds: int = 5, threads: int = 0) -> dict[str, dict[int, float]]:
@@ -49,8 +50,6 @@ def food11_labels(folder: Path) -> tuple[list[Path], np.ndarray]:
 
 
 def food11_accuracy(model_dir: Path, manifest, folder: Path) -> dict[str, float]:
-    from servelab.preprocess import load_image, resize_and_crop
-
     files, labels = food11_labels(folder)
     if not files:
         raise ValueError(f"{folder} holds no Food-11 photos (class_NN/ folders or N_M.jpg names)")

@@ -20,6 +20,9 @@ from typing import Any
 
 from servelab.paths import REPO_ROOT
 from servelab.procs import session_members
+from servelab.rayserve.cluster import alive_nodes, connect, disconnect
+from servelab.rayserve.serve_state import placement, replica_rows, serve_details
+from servelab.rayserve.stages import STAGES
 from servelab.settings import get_settings
 
 STATE_FILE = REPO_ROOT / ".servelab" / "ray-up.json"
@@ -27,10 +30,8 @@ STATE_FILE = REPO_ROOT / ".servelab" / "ray-up.json"
 
 def deploy_stage(name: str, address: str) -> dict[str, Any]:
     """Connect as a driver, deploy the stage, and return where its replicas run."""
-    from servelab.rayserve.cluster import alive_nodes, connect, disconnect
+    # Deferred, not a circle: importing it loads ray (an optional extra) only when this runs.
     from servelab.rayserve.deployment import deploy
-    from servelab.rayserve.serve_state import placement
-    from servelab.rayserve.stages import STAGES
 
     dashboard = connect(address)
     try:
@@ -58,9 +59,6 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
 
 
 def status(address: str) -> dict[str, Any]:
-    from servelab.rayserve.cluster import alive_nodes, connect, disconnect
-    from servelab.rayserve.serve_state import replica_rows, serve_details
-
     dashboard = connect(address)
     try:
         details = serve_details(dashboard) if dashboard else {}

@@ -17,7 +17,9 @@ from typing import Any
 
 from servelab import tables
 from servelab.bench.records import DEFAULT_RECORDS, Record
+from servelab.hardware import describe
 from servelab.report import compare, precision, server_view, timelines
+from servelab.settings import get_settings
 from servelab.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
@@ -278,8 +280,6 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
 
 def _precision_section(records: list[Record]) -> list[str]:
     """The model variants side by side (servelab.report.precision), where the records have them."""
-    from servelab.settings import get_settings
-
     found = precision.rows(records)
     if not found:
         return []
@@ -296,8 +296,6 @@ def _precision_section(records: list[Record]) -> list[str]:
 def hardware_section(records: list[Record]) -> list[str]:
     """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
     where each stage really ran: the header every report and GPU record starts with."""
-    from servelab.hardware import describe
-
     stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
     devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
     md = ["## Hardware and versions", ""]

@@ -27,9 +27,12 @@ from servelab.bench.ceiling import Ceiling, ceiling_markdown, measure_ceiling
 from servelab.bench.fractions import closed_run, fractions_markdown, ratios
 from servelab.bench.records import Record, read_records
 from servelab.hardware import NO_GPU, describe, gpu_count, stack
+from servelab.lab import STAGES, preflight
 from servelab.paths import REPO_ROOT
 from servelab.settings import get_settings
+from servelab.side_by_side import stage_inputs
 from servelab.tables import markdown, num
+from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 
 DOCS = REPO_ROOT / "docs" / "gpu"
 GPU_TESTS = "tests/test_gpu.py"
@@ -100,9 +103,6 @@ def stage_table(records: list[Record]) -> str:
 def skipped_parts() -> dict[str, str]:
     """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
     preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
-    from servelab.lab import STAGES, preflight
-    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
-
     skipped = preflight(list(STAGES))
     try:
         locate()
@@ -140,7 +140,6 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
         md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
             (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
     else:  # the ratios come with the stages against the ceiling
-        from servelab.side_by_side import stage_inputs
 
         md += ["", "## The model's own ceiling (ONNX Runtime alone, measured after the lab)", "",
                ceiling_markdown(ceiling), "", "## Every stage, ratio and aim against the ceiling", "",

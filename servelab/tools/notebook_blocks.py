@@ -54,6 +54,7 @@ def excerpt(path: str, qualname: str) -> str:
 def node_config(stage_name: str) -> str:
     """The config of the stage's model as the lab node's Triton runs it (GPUs, onnxruntime backend),
     without the ``servelab_stage`` label every stage carries."""
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.triton.stages import STAGES, effective_config, render
 
     stage = STAGES[stage_name]
@@ -65,6 +66,7 @@ def node_config(stage_name: str) -> str:
 def stage_config(name: str, previous: str = "") -> str:
     """A stage's config on the node; with ``previous``, as a diff from that stage's. A stage that
     changes nothing is shown as its committed base file, comments and all."""
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.triton.stages import STAGES
 
     if not previous:
@@ -105,6 +107,8 @@ def config_diff(before: str, after: str, before_name: str, after_name: str, cont
 
 def triton_models() -> str:
     """Each model of the repository: which backend runs it on the node, and which locally."""
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.triton.server import ALL_MODELS
     from servelab.triton.stages import STAGES, base_config, effective_config
 
@@ -130,6 +134,8 @@ def triton_models() -> str:
 
 def lab_stages() -> str:
     """The stages `make lab` measures, and the node's stages it leaves out."""
+    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.lab import STAGES as LAB_STAGES
     from servelab.triton.stages import STAGES as TRITON_STAGES
 

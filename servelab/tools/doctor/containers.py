@@ -12,6 +12,7 @@ from typing import Any
 
 from servelab.tools.doctor.core import Context, Output, Result
 from servelab.tools.doctor.gpu import Gpu, gpus, has_kernels
+from servelab.triton.backend import instance_count
 
 DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")
 TRITON_COMPOSE = Path("docker") / "docker-compose-triton.yaml"
@@ -108,7 +109,7 @@ def shm_needed(repository: Path) -> tuple[int, str, int]:
     memory at once on the node: each instance its region plus one full batch of inputs and outputs."""
     from google.protobuf import json_format
 
-    from servelab.triton.backend import instance_count
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.triton.stages import STAGES, effective_config
 
     most = (0, "", 0)

@@ -7,7 +7,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from servelab.artifacts import ArtifactPaths, load_manifest
+from servelab.settings import ModelSettings
 from servelab.tools.doctor.core import Context, Result
+from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
 
 MIN_PYTHON = (3, 11)
 
@@ -29,9 +32,6 @@ def linux(ctx: Context) -> Result:
 
 
 def model_artifacts(ctx: Context) -> Result:
-    from servelab.artifacts import ArtifactPaths, load_manifest
-    from servelab.settings import ModelSettings
-
     paths = ArtifactPaths.in_dir(ModelSettings().model_dir)
     missing = [p.name for p in (paths.state_dict, paths.manifest, paths.onnx) if not p.is_file()]
     if missing:
@@ -43,6 +43,7 @@ def model_artifacts(ctx: Context) -> Result:
 
 
 def local_tritonserver(ctx: Context) -> Result:
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.triton.server import wheel_dirs
 
     name = "local-tritonserver"
@@ -66,8 +67,6 @@ def local_tritonserver(ctx: Context) -> Result:
 
 def perf_analyzer(ctx: Context) -> Result:
     """The perf_analyzer the lab would run, checked to start (servelab.tools.installers.perf_analyzer)."""
-    from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
-
     try:
         return Result("perf-analyzer", "pass", locate().describe())
     except PerfAnalyzerNotFound as exc:
