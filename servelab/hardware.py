@@ -1,4 +1,5 @@
-"""Where the lab runs: ``--device cpu|gpu|auto`` (``LAB_DEVICE``), the one switch for every stage.
+"""The hardware facts: the GPUs here, and where the lab runs: ``--device cpu|gpu|auto`` (``LAB_DEVICE``), the
+one switch for every stage.
 
 The device decides each server's settings (``stage_env``: PyTorch on CUDA, ONNX Runtime's TensorRT
 and CUDA providers, ``REQUIRE_GPU=1`` so a stage that would silently run on the CPU refuses to start

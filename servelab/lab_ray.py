@@ -1,4 +1,4 @@
-"""The Ray Serve stages in ``servelab lab`` (``servelab.lab`` hands its ``Lab`` over as a ``LabRun``): one local cluster, a redeploy per stage, two extra runs.
+"""The Ray Serve stages in ``servelab lab``: one local cluster, a redeploy per stage, two extra runs.
 
 One head and one worker node for every Ray stage; each stage is deployed by ``servelab ray deploy``
 (a child process, the command the lab node's notebooks call) and measured by ``Lab.measure``
@@ -11,6 +11,9 @@ node id in each record's config. Then:
 * node failure (last, on the stage that has one replica per node): closed loop at concurrency 8,
   the worker node SIGKILLed a third of the way in; every failed request is counted by its kind
   (``http_500``, ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
+
+``servelab.lab`` hands its ``Lab`` over; what is used of it is the ``LabRun`` protocol below (this module
+does not import the lab, which imports it).
 """
 
 import json

@@ -1,4 +1,4 @@
-"""``servelab benchmark --stage ray`` (started by ``servelab.side_by_side``): Ray Serve against FastAPI, same machine, photo and run.
+"""``servelab benchmark --stage ray``: Ray Serve against FastAPI, same machine, photo and run.
 
 Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
 ≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
@@ -8,6 +8,8 @@ senders, alternating in ``--rounds`` windows. Where the difference goes: each re
 the rest of the client's latency is outside it: for FastAPI the loopback hop and uvicorn, for Ray
 Serve also the proxy (HTTP parsing, routing to a replica) and the hop from proxy to replica and back
 (a Ray actor call: the request and response serialized).
+
+``servelab.side_by_side`` calls ``benchmark_ray`` and hands it the way it starts a FastAPI stage.
 """
 
 import argparse
