@@ -60,7 +60,7 @@ models: $(STAMP)
 	$(BIN)/servelab models build
 
 notebooks: $(STAMP)
-	$(BIN)/python -m servelab.notebooks
+	$(BIN)/python -m servelab.tools.render_notebooks
 
 bench: $(STAMP)
 	$(BIN)/servelab benchmark
@@ -92,7 +92,7 @@ GPU_TARGET := --only-binary=:all: --implementation cp --python-version 3.12 --ab
 # Debian packages the tools need on a machine without network: perf_analyzer's libb64, Prometheus.
 GPU_DEBS := libb64-0d prometheus
 PART_SIZE := 50M
-# Where the installers look first (servelab.opt_tools.wheelhouse); pip too, and only there.
+# Where the installers look first (servelab.tools.installers.opt_tools.wheelhouse); pip too, and only there.
 OFFLINE = if [ -d $(GPU_WHEELHOUSE) ]; then export SERVELAB_WHEELHOUSE=$(abspath $(GPU_WHEELHOUSE)) \
 	PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(GPU_WHEELHOUSE)); fi
 
@@ -126,7 +126,7 @@ gpu-wheelhouse: $(STAMP)
 	rm -rf $(GPU_WHEELHOUSE) && mkdir -p $(GPU_WHEELHOUSE)
 	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps $(GPU_TARGET) -d $(GPU_WHEELHOUSE) -r $(GPU_CONSTRAINTS)
 	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d $(GPU_WHEELHOUSE) \
-		$$($(BIN)/python -c 'from servelab.bench.perf_analyzer_binary import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
+		$$($(BIN)/python -c 'from servelab.tools.installers.perf_analyzer import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
 	cd $(GPU_WHEELHOUSE) && apt-get download $(GPU_DEBS)
 	cd $(GPU_WHEELHOUSE) && sha256sum *.whl *.deb > SHA256SUMS && \
 	for w in *.whl *.deb; do if [ $$(stat -c %s "$$w") -gt 62914560 ]; then split -b $(PART_SIZE) -d "$$w" "$$w.part-" && rm "$$w"; fi; done
@@ -139,4 +139,4 @@ gpu-wheelhouse-join:
 
 # On a networked machine: GPU_CONSTRAINTS against the real requirements of each torch its header names.
 gpu-constraints-check: $(STAMP)
-	$(BIN)/python -m servelab.gpu_constraints $(GPU_CONSTRAINTS)
+	$(BIN)/python -m servelab.tools.gpu_constraints $(GPU_CONSTRAINTS)

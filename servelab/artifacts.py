@@ -27,7 +27,9 @@ from pydantic import BaseModel
 from servelab import __version__
 from servelab.fetch import FetchError, fetch, git_blob_sha1, sha256_file
 from servelab.labels import CLASSES
-from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD
+from servelab.models import build_model
+from servelab.paths import DEFAULT_IMAGE
+from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, preprocess
 
 LAB_MODEL_URL = (
     "https://raw.githubusercontent.com/teaching-on-testbeds/gourmetgram/"
@@ -148,6 +150,7 @@ def _versions() -> dict[str, str]:
 
 def _weights_file(source: ModelSource, cache_dir: Path) -> Path:
     if source.kind == "offline":
+        # Deferred, not a circle: importing it loads torch (an optional extra) only when this runs.
         from servelab.models.efficientnet_food11 import packaged_imagenet_weights
 
         return Path(packaged_imagenet_weights())
@@ -164,8 +167,6 @@ def _weights_file(source: ModelSource, cache_dir: Path) -> Path:
 def _load_model(source: ModelSource, weights: Path):
     """The model in eval mode, weights loaded with weights_only=True and strict key matching."""
     import torch
-
-    from servelab.models import build_model
 
     state = torch.load(weights, map_location="cpu", weights_only=True)
     if source.kind == "offline":
@@ -199,9 +200,6 @@ def _check_parity(model, onnx_path: Path) -> float:
     import numpy as np
     import onnxruntime as ort
     import torch
-
-    from servelab.paths import DEFAULT_IMAGE
-    from servelab.preprocess import preprocess
 
     rng = np.random.default_rng(0)
     batch = np.concatenate([preprocess(DEFAULT_IMAGE.read_bytes())[None],
@@ -297,43 +295,3 @@ def _stage(paths: ArtifactPaths, staging: Path) -> None:
     for src, dest in targets.items():
         if not dest.exists() or sha256_file(dest) != sha256_file(src):
             copy_atomic(src, dest)
-
-
-def register(subparsers) -> None:
-    models = subparsers.add_parser("models", help="build the model artifacts")
-    sub = models.add_subparsers(dest="models_command", required=True)
-    build = sub.add_parser("build", help="build the state_dict, manifest, ONNX model and its variants (skipped when unchanged)")
-    build.add_argument("--source", default="offline",
-                       help="offline (packaged zero-shot stand-in, default), lab (the lab's real weights, "
-                            "downloaded and hash-verified), an http(s) URL, or a local .pth path")
-    build.add_argument("--sha1", help="expected git blob SHA-1 of a URL or local source")
-    build.add_argument("--model-dir", type=Path, help="output folder (default: MODEL_DIR)")
-    build.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
-    build.set_defaults(func=_cli_build)
-    variants = sub.add_parser("variants", help="the model's variants side by side: size, agreement with fp32, "
-                                               "in-process ms/image at batch 1 and 16 on this machine")
-    variants.add_argument("--model-dir", type=Path, help="model folder (default: MODEL_DIR)")
-    variants.add_argument("--rounds", type=int, default=5, help="timing rounds, all variants in each (default 5)")
-    variants.add_argument("--food11", type=Path, help="a Food-11 evaluation folder: also report each variant's accuracy")
-    variants.set_defaults(func=_cli_variants)
-
-
-def _cli_build(args) -> int:
-    from servelab.settings import get_settings
-
-    from servelab.models.variants import build_variants
-
-    settings = get_settings()
-    source = ModelSource.parse(args.source, args.sha1)
-    model_dir = args.model_dir or settings.model_dir
-    manifest = build_artifacts(source, model_dir, settings.triton_model_repository, force=args.force)
-    build_variants(model_dir, manifest, settings.triton_model_repository, force=args.force)
-    if manifest.stand_in:
-        print(f"models: NOTE this is a {manifest.description}")
-    return 0
-
-
-def _cli_variants(args) -> int:
-    from servelab.models.variant_bench import cli
-
-    return cli(args)

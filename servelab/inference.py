@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from servelab.artifacts import Manifest, load_manifest
+from servelab.models import build_model
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,6 @@ class TorchClassifier:
 
     def __init__(self, manifest_path: Path, device: str = "cpu", fp16: bool = False, threads: int | None = None):
         import torch
-
-        from servelab.models import build_model
 
         if threads:
             torch.set_num_threads(threads)

@@ -18,7 +18,7 @@ The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by sid
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
 time per request next to the latencies. fp16 stages run only on a GPU.
 
-``--device gpu|cpu|auto`` (``servelab.device``) is the one switch: on the GPU every FastAPI server
+``--device gpu|cpu|auto`` (``servelab.hardware``) is the one switch: on the GPU every FastAPI server
 runs with PyTorch on CUDA or ONNX Runtime's TensorRT/CUDA providers and ``REQUIRE_GPU=1``, and Triton
 with ``KIND_GPU`` instances on the GPUs present. Each record names the device and where the stage
 really ran (``runs_on``: the providers the service read back from its session, or the instance groups
@@ -34,18 +34,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
-from servelab.bench import FastAPITarget, Load, Record, TritonTarget, compare, run_bench
+from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.device import (Device, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi,
-                             runs_on_triton, stage_env)
 from servelab.bench.records import append_record
+from servelab.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
+                               runs_on_fastapi, runs_on_triton, stack, stage_env)
+from servelab.lab_ray import RayRuns
+from servelab.models.variants import build_variants
 from servelab.monitoring import run_series
-from servelab.monitoring.lab_prometheus import LabPrometheus, Scraped
+from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import DIRECT, free_port
+from servelab.rayserve.cluster import ray_binary
+from servelab.report import compare, render_report, summary_table
 from servelab.serving.child import fastapi_process
 from servelab.settings import get_settings
 from servelab.stages import CATALOGUE, PT, Stage
+from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
+from servelab.triton.backend import instance_count
 
 RESULTS = REPO_ROOT / "results"
 # Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
@@ -132,6 +138,7 @@ class Lab:
                 self.scraped = None
 
     def triton(self, first: Stage, ports):
+        # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
         from servelab.triton.server import start_local
         # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
         return start_local(first, kind=self.device, repository=get_settings().triton_model_repository,
@@ -219,8 +226,6 @@ class Lab:
             self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
         ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
         if ray_stages:
-            from servelab.rayserve.lab_runs import RayRuns
-
             self._guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
 
     def _guard(self, stage: Stage | None, work, family: str = "triton") -> None:
@@ -241,8 +246,6 @@ class Lab:
                          runs_on_fastapi(ready["runtime"]))
 
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
-        from servelab.triton.backend import instance_count
-
         # One server for every Triton stage: switching a stage reloads its model (explicit model
         # control), the way students switch stages on the lab node, without restarting the server.
         from servelab.triton.server import Ports
@@ -272,9 +275,6 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
     ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
     import importlib.util
 
-    from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
-    from servelab.rayserve.cluster import ray_binary
-
     missing = {}
     if any(s.family == "triton" for s in stages):
         try:
@@ -297,23 +297,9 @@ def select_stages(names: str | None) -> list[Stage]:
     return [by_name[n] for n in names.split(",")]
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("lab", help="run every lab stage locally (CPU or GPU) and write results/")
-    p.add_argument("--quick", action="store_true", help="a few requests per measurement (tests, a first look)")
-    p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in LAB_STAGES)}")
-    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: results/)")
-    p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="the photo sent in every request")
-    p.add_argument("--concurrency", help="closed-loop concurrencies, comma-separated (default 8,16; --quick: 8)")
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None,
-                   help="where every stage runs (default: LAB_DEVICE, auto = the GPU where nvidia-smi lists one)")
-    p.set_defaults(func=_cli_lab)
-
-
 def _model(paths: ArtifactPaths) -> Manifest:
     """The model already built from the lab's weights, or else the offline stand-in (built if needed),
     with its cheaper variants (built if needed)."""
-    from servelab.models.variants import build_variants
-
     staging = get_settings().triton_model_repository
     manifest = load_manifest(paths.manifest) if paths.manifest.exists() else None
     if manifest is not None and not manifest.stand_in:
@@ -324,9 +310,8 @@ def _model(paths: ArtifactPaths) -> Manifest:
     return manifest
 
 
-def _cli_lab(args) -> int:
-    from servelab.report import render_report, summary_table
-
+def run_lab(args) -> int:
+    """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
     started = time.monotonic()
     stages = select_stages(args.stages)
     try:
@@ -339,7 +324,6 @@ def _cli_lab(args) -> int:
     manifest = _model(paths)
     if manifest.stand_in:
         print(f"model: {manifest.description}")
-    from servelab.device import describe, stack
 
     print(f"device: {device}; " + "; ".join(describe(stack())))
     plan = Plan.quick() if args.quick else Plan.full()

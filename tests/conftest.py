@@ -11,7 +11,7 @@ import pytest
 import tier_durations
 from checkout_guard import changes, fingerprint
 from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
-from servelab.device import NO_GPU, gpu_count
+from servelab.hardware import NO_GPU, gpu_count
 from servelab.models.variants import build_variants
 from servelab.settings import get_settings
 from triton_repo import copy_sources

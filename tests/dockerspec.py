@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from servelab.docker_versions import read_env_file
+from servelab.tools.docker_versions import read_env_file
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"

@@ -19,7 +19,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from servelab.notebooks import NOTEBOOK_DIR, to_notebook
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, to_notebook
 
 TESTS_DIR = Path(__file__).resolve().parent
 KERNEL_NAME = "python3"

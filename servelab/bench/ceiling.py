@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
+from servelab.hardware import gpu_count, stack
 from servelab.models.variants import machine, variant_path
 from servelab.serving.backends import CPU, CUDA, GPU_PROVIDERS
 from servelab.tables import markdown, num
@@ -77,8 +78,6 @@ def default_provider() -> str:
     """ONNX Runtime's CUDA provider where it is built in and nvidia-smi lists a GPU, else the CPU's."""
     import onnxruntime as ort
 
-    from servelab.device import gpu_count
-
     return CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU
 
 
@@ -127,8 +126,6 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
     and ``max_seconds`` bound each point's timed runs. Never raises for a point: it is recorded
     with the reason it failed."""
     import onnxruntime as ort
-
-    from servelab.device import stack
 
     provider = provider or default_provider()
     on_gpu = provider in GPU_PROVIDERS

@@ -18,7 +18,7 @@ shown as information only, never as met or missed.
 
 Which stages take an image and which a tensor is the stage catalogue's to say (``inputs``: stage
 -> what its client sends, ``"bytes"`` for an encoded photo, ``"tensor"`` or ``"uint8"`` for a
-client-preprocessed crop); the orchestration layer passes it (``servelab.benchmark.stage_inputs``).
+client-preprocessed crop); the orchestration layer passes it (``servelab.side_by_side.stage_inputs``).
 """
 
 from collections.abc import Mapping

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servelab.bench.monitor import Monitor
-from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, locate
+from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
 from servelab.bench.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
 from servelab.bench.targets import TritonTarget, model_input_tensor
 from servelab.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind

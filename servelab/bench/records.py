@@ -19,6 +19,8 @@ from typing import Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servelab.hardware import stack
+
 SCHEMA_VERSION = 1
 DEFAULT_RECORDS = Path("results") / "records.jsonl"
 # Packages whose versions change the numbers; recorded with every run.
@@ -265,8 +267,6 @@ def read_records(paths: Path | Iterable[Path]) -> list[Record]:
 
 def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
     """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
-    from servelab.device import stack
-
     versions = {}
     for name in _VERSIONED:
         try:

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import aiohttp
-import yarl
 import numpy as np
+import yarl
 
+from servelab.artifacts import load_manifest
 from servelab.bench.server_timing import ServerTiming, parse_server_timing
+from servelab.preprocess import crop_pixels, preprocess
 from servelab.triton import client as triton_io
 
 _JSON = {"content-type": "application/json"}
@@ -162,9 +164,6 @@ class _FastAPIClient:
 def model_input_tensor(image: bytes, manifest: Path | None = None, input: str = "tensor") -> np.ndarray:
     """The image as an ONNX model's input, with the manifest's sizes: float32 [3, crop, crop]
     preprocessed, or (``input="uint8"``) the uint8 crop [crop, crop, 3]."""
-    from servelab.artifacts import load_manifest
-    from servelab.preprocess import crop_pixels, preprocess
-
     m = load_manifest(manifest) if manifest else None
     if input == "uint8":
         return crop_pixels(image, **(m.crop_kwargs() if m else {}))

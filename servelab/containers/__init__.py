@@ -6,5 +6,5 @@ fetches Docker Compose v2; ``base_image`` makes the Debian 12 base image once wi
 ``wheelhouse`` downloads the pinned Python packages the images install; ``standins`` builds the
 stand-in base images the compose files' build arguments point at where NVIDIA's images cannot be
 pulled; ``stages`` brings a stage up and down with the unchanged compose files plus the no-GPU
-override; ``cli`` is ``servelab containers``.
+override; ``servelab.cli.containers`` is ``servelab containers``.
 """

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from servelab.bench.perf_analyzer_binary import extract_pinned
+from servelab.tools.installers.perf_analyzer import extract_pinned
 from servelab.containers import base_image, wheelhouse
 from servelab.containers.docker import Docker
 from servelab.paths import REPO_ROOT

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 
 def _architectures() -> dict[str, Callable]:
+    # Deferred, not a circle: importing it loads torch (an optional extra) only when this runs.
+    # Deferred, not a circle: importing it loads torch (an optional extra) only when this runs.
     from servelab.models.efficientnet_food11 import EfficientNetLite0Food11
     from servelab.models.mobilenet_v2 import food11_mobilenet_v2
 

@@ -28,6 +28,7 @@ from servelab import __version__, photos
 from servelab.artifacts import Manifest, copy_atomic, write_atomic
 from servelab.fetch import sha256_file
 from servelab.postprocess import softmax
+from servelab.preprocess import to_tensor
 
 VARIANTS: dict[str, str] = {
     "fp32": "food11.onnx",
@@ -128,6 +129,7 @@ def _versions() -> dict[str, str]:
 
 
 def _build_key(manifest: Manifest, versions: dict[str, str]) -> str:
+    # Deferred, not a circle: importing it loads onnx (an optional extra) only when this runs.
     from servelab.models.quantize import DYNAMIC_OPTIONS, FP16_OPTIONS, STATIC_OPTIONS
 
     return hashlib.sha256(json.dumps(
@@ -160,8 +162,6 @@ def session(path: Path, threads: int = 0):
 
 def run_batches(sess, pixels: np.ndarray, float_input: bool, manifest: Manifest, batch: int = 16) -> np.ndarray:
     """Logits for uint8 NHWC ``pixels``; the fp32 model gets them through the NumPy preprocessing."""
-    from servelab.preprocess import to_tensor
-
     name = sess.get_inputs()[0].name
     out = []
     for i in range(0, len(pixels), batch):
@@ -182,6 +182,7 @@ def agreement(reference_logits: np.ndarray, logits: np.ndarray) -> Agreement:
 
 
 def _describe(model_dir: Path, name: str, reference: np.ndarray, pixels: np.ndarray, manifest: Manifest) -> Variant:
+    # Deferred, not a circle: importing it loads onnx (an optional extra) only when this runs.
     from servelab.models.quantize import DYNAMIC_OPTIONS, FP16_OPTIONS, STATIC_OPTIONS
 
     path = variant_path(model_dir, name)
@@ -203,6 +204,7 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
     """Make (or reuse, when their inputs are unchanged) the four variants of ``model_dir``'s
     food11.onnx and their record, each file written whole or not at all; copy u8, int8 and fp16
     into the Triton model repository ``staging`` (None: nowhere)."""
+    # Deferred, not a circle: importing it loads onnx (an optional extra) only when this runs.
     from servelab.models import quantize, uint8_input
 
     model_dir = Path(model_dir)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab.bench.records import Record, ServerSeries
-from servelab.monitoring.prometheus import PrometheusClient, PrometheusError
+from servelab.monitoring.prometheus_server import PrometheusClient, PrometheusError
 
 # Client and server agree when the counts are equal and the rates within this fraction.
 RATE_TOLERANCE = 0.05

@@ -25,7 +25,7 @@ from ray import serve
 
 from servelab.rayserve.stages import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
 from servelab.serving.batcher import BatchResult
-from servelab.settings import RaySettings
+from servelab.settings import RaySettings, Settings
 from servelab.stages import Stage
 
 log = logging.getLogger("servelab.rayserve")
@@ -80,8 +80,8 @@ def _placement(stage: str) -> dict[str, Any]:
 def build_app(stage: str, overrides: dict[str, str]):
     """In the replica: the ONNX service's app, with this stage's serving settings on top of the
     replica's environment (MODEL_DIR and the rest come from where the replica runs)."""
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.serving import create_app
-    from servelab.settings import Settings
 
     settings = Settings(**{k.lower(): v for k, v in overrides.items()})
     return create_app("onnx", settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)

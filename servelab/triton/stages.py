@@ -33,7 +33,7 @@ from typing import Any, Literal
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from servelab.device import gpu_count
+from servelab.hardware import gpu_count
 from servelab.inference import batch_buckets
 from servelab.settings import get_settings
 from servelab.stages import Stage, of_family

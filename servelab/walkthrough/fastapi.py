@@ -9,7 +9,7 @@ from typing import Any
 import requests
 
 from servelab.bench import FastAPITarget, Load, Record, run_bench_async
-from servelab.bench.precision import cpu_ms_per_request
+from servelab.report.precision import cpu_ms_per_request
 from servelab.report import summary_table
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
 

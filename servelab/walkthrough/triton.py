@@ -14,13 +14,13 @@ import numpy as np
 
 from servelab.artifacts import load_manifest
 from servelab.bench import Load, Record, TritonTarget, run_bench_async
-from servelab.bench.targets import model_input_tensor
 from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
+from servelab.bench.targets import model_input_tensor
 from servelab.gourmetgram.backends import DEFAULT_MODELS
 from servelab.procs import DIRECT
 from servelab.report import summary_table
 from servelab.settings import get_settings
-from servelab.triton.client import InputKind, input_kind
+from servelab.triton.client import InputKind, input_kind, tensor_inputs
 from servelab.triton.server import model_config, server_address
 from servelab.triton.stages import STAGES
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
@@ -49,8 +49,6 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
     alternate (as a dynamic batcher's do) and with each size repeated. ``image``: one model input,
     stacked into batches. Each size runs once first, untimed: a first run is slow everywhere."""
     import tritonclient.http as http
-
-    from servelab.triton.client import tensor_inputs
 
     batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
     client = http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300)

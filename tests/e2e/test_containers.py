@@ -28,7 +28,7 @@ from servelab.containers import compose_tool, standins
 from servelab.containers.docker import Docker
 from servelab.containers.engine import Engine
 from servelab.containers.stages import STAGES, StageRunner, checkout_mounts
-from servelab.docker_versions import read_env_file
+from servelab.tools.docker_versions import read_env_file
 from servelab.inference import OnnxClassifier
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.postprocess import top1

@@ -21,7 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from servelab.gpu_constraints import checked_torch, conflicts, pins
+from servelab.tools.gpu_constraints import checked_torch, conflicts, pins
 
 REPO = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO / "constraints-gpu-cu13.txt"

@@ -11,10 +11,10 @@ import psutil
 import pytest
 
 from servelab.bench import read_records
-from servelab.device import stack
+from servelab.hardware import stack
 from servelab.bench.ceiling import measure_ceiling
-from servelab.gpu_check import record_markdown
 from servelab.lab import LAB_STAGES as STAGES, preflight
+from servelab.tools.gpu_check import record_markdown
 from servelab.settings import get_settings
 from servelab.triton.stages import gpu_count
 
@@ -39,7 +39,7 @@ def _servers() -> set[int]:
 
 def _prometheus_here() -> bool:
     """Prometheus can run here; CI installs it, so there it must."""
-    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 
     try:
         return bool(locate())

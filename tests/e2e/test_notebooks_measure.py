@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
-from servelab.notebooks import NOTEBOOK_DIR, sources, to_notebook
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
 from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import ServerProcess, free_port
 from servelab.settings import Settings

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench.perf_analyzer_binary import install_dir
-from servelab.doctor.cli import CHECKS
-from servelab.doctor.core import Result
+from servelab.tools.installers.perf_analyzer import install_dir
+from servelab.tools.doctor.checks import CHECKS
+from servelab.tools.doctor.core import Result
 
 SERVELAB = Path(sys.executable).parent / "servelab"
 

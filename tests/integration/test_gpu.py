@@ -13,7 +13,7 @@ import pytest
 
 from fastapi_service import b64, running
 from servelab.bench.monitor import Monitor
-from servelab.device import gpu_count, stack
+from servelab.hardware import gpu_count, stack
 from servelab.inference import OnnxClassifier, TorchClassifier
 from servelab.photos import evaluation_set, pixels
 from servelab.preprocess import preprocess

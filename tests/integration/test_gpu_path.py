@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.device import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
-from servelab.gpu_check import PytestOutcome, slug
+from servelab.hardware import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.tools.gpu_check import PytestOutcome, slug
 
 REPO = Path(__file__).resolve().parents[2]
 without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")

@@ -17,7 +17,7 @@ import pytest
 
 from servelab.bench import Load, TritonTarget, read_records
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.bench.perf_analyzer_binary import PerfAnalyzerNotFound, install_dir, locate
+from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, install_dir, locate
 from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import free_port
 from servelab.triton import server

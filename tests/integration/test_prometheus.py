@@ -17,10 +17,10 @@ from fastapi_service import metric_samples, running
 from tools import located_or_skipped
 from servelab.bench import FastAPITarget, Load, run_bench
 from servelab.bench.records import Record
-from servelab.monitoring.lab_prometheus import LabPrometheus
+from servelab.monitoring.lab_metrics import LabPrometheus
 from servelab.monitoring.machine_exporter import MachineExporter
-from servelab.monitoring.prometheus import LocalPrometheus
-from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+from servelab.monitoring.prometheus_server import LocalPrometheus
+from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 from servelab.monitoring.run_series import RATE_TOLERANCE, PromWatch, agreements
 from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import free_port

@@ -8,7 +8,7 @@ from dockerspec import DOCKER
 
 def test_prometheus_accepts_the_node_config(tmp_path):
     """The real Prometheus loads the node's config (its targets do not resolve here: they stay down)."""
-    from servelab.monitoring.prometheus_binary import PrometheusNotFound, locate
+    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
 
     try:
         binary = locate()

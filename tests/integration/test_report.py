@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench import compare, read_records
+from servelab.bench import read_records
+from servelab.report import compare
 from servelab.report import markdown_table, render_report, summary_table
 
 DATA = Path(__file__).parents[1] / "data"

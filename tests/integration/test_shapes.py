@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, running
 from photos import variants
 from servelab.artifacts import load_manifest
-from servelab.device import instances_say
+from servelab.hardware import instances_say
 from servelab.inference import OnnxClassifier, batch_buckets
 from servelab.postprocess import top1
 from servelab.preprocess import preprocess_batch

@@ -25,7 +25,7 @@ from servelab.models.variants import (
     session,
     variant_path,
 )
-from servelab.photos_collect import FREE_LICENCES, largest_jpeg, readme_licence
+from servelab.tools.photos_collect import FREE_LICENCES, largest_jpeg, readme_licence
 from servelab.settings import get_settings
 
 # The chosen INT8 format must keep fp32's top-1 class on at least this share of the evaluation

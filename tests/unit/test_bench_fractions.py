@@ -14,7 +14,7 @@ from servelab.bench.fractions import (
     stage_fractions,
 )
 from servelab.bench.records import GpuSeries, Latency, Load, Monitors, Record, Stats
-from servelab.benchmark import stage_inputs
+from servelab.side_by_side import stage_inputs
 from servelab.serving.backends import CPU, CUDA
 
 INPUTS = stage_inputs()  # the lab's stage catalogue

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab.doctor import containers, gpu
-from servelab.doctor.cli import CHECKS
-from servelab.doctor.containers import DOCKER_INFO, compose_bytes, container_probe_command, triton_container_result
-from servelab.doctor.core import Context, Output, Result, exit_code, run_checks
-from servelab.doctor.gpu import (
+from servelab.tools.doctor import containers, gpu
+from servelab.tools.doctor.checks import CHECKS
+from servelab.tools.doctor.containers import DOCKER_INFO, compose_bytes, container_probe_command, triton_container_result
+from servelab.tools.doctor.core import Context, Output, Result, exit_code, run_checks
+from servelab.tools.doctor.gpu import (
     CPU, CUDA, NVIDIA_SMI_QUERY, Gpu, active_providers, has_kernels, onnxruntime_result, parse_gpus,
     pinned_torch_result, tensorrt_result, tiny_model, torch_kernels_result,
 )

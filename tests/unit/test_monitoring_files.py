@@ -16,7 +16,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel
 from dockerspec import DOCKER, MONITORING_COMPOSE, load_compose, run_tool, variables, venv_tool
 from servelab.monitoring import dashboard
 from servelab.monitoring.run_series import FAMILIES
-from servelab.docker_versions import read_env_file
+from servelab.tools.docker_versions import read_env_file
 
 
 def test_monitoring_compose_matches_the_compose_specification():

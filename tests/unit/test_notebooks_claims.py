@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servelab import original_lab
-from servelab.notebooks import NOTEBOOK_DIR, sources
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources
 from servelab.paths import MODELS_STAGING, REPO_ROOT
 from servelab.stages import CATALOGUE, of_family
 from servelab.triton.stages import STAGES as TRITON_STAGES, effective_config

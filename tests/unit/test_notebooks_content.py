@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab import notebook_blocks, original_lab
+from servelab import original_lab
 from servelab.lab import LAB_STAGES
-from servelab.notebook_blocks import definition_source, expand, specs, stage_config
-from servelab.notebooks import NOTEBOOK_DIR, sources, to_notebook
+from servelab.tools import notebook_blocks
+from servelab.tools.notebook_blocks import definition_source, expand, specs, stage_config
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
 from servelab.triton.stages import STAGES as TRITON_STAGES
 from notebook_harness import parameter_names, parameters_cells
 

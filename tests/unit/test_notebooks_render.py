@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from servelab.notebooks import NOTEBOOK_DIR, render, sources, to_notebook
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, render, sources, to_notebook
 from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()

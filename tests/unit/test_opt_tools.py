@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.opt_tools import InstallError, unpack_deb
+from servelab.tools.installers.opt_tools import InstallError, unpack_deb
 from servelab.settings import get_settings
 
 PATH = os.environ["PATH"]

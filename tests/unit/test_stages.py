@@ -10,11 +10,11 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
-from servelab import benchmark, lab
+from servelab import lab, side_by_side
 from servelab.cli import build_parser
 from servelab.containers import stages as compose
 from servelab.models.variants import VARIANTS
-from servelab.notebook_blocks import lab_stages
+from servelab.tools.notebook_blocks import lab_stages
 from servelab.paths import MODELS_STAGING
 from servelab.rayserve import stages as ray_stages
 from servelab.settings import RaySettings, ServeSettings
@@ -85,8 +85,8 @@ def test_the_compose_stages_are_the_fastapi_stages_marked_so_and_triton() -> Non
 def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
     assert [s.name for s in lab.select_stages(None)] == [s.name for s in CATALOGUE if s.in_lab]
     assert "pt-4x4" not in {s.name for s in lab.select_stages(None)}
-    assert benchmark.STAGES == {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
-    assert benchmark.stage_inputs()["onnx-u8"] == "uint8" and benchmark.stage_inputs()["ray-1"] == "bytes"
+    assert side_by_side.STAGES == {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
+    assert side_by_side.stage_inputs()["onnx-u8"] == "uint8" and side_by_side.stage_inputs()["ray-1"] == "bytes"
     table = lab_stages()
     assert all(f"| `{s.name}` | {s.about}" in table for s in CATALOGUE if s.in_lab)
     assert f"Only on the node: `pt-4x4` ({STAGES['pt-4x4'].about})." in table

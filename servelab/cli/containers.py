@@ -1,0 +1,99 @@
+"""`servelab containers`: run a lab stage from its compose file on this machine, with no GPU and no registry.
+
+    servelab containers up --stage fastapi-pt     # private dockerd, stand-in images, compose up --wait
+    servelab containers down --stage fastapi-pt   # compose down -v
+    servelab containers stop                       # stop the private dockerd (by PID) and clean up
+    servelab containers env                        # the variables to run `docker compose` by hand
+"""
+
+import argparse
+import shlex
+from pathlib import Path
+
+from servelab.containers import compose_tool, standins
+from servelab.containers.docker import Docker
+from servelab.containers.engine import Engine, EngineState, stop_detached
+from servelab.containers.stages import STAGES, StageRunner, checkout_mounts
+from servelab.tools.docker_versions import read_env_file
+from servelab.settings import get_settings
+
+
+def _cache() -> Path:
+    return get_settings().servelab_containers_cache.expanduser()
+
+
+def _engine(start: bool) -> EngineState | None:
+    state = Engine.attach(_cache())
+    if state is None and start:
+        state = Engine(_cache(), detach=True).start()
+    return state
+
+
+def _runner(state: EngineState, free_ports: bool = False) -> StageRunner:
+    cache = _cache()
+    docker = Docker(state.env, compose_tool.ensure(cache))
+    settings = get_settings()
+    return StageRunner(docker, cache / "work", standins.build_args(docker, cache, read_env_file()),
+                       mounts=checkout_mounts(settings.model_dir, settings.triton_model_repository),
+                       free_ports=free_ports)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("containers", help="run a lab stage from its compose file on a private Docker engine",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="action", required=True)
+    names = sorted(STAGES)
+    up = sub.add_parser("up", help="build the images and bring a stage up (waits until healthy)")
+    up.add_argument("--stage", choices=names, required=True)
+    up.add_argument("--free-ports", action="store_true", help="publish on free ports instead of the files' own")
+    up.set_defaults(func=_cmd_up)
+    down = sub.add_parser("down", help="stop a stage and remove its containers, networks and volumes")
+    down.add_argument("--stage", choices=names, required=True)
+    down.set_defaults(func=_cmd_down)
+    stop = sub.add_parser("stop", help="stop the private Docker engine (its containers stop with it)")
+    stop.set_defaults(func=_cmd_stop)
+    env = sub.add_parser("env", help="print the shell variables for running `docker compose` by hand")
+    env.set_defaults(func=_cmd_env)
+
+
+def _cmd_up(args) -> int:
+    runner = _runner(_engine(start=True), args.free_ports)
+    running = runner.up(STAGES[args.stage])
+    for service, ports in running.ports.items():
+        for target, host in ports.items():
+            print(f"{service}: http://127.0.0.1:{host} (container port {target})")
+    return 0
+
+
+def _running() -> EngineState | None:
+    state = _engine(start=False)
+    if state is None:
+        print("# no engine of ours is running: `servelab containers up --stage ...` starts one")
+    return state
+
+
+def _cmd_down(args) -> int:
+    state = _running()
+    if state is not None:
+        _runner(state).down(STAGES[args.stage])
+    return 0
+
+
+def _cmd_stop(args) -> int:
+    if not stop_detached(_cache()):
+        print("no engine of ours is running")
+    return 0
+
+
+def _cmd_env(args) -> int:
+    state = _running()
+    if state is None:
+        return 1
+    cache = _cache()
+    docker = Docker(state.env, compose_tool.ensure(cache))
+    variables = {**state.env, "DOCKER_CONFIG": str(compose_tool.docker_config(cache)), "DOCKER_BUILDKIT": "0",
+                 **standins.build_args(docker, cache, read_env_file())}
+    for name, value in variables.items():
+        print(f"export {name}={shlex.quote(value)}")
+    print("# then, e.g.: docker compose -f docker/docker-compose-fastapi.yaml -f docker/no-gpu/docker-compose-fastapi.yaml up -d")
+    return 0

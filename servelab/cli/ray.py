@@ -1,0 +1,101 @@
+"""``servelab ray up | deploy | status | down``: the front of ``servelab.rayserve.control``."""
+
+import json
+import os
+from typing import Any
+
+from servelab.paths import REPO_ROOT
+from servelab.rayserve.cluster import LocalCluster
+from servelab.rayserve.control import STATE_FILE, deploy_stage, load_state, save_state, status, stop_saved
+from servelab.rayserve.stages import STAGES
+from servelab.settings import get_settings
+
+
+def _address(args) -> str:
+    address = getattr(args, "address", None) or get_settings().ray_address
+    if not address and (state := load_state()):
+        address = state["address"]
+        for name, value in state["client_env"].items():  # its token
+            os.environ.setdefault(name, value)
+    if not address:
+        raise SystemExit("no Ray cluster: pass --address HOST:PORT, set RAY_ADDRESS, or start one with `servelab ray up`")
+    return address
+
+
+def _print_placement(info: dict[str, Any]) -> None:
+    heads = {n["node_id"] for n in info["nodes"] if n["head"]}
+    for node in info["nodes"]:
+        role = "head" if node["node_id"] in heads else "worker"
+        print(f"  node {node['node_id']} ({role}, {node['cpus']:g} logical CPUs): "
+              f"{info.get('replicas_per_node', {}).get(node['node_id'], 0)} running replica(s)")
+
+
+# --- commands --------------------------------------------------------------------------------
+
+def _up(args) -> int:
+    if load_state() is not None:
+        raise SystemExit(f"a cluster from `servelab ray up` is running ({STATE_FILE}); `servelab ray down` first")
+    settings = get_settings()
+    cluster = LocalCluster(workers=args.workers, cpus_per_node=settings.ray_node_cpus, detach=True,
+                           log_dir=REPO_ROOT / ".servelab" / "ray-logs").start()
+    save_state({"address": cluster.address, "dashboard": cluster.dashboard_url, "pids": cluster.pids(),
+                "temp_dir": str(cluster.temp_dir), "client_env": cluster.client_env()})
+    os.environ.update(cluster.client_env())
+    print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
+          f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")
+    try:
+        info = deploy_stage(args.stage, cluster.address)
+    except BaseException:
+        stop_saved()
+        raise
+    print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
+    _print_placement(info)
+    return 0
+
+
+def _deploy(args) -> int:
+    settings = get_settings()
+    info = deploy_stage(args.stage, _address(args))
+    print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
+    _print_placement(info)
+    return 0
+
+
+def _status(args) -> int:
+    info = status(_address(args))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"cluster {info['address']}, dashboard {info['dashboard']}")
+    running = [r for r in info["replicas"] if r["state"] == "RUNNING"]
+    info["replicas_per_node"] = {n["node_id"]: sum(r["node_id"] == n["node_id"] for r in running) for n in info["nodes"]}
+    _print_placement(info)
+    for r in info["replicas"]:
+        print(f"  replica {r['replica']}: {r['state']} on node {r['node_id']} (PID {r['pid']})")
+    return 0
+
+
+def _down(args) -> int:
+    state = stop_saved()
+    print("no cluster from `servelab ray up` is running" if state is None
+          else f"stopped the Ray cluster at {state['address']} (PIDs {', '.join(map(str, state['pids']))})")
+    return 0
+
+
+def register(subparsers) -> None:
+    ray = subparsers.add_parser("ray", help="Ray Serve stages on a (local, multi-node) Ray cluster")
+    sub = ray.add_subparsers(dest="ray_command", required=True)
+    p = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
+    p.add_argument("--stage", choices=list(STAGES), default="ray-2")
+    p.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
+    p.set_defaults(func=_up)
+    p = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")
+    p.add_argument("--stage", choices=list(STAGES), required=True)
+    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+    p.set_defaults(func=_deploy)
+    p = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
+    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_status)
+    p = sub.add_parser("down", help="stop the cluster `servelab ray up` started")
+    p.set_defaults(func=_down)

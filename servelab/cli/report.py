@@ -1,0 +1,37 @@
+"""``servelab report [RECORDS ...] [--out-dir results]``: the front of ``servelab.report``."""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from servelab.bench.records import DEFAULT_RECORDS, read_records
+from servelab.report import render
+from servelab.report.render import render_report, summary_table
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("report", help="render run records into results/report.md with plots",
+                              description=render.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("records", type=Path, nargs="*", metavar="RECORDS",
+                   help=f"JSONL record files (default {DEFAULT_RECORDS})")
+    # The option form came first; scripts may still use it.
+    p.add_argument("--records", dest="more_records", type=Path, nargs="+", default=[], metavar="RECORDS",
+                   help="JSONL record files, as an option")
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_RECORDS.parent, help="where report.md and plots go")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    files = [*args.records, *args.more_records] or [DEFAULT_RECORDS]
+    missing = [p for p in files if not p.exists()]
+    if missing:
+        print(f"error: no records at {', '.join(map(str, missing))}; run `servelab bench ... --out FILE` first")
+        return 2
+    records = read_records(files)
+    if not records:
+        print("error: the record files are empty")
+        return 2
+    path = render_report(records, args.out_dir, files)
+    print(summary_table(records))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,41 @@
+"""``servelab serve``: run one of the lab's services in the foreground (Ctrl-C stops it).
+
+Each stage adds its subcommands through a registrar in ``SERVICE_REGISTRARS``.
+"""
+
+import argparse
+from functools import partial
+
+from servelab.cli.serve_flask import register_flask
+from servelab.settings import get_settings
+
+
+def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
+    # Deferred: uvicorn and FastAPI (the serve extra) are absent from the Flask image, which has `serve flask`.
+    import uvicorn
+
+    from servelab.serving import create_app
+
+    settings = get_settings()
+    uvicorn.run(create_app(kind, settings), host=args.host or settings.host, port=args.port or settings.port,
+                access_log=settings.access_log, timeout_graceful_shutdown=10)
+    return 0
+
+
+def register_fastapi(sub) -> None:
+    for name, kind, runtime in (("fastapi-pt", "pytorch", "PyTorch"), ("fastapi-onnx", "onnx", "ONNX Runtime")):
+        p = sub.add_parser(name, help=f"the FastAPI service on {runtime} (settings: see the README's configuration table)")
+        p.add_argument("--host", help="address to bind (default: HOST, 127.0.0.1)")
+        p.add_argument("--port", type=int, help="port (default: PORT, 8000)")
+        p.set_defaults(func=partial(_run_fastapi, kind))
+
+
+# One function per stage; each adds its own subcommands to `servelab serve` (flask: servelab.cli.serve_flask).
+SERVICE_REGISTRARS = [register_fastapi, register_flask]
+
+
+def register(subparsers) -> None:
+    serve = subparsers.add_parser("serve", help="run a service in the foreground")
+    sub = serve.add_subparsers(dest="serve_command", required=True)
+    for register_stage in SERVICE_REGISTRARS:
+        register_stage(sub)

@@ -1,0 +1,126 @@
+"""`servelab triton`: stages, a local tritonserver without Docker, and stage switching.
+
+    servelab triton stages                 list the named stages
+    servelab triton render NAME            print a stage's effective config.pbtxt files
+    servelab triton up --stage NAME        start the bundled tritonserver on 127.0.0.1, wait until READY
+    servelab triton stage NAME [--url U]   switch a running Triton to NAME (no rebuild, no restart)
+    servelab triton down                   stop the server `up` started
+"""
+
+import json
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from servelab.settings import get_settings
+from servelab.triton import server, stages
+
+
+def register(subparsers) -> None:
+    triton = subparsers.add_parser("triton", help="Triton stages and a local tritonserver without Docker")
+    sub = triton.add_subparsers(dest="triton_command", required=True)
+
+    sub.add_parser("stages", help="list the named stages").set_defaults(func=_stages)
+
+    render = sub.add_parser("render", help="print a stage's effective configs without touching a server")
+    render.add_argument("name", choices=list(stages.STAGES))
+    render.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")
+    render.add_argument("--stand-in", action="store_true",
+                        help="render the ONNX model as the local Python-backend stand-in")
+    render.set_defaults(func=_render)
+
+    up = sub.add_parser("up", help="start the bundled tritonserver (127.0.0.1) and wait until the stage is READY")
+    up.add_argument("--stage", default="pt-1", choices=list(stages.STAGES))
+    up.add_argument("--port", type=int, help="HTTP port (default: the port of TRITON_SERVER_URL)")
+    up.add_argument("--grpc-port", type=int, help="default: HTTP port + 1")
+    up.add_argument("--metrics-port", type=int, help="default: HTTP port + 2")
+    up.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")
+    up.set_defaults(func=_up)
+
+    stage = sub.add_parser("stage", help="write a stage's configs into the model repository and (re)load it")
+    stage.add_argument("name", choices=list(stages.STAGES))
+    stage.add_argument("--url", help="Triton HTTP host:port (default: the server `up` started, else TRITON_SERVER_URL)")
+    stage.add_argument("--kind", choices=["auto", "gpu", "cpu"],
+                       help="default: the kind `up` started with, else TRITON_INSTANCE_KIND")
+    stage.set_defaults(func=_stage)
+
+    sub.add_parser("down", help="stop the tritonserver `up` started").set_defaults(func=_down)
+
+
+def _settings():
+    return get_settings()
+
+
+def _stages(args) -> int:
+    for stage in stages.STAGES.values():
+        print(f"{stage.name:9} {stage.triton.model:25} {stage.about}")
+    return 0
+
+
+def _render(args) -> int:
+    settings = _settings()
+    kind = stages.resolve_kind(args.kind or settings.triton_instance_kind)
+    stage = stages.STAGES[args.name]
+    for model in stage.triton.models:
+        config = stages.effective_config(stage, model, kind=kind, onnxruntime=not args.stand_in,
+                                         repository=settings.triton_model_repository)
+        print(f"# {model}/configs/{stages.CONFIG_NAME}.pbtxt\n{stages.render(config)}")
+    return 0
+
+
+def _up(args) -> int:
+    running = server.load_state()
+    if running:
+        print(f"triton: already running (pid {running['pid']}, {running['url']}, stage {running['stage']}); "
+              "`servelab triton stage NAME` switches it, `servelab triton down` stops it")
+        return 1
+    settings = _settings()
+    http = args.port or urlsplit(f"//{server.server_address(settings.triton_server_url)}").port or 8000
+    ports = server.Ports(http, args.grpc_port or http + 1, args.metrics_port or http + 2)
+    stage = stages.STAGES[args.stage]
+    print(f"triton: starting tritonserver with stage {stage.name} ({stage.about}) ...", flush=True)
+    try:
+        local = server.start_local(stage, ports=ports, kind=args.kind or settings.triton_instance_kind,
+                                   repository=settings.triton_model_repository, exit_timeout_s=10,
+                                   detach=True)  # it runs on after `up` returns, until `down`
+    except (RuntimeError, TimeoutError) as exc:  # the message ends with the server log's last lines
+        print(f"triton: tritonserver did not become ready: {exc}")
+        return 1
+    server.save_state(server.state_of(local))
+    print(f"triton: {stage.triton.model} READY ({local.kind}) at http://{local.url}, gRPC {local.grpc_url}, "
+          f"metrics http://127.0.0.1:{ports.metrics}/metrics; pid {local.process.pid}, log {local.process.log}")
+    if not local.onnxruntime:
+        print("triton: NOTE no onnxruntime backend here: food_classifier_onnx runs as a LOCAL STAND-IN "
+              "(Python backend + ONNX Runtime)")
+    return 0
+
+
+def _stage(args) -> int:
+    settings = _settings()
+    running = server.load_state()
+    url = server.server_address(args.url or (running["url"] if running else settings.triton_server_url))
+    ours = running is not None and running["url"] == url
+    kind = stages.resolve_kind(args.kind or (running["kind"] if ours else settings.triton_instance_kind))
+    # Only the server `up` started lacks the onnxruntime backend; Triton's images have it.
+    onnxruntime = running["onnxruntime"] if ours else True
+    repository = Path(running["repository"]) if ours else settings.triton_model_repository
+    stage = stages.STAGES[args.name]
+    try:
+        config = server.apply_stage(url, stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
+    except (OSError, RuntimeError) as exc:
+        print(f"triton: could not switch {url} to stage {stage.name}: {exc}")
+        return 1
+    if ours:
+        server.save_state({**running, "stage": stage.name})
+    print(f"# stage {stage.name} ({kind}) on {url}: {stage.about}; loaded {', '.join(stage.triton.models)}")
+    print(f"# GET /v2/models/{stage.triton.model}/config:")
+    print(json.dumps(config, indent=2))
+    return 0
+
+
+def _down(args) -> int:
+    state = server.stop_saved()
+    if state is None:
+        print("triton: no tritonserver started by `servelab triton up` is running")
+    else:
+        print(f"triton: stopped pid {state['pid']} ({state['url']}, stage {state['stage']})")
+    return 0

@@ -1,0 +1,236 @@
+"""The hardware facts: the GPUs here, and where the lab runs: ``--device cpu|gpu|auto`` (``LAB_DEVICE``), the
+one switch for every stage.
+
+The device decides each server's settings (``stage_env``: PyTorch on CUDA, ONNX Runtime's TensorRT
+and CUDA providers, ``REQUIRE_GPU=1`` so a stage that would silently run on the CPU refuses to start
+instead) and the Triton instance kind. Nothing here assumes a GPU works: ``nvidia-smi`` says whether
+there is one, and each server reports what really became active.
+
+``stack()`` is the hardware and library header of every record and report: the GPUs and driver
+(``nvidia-smi``), PyTorch and the CUDA and cuDNN it was built with, the ONNX Runtime package (CPU or
+GPU build, and the CUDA it was built for), its providers, and TensorRT where it is installed. Every
+probe is bounded and optional: a missing part is named as missing, never guessed. The GPU list read from
+``nvidia-smi`` (``parse_gpus``) is the one the doctor checks too.
+"""
+
+import re
+import shutil
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from typing import Any, Literal
+
+Device = Literal["cpu", "gpu"]
+NVIDIA_SMI_QUERY = (
+    "nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap,memory.total", "--format=csv,noheader",
+)
+Capability = tuple[int, int]  # CUDA compute capability (major, minor)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    driver: str
+    capability: Capability
+    memory: str
+
+    def describe(self) -> str:
+        return f"GPU {self.index} {self.name} (compute capability {cc(self.capability)}, {self.memory})"
+
+
+def cc(capability: Capability) -> str:
+    return f"{capability[0]}.{capability[1]}"
+
+
+def parse_gpus(stdout: str) -> list[Gpu]:
+    """``nvidia-smi --query-gpu=index,name,driver_version,compute_cap,memory.total --format=csv,noheader``."""
+    found = []
+    for line in filter(str.strip, stdout.splitlines()):
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 5 or not re.fullmatch(r"\d+\.\d+", parts[-2]):
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        major, minor = parts[-2].split(".")
+        # A GPU's name may itself hold a comma: it is everything between the index and the driver.
+        found.append(Gpu(int(parts[0]), ", ".join(parts[1:-3]), parts[-3], (int(major), int(minor)), parts[-1]))
+    return found
+
+
+# The one wording of "there is no GPU here", shared by the lab, gpu-check and the gpu test marker.
+NO_GPU = "no NVIDIA GPU (nvidia-smi lists none)"
+NVIDIA_SMI_TIMEOUT_S = 20
+
+
+class NoGpu(RuntimeError):
+    """``--device gpu`` on a machine where ``nvidia-smi`` lists no GPU."""
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs visible here (0 without a driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return 0
+    return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
+
+
+def environment_gaps() -> list[str]:
+    """What this Python environment lacks to run the lab on a GPU that is there (empty: nothing)."""
+    gaps = []
+    try:
+        import torch
+    except ImportError:
+        gaps.append("PyTorch is not installed")
+    else:
+        if not torch.version.cuda:
+            gaps.append(f"PyTorch {torch.__version__} is a CPU build")
+        elif not torch.cuda.is_available():
+            gaps.append(f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        gaps.append("ONNX Runtime is not installed")
+    else:
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            gaps.append(f"onnxruntime {ort.__version__} has no CUDA execution provider (onnxruntime-gpu has)")
+    return gaps
+
+
+def resolve(requested: str, gpus: int, gaps: list[str] | None = None, log=print) -> Device:
+    """``auto`` -> ``gpu`` where there is one and this environment can use it (``gaps``: what it
+    lacks), else ``cpu``, saying why; ``gpu`` without a GPU, or with gaps, is an error."""
+    if requested not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device must be auto, cpu or gpu, not {requested!r}")
+    if requested == "cpu":
+        return "cpu"
+    if gpus == 0:
+        if requested == "gpu":
+            raise NoGpu(f"--device gpu (LAB_DEVICE=gpu), but this machine has {NO_GPU}; "
+                        "use --device cpu or auto, or run on a machine with an NVIDIA GPU and driver")
+        return "cpu"
+    if gaps:
+        why = "; ".join(gaps)
+        if requested == "gpu":
+            raise NoGpu(f"--device gpu, but this environment cannot use the GPU: {why}. "
+                        "`make gpu-check` builds one that can (docs/gpu/README.md)")
+        log(f"device: the GPU is not used: {why} (`make lab` and `make gpu-check` use .venv-gpu, which can)")
+        return "cpu"
+    return "gpu"
+
+
+def stage_env(device: Device) -> dict[str, str]:
+    """Settings for every server of a lab on ``device`` (a stage's own settings come on top).
+
+    On the GPU each server must really use it (``REQUIRE_GPU=1``): ONNX Runtime would otherwise fall
+    back to the CPU and the lab would record CPU numbers under a GPU label."""
+    if device == "gpu":
+        return {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1"}
+    return {"TORCH_DEVICE": "cpu", "ORT_PROVIDERS": "cpu", "REQUIRE_GPU": "0"}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_smi() -> dict[str, Any]:
+    if shutil.which("nvidia-smi") is None:
+        return {"gpus": [], "gpu_note": NO_GPU}
+    try:
+        out = subprocess.run(NVIDIA_SMI_QUERY, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+        found = parse_gpus(out.stdout) if out.returncode == 0 else []
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        return {"gpus": [], "gpu_note": f"nvidia-smi: {exc}"}
+    return {"gpus": [f"{g.index}: {g.name}, compute capability {g.capability[0]}.{g.capability[1]}, {g.memory}"
+                     for g in found],
+            "driver": ", ".join(sorted({g.driver for g in found})) or None, **({} if found else {"gpu_note": NO_GPU})}
+
+
+def _torch() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    cudnn = torch.backends.cudnn.version() if torch.version.cuda else None
+    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
+            "cudnn": cudnn, "torch_sees_gpus": torch.cuda.device_count() if torch.version.cuda else 0}
+
+
+def _onnxruntime() -> dict[str, Any]:
+    package = next((p for p in ("onnxruntime-gpu", "onnxruntime") if _version(p)), None)
+    if package is None:
+        return {}
+    import onnxruntime as ort
+
+    try:
+        from onnxruntime.capi import build_and_package_info as build
+        cuda = getattr(build, "cuda_version", None) or None
+    except ImportError:
+        cuda = None
+    return {"onnxruntime": f"{package} {ort.__version__}", "onnxruntime_cuda": cuda,
+            "onnxruntime_providers": ort.get_available_providers()}
+
+
+@cache
+def stack() -> dict[str, Any]:
+    """GPUs, driver, CUDA, cuDNN and library versions of this machine (once per process)."""
+    return {**_nvidia_smi(), **_torch(), **_onnxruntime(), "tensorrt": _version("tensorrt")}
+
+
+def describe(found: dict[str, Any]) -> list[str]:
+    """A ``stack()`` as lines for a report: GPUs, driver and CUDA first."""
+    gpus = "; ".join(found.get("gpus") or []) or found.get("gpu_note") or NO_GPU
+    lines = [f"GPUs: {gpus}"]
+    if found.get("driver"):
+        lines.append(f"NVIDIA driver {found['driver']}")
+    if found.get("torch"):
+        cuda = (f"CUDA {found['torch_cuda']}, cuDNN {found.get('cudnn')}, sees {found.get('torch_sees_gpus')} GPU(s)"
+                if found.get("torch_cuda") else "CPU build")
+        lines.append(f"PyTorch {found['torch']} ({cuda})")
+    if found.get("onnxruntime"):
+        built = f"built for CUDA {found['onnxruntime_cuda']}, " if found.get("onnxruntime_cuda") else ""
+        lines.append(f"{found['onnxruntime']} ({built}providers: {', '.join(found.get('onnxruntime_providers', []))})")
+    lines.append(f"TensorRT {found['tensorrt']}" if found.get("tensorrt") else "TensorRT: not installed")
+    return lines
+
+
+def runs_on_fastapi(runtime: dict[str, Any]) -> str:
+    """Where a FastAPI service's model really runs, from its ``/ready`` ``runtime``: the execution
+    providers ONNX Runtime made active (read back from the session), or PyTorch's device."""
+    if "providers" in runtime:
+        return "onnxruntime " + ", ".join(runtime["providers"])
+    gpu = f" ({runtime['gpu']})" if runtime.get("gpu") else ""
+    return f"torch {runtime.get('device', '?')}{gpu} {runtime.get('dtype', '')}".rstrip()
+
+
+def runs_on_triton(config: dict[str, Any], instances: str = "") -> str:
+    """The instance groups of a model as the server reports them (``GET /v2/models/<m>/config``):
+    kind and GPU ids, any note on moved instances, and what the instances say (``instances_say``)."""
+    groups = []
+    for g in config.get("instance_group", []):
+        where = f" on GPU {','.join(map(str, g['gpus']))}" if g.get("gpus") else ""
+        groups.append(f"{g.get('count', 1)}x {g.get('kind', '?')}{where}")
+    placement = config.get("parameters", {}).get("servelab_gpu_placement", {}).get("string_value")
+    backend = config.get("backend") or config.get("platform") or "?"
+    return (f"triton {backend}: {' + '.join(groups) or 'no instance group'}" + (f" ({placement})" if placement else "")
+            + (f"; instances say: {instances}" if instances else ""))
+
+
+def instances_say(log_text: str, model: str, instances: int) -> str:
+    """Where the ``instances`` latest instances of ``model`` say they run, from Triton's log: each
+    Python-backend model logs, once loaded, its device and (ONNX Runtime) the providers it made active."""
+    pattern = re.compile(rf"{re.escape(model)}_\d+(?:_\d+)?: (.*)")
+    lines = [m[1] for m in map(pattern.search, log_text.splitlines()) if m][-instances:] if instances else []
+    where = Counter()
+    for line in lines:
+        device = re.search(r" on (cuda:\d+|cpu)\b", line)
+        provider = re.search(r"\['(\w+ExecutionProvider)'", line)
+        runtime = provider[1] if provider else "PyTorch" if "PyTorch" in line else "?"
+        where[f"{runtime} on {device[1]}" if device else runtime] += 1
+    return ", ".join(f"{n}x {what}" for what, n in where.items())

@@ -1,0 +1,15 @@
+"""The report: run records -> ``results/report.md``, its tables and its plots, every section in one place.
+
+* ``render`` — the report itself: ``render_report(records, out_dir)``, ``summary_table(records)`` (what
+  ``servelab bench`` prints), ``markdown_table(records)``, the hardware header, the plots;
+* ``compare`` — the two clients side by side: perf_analyzer against servelab's load generator;
+* ``precision`` — the model variants side by side;
+* ``timelines`` — the Ray Serve section: replica placement, step load and node failure over time;
+* ``server_view`` — the servers' own view from Prometheus beside the load generator's.
+
+The command front is ``servelab.cli.report``.
+"""
+
+from servelab.report.render import hardware_section, markdown_table, render_report, summary_rows, summary_table
+
+__all__ = ["hardware_section", "markdown_table", "render_report", "summary_rows", "summary_table"]

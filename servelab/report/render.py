@@ -1,0 +1,321 @@
+"""The report (``servelab report``): records (JSON lines from ``servelab bench`` / ``servelab lab``) ->
+``results/report.md`` with a comparison table and PNG plots.
+
+Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
+``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
+the records hold its data): latency percentiles and throughput vs concurrency and vs offered rate,
+latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines, and
+the servers' own metrics read back from Prometheus (servelab.report.server_view) where the lab ran it.
+"""
+
+import datetime as dt
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from servelab import tables
+from servelab.bench.records import DEFAULT_RECORDS, Record
+from servelab.hardware import describe
+from servelab.report import compare, precision, server_view, timelines
+from servelab.settings import get_settings
+from servelab.tables import num
+
+COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
+           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")
+MAX_CDF_PANELS = 6
+MAX_BATCH_RUNS = 8
+
+
+def _errors(record: Record) -> str:
+    if record.failed:
+        return "FAILED"
+    errors = record.stats.errors
+    if not errors:
+        return "0" if record.stats.requests is not None else "-"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in errors.items())
+    return f"{record.stats.error_count} ({kinds})"
+
+
+def summary_rows(records: list[Record]) -> list[dict[str, str]]:
+    rows = []
+    for r in records:
+        b, lat = r.breakdown, r.stats.latency
+        share = b.queue_share if b else None
+        rows.append({
+            "stage": r.stage, "tool": "perf_analyzer" if r.tool == "perf_analyzer" else "servelab",
+            "load": r.load.label(), "offered req/s": num(r.stats.offered_rps), "batch": str(r.batch),
+            "ok": "-" if r.stats.successes is None else str(r.stats.successes), "errors": _errors(r),
+            "p50 ms": num(lat.p50_ms), "p95 ms": num(lat.p95_ms), "p99 ms": num(lat.p99_ms),
+            "req/s": num(r.stats.throughput_rps), "img/s": num(r.stats.items_per_s),
+            "queue ms": num(b.queue_ms if b else None), "service ms": num(b.service_ms if b else None),
+            "queue share": "-" if share is None else f"{100 * share:.0f}%",
+            "mean batch": num(b.mean_batch_size if b else None, 2), "stand-in": "yes" if r.stand_in else "no",
+            "runs on": r.config.get("runs_on", "-"),
+        })
+    return rows
+
+
+def summary_table(records: list[Record]) -> str:
+    """Fixed-width text table (what ``servelab bench`` prints after its runs)."""
+    return tables.text(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
+
+
+def markdown_table(records: list[Record]) -> str:
+    return tables.markdown(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
+
+
+def _series_key(r: Record) -> str:
+    tool = " (perf_analyzer)" if r.tool == "perf_analyzer" else ""
+    return f"{r.stage}{tool}" + (f" b={r.batch}" if r.batch > 1 else "")
+
+
+def _new_figure(rows: int, cols: int, width: float = 6.0, height: float = 3.6):
+    from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
+
+    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def _plot_sweep(records: list[Record], out: Path, by: str) -> bool:
+    """Latency percentiles and throughput vs concurrency (closed loop) or vs offered rate (open loop)."""
+    series: dict[str, list[tuple[float, Record]]] = defaultdict(list)
+    for r in records:
+        if by == "concurrency" and r.load.mode in ("sequential", "closed"):
+            series[_series_key(r)].append((r.load.concurrency, r))
+        elif by == "rate" and r.load.mode == "open" and r.load.rate:
+            series[f"{_series_key(r)} {r.load.arrivals}"].append((r.load.rate, r))
+    if not any(len(points) > 1 for points in series.values()):
+        return False
+    fig, axes = _new_figure(1, 2)
+    lat_ax, tput_ax = axes[0]
+    colors = {}
+    for key, points in sorted(series.items()):
+        points.sort(key=lambda p: p[0])
+        xs = [x for x, _ in points]
+        for pct, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", ":")):
+            ys = [getattr(r.stats.latency, pct) for _, r in points]
+            if any(y is not None for y in ys):
+                line, = lat_ax.plot(xs, [float("nan") if y is None else y for y in ys], style, marker="o",
+                                    color=colors.get(key), label=None if key in colors else key)
+                colors[key] = line.get_color()
+        tput_ax.plot(xs, [r.stats.throughput_rps for _, r in points], "-o", color=colors.get(key), label=key)
+    label = "concurrency (closed-loop senders)" if by == "concurrency" else "offered load (requests/s)"
+    for ax in (lat_ax, tput_ax):
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+        if by == "concurrency":
+            ax.set_xscale("log", base=2)
+    lat_ax.set_ylabel("latency (ms)")
+    lat_ax.set_title("Latency p50 (solid), p95 (dashed), p99 (dotted)")
+    tput_ax.set_ylabel("throughput (successful requests/s)")
+    tput_ax.set_title("Throughput")
+    lat_ax.legend(fontsize="x-small")
+    tput_ax.legend(fontsize="x-small")
+    fig.savefig(out, dpi=110)
+    return True
+
+
+def _plot_cdf(records: list[Record], out: Path) -> bool:
+    """One panel per load (the most common first), one CDF line per stage: stages compared at equal load."""
+    by_load: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        if r.stats.latency.cdf_ms:
+            by_load[r.load.label()].append(r)
+    if not by_load:
+        return False
+    labels = sorted(by_load, key=lambda k: -len(by_load[k]))[:MAX_CDF_PANELS]
+    cols = min(3, len(labels))
+    fig, axes = _new_figure((len(labels) + cols - 1) // cols, cols, width=5.0)
+    for ax in axes.flat[len(labels):]:
+        ax.set_visible(False)
+    fractions = [p / 100 for p in range(101)]
+    for ax, label in zip(axes.flat, labels):
+        for r in by_load[label]:
+            ax.plot(r.stats.latency.cdf_ms, fractions, label=_series_key(r))
+        ax.set_title(label)
+        ax.set_xlabel("latency (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.savefig(out, dpi=110)
+    return True
+
+
+def _plot_batches(records: list[Record], out: Path) -> bool:
+    runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
+    # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
+    runs = sorted(runs, key=lambda r: set(r.breakdown.batch_sizes) == {1})[:MAX_BATCH_RUNS]
+    if not runs:
+        return False
+    sizes = sorted({b for r in runs for b in r.breakdown.batch_sizes})
+    fig, axes = _new_figure(1, 1, width=8.0)
+    ax = axes[0][0]
+    width = 0.8 / len(runs)
+    for i, r in enumerate(runs):
+        hist = r.breakdown.batch_sizes
+        total = sum(hist.values())
+        ax.bar([s + (i - (len(runs) - 1) / 2) * width for s in sizes], [hist.get(s, 0) / total for s in sizes],
+               width, label=f"{_series_key(r)}, {r.load.label()} (mean {num(r.breakdown.mean_batch_size, 2)})")
+    ax.set_xticks(sizes)
+    ax.set_xlabel("batch size formed on the server")
+    ax.set_ylabel("fraction of executions")
+    ax.set_title("Server-side batch sizes")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="x-small")
+    fig.savefig(out, dpi=110)
+    return True
+
+
+def _plot_utilization(records: list[Record], out: Path) -> bool:
+    """All runs end to end on one time axis, like watching nvtop/htop through the whole session."""
+    runs = [r for r in records if r.monitors and r.monitors.t_s]
+    if not runs:
+        return False
+    have_gpu = any(r.monitors.gpus for r in runs)
+    have_rss = any(r.monitors.rss_mib for r in runs)
+    panels = ["cpu"] + ["gpu", "gpu_mem"] * have_gpu + ["rss"] * have_rss
+    fig, axes = _new_figure(len(panels), 1, width=11.0, height=2.6)
+    ax_of = {name: axes[i][0] for i, name in enumerate(panels)}
+    offset = 0.0
+    for r in runs:
+        m = r.monitors
+        t = [offset + x for x in m.t_s]
+        mean = [sum(s) / len(s) for s in m.cpu_pct]
+        top = [max(s) for s in m.cpu_pct]
+        ax_of["cpu"].plot(t, mean, ".-", color="tab:blue", lw=1, ms=3)
+        ax_of["cpu"].plot(t, top, ".-", color="tab:blue", lw=0.6, ms=2, alpha=0.4)
+        for g in m.gpus:
+            ax_of["gpu"].plot(t[:len(g.util_pct)], g.util_pct, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
+            ax_of["gpu_mem"].plot(t[:len(g.mem_used_mib)], g.mem_used_mib, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
+        if have_rss and m.rss_mib:
+            ax_of["rss"].plot(t[:len(m.rss_mib)], m.rss_mib, ".-", color="tab:green", lw=1, ms=3)
+        for ax in ax_of.values():
+            ax.axvline(offset, color="grey", lw=0.5)
+        ax_of["cpu"].text(offset, 102, f" {r.stage}: {r.load.label()}", fontsize=6, va="top", ha="left", rotation=90)
+        offset = t[-1] + m.interval_s
+    ax_of["cpu"].set_ylabel("CPU %")
+    ax_of["cpu"].set_ylim(0, 105)
+    note = "" if have_gpu else f"; no GPU samples: {runs[0].monitors.gpu_note or 'no GPU'}"
+    ax_of["cpu"].set_title(f"CPU utilization, mean of cores (dark) and busiest core (light){note}", fontsize=9)
+    if have_gpu:
+        ax_of["gpu"].set_ylabel("GPU util %")
+        ax_of["gpu"].set_ylim(0, 105)
+        ax_of["gpu_mem"].set_ylabel("GPU memory (MiB)")
+    if have_rss:
+        ax_of["rss"].set_ylabel("server RSS (MiB)")
+    axes[-1][0].set_xlabel("time across runs (s; runs placed end to end)")
+    fig.savefig(out, dpi=110)
+    return True
+
+
+PLOTS = (
+    ("latency_throughput_vs_concurrency.png", "Latency percentiles and throughput vs concurrency",
+     lambda rs, p: _plot_sweep(rs, p, "concurrency")),
+    ("latency_throughput_vs_rate.png", "Latency percentiles and throughput vs offered rate (open loop)",
+     lambda rs, p: _plot_sweep(rs, p, "rate")),
+    ("latency_cdf.png", "Latency CDF per load", _plot_cdf),
+    ("batch_sizes.png", "Server-side batch-size histogram", _plot_batches),
+    ("utilization.png", "CPU / GPU / memory utilization timeline", _plot_utilization),
+    ("prometheus_series.png", "The servers' own metrics (Prometheus range queries) beside the client's",
+     server_view.plot),
+)
+
+
+def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = (),
+                  skipped: Mapping[str, str] | None = None) -> Path:
+    """Write ``out_dir/report.md`` and its PNG plots; returns the report's path. ``skipped``: parts of the
+    lab this environment could not run (``servelab.lab.preflight``), with the reason."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    where = ", ".join(f"`{p}`" for p in sources) or "the given records"
+    md = ["# servelab results", "", f"Generated {now} from {len(records)} run records ({where}).", ""]
+    md += hardware_section(records)
+    stand_ins = sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in})
+    if stand_ins:
+        md += ["> **Stand-in models.** Numbers for these stages come from stand-ins, not the lab's models:", ">"]
+        md += [f"> - {note}" for note in stand_ins] + [""]
+    md += [
+        "## Comparison", "", markdown_table(records), "",
+        "Latency is client-side, in milliseconds, over successful requests (open loop: from the *scheduled* "
+        "send time). req/s = successful requests / measured wall time; img/s = req/s x batch. Errors are "
+        "never counted as successes; a FAILED run measured nothing (its reason is under Failed runs). Offered "
+        "req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really sent at). queue / service ms are server-side means per request (FastAPI "
+        "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
+        "(queue + service); mean batch = batch size the server formed. `-` = not measured.", "",
+    ]
+    found = compare.pairs(records)
+    if found:
+        md += [
+            "## Two clients, one server: perf_analyzer vs servelab", "",
+            "The same stage, photo and load measured by both clients back to back. The ratio is perf_analyzer ÷ "
+            f"servelab; a throughput or median ratio outside {1 - compare.TOLERANCE:.1f}–{1 + compare.TOLERANCE:.1f} "
+            "is flagged. perf_analyzer reports its last three stable measurement windows; servelab one run of the "
+            "same number of requests after a warm-up. In request-rate mode perf_analyzer counts latency from the "
+            "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
+            "the scheduled send.", "", compare.markdown(found), "",
+        ]
+    md += _precision_section(records)
+    md += server_view.markdown(records)
+    md += timelines.section(records, out_dir)
+    made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
+    if made:
+        md += ["## Plots", ""]
+        md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
+    if skipped:
+        md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
+    failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
+    if failed:
+        md += ["## Failed runs", "", *failed, ""]
+    warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
+    if warnings:
+        md += ["## Warnings", "", *warnings, ""]
+    md += ["## Machines", ""] + [f"- {line}" for line in _machines(records)]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md) + "\n", encoding="utf-8")
+    return path
+
+
+def _precision_section(records: list[Record]) -> list[str]:
+    """The model variants side by side (servelab.report.precision), where the records have them."""
+    found = precision.rows(records)
+    if not found:
+        return []
+    return [
+        "## Model variants: size, agreement, CPU time", "",
+        "Each variant stage's closed-loop run at its highest concurrency (servelab's client). × fp32 = req/s ÷ the "
+        "fp32 stage of the same server (fastapi-onnx, onnx-1). CPU ms / request = mean CPU % × cores × wall time ÷ "
+        "successful requests: the whole machine, client included. Model MB and agreement (top-1 with fp32) come "
+        f"from `{get_settings().model_dir}` as it is now.", "",
+        precision.markdown(found, get_settings().model_dir), "",
+    ]
+
+
+def hardware_section(records: list[Record]) -> list[str]:
+    """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
+    where each stage really ran: the header every report and GPU record starts with."""
+    stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
+    devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
+    md = ["## Hardware and versions", ""]
+    md += [f"- {line}" for stack in sorted(stacks) for line in describe(json.loads(stack))] or ["- not recorded"]
+    if devices:
+        md.append(f"- lab device: {', '.join(devices)}")
+    runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
+    if runs_on:
+        md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
+    return md + [""]
+
+
+def _machines(records: list[Record]) -> list[str]:
+    seen: dict[str, Any] = {}
+    for r in records:
+        m = r.machine
+        if m:
+            versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+            gpus = ", ".join(m.get("gpus") or []) or "no GPU"
+            seen.setdefault(m.get("hostname", "?"), f"`{m.get('hostname', '?')}`: {m.get('processor', '?')}, "
+                            f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
+                            f"Python {m.get('python', '?')}; {versions}")
+    return list(seen.values()) or ["not recorded"]

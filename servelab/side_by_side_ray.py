@@ -1,0 +1,72 @@
+"""``servelab benchmark --stage ray``: Ray Serve against FastAPI, same machine, photo and run.
+
+Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
+≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
+≤ 16 / 5 ms), both serving the same ONNX Runtime pipeline, measured at ``--concurrency`` closed-loop
+senders, alternating in ``--rounds`` windows. Where the difference goes: each response's
+``Server-Timing`` says how long the request spent inside the app (queue, preprocess, infer, total);
+the rest of the client's latency is outside it: for FastAPI the loopback hop and uvicorn, for Ray
+Serve also the proxy (HTTP parsing, routing to a replica) and the hop from proxy to replica and back
+(a Ray actor call: the request and response serialized).
+
+``servelab.side_by_side`` calls ``benchmark_ray`` and hands it the way it starts a FastAPI stage.
+"""
+
+import argparse
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servelab.bench import FastAPITarget, Load, Record, run_bench
+from servelab.paths import DEFAULT_IMAGE
+from servelab.procs import free_port
+from servelab.rayserve.cluster import LocalCluster
+from servelab.rayserve.control import deploy_in_child
+from servelab.settings import get_settings
+
+
+@dataclass
+class Side:
+    what: str
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def throughput_rps(self) -> float:
+        return sum(r.stats.successes for r in self.records) / sum(r.stats.wall_s for r in self.records)
+
+    def mean(self, value) -> float:
+        return statistics.mean(value(r) for r in self.records)
+
+    def row(self, base: "Side | None") -> str:
+        part = lambda name: self.mean(lambda r: r.breakdown.parts_ms.get(name, 0.0))  # noqa: E731
+        latency, total = self.mean(lambda r: r.stats.latency.mean_ms), part("total")
+        ratio = f"{self.throughput_rps / base.throughput_rps:.2f}" if base else "1.00"
+        return (f"| {self.what} | {self.throughput_rps:.1f} | {ratio} | {self.mean(lambda r: r.stats.latency.p50_ms):.1f} | "
+                f"{latency:.1f} | {part('queue'):.1f} | {part('preprocess'):.1f} | {part('infer'):.1f} | {total:.1f} | "
+                f"{latency - total:.1f} | {self.mean(lambda r: r.breakdown.mean_batch_size or 1):.1f} |")
+
+
+def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Path, dict[str, str]], tuple]) -> str:
+    """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
+    settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
+    fastapi = Side(f"fastapi-onnx-dyn: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
+    ray = Side(f"ray-dyn: 2 replicas on 2 nodes, @serve.batch ≤ {settings.ray_batch_max_size} / "
+               f"{settings.ray_batch_wait_ms:g} ms")
+    port = free_port()
+    server, url = serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
+                                                "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
+    with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
+        deploy_in_child("ray-dyn", cluster, port, logs / "ray-deploy.log")
+        window = args.duration / args.rounds
+        for _ in range(args.rounds):
+            for side, target in ((fastapi, url), (ray, f"http://127.0.0.1:{port}")):
+                load = Load.closed(c, requests=None, duration_s=window, warmup=2 * c)
+                record = run_bench(FastAPITarget(target, image), load, stage=side.what.split(":")[0])
+                if record.stats.errors:
+                    raise RuntimeError(f"{side.what}: requests failed: {record.stats.errors}")
+                side.records.append(record)
+    lines = [f"| {c} senders | req/s | ratio | p50 ms | mean ms | queue ms | preprocess ms | infer ms | in the app ms "
+             "| outside the app ms | mean batch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             fastapi.row(None), ray.row(fastapi)]
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""``servelab gpu-check`` (``make gpu-check``): prove the GPU paths on the machine at hand, and record it.
+
+On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m gpu``: PyTorch on
+CUDA, ONNX Runtime's CUDA provider, fp16, Triton ``KIND_GPU``, NVML, ``REQUIRE_GPU``), then a short
+lab on the GPU (``servelab lab --quick --device gpu``), and writes ``docs/gpu/<gpu-name>.md``: the
+hardware and versions, each test's outcome, the stage table (sequential, concurrency 8 and 16,
+``-b 16`` where the stage batches, where each stage really ran, GPU utilization and memory from
+NVML), the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one,
+and the model's own ceiling (ONNX Runtime alone at batch 1 to 128, fp32 and fp16, measured in the
+same run) with every stage as a fraction of it and the issue's aims met or missed. What cannot run
+here (perf_analyzer, Ray, Prometheus) is named before the run starts and skipped. Where there is no GPU it says so and exits 0: there is nothing to check.
+
+The record is built from the lab's own records (``record_markdown``), so it can be checked on a
+CPU lab's records too; it names the GPU it was measured on in its title and every table.
+"""
+
+import datetime as dt
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.bench.ceiling import Ceiling, ceiling_markdown, measure_ceiling
+from servelab.bench.fractions import closed_run, fractions_markdown, ratios
+from servelab.bench.records import Record, read_records
+from servelab.hardware import NO_GPU, describe, gpu_count, stack
+from servelab.lab import LAB_STAGES, preflight
+from servelab.paths import REPO_ROOT
+from servelab.settings import get_settings
+from servelab.side_by_side import stage_inputs
+from servelab.tables import markdown, num
+from servelab.tools.installers.prometheus import PrometheusNotFound, locate
+
+DOCS = REPO_ROOT / "docs" / "gpu"
+GPU_TESTS = "tests/integration/test_gpu.py"
+
+
+@dataclass
+class PytestOutcome:
+    """What ``pytest -m gpu`` reported (its JUnit XML): counts and each test's result."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    results: list[tuple[str, str, str]] = field(default_factory=list)  # (test, outcome, message)
+
+    @classmethod
+    def from_junit(cls, path: Path) -> "PytestOutcome":
+        outcome = cls()
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            skip = case.find("skipped")
+            if bad is not None:
+                outcome.failed += 1
+                outcome.results.append((name, "FAIL", (bad.get("message") or "").splitlines()[0][:200]))
+            elif skip is not None:
+                outcome.skipped += 1
+                outcome.results.append((name, "skip", (skip.get("message") or "")[:200]))
+            else:
+                outcome.passed += 1
+                outcome.results.append((name, "pass", ""))
+        return outcome
+
+
+def slug(name: str) -> str:
+    """A file name for a GPU: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def _cell(r: Record | None, images: bool = False) -> str:
+    if r is None:
+        return "-"
+    return f"{num(r.stats.items_per_s if images else r.stats.throughput_rps)} / {num(r.stats.latency.p50_ms)}"
+
+
+def _gpu(records: list[Record]) -> str:
+    """Mean NVML utilization and peak memory over a stage's servelab runs."""
+    util = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.util_pct]
+    mem = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
+    if not util:
+        return "no NVML samples"
+    return f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB"
+
+
+def stage_table(records: list[Record]) -> str:
+    ours = [r for r in records if r.tool == "servelab"]
+    levels = sorted({r.load.concurrency for r in ours if r.load.mode == "closed"})
+    head = ["stage", "runs on", "sequential", *(f"concurrency {c}" for c in levels), "-b 16 (img/s / ms)",
+            "GPU util mean / memory peak"]
+    rows = []
+    for stage in dict.fromkeys(r.stage for r in ours):
+        runs = [r for r in ours if r.stage == stage]
+        rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(closed_run(ours, stage, 1)),
+                     *(_cell(closed_run(ours, stage, c)) for c in levels),
+                     _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)])
+    return markdown(head, rows)
+
+
+def skipped_parts() -> dict[str, str]:
+    """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
+    preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
+    skipped = preflight(list(LAB_STAGES))
+    try:
+        locate()
+    except PrometheusNotFound as exc:
+        skipped["prometheus"] = f"{exc}: the lab's servers are not scraped, so no server-side series"
+    return skipped
+
+
+def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
+                    when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None) -> str:
+    """The GPU record: hardware and versions, what was skipped and why, test outcomes, the stage table,
+    the ratios and, with ``ceiling``, the model's own ceiling with every stage and aim against it."""
+    gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
+    md = [f"# servelab on {gpu}", "",
+          f"`make gpu-check`, {when}. Every figure below was measured on this {gpu}, by `servelab lab` "
+          "(servelab's client); the original lab's 2× P100 figures are in `servelab/data/original_lab.toml` "
+          "and are never mixed in here.", "", "## Hardware and versions", ""]
+    md += [f"- {line}" for line in describe(found)]
+    md += ["", "## Skipped before the run", ""]
+    md += [f"- **{part}**: {why}" for part, why in (skipped or {}).items()] or ["nothing"]
+    md += ["", "## GPU tests (`pytest -m gpu`)", ""]
+    if tests is None:
+        md.append("not run")
+    else:
+        md += [f"{tests.passed} passed, {tests.failed} failed, {tests.skipped} skipped.", "",
+               markdown(("test", "outcome", "message"), tests.results)]
+    md += ["", f"## The lab on this GPU ({lab})", "",
+           "req/s / median ms per load (servelab's client; `-b 16`: images/s / ms per request of 16); "
+           "GPU utilization and memory from NVML during the stage's runs.", ""]
+    md.append(stage_table(records) if records else "no records: the lab did not run")
+    failed = sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed})
+    if failed:
+        md += ["", "Failed runs:", *(f"- {line}" for line in failed)]
+    if ceiling is None:
+        md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
+            (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
+    else:  # the ratios come with the stages against the ceiling
+
+        md += ["", "## The model's own ceiling (ONNX Runtime alone, measured after the lab)", "",
+               ceiling_markdown(ceiling), "", "## Every stage, ratio and aim against the ceiling", "",
+               fractions_markdown(records, ceiling, stage_inputs())]
+    return "\n".join(md) + "\n"
+
+
+def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
+    """Run the GPU tests and the GPU lab; write the record. 0 when everything passed, 1 otherwise."""
+    if gpu_count() == 0:
+        log(f"gpu-check: {NO_GPU}: nothing to check on this machine")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    skipped = skipped_parts()
+    for part, why in skipped.items():
+        log(f"gpu-check: skips {part}: {why}")
+    junit = out / "gpu-tests.xml"
+    log(f"gpu-check: pytest -m gpu {GPU_TESTS}")
+    pytest = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", GPU_TESTS, "-rs", "-q",
+                             f"--junitxml={junit}"], cwd=REPO_ROOT)
+    tests = PytestOutcome.from_junit(junit) if junit.exists() else None
+    lab_args = ["--device", "gpu"] + ([] if full else ["--quick", "--concurrency", "8,16"])
+    log(f"gpu-check: servelab lab {' '.join(lab_args)}")
+    lab = subprocess.run([sys.executable, "-m", "servelab", "lab", *lab_args, "--out", str(out / "lab")],
+                         cwd=REPO_ROOT)
+    records_path = out / "lab" / "records.jsonl"
+    records = read_records(records_path) if records_path.exists() else []
+    log("gpu-check: the model alone at batch 1-128, fp32 and fp16 (its ceiling)")
+    ceiling = measure_ceiling(get_settings().model_dir, log=log)
+    (out / "ceiling.json").write_text(ceiling.model_dump_json(indent=1), encoding="utf-8")
+    found = stack()
+    name = (found.get("gpus") or ["gpu"])[0].split(": ", 1)[-1].split(",")[0]
+    docs.mkdir(parents=True, exist_ok=True)
+    path = docs / f"{slug(name)}.md"
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    label = f"`servelab lab {' '.join(lab_args)}`, exit {lab.returncode}"
+    path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling), encoding="utf-8")
+    ok = pytest.returncode == 0 and lab.returncode == 0 and tests is not None and tests.failed == 0
+    log(f"gpu-check: {'PASSED' if ok else 'FAILED'}; record in {path}")
+    return 0 if ok else 1

@@ -1,0 +1,216 @@
+"""The parts of the notebooks generated from the project itself, so that they cannot drift from it.
+
+A notebook source marks such a part with a pair of HTML comments (invisible in Jupyter)::
+
+    <!-- generated: excerpt servelab/serving/batcher.py MicroBatcher._run -->
+    ... (written by `make notebooks`) ...
+    <!-- end generated -->
+
+The first word after ``generated:`` names one of ``GENERATORS``, the rest are its arguments.
+``servelab.tools.render_notebooks`` rewrites every such part when it renders, and ``--check`` fails where one is
+out of date, e.g. after a change to the function it quotes. A name that no longer exists fails the
+rendering.
+"""
+
+import ast
+import difflib
+import re
+import textwrap
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from servelab import original_lab
+from servelab.paths import MODELS_STAGING, REPO_ROOT
+from servelab.stages import CATALOGUE, of_family
+
+BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
+
+
+# --- code ----------------------------------------------------------------------------------------
+
+def definition_source(path: Path, qualname: str) -> str:
+    """The source of the function or class ``qualname`` (``Class.method``, ``outer.inner``) in
+    ``path``, decorators included, dedented."""
+    text = path.read_text(encoding="utf-8")
+    scope: list[ast.stmt] = ast.parse(text).body
+    node = None
+    for name in qualname.split("."):
+        found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and n.name == name]
+        if not found:
+            raise LookupError(f"{path.name} defines no {qualname} (no {name!r} there)")
+        node, scope = found[0], found[0].body
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return textwrap.dedent("\n".join(text.splitlines()[start - 1:node.end_lineno]))
+
+
+def excerpt(path: str, qualname: str) -> str:
+    code = definition_source(REPO_ROOT / path, qualname)
+    return f"`{qualname}` in `{path}`:\n\n```python\n{code}\n```"
+
+
+# --- Triton stage configs ------------------------------------------------------------------------
+
+def node_config(stage_name: str) -> str:
+    """The config of the stage's model as the lab node's Triton runs it (GPUs, onnxruntime backend),
+    without the ``servelab_stage`` label every stage carries."""
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+    from servelab.triton.stages import STAGES, effective_config, render
+
+    stage = STAGES[stage_name]
+    config = effective_config(stage, stage.triton.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING)
+    del config.parameters["servelab_stage"]
+    return render(config)
+
+
+def stage_config(name: str, previous: str = "") -> str:
+    """A stage's config on the node; with ``previous``, as a diff from that stage's. A stage that
+    changes nothing is shown as its committed base file, comments and all."""
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+    from servelab.triton.stages import STAGES
+
+    if not previous:
+        stage = STAGES[name]
+        if stage.triton.changes:
+            raise ValueError(f"{name} changes its base config: show it as a diff from the stage before it")
+        path = f"models_staging/{stage.triton.model}/config.pbtxt"
+        return f"`{path}`, which `{name}` uses as it is:\n\n```text\n{(REPO_ROOT / path).read_text()}```"
+    diff = config_diff(node_config(previous), node_config(name), f"{previous}/config.pbtxt", f"{name}/config.pbtxt")
+    return f"`{name}` against `{previous}`, as Triton runs them on the node:\n\n```diff\n" + "\n".join(diff) + "\n```"
+
+
+def config_diff(before: str, after: str, before_name: str, after_name: str, context: int = 2) -> list[str]:
+    """A unified diff of two rendered configs in which each line is matched only within the same
+    top-level field: a plain line diff pairs one field's closing ``}`` with another's (an inserted
+    ``dynamic_batching { ... }`` before ``parameters`` showed as ``+}`` first and its own ``}`` kept)."""
+    def keyed(text: str) -> tuple[list[str], list[tuple[str, str]]]:
+        lines, keys, field = text.splitlines(), [], ""
+        for line in lines:
+            field = field if line.startswith(" ") or line == "}" else line
+            keys.append((field, line))
+        return lines, keys
+
+    def span(start: int, end: int) -> str:  # as difflib's unified_diff writes a hunk's range
+        return f"{start + 1}" if end - start == 1 else f"{start + (end > start)},{end - start}"
+
+    (a, a_keys), (b, b_keys) = keyed(before), keyed(after)
+    out = [f"--- {before_name}", f"+++ {after_name}"]
+    for group in difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False).get_grouped_opcodes(context):
+        out.append(f"@@ -{span(group[0][1], group[-1][2])} +{span(group[0][3], group[-1][4])} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[i1:i2]]
+                continue
+            out += ["-" + line for line in a[i1:i2]] + ["+" + line for line in b[j1:j2]]
+    return out
+
+
+def triton_models() -> str:
+    """Each model of the repository: which backend runs it on the node, and which locally."""
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+    from servelab.triton.server import ALL_MODELS
+    from servelab.triton.stages import STAGES, base_config, effective_config
+
+    def runner(config) -> str:
+        if config.platform == "ensemble":
+            return "Triton's ensemble scheduler (no code of ours)"
+        if config.backend == "onnxruntime":
+            return "Triton's `onnxruntime` backend (C++, no Python)"
+        if "servelab_stand_in" in config.parameters:
+            return ("**LOCAL STAND-IN**: `python` backend, `food_classifier_onnx/1/model.py` calling ONNX Runtime on "
+                    "its own `1/model.onnx`")
+        return "`python` backend, `1/model.py`"
+
+    rows = ["| model | on the lab node | locally (`make lab`, `servelab triton up`) |", "|---|---|---|"]
+    any_stage = {m: s for s in STAGES.values() for m in s.triton.models}
+    for model in ALL_MODELS:
+        local = effective_config(any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING)
+        rows.append(f"| `{model}` | {runner(base_config(MODELS_STAGING, model))} | {runner(local)} |")
+    return "\n".join(rows)
+
+
+# --- what `make lab` runs ------------------------------------------------------------------------
+
+def lab_stages() -> str:
+    """The stages `make lab` measures, and the node's stages it leaves out."""
+    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
+    from servelab.lab import LAB_STAGES, ONNX_STAND_IN, RAY_STAND_IN, stand_in
+
+    notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
+             RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
+    rows = ["| stage | what `make lab` serves |", "|---|---|"]
+    rows += [f"| `{s.name}` | {s.about}{notes[stand_in(s)]} |" for s in LAB_STAGES]
+    left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
+    if left_out:
+        rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
+    return "\n".join(rows)
+
+
+def lab_requirements() -> str:
+    """What a computer needs for `make lab`: our Python requirement, and the platform and Python
+    versions the tritonserver bundled in the nvidia-pytriton wheel runs on."""
+    import importlib.metadata
+    import importlib.util
+
+    from packaging.specifiers import SpecifierSet
+
+    requires = SpecifierSet(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    wheel = importlib.metadata.distribution("nvidia-pytriton")
+    glibc, arch = re.search(r"manylinux_(\d+_\d+)_(\w+)", wheel.read_text("WHEEL") or "").groups()
+    stubs = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver" / "python_backend_stubs"
+    pythons = sorted((v.name for v in stubs.iterdir() if v.name in requires), key=lambda v: tuple(map(int, v.split("."))))
+    numpy = re.search(r"^numpy==(\S+)", (REPO_ROOT / "constraints.txt").read_text(), re.MULTILINE)[1]
+    # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
+    # version CI runs (`.ci/run`, `make test`), not every stub's.
+    tested = pythons[0]
+    return (f"Linux on {arch.replace('_', '-')} with glibc {glibc.replace('_', '.')} or newer, and Python "
+            f"{tested} with its shared library `libpython{tested}` (on Debian and Ubuntu, the package of that name) "
+            f"for the bundled `tritonserver`. No GPU, no Docker. Python {tested} is the version CI runs; the "
+            f"bundled server also has stubs for {' and '.join(pythons[1:])}, but the pins of `constraints.txt` are "
+            f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
+
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+
+
+def family_stages(family: str) -> str:
+    """How many stages the catalogue has in ``family``, and their names in the order it teaches them:
+    a count typed in prose went stale when a stage was added."""
+    names = list(of_family(family))  # type: ignore[arg-type]
+    title = {"fastapi": "FastAPI", "triton": "Triton", "ray": "Ray Serve"}[family]
+    return f"The catalogue (`servelab/stages.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
+
+
+def original(key: str) -> str:
+    return original_lab.step(key).sentence()
+
+
+GENERATORS: dict[str, Callable[..., str]] = {
+    "excerpt": excerpt,
+    "stage-config": stage_config,
+    "triton-models": triton_models,
+    "lab-stages": lab_stages,
+    "lab-requirements": lab_requirements,
+    "original-lab": original,
+    "family-stages": family_stages,
+}
+
+
+def generate(spec: str) -> str:
+    kind, *args = spec.split()
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown generated part {kind!r}; known: {', '.join(GENERATORS)}")
+    return GENERATORS[kind](*args)
+
+
+def expand(text: str) -> str:
+    """``text`` with every generated part rewritten from the project as it is now."""
+    return BLOCK.sub(lambda m: f"{m[1]}{generate(m['spec'])}\n{m[4]}", text)
+
+
+def specs(text: str) -> list[str]:
+    """The generated parts ``text`` asks for, in order."""
+    return [m["spec"] for m in BLOCK.finditer(text)]

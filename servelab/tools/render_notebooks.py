@@ -1,0 +1,105 @@
+"""Render the lab notebooks from their Jupytext Markdown sources.
+
+The numbered ``notebooks/N_name.md`` files are the source of truth; the ``.ipynb`` beside
+each one is generated (no outputs, stable cell ids) so that rendering twice gives the same
+bytes and ``--check`` can compare files exactly. The parts of a source marked as generated
+(code excerpts, stage configs, the original lab's figures: ``servelab.tools.notebook_blocks``) are
+rewritten from the project first, in the source too.
+
+    python -m servelab.tools.render_notebooks          # write every .md part and .ipynb that is out of date
+    python -m servelab.tools.render_notebooks --check  # only report; exit 1 if anything is out of sync
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from servelab.tools.notebook_blocks import expand
+from servelab.paths import REPO_ROOT
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+
+def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The numbered Markdown sources, in the order students run them (README.md is not one)."""
+    return sorted(directory.glob("[0-9]*_*.md"))
+
+
+def to_notebook(source: Path) -> nbformat.NotebookNode:
+    """Read one Markdown source, its generated parts brought up to date, into the notebook that is
+    committed beside it."""
+    nb = jupytext.reads(expand(source.read_text(encoding="utf-8")), fmt="md")
+    # jupytext's own bookkeeping would pair the .ipynb with the .md in Jupyter; students
+    # edit the .ipynb freely, so leave it out.
+    nb.metadata.pop("jupytext", None)
+    for index, cell in enumerate(nb.cells):
+        # jupytext draws random ids; fixed ones keep re-rendering byte-identical.
+        cell.id = f"cell-{index}"
+        # A generated ```python excerpt outside a `<!-- #region -->` would become a runnable cell.
+        if cell.source.count("<!-- generated:") != cell.source.count("<!-- end generated -->"):
+            raise ValueError(f"{source.name}, cell {index}: a generated part is split over cells; "
+                             "wrap it in <!-- #region --> ... <!-- #endregion -->")
+    return nb
+
+
+def to_ipynb_text(nb: nbformat.NotebookNode) -> str:
+    nbformat.validate(nb)
+    return nbformat.writes(nb, version=4) + "\n"
+
+
+def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
+    """Bring the sources' generated parts up to date and make the .ipynb files mirror the sources;
+    with ``check`` change nothing.
+
+    Returns one line per file that was (or, with ``check``, would be) written or removed; an empty
+    list means everything is in sync.
+    """
+    messages = []
+    targets = set()
+    for source in sources(directory):
+        text = source.read_text(encoding="utf-8")
+        if (expanded := expand(text)) != text:
+            if check:
+                messages.append(f"{source.name} has generated parts that are out of date")
+            else:
+                source.write_text(expanded, encoding="utf-8")
+                messages.append(f"updated the generated parts of {source.name}")
+        target = source.with_suffix(".ipynb")
+        targets.add(target)
+        text = to_ipynb_text(to_notebook(source))
+        if target.exists() and target.read_text(encoding="utf-8") == text:
+            continue
+        if check:
+            messages.append(f"{target.name} is out of sync with {source.name}")
+        else:
+            target.write_text(text, encoding="utf-8")
+            messages.append(f"rendered {target.name}")
+    for orphan in sorted(set(directory.glob("*.ipynb")) - targets):
+        if check:
+            messages.append(f"{orphan.name} has no Markdown source")
+        else:
+            orphan.unlink()
+            messages.append(f"removed {orphan.name} (no Markdown source)")
+    return messages
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servelab.tools.render_notebooks", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report out-of-sync notebooks, write nothing")
+    args = parser.parse_args(argv)
+    messages = render(check=args.check)
+    for line in messages:
+        print(line)
+    if args.check and messages:
+        print("run `make notebooks` to re-render", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
