@@ -36,12 +36,6 @@ def servers(artifacts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def reference(servers) -> dict[str, dict]:
     """Today's path (threads): each photo's answer."""
     _, url = servers["threads"]

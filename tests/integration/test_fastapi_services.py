@@ -5,7 +5,6 @@ import io
 import subprocess
 import sys
 
-import httpx
 import pytest
 from PIL import Image
 
@@ -23,12 +22,6 @@ def services(artifacts, tmp_path_factory):
     logs = tmp_path_factory.mktemp("fastapi-logs")
     with running("pytorch", artifacts, logs) as pt, running("onnx", artifacts, logs) as onnx:
         yield {"pytorch": pt, "onnx": onnx}
-
-
-@pytest.fixture(scope="module")
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from contextlib import contextmanager
 
-import httpx
 import numpy as np
 import onnxruntime
 import pytest
@@ -63,12 +62,6 @@ BAD_INPUTS = [  # (request body, status, words in the detail)
     ({"image": b64(b"a shopping list, not a photo")}, 400, "not an image"),
     ({"picture": b64(PHOTOS["jpeg"])}, 422, "Field required"),
 ]
-
-
-@pytest.fixture(scope="module")
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -57,12 +57,6 @@ def ray_cluster(artifacts, tmp_path_factory):
     assert not [session_members(pid) for pid in cluster.pids()], "Ray processes left behind"
 
 
-@pytest.fixture(scope="module")
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
 def test_two_nodes_and_replicas_on_both_by_node_id(ray_cluster, client):
     ray_cluster("ray-2")
     status = subprocess.run([sys.executable, "-m", "servelab", "ray", "status", "--json", "--address",
