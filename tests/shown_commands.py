@@ -1,4 +1,4 @@
-"""The `servelab` and `make` command lines the documentation shows its readers.
+"""The `servelab` and `make` command lines the documentation (the READMEs, docs/, the notebooks) shows its readers.
 
 Where a command is found decides how it is read:
 
@@ -18,6 +18,7 @@ from servelab.paths import REPO_ROOT
 
 DOCUMENTS = ("README.md", "fastapi_pt/README.md", "fastapi_onnx/README.md", "models_staging/README.md",
              "flask_app/README.md", "docker/README.md",
+             *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").rglob("*.md")),
              *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "notebooks").glob("*.md")))
 PROGRAMS = ("servelab", ".venv/bin/servelab", "make")
 SHELL_LANGUAGES = {"bash", "shell", "sh"}

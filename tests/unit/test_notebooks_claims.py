@@ -112,7 +112,7 @@ COUNT = re.compile(r"\b(\d+|" + "|".join(COUNT_WORDS) + r")\s+(?:Triton\s+|FastA
 def test_stage_counts_in_prose_are_the_catalogue_s(path: Path) -> None:
     families = ("fastapi", "triton", "ray")
     counts = {len(of_family(f)) for f in families} | {len(CATALOGUE)}
-    # A CPU run's records (README's tables): the family's lab stages that need no GPU.
+    # A CPU run's records (docs/benchmarks.md's tables): the family's lab stages that need no GPU.
     counts |= {len([s for s in of_family(f).values() if s.in_lab and not s.needs_gpu]) for f in families}
     for number, _ in COUNT.findall(_text(path)):
         n = int(number) if number.isdigit() else COUNT_WORDS[number.lower()]

@@ -1,4 +1,4 @@
-"""Every `servelab` and `make` command that README.md, the services' READMEs and the notebooks show
+"""Every `servelab` and `make` command that README.md, docs/, the services' READMEs and the notebooks show
 parses, without being run: servelab's through its own argparse parser, make's through
 `make --dry-run` on the Makefile. What counts as a command, and how each is read: shown_commands.py.
 
@@ -53,7 +53,8 @@ def parse_error(args: list[str]) -> str | None:
 
 def test_commands_are_found_in_every_kind_of_place():
     found = {(c.document, c.text, c.mention) for c in COMMANDS}
-    assert ("README.md", ".venv/bin/servelab report results/records.jsonl", False) in found  # ```bash
+    assert ("docs/local-lab.md", ".venv/bin/servelab report results/records.jsonl", False) in found  # ```bash
+    assert ("README.md", "make gpu-check", True) in found  # a `code span` in the README
     assert ("models_staging/README.md", "servelab triton stage pt-2x2", False) in found  # indented block
     assert ("notebooks/6_triton.md", "servelab triton stage pt-1", False) in found  # ```shell
     assert ("notebooks/6_triton.md", "servelab triton stage {name}", True) in found  # a ```python comment
