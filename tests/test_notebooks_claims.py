@@ -226,3 +226,17 @@ def test_the_intro_plans_the_lease() -> None:
     assert "about 2 hours" in plan and "estimate" in plan and "instructors.md#time-on-the-node" in plan
     assert "*if time remains*" in plan and "docker-compose-triton.yaml build" in plan
     assert "## Time on the node" in _text(REPO_ROOT / "docs" / "instructors.md")
+
+
+def test_the_triton_model_students_open_is_the_pb_utils_loop() -> None:
+    """6_triton shows food_classifier's `execute` as generated from the file: the Python backend's own
+    request/response loop, still calling servelab's preprocessing, with an error response per request."""
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    shown = triton[triton.index("generated: excerpt models_staging/food_classifier/1/model.py TritonPythonModel.execute"):]
+    shown = shown[:shown.index("<!-- end generated -->")]
+    for call in ("for request in requests:", 'pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()',
+                 "backend.request_images(", "self.classifier.infer(np.stack(images))", "pb_utils.InferenceResponse(",
+                 'pb_utils.Tensor("FOOD_LABEL"', 'pb_utils.Tensor("PROBABILITY"', "error=pb_utils.TritonError("):
+        assert call in shown, call
+    assert len(shown.splitlines()) < 40  # one screen
+
