@@ -240,3 +240,62 @@ def test_the_triton_model_students_open_is_the_pb_utils_loop() -> None:
         assert call in shown, call
     assert len(shown.splitlines()) < 40  # one screen
 
+
+# --- students write config blocks ----------------------------------------------------------------
+
+_BLOCKS = {"MY_INSTANCE_GROUP": ("pt-2x2", "instance_group"), "MY_DYNAMIC_BATCHING": ("onnx-dyn", "dynamic_batching")}
+
+
+def _instructors_answer(field: str) -> str:
+    text = _text(REPO_ROOT / "docs" / "instructors.md")
+    (answer,) = [b for b in re.findall(r"```text\n(.*?)```", text, re.DOTALL) if b.lstrip().startswith(field)]
+    return answer
+
+
+@pytest.mark.parametrize("name", sorted(_BLOCKS))
+def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: str) -> None:
+    from servelab.walkthrough.triton import check_block
+
+    stage, field = _BLOCKS[name]
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    prefilled = re.search(rf'^{name} = """(.*?)"""', triton, re.MULTILINE | re.DOTALL)[1]
+    checked = f'print(check_block("{stage}", {name}))'
+    # The block and its check come before the step shows or switches to the stage.
+    assert triton.index(prefilled) < triton.index(checked) < triton.index(f"servelab triton stage {stage}\n")
+    assert triton.index(checked) < triton.index(f"generated: stage-config {stage} ")
+    with pytest.raises(ValueError, match="nothing written yet: replace the TODO"):
+        check_block(stage, prefilled)
+    answer = _instructors_answer(field)
+    assert check_block(stage, answer).startswith("correct:")
+    wrong = answer.replace("2", "3") if field == "instance_group" else answer.replace("100", "1000")
+    with pytest.raises(ValueError, match=rf"(?s)not {stage}'s `{field}` yet.*\n-.*\n\+"):
+        check_block(stage, wrong)
+
+
+def test_a_block_triton_cannot_read_or_with_other_fields_fails_clearly() -> None:
+    from servelab.walkthrough.triton import check_block
+
+    with pytest.raises(ValueError, match='Triton cannot read this.*no field named "instance_groups"'):
+        check_block("pt-2x2", "instance_groups [ { count: 2 } ]")
+    with pytest.raises(ValueError, match="write only `instance_group` here; this also sets max_batch_size"):
+        check_block("pt-2x2", "max_batch_size: 8\n" + _instructors_answer("instance_group"))
+    # The same instances in one group are pt-2x2's; four on one GPU are not.
+    assert check_block("pt-2x2", "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]").startswith("correct")
+    with pytest.raises(ValueError, match="not pt-2x2's"):
+        check_block("pt-2x2", "instance_group [ { count: 4, kind: KIND_GPU, gpus: [ 0 ] } ]")
+
+
+def test_the_triton_notebook_switches_stages_from_jupyter_by_default() -> None:
+    """The Jupyter container runs `servelab triton stage` itself (it mounts the repository Triton
+    reads, with TRITON_INSTANCE_KIND=gpu), printing the command; the shell blocks show the same."""
+    from servelab.notebooks import to_notebook
+
+    nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "STAGE_COMMAND" in c.source]
+    command = re.search(r'^STAGE_COMMAND = "(.*)"$', params.source, re.MULTILINE)[1]
+    assert command == "servelab triton stage {name} --url triton_server:8000"
+    jupyter = _text(REPO_ROOT / "docker" / "docker-compose-triton.yaml")
+    jupyter = jupyter[jupyter.index("  jupyter:"):]
+    assert "TRITON_MODEL_REPOSITORY: /lab/models_staging" in jupyter and "target: /lab/models_staging" in jupyter
+    assert "TRITON_INSTANCE_KIND: gpu" in jupyter and "triton_server:8000" in jupyter
+
