@@ -3,6 +3,7 @@ node in a state the next notebook can use, and what the prose says must match th
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from pathlib import Path
@@ -299,3 +300,28 @@ def test_the_triton_notebook_switches_stages_from_jupyter_by_default() -> None:
     assert "TRITON_MODEL_REPOSITORY: /lab/models_staging" in jupyter and "target: /lab/models_staging" in jupyter
     assert "TRITON_INSTANCE_KIND: gpu" in jupyter and "triton_server:8000" in jupyter
 
+
+def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
+    """perf_analyzer's windows cost at least 15 s a load: by default it measures the core path's stages,
+    and the prose says the rest are measured by servelab bench alone."""
+    from servelab.notebooks import to_notebook
+
+    nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "PA_STAGES" in c.source]
+    pa_stages = ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", params.source, re.MULTILINE | re.DOTALL)[1])
+    optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
+    assert pa_stages == [name for name in TRITON_STAGES if name not in optional]
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    assert "measured by `servelab bench` alone" in " ".join(triton.split())
+    assert "pa_stages=PA_STAGES" in triton
+
+
+def test_a_stage_left_out_of_pa_stages_is_measured_by_servelab_alone(tmp_path: Path, capsys) -> None:
+    import asyncio
+
+    from servelab.paths import DEFAULT_IMAGE
+    from servelab.walkthrough.triton import TritonWalkthrough
+
+    lab = TritonWalkthrough("127.0.0.1:1", DEFAULT_IMAGE, tmp_path, wait_s=1, pa_stages=["pt-1"])
+    assert asyncio.run(lab.run_perf_analyzer(None, None, stage="ensemble", stand_in=None, ours=None)) == []
+    assert capsys.readouterr().out == "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measured it\n"

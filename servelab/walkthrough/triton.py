@@ -151,7 +151,8 @@ class TritonWalkthrough:
 
     ``url`` is Triton's HTTP endpoint as host:port. Each step waits until Triton runs its stage, which
     a student switches from the node's shell; with ``stage_command`` (``{name}`` for the stage) the
-    step switches it itself. Steps whose stage is not in ``stages`` are skipped. Every measurement is
+    step switches it itself. Steps whose stage is not in ``stages`` are skipped; perf_analyzer measures
+    only the stages in ``pa_stages`` (None: all), the others ``servelab bench`` alone. Every measurement is
     appended to ``results``/records.jsonl and collected in ``runs``. ``repository`` is where this
     machine sees Triton's model repository, if it does (default: the ``triton_model_repository``
     setting), to tell whether the model is a stand-in. GourmetGram is at ``flask_url``, or at
@@ -166,6 +167,7 @@ class TritonWalkthrough:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     stage_command: str = ""
     perf_analyzer: bool = True
+    pa_stages: list[str] | None = None
     pa_window_s: float = 5.0
     pa_extra: list[str] = field(default_factory=list)
     repository: Path | None = None
@@ -250,6 +252,9 @@ class TritonWalkthrough:
         agree. A run that fails (not installed, server gone, rate not reachable) is recorded with
         perf_analyzer's own message, and the step goes on."""
         if not self.perf_analyzer:
+            return []
+        if self.pa_stages is not None and stage not in self.pa_stages:
+            print(f"perf_analyzer: not run for {stage} (not in PA_STAGES); servelab bench measured it")
             return []
         # perf_analyzer needs several completed requests per window: where servelab's run of the same
         # load just took longer than that (a batch of 16 on a CPU), the window grows to about four of them.
