@@ -1,9 +1,9 @@
 """Code shared by the Python-backend models in models_staging (it runs inside Triton's Python stub).
 
-Each ``model.py`` stays a thin adapter: Triton hands ``execute`` a list of requests, each with a
-batch of elements; these helpers turn all elements of all requests into one array (so the model
-runs one forward pass per call), remember which rows belong to which request, and give a failed
-request its own error response while the others succeed.
+``food_classifier`` and ``food_preprocess`` write their request/response loop out with
+``triton_python_backend_utils`` and call ``request_images`` here for one request's images (servelab's
+preprocessing, with an error naming the bad element); ``food_postprocess`` and the ONNX stand-in,
+which take tensors, use ``inputs``/``split_rows``/``responses`` to run all requests as one batch.
 
 ``triton_python_backend_utils`` exists only inside the stub, so it is imported where it is used.
 """
@@ -39,8 +39,9 @@ def split_rows(counts: Sequence[int]) -> list[slice]:
     return [slice(end - n, end) for n, end in zip(counts, ends)]
 
 
-def _request_images(request: np.ndarray, **preprocess_kwargs) -> list[np.ndarray]:
-    """The preprocessed images of one request; the ImageError names the first bad element."""
+def request_images(request: np.ndarray, **preprocess_kwargs) -> list[np.ndarray]:
+    """The preprocessed images of one request's INPUT_IMAGE elements ([n, 1]); the ImageError names
+    the first bad element. One response carries all outputs of a request, so one bad element fails it."""
     flat = request.reshape(-1)
     images = []
     for i, element in enumerate(flat):
@@ -49,31 +50,6 @@ def _request_images(request: np.ndarray, **preprocess_kwargs) -> list[np.ndarray
         except ImageError as exc:
             raise ImageError(f"INPUT_IMAGE element {i} of {len(flat)}: {exc}") from None
     return images
-
-
-def preprocess_requests(
-    elements: Sequence[np.ndarray], **preprocess_kwargs
-) -> tuple[np.ndarray, list[slice], list[str | None]]:
-    """Every element of every request -> (images [N,3,H,W], rows per request, error per request).
-
-    A request with an element that is not a usable image gets an error message (naming the
-    element) and no rows: one response carries all outputs of a request, so such a request
-    fails as a whole, while every other request in the call is still answered.
-    """
-    tensors: list[np.ndarray] = []
-    counts: list[int] = []
-    errors: list[str | None] = []
-    for request in elements:
-        try:
-            images, error = _request_images(request, **preprocess_kwargs), None
-        except ImageError as exc:
-            images, error = [], str(exc)
-        tensors.extend(images)
-        counts.append(len(images))
-        errors.append(error)
-    crop = preprocess_kwargs.get("crop", 224)
-    images = np.stack(tensors) if tensors else np.zeros((0, 3, crop, crop), np.float32)
-    return images, split_rows(counts), errors
 
 
 def prediction_outputs(logits: np.ndarray, classes: Sequence[str]) -> dict[str, np.ndarray]:
@@ -156,26 +132,12 @@ class SessionMetrics:
                     self._exported[slot] = count[key]
 
 
-def respond(outputs: dict[str, np.ndarray]):
+def responses(outputs: dict[str, np.ndarray], rows: list[slice]) -> list:
+    """One response per request: its rows of every output."""
     import triton_python_backend_utils as pb_utils
 
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in outputs.items()])
-
-
-def error_response(message: str):
-    """A failed request: HTTP 400 / gRPC INVALID_ARGUMENT for the client that sent it."""
-    import triton_python_backend_utils as pb_utils
-
-    return pb_utils.InferenceResponse(
-        output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
-    )
-
-
-def responses(outputs: dict[str, np.ndarray], rows: list[slice], errors: Sequence[str | None] = ()) -> list:
-    """One response per request: its rows of every output, or its error."""
-    errors = list(errors) or [None] * len(rows)
-    return [error_response(error) if error else respond({k: v[r] for k, v in outputs.items()})
-            for r, error in zip(rows, errors)]
+    return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v[r]) for k, v in outputs.items()])
+            for r in rows]
 
 
 def inputs(requests, name: str) -> list[np.ndarray]:

@@ -2,6 +2,7 @@
 ``servelab bench`` and, as a second opinion, ``perf_analyzer``."""
 
 import asyncio
+import difflib
 import json
 import shlex
 import time
@@ -22,7 +23,7 @@ from servelab.report import summary_table
 from servelab.settings import get_settings
 from servelab.triton.client import InputKind, input_kind, tensor_inputs
 from servelab.triton.server import model_config, server_address
-from servelab.triton.stages import STAGES
+from servelab.triton.stages import STAGES, effective_config
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
 from servelab.walkthrough.stage_switch import diagnosis, run_switch
 
@@ -68,6 +69,64 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
     return found
 
 
+def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
+    """The fields stage ``name`` changes in its model's base config (``instance_group``,
+    ``dynamic_batching``), as `servelab triton stage` renders them for the lab node (GPUs as written)."""
+    from google.protobuf import json_format
+
+    stage = STAGES[name]
+    model = stage.triton.model
+    config = effective_config(stage, model, kind="gpu", onnxruntime=True,
+                              repository=repository or get_settings().triton_model_repository)
+    rendered = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    return {key: rendered.get(key) for key in stage.triton.changes.get(model, {})}
+
+
+def _comparable(key: str, value: Any) -> Any:
+    """A field in a form where equivalent spellings agree: an ``instance_group`` as the instances it
+    starts of each kind on each GPU (``count: 2, gpus: [0, 1]`` is two on GPU 0 and two on GPU 1)."""
+    if key != "instance_group" or not value:
+        return value
+    placed: dict[tuple[str, int | None], int] = {}
+    for group in value:
+        for gpu in group.get("gpus") or [None]:
+            where = (group.get("kind", "KIND_AUTO"), gpu)
+            placed[where] = placed.get(where, 0) + int(group.get("count", 1))
+    return sorted(placed.items(), key=str)
+
+
+def check_block(name: str, text: str, repository: Path | None = None) -> str:
+    """A config block a student wrote for stage ``name`` (its ``instance_group`` or ``dynamic_batching``),
+    read with Triton's own ``ModelConfig`` protobuf, as the server reads config.pbtxt, and compared
+    with what the catalogue's stage renders for the lab node. Returns what matched; raises ValueError
+    saying what Triton could not read or, as a diff, what differs."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    expected = stage_fields(name, repository)
+    wanted = " and ".join(f"`{key}`" for key in expected)
+    written = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, written)
+    except text_format.ParseError as exc:
+        raise ValueError(f"Triton cannot read this as a model config ({exc}); write {wanted} as in "
+                         f"config.pbtxt") from None
+    fields = json_format.MessageToDict(written, preserving_proto_field_name=True)
+    if not fields:
+        raise ValueError(f"nothing written yet: replace the TODO with {wanted}, as it would stand in config.pbtxt")
+    if extra := sorted(set(fields) - set(expected)):
+        raise ValueError(f"write only {wanted} here; this also sets {', '.join(extra)}")
+    got = {key: fields.get(key) for key in expected}
+    if {k: _comparable(k, v) for k, v in got.items()} != {k: _comparable(k, v) for k, v in expected.items()}:
+        def pbtxt(values: dict[str, Any]) -> list[str]:
+            present = {k: v for k, v in values.items() if v is not None}
+            return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
+                                               use_short_repeated_primitives=True).splitlines()
+        diff = difflib.unified_diff(pbtxt(got), pbtxt(expected), "yours", name, lineterm="")
+        raise ValueError(f"not {name}'s {wanted} yet (as Triton reads them; - yours, + {name}'s):\n" + "\n".join(diff))
+    return f"correct: Triton reads this as {name}'s {wanted}"
+
+
 def running_stage(url: str, model: str) -> str:
     """The stage Triton at ``url`` runs ``model`` for (its ``servelab_stage`` parameter), or why
     that cannot be told yet."""
@@ -90,7 +149,8 @@ class TritonWalkthrough:
 
     ``url`` is Triton's HTTP endpoint as host:port. Each step waits until Triton runs its stage, which
     a student switches from the node's shell; with ``stage_command`` (``{name}`` for the stage) the
-    step switches it itself. Steps whose stage is not in ``stages`` are skipped. Every measurement is
+    step switches it itself. Steps whose stage is not in ``stages`` are skipped; perf_analyzer measures
+    only the stages in ``pa_stages`` (None: all), the others ``servelab bench`` alone. Every measurement is
     appended to ``results``/records.jsonl and collected in ``runs``. ``repository`` is where this
     machine sees Triton's model repository, if it does (default: the ``triton_model_repository``
     setting), to tell whether the model is a stand-in. GourmetGram is at ``flask_url``, or at
@@ -105,6 +165,7 @@ class TritonWalkthrough:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     stage_command: str = ""
     perf_analyzer: bool = True
+    pa_stages: list[str] | None = None
     pa_window_s: float = 5.0
     pa_extra: list[str] = field(default_factory=list)
     repository: Path | None = None
@@ -189,6 +250,9 @@ class TritonWalkthrough:
         agree. A run that fails (not installed, server gone, rate not reachable) is recorded with
         perf_analyzer's own message, and the step goes on."""
         if not self.perf_analyzer:
+            return []
+        if self.pa_stages is not None and stage not in self.pa_stages:
+            print(f"perf_analyzer: not run for {stage} (not in PA_STAGES); servelab bench measured it")
             return []
         # perf_analyzer needs several completed requests per window: where servelab's run of the same
         # load just took longer than that (a batch of 16 on a CPU), the window grows to about four of them.

@@ -194,22 +194,22 @@ def test_every_stage_loads_and_serves(triton, name):
     config = triton.apply_stage(name)
     stage = STAGES[name]
     assert config["parameters"]["servelab_stage"]["string_value"] == f"{name} (cpu)"
-    for model in stage.models:
+    for model in stage.triton.models:
         with urllib.request.urlopen(f"http://{triton.url}/v2/models/{model}/ready") as response:
             assert response.status == 200
     index = server._call(triton.url, "POST", "/v2/repository/index", {"ready": True})
-    assert {e["name"] for e in index} == set(stage.models)  # other stages' models were unloaded
-    if client.input_kind(stage.model) != "bytes":
+    assert {e["name"] for e in index} == set(stage.triton.models)  # other stages' models were unloaded
+    if client.input_kind(stage.triton.model) != "bytes":
         # The local stand-in says so in the reported config and in the server log.
         assert config["backend"] == "python" and "STAND-IN" in config["parameters"]["servelab_stand_in"]["string_value"]
         assert "LOCAL STAND-IN" in triton.process.log.read_text()
         connection = http(triton)
-        batch = pixels(FOUR[:1]) if client.input_kind(stage.model) == "uint8" else preprocess_batch(FOUR[:1])
-        result = connection.infer(stage.model, client.tensor_inputs("http", batch))
+        batch = pixels(FOUR[:1]) if client.input_kind(stage.triton.model) == "uint8" else preprocess_batch(FOUR[:1])
+        result = connection.infer(stage.triton.model, client.tensor_inputs("http", batch))
         connection.close()
         assert result.as_numpy("output").shape == (1, 11)
     else:
-        assert len(infer_images(triton, stage.model, FOUR[:1])) == 1
+        assert len(infer_images(triton, stage.triton.model, FOUR[:1])) == 1
 
 
 # --- preprocessing on the server ---
@@ -260,7 +260,7 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
 def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
     """The uint8 crops through Triton give the service's own in-process answers (same model file)."""
     use(triton, name)
-    model = STAGES[name].model
+    model = STAGES[name].triton.model
     connection = grpcclient.InferenceServerClient(triton.grpc_url)
     result = connection.infer(model, client.tensor_inputs("grpc", pixels(FOUR)), outputs=client.tensor_outputs("grpc"))
     connection.close()

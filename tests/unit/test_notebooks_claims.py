@@ -3,6 +3,7 @@ node in a state the next notebook can use, and what the prose says must match th
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from pathlib import Path
@@ -226,3 +227,101 @@ def test_the_intro_plans_the_lease() -> None:
     assert "about 2 hours" in plan and "estimate" in plan and "instructors.md#time-on-the-node" in plan
     assert "*if time remains*" in plan and "docker-compose-triton.yaml build" in plan
     assert "## Time on the node" in _text(REPO_ROOT / "docs" / "instructors.md")
+
+
+def test_the_triton_model_students_open_is_the_pb_utils_loop() -> None:
+    """6_triton shows food_classifier's `execute` as generated from the file: the Python backend's own
+    request/response loop, still calling servelab's preprocessing, with an error response per request."""
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    shown = triton[triton.index("generated: excerpt models_staging/food_classifier/1/model.py TritonPythonModel.execute"):]
+    shown = shown[:shown.index("<!-- end generated -->")]
+    for call in ("for request in requests:", 'pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()',
+                 "backend.request_images(", "self.classifier.infer(np.stack(images))", "pb_utils.InferenceResponse(",
+                 'pb_utils.Tensor("FOOD_LABEL"', 'pb_utils.Tensor("PROBABILITY"', "error=pb_utils.TritonError("):
+        assert call in shown, call
+    assert len(shown.splitlines()) < 40  # one screen
+
+
+# --- students write config blocks ----------------------------------------------------------------
+
+_BLOCKS = {"MY_INSTANCE_GROUP": ("pt-2x2", "instance_group"), "MY_DYNAMIC_BATCHING": ("onnx-dyn", "dynamic_batching")}
+
+
+def _instructors_answer(field: str) -> str:
+    text = _text(REPO_ROOT / "docs" / "instructors.md")
+    (answer,) = [b for b in re.findall(r"```text\n(.*?)```", text, re.DOTALL) if b.lstrip().startswith(field)]
+    return answer
+
+
+@pytest.mark.parametrize("name", sorted(_BLOCKS))
+def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: str) -> None:
+    from servelab.walkthrough.triton import check_block
+
+    stage, field = _BLOCKS[name]
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    prefilled = re.search(rf'^{name} = """(.*?)"""', triton, re.MULTILINE | re.DOTALL)[1]
+    checked = f'print(check_block("{stage}", {name}))'
+    # The block and its check come before the step shows or switches to the stage.
+    assert triton.index(prefilled) < triton.index(checked) < triton.index(f"servelab triton stage {stage}\n")
+    assert triton.index(checked) < triton.index(f"generated: stage-config {stage} ")
+    with pytest.raises(ValueError, match="nothing written yet: replace the TODO"):
+        check_block(stage, prefilled)
+    answer = _instructors_answer(field)
+    assert check_block(stage, answer).startswith("correct:")
+    wrong = answer.replace("2", "3") if field == "instance_group" else answer.replace("100", "1000")
+    with pytest.raises(ValueError, match=rf"(?s)not {stage}'s `{field}` yet.*\n-.*\n\+"):
+        check_block(stage, wrong)
+
+
+def test_a_block_triton_cannot_read_or_with_other_fields_fails_clearly() -> None:
+    from servelab.walkthrough.triton import check_block
+
+    with pytest.raises(ValueError, match='Triton cannot read this.*no field named "instance_groups"'):
+        check_block("pt-2x2", "instance_groups [ { count: 2 } ]")
+    with pytest.raises(ValueError, match="write only `instance_group` here; this also sets max_batch_size"):
+        check_block("pt-2x2", "max_batch_size: 8\n" + _instructors_answer("instance_group"))
+    # The same instances in one group are pt-2x2's; four on one GPU are not.
+    assert check_block("pt-2x2", "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]").startswith("correct")
+    with pytest.raises(ValueError, match="not pt-2x2's"):
+        check_block("pt-2x2", "instance_group [ { count: 4, kind: KIND_GPU, gpus: [ 0 ] } ]")
+
+
+def test_the_triton_notebook_switches_stages_from_jupyter_by_default() -> None:
+    """The Jupyter container runs `servelab triton stage` itself (it mounts the repository Triton
+    reads, with TRITON_INSTANCE_KIND=gpu), printing the command; the shell blocks show the same."""
+    from servelab.notebooks import to_notebook
+
+    nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "STAGE_COMMAND" in c.source]
+    command = re.search(r'^STAGE_COMMAND = "(.*)"$', params.source, re.MULTILINE)[1]
+    assert command == "servelab triton stage {name} --url triton_server:8000"
+    jupyter = _text(REPO_ROOT / "docker" / "docker-compose-triton.yaml")
+    jupyter = jupyter[jupyter.index("  jupyter:"):]
+    assert "TRITON_MODEL_REPOSITORY: /lab/models_staging" in jupyter and "target: /lab/models_staging" in jupyter
+    assert "TRITON_INSTANCE_KIND: gpu" in jupyter and "triton_server:8000" in jupyter
+
+
+def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
+    """perf_analyzer's windows cost at least 15 s a load: by default it measures the core path's stages,
+    and the prose says the rest are measured by servelab bench alone."""
+    from servelab.notebooks import to_notebook
+
+    nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "PA_STAGES" in c.source]
+    pa_stages = ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", params.source, re.MULTILINE | re.DOTALL)[1])
+    optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
+    assert pa_stages == [name for name in TRITON_STAGES if name not in optional]
+    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    assert "measured by `servelab bench` alone" in " ".join(triton.split())
+    assert "pa_stages=PA_STAGES" in triton
+
+
+def test_a_stage_left_out_of_pa_stages_is_measured_by_servelab_alone(tmp_path: Path, capsys) -> None:
+    import asyncio
+
+    from servelab.paths import DEFAULT_IMAGE
+    from servelab.walkthrough.triton import TritonWalkthrough
+
+    lab = TritonWalkthrough("127.0.0.1:1", DEFAULT_IMAGE, tmp_path, wait_s=1, pa_stages=["pt-1"])
+    assert asyncio.run(lab.run_perf_analyzer(None, None, stage="ensemble", stand_in=None, ours=None)) == []
+    assert capsys.readouterr().out == "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measured it\n"

@@ -8,7 +8,7 @@ import pytest
 
 from photos import variants
 from servelab.paths import MODELS_STAGING
-from servelab.preprocess import preprocess
+from servelab.preprocess import ImageError, preprocess
 from servelab.settings import get_settings
 from servelab import stages as catalogue
 from servelab.triton import backend, stages
@@ -138,18 +138,17 @@ def test_elements_can_be_raw_bytes_or_base64_text():
         assert backend.image_bytes(data) == data, name
 
 
-def test_preprocess_requests_fails_only_the_bad_request():
+def test_request_images_name_the_bad_element():
+    """One request's images (food_classifier's and food_preprocess's loops answer each request
+    on its own; test_triton_server checks that the other requests of a batch still succeed)."""
     good = variants()
     truncated = good["jpeg"][: len(good["jpeg"]) // 3]
-    requests = [np.array([[good["jpeg"]], [good["png"]]], dtype=np.object_),
-                np.array([[good["webp"]], [truncated]], dtype=np.object_),
-                np.array([[base64.b64encode(good["grayscale_jpeg"])]], dtype=np.object_)]
-    images, rows, errors = backend.preprocess_requests(requests)
-    assert images.shape == (3, 3, 224, 224)
-    assert [(r.start, r.stop) for r in rows] == [(0, 2), (2, 2), (2, 3)]
-    assert errors[0] is None and errors[2] is None
-    assert errors[1].startswith("INPUT_IMAGE element 1 of 2")
-    np.testing.assert_array_equal(images[2], preprocess(good["grayscale_jpeg"]))
+    images = backend.request_images(np.array([[good["jpeg"]], [base64.b64encode(good["grayscale_jpeg"])]],
+                                             dtype=np.object_))
+    assert [i.shape for i in images] == [(3, 224, 224)] * 2
+    np.testing.assert_array_equal(images[1], preprocess(good["grayscale_jpeg"]))
+    with pytest.raises(ImageError, match="^INPUT_IMAGE element 1 of 2"):
+        backend.request_images(np.array([[good["webp"]], [truncated]], dtype=np.object_))
 
 
 def test_threads_per_instance_shares_the_cores():

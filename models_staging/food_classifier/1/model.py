@@ -11,8 +11,10 @@ undecodable image gets an error response; the other requests in the call are sti
 import json
 
 import numpy as np
+import triton_python_backend_utils as pb_utils  # exists only inside Triton's Python backend
 
 from servelab.inference import TorchClassifier
+from servelab.preprocess import ImageError
 from servelab.settings import get_settings
 from servelab.triton import backend
 
@@ -31,8 +33,29 @@ class TritonPythonModel:
                     f"({self.classifier.describe()['dtype']}) on {device}, {threads} CPU threads{note}")
 
     def execute(self, requests):
-        images, rows, errors = backend.preprocess_requests(
-            backend.inputs(requests, "INPUT_IMAGE"), **self.preprocess_kwargs)
+        # Triton hands over every request it has for this instance at once (several when it batches).
+        images, rows, errors = [], [], []  # all images; which rows are each request's; its error
+        for request in requests:
+            elements = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()  # [n, 1] bytes
+            try:
+                decoded, error = backend.request_images(elements, **self.preprocess_kwargs), None
+            except ImageError as exc:  # this request fails, the others go on
+                decoded, error = [], str(exc)
+            rows.append(slice(len(images), len(images) + len(decoded)))
+            images += decoded
+            errors.append(error)
+
         # One forward pass for every image of every request (none when all of them failed).
-        logits = self.classifier.infer(images) if len(images) else np.zeros((0, len(self.classes)), np.float32)
-        return backend.responses(backend.prediction_outputs(logits, self.classes), rows, errors)
+        logits = self.classifier.infer(np.stack(images)) if images else np.zeros((0, len(self.classes)), np.float32)
+        outputs = backend.prediction_outputs(logits, self.classes)  # FOOD_LABEL, PROBABILITY: [N, 1] each
+
+        responses = []  # one per request, in the order of the requests
+        for row, error in zip(rows, errors):
+            if error:  # HTTP 400 / gRPC INVALID_ARGUMENT for the client that sent this request
+                responses.append(pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(error, pb_utils.TritonError.INVALID_ARG)))
+            else:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("FOOD_LABEL", outputs["FOOD_LABEL"][row]),
+                    pb_utils.Tensor("PROBABILITY", outputs["PROBABILITY"][row])]))
+        return responses

@@ -7,7 +7,11 @@ an undecodable image gets an error response (the ensemble then fails that reques
 
 import json
 
+import numpy as np
+import triton_python_backend_utils as pb_utils  # exists only inside Triton's Python backend
+
 from servelab.artifacts import load_manifest
+from servelab.preprocess import ImageError
 from servelab.settings import get_settings
 from servelab.triton import backend
 
@@ -21,6 +25,15 @@ class TritonPythonModel:
                     f"(resize {manifest.resize}, crop {manifest.crop})")
 
     def execute(self, requests):
-        images, rows, errors = backend.preprocess_requests(
-            backend.inputs(requests, "INPUT_IMAGE"), **self.preprocess_kwargs)
-        return backend.responses({"PIXELS": images}, rows, errors)
+        # No model to batch for here: each request is answered on its own.
+        responses = []
+        for request in requests:
+            elements = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()  # [n, 1] bytes
+            try:
+                pixels = np.stack(backend.request_images(elements, **self.preprocess_kwargs))
+            except ImageError as exc:  # this request fails, the others go on
+                responses.append(pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("PIXELS", pixels)]))
+        return responses
