@@ -289,7 +289,7 @@ def test_a_block_triton_cannot_read_or_with_other_fields_fails_clearly() -> None
 def test_the_triton_notebook_switches_stages_from_jupyter_by_default() -> None:
     """The Jupyter container runs `servelab triton stage` itself (it mounts the repository Triton
     reads, with TRITON_INSTANCE_KIND=gpu), printing the command; the shell blocks show the same."""
-    from servelab.notebooks import to_notebook
+    from servelab.tools.render_notebooks import to_notebook
 
     nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
     (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "STAGE_COMMAND" in c.source]
@@ -304,7 +304,7 @@ def test_the_triton_notebook_switches_stages_from_jupyter_by_default() -> None:
 def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
     """perf_analyzer's windows cost at least 15 s a load: by default it measures the core path's stages,
     and the prose says the rest are measured by servelab bench alone."""
-    from servelab.notebooks import to_notebook
+    from servelab.tools.render_notebooks import to_notebook
 
     nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
     (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "PA_STAGES" in c.source]
