@@ -47,12 +47,34 @@ ON_CPU = "information only (GPU aims; this ran on the CPU)"
 
 
 def closed_run(records: list[Record], stage: str, concurrency: int, batch: int = 1) -> Record | None:
-    """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential)."""
+    """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential); a run the lab
+    made for another purpose (``config["run"]``: a node failure) is never it."""
     for r in records:
         if (r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
-                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency):
+                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency
+                and not r.config.get("run")):
             return r
     return None
+
+
+def capacity(records: list[Record], stage: str) -> Record | None:
+    """The stage's capacity: servelab's closed-loop run at the highest concurrency measured (what the
+    lab takes its open-loop rates as fractions of, ``servelab.lab``); None where it has none."""
+    levels = sorted({r.load.concurrency for r in records if r.stage == stage and r.load.mode == "closed"}, reverse=True)
+    return next((run for level in levels if (run := closed_run(records, stage, level))), None)
+
+
+def ratio_runs(records: list[Record], top: str, bottom: str,
+               concurrency: int = RATIO_CONCURRENCY) -> tuple[int, Record, Record] | None:
+    """(concurrency, ``top``'s run, ``bottom``'s run) at ``concurrency``, else at the highest closed-loop
+    concurrency both stages were measured at; None where there is none (or ``bottom`` served nothing)."""
+    levels = sorted({r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == top}
+                    & {r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == bottom})
+    if not levels:
+        return None
+    level = concurrency if concurrency in levels else levels[-1]
+    a, b = closed_run(records, top, level), closed_run(records, bottom, level)
+    return (level, a, b) if a and b and b.stats.throughput_rps else None
 
 
 def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[tuple[str, str, float]]:
@@ -60,13 +82,8 @@ def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[
     closed-loop concurrency both stages were measured at (the label says which)."""
     found = []
     for what, top, bottom in RATIOS:
-        levels = sorted({r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == top}
-                        & {r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == bottom})
-        if not levels:
-            continue
-        level = concurrency if concurrency in levels else levels[-1]
-        a, b = closed_run(records, top, level), closed_run(records, bottom, level)
-        if a and b and b.stats.throughput_rps:
+        if runs := ratio_runs(records, top, bottom, concurrency):
+            level, a, b = runs
             found.append((what, f"{top} ÷ {bottom} at concurrency {level}", a.stats.throughput_rps / b.stats.throughput_rps))
     return found
 

@@ -1,16 +1,19 @@
 """The report (``servelab report``): records (JSON lines from ``servelab bench`` / ``servelab lab``) ->
-``results/report.md`` with a comparison table and PNG plots.
+``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
+notebooks teach, its measured ratio, and a flag where it contradicts them), then the plots and the
+short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
+the servers' own counts, the warnings).
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
-the records hold its data): latency percentiles and throughput vs concurrency and vs offered rate,
-latency CDFs per load, the server's batch-size histogram, CPU/GPU/memory utilization timelines, and
-the servers' own metrics read back from Prometheus (servelab.report.server_view) where the lab ran it.
+the records hold its data): small multiples per stage family (``servelab.report.plots``) of latency
+and throughput vs concurrency and vs offered load as a fraction of capacity, and latency CDFs at
+comparable loads; the server's batch-size histogram, CPU/GPU/memory utilization timelines, and the
+servers' own metrics read back from Prometheus (servelab.report.server_view) where the lab ran it.
 """
 
 import datetime as dt
 import json
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,14 +21,14 @@ from typing import Any
 from servelab import tables
 from servelab.bench.records import DEFAULT_RECORDS, Record
 from servelab.hardware import describe
-from servelab.report import compare, precision, server_view, timelines
+from servelab.report import compare, lessons, plots, precision, server_view, timelines
 from servelab.settings import get_settings
 from servelab.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")
-MAX_CDF_PANELS = 6
 MAX_BATCH_RUNS = 8
+TABLES = "report-tables.md"  # the long tables, beside report.md
 
 
 def _errors(record: Record) -> str:
@@ -76,71 +79,6 @@ def _new_figure(rows: int, cols: int, width: float = 6.0, height: float = 3.6):
 
     fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
     return fig, fig.subplots(rows, cols, squeeze=False)
-
-
-def _plot_sweep(records: list[Record], out: Path, by: str) -> bool:
-    """Latency percentiles and throughput vs concurrency (closed loop) or vs offered rate (open loop)."""
-    series: dict[str, list[tuple[float, Record]]] = defaultdict(list)
-    for r in records:
-        if by == "concurrency" and r.load.mode in ("sequential", "closed"):
-            series[_series_key(r)].append((r.load.concurrency, r))
-        elif by == "rate" and r.load.mode == "open" and r.load.rate:
-            series[f"{_series_key(r)} {r.load.arrivals}"].append((r.load.rate, r))
-    if not any(len(points) > 1 for points in series.values()):
-        return False
-    fig, axes = _new_figure(1, 2)
-    lat_ax, tput_ax = axes[0]
-    colors = {}
-    for key, points in sorted(series.items()):
-        points.sort(key=lambda p: p[0])
-        xs = [x for x, _ in points]
-        for pct, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", ":")):
-            ys = [getattr(r.stats.latency, pct) for _, r in points]
-            if any(y is not None for y in ys):
-                line, = lat_ax.plot(xs, [float("nan") if y is None else y for y in ys], style, marker="o",
-                                    color=colors.get(key), label=None if key in colors else key)
-                colors[key] = line.get_color()
-        tput_ax.plot(xs, [r.stats.throughput_rps for _, r in points], "-o", color=colors.get(key), label=key)
-    label = "concurrency (closed-loop senders)" if by == "concurrency" else "offered load (requests/s)"
-    for ax in (lat_ax, tput_ax):
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-        if by == "concurrency":
-            ax.set_xscale("log", base=2)
-    lat_ax.set_ylabel("latency (ms)")
-    lat_ax.set_title("Latency p50 (solid), p95 (dashed), p99 (dotted)")
-    tput_ax.set_ylabel("throughput (successful requests/s)")
-    tput_ax.set_title("Throughput")
-    lat_ax.legend(fontsize="x-small")
-    tput_ax.legend(fontsize="x-small")
-    fig.savefig(out, dpi=110)
-    return True
-
-
-def _plot_cdf(records: list[Record], out: Path) -> bool:
-    """One panel per load (the most common first), one CDF line per stage: stages compared at equal load."""
-    by_load: dict[str, list[Record]] = defaultdict(list)
-    for r in records:
-        if r.stats.latency.cdf_ms:
-            by_load[r.load.label()].append(r)
-    if not by_load:
-        return False
-    labels = sorted(by_load, key=lambda k: -len(by_load[k]))[:MAX_CDF_PANELS]
-    cols = min(3, len(labels))
-    fig, axes = _new_figure((len(labels) + cols - 1) // cols, cols, width=5.0)
-    for ax in axes.flat[len(labels):]:
-        ax.set_visible(False)
-    fractions = [p / 100 for p in range(101)]
-    for ax, label in zip(axes.flat, labels):
-        for r in by_load[label]:
-            ax.plot(r.stats.latency.cdf_ms, fractions, label=_series_key(r))
-        ax.set_title(label)
-        ax.set_xlabel("latency (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
-    fig.savefig(out, dpi=110)
-    return True
 
 
 def _plot_batches(records: list[Record], out: Path) -> bool:
@@ -211,11 +149,11 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
 
 
 PLOTS = (
-    ("latency_throughput_vs_concurrency.png", "Latency percentiles and throughput vs concurrency",
-     lambda rs, p: _plot_sweep(rs, p, "concurrency")),
-    ("latency_throughput_vs_rate.png", "Latency percentiles and throughput vs offered rate (open loop)",
-     lambda rs, p: _plot_sweep(rs, p, "rate")),
-    ("latency_cdf.png", "Latency CDF per load", _plot_cdf),
+    ("latency_throughput_vs_concurrency.png", "Latency and throughput vs concurrency, per family",
+     plots.sweep_concurrency),
+    ("latency_throughput_vs_rate.png", "Open loop: latency and throughput vs offered load as a fraction of each "
+     "stage's capacity", plots.sweep_rate),
+    ("latency_cdf.png", "Latency CDFs per family at comparable loads", plots.cdf),
     ("batch_sizes.png", "Server-side batch-size histogram", _plot_batches),
     ("utilization.png", "CPU / GPU / memory utilization timeline", _plot_utilization),
     ("prometheus_series.png", "The servers' own metrics (Prometheus range queries) beside the client's",
@@ -225,24 +163,56 @@ PLOTS = (
 
 def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = (),
                   skipped: Mapping[str, str] | None = None) -> Path:
-    """Write ``out_dir/report.md`` and its PNG plots; returns the report's path. ``skipped``: parts of the
-    lab this environment could not run (``servelab.lab.preflight``), with the reason."""
+    """Write ``out_dir/report.md`` (the lessons on the first screen, then the plots and the short sections),
+    ``out_dir/report-tables.md`` (every run's row, the two clients, the servers' own counts, the warnings)
+    and the PNG plots; returns the report's path. ``skipped``: parts of the lab this environment could not
+    run (``servelab.lab.preflight``), with the reason."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     where = ", ".join(f"`{p}`" for p in sources) or "the given records"
-    md = ["# servelab results", "", f"Generated {now} from {len(records)} run records ({where}).", ""]
-    md += hardware_section(records)
+    generated = f"Generated {now} from {len(records)} run records ({where})."
+    md = ["# servelab results", "", generated, ""]
+    md += lessons.summary(records, TABLES)
+    made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
+    if made:
+        md += ["## Plots", "",
+               "Closed-loop, open-loop and CDF plots: servelab's client, one image per request, a row of panels per "
+               "family and one colour per stage throughout; perf_analyzer's runs and batched requests are in "
+               f"[{TABLES}]({TABLES}).", ""]
+        md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
+    md += _precision_section(records)
+    md += timelines.section(records, out_dir)
+    if skipped:
+        md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
+    failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
+    if failed:
+        md += ["## Failed runs", "", *failed, ""]
     stand_ins = sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in})
     if stand_ins:
         md += ["> **Stand-in models.** Numbers for these stages come from stand-ins, not the lab's models:", ">"]
         md += [f"> - {note}" for note in stand_ins] + [""]
+    warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
+    if warnings:
+        md += [f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''} from the runs: in [{TABLES}]({TABLES}).", ""]
+    md += hardware_section(records)
+    md += ["## Machines", ""] + [f"- {line}" for line in _machines(records)]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md) + "\n", encoding="utf-8")
+    (out_dir / TABLES).write_text("\n".join(_tables(records, generated, warnings)) + "\n", encoding="utf-8")
+    return path
+
+
+def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[str]:
+    """``report-tables.md``: the long tables, every run in them (``report.md`` links here)."""
+    md = ["# servelab results: every run", "", f"{generated} The lessons and plots are in [report.md](report.md).", ""]
     md += [
         "## Comparison", "", markdown_table(records), "",
         "Latency is client-side, in milliseconds, over successful requests (open loop: from the *scheduled* "
         "send time). req/s = successful requests / measured wall time; img/s = req/s x batch. Errors are "
-        "never counted as successes; a FAILED run measured nothing (its reason is under Failed runs). Offered "
-        "req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really sent at). queue / service ms are server-side means per request (FastAPI "
+        "never counted as successes; a FAILED run measured nothing (its reason is under Failed runs in report.md). "
+        "Offered req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really "
+        "sent at). queue / service ms are server-side means per request (FastAPI "
         "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
         "(queue + service); mean batch = batch size the server formed. `-` = not measured.", "",
     ]
@@ -257,25 +227,10 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
             "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
             "the scheduled send.", "", compare.markdown(found), "",
         ]
-    md += _precision_section(records)
     md += server_view.markdown(records)
-    md += timelines.section(records, out_dir)
-    made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
-    if made:
-        md += ["## Plots", ""]
-        md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
-    if skipped:
-        md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
-    failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
-    if failed:
-        md += ["## Failed runs", "", *failed, ""]
-    warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
     if warnings:
         md += ["## Warnings", "", *warnings, ""]
-    md += ["## Machines", ""] + [f"- {line}" for line in _machines(records)]
-    path = out_dir / "report.md"
-    path.write_text("\n".join(md) + "\n", encoding="utf-8")
-    return path
+    return md
 
 
 def _precision_section(records: list[Record]) -> list[str]:

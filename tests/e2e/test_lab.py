@@ -84,11 +84,13 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert {label.split()[0] for stage, label, _ in theirs if stage == "onnx-dyn"} >= {"constant", "poisson"}
     assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
     report = (tmp_path / "report.md").read_text()
-    assert "| pt-2x2 |" in report and (tmp_path / "latency_cdf.png").exists()
+    tables = (tmp_path / "report-tables.md").read_text()  # the long tables, linked from report.md
+    assert "| pt-2x2 |" in tables and (tmp_path / "latency_cdf.png").exists()
+    assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, 8 senders:" in report
     assert "lab finished" in output and "p50" in output
-    assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in report
-    # Every run is in the report and the printout, the open-loop ones of every stage too.
-    assert "| fastapi-pt | servelab | poisson " in report and "| pt-1 | servelab | poisson " in report
+    assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in tables
+    # Every run is in the tables and the printout, the open-loop ones of every stage too.
+    assert "| fastapi-pt | servelab | poisson " in tables and "| pt-1 | servelab | poisson " in tables
     assert "## Ray Serve: placement" in report and (tmp_path / "ray_timelines.png").exists()
     assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
                 and "req/s" in line]) == len(records)
@@ -157,7 +159,8 @@ def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_p
     if _prometheus_here():
         ours = [r.prometheus for r in records if r.tool == "servelab"]
         assert all(p.requests == p.client_requests and p.client_requests > 0 for p in ours), ours
-        assert any("compute (ms)" in p.series for p in ours) and "## The servers' own view: Prometheus" in report
+        assert any("compute (ms)" in p.series for p in ours) and "## The servers' own view: Prometheus" in (
+            tmp_path / "report-tables.md").read_text()
         assert "prometheus: " in output and "Prometheus not running" not in output
 
 

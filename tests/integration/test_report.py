@@ -28,11 +28,16 @@ def test_renders_the_comparison_and_every_plot(tmp_path: Path) -> None:
     report = render_report(records, tmp_path, sources=[RECORDS])
     text = report.read_text()
     assert report == tmp_path / "report.md"
-    # The comparison table: one row per run, with units in the headers.
-    assert "| stage | tool | load | offered req/s | batch | ok | errors | p50 ms | p95 ms | p99 ms | req/s |" in text
-    assert text.count("| tiny-20ms |") == 6 and text.count("| triton-sleep-dyn |") == 4
-    assert "| pa-sample | perf_analyzer | concurrency 16 |" in text
-    assert "3 (http_500 3)" in text  # errors shown, never folded into successes
+    # The lessons first; stages outside the catalogue teach none, and each lesson says so in one line.
+    assert text.index("## What this run shows") < text.index("## Plots")
+    assert "- **Dynamic batching**: not measured in this run." in text
+    # The comparison table, in report-tables.md (linked): one row per run, with units in the headers.
+    tables = (tmp_path / "report-tables.md").read_text()
+    assert "](report-tables.md)" in text and "## Comparison" not in text
+    assert "| stage | tool | load | offered req/s | batch | ok | errors | p50 ms | p95 ms | p99 ms | req/s |" in tables
+    assert tables.count("| tiny-20ms |") == 6 and tables.count("| triton-sleep-dyn |") == 4
+    assert "| pa-sample | perf_analyzer | concurrency 16 |" in tables
+    assert "3 (http_500 3)" in tables  # errors shown, never folded into successes
     # The stand-in is said above the table, with its note.
     assert "Stand-in models" in text and "sleeps 10 ms per execution" in text
     for name in ("latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png", "latency_cdf.png",
@@ -85,5 +90,22 @@ def test_both_clients_side_by_side_and_disagreement_flagged(tmp_path: Path) -> N
         ("sequential", "agree"), ("concurrency 8", "DISAGREE (> 10%)"), ("concurrency 16", "perf_analyzer failed")]
     assert found[1].throughput_ratio == pytest.approx(1 / 1.25)
     text = render_report([near, far, ours[2], pa["sequential"], pa["concurrency 8"], failed], tmp_path).read_text()
-    assert "## Two clients, one server" in text and "| pa-sample | concurrency 8 | 1 |" in text
-    assert "DISAGREE" in text and "## Failed runs" in text and "failed to get model metadata" in text
+    tables = (tmp_path / "report-tables.md").read_text()
+    assert "## Two clients, one server" in tables and "| pa-sample | concurrency 8 | 1 |" in tables
+    assert "DISAGREE" in tables and "## Failed runs" in text and "failed to get model metadata" in text
+    assert "agree within 10% on 1 of 3 runs measured by both" in text
+
+
+def test_the_lessons_open_the_report_of_a_real_quick_lab(tmp_path: Path) -> None:
+    """tests/data/quick_lab_records.jsonl (21 real records of `servelab lab --quick`, see
+    tests/unit/test_report_summary.py): the lessons on the first screen, the long tables beside it."""
+    records = read_records(DATA / "quick_lab_records.jsonl")
+    text = render_report(records, tmp_path).read_text()
+    first_screen = text.split("## Plots")[0]
+    assert first_screen.startswith("# servelab results") and "## Comparison" not in first_screen
+    assert "- onnx-1 ÷ pt-1, 8 senders: 32.6 vs 8.6 req/s = **3.78×**" in first_screen
+    assert "⚠ **contradicts 9_ray, which expects ≥ 1×**" in first_screen
+    for name in ("latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png", "latency_cdf.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG)
+    comparison = (tmp_path / "report-tables.md").read_text().split("## Comparison")[1].split("\n## ")[0]
+    assert comparison.count("| servelab |") == 20 and comparison.count("| perf_analyzer |") == 1

@@ -1,0 +1,311 @@
+"""The report's first screen: each lesson of the lab as "what changed → what it did", from the records.
+
+A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic batching, more instances,
+a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
+failure, queueing under open-loop load), measured as a ratio of two of this run's records, with the
+figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
+change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
+than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
+not both measured says so in one line.
+
+The closed-loop ratios are the ones ``servelab.bench.fractions`` computes (``ratio_runs``: at 16
+senders, else at the highest concurrency both stages were measured at); the open-loop ones use the
+stage's capacity (``fractions.capacity``) as the lab does.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from servelab.bench.fractions import RATIOS, capacity, closed_run, ratio_runs
+from servelab.bench.records import Record
+from servelab.models.variants import RECORD_FILE, load_variants
+from servelab.report import compare
+from servelab.settings import get_settings
+from servelab.stages import CATALOGUE, STAGES
+from servelab.tables import num
+
+NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
+ORDER = {s.name: i for i, s in enumerate(CATALOGUE)}  # the notebooks' order
+NOTEBOOK = {"fastapi": "4_fastapi", "triton": "6_triton", "ray": "9_ray"}  # where each family's lessons are taught
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the notebooks say a change does: a line, and the bound the measured ratio should keep."""
+
+    says: str
+    at_least: float | None = None  # the ratio should not fall below this (less NOISE)
+    at_most: float | None = None  # nor rise above this (plus NOISE)
+    notebook: str = ""  # who says it; "" = the notebook of the changed stage's family
+
+    def contradicted(self, ratio: float) -> bool:
+        return ((self.at_least is not None and ratio < self.at_least * (1 - NOISE))
+                or (self.at_most is not None and ratio > self.at_most * (1 + NOISE)))
+
+
+# What the notebooks teach, per lesson, on a "cpu" and on a "gpu" run (one Expect: the same on both).
+EXPECT: dict[str, Expect | dict[str, Expect]] = {
+    "onnx": Expect("a faster inference raises the ceiling and lowers every latency", at_least=1.0,
+                   notebook="4_fastapi"),
+    "batching": {
+        "cpu": Expect("on a CPU an image costs about as much in a batch as alone: batching buys little or "
+                      "nothing, but it should not lower throughput", at_least=1.0),
+        "gpu": Expect("on a GPU a batch costs much less than its images one by one: throughput rises", at_least=1.0),
+    },
+    "instances": Expect("more copies of the model turn queueing into throughput", at_least=1.0),
+    "variant u8": Expect("normalization in the graph saves only the float math: about the same, not slower",
+                         at_least=1.0),
+    "variant int8": {
+        "cpu": Expect("INT8 is faster only where the CPU has fast 8-bit instructions (x86 with VNNI); "
+                      "no direction is promised elsewhere", notebook="4_fastapi"),
+        "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0, notebook="6_triton"),
+    },
+    "variant fp16": Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
+    "ensemble": Expect("the server now decodes and resizes every photo itself: the notebook asks when that is "
+                       "a good trade and promises no direction", notebook="6_triton"),
+    "replicas": Expect("replicas turn queueing into throughput until something else is the slowest step (the "
+                       "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="9_ray"),
+    "proxy": Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
+                    at_least=1.0, notebook="9_ray"),
+    "autoscaling": Expect("Ray Serve adds replicas while requests queue and removes them once the load is gone",
+                          notebook="9_ray"),
+    "node failure": Expect("requests fail only while the dead node's replica is replaced; then all succeed",
+                           notebook="the lab"),
+    "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
+                       "flatter", at_least=1.0, notebook="6_triton"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One measured comparison: ``top`` against ``bottom`` (records), the ratio shown and what it says."""
+
+    lesson: str  # EXPECT's key
+    pair: str  # "a ÷ b, 16 senders"
+    figures: str  # "98.7 vs 77.2 req/s"
+    ratio: float | None
+    extra: str = ""  # mean batch, agreement, queue share...
+    contradicts: str = ""  # "contradicts 4_fastapi: ..." where the measurement goes the other way
+    top: Record | None = None
+    bottom: Record | None = None
+
+
+@dataclass(frozen=True)
+class Lesson:
+    key: str  # EXPECT's key
+    title: str  # what changed
+    find: Callable[[list[Record], str], Iterator[Finding]]  # (records, device) -> findings
+    pairs: tuple[tuple[str, str], ...] = ()  # the stages compared, top ÷ bottom (what "not measured" names)
+
+
+def _expect(key: str, device: str) -> Expect:
+    e = EXPECT.get(key, Expect("the notebooks say nothing of this change yet"))
+    return e[device] if isinstance(e, dict) else e
+
+
+def _verdict(key: str, device: str, ratio: float | None, family: str = "") -> str:
+    e = _expect(key, device)
+    if ratio is None or not e.contradicted(ratio):
+        return ""
+    bounds = " and ".join(f"{word} {bound:g}×" for word, bound in (("≥", e.at_least), ("≤", e.at_most))
+                          if bound is not None)
+    return f"contradicts {e.notebook or NOTEBOOK.get(family, 'the notebooks')}, which expects {bounds}"
+
+
+def _family(stage: str) -> str:
+    return STAGES[stage].family if stage in STAGES else ""
+
+
+def _throughput(key: str, pairs: tuple[tuple[str, str], ...], extra: Callable[[Record, Record], str] = lambda a, b: ""):
+    """Findings of req/s ratios at the closed-loop concurrency ``ratio_runs`` picks."""
+    def find(records: list[Record], device: str) -> Iterator[Finding]:
+        for top, bottom in sorted(pairs, key=lambda p: ORDER.get(p[0], len(ORDER))):
+            runs = ratio_runs(records, top, bottom)
+            if runs:
+                level, a, b = runs
+                ratio = a.stats.throughput_rps / b.stats.throughput_rps
+                yield Finding(key, f"{top} ÷ {bottom}, {level} senders",
+                              f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
+                              extra(a, b), _verdict(key, device, ratio, _family(top)), a, b)
+    return find
+
+
+def _mean_batch(a: Record, b: Record) -> str:
+    return f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""
+
+
+def _agreements() -> dict[str, float]:
+    """Top-1 agreement with fp32 per variant, as ``servelab models build`` recorded it (where it did)."""
+    model_dir = get_settings().model_dir
+    if not (model_dir / RECORD_FILE).exists():
+        return {}
+    return {v.name: v.agreement.top1 for v in load_variants(model_dir).variants}
+
+
+def _variant_pairs() -> dict[str, tuple[tuple[str, str], ...]]:
+    """Variant name -> (variant stage, the fp32 stage of its family) pairs, from the catalogue."""
+    base = {}
+    for s in CATALOGUE:
+        if s.variant == "fp32":
+            base.setdefault(s.family, s.name)
+    pairs: dict[str, list[tuple[str, str]]] = {}
+    for s in CATALOGUE:
+        if s.variant and s.variant != "fp32" and s.family in base:
+            pairs.setdefault(s.variant, []).append((s.name, base[s.family]))
+    return {v: tuple(p) for v, p in pairs.items()}
+
+
+def _variant(variant: str, pairs: tuple[tuple[str, str], ...]):
+    def agreement(a: Record, b: Record) -> str:
+        top1 = _agreements().get(variant)
+        return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
+    return _throughput(f"variant {variant}", pairs, agreement)
+
+
+def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
+    a, b = closed_run(records, "ray-1", 1), closed_run(records, "fastapi-onnx", 1)
+    if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
+        ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
+        yield Finding("proxy", "ray-1 ÷ fastapi-onnx, one request at a time",
+                      f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
+                      f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
+                      _verdict("proxy", device, ratio), a, b)
+
+
+def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
+    for stage in ("onnx-1", "onnx-dyn"):
+        cap, alone = capacity(records, stage), closed_run(records, stage, 1)
+        runs = [r for r in records if r.stage == stage and r.tool == "servelab" and r.load.mode == "open"
+                and r.load.arrivals == "poisson" and not r.load.phases and not r.failed and r.batch == 1
+                and r.stats.latency.p50_ms]
+        if not (cap and alone and alone.stats.latency.p50_ms and runs):
+            continue
+        top = max(runs, key=lambda r: r.load.rate)
+        ratio = top.stats.latency.p50_ms / alone.stats.latency.p50_ms
+        share = top.breakdown.queue_share if top.breakdown else None
+        yield Finding("queueing", f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
+                      f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s) ÷ one at a time",
+                      f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
+                      "" if share is None else f"queue share {100 * share:.0f} %",
+                      _verdict("queueing", device, ratio), top, alone)
+
+
+def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
+    for r in records:
+        if r.config.get("run") == "step load" and r.timeline and r.timeline.replicas:
+            low, high = min(r.timeline.replicas), max(r.timeline.replicas)
+            said = _expect("autoscaling", device)
+            yield Finding("autoscaling", f"{r.stage}, {r.load.label()}", f"running replicas min {low}, max {high}", None,
+                          f"p99 {num(r.stats.latency.p99_ms)} ms",
+                          "" if high > low else f"contradicts {said.notebook}, which expects more replicas at the "
+                          "high step", r)
+
+
+def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
+    for r in records:
+        if r.config.get("run") == "node failure" and r.timeline:
+            t, said = r.timeline, _expect("node failure", device)
+            recovered = t.recovery_s is not None and bool(r.stats.successes)
+            yield Finding("node failure", f"{r.stage}, {r.load.label()}, a worker node killed",
+                          f"{r.stats.error_count} failed, {r.stats.successes} ok", None,
+                          f"recovered in {t.recovery_s:.1f} s" if recovered else "",
+                          "" if recovered else f"contradicts {said.notebook}, which expects the requests to "
+                          "succeed again", r)
+
+
+def _batching_pairs() -> tuple[tuple[str, str], ...]:
+    return (*((top, bottom) for what, top, bottom in RATIOS if what.startswith("dynamic batching")), ("ray-dyn", "ray-2"))
+
+
+def _instance_pairs() -> tuple[tuple[str, str], ...]:
+    return tuple((top, bottom) for what, top, bottom in RATIOS if "instance" in what)
+
+
+ONNX_PAIRS = (("fastapi-onnx", "fastapi-pt"), ("onnx-1", "pt-1"))
+REPLICA_PAIRS = (("ray-2", "ray-1"), ("ray-4", "ray-1"))
+VARIANTS = _variant_pairs()
+
+LESSONS: tuple[Lesson, ...] = (
+    Lesson("onnx", "PyTorch → ONNX Runtime", _throughput("onnx", ONNX_PAIRS), ONNX_PAIRS),
+    Lesson("batching", "Dynamic batching", _throughput("batching", _batching_pairs(), _mean_batch), _batching_pairs()),
+    Lesson("instances", "More instances (Triton)", _throughput("instances", _instance_pairs()), _instance_pairs()),
+    *(Lesson(f"variant {v}", f"Model variant {v} instead of fp32", _variant(v, pairs), pairs)
+      for v, pairs in VARIANTS.items()),
+    Lesson("ensemble", "Preprocessing on the server (ensemble)", _throughput("ensemble", (("ensemble", "onnx-1"),)),
+           (("ensemble", "onnx-1"),)),
+    Lesson("replicas", "More Ray Serve replicas", _throughput("replicas", REPLICA_PAIRS), REPLICA_PAIRS),
+    Lesson("proxy", "Ray Serve's proxy in front of the same service", _proxy, (("ray-1", "fastapi-onnx"),)),
+    Lesson("autoscaling", "Autoscaling under a step load", _autoscaling),
+    Lesson("node failure", "A worker node dies mid-run", _node_failure),
+    Lesson("queueing", "Open-loop load near capacity", _queueing),
+)
+
+
+def device_of(records: list[Record]) -> str:
+    """"gpu" where every servelab record ran with ``--device gpu``; "cpu" otherwise."""
+    ours = [r for r in records if r.tool == "servelab"]
+    return "gpu" if ours and all(r.config.get("device") == "gpu" for r in ours) else "cpu"
+
+
+def findings(records: list[Record]) -> list[tuple[Lesson, list[Finding]]]:
+    """Every lesson with what this run measured of it (an empty list: not measured)."""
+    device = device_of(records)
+    return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS
+            if not (device == "cpu" and lesson.pairs and all(STAGES[t].needs_gpu for t, _ in lesson.pairs
+                                                            if t in STAGES))]
+
+
+def _line(f: Finding) -> str:
+    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×**"
+    extra = f"; {f.extra}" if f.extra else ""
+    flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
+    return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
+
+
+def summary(records: list[Record], tables_file: str = "") -> list[str]:
+    """The report's first section: the lessons, each with its measured figures, contradictions flagged."""
+    device = device_of(records)
+    found = findings(records)
+    flagged = sum(bool(f.contradicts) for _, fs in found for f in fs)
+    md = ["## What this run shows", "",
+          f"Each change the notebooks teach, measured in this run ({device.upper()}): *what changed*, then what it did "
+          f"as a ratio of two runs (closed loop: servelab's client, requests/s, at 16 senders or the highest "
+          f"concurrency both were measured at). *Why* is what the notebooks say; a measurement that goes the other "
+          f"way by more than {NOISE:.0%} is marked ⚠. "
+          + (f"**{flagged} measurement{'s' if flagged != 1 else ''} contradict{'s' if flagged == 1 else ''} the "
+             f"notebooks.**" if flagged else "No measurement contradicts the notebooks."), ""]
+    for lesson, fs in found:
+        e = _expect(lesson.key, device)
+        if not fs:
+            md.append(f"- **{lesson.title}**: not measured in this run.")
+            continue
+        md.append(f"- **{lesson.title}**. *Why:* {e.says}"
+                  f" ({e.notebook or ', '.join(dict.fromkeys(NOTEBOOK[_family(t)] for t, _ in sorted(lesson.pairs, key=lambda p: ORDER.get(p[0], 0)) if t in STAGES))}).")
+        md += [_line(f) for f in fs]
+        missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
+                   and not (device == "cpu" and t in STAGES and STAGES[t].needs_gpu)]
+        if missing:
+            md.append(f"  - not measured in this run: {', '.join(missing)}")
+    md.append("")
+    md += _trust(records)
+    if tables_file:
+        md += [f"Every run's figures, the two clients side by side and the servers' own counts are in "
+               f"[{tables_file}]({tables_file}).", ""]
+    return md
+
+
+def _trust(records: list[Record]) -> list[str]:
+    """How far to trust the figures: stand-ins, failed runs, the two clients' agreement."""
+    lines = []
+    pairs = compare.pairs(records)
+    if pairs:
+        agree = sum(p.verdict == "agree" for p in pairs)
+        lines.append(f"- The two clients (perf_analyzer, servelab) agree within {compare.TOLERANCE:.0%} on {agree} of "
+                     f"{len(pairs)} runs measured by both.")
+    failed = sum(bool(r.failed) for r in records)
+    if failed:
+        lines.append(f"- {failed} of {len(records)} runs measured nothing (Failed runs, below).")
+    if any(r.stand_in for r in records):
+        lines.append(f"- {len({r.stage for r in records if r.stand_in})} stages ran with local stand-ins (below): "
+                     "compare their ratios, not their absolute figures, with the node's.")
+    return ["*How far to trust these figures:*", "", *lines, ""] if lines else []

@@ -1,0 +1,211 @@
+"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI,
+Triton, Ray Serve; stages outside the catalogue in a last row), each stage in one colour in every plot
+and every run (its place in its family in the catalogue), legends beside the panels, never over them.
+
+* ``sweep_concurrency``: latency (p50 solid, p99 dotted) and throughput against closed-loop senders;
+* ``sweep_rate``: open loop, with the offered rate as a fraction of the stage's own capacity (its
+  closed-loop throughput at the highest concurrency measured, ``servelab.bench.fractions.capacity``),
+  so stages of very different speed share one axis; throughput as the same fraction, with the
+  diagonal a server keeps to while it keeps up;
+* ``cdf``: latency CDFs per family at comparable loads: one at a time, the highest closed-loop
+  concurrency, and Poisson arrivals at the highest fraction of capacity offered.
+
+servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the
+tables (``report-tables.md``).
+"""
+
+from collections import defaultdict
+from pathlib import Path
+
+from servelab.bench.fractions import capacity
+from servelab.bench.records import Record
+from servelab.stages import CATALOGUE
+
+FAMILIES = (("fastapi", "FastAPI"), ("triton", "Triton"), ("ray", "Ray Serve"), ("", "other stages"))
+# Twelve colours told apart at a glance; a family has at most eleven stages.
+PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+           "tab:olive", "tab:cyan", "black", "gold")
+_FAMILY = {s.name: s.family for s in CATALOGUE}
+
+
+def family(stage: str) -> str:
+    return _FAMILY.get(stage, "")
+
+
+def colour(stage: str, others: list[str] = ()) -> str:
+    """The stage's colour: its place in its family in the catalogue (a stage outside it: its place among
+    ``others``, the records' other such stages, sorted)."""
+    if stage in _FAMILY:
+        place = [s.name for s in CATALOGUE if s.family == _FAMILY[stage]].index(stage)
+    else:
+        place = sorted(set(others) | {stage}).index(stage)
+    return PALETTE[place % len(PALETTE)]
+
+
+def _ours(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.tool == "servelab" and r.batch == 1 and not r.failed and not r.config.get("run")
+            and not r.load.phases]
+
+
+def _rows(records: list[Record]) -> list[tuple[str, str, list[Record]]]:
+    """(family, title, its records) for each family with records, in FAMILIES' order."""
+    by: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        by[family(r.stage)].append(r)
+    return [(f, title, by[f]) for f, title in FAMILIES if by[f]]
+
+
+def _figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2):
+    from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
+
+    fig = Figure(figsize=(width * cols + 2.2, height * rows), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def _log_ms(axis) -> None:
+    """A log scale of milliseconds labelled in plain numbers (10, 100, 1000), no crowded minor labels."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    axis.axes.set_xscale("log") if axis is axis.axes.xaxis else axis.axes.set_yscale("log")
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _legend(ax) -> None:
+    """The stages' legend beside the row's last panel, outside the data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+
+
+def sweep_concurrency(records: list[Record], out: Path) -> bool:
+    """Latency and throughput against closed-loop senders, one row per family."""
+    runs = [r for r in _ours(records) if r.load.mode in ("sequential", "closed")]
+    series: dict[str, list[Record]] = defaultdict(list)
+    for r in runs:
+        series[r.stage].append(r)
+    if not any(len(points) > 1 for points in series.values()):
+        return False
+    rows = _rows(runs)
+    others = [s for s in series if not family(s)]
+    fig, axes = _figure(len(rows), 2)
+    for (fam, title, fam_runs), (lat_ax, tput_ax) in zip(rows, axes):
+        for stage in dict.fromkeys(r.stage for r in fam_runs):
+            points = sorted(series[stage], key=lambda r: r.load.concurrency)
+            xs, c = [r.load.concurrency for r in points], colour(stage, others)
+            lat_ax.plot(xs, [r.stats.latency.p50_ms for r in points], "-o", color=c, ms=4)
+            lat_ax.plot(xs, [r.stats.latency.p99_ms for r in points], ":", color=c)
+            tput_ax.plot(xs, [r.stats.throughput_rps for r in points], "-o", color=c, ms=4, label=stage)
+        lat_ax.set_title(f"{title}: latency, p50 (solid) and p99 (dotted)", fontsize=9)
+        tput_ax.set_title(f"{title}: throughput", fontsize=9)
+        lat_ax.set_ylabel("latency (ms, log)")
+        _log_ms(lat_ax.yaxis)
+        tput_ax.set_ylabel("successful requests/s")
+        tput_ax.set_ylim(bottom=0)
+        for ax in (lat_ax, tput_ax):
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+        _legend(tput_ax)
+    for ax in axes[-1]:
+        ax.set_xlabel("closed-loop senders (concurrency)")
+    fig.savefig(out, dpi=100)
+    return True
+
+
+def _fraction(r: Record, caps: dict[str, float]) -> float | None:
+    cap = caps.get(r.stage)
+    return r.load.rate / cap if cap and r.load.rate else None
+
+
+def sweep_rate(records: list[Record], out: Path) -> bool:
+    """Open loop: latency and throughput against the offered rate as a fraction of each stage's capacity."""
+    ours = _ours(records)
+    caps = {s: run.stats.throughput_rps for s in {r.stage for r in ours} if (run := capacity(ours, s))}
+    runs = [r for r in ours if r.load.mode == "open" and _fraction(r, caps) is not None]
+    if not runs:
+        return False
+    rows = _rows(runs)
+    others = [r.stage for r in runs if not family(r.stage)]
+    fig, axes = _figure(len(rows), 2)
+    for (fam, title, fam_runs), (lat_ax, tput_ax) in zip(rows, axes):
+        for (stage, arrivals) in dict.fromkeys((r.stage, r.load.arrivals) for r in fam_runs):
+            points = sorted((r for r in fam_runs if r.stage == stage and r.load.arrivals == arrivals),
+                            key=lambda r: r.load.rate)
+            xs, c = [_fraction(r, caps) for r in points], colour(stage, others)
+            style = "--s" if arrivals == "constant" else "-o"
+            label = stage + (" (constant arrivals)" if arrivals == "constant" else "")
+            lat_ax.plot(xs, [r.stats.latency.p50_ms for r in points], style, color=c, ms=4)
+            lat_ax.plot(xs, [r.stats.latency.p99_ms for r in points], ":x", color=c, ms=4)
+            tput_ax.plot(xs, [r.stats.throughput_rps / caps[stage] for r in points], style, color=c, ms=4, label=label)
+        tput_ax.plot([0, 1], [0, 1], color="grey", lw=0.8, label="throughput = offered")
+        lat_ax.set_title(f"{title}: latency, p50 (o) and p99 (x)", fontsize=9)
+        tput_ax.set_title(f"{title}: throughput ÷ capacity", fontsize=9)
+        lat_ax.set_ylabel("latency (ms, log)")
+        _log_ms(lat_ax.yaxis)
+        tput_ax.set_ylabel("completed req/s ÷ capacity")
+        for ax in (lat_ax, tput_ax):
+            ax.set_xlim(0, 1.05)
+            ax.grid(alpha=0.3)
+        tput_ax.set_ylim(0, 1.1)
+        _legend(tput_ax)
+    for ax in axes[-1]:
+        ax.set_xlabel("offered rate ÷ the stage's capacity")
+    fig.savefig(out, dpi=100)
+    return True
+
+
+def _cdf_columns(runs: list[Record], caps: dict[str, float]) -> list[tuple[str, dict[str, Record]]]:
+    """(title, stage -> its run) for: one at a time; the highest closed-loop concurrency; Poisson at the
+    highest fraction of capacity offered (each stage's own run nearest it)."""
+    columns = [("one request at a time", {r.stage: r for r in runs if r.load.mode == "sequential"})]
+    closed = [r.load.concurrency for r in runs if r.load.mode == "closed"]
+    if closed:
+        top = max(closed)
+        columns.append((f"{top} senders (closed loop)",
+                        {r.stage: r for r in runs if r.load.mode == "closed" and r.load.concurrency == top}))
+    open_runs = [r for r in runs if r.load.mode == "open" and r.load.arrivals == "poisson"
+                 and _fraction(r, caps) is not None]
+    if open_runs:
+        top_fraction = max(_fraction(r, caps) for r in open_runs)
+        nearest: dict[str, Record] = {}
+        for r in open_runs:
+            if r.stage not in nearest or (abs(_fraction(r, caps) - top_fraction)
+                                          < abs(_fraction(nearest[r.stage], caps) - top_fraction)):
+                nearest[r.stage] = r
+        columns.append((f"Poisson at ≈{top_fraction:.2f} × capacity", nearest))
+    return [(title, chosen) for title, chosen in columns if chosen]
+
+
+def cdf(records: list[Record], out: Path) -> bool:
+    """Latency CDFs: a row per family, a column per comparable load, a line per stage."""
+    runs = [r for r in _ours(records) if r.stats.latency.cdf_ms]
+    if not runs:
+        return False
+    caps = {s: run.stats.throughput_rps for s in {r.stage for r in runs} if (run := capacity(_ours(records), s))}
+    rows = _rows(runs)
+    columns = _cdf_columns(runs, caps)
+    others = [r.stage for r in runs if not family(r.stage)]
+    fig, axes = _figure(len(rows), len(columns), width=4.0)
+    fractions = [p / 100 for p in range(101)]
+    for (fam, title, fam_runs), row in zip(rows, axes):
+        stages = set(r.stage for r in fam_runs)
+        for ax, (load, chosen) in zip(row, columns):
+            for stage, r in chosen.items():
+                if stage in stages:
+                    ax.plot(r.stats.latency.cdf_ms, fractions, color=colour(stage, others), label=stage)
+            ax.set_title(f"{title}: {load}", fontsize=9)
+            _log_ms(ax.xaxis)
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel("fraction of requests")
+        # Every stage of the family, once, beside the row (a stage may be missing from a panel).
+        handles = {}
+        for ax in row:
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, h)
+        if handles:
+            row[-1].legend(handles.values(), handles.keys(), fontsize="x-small", loc="upper left",
+                           bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    for ax in axes[-1]:
+        ax.set_xlabel("latency (ms, log)")
+    fig.savefig(out, dpi=100)
+    return True
