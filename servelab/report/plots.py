@@ -120,10 +120,15 @@ def _fraction(r: Record, caps: dict[str, float]) -> float | None:
 def sweep_rate(records: list[Record], out: Path) -> bool:
     """Open loop: latency and throughput against the offered rate as a fraction of each stage's capacity."""
     ours = _ours(records)
-    caps = {s: run.stats.throughput_rps for s in {r.stage for r in ours} if (run := capacity(ours, s))}
-    runs = [r for r in ours if r.load.mode == "open" and _fraction(r, caps) is not None]
+    runs = [r for r in ours if r.load.mode == "open" and r.load.rate]
     if not runs:
         return False
+    caps = {s: run.stats.throughput_rps for s in {r.stage for r in ours} if (run := capacity(ours, s))}
+    # A stage measured only in open loop (a notebook's rate step) has no capacity to divide by: then
+    # every stage is drawn against the offered rate itself, in req/s.
+    relative = all(r.stage in caps for r in runs)
+    if not relative:
+        caps = {r.stage: 1.0 for r in runs}
     rows = _rows(runs)
     others = [r.stage for r in runs if not family(r.stage)]
     fig, axes = _figure(len(rows), 2)
@@ -137,19 +142,20 @@ def sweep_rate(records: list[Record], out: Path) -> bool:
             lat_ax.plot(xs, [r.stats.latency.p50_ms for r in points], style, color=c, ms=4)
             lat_ax.plot(xs, [r.stats.latency.p99_ms for r in points], ":x", color=c, ms=4)
             tput_ax.plot(xs, [r.stats.throughput_rps / caps[stage] for r in points], style, color=c, ms=4, label=label)
-        tput_ax.plot([0, 1], [0, 1], color="grey", lw=0.8, label="throughput = offered")
+        top = 1.0 if relative else max(r.load.rate for r in fam_runs)
+        tput_ax.plot([0, top], [0, top], color="grey", lw=0.8, label="throughput = offered")
         lat_ax.set_title(f"{title}: latency, p50 (o) and p99 (x)", fontsize=9)
-        tput_ax.set_title(f"{title}: throughput ÷ capacity", fontsize=9)
+        tput_ax.set_title(f"{title}: throughput" + (" ÷ capacity" if relative else ""), fontsize=9)
         lat_ax.set_ylabel("latency (ms, log)")
         _log_ms(lat_ax.yaxis)
-        tput_ax.set_ylabel("completed req/s ÷ capacity")
+        tput_ax.set_ylabel("completed req/s" + (" ÷ capacity" if relative else ""))
         for ax in (lat_ax, tput_ax):
-            ax.set_xlim(0, 1.05)
+            ax.set_xlim(0, 1.05 * top)
             ax.grid(alpha=0.3)
-        tput_ax.set_ylim(0, 1.1)
+        tput_ax.set_ylim(0, 1.1 * top)
         _legend(tput_ax)
     for ax in axes[-1]:
-        ax.set_xlabel("offered rate ÷ the stage's capacity")
+        ax.set_xlabel("offered rate ÷ the stage's capacity" if relative else "offered rate (req/s)")
     fig.savefig(out, dpi=100)
     return True
 

@@ -148,7 +148,7 @@ def test_onnx_configs_warm_every_bucket_and_carry_the_cudnn_search(artifacts, mo
     """What the lab node's real ONNX Runtime backend gets from `servelab triton stage`."""
     repository = get_settings().triton_model_repository
     for stage, expected in (("onnx-dyn", "1"), ("onnx-u8", "1")):
-        config = effective_config(get_stage(stage), get_stage(stage).model, kind="gpu", onnxruntime=True,
+        config = effective_config(get_stage(stage), get_stage(stage).triton.model, kind="gpu", onnxruntime=True,
                                   repository=repository)
         warmups = [(w.batch_size, w.name) for w in config.model_warmup]
         assert warmups == [(n, f"batch {n}") for n in BUCKETS], render(config)

@@ -96,3 +96,12 @@ def test_the_expectations_are_in_one_table() -> None:
         assert lesson.key in lessons.EXPECT, lesson.key
         for device in ("cpu", "gpu"):
             assert lessons._expect(lesson.key, device).says
+
+
+def test_open_loop_runs_without_a_capacity_are_drawn_against_the_offered_rate(tmp_path: Path) -> None:
+    """A notebook's rate step measures a stage in open loop only: its plot is still drawn (in req/s)."""
+    from servelab.report.plots import sweep_rate
+
+    records = [Record.model_validate_json(line) for line in RECORDS.read_text().splitlines()]
+    open_only = [r for r in records if r.load.mode == "open"]
+    assert open_only and sweep_rate(open_only, tmp_path / "rate.png") and (tmp_path / "rate.png").stat().st_size
