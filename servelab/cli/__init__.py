@@ -24,6 +24,10 @@ COMMAND_MODULES = (
     "servelab.cli.containers",  # containers up | down | stop | env
 )
 
+# servelab packages that .dockerignore keeps out of every image: the local container runner runs on
+# the host only (`servelab containers` is simply absent inside a container).
+LEFT_OUT_OF_IMAGES = ("servelab.containers",)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servelab", description=__doc__)
@@ -34,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             missing = exc.name or ""
             # Skip a command whose module or third-party dependency is absent: each role (a FastAPI
-            # image, the Flask image) installs only its own extra. A broken servelab import still fails.
-            if missing == name or name.startswith(f"{missing}.") or not missing.startswith("servelab"):
+            # image, the Flask image) installs only its own extra, and no image holds the packages in
+            # LEFT_OUT_OF_IMAGES. A broken servelab import still fails.
+            if (missing == name or name.startswith(f"{missing}.") or not missing.startswith("servelab")
+                    or missing in LEFT_OUT_OF_IMAGES):
                 continue
             raise
         module.register(subparsers)
