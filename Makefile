@@ -11,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab test check models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab lab-full test check models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,9 +34,14 @@ SOFT_TOOLS = { $(1)/servelab perf-analyzer install --if-missing || echo "perf_an
 GPU_READY = $(HAS_GPU) && $(GPU_PYTHON) -c 'import sys, torch; sys.exit(not torch.version.cuda)' 2>/dev/null
 LAB_VENV := $(shell $(GPU_READY) && echo $(GPU_VENV) || echo $(VENV))
 
+# `make lab` is the tour (each lesson once, minutes); `make lab-full` every stage with every load and both clients.
 lab: $(LAB_VENV)/.installed
 	@$(OFFLINE); $(call SOFT_TOOLS,$(LAB_VENV)/bin)
 	$(LAB_VENV)/bin/servelab lab
+
+lab-full: $(LAB_VENV)/.installed
+	@$(OFFLINE); $(call SOFT_TOOLS,$(LAB_VENV)/bin)
+	$(LAB_VENV)/bin/servelab lab --full
 
 test: $(STAMP)
 	@$(call SOFT_TOOLS,$(BIN))

@@ -4,10 +4,13 @@ For each stage it starts the server, runs the lab's measurements with the one lo
 stops the server, and at the end prints the comparison table and writes ``results/``. Every
 server is a child process stopped by PID, also on Ctrl-C or failure.
 
-The measurements per stage: sequential requests; closed loop at concurrency 8 and 16; then Poisson
-arrivals at fractions of the capacity measured at concurrency 16, where queueing delay appears
-well before the server is saturated. Every Triton load is measured twice, back to back: by the load
-generator and by perf_analyzer, the tool the lab's students use on the node, with the same photo;
+Which stages and how much of each is a ``Plan``: the tour (the default, `make lab`: the catalogue's
+``tour`` stages, each lesson once, in minutes), ``--full`` (every stage, every load, both clients) or
+``--quick`` (every stage, a few requests: the tests' smoke run). The measurements per stage:
+sequential requests; closed loop at a few concurrencies; then Poisson arrivals at fractions of the
+capacity measured at the highest, where queueing delay appears well before the server is saturated.
+A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
+by perf_analyzer, the tool the lab's students use on the node, with the same photo;
 requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
 same rates for the dynamic-batching ONNX stage. A perf_analyzer run that fails is recorded with its
 message and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not
@@ -17,6 +20,8 @@ reason in the log and the report, instead of failing run after run.
 The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
 time per request next to the latencies. fp16 stages run only on a GPU.
+
+What the run was and how long it took goes to ``results/run.json`` (``LabRun``), printed at its end.
 
 ``--device gpu|cpu|auto`` (``servelab.hardware``) is the one switch: on the GPU every FastAPI server
 runs with PyTorch on CUDA or ONNX Runtime's TensorRT/CUDA providers and ``REQUIRE_GPU=1``, and Triton
@@ -30,23 +35,25 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
-from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest
+from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.bench.records import append_record
+from servelab.bench.records import append_record, machine_info
 from servelab.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
                                runs_on_fastapi, runs_on_triton, stack, stage_env)
 from servelab.lab_ray import RayRuns
-from servelab.models.variants import build_variants
+from servelab.models.variants import build_variants, machine
 from servelab.monitoring import run_series
 from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import DIRECT, free_port
 from servelab.rayserve.cluster import ray_binary
 from servelab.report import compare, render_report, summary_table
+from servelab.report.lessons import summary
 from servelab.serving.child import fastapi_process
 from servelab.settings import get_settings
 from servelab.stages import CATALOGUE, PT, Stage
@@ -67,6 +74,7 @@ RAY_STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its 
 class Plan:
     """How much each stage is measured."""
 
+    name: str  # "tour", "full" or "quick", named in the run's record (run.json)
     sequential: int
     closed: int
     concurrency: tuple[int, ...]
@@ -80,16 +88,39 @@ class Plan:
     # Ray Serve: the step load's (low, high, low) seconds, and the node-failure run's length.
     steps_s: tuple[float, float, float] = (10.0, 20.0, 25.0)
     failure_s: float = 20.0
+    # The Triton stages perf_analyzer measures too, after servelab's client (None: every one).
+    perf_analyzer: tuple[str, ...] | None = None
+
+    @classmethod
+    def tour(cls) -> "Plan":
+        # `make lab`: each lesson once, in minutes on 2 CPUs (the tour stages). Enough requests at 4 and 16
+        # senders for a ratio; perf_analyzer as the second opinion on the stage that teaches batching, over
+        # three windows whatever their spread: windows this short (a few 16-image requests, a few seconds of
+        # Poisson arrivals) never pass its stability check, and a tour compares the clients, it certifies nothing.
+        return cls("tour", 20, 96, (4, 16), (0.5, 0.9), 3.0, 5, 5, Windows(1000.0, 3), 90.0, (5.0, 10.0, 10.0),
+                   12.0, perf_analyzer=("onnx-dyn",))
 
     @classmethod
     def full(cls) -> "Plan":
-        # 20 % stability instead of perf_analyzer's 10 %: two CPUs shared by client and server are noisy.
-        return cls(100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8))
+        # Every load, both clients on every Triton stage. 20 % stability instead of perf_analyzer's
+        # 10 %: two CPUs shared by client and server are noisy.
+        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8))
 
     @classmethod
     def quick(cls) -> "Plan":
-        # A first look: three windows, whatever their spread (no stability requirement).
-        return cls(10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0)
+        # A smoke run (tests): three windows, whatever their spread (no stability requirement).
+        return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0)
+
+    @classmethod
+    def named(cls, name: str) -> "Plan":
+        return {"tour": cls.tour, "full": cls.full, "quick": cls.quick}[name]()
+
+    def stages(self) -> tuple[Stage, ...]:
+        """The stages it measures when none are named: the tour's, or every stage the lab runs."""
+        return TOUR_STAGES if self.name == "tour" else LAB_STAGES
+
+    def with_perf_analyzer(self, stage: Stage) -> bool:
+        return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
 
 BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
@@ -103,6 +134,7 @@ def stand_in(stage: Stage) -> str:
 
 
 LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
+TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
 
 
 class Lab:
@@ -161,7 +193,7 @@ class Lab:
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
         tools: list[Callable] = [lambda t, load: run_bench(t, load, config=config, **common)]
-        if stage.family == "triton" and "perf_analyzer" not in self.skipped:
+        if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped:
             tools.append(lambda t, load: run_perf_analyzer(t, load, windows=p.windows, timeout_s=p.pa_timeout_s,
                                                            **common))
 
@@ -287,9 +319,10 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
     return missing
 
 
-def select_stages(names: str | None) -> list[Stage]:
+def select_stages(names: str | None, plan: Plan | None = None) -> list[Stage]:
+    """The named stages, or else the plan's (the tour's by default)."""
     if not names:
-        return list(LAB_STAGES)
+        return list((plan or Plan.tour()).stages())
     by_name = {s.name: s for s in LAB_STAGES}
     unknown = [n for n in names.split(",") if n not in by_name]
     if unknown:
@@ -313,7 +346,10 @@ def _model(paths: ArtifactPaths) -> Manifest:
 def run_lab(args) -> int:
     """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
     started = time.monotonic()
-    stages = select_stages(args.stages)
+    plan = Plan.named("full" if args.full else "quick" if args.quick else "tour")
+    if args.concurrency:
+        plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
+    stages = select_stages(args.stages, plan)
     try:
         gpus = gpu_count()
         device = resolve(args.device or get_settings().lab_device, gpus, environment_gaps() if gpus else [])
@@ -324,11 +360,9 @@ def run_lab(args) -> int:
     manifest = _model(paths)
     if manifest.stand_in:
         print(f"model: {manifest.description}")
+    models_s = time.monotonic() - started
 
-    print(f"device: {device}; " + "; ".join(describe(stack())))
-    plan = Plan.quick() if args.quick else Plan.full()
-    if args.concurrency:
-        plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
+    print(f"device: {device}; plan: {plan.name}, {len(stages)} stages; " + "; ".join(describe(stack())))
     lab = Lab(plan, args.out, args.image, device=device)
     lab.run(stages, manifest, paths)
     report = render_report(lab.records, args.out, sources=[lab.records_path], skipped=lab.skipped)
@@ -341,8 +375,59 @@ def run_lab(args) -> int:
     found = run_series.agreements(lab.records)
     print(f"\nprometheus: {run_series.summary(found)}" if found else
           f"\nprometheus: no server-side series ({lab.prometheus.note or 'nothing read back'})")
-    print(f"\nlab finished in {time.monotonic() - started:.0f} s: {report} and its plots; "
-          f"raw records in {lab.records_path}; server logs in {lab.logs}")
+    ran = [s.name for s in stages if device == "gpu" or not s.needs_gpu]
+    run = LabRun(plan=plan.name, stages=ran, device=device, machine=machine_line(),
+                 finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 models_s=round(models_s, 1), total_s=round(time.monotonic() - started, 1), failures=lab.failures,
+                 summary=summary(lab.records))
+    run.write(args.out / RUN_FILE)
+    print(f"\n{report} and its plots; raw records in {lab.records_path}; server logs in {lab.logs}")
+    print(run.timing())
     for failure in lab.failures:
         print(f"FAILED {failure}", file=sys.stderr)
     return 1 if lab.failures else 0
+
+
+RUN_FILE = "run.json"  # what the run was and how long it took, beside its records
+TOUR_AIM_S = 600  # the default `make lab` (the tour) should take at most this on 2 CPUs, the model built
+
+
+def machine_line() -> str:
+    """The machine a lab time depends on: the CPU (model, count, instruction sets), the memory, any GPU."""
+    return f"{machine()}; {machine_info()['memory_gib']:g} GiB; {describe(stack())[0]}"
+
+
+@dataclass(frozen=True)
+class LabRun:
+    """One `servelab lab` run as a whole: which plan and stages, on what, how long, and what it showed
+    (the report's first screen). docs/records/make-lab.json is a copy of a tour's, from which the
+    docs and notebooks write how long `make lab` takes."""
+
+    plan: str
+    stages: list[str]
+    device: str
+    machine: str
+    finished: str  # ISO 8601, UTC
+    models_s: float  # the model and its variants: built on a first run, checked after that
+    total_s: float  # from the command's start to the report
+    failures: list[str]
+    summary: list[str]  # the report's "What this run shows", Markdown lines
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"))
+
+    @classmethod
+    def read(cls, path: Path) -> "LabRun":
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+    def timing(self) -> str:
+        line = (f"lab finished in {minutes(self.total_s)} (the model and its variants {minutes(self.models_s)}, "
+                f"the {len(self.stages)} stages {minutes(self.total_s - self.models_s)}); plan {self.plan}")
+        if self.plan == "tour":
+            line += f", aim ≤ {minutes(TOUR_AIM_S)} on 2 CPUs: {'met' if self.total_s <= TOUR_AIM_S else 'MISSED'}"
+        return line
+
+
+def minutes(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"

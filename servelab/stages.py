@@ -76,7 +76,8 @@ class Stage:
     part: Part
     variant: str = ""  # the ONNX model variant served (servelab.models.variants), named in each record
     needs_gpu: bool = False  # skipped, with the reason, on the CPU
-    in_lab: bool = True  # measured by `servelab lab` (False: on the node only)
+    in_lab: bool = True  # measured by `servelab lab --full` (False: on the node only)
+    tour: bool = False  # also in the default `make lab`, which shows each lesson once in a few minutes
 
     @property
     def family(self) -> Family:
@@ -113,15 +114,15 @@ def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
 CATALOGUE: tuple[Stage, ...] = (
     # In the order the notebooks teach them; the model variants come last in each family.
     # FastAPI (4_fastapi): one process, one model; batching is the service's own (servelab.serving.batcher).
-    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True)),
+    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True), tour=True),
     Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
-          FastAPIPart("fastapi-onnx", compose=True), variant="fp32"),
+          FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
           FastAPIPart("fastapi-onnx", BATCHING, compose=True)),
     Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "u8"}), variant="u8"),
     Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)",
-          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8"),
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8", tour=True),
     Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True),
     # Triton (6_triton): each stage a config change from the one before it.
@@ -133,13 +134,13 @@ CATALOGUE: tuple[Stage, ...] = (
     Stage("pt-4x4", "Triton Python backend, 4 instances on each of 2 GPUs (8 instances)",
           TritonPart(PT, {PT: _instances((4, [0]), (4, [1]))}), in_lab=False),
     Stage("onnx-1", "Triton ONNX Runtime backend, 1 instance on GPU 0 (the base config)",
-          TritonPart(ONNX, input="tensor"), variant="fp32"),
+          TritonPart(ONNX, input="tensor"), variant="fp32", tour=True),
     Stage("onnx-2", "onnx-1 with 2 instances on each of GPUs 0 and 1 (4 instances)",
-          TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}, input="tensor")),
+          TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}, input="tensor"), tour=True),
     Stage("onnx-dyn", "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
           TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
                                                         "max_queue_delay_microseconds": 100}}},
-                     input="tensor", batches=True, both_arrivals=True)),
+                     input="tensor", batches=True, both_arrivals=True), tour=True),
     Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",
           TritonPart(ENSEMBLE, needs=("food_preprocess", ONNX, "food_postprocess"))),
     Stage("onnx-u8", "onnx-1 with preprocessing in the model: uint8 crops in (the base config)",
@@ -147,10 +148,12 @@ CATALOGUE: tuple[Stage, ...] = (
     Stage("onnx-int8", "onnx-u8 quantized to INT8, static QDQ (the base config)",
           TritonPart(ONNX_INT8, input="uint8"), variant="int8"),
     Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
-          TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True),
+          TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True,
+          tour=True),
     # Ray Serve (9_ray): the fastapi-onnx service in replicas over a head and a worker node.
-    Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1)),
-    Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True)),
+    Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1), tour=True),
+    Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True),
+          tour=True),
     Stage("ray-4", "Ray Serve, 4 replicas (two per node)", RayPart(replicas=4, max_replicas_per_node=2)),
     Stage("ray-dyn", "Ray Serve, 2 replicas (one per node) + @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)",
           RayPart(replicas=2, batching=True, max_replicas_per_node=1)),

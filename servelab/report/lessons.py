@@ -274,18 +274,22 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
           f"way by more than {NOISE:.0%} is marked ⚠. "
           + (f"**{flagged} measurement{'s' if flagged != 1 else ''} contradict{'s' if flagged == 1 else ''} the "
              f"notebooks.**" if flagged else "No measurement contradicts the notebooks."), ""]
+    unmeasured, missing_pairs = [], []
     for lesson, fs in found:
         e = _expect(lesson.key, device)
         if not fs:
-            md.append(f"- **{lesson.title}**: not measured in this run.")
+            unmeasured.append(lesson.title)
             continue
         md.append(f"- **{lesson.title}**. *Why:* {e.says}"
                   f" ({e.notebook or ', '.join(dict.fromkeys(NOTEBOOK[_family(t)] for t, _ in sorted(lesson.pairs, key=lambda p: ORDER.get(p[0], 0)) if t in STAGES))}).")
         md += [_line(f) for f in fs]
         missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
                    and not (device == "cpu" and t in STAGES and STAGES[t].needs_gpu)]
-        if missing:
-            md.append(f"  - not measured in this run: {', '.join(missing)}")
+        missing_pairs += missing
+    if unmeasured or missing_pairs:
+        # One line, last: a tour (the default `make lab`) leaves most pairs out on purpose.
+        md.append("- *Not measured in this run* (`servelab lab --full` measures every stage): "
+                  + "; ".join(filter(None, (", ".join(unmeasured), ", ".join(missing_pairs)))) + ".")
     md.append("")
     md += _trust(records)
     if tables_file:

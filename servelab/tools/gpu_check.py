@@ -161,7 +161,7 @@ def check(out: Path, docs: Path, full: bool = False, log=print) -> int:
     pytest = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", GPU_TESTS, "-rs", "-q",
                              f"--junitxml={junit}"], cwd=REPO_ROOT)
     tests = PytestOutcome.from_junit(junit) if junit.exists() else None
-    lab_args = ["--device", "gpu"] + ([] if full else ["--quick", "--concurrency", "8,16"])
+    lab_args = ["--device", "gpu"] + (["--full"] if full else ["--quick", "--concurrency", "8,16"])
     log(f"gpu-check: servelab lab {' '.join(lab_args)}")
     lab = subprocess.run([sys.executable, "-m", "servelab", "lab", *lab_args, "--out", str(out / "lab")],
                          cwd=REPO_ROOT)

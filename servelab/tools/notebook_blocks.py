@@ -134,14 +134,15 @@ def triton_models() -> str:
 # --- what `make lab` runs ------------------------------------------------------------------------
 
 def lab_stages() -> str:
-    """The stages `make lab` measures, and the node's stages it leaves out."""
+    """The stages `servelab lab --full` measures, those the default `make lab` (the tour) measures, and the
+    node's stages both leave out."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
     from servelab.lab import LAB_STAGES, ONNX_STAND_IN, RAY_STAND_IN, stand_in
 
     notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
-    rows = ["| stage | what `make lab` serves |", "|---|---|"]
-    rows += [f"| `{s.name}` | {s.about}{notes[stand_in(s)]} |" for s in LAB_STAGES]
+    rows = ["| stage | what it serves | in `make lab` (else `--full` only) |", "|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.about}{notes[stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
     left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
     if left_out:
         rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
@@ -172,6 +173,61 @@ def lab_requirements() -> str:
             f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
 
 
+LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's results/run.json
+
+
+def lab_time() -> str:
+    """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
+    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
+    from servelab.lab import LabRun, minutes
+
+    run = LabRun.read(LAB_RUN)
+    return (f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
+            f"machine ({run.machine}; `docs/records/make-lab.json`): {minutes(run.models_s)} to build the model and "
+            f"its variants (a first run; later runs reuse them), then {minutes(run.total_s - run.models_s)} for "
+            f"its {len(run.stages)} stages. `make lab-full` (`servelab lab --full`) measures every stage with every "
+            "load and both clients.")
+
+
+def lab_plans() -> str:
+    """The loads of the tour (`make lab`) and of `--full`, from ``servelab.lab.Plan``."""
+    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
+    from servelab.lab import Plan
+
+    def pct(values) -> str:
+        said = [f"{100 * v:g} %" for v in values]
+        return ", ".join(said[:-1]) + f" and {said[-1]}" if len(said) > 1 else said[0]
+
+    def perf(p: Plan) -> str:
+        stages = ", ".join(f"`{s}`" for s in p.perf_analyzer) if p.perf_analyzer else "every Triton stage"
+        w = p.windows
+        return stages + ("; three windows, whatever their spread" if w.stability_pct >= 100 else
+                         f"; three windows within {w.stability_pct:g} % of each other, at most {w.max_trials} tries")
+
+    plans = (Plan.tour(), Plan.full())
+    rows = [("sequential requests", lambda p: f"{p.sequential}"),
+            ("closed loop", lambda p: f"{p.closed} requests at " + " and at ".join(map(str, p.concurrency)) + " senders"),
+            ("Poisson arrivals, of the capacity measured at the most senders",
+             lambda p: f"{pct(p.poisson_fractions)}, {p.poisson_seconds:g} s each"),
+            ("requests of 16 images, where the stage batches", lambda p: f"{p.batched}"),
+            ("perf_analyzer after servelab's client, same load", perf),
+            ("Ray: worker node killed mid-load; step load (`ray-auto`)",
+             lambda p: f"{p.failure_s:g} s; {' + '.join(f'{s:g}' for s in p.steps_s)} s")]
+    lines = ["| | the tour (`make lab`) | `--full` |", "|---|---|---|"]
+    lines += [f"| {what} | " + " | ".join(cell(p) for p in plans) + " |" for what, cell in rows]
+    return "\n".join(lines)
+
+
+def lab_summary() -> str:
+    """What the recorded `make lab` showed: its report's first screen."""
+    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
+    from servelab.lab import LabRun
+
+    run = LabRun.read(LAB_RUN)
+    lines = [line for line in run.summary if not line.startswith("## ")]
+    return "\n".join(lines).strip()
+
+
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                 "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
 
@@ -194,6 +250,9 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "triton-models": triton_models,
     "lab-stages": lab_stages,
     "lab-requirements": lab_requirements,
+    "lab-time": lab_time,
+    "lab-summary": lab_summary,
+    "lab-plans": lab_plans,
     "original-lab": original,
     "family-stages": family_stages,
 }

@@ -1,10 +1,11 @@
-"""Render the lab notebooks from their Jupytext Markdown sources.
+"""Render the lab notebooks from their Jupytext Markdown sources, and the generated parts of the docs.
 
 The numbered ``notebooks/N_name.md`` files are the source of truth; the ``.ipynb`` beside
 each one is generated (no outputs, stable cell ids) so that rendering twice gives the same
 bytes and ``--check`` can compare files exactly. The parts of a source marked as generated
 (code excerpts, stage configs, the original lab's figures: ``servelab.tools.notebook_blocks``) are
-rewritten from the project first, in the source too.
+rewritten from the project first, in the source too; so are such parts of README.md and docs/ (e.g. how
+long `make lab` takes, from the run recorded in docs/records/make-lab.json).
 
     python -m servelab.tools.render_notebooks          # write every .md part and .ipynb that is out of date
     python -m servelab.tools.render_notebooks --check  # only report; exit 1 if anything is out of sync
@@ -28,6 +29,15 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     """The numbered Markdown sources, in the order students run them (README.md is not one)."""
     return sorted(directory.glob("[0-9]*_*.md"))
+
+
+def pages(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The Markdown pages beside the notebooks that hold generated parts too (README, docs/); none when
+    rendering another folder of notebooks."""
+    if directory != NOTEBOOK_DIR:
+        return []
+    candidates = [REPO_ROOT / "README.md", NOTEBOOK_DIR / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    return [p for p in candidates if "<!-- generated:" in p.read_text(encoding="utf-8")]
 
 
 def to_notebook(source: Path) -> nbformat.NotebookNode:
@@ -61,6 +71,14 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     """
     messages = []
     targets = set()
+    for page in pages(directory):
+        text = page.read_text(encoding="utf-8")
+        if (expanded := expand(text)) != text:
+            if check:
+                messages.append(f"{page.relative_to(REPO_ROOT)} has generated parts that are out of date")
+            else:
+                page.write_text(expanded, encoding="utf-8")
+                messages.append(f"updated the generated parts of {page.relative_to(REPO_ROOT)}")
     for source in sources(directory):
         text = source.read_text(encoding="utf-8")
         if (expanded := expand(text)) != text:

@@ -13,7 +13,7 @@ import pytest
 from servelab.bench import read_records
 from servelab.hardware import stack
 from servelab.bench.ceiling import measure_ceiling
-from servelab.lab import LAB_STAGES as STAGES, preflight
+from servelab.lab import LAB_STAGES as STAGES, LabRun, preflight
 from servelab.tools.gpu_check import record_markdown
 from servelab.settings import get_settings
 from servelab.triton.stages import gpu_count
@@ -88,6 +88,9 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     assert "| pt-2x2 |" in tables and (tmp_path / "latency_cdf.png").exists()
     assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, 8 senders:" in report
     assert "lab finished" in output and "p50" in output
+    run = LabRun.read(tmp_path / "run.json")  # what the run was and how long it took, as printed
+    assert run.plan == "quick" and run.stages == [s.name for s in RUN] and run.failures == []
+    assert 0 < run.models_s < run.total_s and run.timing() in output
     assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in tables
     # Every run is in the tables and the printout, the open-loop ones of every stage too.
     assert "| fastapi-pt | servelab | poisson " in tables and "| pt-1 | servelab | poisson " in tables

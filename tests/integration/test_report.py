@@ -30,7 +30,7 @@ def test_renders_the_comparison_and_every_plot(tmp_path: Path) -> None:
     assert report == tmp_path / "report.md"
     # The lessons first; stages outside the catalogue teach none, and each lesson says so in one line.
     assert text.index("## What this run shows") < text.index("## Plots")
-    assert "- **Dynamic batching**: not measured in this run." in text
+    assert "- *Not measured in this run* (`servelab lab --full` measures every stage): PyTorch → ONNX Runtime, Dynamic batching" in text
     # The comparison table, in report-tables.md (linked): one row per run, with units in the headers.
     tables = (tmp_path / "report-tables.md").read_text()
     assert "](report-tables.md)" in text and "## Comparison" not in text

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from servelab import original_lab
+from servelab.tools.notebook_blocks import BLOCK
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources
 from servelab.paths import MODELS_STAGING, REPO_ROOT
 from servelab.stages import CATALOGUE, of_family
@@ -115,6 +116,8 @@ def test_stage_counts_in_prose_are_the_catalogue_s(path: Path) -> None:
     counts = {len(of_family(f)) for f in families} | {len(CATALOGUE)}
     # A CPU run's records (docs/benchmarks.md's tables): the family's lab stages that need no GPU.
     counts |= {len([s for s in of_family(f).values() if s.in_lab and not s.needs_gpu]) for f in families}
+    # The tour (`make lab`), on a GPU and on a CPU.
+    counts |= {sum(s.tour for s in CATALOGUE), sum(s.tour and not s.needs_gpu for s in CATALOGUE)}
     for number, _ in COUNT.findall(_text(path)):
         n = int(number) if number.isdigit() else COUNT_WORDS[number.lower()]
         if n >= 3:  # "two stages" compares a pair, not the catalogue
@@ -165,12 +168,15 @@ def test_no_python_3_13_claim(path: Path) -> None:
             pytest.fail(f"{path.name}: claims Python 3.13: {paragraph[:200]}")
 
 
-def test_no_unsourced_timing_claims_for_make_lab() -> None:
-    intro = _text(NOTEBOOK_DIR / "0_intro.md")
-    assert "about five minutes" not in intro
-    for paragraph in re.split(r"\n\s*\n", intro):
-        if "make lab" in paragraph and re.search(r"\b\d+\s*(min|minutes|s)\b", paragraph):
-            assert "issue 26" in paragraph or "measured" in paragraph, paragraph
+@pytest.mark.parametrize("path", [NOTEBOOK_DIR / "0_intro.md", REPO_ROOT / "README.md", REPO_ROOT / "docs" / "instructors.md",
+                                  REPO_ROOT / "docs" / "local-lab.md"], ids=lambda p: p.name)
+def test_how_long_make_lab_takes_is_only_ever_generated(path) -> None:
+    """Issue 27: the figure comes from the recorded run (the `lab-time` block), never typed beside it."""
+    text = _text(path)
+    assert "<!-- generated: lab-time -->" in text
+    for paragraph in re.split(r"\n\s*\n", BLOCK.sub("", text)):
+        if "make lab" in paragraph:
+            assert not re.search(r"\b\d+\s*(min|minutes|s)\b", paragraph), paragraph
 
 
 def test_removed_unsupported_figures_stay_out() -> None:

@@ -83,12 +83,38 @@ def test_the_compose_stages_are_the_fastapi_stages_marked_so_and_triton() -> Non
 
 
 def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
-    assert [s.name for s in lab.select_stages(None)] == [s.name for s in CATALOGUE if s.in_lab]
-    assert "pt-4x4" not in {s.name for s in lab.select_stages(None)}
+    assert [s.name for s in lab.select_stages(None)] == [s.name for s in CATALOGUE if s.tour]
+    for plan in (lab.Plan.full(), lab.Plan.quick()):
+        assert [s.name for s in lab.select_stages(None, plan)] == [s.name for s in CATALOGUE if s.in_lab]
+    assert "pt-4x4" not in {s.name for s in lab.select_stages(None, lab.Plan.full())}
+    assert [s.name for s in lab.select_stages("ray-4,pt-1")] == ["ray-4", "pt-1"]  # named stages, any plan
     assert side_by_side.STAGES == {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
     assert side_by_side.stage_inputs()["onnx-u8"] == "uint8" and side_by_side.stage_inputs()["ray-1"] == "bytes"
     table = lab_stages()
     assert all(f"| `{s.name}` | {s.about}" in table for s in CATALOGUE if s.in_lab)
+    assert "| `onnx-dyn` | " in table and table.count("| yes |") == sum(s.tour for s in CATALOGUE)
     assert f"Only on the node: `pt-4x4` ({STAGES['pt-4x4'].about})." in table
     assert lab.stand_in(STAGES["pt-1"]) == "" and lab.stand_in(STAGES["onnx-dyn"]) == lab.ONNX_STAND_IN
     assert lab.stand_in(STAGES["ray-2"]) == lab.RAY_STAND_IN
+
+
+def test_the_tour_shows_every_lesson_once() -> None:
+    """The default `make lab` (issue 27): each family; batching off and on; one instance and more; fp32 and a
+    variant of the same family; Ray replicas placed one per node, and a node's failure; both arrival
+    processes at the same rates (open-loop queueing); nothing that needs a GPU or runs on the node only."""
+    tour = lab.TOUR_STAGES
+    names = {s.name for s in tour}
+    assert {s.family for s in tour} == {"fastapi", "triton", "ray"}
+    assert all(s.in_lab for s in tour)
+    assert [s.variant for s in tour if s.needs_gpu] == ["fp16"]  # the GPU's lever, skipped on a CPU
+    assert any(s.triton.changes.get(s.triton.model, {}).get("dynamic_batching") is not None
+               for s in tour if s.family == "triton"), "batching on"
+    assert {"onnx-1", "onnx-2"} <= names
+    # perf_analyzer, the node's tool, on the stage that teaches batching and queueing; never on a FastAPI stage.
+    assert lab.Plan.tour().with_perf_analyzer(STAGES["onnx-dyn"]) and not lab.Plan.tour().with_perf_analyzer(STAGES["onnx-1"])
+    assert lab.Plan.full().with_perf_analyzer(STAGES["onnx-1"]) and not lab.Plan.full().with_perf_analyzer(STAGES["fastapi-pt"])
+    assert any(s.variant not in ("", "fp32") for s in tour) and any(s.variant == "fp32" for s in tour)
+    assert any(s.family == "ray" and s.ray.max_replicas_per_node == 1 and s.ray.replicas > 1 for s in tour)
+    assert any(s.family == "ray" and s.ray.node_failure for s in tour)
+    assert any(s.family == "triton" and s.triton.both_arrivals for s in tour) and lab.Plan.tour().poisson_fractions
+    assert len(tour) < len(lab.LAB_STAGES)

@@ -1,0 +1,53 @@
+"""How long `make lab` takes is measured, recorded and printed, never typed (issue 27).
+
+`servelab lab` writes `results/run.json` (``LabRun``); a copy of a tour's is committed as
+docs/records/make-lab.json, and `make notebooks` writes its figure into README, docs and 0_intro.
+"""
+
+from servelab import lab
+from servelab.tools.notebook_blocks import LAB_RUN, lab_summary, lab_time
+from servelab.paths import REPO_ROOT
+from servelab.tools.render_notebooks import pages
+
+
+def _run(**changes) -> lab.LabRun:
+    fields = dict(plan="tour", stages=["fastapi-pt", "onnx-1"], device="cpu", machine="AMD EPYC, 2 CPUs, Linux x86_64; avx2 f16c",
+                  finished="2026-11-25T12:00:00+00:00", models_s=130.4, total_s=455.6, failures=[],
+                  summary=["## What this run shows", "", "- **Dynamic batching**. ..."])
+    return lab.LabRun(**{**fields, **changes})
+
+
+def test_a_run_record_reads_back_as_written(tmp_path):
+    run = _run()
+    run.write(tmp_path / "run.json")
+    assert lab.LabRun.read(tmp_path / "run.json") == run
+    assert list(tmp_path.iterdir()) == [tmp_path / "run.json"]  # written whole, nothing left beside it
+
+
+def test_the_printed_time_splits_the_model_from_the_stages_and_judges_the_tour_only():
+    assert lab.minutes(59.6) == "1 min 0 s" and lab.minutes(42) == "42 s"
+    line = _run().timing()
+    assert line.startswith("lab finished in 7 min 36 s (the model and its variants 2 min 10 s, the 2 stages 5 min 25 s)")
+    assert line.endswith("aim ≤ 10 min 0 s on 2 CPUs: met")
+    assert _run(total_s=601).timing().endswith("MISSED")
+    assert "aim" not in _run(plan="full").timing()
+
+
+def test_the_recorded_make_lab_is_a_tour_of_todays_stages_within_the_aim():
+    """The committed figure is from a run of the default as it is now: a change to the tour's stages
+    needs a new run (`make lab`, then copy results/run.json to docs/records/make-lab.json)."""
+    run = lab.LabRun.read(LAB_RUN)
+    assert run.plan == "tour" and run.device == "cpu"
+    assert run.stages == [s.name for s in lab.TOUR_STAGES if not s.needs_gpu]
+    assert run.failures == []
+    assert run.total_s <= lab.TOUR_AIM_S
+    assert ", 2 CPUs," in run.machine  # the aim is for 2 CPUs
+
+
+def test_the_figure_is_written_where_readers_look():
+    sentence = lab_time()
+    for page in (REPO_ROOT / "README.md", REPO_ROOT / "notebooks" / "0_intro.md", REPO_ROOT / "docs" / "local-lab.md",
+                 REPO_ROOT / "docs" / "benchmarks.md"):
+        assert sentence in page.read_text(), page
+    assert REPO_ROOT / "README.md" in pages()
+    assert "Dynamic batching" in lab_summary() and "## What this run shows" not in lab_summary()
