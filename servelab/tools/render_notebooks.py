@@ -62,6 +62,17 @@ def to_ipynb_text(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb, version=4) + "\n"
 
 
+def _expand_file(path: Path, name: str, check: bool) -> str:
+    """Rewrite the generated parts of one file (with ``check``, only tell); what was (or would be) done."""
+    text = path.read_text(encoding="utf-8")
+    if (expanded := expand(text)) == text:
+        return ""
+    if check:
+        return f"{name} has generated parts that are out of date"
+    path.write_text(expanded, encoding="utf-8")
+    return f"updated the generated parts of {name}"
+
+
 def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     """Bring the sources' generated parts up to date and make the .ipynb files mirror the sources;
     with ``check`` change nothing.
@@ -69,24 +80,11 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     Returns one line per file that was (or, with ``check``, would be) written or removed; an empty
     list means everything is in sync.
     """
-    messages = []
+    messages = [said for page in pages(directory) if (said := _expand_file(page, str(page.relative_to(REPO_ROOT)), check))]
     targets = set()
-    for page in pages(directory):
-        text = page.read_text(encoding="utf-8")
-        if (expanded := expand(text)) != text:
-            if check:
-                messages.append(f"{page.relative_to(REPO_ROOT)} has generated parts that are out of date")
-            else:
-                page.write_text(expanded, encoding="utf-8")
-                messages.append(f"updated the generated parts of {page.relative_to(REPO_ROOT)}")
     for source in sources(directory):
-        text = source.read_text(encoding="utf-8")
-        if (expanded := expand(text)) != text:
-            if check:
-                messages.append(f"{source.name} has generated parts that are out of date")
-            else:
-                source.write_text(expanded, encoding="utf-8")
-                messages.append(f"updated the generated parts of {source.name}")
+        if said := _expand_file(source, source.name, check):
+            messages.append(said)
         target = source.with_suffix(".ipynb")
         targets.add(target)
         text = to_ipynb_text(to_notebook(source))
