@@ -44,6 +44,14 @@ def test_provisioning_notebooks_exist() -> None:
     assert {"0_intro", *PROVISIONING} <= set(STEMS)
 
 
+def test_sources_are_in_the_order_of_their_numbers(tmp_path: Path) -> None:
+    """By number, not by name: `10_` and `11_` come after `9_`, not after `1_`."""
+    for name in ("11_last.md", "10_ray.md", "9_ray_setup.md", "2_b.md", "1_a.md", "0_intro.md", "README.md", "x_1.md"):
+        (tmp_path / name).write_text("# x\n")
+    assert [p.name for p in sources(tmp_path)] == ["0_intro.md", "1_a.md", "2_b.md", "9_ray_setup.md", "10_ray.md",
+                                                  "11_last.md"]
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=STEMS)
 def test_committed_ipynb_matches_its_source(source: Path) -> None:
     committed = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
