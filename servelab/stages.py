@@ -148,7 +148,7 @@ CATALOGUE: tuple[Stage, ...] = (
           TritonPart(ONNX_INT8, input="uint8"), variant="int8"),
     Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
           TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True),
-    # Ray Serve (9_ray): the fastapi-onnx service in replicas over a head and a worker node.
+    # Ray Serve (10_ray): the fastapi-onnx service in replicas over a head and a worker node.
     Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1)),
     Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True)),
     Stage("ray-4", "Ray Serve, 4 replicas (two per node)", RayPart(replicas=4, max_replicas_per_node=2)),

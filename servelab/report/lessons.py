@@ -26,7 +26,7 @@ from servelab.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
 ORDER = {s.name: i for i, s in enumerate(CATALOGUE)}  # the notebooks' order
-NOTEBOOK = {"fastapi": "4_fastapi", "triton": "6_triton", "ray": "9_ray"}  # where each family's lessons are taught
+NOTEBOOK = {"fastapi": "4_fastapi", "triton": "6_triton", "ray": "10_ray"}  # where each family's lessons are taught
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
     "ensemble": Expect("the server now decodes and resizes every photo itself: the notebook asks when that is "
                        "a good trade and promises no direction", notebook="6_triton"),
     "replicas": Expect("replicas turn queueing into throughput until something else is the slowest step (the "
-                       "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="9_ray"),
+                       "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="10_ray"),
     "proxy": Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
-                    at_least=1.0, notebook="9_ray"),
+                    at_least=1.0, notebook="10_ray"),
     "autoscaling": Expect("Ray Serve adds replicas while requests queue and removes them once the load is gone",
-                          notebook="9_ray"),
+                          notebook="10_ray"),
     "node failure": Expect("requests fail only while the dead node's replica is replaced; then all succeed",
                            notebook="the lab"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "

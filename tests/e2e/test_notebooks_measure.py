@@ -1,6 +1,6 @@
-"""The lab's stage notebooks (3_ to 6_, and 9_ray): their shell commands match the compose files (their
+"""The lab's stage notebooks (3_ to 6_, and 10_ray): their shell commands match the compose files (their
 servelab commands parse: test_shown_commands.py), and the measurement notebooks run end to end against
-real local stages (9_ray: test_ray_walkthrough.py).
+real local stages (10_ray: test_ray_walkthrough.py).
 
 ``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
 with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
@@ -37,7 +37,7 @@ from servelab.triton.stages import STAGES as TRITON_STAGES
 from servelab.walkthrough.triton import TritonWalkthrough, batch_count_change
 from triton_repo import make_repository
 
-STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton", "9_ray"]
+STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton", "10_ray"]
 SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
 ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$")
 PROLOGUE = "%colors nocolor"

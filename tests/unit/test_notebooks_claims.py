@@ -58,7 +58,7 @@ def test_every_compose_up_is_taken_down_with_the_same_files() -> None:
                 up.setdefault(project, set()).update(files)
             elif re.search(r"\bdown\b", line):
                 assert set(files) >= up.pop(project, set()), f"{source.name}: `{line}` leaves services of {project} up"
-    # The Ray nodes are given back with their containers (7_delete_resources); every other project is down.
+    # The Ray nodes are given back with their containers (11_delete_resources); every other project is down.
     assert set(up) <= {"servelab-ray-head", "servelab-ray-worker"}, f"never taken down: {sorted(up)}"
 
 
@@ -96,9 +96,13 @@ def test_the_intro_says_who_books_and_in_which_project() -> None:
 
 
 def test_giving_the_node_back_comes_last() -> None:
+    """Last by number too, so that it is listed, rendered and opened after the optional Ray part."""
+    assert SOURCES[-1].stem == "11_delete_resources"
     intro = _text(NOTEBOOK_DIR / "0_intro.md")
-    row = next(line for line in intro.splitlines() if line.startswith("| `7_delete_resources`"))
-    assert "last" in row and "8" in row and "9" in row
+    table = intro[intro.index("## The notebooks, in order"):intro.index("## A plan for your lease")]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE) == [source.stem for source in SOURCES]
+    row = next(line for line in intro.splitlines() if line.startswith("| `11_delete_resources`"))
+    assert "last" in row and "`9`" in row and "`10`" in row
 
 
 # --- claims --------------------------------------------------------------------------------------

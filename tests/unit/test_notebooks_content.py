@@ -21,7 +21,7 @@ from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]
-MEASURING = ["4_fastapi", "6_triton", "9_ray"]  # their steps are calls to servelab.walkthrough
+MEASURING = ["4_fastapi", "6_triton", "10_ray"]  # their steps are calls to servelab.walkthrough
 FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|req/s|requests/s|infer/s|inferences/s)\b")
 UNITS = {"requests/s": "req/s", "inferences/s": "infer/s"}
 

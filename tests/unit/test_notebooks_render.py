@@ -16,7 +16,7 @@ from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]
-PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "7_delete_resources", "8_ray_setup"]
+PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "9_ray_setup", "11_delete_resources"]
 
 FORBIDDEN = {
     "a Jupyter token": r"[?&]token=\w",
@@ -65,25 +65,25 @@ def test_render_check_finds_everything_in_sync() -> None:
 
 
 def test_render_writes_checks_and_removes(tmp_path: Path) -> None:
-    shutil.copy(NOTEBOOK_DIR / "7_delete_resources.md", tmp_path)
+    shutil.copy(NOTEBOOK_DIR / "11_delete_resources.md", tmp_path)
     (tmp_path / "README.md").write_text("# not a notebook\n")
     (tmp_path / "9_gone.ipynb").write_text("{}")
 
     assert render(check=True, directory=tmp_path) == [
-        "7_delete_resources.ipynb is out of sync with 7_delete_resources.md",
+        "11_delete_resources.ipynb is out of sync with 11_delete_resources.md",
         "9_gone.ipynb has no Markdown source",
     ]
-    assert render(directory=tmp_path) == ["rendered 7_delete_resources.ipynb", "removed 9_gone.ipynb (no Markdown source)"]
+    assert render(directory=tmp_path) == ["rendered 11_delete_resources.ipynb", "removed 9_gone.ipynb (no Markdown source)"]
     assert render(check=True, directory=tmp_path) == []
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["7_delete_resources.ipynb", "7_delete_resources.md", "README.md"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["11_delete_resources.ipynb", "11_delete_resources.md", "README.md"]
 
-    first = (tmp_path / "7_delete_resources.ipynb").read_text()
+    first = (tmp_path / "11_delete_resources.ipynb").read_text()
     assert render(directory=tmp_path) == []  # rendering is stable: same bytes, nothing rewritten
-    assert (tmp_path / "7_delete_resources.ipynb").read_text() == first
+    assert (tmp_path / "11_delete_resources.ipynb").read_text() == first
 
-    source = tmp_path / "7_delete_resources.md"
+    source = tmp_path / "11_delete_resources.md"
     source.write_text(source.read_text() + "\nOne more line.\n")
-    assert render(check=True, directory=tmp_path) == ["7_delete_resources.ipynb is out of sync with 7_delete_resources.md"]
+    assert render(check=True, directory=tmp_path) == ["11_delete_resources.ipynb is out of sync with 11_delete_resources.md"]
 
 
 # --- what is committed -----------------------------------------------------------------------
