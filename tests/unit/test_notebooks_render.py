@@ -50,6 +50,7 @@ def test_sources_are_in_the_order_of_their_numbers(tmp_path: Path) -> None:
         (tmp_path / name).write_text("# x\n")
     assert [p.name for p in sources(tmp_path)] == ["0_intro.md", "1_a.md", "2_b.md", "9_ray_setup.md", "10_ray.md",
                                                   "11_last.md"]
+    assert [int(stem.split("_")[0]) for stem in STEMS] == list(range(len(STEMS)))  # the lab's: 0, 1, 2, ..., no gap
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=STEMS)
