@@ -124,7 +124,8 @@ CATALOGUE: tuple[Stage, ...] = (
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8"),
     Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True),
-    # Triton (6_triton): each stage a config change from the one before it.
+    # Triton (6_triton_python: pt-*; 7_triton_onnx: onnx-1, onnx-2, onnx-dyn; 8_triton_more: the ensemble and
+    # the variants): each stage a config change from the one before it.
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance on GPU 0 (the base config)",
           TritonPart(PT, batches=True)),
     Stage("pt-dyn", "pt-1 + dynamic batching", TritonPart(PT, {PT: {"dynamic_batching": {}}}, batches=True)),

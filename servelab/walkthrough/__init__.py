@@ -11,9 +11,9 @@ cell, passed in as arguments; nothing here reads notebook globals.
 * ``servelab.walkthrough.fastapi``: ``FastAPIWalkthrough`` (``4_fastapi``: wait for a service, measure
   it) and ``queueing(alone, busy)`` (Little's law and the inference ceiling from a sequential and a
   concurrent run).
-* ``servelab.walkthrough.triton``: ``TritonWalkthrough`` (``6_triton``: switch to or wait for a
-  stage, measure it with ``servelab bench`` and ``perf_analyzer``), ``open_loads`` and
-  ``batch_count_change``.
+* ``servelab.walkthrough.triton``: ``TritonWalkthrough`` (``6_triton_python``, ``7_triton_onnx`` and
+  ``8_triton_more``: switch to or wait for a stage, measure it with ``servelab bench`` and
+  ``perf_analyzer``), ``open_loads`` and ``batch_count_change``.
 * ``servelab.walkthrough.ray``: ``RayWalkthrough`` (``10_ray``: wait until the Ray Serve app reports
   the stage deployed from the head's shell, measure it as ``4_fastapi`` does).
 * ``servelab.walkthrough.ray_nodes``: ``9_ray_setup``'s steps with python-chi (lease two nodes, start,
