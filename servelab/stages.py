@@ -125,7 +125,8 @@ CATALOGUE: tuple[Stage, ...] = (
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8", tour=True),
     Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True),
-    # Triton (6_triton): each stage a config change from the one before it.
+    # Triton (6_triton_python: pt-*; 7_triton_onnx: onnx-1, onnx-2, onnx-dyn; 8_triton_more: the ensemble and
+    # the variants): each stage a config change from the one before it.
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance on GPU 0 (the base config)",
           TritonPart(PT, batches=True)),
     Stage("pt-dyn", "pt-1 + dynamic batching", TritonPart(PT, {PT: {"dynamic_batching": {}}}, batches=True)),
@@ -150,7 +151,7 @@ CATALOGUE: tuple[Stage, ...] = (
     Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
           TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True,
           tour=True),
-    # Ray Serve (9_ray): the fastapi-onnx service in replicas over a head and a worker node.
+    # Ray Serve (10_ray): the fastapi-onnx service in replicas over a head and a worker node.
     Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1), tour=True),
     Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True),
           tour=True),

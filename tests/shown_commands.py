@@ -15,11 +15,12 @@ import shlex
 from dataclasses import dataclass
 
 from servelab.paths import REPO_ROOT
+from servelab.tools.render_notebooks import sources
 
 DOCUMENTS = ("README.md", "fastapi_pt/README.md", "fastapi_onnx/README.md", "models_staging/README.md",
              "flask_app/README.md", "docker/README.md",
              *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").rglob("*.md")),
-             *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "notebooks").glob("*.md")))
+             *(str(p.relative_to(REPO_ROOT)) for p in sources()), "notebooks/README.md")
 PROGRAMS = ("servelab", ".venv/bin/servelab", "make")
 SHELL_LANGUAGES = {"bash", "shell", "sh"}
 FENCE = re.compile(r"^\s*(```+)\s*(\w*)")

@@ -26,7 +26,11 @@ from servelab.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
 ORDER = {s.name: i for i, s in enumerate(CATALOGUE)}  # the notebooks' order
-NOTEBOOK = {"fastapi": "4_fastapi", "triton": "6_triton", "ray": "9_ray"}  # where each family's lessons are taught
+NOTEBOOK = {"fastapi": "4_fastapi", "ray": "10_ray"}  # where each family's lessons are taught
+# Triton's are taught over three notebooks, each measuring its own stages.
+TRITON_NOTEBOOKS = {"6_triton_python": ("pt-1", "pt-dyn", "pt-2x2", "pt-4x4"),
+                    "7_triton_onnx": ("onnx-1", "onnx-2", "onnx-dyn"),
+                    "8_triton_more": ("ensemble", "onnx-u8", "onnx-int8", "onnx-fp16")}
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class Expect:
     says: str
     at_least: float | None = None  # the ratio should not fall below this (less NOISE)
     at_most: float | None = None  # nor rise above this (plus NOISE)
-    notebook: str = ""  # who says it; "" = the notebook of the changed stage's family
+    notebook: str = ""  # who says it; "" = the notebook that teaches the changed stage (notebook_of)
 
     def contradicted(self, ratio: float) -> bool:
         return ((self.at_least is not None and ratio < self.at_least * (1 - NOISE))
@@ -58,21 +62,22 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
     "variant int8": {
         "cpu": Expect("INT8 is faster only where the CPU has fast 8-bit instructions (x86 with VNNI); "
                       "no direction is promised elsewhere", notebook="4_fastapi"),
-        "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0, notebook="6_triton"),
+        "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0,
+                      notebook="8_triton_more"),
     },
     "variant fp16": Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
     "ensemble": Expect("the server now decodes and resizes every photo itself: the notebook asks when that is "
-                       "a good trade and promises no direction", notebook="6_triton"),
+                       "a good trade and promises no direction", notebook="8_triton_more"),
     "replicas": Expect("replicas turn queueing into throughput until something else is the slowest step (the "
-                       "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="9_ray"),
+                       "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="10_ray"),
     "proxy": Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
-                    at_least=1.0, notebook="9_ray"),
+                    at_least=1.0, notebook="10_ray"),
     "autoscaling": Expect("Ray Serve adds replicas while requests queue and removes them once the load is gone",
-                          notebook="9_ray"),
+                          notebook="10_ray"),
     "node failure": Expect("requests fail only while the dead node's replica is replaced; then all succeed",
                            notebook="the lab"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
-                       "flatter", at_least=1.0, notebook="6_triton"),
+                       "flatter", at_least=1.0, notebook="7_triton_onnx"),
 }
 
 
@@ -103,13 +108,21 @@ def _expect(key: str, device: str) -> Expect:
     return e[device] if isinstance(e, dict) else e
 
 
-def _verdict(key: str, device: str, ratio: float | None, family: str = "") -> str:
+def notebook_of(stage: str) -> str:
+    """The notebook that teaches ``stage``: its family's, or for Triton's the one of three that measures it."""
+    for notebook, stages in TRITON_NOTEBOOKS.items():
+        if stage in stages:
+            return notebook
+    return NOTEBOOK.get(_family(stage), "the notebooks")
+
+
+def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str:
     e = _expect(key, device)
     if ratio is None or not e.contradicted(ratio):
         return ""
     bounds = " and ".join(f"{word} {bound:g}×" for word, bound in (("≥", e.at_least), ("≤", e.at_most))
                           if bound is not None)
-    return f"contradicts {e.notebook or NOTEBOOK.get(family, 'the notebooks')}, which expects {bounds}"
+    return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
 
 
 def _family(stage: str) -> str:
@@ -126,7 +139,7 @@ def _throughput(key: str, pairs: tuple[tuple[str, str], ...], extra: Callable[[R
                 ratio = a.stats.throughput_rps / b.stats.throughput_rps
                 yield Finding(key, f"{top} ÷ {bottom}, {level} senders",
                               f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
-                              extra(a, b), _verdict(key, device, ratio, _family(top)), a, b)
+                              extra(a, b), _verdict(key, device, ratio, top), a, b)
     return find
 
 
@@ -281,7 +294,7 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
             unmeasured.append(lesson.title)
             continue
         md.append(f"- **{lesson.title}**. *Why:* {e.says}"
-                  f" ({e.notebook or ', '.join(dict.fromkeys(NOTEBOOK[_family(t)] for t, _ in sorted(lesson.pairs, key=lambda p: ORDER.get(p[0], 0)) if t in STAGES))}).")
+                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in sorted(lesson.pairs, key=lambda p: ORDER.get(p[0], 0)) if t in STAGES))}).")
         md += [_line(f) for f in fs]
         missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
                    and not (device == "cpu" and t in STAGES and STAGES[t].needs_gpu)]

@@ -92,7 +92,7 @@ class Ready(BaseModel):
 
     @model_serializer(mode="wrap")
     def _ray_fields_only_on_ray(self, handler):
-        # A FastAPI stage's /ready has no `stage`: clients (9_ray) read its absence as "not a Ray stage".
+        # A FastAPI stage's /ready has no `stage`: clients (10_ray) read its absence as "not a Ray stage".
         data = handler(self)
         for key in ("stage", "placement"):
             if data.get(key) is None:

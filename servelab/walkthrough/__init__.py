@@ -11,16 +11,16 @@ cell, passed in as arguments; nothing here reads notebook globals.
 * ``servelab.walkthrough.fastapi``: ``FastAPIWalkthrough`` (``4_fastapi``: wait for a service, measure
   it) and ``queueing(alone, busy)`` (Little's law and the inference ceiling from a sequential and a
   concurrent run).
-* ``servelab.walkthrough.triton``: ``TritonWalkthrough`` (``6_triton``: switch to or wait for a
-  stage, measure it with ``servelab bench`` and ``perf_analyzer``), ``open_loads`` and
-  ``batch_count_change``.
-* ``servelab.walkthrough.ray``: ``RayWalkthrough`` (``9_ray``: wait until the Ray Serve app reports
+* ``servelab.walkthrough.triton``: ``TritonWalkthrough`` (``6_triton_python``, ``7_triton_onnx`` and
+  ``8_triton_more``: switch to or wait for a stage, measure it with ``servelab bench`` and
+  ``perf_analyzer``), ``open_loads`` and ``batch_count_change``.
+* ``servelab.walkthrough.ray``: ``RayWalkthrough`` (``10_ray``: wait until the Ray Serve app reports
   the stage deployed from the head's shell, measure it as ``4_fastapi`` does).
-* ``servelab.walkthrough.ray_nodes``: ``8_ray_setup``'s steps with python-chi (lease two nodes, start,
+* ``servelab.walkthrough.ray_nodes``: ``9_ray_setup``'s steps with python-chi (lease two nodes, start,
   prepare and connect them, bring up the head's and the worker's compose files).
 * ``servelab.walkthrough.chameleon``: ``origin_url`` and ``release``, shared by the provisioning notebooks.
 * ``servelab.walkthrough.node_setup``: the commands that prepare a node (Docker, NVIDIA's toolkit,
-  servelab and the model), run by ``2_create_server_nvidia`` and ``8_ray_setup``.
+  servelab and the model), run by ``2_create_server_nvidia`` and ``9_ray_setup``.
 * ``servelab.walkthrough.stage_switch``: ``run_switch`` (run a stage switch with progress and a bound)
   and ``diagnosis`` (Triton's own account of its models and log, for the error).
 """

@@ -1,5 +1,5 @@
-"""Small steps the provisioning notebooks share (``2_create_server_nvidia``, ``7_delete_resources``,
-``8_ray_setup``), with python-chi.
+"""Small steps the provisioning notebooks share (``2_create_server_nvidia``, ``9_ray_setup``,
+``11_delete_resources``), with python-chi.
 
 * ``origin_url()``: the repository this checkout was cloned from, as an https URL a node can clone
   without a key.

@@ -1,5 +1,5 @@
 """The shell commands that prepare a Chameleon node for the lab, run over SSH by the provisioning
-notebooks (``2_create_server_nvidia`` one by one, with why; ``8_ray_setup`` through
+notebooks (``2_create_server_nvidia`` one by one, with why; ``9_ray_setup`` through
 ``servelab.walkthrough.ray_nodes``). Every command can run twice."""
 
 import shlex

@@ -1,4 +1,4 @@
-"""``9_ray``: the Ray Serve stages (``servelab.rayserve``), deployed onto the two-node cluster one at a
+"""``10_ray``: the Ray Serve stages (``servelab.rayserve``), deployed onto the two-node cluster one at a
 time from the head's shell, each measured with ``servelab bench`` exactly as ``4_fastapi`` measures
 the FastAPI stages: the Ray Serve app answers the same HTTP API.
 

@@ -1,4 +1,4 @@
-"""Two Chameleon nodes for the Ray Serve stages (``8_ray_setup``; ``7_delete_resources`` releases them),
+"""Two Chameleon nodes for the Ray Serve stages (``9_ray_setup``; ``11_delete_resources`` releases them),
 with python-chi.
 
 * ``RayNodes.for_student(net_id)``: the names of the lease and the two servers.

@@ -1,5 +1,7 @@
-"""``6_triton``: Triton walked through the stages of ``servelab.triton.stages``, each measured with
-``servelab bench`` and, as a second opinion, ``perf_analyzer``."""
+"""``6_triton_python``, ``7_triton_onnx`` and ``8_triton_more``: Triton walked through the stages of
+``servelab.triton.stages``, each measured with ``servelab bench`` and, as a second opinion, ``perf_analyzer``.
+Each notebook passes its own stages as ``stages``; all three append to the same records file, which the
+last one reports on."""
 
 import asyncio
 import difflib

@@ -1,6 +1,6 @@
 """The lab notebooks, executed.
 
-The provisioning notebooks (1_, 2_, 7_, 8_) run top to bottom in a real kernel with python-chi
+The provisioning notebooks (1_, 2_, 9_, 11_) run top to bottom in a real kernel with python-chi
 replaced by autospec doubles of the installed library (tests/chi_doubles.py); the last cell of
 each run asserts the calls the notebook made. Rendering and what the notebooks may hold:
 tests/unit/test_notebooks_render.py.
@@ -205,7 +205,7 @@ assert on_head[-1].endswith("exec -T ray_head ray status")
 
 def _ray_setup(kernel_dir: Path, tmp_path: Path, worker_type: str, prologue: str, worker_up: str) -> None:
     nb = execute(
-        "8_ray_setup",
+        "9_ray_setup",
         kernel_dir,
         tmp_path,
         parameters={"NET_ID": NET_ID, "REPO_URL": "https://git.example.org/course/servelab.git", "WORKER_NODE_TYPE": worker_type},
@@ -277,11 +277,11 @@ def test_create_server(kernel_dir: Path, tmp_path: Path) -> None:
 
 
 def test_delete_resources(kernel_dir: Path, tmp_path: Path) -> None:
-    execute("7_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE, epilogue=CHECK_DELETE)
+    execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE, epilogue=CHECK_DELETE)
 
 
 def test_delete_resources_without_the_ray_part(kernel_dir: Path, tmp_path: Path) -> None:
-    nb = execute("7_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID},
+    nb = execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID},
                  prologue=PROLOGUE + WITHOUT_RAY_NODES,
                  epilogue="doubles.get_server.return_value.delete.assert_called_once_with()")
     printed = "".join(output.get("text", "") for cell in nb.cells for output in cell.get("outputs", []))

@@ -1,13 +1,15 @@
-"""The lab's stage notebooks (3_ to 6_, and 9_ray): their shell commands match the compose files (their
+"""The lab's stage notebooks (3_ to 8_, and 10_ray): their shell commands match the compose files (their
 servelab commands parse: test_shown_commands.py), and the measurement notebooks run end to end against
-real local stages (9_ray: test_ray_walkthrough.py).
+real local stages (10_ray: test_ray_walkthrough.py).
 
 ``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
-with dynamic batching) and a GourmetGram in front of the first; ``6_triton`` against the bundled
-tritonserver, which the notebook itself walks through the stages with ``servelab triton stage NAME``,
-as a student does from the node's shell, plus one GourmetGram per Triton mode. Both in quick mode
-(a few requests per measurement) through their parameters cells; ``6_triton`` runs the project's
-perf_analyzer beside ``servelab bench`` at every load, with short windows.
+with dynamic batching) and a GourmetGram in front of the first; the Triton notebooks (``6_triton_python``,
+``7_triton_onnx``, ``8_triton_more``, one after another into one results folder) against the bundled
+tritonserver, which each notebook itself walks through its stages with ``servelab triton stage NAME``,
+as a student does from the node's shell, plus one GourmetGram per Triton mode. All in quick mode
+(a few requests per measurement) through their parameters cells; the Triton notebooks run the project's
+perf_analyzer beside ``servelab bench`` at every load of the stages in their ``PA_STAGES``, with short
+windows.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from servelab.triton.stages import STAGES as TRITON_STAGES
 from servelab.walkthrough.triton import TritonWalkthrough, batch_count_change
 from triton_repo import make_repository
 
-STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton", "9_ray"]
+TRITON_NOTEBOOKS = ["6_triton_python", "7_triton_onnx", "8_triton_more"]
+STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", *TRITON_NOTEBOOKS, "10_ray"]
 SHELL_BLOCK = re.compile(r"^```shell\n(.*?)^```", re.MULTILINE | re.DOTALL)
 ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$")
 PROLOGUE = "%colors nocolor"
@@ -138,11 +141,16 @@ def test_pip_installs_use_the_constraints_and_real_extras() -> None:
             assert set(spec[2:-1].split(",")) <= set(extras), spec
 
 
-def test_triton_notebook_walks_every_stage() -> None:
-    switched = [argv[3] for _, argv in shell_commands("6_triton") if argv[:3] == ["servelab", "triton", "stage"]]
+def test_triton_notebooks_walk_every_stage() -> None:
+    switched = [argv[3] for stem in TRITON_NOTEBOOKS for _, argv in shell_commands(stem)
+                if argv[:3] == ["servelab", "triton", "stage"]]
     assert set(switched) == set(TRITON_STAGES)
     assert switched[0] == "pt-1"
-    assert parameters("6_triton")["STAGES"] == list(TRITON_STAGES)  # every stage measured by default
+    # Every stage measured by default, each by the notebook that switches to it.
+    assert [stage for stem in TRITON_NOTEBOOKS for stage in parameters(stem)["STAGES"]] == list(TRITON_STAGES)
+    for stem in TRITON_NOTEBOOKS:
+        assert parameters(stem)["STAGES"] == list(dict.fromkeys(
+            argv[3] for _, argv in shell_commands(stem) if argv[:3] == ["servelab", "triton", "stage"])), stem
 
 
 def test_fastapi_notebook_switches_services_by_variables_only() -> None:
@@ -269,80 +277,116 @@ def triton_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield {"server": local.url, **{backend: url for backend, (_, url) in flasks.items()}}
 
 
-QUICK_STAGES = ["pt-1", "pt-dyn", "pt-2x2", "onnx-1", "onnx-2", "onnx-dyn", "ensemble"]  # pt-4x4: 8 CPU instances
+# Each notebook's stages in quick mode (pt-4x4: 8 CPU instances; the variants: as in `make lab`, not here).
+QUICK_STAGES = {"6_triton_python": ["pt-1", "pt-dyn", "pt-2x2"], "7_triton_onnx": ["onnx-1", "onnx-2", "onnx-dyn"],
+                "8_triton_more": ["ensemble"]}
 
+# After each notebook: its runs are the newest records of the file the three share (RECORDS_BEFORE were there
+# before it), servelab's are EXPECTED, and perf_analyzer ran right after servelab at every load of the stages in
+# PA_STAGES, with the same stage, load and batch.
 CHECK_TRITON = """
 from servelab.bench import read_records
 
 records = read_records(records_file)
-assert records == runs
-measured_by = {tool: [r for r in records if r.tool == tool] for tool in ("servelab", "perf_analyzer")}
-# perf_analyzer right after servelab at every load of the stages in PA_STAGES (by default not the ensemble),
-# with the same stage, load and batch.
-assert "ensemble" not in PA_STAGES
+assert len(records) == RECORDS_BEFORE + len(runs) and records[RECORDS_BEFORE:] == runs
+measured_by = {tool: [r for r in runs if r.tool == tool] for tool in ("servelab", "perf_analyzer")}
 assert [(r.stage, r.load.label(), r.batch) for r in measured_by["perf_analyzer"]] == [
     (r.stage, r.load.label(), r.batch) for r in measured_by["servelab"] if r.stage in PA_STAGES]
 for r in measured_by["perf_analyzer"]:
     assert r.failed is None and r.stats.successes and r.stats.latency.p95_ms, (r.stage, r.failed)
     assert "--percentile=95" in r.target["command"] and "--input-data" in r.target["command"]
 records = measured_by["servelab"]
-assert [(r.stage, r.load.label(), r.batch) for r in records] == [
-    ("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1), ("pt-1", "sequential", 16),
-    ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1),
-    ("onnx-1", "sequential", 1), ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
-    *[(stage, f"{arrivals} {rate} req/s", 1) for stage in ("onnx-1", "onnx-dyn") for rate in (20, 40)
-      for arrivals in ("constant", "poisson")],
-    ("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1),
-]
+assert [(r.stage, r.load.label(), r.batch) for r in records] == EXPECTED
 for r in records:
     assert r.tool == "servelab" and r.stats.error_count == 0 and r.stats.successes, (r.stage, r.stats)
     assert r.breakdown.source == "triton-stats" and r.breakdown.server_requests >= r.stats.successes
     assert r.stand_in, r.stage  # the offline model everywhere, and the local ONNX stand-in where used
     if r.stage.startswith(("onnx", "ensemble")):
         assert "LOCAL STAND-IN" in r.stand_in
+"""
+
+CHECK_PYTHON = CHECK_TRITON + """
 # Without dynamic batching Triton runs exactly the batches clients send.
-assert {b for r in records if r.stage in ("pt-1", "onnx-1") for b in r.breakdown.batch_sizes} == {1, 16}
+assert {b for r in records if r.stage == "pt-1" for b in r.breakdown.batch_sizes} == {1, 16}
 assert set(records[3].breakdown.batch_sizes) == {16}
-assert records[-1].config["platform"] == "ensemble"
 assert [g["count"] for g in records[5].config["instance_group"]] == [4]  # 2 + 2, on the CPU here
+"""
+
+CHECK_ONNX = CHECK_TRITON + """
+assert {b for r in records if r.stage == "onnx-1" for b in r.breakdown.batch_sizes} == {1}
 assert sum(after.values()) > sum(before.values())
+"""
+
+CHECK_MORE = CHECK_TRITON + """
+assert "ensemble" not in PA_STAGES  # by default the optional stages are measured by servelab bench alone
+assert records[-1].config["platform"] == "ensemble"
+# The report covers every stage the three notebooks measured, the open-loop runs of 7_triton_onnx too.
+assert {r.stage for r in newest} == set(ALL_STAGES), {r.stage for r in newest}
 for plot in ("report.md", "latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png",
              "batch_sizes.png", "utilization.png"):
     assert (report.parent / plot).exists(), plot
+assert all(stage in report.read_text() for stage in ALL_STAGES)
 """
 
+EXPECTED = {
+    "6_triton_python": [("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1),
+                        ("pt-1", "sequential", 16), ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1)],
+    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
+                      *[(stage, f"{arrivals} {rate} req/s", 1) for stage in ("onnx-1", "onnx-dyn") for rate in (20, 40)
+                        for arrivals in ("constant", "poisson")]],
+    "8_triton_more": [("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1)],
+}
 
-def test_triton_notebook_walks_and_measures_the_stages(triton_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
-    parameters = {
+
+def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
+    """The three Triton notebooks, one after another as a student runs them, into one results folder."""
+    from servelab.bench import read_records
+
+    results = tmp_path / "results"
+    common = {
         "TRITON_URL": triton_stages["server"],
         "FLASK_URLS": {mode: triton_stages[mode] for mode in ("triton", "triton_onnx", "triton_ensemble")},
         # As typed after `servelab triton up`; --url so that it never switches anyone else's server.
         "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url {triton_stages['server']}",
-        "WAIT_S": 60,
-        "STAGES": QUICK_STAGES, "REQUESTS": 4, "BATCH_REQUESTS": 2, "WARMUP": 1,
-        "RATES": [20, 40], "RATE_SECONDS": 0.4, "RESULTS": str(tmp_path / "results"),
+        "WAIT_S": 60, "REQUESTS": 4, "WARMUP": 1, "RESULTS": str(results),
         # Short windows and no stability search (the last of a repeated flag counts): bounded.
         "PA_WINDOW_S": 1.0, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
-        # The blocks students write (docs/instructors.md's answers), as they would type them.
-        "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
-                             "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n",
-        "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
-                               "  max_queue_delay_microseconds: 100\n}\n",
     }
-    nb = execute("6_triton", kernel_dir, tmp_path, parameters=parameters, prologue=PROLOGUE, epilogue=CHECK_TRITON,
-                 timeout=180)
-    text = _outputs(nb)
-    for mode in ("triton", "triton_onnx", "triton_ensemble"):
+    own = {
+        # The blocks students write (docs/instructors.md's answers), as they would type them.
+        "6_triton_python": {"BATCH_REQUESTS": 2,
+                            "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
+                                                 "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n"},
+        "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4,
+                          "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
+                                                 "  max_queue_delay_microseconds: 100\n}\n"},
+        "8_triton_more": {},
+    }
+    checks = {"6_triton_python": CHECK_PYTHON, "7_triton_onnx": CHECK_ONNX, "8_triton_more": CHECK_MORE}
+    all_stages = [stage for stages in QUICK_STAGES.values() for stage in stages]
+    texts = {}
+    for stem in TRITON_NOTEBOOKS:
+        before = len(read_records(results / "records.jsonl")) if (results / "records.jsonl").exists() else 0
+        epilogue = f"RECORDS_BEFORE = {before}\nEXPECTED = {EXPECTED[stem]!r}\nALL_STAGES = {all_stages!r}\n" + checks[stem]
+        nb = execute(stem, kernel_dir, tmp_path, parameters={**common, "STAGES": QUICK_STAGES[stem], **own[stem]},
+                     prologue=PROLOGUE, epilogue=epilogue, timeout=180)
+        texts[stem] = _outputs(nb)
+    python, onnx, more = (texts[stem] for stem in TRITON_NOTEBOOKS)
+    for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):
         assert f"GourmetGram ({mode}): HTTP 200" in text
-    assert "skipped: pt-4x4 is not in STAGES" in text
-    for stage, field in (("pt-2x2", "instance_group"), ("onnx-dyn", "dynamic_batching")):
+    assert "skipped: pt-4x4 is not in STAGES" in python
+    assert "skipped: onnx-u8 is not in STAGES" in more
+    for stage, field, text in (("pt-2x2", "instance_group", python), ("onnx-dyn", "dynamic_batching", onnx)):
         assert f"correct: Triton reads this as {stage}'s `{field}`" in text
-    assert "$ " + parameters["STAGE_COMMAND"].format(name="pt-dyn") in text  # each switch shows its command,
-    assert "switched to pt-dyn in " in text  # and how long it took
-    assert "perf_analyzer: windows of " in text  # pt-1's batch of 16 takes longer than the test's 1 s windows
-    shown = [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
-    assert len(shown) == 17  # not the ensemble's two loads
-    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measured it" in text
+    assert "$ " + common["STAGE_COMMAND"].format(name="pt-dyn") in python  # each switch shows its command,
+    assert "switched to pt-dyn in " in python  # and how long it took
+    assert "switched to onnx-1 in " in onnx and "switched to ensemble in " in more  # each notebook switches itself
+    assert "perf_analyzer: windows of " in python  # pt-1's batch of 16 takes longer than the test's 1 s windows
+    shown = {stem: [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
+             for stem, text in texts.items()}
+    assert {stem: len(lines) for stem, lines in shown.items()} == {  # every load but the ensemble's two
+        "6_triton_python": 6, "7_triton_onnx": 11, "8_triton_more": 0}
+    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measured it" in more
 
 
 def test_a_stage_switch_that_does_not_finish_fails_in_time_with_the_servers_log(
@@ -373,7 +417,7 @@ def test_steps_for_stages_left_out_are_skipped(triton_stages: dict[str, str], tm
 
 def test_shape_changes_times_alternating_and_repeated_batch_sizes(triton_stages: dict[str, str], tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """6_triton's shape cell: one request at a time, sizes alternating, then each repeated; Triton's own
+    """7_triton_onnx's shape cell: one request at a time, sizes alternating, then each repeated; Triton's own
     statistics show it ran exactly those batch sizes (no dynamic batcher merged them)."""
     lab = TritonWalkthrough(triton_stages["server"], DEFAULT_IMAGE, tmp_path, wait_s=120, perf_analyzer=False,
                             stages=["onnx-1"],

@@ -1,4 +1,4 @@
-"""``9_ray`` and its steps (servelab.walkthrough.ray), run locally without Ray.
+"""``10_ray`` and its steps (servelab.walkthrough.ray), run locally without Ray.
 
 The Ray Serve app (branch ray-serve) answers the FastAPI stages' API and names its stage in
 ``/ready``. Its **stand-in** here: a real ``servelab serve fastapi-onnx`` behind a small HTTP front on
@@ -116,7 +116,7 @@ def test_ray_notebook_measures_the_stages_it_is_given(onnx_service: str, tmp_pat
     results = tmp_path / "results"
     with stage_front(onnx_service, "ray-1") as one, stage_front(onnx_service, "ray-2") as two:
         nb = execute(
-            "9_ray", tmp_path / "kernel", tmp_path,
+            "10_ray", tmp_path / "kernel", tmp_path,
             parameters={"RAY_URL": one, "STAGE_URLS": {"ray-2": two}, "FLASK_URL": "", "STAGES": ["ray-1", "ray-2"],
                         "WAIT_S": 30, "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1,
                         "RESULTS": str(results)},

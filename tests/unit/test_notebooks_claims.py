@@ -20,6 +20,8 @@ from servelab.triton.stages import STAGES as TRITON_STAGES, effective_config
 SOURCES = sources()
 PROSE = [*SOURCES, NOTEBOOK_DIR / "README.md", REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 SHELL_BLOCK = re.compile(r"```(?:shell|bash|sh)\n(.*?)```", re.DOTALL)
+TRITON = ["6_triton_python", "7_triton_onnx", "8_triton_more"]  # the Triton stages, in three sittings
+CATALOGUE_NAMES = [stage.name for stage in CATALOGUE]
 
 
 def _text(path: Path) -> str:
@@ -59,7 +61,7 @@ def test_every_compose_up_is_taken_down_with_the_same_files() -> None:
                 up.setdefault(project, set()).update(files)
             elif re.search(r"\bdown\b", line):
                 assert set(files) >= up.pop(project, set()), f"{source.name}: `{line}` leaves services of {project} up"
-    # The Ray nodes are given back with their containers (7_delete_resources); every other project is down.
+    # The Ray nodes are given back with their containers (11_delete_resources); every other project is down.
     assert set(up) <= {"servelab-ray-head", "servelab-ray-worker"}, f"never taken down: {sorted(up)}"
 
 
@@ -97,9 +99,13 @@ def test_the_intro_says_who_books_and_in_which_project() -> None:
 
 
 def test_giving_the_node_back_comes_last() -> None:
+    """Last by number too, so that it is listed, rendered and opened after the optional Ray part."""
+    assert SOURCES[-1].stem == "11_delete_resources"
     intro = _text(NOTEBOOK_DIR / "0_intro.md")
-    row = next(line for line in intro.splitlines() if line.startswith("| `7_delete_resources`"))
-    assert "last" in row and "8" in row and "9" in row
+    table = intro[intro.index("## The notebooks, in order"):intro.index("## A plan for your lease")]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE) == [source.stem for source in SOURCES]
+    row = next(line for line in intro.splitlines() if line.startswith("| `11_delete_resources`"))
+    assert "last" in row and "`9`" in row and "`10`" in row
 
 
 # --- claims --------------------------------------------------------------------------------------
@@ -125,7 +131,7 @@ def test_stage_counts_in_prose_are_the_catalogue_s(path: Path) -> None:
 
 
 def test_the_triton_notebook_generates_its_stage_count() -> None:
-    text = _text(NOTEBOOK_DIR / "6_triton.md")
+    text = _text(NOTEBOOK_DIR / "6_triton_python.md")
     assert f"has {len(of_family('triton'))} Triton stages" in text
 
 
@@ -186,7 +192,7 @@ def test_removed_unsupported_figures_stay_out() -> None:
 
 
 def test_int8_is_not_promised_on_the_p100() -> None:
-    for stem in ("4_fastapi", "6_triton"):
+    for stem in ("4_fastapi", "8_triton_more"):
         text = _text(NOTEBOOK_DIR / f"{stem}.md")
         assert "sm_60" in text and "DP4A" in text and "fp16" in text, stem
 
@@ -209,16 +215,17 @@ def test_every_original_lab_figure_carries_its_source() -> None:
 
 
 def test_the_notebooks_open_the_boxes_lab_measure_hides() -> None:
-    fastapi, triton = _text(NOTEBOOK_DIR / "4_fastapi.md"), _text(NOTEBOOK_DIR / "6_triton.md")
+    fastapi = _text(NOTEBOOK_DIR / "4_fastapi.md")
+    python, onnx = _text(NOTEBOOK_DIR / "6_triton_python.md"), _text(NOTEBOOK_DIR / "7_triton_onnx.md")
     assert "generated: excerpt servelab/serving/backends.py requested_providers" in fastapi
     assert "generated: excerpt servelab/inference.py OnnxClassifier.__init__" in fastapi
     assert "ort.InferenceSession(" in fastapi
-    assert "generated: excerpt servelab/gourmetgram/backends.py _TritonBackend._infer" in triton
-    assert re.search(r"^curl -s http://127\.0\.0\.1:8000/v2/models/\S+/stats", triton, re.MULTILINE)
+    assert "generated: excerpt servelab/gourmetgram/backends.py _TritonBackend._infer" in python
+    assert re.search(r"^curl -s http://127\.0\.0\.1:8000/v2/models/\S+/stats", onnx, re.MULTILINE)
 
 
 def test_perf_analyzer_by_hand_explains_every_flag() -> None:
-    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    triton = _text(NOTEBOOK_DIR / "6_triton_python.md")
     (command,) = [line for block in SHELL_BLOCK.findall(triton) for line in block.splitlines()
                   if line.startswith("perf_analyzer ")]
     explained = triton[triton.index(command) + len(command):]
@@ -236,9 +243,9 @@ def test_the_intro_plans_the_lease() -> None:
 
 
 def test_the_triton_model_students_open_is_the_pb_utils_loop() -> None:
-    """6_triton shows food_classifier's `execute` as generated from the file: the Python backend's own
+    """6_triton_python shows food_classifier's `execute` as generated from the file: the Python backend's own
     request/response loop, still calling servelab's preprocessing, with an error response per request."""
-    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    triton = _text(NOTEBOOK_DIR / "6_triton_python.md")
     shown = triton[triton.index("generated: excerpt models_staging/food_classifier/1/model.py TritonPythonModel.execute"):]
     shown = shown[:shown.index("<!-- end generated -->")]
     for call in ("for request in requests:", 'pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()',
@@ -250,7 +257,8 @@ def test_the_triton_model_students_open_is_the_pb_utils_loop() -> None:
 
 # --- students write config blocks ----------------------------------------------------------------
 
-_BLOCKS = {"MY_INSTANCE_GROUP": ("pt-2x2", "instance_group"), "MY_DYNAMIC_BATCHING": ("onnx-dyn", "dynamic_batching")}
+_BLOCKS = {"MY_INSTANCE_GROUP": ("6_triton_python", "pt-2x2", "instance_group"),
+           "MY_DYNAMIC_BATCHING": ("7_triton_onnx", "onnx-dyn", "dynamic_batching")}
 
 
 def _instructors_answer(field: str) -> str:
@@ -263,8 +271,8 @@ def _instructors_answer(field: str) -> str:
 def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: str) -> None:
     from servelab.walkthrough.triton import check_block
 
-    stage, field = _BLOCKS[name]
-    triton = _text(NOTEBOOK_DIR / "6_triton.md")
+    stem, stage, field = _BLOCKS[name]
+    triton = _text(NOTEBOOK_DIR / f"{stem}.md")
     prefilled = re.search(rf'^{name} = """(.*?)"""', triton, re.MULTILINE | re.DOTALL)[1]
     checked = f'print(check_block("{stage}", {name}))'
     # The block and its check come before the step shows or switches to the stage.
@@ -292,12 +300,13 @@ def test_a_block_triton_cannot_read_or_with_other_fields_fails_clearly() -> None
         check_block("pt-2x2", "instance_group [ { count: 4, kind: KIND_GPU, gpus: [ 0 ] } ]")
 
 
-def test_the_triton_notebook_switches_stages_from_jupyter_by_default() -> None:
+@pytest.mark.parametrize("stem", TRITON)
+def test_the_triton_notebooks_switch_stages_from_jupyter_by_default(stem: str) -> None:
     """The Jupyter container runs `servelab triton stage` itself (it mounts the repository Triton
     reads, with TRITON_INSTANCE_KIND=gpu), printing the command; the shell blocks show the same."""
     from servelab.tools.render_notebooks import to_notebook
 
-    nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
+    nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
     (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "STAGE_COMMAND" in c.source]
     command = re.search(r'^STAGE_COMMAND = "(.*)"$', params.source, re.MULTILINE)[1]
     assert command == "servelab triton stage {name} --url triton_server:8000"
@@ -312,14 +321,54 @@ def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
     and the prose says the rest are measured by servelab bench alone."""
     from servelab.tools.render_notebooks import to_notebook
 
-    nb = to_notebook(NOTEBOOK_DIR / "6_triton.md")
-    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "PA_STAGES" in c.source]
-    pa_stages = ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", params.source, re.MULTILINE | re.DOTALL)[1])
+    pa_stages = []
+    for stem in TRITON:
+        nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
+        (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "PA_STAGES" in c.source]
+        pa_stages += ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", params.source, re.MULTILINE | re.DOTALL)[1])
+        assert "pa_stages=PA_STAGES" in _text(NOTEBOOK_DIR / f"{stem}.md"), stem
     optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
     assert pa_stages == [name for name in TRITON_STAGES if name not in optional]
-    triton = _text(NOTEBOOK_DIR / "6_triton.md")
-    assert "measured by `servelab bench` alone" in " ".join(triton.split())
-    assert "pa_stages=PA_STAGES" in triton
+    for stem in ("6_triton_python", "8_triton_more"):  # where the tools are explained, and where the rest is measured
+        assert "measured by `servelab bench` alone" in " ".join(_text(NOTEBOOK_DIR / f"{stem}.md").split()), stem
+
+
+def _defaults(stem: str) -> dict:
+    """The default values of a notebook's parameters."""
+    from servelab.tools.render_notebooks import to_notebook
+
+    values = {}
+    for cell in to_notebook(NOTEBOOK_DIR / f"{stem}.md").cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            for statement in ast.parse(cell.source).body:
+                target = statement.targets[0] if isinstance(statement, ast.Assign) else statement.target
+                values[target.id] = ast.literal_eval(statement.value)
+    return values
+
+
+def test_the_triton_notebooks_measure_their_own_stages_into_one_results_folder() -> None:
+    """Each Triton notebook measures only its own stages by default, together every stage once, in the
+    catalogue's order; all three write to the same folder, so the last one's report covers them all."""
+    defaults = {stem: _defaults(stem) for stem in TRITON}
+    assert [stage for stem in TRITON for stage in defaults[stem]["STAGES"]] == list(TRITON_STAGES)
+    assert {d["RESULTS"] for d in defaults.values()} == {"../results"}
+    for stem in TRITON:
+        assert "stages=STAGES" in _text(NOTEBOOK_DIR / f"{stem}.md") and set(defaults[stem]["PA_STAGES"]) <= set(
+            defaults[stem]["STAGES"]), stem
+    report = _text(NOTEBOOK_DIR / f"{TRITON[-1]}.md")
+    assert "render_report(newest, Path(RESULTS)" in report and "read_records(records_file)" in report
+
+
+def test_the_report_names_the_notebook_that_teaches_each_stage() -> None:
+    """A lesson the report says a run contradicts names the notebook whose STAGES measure its stage."""
+    from servelab.report.lessons import EXPECT, notebook_of
+
+    for source in SOURCES:
+        for stage in _defaults(source.stem).get("STAGES", []):
+            assert notebook_of(stage) == source.stem, stage
+    assert all(notebook_of(stage) in {s.stem for s in SOURCES} for stage in CATALOGUE_NAMES)
+    said = [e for value in EXPECT.values() for e in (value.values() if isinstance(value, dict) else [value])]
+    assert {e.notebook for e in said} - {"", "the lab"} <= {s.stem for s in SOURCES}
 
 
 def test_a_stage_left_out_of_pa_stages_is_measured_by_servelab_alone(tmp_path: Path, capsys) -> None:

@@ -21,7 +21,7 @@ from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]
-MEASURING = ["4_fastapi", "6_triton", "9_ray"]  # their steps are calls to servelab.walkthrough
+MEASURING = ["4_fastapi", "6_triton_python", "7_triton_onnx", "8_triton_more", "10_ray"]  # their steps are calls to servelab.walkthrough
 FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|req/s|requests/s|infer/s|inferences/s)\b")
 UNITS = {"requests/s": "req/s", "inferences/s": "infer/s"}
 
@@ -85,8 +85,8 @@ def test_the_notebooks_show_the_code_they_teach() -> None:
 
 
 def test_every_triton_stage_shows_its_config_and_diffs_name_real_stages() -> None:
-    shown = _specs("6_triton", "stage-config")
-    assert [args[0] for args in shown] == list(TRITON_STAGES)  # in the order the notebook walks them
+    shown = [args for stem in ("6_triton_python", "7_triton_onnx", "8_triton_more") for args in _specs(stem, "stage-config")]
+    assert [args[0] for args in shown] == list(TRITON_STAGES)  # in the order the notebooks walk them
     for args in shown:
         assert set(args) <= set(TRITON_STAGES)
         assert not TRITON_STAGES[args[0]].triton.changes or len(args) == 2, f"{args[0]}: show what it changes as a diff"

@@ -16,7 +16,7 @@ from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]
-PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "7_delete_resources", "8_ray_setup"]
+PROVISIONING = ["1_create_lease", "2_create_server_nvidia", "9_ray_setup", "11_delete_resources"]
 
 FORBIDDEN = {
     "a Jupyter token": r"[?&]token=\w",
@@ -44,6 +44,15 @@ def test_provisioning_notebooks_exist() -> None:
     assert {"0_intro", *PROVISIONING} <= set(STEMS)
 
 
+def test_sources_are_in_the_order_of_their_numbers(tmp_path: Path) -> None:
+    """By number, not by name: `10_` and `11_` come after `9_`, not after `1_`."""
+    for name in ("11_last.md", "10_ray.md", "9_ray_setup.md", "2_b.md", "1_a.md", "0_intro.md", "README.md", "x_1.md"):
+        (tmp_path / name).write_text("# x\n")
+    assert [p.name for p in sources(tmp_path)] == ["0_intro.md", "1_a.md", "2_b.md", "9_ray_setup.md", "10_ray.md",
+                                                  "11_last.md"]
+    assert [int(stem.split("_")[0]) for stem in STEMS] == list(range(len(STEMS)))  # the lab's: 0, 1, 2, ..., no gap
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=STEMS)
 def test_committed_ipynb_matches_its_source(source: Path) -> None:
     committed = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
@@ -57,25 +66,25 @@ def test_render_check_finds_everything_in_sync() -> None:
 
 
 def test_render_writes_checks_and_removes(tmp_path: Path) -> None:
-    shutil.copy(NOTEBOOK_DIR / "7_delete_resources.md", tmp_path)
+    shutil.copy(NOTEBOOK_DIR / "11_delete_resources.md", tmp_path)
     (tmp_path / "README.md").write_text("# not a notebook\n")
     (tmp_path / "9_gone.ipynb").write_text("{}")
 
     assert render(check=True, directory=tmp_path) == [
-        "7_delete_resources.ipynb is out of sync with 7_delete_resources.md",
+        "11_delete_resources.ipynb is out of sync with 11_delete_resources.md",
         "9_gone.ipynb has no Markdown source",
     ]
-    assert render(directory=tmp_path) == ["rendered 7_delete_resources.ipynb", "removed 9_gone.ipynb (no Markdown source)"]
+    assert render(directory=tmp_path) == ["rendered 11_delete_resources.ipynb", "removed 9_gone.ipynb (no Markdown source)"]
     assert render(check=True, directory=tmp_path) == []
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["7_delete_resources.ipynb", "7_delete_resources.md", "README.md"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["11_delete_resources.ipynb", "11_delete_resources.md", "README.md"]
 
-    first = (tmp_path / "7_delete_resources.ipynb").read_text()
+    first = (tmp_path / "11_delete_resources.ipynb").read_text()
     assert render(directory=tmp_path) == []  # rendering is stable: same bytes, nothing rewritten
-    assert (tmp_path / "7_delete_resources.ipynb").read_text() == first
+    assert (tmp_path / "11_delete_resources.ipynb").read_text() == first
 
-    source = tmp_path / "7_delete_resources.md"
+    source = tmp_path / "11_delete_resources.md"
     source.write_text(source.read_text() + "\nOne more line.\n")
-    assert render(check=True, directory=tmp_path) == ["7_delete_resources.ipynb is out of sync with 7_delete_resources.md"]
+    assert render(check=True, directory=tmp_path) == ["11_delete_resources.ipynb is out of sync with 11_delete_resources.md"]
 
 
 # --- what is committed -----------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_what_contradicts_the_notebooks_is_flagged() -> None:
     [line] = [line for line in lines if line.startswith("  - pt-dyn ÷ pt-1")]
     ratio = one["stats"]["throughput_rps"] / dyn["stats"]["throughput_rps"]
     assert f"= **{ratio:.2f}×**" in line and ratio < 0.9
-    assert "⚠ **contradicts 6_triton, which expects ≥ 1×**" in line
+    assert "⚠ **contradicts 6_triton_python, which expects ≥ 1×**" in line
     assert "**3 measurements contradict the notebooks.**" in "\n".join(lines)
 
 
