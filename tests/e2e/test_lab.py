@@ -48,10 +48,17 @@ def _prometheus_here() -> bool:
         return False
 
 
+def _as_typed_in_a_terminal() -> None:
+    # A shell starts a background job (CI's runner, `make test &`) with SIGINT ignored, and a Python
+    # started so never raises KeyboardInterrupt: the lab would run to its end. Typed in a terminal,
+    # it starts with the default, as here.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _lab(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, preexec_fn=_as_typed_in_a_terminal)
 
 
 @pytest.mark.timeout(900)  # every stage, the Ray Serve cluster's too
