@@ -151,6 +151,7 @@ class Lab:
         self.records: list[Record] = []
         self.failures: list[str] = []
         self.skipped: dict[str, str] = {}  # part -> why (``preflight``)
+        self.ran: list[str] = []  # the stages measured (those needing a GPU left out on the CPU)
 
     # --- servers ---------------------------------------------------------------------------------
 
@@ -250,6 +251,7 @@ class Lab:
             for stage in (s for s in stages if s.needs_gpu):
                 self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
             stages = [s for s in stages if not s.needs_gpu]
+        self.ran = [s.name for s in stages]
         for i, stage in enumerate(s for s in stages if s.family == "fastapi"):
             self.log(f"[{stage.name}] {stage.about}")
             self._guard(stage, lambda: self._fastapi_stage(stage, manifest))
@@ -375,8 +377,7 @@ def run_lab(args) -> int:
     found = run_series.agreements(lab.records)
     print(f"\nprometheus: {run_series.summary(found)}" if found else
           f"\nprometheus: no server-side series ({lab.prometheus.note or 'nothing read back'})")
-    ran = [s.name for s in stages if device == "gpu" or not s.needs_gpu]
-    run = LabRun(plan=plan.name, stages=ran, device=device, machine=machine_line(),
+    run = LabRun(plan=plan.name, stages=lab.ran, device=device, machine=machine_line(),
                  finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  models_s=round(models_s, 1), total_s=round(time.monotonic() - started, 1), failures=lab.failures,
                  summary=summary(lab.records))
