@@ -53,10 +53,10 @@ def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Pa
     fastapi = Side(f"fastapi-onnx-dyn: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
     ray = Side(f"ray-dyn: 2 replicas on 2 nodes, @serve.batch ≤ {settings.ray_batch_max_size} / "
                f"{settings.ray_batch_wait_ms:g} ms")
-    port = free_port()
     server, url = serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                 "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
     with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
+        port = free_port()  # once Ray's own processes hold theirs: the proxy binds it moments later
         deploy_in_child("ray-dyn", cluster, port, logs / "ray-deploy.log")
         window = args.duration / args.rounds
         for _ in range(args.rounds):

@@ -47,15 +47,25 @@ def deploy_stage(name: str, address: str) -> dict[str, Any]:
 
 def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float = 300.0) -> None:
     """``servelab ray deploy`` onto a ``LocalCluster`` as a child process (the lab, the benchmark): this
-    process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1."""
+    process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1. A failed deploy raises
+    ``RuntimeError`` with the end of the child's log."""
     import subprocess
     import sys
 
     log.parent.mkdir(parents=True, exist_ok=True)
+    start = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
-        subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", name, "--address",
-                        cluster.address], stdout=out, stderr=subprocess.STDOUT, check=True, timeout=timeout_s,
-                       env={**os.environ, **cluster.client_env(), "RAY_SERVE_PORT": str(port), "RAY_SERVE_HOST": "127.0.0.1"})
+        done = subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", name, "--address",
+                               cluster.address], stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                              env={**os.environ, **cluster.client_env(), "RAY_SERVE_PORT": str(port),
+                                   "RAY_SERVE_HOST": "127.0.0.1"})
+    if done.returncode:
+        # The log may sit in a folder the caller deletes: the error carries the child's last words.
+        with open(log, "rb") as written:
+            written.seek(start)
+            tail = written.read().decode(errors="replace").strip().splitlines()[-25:]
+        raise RuntimeError(f"servelab ray deploy --stage {name} exited {done.returncode} ({log}):\n"
+                           + "\n".join(f"    {line}" for line in tail))
 
 
 def status(address: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from servelab.bench import FastAPITarget, Load, run_bench
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.procs import free_port, session_members
 from servelab.rayserve.cluster import LocalCluster
+from servelab.rayserve.control import deploy_in_child
 from servelab.rayserve.serve_state import ReplicaSampler, replica_rows, serve_details
 from test_fastapi_services import CASES
 
@@ -154,6 +155,15 @@ def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray
     kill_at = t.events["worker node killed"]
     assert sum(n for start, n in zip(t.t_s, t.throughput_rps) if start > kill_at + t.recovery_s + 1) > 0
     assert client.post(f"{ray_cluster.url}/predict", json={"image": b64(PHOTO)}).status_code == 200
+
+
+def test_a_failed_deploy_raises_with_the_childs_own_words(ray_cluster, tmp_path):
+    # The lab and the benchmark deploy in a child whose log may be in a folder deleted afterwards.
+    log = tmp_path / "deploy.log"
+    log.write_text("an earlier deploy's lines\n")
+    with pytest.raises(RuntimeError, match="invalid choice: 'no-such-stage'") as failed:
+        deploy_in_child("no-such-stage", ray_cluster.cluster, ray_cluster.port, log)
+    assert "an earlier deploy" not in str(failed.value)
 
 
 def test_replicas_ask_for_a_gpu_of_their_own_only_where_told():
