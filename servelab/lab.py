@@ -70,6 +70,10 @@ RAY_STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its 
                 "not separate machines (local stand-in)")
 
 
+LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
+TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
+
+
 @dataclass(frozen=True)
 class Plan:
     """How much each stage is measured."""
@@ -90,6 +94,8 @@ class Plan:
     failure_s: float = 20.0
     # The Triton stages perf_analyzer measures too, after servelab's client (None: every one).
     perf_analyzer: tuple[str, ...] | None = None
+    # What it measures when no stage is named.
+    stages: tuple[Stage, ...] = LAB_STAGES
 
     @classmethod
     def tour(cls) -> "Plan":
@@ -98,7 +104,7 @@ class Plan:
         # three windows whatever their spread: windows this short (a few 16-image requests, a few seconds of
         # Poisson arrivals) never pass its stability check, and a tour compares the clients, it certifies nothing.
         return cls("tour", 20, 96, (4, 16), (0.5, 0.9), 3.0, 5, 5, Windows(1000.0, 3), 90.0, (5.0, 10.0, 10.0),
-                   12.0, perf_analyzer=("onnx-dyn",))
+                   12.0, perf_analyzer=("onnx-dyn",), stages=TOUR_STAGES)
 
     @classmethod
     def full(cls) -> "Plan":
@@ -115,10 +121,6 @@ class Plan:
     def named(cls, name: str) -> "Plan":
         return {"tour": cls.tour, "full": cls.full, "quick": cls.quick}[name]()
 
-    def stages(self) -> tuple[Stage, ...]:
-        """The stages it measures when none are named: the tour's, or every stage the lab runs."""
-        return TOUR_STAGES if self.name == "tour" else LAB_STAGES
-
     def with_perf_analyzer(self, stage: Stage) -> bool:
         return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
@@ -132,9 +134,6 @@ def stand_in(stage: Stage) -> str:
         return RAY_STAND_IN
     return ONNX_STAND_IN if stage.family == "triton" and stage.triton.model != PT else ""
 
-
-LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
-TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
 
 
 class Lab:
@@ -324,7 +323,7 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
 def select_stages(names: str | None, plan: Plan | None = None) -> list[Stage]:
     """The named stages, or else the plan's (the tour's by default)."""
     if not names:
-        return list((plan or Plan.tour()).stages())
+        return list((plan or Plan.tour()).stages)
     by_name = {s.name: s for s in LAB_STAGES}
     unknown = [n for n in names.split(",") if n not in by_name]
     if unknown:
