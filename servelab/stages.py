@@ -15,7 +15,7 @@ one entry here (plus, for a new model, its folder in ``models_staging/``).
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 Family = Literal["fastapi", "triton", "ray"]
@@ -78,6 +78,7 @@ class Stage:
     needs_gpu: bool = False  # skipped, with the reason, on the CPU
     in_lab: bool = True  # measured by `servelab lab --full` (False: on the node only)
     tour: bool = False  # also in the default `make lab`, which shows each lesson once in a few minutes
+    notebook: str = ""  # the notebook that measures it (``taught_in`` sets it; the report names it)
 
     @property
     def family(self) -> Family:
@@ -106,6 +107,10 @@ class Stage:
         return self.part.input if isinstance(self.part, TritonPart) else "bytes"
 
 
+def _taught_in(notebook: str, *stages: Stage) -> tuple[Stage, ...]:
+    return tuple(replace(stage, notebook=notebook) for stage in stages)
+
+
 def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
     """``instance_group`` with ``count`` instances on each listed GPU, one entry per (count, gpus)."""
     return {"instance_group": [{"count": count, "kind": "KIND_GPU", "gpus": gpus} for count, gpus in groups]}
@@ -113,7 +118,8 @@ def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
 
 CATALOGUE: tuple[Stage, ...] = (
     # In the order the notebooks teach them; the model variants come last in each family.
-    # FastAPI (4_fastapi): one process, one model; batching is the service's own (servelab.serving.batcher).
+    # FastAPI: one process, one model; batching is the service's own (servelab.serving.batcher).
+    *_taught_in("4_fastapi",
     Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True), tour=True),
     Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
           FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True),
@@ -125,8 +131,9 @@ CATALOGUE: tuple[Stage, ...] = (
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8", tour=True),
     Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True),
-    # Triton (6_triton_python: pt-*; 7_triton_onnx: onnx-1, onnx-2, onnx-dyn; 8_triton_more: the ensemble and
-    # the variants): each stage a config change from the one before it.
+    ),
+    # Triton: each stage a config change from the one before it.
+    *_taught_in("6_triton_python",
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance on GPU 0 (the base config)",
           TritonPart(PT, batches=True)),
     Stage("pt-dyn", "pt-1 + dynamic batching", TritonPart(PT, {PT: {"dynamic_batching": {}}}, batches=True)),
@@ -134,6 +141,8 @@ CATALOGUE: tuple[Stage, ...] = (
           TritonPart(PT, {PT: _instances((2, [0]), (2, [1]))})),
     Stage("pt-4x4", "Triton Python backend, 4 instances on each of 2 GPUs (8 instances)",
           TritonPart(PT, {PT: _instances((4, [0]), (4, [1]))}), in_lab=False),
+    ),
+    *_taught_in("7_triton_onnx",
     Stage("onnx-1", "Triton ONNX Runtime backend, 1 instance on GPU 0 (the base config)",
           TritonPart(ONNX, input="tensor"), variant="fp32", tour=True),
     Stage("onnx-2", "onnx-1 with 2 instances on each of GPUs 0 and 1 (4 instances)",
@@ -142,6 +151,8 @@ CATALOGUE: tuple[Stage, ...] = (
           TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
                                                         "max_queue_delay_microseconds": 100}}},
                      input="tensor", batches=True, both_arrivals=True), tour=True),
+    ),
+    *_taught_in("8_triton_more",
     Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",
           TritonPart(ENSEMBLE, needs=("food_preprocess", ONNX, "food_postprocess"))),
     Stage("onnx-u8", "onnx-1 with preprocessing in the model: uint8 crops in (the base config)",
@@ -151,7 +162,9 @@ CATALOGUE: tuple[Stage, ...] = (
     Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
           TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True,
           tour=True),
-    # Ray Serve (10_ray): the fastapi-onnx service in replicas over a head and a worker node.
+    ),
+    # Ray Serve: the fastapi-onnx service in replicas over a head and a worker node.
+    *_taught_in("10_ray",
     Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1), tour=True),
     Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True),
           tour=True),
@@ -160,6 +173,7 @@ CATALOGUE: tuple[Stage, ...] = (
           RayPart(replicas=2, batching=True, max_replicas_per_node=1)),
     Stage("ray-auto", "Ray Serve, autoscaling replicas (RAY_AUTOSCALE_*)",
           RayPart(autoscaling=True, max_replicas_per_node=2, step_load=True)),
+    ),
 )
 
 STAGES: dict[str, Stage] = {s.name: s for s in CATALOGUE}

@@ -26,11 +26,6 @@ from servelab.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
 ORDER = {s.name: i for i, s in enumerate(CATALOGUE)}  # the notebooks' order
-NOTEBOOK = {"fastapi": "4_fastapi", "ray": "10_ray"}  # where each family's lessons are taught
-# Triton's are taught over three notebooks, each measuring its own stages.
-TRITON_NOTEBOOKS = {"6_triton_python": ("pt-1", "pt-dyn", "pt-2x2", "pt-4x4"),
-                    "7_triton_onnx": ("onnx-1", "onnx-2", "onnx-dyn"),
-                    "8_triton_more": ("ensemble", "onnx-u8", "onnx-int8", "onnx-fp16")}
 
 
 @dataclass(frozen=True)
@@ -109,11 +104,8 @@ def _expect(key: str, device: str) -> Expect:
 
 
 def notebook_of(stage: str) -> str:
-    """The notebook that teaches ``stage``: its family's, or for Triton's the one of three that measures it."""
-    for notebook, stages in TRITON_NOTEBOOKS.items():
-        if stage in stages:
-            return notebook
-    return NOTEBOOK.get(_family(stage), "the notebooks")
+    """The notebook that teaches ``stage`` (the catalogue's word)."""
+    return STAGES[stage].notebook if stage in STAGES else "the notebooks"
 
 
 def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str:
@@ -123,10 +115,6 @@ def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str
     bounds = " and ".join(f"{word} {bound:g}×" for word, bound in (("≥", e.at_least), ("≤", e.at_most))
                           if bound is not None)
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
-
-
-def _family(stage: str) -> str:
-    return STAGES[stage].family if stage in STAGES else ""
 
 
 def _throughput(key: str, pairs: tuple[tuple[str, str], ...], extra: Callable[[Record, Record], str] = lambda a, b: ""):
