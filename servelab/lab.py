@@ -6,7 +6,10 @@ server is a child process stopped by PID, also on Ctrl-C or failure.
 
 Which stages and how much of each is a ``Plan``: the tour (the default, `make lab`: the catalogue's
 ``tour`` stages, each lesson once, in minutes), ``--full`` (every stage, every load, both clients) or
-``--quick`` (every stage, a few requests: the tests' smoke run). The measurements per stage:
+``--quick`` (every stage, a few requests: the tests' smoke run) or ``gpu-check`` (the catalogue's
+``gpu_check`` stages, for `make gpu-check` on a lent GPU). ``--budget`` bounds the run's time: a stage
+that would not fit is not started and is named in ``run.json`` and the report as not run, with why.
+The measurements per stage:
 sequential requests; closed loop at a few concurrencies; then Poisson arrivals at fractions of the
 capacity measured at the highest, where queueing delay appears well before the server is saturated.
 A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
@@ -35,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -72,13 +75,14 @@ RAY_STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its 
 
 LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
 TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
+GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check)
 
 
 @dataclass(frozen=True)
 class Plan:
     """How much each stage is measured."""
 
-    name: str  # "tour", "full" or "quick", named in the run's record (run.json)
+    name: str  # "tour", "full", "quick" or "gpu-check", named in the run's record (run.json)
     sequential: int
     closed: int
     concurrency: tuple[int, ...]
@@ -118,14 +122,54 @@ class Plan:
         return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0)
 
     @classmethod
+    def gpu_check(cls) -> "Plan":
+        # `make gpu-check` on a lent GPU (minutes in all): each GPU lesson once, with enough requests at 8
+        # and 16 senders for the batching ratios (hundreds of req/s there), and perf_analyzer beside
+        # servelab's client on the stage that teaches batching.
+        return cls("gpu-check", 20, 200, (8, 16), (0.5,), 2.0, 10, 10, Windows(1000.0, 3), 60.0,
+                   perf_analyzer=("onnx-dyn",), stages=GPU_CHECK_STAGES)
+
+    @classmethod
     def named(cls, name: str) -> "Plan":
-        return {"tour": cls.tour, "full": cls.full, "quick": cls.quick}[name]()
+        return PLANS[name]()
 
     def with_perf_analyzer(self, stage: Stage) -> bool:
         return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
 
+PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}
 BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
+
+
+class Budget:
+    """How long a run may take. A stage starts only if the longest stage so far (server start-up
+    included), or ``first_guess_s`` before any, still fits in what is left; one that does not is not
+    run, never half-measured. ``seconds=None``: no limit."""
+
+    def __init__(self, seconds: float | None, first_guess_s: float = 30.0, clock=time.monotonic):
+        self.seconds, self.first_guess_s, self.clock = seconds, first_guess_s, clock
+        self.started = self._since = clock()
+        self.longest_s = 0.0
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (self.clock() - self.started)
+
+    def why_not(self) -> str | None:
+        """None when one more stage fits, else why not."""
+        need = self.longest_s or self.first_guess_s
+        if self.left() >= need:
+            return None
+        return (f"the time budget ({self.seconds:g} s) has {max(self.left(), 0):.0f} s left and a stage "
+                f"{'took up to' if self.longest_s else 'is expected to take'} {need:.0f} s")
+
+    def mark(self) -> None:
+        """A stage (or the server it runs on) starts now."""
+        self._since = self.clock()
+
+    def took(self) -> None:
+        """The stage started at the last ``mark`` is done."""
+        self.longest_s = max(self.longest_s, self.clock() - self._since)
+        self._since = self.clock()
 
 
 def stand_in(stage: Stage) -> str:
@@ -138,8 +182,9 @@ def stand_in(stage: Stage) -> str:
 
 class Lab:
     def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
-                 prometheus: LabPrometheus | None = None):
+                 prometheus: LabPrometheus | None = None, budget: Budget | None = None):
         self.plan, self.out_dir, self.log, self.device = plan, out_dir, log, device
+        self.budget = budget or Budget(None)
         # Prometheus scrapes each server while it runs; absent or down, each record says so.
         self.prometheus = prometheus or LabPrometheus(out_dir / "prometheus", log)
         self.scraped: Scraped | None = None  # the server being measured now
@@ -151,6 +196,7 @@ class Lab:
         self.failures: list[str] = []
         self.skipped: dict[str, str] = {}  # part -> why (``preflight``)
         self.ran: list[str] = []  # the stages measured (those needing a GPU left out on the CPU)
+        self.not_run: dict[str, str] = {}  # stage -> why it was not started (the time budget)
 
     # --- servers ---------------------------------------------------------------------------------
 
@@ -243,6 +289,14 @@ class Lab:
             self.log(f"[{part}] skipped: {why}")
         with self.prometheus:
             self._run_stages(stages, manifest, paths)
+        self.ran = [name for name in self.ran if name not in self.not_run]
+
+    def _fits(self, stage: Stage) -> bool:
+        """Whether the stage fits the time budget; one that does not is named, with why."""
+        if why := self.budget.why_not():
+            self.not_run[stage.name] = why
+            self.log(f"[{stage.name}] not run: {why}")
+        return why is None
 
     def _run_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         if self.device == "cpu":
@@ -251,14 +305,22 @@ class Lab:
                 self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
             stages = [s for s in stages if not s.needs_gpu]
         self.ran = [s.name for s in stages]
-        for i, stage in enumerate(s for s in stages if s.family == "fastapi"):
+        for stage in (s for s in stages if s.family == "fastapi"):
+            if not self._fits(stage):
+                continue
             self.log(f"[{stage.name}] {stage.about}")
+            self.budget.mark()
             self._guard(stage, lambda: self._fastapi_stage(stage, manifest))
+            self.budget.took()
         triton_stages = [s for s in stages if s.family == "triton"]
-        if triton_stages:
+        if triton_stages and self._fits(triton_stages[0]):
             self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
+        elif triton_stages:
+            for stage in triton_stages[1:]:
+                self._fits(stage)  # none fits either, and each is named
         ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
-        if ray_stages:
+        # One cluster for every Ray stage: the family runs whole or not at all.
+        if ray_stages and all([self._fits(s) for s in ray_stages]):
             self._guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
 
     def _guard(self, stage: Stage | None, work, family: str = "triton") -> None:
@@ -284,9 +346,12 @@ class Lab:
         from servelab.triton.server import Ports
 
         ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
+        self.budget.mark()  # the server's start-up counts towards the first stage's time
         with self.prometheus.scrape(f"127.0.0.1:{ports.metrics}", "triton") as scraped, \
                 self.triton(stages[0], ports) as server:
-            for stage in stages:
+            for i, stage in enumerate(stages):
+                if i and not self._fits(stage):  # the first was checked before the server started
+                    continue
                 self.log(f"[{stage.name}] {stage.about}")
 
                 def one(stage=stage):
@@ -300,6 +365,7 @@ class Lab:
                     self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
 
                 self._guard(stage, one)
+                self.budget.took()
             self.scraped = None
 
 
@@ -347,7 +413,8 @@ def _model(paths: ArtifactPaths) -> Manifest:
 def run_lab(args) -> int:
     """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
     started = time.monotonic()
-    plan = Plan.named("full" if args.full else "quick" if args.quick else "tour")
+    budget = Budget(args.budget)  # from the command's start: building the model counts too
+    plan = Plan.named(args.plan or ("full" if args.full else "quick" if args.quick else "tour"))
     if args.concurrency:
         plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
     stages = select_stages(args.stages, plan)
@@ -364,9 +431,10 @@ def run_lab(args) -> int:
     models_s = time.monotonic() - started
 
     print(f"device: {device}; plan: {plan.name}, {len(stages)} stages; " + "; ".join(describe(stack())))
-    lab = Lab(plan, args.out, args.image, device=device)
+    lab = Lab(plan, args.out, args.image, device=device, budget=budget)
     lab.run(stages, manifest, paths)
-    report = render_report(lab.records, args.out, sources=[lab.records_path], skipped=lab.skipped)
+    report = render_report(lab.records, args.out, sources=[lab.records_path],
+                           skipped={**lab.skipped, **{f"{name} (not run)": why for name, why in lab.not_run.items()}})
     print()
     print(summary_table(lab.records))
     if found := compare.pairs(lab.records):
@@ -379,10 +447,12 @@ def run_lab(args) -> int:
     run = LabRun(plan=plan.name, stages=lab.ran, device=device, machine=machine_line(),
                  finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  models_s=round(models_s, 1), total_s=round(time.monotonic() - started, 1), failures=lab.failures,
-                 summary=summary(lab.records))
+                 summary=summary(lab.records), not_run=lab.not_run)
     run.write(args.out / RUN_FILE)
     print(f"\n{report} and its plots; raw records in {lab.records_path}; server logs in {lab.logs}")
     print(run.timing())
+    for name, why in lab.not_run.items():
+        print(f"NOT RUN {name}: {why}")
     for failure in lab.failures:
         print(f"FAILED {failure}", file=sys.stderr)
     return 1 if lab.failures else 0
@@ -412,6 +482,7 @@ class LabRun:
     total_s: float  # from the command's start to the report
     failures: list[str]
     summary: list[str]  # the report's "What this run shows", Markdown lines
+    not_run: dict[str, str] = field(default_factory=dict)  # stage -> why it was not started (--budget)
 
     def write(self, path: Path) -> None:
         write_atomic(path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"))

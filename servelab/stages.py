@@ -78,6 +78,7 @@ class Stage:
     needs_gpu: bool = False  # skipped, with the reason, on the CPU
     in_lab: bool = True  # measured by `servelab lab --full` (False: on the node only)
     tour: bool = False  # also in the default `make lab`, which shows each lesson once in a few minutes
+    gpu_check: bool = False  # also in the default `make gpu-check`: each GPU lesson once, inside a lent GPU's minutes
     notebook: str = ""  # the notebook that measures it (``taught_in`` sets it; the report names it)
 
     @property
@@ -120,11 +121,12 @@ CATALOGUE: tuple[Stage, ...] = (
     # In the order the notebooks teach them; the model variants come last in each family.
     # FastAPI: one process, one model; batching is the service's own (servelab.serving.batcher).
     *_taught_in("4_fastapi",
-    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True), tour=True),
+    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True), tour=True,
+          gpu_check=True),
     Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
-          FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True),
+          FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True, gpu_check=True),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
-          FastAPIPart("fastapi-onnx", BATCHING, compose=True)),
+          FastAPIPart("fastapi-onnx", BATCHING, compose=True), gpu_check=True),
     Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "u8"}), variant="u8"),
     Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)",
@@ -144,13 +146,13 @@ CATALOGUE: tuple[Stage, ...] = (
     ),
     *_taught_in("7_triton_onnx",
     Stage("onnx-1", "Triton ONNX Runtime backend, 1 instance on GPU 0 (the base config)",
-          TritonPart(ONNX, input="tensor"), variant="fp32", tour=True),
+          TritonPart(ONNX, input="tensor"), variant="fp32", tour=True, gpu_check=True),
     Stage("onnx-2", "onnx-1 with 2 instances on each of GPUs 0 and 1 (4 instances)",
           TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}, input="tensor"), tour=True),
     Stage("onnx-dyn", "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
           TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
                                                         "max_queue_delay_microseconds": 100}}},
-                     input="tensor", batches=True, both_arrivals=True), tour=True),
+                     input="tensor", batches=True, both_arrivals=True), tour=True, gpu_check=True),
     ),
     *_taught_in("8_triton_more",
     Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",
@@ -160,8 +162,7 @@ CATALOGUE: tuple[Stage, ...] = (
     Stage("onnx-int8", "onnx-u8 quantized to INT8, static QDQ (the base config)",
           TritonPart(ONNX_INT8, input="uint8"), variant="int8"),
     Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
-          TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True,
-          tour=True),
+          TritonPart(ONNX_FP16, input="uint8"), variant="fp16", needs_gpu=True, tour=True, gpu_check=True),
     ),
     # Ray Serve: the fastapi-onnx service in replicas over a head and a worker node.
     *_taught_in("10_ray",

@@ -1,6 +1,7 @@
 """The CPU side of the GPU path: device selection, `--device gpu` and `make gpu-check` without a GPU,
 the gpu marker's skips, and the GPU record's parts. The GPU side is tests/integration/test_gpu.py."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.hardware import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
-from servelab.tools.gpu_check import PytestOutcome, slug
+from servelab.tools.gpu_check import PytestOutcome, record_markdown, run_within, slug
 
 REPO = Path(__file__).resolve().parents[2]
 without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
@@ -110,3 +111,35 @@ def test_this_environment_says_what_it_lacks_for_a_gpu():
     assert (torch.version.cuda is None) == any("is a CPU build" in g for g in gaps)
     has_cuda_provider = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     assert has_cuda_provider != any("no CUDA execution provider" in g for g in gaps)
+
+
+def test_a_command_past_its_time_is_stopped_with_what_it_started(tmp_path):
+    """gpu-check's bound on its tests and its lab: the command and the servers it started end together."""
+    pid_file = tmp_path / "pid"
+    code = run_within(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], 1.0, tmp_path / "log")
+    assert code is None
+    assert not Path(f"/proc/{pid_file.read_text().strip()}").exists()
+    assert run_within(["sh", "-c", "exit 3"], 10.0, tmp_path / "log2") == 3
+
+
+def test_a_lab_budget_too_short_for_a_stage_names_each_stage_not_run(artifacts, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "servelab", "lab", "--quick", "--stages", "fastapi-onnx,onnx-1",
+                          "--budget", "0.5", "--out", str(tmp_path / "r")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["stages"] == [] and set(record["not_run"]) == {"fastapi-onnx", "onnx-1"}
+    assert "time budget (0.5 s)" in record["not_run"]["onnx-1"] and "NOT RUN onnx-1" in run.stdout
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "**fastapi-onnx (not run)**" in report and "**onnx-1 (not run)**" in report
+    assert not (tmp_path / "r" / "records.jsonl").exists() or not (tmp_path / "r" / "records.jsonl").read_text()
+
+
+def test_the_gpu_record_names_what_the_budget_cut_and_never_counts_it_passed():
+    cut = {"GPU tests": "stopped by the time budget (285 s) before they ended",
+           "onnx-fp16": "the time budget (200 s) has 4 s left and a stage took up to 31 s"}
+    md = record_markdown([], {}, None, "`servelab lab --plan gpu-check`, exit 0", "today", {}, None, cut)
+    section = md.split("## Not run: cut by the time budget")[1].split("##")[0]
+    assert "- **onnx-fp16**: the time budget (200 s)" in section and "- **GPU tests**: stopped" in section
+    assert "not run to the end: stopped by the time budget (285 s)" in md and "passed" not in md
+    assert "## Not run: cut by the time budget\n\nnothing" in record_markdown([], {}, None, "x", "today")

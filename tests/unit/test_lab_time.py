@@ -4,6 +4,8 @@
 docs/records/make-lab.json, and `make notebooks` writes its figure into README, docs and 0_intro.
 """
 
+import json
+
 from servelab import lab
 from servelab.tools.notebook_blocks import LAB_RUN, lab_summary, lab_time
 from servelab.paths import REPO_ROOT
@@ -51,3 +53,38 @@ def test_the_figure_is_written_where_readers_look():
         assert sentence in page.read_text(), page
     assert REPO_ROOT / "README.md" in pages()
     assert "Dynamic batching" in lab_summary() and "## What this run shows" not in lab_summary()
+
+
+class Clock:
+    """Seconds that pass when the test says so."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_stage_starts_only_if_the_longest_so_far_still_fits_the_budget():
+    clock = Clock()
+    budget = lab.Budget(60, first_guess_s=20, clock=clock)
+    assert budget.why_not() is None  # 60 s left, a first stage is guessed at 20
+    budget.mark()
+    clock.now += 25
+    budget.took()
+    assert budget.longest_s == 25 and budget.why_not() is None  # 35 s left
+    clock.now += 12  # a shorter stage: the longest stays the guess for the next
+    budget.took()
+    assert budget.why_not() == "the time budget (60 s) has 23 s left and a stage took up to 25 s"
+    assert lab.Budget(None, clock=clock).why_not() is None  # no budget, no limit
+    assert "is expected to take 20 s" in lab.Budget(10, first_guess_s=20, clock=clock).why_not()
+
+
+def test_what_the_budget_cut_is_in_the_run_record_and_its_absence_reads_back(tmp_path):
+    run = _run(not_run={"onnx-fp16": "the time budget (60 s) has 3 s left and a stage took up to 25 s"})
+    run.write(tmp_path / "run.json")
+    assert lab.LabRun.read(tmp_path / "run.json").not_run == run.not_run
+    old = json.loads((tmp_path / "run.json").read_text())
+    del old["not_run"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert lab.LabRun.read(tmp_path / "old.json").not_run == {}  # runs recorded before the budget existed

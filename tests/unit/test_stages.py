@@ -118,3 +118,22 @@ def test_the_tour_shows_every_lesson_once() -> None:
     assert any(s.family == "ray" and s.ray.node_failure for s in tour)
     assert any(s.family == "triton" and s.triton.both_arrivals for s in tour) and lab.Plan.tour().poisson_fractions
     assert len(tour) < len(lab.LAB_STAGES)
+
+
+def test_the_gpu_check_shows_each_gpu_lesson_once() -> None:
+    """`make gpu-check`'s default (issue 31): FastAPI + ONNX Runtime with and without batching, one PyTorch
+    stage, Triton's onnx-1 and onnx-dyn, fp16; both clients on the batching Triton stage; nothing on the
+    node only or from a family the GPU environment does not carry (Ray)."""
+    check = lab.GPU_CHECK_STAGES
+    fastapi = [s for s in check if s.family == "fastapi"]
+    assert {s.fastapi.backend for s in fastapi} == {"pytorch", "onnx"}
+    onnx = [s for s in fastapi if s.fastapi.backend == "onnx"]
+    assert {"MAX_BATCH_SIZE" in s.fastapi.env for s in onnx} == {True, False}
+    triton = [s for s in check if s.family == "triton"]
+    batching = [s for s in triton if s.triton.changes.get(s.triton.model, {}).get("dynamic_batching") is not None]
+    assert batching and len(batching) < len(triton)
+    assert any(s.variant == "fp16" for s in check) and all(s.in_lab for s in check)
+    assert {s.family for s in check} == {"fastapi", "triton"}
+    plan = lab.Plan.gpu_check()
+    assert plan.stages == check and set(plan.concurrency) == {8, 16}
+    assert [s.name for s in triton if plan.with_perf_analyzer(s)] == [s.name for s in batching]
