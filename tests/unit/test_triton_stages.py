@@ -67,6 +67,34 @@ def test_dynamic_batching_only_where_the_lab_adds_it():
         assert not config(name).HasField("dynamic_batching"), name
 
 
+def batching_onnx_configs() -> list[tuple[str, str, stages.model_config_pb2.ModelConfig]]:
+    """(stage, model, config as the node runs it) for every ONNX Runtime model of every stage that Triton
+    batches: the ensemble's ONNX step too."""
+    found = []
+    for stage in stages.STAGES.values():
+        for model in stage.triton.models:
+            cfg = config(stage.name, model)
+            if cfg.backend == "onnxruntime" and (cfg.HasField("dynamic_batching") or cfg.max_batch_size > 1):
+                found.append((stage.name, model, cfg))
+    return found
+
+
+def test_every_batch_size_triton_can_form_is_warmed_before_the_model_is_ready():
+    """Triton hands a batching model any size from 1 to max_batch_size (a dynamic batcher's preferred
+    sizes are preferences; without one, the client's request is the batch): each must have run once."""
+    found = batching_onnx_configs()
+    assert {name for name, _, _ in found} >= {"onnx-1", "onnx-2", "onnx-dyn", "ensemble", "onnx-u8"}
+    for name, model, cfg in found:
+        warmed = {w.batch_size for w in cfg.model_warmup}
+        formable = set(range(1, cfg.max_batch_size + 1))
+        assert formable <= warmed, (name, model, sorted(formable - warmed))
+        assert set(cfg.dynamic_batching.preferred_batch_size) <= warmed, (name, model)
+        inputs = {(i.name, tuple(i.dims)) for i in cfg.input}
+        assert all({(n, tuple(t.dims)) for n, t in w.inputs.items()} == inputs for w in cfg.model_warmup), name
+    assert {6} <= {w.batch_size for w in config("onnx-dyn").model_warmup}  # a preferred size of onnx-dyn's
+    assert len(config("onnx-1").model_warmup) == 16  # one run per size: the warm-up's cost, per instance
+
+
 def test_a_stage_changes_only_its_fields():
     base = stages.base_config(MODELS_STAGING, catalogue.PT)
     cfg = config("pt-4x4")
