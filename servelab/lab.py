@@ -15,7 +15,8 @@ capacity measured at the highest, where queueing delay appears well before the s
 A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
 by perf_analyzer, the tool the lab's students use on the node, with the same photo;
 requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
-same rates for the dynamic-batching ONNX stage. A perf_analyzer run that fails is recorded with its
+same rates for the dynamic-batching ONNX stage. A stage fed fixed batches by its client
+(``TritonPart.images``) gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its
 message and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not
 installed) is decided before the first run (``preflight``): those parts are skipped, each with its
 reason in the log and the report, instead of failing run after run.
@@ -358,7 +359,7 @@ class Lab:
                     config = server.apply_stage(stage.name)
                     model = stage.triton.model
                     self.scraped = scraped.narrowed(model=model)
-                    target = TritonTarget(server.url, model, self.image, input=stage.input,
+                    target = TritonTarget(server.url, model, self.image, input=stage.input, batch=stage.triton.images,
                                           image_name=self.image_name, manifest=paths.manifest)
                     said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), model,
                                          instance_count(config.get("instance_group", [])))

@@ -49,6 +49,9 @@ class TritonPart:
     input: Input = "bytes"  # what a client sends: an encoded photo, or a crop it preprocessed itself
     batches: bool = False  # the lab also sends requests of 16 images (the model batches them in one pass)
     both_arrivals: bool = False  # the lab offers constant as well as Poisson arrivals at each rate
+    # Images in every request the lab sends it; > 1: the client forms the batches, all of this one size,
+    # so each ONNX Runtime session sees one input shape whatever its version does on a change of shape.
+    images: int = 1
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -153,6 +156,8 @@ CATALOGUE: tuple[Stage, ...] = (
           TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
                                                         "max_queue_delay_microseconds": 100}}},
                      input="tensor", batches=True, both_arrivals=True), tour=True, gpu_check=True),
+    Stage("onnx-b16", "onnx-1 sent batches of 16 images by the client (perf_analyzer -b 16): one input shape, "
+          "no server-side batcher", TritonPart(ONNX, input="tensor", images=16)),
     ),
     *_taught_in("8_triton_more",
     Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",

@@ -15,7 +15,8 @@ adapts it to the machine:
   0 and 1, as on the P100 node): the instances of a missing GPU move to one that is there, with a
   ``servelab_gpu_placement`` parameter saying so;
 * every ``backend: "onnxruntime"`` model gets Triton's own ``model_warmup``, a zero-filled batch of
-  each size of ``batch_buckets(max_batch_size)`` (Triton reports the model ready only after them),
+  every size from 1 to ``max_batch_size`` (``onnx_warm_up`` says why; Triton reports the model ready
+  only after them),
   and the backend's ``cudnn_conv_algo_search`` parameter from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
 * ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
   ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
@@ -34,7 +35,6 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from servelab.hardware import gpu_count
-from servelab.inference import batch_buckets
 from servelab.settings import get_settings
 from servelab.stages import Stage, of_family
 from servelab.stages import get_stage as catalogue_stage
@@ -73,15 +73,24 @@ CUDNN_CONV_ALGO_SEARCH = {"EXHAUSTIVE": "0", "HEURISTIC": "1", "DEFAULT": "2"}
 
 
 def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
-    """``model_warmup`` for an ONNX model's config fields: one zero-filled batch per bucket size, so each
-    shape the GPU will see has run once before the model is ready (a model that Triton does not batch,
-    ``max_batch_size`` 0, gets none)."""
+    """``model_warmup`` for an ONNX model's config fields: one zero-filled batch of *every* size from 1 to
+    ``max_batch_size``, so each shape the model can be handed has run once before it is ready (a model
+    that Triton does not batch, ``max_batch_size`` 0, gets none).
+
+    Every size, not a few: Triton hands the model any size up to ``max_batch_size``. Without a dynamic
+    batcher each request runs as the client sent it; with one, ``preferred_batch_size`` is only a
+    preference and the batcher sends whatever has queued when ``max_queue_delay_microseconds`` runs out.
+    No config field narrows that set, and the ONNX Runtime backend has one session per instance, which on
+    a GPU chooses cuDNN algorithms for a new shape (ONNX Runtime 1.19.2, the node's backend, once per
+    shape; from 1.20 on every change of shape, which no warm-up avoids: stage ``onnx-b16`` keeps one).
+    The cost: ``max_batch_size`` runs per instance (16 runs, 136 images, for the lab's models), paid
+    while the model loads instead of during a measurement."""
     max_batch = int(fields.get("max_batch_size", 0))
     if not max_batch:
         return {}
     inputs = {i["name"]: {"data_type": i["data_type"], "dims": i["dims"], "zero_data": True} for i in fields["input"]}
     return {"model_warmup": [{"name": f"batch {n}", "batch_size": n, "inputs": inputs}
-                             for n in batch_buckets(max_batch)]}
+                             for n in range(1, max_batch + 1)]}
 
 
 def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -271,16 +271,16 @@ class TritonWalkthrough:
             print(f"perf_analyzer measured nothing: {result.failed}")
         return [result]
 
-    async def measure(self, name: str, loads: list[Load], batch: int = 1) -> list[Record]:
-        """Measure stage ``name`` under each load with both tools (``batch`` images per request),
-        record every run, and print the table and the utilization seen."""
+    async def measure(self, name: str, loads: list[Load], batch: int | None = None) -> list[Record]:
+        """Measure stage ``name`` under each load with both tools (``batch`` images per request; None:
+        the stage's own, ``TritonPart.images``), record every run, and print the table and the utilization seen."""
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return []
         config = self.use_stage(name)
         model = STAGES[name].triton.model
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=input_kind(model),
-                              batch=batch, image_name=self.photo.name)
+                              batch=batch or STAGES[name].triton.images, image_name=self.photo.name)
         stand_in = self.stand_in(name)
         settings = {key: config.get(key) for key in CONFIG_KEYS}
         done: list[Record] = []

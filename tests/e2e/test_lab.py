@@ -87,7 +87,9 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     ours = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "servelab" and r.stage in TRITON]
     theirs = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "perf_analyzer"]
     assert set(theirs) <= set(ours) and {stage for stage, _, _ in theirs} == TRITON
-    assert {(stage, batch) for stage, _, batch in theirs if batch > 1} == {("pt-1", 16), ("pt-dyn", 16), ("onnx-dyn", 16)}
+    assert {(stage, batch) for stage, _, batch in theirs if batch > 1} == {("pt-1", 16), ("pt-dyn", 16), ("onnx-dyn", 16),
+                                                                          ("onnx-b16", 16)}
+    assert {batch for stage, _, batch in ours if stage == "onnx-b16"} == {16}  # its client's batches only
     assert {label.split()[0] for stage, label, _ in theirs if stage == "onnx-dyn"} >= {"constant", "poisson"}
     assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
     report = (tmp_path / "report.md").read_text()

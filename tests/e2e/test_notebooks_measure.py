@@ -278,8 +278,8 @@ def triton_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 # Each notebook's stages in quick mode (pt-4x4: 8 CPU instances; the variants: as in `make lab`, not here).
-QUICK_STAGES = {"6_triton_python": ["pt-1", "pt-dyn", "pt-2x2"], "7_triton_onnx": ["onnx-1", "onnx-2", "onnx-dyn"],
-                "8_triton_more": ["ensemble"]}
+QUICK_STAGES = {"6_triton_python": ["pt-1", "pt-dyn", "pt-2x2"],
+                "7_triton_onnx": ["onnx-1", "onnx-2", "onnx-dyn", "onnx-b16"], "8_triton_more": ["ensemble"]}
 
 # After each notebook: its runs are the newest records of the file the three share (RECORDS_BEFORE were there
 # before it), servelab's are EXPECTED, and perf_analyzer ran right after servelab at every load of the stages in
@@ -314,6 +314,7 @@ assert [g["count"] for g in records[5].config["instance_group"]] == [4]  # 2 + 2
 
 CHECK_ONNX = CHECK_TRITON + """
 assert {b for r in records if r.stage == "onnx-1" for b in r.breakdown.batch_sizes} == {1}
+assert {b for r in records if r.stage == "onnx-b16" for b in r.breakdown.batch_sizes} == {16}  # the client's batches
 assert sum(after.values()) > sum(before.values())
 """
 
@@ -333,7 +334,8 @@ EXPECTED = {
                         ("pt-1", "sequential", 16), ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1)],
     "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
                       *[(stage, f"{arrivals} {rate} req/s", 1) for stage in ("onnx-1", "onnx-dyn") for rate in (20, 40)
-                        for arrivals in ("constant", "poisson")]],
+                        for arrivals in ("constant", "poisson")],
+                      ("onnx-b16", "sequential", 16), ("onnx-b16", "concurrency 4", 16)],
     "8_triton_more": [("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1)],
 }
 
@@ -357,7 +359,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
         "6_triton_python": {"BATCH_REQUESTS": 2,
                             "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
                                                  "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n"},
-        "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4,
+        "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4, "BATCH_REQUESTS": 2,
                           "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
                                                  "  max_queue_delay_microseconds: 100\n}\n"},
         "8_triton_more": {},

@@ -144,14 +144,14 @@ def test_padded_rows_never_reach_a_response(service):
 
 # --- Triton: the Python-backend stand-in for the ONNX Runtime backend ---
 
-def test_onnx_configs_warm_every_bucket_and_carry_the_cudnn_search(artifacts, monkeypatch):
+def test_onnx_configs_warm_every_batch_size_and_carry_the_cudnn_search(artifacts, monkeypatch):
     """What the lab node's real ONNX Runtime backend gets from `servelab triton stage`."""
     repository = get_settings().triton_model_repository
     for stage, expected in (("onnx-dyn", "1"), ("onnx-u8", "1")):
         config = effective_config(get_stage(stage), get_stage(stage).triton.model, kind="gpu", onnxruntime=True,
                                   repository=repository)
         warmups = [(w.batch_size, w.name) for w in config.model_warmup]
-        assert warmups == [(n, f"batch {n}") for n in BUCKETS], render(config)
+        assert warmups == [(n, f"batch {n}") for n in range(1, 17)], render(config)
         assert all(i.zero_data for w in config.model_warmup for i in w.inputs.values())
         assert config.parameters["cudnn_conv_algo_search"].string_value == expected
     monkeypatch.setenv("ORT_CUDNN_CONV_ALGO_SEARCH", "EXHAUSTIVE")
@@ -196,10 +196,11 @@ def triton(request, artifacts, tmp_path_factory) -> Iterator[tuple[str, server.L
 def test_triton_warms_every_bucket_before_ready(triton):
     policy, _, at_ready = triton
     if policy == "off":
-        assert list(at_ready) == ["any"] and at_ready["any"][1] > 0  # Triton's own warm-up: 1, 2, 4, 8, 16
+        assert list(at_ready) == ["any"] and at_ready["any"][1] > 0  # Triton's own warm-up: 1 to 16
         return
-    # initialize ran each bucket once, then Triton's model_warmup (one batch per bucket) did again.
-    assert at_ready == {str(n): (2, 0) for n in BUCKETS}
+    # initialize ran each bucket once, then Triton's model_warmup (a batch of each size from 1 to 16) ran
+    # each size on the smallest bucket that holds it: 1; 2; 3-4; 5-8; 9-16.
+    assert at_ready == {"1": (2, 0), "2": (2, 0), "4": (3, 0), "8": (5, 0), "16": (9, 0)}
 
 
 def test_triton_batches_keep_each_sessions_shape_and_drop_padded_rows(triton, artifacts):

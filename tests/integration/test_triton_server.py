@@ -188,8 +188,8 @@ def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
 
 # --- every stage ---
 
-@pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "onnx-u8",
-                                  "onnx-int8", "ensemble"])
+@pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "onnx-b16",
+                                  "onnx-u8", "onnx-int8", "ensemble"])
 def test_every_stage_loads_and_serves(triton, name):
     config = triton.apply_stage(name)
     stage = STAGES[name]
@@ -204,10 +204,11 @@ def test_every_stage_loads_and_serves(triton, name):
         assert config["backend"] == "python" and "STAND-IN" in config["parameters"]["servelab_stand_in"]["string_value"]
         assert "LOCAL STAND-IN" in triton.process.log.read_text()
         connection = http(triton)
-        batch = pixels(FOUR[:1]) if client.input_kind(stage.triton.model) == "uint8" else preprocess_batch(FOUR[:1])
+        images = SIXTEEN[:stage.triton.images]  # as many as the lab sends it: onnx-b16's batches of 16
+        batch = pixels(images) if client.input_kind(stage.triton.model) == "uint8" else preprocess_batch(images)
         result = connection.infer(stage.triton.model, client.tensor_inputs("http", batch))
         connection.close()
-        assert result.as_numpy("output").shape == (1, 11)
+        assert result.as_numpy("output").shape == (stage.triton.images, 11)
     else:
         assert len(infer_images(triton, stage.triton.model, FOUR[:1])) == 1
 

@@ -13,8 +13,8 @@ from servelab.settings import get_settings
 from servelab import stages as catalogue
 from servelab.triton import backend, stages
 
-STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "ensemble", "onnx-u8", "onnx-int8",
-               "onnx-fp16"]
+STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "onnx-b16", "ensemble", "onnx-u8",
+               "onnx-int8", "onnx-fp16"]
 
 
 def config(name: str, model: str | None = None, kind: stages.Kind = "gpu", onnxruntime: bool = True):
@@ -65,6 +65,44 @@ def test_dynamic_batching_only_where_the_lab_adds_it():
     assert (list(dyn.preferred_batch_size), dyn.max_queue_delay_microseconds) == ([4, 6, 8], 100)
     for name in ("pt-1", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2"):
         assert not config(name).HasField("dynamic_batching"), name
+
+
+def batching_onnx_configs() -> list[tuple[str, str, stages.model_config_pb2.ModelConfig]]:
+    """(stage, model, config as the node runs it) for every ONNX Runtime model of every stage that Triton
+    batches: the ensemble's ONNX step too."""
+    found = []
+    for stage in stages.STAGES.values():
+        for model in stage.triton.models:
+            cfg = config(stage.name, model)
+            if cfg.backend == "onnxruntime" and (cfg.HasField("dynamic_batching") or cfg.max_batch_size > 1):
+                found.append((stage.name, model, cfg))
+    return found
+
+
+def test_every_batch_size_triton_can_form_is_warmed_before_the_model_is_ready():
+    """Triton hands a batching model any size from 1 to max_batch_size (a dynamic batcher's preferred
+    sizes are preferences; without one, the client's request is the batch): each must have run once."""
+    found = batching_onnx_configs()
+    assert {name for name, _, _ in found} >= {"onnx-1", "onnx-2", "onnx-dyn", "onnx-b16", "ensemble", "onnx-u8"}
+    for name, model, cfg in found:
+        warmed = {w.batch_size for w in cfg.model_warmup}
+        formable = set(range(1, cfg.max_batch_size + 1))
+        assert formable <= warmed, (name, model, sorted(formable - warmed))
+        assert set(cfg.dynamic_batching.preferred_batch_size) <= warmed, (name, model)
+        inputs = {(i.name, tuple(i.dims)) for i in cfg.input}
+        assert all({(n, tuple(t.dims)) for n, t in w.inputs.items()} == inputs for w in cfg.model_warmup), name
+    assert {6} <= {w.batch_size for w in config("onnx-dyn").model_warmup}  # a preferred size of onnx-dyn's
+    assert len(config("onnx-1").model_warmup) == 16  # one run per size: the warm-up's cost, per instance
+
+
+def test_the_stable_shape_stage_is_onnx_1_fed_fixed_batches_by_its_client():
+    stage = stages.get_stage("onnx-b16")
+    cfg = config("onnx-b16")
+    assert not cfg.HasField("dynamic_batching")  # Triton runs each request as it came: one shape
+    assert stage.triton.model == catalogue.ONNX and not stage.triton.changes
+    assert 1 < stage.triton.images <= cfg.max_batch_size
+    assert all(s.triton.images == 1 for s in stages.STAGES.values() if s is not stage)
+    assert (stage.notebook, stage.in_lab, stage.tour, stage.needs_gpu) == ("7_triton_onnx", True, False, False)
 
 
 def test_a_stage_changes_only_its_fields():
