@@ -179,18 +179,15 @@ def plan(house: Path, sums: dict[str, str], carried: list[str], left_out: dict[s
     """The folders and their manifest (part checksums still blank: ``write_folders`` fills them in). Every folder
     holds the manifest too, so the pieces get what it leaves: packed again with less room until the manifest fits
     in what was set aside for it (a checksum is always 64 characters, so filling them in changes no size)."""
-    reserve = 0
-    while True:
-        capacity = limit - reserve
-        if capacity <= 0:
-            raise CarryError(f"a folder limit of {limit} bytes leaves no room beside the manifest ({reserve} bytes)")
+
+    def layout(capacity: int) -> tuple[list[list[Piece]], dict]:
         pieces = {name: cut(house, name, capacity) for name in carried}
         folders = first_fit_decreasing([p for ps in pieces.values() for p in ps], capacity)
         width = max(2, len(str(len(folders) - 1)))
         for number, folder in enumerate(folders):
             for piece in folder:
                 piece.folder = f"{number:0{width}d}"
-        manifest = {
+        return folders, {
             "folder_limit": limit,
             "folders": [f"{n:0{width}d}" for n in range(len(folders))],
             "files": [{"name": name, "size": (house / name).stat().st_size, "sha256": sums[name],
@@ -201,6 +198,14 @@ def plan(house: Path, sums: dict[str, str], carried: list[str], left_out: dict[s
             "left_out": [{"name": name, "size": (house / name).stat().st_size, "sha256": sums[name],
                           "reason": reason} for name, reason in sorted(left_out.items())],
         }
+
+    # The smallest manifest, every file whole; a limit near it would cut the files into countless parts.
+    reserve = len(render(layout(max([(house / n).stat().st_size for n in carried], default=1))[1]))
+    if limit < 2 * reserve:
+        raise CarryError(f"a folder limit of {limit} bytes is too small: every folder holds the manifest, "
+                         f"and it takes {reserve} bytes or more")
+    while True:
+        folders, manifest = layout(limit - reserve)
         needed = len(render(manifest))
         if needed <= reserve:
             return folders, manifest
