@@ -45,17 +45,11 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def sha256_range(path: Path, offset: int = 0, length: int | None = None) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as src:
-        src.seek(offset)
-        left = path.stat().st_size - offset if length is None else length
-        while left > 0:
-            chunk = src.read(min(CHUNK, left))
-            if not chunk:
-                break
+        while chunk := src.read(CHUNK):
             digest.update(chunk)
-            left -= len(chunk)
     return digest.hexdigest()
 
 
@@ -128,10 +122,10 @@ def read_sums(house: Path) -> dict[str, str]:
         raise CarryError(f"{house}: no {SUMS}; make the wheelhouse with `make gpu-wheelhouse`")
     sums = {}
     for number, line in enumerate(sums_file.read_text().splitlines(), 1):
-        digest, _, name = line.partition("  ")
-        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not name:
+        match = re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)  # `sha256sum`'s text or binary mark
+        if not match:
             raise CarryError(f"{sums_file} line {number}: {line!r} is not `sha256  name`")
-        sums[name.lstrip("*")] = digest
+        sums[match[2]] = match[1]
     return sums
 
 
@@ -142,7 +136,7 @@ def wheelhouse_files(house: Path) -> dict[str, str]:
     problems = [f"{name}: listed in {SUMS}, not in the folder" for name in sorted(sums.keys() - present)]
     problems += [f"{name}: in the folder, not in {SUMS} (a part of an older split?)" for name in sorted(present - sums.keys())]
     problems += [f"{name}: sha256 differs from {SUMS}" for name in sorted(present & sums.keys())
-                 if sha256_range(house / name) != sums[name]]
+                 if sha256_file(house / name) != sums[name]]
     if problems:
         raise CarryError(f"{house} does not check; run `make gpu-wheelhouse` again:\n  " + "\n  ".join(problems))
     return sums
@@ -277,6 +271,8 @@ def pack(house: Path, out: Path, limit: int, have_path: Path | None = None, keep
     sums = wheelhouse_files(house)
     have = read_have(have_path) if have_path else {}
     carried, left_out, kept = choose(sums, have, list(keep), str(have_path))
+    if not carried:
+        raise CarryError(f"{house}: nothing to carry (no files, or every one left out)")
     folders, manifest = plan(house, sums, carried, left_out, kept, limit)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_folders(out, folders, manifest)
@@ -322,7 +318,7 @@ def part_problems(root: Path, manifest: dict, folders: set[str]) -> list[str]:
                 problems.append(f"missing: {where}")
             elif path.stat().st_size != part["size"]:
                 problems.append(f"corrupt: {where}: {path.stat().st_size} bytes, the manifest says {part['size']}")
-            elif sha256_range(path) != part["sha256"]:
+            elif sha256_file(path) != part["sha256"]:
                 problems.append(f"corrupt: {where}: sha256 differs from the manifest's")
     return problems
 
@@ -333,7 +329,7 @@ def check_folder(folder: Path) -> str:
         sums = read_sums(folder)
         problems = [f"missing: {name}" for name in sorted(sums) if not (folder / name).is_file()]
         problems += [f"corrupt: {name}: sha256 differs from {SUMS}" for name in sorted(sums)
-                     if (folder / name).is_file() and sha256_range(folder / name) != sums[name]]
+                     if (folder / name).is_file() and sha256_file(folder / name) != sums[name]]
         if problems:
             raise CarryError(f"{folder}:\n  " + "\n  ".join(problems))
         return f"{folder}: {len(sums)} files match {SUMS}"
@@ -375,7 +371,7 @@ def join(root: Path, house: Path) -> str:
             for part in entry["parts"]:
                 with (root / part["folder"] / part["name"]).open("rb") as src:
                     shutil.copyfileobj(src, out, CHUNK)
-        if sha256_range(staging / entry["name"]) != entry["sha256"]:
+        if sha256_file(staging / entry["name"]) != entry["sha256"]:
             shutil.rmtree(staging)
             raise CarryError(f"corrupt: {entry['name']}: joined, its sha256 differs from the manifest's")
     (staging / SUMS).write_text("".join(f"{e['sha256']}  {e['name']}\n" for e in manifest["files"]))
