@@ -11,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab lab-full test check models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab lab-full test check models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -96,7 +96,15 @@ GPU_TARGET := --only-binary=:all: --implementation cp --python-version 3.12 --ab
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64
 # Debian packages the tools need on a machine without network: perf_analyzer's libb64, Prometheus.
 GPU_DEBS := libb64-0d prometheus
-PART_SIZE := 50M
+# perf_analyzer's two pinned wheels, name==version (its installer extracts files from them; pip never installs them).
+PA_WHEELS = $$($(BIN)/python -c 'from servelab.tools.installers.perf_analyzer import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
+# Taking the wheelhouse to a GPU machine in calls of limited size (servelab/tools/gpu_carry.py): folders of at most
+# CARRY_SIZE under GPU_CARRY; CARRY_IN is where the GPU machine's calls copied them.
+CARRY_SIZE ?= 50M
+GPU_CARRY ?= carry/gpu-cu13
+CARRY_IN ?= /tmp/carry
+HAVE ?=
+GPU_CARRY_PY = servelab/tools/gpu_carry.py
 # Where the installers look first (servelab.tools.installers.opt_tools.wheelhouse); pip too, and only there.
 OFFLINE = if [ -d $(GPU_WHEELHOUSE) ]; then export SERVELAB_WHEELHOUSE=$(abspath $(GPU_WHEELHOUSE)) \
 	PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(GPU_WHEELHOUSE)); fi
@@ -116,31 +124,36 @@ $(GPU_STAMP): pyproject.toml $(GPU_CONSTRAINTS)
 		|| { echo "$(GPU_PYTHON) has no CUDA PyTorch: install one, or set GPU_PYTHON to the Python that has it"; exit 1; }
 	rm -rf $(GPU_VENV)
 	$(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
-	$(GPU_PYTHON) -c 'import sys; print(*(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))), sep="\n")' \
-		> "$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/gpu-python.pth"
-	if [ -d $(GPU_WHEELHOUSE) ]; then $(MAKE) --no-print-directory gpu-wheelhouse-join; fi
+	$(GPU_PYTHON) $(GPU_CARRY_PY) sites > "$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/gpu-python.pth"
+	if [ -d $(GPU_WHEELHOUSE) ]; then $(GPU_PYTHON) $(GPU_CARRY_PY) check $(GPU_WHEELHOUSE); fi
 	$(GPU_VENV)/bin/python -m pip install $$([ -d $(GPU_WHEELHOUSE) ] && echo --no-index --find-links $(GPU_WHEELHOUSE)) \
 		-c $(GPU_CONSTRAINTS) -e '.[$(GPU_EXTRA)]'
 	$(GPU_VENV)/bin/python -c 'import torch; assert torch.version.cuda, torch.__file__; print("$(GPU_VENV): torch", torch.__version__, "CUDA", torch.version.cuda)'
 	touch $@
 
 # On a networked machine: every wheel .venv-gpu needs (GPU_CONSTRAINTS, for CPython 3.12 on x86-64 Linux),
-# perf_analyzer's two pinned wheels and the GPU_DEBS; files over 60 MiB are split into $(PART_SIZE) parts,
-# SHA256SUMS lists whole files.
+# perf_analyzer's two pinned wheels and the GPU_DEBS, whole, with SHA256SUMS.
 gpu-wheelhouse: $(STAMP)
 	rm -rf $(GPU_WHEELHOUSE) && mkdir -p $(GPU_WHEELHOUSE)
 	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps $(GPU_TARGET) -d $(GPU_WHEELHOUSE) -r $(GPU_CONSTRAINTS)
-	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d $(GPU_WHEELHOUSE) \
-		$$($(BIN)/python -c 'from servelab.tools.installers.perf_analyzer import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
+	PIP_CONSTRAINT= $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d $(GPU_WHEELHOUSE) $(PA_WHEELS)
 	cd $(GPU_WHEELHOUSE) && apt-get download $(GPU_DEBS)
-	cd $(GPU_WHEELHOUSE) && sha256sum *.whl *.deb > SHA256SUMS && \
-	for w in *.whl *.deb; do if [ $$(stat -c %s "$$w") -gt 62914560 ]; then split -b $(PART_SIZE) -d "$$w" "$$w.part-" && rm "$$w"; fi; done
+	cd $(GPU_WHEELHOUSE) && sha256sum *.whl *.deb > SHA256SUMS
 	@du -sh $(GPU_WHEELHOUSE); ls $(GPU_WHEELHOUSE) | wc -l
 
-# On the GPU machine, after copying the folder (or its parts) over: whole files again, checked.
+# On a networked machine: the wheelhouse as folders GPU_CARRY/00, 01, ... of at most CARRY_SIZE, one per call to the
+# GPU machine. HAVE=<preflight list> leaves out the wheels GPU_PYTHON there has in exactly that version (pip takes
+# them as installed), except setuptools (pip builds the editable install in an isolated environment, which
+# installs it from the wheelhouse) and perf_analyzer's wheels (files its installer takes out).
+gpu-carry: $(STAMP)
+	@[ -f $(GPU_WHEELHOUSE)/SHA256SUMS ] || $(MAKE) --no-print-directory gpu-wheelhouse
+	$(BIN)/python $(GPU_CARRY_PY) pack $(GPU_WHEELHOUSE) $(GPU_CARRY) --size $(CARRY_SIZE) \
+		$(if $(HAVE),--have $(HAVE)) --keep setuptools $(PA_WHEELS)
+
+# On the GPU machine, after each call copied its folder into CARRY_IN: every part checked, whole files again in
+# GPU_WHEELHOUSE, checked, with a SHA256SUMS of those there.
 gpu-wheelhouse-join:
-	cd $(GPU_WHEELHOUSE) && for p in *.part-00; do [ -e "$$p" ] || continue; w="$${p%.part-00}"; \
-		[ -e "$$w" ] || cat "$$w".part-* > "$$w"; done && sha256sum --check --quiet SHA256SUMS
+	$(GPU_PYTHON) $(GPU_CARRY_PY) join $(CARRY_IN) $(GPU_WHEELHOUSE)
 
 # On a networked machine: GPU_CONSTRAINTS against the real requirements of each torch its header names.
 gpu-constraints-check: $(STAMP)
