@@ -63,7 +63,8 @@ from servelab.stages import CATALOGUE, of_family
 # The FastAPI stages as the lab's first notebook serves them (no settings of their own) -> backend.
 STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if not s.fastapi.env}
 VARIANTS_STAGE = "variants"
-FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")  # what the variants are measured against
+# The stage the model variants are measured against.
+FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.side_by_side_ray)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
 CEILING_STAGE = "ceiling"  # the model alone (servelab.bench.ceiling), and the lab's records against it

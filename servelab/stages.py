@@ -1,7 +1,7 @@
 """The stage catalogue: every stage of the lab, once.
 
-A stage is one serving set-up the lab measures: a name, what it teaches, and the part that says how
-its family runs it:
+A stage is one serving set-up the lab measures: a name, what it is, and the part that says how its
+family runs it:
 
 * ``FastAPIPart``: the ``servelab serve`` service and the settings it runs with;
 * ``TritonPart``: the model clients call and the few config fields that replace its base
@@ -20,8 +20,8 @@ generated lists, ``servelab triton``, ``servelab ray``, the containers runner, G
 walkthroughs; no other file of ``servelab/`` spells a stage's or a model's name (tests/unit/test_catalogue.py).
 
 Adding a stage that enters a lesson is one entry here, with its ``lesson`` and ``baseline``, plus its
-test (a new lesson also needs its row in the report's ``LESSONS`` and ``EXPECT``; a new model, its
-entry in ``MODELS`` and its folder in ``models_staging/``).
+pair in ``PAIRS`` of tests/unit/test_catalogue.py (a new lesson also needs its row in the report's
+``LESSONS`` and ``EXPECT``; a new model, its entry in ``MODELS`` and its folder in ``models_staging/``).
 """
 
 from collections.abc import Mapping
@@ -176,7 +176,8 @@ CATALOGUE: tuple[Stage, ...] = (
           FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True, gpu_check=True,
           lesson="onnx", baseline="fastapi-pt"),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
-          FastAPIPart("fastapi-onnx", BATCHING, compose=True), gpu_check=True, lesson="batching", baseline="fastapi-onnx"),
+          FastAPIPart("fastapi-onnx", BATCHING, compose=True), gpu_check=True,
+          lesson="batching", baseline="fastapi-onnx"),
     Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
           FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "u8"}), variant="u8",
           lesson="variant u8", baseline="fastapi-onnx"),

@@ -26,7 +26,6 @@ from servelab.stages import CATALOGUE, STAGES, compared
 from servelab.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
-ORDER = {s.name: i for i, s in enumerate(CATALOGUE)}  # the notebooks' order
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,8 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
                       notebook="8_triton_more"),
     },
     "variant fp16": Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
-    "server preprocessing": Expect("the server now decodes and resizes every photo itself: the notebook asks when that is "
-                       "a good trade and promises no direction", notebook="8_triton_more"),
+    "server preprocessing": Expect("the server now decodes and resizes every photo itself: the notebook asks when "
+                                   "that is a good trade and promises no direction", notebook="8_triton_more"),
     "replicas": Expect("replicas turn queueing into throughput until something else is the slowest step (the "
                        "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="10_ray"),
     "proxy": Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
@@ -96,7 +95,11 @@ class Lesson:
     key: str  # EXPECT's key
     title: str  # what changed
     find: Callable[[list[Record], str], Iterator[Finding]]  # (records, device) -> findings
-    pairs: tuple[tuple[str, str], ...] = ()  # the stages compared, top ÷ bottom (what "not measured" names)
+
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """The stages compared, top ÷ bottom (what "not measured" names): the catalogue's stages of this lesson."""
+        return compared(self.key)
 
 
 def _expect(key: str, device: str) -> Expect:
@@ -118,10 +121,10 @@ def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
 
 
-def _throughput(key: str, pairs: tuple[tuple[str, str], ...], extra: Callable[[Record, Record], str] = lambda a, b: ""):
-    """Findings of req/s ratios at the closed-loop concurrency ``ratio_runs`` picks."""
+def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: ""):
+    """Findings of req/s ratios of the lesson's pairs at the closed-loop concurrency ``ratio_runs`` picks."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
-        for top, bottom in sorted(pairs, key=lambda p: ORDER.get(p[0], len(ORDER))):
+        for top, bottom in compared(key):
             runs = ratio_runs(records, top, bottom)
             if runs:
                 level, a, b = runs
@@ -152,7 +155,7 @@ def _variant(variant: str):
     def agreement(a: Record, b: Record) -> str:
         top1 = _agreements().get(variant)
         return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
-    return _throughput(f"variant {variant}", compared(f"variant {variant}"), agreement)
+    return _throughput(f"variant {variant}", agreement)
 
 
 def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
@@ -211,17 +214,13 @@ def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
 
 # The report's lessons, in its order; a stage's ``lesson`` is one of their keys.
 LESSONS: tuple[Lesson, ...] = (
-    Lesson("onnx", "PyTorch → ONNX Runtime", _throughput("onnx", compared("onnx")), compared("onnx")),
-    Lesson("batching", "Dynamic batching", _throughput("batching", compared("batching"), _mean_batch),
-           compared("batching")),
-    Lesson("instances", "More instances (Triton)", _throughput("instances", compared("instances")),
-           compared("instances")),
-    *(Lesson(f"variant {v}", f"Model variant {v} instead of fp32", _variant(v), compared(f"variant {v}"))
-      for v in VARIANTS),
-    Lesson("server preprocessing", "Preprocessing on the server (ensemble)",
-           _throughput("server preprocessing", compared("server preprocessing")), compared("server preprocessing")),
-    Lesson("replicas", "More Ray Serve replicas", _throughput("replicas", compared("replicas")), compared("replicas")),
-    Lesson("proxy", "Ray Serve's proxy in front of the same service", _proxy, compared("proxy")),
+    Lesson("onnx", "PyTorch → ONNX Runtime", _throughput("onnx")),
+    Lesson("batching", "Dynamic batching", _throughput("batching", _mean_batch)),
+    Lesson("instances", "More instances (Triton)", _throughput("instances")),
+    *(Lesson(f"variant {v}", f"Model variant {v} instead of fp32", _variant(v)) for v in VARIANTS),
+    Lesson("server preprocessing", "Preprocessing on the server (ensemble)", _throughput("server preprocessing")),
+    Lesson("replicas", "More Ray Serve replicas", _throughput("replicas")),
+    Lesson("proxy", "Ray Serve's proxy in front of the same service", _proxy),
     Lesson("autoscaling", "Autoscaling under a step load", _autoscaling),
     Lesson("node failure", "A worker node dies mid-run", _node_failure),
     Lesson("queueing", "Open-loop load near capacity", _queueing),
@@ -238,8 +237,7 @@ def findings(records: list[Record]) -> list[tuple[Lesson, list[Finding]]]:
     """Every lesson with what this run measured of it (an empty list: not measured)."""
     device = device_of(records)
     return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS
-            if not (device == "cpu" and lesson.pairs and all(STAGES[t].needs_gpu for t, _ in lesson.pairs
-                                                            if t in STAGES))]
+            if not (device == "cpu" and lesson.pairs and all(STAGES[t].needs_gpu for t, _ in lesson.pairs))]
 
 
 def _line(f: Finding) -> str:
@@ -268,10 +266,10 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
             unmeasured.append(lesson.title)
             continue
         md.append(f"- **{lesson.title}**. *Why:* {e.says}"
-                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in sorted(lesson.pairs, key=lambda p: ORDER.get(p[0], 0)) if t in STAGES))}).")
+                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))}).")
         md += [_line(f) for f in fs]
         missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
-                   and not (device == "cpu" and t in STAGES and STAGES[t].needs_gpu)]
+                   and not (device == "cpu" and STAGES[t].needs_gpu)]
         missing_pairs += missing
     if unmeasured or missing_pairs:
         # One line, last: a tour (the default `make lab`) leaves most pairs out on purpose.

@@ -255,7 +255,8 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
 
 # --- the ONNX variants: preprocessing in the model ---
 
-@pytest.mark.parametrize("name", [name for name, stage in STAGES.items() if stage.input == "uint8" and not stage.needs_gpu])
+@pytest.mark.parametrize("name", [name for name, stage in STAGES.items()
+                                  if stage.input == "uint8" and not stage.needs_gpu])
 def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
     """The uint8 crops through Triton give the service's own in-process answers (same model file)."""
     use(triton, name)
