@@ -30,6 +30,7 @@ from servelab.labels import CLASSES
 from servelab.models import build_model
 from servelab.paths import DEFAULT_IMAGE
 from servelab.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, preprocess
+from servelab.stages import MODELS
 
 LAB_MODEL_URL = (
     "https://raw.githubusercontent.com/teaching-on-testbeds/gourmetgram/"
@@ -286,12 +287,13 @@ def _build(source, weights, paths, key, versions, log) -> Manifest:
 
 
 def _stage(paths: ArtifactPaths, staging: Path) -> None:
-    """Place copies where the Triton model repository expects them (it is bind-mounted as is)."""
-    targets = {
-        paths.state_dict: staging / "food_classifier" / "1" / paths.state_dict.name,
-        paths.manifest: staging / "food_classifier" / "1" / paths.manifest.name,
-        paths.onnx: staging / "food_classifier_onnx" / "1" / "model.onnx",
-    }
-    for src, dest in targets.items():
+    """Place copies where the Triton model repository expects them (it is bind-mounted as is): the files
+    each model needs (``MODELS``) under their own names, and the fp32 ONNX model as the ``model.onnx`` of
+    the model serving it (the other variants: ``servelab.models.variants``)."""
+    targets = [(getattr(paths, file), staging / model.name / "1" / getattr(paths, file).name)
+               for model in MODELS.values() for file in model.files]
+    targets += [(paths.onnx, staging / model.name / "1" / "model.onnx") for model in MODELS.values()
+                if model.variant == "fp32"]
+    for src, dest in targets:
         if not dest.exists() or sha256_file(dest) != sha256_file(src):
             copy_atomic(src, dest)

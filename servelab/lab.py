@@ -79,6 +79,11 @@ TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
 GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check)
 
 
+def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
+    """The Triton stages among ``stages`` that teach batching: where perf_analyzer is the second opinion."""
+    return tuple(s.name for s in stages if s.family == "triton" and s.lesson == "batching")
+
+
 @dataclass(frozen=True)
 class Plan:
     """How much each stage is measured."""
@@ -109,7 +114,7 @@ class Plan:
         # three windows whatever their spread: windows this short (a few 16-image requests, a few seconds of
         # Poisson arrivals) never pass its stability check, and a tour compares the clients, it certifies nothing.
         return cls("tour", 20, 96, (4, 16), (0.5, 0.9), 3.0, 5, 5, Windows(1000.0, 3), 90.0, (5.0, 10.0, 10.0),
-                   12.0, perf_analyzer=("onnx-dyn",), stages=TOUR_STAGES)
+                   12.0, perf_analyzer=_teach_batching(TOUR_STAGES), stages=TOUR_STAGES)
 
     @classmethod
     def full(cls) -> "Plan":
@@ -128,7 +133,7 @@ class Plan:
         # and 16 senders for the batching ratios (hundreds of req/s there), and perf_analyzer beside
         # servelab's client on the stage that teaches batching.
         return cls("gpu-check", 20, 200, (8, 16), (0.5,), 2.0, 10, 10, Windows(1000.0, 3), 60.0,
-                   perf_analyzer=("onnx-dyn",), stages=GPU_CHECK_STAGES)
+                   perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES)
 
     @classmethod
     def named(cls, name: str) -> "Plan":

@@ -63,6 +63,8 @@ from servelab.stages import CATALOGUE, of_family
 # The FastAPI stages as the lab's first notebook serves them (no settings of their own) -> backend.
 STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if not s.fastapi.env}
 VARIANTS_STAGE = "variants"
+# The stage the model variants are measured against.
+FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.side_by_side_ray)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
 CEILING_STAGE = "ceiling"  # the model alone (servelab.bench.ceiling), and the lab's records against it
@@ -270,13 +272,14 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
     with ExitStack() as stack:
         urls = {}
         for row in rows:
-            server, urls[row.variant] = _serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
+            server, urls[row.variant] = _serve(FP32_STAGE.fastapi.service, logs,
+                                               {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
             stack.enter_context(server)
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for row in rows:
                 asyncio.run(_in_process_window(row.in_process, backends[row.variant], settings, text, c, window))
-                _http_window(row.http, urls[row.variant], image, c, window, f"fastapi-onnx-{row.variant}")
+                _http_window(row.http, urls[row.variant], image, c, window, f"{FP32_STAGE.name}-{row.variant}")
     fp32 = rows[0]
     for row in rows:
         row.in_process.ratio = row.in_process.throughput_rps / fp32.in_process.throughput_rps

@@ -24,6 +24,11 @@ from servelab.procs import free_port
 from servelab.rayserve.cluster import LocalCluster
 from servelab.rayserve.control import deploy_in_child
 from servelab.settings import get_settings
+from servelab.stages import of_family
+
+# Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
+RAY_STAGE = next(s for s in of_family("ray").values() if s.ray.batching)
+FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == "batching")
 
 
 @dataclass
@@ -50,14 +55,14 @@ class Side:
 def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Path, dict[str, str]], tuple]) -> str:
     """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
     settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
-    fastapi = Side(f"fastapi-onnx-dyn: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
-    ray = Side(f"ray-dyn: 2 replicas on 2 nodes, @serve.batch ≤ {settings.ray_batch_max_size} / "
-               f"{settings.ray_batch_wait_ms:g} ms")
-    server, url = serve("fastapi-onnx", logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
-                                                "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
+    fastapi = Side(f"{FASTAPI_STAGE.name}: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
+    ray = Side(f"{RAY_STAGE.name}: {RAY_STAGE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
+               f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms")
+    server, url = serve(FASTAPI_STAGE.fastapi.service, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
+                                                               "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
     with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
         port = free_port()  # once Ray's own processes hold theirs: the proxy binds it moments later
-        deploy_in_child("ray-dyn", cluster, port, logs / "ray-deploy.log")
+        deploy_in_child(RAY_STAGE.name, cluster, port, logs / "ray-deploy.log")
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for side, target in ((fastapi, url), (ray, f"http://127.0.0.1:{port}")):

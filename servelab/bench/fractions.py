@@ -26,20 +26,23 @@ from dataclasses import dataclass
 
 from servelab.bench.ceiling import Ceiling
 from servelab.bench.records import Record
+from servelab.stages import STAGES, compared
 from servelab.tables import markdown, num
 
-# (what, numerator stage, denominator stage): the ratios of req/s the lab is about.
-RATIOS = (
-    ("dynamic batching ÷ no batching", "pt-dyn", "pt-1"),
-    ("dynamic batching ÷ no batching", "onnx-dyn", "onnx-1"),
-    ("dynamic batching ÷ no batching", "fastapi-onnx-dyn", "fastapi-onnx"),
-    ("two instances per GPU ÷ one instance", "onnx-2", "onnx-1"),
-    ("two instances per GPU ÷ one instance", "pt-2x2", "pt-1"),
-)
+# The lessons whose ratios the ceiling is about -> what the ratio says.
+RATIO_LESSONS = {"batching": "dynamic batching ÷ no batching", "instances": "two instances per GPU ÷ one instance"}
+# The families whose ratios are shown, in this order: Triton's, then FastAPI's; not Ray Serve's, which
+# runs on the CPU only (the GPU environment carries no Ray).
+RATIO_FAMILIES = ("triton", "fastapi")
+# (what, numerator stage, denominator stage): each stage of those lessons against its baseline, as the
+# catalogue pairs them.
+RATIOS = tuple((what, top, bottom) for lesson, what in RATIO_LESSONS.items() for family in RATIO_FAMILIES
+               for top, bottom in compared(lesson) if STAGES[top].family == family)
 RATIO_CONCURRENCY = 16
 # The aims (issue 24), for a GPU like the H100.
-BATCHING_AIM = 2.0  # dynamic batching ÷ no batching at RATIO_CONCURRENCY senders, for these ONNX stages:
-BATCHING_AIM_PAIRS = (("onnx-dyn", "onnx-1"), ("fastapi-onnx-dyn", "fastapi-onnx"))
+BATCHING_AIM = 2.0  # dynamic batching ÷ no batching at RATIO_CONCURRENCY senders, for the ONNX stages:
+BATCHING_AIM_PAIRS = tuple((top, bottom) for what, top, bottom in RATIOS
+                           if what == RATIO_LESSONS["batching"] and STAGES[top].runtime == "onnx")
 IMAGE_IN_AIM, TENSOR_IN_AIM = 0.40, 0.60  # of the fp32 ceiling
 FIRST_REQUEST_AIM = 3.0  # first request after ready ÷ the steady sequential median
 MET, MISSED, NOT_MEASURED = "met", "**missed**", "not measured"

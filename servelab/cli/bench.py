@@ -23,6 +23,7 @@ from servelab.bench.records import Load, Record
 from servelab.bench.targets import FastAPITarget, Target, TritonTarget
 from servelab.paths import DEFAULT_IMAGE
 from servelab.report import summary_table
+from servelab.stages import PT
 from servelab.triton.client import InputKind, input_kind
 
 
@@ -57,11 +58,11 @@ def _add_fastapi_args(p: argparse.ArgumentParser) -> None:
 
 def _add_triton_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
-    p.add_argument("--model", default="food_classifier", help="model name (default %(default)s)")
+    p.add_argument("--model", default=PT, help="model name (default %(default)s)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--input", choices=get_args(InputKind),
-                   help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop (default: by "
-                        "model: tensor for *_onnx, uint8 for food_classifier_onnx_<variant>, else bytes)")
+                   help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop (default: what "
+                        "the catalogue's model takes, servelab.stages.MODELS)")
     p.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
 
 
@@ -116,7 +117,7 @@ def register(subparsers: Any) -> None:
     pa.set_defaults(func=_cmd_perf_analyzer)
 
     data = sub.add_parser("input-data", help="write perf_analyzer --input-data JSON from a real photo")
-    data.add_argument("--model", default="food_classifier", help="model the data is for (default %(default)s)")
+    data.add_argument("--model", default=PT, help="model the data is for (default %(default)s)")
     data.add_argument("--input", choices=get_args(InputKind), help="default: by model, as for `bench triton`")
     data.add_argument("--image", type=Path, help="photo (default: the bundled real photo)")
     data.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
@@ -146,7 +147,10 @@ def _image(path: Path | None) -> tuple[bytes, str]:
 
 
 def _input_kind(args: argparse.Namespace) -> str:
-    return args.input or input_kind(args.model)
+    try:
+        return args.input or input_kind(args.model)
+    except ValueError as exc:
+        raise SystemExit(f"servelab bench: {exc}") from None
 
 
 def _target(args: argparse.Namespace) -> Target:

@@ -9,6 +9,7 @@ from servelab.rayserve.cluster import LocalCluster
 from servelab.rayserve.control import STATE_FILE, deploy_stage, load_state, save_state, status, stop_saved
 from servelab.rayserve.stages import STAGES
 from servelab.settings import get_settings
+from servelab.stages import default_stage
 
 
 def _address(args) -> str:
@@ -86,7 +87,7 @@ def register(subparsers) -> None:
     ray = subparsers.add_parser("ray", help="Ray Serve stages on a (local, multi-node) Ray cluster")
     sub = ray.add_subparsers(dest="ray_command", required=True)
     p = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
-    p.add_argument("--stage", choices=list(STAGES), default="ray-2")
+    p.add_argument("--stage", choices=list(STAGES), default=default_stage("ray"))
     p.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
     p.set_defaults(func=_up)
     p = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")

@@ -8,6 +8,9 @@ from functools import partial
 
 from servelab.cli.serve_flask import register_flask
 from servelab.settings import get_settings
+from servelab.stages import SERVICES
+
+RUNTIMES = {"pytorch": "PyTorch", "onnx": "ONNX Runtime"}
 
 
 def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
@@ -23,8 +26,8 @@ def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
 
 
 def register_fastapi(sub) -> None:
-    for name, kind, runtime in (("fastapi-pt", "pytorch", "PyTorch"), ("fastapi-onnx", "onnx", "ONNX Runtime")):
-        p = sub.add_parser(name, help=f"the FastAPI service on {runtime} (settings: docs/configuration.md)")
+    for name, kind in SERVICES.items():
+        p = sub.add_parser(name, help=f"the FastAPI service on {RUNTIMES[kind]} (settings: docs/configuration.md)")
         p.add_argument("--host", help="address to bind (default: HOST, 127.0.0.1)")
         p.add_argument("--port", type=int, help="port (default: PORT, 8000)")
         p.set_defaults(func=partial(_run_fastapi, kind))

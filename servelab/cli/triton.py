@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from servelab.settings import get_settings
+from servelab.stages import default_stage
 from servelab.triton import server, stages
 
 
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     render.set_defaults(func=_render)
 
     up = sub.add_parser("up", help="start the bundled tritonserver (127.0.0.1) and wait until the stage is READY")
-    up.add_argument("--stage", default="pt-1", choices=list(stages.STAGES))
+    up.add_argument("--stage", default=default_stage("triton"), choices=list(stages.STAGES))
     up.add_argument("--port", type=int, help="HTTP port (default: the port of TRITON_SERVER_URL)")
     up.add_argument("--grpc-port", type=int, help="default: HTTP port + 1")
     up.add_argument("--metrics-port", type=int, help="default: HTTP port + 2")

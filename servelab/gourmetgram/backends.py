@@ -30,13 +30,10 @@ from servelab.labels import CLASSES
 from servelab.postprocess import Prediction
 from servelab.preprocess import preprocess_image
 from servelab.settings import Settings
+from servelab.stages import ENSEMBLE, ONNX, PT
 from servelab.triton import client as triton
 
-DEFAULT_MODELS = {
-    "triton": "food_classifier",
-    "triton_onnx": "food_classifier_onnx",
-    "triton_ensemble": "food_classifier_ensemble",
-}
+DEFAULT_MODELS = {"triton": PT, "triton_onnx": ONNX, "triton_ensemble": ENSEMBLE}
 TRITON_DESCRIPTIONS = {
     "triton": "Triton, Python backend",
     "triton_onnx": "Triton, ONNX model (pre- and post-processing in this app)",

@@ -29,6 +29,7 @@ from servelab.artifacts import Manifest, copy_atomic, write_atomic
 from servelab.fetch import sha256_file
 from servelab.postprocess import softmax
 from servelab.preprocess import to_tensor
+from servelab.stages import MODELS
 
 VARIANTS: dict[str, str] = {
     "fp32": "food11.onnx",
@@ -38,8 +39,8 @@ VARIANTS: dict[str, str] = {
     "fp16": "food11_u8_fp16.onnx",
 }
 PRECISION = {"fp32": "fp32", "u8": "fp32", "int8": "int8", "int8dyn": "int8", "fp16": "fp16"}
-# Triton model repository folders (their config.pbtxt is written by the serving side).
-STAGED = {"u8": "food_classifier_onnx_u8", "int8": "food_classifier_onnx_int8", "fp16": "food_classifier_onnx_fp16"}
+# Variant -> the Triton model repository folder serving it (fp32 is staged with the model, servelab.artifacts).
+STAGED = {m.variant: m.name for m in MODELS.values() if m.variant and m.variant != "fp32"}
 RECORD_FILE = "food11_variants.json"
 # Bumped when the way variants are made changes, so the build key changes with it.
 RECIPE = 1

@@ -6,7 +6,8 @@ failure, queueing under open-loop load), measured as a ratio of two of this run'
 figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
 change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
 than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
-not both measured says so in one line.
+not both measured says so in one line. Which stages a lesson compares is the catalogue's to say: each
+stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.stages.compared``).
 
 The closed-loop ratios are the ones ``servelab.bench.fractions`` computes (``ratio_runs``: at 16
 senders, else at the highest concurrency both stages were measured at); the open-loop ones use the
@@ -16,16 +17,15 @@ stage's capacity (``fractions.capacity``) as the lab does.
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from servelab.bench.fractions import RATIOS, capacity, closed_run, ratio_runs
+from servelab.bench.fractions import capacity, closed_run, ratio_runs
 from servelab.bench.records import Record
 from servelab.models.variants import RECORD_FILE, load_variants
 from servelab.report import compare
 from servelab.settings import get_settings
-from servelab.stages import CATALOGUE, STAGES
+from servelab.stages import CATALOGUE, STAGES, compared
 from servelab.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
-ORDER = {s.name: i for i, s in enumerate(CATALOGUE)}  # the notebooks' order
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
                       notebook="8_triton_more"),
     },
     "variant fp16": Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
-    "ensemble": Expect("the server now decodes and resizes every photo itself: the notebook asks when that is "
-                       "a good trade and promises no direction", notebook="8_triton_more"),
+    "server preprocessing": Expect("the server now decodes and resizes every photo itself: the notebook asks when "
+                                   "that is a good trade and promises no direction", notebook="8_triton_more"),
     "replicas": Expect("replicas turn queueing into throughput until something else is the slowest step (the "
                        "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="10_ray"),
     "proxy": Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
@@ -95,7 +95,11 @@ class Lesson:
     key: str  # EXPECT's key
     title: str  # what changed
     find: Callable[[list[Record], str], Iterator[Finding]]  # (records, device) -> findings
-    pairs: tuple[tuple[str, str], ...] = ()  # the stages compared, top ÷ bottom (what "not measured" names)
+
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """The stages compared, top ÷ bottom (what "not measured" names): the catalogue's stages of this lesson."""
+        return compared(self.key)
 
 
 def _expect(key: str, device: str) -> Expect:
@@ -117,10 +121,10 @@ def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
 
 
-def _throughput(key: str, pairs: tuple[tuple[str, str], ...], extra: Callable[[Record, Record], str] = lambda a, b: ""):
-    """Findings of req/s ratios at the closed-loop concurrency ``ratio_runs`` picks."""
+def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: ""):
+    """Findings of req/s ratios of the lesson's pairs at the closed-loop concurrency ``ratio_runs`` picks."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
-        for top, bottom in sorted(pairs, key=lambda p: ORDER.get(p[0], len(ORDER))):
+        for top, bottom in compared(key):
             runs = ratio_runs(records, top, bottom)
             if runs:
                 level, a, b = runs
@@ -143,38 +147,32 @@ def _agreements() -> dict[str, float]:
     return {v.name: v.agreement.top1 for v in load_variants(model_dir).variants}
 
 
-def _variant_pairs() -> dict[str, tuple[tuple[str, str], ...]]:
-    """Variant name -> (variant stage, the fp32 stage of its family) pairs, from the catalogue."""
-    base = {}
-    for s in CATALOGUE:
-        if s.variant == "fp32":
-            base.setdefault(s.family, s.name)
-    pairs: dict[str, list[tuple[str, str]]] = {}
-    for s in CATALOGUE:
-        if s.variant and s.variant != "fp32" and s.family in base:
-            pairs.setdefault(s.variant, []).append((s.name, base[s.family]))
-    return {v: tuple(p) for v, p in pairs.items()}
+# The variants the catalogue's stages serve against fp32, in its order (each its own lesson).
+VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.lesson == f"variant {s.variant}"))
 
 
-def _variant(variant: str, pairs: tuple[tuple[str, str], ...]):
+def _variant(variant: str):
     def agreement(a: Record, b: Record) -> str:
         top1 = _agreements().get(variant)
         return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
-    return _throughput(f"variant {variant}", pairs, agreement)
+    return _throughput(f"variant {variant}", agreement)
 
 
 def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
-    a, b = closed_run(records, "ray-1", 1), closed_run(records, "fastapi-onnx", 1)
-    if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
-        ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
-        yield Finding("proxy", "ray-1 ÷ fastapi-onnx, one request at a time",
-                      f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
-                      f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
-                      _verdict("proxy", device, ratio), a, b)
+    for top, bottom in compared("proxy"):
+        a, b = closed_run(records, top, 1), closed_run(records, bottom, 1)
+        if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
+            ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
+            yield Finding("proxy", f"{top} ÷ {bottom}, one request at a time",
+                          f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
+                          f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
+                          _verdict("proxy", device, ratio), a, b)
 
 
 def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
-    for stage in ("onnx-1", "onnx-dyn"):
+    # The stage the lab offers both arrival processes, and its baseline: batching on and off, the same load.
+    queued = [n for s in CATALOGUE if s.family == "triton" and s.triton.both_arrivals for n in (s.baseline, s.name)]
+    for stage in queued:
         cap, alone = capacity(records, stage), closed_run(records, stage, 1)
         runs = [r for r in records if r.stage == stage and r.tool == "servelab" and r.load.mode == "open"
                 and r.load.arrivals == "poisson" and not r.load.phases and not r.failed and r.batch == 1
@@ -214,28 +212,15 @@ def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
                           "succeed again", r)
 
 
-def _batching_pairs() -> tuple[tuple[str, str], ...]:
-    return (*((top, bottom) for what, top, bottom in RATIOS if what.startswith("dynamic batching")), ("ray-dyn", "ray-2"))
-
-
-def _instance_pairs() -> tuple[tuple[str, str], ...]:
-    return tuple((top, bottom) for what, top, bottom in RATIOS if "instance" in what)
-
-
-ONNX_PAIRS = (("fastapi-onnx", "fastapi-pt"), ("onnx-1", "pt-1"))
-REPLICA_PAIRS = (("ray-2", "ray-1"), ("ray-4", "ray-1"))
-VARIANTS = _variant_pairs()
-
+# The report's lessons, in its order; a stage's ``lesson`` is one of their keys.
 LESSONS: tuple[Lesson, ...] = (
-    Lesson("onnx", "PyTorch → ONNX Runtime", _throughput("onnx", ONNX_PAIRS), ONNX_PAIRS),
-    Lesson("batching", "Dynamic batching", _throughput("batching", _batching_pairs(), _mean_batch), _batching_pairs()),
-    Lesson("instances", "More instances (Triton)", _throughput("instances", _instance_pairs()), _instance_pairs()),
-    *(Lesson(f"variant {v}", f"Model variant {v} instead of fp32", _variant(v, pairs), pairs)
-      for v, pairs in VARIANTS.items()),
-    Lesson("ensemble", "Preprocessing on the server (ensemble)", _throughput("ensemble", (("ensemble", "onnx-1"),)),
-           (("ensemble", "onnx-1"),)),
-    Lesson("replicas", "More Ray Serve replicas", _throughput("replicas", REPLICA_PAIRS), REPLICA_PAIRS),
-    Lesson("proxy", "Ray Serve's proxy in front of the same service", _proxy, (("ray-1", "fastapi-onnx"),)),
+    Lesson("onnx", "PyTorch → ONNX Runtime", _throughput("onnx")),
+    Lesson("batching", "Dynamic batching", _throughput("batching", _mean_batch)),
+    Lesson("instances", "More instances (Triton)", _throughput("instances")),
+    *(Lesson(f"variant {v}", f"Model variant {v} instead of fp32", _variant(v)) for v in VARIANTS),
+    Lesson("server preprocessing", "Preprocessing on the server (ensemble)", _throughput("server preprocessing")),
+    Lesson("replicas", "More Ray Serve replicas", _throughput("replicas")),
+    Lesson("proxy", "Ray Serve's proxy in front of the same service", _proxy),
     Lesson("autoscaling", "Autoscaling under a step load", _autoscaling),
     Lesson("node failure", "A worker node dies mid-run", _node_failure),
     Lesson("queueing", "Open-loop load near capacity", _queueing),
@@ -252,8 +237,7 @@ def findings(records: list[Record]) -> list[tuple[Lesson, list[Finding]]]:
     """Every lesson with what this run measured of it (an empty list: not measured)."""
     device = device_of(records)
     return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS
-            if not (device == "cpu" and lesson.pairs and all(STAGES[t].needs_gpu for t, _ in lesson.pairs
-                                                            if t in STAGES))]
+            if not (device == "cpu" and lesson.pairs and all(STAGES[t].needs_gpu for t, _ in lesson.pairs))]
 
 
 def _line(f: Finding) -> str:
@@ -282,10 +266,10 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
             unmeasured.append(lesson.title)
             continue
         md.append(f"- **{lesson.title}**. *Why:* {e.says}"
-                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in sorted(lesson.pairs, key=lambda p: ORDER.get(p[0], 0)) if t in STAGES))}).")
+                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))}).")
         md += [_line(f) for f in fs]
         missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
-                   and not (device == "cpu" and t in STAGES and STAGES[t].needs_gpu)]
+                   and not (device == "cpu" and STAGES[t].needs_gpu)]
         missing_pairs += missing
     if unmeasured or missing_pairs:
         # One line, last: a tour (the default `make lab`) leaves most pairs out on purpose.

@@ -114,7 +114,7 @@ def triton_models() -> str:
     from servelab.triton.stages import STAGES, base_config, effective_config
 
     def runner(config) -> str:
-        if config.platform == "ensemble":
+        if config.HasField("ensemble_scheduling"):  # an ensemble: Triton schedules its steps
             return "Triton's ensemble scheduler (no code of ours)"
         if config.backend == "onnxruntime":
             return "Triton's `onnxruntime` backend (C++, no Python)"

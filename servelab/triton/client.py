@@ -5,6 +5,8 @@ The functions only build ``InferInput``/``InferRequestedOutput`` objects and rea
 so they serve every tritonclient flavour: pass ``"http"`` or ``"grpc"``; the asyncio clients
 (``tritonclient.http.aio``, ``tritonclient.grpc.aio``) use the same input and output classes.
 
+Which a model takes is the catalogue's to say (``servelab.stages.MODELS``, ``input_kind``):
+
 * Image models (``food_classifier``, ``food_classifier_ensemble``): ``INPUT_IMAGE`` BYTES [N, 1],
   each element one encoded image as base64 text (what the lab's client sends) or raw bytes
   -> ``FOOD_LABEL`` BYTES [N, 1] and ``PROBABILITY`` FP32 [N, 1].
@@ -24,20 +26,21 @@ import numpy as np
 
 from servelab.labels import CLASSES
 from servelab.postprocess import Prediction, top1
+from servelab.stages import MODELS
 
 Protocol = Literal["http", "grpc"]
 InputKind = Literal["bytes", "tensor", "uint8"]
 IMAGE_INPUT, LABEL_OUTPUT, PROBABILITY_OUTPUT = "INPUT_IMAGE", "FOOD_LABEL", "PROBABILITY"
 TENSOR_INPUT, PIXELS_INPUT, TENSOR_OUTPUT = "input", "image", "output"
-ONNX_MODEL = "food_classifier_onnx"
 
 
 def input_kind(model: str) -> InputKind:
-    """What a model takes: its variants (``food_classifier_onnx_<variant>``) the uint8 crop, an ONNX
-    model (``*_onnx``) the preprocessed tensor, the others encoded images."""
-    if model.startswith(f"{ONNX_MODEL}_"):
-        return "uint8"
-    return "tensor" if model.endswith("_onnx") else "bytes"
+    """What ``model`` takes, as the catalogue says; a ValueError for a model it does not hold."""
+    try:
+        return MODELS[model].input
+    except KeyError:
+        raise ValueError(f"unknown model {model!r}: say what it takes (--input bytes|tensor|uint8); "
+                         f"models: {', '.join(MODELS)}") from None
 
 
 def server_address(url: str) -> str:

@@ -36,14 +36,14 @@ from tritonclient.grpc import model_config_pb2
 
 from servelab.hardware import gpu_count
 from servelab.settings import get_settings
-from servelab.stages import Stage, of_family
+from servelab.stages import ONNX, Stage, of_family
 from servelab.stages import get_stage as catalogue_stage
 from servelab.triton.backend import instance_count
 
 Kind = Literal["gpu", "cpu"]
 CONFIG_NAME = "stage"  # the server's --model-config-name
 # The stand-in, relative to a model's version folder (where the Python backend looks for its file).
-STAND_IN_FILE = "../../food_classifier_onnx/1/model.py"
+STAND_IN_FILE = f"../../{ONNX}/1/model.py"
 STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.onnx, because this "
                  "tritonserver has no onnxruntime backend; timings differ from the ONNX Runtime backend")
 

@@ -23,7 +23,8 @@ from servelab.gourmetgram.backends import DEFAULT_MODELS
 from servelab.procs import DIRECT
 from servelab.report import summary_table
 from servelab.settings import get_settings
-from servelab.triton.client import InputKind, input_kind, tensor_inputs
+from servelab.stages import PT
+from servelab.triton.client import InputKind, tensor_inputs
 from servelab.triton.server import model_config, server_address
 from servelab.triton.stages import STAGES, effective_config
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
@@ -209,7 +210,7 @@ class TritonWalkthrough:
         """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
         notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
                  for m in STAGES[name].triton.models]
-        manifest = Path(self.repository or "") / "food_classifier" / "1" / "food11.json"
+        manifest = Path(self.repository or "") / PT / "1" / "food11.json"
         if manifest.exists() and (loaded := load_manifest(manifest)).stand_in:
             notes.append(loaded.description)
         return "; ".join(note for note in notes if note) or None
@@ -231,7 +232,7 @@ class TritonWalkthrough:
             print(f"skipped: {name} is not in STAGES")
             return {}
         model = self.use_stage(name)["name"]
-        found = shape_timings(self.url, model, model_input_tensor(self.photo.read_bytes(), input=input_kind(model)),
+        found = shape_timings(self.url, model, model_input_tensor(self.photo.read_bytes(), input=STAGES[name].input),
                               sizes, repeats)
         for what, value in found.items():
             print(f"  {what:16} {value:8.1f} ms per request (median of {2 * repeats if 'alt' in what else repeats})")
@@ -279,7 +280,7 @@ class TritonWalkthrough:
             return []
         config = self.use_stage(name)
         model = STAGES[name].triton.model
-        target = TritonTarget(self.url, model, self.photo.read_bytes(), input=input_kind(model),
+        target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
                               batch=batch or STAGES[name].triton.images, image_name=self.photo.name)
         stand_in = self.stand_in(name)
         settings = {key: config.get(key) for key in CONFIG_KEYS}

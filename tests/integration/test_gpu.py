@@ -20,6 +20,7 @@ from servelab.preprocess import preprocess
 from servelab.procs import cpu_count
 from servelab.serving.backends import CPU, CUDA, TENSORRT, load_backend
 from servelab.settings import Settings, get_settings
+from servelab.stages import compared
 
 pytestmark = pytest.mark.gpu
 
@@ -120,7 +121,7 @@ def test_require_gpu_service_starts_on_the_gpu_and_ready_says_where(kind, artifa
     assert answer.status_code == 200 and answer.json()["prediction"]
 
 
-@pytest.mark.parametrize("stage", ["pt-2x2", "onnx-2"])
+@pytest.mark.parametrize("stage", [top for top, _ in compared("instances")])
 def test_triton_kind_gpu_instances_are_on_gpu_device_ids(stage, artifacts, tmp_path):
     from servelab.triton.server import model_config, start_local
     from servelab.triton.stages import STAGES

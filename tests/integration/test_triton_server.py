@@ -188,8 +188,7 @@ def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
 
 # --- every stage ---
 
-@pytest.mark.parametrize("name", ["pt-dyn", "pt-2x2", "pt-4x4", "pt-1", "onnx-1", "onnx-2", "onnx-dyn", "onnx-b16",
-                                  "onnx-u8", "onnx-int8", "ensemble"])
+@pytest.mark.parametrize("name", [name for name, stage in STAGES.items() if not stage.needs_gpu])
 def test_every_stage_loads_and_serves(triton, name):
     config = triton.apply_stage(name)
     stage = STAGES[name]
@@ -199,13 +198,13 @@ def test_every_stage_loads_and_serves(triton, name):
             assert response.status == 200
     index = server._call(triton.url, "POST", "/v2/repository/index", {"ready": True})
     assert {e["name"] for e in index} == set(stage.triton.models)  # other stages' models were unloaded
-    if client.input_kind(stage.triton.model) != "bytes":
+    if stage.input != "bytes":
         # The local stand-in says so in the reported config and in the server log.
         assert config["backend"] == "python" and "STAND-IN" in config["parameters"]["servelab_stand_in"]["string_value"]
         assert "LOCAL STAND-IN" in triton.process.log.read_text()
         connection = http(triton)
         images = SIXTEEN[:stage.triton.images]  # as many as the lab sends it: onnx-b16's batches of 16
-        batch = pixels(images) if client.input_kind(stage.triton.model) == "uint8" else preprocess_batch(images)
+        batch = pixels(images) if stage.input == "uint8" else preprocess_batch(images)
         result = connection.infer(stage.triton.model, client.tensor_inputs("http", batch))
         connection.close()
         assert result.as_numpy("output").shape == (stage.triton.images, 11)
@@ -257,7 +256,8 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
 
 # --- the ONNX variants: preprocessing in the model ---
 
-@pytest.mark.parametrize("name", ["onnx-u8", "onnx-int8"])
+@pytest.mark.parametrize("name", [name for name, stage in STAGES.items()
+                                  if stage.input == "uint8" and not stage.needs_gpu])
 def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
     """The uint8 crops through Triton give the service's own in-process answers (same model file)."""
     use(triton, name)

@@ -113,7 +113,7 @@ def test_a_stage_changes_only_its_fields():
     assert cfg.parameters["servelab_stage"].string_value == "pt-4x4 (gpu)"
 
 
-@pytest.mark.parametrize("model", [catalogue.ONNX_U8, catalogue.ONNX_INT8, catalogue.ONNX_FP16])
+@pytest.mark.parametrize("model", [m.name for m in catalogue.MODELS.values() if m.input == "uint8"])
 def test_variant_base_configs_take_uint8_crops(model):
     cfg = stages.base_config(MODELS_STAGING, model)
     assert (cfg.name, cfg.backend, cfg.max_batch_size) == (model, "onnxruntime", 16)

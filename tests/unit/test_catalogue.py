@@ -1,0 +1,94 @@
+"""The catalogue (servelab.stages) is the one place that names stages and models: what each stage teaches
+and against which stage, which model it serves and what that model takes; everything else derives from it."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from servelab.bench import fractions
+from servelab.paths import MODELS_STAGING
+from servelab.report import lessons
+from servelab.stages import CATALOGUE, MODELS, STAGES, compared, default_stage, of_family
+from servelab.triton.stages import base_config
+
+SERVELAB = Path(__file__).parents[2] / "servelab"
+# Each lesson of the report: (stage, its baseline) as it compares them, in catalogue order.
+PAIRS = {
+    "onnx": (("fastapi-onnx", "fastapi-pt"), ("onnx-1", "pt-1")),
+    "batching": (("fastapi-onnx-dyn", "fastapi-onnx"), ("pt-dyn", "pt-1"), ("onnx-dyn", "onnx-1"),
+                 ("ray-dyn", "ray-2")),
+    "instances": (("pt-2x2", "pt-1"), ("onnx-2", "onnx-1")),
+    "variant u8": (("fastapi-onnx-u8", "fastapi-onnx"), ("onnx-u8", "onnx-1")),
+    "variant int8": (("fastapi-onnx-int8", "fastapi-onnx"), ("onnx-int8", "onnx-1")),
+    "variant fp16": (("fastapi-onnx-fp16", "fastapi-onnx"), ("onnx-fp16", "onnx-1")),
+    "server preprocessing": (("ensemble", "onnx-1"),),
+    "replicas": (("ray-2", "ray-1"), ("ray-4", "ray-1")),
+    "proxy": (("ray-1", "fastapi-onnx"),),
+    "autoscaling": (), "node failure": (), "queueing": (),
+}
+# What each input kind is in a model's config.pbtxt: (input name, data type).
+CONFIG_INPUT = {"bytes": ("INPUT_IMAGE", "TYPE_STRING"), "tensor": ("input", "TYPE_FP32"),
+                "uint8": ("image", "TYPE_UINT8")}
+
+
+def _spelt(package: Path, names: set[str]) -> list[str]:
+    """Every string literal in ``package`` (but its stages.py, the catalogue) that is one of ``names``,
+    as "file:line 'name'"."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "stages.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(package)}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_no_file_but_the_catalogue_spells_a_stage_name() -> None:
+    assert _spelt(SERVELAB, set(STAGES)) == []
+
+
+def test_no_file_but_the_catalogue_spells_a_triton_model_name() -> None:
+    assert _spelt(SERVELAB, set(MODELS)) == []
+
+
+def test_the_scan_finds_a_spelt_name(tmp_path: Path) -> None:
+    (tmp_path / "stages.py").write_text('NAME = "onnx-1"\n')  # the catalogue itself is left out
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "pairs.py").write_text('"""onnx-1 in prose is fine."""\nPAIR = ("onnx-dyn", f"{1}")\n')
+    assert _spelt(tmp_path, set(STAGES)) == ["report/pairs.py:2 'onnx-dyn'"]
+
+
+@pytest.mark.parametrize("stage", [s for s in CATALOGUE if s.lesson or s.baseline], ids=lambda s: s.name)
+def test_a_stage_teaches_a_lesson_of_the_report_against_another_stage(stage) -> None:
+    assert stage.lesson in {lesson.key for lesson in lessons.LESSONS}
+    assert not stage.baseline or (stage.baseline in STAGES and stage.baseline != stage.name)
+    if stage.variant not in ("", "fp32"):  # a variant against its family's fp32 stage
+        assert STAGES[stage.baseline].variant == "fp32" and STAGES[stage.baseline].family == stage.family
+    if stage.family == "triton":  # a variant stage serves the model of its variant
+        assert stage.variant in ("", MODELS[stage.triton.model].variant)
+
+
+def test_the_report_and_the_ceiling_compare_the_catalogues_pairs() -> None:
+    assert {lesson.key: lesson.pairs for lesson in lessons.LESSONS} == PAIRS
+    assert {lesson: compared(lesson) for lesson in PAIRS} == PAIRS
+    assert [(top, bottom) for _, top, bottom in fractions.RATIOS] == [
+        ("pt-dyn", "pt-1"), ("onnx-dyn", "onnx-1"), ("fastapi-onnx-dyn", "fastapi-onnx"),
+        ("pt-2x2", "pt-1"), ("onnx-2", "onnx-1")]
+    assert fractions.BATCHING_AIM_PAIRS == (("onnx-dyn", "onnx-1"), ("fastapi-onnx-dyn", "fastapi-onnx"))
+
+
+@pytest.mark.parametrize("model", list(MODELS.values()), ids=lambda m: m.name)
+def test_a_model_is_a_folder_of_the_repository_and_takes_what_its_config_says(model) -> None:
+    config = base_config(MODELS_STAGING, model.name)
+    assert config.name == model.name
+    if any(s.triton.model == model.name for s in of_family("triton").values()):  # a model clients call
+        name, datatype = CONFIG_INPUT[model.input]
+        assert (config.input[0].name, model_config_pb2.DataType.Name(config.input[0].data_type)) == (name, datatype)
+
+
+def test_every_model_a_stage_loads_is_in_the_table_and_each_up_command_has_a_default() -> None:
+    assert {m for s in of_family("triton").values() for m in s.triton.models} == set(MODELS)
+    assert (default_stage("triton"), default_stage("ray")) == ("pt-1", "ray-2")
