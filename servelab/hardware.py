@@ -209,6 +209,12 @@ def runs_on_fastapi(runtime: dict[str, Any]) -> str:
     return f"torch {runtime.get('device', '?')}{gpu} {runtime.get('dtype', '')}".rstrip()
 
 
+def options_in_force(runtime: dict[str, Any]) -> dict[str, Any]:
+    """For a record's config: the options each active ONNX Runtime provider of a FastAPI service really ran
+    with (read back from its session), from its ``/ready`` ``runtime``; nothing for PyTorch."""
+    return {"provider_options": runtime["provider_options"]} if "provider_options" in runtime else {}
+
+
 def runs_on_triton(config: dict[str, Any], instances: str = "") -> str:
     """The instance groups of a model as the server reports them (``GET /v2/models/<m>/config``):
     kind and GPU ids, any note on moved instances, and what the instances say (``instances_say``)."""

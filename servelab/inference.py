@@ -10,9 +10,15 @@ varying batch sizes collapsed it to 4 req/s); ``OnnxClassifier``'s shape policy 
 one fixed shape.
 """
 
+import ctypes
 import logging
+import os
+import re
+import sys
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -56,17 +62,140 @@ class TorchClassifier:
         return {"runtime": "pytorch", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
 
 
-def preload_cuda_libraries() -> None:
-    """Load the CUDA and cuDNN libraries of the ``nvidia-*`` wheels (PyTorch's CUDA build brings them)
-    before a GPU session, so onnxruntime-gpu finds them without ``LD_LIBRARY_PATH`` (ONNX Runtime
-    >= 1.21; a library it cannot find still leaves the provider inactive, which the caller reads back)."""
+# The libraries of the ``nvidia-*`` wheels that ONNX Runtime's CUDA provider and cuDNN need, each after the
+# ones it links against (cuBLAS needs cuBLASLt; cuDNN's parts need libcudnn_graph); absent ones are skipped.
+# cuDNN opens its parts by name as it needs them: loaded here, they are found whatever its own search path.
+CUDA_LIBRARIES = (
+    "cudart", "nvJitLink", "nvrtc", "nvrtc-builtins", "cublasLt", "cublas", "curand", "cufft",
+    "cudnn_graph", "cudnn_engines_precompiled", "cudnn_engines_runtime_compiled", "cudnn_heuristic",
+    "cudnn_ops", "cudnn_cnn", "cudnn_adv", "cudnn",
+)
+# Those whose file name carries the CUDA major version (libcudart.so.13); cuRAND, cuFFT and cuDNN number their own.
+CUDA_VERSIONED = {"cudart", "nvJitLink", "nvrtc", "nvrtc-builtins", "cublasLt", "cublas"}
+
+
+def nvidia_library_folders(search: Iterable[str]) -> list[Path]:
+    """The ``nvidia/*/lib`` folders under each folder of ``search``, in its order: CUDA 13's wheels share
+    ``nvidia/cu13/lib``, CUDA 12's have one each (``nvidia/cublas/lib``), cuDNN has ``nvidia/cudnn/lib``."""
+    return [lib for folder in dict.fromkeys(filter(None, search)) for lib in sorted(Path(folder).glob("nvidia/*/lib"))
+            if lib.is_dir()]
+
+
+def load_cuda_libraries(folders: Sequence[Path], cuda_major: str | None = None) -> dict[str, Path]:
+    """Load each of ``CUDA_LIBRARIES`` from the first of ``folders`` that has it, in that order, with
+    RTLD_GLOBAL; ``cuda_major``: only that CUDA version's runtime, cuBLAS and NVRTC. Returns {file name:
+    path} of what loaded. Once loaded, a library is found by its name (``libcudart.so.13``), which is
+    how ONNX Runtime's provider library and cuDNN look for them."""
+    loaded: dict[str, Path] = {}
+    for name in CUDA_LIBRARIES:
+        major = cuda_major if cuda_major and name in CUDA_VERSIONED else r"\d+"
+        pattern = re.compile(rf"lib{re.escape(name)}\.so\.{major}(\.\d+)*")
+        # The shortest name is the one the others link against (libcudart.so.13, not libcudart.so.13.0.96).
+        found = next((path for folder in folders for path in sorted(folder.iterdir(), key=lambda p: len(p.name))
+                      if pattern.fullmatch(path.name)), None)
+        if found is None:
+            continue
+        try:
+            ctypes.CDLL(str(found), mode=os.RTLD_GLOBAL)
+        except OSError as exc:  # a provider that needs it stays inactive, which the caller reads back
+            log.warning("CUDA for ONNX Runtime: %s did not load: %s", found, exc)
+            continue
+        loaded[found.name] = found
+    by_folder: dict[Path, list[str]] = {}
+    for path in loaded.values():
+        by_folder.setdefault(path.parent, []).append(path.name)
+    if by_folder:
+        log.info("CUDA for ONNX Runtime: loaded %s", "; ".join(f"{', '.join(names)} from {folder}"
+                                                               for folder, names in by_folder.items()))
+    else:
+        log.warning("CUDA for ONNX Runtime: no CUDA library in any nvidia/*/lib folder of %s",
+                    ", ".join(map(str, folders)) or "no folder")
+    return loaded
+
+
+@cache
+def preload_cuda_libraries() -> dict[str, Path]:
+    """Load the CUDA, cuBLAS, cuFFT, cuRAND and cuDNN libraries of the ``nvidia-*`` wheels on ``sys.path``
+    before a session asks for a GPU provider (once per process; {file name: path} of what loaded).
+
+    ``onnxruntime.preload_dlls()`` alone looks only beside onnxruntime's own site-packages and on the
+    loader path: a process that does not import torch (whose wheels bring these libraries) finds none
+    where the CUDA PyTorch lives in another environment. That environment's site folders reach
+    ``sys.path`` through a ``.pth`` (the Makefile's ``.venv-gpu``), so every folder of ``sys.path`` is searched."""
     import onnxruntime as ort
 
-    if hasattr(ort, "preload_dlls"):
+    loaded = load_cuda_libraries(nvidia_library_folders(sys.path), ort.cuda_version.split(".")[0] or None)
+    # ONNX Runtime's own pass now finds each library already loaded under its name, and in a build whose
+    # CUDA provider is a plugin it registers that plugin again (at import, without the libraries, it failed).
+    ort.preload_dlls()
+    return loaded
+
+
+def library_load_error(libraries: Sequence[Path]) -> str | None:
+    """Why ``libraries``, loaded in this order, do not all load here (the loader's message, which names the
+    file it could not find), or None where they do."""
+    for library in libraries:
         try:
-            ort.preload_dlls()
-        except Exception as exc:  # noqa: BLE001 - a missing library shows as an inactive provider
-            log.warning("onnxruntime.preload_dlls() failed: %s", exc)
+            ctypes.CDLL(str(library))
+        except OSError as exc:
+            return str(exc)
+    return None
+
+
+def tensorrt_load_error() -> str | None:
+    """Why ONNX Runtime's TensorRT provider cannot start here, or None where it can: its library and what
+    it links against (the libnvinfer of the TensorRT major this build was made for) must load. Where they
+    do not, ONNX Runtime fails the session, retries with fallback providers and drops every provider's
+    options (cuDNN's algorithm search among them)."""
+    import onnxruntime as ort
+
+    preload_cuda_libraries()  # TensorRT and its provider link against CUDA's libraries too
+    capi = Path(ort.__file__).parent / "capi"
+    # As ONNX Runtime does: the bridge shared by its provider libraries first, then the provider.
+    return library_load_error([capi / "libonnxruntime_providers_shared.so", capi / "libonnxruntime_providers_tensorrt.so"])
+
+
+def provider_name(provider: str | tuple[str, dict]) -> str:
+    """A provider as ONNX Runtime takes it (a name, or a name and its options) -> its name."""
+    return provider[0] if isinstance(provider, tuple) else provider
+
+
+def onnx_session(model: Path | bytes, providers: Sequence, session_options=None):
+    """An ONNX Runtime session over ``model`` (a file or its bytes). Every session that may ask for a GPU
+    provider is opened here (serving, the Triton stand-in, the ceiling, the doctor), so CUDA's libraries
+    are loaded first in whatever process opens it."""
+    import onnxruntime as ort
+
+    if any(provider_name(p) != "CPUExecutionProvider" for p in providers):
+        preload_cuda_libraries()
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=session_options,
+                                providers=list(providers))
+
+
+def _option_text(value: object) -> str:
+    """An option value as ONNX Runtime reports it: text, booleans as 1 and 0."""
+    text = str(value)
+    return {"true": "1", "false": "0"}.get(text.lower(), text)
+
+
+def options_not_in_force(requested: Mapping[str, Mapping[str, object]],
+                         in_force: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Each option asked of an active provider that its session does not run with, in words.
+
+    ``in_force``: the session's ``get_provider_options()`` (its active providers only; one asked for but
+    inactive is reported as such by the caller). ONNX Runtime drops every provider's options when a session
+    that failed to start is retried with fallback providers, and says nothing of it afterwards."""
+    problems = []
+    for provider, options in requested.items():
+        held = in_force.get(provider)
+        if held is None:
+            continue
+        for key, value in options.items():
+            if key not in held:
+                problems.append(f"{provider}: {key}={value} was asked for, but the session has no {key}")
+            elif _option_text(held[key]) != _option_text(value):
+                problems.append(f"{provider}: {key}={value} was asked for, but the session runs with {key}={held[key]}")
+    return problems
 
 
 # ONNX Runtime's names for the input types our models take.
@@ -110,17 +239,13 @@ class OnnxClassifier:
 
     def __init__(self, onnx_path: Path, providers: list | None = None, session_options=None,
                  shape_policy: ShapePolicy = "off", max_batch: int = 1):
-        import onnxruntime as ort
-
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
-        names = [p[0] if isinstance(p, tuple) else p for p in providers or ()]
-        if any(name != "CPUExecutionProvider" for name in names):
-            preload_cuda_libraries()
+        providers = providers or ["CPUExecutionProvider"]
+        self.requested_options = {p[0]: dict(p[1]) for p in providers if isinstance(p, tuple)}
 
         def new_session():
-            return ort.InferenceSession(str(onnx_path), sess_options=session_options,
-                                        providers=providers or ["CPUExecutionProvider"])
+            return onnx_session(onnx_path, providers, session_options)
 
         first = new_session()
         if shape_policy == "auto":
@@ -139,6 +264,15 @@ class OnnxClassifier:
     @property
     def active_providers(self) -> list[str]:
         return next(iter(self.sessions.values())).get_providers()
+
+    @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The options each active provider really runs with, read back from the session (all are made alike)."""
+        return next(iter(self.sessions.values())).get_provider_options()
+
+    def options_not_in_force(self) -> list[str]:
+        """The options asked of an active provider that it does not run with (``options_not_in_force``)."""
+        return options_not_in_force(self.requested_options, self.provider_options)
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -170,5 +304,6 @@ class OnnxClassifier:
                      "shape_changes": c.shape_changes} for c in self.counts.values()]
 
     def describe(self) -> dict:
-        return {"runtime": "onnxruntime", "providers": self.active_providers, "shape_policy": self.shape_policy,
-                "sessions": len(self.sessions), "session_batch_sizes": self.batch_sizes}
+        return {"runtime": "onnxruntime", "providers": self.active_providers, "provider_options": self.provider_options,
+                "shape_policy": self.shape_policy, "sessions": len(self.sessions),
+                "session_batch_sizes": self.batch_sizes}

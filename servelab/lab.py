@@ -48,7 +48,7 @@ from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
 from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
 from servelab.bench.records import append_record, machine_info
 from servelab.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
-                               runs_on_fastapi, runs_on_triton, stack, stage_env)
+                               options_in_force, runs_on_fastapi, runs_on_triton, stack, stage_env)
 from servelab.lab_ray import RayRuns
 from servelab.models.variants import build_variants, machine
 from servelab.monitoring import run_series
@@ -342,9 +342,9 @@ class Lab:
 
     def _fastapi_stage(self, stage: Stage, manifest: Manifest) -> None:
         with self.fastapi(stage) as (url, pid):
-            ready = json.loads(DIRECT.open(f"{url}/ready", timeout=30).read())
+            runtime = json.loads(DIRECT.open(f"{url}/ready", timeout=30).read())["runtime"]
             self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest,
-                         runs_on_fastapi(ready["runtime"]))
+                         runs_on_fastapi(runtime), extra=options_in_force(runtime))
 
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         # One server for every Triton stage: switching a stage reloads its model (explicit model

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from servelab.artifacts import Manifest
 from servelab.bench import FastAPITarget, Load, Record, run_bench
-from servelab.hardware import runs_on_fastapi, stage_env
+from servelab.hardware import options_in_force, runs_on_fastapi, stage_env
 from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.procs import DIRECT, free_port
 from servelab.rayserve.control import deploy_in_child
@@ -105,23 +105,25 @@ class RayRuns:
     def target(self) -> FastAPITarget:
         return FastAPITarget(self.url, self.lab.image, image_name=self.lab.image_name)
 
-    def runs_on(self) -> str:
-        ready = json.loads(DIRECT.open(f"{self.url}/ready", timeout=30).read())  # one replica's
-        return runs_on_fastapi(ready["runtime"])
+    def runtime(self) -> dict:
+        return json.loads(DIRECT.open(f"{self.url}/ready", timeout=30).read())["runtime"]  # one replica's
 
     def stage(self, stage) -> None:
         where = self.deploy(stage)
-        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest, self.runs_on(),
-                                    extra=where)
+        runtime = self.runtime()
+        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest,
+                                    runs_on_fastapi(runtime), extra={**where, **options_in_force(runtime)})
         if stage.ray.step_load and capacity:
             self.step_load(stage, capacity, where)
 
     def _record(self, stage, load: Load, sampler: ReplicaSampler, config: dict, timeout_s: float):
         def tool(target, load):
+            runtime = self.runtime()
             return run_bench(target, load, stage=stage.name, server_pid=self.cluster.head.pid,
                              stand_in=self.lab._stand_in(stage, self.manifest),
-                             config={"about": stage.about, "device": self.lab.device, "runs_on": self.runs_on(),
-                                     **config}, timeout_s=timeout_s, sampler=sampler)
+                             config={"about": stage.about, "device": self.lab.device,
+                                     "runs_on": runs_on_fastapi(runtime), **options_in_force(runtime), **config},
+                             timeout_s=timeout_s, sampler=sampler)
 
         return self.lab._run(tool, self.target(), load)
 

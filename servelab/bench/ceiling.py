@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from servelab.hardware import gpu_count, stack
+from servelab.inference import onnx_session
 from servelab.models.variants import machine, variant_path
 from servelab.serving.backends import CPU, CUDA, GPU_PROVIDERS
 from servelab.tables import markdown, num
@@ -95,11 +96,9 @@ def _feed(sess, batch: int) -> dict[str, np.ndarray]:
 
 
 def _session(path: Path, provider: str):
-    import onnxruntime as ort
-
     if not Path(path).exists():
         raise FileNotFoundError(f"no model at {path}: run `servelab models build` first")
-    return ort.InferenceSession(str(path), providers=[provider, CPU] if provider != CPU else [CPU])
+    return onnx_session(path, [provider, CPU] if provider != CPU else [CPU])
 
 
 def _time(sess, batch: int, repeats: int, max_seconds: float) -> tuple[int, float]:

@@ -4,7 +4,11 @@ Both are ``servelab.inference`` classifiers; this module decides where they run 
 threads, and reports what is *actually* active. ONNX Runtime silently falls back to the CPU when a
 GPU execution provider cannot start (missing CUDA/cuDNN/TensorRT libraries), so the active
 providers are read back from the session, a requested-but-inactive GPU provider is a loud
-warning, and ``REQUIRE_GPU=1`` turns it into a refusal to start.
+warning, and ``REQUIRE_GPU=1`` turns it into a refusal to start. Where a session fails to start,
+ONNX Runtime retries it with fallback providers and drops every provider's options: TensorRT is asked
+for only where its libraries load, the options each active provider runs with are read back too
+(``provider_options`` in the details), and one asked for but not in force is a warning, or under
+``REQUIRE_GPU=1`` a refusal to start.
 
 The ONNX service serves one of the model variants (``ONNX_VARIANT``); a variant with preprocessing
 in its graph takes uint8 pixels, which the classifier reads from the model's own input type. The
@@ -23,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from servelab.artifacts import ArtifactPaths, Manifest, load_manifest
-from servelab.inference import GPU_PROVIDERS, OnnxClassifier, TorchClassifier
+from servelab.inference import GPU_PROVIDERS, OnnxClassifier, TorchClassifier, tensorrt_load_error
 from servelab.models.variants import PRECISION, variant_path
 from servelab.procs import cpu_count
 from servelab.settings import ServeSettings, Settings, get_settings
@@ -41,6 +45,10 @@ GPU_ONLY_VARIANTS = ("fp16",)
 
 class GPUUnavailable(RuntimeError):
     """REQUIRE_GPU=1 (or a GPU-only variant), but the model would run on the CPU."""
+
+
+class OptionsNotInForce(RuntimeError):
+    """REQUIRE_GPU=1, but an active provider does not run with the options the settings ask of it."""
 
 
 @dataclass
@@ -227,6 +235,10 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
                                 "run `servelab models build` first")
     available = ort.get_available_providers()
     wanted, warnings = requested_providers(settings.ort_providers, available)
+    if TENSORRT in wanted and (why := tensorrt_load_error()):
+        wanted.remove(TENSORRT)
+        warnings.append(f"{TENSORRT} is left out: its libraries do not load here ({why}); asked for anyway, ONNX "
+                        "Runtime would fail the session and retry it without the options of every provider")
     options = {CUDA: {"cudnn_conv_algo_search": settings.ort_cudnn_conv_algo_search}}
     if TENSORRT in wanted:
         options[TENSORRT] = tensorrt_options(settings, *_onnx_input(path))
@@ -242,19 +254,22 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
         if provider in GPU_PROVIDERS and provider not in active:
             warnings.append(f"{provider} was requested but is NOT active: ONNX Runtime fell back to "
                             f"{', '.join(active)} (are the CUDA, cuDNN and TensorRT libraries installed?)")
+    if dropped := classifier.options_not_in_force():
+        text = ("ONNX Runtime does not run with the provider options asked for (" + "; ".join(dropped) + "): "
+                "the figures would not be those of the settings")
+        if settings.require_gpu:
+            raise OptionsNotInForce(f"REQUIRE_GPU=1 but {text}; refusing to start")
+        warnings.append(text)
     on_gpu = any(p in GPU_PROVIDERS for p in active)
     if not on_gpu and not any(p in GPU_PROVIDERS for p in available):
         log.info("this onnxruntime build has no GPU execution provider (available: %s); running on the CPU",
                  ", ".join(available))
+    # provider_options (in describe): what each active provider really runs with, read back from the session.
     details = {
         **classifier.describe(), "requested_providers": wanted, "onnxruntime": ort.__version__,
         "intra_op_threads": threads, "inter_op_threads": settings.inter_op_threads,
         "execution_mode": settings.ort_execution_mode, "graph_optimization": settings.ort_graph_optimization,
     }
-    if TENSORRT in active:
-        details["tensorrt_options"] = options[TENSORRT]
-    if CUDA in active:  # read back from the session: what ONNX Runtime really runs with
-        details["cuda_options"] = next(iter(classifier.sessions.values())).get_provider_options()[CUDA]
     variant = {"name": settings.onnx_variant, "file": path.name, "size_bytes": path.stat().st_size,
                "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}

@@ -4,7 +4,10 @@ Where nvidia-smi lists no GPU each test is skipped with that reason (tests/conft
 fakes a GPU. The answers are checked against the CPU on real photos (servelab/data/photos).
 """
 
+import re
+import sys
 import time
+from pathlib import Path
 from time import perf_counter
 
 import httpx
@@ -15,9 +18,10 @@ from fastapi_service import b64, running
 from servelab.bench.monitor import Monitor
 from servelab.hardware import gpu_count, stack
 from servelab.inference import OnnxClassifier, TorchClassifier
+from servelab.paths import REPO_ROOT
 from servelab.photos import evaluation_set, pixels
 from servelab.preprocess import preprocess
-from servelab.procs import cpu_count
+from servelab.procs import ServerProcess, cpu_count, free_port
 from servelab.serving.backends import CPU, CUDA, TENSORRT, load_backend
 from servelab.settings import Settings, get_settings
 from servelab.stages import compared
@@ -74,7 +78,7 @@ def test_alternating_batch_sizes_stay_fast_with_stable_shapes(artifacts, photos,
     floats, _ = photos
     serving = settings(ort_providers="cuda", ort_shape_policy=policy, require_gpu=True)
     backend = load_backend("onnx", serving)
-    assert backend.details["cuda_options"]["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert backend.details["provider_options"][CUDA]["cudnn_conv_algo_search"] == "HEURISTIC"
     for size in backend.warm_up_sizes(serving):
         backend.infer(floats[:size])
     seconds = []
@@ -102,7 +106,8 @@ def test_tensorrt_provider_where_the_gpu_and_libraries_support_it(artifacts, pho
     floats, _ = photos
     backend = load_backend("onnx", settings(ort_providers="tensorrt", trt_cache_path=tmp_path, require_gpu=True))
     assert backend.classifier.active_providers[0] == TENSORRT, backend.where()
-    assert backend.details["tensorrt_options"]["trt_fp16_enable"] is True
+    assert "trt_fp16_enable" in backend.details["provider_options"][TENSORRT]
+    assert not backend.classifier.options_not_in_force()  # fp16 and the rest, as the settings ask
     cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
     assert agreement(backend.infer(floats), cpu.infer(floats)) >= FP16_AGREEMENT
     assert any(tmp_path.iterdir())  # the engine cache the guide asks for was written
@@ -119,6 +124,24 @@ def test_require_gpu_service_starts_on_the_gpu_and_ready_says_where(kind, artifa
     assert (ready["preprocess_mode"], ready["preprocess_workers"]) == ("processes", max(1, cpu_count() - 1))
     assert runtime.get("device", "").startswith("cuda") or runtime["providers"][0] == CUDA
     assert answer.status_code == 200 and answer.json()["prediction"]
+
+
+def test_servelab_serve_fastapi_onnx_finds_cuda_without_torch_and_runs_with_heuristic(artifacts, tmp_path):
+    """The ONNX service never imports torch: CUDA's libraries come from the nvidia-* wheels on sys.path
+    (preload_cuda_libraries), and the options asked of the CUDA provider are the ones its session holds."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(port)]
+    env = {"MODEL_DIR": str(artifacts.manifest.parent), "REQUIRE_GPU": "1", "ORT_PROVIDERS": "cuda,cpu",
+           "ORT_CUDNN_CONV_ALGO_SEARCH": "HEURISTIC"}
+    with ServerProcess(cmd, f"{url}/ready", tmp_path / "serve.log", env=env, cwd=REPO_ROOT) as server:
+        runtime = httpx.get(f"{url}/ready", timeout=30).json()["runtime"]
+        maps = Path(f"/proc/{server.pid}/maps").read_text()
+    assert runtime["on_gpu"] is True and runtime["providers"][0] == CUDA, runtime
+    assert runtime["provider_options"][CUDA]["cudnn_conv_algo_search"] == "HEURISTIC", runtime["provider_options"]
+    cudart = {line.split()[-1] for line in maps.splitlines() if "/libcudart.so" in line}
+    assert cudart and all(re.search(r"/nvidia/[^/]+/lib/libcudart\.so", path) for path in cudart), cudart
+    assert "libtorch" not in maps
 
 
 @pytest.mark.parametrize("stage", [top for top, _ in compared("instances")])

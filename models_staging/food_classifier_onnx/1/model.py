@@ -11,7 +11,9 @@ Its timings include the Python backend's overhead and are not those of the ONNX 
 
 Like the FastAPI service it runs under ``ORT_SHAPE_POLICY`` and ``ORT_CUDNN_CONV_ALGO_SEARCH`` (from
 the server's environment), with its sessions set up for the config's ``max_batch_size``; each session's
-batch size runs once in ``initialize``, so Triton reports the model ready only when it is warm. Every
+batch size runs once in ``initialize``, so Triton reports the model ready only when it is warm. A GPU
+instance refuses to load where the CUDA provider is inactive or does not run with the options asked of
+it; its log line names the folders its stub process loaded CUDA's libraries from. Every
 session's runs and shape changes are Triton metrics (``servelab_onnx_session_*`` on its metrics port).
 """
 
@@ -22,9 +24,17 @@ from time import perf_counter
 import numpy as np
 import onnxruntime as ort
 
-from servelab.inference import OnnxClassifier
+from servelab.inference import OnnxClassifier, preload_cuda_libraries
 from servelab.settings import get_settings
 from servelab.triton import backend
+
+
+def cuda_from(device: str) -> str:
+    """Where this stub process loaded CUDA's libraries from (OnnxClassifier loaded them, once), for its log line."""
+    if device == "cpu":
+        return ""
+    folders = sorted({str(path.parent) for path in preload_cuda_libraries().values()})
+    return f"CUDA libraries from {', '.join(folders) or 'nowhere on sys.path'}, "
 
 
 class TritonPythonModel:
@@ -49,6 +59,8 @@ class TritonPythonModel:
                                          max_batch=max(1, max_batch))
         if device != "cpu" and "CUDAExecutionProvider" not in self.classifier.active_providers:
             raise RuntimeError(f"{device} requested but ONNX Runtime offers only {self.classifier.active_providers}")
+        if device != "cpu" and (dropped := self.classifier.options_not_in_force()):
+            raise RuntimeError(f"ONNX Runtime does not run with the options asked for: {'; '.join(dropped)}")
         started = perf_counter()
         for size in self.classifier.batch_sizes:  # before initialize returns: Triton is not ready until then
             self.classifier.infer(np.zeros((size, *config["input"][0]["dims"]), self.classifier.input_dtype))
@@ -57,6 +69,7 @@ class TritonPythonModel:
         # One line per instance: device.instances_say reads the latest line of each instance.
         backend.log(f"{args['model_instance_name']}: LOCAL STAND-IN (Python backend running ONNX Runtime "
                     f"{ort.__version__}, {self.classifier.active_providers} on {device}, {threads} threads, "
+                    f"{cuda_from(device)}"
                     f"{self.input_name} {self.classifier.input_dtype}) in place of Triton's onnxruntime backend; "
                     "timings are not the ONNX backend's; "
                     f"ORT_SHAPE_POLICY={self.classifier.shape_policy}: {len(self.classifier.sessions)} session(s), "

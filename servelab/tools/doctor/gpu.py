@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from servelab.tools.docker_versions import read_env_file
 from servelab.tools.doctor.core import Context, Result
 from servelab.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
+from servelab.inference import onnx_session
 
 LAB_NODE_CAPABILITY = (6, 0)  # the lab node's Tesla P100s
 # The oldest drivers documented for CUDA 12.6 containers on data-center GPUs (docker/VERSIONS.md).
@@ -170,11 +171,9 @@ def active_providers(model: bytes, provider: str, device_id: int | None = None) 
 
     ``get_available_providers()`` only says what the build contains; a GPU provider whose libraries do
     not load is dropped at session creation and the session silently runs on the CPU."""
-    import onnxruntime as ort
-
     providers = [provider] if device_id is None else [(provider, {"device_id": device_id}), CPU]
     try:
-        return ort.InferenceSession(model, providers=providers).get_providers()
+        return onnx_session(model, providers).get_providers()
     except Exception as exc:  # noqa: BLE001 - any failure to start is the answer we report
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
