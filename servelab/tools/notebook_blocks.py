@@ -228,10 +228,6 @@ def lab_summary() -> str:
     return "\n".join(lines).strip()
 
 
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
-
-
 def family_stages(family: str) -> str:
     """How many stages the catalogue has in ``family``, and their names in the order it teaches them:
     a count typed in prose went stale when a stage was added."""
