@@ -44,35 +44,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from servelab.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
-from servelab.bench import FastAPITarget, Load, Record, TritonTarget, run_bench
-from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
+from servelab.bench import FastAPITarget, Load, Record, TritonTarget
+from servelab.bench.perf_analyzer import Windows
 from servelab.bench.records import append_record, machine_info
 from servelab.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
-                               options_in_force, runs_on_fastapi, runs_on_triton, stack, stage_env)
+                               runs_on_triton, stack, stage_env)
 from servelab.lab_ray import RayRuns
+from servelab.measure_stage import (Labels, family_stand_in, measure_stage, model_stand_in, perf_analyzer_client,
+                                    served_runtime, servelab_client, stand_in_note)
 from servelab.models.variants import build_variants, machine
 from servelab.monitoring import run_series
 from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.procs import DIRECT, free_port
+from servelab.procs import free_port
 from servelab.rayserve.cluster import ray_binary
 from servelab.report import compare, render_report, summary_table
 from servelab.report.lessons import summary
 from servelab.serving.child import fastapi_process
 from servelab.settings import get_settings
-from servelab.stages import CATALOGUE, PT, Stage
+from servelab.stages import CATALOGUE, Stage
 from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
 from servelab.triton.backend import instance_count
 
 RESULTS = REPO_ROOT / "results"
-# Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
-ONNX_STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"
-
-
-# The Ray nodes are processes on this one machine, sharing its cores: named in every Ray record.
-RAY_STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its CPUs (logical CPUs per node), "
-                "not separate machines (local stand-in)")
-
 
 LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
 TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
@@ -178,14 +172,6 @@ class Budget:
         self._since = self.clock()
 
 
-def stand_in(stage: Stage) -> str:
-    """What stands in for the node's set-up when this stage runs here, named in each of its records."""
-    if stage.family == "ray":
-        return RAY_STAND_IN
-    return ONNX_STAND_IN if stage.family == "triton" and stage.triton.model != PT else ""
-
-
-
 class Lab:
     def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
                  prometheus: LabPrometheus | None = None, budget: Budget | None = None):
@@ -230,48 +216,50 @@ class Lab:
 
     # --- measurements ----------------------------------------------------------------------------
 
-    def _stand_in(self, stage: Stage, manifest: Manifest) -> str | None:
-        return "; ".join(s for s in (manifest.description if manifest.stand_in else "", stand_in(stage)) if s) or None
+    def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
+        """What each of the stage's records carries: its name, settings and where it ran, its server,
+        its stand-ins."""
+        env = stage.fastapi.env if stage.family == "fastapi" else {}
+        config = {"about": stage.about, **env, **({"variant": stage.variant} if stage.variant else {}),
+                  "device": self.device, "runs_on": runs_on, **(extra or {})}
+        return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
 
     def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str,
                 extra: dict | None = None) -> float | None:
         """The stage's loads; returns its capacity (throughput at the highest concurrency)."""
-        # Records are written by _run, once the server's own series are attached.
-        common = dict(stage=stage.name, server_pid=pid, stand_in=self._stand_in(stage, manifest))
-        env = stage.fastapi.env if stage.family == "fastapi" else {}
-        config = {"about": stage.about, **env, **({"variant": stage.variant} if stage.variant else {}),
-                  "device": self.device, "runs_on": runs_on, **(extra or {})}
+        labels = self.labels(stage, manifest, pid, runs_on, extra)
         self.log(f"    runs on: {runs_on}")
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
-        tools: list[Callable] = [lambda t, load: run_bench(t, load, config=config, **common)]
+        clients = [servelab_client()]
         if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped:
-            tools.append(lambda t, load: run_perf_analyzer(t, load, windows=p.windows, timeout_s=p.pa_timeout_s,
-                                                           **common))
+            clients.append(perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s))
 
-        def each_tool(t, load: Load, by: list[Callable] = tools) -> Record:
-            return [self._run(tool, t, load) for tool in by][0]  # servelab's: the capacity comes from it
+        def measured(t, loads: list[Load], by: list = clients) -> list[Record]:
+            # Records are written by keep, once the server's own series are attached.
+            return measure_stage(t, loads, labels, by, self.keep)
 
-        capacity = None
-        for load in [Load.sequential(p.sequential, warmup=p.warmup)] + [
-                Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]:
-            capacity = each_tool(target, load).stats.throughput_rps or capacity
+        ours = [r for r in measured(target, [Load.sequential(p.sequential, warmup=p.warmup)] + [
+            Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]) if r.tool == "servelab"]
+        capacity = next((r.stats.throughput_rps for r in reversed(ours) if r.stats.throughput_rps), None)
         batches = stage.family == "triton" and stage.triton.batches
         both_arrivals = stage.family == "triton" and stage.triton.both_arrivals
         if batches:
-            each_tool(replace(target, batch=BATCH), Load.sequential(p.batched, warmup=min(p.warmup, p.batched)))
+            measured(replace(target, batch=BATCH), [Load.sequential(p.batched, warmup=min(p.warmup, p.batched))])
         for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
             rate = round(fraction * capacity, 1)
             window = dict(requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup, seed=seed)
-            for arrivals in ("constant", "poisson") if both_arrivals else ("poisson",):
-                # perf_analyzer only where both arrival processes are measured: the lab's rate step.
-                each_tool(target, Load.open(rate, arrivals, **window), tools if both_arrivals else tools[:1])
+            # perf_analyzer only where both arrival processes are measured: the lab's rate step.
+            measured(target, [Load.open(rate, arrivals, **window)
+                              for arrivals in (("constant", "poisson") if both_arrivals else ("poisson",))],
+                     clients if both_arrivals else clients[:1])
         return capacity
 
-    def _run(self, tool: Callable, target, load: Load) -> Record:
+    def keep(self, measure: Callable[[], Record], load: Load) -> Record:
+        """Run one measurement of ``load`` and keep its record: the server's own series attached, written, logged."""
         started, called = time.monotonic(), time.time()
         before = self.prometheus.before(self.scraped)
-        record = tool(target, load)
+        record = measure()
         record.prometheus = self.prometheus.after(record, before, self.scraped, called)
         append_record(self.records_path, record)
         self.records.append(record)
@@ -316,20 +304,20 @@ class Lab:
                 continue
             self.log(f"[{stage.name}] {stage.about}")
             self.budget.mark()
-            self._guard(stage, lambda: self._fastapi_stage(stage, manifest))
+            self.guard(stage, lambda: self._fastapi_stage(stage, manifest))
             self.budget.took()
         triton_stages = [s for s in stages if s.family == "triton"]
         if triton_stages and self._fits(triton_stages[0]):
-            self._guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
+            self.guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
         elif triton_stages:
             for stage in triton_stages[1:]:
                 self._fits(stage)  # none fits either, and each is named
         ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
         # One cluster for every Ray stage: the family runs whole or not at all.
         if ray_stages and all([self._fits(s) for s in ray_stages]):
-            self._guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
+            self.guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
 
-    def _guard(self, stage: Stage | None, work, family: str = "triton") -> None:
+    def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
         try:
             work()
@@ -342,9 +330,9 @@ class Lab:
 
     def _fastapi_stage(self, stage: Stage, manifest: Manifest) -> None:
         with self.fastapi(stage) as (url, pid):
-            runtime = json.loads(DIRECT.open(f"{url}/ready", timeout=30).read())["runtime"]
-            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest,
-                         runs_on_fastapi(runtime), extra=options_in_force(runtime))
+            runs_on, options = served_runtime(url)
+            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest, runs_on,
+                         extra=options)
 
     def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
         # One server for every Triton stage: switching a stage reloads its model (explicit model
@@ -361,7 +349,7 @@ class Lab:
                 self.log(f"[{stage.name}] {stage.about}")
 
                 def one(stage=stage):
-                    config = server.apply_stage(stage.name)
+                    config = server.apply_stage(stage)
                     model = stage.triton.model
                     self.scraped = scraped.narrowed(model=model)
                     target = TritonTarget(server.url, model, self.image, input=stage.input, batch=stage.triton.images,
@@ -370,7 +358,7 @@ class Lab:
                                          instance_count(config.get("instance_group", [])))
                     self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
 
-                self._guard(stage, one)
+                self.guard(stage, one)
                 self.budget.took()
             self.scraped = None
 

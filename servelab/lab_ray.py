@@ -16,7 +16,6 @@ node id in each record's config. Then:
 does not import the lab, which imports it).
 """
 
-import json
 import threading
 from contextlib import ExitStack
 from collections.abc import Callable
@@ -25,10 +24,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servelab.artifacts import Manifest
-from servelab.bench import FastAPITarget, Load, Record, run_bench
-from servelab.hardware import options_in_force, runs_on_fastapi, stage_env
+from servelab.bench import FastAPITarget, Load, Record
+from servelab.hardware import stage_env
+from servelab.measure_stage import Labels, measure_stage, served_runtime, servelab_client
 from servelab.monitoring.lab_metrics import LabPrometheus, Scraped
-from servelab.procs import DIRECT, free_port
+from servelab.procs import free_port
 from servelab.rayserve.control import deploy_in_child
 from servelab.rayserve.cluster import LocalCluster
 from servelab.rayserve.serve_state import ReplicaSampler, placement
@@ -41,7 +41,8 @@ FAILURE_CONCURRENCY = 8
 
 class LabRun(Protocol):
     """What the Ray runs use of ``servelab.lab.Lab``: its plan, photo, logs and Prometheus, and its way of
-    measuring a stage, running one load, and going on past a failing stage."""
+    labelling a stage's records, measuring a stage, keeping one load's record, and going on past a
+    failing stage."""
 
     plan: Any  # servelab.lab.Plan: steps_s, failure_s
     device: str
@@ -53,14 +54,14 @@ class LabRun(Protocol):
 
     def log(self, line: str) -> None: ...
 
+    def labels(self, stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels: ...
+
     def measure(self, stage, target: FastAPITarget, pid: int, manifest: Manifest, runs_on: str,
                 extra: dict | None = None) -> float | None: ...
 
-    def _run(self, tool: Callable, target: FastAPITarget, load: Load) -> Record: ...
+    def keep(self, measure: Callable[[], Record], load: Load) -> Record: ...
 
-    def _stand_in(self, stage, manifest: Manifest) -> str | None: ...
-
-    def _guard(self, stage, work: Callable[[], None], family: str = "triton") -> None: ...
+    def guard(self, stage, work: Callable[[], None], family: str = "triton") -> None: ...
 
 
 @dataclass
@@ -90,10 +91,10 @@ class RayRuns:
                     f"dashboard {cluster.dashboard_url}")
             for stage in stages:
                 lab.log(f"[{stage.name}] {stage.about}")
-                lab._guard(stage, lambda stage=stage: self.stage(stage))
+                lab.guard(stage, lambda stage=stage: self.stage(stage))
             for stage in (s for s in stages if s.ray.node_failure):
                 lab.log(f"[{stage.name}] node failure: a worker node killed mid-load")
-                lab._guard(stage, lambda stage=stage: self.node_failure(stage))
+                lab.guard(stage, lambda stage=stage: self.node_failure(stage))
 
     def deploy(self, stage) -> dict:
         deploy_in_child(stage.name, self.cluster, self.port, self.lab.logs / f"ray-deploy-{stage.name}.log")
@@ -105,27 +106,23 @@ class RayRuns:
     def target(self) -> FastAPITarget:
         return FastAPITarget(self.url, self.lab.image, image_name=self.lab.image_name)
 
-    def runtime(self) -> dict:
-        return json.loads(DIRECT.open(f"{self.url}/ready", timeout=30).read())["runtime"]  # one replica's
+    def served(self) -> tuple[str, dict]:
+        return served_runtime(self.url)  # one replica's
 
     def stage(self, stage) -> None:
         where = self.deploy(stage)
-        runtime = self.runtime()
-        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest,
-                                    runs_on_fastapi(runtime), extra={**where, **options_in_force(runtime)})
+        runs_on, options = self.served()
+        capacity = self.lab.measure(stage, self.target(), self.cluster.head.pid, self.manifest, runs_on,
+                                    extra={**where, **options})
         if stage.ray.step_load and capacity:
             self.step_load(stage, capacity, where)
 
-    def _record(self, stage, load: Load, sampler: ReplicaSampler, config: dict, timeout_s: float):
-        def tool(target, load):
-            runtime = self.runtime()
-            return run_bench(target, load, stage=stage.name, server_pid=self.cluster.head.pid,
-                             stand_in=self.lab._stand_in(stage, self.manifest),
-                             config={"about": stage.about, "device": self.lab.device,
-                                     "runs_on": runs_on_fastapi(runtime), **options_in_force(runtime), **config},
-                             timeout_s=timeout_s, sampler=sampler)
-
-        return self.lab._run(tool, self.target(), load)
+    def _record(self, stage, load: Load, sampler: ReplicaSampler, config: dict, timeout_s: float) -> Record:
+        runs_on, options = self.served()
+        labels = self.lab.labels(stage, self.manifest, self.cluster.head.pid, runs_on, {**options, **config})
+        [record] = measure_stage(self.target(), [load], labels, [servelab_client(timeout_s=timeout_s, sampler=sampler)],
+                                 self.lab.keep)
+        return record
 
     def step_load(self, stage, capacity: float, where: dict) -> None:
         low, high = max(1.0, round(0.15 * capacity, 1)), max(2.0, round(0.9 * capacity, 1))

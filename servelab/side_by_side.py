@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
-from servelab.bench import FastAPITarget, Load, run_bench
+from servelab.bench import FastAPITarget, Load
 from servelab.bench.records import read_records
+from servelab.measure_stage import Labels, measure_stage
 from servelab.models.variants import RECORD_FILE, load_variants, machine
 from servelab.paths import DEFAULT_IMAGE
 from servelab.postprocess import top1
@@ -167,7 +168,7 @@ async def _in_process_window(row: Row, backend, settings, text: str, concurrency
 
 def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: float, stage: str) -> None:
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=2 * concurrency)
-    record = run_bench(FastAPITarget(url, image), load, stage=stage)
+    [record] = measure_stage(FastAPITarget(url, image), [load], Labels(stage))
     if record.stats.errors:
         raise RuntimeError(f"{row.what}: requests failed: {record.stats.errors}")
     row.add(record.stats.successes, record.stats.wall_s, record.stats.latency.p50_ms,

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.bench import FastAPITarget, Load, Record, run_bench
+from servelab.bench import FastAPITarget, Load, Record
+from servelab.measure_stage import Labels, measure_stage
 from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import free_port
 from servelab.rayserve.cluster import LocalCluster
@@ -67,7 +68,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Pa
         for _ in range(args.rounds):
             for side, target in ((fastapi, url), (ray, f"http://127.0.0.1:{port}")):
                 load = Load.closed(c, requests=None, duration_s=window, warmup=2 * c)
-                record = run_bench(FastAPITarget(target, image), load, stage=side.what.split(":")[0])
+                [record] = measure_stage(FastAPITarget(target, image), [load], Labels(side.what.split(":")[0]))
                 if record.stats.errors:
                     raise RuntimeError(f"{side.what}: requests failed: {record.stats.errors}")
                 side.records.append(record)

@@ -22,7 +22,6 @@ import secrets
 import signal
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,12 +182,3 @@ def alive_nodes() -> list[dict]:
     return [{"node_id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"],
              "cpus": n["Resources"].get("CPU", 0), "address": n["NodeManagerAddress"]}
             for n in ray.nodes() if n["Alive"]]
-
-
-def wait_nodes(count: int, timeout_s: float = 60.0) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    while len(nodes := alive_nodes()) != count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(nodes)} live Ray nodes after {timeout_s:.0f} s, expected {count}")
-        time.sleep(0.5)
-    return nodes

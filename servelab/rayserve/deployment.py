@@ -134,11 +134,3 @@ def replicas() -> list[dict[str, Any]]:
     actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP_NAME}:{DEPLOYMENT_NAME}")],
                          detail=False, limit=1000, raise_on_missing_output=False)
     return [{"actor_id": a.actor_id, "state": a.state, "node_id": a.node_id, "pid": a.pid} for a in actors]
-
-
-def running_replicas() -> int:
-    status = serve.status().applications.get(APP_NAME)
-    if status is None:
-        return 0
-    deployment = status.deployments.get(DEPLOYMENT_NAME)
-    return int(deployment.replica_states.get("RUNNING", 0)) if deployment else 0

@@ -137,12 +137,13 @@ def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the default `make lab` (the tour) measures, and the
     node's stages both leave out."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.lab import LAB_STAGES, ONNX_STAND_IN, RAY_STAND_IN, stand_in
+    from servelab.lab import LAB_STAGES
+    from servelab.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
 
     notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
     rows = ["| stage | what it serves | in `make lab` (else `--full` only) |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.about}{notes[stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
+    rows += [f"| `{s.name}` | {s.about}{notes[family_stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
     left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
     if left_out:
         rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
@@ -226,10 +227,6 @@ def lab_summary() -> str:
     run = LabRun.read(LAB_RUN)
     lines = [line for line in run.summary if not line.startswith("## ")]
     return "\n".join(lines).strip()
-
-
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
 
 
 def family_stages(family: str) -> str:

@@ -138,11 +138,14 @@ class LocalTriton:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.ports.grpc}"
 
-    def apply_stage(self, name: str) -> dict[str, Any]:
-        """Switch this server to another stage; returns the config the server reports."""
-        config = apply_stage(self.url, STAGES[name], kind=self.kind, onnxruntime=self.onnxruntime,
+    def apply_stage(self, stage: Stage) -> dict[str, Any]:
+        """Switch this server to ``stage``; returns the config the server reports. The stage it serves
+        already is not loaded again (a load reloads a loaded model)."""
+        if stage.name == self.stage:
+            return model_config(self.url, stage.triton.model)
+        config = apply_stage(self.url, stage, kind=self.kind, onnxruntime=self.onnxruntime,
                              repository=self.repository)
-        self.stage = name
+        self.stage = stage.name
         return config
 
     def stop(self) -> None:

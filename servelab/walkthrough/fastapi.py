@@ -8,7 +8,8 @@ from typing import Any
 
 import requests
 
-from servelab.bench import FastAPITarget, Load, Record, run_bench_async
+from servelab.bench import FastAPITarget, Load, Record
+from servelab.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
 from servelab.report.precision import cpu_ms_per_request
 from servelab.report import summary_table
 from servelab.walkthrough.common import try_gourmetgram, utilization, wait_until
@@ -33,7 +34,7 @@ class Service:
     @property
     def stand_in(self) -> str | None:
         """Why its numbers are not the lab's own model's, if they are not."""
-        return self.ready["description"] if self.ready.get("stand_in") else None
+        return stand_in_note(self.ready["description"] if self.ready.get("stand_in") else None)
 
 
 def serving(url: str) -> tuple[str | None, bool | None, str | None] | str:
@@ -119,8 +120,8 @@ class FastAPIWalkthrough:
     async def measure(self, service: Service, load: Load) -> Record:
         """Measure ``service`` under ``load``, record it, and print its table row and utilization."""
         target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name)
-        record = await run_bench_async(target, load, stage=service.stage, out=self.records_file,
-                                       config=service.config, stand_in=service.stand_in)
+        [record] = await measure_stage_async(target, [load], Labels(service.stage, service.config, service.stand_in),
+                                             [servelab_client(out=self.records_file)])
         self.runs.append(record)
         print(summary_table([record]))
         print(utilization(record))

@@ -34,7 +34,6 @@ CHECKOUT = node_setup.CHECKOUT
 CLUSTER_DIR = f"{CHECKOUT}/.ray-cluster"
 HEAD_COMPOSE = "docker/docker-compose-ray-head.yaml"
 WORKER_COMPOSE = "docker/docker-compose-ray-worker.yaml"
-GCS_PORT = 6379
 # Open to everyone: SSH on both nodes, GourmetGram (the page students open) on the head.
 SSH_PORT, GOURMETGRAM_PORT = 22, 5000
 CHAIN = "SERVELAB_RAY"

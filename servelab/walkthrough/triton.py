@@ -3,7 +3,6 @@
 Each notebook passes its own stages as ``stages``; all three append to the same records file, which the
 last one reports on."""
 
-import asyncio
 import difflib
 import json
 import shlex
@@ -16,10 +15,12 @@ from typing import Any, get_args
 import numpy as np
 
 from servelab.artifacts import load_manifest
-from servelab.bench import Load, Record, TritonTarget, run_bench_async
-from servelab.bench.perf_analyzer import run_perf_analyzer, write_input_data
+from servelab.bench import Load, Record, TritonTarget
+from servelab.bench.perf_analyzer import write_input_data
 from servelab.bench.targets import model_input_tensor
 from servelab.gourmetgram.backends import DEFAULT_MODELS
+from servelab.measure_stage import (Client, Labels, measure_stage_async, model_stand_in, perf_analyzer_client,
+                                    servelab_client, stand_in_note)
 from servelab.procs import DIRECT
 from servelab.report import summary_table
 from servelab.settings import get_settings
@@ -211,9 +212,7 @@ class TritonWalkthrough:
         notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
                  for m in STAGES[name].triton.models]
         manifest = Path(self.repository or "") / PT / "1" / "food11.json"
-        if manifest.exists() and (loaded := load_manifest(manifest)).stand_in:
-            notes.append(loaded.description)
-        return "; ".join(note for note in notes if note) or None
+        return stand_in_note(*notes, model_stand_in(load_manifest(manifest)) if manifest.exists() else None)
 
     def batch_counts(self, name: str) -> dict[int, int]:
         """Executions per batch size of stage ``name``'s model since it was loaded (Triton's statistics),
@@ -247,16 +246,21 @@ class TritonWalkthrough:
             return
         try_gourmetgram(self.flask_urls.get(backend, self.flask_url), self.photo, backend=backend, wait_s=self.wait_s)
 
-    async def run_perf_analyzer(self, target: TritonTarget, load: Load, *, stage: str, stand_in: str | None,
-                                ours: Record) -> list[Record]:
+    def clients(self, stage: str) -> list[Client]:
+        """``servelab bench``, then perf_analyzer where it measures ``stage``."""
+        ours = servelab_client(out=self.records_file)
+        if not self.perf_analyzer:
+            return [ours]
+        if self.pa_stages is not None and stage not in self.pa_stages:
+            print(f"perf_analyzer: not run for {stage} (not in PA_STAGES); servelab bench measures it")
+            return [ours]
+        return [ours, self.run_perf_analyzer]
+
+    def run_perf_analyzer(self, target: TritonTarget, load: Load, labels: Labels, earlier: list[Record]) -> Record:
         """The same load with perf_analyzer, which measures in windows of ``pa_window_s`` until they
         agree. A run that fails (not installed, server gone, rate not reachable) is recorded with
         perf_analyzer's own message, and the step goes on."""
-        if not self.perf_analyzer:
-            return []
-        if self.pa_stages is not None and stage not in self.pa_stages:
-            print(f"perf_analyzer: not run for {stage} (not in PA_STAGES); servelab bench measured it")
-            return []
+        ours = earlier[0]
         # perf_analyzer needs several completed requests per window: where servelab's run of the same
         # load just took longer than that (a batch of 16 on a CPU), the window grows to about four of them.
         seconds = max(self.pa_window_s, 4 * (ours.stats.latency.p50_ms or 0) / 1000)
@@ -264,13 +268,13 @@ class TritonWalkthrough:
             print(f"perf_analyzer: windows of {seconds:.1f} s instead of {self.pa_window_s:g} s "
                   f"(servelab measured p50 {ours.stats.latency.p50_ms:.0f} ms per request)")
         window = load.model_copy(update={"requests": None, "duration_s": round(seconds, 1)})
-        result = await asyncio.to_thread(run_perf_analyzer, target, window, input_data_path=self.inputs[target.input],
-                                         extra=self.pa_extra, stage=stage, stand_in=stand_in, out=self.records_file)
+        result = perf_analyzer_client(input_data_path=self.inputs[target.input], extra=self.pa_extra,
+                                      out=self.records_file)(target, window, labels, earlier)
         if result.target.get("command"):
             print("$", shlex.join(result.target["command"]))
         if result.failed:
             print(f"perf_analyzer measured nothing: {result.failed}")
-        return [result]
+        return result
 
     async def measure(self, name: str, loads: list[Load], batch: int | None = None) -> list[Record]:
         """Measure stage ``name`` under each load with both tools (``batch`` images per request; None:
@@ -282,13 +286,8 @@ class TritonWalkthrough:
         model = STAGES[name].triton.model
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
                               batch=batch or STAGES[name].triton.images, image_name=self.photo.name)
-        stand_in = self.stand_in(name)
-        settings = {key: config.get(key) for key in CONFIG_KEYS}
-        done: list[Record] = []
-        for load in loads:
-            done.append(await run_bench_async(target, load, stage=name, config=settings, stand_in=stand_in,
-                                              out=self.records_file))
-            done += await self.run_perf_analyzer(target, load, stage=name, stand_in=stand_in, ours=done[-1])
+        labels = Labels(name, {key: config.get(key) for key in CONFIG_KEYS}, self.stand_in(name))
+        done = await measure_stage_async(target, loads, labels, self.clients(name))
         self.runs.extend(done)
         print(summary_table(done))
         for r in done:

@@ -87,8 +87,7 @@ def test_fastapi_backend(fastapi_onnx, tmp_path):
 @pytest.mark.parametrize("backend", list(TRITON_STAGES))
 def test_triton_backends(local_triton, backend, tmp_path):
     stage = TRITON_STAGES[backend]
-    if local_triton.stage != stage:
-        local_triton.apply_stage(stage)
+    local_triton.apply_stage(STAGES[stage])
     client = triton_http.InferenceServerClient(local_triton.url)
     try:
         with gourmetgram(backend, tmp_path / "flask.log", TRITON_SERVER_URL=local_triton.url) as app:

@@ -388,7 +388,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
              for stem, text in texts.items()}
     assert {stem: len(lines) for stem, lines in shown.items()} == {  # every load but the ensemble's two
         "6_triton_python": 6, "7_triton_onnx": 11, "8_triton_more": 0}
-    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measured it" in more
+    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measures it" in more
 
 
 def test_a_stage_switch_that_does_not_finish_fails_in_time_with_the_servers_log(

@@ -40,7 +40,7 @@ def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, proto
 
 
 def test_sequential_bytes_requests(triton, artifacts) -> None:
-    triton.apply_stage("ensemble")  # takes the encoded image, like food_classifier
+    triton.apply_stage(get_stage("ensemble"))  # takes the encoded image, like food_classifier
     target = TritonTarget(triton.url, "food_classifier_ensemble", PHOTO, input="bytes")
     r = run_bench(target, Load.sequential(10, warmup=2), stage="ensemble")
     assert r.stats.successes == 10 and r.stats.errors == {}

@@ -42,10 +42,6 @@ def triton(perf_analyzer, artifacts, tmp_path_factory) -> Iterator[server.LocalT
         yield local
 
 
-def use(triton: server.LocalTriton, name: str) -> None:
-    if triton.stage != name:
-        triton.apply_stage(name)
-
 
 def measured(record, requests: int) -> None:
     """A real measurement: not failed, percentiles in order, at least the asked requests."""
@@ -57,7 +53,7 @@ def measured(record, requests: int) -> None:
 
 
 def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> None:
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     target = TritonTarget(triton.url, "food_classifier", PHOTO, "http", "bytes", image_name="coffee.jpg")
     out = tmp_path / "records.jsonl"
     record = run_perf_analyzer(target, Load.closed(2, requests=30), stage="pt-1", windows=QUICK,
@@ -73,7 +69,7 @@ def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> N
 
 
 def test_concurrency_over_grpc_with_the_onnx_model_and_a_batch(triton) -> None:
-    use(triton, "onnx-1")
+    triton.apply_stage(get_stage("onnx-1"))
     target = TritonTarget(triton.grpc_url, "food_classifier_onnx", PHOTO, "grpc", "tensor", batch=4)
     record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-1", windows=QUICK)
     measured(record, 12)
@@ -83,7 +79,7 @@ def test_concurrency_over_grpc_with_the_onnx_model_and_a_batch(triton) -> None:
 
 def test_uint8_input_data_against_the_model_with_preprocessing_inside(triton) -> None:
     """The real photo's uint8 crop as perf_analyzer's --input-data (b64 UINT8), over gRPC."""
-    use(triton, "onnx-u8")
+    triton.apply_stage(get_stage("onnx-u8"))
     target = TritonTarget(triton.grpc_url, "food_classifier_onnx_u8", PHOTO, "grpc", "uint8", batch=2)
     record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-u8", windows=QUICK)
     measured(record, 12)
@@ -92,7 +88,7 @@ def test_uint8_input_data_against_the_model_with_preprocessing_inside(triton) ->
 
 @pytest.mark.parametrize("arrivals", ["constant", "poisson"])
 def test_request_rate_mode(triton, arrivals: str) -> None:
-    use(triton, "onnx-dyn")
+    triton.apply_stage(get_stage("onnx-dyn"))
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
     # 20 req/s, well under the stand-in's capacity on a busy 2-CPU runner (at 40 perf_analyzer's few
     # threads were all waiting on answers there, and it sent at ~30).
@@ -105,7 +101,7 @@ def test_request_rate_mode(triton, arrivals: str) -> None:
 
 
 def test_a_rate_it_cannot_reach_is_recorded_with_what_it_really_sent(triton) -> None:
-    use(triton, "onnx-1")
+    triton.apply_stage(get_stage("onnx-1"))
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
     record = run_perf_analyzer(target, Load.open(20000, "constant", requests=60), stage="onnx-1", windows=QUICK)
     measured(record, 60)
@@ -125,7 +121,7 @@ def test_a_stopped_server_is_a_failed_measurement(perf_analyzer, tmp_path: Path)
 
 
 def test_bad_input_data_is_a_failed_measurement(triton, tmp_path: Path) -> None:
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     bad = tmp_path / "input.json"
     bad.write_text(json.dumps({"data": [{"NOT_AN_INPUT": ["x"]}]}))
     target = TritonTarget(triton.url, "food_classifier", PHOTO)
@@ -135,7 +131,7 @@ def test_bad_input_data_is_a_failed_measurement(triton, tmp_path: Path) -> None:
 
 
 def test_a_run_past_its_time_limit_is_stopped_and_recorded(triton) -> None:
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     target = TritonTarget(triton.url, "food_classifier", PHOTO)
     record = run_perf_analyzer(target, Load.closed(1, requests=100000), stage="pt-1", windows=QUICK, timeout_s=3)
     assert record.failed and record.failed.startswith("timed out after 3 s")

@@ -71,10 +71,6 @@ def pixels(images: list[bytes]) -> np.ndarray:
     return np.stack([crop_pixels(im) for im in images])
 
 
-def use(triton: server.LocalTriton, name: str) -> None:
-    if triton.stage != name:
-        triton.apply_stage(name)
-
 
 def http(triton) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(triton.url, network_timeout=120)
@@ -127,7 +123,7 @@ def concurrently(calls) -> list:
 
 def test_the_labs_client_keeps_working(triton, reference):
     """[1,1] BYTES with base64 text, outputs read as JSON: the lab's Flask client, verbatim in spirit."""
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     connection = http(triton)
     infer_input = httpclient.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
     infer_input.set_data_from_numpy(np.array([[base64.b64encode(PHOTOS["jpeg"]).decode("utf-8")]], dtype=object))
@@ -142,7 +138,7 @@ def test_the_labs_client_keeps_working(triton, reference):
 
 
 def test_four_images_in_one_request_equal_four_single_requests(triton, reference):
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     together = infer_images(triton, "food_classifier", FOUR, protocol="grpc", encoding="raw")
     alone = [infer_images(triton, "food_classifier", [image])[0] for image in FOUR]
     assert len(together) == 4
@@ -151,14 +147,14 @@ def test_four_images_in_one_request_equal_four_single_requests(triton, reference
 
 
 def test_batch_of_16_returns_16_results(triton, reference):
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     assert_close(infer_images(triton, "food_classifier", SIXTEEN), reference(SIXTEEN, "torch"))
 
 
 def test_a_corrupt_element_fails_its_whole_request(triton):
     """One response carries all outputs of a request, so a request with one bad image out of
     four fails as a whole (400, naming the element); nothing is half-answered."""
-    use(triton, "pt-1")
+    triton.apply_stage(get_stage("pt-1"))
     for protocol, status in (("http", "400"), ("grpc", "StatusCode.INVALID_ARGUMENT")):
         with pytest.raises(InferenceServerException) as failure:
             infer_images(triton, "food_classifier", [*FOUR[:2], TRUNCATED, FOUR[3]], protocol)
@@ -169,7 +165,7 @@ def test_a_corrupt_element_fails_its_whole_request(triton):
 # --- dynamic batching ---
 
 def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
-    use(triton, "pt-dyn")
+    triton.apply_stage(get_stage("pt-dyn"))
     before = stats(triton, "food_classifier")
     images = [PHOTOS["jpeg"], PHOTOS["png"], TRUNCATED, PHOTOS["webp"], PHOTOS["grayscale_jpeg"],
               PHOTOS["rgba_png"], PHOTOS["cmyk_jpeg"], PHOTOS["palette_gif"]]
@@ -190,7 +186,7 @@ def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
 
 @pytest.mark.parametrize("name", [name for name, stage in STAGES.items() if not stage.needs_gpu])
 def test_every_stage_loads_and_serves(triton, name):
-    config = triton.apply_stage(name)
+    config = triton.apply_stage(get_stage(name))
     stage = STAGES[name]
     assert config["parameters"]["servelab_stage"]["string_value"] == f"{name} (cpu)"
     for model in stage.triton.models:
@@ -215,7 +211,7 @@ def test_every_stage_loads_and_serves(triton, name):
 # --- preprocessing on the server ---
 
 def test_ensemble_matches_the_onnx_path(triton, reference):
-    use(triton, "ensemble")
+    triton.apply_stage(get_stage("ensemble"))
     served = infer_images(triton, "food_classifier_ensemble", FOUR, encoding="raw")
     connection = http(triton)
     result = connection.infer("food_classifier_onnx", client.tensor_inputs("http", preprocess_batch(FOUR)),
@@ -226,7 +222,7 @@ def test_ensemble_matches_the_onnx_path(triton, reference):
 
 
 def test_ensemble_fails_only_the_corrupt_request(triton):
-    use(triton, "ensemble")
+    triton.apply_stage(get_stage("ensemble"))
     results = concurrently([lambda im=im: infer_images(triton, "food_classifier_ensemble", [im])
                             for im in (FOUR[0], TRUNCATED, FOUR[1])])
     assert [isinstance(r, Exception) for r in results] == [False, True, False]
@@ -234,7 +230,7 @@ def test_ensemble_fails_only_the_corrupt_request(triton):
 
 
 def test_onnx_dynamic_batching_forms_batches(triton, reference):
-    use(triton, "onnx-dyn")
+    triton.apply_stage(get_stage("onnx-dyn"))
     tensors = preprocess_batch(FOUR)
     before = stats(triton, "food_classifier_onnx")
     connection = grpcclient.InferenceServerClient(triton.grpc_url)
@@ -260,7 +256,7 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
                                   if stage.input == "uint8" and not stage.needs_gpu])
 def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
     """The uint8 crops through Triton give the service's own in-process answers (same model file)."""
-    use(triton, name)
+    triton.apply_stage(get_stage(name))
     model = STAGES[name].triton.model
     connection = grpcclient.InferenceServerClient(triton.grpc_url)
     result = connection.infer(model, client.tensor_inputs("grpc", pixels(FOUR)), outputs=client.tensor_outputs("grpc"))

@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from servelab import lab, side_by_side
 from servelab.cli import build_parser
+from servelab.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
 from servelab.containers import stages as compose
 from servelab.models.variants import VARIANTS
 from servelab.tools.notebook_blocks import lab_stages
@@ -94,8 +95,8 @@ def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
     assert all(f"| `{s.name}` | {s.about}" in table for s in CATALOGUE if s.in_lab)
     assert "| `onnx-dyn` | " in table and table.count("| yes |") == sum(s.tour for s in CATALOGUE)
     assert f"Only on the node: `pt-4x4` ({STAGES['pt-4x4'].about})." in table
-    assert lab.stand_in(STAGES["pt-1"]) == "" and lab.stand_in(STAGES["onnx-dyn"]) == lab.ONNX_STAND_IN
-    assert lab.stand_in(STAGES["ray-2"]) == lab.RAY_STAND_IN
+    assert family_stand_in(STAGES["pt-1"]) == "" and family_stand_in(STAGES["onnx-dyn"]) == ONNX_STAND_IN
+    assert family_stand_in(STAGES["ray-2"]) == RAY_STAND_IN
 
 
 def test_the_tour_shows_every_lesson_once() -> None:
