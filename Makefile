@@ -11,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab lab-full test check models notebooks bench perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab lab-full test check models notebooks benchmark perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -57,9 +57,9 @@ perf-analyzer: $(STAMP)
 prometheus: $(STAMP)
 	$(BIN)/servelab prometheus install --if-missing
 
-# The Grafana dashboard and provisioning files under docker/grafana, generated from servelab.monitoring.dashboard.
+# The Grafana dashboard and provisioning files under docker/grafana, generated from servelab.measure.monitoring.dashboard.
 dashboard: $(STAMP)
-	$(BIN)/python -m servelab.monitoring.dashboard
+	$(BIN)/python -m servelab.measure.monitoring.dashboard
 
 models: $(STAMP)
 	$(BIN)/servelab models build
@@ -67,7 +67,7 @@ models: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m servelab.tools.render_notebooks
 
-bench: $(STAMP)
+benchmark: $(STAMP)
 	$(BIN)/servelab benchmark
 
 # A lab stage from its compose file on a private Docker engine (root, docker.io, debootstrap; no GPU):
@@ -97,7 +97,7 @@ GPU_TARGET := --only-binary=:all: --implementation cp --python-version 3.12 --ab
 # Debian packages the tools need on a machine without network: perf_analyzer's libb64, Prometheus.
 GPU_DEBS := libb64-0d prometheus
 # perf_analyzer's two pinned wheels, name==version (its installer extracts files from them; pip never installs them).
-PA_WHEELS = $$($(BIN)/python -c 'from servelab.tools.installers.perf_analyzer import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
+PA_WHEELS = $$($(BIN)/python -c 'from servelab.core.installers.perf_analyzer_install import PINS; print(*(f"{p.package}=={p.version}" for p in PINS))')
 # Taking the wheelhouse to a GPU machine in calls of limited size (servelab/tools/gpu_carry.py): folders of at most
 # CARRY_SIZE under GPU_CARRY; CARRY_IN is where the GPU machine's calls copied them.
 CARRY_SIZE ?= 50M
@@ -105,7 +105,7 @@ GPU_CARRY ?= carry/gpu-cu13
 CARRY_IN ?= /tmp/carry
 HAVE ?=
 GPU_CARRY_PY = servelab/tools/gpu_carry.py
-# Where the installers look first (servelab.tools.installers.opt_tools.wheelhouse); pip too, and only there.
+# Where the installers look first (servelab.core.installers.opt_tools.wheelhouse); pip too, and only there.
 OFFLINE = if [ -d $(GPU_WHEELHOUSE) ]; then export SERVELAB_WHEELHOUSE=$(abspath $(GPU_WHEELHOUSE)) \
 	PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(GPU_WHEELHOUSE)); fi
 

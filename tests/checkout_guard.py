@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from servelab.fetch import sha256_file
-from servelab.paths import REPO_ROOT
+from servelab.core.fetch import sha256_file
+from servelab.core.paths import REPO_ROOT
 
 USER_FOLDERS = ("models", "models_staging", "results")
 

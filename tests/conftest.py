@@ -10,10 +10,10 @@ import pytest
 
 import tier_durations
 from checkout_guard import changes, fingerprint
-from servelab.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
-from servelab.hardware import NO_GPU, gpu_count
-from servelab.models.variants import build_variants
-from servelab.settings import get_settings
+from servelab.core.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
+from servelab.core.hardware import NO_GPU, gpu_count
+from servelab.core.variants.build import build_variants
+from servelab.core.settings import get_settings
 from triton_repo import copy_sources
 
 

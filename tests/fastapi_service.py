@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from servelab.artifacts import ArtifactPaths
-from servelab.paths import REPO_ROOT
-from servelab.procs import ServerProcess, free_port
+from servelab.core.artifacts import ArtifactPaths
+from servelab.core.paths import REPO_ROOT
+from servelab.core.procs import ServerProcess, free_port
 
 APPS = {"pytorch": "fastapi_pt.app:app", "onnx": "fastapi_onnx.app:app"}
 

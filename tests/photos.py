@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 from PIL import Image
 
-from servelab.paths import DEFAULT_IMAGE
+from servelab.core.paths import DEFAULT_IMAGE
 
 
 def _encode(im: Image.Image, fmt: str, **kwargs) -> bytes:

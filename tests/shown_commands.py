@@ -6,7 +6,7 @@ Where a command is found decides how it is read:
   ```python cell: a shell line, run as typed (``&&``, ``|``, ``;``, ``&`` separate commands, ``#``
   starts a comment, a trailing ``\\`` continues the line);
 * a `code span` or a "double-quoted string" in prose or in a Python cell (its comments and strings): a
-  mention, which may name a command without its arguments (`servelab bench`) and may write
+  mention, which may name a command without its arguments (`servelab load`) and may write
   alternatives as ``a|b`` (`servelab serve fastapi-pt|flask`).
 """
 
@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from servelab.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT
 from servelab.tools.render_notebooks import sources
 
 DOCUMENTS = ("README.md", "fastapi_pt/README.md", "fastapi_onnx/README.md", "models_staging/README.md",

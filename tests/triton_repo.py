@@ -4,9 +4,9 @@ the checkout's models_staging/ (which holds the model the user built)."""
 import shutil
 from pathlib import Path
 
-from servelab.paths import MODELS_STAGING
-from servelab.settings import get_settings
-from servelab.triton import server
+from servelab.core.paths import MODELS_STAGING
+from servelab.core.settings import get_settings
+from servelab.servers.triton import server
 
 
 def copy_sources(dest: Path) -> Path:

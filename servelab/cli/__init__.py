@@ -14,7 +14,7 @@ COMMAND_MODULES = (
     "servelab.cli.serve",  # serve fastapi-pt | fastapi-onnx | flask
     "servelab.cli.triton",  # triton up | down | stage
     "servelab.cli.ray",  # ray up | deploy | status | down
-    "servelab.cli.bench",  # bench fastapi | triton | perf-analyzer | input-data
+    "servelab.cli.load",  # load fastapi | triton | perf-analyzer | input-data
     "servelab.cli.installers",  # perf-analyzer install | check | run; prometheus install | check
     "servelab.cli.report",  # report
     "servelab.cli.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
@@ -26,7 +26,7 @@ COMMAND_MODULES = (
 
 # servelab packages that .dockerignore keeps out of every image: the local container runner runs on
 # the host only (`servelab containers` is simply absent inside a container).
-LEFT_OUT_OF_IMAGES = ("servelab.containers",)
+LEFT_OUT_OF_IMAGES = ("servelab.tools.containers",)
 
 
 def build_parser() -> argparse.ArgumentParser:

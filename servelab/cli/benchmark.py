@@ -1,9 +1,9 @@
-"""``servelab benchmark``: the front of ``servelab.side_by_side`` (what HTTP adds, measured side by side)."""
+"""``servelab benchmark``: the front of ``servelab.run.side_by_side`` (what HTTP adds, measured side by side)."""
 
 import argparse
 from pathlib import Path
 
-from servelab import side_by_side
+from servelab.run import side_by_side
 
 
 def register(subparsers) -> None:

@@ -4,7 +4,7 @@ import argparse
 import json
 
 from servelab.tools.doctor.checks import CHECKS
-from servelab.tools.doctor.core import Context, exit_code, run_checks
+from servelab.tools.doctor.runner import Context, exit_code, run_checks
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(

@@ -1,12 +1,12 @@
 """``servelab perf-analyzer install | check | run`` and ``servelab prometheus install | check``: the fronts of
-``servelab.tools.installers`` (the pinned third-party binaries the lab runs)."""
+``servelab.core.installers`` (the pinned third-party binaries the lab runs)."""
 
 import os
 import subprocess
 import sys
 
-from servelab.tools.installers import perf_analyzer, prometheus
-from servelab.tools.installers.opt_tools import InstallError, cmd_check, cmd_install
+from servelab.core.installers import perf_analyzer_install as perf_analyzer, prometheus_install as prometheus
+from servelab.core.installers.opt_tools import InstallError, cmd_check, cmd_install
 
 
 def register(subparsers) -> None:
@@ -19,7 +19,7 @@ def register_perf_analyzer(subparsers) -> None:
         "perf-analyzer", help="install, check or run perf_analyzer (with its libraries on the library path)",
         description="perf_analyzer, the same way locally and on the lab node. `servelab perf-analyzer run -- "
                     "-m food_classifier -u 127.0.0.1:8000 --concurrency-range 8` runs it with its libraries; "
-                    "`servelab bench perf-analyzer` runs it and records its results.")
+                    "`servelab load perf-analyzer` runs it and records its results.")
     sub = p.add_subparsers(dest="pa_command", required=True)
     inst = sub.add_parser("install", help="extract the pinned perf_analyzer into this environment (downloads once)")
     inst.add_argument("--if-missing", action="store_true", help="do nothing when the pinned copy is already installed")

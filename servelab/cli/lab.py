@@ -1,9 +1,9 @@
-"""``servelab lab``: the front of ``servelab.lab``."""
+"""``servelab lab``: the front of ``servelab.run.lab``."""
 
 from pathlib import Path
 
-from servelab import lab
-from servelab.paths import DEFAULT_IMAGE
+from servelab.run import lab
+from servelab.core.paths import DEFAULT_IMAGE
 
 
 def register(subparsers) -> None:

@@ -1,12 +1,12 @@
-"""``servelab models build | variants``: the model artifacts (``servelab.artifacts``) and their variants
-(``servelab.models.variants``, timed side by side by ``servelab.models.variant_table``)."""
+"""``servelab models build | variants``: the model artifacts (``servelab.core.artifacts``) and their variants
+(``servelab.core.variants.build``, timed side by side by ``servelab.core.variants.timings``)."""
 
 from pathlib import Path
 
-from servelab.artifacts import ModelSource, build_artifacts, load_manifest
-from servelab.models.variant_table import table
-from servelab.models.variants import VARIANTS, build_variants, variant_path
-from servelab.settings import get_settings
+from servelab.core.artifacts import ModelSource, build_artifacts, load_manifest
+from servelab.core.variants.timings import table
+from servelab.core.variants.build import VARIANTS, build_variants, variant_path
+from servelab.core.settings import get_settings
 
 
 def register(subparsers) -> None:

@@ -1,15 +1,15 @@
-"""``servelab ray up | deploy | status | down``: the front of ``servelab.rayserve.control``."""
+"""``servelab ray up | deploy | status | down``: the front of ``servelab.servers.rayserve.control``."""
 
 import json
 import os
 from typing import Any
 
-from servelab.paths import REPO_ROOT
-from servelab.rayserve.cluster import LocalCluster
-from servelab.rayserve.control import STATE_FILE, deploy_stage, load_state, save_state, status, stop_saved
-from servelab.rayserve.stages import STAGES
-from servelab.settings import get_settings
-from servelab.stages import default_stage
+from servelab.core.paths import REPO_ROOT
+from servelab.servers.rayserve.cluster import LocalCluster
+from servelab.servers.rayserve.control import STATE_FILE, deploy_stage, load_state, save_state, status, stop_saved
+from servelab.servers.rayserve.options import STAGES
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import default_stage
 
 
 def _address(args) -> str:

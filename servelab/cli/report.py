@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from servelab.bench.records import DEFAULT_RECORDS, read_records
+from servelab.measure.records import DEFAULT_RECORDS, read_records
 from servelab.report import render
 from servelab.report.render import render_report, summary_table
 
@@ -25,7 +25,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     files = [*args.records, *args.more_records] or [DEFAULT_RECORDS]
     missing = [p for p in files if not p.exists()]
     if missing:
-        print(f"error: no records at {', '.join(map(str, missing))}; run `servelab bench ... --out FILE` first")
+        print(f"error: no records at {', '.join(map(str, missing))}; run `servelab load ... --out FILE` first")
         return 2
     records = read_records(files)
     if not records:

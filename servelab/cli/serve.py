@@ -7,8 +7,8 @@ import argparse
 from functools import partial
 
 from servelab.cli.serve_flask import register_flask
-from servelab.settings import get_settings
-from servelab.stages import SERVICES
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import SERVICES
 
 RUNTIMES = {"pytorch": "PyTorch", "onnx": "ONNX Runtime"}
 
@@ -17,7 +17,7 @@ def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
     # Deferred: uvicorn and FastAPI (the serve extra) are absent from the Flask image, which has `serve flask`.
     import uvicorn
 
-    from servelab.serving import create_app
+    from servelab.servers.fastapi.app import create_app
 
     settings = get_settings()
     uvicorn.run(create_app(kind, settings), host=args.host or settings.host, port=args.port or settings.port,

@@ -8,7 +8,7 @@ flask_app.app:app``.
 import argparse
 from typing import get_args
 
-from servelab.settings import FlaskSettings, Settings
+from servelab.core.settings import FlaskSettings, Settings
 
 # Threads, not more processes: a request mostly waits on the backend, and each process holds one
 # connection pool that its threads share.
@@ -31,7 +31,7 @@ def serve_flask(args: argparse.Namespace) -> int:
     # Deferred: gunicorn and Flask (the flask extra) are absent from the FastAPI images.
     from gunicorn.app.base import BaseApplication
 
-    from servelab.gourmetgram.web import create_app
+    from servelab.servers.gourmetgram.web import create_app
 
     settings = Settings(**({"backend": args.backend} if args.backend else {}))
     # Built once before forking, so a bad setting fails here with its message; the backend's

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from servelab.settings import get_settings
-from servelab.stages import default_stage
-from servelab.triton import server, stages
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import default_stage
+from servelab.servers.triton import server
+from servelab.servers.triton import configs as stages
 
 
 def register(subparsers) -> None:

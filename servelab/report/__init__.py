@@ -1,7 +1,7 @@
 """The report: run records -> ``results/report.md`` (lessons, plots), ``report-tables.md`` (the long tables), every section in one place.
 
 * ``render`` — the report itself: ``render_report(records, out_dir)``, ``summary_table(records)`` (what
-  ``servelab bench`` prints), ``markdown_table(records)``, the hardware header, the plots;
+  ``servelab load`` prints), ``markdown_table(records)``, the hardware header, the plots;
 * ``lessons`` — the first screen: each change the notebooks teach, its measured ratio, contradictions flagged;
 * ``plots`` — small multiples per stage family, one colour per stage;
 * ``compare`` — the two clients side by side: perf_analyzer against servelab's load generator;
@@ -9,9 +9,4 @@
 * ``timelines`` — the Ray Serve section: replica placement, step load and node failure over time;
 * ``server_view`` — the servers' own view from Prometheus beside the load generator's.
 
-The command front is ``servelab.cli.report``.
-"""
-
-from servelab.report.render import hardware_section, markdown_table, render_report, summary_rows, summary_table
-
-__all__ = ["hardware_section", "markdown_table", "render_report", "summary_rows", "summary_table"]
+The command front is ``servelab.cli.report``."""

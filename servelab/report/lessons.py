@@ -7,9 +7,9 @@ figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what 
 change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
 than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
 not both measured says so in one line. Which stages a lesson compares is the catalogue's to say: each
-stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.stages.compared``).
+stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.core.catalogue.compared``).
 
-The closed-loop ratios are the ones ``servelab.bench.fractions`` computes (``ratio_runs``: at 16
+The closed-loop ratios are the ones ``servelab.measure.fractions`` computes (``ratio_runs``: at 16
 senders, else at the highest concurrency both stages were measured at); the open-loop ones use the
 stage's capacity (``fractions.capacity``) as the lab does.
 """
@@ -17,13 +17,13 @@ stage's capacity (``fractions.capacity``) as the lab does.
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from servelab.bench.fractions import capacity, closed_run, ratio_runs
-from servelab.bench.records import Record
-from servelab.models.variants import RECORD_FILE, load_variants
+from servelab.measure.fractions import capacity, closed_run, ratio_runs
+from servelab.measure.records import Record
+from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.report import compare
-from servelab.settings import get_settings
-from servelab.stages import CATALOGUE, STAGES, compared
-from servelab.tables import num
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import CATALOGUE, STAGES, compared
+from servelab.core.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
 

@@ -4,7 +4,7 @@ and every run (its place in its family in the catalogue), legends beside the pan
 
 * ``sweep_concurrency``: latency (p50 solid, p99 dotted) and throughput against closed-loop senders;
 * ``sweep_rate``: open loop, with the offered rate as a fraction of the stage's own capacity (its
-  closed-loop throughput at the highest concurrency measured, ``servelab.bench.fractions.capacity``),
+  closed-loop throughput at the highest concurrency measured, ``servelab.measure.fractions.capacity``),
   so stages of very different speed share one axis; throughput as the same fraction, with the
   diagonal a server keeps to while it keeps up;
 * ``cdf``: latency CDFs per family at comparable loads: one at a time, the highest closed-loop
@@ -17,9 +17,9 @@ tables (``report-tables.md``).
 from collections import defaultdict
 from pathlib import Path
 
-from servelab.bench.fractions import capacity
-from servelab.bench.records import Record
-from servelab.stages import CATALOGUE
+from servelab.measure.fractions import capacity
+from servelab.measure.records import Record
+from servelab.core.catalogue import CATALOGUE
 
 FAMILIES = (("fastapi", "FastAPI"), ("triton", "Triton"), ("ray", "Ray Serve"), ("", "other stages"))
 # Twelve colours told apart at a glance; a family has at most eleven stages.

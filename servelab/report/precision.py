@@ -5,15 +5,15 @@ Per stage, the closed-loop run at its highest concurrency (servelab's client) gi
 and the monitor's samples give CPU time per request: mean CPU % x cores x wall time / successes.
 That is the whole machine's CPU, client included, so it compares variants measured alike, not
 the model alone. Size is the model file's; agreement with fp32 (top-1 on the evaluation photos) is
-what ``servelab models build`` recorded in ``food11_variants.json`` (``servelab.models.variants``),
+what ``servelab models build`` recorded in ``food11_variants.json`` (``servelab.core.variants.build``),
 where it is there.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.bench.records import Record
-from servelab.models.variants import RECORD_FILE, load_variants, variant_path
+from servelab.measure.records import Record
+from servelab.core.variants.build import RECORD_FILE, load_variants, variant_path
 
 BASELINE = "fp32"
 

@@ -1,11 +1,11 @@
-"""The report (``servelab report``): records (JSON lines from ``servelab bench`` / ``servelab lab``) ->
+"""The report (``servelab report``): records (JSON lines from ``servelab load`` / ``servelab lab``) ->
 ``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
 notebooks teach, its measured ratio, and a flag where it contradicts them), then the plots and the
 short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
 the servers' own counts, the warnings).
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
-``servelab bench`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
+``servelab load`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
 the records hold its data): small multiples per stage family (``servelab.report.plots``) of latency
 and throughput vs concurrency and vs offered load as a fraction of capacity, and latency CDFs at
 comparable loads; the server's batch-size histogram, CPU/GPU/memory utilization timelines, and the
@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab import tables
-from servelab.bench.records import DEFAULT_RECORDS, Record
-from servelab.hardware import describe
+from servelab.core import tables
+from servelab.measure.records import DEFAULT_RECORDS, Record
+from servelab.core.hardware import describe
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
-from servelab.settings import get_settings
-from servelab.tables import num
+from servelab.core.settings import get_settings
+from servelab.core.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")
@@ -61,7 +61,7 @@ def summary_rows(records: list[Record]) -> list[dict[str, str]]:
 
 
 def summary_table(records: list[Record]) -> str:
-    """Fixed-width text table (what ``servelab bench`` prints after its runs)."""
+    """Fixed-width text table (what ``servelab load`` prints after its runs)."""
     return tables.text(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
 
 
@@ -166,7 +166,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     """Write ``out_dir/report.md`` (the lessons on the first screen, then the plots and the short sections),
     ``out_dir/report-tables.md`` (every run's row, the two clients, the servers' own counts, the warnings)
     and the PNG plots; returns the report's path. ``skipped``: parts of the lab this environment could not
-    run (``servelab.lab.preflight``), with the reason."""
+    run (``servelab.run.lab.preflight``), with the reason."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

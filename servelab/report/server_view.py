@@ -5,10 +5,10 @@ must agree within 5 % where the run is long enough to compare), and one figure o
 series, every run end to end, with the client's own throughput and median drawn over each run.
 """
 
-from servelab.bench.records import Record
-from servelab.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
-from servelab.tables import markdown as markdown_table
-from servelab.tables import num
+from servelab.measure.records import Record
+from servelab.measure.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
+from servelab.core.tables import markdown as markdown_table
+from servelab.core.tables import num
 
 COLUMNS = ("stage", "tool", "load", "requests client", "requests server", "counts", "req/s client", "req/s server",
            "server span s", "ratio", "rates")
@@ -81,7 +81,7 @@ def plot(records: list[Record], out) -> bool:
             value = {"throughput": r.stats.throughput_rps, "p50": r.stats.latency.p50_ms}.get(client or "")
             if value is not None and length:
                 ax.hlines(value, offset, offset + length, colors="black", linestyles="dashed", lw=0.8,
-                          label=None if f"client {client}" in drawn else f"client {client} (servelab bench)")
+                          label=None if f"client {client}" in drawn else f"client {client} (servelab load)")
                 drawn.add(f"client {client}")
             ax.axvline(offset, color="grey", lw=0.4)
         axes[0].text(offset, 1.0, f" {r.stage} {r.tool[:4]}: {r.load.label()}", fontsize=5, rotation=90,

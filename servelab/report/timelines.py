@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from servelab.bench.records import Record
+from servelab.measure.records import Record
 
 
 def _short(node_id: str | None) -> str:

@@ -11,6 +11,6 @@
 * ``docker_versions`` — the container images' pinned versions (``docker/.env``).
 * ``photos_collect`` — how ``servelab/data/photos/`` was made.
 
-``servelab.containers`` (compose stages on a private Docker engine) is tooling of the same kind; it
-stays where it is while the stage catalogue moves into ``servelab.stages``.
+``servelab.tools.containers`` (compose stages on a private Docker engine) is tooling of the same kind; it
+stays where it is while the stage catalogue moves into ``servelab.core.catalogue``.
 """

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from servelab.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT
 
 VERSIONS_FILE = REPO_ROOT / "docker" / ".env"
 

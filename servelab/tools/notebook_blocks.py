@@ -2,7 +2,7 @@
 
 A notebook source marks such a part with a pair of HTML comments (invisible in Jupyter)::
 
-    <!-- generated: excerpt servelab/serving/batcher.py MicroBatcher._run -->
+    <!-- generated: excerpt servelab/servers/fastapi/batcher.py MicroBatcher._run -->
     ... (written by `make notebooks`) ...
     <!-- end generated -->
 
@@ -20,9 +20,9 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from servelab import original_lab
-from servelab.paths import MODELS_STAGING, REPO_ROOT
-from servelab.stages import CATALOGUE, of_family
+from servelab.core import original_lab
+from servelab.core.paths import MODELS_STAGING, REPO_ROOT
+from servelab.core.catalogue import CATALOGUE, of_family
 
 BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
 
@@ -56,7 +56,7 @@ def node_config(stage_name: str) -> str:
     """The config of the stage's model as the lab node's Triton runs it (GPUs, onnxruntime backend),
     without the ``servelab_stage`` label every stage carries."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.triton.stages import STAGES, effective_config, render
+    from servelab.servers.triton.configs import STAGES, effective_config, render
 
     stage = STAGES[stage_name]
     config = effective_config(stage, stage.triton.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING)
@@ -68,7 +68,7 @@ def stage_config(name: str, previous: str = "") -> str:
     """A stage's config on the node; with ``previous``, as a diff from that stage's. A stage that
     changes nothing is shown as its committed base file, comments and all."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.triton.stages import STAGES
+    from servelab.servers.triton.configs import STAGES
 
     if not previous:
         stage = STAGES[name]
@@ -110,8 +110,8 @@ def triton_models() -> str:
     """Each model of the repository: which backend runs it on the node, and which locally."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.triton.server import ALL_MODELS
-    from servelab.triton.stages import STAGES, base_config, effective_config
+    from servelab.servers.triton.server import ALL_MODELS
+    from servelab.servers.triton.configs import STAGES, base_config, effective_config
 
     def runner(config) -> str:
         if config.HasField("ensemble_scheduling"):  # an ensemble: Triton schedules its steps
@@ -137,8 +137,8 @@ def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the default `make lab` (the tour) measures, and the
     node's stages both leave out."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.lab import LAB_STAGES
-    from servelab.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
+    from servelab.run.lab import LAB_STAGES
+    from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
 
     notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
@@ -180,7 +180,7 @@ LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's
 def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.lab import LabRun, minutes
+    from servelab.run.lab import LabRun, minutes
 
     run = LabRun.read(LAB_RUN)
     return (f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
@@ -191,9 +191,9 @@ def lab_time() -> str:
 
 
 def lab_plans() -> str:
-    """The loads of the tour (`make lab`) and of `--full`, from ``servelab.lab.Plan``."""
+    """The loads of the tour (`make lab`) and of `--full`, from ``servelab.run.lab.Plan``."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.lab import Plan
+    from servelab.run.lab import Plan
 
     def pct(values) -> str:
         said = [f"{100 * v:g} %" for v in values]
@@ -222,7 +222,7 @@ def lab_plans() -> str:
 def lab_summary() -> str:
     """What the recorded `make lab` showed: its report's first screen."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.lab import LabRun
+    from servelab.run.lab import LabRun
 
     run = LabRun.read(LAB_RUN)
     lines = [line for line in run.summary if not line.startswith("## ")]
@@ -234,7 +234,7 @@ def family_stages(family: str) -> str:
     a count typed in prose went stale when a stage was added."""
     names = list(of_family(family))  # type: ignore[arg-type]
     title = {"fastapi": "FastAPI", "triton": "Triton", "ray": "Ray Serve"}[family]
-    return f"The catalogue (`servelab/stages.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
+    return f"The catalogue (`servelab/core/catalogue.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
 
 
 def original(key: str) -> str:

@@ -4,7 +4,7 @@ Debian's desktop-background, jigsaw and children's-game packages ship real photo
 licences, but installing them costs ~650 MB of downloads for ~140 photos, so a small, downscaled copy
 is committed instead, with each picture's package, version, path, licence and hashes in
 ``manifest.json``. Each photo gives four pictures, its quadrants, so ~140 photographs make ~560
-distinct images; the calibration/evaluation split (``servelab.photos``) keeps all quadrants of one
+distinct images; the calibration/evaluation split (``servelab.core.photos``) keeps all quadrants of one
 photo on one side.
 
 Some photographs sit inside a container file: GCompris packs each activity's pictures into a Qt
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from servelab.photos import MANIFEST, PHOTO_DIR, Photo
+from servelab.core.photos import MANIFEST, PHOTO_DIR, Photo
 
 # (package, installed path): every real photograph found in these packages (drawings, renders and
 # textures left out by eye).

@@ -21,7 +21,7 @@ import jupytext
 import nbformat
 
 from servelab.tools.notebook_blocks import expand
-from servelab.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 

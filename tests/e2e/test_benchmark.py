@@ -4,9 +4,9 @@ FastAPI, each in one run, for real (short windows)."""
 import subprocess
 import sys
 
-from servelab.models.variants import machine
-from servelab.paths import REPO_ROOT
-from servelab.procs import cpu_count
+from servelab.core.variants.build import machine
+from servelab.core.paths import REPO_ROOT
+from servelab.core.procs import cpu_count
 
 
 def test_variants_are_measured_against_fp32(artifacts):
@@ -48,8 +48,8 @@ def test_preprocessing_threads_are_measured_against_worker_processes(artifacts):
 
 def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tmp_path):
     """`servelab benchmark --stage ceiling --records ...` on this CPU: the table, the fractions, the saved result."""
-    from servelab.bench.ceiling import BATCHES, Ceiling
-    from servelab.bench.records import Latency, Load, Record, Stats, append_record
+    from servelab.measure.ceiling import BATCHES, Ceiling
+    from servelab.measure.records import Latency, Load, Record, Stats, append_record
 
     records = tmp_path / "records.jsonl"
     for stage, rps in (("fastapi-onnx", 100.0), ("fastapi-onnx-dyn", 150.0)):

@@ -1,6 +1,6 @@
 """Every lab stage brought up from its unchanged compose file, for real, on a private Docker engine
 (`servelab containers`): the images build on the local stand-in bases, containers become healthy in
-the order ``depends_on`` says, `servelab bench` gets correct answers through the published port on
+the order ``depends_on`` says, `servelab load` gets correct answers through the published port on
 127.0.0.1, bad input gets a 4xx, a killed serving container makes GourmetGram answer 502/503 until
 the restart policy brings it back, and ``down -v`` leaves nothing behind.
 
@@ -24,19 +24,19 @@ import requests
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab.containers import compose_tool, standins
-from servelab.containers.docker import Docker
-from servelab.containers.engine import Engine
-from servelab.containers.stages import STAGES, StageRunner, checkout_mounts
+from servelab.tools.containers import compose_tool, standins
+from servelab.tools.containers.docker import Docker
+from servelab.tools.containers.engine import Engine
+from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
 from servelab.tools.docker_versions import read_env_file
-from servelab.inference import OnnxClassifier
-from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.postprocess import top1
-from servelab.preprocess import preprocess
-from servelab.settings import get_settings
-from servelab.triton import client as triton_client
-from servelab.triton.server import apply_stage
-from servelab.triton.stages import STAGES as TRITON_STAGES
+from servelab.core.inference import OnnxClassifier
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.postprocess import top1
+from servelab.core.preprocess import preprocess
+from servelab.core.settings import get_settings
+from servelab.servers.triton import client as triton_client
+from servelab.servers.triton.server import apply_stage
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(2400)]
 

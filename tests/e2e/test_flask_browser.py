@@ -10,8 +10,8 @@ import requests
 from playwright.sync_api import Page, sync_playwright
 
 from servelab.cli.serve_flask import GUNICORN_OPTIONS
-from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.procs import ServerProcess, free_port
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.procs import ServerProcess, free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

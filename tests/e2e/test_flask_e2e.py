@@ -18,12 +18,12 @@ from PIL import Image
 
 from photos import variants
 from triton_repo import make_repository
-from servelab.preprocess import preprocess
-from servelab.procs import ServerProcess, free_port
-from servelab.settings import Settings
-from servelab.triton import client as triton
-from servelab.triton.server import start_local
-from servelab.triton.stages import STAGES
+from servelab.core.preprocess import preprocess
+from servelab.core.procs import ServerProcess, free_port
+from servelab.core.settings import Settings
+from servelab.servers.triton import client as triton
+from servelab.servers.triton.server import start_local
+from servelab.servers.triton.configs import STAGES
 
 SERVELAB = [sys.executable, "-m", "servelab"]
 PHOTOS = {name: data for name, data in variants().items() if name in ("jpeg", "exif_rotated_jpeg", "png")}

@@ -104,7 +104,7 @@ def test_venv_gpu_sees_the_torch_of_a_gpu_python_that_is_a_venv_and_installs_off
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"torch {STAND_IN} CUDA 13.0" in done.stdout
     seen = run([str(venv / "bin" / "python"), "-c",
-                "import torch, servelab.preprocess, setuptools; print(torch.__file__, setuptools.__version__)"])
+                "import torch, servelab.core.preprocess, setuptools; print(torch.__file__, setuptools.__version__)"])
     assert seen.returncode == 0, seen.stderr
     torch_file, setuptools_version = seen.stdout.split()
     assert torch_file.startswith(str(python.parent.parent))  # GPU_PYTHON's own torch, not a copy

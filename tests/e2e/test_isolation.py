@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servelab.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT
 from triton_repo import copy_sources
 
 # What a session of conftest.py needs; the copy's REPO_ROOT is the copy (servelab is found there first).
@@ -53,8 +53,8 @@ def run_session(checkout: Path, test: str, basetemp: Path) -> subprocess.Complet
 BUILDS_THE_MODEL = """
 from pathlib import Path
 
-from servelab.artifacts import load_manifest
-from servelab.paths import REPO_ROOT
+from servelab.core.artifacts import load_manifest
+from servelab.core.paths import REPO_ROOT
 
 
 def test_the_stand_in_is_built_into_the_sessions_own_folders(artifacts):
@@ -64,7 +64,7 @@ def test_the_stand_in_is_built_into_the_sessions_own_folders(artifacts):
 """
 
 WRITES_RESULTS = """
-from servelab.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT
 
 
 def test_overwrites_the_users_records():

@@ -10,13 +10,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servelab.bench import read_records
-from servelab.hardware import stack
-from servelab.bench.ceiling import measure_ceiling
-from servelab.lab import LAB_STAGES as STAGES, LabRun, preflight
+from servelab.measure.records import read_records
+from servelab.core.hardware import stack
+from servelab.measure.ceiling import measure_ceiling
+from servelab.run.lab import LAB_STAGES as STAGES, LabRun, preflight
 from servelab.tools.gpu_check import record_markdown
-from servelab.settings import get_settings
-from servelab.triton.stages import gpu_count
+from servelab.core.settings import get_settings
+from servelab.servers.triton.configs import gpu_count
 
 RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
 TRITON = {s.name for s in RUN if s.family == "triton"}
@@ -39,7 +39,7 @@ def _servers() -> set[int]:
 
 def _prometheus_here() -> bool:
     """Prometheus can run here; CI installs it, so there it must."""
-    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
+    from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
 
     try:
         return bool(locate())

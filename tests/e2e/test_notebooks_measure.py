@@ -8,7 +8,7 @@ with dynamic batching) and a GourmetGram in front of the first; the Triton noteb
 tritonserver, which each notebook itself walks through its stages with ``servelab triton stage NAME``,
 as a student does from the node's shell, plus one GourmetGram per Triton mode. All in quick mode
 (a few requests per measurement) through their parameters cells; the Triton notebooks run the project's
-perf_analyzer beside ``servelab bench`` at every load of the stages in their ``PA_STAGES``, with short
+perf_analyzer beside ``servelab load`` at every load of the stages in their ``PA_STAGES``, with short
 windows.
 """
 
@@ -31,12 +31,12 @@ from pydantic import ValidationError
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
-from servelab.paths import DEFAULT_IMAGE
-from servelab.procs import ServerProcess, free_port
-from servelab.settings import Settings
-from servelab.triton import server as triton_server
-from servelab.triton.stages import STAGES as TRITON_STAGES
-from servelab.walkthrough.triton import TritonWalkthrough, batch_count_change
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.procs import ServerProcess, free_port
+from servelab.core.settings import Settings
+from servelab.servers.triton import server as triton_server
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES
+from servelab.run.walkthrough.walk_triton import TritonWalkthrough, batch_count_change
 from triton_repo import make_repository
 
 TRITON_NOTEBOOKS = ["6_triton_python", "7_triton_onnx", "8_triton_more"]
@@ -206,7 +206,7 @@ def fastapi_stages(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 CHECK_FASTAPI = """
-from servelab.bench import read_records
+from servelab.measure.records import read_records
 
 records = read_records(records_file)
 assert records == runs
@@ -285,7 +285,7 @@ QUICK_STAGES = {"6_triton_python": ["pt-1", "pt-dyn", "pt-2x2"],
 # before it), servelab's are EXPECTED, and perf_analyzer ran right after servelab at every load of the stages in
 # PA_STAGES, with the same stage, load and batch.
 CHECK_TRITON = """
-from servelab.bench import read_records
+from servelab.measure.records import read_records
 
 records = read_records(records_file)
 assert len(records) == RECORDS_BEFORE + len(runs) and records[RECORDS_BEFORE:] == runs
@@ -319,7 +319,7 @@ assert sum(after.values()) > sum(before.values())
 """
 
 CHECK_MORE = CHECK_TRITON + """
-assert "ensemble" not in PA_STAGES  # by default the optional stages are measured by servelab bench alone
+assert "ensemble" not in PA_STAGES  # by default the optional stages are measured by servelab load alone
 assert records[-1].config["platform"] == "ensemble"
 # The report covers every stage the three notebooks measured, the open-loop runs of 7_triton_onnx too.
 assert {r.stage for r in newest} == set(ALL_STAGES), {r.stage for r in newest}
@@ -342,7 +342,7 @@ EXPECTED = {
 
 def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
     """The three Triton notebooks, one after another as a student runs them, into one results folder."""
-    from servelab.bench import read_records
+    from servelab.measure.records import read_records
 
     results = tmp_path / "results"
     common = {
@@ -388,7 +388,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
              for stem, text in texts.items()}
     assert {stem: len(lines) for stem, lines in shown.items()} == {  # every load but the ensemble's two
         "6_triton_python": 6, "7_triton_onnx": 11, "8_triton_more": 0}
-    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measures it" in more
+    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it" in more
 
 
 def test_a_stage_switch_that_does_not_finish_fails_in_time_with_the_servers_log(

@@ -1,4 +1,4 @@
-"""``10_ray`` and its steps (servelab.walkthrough.ray), run locally without Ray.
+"""``10_ray`` and its steps (servelab.run.walkthrough.walk_ray), run locally without Ray.
 
 The Ray Serve app (branch ray-serve) answers the FastAPI stages' API and names its stage in
 ``/ready``. Its **stand-in** here: a real ``servelab serve fastapi-onnx`` behind a small HTTP front on
@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from notebook_harness import execute
-from servelab.procs import ServerProcess, free_port
-from servelab.walkthrough.ray import STAGE_KEY, deployed_stage
+from servelab.core.procs import ServerProcess, free_port
+from servelab.run.walkthrough.walk_ray import STAGE_KEY, deployed_stage
 
 
 @contextmanager
@@ -98,7 +98,7 @@ def test_deployed_stage_says_what_the_app_runs_or_why_not(onnx_service: str) -> 
 
 
 CHECK_RAY = """
-from servelab.bench import read_records
+from servelab.measure.records import read_records
 
 records = read_records(Path(RESULTS) / "records.jsonl")
 assert records == lab.runs
@@ -131,8 +131,8 @@ def test_ray_notebook_measures_the_stages_it_is_given(onnx_service: str, tmp_pat
 
 
 def test_a_stage_that_is_not_deployed_fails_in_time(onnx_service: str, tmp_path: Path) -> None:
-    from servelab.walkthrough.ray import RayWalkthrough
-    from servelab.paths import DEFAULT_IMAGE
+    from servelab.run.walkthrough.walk_ray import RayWalkthrough
+    from servelab.core.paths import DEFAULT_IMAGE
 
     with stage_front(onnx_service, "ray-1") as url:
         lab = RayWalkthrough(url, DEFAULT_IMAGE, tmp_path / "records.jsonl", wait_s=0.5, stages=["ray-2"])

@@ -1,13 +1,13 @@
 """The model's own ceiling, measured for real with ONNX Runtime on the built models (this machine's CPU)."""
 
-from servelab.bench.ceiling import (
+from servelab.measure.ceiling import (
     BATCHES,
     Ceiling,
     Point,
     ceiling_markdown,
     measure_ceiling,
 )
-from servelab.serving.backends import CPU, CUDA
+from servelab.servers.fastapi.runtimes import CPU, CUDA
 
 
 def quiet(*_):

@@ -1,4 +1,4 @@
-"""`servelab bench` from the command line, against the tiny server (a real process)."""
+"""`servelab load` from the command line, against the tiny server (a real process)."""
 
 import json
 import socket
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tinyserver import running
 
-from servelab.bench import read_records
+from servelab.measure.records import read_records
 
 
 def servelab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -24,7 +24,7 @@ def server() -> str:
 
 def test_sweep_appends_one_record_per_run_and_prints_the_table(server: str, tmp_path: Path) -> None:
     out = tmp_path / "records.jsonl"
-    done = servelab("bench", "fastapi", "--url", server, "--concurrency", "1,2,4", "--requests", "40",
+    done = servelab("load", "fastapi", "--url", server, "--concurrency", "1,2,4", "--requests", "40",
                     "--warmup", "4", "--stage", "tiny", "--config", "slots=1", "--out", str(out))
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0].split()
@@ -36,14 +36,14 @@ def test_sweep_appends_one_record_per_run_and_prints_the_table(server: str, tmp_
     assert records[0].stats.latency.p50_ms == pytest.approx(5, rel=0.5)  # ms, not seconds
     assert "[3/3] tiny concurrency 4" in done.stderr
     # Appends, never overwrites.
-    assert servelab("bench", "fastapi", "--url", server, "--requests", "5", "--out", str(out)).returncode == 0
+    assert servelab("load", "fastapi", "--url", server, "--requests", "5", "--out", str(out)).returncode == 0
     assert len(out.read_text().splitlines()) == 4
     assert read_records(out)[-1].load.mode == "sequential"
 
 
 def test_open_loop_and_duration_flags(server: str, tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
-    done = servelab("bench", "fastapi", "--url", server, "--rate", "50,100", "--arrivals", "constant",
+    done = servelab("load", "fastapi", "--url", server, "--rate", "50,100", "--arrivals", "constant",
                     "--duration", "0.4", "--warmup", "0", "--out", str(out))
     assert done.returncode == 0, done.stderr
     loads = [r.load for r in read_records(out)]
@@ -56,23 +56,23 @@ def test_a_stage_that_is_down_fails_the_command(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = servelab("bench", "triton", "--url", f"127.0.0.1:{port}", "--requests", "3", "--warmup", "0")
+    done = servelab("load", "triton", "--url", f"127.0.0.1:{port}", "--requests", "3", "--warmup", "0")
     assert done.returncode == 1
     assert "connection_refused 3" in done.stdout
 
 
 def test_conflicting_load_flags_are_refused(server: str) -> None:
-    done = servelab("bench", "fastapi", "--url", server, "--concurrency", "2", "--rate", "10")
+    done = servelab("load", "fastapi", "--url", server, "--concurrency", "2", "--rate", "10")
     assert done.returncode != 0 and "not both" in done.stderr + done.stdout
 
 
 def test_input_data_and_missing_perf_analyzer(tmp_path: Path) -> None:
     path = tmp_path / "input.json"
-    done = servelab("bench", "input-data", "--out", str(path))
+    done = servelab("load", "input-data", "--out", str(path))
     assert done.returncode == 0, done.stderr
     assert list(json.loads(path.read_text())["data"][0]) == ["INPUT_IMAGE"]
     # No perf_analyzer to be found: a failed measurement that says how to get one, and a failing exit.
-    done = subprocess.run([sys.executable, "-m", "servelab", "bench", "perf-analyzer", "--concurrency", "8"],
+    done = subprocess.run([sys.executable, "-m", "servelab", "load", "perf-analyzer", "--concurrency", "8"],
                           capture_output=True, text=True, timeout=60,
                           env={"PATH": str(tmp_path), "PERF_ANALYZER": str(tmp_path / "nowhere")})
     assert done.returncode == 1 and "FAILED" in done.stdout and "make perf-analyzer" in done.stdout

@@ -6,8 +6,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi_service import running
 
-from servelab.bench import FastAPITarget, Load, run_bench
-from servelab.paths import DEFAULT_IMAGE
+from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Load
+from servelab.measure.loadgen import run_bench
+from servelab.core.paths import DEFAULT_IMAGE
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from tinyserver import running
 
-from servelab.bench import FastAPITarget, Load, run_bench
-from servelab.bench.loadgen import run_load
-from servelab.paths import DEFAULT_IMAGE
+from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Load
+from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import run_load
+from servelab.core.paths import DEFAULT_IMAGE
 
 S_MS = 40.0  # the tiny server's service time: long enough that loopback HTTP overhead is small
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -112,7 +114,7 @@ def test_open_loop_overload_counts_the_backlog(server: str) -> None:
 
 def test_behind_schedule_warning_reaches_the_record_and_the_log(server: str, caplog) -> None:
     load = Load.open(50.0, "poisson", requests=20, warmup=0, max_inflight=2)
-    with caplog.at_level(logging.WARNING, logger="servelab.bench"):
+    with caplog.at_level(logging.WARNING, logger="servelab.measure"):
         r = run_bench(FastAPITarget(server, PHOTO), load, stage="tiny")
     assert r.stats.late_sends > 0 and r.stats.max_send_lag_ms > 10
     assert any("fell behind its schedule" in w for w in r.warnings)
@@ -172,7 +174,7 @@ def test_one_process_drives_a_trivial_endpoint_fast(trivial: str) -> None:
 
 
 class _Marks:
-    """What run_bench reads from a sampler (servelab.rayserve.serve_state.ReplicaSampler): samples and events
+    """What run_bench reads from a sampler (servelab.servers.rayserve.serve_state.ReplicaSampler): samples and events
     on the perf_counter clock; here a fixed replica count and one event, marked while the load runs."""
 
     def __init__(self) -> None:

@@ -8,7 +8,7 @@ import psutil
 import pytest
 from tinyserver import running
 
-from servelab.bench.monitor import Monitor
+from servelab.measure.monitor import Monitor
 
 BUSY = "import time\nend = time.perf_counter() + 0.4\nwhile time.perf_counter() < end: pass"
 

@@ -6,10 +6,12 @@ from collections.abc import Iterator
 import pytest
 from triton_repo import make_repository
 
-from servelab.bench import Load, TritonTarget, run_bench
-from servelab.paths import DEFAULT_IMAGE
-from servelab.triton import server
-from servelab.triton.stages import get_stage
+from servelab.measure.records import Load
+from servelab.measure.targets import TritonTarget
+from servelab.measure.loadgen import run_bench
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.servers.triton import server
+from servelab.servers.triton.configs import get_stage
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 

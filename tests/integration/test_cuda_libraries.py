@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the fake CUDA libraries")
 
@@ -96,7 +96,7 @@ print(json.dumps({"loaded": {name: str(path) for name, path in loaded.items()}, 
 
 def test_preload_loads_the_nvidia_libraries_a_pth_brings_onto_sys_path(venv_gpu):
     python, site = venv_gpu
-    found = run_child(python, "from servelab.inference import preload_cuda_libraries\n"
+    found = run_child(python, "from servelab.core.inference import preload_cuda_libraries\n"
                               "loaded = preload_cuda_libraries()\n" + MAPPED)
     expected = {name: str(site / folder / name) for name, folder in FOLDER.items() if name != "libcudart.so.12"}
     assert found["loaded"] == expected
@@ -110,7 +110,7 @@ def test_only_the_cuda_major_onnx_runtime_was_built_for(venv_gpu, major):
     python, site = venv_gpu
     # CUDA 12's folder first: without the major, its runtime would be the one loaded.
     folders = [site / "nvidia/cuda_runtime/lib", site / "nvidia/cu13/lib"]
-    found = run_child(python, "from pathlib import Path\nfrom servelab.inference import load_cuda_libraries\n"
+    found = run_child(python, "from pathlib import Path\nfrom servelab.core.inference import load_cuda_libraries\n"
                               f"loaded = load_cuda_libraries([Path(f) for f in {list(map(str, folders))}], {major!r})\n"
                               + MAPPED)
     cudart = f"libcudart.so.{major}"

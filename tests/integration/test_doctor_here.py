@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.tools.installers.perf_analyzer import install_dir
+from servelab.core.installers.perf_analyzer_install import install_dir
 from servelab.tools.doctor.checks import CHECKS
-from servelab.tools.doctor.core import Result
+from servelab.tools.doctor.runner import Result
 
 SERVELAB = Path(sys.executable).parent / "servelab"
 

@@ -14,15 +14,15 @@ import pytest
 
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, serving
 from photos import coffee, variants
-from servelab.photos import evaluation_set
-from servelab.postprocess import top1
-from servelab.procs import cpu_count, session_members, wait_until
-from servelab.serving.backends import load_backend, preprocess_workers
-from servelab.serving.pipeline import Pipeline
-from servelab.settings import get_settings
+from servelab.core.photos import evaluation_set
+from servelab.core.postprocess import top1
+from servelab.core.procs import cpu_count, session_members, wait_until
+from servelab.servers.fastapi.runtimes import load_backend, preprocess_workers
+from servelab.servers.fastapi.pipeline import Pipeline
+from servelab.core.settings import get_settings
 from test_fastapi_services import CASES
 
-# Real photographs (Debian's, see servelab.photos) and the awkward encodings of the bundled one.
+# Real photographs (Debian's, see servelab.core.photos) and the awkward encodings of the bundled one.
 PHOTOS = {p.file: p.read_bytes() for p in evaluation_set()[:40]} | variants()
 LOST = "a preprocessing worker process died"
 

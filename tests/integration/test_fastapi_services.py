@@ -10,7 +10,7 @@ from PIL import Image
 
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, running
 from photos import coffee, png_header, variants
-from servelab.artifacts import load_manifest
+from servelab.core.artifacts import load_manifest
 
 KINDS = ("pytorch", "onnx")
 JSON = {"content-type": "application/json"}

@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from fastapi_service import APPS, running
-from servelab.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.procs import ServerProcess, free_port, wait_http_ok
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.procs import ServerProcess, free_port, wait_http_ok
 
 CPU_ONLY = not any(p in onnxruntime.get_available_providers() for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
 

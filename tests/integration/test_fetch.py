@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from servelab.artifacts import ModelSource, build_artifacts, load_manifest
-from servelab.fetch import FetchError, git_blob_sha1
-from servelab.models.mobilenet_v2 import food11_mobilenet_v2
+from servelab.core.artifacts import ModelSource, build_artifacts, load_manifest
+from servelab.core.fetch import FetchError, git_blob_sha1
+from servelab.core.models.mobilenet_v2 import food11_mobilenet_v2
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 from fastapi_service import b64, running
-from servelab.bench.monitor import Monitor
-from servelab.hardware import gpu_count, stack
-from servelab.inference import OnnxClassifier, TorchClassifier
-from servelab.paths import REPO_ROOT
-from servelab.photos import evaluation_set, pixels
-from servelab.preprocess import preprocess
-from servelab.procs import ServerProcess, cpu_count, free_port
-from servelab.serving.backends import CPU, CUDA, TENSORRT, load_backend
-from servelab.settings import Settings, get_settings
-from servelab.stages import compared
+from servelab.measure.monitor import Monitor
+from servelab.core.hardware import gpu_count, stack
+from servelab.core.inference import OnnxClassifier, TorchClassifier
+from servelab.core.paths import REPO_ROOT
+from servelab.core.photos import evaluation_set, pixels
+from servelab.core.preprocess import preprocess
+from servelab.core.procs import ServerProcess, cpu_count, free_port
+from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT, load_backend
+from servelab.core.settings import Settings, get_settings
+from servelab.core.catalogue import compared
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ FP16_AGREEMENT = 0.95  # top-1 with the CPU's fp32: half precision moves near-ti
 
 @pytest.fixture(scope="module")
 def photos(artifacts):
-    from servelab.artifacts import load_manifest
+    from servelab.core.artifacts import load_manifest
 
     chosen = evaluation_set()[:PHOTOS]
     kwargs = load_manifest(artifacts.manifest).preprocess_kwargs()
@@ -146,8 +146,8 @@ def test_servelab_serve_fastapi_onnx_finds_cuda_without_torch_and_runs_with_heur
 
 @pytest.mark.parametrize("stage", [top for top, _ in compared("instances")])
 def test_triton_kind_gpu_instances_are_on_gpu_device_ids(stage, artifacts, tmp_path):
-    from servelab.triton.server import model_config, start_local
-    from servelab.triton.stages import STAGES
+    from servelab.servers.triton.server import model_config, start_local
+    from servelab.servers.triton.configs import STAGES
 
     log = tmp_path / "tritonserver.log"
     with start_local(STAGES[stage], kind="gpu", repository=get_settings().triton_model_repository, log=log) as server:

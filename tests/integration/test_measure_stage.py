@@ -1,4 +1,4 @@
-"""The one routine that measures a stage (servelab.measure_stage), against a real tiny server, and the
+"""The one routine that measures a stage (servelab.measure.measure_stage), against a real tiny server, and the
 lab and the notebooks' walkthrough measuring the same stage through it."""
 
 import asyncio
@@ -6,14 +6,15 @@ import asyncio
 import pytest
 from tinyserver import running
 
-from servelab.artifacts import load_manifest
-from servelab.bench import FastAPITarget, Load, read_records
-from servelab.lab import Lab, Plan
-from servelab.measure_stage import (ONNX_STAND_IN, Labels, family_stand_in, measure_stage, model_stand_in,
+from servelab.core.artifacts import load_manifest
+from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Load, read_records
+from servelab.run.lab import Lab, Plan
+from servelab.measure.measure_stage import (ONNX_STAND_IN, Labels, family_stand_in, measure_stage, model_stand_in,
                                     servelab_client, stand_in_note)
-from servelab.paths import DEFAULT_IMAGE
-from servelab.stages import STAGES
-from servelab.walkthrough.fastapi import FastAPIWalkthrough, Service
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.catalogue import STAGES
+from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service
 
 
 @pytest.fixture(scope="module")

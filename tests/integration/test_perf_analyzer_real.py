@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench import Load, TritonTarget, read_records
-from servelab.bench.perf_analyzer import Windows, run_perf_analyzer
-from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, install_dir, locate
-from servelab.paths import DEFAULT_IMAGE
-from servelab.procs import free_port
-from servelab.triton import server
-from servelab.triton.stages import get_stage
+from servelab.measure.records import Load, read_records
+from servelab.measure.targets import TritonTarget
+from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, install_dir, locate
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.procs import free_port
+from servelab.servers.triton import server
+from servelab.servers.triton.configs import get_stage
 from tools import located_or_skipped
 from triton_repo import make_repository
 
@@ -158,7 +159,7 @@ def test_wrapper_runs_it_with_its_libraries_and_says_what_is_missing(perf_analyz
 
 def test_bench_command_reports_a_failed_run_and_exits_non_zero(perf_analyzer, tmp_path: Path) -> None:
     out = tmp_path / "records.jsonl"
-    done = _cli("bench", "perf-analyzer", "--url", f"127.0.0.1:{free_port()}", "--concurrency", "2",
+    done = _cli("load", "perf-analyzer", "--url", f"127.0.0.1:{free_port()}", "--concurrency", "2",
                 "--requests", "10", "--out", str(out))
     assert done.returncode == 1 and "FAILED" in done.stdout and "failed to get model metadata" in done.stdout
     [record] = read_records(out)

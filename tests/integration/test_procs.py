@@ -8,11 +8,11 @@ import time
 import psutil
 import pytest
 
-from servelab.procs import ServerProcess, free_port
+from servelab.core.procs import ServerProcess, free_port
 
 PARENT = """
 import sys, time
-from servelab.procs import ServerProcess, free_port
+from servelab.core.procs import ServerProcess, free_port
 port = free_port()
 server = ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                        f"http://127.0.0.1:{port}/", sys.argv[1], detach=sys.argv[2] == "detach").start()

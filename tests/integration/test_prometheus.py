@@ -15,16 +15,18 @@ import pytest
 
 from fastapi_service import metric_samples, running
 from tools import located_or_skipped
-from servelab.bench import FastAPITarget, Load, run_bench
-from servelab.bench.records import Record
-from servelab.monitoring.lab_metrics import LabPrometheus
-from servelab.monitoring.machine_exporter import MachineExporter
-from servelab.monitoring.prometheus_server import LocalPrometheus
-from servelab.tools.installers.prometheus import PrometheusNotFound, locate
-from servelab.monitoring.run_series import RATE_TOLERANCE, PromWatch, agreements
-from servelab.paths import DEFAULT_IMAGE
-from servelab.procs import free_port
-from servelab.report import render_report
+from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Load
+from servelab.measure.loadgen import run_bench
+from servelab.measure.records import Record
+from servelab.measure.monitoring.lab_metrics import LabPrometheus
+from servelab.measure.monitoring.machine_exporter import MachineExporter
+from servelab.measure.monitoring.prometheus_server import LocalPrometheus
+from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
+from servelab.measure.monitoring.run_series import RATE_TOLERANCE, PromWatch, agreements
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.procs import free_port
+from servelab.report.render import render_report
 
 STEP_S = 0.5
 
@@ -138,7 +140,7 @@ def test_prometheus_down_the_lab_goes_on_and_says_so(binary, stage, tmp_path):
 
 
 def test_no_prometheus_binary_is_said_once_and_every_record_notes_it(tmp_path, monkeypatch):
-    from servelab.settings import get_settings
+    from servelab.core.settings import get_settings
 
     monkeypatch.setenv("PROMETHEUS", str(tmp_path / "no-such-prometheus"))
     get_settings.cache_clear()

@@ -8,13 +8,13 @@ from dockerspec import DOCKER
 
 def test_prometheus_accepts_the_node_config(tmp_path):
     """The real Prometheus loads the node's config (its targets do not resolve here: they stay down)."""
-    from servelab.tools.installers.prometheus import PrometheusNotFound, locate
+    from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
 
     try:
         binary = locate()
     except PrometheusNotFound as exc:
         pytest.skip(f"Prometheus cannot run here: {exc}")
-    from servelab.procs import ServerProcess, free_port
+    from servelab.core.procs import ServerProcess, free_port
 
     port = free_port()
     cmd = [str(binary.path), f"--config.file={DOCKER / 'prometheus' / 'prometheus.yml'}",

@@ -1,6 +1,6 @@
 """`servelab report` renders a stored set of records.
 
-tests/data/bench_records.jsonl holds 14 real records: `servelab bench` runs against
+tests/data/bench_records.jsonl holds 14 real records: `servelab load` runs against
 tests/tinyserver.py (20 ms per request, one slot; one stage with every 10th request failing) and
 against a local tritonserver 2.51 serving a Python-backend test model that sleeps 10 ms per
 execution with dynamic batching (marked as a stand-in), plus the perf_analyzer sample CSV
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench import read_records
+from servelab.measure.records import read_records
 from servelab.report import compare
-from servelab.report import markdown_table, render_report, summary_table
+from servelab.report.render import markdown_table, render_report, summary_table
 
 DATA = Path(__file__).parents[1] / "data"
 RECORDS = DATA / "bench_records.jsonl"

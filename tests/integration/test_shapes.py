@@ -20,14 +20,14 @@ import tritonclient.grpc as grpcclient
 
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, running
 from photos import variants
-from servelab.artifacts import load_manifest
-from servelab.hardware import instances_say
-from servelab.inference import OnnxClassifier, batch_buckets
-from servelab.postprocess import top1
-from servelab.preprocess import preprocess_batch
-from servelab.settings import get_settings
-from servelab.triton import client, server
-from servelab.triton.stages import effective_config, get_stage, render
+from servelab.core.artifacts import load_manifest
+from servelab.core.hardware import instances_say
+from servelab.core.inference import OnnxClassifier, batch_buckets
+from servelab.core.postprocess import top1
+from servelab.core.preprocess import preprocess_batch
+from servelab.core.settings import get_settings
+from servelab.servers.triton import client, server
+from servelab.servers.triton.configs import effective_config, get_stage, render
 from triton_repo import make_repository
 
 PHOTOS = variants()

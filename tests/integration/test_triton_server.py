@@ -23,14 +23,14 @@ from tritonclient.utils import InferenceServerException
 
 from photos import variants
 from servelab import cli
-from servelab.artifacts import load_manifest
-from servelab.inference import OnnxClassifier, TorchClassifier
-from servelab.postprocess import Prediction, top1
-from servelab.preprocess import crop_pixels, preprocess_batch
-from servelab.procs import free_port
-from servelab.settings import get_settings
-from servelab.triton import client, server
-from servelab.triton.stages import STAGES, get_stage
+from servelab.core.artifacts import load_manifest
+from servelab.core.inference import OnnxClassifier, TorchClassifier
+from servelab.core.postprocess import Prediction, top1
+from servelab.core.preprocess import crop_pixels, preprocess_batch
+from servelab.core.procs import free_port
+from servelab.core.settings import get_settings
+from servelab.servers.triton import client, server
+from servelab.servers.triton.configs import STAGES, get_stage
 from triton_repo import make_repository
 
 PHOTOS = variants()

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from servelab import photos
-from servelab.artifacts import ArtifactPaths, load_manifest
-from servelab.models.variants import (
+from servelab.core import photos
+from servelab.core.artifacts import ArtifactPaths, load_manifest
+from servelab.core.variants.build import (
     RECORD_FILE,
     STAGED,
     VARIANTS,
@@ -26,7 +26,7 @@ from servelab.models.variants import (
     variant_path,
 )
 from servelab.tools.photos_collect import FREE_LICENCES, largest_jpeg, readme_licence
-from servelab.settings import get_settings
+from servelab.core.settings import get_settings
 
 # The chosen INT8 format must keep fp32's top-1 class on at least this share of the evaluation
 # photos (measured: 98.6 % of 444 pictures from 111 photographs).
@@ -112,7 +112,7 @@ def test_record_is_complete_and_matches_the_files(artifacts):
 
 
 def test_record_reads_without_torch(artifacts):
-    code = ("import sys; sys.modules['torch'] = None; from servelab.models.variants import load_variants; "
+    code = ("import sys; sys.modules['torch'] = None; from servelab.core.variants.build import load_variants; "
             f"print(load_variants({str(artifacts.onnx.parent)!r}).get('int8').file)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "food11_u8_int8.onnx"
@@ -152,7 +152,7 @@ def test_variants_command_prints_the_table(artifacts, tmp_path):
 
 
 def test_int8_weights_are_signed_only_where_the_cpu_has_vnni(tmp_path):
-    from servelab.models.quantize import STATIC_OPTIONS, has_vnni
+    from servelab.core.variants.quantize import STATIC_OPTIONS, has_vnni
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 f16c\n")

@@ -4,7 +4,7 @@ a unit test that needs a variant belongs in tests/integration."""
 
 import pytest
 
-from servelab.artifacts import ArtifactPaths
+from servelab.core.artifacts import ArtifactPaths
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """The stages against the model's ceiling, the ratios and the aims: computed from a small record set
 made with the lab's own record classes, against figures worked out by hand."""
 
-from servelab.bench.ceiling import Ceiling, Point
-from servelab.bench.fractions import (
+from servelab.measure.ceiling import Ceiling, Point
+from servelab.measure.fractions import (
     MET,
     MISSED,
     NOT_MEASURED,
@@ -13,9 +13,9 @@ from servelab.bench.fractions import (
     ratios,
     stage_fractions,
 )
-from servelab.bench.records import GpuSeries, Latency, Load, Monitors, Record, Stats
-from servelab.side_by_side import stage_inputs
-from servelab.serving.backends import CPU, CUDA
+from servelab.measure.records import GpuSeries, Latency, Load, Monitors, Record, Stats
+from servelab.run.side_by_side import stage_inputs
+from servelab.servers.fastapi.runtimes import CPU, CUDA
 
 INPUTS = stage_inputs()  # the lab's stage catalogue
 

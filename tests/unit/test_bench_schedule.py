@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from servelab.bench import Load
-from servelab.bench.schedule import send_times, window_s
+from servelab.measure.records import Load
+from servelab.measure.schedule import send_times, window_s
 
 
 def test_poisson_inter_arrivals_are_exponential() -> None:

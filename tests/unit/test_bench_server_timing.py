@@ -2,7 +2,7 @@
 
 import pytest
 
-from servelab.bench.server_timing import TimingSums, parse_server_timing
+from servelab.measure.server_timing import TimingSums, parse_server_timing
 
 
 def test_parses_the_services_header() -> None:

@@ -1,7 +1,7 @@
 """Triton statistics diffed across a run, on snapshots stored from a real tritonserver 2.51.
 
 The snapshots in tests/data were taken (HTTP JSON, and gRPC ``as_json``) just before and 0.5 s after
-240 requests at concurrency 8 from ``servelab bench`` to a Python-backend model with dynamic
+240 requests at concurrency 8 from ``servelab load`` to a Python-backend model with dynamic
 batching that sleeps 10 ms per execution. The expected figures below were worked out by hand
 from those files.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench.triton_stats import stats_delta
+from servelab.measure.triton_stats import stats_delta
 
 DATA = Path(__file__).parents[1] / "data"
 

@@ -1,4 +1,4 @@
-"""The catalogue (servelab.stages) is the one place that names stages and models: what each stage teaches
+"""The catalogue (servelab.core.catalogue) is the one place that names stages and models: what each stage teaches
 and against which stage, which model it serves and what that model takes; everything else derives from it."""
 
 import ast
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from servelab.bench import fractions
-from servelab.paths import MODELS_STAGING
+from servelab.measure import fractions
+from servelab.core.paths import MODELS_STAGING
 from servelab.report import lessons
-from servelab.stages import CATALOGUE, MODELS, STAGES, compared, default_stage, of_family
-from servelab.triton.stages import base_config
+from servelab.core.catalogue import CATALOGUE, MODELS, STAGES, compared, default_stage, of_family
+from servelab.servers.triton.configs import base_config
 
 SERVELAB = Path(__file__).parents[2] / "servelab"
 # Each lesson of the report: (stage, its baseline) as it compares them, in catalogue order.
@@ -34,11 +34,11 @@ CONFIG_INPUT = {"bytes": ("INPUT_IMAGE", "TYPE_STRING"), "tensor": ("input", "TY
 
 
 def _spelt(package: Path, names: set[str]) -> list[str]:
-    """Every string literal in ``package`` (but its stages.py, the catalogue) that is one of ``names``,
+    """Every string literal in ``package`` (but core/catalogue.py, the catalogue) that is one of ``names``,
     as "file:line 'name'"."""
     found = []
     for path in sorted(package.rglob("*.py")):
-        if path == package / "stages.py":
+        if path == package / "core" / "catalogue.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value in names:
@@ -55,7 +55,8 @@ def test_no_file_but_the_catalogue_spells_a_triton_model_name() -> None:
 
 
 def test_the_scan_finds_a_spelt_name(tmp_path: Path) -> None:
-    (tmp_path / "stages.py").write_text('NAME = "onnx-1"\n')  # the catalogue itself is left out
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "catalogue.py").write_text('NAME = "onnx-1"\n')  # the catalogue itself is left out
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "pairs.py").write_text('"""onnx-1 in prose is fine."""\nPAIR = ("onnx-dyn", f"{1}")\n')
     assert _spelt(tmp_path, set(STAGES)) == ["report/pairs.py:2 'onnx-dyn'"]

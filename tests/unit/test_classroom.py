@@ -1,4 +1,4 @@
-"""Leases for a class (servelab.walkthrough.classroom), against autospec doubles of the installed python-chi:
+"""Leases for a class (servelab.run.walkthrough.classroom), against autospec doubles of the installed python-chi:
 a call the real library would refuse (a wrong keyword, a method it does not have) fails here too."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import chi.lease
 import pytest
 
 from chi_doubles import arguments, blazar_hosts, existing_lease, node
-from servelab.walkthrough.classroom import Row, book_class, delete_class_leases, hourly_starts, manage, plan, table
+from servelab.run.walkthrough.classroom import Row, book_class, delete_class_leases, hourly_starts, manage, plan, table
 
 UTC = timezone.utc
 LENGTH = timedelta(hours=2, minutes=55)

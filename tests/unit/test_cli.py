@@ -31,8 +31,8 @@ def left_out(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
 
 def test_the_fastapi_images_serve_without_the_container_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "containers" in commands()
-    left_out(monkeypatch, "servelab.containers")
-    assert "containers" not in commands() and {"serve", "triton", "bench"} <= commands()
+    left_out(monkeypatch, "servelab.tools.containers")
+    assert "containers" not in commands() and {"serve", "triton", "load"} <= commands()
     assert build_parser().parse_args(["serve", "fastapi-pt"]).serve_command == "fastapi-pt"
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.paths import REPO_ROOT
-from servelab.settings import CONFIGURATION_DOC, TABLE_BEGIN, TABLE_END, markdown_table, table_in, with_table
+from servelab.core.paths import REPO_ROOT
+from servelab.core.settings import CONFIGURATION_DOC, TABLE_BEGIN, TABLE_END, markdown_table, table_in, with_table
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
@@ -18,7 +18,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 def test_the_settings_table_is_what_the_generator_writes():
     doc = CONFIGURATION_DOC.read_text()
     assert doc.count(TABLE_BEGIN) == doc.count(TABLE_END) == 1
-    assert table_in(doc) == markdown_table(), "regenerate it with `python -m servelab.settings`"
+    assert table_in(doc) == markdown_table(), "regenerate it with `python -m servelab.core.settings`"
 
 
 def test_the_generator_replaces_only_what_lies_between_the_markers():

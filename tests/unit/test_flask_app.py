@@ -19,11 +19,11 @@ import pytest
 from PIL import Image
 
 from photos import variants
-from servelab.paths import DEFAULT_IMAGE
-from servelab.preprocess import preprocess
-from servelab.procs import free_port
-from servelab.settings import Settings
-from servelab.gourmetgram.web import create_app
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.preprocess import preprocess
+from servelab.core.procs import free_port
+from servelab.core.settings import Settings
+from servelab.servers.gourmetgram.web import create_app
 
 TRITON_BACKENDS = ("triton", "triton_onnx", "triton_ensemble")
 ALL_BACKENDS = ("fastapi", *TRITON_BACKENDS)
@@ -121,7 +121,7 @@ def prediction(backend: str, label: str = "Dessert", probability: float = 0.75) 
     if backend == "fastapi":
         return {"prediction": label, "probability": probability}
     if backend == "triton_onnx":
-        from servelab.labels import CLASSES
+        from servelab.core.labels import CLASSES
 
         logits = np.full(len(CLASSES), -5.0)
         logits[CLASSES.index(label)] = 5.0

@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from servelab.artifacts import load_manifest
-from servelab.inference import OnnxClassifier, TorchClassifier
-from servelab.models.mobilenet_v2 import MobileNetV2, food11_mobilenet_v2
-from servelab.paths import DEFAULT_IMAGE
-from servelab.postprocess import top1
-from servelab.preprocess import preprocess, preprocess_batch
+from servelab.core.artifacts import load_manifest
+from servelab.core.inference import OnnxClassifier, TorchClassifier
+from servelab.core.models.mobilenet_v2 import MobileNetV2, food11_mobilenet_v2
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.postprocess import top1
+from servelab.core.preprocess import preprocess, preprocess_batch
 
 from photos import variants
 

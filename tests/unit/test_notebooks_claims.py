@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from servelab import original_lab
+from servelab.core import original_lab
 from servelab.tools.notebook_blocks import BLOCK
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources
-from servelab.paths import MODELS_STAGING, REPO_ROOT
-from servelab.stages import CATALOGUE, of_family
-from servelab.triton.stages import STAGES as TRITON_STAGES, effective_config
+from servelab.core.paths import MODELS_STAGING, REPO_ROOT
+from servelab.core.catalogue import CATALOGUE, of_family
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES, effective_config
 
 SOURCES = sources()
 PROSE = [*SOURCES, NOTEBOOK_DIR / "README.md", REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
@@ -217,10 +217,10 @@ def test_every_original_lab_figure_carries_its_source() -> None:
 def test_the_notebooks_open_the_boxes_lab_measure_hides() -> None:
     fastapi = _text(NOTEBOOK_DIR / "4_fastapi.md")
     python, onnx = _text(NOTEBOOK_DIR / "6_triton_python.md"), _text(NOTEBOOK_DIR / "7_triton_onnx.md")
-    assert "generated: excerpt servelab/serving/backends.py requested_providers" in fastapi
-    assert "generated: excerpt servelab/inference.py OnnxClassifier.__init__" in fastapi
+    assert "generated: excerpt servelab/servers/fastapi/runtimes.py requested_providers" in fastapi
+    assert "generated: excerpt servelab/core/inference.py OnnxClassifier.__init__" in fastapi
     assert "ort.InferenceSession(" in fastapi
-    assert "generated: excerpt servelab/gourmetgram/backends.py _TritonBackend._infer" in python
+    assert "generated: excerpt servelab/servers/gourmetgram/services.py _TritonBackend._infer" in python
     assert re.search(r"^curl -s http://127\.0\.0\.1:8000/v2/models/\S+/stats", onnx, re.MULTILINE)
 
 
@@ -269,7 +269,7 @@ def _instructors_answer(field: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(_BLOCKS))
 def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: str) -> None:
-    from servelab.walkthrough.triton import check_block
+    from servelab.run.walkthrough.walk_triton import check_block
 
     stem, stage, field = _BLOCKS[name]
     triton = _text(NOTEBOOK_DIR / f"{stem}.md")
@@ -288,7 +288,7 @@ def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: s
 
 
 def test_a_block_triton_cannot_read_or_with_other_fields_fails_clearly() -> None:
-    from servelab.walkthrough.triton import check_block
+    from servelab.run.walkthrough.walk_triton import check_block
 
     with pytest.raises(ValueError, match='Triton cannot read this.*no field named "instance_groups"'):
         check_block("pt-2x2", "instance_groups [ { count: 2 } ]")
@@ -318,7 +318,7 @@ def test_the_triton_notebooks_switch_stages_from_jupyter_by_default(stem: str) -
 
 def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
     """perf_analyzer's windows cost at least 15 s a load: by default it measures the core path's stages,
-    and the prose says the rest are measured by servelab bench alone."""
+    and the prose says the rest are measured by servelab load alone."""
     from servelab.tools.render_notebooks import to_notebook
 
     pa_stages = []
@@ -330,7 +330,7 @@ def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
     optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
     assert pa_stages == [name for name in TRITON_STAGES if name not in optional]
     for stem in ("6_triton_python", "8_triton_more"):  # where the tools are explained, and where the rest is measured
-        assert "measured by `servelab bench` alone" in " ".join(_text(NOTEBOOK_DIR / f"{stem}.md").split()), stem
+        assert "measured by `servelab load` alone" in " ".join(_text(NOTEBOOK_DIR / f"{stem}.md").split()), stem
 
 
 def _defaults(stem: str) -> dict:
@@ -372,10 +372,10 @@ def test_the_report_names_the_notebook_that_teaches_each_stage() -> None:
 
 
 def test_a_stage_left_out_of_pa_stages_is_measured_by_servelab_alone(tmp_path: Path, capsys) -> None:
-    from servelab.paths import DEFAULT_IMAGE
-    from servelab.walkthrough.triton import TritonWalkthrough
+    from servelab.core.paths import DEFAULT_IMAGE
+    from servelab.run.walkthrough.walk_triton import TritonWalkthrough
 
     lab = TritonWalkthrough("127.0.0.1:1", DEFAULT_IMAGE, tmp_path, wait_s=1, pa_stages=["pt-1"])
     assert len(lab.clients("pt-1")) == 2 and capsys.readouterr().out == ""
     assert len(lab.clients("ensemble")) == 1
-    assert capsys.readouterr().out == "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab bench measures it\n"
+    assert capsys.readouterr().out == "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it\n"

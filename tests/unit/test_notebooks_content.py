@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from servelab import original_lab
-from servelab.lab import LAB_STAGES
+from servelab.core import original_lab
+from servelab.run.lab import LAB_STAGES
 from servelab.tools import notebook_blocks
 from servelab.tools.notebook_blocks import definition_source, expand, specs, stage_config
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
-from servelab.triton.stages import STAGES as TRITON_STAGES
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]
-MEASURING = ["4_fastapi", "6_triton_python", "7_triton_onnx", "8_triton_more", "10_ray"]  # their steps are calls to servelab.walkthrough
+MEASURING = ["4_fastapi", "6_triton_python", "7_triton_onnx", "8_triton_more", "10_ray"]  # their steps are calls to servelab.run.walkthrough
 FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|req/s|requests/s|infer/s|inferences/s)\b")
 UNITS = {"requests/s": "req/s", "inferences/s": "infer/s"}
 
@@ -49,7 +49,7 @@ def test_unknown_parts_and_names_fail_the_rendering() -> None:
     with pytest.raises(ValueError, match="unknown generated part 'nonsense'"):
         expand("<!-- generated: nonsense -->\n<!-- end generated -->")
     with pytest.raises(LookupError, match="defines no MicroBatcher._gone"):
-        expand("<!-- generated: excerpt servelab/serving/batcher.py MicroBatcher._gone -->\n<!-- end generated -->")
+        expand("<!-- generated: excerpt servelab/servers/fastapi/batcher.py MicroBatcher._gone -->\n<!-- end generated -->")
     with pytest.raises(KeyError, match="no step 'pt-9'"):
         expand("<!-- generated: original-lab pt-9 -->\n<!-- end generated -->")
 
@@ -78,9 +78,9 @@ def test_definition_source_finds_nested_functions_methods_and_decorators(tmp_pat
 
 def test_the_notebooks_show_the_code_they_teach() -> None:
     shown = {tuple(args) for stem in STEMS for args in _specs(stem, "excerpt")}
-    assert {("servelab/serving/app.py", "create_app.predict"), ("servelab/serving/batcher.py", "MicroBatcher._run"),
+    assert {("servelab/servers/fastapi/app.py", "create_app.predict"), ("servelab/servers/fastapi/batcher.py", "MicroBatcher._run"),
             ("models_staging/food_classifier/1/model.py", "TritonPythonModel.execute")} <= shown
-    handler = definition_source(Path(notebook_blocks.REPO_ROOT) / "servelab/serving/app.py", "create_app.predict")
+    handler = definition_source(Path(notebook_blocks.REPO_ROOT) / "servelab/servers/fastapi/app.py", "create_app.predict")
     assert handler.startswith('@app.post("/predict"') and handler in _text("4_fastapi")
 
 
@@ -184,7 +184,7 @@ def test_cells_do_not_read_the_environment(stem: str) -> None:
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_branches_on_parameters_only_guard_them(stem: str) -> None:
-    """A test's needs belong in tests/notebook_harness.py or in servelab.walkthrough, not in a cell:
+    """A test's needs belong in tests/notebook_harness.py or in servelab.run.walkthrough, not in a cell:
     the measuring notebooks have no `if` at all, and elsewhere an `if` on a parameter only stops a
     student who forgot to set it."""
     params = {name for cell in parameters_cells(to_notebook(NOTEBOOK_DIR / f"{stem}.md")) for name in parameter_names(cell)}
@@ -192,7 +192,7 @@ def test_branches_on_parameters_only_guard_them(stem: str) -> None:
         for node in ast.walk(tree):
             if not isinstance(node, ast.If):
                 continue
-            assert stem not in MEASURING, f"{stem}: move this branch into servelab.walkthrough: {ast.unparse(node)}"
+            assert stem not in MEASURING, f"{stem}: move this branch into servelab.run.walkthrough: {ast.unparse(node)}"
             tested = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
             if tested & params:
                 assert all(isinstance(s, ast.Raise) for s in node.body) and not node.orelse, ast.unparse(node)

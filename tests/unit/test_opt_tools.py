@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.tools.installers.opt_tools import InstallError, unpack_deb
-from servelab.settings import get_settings
+from servelab.core.installers.opt_tools import InstallError, unpack_deb
+from servelab.core.settings import get_settings
 
 PATH = os.environ["PATH"]
 APT_GET = shutil.which("apt-get")

@@ -1,7 +1,7 @@
 import numpy as np
 
-from servelab.labels import CLASSES
-from servelab.postprocess import softmax, top1
+from servelab.core.labels import CLASSES
+from servelab.core.postprocess import softmax, top1
 
 
 def test_classes_in_lab_order():

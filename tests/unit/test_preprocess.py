@@ -9,7 +9,7 @@ import torch
 from PIL import Image, ImageOps
 
 from photos import coffee, png_header, variants
-from servelab.preprocess import ImageError, ImageTooLarge, decode_base64, load_image, preprocess
+from servelab.core.preprocess import ImageError, ImageTooLarge, decode_base64, load_image, preprocess
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -110,7 +110,7 @@ def test_a_long_thin_strip_does_not_blow_up_memory():
 
     # VmHWM (peak resident memory) starts afresh at exec; ru_maxrss would include the forked parent's.
     code = (
-        "import io, re; from PIL import Image; from servelab.preprocess import preprocess\n"
+        "import io, re; from PIL import Image; from servelab.core.preprocess import preprocess\n"
         "buf = io.BytesIO(); Image.new('RGB', (2_000_000, 16), (200, 100, 50)).save(buf, 'PNG')\n"
         "assert preprocess(buf.getvalue()).shape == (3, 224, 224)\n"
         "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))\n"

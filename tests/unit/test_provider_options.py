@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from servelab.inference import OnnxClassifier, library_load_error, options_not_in_force
-from servelab.serving.backends import CPU, CUDA, TENSORRT
+from servelab.core.inference import OnnxClassifier, library_load_error, options_not_in_force
+from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT
 
 # What ONNX Runtime 1.31's CUDA provider reports (get_provider_options) with only device_id set: its defaults.
 CUDA_DEFAULTS = {

@@ -1,4 +1,4 @@
-"""Two nodes for the Ray Serve stages (servelab.walkthrough.ray_nodes), against autospec doubles of the
+"""Two nodes for the Ray Serve stages (servelab.run.walkthrough.ray_nodes), against autospec doubles of the
 installed python-chi: a call the real library would refuse (a wrong keyword, a method it does not
 have) fails here too. The compose commands it sends to the nodes are checked against the real
 compose files."""
@@ -21,8 +21,8 @@ import pytest
 
 from chi_doubles import arguments, fixed_address, node, server_per_name
 from dockerspec import REPO, load_compose
-from servelab.walkthrough import ray_nodes
-from servelab.walkthrough.ray_nodes import RayNodes
+from servelab.run.walkthrough import ray_nodes
+from servelab.run.walkthrough.ray_nodes import RayNodes
 
 UTC = timezone.utc
 LENGTH = timedelta(hours=2, minutes=55)

@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from servelab.bench.records import Record
+from servelab.measure.records import Record
 from servelab.report import lessons
 
 RECORDS = Path(__file__).parents[1] / "data" / "quick_lab_records.jsonl"

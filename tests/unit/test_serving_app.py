@@ -1,4 +1,4 @@
-"""Both FastAPI stages in process: servelab.serving's own app (``create_app``) under FastAPI's ``TestClient``,
+"""Both FastAPI stages in process: servelab.servers.fastapi's own app (``create_app``) under FastAPI's ``TestClient``,
 with the real backend on the offline stand-in model. The same answers, errors and endpoints that
 tests/integration/test_fastapi_services.py checks through uvicorn, without a server process."""
 
@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 
 from fastapi_service import b64, metric_samples
 from photos import png_header, variants
-from servelab.artifacts import ArtifactPaths, load_manifest
-from servelab.serving import create_app
-from servelab.settings import get_settings
+from servelab.core.artifacts import ArtifactPaths, load_manifest
+from servelab.servers.fastapi.app import create_app
+from servelab.core.settings import get_settings
 
 PHOTOS = variants()
 SERVICES = {"pytorch": "fastapi_pt", "onnx": "fastapi_onnx"}

@@ -5,7 +5,7 @@ parses, without being run: servelab's through its own argparse parser, make's th
 Left to the reader, on purpose: a placeholder where the parser wants one of a few choices (`NAME`, or a
 Python format field such as `{name}` that the notebook fills in) stands for the first choice, so the
 rest of its command is still checked; a mention in prose may stop before the command's required
-arguments (`servelab bench`); `servelab ...` means any command.
+arguments (`servelab load`); `servelab ...` means any command.
 """
 
 import io
@@ -18,8 +18,8 @@ import pytest
 from pydantic import ValidationError
 
 from servelab.cli import build_parser
-from servelab.paths import REPO_ROOT
-from servelab.settings import Settings
+from servelab.core.paths import REPO_ROOT
+from servelab.core.settings import Settings
 from shown_commands import Shown, shown_commands
 
 COMMANDS = shown_commands()

@@ -1,4 +1,4 @@
-"""The pure parts of the measurement notebooks' steps (servelab.walkthrough), on stored real records.
+"""The pure parts of the measurement notebooks' steps (servelab.run.walkthrough), on stored real records.
 
 The steps that talk to servers run end to end in tests/e2e/test_notebooks_measure.py.
 """
@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from servelab.bench import Load, Record, read_records
-from servelab.bench.records import GpuSeries
-from servelab.procs import free_port
-from servelab.triton.stages import STAGES
-from servelab.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
-from servelab.walkthrough.fastapi import Service, queueing, serving
-from servelab.walkthrough.stage_switch import COMPOSE_LOG, run_switch
-from servelab.walkthrough.triton import batch_count_change, describe_config, open_loads, running_stage
+from servelab.measure.records import Load, Record, read_records
+from servelab.measure.records import GpuSeries
+from servelab.core.procs import free_port
+from servelab.servers.triton.configs import STAGES
+from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
+from servelab.run.walkthrough.walk_fastapi import Service, queueing, serving
+from servelab.run.walkthrough.stage_switch import COMPOSE_LOG, run_switch
+from servelab.run.walkthrough.walk_triton import batch_count_change, describe_config, open_loads, running_stage
 
 RECORDS = Path(__file__).parents[1] / "data" / "bench_records.jsonl"
-# `servelab bench fastapi --concurrency 1,8,16 --requests 200` against fastapi-pt and fastapi-onnx,
+# `servelab load fastapi --concurrency 1,8,16 --requests 200` against fastapi-pt and fastapi-onnx,
 # 2026-11-23 on the project's 2-CPU VM, offline stand-in model, nothing else running.
 OVERLAP = Path(__file__).parents[1] / "data" / "fastapi_concurrency_records.jsonl"
 

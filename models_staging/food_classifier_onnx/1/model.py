@@ -24,9 +24,9 @@ from time import perf_counter
 import numpy as np
 import onnxruntime as ort
 
-from servelab.inference import OnnxClassifier, preload_cuda_libraries
-from servelab.settings import get_settings
-from servelab.triton import backend
+from servelab.core.inference import OnnxClassifier, preload_cuda_libraries
+from servelab.core.settings import get_settings
+from servelab.servers.triton import python_backend as backend
 
 
 def cuda_from(device: str) -> str:

@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 
-from servelab.artifacts import load_manifest
-from servelab.triton import backend
+from servelab.core.artifacts import load_manifest
+from servelab.servers.triton import python_backend as backend
 
 
 class TritonPythonModel:

@@ -10,10 +10,10 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils  # exists only inside Triton's Python backend
 
-from servelab.artifacts import load_manifest
-from servelab.preprocess import ImageError
-from servelab.settings import get_settings
-from servelab.triton import backend
+from servelab.core.artifacts import load_manifest
+from servelab.core.preprocess import ImageError
+from servelab.core.settings import get_settings
+from servelab.servers.triton import python_backend as backend
 
 
 class TritonPythonModel:

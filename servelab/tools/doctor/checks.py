@@ -1,7 +1,7 @@
 """The checks, as data: what ``servelab doctor`` runs, in the order it shows them."""
 
-from servelab.tools.doctor import containers, gpu, local
-from servelab.tools.doctor.core import Check
+from servelab.tools.doctor import container_checks as containers, gpu, local
+from servelab.tools.doctor.runner import Check
 
 LOCAL = frozenset({"local"})
 

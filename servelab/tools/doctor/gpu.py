@@ -9,9 +9,9 @@ import re
 from collections.abc import Mapping, Sequence
 
 from servelab.tools.docker_versions import read_env_file
-from servelab.tools.doctor.core import Context, Result
-from servelab.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
-from servelab.inference import onnx_session
+from servelab.tools.doctor.runner import Context, Result
+from servelab.core.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
+from servelab.core.inference import onnx_session
 
 LAB_NODE_CAPABILITY = (6, 0)  # the lab node's Tesla P100s
 # The oldest drivers documented for CUDA 12.6 containers on data-center GPUs (docker/VERSIONS.md).

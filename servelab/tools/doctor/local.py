@@ -7,10 +7,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from servelab.artifacts import ArtifactPaths, load_manifest
-from servelab.settings import ModelSettings
-from servelab.tools.doctor.core import Context, Result
-from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, locate
+from servelab.core.artifacts import ArtifactPaths, load_manifest
+from servelab.core.settings import ModelSettings
+from servelab.tools.doctor.runner import Context, Result
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 
 MIN_PYTHON = (3, 11)
 
@@ -44,7 +44,7 @@ def model_artifacts(ctx: Context) -> Result:
 
 def local_tritonserver(ctx: Context) -> Result:
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.triton.server import wheel_dirs
+    from servelab.servers.triton.server import wheel_dirs
 
     name = "local-tritonserver"
     fix = "install the triton extra: pip install -c constraints.txt -e '.[triton]' (make .venv/.installed does)"
@@ -66,7 +66,7 @@ def local_tritonserver(ctx: Context) -> Result:
 
 
 def perf_analyzer(ctx: Context) -> Result:
-    """The perf_analyzer the lab would run, checked to start (servelab.tools.installers.perf_analyzer)."""
+    """The perf_analyzer the lab would run, checked to start (servelab.core.installers.perf_analyzer_install)."""
     try:
         return Result("perf-analyzer", "pass", locate().describe())
     except PerfAnalyzerNotFound as exc:

@@ -1,0 +1,269 @@
+"""The stage catalogue: every stage of the lab, once.
+
+A stage is one serving set-up the lab measures: a name, what it is, and the part that says how its
+family runs it:
+
+* ``FastAPIPart``: the ``servelab serve`` service and the settings it runs with;
+* ``TritonPart``: the model clients call and the few config fields that replace its base
+  ``models_staging/<model>/config.pbtxt`` fields (``servelab.servers.triton.configs`` renders them);
+* ``RayPart``: replicas, ``@serve.batch`` and autoscaling (``servelab.servers.rayserve.options`` turns them
+  into deployment options).
+
+A stage also says what it teaches: its ``lesson`` (a key of the report's lessons,
+``servelab.report.lessons.LESSONS``) and its ``baseline``, the stage it is measured against (the
+report's ratio is this stage ÷ its baseline; the ceiling's ratios and aims, ``servelab.measure.fractions``,
+read the same pairs). ``MODELS`` holds each Triton model once: its name, what a client sends it, the
+ONNX variant it serves and the artifacts it needs.
+
+Everything that runs stages reads these tables: the lab, the benchmark, the report, the notebooks'
+generated lists, ``servelab triton``, ``servelab ray``, the containers runner, GourmetGram and the
+walkthroughs; no other file of ``servelab/`` spells a stage's or a model's name (tests/unit/test_catalogue.py).
+
+Adding a stage that enters a lesson is one entry here, with its ``lesson`` and ``baseline``, plus its
+pair in ``PAIRS`` of tests/unit/test_catalogue.py (a new lesson also needs its row in the report's
+``LESSONS`` and ``EXPECT``; a new model, its entry in ``MODELS`` and its folder in ``models_staging/``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+Family = Literal["fastapi", "triton", "ray"]
+Input = Literal["bytes", "tensor", "uint8"]
+
+# The Triton models (folders of models_staging/); MODELS says what each takes and needs.
+PT, ONNX, ENSEMBLE = "food_classifier", "food_classifier_onnx", "food_classifier_ensemble"
+ONNX_U8, ONNX_INT8, ONNX_FP16 = "food_classifier_onnx_u8", "food_classifier_onnx_int8", "food_classifier_onnx_fp16"
+PREPROCESS, POSTPROCESS = "food_preprocess", "food_postprocess"
+
+# The batching every batching stage uses, on FastAPI and on the node's compose file: up to 16 images, 5 ms.
+BATCHING = {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}
+
+
+@dataclass(frozen=True)
+class Model:
+    """A Triton model of ``models_staging/``, once."""
+
+    name: str  # its folder, and the name clients call
+    input: Input = "bytes"  # what a client sends: an encoded photo, or a crop it preprocessed itself
+    variant: str = ""  # the ONNX variant (servelab.core.variants.build) it serves as 1/model.onnx
+    files: tuple[str, ...] = ()  # the artifacts (servelab.core.artifacts.ArtifactPaths fields) copied into 1/
+
+
+MODELS: dict[str, Model] = {m.name: m for m in (
+    Model(PT, files=("state_dict", "manifest")),
+    Model(ONNX, "tensor", "fp32"),
+    Model(ENSEMBLE),
+    Model(PREPROCESS),  # the ensemble's steps: loaded by it, called by no client
+    Model(POSTPROCESS),
+    Model(ONNX_U8, "uint8", "u8"),
+    Model(ONNX_INT8, "uint8", "int8"),
+    Model(ONNX_FP16, "uint8", "fp16"),
+)}
+
+# The `servelab serve` services -> the backend each runs (servelab.servers.fastapi.create_app's kind).
+SERVICES: dict[str, Literal["pytorch", "onnx"]] = {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
+
+
+@dataclass(frozen=True)
+class FastAPIPart:
+    service: Literal["fastapi-pt", "fastapi-onnx"]  # the `servelab serve` service (a key of SERVICES)
+    env: Mapping[str, str] = field(default_factory=dict)  # its settings (servelab.core.settings.ServeSettings)
+    compose: bool = False  # also a compose stage on the node (docker/docker-compose-fastapi.yaml)
+
+    @property
+    def backend(self) -> Literal["pytorch", "onnx"]:
+        """The service's backend (``servelab.servers.fastapi.create_app``'s kind)."""
+        return SERVICES[self.service]
+
+
+@dataclass(frozen=True)
+class TritonPart:
+    model: str  # the model clients call (a key of MODELS)
+    changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model -> replaced config fields
+    needs: tuple[str, ...] = ()  # models loaded before ``model`` (an ensemble's steps)
+    batches: bool = False  # the lab also sends requests of 16 images (the model batches them in one pass)
+    both_arrivals: bool = False  # the lab offers constant as well as Poisson arrivals at each rate
+    # Images in every request the lab sends it; > 1: the client forms the batches, all of this one size,
+    # so each ONNX Runtime session sees one input shape whatever its version does on a change of shape.
+    images: int = 1
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model this stage loads, dependencies first."""
+        return (*self.needs, self.model)
+
+    @property
+    def input(self) -> Input:
+        return MODELS[self.model].input
+
+
+@dataclass(frozen=True)
+class RayPart:
+    replicas: int = 1  # fixed replicas; for autoscaling, the most
+    batching: bool = False  # @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)
+    autoscaling: bool = False  # RAY_AUTOSCALE_* settings
+    max_replicas_per_node: int | None = None  # None: as many as the node's CPUs allow
+    step_load: bool = False  # the lab also runs a step load (low -> high -> low), replicas over time
+    node_failure: bool = False  # the lab also runs a load during which a worker node is killed
+
+
+Part = FastAPIPart | TritonPart | RayPart
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    about: str  # what the stage is, in a line (what it teaches: ``lesson`` and ``baseline``)
+    part: Part
+    variant: str = ""  # the ONNX model variant served (servelab.core.variants.build), named in each record
+    needs_gpu: bool = False  # skipped, with the reason, on the CPU
+    in_lab: bool = True  # measured by `servelab lab --full` (False: on the node only)
+    tour: bool = False  # also in the default `make lab`, which shows each lesson once in a few minutes
+    gpu_check: bool = False  # also in the default `make gpu-check`: each GPU lesson once, inside a lent GPU's minutes
+    notebook: str = ""  # the notebook that measures it (``taught_in`` sets it; the report names it)
+    lesson: str = ""  # what it teaches: a key of servelab.report.lessons.LESSONS ("": none of its own)
+    baseline: str = ""  # the stage the lesson measures it against (this ÷ baseline); "": none
+    default: bool = False  # what its family's `up` command (servelab triton / ray) starts when no stage is named
+
+    @property
+    def family(self) -> Family:
+        return {FastAPIPart: "fastapi", TritonPart: "triton", RayPart: "ray"}[type(self.part)]  # type: ignore[return-value]
+
+    @property
+    def fastapi(self) -> FastAPIPart:
+        return self._part(FastAPIPart)
+
+    @property
+    def triton(self) -> TritonPart:
+        return self._part(TritonPart)
+
+    @property
+    def ray(self) -> RayPart:
+        return self._part(RayPart)
+
+    def _part(self, kind: type) -> Any:
+        if not isinstance(self.part, kind):
+            raise TypeError(f"{self.name} is a {self.family} stage")
+        return self.part
+
+    @property
+    def input(self) -> Input:
+        """What its client sends: FastAPI and Ray stages take encoded photos."""
+        return self.part.input if isinstance(self.part, TritonPart) else "bytes"
+
+    @property
+    def runtime(self) -> Literal["pytorch", "onnx"]:
+        """What runs the model: Ray Serve runs the fastapi-onnx service; Triton's PyTorch model is PT."""
+        if isinstance(self.part, FastAPIPart):
+            return self.part.backend
+        return "pytorch" if isinstance(self.part, TritonPart) and self.part.model == PT else "onnx"
+
+
+def _taught_in(notebook: str, *stages: Stage) -> tuple[Stage, ...]:
+    return tuple(replace(stage, notebook=notebook) for stage in stages)
+
+
+def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:
+    """``instance_group`` with ``count`` instances on each listed GPU, one entry per (count, gpus)."""
+    return {"instance_group": [{"count": count, "kind": "KIND_GPU", "gpus": gpus} for count, gpus in groups]}
+
+
+CATALOGUE: tuple[Stage, ...] = (
+    # In the order the notebooks teach them; the model variants come last in each family.
+    # FastAPI: one process, one model; batching is the service's own (servelab.servers.fastapi.batcher).
+    *_taught_in("4_fastapi",
+    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True), tour=True,
+          gpu_check=True),
+    Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
+          FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True, gpu_check=True,
+          lesson="onnx", baseline="fastapi-pt"),
+    Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
+          FastAPIPart("fastapi-onnx", BATCHING, compose=True), gpu_check=True,
+          lesson="batching", baseline="fastapi-onnx"),
+    Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "u8"}), variant="u8",
+          lesson="variant u8", baseline="fastapi-onnx"),
+    Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)",
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8", tour=True,
+          lesson="variant int8", baseline="fastapi-onnx"),
+    Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
+          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True,
+          lesson="variant fp16", baseline="fastapi-onnx"),
+    ),
+    # Triton: each stage a config change from the one before it.
+    *_taught_in("6_triton_python",
+    Stage("pt-1", "Triton Python backend (PyTorch), 1 instance on GPU 0 (the base config)",
+          TritonPart(PT, batches=True), default=True),
+    Stage("pt-dyn", "pt-1 + dynamic batching", TritonPart(PT, {PT: {"dynamic_batching": {}}}, batches=True),
+          lesson="batching", baseline="pt-1"),
+    Stage("pt-2x2", "Triton Python backend, 2 instances on each of 2 GPUs (4 instances; all on one GPU, or on the CPU)",
+          TritonPart(PT, {PT: _instances((2, [0]), (2, [1]))}), lesson="instances", baseline="pt-1"),
+    Stage("pt-4x4", "Triton Python backend, 4 instances on each of 2 GPUs (8 instances)",
+          TritonPart(PT, {PT: _instances((4, [0]), (4, [1]))}), in_lab=False),
+    ),
+    *_taught_in("7_triton_onnx",
+    Stage("onnx-1", "Triton ONNX Runtime backend, 1 instance on GPU 0 (the base config)",
+          TritonPart(ONNX), variant="fp32", tour=True, gpu_check=True, lesson="onnx", baseline="pt-1"),
+    Stage("onnx-2", "onnx-1 with 2 instances on each of GPUs 0 and 1 (4 instances)",
+          TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}), tour=True, lesson="instances", baseline="onnx-1"),
+    Stage("onnx-dyn", "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
+          TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
+                                                        "max_queue_delay_microseconds": 100}}},
+                     batches=True, both_arrivals=True), tour=True, gpu_check=True, lesson="batching",
+          baseline="onnx-1"),
+    Stage("onnx-b16", "onnx-1 sent batches of 16 images by the client (perf_analyzer -b 16): one input shape, "
+          "no server-side batcher", TritonPart(ONNX, images=16)),
+    ),
+    *_taught_in("8_triton_more",
+    Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",
+          TritonPart(ENSEMBLE, needs=(PREPROCESS, ONNX, POSTPROCESS)), lesson="server preprocessing",
+          baseline="onnx-1"),
+    Stage("onnx-u8", "onnx-1 with preprocessing in the model: uint8 crops in (the base config)",
+          TritonPart(ONNX_U8), variant="u8", lesson="variant u8", baseline="onnx-1"),
+    Stage("onnx-int8", "onnx-u8 quantized to INT8, static QDQ (the base config)",
+          TritonPart(ONNX_INT8), variant="int8", lesson="variant int8", baseline="onnx-1"),
+    Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
+          TritonPart(ONNX_FP16), variant="fp16", needs_gpu=True, tour=True, gpu_check=True,
+          lesson="variant fp16", baseline="onnx-1"),
+    ),
+    # Ray Serve: the fastapi-onnx service in replicas over a head and a worker node.
+    *_taught_in("10_ray",
+    Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1), tour=True, lesson="proxy", baseline="fastapi-onnx"),
+    Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True),
+          tour=True, lesson="replicas", baseline="ray-1", default=True),
+    Stage("ray-4", "Ray Serve, 4 replicas (two per node)", RayPart(replicas=4, max_replicas_per_node=2),
+          lesson="replicas", baseline="ray-1"),
+    Stage("ray-dyn", "Ray Serve, 2 replicas (one per node) + @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)",
+          RayPart(replicas=2, batching=True, max_replicas_per_node=1), lesson="batching", baseline="ray-2"),
+    Stage("ray-auto", "Ray Serve, autoscaling replicas (RAY_AUTOSCALE_*)",
+          RayPart(autoscaling=True, max_replicas_per_node=2, step_load=True), lesson="autoscaling"),
+    ),
+)
+
+STAGES: dict[str, Stage] = {s.name: s for s in CATALOGUE}
+
+
+def of_family(family: Family) -> dict[str, Stage]:
+    """The stages one runner runs, in catalogue order."""
+    return {s.name: s for s in CATALOGUE if s.family == family}
+
+
+def default_stage(family: Family) -> str:
+    """The stage of ``family`` marked ``default``."""
+    [stage] = [s.name for s in of_family(family).values() if s.default]
+    return stage
+
+
+def compared(lesson: str) -> tuple[tuple[str, str], ...]:
+    """(stage, its baseline) for each stage that teaches ``lesson`` against another, in catalogue order."""
+    return tuple((s.name, s.baseline) for s in CATALOGUE if s.lesson == lesson and s.baseline)
+
+
+def get_stage(name: str, family: Family | None = None) -> Stage:
+    """The stage called ``name`` (of ``family``, when given), or a ValueError listing the names there are."""
+    stages = of_family(family) if family else STAGES
+    try:
+        return stages[name]
+    except KeyError:
+        raise ValueError(f"unknown {family + ' ' if family else ''}stage {name!r}; stages: {', '.join(stages)}") from None

@@ -1,0 +1,73 @@
+"""Where the project unpacks the external tools it runs (perf_analyzer, Prometheus), and their error."""
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from servelab.core.settings import get_settings
+
+
+class InstallError(RuntimeError):
+    """A tool could not be installed; the message says why and what to do instead."""
+
+
+def opt_dir(tool: str) -> Path:
+    """``<environment>/opt/<tool>``: next to the Python environment, so a fresh .venv gets a fresh copy."""
+    return Path(sys.prefix) / "opt" / tool
+
+
+def wheelhouse() -> Path | None:
+    """``SERVELAB_WHEELHOUSE`` when it names a folder: wheels and .debs an installer takes before the network."""
+    folder = get_settings().servelab_wheelhouse
+    return folder if folder and folder.is_dir() else None
+
+
+def unpack_deb(package: str, scratch: Path, fix: str) -> tuple[Path, Path]:
+    """Debian's ``package`` unpacked (``dpkg -x``, no root) under ``scratch``: (its root, the .deb).
+
+    The .deb comes from the wheelhouse where it holds one (a machine without network), else from
+    ``apt-get download`` (apt checks it against the signed archive). ``fix`` ends every error message.
+    """
+    if not shutil.which("dpkg"):
+        raise InstallError(f"{package}: no dpkg here (not Debian/Ubuntu): {fix}")
+    local = wheelhouse()
+    debs = sorted(local.glob(f"{package}_*.deb")) if local else []
+    if not debs:
+        if not shutil.which("apt-get"):
+            raise InstallError(f"{package}: no apt-get here and no {package}_*.deb in SERVELAB_WHEELHOUSE: {fix}")
+        done = subprocess.run(["apt-get", "download", package], cwd=scratch, capture_output=True, text=True,
+                              timeout=300)
+        debs = sorted(scratch.glob(f"{package}_*.deb"))
+        if done.returncode != 0 or not debs:
+            where = f" and {local} holds no {package}_*.deb" if local else ""
+            raise InstallError(f"`apt-get download {package}` failed ({done.stderr.strip()[-300:]}){where}: {fix}")
+    root = scratch / f"{package}-deb"
+    subprocess.run(["dpkg", "-x", str(debs[-1]), str(root)], check=True, capture_output=True)
+    return root, debs[-1]
+
+
+def cmd_install(tool: str, if_missing: bool, installed: Callable[[], bool], install: Callable[[], Any],
+                errors: tuple[type[Exception], ...] = (InstallError,)) -> int:
+    """`servelab <tool> install [--if-missing]`: exit status 1, with the reason, when it cannot."""
+    if if_missing and installed():
+        return 0
+    try:
+        found = install()
+    except errors as exc:
+        print(f"error: {tool} not installed: {exc}", file=sys.stderr)
+        return 1
+    print(f"{tool}: ready, {found.describe()}")
+    return 0
+
+
+def cmd_check(tool: str, locate: Callable[[], Any], not_found: type[Exception]) -> int:
+    """`servelab <tool> check`: which one would run, or why none can."""
+    try:
+        print(f"{tool}: {locate().describe()}")
+    except not_found as exc:
+        print(f"{tool}: MISSING: {exc}", file=sys.stderr)
+        return 1
+    return 0

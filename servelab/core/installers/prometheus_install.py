@@ -1,0 +1,103 @@
+"""Prometheus itself: the project installs it without root, finds it, and says how to get it.
+
+Locally the binary comes from Debian's ``prometheus`` package (2.42 in Debian 12), *unpacked*, never
+installed: taken from ``SERVELAB_WHEELHOUSE`` where that folder holds it (a GPU machine without network,
+``make gpu-wheelhouse``), else ``apt-get download`` (apt checks the package against the signed archive),
+then ``dpkg -x`` into ``<environment>/opt/prometheus``; only ``usr/bin/prometheus`` is kept (a Go binary that needs
+nothing but libc), so the package's many web-asset dependencies are not needed. The version is pinned
+to the 2.42 line the code is tested against, and the .deb's sha256 is recorded beside the binary.
+
+``locate()`` picks: the binary named by ``PROMETHEUS``; the project's copy; a ``prometheus`` on PATH.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from servelab.core.fetch import sha256_file
+from servelab.core.installers.opt_tools import InstallError, opt_dir, unpack_deb
+from servelab.core.settings import get_settings
+
+PACKAGE = "prometheus"
+# The flags and API used here are checked against this line (Debian 12's); another one is refused.
+VERSION_LINE = "2.42."
+INSTALL_HINT = "run `make prometheus` (or `servelab prometheus install`)"
+
+
+class PrometheusNotFound(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PrometheusBinary:
+    path: Path
+    source: str  # "PROMETHEUS", "project" or "PATH"
+    version: str = ""
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.source}, {self.version})"
+
+
+def _version(path: Path) -> str:
+    try:
+        done = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PrometheusNotFound(f"{path} does not run: {exc}") from None
+    found = re.search(r"version (\S+)", done.stdout + done.stderr)
+    if done.returncode != 0 or not found:
+        raise PrometheusNotFound(f"{path} does not start: {(done.stderr or done.stdout).strip()[-300:]}")
+    return found.group(1)
+
+
+@lru_cache
+def locate() -> PrometheusBinary:
+    """The Prometheus to run, checked to start; raises ``PrometheusNotFound`` saying how to get one."""
+    named = get_settings().prometheus
+    project = opt_dir("prometheus") / "bin" / "prometheus"
+    on_path = shutil.which("prometheus")
+    if named:
+        path, source = Path(named), "PROMETHEUS"
+    elif project.exists():
+        path, source = project, "project"
+    elif on_path:
+        path, source = Path(on_path), "PATH"
+    else:
+        raise PrometheusNotFound(f"Prometheus is not installed: {INSTALL_HINT}")
+    return PrometheusBinary(path, source, _version(path))
+
+
+def installed() -> bool:
+    try:
+        stamp = json.loads((opt_dir("prometheus") / "installed.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("version", "").startswith(VERSION_LINE) and (opt_dir("prometheus") / "bin" / "prometheus").exists()
+
+
+def install(log=print) -> PrometheusBinary:
+    """Debian's package (from the wheelhouse or apt), the binary taken out, checked to start and be 2.42."""
+    home = opt_dir("prometheus")
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    (home / "installed.json").unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="servelab-prometheus-") as tmp:
+        root, deb = unpack_deb(PACKAGE, Path(tmp), "run `apt-get update` first, or install Prometheus 2.42 "
+                                                   "yourself and set PROMETHEUS")
+        version = deb.name.split("_")[1].replace("%2b", "+")
+        if not version.startswith(VERSION_LINE):
+            raise InstallError(f"{deb.name} is {PACKAGE} {version}; servelab is checked against {VERSION_LINE}x "
+                               "(Debian 12): set PROMETHEUS to a 2.42 binary")
+        part = home / "bin" / "prometheus.part"
+        shutil.copy2(root / "usr" / "bin" / "prometheus", part)
+        part.replace(home / "bin" / "prometheus")  # never a half-written binary under its real name
+        sha = sha256_file(deb)
+    locate.cache_clear()
+    binary = PrometheusBinary(home / "bin" / "prometheus", "project", _version(home / "bin" / "prometheus"))
+    (home / "installed.json").write_text(json.dumps({"package": deb.name, "version": version,
+                                                     "sha256": sha}, indent=1) + "\n")
+    log(f"prometheus: {binary.path} from {deb.name} (sha256 {sha[:16]}...)")
+    return binary

@@ -1,0 +1,66 @@
+"""The original lab's published figures (``servelab/data/original_lab.toml``), the one place the
+notebooks take them from.
+
+Each step is one measurement the original reported on its 2x P100 node: what was measured, where
+our notebooks measure the same thing, and its figures with their units.
+"""
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from servelab.core.paths import DATA_DIR
+
+TABLE = DATA_DIR / "original_lab.toml"
+
+
+@dataclass(frozen=True)
+class Figure:
+    measures: str
+    value: float
+    unit: str  # "ms", "req/s" or "infer/s"
+
+    def __str__(self) -> str:
+        return f"{self.measures} {self.value:g} {self.unit}"
+
+
+@dataclass(frozen=True)
+class Step:
+    key: str
+    notebook: str
+    section: str  # the notebook heading under which ours measures the same thing
+    load: str
+    tool: str
+    figures: tuple[Figure, ...]
+    source: str  # where the figures are written down (required: a figure without one is not quoted)
+    method: str = ""  # how the figures were computed, where it matters for comparing them
+
+    def __post_init__(self) -> None:
+        if not self.source.strip():
+            raise ValueError(f"{self.key}: every step of {TABLE.name} needs its source")
+
+    def sentence(self) -> str:
+        """The step's figures as one sentence for a notebook, with their source."""
+        method = f" ({self.method})" if self.method else ""
+        return (f"**The original lab reported** on its 2× P100 node, {self.load} ({self.tool}): "
+                f"{', '.join(map(str, self.figures))}{method}. *Source:* {self.source}.")
+
+
+@cache
+def steps(path: Path = TABLE) -> dict[str, Step]:
+    table = tomllib.loads(path.read_text(encoding="utf-8"))
+    return {key: Step(key=key, figures=tuple(Figure(**f) for f in entry.pop("figures")), **entry)
+            for key, entry in table.items()}
+
+
+def step(key: str) -> Step:
+    try:
+        return steps()[key]
+    except KeyError:
+        raise KeyError(f"no step {key!r} in {TABLE.name}; steps: {', '.join(steps())}") from None
+
+
+def figures() -> set[tuple[float, str]]:
+    """Every (value, unit) the original lab reported."""
+    return {(f.value, f.unit) for s in steps().values() for f in s.figures}

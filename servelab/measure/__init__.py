@@ -1,0 +1,16 @@
+"""``servelab load``: one load generator for every stage, perf_analyzer-grade metrics.
+
+Public API (details in each module's docstring):
+
+* ``Load.sequential(requests)``, ``Load.closed(concurrency, requests)``,
+  ``Load.open(rate, arrivals="constant"|"poisson", requests=None, duration_s=None)`` (records.py)
+* ``FastAPITarget(url, image, batch=1)``, ``TritonTarget(url, model, image, protocol, input, batch)``
+  (targets.py)
+* ``run_bench(target, load, *, stage, config=None, server_pid=None, monitor_interval_s=0.5,
+  timeout_s=30, stand_in=None, out=None) -> Record``; ``await run_bench_async(...)``;
+  ``sweep(target, loads, **same) -> list[Record]`` (loadgen.py)
+* ``Record`` (one JSON line: ``record.to_json()``), ``append_record(path, record)``,
+  ``read_records(paths)`` (records.py)
+* ``perf_analyzer.write_input_data(...)``, ``perf_analyzer.run_perf_analyzer(...)``,
+  ``perf_analyzer.records_from_csv(...)`` (perf_analyzer.py)
+* ``servelab.report.render_report(records, out_dir)`` renders results/report.md and its plots."""

@@ -1,0 +1,202 @@
+"""The lab's stages against the model's own ceiling, and the issue's aims checked as data.
+
+Pure functions over a run's records (``servelab.measure.records``) and a ``Ceiling``
+(``servelab.measure.ceiling``):
+
+* ``stage_fractions``: each stage's best throughput (images/s, servelab's client, closed loop or
+  sequential, one image per request) as a fraction of the fp32 ceiling;
+* ``ratios``: dynamic batching ÷ no batching and instances ÷ one instance (``RATIOS``), in req/s;
+* ``aims``: dynamic batching ≥ 2× no batching at 16 senders for the ONNX stages; the best image-in
+  stage ≥ 40 % and the best tensor-in stage ≥ 60 % of the fp32 ceiling; the first request after
+  ready ≤ 3× the sequential median (``first_requests``), for every stage whose records hold it.
+  Each is met, missed or not measured, with its figures; beside a fraction aim, the CPU and GPU use
+  during the run it rests on (what bounds it).
+
+These are GPU aims: judged only where every servelab record says it ran with ``--device gpu``
+(and, for the fractions, the fp32 ceiling ran on a GPU provider); elsewhere every measured aim is
+shown as information only, never as met or missed.
+
+Which stages take an image and which a tensor is the stage catalogue's to say (``inputs``: stage
+-> what its client sends, ``"bytes"`` for an encoded photo, ``"tensor"`` or ``"uint8"`` for a
+client-preprocessed crop); the orchestration layer passes it (``servelab.run.side_by_side.stage_inputs``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from servelab.measure.ceiling import Ceiling
+from servelab.measure.records import Record
+from servelab.core.catalogue import STAGES, compared
+from servelab.core.tables import markdown, num
+
+# The lessons whose ratios the ceiling is about -> what the ratio says.
+RATIO_LESSONS = {"batching": "dynamic batching ÷ no batching", "instances": "two instances per GPU ÷ one instance"}
+# The families whose ratios are shown, in this order: Triton's, then FastAPI's; not Ray Serve's, which
+# runs on the CPU only (the GPU environment carries no Ray).
+RATIO_FAMILIES = ("triton", "fastapi")
+# (what, numerator stage, denominator stage): each stage of those lessons against its baseline, as the
+# catalogue pairs them.
+RATIOS = tuple((what, top, bottom) for lesson, what in RATIO_LESSONS.items() for family in RATIO_FAMILIES
+               for top, bottom in compared(lesson) if STAGES[top].family == family)
+RATIO_CONCURRENCY = 16
+# The aims (issue 24), for a GPU like the H100.
+BATCHING_AIM = 2.0  # dynamic batching ÷ no batching at RATIO_CONCURRENCY senders, for the ONNX stages:
+BATCHING_AIM_PAIRS = tuple((top, bottom) for what, top, bottom in RATIOS
+                           if what == RATIO_LESSONS["batching"] and STAGES[top].runtime == "onnx")
+IMAGE_IN_AIM, TENSOR_IN_AIM = 0.40, 0.60  # of the fp32 ceiling
+FIRST_REQUEST_AIM = 3.0  # first request after ready ÷ the steady sequential median
+MET, MISSED, NOT_MEASURED = "met", "**missed**", "not measured"
+ON_CPU = "information only (GPU aims; this ran on the CPU)"
+
+
+def closed_run(records: list[Record], stage: str, concurrency: int, batch: int = 1) -> Record | None:
+    """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential); a run the lab
+    made for another purpose (``config["run"]``: a node failure) is never it."""
+    for r in records:
+        if (r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
+                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency
+                and not r.config.get("run")):
+            return r
+    return None
+
+
+def capacity(records: list[Record], stage: str) -> Record | None:
+    """The stage's capacity: servelab's closed-loop run at the highest concurrency measured (what the
+    lab takes its open-loop rates as fractions of, ``servelab.run.lab``); None where it has none."""
+    levels = sorted({r.load.concurrency for r in records if r.stage == stage and r.load.mode == "closed"}, reverse=True)
+    return next((run for level in levels if (run := closed_run(records, stage, level))), None)
+
+
+def ratio_runs(records: list[Record], top: str, bottom: str,
+               concurrency: int = RATIO_CONCURRENCY) -> tuple[int, Record, Record] | None:
+    """(concurrency, ``top``'s run, ``bottom``'s run) at ``concurrency``, else at the highest closed-loop
+    concurrency both stages were measured at; None where there is none (or ``bottom`` served nothing)."""
+    levels = sorted({r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == top}
+                    & {r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == bottom})
+    if not levels:
+        return None
+    level = concurrency if concurrency in levels else levels[-1]
+    a, b = closed_run(records, top, level), closed_run(records, bottom, level)
+    return (level, a, b) if a and b and b.stats.throughput_rps else None
+
+
+def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[tuple[str, str, float]]:
+    """(what, "a ÷ b at concurrency N", ratio of req/s): at ``concurrency``, else at the highest
+    closed-loop concurrency both stages were measured at (the label says which)."""
+    found = []
+    for what, top, bottom in RATIOS:
+        if runs := ratio_runs(records, top, bottom, concurrency):
+            level, a, b = runs
+            found.append((what, f"{top} ÷ {bottom} at concurrency {level}", a.stats.throughput_rps / b.stats.throughput_rps))
+    return found
+
+
+@dataclass(frozen=True)
+class StageFraction:
+    """A stage's best run (one image per request) against the fp32 ceiling."""
+
+    stage: str
+    input: str  # "image", "tensor" or "-" (not in the catalogue)
+    load: str  # the best run's load
+    images_per_s: float
+    fraction: float | None  # of the fp32 ceiling (None: no ceiling measured)
+    cpu_pct: float | None  # the whole machine's mean CPU use during that run
+    gpu_pct: float | None  # mean GPU utilization during that run (NVML)
+
+
+def input_kind(stage: str, inputs: Mapping[str, str]) -> str:
+    """"image" (the server decodes a photo), "tensor" (the client sent the crop) or "-" (unknown)."""
+    sent = inputs.get(stage)
+    return "-" if sent is None else "image" if sent == "bytes" else "tensor"
+
+
+def stage_fractions(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[StageFraction]:
+    """Every stage's best servelab closed-loop or sequential run, in the records' order of stages."""
+    best = ceiling.best("fp32")
+    runs = [r for r in records if r.tool == "servelab" and not r.failed and r.batch == 1
+            and r.load.mode in ("sequential", "closed") and r.stats.items_per_s > 0]
+    found = []
+    for stage in dict.fromkeys(r.stage for r in runs):
+        top = max((r for r in runs if r.stage == stage), key=lambda r: r.stats.items_per_s)
+        found.append(StageFraction(
+            stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
+            top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,
+            top.monitors.cpu_mean_pct if top.monitors else None,
+            top.monitors.gpu_util_mean_pct if top.monitors else None))
+    return found
+
+
+def first_requests(records: list[Record]) -> list[tuple[str, float, float]]:
+    """(stage, first request ms, sequential p50 ms) for each stage whose first servelab run kept its
+    first request: in the lab, the first request the stage's server saw after it said it was ready."""
+    found = []
+    for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
+        first = next(r for r in records if r.tool == "servelab" and r.stage == stage)
+        steady = closed_run(records, stage, 1)
+        if first.first_request_ms is not None and steady and steady.stats.latency.p50_ms:
+            found.append((stage, first.first_request_ms, steady.stats.latency.p50_ms))
+    return found
+
+
+@dataclass(frozen=True)
+class Aim:
+    what: str
+    verdict: str  # MET, MISSED, NOT_MEASURED or ON_CPU
+    figures: str
+
+
+def _judge(value: float | None, ok: bool, gpu: bool) -> str:
+    return NOT_MEASURED if value is None else ON_CPU if not gpu else MET if ok else MISSED
+
+
+def _use(f: StageFraction) -> str:
+    return f"CPU {num(f.cpu_pct, 0)} %, GPU {num(f.gpu_pct, 0)} % during that run"
+
+
+def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[Aim]:
+    """The issue's aims against this run's records and ceiling (see the module's docstring)."""
+    ours = [r for r in records if r.tool == "servelab"]
+    stages_gpu = bool(ours) and all(r.config.get("device") == "gpu" for r in ours)
+    found = []
+    for top, bottom in BATCHING_AIM_PAIRS:
+        a, b = (closed_run(records, s, RATIO_CONCURRENCY) for s in (top, bottom))
+        ratio = a.stats.throughput_rps / b.stats.throughput_rps if a and b and b.stats.throughput_rps else None
+        figures = (f"{top} {num(a.stats.throughput_rps)} ÷ {bottom} {num(b.stats.throughput_rps)} req/s = {num(ratio, 2)}"
+                   if ratio is not None else f"{top} or {bottom} not measured at concurrency {RATIO_CONCURRENCY}")
+        found.append(Aim(f"{top} ÷ {bottom} ≥ {BATCHING_AIM:g}× at {RATIO_CONCURRENCY} senders",
+                         _judge(ratio, ratio is not None and ratio >= BATCHING_AIM, stages_gpu), figures))
+    best = ceiling.best("fp32")
+    fractions = stage_fractions(records, ceiling, inputs)
+    for kind, aim in (("image", IMAGE_IN_AIM), ("tensor", TENSOR_IN_AIM)):
+        top = max((f for f in fractions if f.input == kind), key=lambda f: f.images_per_s, default=None)
+        what = f"best {kind}-in stage ≥ {aim:.0%} of the fp32 ceiling"
+        if top is None or top.fraction is None or best is None:
+            found.append(Aim(what, NOT_MEASURED, "no fp32 ceiling" if best is None else f"no {kind}-in stage measured"))
+            continue
+        found.append(Aim(what, _judge(top.fraction, top.fraction >= aim, stages_gpu and ceiling.on_gpu),
+                         f"{top.stage} ({top.load}) {num(top.images_per_s)} img/s = {top.fraction:.1%} of "
+                         f"{num(best.images_per_s, 0)} (batch {best.batch}); {_use(top)}"))
+    firsts = first_requests(records)
+    worst = max(firsts, key=lambda f: f[1] / f[2], default=None)
+    ratio = worst[1] / worst[2] if worst else None
+    found.append(Aim(f"first request after ready ≤ {FIRST_REQUEST_AIM:g}× the sequential median",
+                     _judge(ratio, ratio is not None and ratio <= FIRST_REQUEST_AIM, stages_gpu),
+                     f"worst of {len(firsts)} stages: {worst[0]} {num(worst[1])} ms = {ratio:.2f}× its sequential "
+                     f"median {num(worst[2])} ms" if worst else "no record holds a first request after ready"))
+    return found
+
+
+def fractions_markdown(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> str:
+    """Each stage as a fraction of the fp32 ceiling, the ratios, and the aims, for a record or a printout."""
+    best = ceiling.best("fp32")
+    rows = [(f.stage, f.input, f.load, num(f.images_per_s), num(f.fraction * 100 if f.fraction is not None else None),
+             num(f.cpu_pct, 0), num(f.gpu_pct, 0)) for f in stage_fractions(records, ceiling, inputs)]
+    lines = [(f"Each stage's best run (servelab's client, one image per request) against the fp32 ceiling "
+              f"({num(best.images_per_s, 0) + ' img/s' if best else 'not measured'}; "
+              f"{'GPU' if ceiling.on_gpu else 'CPU'}):"), "",
+             markdown(("stage", "input", "best run", "img/s", "% of fp32 ceiling", "CPU %", "GPU %"),
+                      rows or [("-",) * 7], "lllrrrr"), "",
+             markdown(("what", "stages", "ratio (req/s)"),
+                      [(what, which, num(v, 2)) for what, which, v in ratios(records)] or [("-", "-", "-")], "llr"),
+             "", markdown(("aim", "verdict", "figures"), [(a.what, a.verdict, a.figures) for a in aims(records, ceiling, inputs)])]
+    return "\n".join(lines)

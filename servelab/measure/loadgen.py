@@ -1,0 +1,348 @@
+"""The load generator: one asyncio engine for every stage.
+
+Library use (``servelab lab`` and notebooks)::
+
+    from servelab.measure.targets import FastAPITarget
+    from servelab.measure.records import Load
+    from servelab.measure.loadgen import run_bench, sweep
+    target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
+    record = run_bench(target, Load.sequential(100), stage="fastapi-pt")
+    records = sweep(target, [Load.closed(c, requests=500) for c in (1, 2, 4, 8, 16)], stage="fastapi-pt")
+    record = run_bench(target, Load.open(120, "poisson", requests=1200), stage="fastapi-pt", out=path)
+
+``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
+run_bench_async(...)`` instead. Each run: connect (one persistent client), send ``load.warmup``
+unmeasured requests (the first one's latency is kept: on a fresh server, the first request after
+ready), snapshot the server's statistics, start the monitors, run the measured
+window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line if given).
+
+Load modes (``Load``):
+
+* sequential: one request at a time;
+* closed loop: ``concurrency`` senders, each sending its next request when its response arrives;
+* open loop: send times fixed in advance (``schedule.send_times``: exactly ``requests`` in a window of
+  ``requests / rate`` seconds, so the offered rate is the labelled one; throughput counts over that
+  window, or until the last response when that is later); latency is measured from the
+  *scheduled* send time, so time a request spent waiting for the client (at most
+  ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
+  1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
+"""
+
+import asyncio
+import gc
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelab.measure.monitor import Monitor
+from servelab.measure.records import Breakdown, Load, Record, Timeline, append_record, machine_info
+from servelab.measure.schedule import send_times, window_s
+from servelab.measure.server_timing import TimingSums
+from servelab.measure.stats import summarize
+from servelab.measure.targets import Client, Outcome, Target
+from servelab.measure.triton_stats import stats_delta
+
+log = logging.getLogger("servelab.measure")
+
+LATE_AFTER_S = 0.010  # later than this after its scheduled time, a send is late (timer jitter is ~1 ms)
+LATE_WARN_FRACTION = 0.01
+OPEN_LOOP_LEAD_S = 0.01  # the schedule starts this far ahead, so the first send is not late
+STATS_SETTLE_S, STATS_SETTLE_TRIES = 0.05, 20
+clock = time.perf_counter  # monotonic, high resolution (never time.time)
+
+
+@dataclass
+class RawRun:
+    """Per-request results of one measured window (successes in ``index``/``latency_s``)."""
+
+    index: list[int] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    errors: Counter = field(default_factory=Counter)
+    send_lag_s: list[float] = field(default_factory=list)
+    timing: TimingSums = field(default_factory=TimingSums)
+    warnings: list[str] = field(default_factory=list)
+    started: float = 0.0
+    last_done: float = 0.0
+    window_s: float = 0.0  # open loop: the schedule's window, the least time the run can take
+    offered_rps: float | None = None  # open loop: requests scheduled / window
+    # Every request: (completed, seconds from ``started``; latency s; None or the error kind)
+    outcomes: list[tuple[float, float, str | None]] = field(default_factory=list)
+    scheduled_s: np.ndarray | None = None  # open loop: the send times, from ``started``
+
+    @property
+    def wall_s(self) -> float:
+        return max(0.0, self.last_done - self.started, self.window_s)
+
+    def add(self, i: int, outcome: Outcome, latency_s: float, done: float) -> None:
+        if outcome.ok:
+            self.index.append(i)
+            self.latency_s.append(latency_s)
+            if outcome.timing is not None:
+                self.timing.add(outcome.timing)
+        else:
+            self.errors[outcome.error or "unknown"] += 1
+        self.outcomes.append((done - self.started, latency_s, None if outcome.ok else outcome.error or "unknown"))
+        self.last_done = max(self.last_done, done)
+
+    def ordered_latencies_s(self) -> np.ndarray:
+        """Latencies of successful requests in the order they were issued (or scheduled)."""
+        order = np.argsort(self.index, kind="stable")
+        return np.asarray(self.latency_s)[order]
+
+
+async def warm_up(client: Client, load: Load) -> tuple[int, float | None]:
+    """Send ``load.warmup`` unmeasured requests (closed loop at the load's concurrency); returns the
+    failures and the first request's latency in ms (None where it failed or there was no warm-up)."""
+    if load.warmup == 0:
+        return 0, None
+    issued, failed, first_ms = 0, 0, None
+
+    async def sender() -> None:
+        nonlocal issued, failed, first_ms
+        while issued < load.warmup:
+            i, issued = issued, issued + 1
+            t0 = clock()
+            ok = (await client.send()).ok
+            failed += not ok
+            if i == 0 and ok:
+                first_ms = (clock() - t0) * 1e3
+
+    await asyncio.gather(*(sender() for _ in range(min(load.concurrency, load.warmup))))
+    return failed, first_ms
+
+
+async def _closed_loop(client: Client, load: Load) -> RawRun:
+    run = RawRun(timing=TimingSums(client.batch), started=clock())
+    stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
+    limit = load.requests if load.requests is not None else math.inf
+    issued = 0
+
+    async def sender() -> None:
+        nonlocal issued
+        while issued < limit and clock() < stop_at:
+            i, issued = issued, issued + 1
+            t0 = clock()
+            outcome = await client.send()
+            t1 = clock()
+            run.add(i, outcome, t1 - t0, t1)
+
+    await asyncio.gather(*(sender() for _ in range(load.concurrency)))
+    if issued < limit and load.duration_s is None:
+        run.warnings.append(f"stopped at max_duration_s={load.max_duration_s:g} after {issued} of {limit} requests")
+    return run
+
+
+def _schedule(load: Load, n: int) -> np.ndarray:
+    if not load.phases:
+        return send_times(n, load.rate, load.arrivals, load.seed)
+    parts, offset = [], 0.0
+    for i, (rate, seconds) in enumerate(load.phases):
+        parts.append(offset + send_times(max(1, round(rate * seconds)), rate, load.arrivals, load.seed + i))
+        offset += seconds
+    return np.concatenate(parts)
+
+
+async def _open_loop(client: Client, load: Load) -> RawRun:
+    assert load.rate is not None and load.arrivals is not None
+    n = load.requests or math.inf
+    if load.duration_s is not None:
+        n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
+    times = _schedule(load, int(n))
+    run = RawRun(timing=TimingSums(client.batch), started=clock() + OPEN_LOOP_LEAD_S,
+                 window_s=window_s(len(times), load.rate), offered_rps=load.rate, scheduled_s=times)
+    give_up = run.started + load.max_duration_s
+    slots = asyncio.Semaphore(load.max_inflight)
+
+    async def one(i: int, due: float) -> None:
+        async with slots:  # waiting here means the client is behind its schedule
+            sent = clock()
+            if sent > give_up:
+                run.errors["not_sent"] += 1
+                return
+            run.send_lag_s.append(sent - due)
+            outcome = await client.send()
+        done = clock()
+        run.add(i, outcome, done - due, done)  # from the scheduled time: no coordinated omission
+
+    tasks = []
+    for i, offset in enumerate(times):
+        due = run.started + offset
+        if due > give_up:
+            run.warnings.append(f"schedule cut at max_duration_s={load.max_duration_s:g} after {i} requests")
+            run.window_s, run.offered_rps = load.max_duration_s, i / load.max_duration_s
+            break
+        delay = due - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    lags = np.asarray(run.send_lag_s)
+    late = int((lags > LATE_AFTER_S).sum())
+    if lags.size and late > LATE_WARN_FRACTION * lags.size:
+        run.warnings.append(
+            f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
+            f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
+            f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time"
+        )
+    return run
+
+
+async def run_load(client: Client, load: Load) -> RawRun:
+    """The measured window only (no warm-up); see the module docstring for the modes."""
+    # Full garbage collections scan every long-lived object (all imported modules) and stall the
+    # event loop for tens of ms; frozen objects are skipped, so the client keeps its schedule.
+    gc.collect()
+    gc.freeze()
+    try:
+        return await (_open_loop(client, load) if load.mode == "open" else _closed_loop(client, load))
+    finally:
+        gc.unfreeze()
+
+
+async def _snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
+    try:
+        return await client.server_stats()
+    except Exception as exc:  # statistics are extra: a failure costs the breakdown, not the run
+        warnings.append(f"server statistics unavailable ({type(exc).__name__}: {exc})")
+        return None
+
+
+async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
+    """Statistics once the warm-up has reached them: two reads in a row that agree (bounded)."""
+    previous = await _snapshot(client, warnings)
+    for _ in range(STATS_SETTLE_TRIES):
+        await asyncio.sleep(STATS_SETTLE_S)
+        current = await _snapshot(client, warnings)
+        if current is None or current == previous:
+            return current
+        previous = current
+    return previous
+
+
+async def _server_breakdown(
+    client: Client, before: dict[str, Any], model: str, successes: int, warnings: list[str]
+) -> Breakdown | None:
+    """Diff Triton's statistics; it updates them just after responding, so wait (boundedly) for them
+    to count every success the client saw."""
+    delta = None
+    for _ in range(STATS_SETTLE_TRIES):
+        after = await _snapshot(client, warnings)
+        if after is None:
+            return None
+        delta = stats_delta(before, after, model)
+        if (delta.server_requests or 0) >= successes:
+            break
+        await asyncio.sleep(STATS_SETTLE_S)
+    return delta
+
+
+async def run_bench_async(
+    target: Target,
+    load: Load,
+    *,
+    stage: str,
+    config: dict[str, Any] | None = None,
+    server_pid: int | None = None,
+    monitor_interval_s: float = 0.5,
+    timeout_s: float = 30.0,
+    stand_in: str | None = None,
+    out: Path | None = None,
+    sampler: Any = None,
+) -> Record:
+    """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
+
+    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events``
+    on the perf_counter clock) the record gets a ``timeline`` of the run, per second, with them."""
+    connections = load.max_inflight if load.mode == "open" else load.concurrency
+    warnings: list[str] = []
+    client = await target.connect(connections, timeout_s)
+    try:
+        failed, first_ms = await warm_up(client, load)
+        if failed:
+            warnings.append(f"{failed} of {load.warmup} warm-up requests failed")
+        before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
+        with Monitor(monitor_interval_s, server_pid) as monitor:
+            window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
+            run = await run_load(client, load)
+            window_end = time.time()
+        breakdown = run.timing.breakdown()
+        if before is not None:
+            model = getattr(target, "model", "")
+            breakdown = await _server_breakdown(client, before, model, len(run.latency_s), warnings)
+    finally:
+        await client.close()
+    warnings += run.warnings
+    for text in warnings:
+        log.warning("%s [%s]: %s", stage, load.label(), text)
+    monitors = monitor.result()
+    record = Record(
+        stage=stage,
+        target=target.describe(),
+        config=config or {},
+        load=load,
+        batch=target.batch,
+        stats=summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
+                        run.offered_rps),
+        breakdown=breakdown,
+        monitors=monitors,
+        machine=machine_info([g.name for g in monitors.gpus] or None),
+        warnings=warnings,
+        stand_in=stand_in,
+        first_request_ms=first_ms,
+        window_unix=[window_start, window_end],
+        timeline=build_timeline(run, sampler) if sampler is not None else None,
+    )
+    if out is not None:
+        append_record(out, record)
+    return record
+
+
+def build_timeline(run: RawRun, sampler: Any, bin_s: float = 1.0) -> Timeline:
+    """Per ``bin_s``: throughput, errors and latency of the requests completed in it; the sampler's
+    replica counts and events, on the same clock (seconds from the measured window's start)."""
+    end = max([run.wall_s] + [t for t, _, _ in run.outcomes])
+    bins = max(1, math.ceil(end / bin_s))
+    ok: list[list[float]] = [[] for _ in range(bins)]
+    errors = [0] * bins
+    for done, latency, error in run.outcomes:
+        b = min(bins - 1, max(0, int(done // bin_s)))
+        if error is None:
+            ok[b].append(latency * 1000)
+        else:
+            errors[b] += 1
+    offered = [0.0] * bins
+    if run.scheduled_s is not None:
+        for b, count in Counter(min(bins - 1, int(t // bin_s)) for t in run.scheduled_s).items():
+            offered[b] = count / bin_s
+    events = {name: round(t - run.started, 3) for t, name in sampler.events}
+    failed_at = sorted(done for done, _, error in run.outcomes if error is not None)
+    recovery = None
+    if events:
+        first_event = min(events.values())
+        after = [t for t in failed_at if t >= first_event]
+        recovery = round(after[-1] - first_event, 3) if after else 0.0
+    return Timeline(
+        bin_s=bin_s, t_s=[b * bin_s for b in range(bins)], throughput_rps=[len(v) / bin_s for v in ok], errors=errors,
+        p50_ms=[float(np.percentile(v, 50)) if v else None for v in ok],
+        p99_ms=[float(np.percentile(v, 99)) if v else None for v in ok], offered_rps=offered,
+        replicas_t_s=[round(t - run.started, 3) for t, _ in sampler.samples], replicas=[n for _, n in sampler.samples],
+        events=events, first_error_s=failed_at[0] if failed_at else None,
+        last_error_s=failed_at[-1] if failed_at else None, recovery_s=recovery,
+    )
+
+
+def run_bench(target: Target, load: Load, **kwargs: Any) -> Record:
+    """``run_bench_async`` in a fresh event loop (not from inside a running loop)."""
+    return asyncio.run(run_bench_async(target, load, **kwargs))
+
+
+def sweep(target: Target, loads: Iterable[Load], **kwargs: Any) -> list[Record]:
+    """One run per load, in order (e.g. concurrency 1, 2, 4, 8, 16), each with its own connections."""
+    return [run_bench(target, load, **kwargs) for load in loads]

@@ -1,0 +1,113 @@
+"""Utilization recorded with every run, from a background thread (so a busy event loop cannot
+delay the samples): per-core CPU (psutil; the whole machine, client included), the server
+process's resident memory with its children (Triton's backend stubs, uvicorn workers), and
+per-GPU utilization and memory through NVML (nvidia-ml-py). Without a GPU or driver the GPU
+series are simply empty and ``gpu_note`` says why.
+
+    with Monitor(interval_s=0.5, server_pid=pid) as mon:
+        ...  # the measured window
+    monitors = mon.result()
+"""
+
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from servelab.measure.records import GpuSeries, Monitors
+
+MAX_SAMPLES = 100_000  # a bound on memory, even if a run is left going for a day
+
+
+def _open_nvml() -> tuple[Any, list[Any], str | None]:
+    """(pynvml module, device handles, note); no handles when NVML cannot start."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return pynvml, handles, None if handles else "NVML found no GPU"
+    except Exception as exc:  # no library, no driver, no device: all mean "no GPU samples"
+        return None, [], f"no GPU monitoring ({type(exc).__name__}: {exc})"
+
+
+def _name(nvml: Any, handle: Any) -> str:
+    name = nvml.nvmlDeviceGetName(handle)
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # a child that just exited
+        return 0
+
+
+class Monitor:
+    def __init__(self, interval_s: float = 0.5, server_pid: int | None = None) -> None:
+        self.interval_s = interval_s
+        self.server_pid = server_pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="servelab-monitor", daemon=True)
+        self._t: list[float] = []
+        self._cpu: list[list[float]] = []
+        self._rss: list[float] = []
+        self._gpus: list[GpuSeries] = []
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        self.gpu_note: str | None = None
+
+    def __enter__(self) -> "Monitor":
+        self._nvml, self._handles, self.gpu_note = _open_nvml()
+        for i, h in enumerate(self._handles):
+            total = self._nvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
+            self._gpus.append(GpuSeries(index=i, name=_name(self._nvml, h), mem_total_mib=total))
+        self._process = self._find_process()
+        psutil.cpu_percent(percpu=True)  # the first reading only sets the baseline
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._nvml:
+            self._nvml.nvmlShutdown()
+
+    def _find_process(self) -> psutil.Process | None:
+        if self.server_pid is None:
+            return None
+        try:
+            return psutil.Process(self.server_pid)
+        except psutil.NoSuchProcess:
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s) and len(self._t) < MAX_SAMPLES:
+            self._sample()
+        # The partial interval at the end is a sample too (a run shorter than one interval gets one),
+        # unless it is too short for a CPU percentage to mean anything.
+        last = self._t[-1] if self._t else 0.0
+        if time.perf_counter() - self._t0 - last > min(0.1, self.interval_s / 2):
+            self._sample()
+
+    def _sample(self) -> None:
+        self._t.append(round(time.perf_counter() - self._t0, 4))
+        self._cpu.append(psutil.cpu_percent(percpu=True))
+        if self._process is not None:
+            try:
+                procs = [self._process, *self._process.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                self._process = None  # the server went away: its series simply ends here
+            else:
+                self._rss.append(sum(_rss(p) for p in procs) / 2**20)
+        for series, h in zip(self._gpus, self._handles):
+            series.util_pct.append(float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu))
+            series.mem_used_mib.append(self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20)
+
+    def result(self) -> Monitors:
+        return Monitors(
+            interval_s=self.interval_s, t_s=self._t, cpu_pct=self._cpu, server_pid=self.server_pid,
+            rss_mib=self._rss, gpus=self._gpus, gpu_note=self.gpu_note,
+        )

@@ -1,0 +1,107 @@
+"""The lab's Prometheus: started beside the lab's servers if it can be, and read back after each run.
+
+``LabPrometheus`` starts Prometheus (child process, 127.0.0.1, data under ``<results>/prometheus``)
+and the machine exporter, and each server the lab starts registers itself with ``scrape()`` while it
+runs. When Prometheus cannot be started, or stops answering, the lab goes on: every record then
+carries a ``prometheus`` entry whose ``note`` says why there are no server-side series, and the log
+says it once.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.measure.records import Record, ServerSeries
+from servelab.measure.monitoring.machine_exporter import MachineExporter
+from servelab.measure.monitoring.prometheus_server import LocalPrometheus
+from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
+from servelab.measure.monitoring.run_series import FAMILIES, Before, PromWatch
+from servelab.core.procs import free_port
+from servelab.core.settings import get_settings
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """One server being scraped: its family (a key of ``FAMILIES``) and the labels that select its series."""
+
+    family: str
+    labels: dict[str, str]  # at least "instance" (host:port of its metrics endpoint)
+
+    def narrowed(self, **labels: str) -> "Scraped":
+        """The same server, fewer series (Triton: one model's)."""
+        return Scraped(self.family, {**self.labels, **labels})
+
+
+class LabPrometheus:
+    def __init__(self, home: Path, log: Callable[[str], None] = print):
+        self.home, self.log = Path(home), log
+        self.server: LocalPrometheus | None = None
+        self.machine: MachineExporter | None = None
+        self.watch: PromWatch | None = None
+        self.note = ""  # why there is no Prometheus (empty while there is one)
+
+    def start(self) -> "LabPrometheus":
+        settings = get_settings()
+        try:
+            binary = locate()
+            self.server = LocalPrometheus(binary, self.home, settings.prometheus_scrape_interval_s,
+                                          settings.prometheus_retention_time, settings.prometheus_retention_size)
+            self.server.start()
+        except (PrometheusNotFound, OSError, RuntimeError, TimeoutError) as exc:
+            self.server = None
+            self.note = f"Prometheus not running ({str(exc).splitlines()[0]})"
+            self.log(f"prometheus: {self.note}; the lab goes on without the servers' own time series")
+            return self
+        self.machine = MachineExporter(free_port())
+        self.server.targets.add(self.machine.address, "machine")
+        self.watch = PromWatch(self.server.client, settings.prometheus_scrape_interval_s)
+        self.log(f"prometheus: {binary.describe()} at {self.server.url} (PID {self.server.pid}), scraping every "
+                 f"{settings.prometheus_scrape_interval_s:g} s; data in {self.home}")
+        return self
+
+    def stop(self) -> None:
+        if self.machine is not None:
+            self.machine.stop()
+            self.machine = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> "LabPrometheus":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @contextmanager
+    def scrape(self, address: str, family: str, **labels: str) -> Iterator[Scraped]:
+        """Scrape ``address`` (host:port, path /metrics) while the block runs; Ray Serve adds its family."""
+        if family not in FAMILIES:
+            raise ValueError(f"no queries for the {family!r} family; add them to servelab.measure.monitoring.run_series")
+        if self.server is not None:
+            self.server.targets.add(address, family, **labels)
+        try:
+            yield Scraped(family, {"instance": address})
+        finally:
+            if self.server is not None:
+                self.server.targets.remove(address)
+            if self.watch is not None:
+                self.watch.forget(address)
+
+    def before(self, scraped: Scraped | None) -> Before | str:
+        if self.watch is None or scraped is None:
+            return self.note or "no metrics endpoint registered for this server"
+        return self.watch.before(scraped.family, scraped.labels)
+
+    def after(self, record: Record, before: Before | str, scraped: Scraped | None, called: float) -> ServerSeries:
+        """The server's series over ``record``'s measured window (else from ``called`` to now)."""
+        if self.watch is None or scraped is None or isinstance(before, str):
+            note = before if isinstance(before, str) else self.note
+            if self.server is not None and "did not answer" in note:
+                self.log(f"prometheus: {note}; this run has no server-side series")
+            return ServerSeries(note=note)
+        window = tuple(record.window_unix) if record.window_unix else (called, time.time())
+        return self.watch.after(record, before, scraped.family, scraped.labels, window)
+

@@ -1,0 +1,65 @@
+"""The machine's CPU, memory and GPUs as Prometheus metrics, served from a thread of the lab.
+
+Locally this replaces node exporter and NVIDIA's dcgm-exporter (which run as containers on the lab
+node, docker/docker-compose-monitoring.yaml): psutil and NVML read the same counters the run records'
+monitors sample, so Prometheus' view and the records can be compared, and nothing else has to be
+installed. Metric names follow node exporter's where they mean the same thing (``node_cpu_seconds_total``,
+``node_memory_MemTotal_bytes``, ``node_memory_MemAvailable_bytes``), so one dashboard reads both;
+GPU figures use dcgm-exporter's names (``DCGM_FI_DEV_GPU_UTIL``, ``DCGM_FI_DEV_FB_USED`` in MiB).
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from servelab.measure.monitor import _name, _open_nvml
+
+
+class MachineCollector(Collector):
+    def __init__(self) -> None:
+        self.nvml, self.handles, self.gpu_note = _open_nvml()
+
+    def collect(self) -> Iterator[Any]:
+        cpu = CounterMetricFamily("node_cpu_seconds", "Seconds the CPUs spent in each mode.", labels=["cpu", "mode"])
+        for index, times in enumerate(psutil.cpu_times(percpu=True)):
+            for mode in ("user", "system", "idle", "iowait", "nice", "irq", "softirq", "steal"):
+                if hasattr(times, mode):
+                    cpu.add_metric([str(index), mode], getattr(times, mode))
+        yield cpu
+        memory = psutil.virtual_memory()
+        yield GaugeMetricFamily("node_memory_MemTotal_bytes", "Memory in total.", value=memory.total)
+        yield GaugeMetricFamily("node_memory_MemAvailable_bytes", "Memory available to new work.",
+                                value=memory.available)
+        if self.handles:
+            util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%).", labels=["gpu", "modelName"])
+            used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB).", labels=["gpu", "modelName"])
+            for index, handle in enumerate(self.handles):
+                labels = [str(index), _name(self.nvml, handle)]
+                util.add_metric(labels, float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+                used.add_metric(labels, self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20)
+            yield util
+            yield used
+
+
+class MachineExporter:
+    """``GET /metrics`` on 127.0.0.1:``port``, from a daemon thread of this process."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.collector = MachineCollector()
+        registry = CollectorRegistry()
+        registry.register(self.collector)
+        self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

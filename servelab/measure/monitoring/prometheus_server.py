@@ -1,0 +1,181 @@
+"""A real Prometheus for the local lab: started as a child process, scraping whatever is running.
+
+Scrape targets are data: each server the lab starts registers its metrics URL with a ``Targets``
+file (Prometheus' ``file_sd_configs``, rewritten atomically; Prometheus watches it), under a job
+named for its family (``fastapi``, ``triton``, ``machine``; a Ray Serve stage adds ``ray``) and
+labelled with its stage. Prometheus listens on 127.0.0.1 only and keeps its data, with bounded
+retention, in the folder it is given (the lab's ``results/prometheus``; tests: a tmp folder).
+
+``PrometheusClient`` is the HTTP API the lab and the tests read back: instant and range queries,
+and ``settle()``, which waits until every target has been scraped after a given moment, so a counter
+read afterwards includes everything that happened before it.
+"""
+
+import json
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab.core.installers.prometheus_install import PrometheusBinary
+from servelab.core.procs import DIRECT, ServerProcess, free_port
+
+TARGETS_FILE = "targets.json"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Prometheus may read the file at any moment: it must never see half of it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+class Targets:
+    """The scrape targets, one entry per metrics endpoint, in a ``file_sd_configs`` JSON file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._write()
+
+    def add(self, address: str, job: str, metrics_path: str = "/metrics", **labels: str) -> None:
+        """Scrape ``address`` (host:port) from now on; registering it again replaces its labels."""
+        self._entries[address] = {"targets": [address],
+                                  "labels": {"job": job, "__metrics_path__": metrics_path, **labels}}
+        self._write()
+
+    def remove(self, address: str) -> None:
+        self._entries.pop(address, None)
+        self._write()
+
+    def _write(self) -> None:
+        _atomic_write(self.path, json.dumps(list(self._entries.values()), indent=1) + "\n")
+
+
+def config_yaml(targets: Path, scrape_interval_s: float) -> str:
+    """One scrape job for every target; each target's job label comes from the targets file."""
+    # Timeout below the interval (Prometheus requires it); a slow /metrics is a failed scrape, seen in `up`.
+    interval_ms = max(100, round(scrape_interval_s * 1000))
+    return (
+        "global:\n"
+        f"  scrape_interval: {interval_ms}ms\n"
+        f"  scrape_timeout: {max(100, interval_ms * 4 // 5)}ms\n"
+        f"  evaluation_interval: {interval_ms}ms\n"
+        "scrape_configs:\n"
+        "  - job_name: servelab\n"
+        "    file_sd_configs:\n"
+        f"      - files: [{json.dumps(str(targets))}]\n"
+        "        refresh_interval: 5s\n"
+    )
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+@dataclass
+class PrometheusClient:
+    url: str  # http://host:port
+
+    def _get(self, path: str, timeout: float = 10.0, **params: Any) -> Any:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        try:
+            with DIRECT.open(f"{self.url}{path}?{query}", timeout=timeout) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read() or b"{}")
+            raise PrometheusError(f"{path}: HTTP {exc.code}: {body.get('error', '')}") from None
+        except (OSError, ValueError) as exc:
+            raise PrometheusError(f"Prometheus at {self.url} did not answer: {type(exc).__name__}: {exc}") from None
+        if body.get("status") != "success":
+            raise PrometheusError(f"{path}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query (at Unix time ``at``, default now): [{"metric": {...}, "value": [t, "v"]}, ...]."""
+        return self._get("/api/v1/query", query=expr, time=at)["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query: [{"metric": {...}, "values": [[t, "v"], ...]}, ...]."""
+        return self._get("/api/v1/query_range", query=expr, start=start, end=end, step=step)["result"]
+
+    def targets(self) -> list[dict[str, Any]]:
+        return self._get("/api/v1/targets", state="active")["activeTargets"]
+
+    def settle(self, after: float, instances: set[str] | None = None, timeout: float = 10.0) -> float:
+        """Wait until each target (or those ``instances``) was scraped successfully after Unix time
+        ``after``; returns a time at which an instant query sees those scrapes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {t["labels"].get("instance"): t for t in self.targets()}
+            wanted = [found.get(i) for i in instances] if instances is not None else list(found.values())
+            if wanted and all(t is not None and t["health"] == "up" and _unix(t["lastScrape"]) > after
+                              for t in wanted):
+                return time.time()
+            if time.monotonic() > deadline:
+                missing = sorted(i for i, t in zip(instances or found, wanted)
+                                 if t is None or t["health"] != "up" or _unix(t["lastScrape"]) <= after)
+                raise PrometheusError(f"no fresh scrape of {', '.join(map(str, missing))} within {timeout:.0f} s")
+            time.sleep(0.05)
+
+
+def _unix(rfc3339: str) -> float:
+    """Prometheus' lastScrape (RFC 3339, nanoseconds, maybe a zone offset) as Unix seconds."""
+    from datetime import datetime
+
+    head, _, rest = rfc3339.partition(".")
+    frac, zone = rest, ""
+    for sign in ("Z", "+", "-"):
+        if sign in rest:
+            frac, zone = rest.split(sign, 1)[0], sign + rest.split(sign, 1)[1]
+            break
+    zone = "+00:00" if zone in ("Z", "") else zone
+    return datetime.fromisoformat(head + zone).timestamp() + (float(f"0.{frac}") if frac else 0.0)
+
+
+class LocalPrometheus:
+    """``prometheus`` as a child process on 127.0.0.1, its data and targets under ``home``."""
+
+    def __init__(self, binary: PrometheusBinary, home: Path, scrape_interval_s: float,
+                 retention_time: str = "2d", retention_size: str = "512MB", port: int = 0):
+        self.home = Path(home)
+        self.port = port or free_port()
+        self.scrape_interval_s = scrape_interval_s
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.targets = Targets(self.home / TARGETS_FILE)
+        config = self.home / "prometheus.yml"
+        config.write_text(config_yaml(self.targets.path, scrape_interval_s))
+        self.client = PrometheusClient(f"http://127.0.0.1:{self.port}")
+        self.process = ServerProcess(
+            [str(binary.path), f"--config.file={config}", f"--storage.tsdb.path={self.home / 'data'}",
+             f"--storage.tsdb.retention.time={retention_time}", f"--storage.tsdb.retention.size={retention_size}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
+            f"{self.client.url}/-/ready", self.home / "prometheus.log", ready_timeout=60, stop_timeout=20)
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def start(self) -> "LocalPrometheus":
+        self.process.start()
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> "LocalPrometheus":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,256 @@
+"""perf_analyzer interop: real input data for it, and its CSV turned into servelab records.
+
+* ``input_data(image, input)`` / ``write_input_data(path, image, input)``: the ``--input-data``
+  JSON. ``bytes``: ``{"data": [{"INPUT_IMAGE": ["<base64 of the image>"]}]}`` (one BYTES element,
+  base64 text, as the lab's clients send it); ``tensor``: ``{"data": [{"input": {"b64": ...}}]}``,
+  the real preprocessed float32 [3, 224, 224] tensor, little-endian, instead of perf_analyzer's
+  random default; ``uint8``: ``{"data": [{"image": {"b64": ...}}]}``, the photo's uint8 center
+  crop [224, 224, 3].
+* ``perf_analyzer_command(...)``: the argument list for one load (``-f`` CSV, ``--verbose-csv``,
+  count windows and a bounded stability search: ``Windows``).
+* ``run_perf_analyzer(...)``: runs the binary ``perf_analyzer_binary.locate()`` finds (the project's
+  copy, or NVIDIA's Triton SDK image on the node), diffing Triton's statistics around it for the
+  batch-size histogram, and returns the record; a run that measured nothing is a record too, with
+  ``failed`` set to perf_analyzer's own message.
+* ``records_from_csv(text, ...)``: perf_analyzer's CSV (microseconds; rows sorted by throughput;
+  first column ``Concurrency`` or ``Request Rate``) -> ``Record``s, so both tools share one table.
+"""
+
+import asyncio
+import base64
+import csv
+import io
+import json
+import math
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from servelab.measure.monitor import Monitor
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
+from servelab.measure.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
+from servelab.measure.targets import TritonTarget, model_input_tensor
+from servelab.servers.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
+from servelab.measure.triton_stats import stats_delta
+
+# perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
+_PARTS = {
+    "Client Send": "client_send", "Network+Server Send/Recv": "network_server_send_recv",
+    "Server Queue": "queue", "Server Compute Input": "compute_input",
+    "Server Compute Infer": "compute_infer", "Server Compute Output": "compute_output",
+    "Client Recv": "client_recv",
+}
+_COMPUTE = ("compute_input", "compute_infer", "compute_output")
+
+
+def input_data(image: bytes, input: InputKind, manifest: Path | None = None) -> dict[str, Any]:
+    if input == "bytes":
+        return {"data": [{IMAGE_INPUT: [base64.b64encode(image).decode()]}]}
+    name, tensor = ((PIXELS_INPUT, model_input_tensor(image, manifest, "uint8")) if input == "uint8"
+                    else (TENSOR_INPUT, model_input_tensor(image, manifest).astype("<f4")))
+    return {"data": [{name: {"b64": base64.b64encode(tensor.tobytes()).decode()}}]}
+
+
+def write_input_data(path: Path, image: bytes, input: InputKind, manifest: Path | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(input_data(image, input, manifest)))
+    return path
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How perf_analyzer measures: windows of at least ``requests`` requests (count windows), until
+    the last three agree within ``stability_pct`` (throughput and latency) or ``max_trials`` windows
+    have run; it reports the last three together. Its own defaults: 10 % and 10 trials."""
+
+    stability_pct: float = 10.0
+    max_trials: int = 10
+
+    def requests_per_window(self, load: Load) -> int:
+        # Three windows of a third each: about as many measured requests as servelab's run of that load.
+        # At least 3 per window (one gives perf_analyzer no spread) and at least one per sender; no
+        # more, so that a short run of slow requests (16 images each on a CPU) stays short.
+        return max(3, load.concurrency or 1, math.ceil((load.requests or 100) / 3))
+
+
+def perf_analyzer_command(
+    *, url: str, model: str, protocol: str, batch: int, load: Load, input_data: Path, csv_path: Path,
+    windows: Windows = Windows(), extra: list[str] | tuple[str, ...] = (), binary: str = "perf_analyzer",
+) -> list[str]:
+    """One perf_analyzer run of ``load``. It has no warm-up option (2.50): unstable first windows are
+    what its stability check discards."""
+    cmd = [binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
+           "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv",
+           "--stability-percentage", f"{windows.stability_pct:g}", "--max-trials", str(windows.max_trials)]
+    if load.mode == "open":
+        cmd += ["--request-rate-range", f"{load.rate:g}", "--request-distribution", str(load.arrivals)]
+    else:
+        cmd += ["--concurrency-range", str(load.concurrency)]
+    if load.requests is not None:
+        # Not --request-count: 2.50 divides that count by whole seconds and under-reports throughput.
+        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count",
+                str(windows.requests_per_window(load))]
+    else:
+        cmd += ["--measurement-interval", str(round((load.duration_s or 5) * 1000))]
+    return cmd + list(extra)
+
+
+def _float(row: dict[str, str], column: str) -> float | None:
+    value = (row.get(column) or "").strip()
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def records_from_csv(
+    text: str, *, stage: str, target: dict[str, Any], batch: int = 1,
+    arrivals: Literal["constant", "poisson"] = "constant", template: Load | None = None,
+) -> list[Record]:
+    """One record per CSV row. Throughput is converted from inferences/s to requests/s (÷ batch)."""
+    records = []
+    for row in csv.DictReader(io.StringIO(text.strip())):
+        row = {k.strip(): v for k, v in row.items() if k is not None}
+        window = (template or Load.sequential()).model_dump(include={"requests", "duration_s", "warmup", "seed"})
+        if "Request Rate" in row:
+            load = Load(mode="open", rate=_float(row, "Request Rate"), arrivals=arrivals, **window)
+        else:
+            c = int(_float(row, "Concurrency") or 1)
+            load = Load(mode="sequential" if c == 1 else "closed", concurrency=c, **window)
+        us = {name: _float(row, column) for column, name in _PARTS.items()}
+        parts = {name: v / 1000 for name, v in us.items() if v is not None}
+        infer_per_s = _float(row, "Inferences/Second") or 0.0
+        pct = {p: _float(row, f"p{p} latency") for p in (50, 90, 95, 99)}
+        ms = {p: v / 1000 if v is not None else None for p, v in pct.items()}
+        mean = _float(row, "Avg latency")
+        compute = [parts[p] for p in _COMPUTE if p in parts]
+        records.append(Record(
+            tool="perf_analyzer", stage=stage, target=target, load=load, batch=batch,
+            stats=Stats(
+                throughput_rps=infer_per_s / batch, items_per_s=infer_per_s,
+                latency=Latency(mean_ms=mean / 1000 if mean is not None else None,
+                                p50_ms=ms[50], p90_ms=ms[90], p95_ms=ms[95], p99_ms=ms[99]),
+            ),
+            breakdown=Breakdown(source="perf_analyzer", queue_ms=parts.get("queue"),
+                                service_ms=sum(compute) if compute else None, parts_ms=parts),
+        ))
+    return records
+
+
+async def _stats(target: TritonTarget) -> dict[str, Any]:
+    client = await target.connect(1, 10.0)
+    try:
+        return await client.server_stats()
+    finally:
+        await client.close()
+
+
+def _try_stats(target: TritonTarget, warnings: list[str]) -> dict[str, Any] | None:
+    try:
+        return asyncio.run(_stats(target))
+    except Exception as exc:  # the breakdown loses its batch histogram, the run goes on
+        warnings.append(f"Triton statistics unavailable ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _message(out: str, err: str) -> str:
+    """perf_analyzer's own words for a failure: what it wrote to stderr, else its error lines, else
+    the end of what it printed."""
+    said = [line.strip() for line in err.splitlines() if line.strip()]
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith(("error", "failed"))]
+    return " | ".join(dict.fromkeys(said[-5:] or errors or lines[-3:]))[:2000] or "no output"
+
+
+def _printed_stats(out: str, load: Load, batch: int, warnings: list[str]) -> dict[str, Any]:
+    """What perf_analyzer prints but does not put in its CSV: requests measured, and in request-rate
+    mode the rate it really sent at. Its latency counts from the real send, so a rate it could not
+    keep up with hides the waiting (coordinated omission): say so."""
+    update: dict[str, Any] = {"offered_rps": load.rate}
+    if counted := re.search(r"Client:\s*\n\s*Request count:\s*(\d+)", out):
+        update |= {"requests": int(counted[1]), "successes": int(counted[1])}
+    sent = re.search(r"Avg send request rate:\s*([\d.]+)", out)
+    if load.mode == "open" and sent:
+        update["offered_rps"] = float(sent[1]) / batch
+        if float(sent[1]) / batch < 0.95 * (load.rate or 0):
+            warnings.append(f"perf_analyzer sent {float(sent[1]) / batch:.1f} req/s of the {load.rate:g} asked; its "
+                            "latency starts at the late send, so it leaves out the time requests waited to be sent")
+    return update
+
+
+def failed_record(target: TritonTarget, load: Load, *, stage: str, message: str, command: list[str] | None = None,
+                  stand_in: str | None = None, out: Path | None = None) -> Record:
+    """A perf_analyzer run that measured nothing, kept as a measurement with its reason."""
+    record = Record(
+        tool="perf_analyzer", stage=stage, target={**target.describe(), "command": command or []},
+        load=load.model_copy(update={"warmup": 0}), batch=target.batch,
+        stats=Stats(throughput_rps=0.0, items_per_s=0.0, latency=Latency(), offered_rps=load.rate),
+        machine=machine_info(), stand_in=stand_in, failed=message,
+    )
+    if out is not None:
+        append_record(out, record)
+    return record
+
+
+def run_perf_analyzer(
+    target: TritonTarget, load: Load, *, stage: str, input_data_path: Path | None = None,
+    extra: list[str] | tuple[str, ...] = (), windows: Windows = Windows(), server_pid: int | None = None,
+    monitor_interval_s: float = 0.5, timeout_s: float = 300.0, stand_in: str | None = None, out: Path | None = None,
+) -> Record:
+    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record.
+
+    A run that cannot measure (perf_analyzer missing, exiting non-zero, past ``timeout_s``) is a
+    record with ``failed`` set to perf_analyzer's own message, never an exception: a lab goes on.
+    """
+    fail = partial(failed_record, target, load, stage=stage, stand_in=stand_in, out=out)
+    try:
+        pa = locate()
+    except PerfAnalyzerNotFound as exc:
+        return fail(message=str(exc))
+    warnings: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="servelab-pa-") as tmp:
+        data = input_data_path or write_input_data(Path(tmp) / "input.json", target.image, target.input, target.manifest)
+        csv_path = Path(tmp) / "perf.csv"
+        cmd = perf_analyzer_command(url=target.url, model=target.model, protocol=target.protocol, batch=target.batch,
+                                    load=load, input_data=data, csv_path=csv_path, windows=windows, extra=extra,
+                                    binary=str(pa.path))
+        before = _try_stats(target, warnings)
+        with Monitor(monitor_interval_s, server_pid) as monitor:
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=pa.env())
+            except subprocess.TimeoutExpired as exc:  # subprocess.run has killed it
+                printed = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+                return fail(message=f"timed out after {timeout_s:g} s (killed); last output: {_message(printed, '')}",
+                            command=cmd)
+        after = _try_stats(target, warnings) if before is not None else None
+        text = csv_path.read_text() if csv_path.exists() else ""
+    if done.returncode != 0 or not text.strip():
+        return fail(message=f"perf_analyzer exited with code {done.returncode}: {_message(done.stdout, done.stderr)}",
+                    command=cmd)
+    warnings += [line.strip() for line in done.stdout.splitlines() if "warning" in line.lower()]
+    [record] = records_from_csv(text, stage=stage, target={**target.describe(), "command": cmd},
+                                batch=target.batch, arrivals=load.arrivals or "constant", template=load)
+    stats = record.stats.model_copy(update=_printed_stats(done.stdout, load, target.batch, warnings))
+    breakdown = record.breakdown
+    if before is not None and after is not None and breakdown is not None:
+        server = stats_delta(before, after, target.model)
+        breakdown = breakdown.model_copy(update={
+            "source": "perf_analyzer+triton-stats", "batch_sizes": server.batch_sizes,
+            "mean_batch_size": server.mean_batch_size, "server_requests": server.server_requests,
+            "server_failures": server.server_failures,
+        })
+    monitors = monitor.result()
+    record = record.model_copy(update={
+        "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,
+        "warnings": warnings, "stand_in": stand_in, "machine": machine_info([g.name for g in monitors.gpus] or None),
+        "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
+                   "max_trials": windows.max_trials},
+    })
+    if out is not None:
+        append_record(out, record)
+    return record

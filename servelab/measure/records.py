@@ -1,0 +1,287 @@
+"""The run record: one JSON line per measured run, the same for every stage and both tools.
+
+A ``Record`` holds what was measured (``target``, ``config``, ``load``), the client-side
+``stats``, the server-side ``breakdown``, the ``monitors`` time series, ``machine`` and version
+information, any ``warnings``, and a ``stand_in`` note (set when the model is a stand-in, e.g. the
+zero-shot EfficientNet-Lite0 or the local Python-backend stand-in for Triton's ONNX backend).
+Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps`` requests per
+second, ``_mib`` MiB.
+"""
+
+import datetime as dt
+import platform
+import socket
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servelab.core.hardware import stack
+
+SCHEMA_VERSION = 1
+DEFAULT_RECORDS = Path("results") / "records.jsonl"
+# Packages whose versions change the numbers; recorded with every run.
+_VERSIONED = ("servelab", "aiohttp", "tritonclient", "numpy", "torch", "onnxruntime", "fastapi", "uvicorn")
+
+
+class Load(BaseModel):
+    """The load a run applies and its measurement window.
+
+    ``requests`` measured requests and/or ``duration_s`` seconds of sending (whichever ends
+    first); ``warmup`` requests go first and are never measured; ``max_duration_s`` bounds every
+    run. Open loop sends at times fixed in advance (``rate``, ``arrivals``, ``seed``) with at
+    most ``max_inflight`` requests outstanding; a send that waits for a free slot is *late*.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: Literal["sequential", "closed", "open"]
+    concurrency: int = Field(1, ge=1)
+    rate: float | None = Field(None, gt=0)
+    arrivals: Literal["constant", "poisson"] | None = None
+    requests: int | None = Field(100, ge=1)
+    duration_s: float | None = Field(None, gt=0)
+    warmup: int = Field(10, ge=0)
+    max_inflight: int = Field(128, ge=1)
+    max_duration_s: float = Field(600.0, gt=0)
+    seed: int = 0
+    # Open loop in steps: (rate, seconds) after one another (a step load, low -> high -> low); ``rate``
+    # is then the mean offered rate and ``requests`` the schedule's total.
+    phases: tuple[tuple[float, float], ...] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Load":
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("a load needs a window: requests, duration_s or both")
+        if self.mode == "open" and (self.rate is None or self.arrivals is None):
+            raise ValueError("an open-loop load needs rate and arrivals")
+        if self.mode != "open" and self.rate is not None:
+            raise ValueError("rate applies to open-loop loads only")
+        if self.mode == "sequential" and self.concurrency != 1:
+            raise ValueError("a sequential load has concurrency 1")
+        return self
+
+    @classmethod
+    def sequential(cls, requests: int | None = 100, **window: Any) -> "Load":
+        return cls(mode="sequential", requests=requests, **window)
+
+    @classmethod
+    def closed(cls, concurrency: int, requests: int | None = 1000, **window: Any) -> "Load":
+        return cls(mode="closed", concurrency=concurrency, requests=requests, **window)
+
+    @classmethod
+    def open(cls, rate: float, arrivals: str = "poisson", requests: int | None = None, **window: Any) -> "Load":
+        if requests is None and window.get("duration_s") is None:
+            requests = max(1, round(rate * 10))  # ten seconds' worth by default
+        return cls(mode="open", rate=rate, arrivals=arrivals, requests=requests, **window)
+
+    @classmethod
+    def steps(cls, phases: list[tuple[float, float]], arrivals: str = "poisson", **window: Any) -> "Load":
+        """Open-loop Poisson (or constant) arrivals whose rate changes in steps: [(rate, seconds), ...]."""
+        counts = [max(1, round(rate * seconds)) for rate, seconds in phases]
+        return cls(mode="open", rate=sum(counts) / sum(s for _, s in phases), arrivals=arrivals, requests=sum(counts),
+                   phases=tuple((float(r), float(s)) for r, s in phases), **window)
+
+    def label(self) -> str:
+        if self.phases:
+            return f"{self.arrivals} steps {' > '.join(f'{r:g}' for r, _ in self.phases)} req/s"
+        if self.mode == "open":
+            return f"{self.arrivals} {self.rate:g} req/s"
+        return "sequential" if self.mode == "sequential" else f"concurrency {self.concurrency}"
+
+
+class Latency(BaseModel):
+    """Latency of successful requests, in milliseconds."""
+
+    mean_ms: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+    # Latency at each whole percentile 0..100 (101 values): enough to draw the CDF.
+    cdf_ms: list[float] = []
+
+
+class Stats(BaseModel):
+    """Client-side results. Errors are never successes; throughput counts successes only."""
+
+    requests: int | None = None  # measured requests sent (None where the tool does not say)
+    successes: int | None = None
+    errors: dict[str, int] = {}  # kind ("http_500", "connection_refused", ...) -> count
+    wall_s: float | None = None  # first measured send to last completion (open loop: at least the schedule's window)
+    offered_rps: float | None = None  # open loop: requests scheduled per second of the schedule's window
+    throughput_rps: float  # successful requests / wall_s
+    items_per_s: float  # throughput_rps x images per request (perf_analyzer's "infer/sec")
+    latency: Latency
+    late_sends: int = 0  # open loop: sends that started behind their scheduled time
+    max_send_lag_ms: float | None = None
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+
+class Breakdown(BaseModel):
+    """Where the time went on the server, as means per request in milliseconds."""
+
+    source: str  # "server-timing", "triton-stats", "perf_analyzer", or several joined by "+"
+    queue_ms: float | None = None
+    service_ms: float | None = None  # time being worked on: preprocess+infer, or compute input+infer+output
+    parts_ms: dict[str, float] = {}
+    batch_sizes: dict[int, int] = {}  # batch size formed on the server -> executions
+    mean_batch_size: float | None = None
+    server_requests: int | None = None  # successful requests the server counted during the run
+    server_failures: int | None = None
+
+    @property
+    def queue_share(self) -> float | None:
+        if self.queue_ms is None or self.service_ms is None or self.queue_ms + self.service_ms <= 0:
+            return None
+        return self.queue_ms / (self.queue_ms + self.service_ms)
+
+
+class GpuSeries(BaseModel):
+    index: int
+    name: str
+    util_pct: list[float] = []
+    mem_used_mib: list[float] = []
+    mem_total_mib: float
+
+
+class Monitors(BaseModel):
+    """Utilization sampled during the measured window; ``t_s`` is seconds from its start."""
+
+    interval_s: float
+    t_s: list[float] = []
+    cpu_pct: list[list[float]] = []  # per sample, per core (the whole machine, client included)
+    server_pid: int | None = None
+    rss_mib: list[float] = []  # server process and its children
+    gpus: list[GpuSeries] = []
+    gpu_note: str | None = None  # why there are no GPU samples
+
+    @property
+    def cpu_mean_pct(self) -> float | None:
+        flat = [v for sample in self.cpu_pct for v in sample]
+        return sum(flat) / len(flat) if flat else None
+
+    @property
+    def gpu_util_mean_pct(self) -> float | None:
+        flat = [v for g in self.gpus for v in g.util_pct]
+        return sum(flat) / len(flat) if flat else None
+
+
+class ServerSeries(BaseModel):
+    """The server's own metrics over one run, read back from Prometheus (servelab.measure.monitoring.run_series).
+
+    ``requests`` is what the server counted between a scrape just before the run and one just after
+    it (warm-up included); ``client_requests`` what the client sent in that span. ``rate_rps`` is the
+    server's successful requests per second between the first and last scrape inside the measured
+    window (``rate_span_s`` apart). ``series``: name -> [[seconds from the window's start, value], ...]
+    from range queries, one point per ``step_s``. ``note`` says what could not be read, and why.
+    """
+
+    source: str = ""
+    start_unix: float | None = None
+    end_unix: float | None = None
+    step_s: float | None = None
+    requests: int | None = None
+    client_requests: int | None = None
+    rate_rps: float | None = None
+    rate_span_s: float | None = None
+    series: dict[str, list[list[float]]] = {}
+    note: str | None = None
+
+
+class Timeline(BaseModel):
+    """A run over time, in bins of ``bin_s`` from the start of its measured window: what each bin's
+    completed requests saw, and samples of the serving side (Ray Serve's running replicas)."""
+
+    bin_s: float
+    t_s: list[float] = []  # bin starts
+    throughput_rps: list[float] = []  # successes completed in the bin / bin_s
+    errors: list[int] = []  # failures completed in the bin
+    p50_ms: list[float | None] = []  # of the bin's successes
+    p99_ms: list[float | None] = []
+    offered_rps: list[float] = []  # open loop: requests scheduled in the bin / bin_s
+    replicas_t_s: list[float] = []
+    replicas: list[int] = []
+    events: dict[str, float] = {}  # name -> seconds from the start (a node killed)
+    first_error_s: float | None = None
+    last_error_s: float | None = None
+    recovery_s: float | None = None  # from the first event to the last failure after it (0: none failed)
+
+
+class Record(BaseModel):
+    """One measured run; serializes to one JSON line (``to_json``)."""
+
+    schema_version: int = SCHEMA_VERSION
+    tool: Literal["servelab", "perf_analyzer"] = "servelab"
+    stage: str
+    started_at: str = Field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    target: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    load: Load
+    batch: int = 1  # images per request
+    stats: Stats
+    breakdown: Breakdown | None = None
+    monitors: Monitors | None = None
+    machine: dict[str, Any] = {}
+    warnings: list[str] = []
+    stand_in: str | None = None
+    failed: str | None = None  # the run measured nothing: the tool's own message (stats are empty)
+    # The run's first request (its first warm-up request; None without one): the lab's first run of a
+    # stage holds the first request its server saw after it said it was ready.
+    first_request_ms: float | None = None
+    window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
+    prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
+    timeline: Timeline | None = None  # step-load and node-failure runs
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def append_record(path: Path, record: Record) -> None:
+    """Append one JSON line (the file and its folder are created when missing)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(record.to_json() + "\n")
+
+
+def read_records(paths: Path | Iterable[Path]) -> list[Record]:
+    """Every record in one or more JSONL files, in order; a bad line fails loudly with its place."""
+    records = []
+    for path in [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(Record.model_validate_json(line))
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{number}: not a servelab record ({exc})") from None
+    return records
+
+
+def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
+    """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
+    versions = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_logical": psutil.cpu_count(logical=True),
+        "cpu_physical": psutil.cpu_count(logical=False),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "gpus": gpu_names or [],
+        "versions": versions,
+        "stack": stack(),  # GPUs, driver, CUDA, cuDNN, ONNX Runtime build and providers, TensorRT
+    }

@@ -1,0 +1,80 @@
+"""The standard ``Server-Timing`` response header, e.g. ``queue;dur=1.2, preprocess;dur=3.4,
+infer;dur=8.0, total;dur=12.9`` (durations in milliseconds), and its mean over a run.
+
+The FastAPI services report ``queue``, ``preprocess``, ``infer`` and ``total``; a metric whose
+description is a number (``batch;desc=4``) is read as the server's batch size for that request.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from servelab.measure.records import Breakdown
+
+
+@dataclass(frozen=True)
+class ServerTiming:
+    durations_ms: dict[str, float]
+    descriptions: dict[str, str]
+
+
+def parse_server_timing(header: str | None) -> ServerTiming:
+    """Parse one header value; malformed metrics and parameters are skipped, never fatal."""
+    durations: dict[str, float] = {}
+    descriptions: dict[str, str] = {}
+    for metric in (header or "").split(","):
+        name, *params = (part.strip() for part in metric.split(";"))
+        if not name:
+            continue
+        for param in params:
+            key, _, value = param.partition("=")
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "dur":
+                try:
+                    durations[name] = float(value)
+                except ValueError:
+                    pass
+            elif key == "desc":
+                descriptions[name] = value
+    return ServerTiming(durations, descriptions)
+
+
+@dataclass
+class TimingSums:
+    """Running sums of Server-Timing metrics over the successful measured requests."""
+
+    images_per_request: int = 1
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+    images_by_batch: Counter = field(default_factory=Counter)  # server batch size -> images served in such batches
+
+    def add(self, timing: ServerTiming) -> None:
+        for name, value in timing.durations_ms.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+            self.counts[name] += 1
+        batch = timing.descriptions.get("batch", "")
+        if batch.isdigit() and int(batch) > 0:
+            self.images_by_batch[int(batch)] += self.images_per_request
+
+    def breakdown(self) -> Breakdown | None:
+        """Means per request; service = preprocess + infer (or total - queue when only those exist)."""
+        if not self.sums:
+            return None
+        mean = {name: self.sums[name] / self.counts[name] for name in self.sums}
+        if "preprocess" in mean or "infer" in mean:
+            service = mean.get("preprocess", 0.0) + mean.get("infer", 0.0)
+        elif "total" in mean:
+            service = mean["total"] - mean.get("queue", 0.0)
+        else:
+            service = None
+        # A batch of b images is seen once per image it served, so it executed images / b times.
+        executions = {b: n / b for b, n in self.images_by_batch.items()}
+        served = sum(self.images_by_batch.values())
+        return Breakdown(
+            source="server-timing",
+            queue_ms=mean.get("queue"),
+            service_ms=service,
+            parts_ms=mean,
+            batch_sizes={b: round(n) for b, n in executions.items()},
+            mean_batch_size=served / sum(executions.values()) if executions else None,
+            server_requests=max(self.counts.values()),
+        )

@@ -1,0 +1,73 @@
+"""Triton's statistics extension (``GET /v2/models/<model>/stats``), diffed across a run.
+
+Triton's counters are cumulative since the model loaded, so a run's server-side view is
+``after - before``: per-request means of queue, compute input, compute infer and compute output,
+and the histogram of batch sizes the scheduler formed (``batch_stats``: one entry per batch size,
+``compute_infer.count`` = executions of that size). Works with the HTTP JSON (integers) and the
+gRPC ``as_json`` form (64-bit integers as strings). For an ensemble the snapshot also carries
+``ensemble_steps`` (its composing models), whose queue times make up the ensemble's queueing.
+"""
+
+from typing import Any
+
+from servelab.measure.records import Breakdown
+
+PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def _model_entry(stats: dict[str, Any], model: str) -> dict[str, Any]:
+    entries = [m for m in stats.get("model_stats", []) if m.get("name") == model]
+    if len(entries) != 1:
+        versions = [m.get("version") for m in entries]
+        raise ValueError(f"expected statistics for exactly one version of {model!r}, got {versions}")
+    return entries[0]
+
+
+def _counter(entry: dict[str, Any], *keys: str) -> tuple[int, int]:
+    """(count, ns) of a nested duration counter; absent counters are zero."""
+    node: Any = entry
+    for key in keys:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+    return int(node.get("count", 0)), int(node.get("ns", 0))
+
+
+def _batch_counts(entry: dict[str, Any]) -> dict[int, int]:
+    return {int(b["batch_size"]): _counter(b, "compute_infer")[0] for b in entry.get("batch_stats", [])}
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Breakdown:
+    """The breakdown of what happened on the server for ``model`` between two snapshots."""
+    old, new = _model_entry(before, model), _model_entry(after, model)
+    if old.get("version") != new.get("version"):
+        raise ValueError("the two snapshots are of different model versions")
+    succeeded = _counter(new, "inference_stats", "success")[0] - _counter(old, "inference_stats", "success")[0]
+    parts: dict[str, float] = {}
+    for phase in PHASES:
+        (c1, ns1), (c0, ns0) = _counter(new, "inference_stats", phase), _counter(old, "inference_stats", phase)
+        if c1 - c0 > 0:
+            parts[phase] = (ns1 - ns0) / (c1 - c0) / 1e6
+    if succeeded < 0:
+        raise ValueError("statistics went backwards: was the model reloaded during the run?")
+    before_batches = _batch_counts(old)
+    batches = {b: n - before_batches.get(b, 0) for b, n in sorted(_batch_counts(new).items())}
+    batches = {b: n for b, n in batches.items() if n > 0}
+    inferences = int(new.get("inference_count", 0)) - int(old.get("inference_count", 0))
+    executions = int(new.get("execution_count", 0)) - int(old.get("execution_count", 0))
+    failed = _counter(new, "inference_stats", "fail")[0] - _counter(old, "inference_stats", "fail")[0]
+    steps = after.get("ensemble_steps", {}).get(model)
+    if steps and succeeded > 0:
+        # Triton counts an ensemble's queueing in its steps' statistics, not its own.
+        waited_ns = sum(_counter(_model_entry(after, m), "inference_stats", "queue")[1]
+                        - _counter(_model_entry(before, m), "inference_stats", "queue")[1] for m in steps)
+        parts["queue"] = waited_ns / succeeded / 1e6
+    compute = [parts[p] for p in PHASES[1:] if p in parts]
+    return Breakdown(
+        source="triton-stats",
+        queue_ms=parts.get("queue"),
+        service_ms=sum(compute) if compute else None,
+        parts_ms=parts,
+        batch_sizes=batches,
+        mean_batch_size=inferences / executions if executions > 0 else None,
+        server_requests=succeeded,
+        server_failures=failed,
+    )

@@ -1,8 +1,0 @@
-"""Ray Serve stages: the same Food-11 service, replicated over the nodes of a Ray cluster.
-
-``stages`` (the stages as data), ``cluster`` (a local head and worker nodes as child processes),
-``deployment`` (the Serve deployment serving ``servelab.serving``'s app, ``@serve.batch``, deploy,
-replica placement), ``control`` (deploy, status, the cluster ``servelab ray up`` leaves running; its
-front is ``servelab.cli.ray``). Never name a folder
-``ray`` on ``sys.path``: it would shadow the ``ray`` package.
-"""

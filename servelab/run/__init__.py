@@ -1,0 +1,1 @@
+"""Orchestration: what starts servers and measures stages (the lab, the benchmark, the walkthrough)."""

@@ -1,0 +1,500 @@
+"""``servelab lab``: the whole lab, locally, one stage after another, on the CPU or on the GPU.
+
+For each stage it starts the server, runs the lab's measurements with the one load generator,
+stops the server, and at the end prints the comparison table and writes ``results/``. Every
+server is a child process stopped by PID, also on Ctrl-C or failure.
+
+Which stages and how much of each is a ``Plan``: the tour (the default, `make lab`: the catalogue's
+``tour`` stages, each lesson once, in minutes), ``--full`` (every stage, every load, both clients) or
+``--quick`` (every stage, a few requests: the tests' smoke run) or ``gpu-check`` (the catalogue's
+``gpu_check`` stages, for `make gpu-check` on a lent GPU). ``--budget`` bounds the run's time: a stage
+that would not fit is not started and is named in ``run.json`` and the report as not run, with why.
+The measurements per stage:
+sequential requests; closed loop at a few concurrencies; then Poisson arrivals at fractions of the
+capacity measured at the highest, where queueing delay appears well before the server is saturated.
+A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
+by perf_analyzer, the tool the lab's students use on the node, with the same photo;
+requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
+same rates for the dynamic-batching ONNX stage. A stage fed fixed batches by its client
+(``TritonPart.images``) gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its
+message and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not
+installed) is decided before the first run (``preflight``): those parts are skipped, each with its
+reason in the log and the report, instead of failing run after run.
+
+The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
+FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
+time per request next to the latencies. fp16 stages run only on a GPU.
+
+What the run was and how long it took goes to ``results/run.json`` (``LabRun``), printed at its end.
+
+``--device gpu|cpu|auto`` (``servelab.core.hardware``) is the one switch: on the GPU every FastAPI server
+runs with PyTorch on CUDA or ONNX Runtime's TensorRT/CUDA providers and ``REQUIRE_GPU=1``, and Triton
+with ``KIND_GPU`` instances on the GPUs present. Each record names the device and where the stage
+really ran (``runs_on``: the providers the service read back from its session, or the instance groups
+Triton reports), never what was asked for.
+"""
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
+from servelab.measure.targets import FastAPITarget, TritonTarget
+from servelab.measure.records import Load, Record
+from servelab.measure.perf_analyzer import Windows
+from servelab.measure.records import append_record, machine_info
+from servelab.core.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
+                               runs_on_triton, stack, stage_env)
+from servelab.run.lab_ray import RayRuns
+from servelab.measure.measure_stage import (Labels, family_stand_in, measure_stage, model_stand_in, perf_analyzer_client,
+                                    served_runtime, servelab_client, stand_in_note)
+from servelab.core.variants.build import build_variants, machine
+from servelab.measure.monitoring import run_series
+from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.procs import free_port
+from servelab.servers.rayserve.cluster import ray_binary
+from servelab.report import compare
+from servelab.report.render import render_report, summary_table
+from servelab.report.lessons import summary
+from servelab.servers.fastapi.child import fastapi_process
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import CATALOGUE, Stage
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
+from servelab.servers.triton.python_backend import instance_count
+
+RESULTS = REPO_ROOT / "results"
+
+LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
+TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
+GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check)
+
+
+def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
+    """The Triton stages among ``stages`` that teach batching: where perf_analyzer is the second opinion."""
+    return tuple(s.name for s in stages if s.family == "triton" and s.lesson == "batching")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much each stage is measured."""
+
+    name: str  # "tour", "full", "quick" or "gpu-check", named in the run's record (run.json)
+    sequential: int
+    closed: int
+    concurrency: tuple[int, ...]
+    poisson_fractions: tuple[float, ...]
+    poisson_seconds: float
+    warmup: int
+    batched: int  # requests of BATCH images at concurrency 1, where the stage batches
+    # perf_analyzer: how hard it tries for three stable windows, and how long one run may take.
+    windows: Windows = Windows()
+    pa_timeout_s: float = 180.0
+    # Ray Serve: the step load's (low, high, low) seconds, and the node-failure run's length.
+    steps_s: tuple[float, float, float] = (10.0, 20.0, 25.0)
+    failure_s: float = 20.0
+    # The Triton stages perf_analyzer measures too, after servelab's client (None: every one).
+    perf_analyzer: tuple[str, ...] | None = None
+    # What it measures when no stage is named.
+    stages: tuple[Stage, ...] = LAB_STAGES
+
+    @classmethod
+    def tour(cls) -> "Plan":
+        # `make lab`: each lesson once, in minutes on 2 CPUs (the tour stages). Enough requests at 4 and 16
+        # senders for a ratio; perf_analyzer as the second opinion on the stage that teaches batching, over
+        # three windows whatever their spread: windows this short (a few 16-image requests, a few seconds of
+        # Poisson arrivals) never pass its stability check, and a tour compares the clients, it certifies nothing.
+        return cls("tour", 20, 96, (4, 16), (0.5, 0.9), 3.0, 5, 5, Windows(1000.0, 3), 90.0, (5.0, 10.0, 10.0),
+                   12.0, perf_analyzer=_teach_batching(TOUR_STAGES), stages=TOUR_STAGES)
+
+    @classmethod
+    def full(cls) -> "Plan":
+        # Every load, both clients on every Triton stage. 20 % stability instead of perf_analyzer's
+        # 10 %: two CPUs shared by client and server are noisy.
+        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8))
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        # A smoke run (tests): three windows, whatever their spread (no stability requirement).
+        return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0)
+
+    @classmethod
+    def gpu_check(cls) -> "Plan":
+        # `make gpu-check` on a lent GPU (minutes in all): each GPU lesson once, with enough requests at 8
+        # and 16 senders for the batching ratios (hundreds of req/s there), and perf_analyzer beside
+        # servelab's client on the stage that teaches batching.
+        return cls("gpu-check", 20, 200, (8, 16), (0.5,), 2.0, 10, 10, Windows(1000.0, 3), 60.0,
+                   perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES)
+
+    @classmethod
+    def named(cls, name: str) -> "Plan":
+        return PLANS[name]()
+
+    def with_perf_analyzer(self, stage: Stage) -> bool:
+        return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
+
+
+PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}
+BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
+
+
+class Budget:
+    """How long a run may take. A stage starts only if the longest stage so far (server start-up
+    included), or ``first_guess_s`` before any, still fits in what is left; one that does not is not
+    run, never half-measured. ``seconds=None``: no limit."""
+
+    def __init__(self, seconds: float | None, first_guess_s: float = 30.0, clock=time.monotonic):
+        self.seconds, self.first_guess_s, self.clock = seconds, first_guess_s, clock
+        self.started = self._since = clock()
+        self.longest_s = 0.0
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (self.clock() - self.started)
+
+    def why_not(self) -> str | None:
+        """None when one more stage fits, else why not."""
+        need = self.longest_s or self.first_guess_s
+        if self.left() >= need:
+            return None
+        return (f"the time budget ({self.seconds:g} s) has {max(self.left(), 0):.0f} s left and a stage "
+                f"{'took up to' if self.longest_s else 'is expected to take'} {need:.0f} s")
+
+    def mark(self) -> None:
+        """A stage (or the server it runs on) starts now."""
+        self._since = self.clock()
+
+    def took(self) -> None:
+        """The stage started at the last ``mark`` is done."""
+        self.longest_s = max(self.longest_s, self.clock() - self._since)
+        self._since = self.clock()
+
+
+class Lab:
+    def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
+                 prometheus: LabPrometheus | None = None, budget: Budget | None = None):
+        self.plan, self.out_dir, self.log, self.device = plan, out_dir, log, device
+        self.budget = budget or Budget(None)
+        # Prometheus scrapes each server while it runs; absent or down, each record says so.
+        self.prometheus = prometheus or LabPrometheus(out_dir / "prometheus", log)
+        self.scraped: Scraped | None = None  # the server being measured now
+        self.image = image.read_bytes()
+        self.image_name = image.name
+        self.records_path = out_dir / "records.jsonl"
+        self.logs = out_dir / "logs"
+        self.records: list[Record] = []
+        self.failures: list[str] = []
+        self.skipped: dict[str, str] = {}  # part -> why (``preflight``)
+        self.ran: list[str] = []  # the stages measured (those needing a GPU left out on the CPU)
+        self.not_run: dict[str, str] = {}  # stage -> why it was not started (the time budget)
+
+    # --- servers ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def fastapi(self, stage: Stage) -> Iterator[tuple[str, int]]:
+        port = free_port()
+        env = {**stage_env(self.device), **stage.fastapi.env}
+        # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target, time
+        # the server spends loading its model anyway. A GPU stage may build a TensorRT engine before it
+        # is ready: minutes on a first run.
+        with self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped, \
+                fastapi_process(stage.fastapi.service, port, self.logs / f"{stage.name}.log", env,
+                                ready_timeout=900 if self.device == "gpu" else 180) as server:
+            try:
+                yield f"http://127.0.0.1:{port}", server.pid
+            finally:
+                self.scraped = None
+
+    def triton(self, first: Stage, ports):
+        # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+        from servelab.servers.triton.server import start_local
+        # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
+        return start_local(first, kind=self.device, repository=get_settings().triton_model_repository,
+                           log=self.logs / "tritonserver.log", ports=ports)
+
+    # --- measurements ----------------------------------------------------------------------------
+
+    def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
+        """What each of the stage's records carries: its name, settings and where it ran, its server,
+        its stand-ins."""
+        env = stage.fastapi.env if stage.family == "fastapi" else {}
+        config = {"about": stage.about, **env, **({"variant": stage.variant} if stage.variant else {}),
+                  "device": self.device, "runs_on": runs_on, **(extra or {})}
+        return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
+
+    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str,
+                extra: dict | None = None) -> float | None:
+        """The stage's loads; returns its capacity (throughput at the highest concurrency)."""
+        labels = self.labels(stage, manifest, pid, runs_on, extra)
+        self.log(f"    runs on: {runs_on}")
+        p = self.plan
+        # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
+        clients = [servelab_client()]
+        if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped:
+            clients.append(perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s))
+
+        def measured(t, loads: list[Load], by: list = clients) -> list[Record]:
+            # Records are written by keep, once the server's own series are attached.
+            return measure_stage(t, loads, labels, by, self.keep)
+
+        ours = [r for r in measured(target, [Load.sequential(p.sequential, warmup=p.warmup)] + [
+            Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]) if r.tool == "servelab"]
+        capacity = next((r.stats.throughput_rps for r in reversed(ours) if r.stats.throughput_rps), None)
+        batches = stage.family == "triton" and stage.triton.batches
+        both_arrivals = stage.family == "triton" and stage.triton.both_arrivals
+        if batches:
+            measured(replace(target, batch=BATCH), [Load.sequential(p.batched, warmup=min(p.warmup, p.batched))])
+        for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
+            rate = round(fraction * capacity, 1)
+            window = dict(requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup, seed=seed)
+            # perf_analyzer only where both arrival processes are measured: the lab's rate step.
+            measured(target, [Load.open(rate, arrivals, **window)
+                              for arrivals in (("constant", "poisson") if both_arrivals else ("poisson",))],
+                     clients if both_arrivals else clients[:1])
+        return capacity
+
+    def keep(self, measure: Callable[[], Record], load: Load) -> Record:
+        """Run one measurement of ``load`` and keep its record: the server's own series attached, written, logged."""
+        started, called = time.monotonic(), time.time()
+        before = self.prometheus.before(self.scraped)
+        record = measure()
+        record.prometheus = self.prometheus.after(record, before, self.scraped, called)
+        append_record(self.records_path, record)
+        self.records.append(record)
+        s = record.stats
+        what = f"{record.tool:<13} {load.label() + (f' x{record.batch}' if record.batch > 1 else ''):<26}"
+        if record.failed:
+            self.log(f"    {what} FAILED: {record.failed.splitlines()[0][:200]}")
+            return record
+        p50, p99 = (f"{v:7.1f}" if v is not None else "    n/a" for v in (s.latency.p50_ms, s.latency.p99_ms))
+        self.log(f"    {what} p50 {p50} ms   p99 {p99} ms   {s.throughput_rps:7.1f} req/s   "
+                 f"errors {s.error_count}   ({time.monotonic() - started:.0f} s)")
+        return record
+
+    # --- the whole run ---------------------------------------------------------------------------
+
+    def run(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.records_path.unlink(missing_ok=True)  # this run's records only
+        self.skipped = preflight(stages)
+        for part, why in self.skipped.items():
+            self.log(f"[{part}] skipped: {why}")
+        with self.prometheus:
+            self._run_stages(stages, manifest, paths)
+        self.ran = [name for name in self.ran if name not in self.not_run]
+
+    def _fits(self, stage: Stage) -> bool:
+        """Whether the stage fits the time budget; one that does not is named, with why."""
+        if why := self.budget.why_not():
+            self.not_run[stage.name] = why
+            self.log(f"[{stage.name}] not run: {why}")
+        return why is None
+
+    def _run_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        if self.device == "cpu":
+            why = "nvidia-smi lists none" if gpu_count() == 0 else "the lab runs with --device cpu"
+            for stage in (s for s in stages if s.needs_gpu):
+                self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
+            stages = [s for s in stages if not s.needs_gpu]
+        self.ran = [s.name for s in stages]
+        for stage in (s for s in stages if s.family == "fastapi"):
+            if not self._fits(stage):
+                continue
+            self.log(f"[{stage.name}] {stage.about}")
+            self.budget.mark()
+            self.guard(stage, lambda: self._fastapi_stage(stage, manifest))
+            self.budget.took()
+        triton_stages = [s for s in stages if s.family == "triton"]
+        if triton_stages and self._fits(triton_stages[0]):
+            self.guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
+        elif triton_stages:
+            for stage in triton_stages[1:]:
+                self._fits(stage)  # none fits either, and each is named
+        ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
+        # One cluster for every Ray stage: the family runs whole or not at all.
+        if ray_stages and all([self._fits(s) for s in ray_stages]):
+            self.guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
+
+    def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
+        """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
+        try:
+            work()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            name = stage.name if stage else family
+            self.failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            self.log(f"    FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]} (log in {self.logs})")
+
+    def _fastapi_stage(self, stage: Stage, manifest: Manifest) -> None:
+        with self.fastapi(stage) as (url, pid):
+            runs_on, options = served_runtime(url)
+            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest, runs_on,
+                         extra=options)
+
+    def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
+        # One server for every Triton stage: switching a stage reloads its model (explicit model
+        # control), the way students switch stages on the lab node, without restarting the server.
+        from servelab.servers.triton.server import Ports
+
+        ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
+        self.budget.mark()  # the server's start-up counts towards the first stage's time
+        with self.prometheus.scrape(f"127.0.0.1:{ports.metrics}", "triton") as scraped, \
+                self.triton(stages[0], ports) as server:
+            for i, stage in enumerate(stages):
+                if i and not self._fits(stage):  # the first was checked before the server started
+                    continue
+                self.log(f"[{stage.name}] {stage.about}")
+
+                def one(stage=stage):
+                    config = server.apply_stage(stage)
+                    model = stage.triton.model
+                    self.scraped = scraped.narrowed(model=model)
+                    target = TritonTarget(server.url, model, self.image, input=stage.input, batch=stage.triton.images,
+                                          image_name=self.image_name, manifest=paths.manifest)
+                    said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), model,
+                                         instance_count(config.get("instance_group", [])))
+                    self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
+
+                self.guard(stage, one)
+                self.budget.took()
+            self.scraped = None
+
+
+def preflight(stages: list[Stage]) -> dict[str, str]:
+    """The parts of these stages this environment cannot run, each with the reason, before any run:
+    ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
+    import importlib.util
+
+    missing = {}
+    if any(s.family == "triton" for s in stages):
+        try:
+            locate()
+        except PerfAnalyzerNotFound as exc:
+            missing["perf_analyzer"] = f"perf_analyzer cannot run here ({exc}): only servelab's client measures Triton"
+    if any(s.family == "ray" for s in stages) and not (importlib.util.find_spec("ray") and Path(ray_binary()).exists()):
+        missing["ray"] = ("Ray Serve is not installed in this environment (the `ray` extra; `make gpu-check`'s "
+                          "environment and wheelhouse carry none): the Ray stages are CPU-cluster stages here")
+    return missing
+
+
+def select_stages(names: str | None, plan: Plan | None = None) -> list[Stage]:
+    """The named stages, or else the plan's (the tour's by default)."""
+    if not names:
+        return list((plan or Plan.tour()).stages)
+    by_name = {s.name: s for s in LAB_STAGES}
+    unknown = [n for n in names.split(",") if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
+    return [by_name[n] for n in names.split(",")]
+
+
+def _model(paths: ArtifactPaths) -> Manifest:
+    """The model already built from the lab's weights, or else the offline stand-in (built if needed),
+    with its cheaper variants (built if needed)."""
+    staging = get_settings().triton_model_repository
+    manifest = load_manifest(paths.manifest) if paths.manifest.exists() else None
+    if manifest is not None and not manifest.stand_in:
+        print(f"model: {manifest.name} from {manifest.source['location']}")
+    else:
+        manifest = build_artifacts(ModelSource("offline"), paths.manifest.parent, staging)
+    build_variants(paths.manifest.parent, manifest, staging)
+    return manifest
+
+
+def run_lab(args) -> int:
+    """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
+    started = time.monotonic()
+    budget = Budget(args.budget)  # from the command's start: building the model counts too
+    plan = Plan.named(args.plan or ("full" if args.full else "quick" if args.quick else "tour"))
+    if args.concurrency:
+        plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
+    stages = select_stages(args.stages, plan)
+    try:
+        gpus = gpu_count()
+        device = resolve(args.device or get_settings().lab_device, gpus, environment_gaps() if gpus else [])
+    except NoGpu as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = ArtifactPaths.in_dir(get_settings().model_dir)
+    manifest = _model(paths)
+    if manifest.stand_in:
+        print(f"model: {manifest.description}")
+    models_s = time.monotonic() - started
+
+    print(f"device: {device}; plan: {plan.name}, {len(stages)} stages; " + "; ".join(describe(stack())))
+    lab = Lab(plan, args.out, args.image, device=device, budget=budget)
+    lab.run(stages, manifest, paths)
+    report = render_report(lab.records, args.out, sources=[lab.records_path],
+                           skipped={**lab.skipped, **{f"{name} (not run)": why for name, why in lab.not_run.items()}})
+    print()
+    print(summary_table(lab.records))
+    if found := compare.pairs(lab.records):
+        print(f"\nperf_analyzer vs servelab, same stage and load (ratio = perf_analyzer / servelab; aim "
+              f"{1 - compare.TOLERANCE:.1f}-{1 + compare.TOLERANCE:.1f}):")
+        print(compare.text(found))
+    found = run_series.agreements(lab.records)
+    print(f"\nprometheus: {run_series.summary(found)}" if found else
+          f"\nprometheus: no server-side series ({lab.prometheus.note or 'nothing read back'})")
+    run = LabRun(plan=plan.name, stages=lab.ran, device=device, machine=machine_line(),
+                 finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 models_s=round(models_s, 1), total_s=round(time.monotonic() - started, 1), failures=lab.failures,
+                 summary=summary(lab.records), not_run=lab.not_run)
+    run.write(args.out / RUN_FILE)
+    print(f"\n{report} and its plots; raw records in {lab.records_path}; server logs in {lab.logs}")
+    print(run.timing())
+    for name, why in lab.not_run.items():
+        print(f"NOT RUN {name}: {why}")
+    for failure in lab.failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    return 1 if lab.failures else 0
+
+
+RUN_FILE = "run.json"  # what the run was and how long it took, beside its records
+TOUR_AIM_S = 600  # the default `make lab` (the tour) should take at most this on 2 CPUs, the model built
+
+
+def machine_line() -> str:
+    """The machine a lab time depends on: the CPU (model, count, instruction sets), the memory, any GPU."""
+    return f"{machine()}; {machine_info()['memory_gib']:g} GiB; {describe(stack())[0]}"
+
+
+@dataclass(frozen=True)
+class LabRun:
+    """One `servelab lab` run as a whole: which plan and stages, on what, how long, and what it showed
+    (the report's first screen). docs/records/make-lab.json is a copy of a tour's, from which the
+    docs and notebooks write how long `make lab` takes."""
+
+    plan: str
+    stages: list[str]
+    device: str
+    machine: str
+    finished: str  # ISO 8601, UTC
+    models_s: float  # the model and its variants: built on a first run, checked after that
+    total_s: float  # from the command's start to the report
+    failures: list[str]
+    summary: list[str]  # the report's "What this run shows", Markdown lines
+    not_run: dict[str, str] = field(default_factory=dict)  # stage -> why it was not started (--budget)
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"))
+
+    @classmethod
+    def read(cls, path: Path) -> "LabRun":
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+    def timing(self) -> str:
+        line = (f"lab finished in {minutes(self.total_s)} (the model and its variants {minutes(self.models_s)}, "
+                f"the {len(self.stages)} stages {minutes(self.total_s - self.models_s)}); plan {self.plan}")
+        if self.plan == "tour":
+            line += f", aim ≤ {minutes(TOUR_AIM_S)} on 2 CPUs: {'met' if self.total_s <= TOUR_AIM_S else 'MISSED'}"
+        return line
+
+
+def minutes(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"

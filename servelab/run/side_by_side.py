@@ -1,0 +1,388 @@
+"""``servelab benchmark``: what HTTP adds to the FastAPI stages, measured side by side in one run.
+
+For each stage, on this machine, with the same model, photo, threads and settings:
+
+* **sequential**: the in-process pipeline (base64 decode + image decode/preprocess + inference +
+  top-1 on one thread, no server) and the same photo through the service (batching off, one
+  request at a time over a persistent connection), *alternating request by request*, so both see
+  the same machine; compared by median latency (aim: HTTP at most 1.15x in-process);
+* **throughput at ``--concurrency``**: the in-process batched ceiling (the service's own pipeline,
+  worker pool + micro-batcher with ``--max-batch-size``, driven by that many callers in the same
+  process, no HTTP) and closed-loop HTTP senders (``servelab.measure``) against the service with
+  batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
+  or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
+
+``--stage preprocess`` measures decoding and preprocessing alone (no inference) through the
+service's own pipeline, with as many threads as worker processes (``PREPROCESS_PROCESSES``), one per
+CPU, and one thread for reference, alternating in ``--rounds`` windows; the ratio is each one's
+images/s over the threads', and the table names the CPU.
+
+``--stage ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
+``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
+each one's latency into time inside the app and outside it (``servelab.run.side_by_side_ray``).
+
+``--stage variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
+same photo, alternating variant by variant in each round: the in-process throughput of the service's
+own pipeline driven by ``--concurrency`` callers (batching off, as the lab's stages run) and the HTTP
+throughput at that concurrency, each divided by fp32's (aims: the uint8-input model at least 1.15x;
+the best INT8 model at least 1.5x with top-1 agreement of at least 98 % with fp32, as
+``servelab models build`` recorded it). Where an aim is missed the table says what bounds it: the
+in-process split of each request's time into preprocessing and inference, and the ceiling that
+split allows (the whole machine's CPU does both, so throughput is at most fp32's CPU time per
+request over the variant's).
+
+``--stage ceiling`` measures the model alone (``servelab.measure.ceiling``: ONNX Runtime, no server, at
+batch 1 to 128; fp32 and fp16 on a GPU, fp32 and INT8 on a CPU) and, given a lab's records
+(``--records``), every stage's best throughput as a fraction of the fp32 ceiling, the batching and
+instance ratios and the GPU aims (``servelab.measure.fractions``).
+
+The client shares the CPU with the server, as it does in the lab.
+"""
+
+import argparse
+import asyncio
+import base64
+import statistics
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+
+from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Load
+from servelab.measure.records import read_records
+from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.postprocess import top1
+from servelab.core.preprocess import decode_base64, preprocess
+from servelab.core.procs import cpu_count, free_port
+from servelab.core.settings import get_settings
+from servelab.run.side_by_side_ray import benchmark_ray
+from servelab.core.catalogue import CATALOGUE, of_family
+
+# The FastAPI stages as the lab's first notebook serves them (no settings of their own) -> backend.
+STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if not s.fastapi.env}
+VARIANTS_STAGE = "variants"
+# The stage the model variants are measured against.
+FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
+RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.run.side_by_side_ray)
+PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
+CEILING_STAGE = "ceiling"  # the model alone (servelab.measure.ceiling), and the lab's records against it
+SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
+U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
+SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
+
+
+@dataclass
+class Row:
+    """One measurement, summed over its windows."""
+
+    what: str
+    successes: int = 0
+    seconds: float = 0.0
+    medians_ms: list[float] = field(default_factory=list)  # one per window
+    batch_sizes: list[float] = field(default_factory=list)  # mean batch size per window
+    split_ms: list[tuple[float, float]] = field(default_factory=list)  # in-process: (preprocess, infer) per request
+    ratio: float | None = None
+    aim: str = ""
+
+    def add(self, successes: int, seconds: float, median_ms: float, mean_batch: float | None) -> None:
+        self.successes += successes
+        self.seconds += seconds
+        self.medians_ms.append(median_ms)
+        if mean_batch is not None:
+            self.batch_sizes.append(mean_batch)
+
+    @property
+    def throughput_rps(self) -> float:
+        return self.successes / self.seconds
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.medians_ms)
+
+
+async def _sequential(backend, url: str, image: bytes, requests: int) -> tuple[Row, Row]:
+    """In-process and HTTP in alternating blocks of ``SEQUENTIAL_BLOCK`` requests."""
+    text, kwargs = base64.b64encode(image).decode(), backend.manifest.preprocess_kwargs()
+
+    async def in_process() -> None:
+        top1(backend.infer(preprocess(decode_base64(text), **kwargs)[None]), backend.manifest.classes)
+
+    async def over_http() -> None:
+        outcome = await client.send()
+        if not outcome.ok:
+            raise RuntimeError(f"HTTP request failed: {outcome.error}")
+
+    latencies: dict = {in_process: [], over_http: []}
+    client = await FastAPITarget(url, image).connect(1, 30)
+    try:
+        for block in range(-1, -(-requests // SEQUENTIAL_BLOCK)):  # block -1 warms both up
+            for call, measured in latencies.items():
+                for _ in range(SEQUENTIAL_BLOCK):
+                    started = perf_counter()
+                    await call()
+                    if block >= 0:
+                        measured.append(perf_counter() - started)
+    finally:
+        await client.close()
+    rows = Row("in-process, sequential"), Row("HTTP, sequential")
+    for row, measured in zip(rows, latencies.values()):
+        row.add(len(measured), sum(measured), statistics.median(measured) * 1000, 1.0)
+    return rows
+
+
+async def _in_process_window(row: Row, backend, settings, text: str, concurrency: int, seconds: float,
+                             preprocess_only: bool = False) -> None:
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    from servelab.servers.fastapi.pipeline import Pipeline
+
+    pipeline = Pipeline(backend, settings)
+    pipeline.start()
+    latencies, sizes = [], []
+
+    async def caller(stop_at: float, measured: bool) -> None:
+        while perf_counter() < stop_at:
+            started = perf_counter()
+            if preprocess_only:
+                await pipeline.prepare_in_worker(text)
+            else:
+                _, timing = await pipeline.predict([text])
+            if measured:
+                latencies.append(perf_counter() - started)
+                if not preprocess_only:
+                    sizes.append(timing.batch_size)
+                    row.split_ms.append((timing.preprocess_s * 1000, timing.infer_s * 1000))
+
+    try:
+        await pipeline.warm_up(text, [])  # every worker started (processes spawn and import here)
+        await asyncio.gather(*(caller(perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm up
+        started = perf_counter()
+        await asyncio.gather(*(caller(started + seconds, True) for _ in range(concurrency)))
+        wall = perf_counter() - started
+    finally:
+        await pipeline.close()
+    row.add(len(latencies), wall, statistics.median(latencies) * 1000, statistics.mean(sizes) if sizes else None)
+
+
+def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: float, stage: str) -> None:
+    load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=2 * concurrency)
+    [record] = measure_stage(FastAPITarget(url, image), [load], Labels(stage))
+    if record.stats.errors:
+        raise RuntimeError(f"{row.what}: requests failed: {record.stats.errors}")
+    row.add(record.stats.successes, record.stats.wall_s, record.stats.latency.p50_ms,
+            record.breakdown.mean_batch_size if record.breakdown else None)
+
+
+def _serve(stage: str, logs: Path, env: dict[str, str]):
+    # Deferred, not a circle: servelab.servers.fastapi loads FastAPI (an optional extra) only when this runs.
+    from servelab.servers.fastapi.child import fastapi_process
+
+    port = free_port()
+    return fastapi_process(stage, port, logs / f"{stage}-{port}.log", env), f"http://127.0.0.1:{port}"
+
+
+def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    from servelab.servers.fastapi.runtimes import load_backend
+
+    kind, image, c = STAGES[stage], DEFAULT_IMAGE.read_bytes(), args.concurrency
+    text = base64.b64encode(image).decode()
+    off = get_settings().model_copy(update={"max_batch_size": 1})
+    on = get_settings().model_copy(update={"max_batch_size": args.max_batch_size, "batch_timeout_ms": args.batch_timeout_ms})
+    ceiling = Row(f"in-process, {c} callers, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms (ceiling)")
+    http_off = Row(f"HTTP, {c} senders, batching off")
+    http_on = Row(f"HTTP, {c} senders, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms")
+    with ExitStack() as stack:
+        server_off, url_off = _serve(stage, logs, {"MAX_BATCH_SIZE": "1"})
+        server_on, url_on = _serve(stage, logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
+                                                 "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)})
+        stack.enter_context(server_off)
+        stack.enter_context(server_on)
+        sequential, http_sequential = asyncio.run(_sequential(load_backend(kind, off), url_off, image, args.requests))
+        backend = load_backend(kind, on)
+        window = args.duration / args.rounds
+        for _ in range(args.rounds):
+            asyncio.run(_in_process_window(ceiling, backend, on, text, c, window))
+            _http_window(http_off, url_off, image, c, window, stage)
+            _http_window(http_on, url_on, image, c, window, stage)
+    http_sequential.ratio = http_sequential.median_ms / sequential.median_ms
+    http_sequential.aim = f"≤ {SEQUENTIAL_AIM} (median latency)"
+    ceiling.ratio = 1.0
+    for row in (http_off, http_on):
+        row.ratio = row.throughput_rps / ceiling.throughput_rps
+    http_on.aim = f"≥ {BATCHED_AIM} (throughput)"
+    return [sequential, http_sequential, ceiling, http_off, http_on]
+
+
+def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str]:
+    """One thread, then as many threads and as many worker processes as there are CPUs; and how far
+    each of those scales (its images/s over the CPUs times one thread's)."""
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    from servelab.servers.fastapi.runtimes import load_backend
+
+    n, c, text = cpu_count(), args.concurrency, base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()
+    settings = get_settings()
+    backend = load_backend("onnx", settings)  # only for what its input needs; it infers nothing here
+    modes = {"1 thread": {"preprocess_processes": 0, "worker_threads": 1},
+             f"{n} threads": {"preprocess_processes": 0, "worker_threads": n},
+             f"{n} worker processes": {"preprocess_processes": n}}
+    runs = [(Row(f"{name}, {c} callers"), settings.model_copy(update=update)) for name, update in modes.items()]
+    window = args.duration / args.rounds
+    for _ in range(args.rounds):
+        for row, mode in runs:
+            asyncio.run(_in_process_window(row, backend, mode, text, c, window, preprocess_only=True))
+    rows = [row for row, _ in runs]
+    one, threads, processes = rows
+    for row in rows:
+        row.ratio = row.throughput_rps / threads.throughput_rps
+    scaling = "; ".join(f"{r.what.split(',')[0]}: {r.throughput_rps / (n * one.throughput_rps):.0%}"
+                        for r in (threads, processes))
+    return rows, f"Of {n} x one thread's images/s: {scaling}."
+
+
+@dataclass
+class VariantRows:
+    """One variant's two measurements, and its agreement with fp32."""
+
+    variant: str
+    agreement: float | None  # top-1 with fp32, as `servelab models build` recorded it
+    in_process: Row
+    http: Row
+
+
+def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[VariantRows], list[str]]:
+    """The variants' rows (fp32 first) and the variants left out, with why."""
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    from servelab.servers.fastapi.runtimes import GPUUnavailable, load_backend
+
+    image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
+    text = base64.b64encode(image).decode()
+    settings = get_settings().model_copy(update={"max_batch_size": 1})
+    built = load_variants(settings.model_dir) if (settings.model_dir / RECORD_FILE).exists() else None
+    backends, skipped = {}, []
+    for name in ["fp32", *args.variants]:
+        try:
+            backends[name] = load_backend("onnx", settings.model_copy(update={"onnx_variant": name}))
+        except (GPUUnavailable, FileNotFoundError) as exc:
+            skipped.append(f"{name}: {exc}")
+    rows = [VariantRows(name, built.get(name).agreement.top1 if built else None,
+                        Row(f"{name}, in-process, {c} callers"), Row(f"{name}, HTTP, {c} senders"))
+            for name in backends]
+    with ExitStack() as stack:
+        urls = {}
+        for row in rows:
+            server, urls[row.variant] = _serve(FP32_STAGE.fastapi.service, logs,
+                                               {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
+            stack.enter_context(server)
+        window = args.duration / args.rounds
+        for _ in range(args.rounds):
+            for row in rows:
+                asyncio.run(_in_process_window(row.in_process, backends[row.variant], settings, text, c, window))
+                _http_window(row.http, urls[row.variant], image, c, window, f"{FP32_STAGE.name}-{row.variant}")
+    fp32 = rows[0]
+    for row in rows:
+        row.in_process.ratio = row.in_process.throughput_rps / fp32.in_process.throughput_rps
+        row.http.ratio = row.http.throughput_rps / fp32.http.throughput_rps
+    return rows, skipped
+
+
+def _split(row: Row) -> tuple[float, float]:
+    """Mean preprocessing and inference ms per request of an in-process row."""
+    return statistics.mean(p for p, _ in row.split_ms), statistics.mean(i for _, i in row.split_ms)
+
+
+def variants_table(rows: list[VariantRows]) -> str:
+    fp32_ms = sum(_split(rows[0].in_process))
+    int8 = [r for r in rows if r.variant.startswith("int8") and (r.agreement or 0) >= INT8_AGREEMENT]
+    best_int8 = max(int8, key=lambda r: r.http.ratio, default=None)
+    lines = ["| variant | top-1 agreement | in-process req/s | ratio | HTTP req/s | ratio | preprocess ms | infer ms "
+             "| CPU-time ceiling | aim |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        pre, infer = _split(r.in_process)
+        aim = _verdict(r, U8_AIM, rows[0]) if r.variant == "u8" else ""
+        if r is best_int8:
+            aim = f"{_verdict(r, INT8_AIM, rows[0])}; agreement ≥ {INT8_AGREEMENT:.0%} (best INT8)"
+        agreement = "–" if r.agreement is None else f"{r.agreement:.1%}"
+        lines.append(f"| {r.variant} | {agreement} | {r.in_process.throughput_rps:.1f} | {r.in_process.ratio:.2f} | "
+                     f"{r.http.throughput_rps:.1f} | {r.http.ratio:.2f} | {pre:.2f} | {infer:.2f} | "
+                     f"{fp32_ms / (pre + infer):.2f} | {aim} |")
+    if best_int8 is None:
+        lines.append(f"\nNo INT8 variant measured here agrees with fp32 on ≥ {INT8_AGREEMENT:.0%} of the photos.")
+    return "\n".join(lines)
+
+
+def _verdict(r: VariantRows, aim: float, fp32: VariantRows) -> str:
+    """The aim, in-process and over HTTP; where it is missed, what bounds it: the CPU time per request
+    it saves against fp32, part by part."""
+    if min(r.http.ratio, r.in_process.ratio) >= aim:
+        return f"≥ {aim} (met)"
+    (pre, infer), (pre0, infer0) = _split(r.in_process), _split(fp32.in_process)
+    return (f"≥ {aim} (**missed**: preprocess {pre - pre0:+.2f} ms, infer {infer - infer0:+.2f} ms per request "
+            f"against fp32's {pre0:.2f} + {infer0:.2f})")
+
+
+def table(stage: str, rows: list[Row]) -> str:
+    lines = [f"| {stage} | median latency (ms) | throughput (req/s) | mean batch | ratio | aim |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        batch = f"{statistics.mean(r.batch_sizes):.1f}" if r.batch_sizes else "–"
+        ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
+        lines.append(f"| {r.what} | {r.median_ms:.1f} | {r.throughput_rps:.1f} | {batch} | {ratio} | {r.aim} |")
+    return "\n".join(lines)
+
+
+def stage_inputs() -> dict[str, str]:
+    """stage -> what its client sends, from the stage catalogue: "bytes" (an encoded photo),
+    "tensor" or "uint8" (a crop preprocessed by the client)."""
+    return {s.name: s.input for s in CATALOGUE}
+
+
+def benchmark_ceiling(args: argparse.Namespace) -> str:
+    """The ceiling table and, with ``--records``, the stages against it; ``--ceiling-json`` keeps the result."""
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    from servelab.measure.ceiling import ceiling_markdown, measure_ceiling
+    from servelab.measure.fractions import fractions_markdown
+
+    result = measure_ceiling(Path(get_settings().model_dir), repeats=args.ceiling_repeats,
+                             max_seconds=args.ceiling_seconds, log=lambda line: print(line, flush=True))
+    if args.ceiling_json:
+        args.ceiling_json.parent.mkdir(parents=True, exist_ok=True)
+        args.ceiling_json.write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    text = ceiling_markdown(result)
+    if args.records:
+        text += f"\n\n{fractions_markdown(read_records(args.records), result, stage_inputs())}"
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    """``servelab benchmark``: each of ``args.stage`` measured and its table printed."""
+    started = perf_counter()
+    print(f"servelab benchmark: {cpu_count()} CPUs; {args.requests} sequential requests of each kind; "
+          f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)
+    with tempfile.TemporaryDirectory(prefix="servelab-benchmark-") as tmp:
+        for stage in args.stage:
+            if stage == CEILING_STAGE:
+                print("\nThe model's own ceiling:", flush=True)
+                print(f"\n{benchmark_ceiling(args)}", flush=True)
+            elif stage == RAY_STAGE:
+                print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
+                      f"outside the app = client mean latency - Server-Timing total):\n\n"
+                      f"{benchmark_ray(args, Path(tmp), _serve)}", flush=True)
+            elif stage == PREPROCESS_STAGE:
+                rows, scaling = benchmark_preprocess(args)
+                print(f"\nDecoding + preprocessing alone, threads against worker processes (ratio = images/s ÷ the "
+                      f"threads'; {machine()}):\n\n{table(stage, rows)}\n\n{scaling}", flush=True)
+            elif stage == VARIANTS_STAGE:
+                rows, skipped = benchmark_variants(args, Path(tmp))
+                print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}):\n\n"
+                      f"{variants_table(rows)}", flush=True)
+                for line in skipped:
+                    print(f"left out: {line}")
+            else:
+                print(f"\n{table(stage, benchmark_stage(stage, args, Path(tmp)))}", flush=True)
+    print(f"\n({perf_counter() - started:.0f} s in all)")
+    return 0

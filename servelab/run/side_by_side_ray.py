@@ -1,0 +1,79 @@
+"""``servelab benchmark --stage ray``: Ray Serve against FastAPI, same machine, photo and run.
+
+Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
+≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
+≤ 16 / 5 ms), both serving the same ONNX Runtime pipeline, measured at ``--concurrency`` closed-loop
+senders, alternating in ``--rounds`` windows. Where the difference goes: each response's
+``Server-Timing`` says how long the request spent inside the app (queue, preprocess, infer, total);
+the rest of the client's latency is outside it: for FastAPI the loopback hop and uvicorn, for Ray
+Serve also the proxy (HTTP parsing, routing to a replica) and the hop from proxy to replica and back
+(a Ray actor call: the request and response serialized).
+
+``servelab.run.side_by_side`` calls ``benchmark_ray`` and hands it the way it starts a FastAPI stage.
+"""
+
+import argparse
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Load, Record
+from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.procs import free_port
+from servelab.servers.rayserve.cluster import LocalCluster
+from servelab.servers.rayserve.control import deploy_in_child
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import of_family
+
+# Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
+RAY_STAGE = next(s for s in of_family("ray").values() if s.ray.batching)
+FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == "batching")
+
+
+@dataclass
+class Side:
+    what: str
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def throughput_rps(self) -> float:
+        return sum(r.stats.successes for r in self.records) / sum(r.stats.wall_s for r in self.records)
+
+    def mean(self, value) -> float:
+        return statistics.mean(value(r) for r in self.records)
+
+    def row(self, base: "Side | None") -> str:
+        part = lambda name: self.mean(lambda r: r.breakdown.parts_ms.get(name, 0.0))  # noqa: E731
+        latency, total = self.mean(lambda r: r.stats.latency.mean_ms), part("total")
+        ratio = f"{self.throughput_rps / base.throughput_rps:.2f}" if base else "1.00"
+        return (f"| {self.what} | {self.throughput_rps:.1f} | {ratio} | {self.mean(lambda r: r.stats.latency.p50_ms):.1f} | "
+                f"{latency:.1f} | {part('queue'):.1f} | {part('preprocess'):.1f} | {part('infer'):.1f} | {total:.1f} | "
+                f"{latency - total:.1f} | {self.mean(lambda r: r.breakdown.mean_batch_size or 1):.1f} |")
+
+
+def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Path, dict[str, str]], tuple]) -> str:
+    """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
+    settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
+    fastapi = Side(f"{FASTAPI_STAGE.name}: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
+    ray = Side(f"{RAY_STAGE.name}: {RAY_STAGE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
+               f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms")
+    server, url = serve(FASTAPI_STAGE.fastapi.service, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
+                                                               "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
+    with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
+        port = free_port()  # once Ray's own processes hold theirs: the proxy binds it moments later
+        deploy_in_child(RAY_STAGE.name, cluster, port, logs / "ray-deploy.log")
+        window = args.duration / args.rounds
+        for _ in range(args.rounds):
+            for side, target in ((fastapi, url), (ray, f"http://127.0.0.1:{port}")):
+                load = Load.closed(c, requests=None, duration_s=window, warmup=2 * c)
+                [record] = measure_stage(FastAPITarget(target, image), [load], Labels(side.what.split(":")[0]))
+                if record.stats.errors:
+                    raise RuntimeError(f"{side.what}: requests failed: {record.stats.errors}")
+                side.records.append(record)
+    lines = [f"| {c} senders | req/s | ratio | p50 ms | mean ms | queue ms | preprocess ms | infer ms | in the app ms "
+             "| outside the app ms | mean batch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             fastapi.row(None), ray.row(fastapi)]
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Helpers both measurement notebooks use."""
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from servelab.measure.records import Record
+
+# GourmetGram's page title names the predicted class: "<label> · GourmetGram".
+_TITLE = re.compile(r"<title>(.+?) · GourmetGram</title>")
+
+
+def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float, interval_s: float = 2.0) -> None:
+    """Call ``probe()`` every ``interval_s`` until it returns ``want``; print each new thing it sees
+    meanwhile, so a student knows what the step is waiting for. TimeoutError after ``wait_s``."""
+    deadline, shown = time.monotonic() + wait_s, None
+    while (now := probe()) != want:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {wait_s:g} s for {what}; still: {now}")
+        if now != shown:
+            print(f"waiting for {what}; now: {now}")
+            shown = now
+        time.sleep(interval_s)
+
+
+def utilization(record: Record) -> str:
+    """How busy the CPU and each GPU were, on average, during the measured run."""
+    m = record.monitors
+    if m is None:
+        return "no utilization recorded"
+    gpus = [f"GPU {g.index} {sum(g.util_pct) / len(g.util_pct):.0f}% busy" for g in m.gpus if g.util_pct]
+    # Without GPU samples, gpu_note says why (e.g. no NVML on this machine).
+    return f"CPU {m.cpu_mean_pct or 0:.0f}% busy, " + (", ".join(gpus) or m.gpu_note or "no GPU samples")
+
+
+def gourmetgram_label(page: str) -> str | None:
+    """The class a GourmetGram result page shows, or None when it shows none."""
+    found = _TITLE.search(page)
+    return found.group(1) if found else None
+
+
+def try_gourmetgram(url: str, photo: Path, *, backend: str | None = None, wait_s: float = 0) -> None:
+    """Classify ``photo`` through GourmetGram at ``url`` and print what it answered.
+
+    With ``backend``, first wait (up to ``wait_s``) until GourmetGram says it uses that backend
+    (its ``BACKEND`` setting), since switching it restarts the container. An empty ``url`` only
+    says to use the browser instead.
+    """
+    if not url:
+        print("no GourmetGram URL (FLASK_URL is empty): try GourmetGram in your browser instead")
+        return
+    if backend is not None:
+        def serving() -> str:
+            try:
+                return requests.get(f"{url}/health", timeout=5).json()["backend"]
+            except (requests.RequestException, ValueError, KeyError) as exc:
+                return f"no answer ({type(exc).__name__})"
+
+        wait_until(f"GourmetGram with BACKEND={backend}", serving, backend, wait_s=wait_s)
+    page = requests.post(f"{url}/classify", files={"photo": (photo.name, photo.read_bytes())}, timeout=60)
+    name = f"GourmetGram ({backend})" if backend else "GourmetGram"
+    print(f"{name}: HTTP {page.status_code}, {gourmetgram_label(page.text) or 'no prediction'}")
+
+
+def latest(records: Iterable[Record]) -> list[Record]:
+    """The newest record of each measurement (stage, tool, load, batch), in first-run order: a step
+    run twice counts once, with its last numbers."""
+    newest = {(r.stage, r.tool, r.load.label(), r.batch): r for r in records}
+    return list(newest.values())
+
+
+def drawn(folder: Path, plots: Iterable[str]) -> list[Path]:
+    """The plots among ``plots`` that the report drew in ``folder``: it draws one only where the
+    records hold data of its kind (e.g. no rate plot without open-loop runs)."""
+    return [folder / name for name in plots if (folder / name).exists()]

@@ -1,0 +1,199 @@
+"""Two Chameleon nodes for the Ray Serve stages (``9_ray_setup``; ``11_delete_resources`` releases them),
+with python-chi.
+
+* ``RayNodes.for_student(net_id)``: the names of the lease and the two servers.
+* ``earliest_start`` / ``reserve``: one lease holding a head node and a worker node (two ``gpu_p100``, or
+  a GPU head and a worker of another type), from the earliest whole hour both are free.
+* ``start_servers``: both servers in the lease, each on its own reservation, with a floating IP for SSH.
+* ``private_address``: a server's fixed address on the shared network, the one Ray advertises.
+* ``prepare``: a checkout, Docker with the NVIDIA toolkit (GPU nodes), servelab and the model on a node.
+* ``cluster_files`` / ``firewall``: the shell commands that give a node its addresses and the cluster's
+  shared token, and keep every port except SSH (and GourmetGram on the head) to the two nodes.
+* ``bring_up``: the head's compose file, then the worker's, and wait until Ray counts both nodes.
+* ``release``: delete both servers and the lease, whichever still exist.
+
+Runs in Chameleon Jupyter (python-chi and the standard library only); every value comes from the notebook.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from chi import hardware, lease, server
+
+from servelab.run.walkthrough import chameleon, node_setup
+
+GPU_NODE_TYPE = "gpu_p100"
+IMAGE = "CC-Ubuntu24.04-CUDA"
+CHECKOUT = node_setup.CHECKOUT
+# Written on each node by `cluster_files`, read by the compose files (git-ignored, never in an image).
+CLUSTER_DIR = f"{CHECKOUT}/.ray-cluster"
+HEAD_COMPOSE = "docker/docker-compose-ray-head.yaml"
+WORKER_COMPOSE = "docker/docker-compose-ray-worker.yaml"
+# Open to everyone: SSH on both nodes, GourmetGram (the page students open) on the head.
+SSH_PORT, GOURMETGRAM_PORT = 22, 5000
+CHAIN = "SERVELAB_RAY"
+
+
+@dataclass(frozen=True)
+class RayNodes:
+    lease: str
+    head: str
+    worker: str
+
+    @classmethod
+    def for_student(cls, net_id: str) -> RayNodes:
+        return cls(f"serve_ray_{net_id}", f"node-ray-head-{net_id}", f"node-ray-worker-{net_id}")
+
+
+def next_hour(moment: datetime) -> datetime:
+    return (moment + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+
+
+def earliest_start(head_type: str, worker_type: str, *, minimum_hours: int) -> datetime:
+    """The first whole hour from which the nodes the lease needs are free: the two earliest-free nodes
+    of one type, or the earliest of each of two types."""
+    needed = {head_type: 1}
+    needed[worker_type] = needed.get(worker_type, 0) + 1
+    ready = []
+    for node_type, count in needed.items():
+        free_from = sorted(node.next_free_timeslot(minimum_hours=minimum_hours)[0]
+                           for node in hardware.get_nodes(node_type=node_type))
+        if len(free_from) < count:
+            raise ValueError(f"the site has {len(free_from)} {node_type} node(s); this lease needs {count}")
+        ready.append(free_from[count - 1])
+    return next_hour(max(ready))
+
+
+def reserve(name: str, start: datetime, length: timedelta, head_type: str, worker_type: str) -> lease.Lease:
+    """Submit the lease: one reservation of two nodes when both are of one type, else one per type."""
+    new = lease.Lease(name, start_date=start, end_date=start + length)
+    if head_type == worker_type:
+        new.add_node_reservation(amount=2, node_type=head_type)
+    else:
+        new.add_node_reservation(amount=1, node_type=head_type)
+        new.add_node_reservation(amount=1, node_type=worker_type)
+    # idempotent: running the cell again keeps the lease of that name instead of booking a second one.
+    new.submit(idempotent=True, wait_for_active=False)
+    return new
+
+
+def reservation_id(found: lease.Lease, node_type: str) -> str:
+    """The id of the lease's node reservation for ``node_type`` (Blazar keeps the type in the
+    reservation's ``resource_properties``)."""
+    reservations = found.node_reservations
+    matching = [r for r in reservations if f'"{node_type}"' in (r.get("resource_properties") or "")]
+    if len(reservations) == 1 or not matching:
+        if len(reservations) != 1:
+            raise ValueError(f"lease {found.name} has no reservation for {node_type}")
+        return reservations[0]["id"]
+    return matching[0]["id"]
+
+
+def start_servers(found: lease.Lease, nodes: RayNodes, head_type: str, worker_type: str,
+                  image: str = IMAGE) -> tuple[server.Server, server.Server]:
+    """Both servers, booted in parallel (about 10 minutes), each with a floating IP and SSH answering."""
+    made = []
+    for name, node_type in ((nodes.head, head_type), (nodes.worker, worker_type)):
+        s = server.Server(name, reservation_id=reservation_id(found, node_type), image_name=image)
+        s.submit(idempotent=True, wait_for_active=False)
+        made.append(s)
+    for s in made:
+        s.wait(status="ACTIVE")
+        # Only one address per server, also when the cell runs again.
+        if s.get_floating_ip() is None:
+            s.associate_floating_ip()
+        s.check_connectivity()
+    return made[0], made[1]
+
+
+def private_address(s: server.Server) -> str:
+    """The server's fixed IPv4 address (the shared network's, not the floating IP)."""
+    fixed = [a["addr"] for addresses in s.addresses.values() for a in addresses
+             if a.get("OS-EXT-IPS:type") == "fixed" and a.get("version", 4) == 4]
+    if not fixed:
+        raise ValueError(f"server {s.name} has no fixed IPv4 address yet: {s.addresses}")
+    return fixed[0]
+
+
+def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
+    """Everything a node needs before its compose file starts (``servelab.run.walkthrough.node_setup``):
+    the checkout, Docker (and the NVIDIA toolkit on a GPU node), servelab and the lab's model."""
+    return node_setup.node_commands(repo_url, gpu=gpu, servelab=True)
+
+
+def prepare(s: server.Server, repo_url: str, *, gpu: bool) -> None:
+    for command in prepare_commands(repo_url, gpu=gpu):
+        s.execute(command)
+
+
+def new_token() -> str:
+    """The cluster's shared secret for Ray's token authentication (RAY_AUTH_MODE=token)."""
+    return secrets.token_hex(32)
+
+
+def cluster_files(token: str, node_address: str, head_address: str) -> str:
+    """One command that writes the node's ``node.env`` (its own and the head's private address) and the
+    cluster's token, readable by the node's user only. The token is never printed."""
+    env = f"NODE_PRIVATE_IP={node_address}\nHEAD_PRIVATE_IP={head_address}\n"
+    return (f"umask 077 && mkdir -p {CLUSTER_DIR}"
+            f" && printf %s {shlex.quote(env)} > {CLUSTER_DIR}/node.env"
+            f" && printf %s {shlex.quote(token)} > {CLUSTER_DIR}/auth_token")
+
+
+def firewall(peers: Sequence[str], public_ports: Iterable[int]) -> str:
+    """One idempotent command: new TCP connections reach this node only from itself, the ``peers``
+    (the other node's private address) and on ``public_ports``. Bare-metal sites have no security
+    groups and a floating IP forwards every port, while Ray listens on many (GCS, raylet, object
+    manager, one per worker process)."""
+    rules = ["-i lo -j ACCEPT", "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+             *(f"-s {peer} -j ACCEPT" for peer in peers),
+             *(f"-p tcp --dport {port} -j ACCEPT" for port in sorted(set(public_ports))),
+             "-p tcp --syn -j DROP"]
+    return " && ".join([
+        f"(sudo iptables -N {CHAIN} 2>/dev/null || sudo iptables -F {CHAIN})",
+        *(f"sudo iptables -A {CHAIN} {rule}" for rule in rules),
+        f"(sudo iptables -C INPUT -j {CHAIN} 2>/dev/null || sudo iptables -I INPUT -j {CHAIN})",
+    ])
+
+
+def _compose(file: str, arguments: str) -> str:
+    return f"cd {CHECKOUT} && docker compose -f {file} {arguments}"
+
+
+def alive_nodes_check(count: int, wait_s: int) -> str:
+    """A command that waits (at most ``wait_s``) until the head's Ray counts ``count`` live nodes, and
+    fails with the count it saw."""
+    probe = "\n".join([
+        "import time, ray",
+        "ray.init(address='auto', logging_level='ERROR')",
+        f"deadline = time.monotonic() + {wait_s}",
+        f"while (alive := sum(n['Alive'] for n in ray.nodes())) < {count}:",
+        f"    assert time.monotonic() < deadline, f'{{alive}} of {count} Ray nodes alive after {wait_s} s'",
+        "    time.sleep(5)",
+        "print(alive, 'Ray nodes alive')",
+    ])
+    return _compose(HEAD_COMPOSE, f"exec -T ray_head python -c {shlex.quote(probe)}")
+
+
+def bring_up(head: server.Server, worker: server.Server, *, worker_gpu: bool, wait_s: int = 900) -> None:
+    """Start the head (Ray, then GourmetGram and Jupyter), then the worker, and wait for both in Ray.
+
+    ``--force-recreate``: a container started earlier would keep an older token file."""
+    head.execute(_compose(HEAD_COMPOSE, "up -d --wait --force-recreate ray_head"))
+    # A worker without a GPU runs the compose file's CPU variant (profile `cpu`).
+    worker_up = "up -d --force-recreate ray_worker" if worker_gpu else "--profile cpu up -d --force-recreate ray_worker_cpu"
+    worker.execute(_compose(WORKER_COMPOSE, worker_up))
+    head.execute(f"mkdir -p {CHECKOUT}/results")
+    head.execute(_compose(HEAD_COMPOSE, "up -d flask jupyter"))
+    head.execute(alive_nodes_check(2, wait_s))
+    head.execute(_compose(HEAD_COMPOSE, "exec -T ray_head ray status"))
+
+
+def release(nodes: RayNodes) -> list[str]:
+    """Delete both servers and the lease, whichever still exist."""
+    return chameleon.release([nodes.head, nodes.worker], nodes.lease)

@@ -1,0 +1,76 @@
+"""Switching Triton to a stage from a notebook: show progress, give up in time, and say why.
+
+Loading a stage can take minutes (eight PyTorch instances on a small CPU) or never finish (a model
+that fails to load). While the switch runs, the step prints each new state of the models as Triton's
+repository index reports them; past its deadline, or when the command fails, it raises with Triton's
+own account: each model's state and reason from the index, and the last lines of the server's log
+where this machine can read it (a server `servelab triton up` started), else where to find them.
+"""
+
+import json
+import shlex
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+from servelab.core.procs import DIRECT, log_tail
+from servelab.servers.triton.server import load_state, server_address
+
+COMPOSE_LOG = "docker compose -f docker/docker-compose-triton.yaml logs triton_server | tail -n 40"
+
+
+def model_states(url: str) -> dict[str, str]:
+    """Each model Triton at ``url`` knows of -> its state, with its reason when it has one
+    (e.g. ``UNAVAILABLE: failed to load ...``)."""
+    request = urllib.request.Request(f"http://{server_address(url)}/v2/repository/index", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with DIRECT.open(request, timeout=10) as response:
+        index = json.load(response)
+    return {e["name"]: e.get("state", "?") + (f": {e['reason']}" if e.get("reason") else "") for e in index}
+
+
+def _states_line(url: str, models: tuple[str, ...]) -> str:
+    try:
+        states = model_states(url)
+    except OSError as exc:
+        return f"Triton does not answer ({type(exc).__name__})"
+    return ", ".join(f"{m} {states.get(m, 'not in the repository index')}" for m in models)
+
+
+def server_log(url: str) -> str:
+    """The end of the log of the server at ``url`` if `servelab triton up` started it here, else how
+    to read the log on the node."""
+    state = load_state()
+    if state is not None and server_address(state["url"]) == server_address(url):
+        return log_tail(state["log"], 30)
+    return f"\nTriton's log is not readable from here; in your SSH session on the node: {COMPOSE_LOG}"
+
+
+def diagnosis(url: str, models: tuple[str, ...]) -> str:
+    return f"\nTriton says: {_states_line(url, models)}{server_log(url)}"
+
+
+def run_switch(command: str, url: str, models: tuple[str, ...], *, wait_s: float, interval_s: float = 1.0) -> float:
+    """Run ``command`` (e.g. ``servelab triton stage pt-2x2``), printing each new state of ``models``
+    until it exits; returns the seconds it took. Raises RuntimeError when it fails and TimeoutError
+    (after stopping it) when it runs past ``wait_s``, both with :func:`diagnosis`."""
+    argv = shlex.split(command)
+    print(f"$ {command}", flush=True)
+    started, shown = time.monotonic(), None
+    with tempfile.TemporaryFile("w+") as output, subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT,
+                                                                  text=True) as process:
+        while process.poll() is None:
+            elapsed = time.monotonic() - started
+            if elapsed > wait_s:
+                process.kill()  # our own child; the server keeps whatever it loaded so far
+                raise TimeoutError(f"`{command}` did not finish within {wait_s:g} s{diagnosis(url, models)}")
+            if (now := _states_line(url, models)) != shown:
+                print(f"  {elapsed:4.0f} s  {now}", flush=True)
+                shown = now
+            time.sleep(interval_s)
+        output.seek(0)
+        said = output.read().strip()
+    if process.returncode:
+        raise RuntimeError(f"`{command}` failed (exit {process.returncode}):\n{said}{diagnosis(url, models)}")
+    return time.monotonic() - started

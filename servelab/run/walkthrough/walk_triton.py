@@ -1,0 +1,296 @@
+"""``6_triton_python``, ``7_triton_onnx`` and ``8_triton_more``: Triton walked through the stages of
+``servelab.servers.triton.configs``, each measured with ``servelab load`` and, as a second opinion, ``perf_analyzer``.
+Each notebook passes its own stages as ``stages``; all three append to the same records file, which the
+last one reports on."""
+
+import difflib
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any, get_args
+
+import numpy as np
+
+from servelab.core.artifacts import load_manifest
+from servelab.measure.records import Load, Record
+from servelab.measure.targets import TritonTarget
+from servelab.measure.perf_analyzer import write_input_data
+from servelab.measure.targets import model_input_tensor
+from servelab.servers.gourmetgram.services import DEFAULT_MODELS
+from servelab.measure.measure_stage import (Client, Labels, measure_stage_async, model_stand_in, perf_analyzer_client,
+                                    servelab_client, stand_in_note)
+from servelab.core.procs import DIRECT
+from servelab.report.render import summary_table
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import PT
+from servelab.servers.triton.client import InputKind, tensor_inputs
+from servelab.servers.triton.server import model_config, server_address
+from servelab.servers.triton.configs import STAGES, effective_config
+from servelab.run.walkthrough.common import try_gourmetgram, utilization, wait_until
+from servelab.run.walkthrough.stage_switch import diagnosis, run_switch
+
+# The parts of a model's config that say what a measurement measured; they go into its record.
+CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
+INPUTS: tuple[InputKind, ...] = get_args(InputKind)
+
+
+def open_loads(rates: list[float], seconds: float, warmup: int) -> list[Load]:
+    """The bursty-arrival loads: at each rate, ``seconds`` of evenly spaced requests, then as many
+    seconds at random (Poisson) moments."""
+    return [Load.open(rate, arrivals, duration_s=seconds, warmup=warmup)
+            for rate in rates for arrivals in ("constant", "poisson")]
+
+
+def batch_count_change(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """Executions per batch size added between two ``batch_counts`` readings."""
+    return {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+
+
+def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int] = (6, 10),
+                  repeats: int = 8) -> dict[str, float]:
+    """Median ms per request when ``model`` is called one request at a time with batch sizes that
+    alternate (as a dynamic batcher's do) and with each size repeated. ``image``: one model input,
+    stacked into batches. Each size runs once first, untimed: a first run is slow everywhere."""
+    import tritonclient.http as http
+
+    batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
+    client = http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300)
+
+    def ms(n: int) -> float:
+        started = time.perf_counter()
+        client.infer(model, tensor_inputs("http", batches[n]))
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        for n in sizes:
+            ms(n)
+        found = {f"alternating {sizes[0]}/{sizes[1]}": median(ms(sizes[i % 2]) for i in range(2 * repeats))}
+        found |= {f"repeated {n}": median(ms(n) for _ in range(repeats)) for n in sizes}
+    finally:
+        client.close()
+    return found
+
+
+def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
+    """The fields stage ``name`` changes in its model's base config (``instance_group``,
+    ``dynamic_batching``), as `servelab triton stage` renders them for the lab node (GPUs as written)."""
+    from google.protobuf import json_format
+
+    stage = STAGES[name]
+    model = stage.triton.model
+    config = effective_config(stage, model, kind="gpu", onnxruntime=True,
+                              repository=repository or get_settings().triton_model_repository)
+    rendered = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    return {key: rendered.get(key) for key in stage.triton.changes.get(model, {})}
+
+
+def _comparable(key: str, value: Any) -> Any:
+    """A field in a form where equivalent spellings agree: an ``instance_group`` as the instances it
+    starts of each kind on each GPU (``count: 2, gpus: [0, 1]`` is two on GPU 0 and two on GPU 1)."""
+    if key != "instance_group" or not value:
+        return value
+    placed: dict[tuple[str, int | None], int] = {}
+    for group in value:
+        for gpu in group.get("gpus") or [None]:
+            where = (group.get("kind", "KIND_AUTO"), gpu)
+            placed[where] = placed.get(where, 0) + int(group.get("count", 1))
+    return sorted(placed.items(), key=str)
+
+
+def check_block(name: str, text: str, repository: Path | None = None) -> str:
+    """A config block a student wrote for stage ``name`` (its ``instance_group`` or ``dynamic_batching``),
+    read with Triton's own ``ModelConfig`` protobuf, as the server reads config.pbtxt, and compared
+    with what the catalogue's stage renders for the lab node. Returns what matched; raises ValueError
+    saying what Triton could not read or, as a diff, what differs."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    expected = stage_fields(name, repository)
+    wanted = " and ".join(f"`{key}`" for key in expected)
+    written = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, written)
+    except text_format.ParseError as exc:
+        raise ValueError(f"Triton cannot read this as a model config ({exc}); write {wanted} as in "
+                         f"config.pbtxt") from None
+    fields = json_format.MessageToDict(written, preserving_proto_field_name=True)
+    if not fields:
+        raise ValueError(f"nothing written yet: replace the TODO with {wanted}, as it would stand in config.pbtxt")
+    if extra := sorted(set(fields) - set(expected)):
+        raise ValueError(f"write only {wanted} here; this also sets {', '.join(extra)}")
+    got = {key: fields.get(key) for key in expected}
+    if {k: _comparable(k, v) for k, v in got.items()} != {k: _comparable(k, v) for k, v in expected.items()}:
+        def pbtxt(values: dict[str, Any]) -> list[str]:
+            present = {k: v for k, v in values.items() if v is not None}
+            return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
+                                               use_short_repeated_primitives=True).splitlines()
+        diff = difflib.unified_diff(pbtxt(got), pbtxt(expected), "yours", name, lineterm="")
+        raise ValueError(f"not {name}'s {wanted} yet (as Triton reads them; - yours, + {name}'s):\n" + "\n".join(diff))
+    return f"correct: Triton reads this as {name}'s {wanted}"
+
+
+def running_stage(url: str, model: str) -> str:
+    """The stage Triton at ``url`` runs ``model`` for (its ``servelab_stage`` parameter), or why
+    that cannot be told yet."""
+    try:
+        return model_config(url, model)["parameters"]["servelab_stage"]["string_value"].split()[0]
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        return f"{model} not ready ({type(exc).__name__})"
+
+
+def describe_config(name: str, config: dict[str, Any]) -> str:
+    """What a stage's model config says about instances and batching, in two lines."""
+    groups = [f"{g['count']} x {g['kind']} {g.get('gpus') or ''}".strip() for g in config.get("instance_group", [])]
+    return (f"Triton runs {name}: {STAGES[name].about}\n"
+            f"  instances: {', '.join(groups) or '-'}; dynamic_batching: {json.dumps(config.get('dynamic_batching', 'off'))}")
+
+
+@dataclass
+class TritonWalkthrough:
+    """The notebook's steps, with its parameters.
+
+    ``url`` is Triton's HTTP endpoint as host:port. Each step waits until Triton runs its stage, which
+    a student switches from the node's shell; with ``stage_command`` (``{name}`` for the stage) the
+    step switches it itself. Steps whose stage is not in ``stages`` are skipped; perf_analyzer measures
+    only the stages in ``pa_stages`` (None: all), the others ``servelab load`` alone. Every measurement is
+    appended to ``results``/records.jsonl and collected in ``runs``. ``repository`` is where this
+    machine sees Triton's model repository, if it does (default: the ``triton_model_repository``
+    setting), to tell whether the model is a stand-in. GourmetGram is at ``flask_url``, or at
+    ``flask_urls[backend]`` where its modes run side by side (locally, in tests); empty: the student
+    uses a browser instead.
+    """
+
+    url: str
+    photo: Path
+    results: Path
+    wait_s: float
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stage_command: str = ""
+    perf_analyzer: bool = True
+    pa_stages: list[str] | None = None
+    pa_window_s: float = 5.0
+    pa_extra: list[str] = field(default_factory=list)
+    repository: Path | None = None
+    flask_url: str = ""
+    flask_urls: dict[str, str] = field(default_factory=dict)
+    runs: list[Record] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.records_file = Path(self.results) / "records.jsonl"
+        if self.repository is None:
+            self.repository = get_settings().triton_model_repository
+        # perf_analyzer's --input-data: the same real photo, as bytes, the preprocessed tensor and the uint8 crop.
+        image = self.photo.read_bytes()
+        self.inputs = {kind: write_input_data(Path(self.results) / f"input-{kind}.json", image, kind) for kind in INPUTS}
+
+    def config(self, model: str) -> dict[str, Any]:
+        return model_config(self.url, model)
+
+    def use_stage(self, name: str) -> dict[str, Any]:
+        """Wait until Triton runs stage ``name`` (switching it first with ``stage_command`` unless it
+        runs it already), show its instances and batching, and return the config of the model clients
+        call. Gives up after ``wait_s`` in all, with Triton's own account of its models and the end of
+        its log."""
+        stage = STAGES[name]
+        deadline = time.monotonic() + self.wait_s
+        if self.stage_command and running_stage(self.url, stage.triton.model) != name:
+            took = run_switch(self.stage_command.format(name=name), self.url, stage.triton.models, wait_s=self.wait_s)
+            print(f"switched to {name} in {took:.0f} s")
+        try:
+            wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, stage.triton.model),
+                       name, wait_s=max(0.0, deadline - time.monotonic()))
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}{diagnosis(self.url, stage.triton.models)}") from None
+        config = self.config(stage.triton.model)
+        print(describe_config(name, config))
+        return config
+
+    def stand_in(self, name: str) -> str | None:
+        """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
+        notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
+                 for m in STAGES[name].triton.models]
+        manifest = Path(self.repository or "") / PT / "1" / "food11.json"
+        return stand_in_note(*notes, model_stand_in(load_manifest(manifest)) if manifest.exists() else None)
+
+    def batch_counts(self, name: str) -> dict[int, int]:
+        """Executions per batch size of stage ``name``'s model since it was loaded (Triton's statistics),
+        once Triton runs that stage; nothing for a stage left out of ``stages``."""
+        if name not in self.stages:
+            return {}
+        model = self.use_stage(name)["name"]
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
+            stats = json.load(response)["model_stats"][0]
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+    def shape_changes(self, name: str, sizes: tuple[int, int] = (6, 10), repeats: int = 8) -> dict[str, float]:
+        """``shape_timings`` on stage ``name``'s model with the photo, printed: does a change of batch
+        shape cost this server more than a repeat of the last one?"""
+        if name not in self.stages:
+            print(f"skipped: {name} is not in STAGES")
+            return {}
+        model = self.use_stage(name)["name"]
+        found = shape_timings(self.url, model, model_input_tensor(self.photo.read_bytes(), input=STAGES[name].input),
+                              sizes, repeats)
+        for what, value in found.items():
+            print(f"  {what:16} {value:8.1f} ms per request (median of {2 * repeats if 'alt' in what else repeats})")
+        return found
+
+    def try_gourmetgram(self, backend: str) -> None:
+        """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
+        through it and print its answer; skipped when no stage in ``stages`` serves its model."""
+        model = DEFAULT_MODELS[backend]
+        if not any(STAGES[name].triton.model == model for name in self.stages):
+            print(f"skipped: no stage in STAGES serves {model} (GourmetGram's BACKEND={backend})")
+            return
+        try_gourmetgram(self.flask_urls.get(backend, self.flask_url), self.photo, backend=backend, wait_s=self.wait_s)
+
+    def clients(self, stage: str) -> list[Client]:
+        """``servelab load``, then perf_analyzer where it measures ``stage``."""
+        ours = servelab_client(out=self.records_file)
+        if not self.perf_analyzer:
+            return [ours]
+        if self.pa_stages is not None and stage not in self.pa_stages:
+            print(f"perf_analyzer: not run for {stage} (not in PA_STAGES); servelab load measures it")
+            return [ours]
+        return [ours, self.run_perf_analyzer]
+
+    def run_perf_analyzer(self, target: TritonTarget, load: Load, labels: Labels, earlier: list[Record]) -> Record:
+        """The same load with perf_analyzer, which measures in windows of ``pa_window_s`` until they
+        agree. A run that fails (not installed, server gone, rate not reachable) is recorded with
+        perf_analyzer's own message, and the step goes on."""
+        ours = earlier[0]
+        # perf_analyzer needs several completed requests per window: where servelab's run of the same
+        # load just took longer than that (a batch of 16 on a CPU), the window grows to about four of them.
+        seconds = max(self.pa_window_s, 4 * (ours.stats.latency.p50_ms or 0) / 1000)
+        if seconds > self.pa_window_s:
+            print(f"perf_analyzer: windows of {seconds:.1f} s instead of {self.pa_window_s:g} s "
+                  f"(servelab measured p50 {ours.stats.latency.p50_ms:.0f} ms per request)")
+        window = load.model_copy(update={"requests": None, "duration_s": round(seconds, 1)})
+        result = perf_analyzer_client(input_data_path=self.inputs[target.input], extra=self.pa_extra,
+                                      out=self.records_file)(target, window, labels, earlier)
+        if result.target.get("command"):
+            print("$", shlex.join(result.target["command"]))
+        if result.failed:
+            print(f"perf_analyzer measured nothing: {result.failed}")
+        return result
+
+    async def measure(self, name: str, loads: list[Load], batch: int | None = None) -> list[Record]:
+        """Measure stage ``name`` under each load with both tools (``batch`` images per request; None:
+        the stage's own, ``TritonPart.images``), record every run, and print the table and the utilization seen."""
+        if name not in self.stages:
+            print(f"skipped: {name} is not in STAGES")
+            return []
+        config = self.use_stage(name)
+        model = STAGES[name].triton.model
+        target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
+                              batch=batch or STAGES[name].triton.images, image_name=self.photo.name)
+        labels = Labels(name, {key: config.get(key) for key in CONFIG_KEYS}, self.stand_in(name))
+        done = await measure_stage_async(target, loads, labels, self.clients(name))
+        self.runs.extend(done)
+        print(summary_table(done))
+        for r in done:
+            print(f"  {r.tool:13} {r.load.label():24} {utilization(r)}")
+        return done

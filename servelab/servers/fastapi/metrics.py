@@ -1,0 +1,113 @@
+"""Prometheus metrics of one service, served at ``GET /metrics``.
+
+Requests by route and status, request latency, the time requests wait (queue) versus are worked
+on (preprocess, inference), and the sizes of the batches inference really ran: what Triton's
+statistics show for Triton, so the stages can be compared. Each app has its own registry.
+ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``), read at each scrape.
+"""
+
+from collections.abc import Callable, Iterator
+from time import perf_counter
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from servelab.servers.fastapi.timing import Timing
+
+# Milliseconds to tens of seconds: an H100 inference and a CPU service at concurrency 16 both fit.
+SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+                   0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+START_KEY = "servelab.started"  # scope key: when the request entered the app (perf_counter)
+
+
+class Metrics:
+    def __init__(self, max_batch: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("servelab_http_requests", "HTTP requests by route, method and status code.",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("servelab_http_request_duration_seconds", "Time from receiving a request to its "
+                                 "response, by route.", ["route"], buckets=SECONDS_BUCKETS, registry=r)
+        self.in_progress = Gauge("servelab_http_requests_in_progress", "Requests being handled now.", registry=r)
+        self.queue = Histogram("servelab_queue_seconds", "Time a prediction request waited: for a preprocessing "
+                               "worker, then for its inference batch.", buckets=SECONDS_BUCKETS, registry=r)
+        self.preprocess = Histogram("servelab_preprocess_seconds", "Decoding and preprocessing time of a request.",
+                                    buckets=SECONDS_BUCKETS, registry=r)
+        self.infer = Histogram("servelab_inference_seconds", "Duration of one inference call.",
+                               buckets=SECONDS_BUCKETS, registry=r)
+        sizes = [b for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if b < max_batch] + [max_batch]
+        self.batch_size = Histogram("servelab_batch_size", "Images per inference call (above 1 with dynamic "
+                                    "batching or batched requests).", buckets=sizes, registry=r)
+        self.images = Counter("servelab_images", "Images classified.", registry=r)
+        self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
+                                                "process died and its pool was replaced.", registry=r)
+
+    def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
+        """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""
+        self.registry.register(SessionCollector(counts))
+
+    def observe_batch(self, images: int, seconds: float) -> None:
+        self.batch_size.observe(images)
+        self.infer.observe(seconds)
+
+    def observe_request(self, timing: Timing, images: int) -> None:
+        self.queue.observe(timing.queue_s)
+        self.preprocess.observe(timing.preprocess_s)
+        self.images.inc(images)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class SessionCollector(Collector):
+    """Runs and shape changes per ONNX Runtime session, labelled by the batch size it takes (``any``
+    under ORT_SHAPE_POLICY=off); warm-up runs count. A shape change is a run whose input shape differs
+    from that session's previous run: on a GPU each one costs a new cuDNN algorithm choice."""
+
+    def __init__(self, counts: Callable[[], list[dict]]):
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        runs = CounterMetricFamily("servelab_onnx_session_runs", "Runs of each ONNX Runtime session, warm-up "
+                                   "included, by the batch size it takes.", labels=["session_batch"])
+        changes = CounterMetricFamily("servelab_onnx_session_shape_changes", "Runs of each ONNX Runtime session "
+                                      "whose input shape differed from its previous run's.", labels=["session_batch"])
+        for count in self.counts():
+            runs.add_metric([count["session_batch"]], count["runs"])
+            changes.add_metric([count["session_batch"]], count["shape_changes"])
+        yield runs
+        yield changes
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request, including those refused before reaching a handler (413, 422, 404)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: set[str]):
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = scope[START_KEY] = perf_counter()
+        status = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_progress.inc()
+        try:
+            await self.app(scope, receive, send_and_note)  # an exception escaping here is a 500
+        finally:
+            self.metrics.in_progress.dec()
+            # Unknown paths and methods share one label, so clients cannot grow the metric without bound.
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.latency.labels(route).observe(perf_counter() - started)

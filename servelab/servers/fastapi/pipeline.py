@@ -1,0 +1,143 @@
+"""base64 text -> prediction, with the event loop only ever waiting.
+
+Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's own
+thread, so the event loop keeps accepting requests while the CPU works. The service uses one
+``Pipeline``; ``servelab benchmark`` drives the same one in-process to measure what HTTP adds.
+
+**Threads or processes** (``PREPROCESS_PROCESSES``). The workers run one picklable call,
+``servelab.core.preprocess.prepare_timed``, either in threads of the server process or in worker
+processes. Pillow releases the GIL while it decodes and resamples, NumPy while it computes, but
+the rest of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the
+lab's 2-CPU VM; about a tenth in all), which caps threads near ten cores' worth before the event
+loop (HTTP, JSON) takes its share of the GIL; and a thread back from C code waits up to the 5 ms
+switch interval for a thread busy in Python (on that VM a preprocessing thread next to one ran at
+7-36 % of its speed alone, a worker process at 49-63 %). Worker processes have a GIL each; the
+server process only pickles the text out and the tensor back (~0.1 ms). Processes are the default
+where the model runs on a GPU and the CPUs would otherwise idle. On the CPU, inference needs the
+cores and the server process would take one from the workers (on that VM, 2 worker processes
+preprocessed 0.72-0.77x as fast as 2 threads in this pipeline), so threads stay.
+
+**Why not uvicorn's worker processes** (``--workers N``): each would load its own model and run
+its own batcher, so N CUDA contexts and model copies would share the GPU and each batcher would
+see 1/N of the traffic, forming batches N times smaller — undoing dynamic batching, the lever that
+pays on a GPU. One server process per GPU keeps ONE model and ONE batcher (as Triton keeps one
+scheduler per model) and spreads only the CPU work over cores.
+
+A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: every
+request waiting for it then gets ``PreprocessWorkerLost`` (503, retry), a new pool replaces it at
+once, and later requests never see the difference. Retrying them here instead would let an image
+that crashes the decoder kill pool after pool.
+"""
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from time import perf_counter
+
+import numpy as np
+
+from servelab.core.postprocess import Prediction, top1
+from servelab.core.preprocess import ImageError, crop_pixels, prepare_timed, preprocess
+from servelab.core.procs import die_with_parent
+from servelab.servers.fastapi.runtimes import Backend, preprocess_workers
+from servelab.servers.fastapi.batcher import MicroBatcher
+from servelab.servers.fastapi.errors import PreprocessWorkerLost
+from servelab.servers.fastapi.metrics import Metrics
+from servelab.servers.fastapi.timing import Timing
+from servelab.core.settings import ServeSettings
+
+log = logging.getLogger("servelab.servers.fastapi")
+
+
+class Pipeline:
+    def __init__(self, backend: Backend, settings: ServeSettings, metrics: Metrics | None = None,
+                 batcher: type[MicroBatcher] = MicroBatcher):
+        self.backend, self.metrics = backend, metrics
+        self.mode, self.workers = preprocess_workers(settings, backend)
+        self._pool = self._new_pool()
+        m = backend.manifest
+        # A model with preprocessing in its graph takes the uint8 crop: no float math here.
+        step, kwargs = (crop_pixels, m.crop_kwargs()) if backend.takes_uint8 else (preprocess, m.preprocess_kwargs())
+        self._prepare = partial(prepare_timed, step=step, **kwargs, max_pixels=settings.max_image_pixels)
+        # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one).
+        self.batcher = batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
+                                    on_batch=metrics.observe_batch if metrics else None)
+
+    def _new_pool(self) -> Executor:
+        if self.mode == "threads":
+            return ThreadPoolExecutor(self.workers, thread_name_prefix="preprocess")
+        # spawn, not fork: forking a process that runs threads (uvicorn's, ONNX Runtime's, PyTorch's,
+        # CUDA's) can copy a lock held by one of them. The workers import only servelab.core.preprocess.
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=die_with_parent, initargs=(os.getpid(),))
+        for _ in range(self.workers):  # start them all now; the pool would start one per busy moment
+            pool.submit(os.getpid)
+        return pool
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def prepare(self, text: str) -> np.ndarray:
+        """base64 text -> model input (float32 [3, H, W] or uint8 [H, W, 3]), in the calling thread;
+        raises ImageError (400) or ImageTooLarge (413)."""
+        return self._prepare(text)[0]
+
+    async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
+        """``prepare`` in a worker: (model input, when the worker started, when it ended)."""
+        loop, pool = asyncio.get_running_loop(), self._pool
+        try:
+            job = loop.run_in_executor(pool, self._prepare, text)
+        except BrokenProcessPool:  # a worker died while the pool was idle: this request lost nothing
+            pool = self._replace(pool)
+            job = loop.run_in_executor(pool, self._prepare, text)
+        try:
+            return await job
+        except BrokenProcessPool:
+            self._replace(pool)
+            raise PreprocessWorkerLost("a preprocessing worker process died while this request waited for it "
+                                       "(the pool was restarted); retry the request") from None
+
+    def _replace(self, broken: Executor) -> Executor:
+        """A new pool for one whose worker died (only the first request to notice replaces it)."""
+        if broken is self._pool:
+            log.error("a preprocessing worker process died; starting a new pool of %d", self.workers)
+            self._pool = self._new_pool()
+            broken.shutdown(wait=False, cancel_futures=True)
+            if self.metrics is not None:
+                self.metrics.preprocess_pool_restarts.inc()
+        return self._pool
+
+    async def warm_up(self, text: str, batch_sizes: list[int]) -> None:
+        """Preprocess a real photo once per worker (worker processes start and import here, not on the
+        first requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape),
+        without touching the metrics."""
+        (x, *_), *_ = await asyncio.gather(*(self.prepare_in_worker(text) for _ in range(self.workers)))
+        for size in batch_sizes:
+            await asyncio.to_thread(self.backend.infer, np.stack([x] * size))
+
+    async def predict(self, images: list[str]) -> tuple[list[Prediction], Timing]:
+        """One request's images -> one prediction each, in order. The first bad image (by position)
+        fails the request; it never reaches the batcher, so it cannot fail anyone else's."""
+        submitted = perf_counter()
+        results = await asyncio.gather(*(self.prepare_in_worker(text) for text in images), return_exceptions=True)
+        for i, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if isinstance(result, ImageError) and len(images) > 1:
+                    raise type(result)(f"image {i}: {result}") from None
+                raise result
+        tensors = [r[0] for r in results]
+        started, ended = min(r[1] for r in results), max(r[2] for r in results)
+        done = await self.batcher.submit(np.stack(tensors))
+        timing = Timing(queue_s=(started - submitted) + done.queue_s, preprocess_s=ended - started,
+                        infer_s=done.infer_s, batch_size=done.batch_size)
+        if self.metrics is not None:
+            self.metrics.observe_request(timing, len(images))
+        return top1(done.logits, self.backend.manifest.classes), timing

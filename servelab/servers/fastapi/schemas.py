@@ -1,0 +1,114 @@
+"""Request and response bodies: the lab's ``{"image": "<base64>"}`` ->
+``{"prediction": "<class>", "probability": p}`` contract, plus batch, readiness and error shapes."""
+
+import base64
+import io
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from servelab.core.paths import DEFAULT_IMAGE
+
+
+@cache
+def example_image() -> str:
+    """A small real photo in base64, so "Try it out" in /docs works as is."""
+    from PIL import Image
+
+    im = Image.open(DEFAULT_IMAGE).convert("RGB")
+    im.thumbnail((96, 96))
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=85)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _examples(key: str, value):
+    def add(schema: dict, cls) -> None:
+        schema["examples"] = [{key: value()}]
+    return add
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra=_examples("image", example_image))
+
+    image: str = Field(description="An encoded image (JPEG, PNG, WebP, GIF, BMP, TIFF) in base64; a `data:image/...;"
+                                   "base64,` prefix and line breaks are accepted.")
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra=_examples("images", lambda: [example_image()] * 2))
+
+    images: list[str] = Field(description="Encoded images in base64, as in `POST /predict`; one result each, in order.")
+
+
+class Prediction(BaseModel):
+    prediction: str = Field(description="The most likely Food-11 class.")
+    probability: float = Field(ge=0, le=1, description="Its softmax probability.")
+    class_index: int = Field(ge=0, description="Its index in the model's class list.")
+
+
+class PredictResponse(Prediction):
+    model: str = Field(description="The model's name from its manifest.")
+
+
+class BatchResponse(BaseModel):
+    predictions: list[Prediction]
+    model: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Batching(BaseModel):
+    enabled: bool
+    max_batch_size: int
+    batch_timeout_ms: float
+    max_request_images: int
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+    service: str
+    model: str
+    stand_in: bool = Field(description="True for the offline zero-shot stand-in, not the lab's trained model.")
+    description: str
+    source: dict[str, str]
+    manifest_sha256: str
+    runtime: dict[str, Any] = Field(description="Device or the execution providers actually active, threads, options.")
+    variant: dict[str, Any] | None = Field(None, description="fastapi_onnx: the model variant served (ONNX_VARIANT): "
+                                                 "name, file, size_bytes, precision, input.")
+    batching: Batching
+    preprocess_mode: Literal["threads", "processes"] = Field(description="Where images are decoded and preprocessed: "
+                                                             "threads of the server process, or worker processes "
+                                                             "(PREPROCESS_PROCESSES).")
+    preprocess_workers: int = Field(description="How many threads or worker processes.")
+    warnings: list[str]
+    stage: str | None = Field(None, description="Ray Serve stages: the stage this replica serves (ray-2, ...), "
+                                        "so a client can tell a finished redeploy.")
+    placement: dict[str, Any] | None = Field(None, description="Ray Serve stages: where this replica runs "
+                                                   "(Ray node id, replica id, deployment).")
+
+    @model_serializer(mode="wrap")
+    def _ray_fields_only_on_ray(self, handler):
+        # A FastAPI stage's /ready has no `stage`: clients (10_ray) read its absence as "not a Ray stage".
+        data = handler(self)
+        for key in ("stage", "placement"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class ErrorResponse(BaseModel):
+    detail: str = Field(description="What was wrong, in words.")
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorResponse(ErrorResponse):
+    errors: list[FieldError]

@@ -1,0 +1,22 @@
+"""Where one request's time went, as a standard ``Server-Timing`` header (milliseconds).
+
+``queue`` is time spent waiting (for a preprocessing worker, then for a place in an inference
+batch), ``preprocess`` decoding and preprocessing, ``infer`` the inference call that served the
+request, ``total`` the whole request inside the service; ``batch;desc=N`` says how many images
+that inference held. The load generator (``servelab.measure.server_timing``) splits client-side
+latency into queueing and service time with it, as perf_analyzer does for Triton.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_s: float
+    preprocess_s: float
+    infer_s: float
+    batch_size: int
+
+    def header(self, total_s: float) -> str:
+        parts = [("queue", self.queue_s), ("preprocess", self.preprocess_s), ("infer", self.infer_s), ("total", total_s)]
+        return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in parts) + f", batch;desc={self.batch_size}"

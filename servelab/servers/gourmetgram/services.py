@@ -1,0 +1,289 @@
+"""The services GourmetGram asks for a prediction: one class per ``BACKEND``.
+
+Every call goes through ``_Http``: one ``requests.Session`` per process (urllib3's pool is
+thread-safe, so gunicorn's threads share its keep-alive connections, and a connection the server
+closed is dropped from the pool, so a restarted backend is picked up by itself), a timeout on
+every call, and failures turned into a ``BackendError`` that carries the status the page answers
+with: unreachable → 502, timeout → 504, not ready or overloaded (503/429) → 503, the FastAPI
+service refusing the image (400/413) → 400/413, anything else → 502.
+
+Triton is spoken to over its HTTP/REST protocol: requests are built and results read with
+``servelab.servers.triton.client`` and tritonclient's own body codecs (``generate_request_body`` /
+``parse_response_body``); tritonclient's HTTP client itself is not thread-safe and would need one
+connection pool per thread.
+"""
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import requests
+import tritonclient.http as triton_http
+from PIL import Image
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import ReadTimeoutError
+
+from servelab.core.artifacts import ArtifactPaths, Manifest, load_manifest
+from servelab.core.labels import CLASSES
+from servelab.core.postprocess import Prediction
+from servelab.core.preprocess import preprocess_image
+from servelab.core.settings import Settings
+from servelab.core.catalogue import ENSEMBLE, ONNX, PT
+from servelab.servers.triton import client as triton
+
+DEFAULT_MODELS = {"triton": PT, "triton_onnx": ONNX, "triton_ensemble": ENSEMBLE}
+TRITON_DESCRIPTIONS = {
+    "triton": "Triton, Python backend",
+    "triton_onnx": "Triton, ONNX model (pre- and post-processing in this app)",
+    "triton_ensemble": "Triton ensemble (preprocessing on the server)",
+}
+# Enough of a backend's error text to say what went wrong, never a whole page of it.
+MAX_DETAIL = 300
+# Asking a backend about itself is a courtesy for the page: it must not hold the answer up long.
+ABOUT_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    label: str
+    probability: float
+    model: str  # what answered, as the backend names it
+
+
+@dataclass(frozen=True)
+class About:
+    """What a backend says about itself; any part may be unknown."""
+
+    stage: str | None = None
+    stand_in: bool | None = None  # the zero-shot stand-in model, not the lab's trained one
+    notes: tuple[str, ...] = ()
+
+
+class BackendError(Exception):
+    """A failed backend call, with the HTTP status the page answers with and plain words for users."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Backend(Protocol):
+    name: str  # the BACKEND value
+    description: str  # the kind of stage, in words
+    endpoint: str  # where predictions are asked for
+
+    def classify(self, data: bytes, image: Image.Image) -> Answer:
+        """``data``: the uploaded file; ``image``: the same, already decoded and checked."""
+        ...
+
+    def about(self) -> About: ...
+
+
+def _detail(response: requests.Response) -> str:
+    """The backend's own error message (FastAPI's ``detail``, Triton's ``error``), shortened."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    text = (body.get("detail") or body.get("error")) if isinstance(body, dict) else None
+    if not isinstance(text, str):
+        text = response.reason or "no details"
+    return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "…"
+
+
+def _is_read_timeout(exc: requests.ConnectionError) -> bool:
+    # requests reports a timeout while reading the body as a ConnectionError wrapping urllib3's.
+    return any(isinstance(arg, ReadTimeoutError) for arg in exc.args)
+
+
+def _check_probability(value: Any) -> float:
+    probability = float(value)
+    if not (math.isfinite(probability) and 0.0 <= probability <= 1.0):
+        raise ValueError(f"probability {probability}")
+    return probability
+
+
+class _Http:
+    """One service's connection pool, its timeout, and what its error statuses mean for the page."""
+
+    def __init__(self, service: str, timeout: float, image_errors: tuple[int, ...], pool_size: int = 16) -> None:
+        self.service, self.timeout, self.image_errors = service, timeout, image_errors
+        self.session = requests.Session()
+        # An internal service: never route it through a proxy picked up from the environment.
+        self.session.trust_env = False
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+
+    def post(self, url: str, **kwargs) -> requests.Response:
+        try:
+            response = self.session.post(url, timeout=self.timeout, **kwargs)
+        except requests.Timeout:
+            raise self._timed_out(url) from None
+        except requests.ConnectionError as exc:
+            if _is_read_timeout(exc):
+                raise self._timed_out(url) from None
+            raise BackendError(502, f"The {self.service} at {url} cannot be reached: it may be stopped or "
+                                    "still starting. Try again in a moment.") from None
+        except requests.RequestException as exc:
+            raise BackendError(502, f"The connection to the {self.service} broke ({type(exc).__name__}).") from None
+        if response.status_code != 200:
+            raise self._refused(response)
+        return response
+
+    def get_json(self, url: str) -> dict[str, Any] | None:
+        """A JSON object, or None on any failure (for information that is nice to have)."""
+        try:
+            response = self.session.get(url, timeout=min(self.timeout, ABOUT_TIMEOUT_S))
+            body = response.json() if response.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
+
+    def _timed_out(self, url: str) -> BackendError:
+        return BackendError(504, f"The {self.service} at {url} did not answer within {self.timeout:g} s.")
+
+    def _refused(self, response: requests.Response) -> BackendError:
+        code, detail = response.status_code, _detail(response)
+        if code in (429, 503):
+            return BackendError(503, f"The {self.service} is not ready or is overloaded ({detail}). "
+                                     "Try again in a moment.")
+        if code in self.image_errors:
+            return BackendError(code, f"The {self.service} could not use this image: {detail}")
+        return BackendError(502, f"The {self.service} failed (HTTP {code}: {detail}).")
+
+    def not_a_prediction(self, exc: Exception) -> BackendError:
+        return BackendError(502, f"The {self.service} answered with something that is not a prediction "
+                                 f"({type(exc).__name__}: {exc}).")
+
+
+class FastAPIBackend:
+    """``POST {url}/predict`` with ``{"image": <base64>}``, reading ``prediction`` and ``probability``."""
+
+    name = "fastapi"
+    description = "FastAPI service"
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.base = url.rstrip("/")
+        self.endpoint = self.base + "/predict"
+        # Its 400 and 413 are about the photo (see servelab/servers/fastapi/errors.py), so the user sees
+        # them; a 422 means this app sent a malformed request: our bug, not the user's.
+        self.http = _Http("FastAPI service", timeout, image_errors=(400, 413))
+
+    def classify(self, data: bytes, image: Image.Image) -> Answer:
+        response = self.http.post(self.endpoint, json={"image": base64.b64encode(data).decode("ascii")})
+        try:
+            body = response.json()
+            label, probability = body["prediction"], _check_probability(body["probability"])
+            if not isinstance(label, str):
+                raise TypeError("the prediction is not text")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self.http.not_a_prediction(exc) from None
+        model = body.get("model")
+        return Answer(label, probability, model if isinstance(model, str) else "unnamed model")
+
+    def about(self) -> About:
+        """From ``GET /ready``: the service, its runtime, and whether the model is the stand-in."""
+        ready = self.http.get_json(self.base + "/ready") or {}
+        runtime = ready.get("runtime") if isinstance(ready.get("runtime"), dict) else {}
+        where = runtime.get("providers") or runtime.get("device")
+        stage = ready.get("service")
+        if isinstance(stage, str) and where:
+            stage += f" ({', '.join(where) if isinstance(where, list) else where})"
+        stand_in = ready.get("stand_in")
+        return About(stage if isinstance(stage, str) else None, stand_in if isinstance(stand_in, bool) else None)
+
+
+class _TritonBackend:
+    """One model behind Triton's KServe v2 HTTP endpoint."""
+
+    def __init__(self, name: str, url: str, model: str, timeout: float, manifest: Manifest | None) -> None:
+        self.name, self.model, self.description = name, model, TRITON_DESCRIPTIONS[name]
+        self.base = f"http://{triton.server_address(url)}/v2/models/{quote(model, safe='')}"
+        self.endpoint = self.base + "/infer"
+        self.manifest = manifest
+        # Triton's 400 means the request does not fit the model's inputs (the app already checked
+        # the image): a configuration problem, not the user's.
+        self.http = _Http("Triton server", timeout, image_errors=())
+
+    def _infer(self, inputs: list, outputs: list) -> tuple[triton_http.InferResult, str]:
+        body, json_size = triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+        headers = {} if json_size is None else {"Inference-Header-Content-Length": str(json_size)}
+        response = self.http.post(self.endpoint, data=body, headers=headers)
+        header_length = response.headers.get("Inference-Header-Content-Length")
+        try:
+            result = triton_http.InferenceServerClient.parse_response_body(
+                response.content, header_length=int(header_length) if header_length else None)
+            meta = result.get_response()
+        except Exception as exc:  # tritonclient raises assorted types for a malformed body
+            raise self.http.not_a_prediction(exc) from None
+        version = meta.get("model_version")
+        return result, str(meta.get("model_name", self.model)) + (f" (version {version})" if version else "")
+
+    def _predict(self, inputs: list, outputs: list, read) -> Answer:
+        result, model = self._infer(inputs, outputs)
+        try:
+            (prediction,) = read(result)
+            return Answer(prediction.label, _check_probability(prediction.probability), model)
+        except (AttributeError, TypeError, ValueError) as exc:  # an output missing, malformed or unknown
+            raise self.http.not_a_prediction(exc) from None
+
+    def about(self) -> About:
+        """The stage from the config's ``servelab_stage`` parameter (written by ``servelab triton``);
+        whether the model is the stand-in from the manifest on this host, if there is one."""
+        config = self.http.get_json(self.base + "/config") or {}
+        parameters = config.get("parameters") if isinstance(config.get("parameters"), dict) else {}
+
+        def parameter(key: str) -> str | None:
+            value = parameters.get(key)
+            return value.get("string_value") if isinstance(value, dict) else None
+
+        notes = tuple(note for note in (parameter("servelab_stand_in"),) if note)
+        return About(parameter("servelab_stage"), self.manifest.stand_in if self.manifest else None, notes)
+
+
+class TritonImageBackend(_TritonBackend):
+    """The encoded image (base64 text, as the lab's clients send it) as ``INPUT_IMAGE`` BYTES [1, 1]
+    → ``FOOD_LABEL``, ``PROBABILITY``: the Python-backend model and the ensemble."""
+
+    def classify(self, data: bytes, image: Image.Image) -> Answer:
+        return self._predict(triton.image_inputs("http", [data]), triton.label_outputs("http"), triton.predictions)
+
+
+class TritonTensorBackend(_TritonBackend):
+    """Preprocessing and softmax in this app: FP32 ``input`` [1, 3, crop, crop] → ``output`` logits."""
+
+    def __init__(self, url: str, model: str, timeout: float, manifest: Manifest | None) -> None:
+        super().__init__("triton_onnx", url, model, timeout, manifest)
+        self.prep = manifest.preprocess_kwargs() if manifest else {}
+        self.classes = tuple(manifest.classes) if manifest else CLASSES
+
+    def classify(self, data: bytes, image: Image.Image) -> Answer:
+        x = preprocess_image(image, **self.prep)[None]
+
+        def read(result) -> list[Prediction]:
+            if result.as_numpy(triton.TENSOR_OUTPUT).shape != (1, len(self.classes)):
+                raise ValueError(f"logits are not of shape [1, {len(self.classes)}]")
+            return triton.tensor_predictions(result, self.classes)
+
+        return self._predict(triton.tensor_inputs("http", x), triton.tensor_outputs("http"), read)
+
+
+def _local_manifest(settings: Settings) -> Manifest | None:
+    """The manifest `servelab models build` wrote for the models Triton serves, if this host has it."""
+    path = ArtifactPaths.in_dir(settings.model_dir).manifest
+    return load_manifest(path) if path.is_file() else None
+
+
+def make_backend(settings: Settings) -> Backend:
+    """The backend ``settings.backend`` names, with its own connection pool."""
+    if settings.backend == "fastapi":
+        return FastAPIBackend(settings.fastapi_server_url, settings.backend_timeout)
+    model = settings.food11_model_name or DEFAULT_MODELS[settings.backend]
+    manifest = _local_manifest(settings)
+    if settings.backend == "triton_onnx":
+        return TritonTensorBackend(settings.triton_server_url, model, settings.backend_timeout, manifest)
+    return TritonImageBackend(settings.backend, settings.triton_server_url, model, settings.backend_timeout, manifest)

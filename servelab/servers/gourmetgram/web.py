@@ -1,0 +1,143 @@
+"""The GourmetGram Flask app: an upload form, the prediction, and failures in plain words.
+
+Routes: ``GET /`` the form; ``POST /classify`` an uploaded photo (field ``photo``) or a bundled
+sample (field ``sample``); ``GET /samples/<name>`` a bundled photo; ``GET /health`` liveness of
+the app itself (it never calls the backend, so a stopped backend does not restart the front end).
+"""
+
+import base64
+import io
+import logging
+import time
+from functools import partial
+from pathlib import Path
+
+from flask import Flask, Request, abort, render_template, request, send_file
+from PIL import Image
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from servelab.core.artifacts import STAND_IN_NOTE
+from servelab.servers.gourmetgram.services import BackendError, make_backend
+from servelab.core.paths import REPO_ROOT, sample_images
+from servelab.core.preprocess import ImageError, ImageTooLarge, load_image
+from servelab.core.settings import Settings, get_settings
+
+# templates/ and static/ live beside the thin flask_app/app.py.
+FLASK_DIR = REPO_ROOT / "flask_app"
+# Room for the multipart envelope around a file of the largest accepted size.
+FORM_OVERHEAD = 64 * 1024
+PREVIEW_SIZE = (320, 320)
+# Only the page's own files, plus the data: URL of the photo preview.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+log = logging.getLogger(__name__)
+
+
+class _InMemoryRequest(Request):
+    """Uploads stay in memory (MAX_CONTENT_LENGTH bounds them): no file is ever written."""
+
+    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
+        return io.BytesIO()
+
+
+def _preview(image: Image.Image) -> str:
+    """A small JPEG of the photo as a data: URL, so the page shows what was classified."""
+    small = image.copy()
+    small.thumbnail(PREVIEW_SIZE)
+    buf = io.BytesIO()
+    small.save(buf, "JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _upload(samples: dict[str, Path], max_bytes: int) -> bytes:
+    """The bytes to classify: the chosen sample photo, else the uploaded file (never saved)."""
+    name = request.form.get("sample", "")
+    if name:
+        if name not in samples:
+            raise ImageError(f"there is no sample photo named {name!r}")
+        return samples[name].read_bytes()
+    upload = request.files.get("photo")
+    if upload is None or not upload.filename:
+        raise ImageError("no photo was sent; choose a file (or the sample photo) and press Classify")
+    data = upload.stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RequestEntityTooLarge()
+    if not data:
+        raise ImageError("the file is empty")
+    return data
+
+
+def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flask:
+    """The app for ``settings.backend``; its one backend client is shared by all requests."""
+    settings = settings or get_settings()
+    app = Flask("gourmetgram", root_path=str(root))
+    app.request_class = _InMemoryRequest
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
+    backend = make_backend(settings)
+    samples = {path.name: path for path in sample_images()}
+    max_mb = settings.max_upload_bytes / 1024 / 1024
+    page = partial(render_template, "index.html", backend=backend, samples=samples, max_mb=max_mb,
+                   stand_in_note=STAND_IN_NOTE)
+
+    @app.get("/")
+    def index():
+        return page()
+
+    @app.post("/classify")
+    def classify():
+        data = _upload(samples, settings.max_upload_bytes)
+        image = load_image(data, settings.max_image_pixels)  # ImageError: see bad_image
+        preview = _preview(image)
+        started = time.perf_counter()
+        try:
+            answer = backend.classify(data, image)
+        except BackendError as exc:
+            log.warning("backend %s failed with %d: %s", backend.name, exc.status, exc.message)
+            return page(error=exc.message, preview=preview), exc.status
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return page(answer=answer, elapsed_ms=elapsed_ms, about=backend.about(), preview=preview)
+
+    @app.get("/samples/<name>")
+    def sample(name: str):
+        if name not in samples:  # looked up by name: no path from the URL ever touches the disk
+            abort(404)
+        return send_file(samples[name], max_age=3600)
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "backend": backend.name}
+
+    @app.errorhandler(ImageError)
+    def bad_image(exc: ImageError):
+        if isinstance(exc, ImageTooLarge):
+            return page(error=f"This photo is too large to classify: {exc}."), 413
+        return page(error=f"This file cannot be classified: {exc}."), 400
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge):
+        return page(error=f"The file is larger than the {max_mb:g} MB upload limit."), 413
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        # Keep headers such as Allow (405); the body is our page, not Werkzeug's.
+        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+        return page(error=f"{exc.code} {exc.name}."), exc.code, headers
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception):
+        # Logged with its traceback for the operator; the user gets plain words only.
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return page(error="Something went wrong inside GourmetGram. Try again; if it persists, "
+                          "the operator will find the details in the app's log."), 500
+
+    @app.after_request
+    def secure(response):
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    return app

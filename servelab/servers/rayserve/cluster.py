@@ -1,0 +1,184 @@
+"""A real multi-node Ray cluster on this machine: a head and worker nodes as child processes.
+
+Each node is its own ``ray start --block`` process (raylet, object store, agents; the head also
+GCS), started on 127.0.0.1 in a session of its own and stopped by its PID: ``ServerProcess`` ends
+the process group and then whatever is left of the session (Ray's worker processes leave the
+group). Each node announces ``RAY_NODE_CPUS`` logical CPUs and a ``servelab_node`` resource: a CPU
+stand-in for a lab node's capacity, on the same 2 real cores. Killing a worker node
+(``kill_worker``) is the node-failure run: SIGKILL to its whole session, as a lost machine.
+
+Ray's own gRPC servers (GCS, raylets, agents) listen on every interface; Ray has no option to
+bind them to 127.0.0.1. So the cluster uses Ray's token authentication with a token of its own (in
+its temp folder; ``client_env()`` is what a driver needs to join), and what this module chooses is
+on 127.0.0.1: the node address, the dashboard, and (``deployment.deploy``) Serve's HTTP proxy. An
+explicit token also keeps the nodes consistent: Ray 2.60's head turns token auth on by itself when
+``~/.ray/auth_token`` exists, its workers do not, and they then cannot join.
+"""
+
+import json
+import os
+import shutil
+import secrets
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servelab.core.procs import ServerProcess, free_port
+
+READY_LINE = "This command will now block forever"  # `ray start --block` prints it once the node is up
+OBJECT_STORE_BYTES = 100 * 1024 * 1024  # small: replicas pass requests, not tensors, through it
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 5.0  # `ray start --block` may take 30 s to wind down on SIGTERM; past this, SIGKILL
+
+
+def ray_binary() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def ray_env() -> dict[str, str]:
+    """The environment of every node (and so of its Serve proxy and replicas)."""
+    return {
+        "RAY_USAGE_STATS_ENABLED": "0",  # no usage reports: nothing leaves the machine
+        # The one proxy runs on the head; by default it sends requests to the head's own replicas
+        # while they keep up, which leaves a worker node idle under light load. Spread them instead.
+        "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+        # Each node's metrics agent publishes every 10 s by default; the lab reads counts back after each run.
+        "RAY_metrics_report_interval_ms": "500",
+    }
+
+
+@dataclass
+class LocalCluster:
+    """``with LocalCluster(workers=1) as cluster:``; ``cluster.address`` is the head's GCS address."""
+
+    workers: int = 1
+    cpus_per_node: int = 2
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    env: dict[str, str] = field(default_factory=dict)
+    dashboard: bool = True  # its REST API reports replicas and their nodes (`replicas()`)
+    port: int = 0
+    temp_dir: Path | None = None  # Ray's session folder; short, for its unix sockets (≤ 107 bytes)
+    head: ServerProcess | None = None
+    nodes: list[ServerProcess] = field(default_factory=list)  # the worker nodes, in start order
+    dashboard_port: int | None = None
+    detach: bool = False  # `servelab ray up`: the nodes outlive this process (`down` stops them)
+    token: str = ""  # the cluster's authentication token (made by start())
+    metrics: dict[str, str] = field(default_factory=dict)  # node name -> host:port of its metrics agent
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def token_path(self) -> Path:
+        return self.temp_dir / "auth_token"
+
+    def client_env(self) -> dict[str, str]:
+        """What a driver (``servelab ray deploy``) needs in its environment to join this cluster."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+
+    @property
+    def dashboard_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.dashboard_port}" if self.dashboard_port else None
+
+    def _node(self, name: str, args: list[str]) -> ServerProcess:
+        log = self.log_dir / f"ray-{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")  # readiness reads this run's lines only
+        metrics_port = free_port()
+        self.metrics[name] = f"127.0.0.1:{metrics_port}"
+        cmd = [ray_binary(), "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus_per_node),
+               "--resources", json.dumps({"servelab_node": 1}), "--object-store-memory", str(OBJECT_STORE_BYTES),
+               "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(metrics_port),
+               "--disable-usage-stats", *args]
+        return ServerProcess(cmd, None, log, env={**ray_env(), **self.client_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
+                             stop_timeout=STOP_TIMEOUT_S, detach=self.detach, ready_check=lambda: READY_LINE in log.read_text(errors="replace"))
+
+    def start(self) -> "LocalCluster":
+        self.port = self.port or free_port()
+        if self.temp_dir is None:
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="slray-", dir="/tmp"))
+        self.token = secrets.token_hex(32)  # 256 bits, as `ray get-auth-token --generate` makes
+        self.token_path.touch(mode=0o600)
+        self.token_path.write_text(self.token)
+        args = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
+                "--ray-client-server-port", str(free_port()), "--include-dashboard", str(self.dashboard).lower(),
+                "--dashboard-host", "127.0.0.1"]
+        if self.dashboard:
+            self.dashboard_port = free_port()
+            args += ["--dashboard-port", str(self.dashboard_port)]
+        try:
+            self.head = self._node("head", args).start()
+            for _ in range(self.workers):
+                self.add_worker()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_worker(self) -> ServerProcess:
+        node = self._node(f"worker{len(self.nodes) + 1}", ["--address", self.address])
+        self.nodes.append(node)
+        return node.start()
+
+    def kill_worker(self, index: int = -1) -> int:
+        """SIGKILL a worker node's whole session, as when a machine is lost; returns its PID."""
+        node = self.nodes.pop(index)
+        pid = node.pid
+        ServerProcess.kill_session(pid)
+        node.proc.wait(10)
+        node.proc = None
+        return pid
+
+    def stop(self) -> None:
+        for node in [self.head, *self.nodes]:  # all wind down at once; each stop() then waits
+            if node is not None and node.pid:
+                try:
+                    os.killpg(node.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for node in reversed(self.nodes):
+            node.stop()
+        self.nodes.clear()
+        if self.head is not None:
+            self.head.stop()
+            self.head = None
+        if self.temp_dir is not None and self.temp_dir.name.startswith("slray-"):
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in [self.head, *self.nodes] if p is not None and p.pid]
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def connect(address: str) -> str | None:
+    """Make this process a Ray driver on the cluster at ``address``; returns the dashboard's URL."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    context = ray.init(address=address, log_to_driver=False, logging_level="WARNING", namespace="servelab")
+    url = context.dashboard_url
+    return (url if "://" in url else f"http://{url}") if url else None
+
+
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def alive_nodes() -> list[dict]:
+    """The cluster's live nodes: node id, whether it is the head, its resources."""
+    import ray
+
+    return [{"node_id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"],
+             "cpus": n["Resources"].get("CPU", 0), "address": n["NodeManagerAddress"]}
+            for n in ray.nodes() if n["Alive"]]

@@ -1,0 +1,123 @@
+"""Controlling a local multi-node Ray cluster and the Ray Serve stages on it (``servelab ray``, whose front
+is ``servelab.cli.ray``).
+
+    servelab ray up --stage ray-2 [--workers 1]     # a head + workers on 127.0.0.1 (by PID), then deploy
+    servelab ray deploy --stage ray-dyn [--address HOST:PORT]   # (re)deploy onto a running cluster
+    servelab ray status [--address HOST:PORT]       # nodes, replicas per node (Ray node ids)
+    servelab ray down                               # stop what `up` started
+
+The cluster to deploy to: ``--address``, else ``RAY_ADDRESS``, else the one ``up`` started. Serve's
+HTTP proxy listens on ``RAY_SERVE_HOST:RAY_SERVE_PORT`` with the FastAPI services' API.
+"""
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from servelab.core.paths import REPO_ROOT
+from servelab.core.procs import session_members
+from servelab.servers.rayserve.cluster import alive_nodes, connect, disconnect
+from servelab.servers.rayserve.serve_state import placement, replica_rows, serve_details
+from servelab.servers.rayserve.options import STAGES
+from servelab.core.settings import get_settings
+
+STATE_FILE = REPO_ROOT / ".servelab" / "ray-up.json"
+
+
+def deploy_stage(name: str, address: str) -> dict[str, Any]:
+    """Connect as a driver, deploy the stage, and return where its replicas run."""
+    # Deferred, not a circle: importing it loads ray (an optional extra) only when this runs.
+    from servelab.servers.rayserve.deployment import deploy
+
+    dashboard = connect(address)
+    try:
+        started = time.monotonic()
+        deploy(STAGES[name], get_settings())
+        nodes = alive_nodes()
+        where = placement(dashboard) if dashboard else {}
+        return {"stage": name, "deploy_s": round(time.monotonic() - started, 1), "nodes": nodes,
+                "dashboard": dashboard, **where}
+    finally:
+        disconnect()
+
+
+def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float = 300.0) -> None:
+    """``servelab ray deploy`` onto a ``LocalCluster`` as a child process (the lab, the benchmark): this
+    process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1. A failed deploy raises
+    ``RuntimeError`` with the end of the child's log."""
+    import subprocess
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = log.stat().st_size if log.exists() else 0
+    with open(log, "ab") as out:
+        done = subprocess.run([sys.executable, "-m", "servelab", "ray", "deploy", "--stage", name, "--address",
+                               cluster.address], stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                              env={**os.environ, **cluster.client_env(), "RAY_SERVE_PORT": str(port),
+                                   "RAY_SERVE_HOST": "127.0.0.1"})
+    if done.returncode:
+        # The log may sit in a folder the caller deletes: the error carries the child's last words.
+        with open(log, "rb") as written:
+            written.seek(start)
+            tail = written.read().decode(errors="replace").strip().splitlines()[-25:]
+        raise RuntimeError(f"servelab ray deploy --stage {name} exited {done.returncode} ({log}):\n"
+                           + "\n".join(f"    {line}" for line in tail))
+
+
+def status(address: str) -> dict[str, Any]:
+    dashboard = connect(address)
+    try:
+        details = serve_details(dashboard) if dashboard else {}
+        return {"address": address, "dashboard": dashboard, "nodes": alive_nodes(), "replicas": replica_rows(details)}
+    finally:
+        disconnect()
+
+
+# --- the cluster `up` leaves running ---------------------------------------------------------
+
+def save_state(state: dict[str, Any]) -> None:
+    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+
+
+def _is_ray_node(pid: int) -> bool:
+    """True if ``pid`` runs a `ray start` we started (a reused PID is someone else's)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"start" in cmdline and b"--block" in cmdline and any(part.endswith(b"/ray") for part in cmdline[:2])
+
+
+def load_state() -> dict[str, Any] | None:
+    if not STATE_FILE.exists():
+        return None
+    state = json.loads(STATE_FILE.read_text())
+    if not any(_is_ray_node(pid) for pid in state["pids"]):
+        STATE_FILE.unlink()
+        return None
+    return state
+
+
+def stop_saved(timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """SIGTERM each node `up` started, then SIGKILL what is left of their sessions."""
+    state = load_state()
+    if state is None:
+        return None
+    pids = [pid for pid in state["pids"] if _is_ray_node(pid)]
+    for pid in pids:
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_is_ray_node(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        for member in session_members(pid):
+            os.kill(member, signal.SIGKILL)
+    if Path(state["temp_dir"]).name.startswith("slray-"):
+        shutil.rmtree(state["temp_dir"], ignore_errors=True)
+    STATE_FILE.unlink(missing_ok=True)
+    return state

@@ -1,0 +1,136 @@
+"""The Serve deployment: ``servelab.servers.fastapi``'s FastAPI app in every replica, deployed by stage.
+
+Each replica builds the ONNX service's app with ``create_app`` (the same routes, handlers, error
+contract, Server-Timing and metrics as ``fastapi-onnx``) and hands it to ``@serve.ingress``; Ray
+runs its lifespan, so the model loads and warms up in the replica. Two things differ:
+
+* ``ServeBatcher`` replaces the service's micro-batcher by Ray Serve's own ``@serve.batch`` (the
+  ``ray-dyn`` stage); with batching off it forwards each request alone, like the service does;
+* ``/ready`` names the stage (``stage``) and the replica's Ray node id and replica id
+  (``placement``), so placement shows through the HTTP API.
+
+The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally every node shares
+127.0.0.1, and two proxies would want the same port.
+"""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
+from servelab.servers.fastapi.batcher import BatchResult
+from servelab.core.settings import RaySettings, Settings
+from servelab.core.catalogue import Stage
+
+log = logging.getLogger("servelab.servers.rayserve")
+
+
+class ServeBatcher:
+    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue,
+    counted in images (``batch_size_fn``), and runs in one inference thread."""
+
+    def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None):
+        self.infer, self.on_batch, self.max_batch_size = infer, on_batch, max_batch_size
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
+        self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s,
+                                    batch_size_fn=lambda items: sum(len(x) for x, _ in items))(self._infer_batch)
+
+    def start(self) -> None:
+        pass  # Serve starts its batching task on the first request
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, x: np.ndarray) -> BatchResult:
+        if len(x) > self.max_batch_size:
+            # A request's images stay together (as in MicroBatcher); @serve.batch refuses an item larger
+            # than its batch, so such a request runs alone, in the same inference thread.
+            (result,) = await self._infer_batch([(x, time.perf_counter())])
+            return result
+        return await self._batched((x, time.perf_counter()))
+
+    async def _infer_batch(self, items: list[tuple[np.ndarray, float]]) -> list[BatchResult]:
+        x = items[0][0] if len(items) == 1 else np.concatenate([x for x, _ in items])
+        started = time.perf_counter()
+        logits = await asyncio.get_running_loop().run_in_executor(self._executor, self.infer, x)
+        infer_s = time.perf_counter() - started
+        if self.on_batch is not None:
+            self.on_batch(len(x), infer_s)
+        results, offset = [], 0
+        for part, submitted in items:
+            results.append(BatchResult(logits[offset:offset + len(part)], started - submitted, infer_s, len(x)))
+            offset += len(part)
+        return results
+
+
+def _placement(stage: str) -> dict[str, Any]:
+    import ray
+
+    context = serve.get_replica_context()
+    return {"stage": stage, "ray_node_id": ray.get_runtime_context().get_node_id(),
+            "replica": context.replica_id.unique_id, "deployment": context.deployment, "app": context.app_name}
+
+
+def build_app(stage: str, overrides: dict[str, str]):
+    """In the replica: the ONNX service's app, with this stage's serving settings on top of the
+    replica's environment (MODEL_DIR and the rest come from where the replica runs)."""
+    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
+    from servelab.servers.fastapi.app import create_app
+
+    settings = Settings(**{k.lower(): v for k, v in overrides.items()})
+    return create_app("onnx", settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
+
+
+def application(stage: Stage, settings: RaySettings):
+    """The bound Serve application for ``stage`` (``serve.run`` it)."""
+    overrides = serve_env(stage, settings)
+
+    @serve.deployment(name=DEPLOYMENT_NAME)
+    @serve.ingress(lambda: build_app(stage.name, overrides))
+    class Food11:
+        pass
+
+    return Food11.options(**deployment_options(stage, settings)).bind()
+
+
+def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> None:
+    """Deploy a stage onto the cluster this driver is connected to, replacing the one running;
+    returns once every replica is ready.
+
+    A stage switch, not a rolling update: the old replicas go first. Serve would start the new ones
+    beside them, and on a small cluster (ray-2 -> ray-4 on two 2-CPU nodes) they never fit: the
+    deploy waited out its 300 s timeout."""
+    serve.start(http_options={"host": settings.ray_serve_host, "port": settings.ray_serve_port},
+                proxy_location="HeadOnly")
+    if APP_NAME in serve.status().applications:
+        serve.delete(APP_NAME)
+    serve.run(application(stage, settings), name=APP_NAME, route_prefix="/", blocking=False)
+    wait_running(timeout_s)
+
+
+def wait_running(timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(APP_NAME)
+        state = str(status.status) if status else "absent"
+        if state.endswith("RUNNING"):
+            return
+        if state.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
+            message = status.message if status else ""
+            raise RuntimeError(f"Serve application {APP_NAME}: {state} after {timeout_s:.0f} s or less: {message}")
+        time.sleep(0.5)
+
+
+def replicas() -> list[dict[str, Any]]:
+    """Every replica of the deployment: id, state, Ray node id (from Ray's state API)."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP_NAME}:{DEPLOYMENT_NAME}")],
+                         detail=False, limit=1000, raise_on_missing_output=False)
+    return [{"actor_id": a.actor_id, "state": a.state, "node_id": a.node_id, "pid": a.pid} for a in actors]

@@ -1,0 +1,104 @@
+"""Build Triton requests and read their results: one place for the tests, the web front end and
+the load generator.
+
+The functions only build ``InferInput``/``InferRequestedOutput`` objects and read result arrays,
+so they serve every tritonclient flavour: pass ``"http"`` or ``"grpc"``; the asyncio clients
+(``tritonclient.http.aio``, ``tritonclient.grpc.aio``) use the same input and output classes.
+
+Which a model takes is the catalogue's to say (``servelab.core.catalogue.MODELS``, ``input_kind``):
+
+* Image models (``food_classifier``, ``food_classifier_ensemble``): ``INPUT_IMAGE`` BYTES [N, 1],
+  each element one encoded image as base64 text (what the lab's client sends) or raw bytes
+  -> ``FOOD_LABEL`` BYTES [N, 1] and ``PROBABILITY`` FP32 [N, 1].
+* Tensor model (``food_classifier_onnx``): ``input`` FP32 [N, 3, 224, 224], preprocessed with
+  ``servelab.core.preprocess`` -> ``output`` FP32 [N, 11] logits (softmax is the client's job).
+* Its variants with preprocessing in the graph (``food_classifier_onnx_u8``, ``_int8``, ``_fp16``):
+  ``image`` UINT8 [N, 224, 224, 3], the center crop from ``servelab.core.preprocess.crop_pixels`` -> the
+  same ``output``.
+"""
+
+import base64
+import importlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from servelab.core.labels import CLASSES
+from servelab.core.postprocess import Prediction, top1
+from servelab.core.catalogue import MODELS
+
+Protocol = Literal["http", "grpc"]
+InputKind = Literal["bytes", "tensor", "uint8"]
+IMAGE_INPUT, LABEL_OUTPUT, PROBABILITY_OUTPUT = "INPUT_IMAGE", "FOOD_LABEL", "PROBABILITY"
+TENSOR_INPUT, PIXELS_INPUT, TENSOR_OUTPUT = "input", "image", "output"
+
+
+def input_kind(model: str) -> InputKind:
+    """What ``model`` takes, as the catalogue says; a ValueError for a model it does not hold."""
+    try:
+        return MODELS[model].input
+    except KeyError:
+        raise ValueError(f"unknown model {model!r}: say what it takes (--input bytes|tensor|uint8); "
+                         f"models: {', '.join(MODELS)}") from None
+
+
+def server_address(url: str) -> str:
+    """``host:port`` from ``host:port`` or ``http://host:port`` (tritonclient takes no scheme)."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def _module(protocol: Protocol):
+    return importlib.import_module(f"tritonclient.{protocol}")
+
+
+def image_array(images: Sequence[bytes], encoding: Literal["base64", "raw"] = "base64") -> np.ndarray:
+    """Encoded images -> the BYTES array [N, 1] for INPUT_IMAGE."""
+    items = [base64.b64encode(im).decode("ascii") if encoding == "base64" else im for im in images]
+    array = np.empty((len(items), 1), dtype=np.object_)
+    array[:, 0] = items
+    return array
+
+
+def image_inputs(protocol: Protocol, images: Sequence[bytes],
+                 encoding: Literal["base64", "raw"] = "base64") -> list[Any]:
+    """INPUT_IMAGE carrying ``images`` (one element per image)."""
+    array = image_array(images, encoding)
+    infer_input = _module(protocol).InferInput(IMAGE_INPUT, list(array.shape), "BYTES")
+    infer_input.set_data_from_numpy(array)
+    return [infer_input]
+
+
+def tensor_inputs(protocol: Protocol, batch: np.ndarray) -> list[Any]:
+    """``input`` carrying a preprocessed float32 batch [N, 3, 224, 224], or ``image`` carrying uint8
+    crops [N, 224, 224, 3] (the variants with preprocessing in the graph)."""
+    name, datatype, dtype = (PIXELS_INPUT, "UINT8", np.uint8) if batch.dtype == np.uint8 else (TENSOR_INPUT, "FP32", np.float32)
+    batch = np.ascontiguousarray(batch, dtype=dtype)
+    infer_input = _module(protocol).InferInput(name, list(batch.shape), datatype)
+    infer_input.set_data_from_numpy(batch)
+    return [infer_input]
+
+
+def label_outputs(protocol: Protocol) -> list[Any]:
+    module = _module(protocol)
+    return [module.InferRequestedOutput(LABEL_OUTPUT), module.InferRequestedOutput(PROBABILITY_OUTPUT)]
+
+
+def tensor_outputs(protocol: Protocol) -> list[Any]:
+    return [_module(protocol).InferRequestedOutput(TENSOR_OUTPUT)]
+
+
+def predictions(result) -> list[Prediction]:
+    """FOOD_LABEL and PROBABILITY of an image-model result, one Prediction per image."""
+    labels = result.as_numpy(LABEL_OUTPUT).reshape(-1)
+    probabilities = result.as_numpy(PROBABILITY_OUTPUT).reshape(-1)
+    out = []
+    for label, probability in zip(labels, probabilities):
+        name = label.decode() if isinstance(label, bytes) else str(label)
+        out.append(Prediction(name, float(probability), CLASSES.index(name)))
+    return out
+
+
+def tensor_predictions(result, classes: Sequence[str] = CLASSES) -> list[Prediction]:
+    """The logits of a tensor-model result, turned into predictions with servelab's softmax."""
+    return top1(result.as_numpy(TENSOR_OUTPUT), classes)

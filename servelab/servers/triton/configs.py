@@ -1,0 +1,163 @@
+"""The Triton stages of the catalogue (``servelab.core.catalogue``) rendered as model configs.
+
+The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs: the lab's first
+configuration of each model on its GPU node, readable as plain Triton configs. A stage's
+``TritonPart`` names the model clients call and, per model, the few top-level fields that replace
+the base's fields (``instance_group``, ``dynamic_batching``); nothing else is ever copied or edited by hand.
+
+Rendering a stage for a server (``render``) parses the base with Triton's own ``ModelConfig``
+protobuf (so a misspelt field fails here, not in the server), applies the stage's fields, then
+adapts it to the machine:
+
+* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count
+  (``count`` x number of GPUs), for machines without a GPU;
+* ``kind="gpu"`` on a machine with fewer GPUs than a stage names (``pt-2x2`` puts instances on GPUs
+  0 and 1, as on the P100 node): the instances of a missing GPU move to one that is there, with a
+  ``servelab_gpu_placement`` parameter saying so;
+* every ``backend: "onnxruntime"`` model gets Triton's own ``model_warmup``, a zero-filled batch of
+  every size from 1 to ``max_batch_size`` (``onnx_warm_up`` says why; Triton reports the model ready
+  only after them),
+  and the backend's ``cudnn_conv_algo_search`` parameter from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
+* ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
+  ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
+  (``food_classifier_onnx/1/model.py``, named by ``default_model_filename``), labelled by the
+  ``servelab_stand_in`` parameter, which ``GET /v2/models/<model>/config`` shows.
+
+Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
+stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
+server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
+"""
+
+from pathlib import Path
+from typing import Any, Literal
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from servelab.core.hardware import gpu_count
+from servelab.core.settings import get_settings
+from servelab.core.catalogue import ONNX, Stage, of_family
+from servelab.core.catalogue import get_stage as catalogue_stage
+from servelab.servers.triton.python_backend import instance_count
+
+Kind = Literal["gpu", "cpu"]
+CONFIG_NAME = "stage"  # the server's --model-config-name
+# The stand-in, relative to a model's version folder (where the Python backend looks for its file).
+STAND_IN_FILE = f"../../{ONNX}/1/model.py"
+STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.onnx, because this "
+                 "tritonserver has no onnxruntime backend; timings differ from the ONNX Runtime backend")
+
+
+STAGES: dict[str, Stage] = of_family("triton")
+
+
+def get_stage(name: str) -> Stage:
+    return catalogue_stage(name, "triton")
+
+
+def resolve_kind(kind: str) -> Kind:
+    """``auto`` -> ``gpu`` where an NVIDIA GPU is visible, else ``cpu``."""
+    if kind == "auto":
+        return "gpu" if gpu_count() > 0 else "cpu"
+    if kind not in ("gpu", "cpu"):
+        raise ValueError(f"instance kind must be auto, gpu or cpu, not {kind!r}")
+    return kind  # type: ignore[return-value]
+
+
+def base_config(repository: Path, model: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((Path(repository) / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+# The ONNX Runtime backend's cudnn_conv_algo_search parameter takes the enum's number.
+CUDNN_CONV_ALGO_SEARCH = {"EXHAUSTIVE": "0", "HEURISTIC": "1", "DEFAULT": "2"}
+
+
+def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
+    """``model_warmup`` for an ONNX model's config fields: one zero-filled batch of *every* size from 1 to
+    ``max_batch_size``, so each shape the model can be handed has run once before it is ready (a model
+    that Triton does not batch, ``max_batch_size`` 0, gets none).
+
+    Every size, not a few: Triton hands the model any size up to ``max_batch_size``. Without a dynamic
+    batcher each request runs as the client sent it; with one, ``preferred_batch_size`` is only a
+    preference and the batcher sends whatever has queued when ``max_queue_delay_microseconds`` runs out.
+    No config field narrows that set, and the ONNX Runtime backend has one session per instance, which on
+    a GPU chooses cuDNN algorithms for a new shape (ONNX Runtime 1.19.2, the node's backend, once per
+    shape; from 1.20 on every change of shape, which no warm-up avoids: stage ``onnx-b16`` keeps one).
+    The cost: ``max_batch_size`` runs per instance (16 runs, 136 images, for the lab's models), paid
+    while the model loads instead of during a measurement."""
+    max_batch = int(fields.get("max_batch_size", 0))
+    if not max_batch:
+        return {}
+    inputs = {i["name"]: {"data_type": i["data_type"], "dims": i["dims"], "zero_data": True} for i in fields["input"]}
+    return {"model_warmup": [{"name": f"batch {n}", "batch_size": n, "inputs": inputs}
+                             for n in range(1, max_batch + 1)]}
+
+
+def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"count": instance_count(groups), "kind": "KIND_CPU"}]
+
+
+def on_gpus(groups: list[dict[str, Any]], gpus: int) -> tuple[list[dict[str, Any]], str | None]:
+    """``KIND_GPU`` groups placed on the ``gpus`` GPUs there are: a group naming a GPU that is not
+    there moves to GPU ``id % gpus``, with the same instance count, and the note says so (the lab
+    node's stages spread instances over its two P100s; a one-GPU machine holds them all)."""
+    moved, placed = [], []
+    for group in groups:
+        ids = [int(i) for i in group.get("gpus", [])]
+        if group.get("kind", "KIND_GPU") != "KIND_GPU" or all(i < gpus for i in ids):
+            placed.append(group)
+            continue
+        for i in ids:  # one group per GPU id, so the count per GPU stays as written
+            placed.append({**group, "gpus": [i % gpus]})
+        moved += [i for i in ids if i >= gpus]
+    if not moved:
+        return groups, None
+    return placed, (f"written for 2 GPUs (the lab node's P100s); this machine has {gpus}, so the instances "
+                    f"of GPU {', '.join(map(str, sorted(set(moved))))} run on GPU "
+                    f"{', '.join(str(i % gpus) for i in sorted(set(moved)))}, as many in all")
+
+
+def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
+                     repository: Path, gpus: int = 0) -> model_config_pb2.ModelConfig:
+    """The config ``model`` runs with in ``stage`` on a server of that kind; ``gpus``: the GPUs of
+    the machine that server runs on (0 = not known here: the GPU ids stay as written)."""
+    fields = json_format.MessageToDict(base_config(repository, model), preserving_proto_field_name=True)
+    fields.update(stage.triton.changes.get(model, {}))
+    parameters = fields.setdefault("parameters", {})
+    parameters["servelab_stage"] = {"string_value": f"{stage.name} ({kind})"}
+    if fields.get("backend") == "onnxruntime":
+        fields.update(onnx_warm_up(fields))
+        parameters["cudnn_conv_algo_search"] = {
+            "string_value": CUDNN_CONV_ALGO_SEARCH[get_settings().ort_cudnn_conv_algo_search]}
+    if kind == "cpu" and fields.get("instance_group"):
+        fields["instance_group"] = _on_cpu(fields["instance_group"])
+    if kind == "gpu" and gpus and fields.get("instance_group"):
+        fields["instance_group"], note = on_gpus(fields["instance_group"], gpus)
+        if note:
+            parameters["servelab_gpu_placement"] = {"string_value": note}
+    if fields.get("backend") == "onnxruntime" and not onnxruntime:
+        fields["backend"] = "python"
+        fields["default_model_filename"] = STAND_IN_FILE
+        parameters["servelab_stand_in"] = {"string_value": STAND_IN_NOTE}
+    return json_format.ParseDict(fields, model_config_pb2.ModelConfig())
+
+
+def render(config: model_config_pb2.ModelConfig) -> str:
+    return text_format.MessageToString(config, use_short_repeated_primitives=True)
+
+
+def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path) -> list[Path]:
+    """Write ``<model>/configs/stage.pbtxt`` for every model of the stage; returns the paths."""
+    written = []
+    gpus = gpu_count() if kind == "gpu" else 0
+    for model in stage.triton.models:
+        config = effective_config(stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository, gpus=gpus)
+        dest = Path(repository) / model / "configs" / f"{CONFIG_NAME}.pbtxt"
+        dest.parent.mkdir(exist_ok=True)
+        header = (f"# GENERATED by `servelab triton stage {stage.name}` ({kind}) from ../config.pbtxt; "
+                  "edit servelab/core/catalogue.py, not this file.\n")
+        tmp = dest.with_suffix(".part")
+        tmp.write_text(header + render(config))
+        tmp.replace(dest)  # a server (re)loading now never reads half a file
+        written.append(dest)
+    return written

@@ -1,0 +1,284 @@
+"""A real tritonserver without Docker, and stage switching on any running Triton.
+
+The ``nvidia-pytriton`` wheel bundles ``tritonserver`` (2.51) with the Python backend only. To run
+it directly (``install`` + ``server_env``): copy its server folder to a writable cache
+(``.servelab/tritonserver``, reused across runs) with the ``triton_python_backend_stub`` built for
+this Python in ``backends/python/``; the stub embeds ``libpython3.X.so``, found through
+``LD_LIBRARY_PATH`` (the wheel's ``nvidia_pytriton.libs``, then this interpreter's ``LIBDIR``, so a
+shared pyenv/uv Python works without a system libpython package), and finds our packages through
+the environment's ``bin`` first on ``PATH``. ``PYTHONPATH`` is the checkout root only: the models
+import ``servelab``, and no folder named ``triton`` may be on ``sys.path`` (torch would take it for
+OpenAI Triton).
+
+The server binds 127.0.0.1, runs in explicit model-control mode with ``--model-config-name=stage``
+(so it reads the effective configs ``servelab.servers.triton.configs`` writes) and is started and stopped
+through ``servelab.core.procs.ServerProcess``. ``apply_stage`` switches any running Triton (this one or
+the lab's container) to another stage through the model-control API; no image is rebuilt.
+"""
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab.core.paths import REPO_ROOT
+from servelab.core.procs import DIRECT, ServerProcess, free_port
+from servelab.servers.triton.client import server_address
+from servelab.servers.triton.configs import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
+
+CACHE_DIR = REPO_ROOT / ".servelab"
+INSTALL_DIR = CACHE_DIR / "tritonserver"
+STATE_FILE = CACHE_DIR / "tritonserver-up.json"
+# Loading many PyTorch instances on a small CPU takes a while; the load call blocks until done.
+LOAD_TIMEOUT_S = 600.0
+# Every model any stage loads, dependencies first (reversed, it is a safe unload order).
+ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.triton.models))
+
+
+def wheel_dirs() -> tuple[Path, Path]:
+    """(the wheel's tritonserver folder, its bundled shared libraries) without importing pytriton."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("nvidia-pytriton is not installed (pip install 'servelab[triton]')")
+    package = Path(spec.submodule_search_locations[0])
+    return package / "tritonserver", package.parent / "nvidia_pytriton.libs"
+
+
+def install(dest: Path = INSTALL_DIR) -> Path:
+    """A writable copy of the bundled server with this Python's backend stub (made once, then reused)."""
+    server, _ = wheel_dirs()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stamp = f"nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}, python {python}\n"
+    marker = dest / ".servelab-install"
+    if marker.exists() and marker.read_text() == stamp:
+        return dest
+    stub = server / "python_backend_stubs" / python / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeError(f"the bundled tritonserver has no Python backend stub for Python {python}")
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(server, tmp, ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"))
+    shutil.copy2(stub, tmp / "backends" / "python" / stub.name)
+    (tmp / marker.name).write_text(stamp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def onnxruntime_backend(install_dir: Path) -> bool:
+    return (install_dir / "backends" / "onnxruntime").is_dir()
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the bundled server and its Python stubs (see the module docstring)."""
+    env = dict(os.environ if base is None else base)
+    _, libs = wheel_dirs()
+    library_path = [str(libs), sysconfig.get_config_var("LIBDIR") or "", env.get("LD_LIBRARY_PATH", "")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in library_path if p)
+    env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def pick(cls, http: int = 0, grpc: int = 0, metrics: int = 0) -> "Ports":
+        """The given ports; 0 means a free one."""
+        return cls(http or free_port(), grpc or free_port(), metrics or free_port())
+
+
+def server_command(install_dir: Path, repository: Path, ports: Ports, models: tuple[str, ...],
+                   *, gpu_metrics: bool, exit_timeout_s: int) -> list[str]:
+    return [
+        str(install_dir / "bin" / "tritonserver"),
+        f"--model-repository={repository}",
+        f"--backend-directory={install_dir / 'backends'}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in models),
+        f"--model-config-name={CONFIG_NAME}",
+        "--http-address=127.0.0.1", f"--http-port={ports.http}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
+        "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
+        f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+    ]
+
+
+@dataclass
+class LocalTriton:
+    """A tritonserver we started; ``url`` is ``host:port`` as tritonclient wants it."""
+
+    process: ServerProcess
+    ports: Ports
+    stage: str
+    kind: Kind
+    onnxruntime: bool
+    repository: Path
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    def apply_stage(self, stage: Stage) -> dict[str, Any]:
+        """Switch this server to ``stage``; returns the config the server reports. The stage it serves
+        already is not loaded again (a load reloads a loaded model)."""
+        if stage.name == self.stage:
+            return model_config(self.url, stage.triton.model)
+        config = apply_stage(self.url, stage, kind=self.kind, onnxruntime=self.onnxruntime,
+                             repository=self.repository)
+        self.stage = stage.name
+        return config
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> "LocalTriton":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
+                log: Path | None = None, exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S,
+                detach: bool = False) -> LocalTriton:
+    """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY."""
+    install_dir = install()
+    ports = ports or Ports.pick()
+    resolved = resolve_kind(kind)
+    onnxruntime = onnxruntime_backend(install_dir)
+    write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
+    cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
+                         gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s)
+    process = ServerProcess(
+        cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
+        log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
+        ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach,
+    ).start()
+    return LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository))
+
+
+def _call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
+    """One JSON call to Triton's HTTP API; Triton's error message becomes a RuntimeError."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://{server_address(url)}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with DIRECT.open(request, timeout=timeout) as response:
+            text = response.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+    return json.loads(text) if text else None
+
+
+def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool,
+                repository: Path, timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+    """Make a running Triton (explicit model control, ``--model-config-name=stage``) serve ``stage``.
+
+    Writes the stage's effective configs into the model repository the server reads, unloads the
+    models the stage does not use (so they neither hold memory nor compete for cores), then loads
+    the stage's models in order; a load of a loaded model reloads it with the new config while
+    in-flight requests finish on the old instances. Returns the config as the server reports it.
+    """
+    index = _call(url, "POST", "/v2/repository/index", {"ready": True})  # fails early if unreachable
+    write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
+    loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
+    unload = [m for m in reversed(ALL_MODELS) if m in loaded and m not in stage.triton.models]
+    for model in unload:
+        _call(url, "POST", f"/v2/repository/models/{model}/unload", {}, timeout_s)
+    _wait_unloaded(url, unload, timeout_s)
+    for model in stage.triton.models:
+        _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s)
+    return model_config(url, stage.triton.model)
+
+
+def _wait_unloaded(url: str, models: list[str], timeout_s: float) -> None:
+    """Unload returns at once; wait until the instances are gone, so they no longer use the CPU
+    or GPU while the next stage is measured."""
+    deadline = time.monotonic() + timeout_s
+    while models and time.monotonic() < deadline:
+        index = _call(url, "POST", "/v2/repository/index", {})
+        if not any(e["name"] in models and e.get("state") in ("READY", "UNLOADING") for e in index):
+            return
+        time.sleep(0.2)
+    if models:
+        raise TimeoutError(f"{', '.join(models)} still unloading after {timeout_s:.0f} s")
+
+
+def model_config(url: str, model: str) -> dict[str, Any]:
+    return _call(url, "GET", f"/v2/models/{model}/config")
+
+
+# --- the server `servelab triton up` leaves running, stopped by `servelab triton down` ---
+
+def state_of(server: LocalTriton) -> dict[str, Any]:
+    """What `down` needs to stop the server and `stage` needs to render for it."""
+    return {"pid": server.process.pid, "binary": server.process.cmd[0], "url": server.url,
+            "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
+            "onnxruntime": server.onnxruntime, "repository": str(server.repository),
+            "log": str(server.process.log)}
+
+
+def save_state(state: dict[str, Any]) -> None:
+    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+
+
+def load_state() -> dict[str, Any] | None:
+    """The server `up` started, if it is still running (a stale state file is removed)."""
+    if not STATE_FILE.exists():
+        return None
+    state = json.loads(STATE_FILE.read_text())
+    if not _is_our_server(state["pid"], state["binary"]):
+        STATE_FILE.unlink()
+        return None
+    return state
+
+
+def _is_our_server(pid: int, binary: str) -> bool:
+    """True if ``pid`` is alive and runs our tritonserver (a reused PID is someone else's)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return cmdline[0].decode(errors="replace") == binary
+
+
+def stop_saved(timeout_s: float = 30.0) -> dict[str, Any] | None:
+    """Stop the server `up` started (SIGTERM to its process group, SIGKILL if it lingers)."""
+    state = load_state()
+    if state is None:
+        return None
+    pid = state["pid"]
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pid, sig)  # its own group: the server and its Python stubs
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _is_our_server(pid, state["binary"]):
+            time.sleep(0.2)
+        if not _is_our_server(pid, state["binary"]):
+            break
+    STATE_FILE.unlink(missing_ok=True)
+    return state

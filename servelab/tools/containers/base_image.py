@@ -1,0 +1,69 @@
+"""The local base image: Debian 12 made with debootstrap, because no registry can be reached here.
+
+Made once per content key (suite, variant, packages, mirror) into a tarball in the cache, then
+imported into the engine; a later run finds the image (same data root) or re-imports the tarball
+(fresh data root) without running debootstrap again. Plain minbase: the Dockerfiles install their
+Python with apt themselves (`--include=python3.11-venv` fails to configure inside debootstrap).
+"""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from servelab.tools.containers.docker import Docker
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES: tuple[str, ...] = ()
+IMAGE = "servelab-standin/debian12"
+
+
+def key() -> str:
+    spec = {"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": PACKAGES}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def tarball(cache: Path) -> Path:
+    return Path(cache).expanduser() / "base" / f"debian-{SUITE}-{VARIANT}-{key()}.tar"
+
+
+def make_tarball(cache: Path, log=print) -> Path:
+    """debootstrap into a scratch folder, drop apt's caches and lists, tar it (numeric owners)."""
+    target = tarball(cache)
+    if target.exists():
+        return target
+    if not shutil.which("debootstrap"):
+        raise RuntimeError("debootstrap is needed to make the base image: `apt-get install debootstrap`")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="servelab-rootfs-", dir=target.parent) as tmp:
+        root = Path(tmp) / "rootfs"
+        log(f"base image: debootstrap --variant={VARIANT} {SUITE} (about a minute, once)")
+        include = [f"--include={','.join(PACKAGES)}"] if PACKAGES else []
+        done = subprocess.run(["debootstrap", f"--variant={VARIANT}", *include, SUITE, str(root), MIRROR], capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"debootstrap failed: {(done.stdout + done.stderr)[-1500:]}")
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for path in (root / leftover).glob("*"):
+                if path.is_file():
+                    path.unlink()
+        part = target.with_suffix(".part")
+        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(part), "."], check=True)
+        part.replace(target)
+    return target
+
+
+def ensure(docker: Docker, cache: Path, log=print) -> str:
+    """The base image's name:tag in the engine (imported from the cached tarball when missing)."""
+    tag = f"{IMAGE}:{key()}"
+    if docker.has_image(tag):
+        return tag
+    tar = make_tarball(cache, log)
+    docker.run("import", "--change", 'CMD ["/bin/bash"]',
+               "--change", 'LABEL org.opencontainers.image.description="LOCAL STAND-IN base: Debian 12 by debootstrap"',
+               str(tar), tag)
+    log(f"base image: {tag} imported from {tar.name} ({tar.stat().st_size / 2**20:.0f} MiB)")
+    return tag

@@ -1,0 +1,331 @@
+"""A private Docker engine: our own dockerd, started as a child process and stopped by its PID.
+
+Nothing is shared with another engine on the machine: the socket, exec root (where the managed
+containerd and the containers' runtime state live), pid file and log are in a run folder of their
+own; the default bridge is a bridge interface we create with a name and a 10.X.0.0/16 range no other
+interface or route uses (``--bridge``; compose networks get /24s from the same range), and
+containerd's namespace is ours. The data root (images and the layer cache) lives in the per-user
+cache so a second run is quick; while an engine uses it, a second engine gets a throwaway one.
+
+``stop`` ends the dockerd by PID (it stops its containers and containerd), then removes what a
+dockerd leaves behind: mounts under its folders, the bridges in its range, and the iptables rules
+that name them.
+"""
+
+import http.client
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from servelab.tools.containers.docker import Docker
+from servelab.core.procs import ServerProcess
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 2.0):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+def ping(sock: Path) -> bool:
+    """Whether a Docker API answers on the unix socket ``sock``."""
+    try:
+        conn = _UnixHTTPConnection(str(sock))
+        conn.request("GET", "/_ping")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie (an exited child of ours not yet waited for)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _used_second_octets() -> set[int]:
+    """10.X of every address and route on the machine, so our range collides with none."""
+    used = set()
+    for args in (["ip", "-4", "-o", "addr"], ["ip", "-4", "route"]):
+        out = subprocess.run(args, capture_output=True, text=True).stdout
+        for word in out.split():
+            if word.startswith("10."):
+                used.add(int(word.split(".")[1]))
+    return used
+
+
+@dataclass
+class EngineState:
+    """What `servelab containers` needs to find, reuse and stop a running engine."""
+
+    pid: int
+    socket: str
+    run_dir: str
+    data_root: str
+    bridge: str
+    octet: int  # our range is 10.<octet>.0.0/16
+    owns_cache: bool  # whether it uses the cache's data root (else a throwaway one in run_dir)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DOCKER_HOST": f"unix://{self.socket}"}
+
+
+class Engine:
+    """``start()`` / ``stop()``, or a context manager. ``detach`` leaves it running after we exit
+    (`servelab containers up`); the state file lets ``attach`` find it again."""
+
+    def __init__(self, cache: Path, detach: bool = False, log=print):
+        self.cache = Path(cache).expanduser()
+        self.detach, self.log = detach, log
+        self.state: EngineState | None = None
+        self._server: ServerProcess | None = None
+
+    # --- where things are ---------------------------------------------------------------------
+
+    @property
+    def owner_file(self) -> Path:
+        """Names the engine that uses the cache's data root (one at a time)."""
+        return self.cache / "engine" / "owner.json"
+
+    @staticmethod
+    def dockerd() -> str:
+        found = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
+        if not found:
+            raise EngineError("no dockerd: install Docker (`apt-get install docker.io`)")
+        return found
+
+    @classmethod
+    def available(cls) -> str:
+        """Empty when an engine can be started here, else the reason it cannot."""
+        if os.geteuid() != 0:
+            return "a private dockerd needs root (this user is not)"
+        try:
+            cls.dockerd()
+        except EngineError as exc:
+            return str(exc)
+        if not shutil.which("ip"):
+            return "no `ip` command (iproute2)"
+        return ""
+
+    @classmethod
+    def attach(cls, cache: Path) -> EngineState | None:
+        """The engine a detached `servelab containers up` left running, if it still answers."""
+        owner = Path(cache).expanduser() / "engine" / "owner.json"
+        try:
+            state = EngineState(**json.loads(owner.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        return state if _alive(state.pid) and ping(Path(state.socket)) else None
+
+    # --- start --------------------------------------------------------------------------------
+
+    def start(self) -> EngineState:
+        reason = self.available()
+        if reason:
+            raise EngineError(reason)
+        self._clean_stale()
+        token = secrets.token_hex(3)
+        bridge = f"slab{token}"
+        # Unix socket paths are limited to 108 bytes: keep the run folder short.
+        run_dir = self.cache / "run" / token
+        run_dir.mkdir(parents=True)
+        owns_cache = not (self.owner_file.exists() and self._owner_alive())
+        data_root = self.cache / "engine" / "data" if owns_cache else run_dir / "data"
+        data_root.mkdir(parents=True, exist_ok=True)
+        octet = next((o for o in range(231, 255) if o not in _used_second_octets()), None)
+        if octet is None:
+            raise EngineError("no free 10.X.0.0/16 range for the engine's networks")
+        sock = run_dir / "docker.sock"
+        state = EngineState(0, str(sock), str(run_dir), str(data_root), bridge, octet, owns_cache)
+        self.state = state
+        try:
+            for args in (["link", "add", "name", bridge, "type", "bridge"],
+                         ["addr", "add", f"10.{octet}.0.1/24", "dev", bridge],
+                         ["link", "set", bridge, "up"]):
+                subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+            cmd = [self.dockerd(), "--data-root", str(data_root), "--exec-root", str(run_dir / "exec"),
+                   "--pidfile", str(run_dir / "dockerd.pid"), "-H", f"unix://{sock}",
+                   "--bridge", bridge, "--default-address-pool", f"base=10.{octet}.128.0/17,size=24",
+                   "--containerd-namespace", f"servelab-{token}",
+                   "--containerd-plugins-namespace", f"servelab-{token}-plugins"]
+            # The API is on a unix socket, which ServerProcess cannot poll: wait for it here.
+            self._server = ServerProcess(cmd, ready_url=None, log=run_dir / "dockerd.log", detach=self.detach,
+                                         stop_timeout=STOP_TIMEOUT_S).start()
+            state.pid = self._server.pid
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not ping(sock):
+                if self._server.proc.poll() is not None or time.monotonic() > deadline:
+                    raise EngineError(f"dockerd did not start (see {run_dir / 'dockerd.log'}):\n"
+                                      + _tail(run_dir / "dockerd.log"))
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+        (run_dir / "engine.json").write_text(json.dumps(asdict(state)))
+        if owns_cache:
+            self.owner_file.write_text(json.dumps(asdict(state)))
+        self.log(f"engine: dockerd PID {state.pid}, socket {sock}, bridge {bridge} (10.{octet}.0.0/16)"
+                 + ("" if owns_cache else ", throwaway data root: the cache's is in use"))
+        return state
+
+    def _owner_alive(self) -> bool:
+        try:
+            return _alive(json.loads(self.owner_file.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _clean_stale(self) -> None:
+        """Leftovers of engines of ours whose dockerd is gone (killed with us, or the machine stopped)."""
+        for state_file in (self.cache / "run").glob("*/engine.json"):
+            try:
+                state = EngineState(**json.loads(state_file.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue
+            if not _alive(state.pid):
+                _cleanup(state, self.log)
+
+    # --- stop ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        state, self.state = self.state, None
+        if state is None:
+            return
+        # dockerd alone first: it stops its containers through containerd, then containerd.
+        if state.pid and _alive(state.pid):
+            remove_containers(state)
+            stop_pid(state.pid)
+        if self._server is not None:
+            self._server.stop()  # whatever is left of its process group
+            self._server = None
+        _cleanup(state, self.log)
+
+    def __enter__(self) -> EngineState:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM a detached dockerd of ours (it stops its containers first), SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.2)
+
+
+def stop_detached(cache: Path, log=print) -> bool:
+    """Stop the engine a detached `servelab containers up` started; False if none runs."""
+    state = Engine.attach(cache)
+    owner = Path(cache).expanduser() / "engine" / "owner.json"
+    if state is None:
+        owner.unlink(missing_ok=True)
+        return False
+    remove_containers(state)
+    stop_pid(state.pid)
+    _cleanup(state, log)
+    return True
+
+
+def remove_containers(state: EngineState) -> None:
+    """Every container, network and volume of the engine (all ours): none may come back when the
+    cached data root is used again (`restart: unless-stopped` would start them with the daemon)."""
+    docker = Docker(state.env, timeout=120)
+    ids = docker.run("ps", "--all", "--quiet", check=False).stdout.split()
+    if ids:
+        docker.run("rm", "--force", "--volumes", *ids, check=False)
+    docker.run("network", "prune", "--force", check=False)
+    docker.run("volume", "prune", "--force", check=False)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _cleanup(state: EngineState, log) -> None:
+    """What a stopped dockerd may leave: mounts, its bridges, iptables rules naming them or its range."""
+    run_dir = Path(state.run_dir)
+    _kill_shims(f"servelab-{state.bridge.removeprefix('slab')}")
+    roots = (str(run_dir), state.data_root)
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for target in sorted((m for m in mounts if m.startswith(roots)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True)
+    prefix = f"10.{state.octet}."
+    links = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()
+    bridges = {state.bridge} | {line.split()[1] for line in links if f" {prefix}" in line}
+    for name in bridges:
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
+    _remove_iptables_rules(bridges, prefix)
+    owner = Path(state.data_root).parent / "owner.json"
+    try:
+        if json.loads(owner.read_text()).get("pid") == state.pid:
+            owner.unlink()
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log(f"engine: stopped PID {state.pid}, removed bridge(s) {', '.join(sorted(bridges))}")
+
+
+def _kill_shims(namespace: str) -> None:
+    """containerd shims of our namespace that outlived a killed dockerd (they hold containers)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"containerd-shim-runc-v2") and namespace.encode() in args:
+            stop_pid(int(proc.name), timeout=5.0)
+
+
+def _remove_iptables_rules(bridges: set[str], prefix: str) -> None:
+    """Delete only the rules that name one of our bridges or addresses; the chains stay (shared)."""
+    if not shutil.which("iptables-save"):
+        return
+    dump = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    table = ""
+    for line in dump.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        elif line.startswith("-A ") and (any(f" {b} " in f"{line} " for b in bridges) or f" {prefix}" in line
+                                         or f"/{prefix}" in line):
+            subprocess.run(["iptables", "-t", table, "-D", *shlex.split(line[3:])], capture_output=True)

@@ -1,0 +1,79 @@
+"""The wheelhouse the local images install from: HTTPS from inside containers does not verify here.
+
+The host downloads, with constraints.txt, every package the Dockerfiles install (the extras they
+name, their build backend, pip, the versions docker/.env pins, and the CPU build of the pinned torch
+in place of its CUDA build) into a folder keyed by those inputs; the stand-in base image carries it
+and points pip at it (``PIP_NO_INDEX``, ``PIP_FIND_LINKS``), so the Dockerfiles' own ``pip install``
+lines run unchanged.
+"""
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from servelab.core.paths import REPO_ROOT
+
+# The servelab extras the five Dockerfiles install (their `pip install ".[...]"` lines).
+EXTRAS = ("torch", "serve", "flask", "triton", "bench", "notebooks")
+CONSTRAINTS = REPO_ROOT / "constraints.txt"
+# The Python the images run (Debian 12's python3.11), which may be older than the host's: packages
+# that need a later 3.11 (soupsieve 4.1 needs 3.11.5) must not be picked.
+IMAGE_PYTHON = "3.11.2"
+
+
+def pinned(package: str) -> str:
+    """The version constraints.txt pins for ``package``."""
+    for line in CONSTRAINTS.read_text().splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep and name.lower() == package.lower():
+            return version
+    raise KeyError(f"{package} is not pinned in constraints.txt")
+
+
+def cpu_torch() -> str:
+    """The stand-in for docker/.env's CUDA torch: the same release, CPU build."""
+    return f"{pinned('torch')}+cpu"
+
+
+def requirements(versions: dict[str, str]) -> list[str]:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    wanted = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
+    wanted += [req for extra in EXTRAS for req in extras[extra] if not req.startswith("servelab")]
+    wanted += [f"pip=={versions['PIP_VERSION']}", f"torch=={cpu_torch()}",
+               f"onnxruntime-gpu=={versions['ONNXRUNTIME_GPU_VERSION']}",
+               f"jupyterlab=={versions['JUPYTERLAB_VERSION']}", f"bash_kernel=={versions['BASH_KERNEL_VERSION']}"]
+    return sorted(set(wanted))
+
+
+def key(versions: dict[str, str]) -> str:
+    digest = hashlib.sha256("\n".join([IMAGE_PYTHON, *requirements(versions)]).encode())
+    digest.update(CONSTRAINTS.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def ensure(cache: Path, versions: dict[str, str], log=print) -> Path:
+    """The wheelhouse folder for these inputs (downloaded once; pip's own cache makes a redo quick)."""
+    target = Path(cache).expanduser() / "wheelhouse" / key(versions)
+    if (target / ".complete").exists():
+        return target
+    part = target.with_name(target.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    reqs = requirements(versions)
+    log(f"wheelhouse: pip download {len(reqs)} requirements with constraints.txt -> {target}")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                           "--python-version", IMAGE_PYTHON, "--dest", str(part), "-c", str(CONSTRAINTS), *reqs],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip download for the wheelhouse failed: {done.stderr.strip()[-2000:]}")
+    (part / ".complete").write_text("\n".join(reqs) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    part.rename(target)
+    for old in target.parent.iterdir():  # wheelhouses of earlier pins: one is ~700 MB
+        if old != target:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
