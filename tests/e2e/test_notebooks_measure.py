@@ -387,7 +387,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     shown = {stem: [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
              for stem, text in texts.items()}
     assert {stem: len(lines) for stem, lines in shown.items()} == {  # every load but the ensemble's two
-        "6_triton_python": 6, "7_triton_onnx": 11, "8_triton_more": 0}
+        "6_triton_python": 6, "7_triton_onnx": 13, "8_triton_more": 0}
     assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it" in more
 
 
