@@ -67,7 +67,7 @@ def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> N
     # Triton's own statistics around the run: every request perf_analyzer counted reached the model.
     assert record.breakdown.source == "perf_analyzer+triton-stats"
     assert record.breakdown.server_requests >= record.stats.successes and record.breakdown.server_failures == 0
-    assert record.breakdown.queue_ms is not None and record.breakdown.service_ms > 1
+    assert record.breakdown.queue_ms is not None and record.breakdown.service_ms > 0
     assert "--input-data" in record.target["command"] and record.monitors.rss_mib
     assert read_records(out) == [record]
 
@@ -109,9 +109,10 @@ def test_a_rate_it_cannot_reach_is_recorded_with_what_it_really_sent(triton) -> 
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
     record = run_perf_analyzer(target, Load.open(20000, "constant", requests=60), stage="onnx-1", windows=QUICK)
     measured(record, 60)
-    assert record.stats.offered_rps < 2000 and record.stats.throughput_rps < 2000
-    assert any("not able to keep up" in w for w in record.warnings)
-    assert any("of the 20000 asked" in w for w in record.warnings)
+    # Recorded as what perf_analyzer says it sent (its own words, in a warning), not as the 20000 asked.
+    assert record.load.rate == 20000 and any("not able to keep up" in w for w in record.warnings)
+    (said,) = [w for w in record.warnings if "of the 20000 asked" in w]
+    assert said.startswith(f"perf_analyzer sent {record.stats.offered_rps:.1f} req/s of the 20000 asked")
 
 
 def test_a_stopped_server_is_a_failed_measurement(perf_analyzer, tmp_path: Path) -> None:
