@@ -1,30 +1,30 @@
 """The load generator against a real local tritonserver: both protocols, tensor and bytes input,
 and Triton's statistics diffed across each run (queue vs compute, the batch sizes formed)."""
 
-from collections.abc import Iterator
 
 import pytest
-from triton_repo import make_repository
 
 from servelab.bench import Load, TritonTarget, run_bench
 from servelab.paths import DEFAULT_IMAGE
 from servelab.triton import server
-from servelab.triton.stages import get_stage
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 
 
-@pytest.fixture(scope="module")
-def triton(artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
-    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with server.start_local(get_stage("onnx-dyn"), kind="cpu", repository=repository, log=log,
-                            exit_timeout_s=2) as local:
-        yield local
+@pytest.fixture
+def triton(local_triton) -> server.LocalTriton:
+    """The tier's tritonserver (tests/integration/conftest.py); each test switches it to the stage it needs."""
+    return local_triton
+
+
+def use(triton: server.LocalTriton, name: str) -> None:
+    if triton.stage != name:
+        triton.apply_stage(name)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, protocol: str) -> None:
+    use(triton, "onnx-dyn")
     url = triton.url if protocol == "http" else triton.grpc_url
     target = TritonTarget(url, "food_classifier_onnx", PHOTO, protocol=protocol, input="tensor",
                           manifest=artifacts.manifest)
@@ -40,7 +40,7 @@ def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, proto
 
 
 def test_sequential_bytes_requests(triton, artifacts) -> None:
-    triton.apply_stage("ensemble")  # takes the encoded image, like food_classifier
+    use(triton, "ensemble")  # takes the encoded image, like food_classifier
     target = TritonTarget(triton.url, "food_classifier_ensemble", PHOTO, input="bytes")
     r = run_bench(target, Load.sequential(10, warmup=2), stage="ensemble")
     assert r.stats.successes == 10 and r.stats.errors == {}

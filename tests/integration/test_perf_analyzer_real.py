@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,7 @@ from servelab.tools.installers.perf_analyzer import PerfAnalyzerNotFound, instal
 from servelab.paths import DEFAULT_IMAGE
 from servelab.procs import free_port
 from servelab.triton import server
-from servelab.triton.stages import get_stage
 from tools import located_or_skipped
-from triton_repo import make_repository
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 QUICK = Windows(stability_pct=1000, max_trials=3)  # three windows, no stability search: bounded
@@ -34,12 +31,10 @@ def perf_analyzer():
     return located_or_skipped(locate, PerfAnalyzerNotFound, "perf_analyzer")
 
 
-@pytest.fixture(scope="module")
-def triton(perf_analyzer, artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
-    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
-        yield local
+@pytest.fixture
+def triton(perf_analyzer, local_triton) -> server.LocalTriton:
+    """The tier's tritonserver (tests/integration/conftest.py); each test switches it to the stage it needs."""
+    return local_triton
 
 
 def use(triton: server.LocalTriton, name: str) -> None:
