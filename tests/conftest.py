@@ -18,8 +18,8 @@ from triton_repo import copy_sources
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each run that covers a whole tier records how long it took (tests/tier_durations.py)."""
-    config.pluginmanager.register(tier_durations, "servelab-durations")
+    """A run of the whole suite writes each tier's counts and seconds into docs/testing.md (tests/tier_durations.py)."""
+    config.pluginmanager.register(tier_durations.Recorder(), "servelab-durations")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -79,7 +79,7 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     step = [r for r in ray if r.config.get("run") == "step load"]
     assert len(step) == 1 and step[0].timeline.replicas and step[0].load.phases
     assert len(failure) == 1 and failure[0].stage == "ray-2" and "worker node killed" in failure[0].timeline.events
-    assert failure[0].stats.successes and failure[0].stats.latency.max_ms < 5000
+    assert failure[0].stats.successes
     if _prometheus_here():  # Prometheus read Ray's own metrics: its proxy counted what our client sent
         counted = [r.prometheus for r in ray if r not in failure]
         assert all(p.requests == p.client_requests for p in counted) and any("compute (ms)" in p.series for p in counted), counted

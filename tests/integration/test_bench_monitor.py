@@ -19,7 +19,7 @@ def test_samples_cpu_and_server_memory() -> None:
         with Monitor(interval_s=0.05, server_pid=pid) as mon:
             subprocess.run([sys.executable, "-c", BUSY], check=True)  # one core busy: the samples must see it
         m = mon.result()
-    assert 5 <= len(m.t_s) <= 12 and m.t_s == sorted(m.t_s)
+    assert len(m.t_s) >= 5 and m.t_s == sorted(m.t_s)  # 0.05 s apart over the child's 0.4 s at least
     assert all(len(sample) == psutil.cpu_count() for sample in m.cpu_pct)
     assert max(max(sample) for sample in m.cpu_pct) > 50
     assert m.server_pid == pid and len(m.rss_mib) == len(m.t_s)

@@ -1,32 +1,28 @@
 """The load generator against a real local tritonserver: both protocols, tensor and bytes input,
 and Triton's statistics diffed across each run (queue vs compute, the batch sizes formed)."""
 
-from collections.abc import Iterator
 
 import pytest
-from triton_repo import make_repository
 
+from servelab.core.catalogue import get_stage
 from servelab.measure.records import Load
 from servelab.measure.targets import TritonTarget
 from servelab.measure.loadgen import run_bench
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.servers.triton import server
-from servelab.servers.triton.configs import get_stage
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 
 
-@pytest.fixture(scope="module")
-def triton(artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
-    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with server.start_local(get_stage("onnx-dyn"), kind="cpu", repository=repository, log=log,
-                            exit_timeout_s=2) as local:
-        yield local
+@pytest.fixture
+def triton(local_triton) -> server.LocalTriton:
+    """The tier's tritonserver (tests/integration/conftest.py); each test switches it to the stage it needs."""
+    return local_triton
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, protocol: str) -> None:
+    triton.apply_stage(get_stage("onnx-dyn"))
     url = triton.url if protocol == "http" else triton.grpc_url
     target = TritonTarget(url, "food_classifier_onnx", PHOTO, protocol=protocol, input="tensor",
                           manifest=artifacts.manifest)

@@ -8,7 +8,6 @@ import re
 import sys
 import time
 from pathlib import Path
-from time import perf_counter
 
 import httpx
 import numpy as np
@@ -72,21 +71,21 @@ def test_onnx_runtime_cuda_provider_is_active_and_agrees_with_the_cpu(artifacts,
 
 
 @pytest.mark.parametrize("policy", ["buckets", "pad"])
-def test_alternating_batch_sizes_stay_fast_with_stable_shapes(artifacts, photos, policy):
+def test_alternating_batch_sizes_keep_stable_shapes(artifacts, photos, policy):
     """A dynamic batcher's alternation (6, 10, 6, ...): on an H100 each change of shape cost 0.4-2.2 s with
-    one session; with a session per bucket 2.0-3.4 ms per batch, padded to 16 3.1-6.2 ms."""
+    one session; with a session per bucket 2.0-3.4 ms per batch, padded to 16 3.1-6.2 ms. How fast is a
+    benchmark's to say (`servelab gpu-check`'s record); this test holds the mechanism: no session ever
+    changes shape, so none pays that cost."""
     floats, _ = photos
     serving = settings(ort_providers="cuda", ort_shape_policy=policy, require_gpu=True)
     backend = load_backend("onnx", serving)
     assert backend.details["provider_options"][CUDA]["cudnn_conv_algo_search"] == "HEURISTIC"
     for size in backend.warm_up_sizes(serving):
         backend.infer(floats[:size])
-    seconds = []
+    before = sum(c["runs"] for c in backend.session_counts())
     for n in [6, 10] * 10 + [1, 15] * 5:
-        started = perf_counter()
         assert len(backend.infer(floats[:n])) == n
-        seconds.append(perf_counter() - started)
-    assert max(seconds) < 0.020, [round(s * 1000, 1) for s in seconds]
+    assert sum(c["runs"] for c in backend.session_counts()) - before == 30  # one session run per batch
     assert all(c["shape_changes"] == 0 for c in backend.session_counts()), backend.session_counts()
 
 

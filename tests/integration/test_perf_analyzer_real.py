@@ -10,11 +10,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from servelab.core.catalogue import get_stage
 from servelab.measure.records import Load, read_records
 from servelab.measure.targets import TritonTarget
 from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
@@ -22,9 +22,7 @@ from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound,
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
 from servelab.servers.triton import server
-from servelab.servers.triton.configs import get_stage
 from tools import located_or_skipped
-from triton_repo import make_repository
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 QUICK = Windows(stability_pct=1000, max_trials=3)  # three windows, no stability search: bounded
@@ -35,12 +33,10 @@ def perf_analyzer():
     return located_or_skipped(locate, PerfAnalyzerNotFound, "perf_analyzer")
 
 
-@pytest.fixture(scope="module")
-def triton(perf_analyzer, artifacts, tmp_path_factory) -> Iterator[server.LocalTriton]:
-    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
-        yield local
+@pytest.fixture
+def triton(perf_analyzer, local_triton) -> server.LocalTriton:
+    """The tier's tritonserver (tests/integration/conftest.py); each test switches it to the stage it needs."""
+    return local_triton
 
 
 
@@ -64,7 +60,7 @@ def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> N
     # Triton's own statistics around the run: every request perf_analyzer counted reached the model.
     assert record.breakdown.source == "perf_analyzer+triton-stats"
     assert record.breakdown.server_requests >= record.stats.successes and record.breakdown.server_failures == 0
-    assert record.breakdown.queue_ms is not None and record.breakdown.service_ms > 1
+    assert record.breakdown.queue_ms is not None and record.breakdown.service_ms > 0
     assert "--input-data" in record.target["command"] and record.monitors.rss_mib
     assert read_records(out) == [record]
 
@@ -106,9 +102,10 @@ def test_a_rate_it_cannot_reach_is_recorded_with_what_it_really_sent(triton) -> 
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
     record = run_perf_analyzer(target, Load.open(20000, "constant", requests=60), stage="onnx-1", windows=QUICK)
     measured(record, 60)
-    assert record.stats.offered_rps < 2000 and record.stats.throughput_rps < 2000
-    assert any("not able to keep up" in w for w in record.warnings)
-    assert any("of the 20000 asked" in w for w in record.warnings)
+    # Recorded as what perf_analyzer says it sent (its own words, in a warning), not as the 20000 asked.
+    assert record.load.rate == 20000 and any("not able to keep up" in w for w in record.warnings)
+    (said,) = [w for w in record.warnings if "of the 20000 asked" in w]
+    assert said.startswith(f"perf_analyzer sent {record.stats.offered_rps:.1f} req/s of the 20000 asked")
 
 
 def test_a_stopped_server_is_a_failed_measurement(perf_analyzer, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """A real tritonserver (the nvidia-pytriton build, started by the fixture) serving every stage.
 
-One server for the module: tests switch it between stages with the same model-control calls
-`servelab triton stage` makes, so only one startup is paid. Stages render with KIND_CPU (the venv's
+One server for the tier (tests/integration/conftest.py's ``local_triton``): tests switch it between stages
+with the same model-control calls `servelab triton stage` makes, so only one startup is paid. The CLI test
+starts a second one on a repository of its own. Stages render with KIND_CPU (the venv's
 torch is a CPU build); the ONNX model runs as the local Python-backend stand-in. The model
 repository is a temporary copy of the base configs whose version folders link to the checkout's,
 so the tests leave no generated configs behind.
@@ -11,7 +12,6 @@ import base64
 import json
 import threading
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from photos import variants
 from servelab import cli
+from servelab.core.catalogue import get_stage
 from servelab.core.artifacts import load_manifest
 from servelab.core.inference import OnnxClassifier, TorchClassifier
 from servelab.core.postprocess import Prediction, top1
@@ -30,7 +31,7 @@ from servelab.core.preprocess import crop_pixels, preprocess_batch
 from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
 from servelab.servers.triton import client, server
-from servelab.servers.triton.configs import STAGES, get_stage
+from servelab.servers.triton.configs import STAGES
 from triton_repo import make_repository
 
 PHOTOS = variants()
@@ -45,12 +46,10 @@ def repository(artifacts, tmp_path_factory) -> Path:
     return make_repository(tmp_path_factory.mktemp("model_repository"))
 
 
-@pytest.fixture(scope="module")
-def triton(repository, tmp_path_factory) -> Iterator[server.LocalTriton]:
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log,
-                            exit_timeout_s=2) as local:
-        yield local
+@pytest.fixture
+def triton(local_triton) -> server.LocalTriton:
+    """The tier's tritonserver (tests/integration/conftest.py); each test switches it to the stage it needs."""
+    return local_triton
 
 
 @pytest.fixture(scope="module")
