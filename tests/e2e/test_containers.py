@@ -108,7 +108,7 @@ def assert_healthy_in_order(runner: StageRunner, stage: str, server: str, servic
 
 def bench(kind: str, url: str, tmp_path: Path, *extra: str) -> list[dict]:
     out = tmp_path / f"bench-{kind}-{time.monotonic_ns()}.jsonl"
-    done = subprocess.run([*SERVELAB, "bench", kind, "--url", url, "--requests", "12", "--concurrency", "1,4",
+    done = subprocess.run([*SERVELAB, "load", kind, "--url", url, "--requests", "12", "--concurrency", "1,4",
                            "--out", str(out), *extra], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
