@@ -13,8 +13,7 @@ from urllib.parse import urlsplit
 
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import default_stage
-from servelab.servers.triton import server
-from servelab.servers.triton import configs as stages
+from servelab.servers.triton import server, configs as stages
 
 
 def register(subparsers) -> None:

@@ -7,8 +7,7 @@ series, every run end to end, with the client's own throughput and median drawn 
 
 from servelab.measure.records import Record
 from servelab.measure.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
-from servelab.core.tables import markdown as markdown_table
-from servelab.core.tables import num
+from servelab.core.tables import markdown as markdown_table, num
 
 COLUMNS = ("stage", "tool", "load", "requests client", "requests server", "counts", "req/s client", "req/s server",
            "server span s", "ratio", "rates")

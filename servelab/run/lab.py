@@ -45,14 +45,13 @@ from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.measure.targets import FastAPITarget, TritonTarget
-from servelab.measure.records import Load, Record
+from servelab.measure.records import Load, Record, append_record, machine_info
 from servelab.measure.perf_analyzer import Windows
-from servelab.measure.records import append_record, machine_info
 from servelab.core.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
-                               runs_on_triton, stack, stage_env)
+                                    runs_on_triton, stack, stage_env)
 from servelab.run.lab_ray import RayRuns
 from servelab.measure.measure_stage import (Labels, family_stand_in, measure_stage, model_stand_in, perf_analyzer_client,
-                                    served_runtime, servelab_client, stand_in_note)
+                                            served_runtime, servelab_client, stand_in_note)
 from servelab.core.variants.build import build_variants, machine
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped

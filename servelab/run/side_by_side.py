@@ -50,8 +50,7 @@ from pathlib import Path
 from time import perf_counter
 
 from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load
-from servelab.measure.records import read_records
+from servelab.measure.records import Load, read_records
 from servelab.measure.measure_stage import Labels, measure_stage
 from servelab.core.variants.build import RECORD_FILE, load_variants, machine
 from servelab.core.paths import DEFAULT_IMAGE

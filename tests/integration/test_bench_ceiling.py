@@ -1,12 +1,12 @@
 """The model's own ceiling, measured for real with ONNX Runtime on the built models (this machine's CPU)."""
 
 from servelab.measure.ceiling import (
-    BATCHES,
-    Ceiling,
-    Point,
-    ceiling_markdown,
-    measure_ceiling,
-)
+                                      BATCHES,
+                                      Ceiling,
+                                      Point,
+                                      ceiling_markdown,
+                                      measure_ceiling,
+                                      )
 from servelab.servers.fastapi.runtimes import CPU, CUDA
 
 

@@ -19,8 +19,7 @@ from tinyserver import running
 
 from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load
-from servelab.measure.loadgen import run_bench
-from servelab.measure.loadgen import run_load
+from servelab.measure.loadgen import run_bench, run_load
 from servelab.core.paths import DEFAULT_IMAGE
 
 S_MS = 40.0  # the tiny server's service time: long enough that loopback HTTP overhead is small

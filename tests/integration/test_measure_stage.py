@@ -11,7 +11,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load, read_records
 from servelab.run.lab import Lab, Plan
 from servelab.measure.measure_stage import (ONNX_STAND_IN, Labels, family_stand_in, measure_stage, model_stand_in,
-                                    servelab_client, stand_in_note)
+                                            servelab_client, stand_in_note)
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.catalogue import STAGES
 from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service

@@ -16,9 +16,8 @@ import pytest
 from fastapi_service import metric_samples, running
 from tools import located_or_skipped
 from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load
+from servelab.measure.records import Load, Record
 from servelab.measure.loadgen import run_bench
-from servelab.measure.records import Record
 from servelab.measure.monitoring.lab_metrics import LabPrometheus
 from servelab.measure.monitoring.machine_exporter import MachineExporter
 from servelab.measure.monitoring.prometheus_server import LocalPrometheus

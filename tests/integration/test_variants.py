@@ -16,15 +16,15 @@ from PIL import Image
 from servelab.core import photos
 from servelab.core.artifacts import ArtifactPaths, load_manifest
 from servelab.core.variants.build import (
-    RECORD_FILE,
-    STAGED,
-    VARIANTS,
-    build_variants,
-    load_variants,
-    run_batches,
-    session,
-    variant_path,
-)
+                                          RECORD_FILE,
+                                          STAGED,
+                                          VARIANTS,
+                                          build_variants,
+                                          load_variants,
+                                          run_batches,
+                                          session,
+                                          variant_path,
+                                          )
 from servelab.tools.photos_collect import FREE_LICENCES, largest_jpeg, readme_licence
 from servelab.core.settings import get_settings
 

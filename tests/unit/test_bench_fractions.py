@@ -3,16 +3,16 @@ made with the lab's own record classes, against figures worked out by hand."""
 
 from servelab.measure.ceiling import Ceiling, Point
 from servelab.measure.fractions import (
-    MET,
-    MISSED,
-    NOT_MEASURED,
-    ON_CPU,
-    aims,
-    first_requests,
-    fractions_markdown,
-    ratios,
-    stage_fractions,
-)
+                                        MET,
+                                        MISSED,
+                                        NOT_MEASURED,
+                                        ON_CPU,
+                                        aims,
+                                        first_requests,
+                                        fractions_markdown,
+                                        ratios,
+                                        stage_fractions,
+                                        )
 from servelab.measure.records import GpuSeries, Latency, Load, Monitors, Record, Stats
 from servelab.run.side_by_side import stage_inputs
 from servelab.servers.fastapi.runtimes import CPU, CUDA

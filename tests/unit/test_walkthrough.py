@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.measure.records import Load, Record, read_records
-from servelab.measure.records import GpuSeries
+from servelab.measure.records import Load, Record, read_records, GpuSeries
 from servelab.core.procs import free_port
 from servelab.servers.triton.configs import STAGES
 from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until

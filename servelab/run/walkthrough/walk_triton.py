@@ -16,12 +16,11 @@ import numpy as np
 
 from servelab.core.artifacts import load_manifest
 from servelab.measure.records import Load, Record
-from servelab.measure.targets import TritonTarget
+from servelab.measure.targets import TritonTarget, model_input_tensor
 from servelab.measure.perf_analyzer import write_input_data
-from servelab.measure.targets import model_input_tensor
 from servelab.servers.gourmetgram.services import DEFAULT_MODELS
 from servelab.measure.measure_stage import (Client, Labels, measure_stage_async, model_stand_in, perf_analyzer_client,
-                                    servelab_client, stand_in_note)
+                                            servelab_client, stand_in_note)
 from servelab.core.procs import DIRECT
 from servelab.report.render import summary_table
 from servelab.core.settings import get_settings

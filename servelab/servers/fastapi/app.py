@@ -32,8 +32,8 @@ from servelab.servers.fastapi.errors import ERROR_RESPONSES, install_error_handl
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.servers.fastapi.schemas import (
-    Batching, BatchRequest, BatchResponse, Health, Prediction, PredictRequest, PredictResponse, Ready,
-)
+                                              Batching, BatchRequest, BatchResponse, Health, Prediction, PredictRequest, PredictResponse, Ready,
+                                              )
 from servelab.servers.fastapi.timing import Timing
 from servelab.core.settings import ServeSettings, get_settings
 

@@ -36,8 +36,7 @@ from tritonclient.grpc import model_config_pb2
 
 from servelab.core.hardware import gpu_count
 from servelab.core.settings import get_settings
-from servelab.core.catalogue import ONNX, Stage, of_family
-from servelab.core.catalogue import get_stage as catalogue_stage
+from servelab.core.catalogue import ONNX, Stage, of_family, get_stage as catalogue_stage
 from servelab.servers.triton.python_backend import instance_count
 
 Kind = Literal["gpu", "cpu"]
