@@ -4,9 +4,13 @@ FastAPI, each in one run, for real (short windows)."""
 import subprocess
 import sys
 
+import pytest
+
 from servelab.models.variants import machine
 from servelab.paths import REPO_ROOT
 from servelab.procs import cpu_count
+
+pytestmark = pytest.mark.slow  # `servelab benchmark` for real: a Ray cluster, the ceiling, the variants
 
 
 def test_variants_are_measured_against_fp32(artifacts):
