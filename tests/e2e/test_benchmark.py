@@ -4,9 +4,13 @@ FastAPI, each in one run, for real (short windows)."""
 import subprocess
 import sys
 
+import pytest
+
 from servelab.core.variants.build import machine
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import cpu_count
+
+pytestmark = pytest.mark.slow  # `servelab benchmark` for real: a Ray cluster, the ceiling, the variants
 
 
 def test_variants_are_measured_against_fp32(artifacts):

@@ -38,7 +38,7 @@ from servelab.servers.triton import client as triton_client
 from servelab.servers.triton.server import apply_stage
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 
-pytestmark = [pytest.mark.containers, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SERVELAB = [sys.executable, "-m", "servelab"]
 PHOTO = DEFAULT_IMAGE.read_bytes()

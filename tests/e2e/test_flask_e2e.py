@@ -1,6 +1,7 @@
 """GourmetGram end to end: a real ``servelab serve flask`` process in front of the real services
 (the FastAPI ONNX service, and a local tritonserver at stages pt-1, onnx-1 and ensemble), giving
-the same label as asking each service directly.
+the same label as asking each service directly. The services are the session's (tests/e2e/conftest.py's
+``fastapi_onnx`` and ``local_triton``): these tests only send them requests, and switch Triton's stage.
 """
 
 import base64
@@ -17,36 +18,16 @@ import tritonclient.http as triton_http
 from PIL import Image
 
 from photos import variants
-from triton_repo import make_repository
 from servelab.core.preprocess import preprocess
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import Settings
 from servelab.servers.triton import client as triton
-from servelab.servers.triton.server import start_local
 from servelab.servers.triton.configs import STAGES
 
 SERVELAB = [sys.executable, "-m", "servelab"]
 PHOTOS = {name: data for name, data in variants().items() if name in ("jpeg", "exif_rotated_jpeg", "png")}
 # Which Triton stage serves each backend of the app.
 TRITON_STAGES = {"triton": "pt-1", "triton_onnx": "onnx-1", "triton_ensemble": "ensemble"}
-
-
-@pytest.fixture(scope="module")
-def fastapi_onnx(artifacts, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("fastapi") / "fastapi-onnx.log"
-    with ServerProcess([*SERVELAB, "serve", "fastapi-onnx", "--port", str(port)],
-                       f"http://127.0.0.1:{port}/ready", log, env={"MODEL_DIR": str(artifacts.manifest.parent)}):
-        yield f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture(scope="module")
-def local_triton(artifacts, tmp_path_factory):
-    # A scratch repository, so switching stages leaves no generated configs in models_staging/.
-    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with start_local(STAGES["pt-1"], kind="cpu", repository=repository, log=log, exit_timeout_s=2) as server:
-        yield server
 
 
 def gourmetgram(backend: str, log: Path, **env: str) -> ServerProcess:

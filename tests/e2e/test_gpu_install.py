@@ -28,6 +28,8 @@ CONSTRAINTS = REPO / "constraints-gpu-cu13.txt"
 TORCH = "2.11.0"  # the H100 machine's (torch 2.11.0+cu130)
 STAND_IN = f"{TORCH}+cu130"
 # No index may be reached while .venv-gpu is built: the GPU machine had none.
+pytestmark = pytest.mark.slow  # virtual environments built and installed into, offline
+
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONSTRAINT": ""}
 
 

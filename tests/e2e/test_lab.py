@@ -1,15 +1,18 @@
-"""`servelab lab --quick` end to end, and no server left behind, also after Ctrl-C."""
+"""`servelab lab --quick` end to end, and no server left behind, also after Ctrl-C.
+
+One quick lab (every stage; tests/e2e/conftest.py's ``quick_lab``) is run per session and each test below reads
+its part of it: the stages, Ray Serve, both clients on Triton, the report and run record, where each stage
+ran, the GPU record made from it. Three more runs need their own: the variant stages alone, one without
+perf_analyzer, one interrupted."""
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from lab_process import LAB_TIMEOUT_S, lab_process
 from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
@@ -22,19 +25,8 @@ RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages n
 TRITON = {s.name for s in RUN if s.family == "triton"}
 RAY = {s.name for s in RUN if s.family == "ray"}
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _servers() -> set[int]:
-    """PIDs of model servers started from this checkout (the lab's run here; other checkouts' test
-    runs on the same machine have servers of their own)."""
-    found = set()
-    for p in psutil.process_iter(["cmdline", "cwd"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["cwd"] == str(REPO) and ("tritonserver" in cmd or "servelab serve" in cmd or "raylet" in cmd
-                                           or "gcs_server" in cmd or "ray start" in cmd or "ray::" in cmd):
-            found.add(p.pid)
-    return found
+# Every test here reads a real lab run or makes one: minutes on 2 CPUs (`-m "not slow"` leaves them out).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(LAB_TIMEOUT_S + 120)]
 
 
 def _prometheus_here() -> bool:
@@ -48,31 +40,23 @@ def _prometheus_here() -> bool:
         return False
 
 
-def _as_typed_in_a_terminal() -> None:
-    # A shell starts a background job (CI's runner, `make test &`) with SIGINT ignored, and a Python
-    # started so never raises KeyboardInterrupt: the lab would run to its end. Typed in a terminal,
-    # it starts with the default, as here.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# --- one `servelab lab --quick` (tests/e2e/conftest.py's quick_lab), read by each test below -------------
 
 
-def _lab(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})}, preexec_fn=_as_typed_in_a_terminal)
-
-
-@pytest.mark.timeout(900)  # every stage, the Ray Serve cluster's too
-def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_path):
-    before = _servers()
-    lab = _lab(tmp_path)
-    output, _ = lab.communicate(timeout=900)  # Ray stages, and Prometheus read-back (~1 s per run)
-    assert lab.returncode == 0, output
-    records = read_records(tmp_path / "records.jsonl")
+def test_quick_lab_measures_every_stage_and_leaves_no_server(quick_lab):
+    records, output = quick_lab.records, quick_lab.output
     assert {r.stage for r in records} == {s.name for s in RUN}
     assert gpu_count() or all(f"[{s.name}] skipped: it needs a GPU" in output for s in STAGES if s.needs_gpu)
     failure = [r for r in records if r.config.get("run") == "node failure"]
     assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records if r not in failure)
-    # Ray Serve: placement by node id in every record, a step load with replicas sampled, a node killed.
+    assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
+    assert quick_lab.servers_after <= quick_lab.servers_before
+
+
+def test_quick_lab_ray_stages_place_replicas_step_the_load_and_lose_a_node(quick_lab):
+    """Ray Serve: placement by node id in every record, a step load with replicas sampled, a node killed."""
+    records = quick_lab.records
+    failure = [r for r in records if r.config.get("run") == "node failure"]
     ray = [r for r in records if r.stage in RAY]
     assert all(r.config["replicas_per_node"] for r in ray)
     assert max(len(r.config["replicas_per_node"]) for r in ray if r.stage == "ray-2") == 2
@@ -83,7 +67,13 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
     if _prometheus_here():  # Prometheus read Ray's own metrics: its proxy counted what our client sent
         counted = [r.prometheus for r in ray if r not in failure]
         assert all(p.requests == p.client_requests for p in counted) and any("compute (ms)" in p.series for p in counted), counted
-    # Every Triton load measured by both clients, back to back; batched requests where the stage batches.
+    report = quick_lab.text("report.md")
+    assert "## Ray Serve: placement" in report and (quick_lab.out / "ray_timelines.png").exists()
+
+
+def test_quick_lab_measures_every_triton_load_with_both_clients(quick_lab):
+    """Every Triton load measured by both clients, back to back; batched requests where the stage batches."""
+    records = quick_lab.records
     ours = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "servelab" and r.stage in TRITON]
     theirs = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "perf_analyzer"]
     assert set(theirs) <= set(ours) and {stage for stage, _, _ in theirs} == TRITON
@@ -91,32 +81,39 @@ def test_quick_lab_measures_every_stage_and_writes_the_report(artifacts, tmp_pat
                                                                           ("onnx-b16", 16)}
     assert {batch for stage, _, batch in ours if stage == "onnx-b16"} == {16}  # its client's batches only
     assert {label.split()[0] for stage, label, _ in theirs if stage == "onnx-dyn"} >= {"constant", "poisson"}
-    assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
-    report = (tmp_path / "report.md").read_text()
-    tables = (tmp_path / "report-tables.md").read_text()  # the long tables, linked from report.md
-    assert "| pt-2x2 |" in tables and (tmp_path / "latency_cdf.png").exists()
+    assert "perf_analyzer vs servelab" in quick_lab.output and "## Two clients, one server" in quick_lab.text("report-tables.md")
+
+
+def test_quick_lab_writes_the_report_the_run_record_and_the_printout(quick_lab):
+    records, output = quick_lab.records, quick_lab.output
+    report, tables = quick_lab.text("report.md"), quick_lab.text("report-tables.md")  # the long tables, linked
+    assert "| pt-2x2 |" in tables and (quick_lab.out / "latency_cdf.png").exists()
     assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, 8 senders:" in report
     assert "lab finished" in output and "p50" in output
-    run = LabRun.read(tmp_path / "run.json")  # what the run was and how long it took, as printed
+    run = LabRun.read(quick_lab.out / "run.json")  # what the run was and how long it took, as printed
     assert run.plan == "quick" and run.stages == [s.name for s in RUN] and run.failures == []
     assert 0 < run.models_s < run.total_s and run.timing() in output
-    assert "perf_analyzer vs servelab" in output and "## Two clients, one server" in tables
     # Every run is in the tables and the printout, the open-loop ones of every stage too.
     assert "| fastapi-pt | servelab | poisson " in tables and "| pt-1 | servelab | poisson " in tables
-    assert "## Ray Serve: placement" in report and (tmp_path / "ray_timelines.png").exists()
     assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
                 and "req/s" in line]) == len(records)
-    assert _servers() <= before
-    # Where each stage ran, as its server reported it, in every record of ours and in the report.
-    ours = [r for r in records if r.tool == "servelab"]
+
+
+def test_quick_lab_says_where_each_stage_ran(quick_lab):
+    """Where each stage ran, as its server reported it, in every record of ours and in the report."""
+    ours = [r for r in quick_lab.records if r.tool == "servelab"]
     assert {r.config["device"] for r in ours} == {"cpu"}
     runs_on = {r.stage: r.config["runs_on"] for r in ours}
     assert runs_on["fastapi-onnx"] == "onnxruntime CPUExecutionProvider" and runs_on["fastapi-pt"] == "torch cpu float32"
     assert runs_on["pt-2x2"] == "triton python: 4x KIND_CPU; instances say: 4x PyTorch on cpu"
     assert runs_on["onnx-2"] == "triton python: 4x KIND_CPU; instances say: 4x CPUExecutionProvider on cpu"
     assert runs_on["ensemble"] == "triton ensemble: no instance group"
+    report = quick_lab.text("report.md")
     assert "## Hardware and versions" in report and f"| pt-2x2 | {runs_on['pt-2x2']} |" in report
-    _check_gpu_record(records)
+
+
+def test_quick_lab_records_make_the_gpu_record(quick_lab):
+    _check_gpu_record(quick_lab.records)
 
 
 def _check_gpu_record(records):
@@ -143,7 +140,7 @@ def test_what_cannot_run_here_is_skipped_before_the_first_run_with_the_reason(ar
     """perf_analyzer missing (as on the H100 machine without libb64): no run fails for it, the log and
     the report say once why its runs are skipped; Ray installed here, so its stages are not skipped."""
     assert preflight([s for s in STAGES if s.family == "ray"]) == {}
-    lab = _lab(tmp_path, "--stages", "onnx-1", env={"PERF_ANALYZER": str(tmp_path / "no-perf-analyzer")})
+    lab = lab_process(tmp_path, "--stages", "onnx-1", env={"PERF_ANALYZER": str(tmp_path / "no-perf-analyzer")})
     output, _ = lab.communicate(timeout=300)
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
@@ -155,7 +152,9 @@ def test_what_cannot_run_here_is_skipped_before_the_first_run_with_the_reason(ar
 
 
 def test_variant_stages_are_measured_by_both_tools_and_compared(artifacts, tmp_path):
-    lab = _lab(tmp_path, "--stages", "fastapi-onnx-u8,onnx-u8")
+    """A run of its own: in the quick lab's every-stage run Triton's counter for onnx-u8's first load held more
+    requests than servelab sent (43 for 12, seen once), so the exact count is checked on the two stages alone."""
+    lab = lab_process(tmp_path, "--stages", "fastapi-onnx-u8,onnx-u8")
     output, _ = lab.communicate(timeout=300)
     assert lab.returncode == 0, output
     records = read_records(tmp_path / "records.jsonl")
@@ -189,7 +188,7 @@ def _its_servers(pid: int) -> set[int]:
 
 
 def test_ctrl_c_stops_the_servers(artifacts, tmp_path):
-    lab = _lab(tmp_path, "--stages", "fastapi-onnx,pt-1")
+    lab = lab_process(tmp_path, "--stages", "fastapi-onnx,pt-1")
     deadline = time.monotonic() + 120
     while not (started := _its_servers(lab.pid)) and time.monotonic() < deadline:
         time.sleep(0.2)

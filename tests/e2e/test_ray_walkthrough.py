@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from notebook_harness import execute
-from servelab.core.procs import ServerProcess, free_port
+from servelab.core.procs import free_port
 from servelab.run.walkthrough.walk_ray import STAGE_KEY, deployed_stage
 
 
@@ -73,18 +72,10 @@ def stage_front(backend: str, stage: str | None, status: int = 200) -> Iterator[
         thread.join(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def onnx_service(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("ray-walkthrough") / "fastapi-onnx.log"
-    server = ServerProcess([sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(port)],
-                           url + "/ready", log, env={"ACCESS_LOG": "0"}, ready_timeout=180)
-    try:
-        server.start()
-        yield url
-    finally:
-        server.stop()
+@pytest.fixture
+def onnx_service(fastapi_onnx: str) -> str:
+    """The session's ``servelab serve fastapi-onnx`` (tests/e2e/conftest.py): these tests only send it requests."""
+    return fastapi_onnx
 
 
 def test_deployed_stage_says_what_the_app_runs_or_why_not(onnx_service: str) -> None:

@@ -28,6 +28,7 @@ from servelab.servers.rayserve.control import deploy_in_child
 from servelab.servers.rayserve.serve_state import ReplicaSampler, replica_rows, serve_details
 from test_fastapi_services import CASES
 
+pytestmark = pytest.mark.slow  # a two-node Ray cluster started for the module, a stage deployed per test
 PHOTO = DEFAULT_IMAGE.read_bytes()
 # Quick autoscaling for the test: up after 1 s of load, down after 3 s without.
 AUTOSCALE = {"RAY_AUTOSCALE_UPSCALE_DELAY_S": "1", "RAY_AUTOSCALE_DOWNSCALE_DELAY_S": "3",

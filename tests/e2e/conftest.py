@@ -1,0 +1,61 @@
+"""Fixtures the e2e tier shares: what costs minutes or a server start is paid once per session and only read
+by the tests (docs/testing.md, "Shared per session").
+
+- ``quick_lab``: one real ``servelab lab --quick`` (every stage, a few requests each), its folder, printout and
+  the model servers of this checkout before and after it; test_lab.py's tests each read a part of it.
+- ``fastapi_onnx``: one real ``servelab serve fastapi-onnx`` on 127.0.0.1, for the tests that only send it
+  requests (GourmetGram in front of it, the Ray walkthrough's stand-in front, the FastAPI notebook).
+- ``local_triton``: one real tritonserver (at pt-1, a scratch model repository); a test that needs a stage
+  switches it first, as `servelab triton stage` does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from lab_process import LAB_TIMEOUT_S, FinishedLab, lab_process, servers_of_this_checkout
+from servelab.core.procs import ServerProcess, free_port
+from servelab.servers.triton import server as triton_server
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES
+from triton_repo import make_repository
+
+@pytest.fixture(scope="session")
+def quick_lab(artifacts, tmp_path_factory: pytest.TempPathFactory) -> FinishedLab:
+    out = tmp_path_factory.mktemp("quick-lab")
+    before = servers_of_this_checkout()
+    lab = lab_process(out)
+    try:
+        output, _ = lab.communicate(timeout=LAB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        lab.kill()
+        output, _ = lab.communicate()
+        pytest.fail(f"servelab lab --quick ran past {LAB_TIMEOUT_S} s:\n{output[-5000:]}")
+    return FinishedLab(out, lab.returncode, output, before, servers_of_this_checkout())
+
+
+@pytest.fixture(scope="session")
+def fastapi_onnx(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``servelab serve fastapi-onnx`` on 127.0.0.1; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("fastapi-onnx") / "fastapi-onnx.log"
+    with ServerProcess([sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(port)],
+                       f"{url}/ready", log, env={"ACCESS_LOG": "0", "MODEL_DIR": str(artifacts.manifest.parent)},
+                       ready_timeout=180):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def local_triton(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[triton_server.LocalTriton]:
+    """A local tritonserver at pt-1 on CPU instances; a scratch repository, so switching stages leaves no
+    generated configs in models_staging/."""
+    repository = make_repository(tmp_path_factory.mktemp("model_repository"))
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    with triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", repository=repository, log=log,
+                                   exit_timeout_s=2) as local:
+        yield local
+
