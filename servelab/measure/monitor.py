@@ -20,7 +20,7 @@ from servelab.measure.records import GpuSeries, Monitors
 MAX_SAMPLES = 100_000  # a bound on memory, even if a run is left going for a day
 
 
-def _open_nvml() -> tuple[Any, list[Any], str | None]:
+def open_nvml() -> tuple[Any, list[Any], str | None]:
     """(pynvml module, device handles, note); no handles when NVML cannot start."""
     try:
         import pynvml
@@ -32,7 +32,7 @@ def _open_nvml() -> tuple[Any, list[Any], str | None]:
         return None, [], f"no GPU monitoring ({type(exc).__name__}: {exc})"
 
 
-def _name(nvml: Any, handle: Any) -> str:
+def gpu_name(nvml: Any, handle: Any) -> str:
     name = nvml.nvmlDeviceGetName(handle)
     return name.decode() if isinstance(name, bytes) else str(name)
 
@@ -59,10 +59,10 @@ class Monitor:
         self.gpu_note: str | None = None
 
     def __enter__(self) -> "Monitor":
-        self._nvml, self._handles, self.gpu_note = _open_nvml()
+        self._nvml, self._handles, self.gpu_note = open_nvml()
         for i, h in enumerate(self._handles):
             total = self._nvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
-            self._gpus.append(GpuSeries(index=i, name=_name(self._nvml, h), mem_total_mib=total))
+            self._gpus.append(GpuSeries(index=i, name=gpu_name(self._nvml, h), mem_total_mib=total))
         self._process = self._find_process()
         psutil.cpu_percent(percpu=True)  # the first reading only sets the baseline
         self._t0 = time.perf_counter()

@@ -37,35 +37,30 @@ Triton reports), never what was asked for.
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
-from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.measure.records import Load, Record, append_record, machine_info
 from servelab.measure.perf_analyzer import Windows
-from servelab.core.hardware import (Device, NoGpu, describe, environment_gaps, gpu_count, instances_say, resolve,
-                                    runs_on_triton, stack, stage_env)
+from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
 from servelab.run.lab_ray import RayRuns
+from servelab.measure.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
 from servelab.measure.measure_stage import (Labels, family_stand_in, measure_stage, model_stand_in, perf_analyzer_client,
-                                            served_runtime, servelab_client, stand_in_note)
+                                            servelab_client, stand_in_note)
 from servelab.core.variants.build import build_variants, machine
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.core.procs import free_port
 from servelab.servers.rayserve.cluster import ray_binary
 from servelab.report import compare
 from servelab.report.render import render_report, summary_table
 from servelab.report.lessons import summary
-from servelab.servers.fastapi.child import fastapi_process
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import CATALOGUE, Stage
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
-from servelab.servers.triton.python_backend import instance_count
 
 RESULTS = REPO_ROOT / "results"
 
@@ -191,30 +186,6 @@ class Lab:
         self.ran: list[str] = []  # the stages measured (those needing a GPU left out on the CPU)
         self.not_run: dict[str, str] = {}  # stage -> why it was not started (the time budget)
 
-    # --- servers ---------------------------------------------------------------------------------
-
-    @contextmanager
-    def fastapi(self, stage: Stage) -> Iterator[tuple[str, int]]:
-        port = free_port()
-        env = {**stage_env(self.device), **stage.fastapi.env}
-        # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target, time
-        # the server spends loading its model anyway. A GPU stage may build a TensorRT engine before it
-        # is ready: minutes on a first run.
-        with self.prometheus.scrape(f"127.0.0.1:{port}", "fastapi", stage=stage.name) as self.scraped, \
-                fastapi_process(stage.fastapi.service, port, self.logs / f"{stage.name}.log", env,
-                                ready_timeout=900 if self.device == "gpu" else 180) as server:
-            try:
-                yield f"http://127.0.0.1:{port}", server.pid
-            finally:
-                self.scraped = None
-
-    def triton(self, first: Stage, ports):
-        # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-        from servelab.servers.triton.server import start_local
-        # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
-        return start_local(first, kind=self.device, repository=get_settings().triton_model_repository,
-                           log=self.logs / "tritonserver.log", ports=ports)
-
     # --- measurements ----------------------------------------------------------------------------
 
     def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
@@ -255,6 +226,17 @@ class Lab:
                               for arrivals in (("constant", "poisson") if both_arrivals else ("poisson",))],
                      clients if both_arrivals else clients[:1])
         return capacity
+
+    def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
+        """Switch ``adapter``'s server to ``stage`` and measure it there; returns its capacity."""
+        adapter.switch(stage)
+        self.scraped = adapter.scraped
+        try:
+            runs_on, extra = adapter.runs_on(stage)
+            return self.measure(stage, adapter.target(stage, self.image, self.image_name), adapter.pid, manifest,
+                                runs_on, extra)
+        finally:
+            self.scraped = None
 
     def keep(self, measure: Callable[[], Record], load: Load) -> Record:
         """Run one measurement of ``load`` and keep its record: the server's own series attached, written, logged."""
@@ -300,23 +282,48 @@ class Lab:
                 self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
             stages = [s for s in stages if not s.needs_gpu]
         self.ran = [s.name for s in stages]
-        for stage in (s for s in stages if s.family == "fastapi"):
-            if not self._fits(stage):
-                continue
-            self.log(f"[{stage.name}] {stage.about}")
-            self.budget.mark()
-            self.guard(stage, lambda: self._fastapi_stage(stage, manifest))
-            self.budget.took()
-        triton_stages = [s for s in stages if s.family == "triton"]
-        if triton_stages and self._fits(triton_stages[0]):
-            self.guard(None, lambda: self._triton_stages(triton_stages, manifest, paths))
-        elif triton_stages:
-            for stage in triton_stages[1:]:
+        env = stage_env(self.device)
+        # A GPU stage may build a TensorRT engine before it is ready: minutes on a first run.
+        fastapi = FastAPIFamily(self.logs, env, self.prometheus, ready_timeout=900 if self.device == "gpu" else 180)
+        self._run_family(fastapi, [s for s in stages if s.family == "fastapi"], manifest)
+        # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
+        triton = TritonFamily(self.logs, get_settings().triton_model_repository, self.device, self.prometheus,
+                              paths.manifest)
+        self._run_family(triton, [s for s in stages if s.family == "triton"], manifest)
+        # One local cluster for every Ray stage, with a step load and a node failure besides (servelab.run.lab_ray).
+        ray = RayFamily(self.logs, get_settings().ray_node_cpus, env, self.prometheus)
+        self._run_family(ray, [s for s in stages if s.family == "ray" and "ray" not in self.skipped], manifest,
+                         RayRuns(self, ray, manifest))
+
+    def _run_family(self, adapter: Adapter, stages: list[Stage], manifest: Manifest,
+                    ray: RayRuns | None = None) -> None:
+        """Every stage of one family on one adapter, each started only if it fits the time budget; a stage
+        that fails is reported and the others go on, a server that does not start fails the family."""
+        if not stages or not self._fits(stages[0]):
+            for stage in stages[1:]:
                 self._fits(stage)  # none fits either, and each is named
-        ray_stages = [s for s in stages if s.family == "ray" and "ray" not in self.skipped]
-        # One cluster for every Ray stage: the family runs whole or not at all.
-        if ray_stages and all([self._fits(s) for s in ray_stages]):
-            self.guard(None, lambda: RayRuns(self, manifest).run(ray_stages), "ray")
+            return
+
+        def run_all() -> None:
+            self.budget.mark()  # the server's start-up counts towards the first stage's time
+            with adapter.start(stages[0]):
+                if ray:
+                    ray.started()
+                for i, stage in enumerate(stages):
+                    if i and not self._fits(stage):  # the first was checked before the server started
+                        continue
+                    self.log(f"[{stage.name}] {stage.about}")
+                    self.guard(stage, lambda stage=stage: self._stage(adapter, stage, manifest, ray))
+                    self.budget.took()
+                if ray:
+                    ray.finish(stages)
+
+        self.guard(None, run_all, stages[0].family)
+
+    def _stage(self, adapter: Adapter, stage: Stage, manifest: Manifest, ray: "RayRuns | None") -> None:
+        capacity = self.measure_on(adapter, stage, manifest)
+        if ray:
+            ray.after(stage, capacity)
 
     def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
@@ -328,40 +335,6 @@ class Lab:
             name = stage.name if stage else family
             self.failures.append(f"{name}: {type(exc).__name__}: {exc}")
             self.log(f"    FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]} (log in {self.logs})")
-
-    def _fastapi_stage(self, stage: Stage, manifest: Manifest) -> None:
-        with self.fastapi(stage) as (url, pid):
-            runs_on, options = served_runtime(url)
-            self.measure(stage, FastAPITarget(url, self.image, image_name=self.image_name), pid, manifest, runs_on,
-                         extra=options)
-
-    def _triton_stages(self, stages: list[Stage], manifest: Manifest, paths: ArtifactPaths) -> None:
-        # One server for every Triton stage: switching a stage reloads its model (explicit model
-        # control), the way students switch stages on the lab node, without restarting the server.
-        from servelab.servers.triton.server import Ports
-
-        ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
-        self.budget.mark()  # the server's start-up counts towards the first stage's time
-        with self.prometheus.scrape(f"127.0.0.1:{ports.metrics}", "triton") as scraped, \
-                self.triton(stages[0], ports) as server:
-            for i, stage in enumerate(stages):
-                if i and not self._fits(stage):  # the first was checked before the server started
-                    continue
-                self.log(f"[{stage.name}] {stage.about}")
-
-                def one(stage=stage):
-                    config = server.apply_stage(stage)
-                    model = stage.triton.model
-                    self.scraped = scraped.narrowed(model=model)
-                    target = TritonTarget(server.url, model, self.image, input=stage.input, batch=stage.triton.images,
-                                          image_name=self.image_name, manifest=paths.manifest)
-                    said = instances_say((self.logs / "tritonserver.log").read_text(errors="replace"), model,
-                                         instance_count(config.get("instance_group", [])))
-                    self.measure(stage, target, server.process.pid, manifest, runs_on_triton(config, said))
-
-                self.guard(stage, one)
-                self.budget.took()
-            self.scraped = None
 
 
 def preflight(stages: list[Stage]) -> dict[str, str]:

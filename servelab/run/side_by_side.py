@@ -56,10 +56,11 @@ from servelab.core.variants.build import RECORD_FILE, load_variants, machine
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import decode_base64, preprocess
-from servelab.core.procs import cpu_count, free_port
+from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
 from servelab.run.side_by_side_ray import benchmark_ray
 from servelab.core.catalogue import CATALOGUE, of_family
+from servelab.measure.families import serve_fastapi
 
 # The FastAPI stages as the lab's first notebook serves them (no settings of their own) -> backend.
 STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if not s.fastapi.env}
@@ -175,14 +176,6 @@ def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: fl
             record.breakdown.mean_batch_size if record.breakdown else None)
 
 
-def _serve(stage: str, logs: Path, env: dict[str, str]):
-    # Deferred, not a circle: servelab.servers.fastapi loads FastAPI (an optional extra) only when this runs.
-    from servelab.servers.fastapi.child import fastapi_process
-
-    port = free_port()
-    return fastapi_process(stage, port, logs / f"{stage}-{port}.log", env), f"http://127.0.0.1:{port}"
-
-
 def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
     # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
     from servelab.servers.fastapi.runtimes import load_backend
@@ -195,11 +188,9 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
     http_off = Row(f"HTTP, {c} senders, batching off")
     http_on = Row(f"HTTP, {c} senders, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms")
     with ExitStack() as stack:
-        server_off, url_off = _serve(stage, logs, {"MAX_BATCH_SIZE": "1"})
-        server_on, url_on = _serve(stage, logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
-                                                 "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)})
-        stack.enter_context(server_off)
-        stack.enter_context(server_on)
+        url_off = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": "1"})
+        url_on = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
+                                                                  "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)})
         sequential, http_sequential = asyncio.run(_sequential(load_backend(kind, off), url_off, image, args.requests))
         backend = load_backend(kind, on)
         window = args.duration / args.rounds
@@ -273,9 +264,7 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
     with ExitStack() as stack:
         urls = {}
         for row in rows:
-            server, urls[row.variant] = _serve(FP32_STAGE.fastapi.service, logs,
-                                               {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
-            stack.enter_context(server)
+            urls[row.variant] = serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for row in rows:
@@ -370,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
             elif stage == RAY_STAGE:
                 print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
                       f"outside the app = client mean latency - Server-Timing total):\n\n"
-                      f"{benchmark_ray(args, Path(tmp), _serve)}", flush=True)
+                      f"{benchmark_ray(args, Path(tmp))}", flush=True)
             elif stage == PREPROCESS_STAGE:
                 rows, scaling = benchmark_preprocess(args)
                 print(f"\nDecoding + preprocessing alone, threads against worker processes (ratio = images/s ÷ the "

@@ -9,12 +9,12 @@ the rest of the client's latency is outside it: for FastAPI the loopback hop and
 Serve also the proxy (HTTP parsing, routing to a replica) and the hop from proxy to replica and back
 (a Ray actor call: the request and response serialized).
 
-``servelab.run.side_by_side`` calls ``benchmark_ray`` and hands it the way it starts a FastAPI stage.
+``servelab.run.side_by_side`` calls ``benchmark_ray``.
 """
 
 import argparse
 import statistics
-from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +22,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load, Record
 from servelab.measure.measure_stage import Labels, measure_stage
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.core.procs import free_port
-from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import deploy_in_child
+from servelab.measure.families import RayFamily, serve_fastapi
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import of_family
 
@@ -54,20 +52,19 @@ class Side:
                 f"{latency - total:.1f} | {self.mean(lambda r: r.breakdown.mean_batch_size or 1):.1f} |")
 
 
-def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Path, dict[str, str]], tuple]) -> str:
-    """The table; ``serve(stage, logs, env)`` starts a FastAPI stage and returns (its process, its URL)."""
+def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
-    fastapi = Side(f"{FASTAPI_STAGE.name}: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
-    ray = Side(f"{RAY_STAGE.name}: {RAY_STAGE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
+    fastapi_side = Side(f"{FASTAPI_STAGE.name}: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
+    ray_side = Side(f"{RAY_STAGE.name}: {RAY_STAGE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
                f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms")
-    server, url = serve(FASTAPI_STAGE.fastapi.service, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
-                                                               "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
-    with server, LocalCluster(workers=1, cpus_per_node=settings.ray_node_cpus, log_dir=logs) as cluster:
-        port = free_port()  # once Ray's own processes hold theirs: the proxy binds it moments later
-        deploy_in_child(RAY_STAGE.name, cluster, port, logs / "ray-deploy.log")
+    with ExitStack() as stack:
+        url = serve_fastapi(stack, FASTAPI_STAGE, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
+                                                 "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
+        ray = stack.enter_context(RayFamily(logs, settings.ray_node_cpus).start())
+        ray.switch(RAY_STAGE)
         window = args.duration / args.rounds
         for _ in range(args.rounds):
-            for side, target in ((fastapi, url), (ray, f"http://127.0.0.1:{port}")):
+            for side, target in ((fastapi_side, url), (ray_side, ray.url)):
                 load = Load.closed(c, requests=None, duration_s=window, warmup=2 * c)
                 [record] = measure_stage(FastAPITarget(target, image), [load], Labels(side.what.split(":")[0]))
                 if record.stats.errors:
@@ -75,5 +72,5 @@ def benchmark_ray(args: argparse.Namespace, logs: Path, serve: Callable[[str, Pa
                 side.records.append(record)
     lines = [f"| {c} senders | req/s | ratio | p50 ms | mean ms | queue ms | preprocess ms | infer ms | in the app ms "
              "| outside the app ms | mean batch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-             fastapi.row(None), ray.row(fastapi)]
+             fastapi_side.row(None), ray_side.row(fastapi_side)]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from servelab.core.variants.build import (
     RECORD_FILE,
     STAGED,
     VARIANTS,
-    _reusable,
+    reusable_record,
     build_variants,
     load_variants,
     run_batches,
@@ -136,10 +136,10 @@ def test_variants_are_reused_when_unchanged_and_not_when_one_changed(artifacts, 
     # variant and the record afresh: the path this session's ``artifacts`` took from an empty folder (each
     # variant's file and record read by the tests above). Running that second build here again cost minutes.
     key = load_variants(tmp_path).build_key
-    assert _reusable(tmp_path, key) is not None
+    assert reusable_record(tmp_path, key) is not None
     variant_path(tmp_path, "int8").write_bytes(b"half a file")
-    assert _reusable(tmp_path, key) is None
-    assert _reusable(artifacts.onnx.parent, "another build key") is None  # a changed input: rebuilt too
+    assert reusable_record(tmp_path, key) is None
+    assert reusable_record(artifacts.onnx.parent, "another build key") is None  # a changed input: rebuilt too
     assert set(os.listdir(artifacts.onnx.parent)) >= {RECORD_FILE, *VARIANTS.values()}
 
 

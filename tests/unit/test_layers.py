@@ -101,3 +101,24 @@ def test_the_triton_models_use_the_core_and_the_triton_server_only():
             for name in names:
                 if name.startswith("servelab"):
                     assert name.startswith(allowed), f"{path.relative_to(REPO)} imports {name}"
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """A leading underscore means "this module's own": another module that needs it gets it made public.
+    Read from every module of servelab/ and the service apps: ``from x import _y`` and ``x._y``."""
+    ours = {p.relative_to(REPO).with_suffix("").as_posix().replace("/", ".") for p in (REPO / "servelab").rglob("*.py")}
+    found = []
+    for path in sorted((REPO / "servelab").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+                   if a.name.startswith("servelab")}
+        aliases |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                    and (n.module or "").startswith("servelab") for a in n.names if f"{n.module}.{a.name}" in ours}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servelab"):
+                found += [f"{path.relative_to(REPO)}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                  and node.attr.startswith("_") and not node.attr.startswith("__")):
+                found.append(f"{path.relative_to(REPO)}: {node.value.id}.{node.attr}")
+    assert not found, "\n".join(found)

@@ -140,7 +140,7 @@ def _build_key(manifest: Manifest, versions: dict[str, str]) -> str:
          photos.set_digest(photos.evaluation_set())], sort_keys=True).encode()).hexdigest()
 
 
-def _reusable(model_dir: Path, key: str) -> VariantsRecord | None:
+def reusable_record(model_dir: Path, key: str) -> VariantsRecord | None:
     try:
         record = load_variants(model_dir)
     except (OSError, ValueError):
@@ -212,7 +212,7 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
     model_dir = Path(model_dir)
     versions = _versions()
     key = _build_key(manifest, versions)
-    record = None if force else _reusable(model_dir, key)
+    record = None if force else reusable_record(model_dir, key)
     if record is not None:
         log(f"models: variants up to date in {model_dir}")
     else:

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from servelab.measure.monitor import _name, _open_nvml
+from servelab.measure.monitor import gpu_name, open_nvml
 
 
 class MachineCollector(Collector):
     def __init__(self) -> None:
-        self.nvml, self.handles, self.gpu_note = _open_nvml()
+        self.nvml, self.handles, self.gpu_note = open_nvml()
 
     def collect(self) -> Iterator[Any]:
         cpu = CounterMetricFamily("node_cpu_seconds", "Seconds the CPUs spent in each mode.", labels=["cpu", "mode"])
@@ -38,7 +38,7 @@ class MachineCollector(Collector):
             util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%).", labels=["gpu", "modelName"])
             used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB).", labels=["gpu", "modelName"])
             for index, handle in enumerate(self.handles):
-                labels = [str(index), _name(self.nvml, handle)]
+                labels = [str(index), gpu_name(self.nvml, handle)]
                 util.add_metric(labels, float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
                 used.add_metric(labels, self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20)
             yield util

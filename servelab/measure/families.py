@@ -1,0 +1,198 @@
+"""One small adapter per family, between a runner and ``measure_stage``: how a stage of that family is
+served and where a load goes.
+
+Every adapter has the same four parts:
+
+* ``start(first)``: a context in which the family's server can serve its stages, at ``first``;
+  everything it started is stopped on exit, by PID;
+* ``switch(stage)``: from now on the server serves ``stage`` (FastAPI: the stage's own ``servelab
+  serve`` process; Triton: its models reloaded with the stage's config; Ray Serve: the stage deployed);
+* ``target(stage, image)``: where the load generator and perf_analyzer send that stage's requests;
+* ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really
+  holds (ONNX Runtime's provider options, Ray's placement), for its records.
+
+``pid`` is the server measured (its CPU time goes into the records) and ``scraped`` its series in
+Prometheus, where the adapter was given a ``LabPrometheus``. ``servelab lab`` runs all three families
+through these, ``servelab benchmark`` the FastAPI and Ray adapters. The notebooks' walkthroughs
+(``servelab.run.walkthrough``) measure the node's servers, which students start and switch from their
+shell: they wait for the switch instead, and call the same ``measure_stage``.
+"""
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from servelab.core.catalogue import Stage
+from servelab.core.hardware import instances_say, runs_on_triton
+from servelab.core.procs import free_port
+from servelab.measure.measure_stage import served_runtime
+from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
+from servelab.measure.targets import FastAPITarget, Target, TritonTarget
+from servelab.servers.fastapi.child import fastapi_process
+from servelab.servers.rayserve.cluster import LocalCluster
+from servelab.servers.rayserve.control import deploy_in_child
+from servelab.servers.rayserve.serve_state import placement
+from servelab.servers.triton.python_backend import instance_count
+
+
+class Adapter(Protocol):
+    pid: int | None
+    scraped: Scraped | None
+
+    def start(self, first: Stage) -> Any: ...  # a context manager
+
+    def switch(self, stage: Stage) -> None: ...
+
+    def target(self, stage: Stage, image: bytes, image_name: str = "") -> Target: ...
+
+    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]: ...
+
+
+def _scrape(prometheus: LabPrometheus | None, address: str, family: str, **labels: str):
+    return prometheus.scrape(address, family, **labels) if prometheus else nullcontext(None)
+
+
+class FastAPIFamily:
+    """Each stage its own ``servelab serve`` process on 127.0.0.1 (a switch stops the last one), with
+    the stage's settings over ``env`` (the device's, or a benchmark's)."""
+
+    def __init__(self, logs: Path, env: dict[str, str] | None = None, prometheus: LabPrometheus | None = None,
+                 ready_timeout: float = 180):
+        self.logs, self.env, self.prometheus, self.ready_timeout = logs, env or {}, prometheus, ready_timeout
+        self.url, self.pid, self.scraped = "", None, None
+        self._serving: ExitStack | None = None
+
+    @contextmanager
+    def start(self, first: Stage | None = None) -> Iterator["FastAPIFamily"]:
+        try:
+            if first is not None:
+                self.switch(first)
+            yield self
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._serving is not None:
+            self._serving.close()
+        self._serving, self.url, self.pid, self.scraped = None, "", None, None
+
+    def switch(self, stage: Stage) -> None:
+        self._stop()
+        port, self._serving = free_port(), ExitStack()
+        try:
+            # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target,
+            # time the server spends loading its model anyway.
+            self.scraped = self._serving.enter_context(
+                _scrape(self.prometheus, f"127.0.0.1:{port}", "fastapi", stage=stage.name))
+            server = self._serving.enter_context(fastapi_process(
+                stage.fastapi.service, port, self.logs / f"{stage.name}-{port}.log", {**self.env, **stage.fastapi.env},
+                ready_timeout=self.ready_timeout))
+        except BaseException:
+            self._stop()
+            raise
+        self.url, self.pid = f"http://127.0.0.1:{port}", server.pid
+
+    def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
+        return FastAPITarget(self.url, image, image_name=image_name)
+
+    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
+        return served_runtime(self.url)
+
+
+def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> str:
+    """``stage``'s service in a process of its own until ``stack`` closes, with ``env`` over the stage's
+    settings (a benchmark's batching or model variant, beside the same stage with others); its URL."""
+    server = stack.enter_context(FastAPIFamily(logs).start())
+    server.switch(replace(stage, part=replace(stage.fastapi, env={**stage.fastapi.env, **env})))
+    return server.url
+
+
+class TritonFamily:
+    """One local tritonserver for every stage: a switch reloads the stage's models (explicit model
+    control), as students switch stages on the lab node without restarting the server."""
+
+    def __init__(self, logs: Path, repository: Path, kind: str = "auto", prometheus: LabPrometheus | None = None,
+                 manifest: Path | None = None):
+        self.logs, self.repository, self.kind, self.prometheus = logs, repository, kind, prometheus
+        self.manifest = manifest  # preprocessing parameters, for a client that sends crops
+        self.server: Any = None  # servelab.servers.triton.server.LocalTriton, while started
+        self.pid, self.scraped = None, None
+        self.config: dict[str, Any] = {}
+        self._scraped: Scraped | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.logs / "tritonserver.log"
+
+    @contextmanager
+    def start(self, first: Stage) -> Iterator["TritonFamily"]:
+        # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
+        from servelab.servers.triton.server import Ports, start_local
+
+        ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
+        with _scrape(self.prometheus, f"127.0.0.1:{ports.metrics}", "triton") as self._scraped, \
+                start_local(first, kind=self.kind, repository=self.repository, log=self.log, ports=ports) as server:
+            self.server, self.pid = server, server.process.pid
+            try:
+                yield self
+            finally:
+                self.server, self.pid, self.scraped = None, None, None
+
+    def switch(self, stage: Stage) -> None:
+        self.config = self.server.apply_stage(stage)
+        self.scraped = self._scraped.narrowed(model=stage.triton.model) if self._scraped else None
+
+    def target(self, stage: Stage, image: bytes, image_name: str = "") -> TritonTarget:
+        return TritonTarget(self.server.url, stage.triton.model, image, input=stage.input, batch=stage.triton.images,
+                            image_name=image_name, manifest=self.manifest)
+
+    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
+        said = instances_say(self.log.read_text(errors="replace"), stage.triton.model,
+                             instance_count(self.config.get("instance_group", [])))
+        return runs_on_triton(self.config, said), {}
+
+
+class RayFamily:
+    """One local Ray cluster (a head and ``workers`` worker nodes, ``ray start`` processes) for every
+    stage: a switch deploys the stage with ``servelab ray deploy``, the command the node's notebook runs."""
+
+    def __init__(self, logs: Path, cpus_per_node: int, env: dict[str, str] | None = None,
+                 prometheus: LabPrometheus | None = None, workers: int = 1):
+        self.logs, self.cpus_per_node, self.env, self.prometheus = logs, cpus_per_node, env or {}, prometheus
+        self.workers = workers
+        self.cluster: Any = None  # servelab.servers.rayserve.cluster.LocalCluster, while started
+        self.url, self.pid, self.scraped = "", None, None
+        self.where: dict[str, Any] = {}  # the running replicas per Ray node id, after a switch
+
+    @contextmanager
+    def start(self, first: Stage | None = None) -> Iterator["RayFamily"]:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # The nodes' environment reaches every replica: RAY_SERVE_PORT for the deploy, MODEL_DIR etc. as set here.
+        env = {**self.env, "RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"}
+        with ExitStack() as stack:
+            self.cluster = stack.enter_context(LocalCluster(workers=self.workers, cpus_per_node=self.cpus_per_node,
+                                                            log_dir=self.logs, env=env))
+            self.pid = self.cluster.head.pid
+            stack.callback(setattr, self, "cluster", None)
+            # Prometheus scrapes every node's metrics agent; the head's (the HTTP proxy's) counts the requests.
+            self.scraped = stack.enter_context(_scrape(self.prometheus, self.cluster.metrics["head"], "ray"))
+            for name, address in self.cluster.metrics.items():
+                if name != "head":
+                    stack.enter_context(_scrape(self.prometheus, address, "ray", node=name))
+            if first is not None:
+                self.switch(first)
+            yield self
+
+    def switch(self, stage: Stage) -> None:
+        deploy_in_child(stage.name, self.cluster, self.port, self.logs / f"ray-deploy-{stage.name}.log")
+        self.where = placement(self.cluster.dashboard_url, self.cluster.token)
+
+    def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
+        return FastAPITarget(self.url, image, image_name=image_name)
+
+    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
+        runs_on, options = served_runtime(self.url)  # one replica's
+        return runs_on, {**self.where, **options}

@@ -1,0 +1,39 @@
+"""servelab.measure.families: the FastAPI adapter as the lab and the benchmark use it, on real
+``servelab serve`` processes (the Triton and Ray adapters run in the lab's own tests, tests/e2e/test_lab.py)."""
+
+from contextlib import ExitStack
+
+import psutil
+
+from servelab.core.catalogue import of_family
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.measure.families import FastAPIFamily, serve_fastapi
+from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.measure.records import Load
+
+FASTAPI = of_family("fastapi")
+
+
+def test_a_switch_serves_the_next_stage_and_stops_the_last_by_pid(model, tmp_path):
+    family = FastAPIFamily(tmp_path, {"ORT_PROVIDERS": "cpu"})
+    with family.start():
+        family.switch(FASTAPI["fastapi-pt"])
+        first, pt = family.pid, family.runs_on(FASTAPI["fastapi-pt"])
+        family.switch(FASTAPI["fastapi-onnx"])
+        second, onnx = family.pid, family.runs_on(FASTAPI["fastapi-onnx"])
+        assert not psutil.pid_exists(first)
+        [record] = measure_stage(family.target(FASTAPI["fastapi-onnx"], DEFAULT_IMAGE.read_bytes()),
+                                 [Load.sequential(3, warmup=1)], Labels("fastapi-onnx", server_pid=second))
+    assert pt[0].startswith("torch cpu") and onnx[0] == "onnxruntime CPUExecutionProvider"
+    assert record.stats.successes == 3 and record.monitors.server_pid == second
+    assert not psutil.pid_exists(second) and family.url == ""
+
+
+def test_a_benchmarks_settings_go_over_the_stages(model, tmp_path):
+    """fastapi-onnx-dyn batches ≤ 16 by its catalogue entry; the benchmark's setting wins over it."""
+    import requests
+
+    with ExitStack() as stack:
+        url = serve_fastapi(stack, FASTAPI["fastapi-onnx-dyn"], tmp_path, {"MAX_BATCH_SIZE": "4"})
+        batching = requests.get(f"{url}/ready", timeout=10).json()["batching"]
+    assert batching["max_batch_size"] == 4
