@@ -62,6 +62,9 @@ def write_input_data(path: Path, image: bytes, input: InputKind, manifest: Path 
     return path
 
 
+DEFAULT_TIMEOUT_S = 300.0  # a perf_analyzer run past this is killed and recorded as such
+
+
 @dataclass(frozen=True)
 class Windows:
     """How perf_analyzer measures: windows of at least ``requests`` requests (count windows), until
@@ -200,7 +203,7 @@ def failed_record(target: TritonTarget, load: Load, *, stage: str, message: str,
 def run_perf_analyzer(
     target: TritonTarget, load: Load, *, stage: str, input_data_path: Path | None = None,
     extra: list[str] | tuple[str, ...] = (), windows: Windows = Windows(), server_pid: int | None = None,
-    monitor_interval_s: float = 0.5, timeout_s: float = 300.0, stand_in: str | None = None, out: Path | None = None,
+    monitor_interval_s: float = 0.5, timeout_s: float = DEFAULT_TIMEOUT_S, stand_in: str | None = None, out: Path | None = None,
 ) -> Record:
     """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record.
 

@@ -237,6 +237,13 @@ def family_stages(family: str) -> str:
     return f"The catalogue (`servelab/core/catalogue.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
 
 
+def lease_plan() -> str:
+    # Deferred, not a circle: lease_plan reads the notebooks this module writes into.
+    from servelab.tools.lease_plan import plan_table
+
+    return plan_table()
+
+
 def original(key: str) -> str:
     return original_lab.step(key).sentence()
 
@@ -252,6 +259,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "lab-plans": lab_plans,
     "original-lab": original,
     "family-stages": family_stages,
+    "lease-plan": lease_plan,
 }
 
 

@@ -1,0 +1,91 @@
+"""servelab/tools/lease_plan.py: the lease plan computed from the notebooks' own parameters and cells."""
+
+import textwrap
+
+import pytest
+
+from servelab.core.catalogue import CATALOGUE
+from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S
+from servelab.tools import lease_plan as lp
+
+NOTEBOOK = textwrap.dedent('''\
+    # A Triton notebook
+
+    ```python tags=["parameters"]
+    STAGES = ["pt-1", "pt-2x2"]
+    REQUESTS = 100
+    WARMUP = 10
+    PERF_ANALYZER = True
+    PA_STAGES = ["pt-1"]
+    PA_WINDOW_S = 5
+    PA_EXTRA = ["--max-trials=4"]
+    ```
+
+    Five words of prose here.
+
+    ```python
+    busy = Load.closed(8, REQUESTS, warmup=WARMUP)
+    first = await lab.measure("pt-1", [Load.sequential(REQUESTS, warmup=WARMUP), busy])
+    ```
+
+    ## Skipped by its parameters
+
+    ```python
+    more = await lab.measure("pt-4x4", [busy])
+    ```
+
+    ## Rates (optional)
+
+    ```python
+    late = await lab.measure("pt-2x2", [Load.open(100, "poisson", duration_s=10, warmup=0)])
+    ```
+    ''')
+
+
+def test_a_notebook_is_timed_from_its_parameters_and_cells(tmp_path):
+    path = tmp_path / "6_triton_python.md"
+    path.write_text(NOTEBOOK)
+    plan = lp.plan_notebook(path)
+    pt1 = lp.rate("pt-1")
+    assert plan.core.measure_s == pytest.approx(110 / pt1.alone + 110 / pt1.busy)  # pt-4x4 is not in STAGES
+    assert plan.core.perf_analyzer_s == pytest.approx(2 * 4 * 5)  # 4 trials of 5 s, for each of pt-1's loads
+    assert plan.core.switches == 1 and plan.optional.switches == 1
+    # pt-2x2 serves 192.8 req/s busy: 100 req/s for 10 s is below it, measured by servelab load alone.
+    assert plan.optional.measure_s == pytest.approx(10) and plan.optional.perf_analyzer_s == 0
+    assert plan.optional.over_capacity == []
+
+
+def test_an_open_loop_above_the_stages_rate_is_named_and_perf_analyzer_counted_at_its_limit(tmp_path):
+    path = tmp_path / "7_triton_onnx.md"
+    path.write_text(NOTEBOOK.replace('Load.open(100,', 'Load.open(300,').replace('PA_STAGES = ["pt-1"]',
+                                                                                   'PA_STAGES = ["pt-1", "pt-2x2"]'))
+    plan = lp.plan_notebook(path)
+    assert plan.optional.over_capacity == ["7_triton_onnx: pt-2x2 poisson 300 req/s"]
+    assert plan.optional.perf_analyzer_s == DEFAULT_TIMEOUT_S
+    assert plan.optional.measure_s == pytest.approx(3000 / 192.8)  # the backlog is served after the last arrival
+
+
+def test_no_notebook_offers_a_stage_more_than_it_serves():
+    """An open loop above a stage's rate only grows a backlog, and perf_analyzer then runs to its
+    hard limit: no notebook's load does that (a cell about overload would be named here)."""
+    plans = lp.lease_plan()
+    assert [o for p in plans for o in p.core.over_capacity + p.optional.over_capacity] == []
+    assert all(p.core.perf_analyzer_s < DEFAULT_TIMEOUT_S * 20 for p in plans)
+
+
+def test_every_stage_taught_on_the_node_has_a_rate_with_its_source():
+    rates = lp.node_rates()
+    assert set(rates) == {s.name for s in CATALOGUE if s.notebook}
+    assert all(r.source and r.alone > 0 and r.busy > 0 for r in rates.values())
+    assert rates["onnx-b16"].busy == rates["onnx-1"].busy and "assumed no faster than onnx-1" in rates["onnx-b16"].source
+
+
+def test_the_optional_sections_are_counted_apart():
+    fastapi = next(p for p in lp.lease_plan() if p.name == "4_fastapi")
+    assert fastapi.optional.measure_s > 0 and fastapi.optional.switches >= 3  # the variants: u8, int8, fp16
+
+
+@pytest.mark.xfail(strict=True, reason="issue 33: the core path is 2 h 15 by this plan (reading 4_fastapi, 6 and 7 "
+                                       "and perf_analyzer's worst cases); the notebooks are not shortened yet")
+def test_the_core_path_fits_in_1_h_45():
+    assert lp.core_minutes(lp.lease_plan()) <= lp.CORE_AIM_MIN
