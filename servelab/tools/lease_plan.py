@@ -158,6 +158,7 @@ def sections(text: str) -> list[tuple[bool, str]]:
 
 def _words(text: str) -> int:
     prose = re.sub(r"^```.*?^```", " ", text, flags=re.DOTALL | re.MULTILINE)
+    prose = re.sub(r"<!-- generated: lease-plan -->.*?<!-- end generated -->", " ", prose, flags=re.DOTALL)  # itself
     prose = re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL)
     return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", prose))
 

@@ -244,6 +244,24 @@ def lease_plan() -> str:
     return plan_table()
 
 
+GPU_RECORD = REPO_ROOT / "docs" / "records" / "gpu-h100-2026-11-24.toml"  # the first GPU run's figures
+
+
+def gpu_figures() -> set[tuple[float, str]]:
+    """(value, unit) of every figure the H100 record holds."""
+    record = tomllib.loads(GPU_RECORD.read_text(encoding="utf-8"))
+    return {(f["value"], f["unit"]) for step in record.values() if isinstance(step, dict) for f in step["figures"]}
+
+
+def gpu_record(key: str) -> str:
+    """One step of the H100 run, as a sentence: what ran, its figures, where the record and its log are."""
+    record = tomllib.loads(GPU_RECORD.read_text(encoding="utf-8"))
+    step = record[key]
+    figures = "; ".join(f"{f['measures']} {f['value']:g} {f['unit']}" for f in step["figures"])
+    return (f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
+            f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
+
+
 def original(key: str) -> str:
     return original_lab.step(key).sentence()
 
@@ -260,6 +278,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "original-lab": original,
     "family-stages": family_stages,
     "lease-plan": lease_plan,
+    "gpu-record": gpu_record,
 }
 
 

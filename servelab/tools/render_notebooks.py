@@ -87,11 +87,13 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     Returns one line per file that was (or, with ``check``, would be) written or removed; an empty
     list means everything is in sync.
     """
-    messages = [said for page in pages(directory) if (said := _expand_file(page, str(page.relative_to(REPO_ROOT)), check))]
+    files = [(page, str(page.relative_to(REPO_ROOT))) for page in pages(directory)]
+    files += [(source, source.name) for source in sources(directory)]
+    messages = [said for path, name in files if (said := _expand_file(path, name, check))]
+    if not check:  # a second pass: the lease plan reads what the first pass wrote into the notebooks
+        messages += [said for path, name in files if (said := _expand_file(path, name, check)) not in ("", *messages)]
     targets = set()
     for source in sources(directory):
-        if said := _expand_file(source, source.name, check):
-            messages.append(said)
         target = source.with_suffix(".ipynb")
         targets.add(target)
         text = to_ipynb_text(to_notebook(source))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from servelab.core import original_lab
+from servelab.core.paths import REPO_ROOT
 from servelab.run.lab import LAB_STAGES
 from servelab.tools import notebook_blocks
 from servelab.tools.notebook_blocks import definition_source, expand, specs, stage_config
@@ -164,6 +165,41 @@ def test_each_table_step_is_quoted_where_ours_measures_it() -> None:
         heading = re.search(rf"^#+ {re.escape(step.section)}$", text, re.MULTILINE)
         assert heading and heading.start() < text.index(f"original-lab {key} "), key
         assert all(f.unit in ("ms", "req/s", "infer/s") and f.value > 0 for f in step.figures), key
+
+
+# --- the H100 run's figures ------------------------------------------------------------------------
+
+H100_FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|req/s|requests/s|×|x)(?![\w/])")
+DOCS = sorted(p for p in (REPO_ROOT / "docs").rglob("*.md") if "records" not in p.parts)
+
+
+def gpu_figures_quoted(markdown: str) -> list[tuple[float, str]]:
+    """(value, unit) of every latency or rate in a paragraph (or table row) that speaks of the H100."""
+    found = []
+    for block in re.split(r"\n\s*\n", markdown):
+        rows = any(line.startswith("|") for line in block.splitlines())
+        for paragraph in block.splitlines() if rows else [block]:
+            if "H100" not in paragraph:
+                continue
+            found += [(float(v), UNITS.get(u, u)) for v, u in H100_FIGURE.findall(paragraph) if u in ("ms", "req/s", "requests/s")]
+            assert not [f for f in H100_FIGURE.findall(paragraph) if f[1] in ("×", "x")], \
+                f"a ratio about the H100 that its record does not hold:\n{paragraph}"
+    return found
+
+
+def test_h100_figures_are_found_and_a_ratio_is_refused() -> None:
+    assert gpu_figures_quoted("On an H100, 12.23 ms and 7.0 requests/s.\n\nHere 3 ms.") == [(12.23, "ms"), (7.0, "req/s")]
+    with pytest.raises(AssertionError):
+        gpu_figures_quoted("On an H100 fp16 was 1.76× fp32.")
+
+
+@pytest.mark.parametrize("path", [*(NOTEBOOK_DIR / f"{s}.md" for s in STEMS), *DOCS], ids=lambda p: p.name)
+def test_every_h100_figure_comes_from_its_record(path) -> None:
+    """The project's one GPU run is docs/records/gpu-h100-2026-11-24.toml: a figure about the H100 in a
+    notebook or doc is one of its figures (a `gpu-record` block writes them), never typed."""
+    known = notebook_blocks.gpu_figures()
+    unknown = [f for f in gpu_figures_quoted(path.read_text(encoding="utf-8")) if f not in known]
+    assert unknown == [], f"{path.name} quotes H100 figures its record lacks"
 
 
 # --- cells stay what a student runs ----------------------------------------------------------------
