@@ -147,11 +147,17 @@ def parameters(text: str) -> dict[str, Any]:
 
 
 def sections(text: str) -> list[tuple[bool, str]]:
-    """(optional, text) per ``##`` section; what comes before the first heading is core."""
-    parts, optional, start = [], False, 0
-    for m in re.finditer(r"^## (.*)$", text, re.MULTILINE):
+    """(optional, text) per ``##`` or ``###`` section; a ``###`` section is optional where its own heading
+    or its ``##`` section's says so; what comes before the first heading is core."""
+    parts, optional, parent, start = [], False, False, 0
+    for m in re.finditer(r"^(##|###) (.*)$", text, re.MULTILINE):
         parts.append((optional, text[start:m.start()]))
-        optional, start = bool(OPTIONAL.search(m[1])), m.start()
+        marked = bool(OPTIONAL.search(m[2]))
+        if m[1] == "##":
+            parent = optional = marked
+        else:
+            optional = parent or marked
+        start = m.start()
     parts.append((optional, text[start:]))
     return parts
 

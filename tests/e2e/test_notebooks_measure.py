@@ -262,12 +262,16 @@ def triton_stages(local_triton, tmp_path_factory: pytest.TempPathFactory) -> Ite
         pytest.fail("a tritonserver started by `servelab triton up` is running; stop it with `servelab triton down`")
     logs = tmp_path_factory.mktemp("triton-logs")
     local = local_triton
-    if local.stage != "pt-1":  # where a student starts, whatever stage an earlier test left it at
-        local.apply_stage("pt-1")
-    with ExitStack() as stack:
+    local.apply_stage(TRITON_STAGES["pt-1"])  # where a student starts, whatever stage an earlier test left it at
+
+    def back_to_pt1() -> None:
         # The notebooks switch it from other processes (`servelab triton stage`), which the shared server's
-        # object does not see: back to pt-1 through the object afterwards, so the two agree again.
-        stack.callback(local.apply_stage, "pt-1")
+        # object does not see: it forgets its stage and loads pt-1, so the two agree again.
+        local.stage = ""
+        local.apply_stage(TRITON_STAGES["pt-1"])
+
+    with ExitStack() as stack:
+        stack.callback(back_to_pt1)
         stack.callback(triton_server.STATE_FILE.unlink, missing_ok=True)
         triton_server.save_state(triton_server.state_of(local))
         flasks = {backend: _serve(["flask", "--backend", backend], "/health", logs / f"flask-{backend}.log",

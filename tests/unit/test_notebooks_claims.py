@@ -327,8 +327,9 @@ def test_the_triton_notebooks_switch_stages_from_jupyter_by_default(stem: str) -
 
 
 def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
-    """perf_analyzer's windows cost at least 15 s a load: by default it measures the core path's stages,
-    and the prose says the rest are measured by servelab load alone."""
+    """perf_analyzer's windows cost at least 15 s a load: by default it measures some of the core path's
+    stages (servelab/tools/lease_plan.py times them), and the prose says the rest are measured by servelab
+    load alone."""
     from servelab.tools.render_notebooks import to_notebook
 
     pa_stages = []
@@ -338,7 +339,9 @@ def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
         pa_stages += ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", params.source, re.MULTILINE | re.DOTALL)[1])
         assert "pa_stages=PA_STAGES" in _text(NOTEBOOK_DIR / f"{stem}.md"), stem
     optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
-    assert pa_stages == [name for name in TRITON_STAGES if name not in optional]
+    # The Python backend's stages and the two the bursty-arrival lesson compares; the rest by servelab load alone.
+    assert set(pa_stages) <= {name for name in TRITON_STAGES if name not in optional} and pa_stages[0] == "pt-1"
+    assert {"onnx-1", "onnx-dyn"} <= set(pa_stages)
     for stem in ("6_triton_python", "8_triton_more"):  # where the tools are explained, and where the rest is measured
         assert "measured by `servelab load` alone" in " ".join(_text(NOTEBOOK_DIR / f"{stem}.md").split()), stem
 
