@@ -153,7 +153,8 @@ def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray
     # Failures are counted by kind, never as successes (one that waited past the 5 s timeout is a "timeout").
     assert all(kind.startswith(("http_5", "disconnected", "timeout")) for kind in record.stats.errors), record.stats.errors
     # The timeline counts the same failures, and the service recovered after the kill (how fast is a speed).
-    assert sum(t.errors) == record.stats.error_count > 0 and t.recovery_s is not None
+    # How many requests the kill catches in flight depends on where the proxy sent them: none is possible.
+    assert sum(t.errors) == record.stats.error_count and t.recovery_s is not None
     # Requests completed after the kill on the surviving head replica, and still do.
     kill_at = t.events["worker node killed"]
     assert sum(n for start, n in zip(t.t_s, t.throughput_rps) if start > kill_at + t.recovery_s + 1) > 0

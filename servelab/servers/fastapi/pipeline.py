@@ -53,6 +53,14 @@ from servelab.core.settings import ServeSettings
 log = logging.getLogger("servelab.servers.fastapi")
 
 
+
+def _lost_a_worker(pool: Executor) -> bool:
+    """Whether a worker process of ``pool`` has died. ProcessPoolExecutor notices a death in its own
+    thread, a moment later; a request submitted in between would fail although it never reached the
+    dead worker. Its ``_processes`` (pid -> Process) is the only place the workers are listed."""
+    return any(not process.is_alive() for process in list((getattr(pool, "_processes", None) or {}).values()))
+
+
 class Pipeline:
     def __init__(self, backend: Backend, settings: ServeSettings, metrics: Metrics | None = None,
                  batcher: type[MicroBatcher] = MicroBatcher):
@@ -93,6 +101,8 @@ class Pipeline:
     async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
         """``prepare`` in a worker: (model input, when the worker started, when it ended)."""
         loop, pool = asyncio.get_running_loop(), self._pool
+        if _lost_a_worker(pool):  # died while idle, and the pool's own thread has not noticed yet
+            pool = self._replace(pool)
         try:
             job = loop.run_in_executor(pool, self._prepare, text)
         except BrokenProcessPool:  # a worker died while the pool was idle: this request lost nothing
