@@ -6,7 +6,7 @@ server is a child process stopped by PID, also on Ctrl-C or failure.
 
 Which stages and how much of each is a ``Plan``: the tour (the default, `make lab`: the catalogue's
 ``tour`` stages, each lesson once, in minutes), ``--full`` (every stage, every load, both clients) or
-``--quick`` (every stage, a few requests: the tests' smoke run) or ``gpu-check`` (the catalogue's
+``--quick`` (every stage, a few requests, perf_analyzer on one stage per way it is fed: the tests' smoke run) or ``gpu-check`` (the catalogue's
 ``gpu_check`` stages, for `make gpu-check` on a lent GPU). ``--budget`` bounds the run's time: a stage
 that would not fit is not started and is named in ``run.json`` and the report as not run, with why.
 The measurements per stage:
@@ -69,6 +69,17 @@ TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
 GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check)
 
 
+def _each_way_in(stages: tuple[Stage, ...]) -> tuple[str, ...]:
+    """One Triton stage per way perf_analyzer is fed (what the client sends: a photo, a tensor, a uint8
+    crop; one image or the stage's own batches; one model or an ensemble), the first in the catalogue's
+    order, and every stage that offers both arrival processes: where the second client's own paths run."""
+    firsts: dict[tuple, str] = {}
+    for s in stages:
+        if s.family == "triton":
+            firsts.setdefault((s.input, s.triton.images, bool(s.triton.needs)), s.name)
+    return tuple(s.name for s in stages if s.name in firsts.values() or (s.family == "triton" and s.triton.both_arrivals))
+
+
 def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
     """The Triton stages among ``stages`` that teach batching: where perf_analyzer is the second opinion."""
     return tuple(s.name for s in stages if s.family == "triton" and s.lesson == "batching")
@@ -114,8 +125,10 @@ class Plan:
 
     @classmethod
     def quick(cls) -> "Plan":
-        # A smoke run (tests): three windows, whatever their spread (no stability requirement).
-        return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0)
+        # A smoke run (tests): every stage with servelab's client; perf_analyzer, three windows whatever
+        # their spread, on one stage per way it is fed (the rest is the same command on another model).
+        return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0,
+                   perf_analyzer=_each_way_in(LAB_STAGES))
 
     @classmethod
     def gpu_check(cls) -> "Plan":

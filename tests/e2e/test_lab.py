@@ -16,7 +16,7 @@ from lab_process import LAB_TIMEOUT_S, lab_process
 from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
-from servelab.run.lab import LAB_STAGES as STAGES, LabRun, preflight
+from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
 from servelab.tools.gpu_check import record_markdown
 from servelab.core.settings import get_settings
 from servelab.servers.triton.configs import gpu_count
@@ -71,14 +71,16 @@ def test_quick_lab_ray_stages_place_replicas_step_the_load_and_lose_a_node(quick
     assert "## Ray Serve: placement" in report and (quick_lab.out / "ray_timelines.png").exists()
 
 
-def test_quick_lab_measures_every_triton_load_with_both_clients(quick_lab):
-    """Every Triton load measured by both clients, back to back; batched requests where the stage batches."""
+def test_quick_lab_measures_the_triton_loads_with_both_clients(quick_lab):
+    """Every Triton stage by servelab's client; perf_analyzer right after it on the same loads, on one stage
+    per way it is fed (Plan.quick); batched requests where the stage batches."""
     records = quick_lab.records
     ours = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "servelab" and r.stage in TRITON]
     theirs = [(r.stage, r.load.label(), r.batch) for r in records if r.tool == "perf_analyzer"]
-    assert set(theirs) <= set(ours) and {stage for stage, _, _ in theirs} == TRITON
-    assert {(stage, batch) for stage, _, batch in theirs if batch > 1} == {("pt-1", 16), ("pt-dyn", 16), ("onnx-dyn", 16),
-                                                                          ("onnx-b16", 16)}
+    assert {stage for stage, _, _ in ours} == TRITON
+    assert set(theirs) <= set(ours) and {stage for stage, _, _ in theirs} == set(Plan.quick().perf_analyzer) & TRITON
+    assert {"pt-1", "onnx-dyn", "onnx-b16", "onnx-u8", "ensemble"} <= {stage for stage, _, _ in theirs}
+    assert {(stage, batch) for stage, _, batch in theirs if batch > 1} == {("pt-1", 16), ("onnx-dyn", 16), ("onnx-b16", 16)}
     assert {batch for stage, _, batch in ours if stage == "onnx-b16"} == {16}  # its client's batches only
     assert {label.split()[0] for stage, label, _ in theirs if stage == "onnx-dyn"} >= {"constant", "poisson"}
     assert "perf_analyzer vs servelab" in quick_lab.output and "## Two clients, one server" in quick_lab.text("report-tables.md")

@@ -183,8 +183,19 @@ def test_dynamic_batcher_fails_only_the_corrupt_request(triton, reference):
 
 # --- every stage ---
 
-@pytest.mark.parametrize("name", [name for name, stage in STAGES.items() if not stage.needs_gpu])
-def test_every_stage_loads_and_serves(triton, name):
+def _one_per_layout() -> list[str]:
+    """The first stage of each model, batch of images and instance layout (a stage that only adds dynamic
+    batching loads as the one before it: the quick lab, tests/e2e/test_lab.py, loads and serves every stage)."""
+    firsts: dict[tuple, str] = {}
+    for name, stage in STAGES.items():
+        if not stage.needs_gpu:
+            changes = stage.triton.changes.get(stage.triton.model, {})
+            firsts.setdefault((stage.triton.model, stage.triton.images, "instance_group" in changes), name)
+    return list(firsts.values())
+
+
+@pytest.mark.parametrize("name", _one_per_layout())
+def test_each_kind_of_stage_loads_and_serves(triton, name):
     config = triton.apply_stage(get_stage(name))
     stage = STAGES[name]
     assert config["parameters"]["servelab_stage"]["string_value"] == f"{name} (cpu)"
