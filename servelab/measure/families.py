@@ -143,6 +143,8 @@ class TritonFamily:
     def switch(self, stage: Stage) -> None:
         self.config = self.server.apply_stage(stage)
         self.scraped = self._scraped.narrowed(model=stage.triton.model) if self._scraped else None
+        if self.prometheus:
+            self.prometheus.switched(self.scraped)  # the model's load ran Triton's warm-up requests
 
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> TritonTarget:
         return TritonTarget(self.server.url, stage.triton.model, image, input=stage.input, batch=stage.triton.images,
@@ -189,6 +191,8 @@ class RayFamily:
     def switch(self, stage: Stage) -> None:
         deploy_in_child(stage.name, self.cluster, self.port, self.logs / f"ray-deploy-{stage.name}.log")
         self.where = placement(self.cluster.dashboard_url, self.cluster.token)
+        if self.prometheus:
+            self.prometheus.switched(self.scraped)  # a deploy's health checks reach the proxy too
 
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
         return FastAPITarget(self.url, image, image_name=image_name)

@@ -90,6 +90,12 @@ class LabPrometheus:
             if self.watch is not None:
                 self.watch.forget(address)
 
+    def switched(self, scraped: Scraped | None) -> None:
+        """The server behind ``scraped`` now serves another stage, and may have counted requests of its own
+        meanwhile (Triton runs a model's warm-up requests as it loads it): its next run reads it afresh."""
+        if self.watch is not None and scraped is not None:
+            self.watch.forget(scraped.labels["instance"])
+
     def before(self, scraped: Scraped | None) -> Before | str:
         if self.watch is None or scraped is None:
             return self.note or "no metrics endpoint registered for this server"

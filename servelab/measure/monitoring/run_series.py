@@ -127,7 +127,8 @@ class PromWatch:
         self.client, self.step_s = client, step_s
         self.window = f"{4 * step_s:g}s"  # rate() needs two samples in its window
         # instance -> when its last scrape after a run was seen. Runs follow each other with nothing else
-        # sent to the server in between (the lab's case), so that scrape also serves as the next "before".
+        # sent to the server in between (the lab's case), so that scrape also serves as the next "before";
+        # a stage switch sends it requests of its own (Triton's warm-up), so the lab forgets it then.
         self._settled: dict[str, float] = {}
 
     def forget(self, instance: str) -> None:
