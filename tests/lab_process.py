@@ -3,29 +3,35 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import psutil
 
 from servelab.measure.records import Record, read_records
+from triton_repo import copy_sources
 
 REPO = Path(__file__).resolve().parents[1]
 LAB_TIMEOUT_S = 900  # every stage, the Ray Serve cluster's too, and Prometheus read-back (~1 s per run)
+MARK = "SERVELAB_TEST_LAB"  # set in a lab's environment, inherited by every process it starts
 
 
-def servers_of_this_checkout() -> set[int]:
-    """PIDs of model servers started from this checkout (the lab's run here; other checkouts' test
-    runs on the same machine have servers of their own)."""
+def processes_marked(mark: str) -> set[int]:
+    """PIDs of the processes that carry ``mark`` in their environment: a lab's and everything it started
+    (servers, Ray's daemons and workers, Prometheus, perf_analyzer), whatever other tests run beside it."""
     found = set()
-    for p in psutil.process_iter(["cmdline", "cwd"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["cwd"] == str(REPO) and ("tritonserver" in cmd or "servelab serve" in cmd or "raylet" in cmd
-                                           or "gcs_server" in cmd or "ray start" in cmd or "ray::" in cmd):
-            found.add(p.pid)
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) == mark:
+                found.add(p.pid)
+        except psutil.Error:  # ended while we looked, or a zombie
+            pass
     return found
 
 
@@ -36,22 +42,59 @@ def _as_typed_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def lab_process(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``servelab lab --quick --out OUT ARGS`` from the checkout, its output captured."""
+def lab_process(out: Path, *args: str, env: dict[str, str] | None = None, output: IO | int = subprocess.PIPE
+                ) -> subprocess.Popen:
+    """``servelab lab --quick --out OUT ARGS`` from the checkout, its output captured (or written to ``output``)."""
     return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})}, preexec_fn=_as_typed_in_a_terminal)
+
+
+class BackgroundLab:
+    """``servelab lab --quick`` started now and read later, while other tests run: in a folder of its own with
+    its own model and model repository (the session's are built and switched by those tests), its output in a
+    file (a pipe nobody reads would fill and stop it), its processes marked so the ones it leaves are found."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.mark, self.started = root, secrets.token_hex(8), time.monotonic()
+        env = {"MODEL_DIR": str(root / "models"), MARK: self.mark,
+               "TRITON_MODEL_REPOSITORY": str(copy_sources(root / "model_repository"))}
+        with open(root / "output.txt", "w") as output:
+            self.process = lab_process(root / "lab", env=env, output=output)
+
+    def finish(self) -> FinishedLab:
+        """Wait for the lab (LAB_TIMEOUT_S from its start; past that it is interrupted as Ctrl-C would) and read it."""
+        try:
+            self.process.wait(timeout=max(1.0, self.started + LAB_TIMEOUT_S - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise TimeoutError(f"servelab lab --quick ran past {LAB_TIMEOUT_S} s:\n{self.output()[-5000:]}") from None
+        return FinishedLab(self.root / "lab", self.root / "models", self.process.returncode, self.output(),
+                           processes_marked(self.mark))
+
+    def output(self) -> str:
+        return (self.root / "output.txt").read_text()
+
+    def stop(self) -> None:
+        """Interrupt it if it still runs (a session that ended early): the lab then stops its own servers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 @dataclass(frozen=True)
 class FinishedLab:
-    """One finished lab run: its folder, exit status, printout, and this checkout's servers around it."""
+    """One finished lab run: its folder, its model, exit status, printout, and what it left running."""
 
     out: Path
+    model_dir: Path
     returncode: int
     output: str
-    servers_before: set[int]
-    servers_after: set[int]
+    left_running: set[int]  # PIDs of processes it started that outlived it
 
     @property
     def records(self) -> list[Record]:

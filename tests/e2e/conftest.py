@@ -2,7 +2,9 @@
 by the tests (docs/testing.md, "Shared per session").
 
 - ``quick_lab``: one real ``servelab lab --quick`` (every stage, a few requests each), its folder, printout and
-  the model servers of this checkout before and after it; test_lab.py's tests each read a part of it.
+  what it left running; test_lab.py's tests each read a part of it. It starts as soon as the tests are
+  collected and runs beside the lower tiers: it waits on its servers more than it computes (about a third of
+  a 2-CPU machine), so the session is shorter by most of its six minutes.
 - ``fastapi_onnx``: one real ``servelab serve fastapi-onnx`` on 127.0.0.1, for the tests that only send it
   requests (GourmetGram in front of it, the Ray walkthrough's stand-in front, the FastAPI notebook).
 - ``local_triton``: one real tritonserver (at pt-1, a scratch model repository); a test that needs a stage
@@ -11,30 +13,40 @@ by the tests (docs/testing.md, "Shared per session").
 
 from __future__ import annotations
 
-import subprocess
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from lab_process import LAB_TIMEOUT_S, FinishedLab, lab_process, servers_of_this_checkout
+from lab_process import BackgroundLab, FinishedLab
 from servelab.core.procs import ServerProcess, free_port
 from servelab.servers.triton import server as triton_server
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from triton_repo import make_repository
 
+_LAB = pytest.StashKey[BackgroundLab]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any("quick_lab" in getattr(item, "fixturenames", ()) for item in session.items):
+        session.config.stash[_LAB] = BackgroundLab(Path(tempfile.mkdtemp(prefix="servelab-quick-lab-")))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if lab := session.config.stash.get(_LAB, None):
+        lab.stop()
+        shutil.rmtree(lab.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def quick_lab(artifacts, tmp_path_factory: pytest.TempPathFactory) -> FinishedLab:
-    out = tmp_path_factory.mktemp("quick-lab")
-    before = servers_of_this_checkout()
-    lab = lab_process(out)
+def quick_lab(request: pytest.FixtureRequest) -> FinishedLab:
     try:
-        output, _ = lab.communicate(timeout=LAB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        lab.kill()
-        output, _ = lab.communicate()
-        pytest.fail(f"servelab lab --quick ran past {LAB_TIMEOUT_S} s:\n{output[-5000:]}")
-    return FinishedLab(out, lab.returncode, output, before, servers_of_this_checkout())
+        return request.config.stash[_LAB].finish()
+    except TimeoutError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
 from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
 from servelab.tools.gpu_check import record_markdown
-from servelab.core.settings import get_settings
 from servelab.servers.triton.configs import gpu_count
 
 RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
@@ -50,7 +49,7 @@ def test_quick_lab_measures_every_stage_and_leaves_no_server(quick_lab):
     failure = [r for r in records if r.config.get("run") == "node failure"]
     assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records if r not in failure)
     assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
-    assert quick_lab.servers_after <= quick_lab.servers_before
+    assert not quick_lab.left_running
 
 
 def test_quick_lab_ray_stages_place_replicas_step_the_load_and_lose_a_node(quick_lab):
@@ -115,12 +114,12 @@ def test_quick_lab_says_where_each_stage_ran(quick_lab):
 
 
 def test_quick_lab_records_make_the_gpu_record(quick_lab):
-    _check_gpu_record(quick_lab.records)
+    _check_gpu_record(quick_lab.records, quick_lab.model_dir)
 
 
-def _check_gpu_record(records):
+def _check_gpu_record(records, model_dir):
     """The GPU record (`servelab gpu-check`), written from this real lab's records."""
-    ceiling = measure_ceiling(get_settings().model_dir, batches=(1, 8), repeats=1, max_seconds=0.1, log=lambda *_: None)
+    ceiling = measure_ceiling(model_dir, batches=(1, 8), repeats=1, max_seconds=0.1, log=lambda *_: None)
     md = record_markdown(records, stack(), None, "`servelab lab --quick`", "today", {"ray": "not installed here"},
                          ceiling)
     stage_table = md.split("## The model's own ceiling")[0]  # the later tables have rows per stage too
