@@ -23,7 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run only where nvidia-smi lists a GPU; elsewhere they skip with that reason."""
+    """The tiers run in order, unit first (quick answers first; the quick lab, started once the tests are
+    collected, runs beside the two lower tiers: tests/e2e/conftest.py). Tests marked ``gpu`` run only
+    where nvidia-smi lists a GPU; elsewhere they skip with that reason."""
+    order = {tier: i for i, tier in enumerate(tier_durations.TIERS)}
+    items.sort(key=lambda item: order.get(tier_durations.tier_of(item.nodeid), len(order)))  # stable: files stay whole
     if any(item.get_closest_marker("gpu") for item in items) and gpu_count() == 0:
         for item in items:
             if item.get_closest_marker("gpu"):
