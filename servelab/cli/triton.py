@@ -8,7 +8,6 @@
 """
 
 import json
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from servelab.core.settings import get_settings
@@ -96,23 +95,17 @@ def _up(args) -> int:
 
 
 def _stage(args) -> int:
-    settings = _settings()
-    running = server.load_state()
-    url = server.server_address(args.url or (running["url"] if running else settings.triton_server_url))
-    ours = running is not None and running["url"] == url
-    kind = stages.resolve_kind(args.kind or (running["kind"] if ours else settings.triton_instance_kind))
-    # Only the server `up` started lacks the onnxruntime backend; Triton's images have it.
-    onnxruntime = running["onnxruntime"] if ours else True
-    repository = Path(running["repository"]) if ours else settings.triton_model_repository
+    target = server.switch_target(args.url, args.kind)
     stage = stages.STAGES[args.name]
     try:
-        config = server.apply_stage(url, stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
+        config = server.apply_stage(target.url, stage, kind=target.kind, onnxruntime=target.onnxruntime,
+                                    repository=target.repository)
     except (OSError, RuntimeError) as exc:
-        print(f"triton: could not switch {url} to stage {stage.name}: {exc}")
+        print(f"triton: could not switch {target.url} to stage {stage.name}: {exc}")
         return 1
-    if ours:
-        server.save_state({**running, "stage": stage.name})
-    print(f"# stage {stage.name} ({kind}) on {url}: {stage.about}; loaded {', '.join(stage.triton.models)}")
+    if target.saved:
+        server.save_state({**target.saved, "stage": stage.name})
+    print(f"# stage {stage.name} ({target.kind}) on {target.url}: {stage.about}; loaded {', '.join(stage.triton.models)}")
     print(f"# GET /v2/models/{stage.triton.model}/config:")
     print(json.dumps(config, indent=2))
     return 0

@@ -140,15 +140,20 @@ def test_pip_installs_use_the_constraints_and_real_extras() -> None:
 
 
 def test_triton_notebooks_walk_every_stage() -> None:
+    """Each stage is switched to by `servelab triton stage`, or loaded from the block the student wrote."""
     switched = [argv[3] for stem in TRITON_NOTEBOOKS for _, argv in shell_commands(stem)
                 if argv[:3] == ["servelab", "triton", "stage"]]
-    assert set(switched) == set(TRITON_STAGES)
+    written = [name for stem in TRITON_NOTEBOOKS
+               for name in re.findall(r'lab\.write_config\("([\w-]+)"', (NOTEBOOK_DIR / f"{stem}.md").read_text())]
+    assert written == ["pt-2x2", "onnx-dyn"] and not set(written) & set(switched)
+    assert set(switched) | set(written) == set(TRITON_STAGES)
     assert switched[0] == "pt-1"
     # Every stage measured by default, each by the notebook that switches to it.
     assert [stage for stem in TRITON_NOTEBOOKS for stage in parameters(stem)["STAGES"]] == list(TRITON_STAGES)
     for stem in TRITON_NOTEBOOKS:
-        assert parameters(stem)["STAGES"] == list(dict.fromkeys(
-            argv[3] for _, argv in shell_commands(stem) if argv[:3] == ["servelab", "triton", "stage"])), stem
+        steps = re.findall(r'^servelab triton stage ([\w-]+)$|lab\.write_config\("([\w-]+)"',
+                           (NOTEBOOK_DIR / f"{stem}.md").read_text(), re.MULTILINE)
+        assert parameters(stem)["STAGES"] == list(dict.fromkeys(a or b for a, b in steps)), stem
 
 
 def test_fastapi_notebook_switches_services_by_variables_only() -> None:
@@ -386,7 +391,12 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     assert "skipped: pt-4x4 is not in STAGES" in python
     assert "skipped: onnx-u8 is not in STAGES" in more
     for stage, field, text in (("pt-2x2", "instance_group", python), ("onnx-dyn", "dynamic_batching", onnx)):
+        assert f": {stage} with your block (cpu instances here)" in text  # written, then loaded by the student's cell
         assert f"correct: Triton reads this as {stage}'s `{field}`" in text
+    assert "[{'name': 'food_classifier_0', 'kind': 'KIND_CPU', 'count': 4" in python  # as Triton loaded it
+    loaded = [line for line in onnx.splitlines() if "'preferred_batch_size'" in line]
+    assert any(re.search(r"'preferred_batch_size': \[4, 6, 8\].*'max_queue_delay_microseconds': '?100'?", line)
+               for line in loaded), loaded
     assert "$ " + common["STAGE_COMMAND"].format(name="pt-dyn") in python  # each switch shows its command,
     assert "switched to pt-dyn in " in python  # and how long it took
     assert "switched to onnx-1 in " in onnx and "switched to ensemble in " in more  # each notebook switches itself

@@ -28,10 +28,12 @@ from servelab.core.artifacts import load_manifest
 from servelab.core.inference import OnnxClassifier, TorchClassifier
 from servelab.core.postprocess import Prediction, top1
 from servelab.core.preprocess import crop_pixels, preprocess_batch
+from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
 from servelab.servers.triton import client, server
 from servelab.servers.triton.configs import STAGES
+from servelab.run.walkthrough.walk_triton import TritonWalkthrough
 from triton_repo import make_repository
 
 PHOTOS = variants()
@@ -258,6 +260,36 @@ def test_onnx_dynamic_batching_forms_batches(triton, reference):
     formed = batch_sizes(stats(triton, "food_classifier_onnx"))
     grown = {b: n - batch_sizes(before).get(b, 0) for b, n in formed.items()}
     assert max(b for b, n in grown.items() if n > 0) > 1, grown
+
+
+def test_the_block_a_student_writes_is_what_loads(triton, tmp_path, monkeypatch):
+    """The notebooks' step: the walkthrough writes the stage's config with the student's block into the
+    repository, Triton's model-control API loads it; a block Triton cannot take fails with Triton's own
+    message, and the model goes on serving the last config that loaded."""
+    monkeypatch.setattr(server, "STATE_FILE", tmp_path / "state.json")  # registered as `servelab triton up` does
+    server.save_state(server.state_of(triton))
+    triton.apply_stage(get_stage("onnx-1"))
+    lab = TritonWalkthrough(triton.url, DEFAULT_IMAGE, tmp_path, wait_s=60, stages=["onnx-dyn"])
+    connection = http(triton)
+    try:
+        lab.write_config("onnx-dyn", "dynamic_batching {\n  preferred_batch_size: [ 2, 3 ]\n}\n")
+        connection.load_model("food_classifier_onnx")
+        loaded = connection.get_model_config("food_classifier_onnx")
+        assert loaded["dynamic_batching"]["preferred_batch_size"] == [2, 3]
+        assert loaded["parameters"]["servelab_stage"]["string_value"].startswith("onnx-dyn ")
+        for wrong, says in (("dynamic_batching { preferred_batch_size: [ 32 ] }",  # max_batch_size is 16
+                             "dynamic batching preferred size must be <= max batch size for food_classifier_onnx"),
+                            ("dynamic_batching { preferred_batch_size: [ 4, }", "Expected integer, got: }")):
+            lab.write_config("onnx-dyn", wrong)
+            with pytest.raises(InferenceServerException, match="failed to load 'food_classifier_onnx'"):
+                connection.load_model("food_classifier_onnx")
+            assert says in lab.triton_log()  # Triton's own reason, in its log
+            result = connection.infer("food_classifier_onnx", client.tensor_inputs("http", preprocess_batch(FOUR[:1])))
+            assert result.as_numpy("output").shape == (1, 11)
+            assert connection.get_model_config("food_classifier_onnx")["dynamic_batching"]["preferred_batch_size"] == [2, 3]
+    finally:
+        connection.close()
+        triton.stage = ""  # switched behind the shared server's object: the next apply_stage loads again
 
 
 # --- the ONNX variants: preprocessing in the model ---

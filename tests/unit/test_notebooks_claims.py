@@ -206,7 +206,7 @@ def test_the_docker_claims_say_what_ran_where() -> None:
 def test_every_original_lab_figure_carries_its_source() -> None:
     for key, step in original_lab.steps().items():
         assert step.source and "Source:" in step.sentence(), key
-    assert "walkthrough has no step" in original_lab.step("pt-dyn-concurrency-8").source
+    assert "no step of its walkthrough measures this" in original_lab.step("pt-dyn-concurrency-8").source
     for source in SOURCES:
         assert "The original lab observed" not in _text(source), source.name
 
@@ -284,10 +284,14 @@ def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: s
     stem, stage, field = _BLOCKS[name]
     triton = _text(NOTEBOOK_DIR / f"{stem}.md")
     prefilled = re.search(rf'^{name} = """(.*?)"""', triton, re.MULTILINE | re.DOTALL)[1]
-    checked = f'print(check_block("{stage}", {name}))'
-    # The block and its check come before the step shows or switches to the stage.
-    assert triton.index(prefilled) < triton.index(checked) < triton.index(f"servelab triton stage {stage}\n")
+    written, checked = f'lab.write_config("{stage}", {name})', f'print(check_block("{stage}", {name}))'
+    # The block is written into the repository, loaded by the student's own model-control call, then checked,
+    # before the step shows the stage; no `servelab triton stage` loads the catalogue's in its place.
+    model = TRITON_STAGES[stage].triton.model
+    loaded = f'client.load_model("{model}")'
+    assert triton.index(prefilled) < triton.index(written) < triton.index(loaded) < triton.index(checked)
     assert triton.index(checked) < triton.index(f"generated: stage-config {stage} ")
+    assert f"servelab triton stage {stage}\n" not in triton
     with pytest.raises(ValueError, match="nothing written yet: replace the TODO"):
         check_block(stage, prefilled)
     answer = _instructors_answer(field)

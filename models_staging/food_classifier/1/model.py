@@ -22,7 +22,10 @@ from servelab.servers.triton import python_backend as backend
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        device = backend.instance_device(args)
+        # Where this instance runs, from its instance_group: KIND_GPU with the GPU Triton gave it, or KIND_CPU.
+        # KIND_GPU alone moves nothing in the Python backend: the model must put itself on that GPU.
+        kind, gpu = args["model_instance_kind"], args["model_instance_device_id"]
+        device = f"cuda:{gpu}" if kind == "GPU" else "cpu"
         threads = backend.threads_per_instance(config)
         self.classifier = TorchClassifier(backend.manifest_path(args, config), device=device, threads=threads)
         manifest = self.classifier.manifest

@@ -45,11 +45,14 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        device = backend.instance_device(args)
+        # Where this instance runs, from its instance_group: KIND_GPU with the GPU Triton gave it, or KIND_CPU.
+        # KIND_GPU alone moves nothing in the Python backend: the session must ask for that GPU.
+        kind, gpu = args["model_instance_kind"], args["model_instance_device_id"]
+        device = f"cuda:{gpu}" if kind == "GPU" else "cpu"
         settings = get_settings()
         providers = ["CPUExecutionProvider"]
-        if device != "cpu":
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"]),
+        if kind == "GPU":
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(gpu),
                                  "cudnn_conv_algo_search": settings.ort_cudnn_conv_algo_search}))
         onnx_path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
         # max_batch_size 0: Triton does not batch this model, so there is no batch size to fix.

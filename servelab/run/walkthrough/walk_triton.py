@@ -26,10 +26,10 @@ from servelab.report.render import summary_table
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import PT
 from servelab.servers.triton.client import InputKind, tensor_inputs
-from servelab.servers.triton.server import model_config, server_address
-from servelab.servers.triton.configs import STAGES, effective_config
+from servelab.servers.triton.server import model_config, server_address, switch_target
+from servelab.servers.triton.configs import STAGES, effective_config, write_effective
 from servelab.run.walkthrough.common import try_gourmetgram, utilization, wait_until
-from servelab.run.walkthrough.stage_switch import diagnosis, run_switch
+from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
 CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
@@ -206,6 +206,25 @@ class TritonWalkthrough:
         config = self.config(stage.triton.model)
         print(describe_config(name, config))
         return config
+
+    def write_config(self, name: str, block: str) -> Path | None:
+        """Write stage ``name``'s config with ``block`` (the fields you wrote, as in config.pbtxt) in place of the
+        stage's own into the model repository the server reads, as `servelab triton stage` writes the stage's;
+        the next load of the model (Triton's model-control API: ``client.load_model``) runs it."""
+        if name not in self.stages:
+            print(f"skipped: {name} is not in STAGES")
+            return None
+        stage, target = STAGES[name], switch_target(self.url)
+        written = write_effective(stage, kind=target.kind, onnxruntime=target.onnxruntime,
+                                  repository=target.repository, block=block)
+        (path,) = [p for p in written if p.parent.parent.name == stage.triton.model]
+        print(f"wrote {path}: {name} with your block ({target.kind} instances here)")
+        return path
+
+    def triton_log(self) -> str:
+        """The end of Triton's log, where it says why it refused a config (its HTTP answer says only that the
+        load failed), or how to read it on the node."""
+        return server_log(self.url)
 
     def stand_in(self, name: str) -> str | None:
         """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""

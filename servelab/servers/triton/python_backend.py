@@ -60,14 +60,6 @@ def prediction_outputs(logits: np.ndarray, classes: Sequence[str]) -> dict[str, 
     return {"FOOD_LABEL": labels, "PROBABILITY": probabilities}
 
 
-def instance_device(args: dict) -> str:
-    """The device Triton assigned to this instance: ``cuda:<id>`` for KIND_GPU, else ``cpu``.
-
-    KIND_GPU alone does not move a Python model anywhere; the model has to use the device id.
-    """
-    return f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
-
-
 def threads_per_instance(model_config: dict) -> int:
     """CPU threads for one instance: TRITON_THREADS_PER_INSTANCE, or all cores but one shared out.
 

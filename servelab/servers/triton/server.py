@@ -33,6 +33,7 @@ from typing import Any
 
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import DIRECT, ServerProcess, free_port
+from servelab.core.settings import get_settings
 from servelab.servers.triton.client import server_address
 from servelab.servers.triton.configs import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
 
@@ -242,6 +243,31 @@ def state_of(server: LocalTriton) -> dict[str, Any]:
 def save_state(state: dict[str, Any]) -> None:
     STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class SwitchTarget:
+    """A running Triton as `servelab triton stage` switches it: where, with which instance kind and backend,
+    and the model repository it reads; ``saved``: the state of the server `up` started, if it is that one."""
+
+    url: str
+    kind: Kind
+    onnxruntime: bool
+    repository: Path
+    saved: dict[str, Any] | None
+
+
+def switch_target(url: str | None = None, kind: str | None = None) -> SwitchTarget:
+    """The server at ``url`` (default: the one `up` started, else ``TRITON_SERVER_URL``) as `stage` sees it."""
+    settings = get_settings()
+    running = load_state()
+    url = server_address(url or (running["url"] if running else settings.triton_server_url))
+    ours = running if running is not None and running["url"] == url else None
+    kind = resolve_kind(kind or (ours["kind"] if ours else settings.triton_instance_kind))
+    # Only the server `up` started lacks the onnxruntime backend; Triton's images have it.
+    onnxruntime = ours["onnxruntime"] if ours else True
+    repository = Path(ours["repository"]) if ours else settings.triton_model_repository
+    return SwitchTarget(url, kind, onnxruntime, repository, ours)
 
 
 def load_state() -> dict[str, Any] | None:
