@@ -14,6 +14,7 @@ A measured figure never goes on that list: generate it from its record, cite the
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,9 +210,19 @@ def unheld(name: str, markdown: str) -> list[Figure]:
             if f.key not in generated and f.value not in cited.get(f.line, ()) and (name, f.key) not in SETTINGS]
 
 
-IGNORED = {".git", ".venv", ".venv-gpu", "results", "models", "build", "dist", "carry", "wheelhouse", "node_modules"}
-PAGES = sorted(p for p in REPO_ROOT.rglob("*.md")
-               if not IGNORED & set(p.relative_to(REPO_ROOT).parts) and not p.relative_to(REPO_ROOT).parts[0].startswith("."))
+IGNORED = {"results", "models", "build", "dist", "carry", "wheelhouse", "node_modules"}  # git-ignored outputs
+
+
+def pages() -> list[Path]:
+    """Every Markdown file of the checkout, hidden folders (.git, .venv) and git-ignored outputs left out."""
+    found = []
+    for folder, subfolders, files in os.walk(REPO_ROOT):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in IGNORED and d != "__pycache__")
+        found += [Path(folder) / f for f in files if f.endswith(".md")]
+    return sorted(found)
+
+
+PAGES = pages()
 
 
 def _name(path: Path) -> str:
