@@ -1,7 +1,7 @@
 """Every figure in the prose comes from somewhere: a number with a unit of measurement (a latency, a rate,
 a duration, a ratio, a percentage, a size; in a table, a number in a column whose header names the unit)
 written in a notebook or doc, outside code and outside the parts generated from the project
-(``<!-- generated: ... -->``, docs/testing.md's durations), is held by
+(``<!-- generated: ... -->``, on lines of their own or inline in a sentence; docs/testing.md's durations), is held by
 
 (a) a generated part of the same file (the prose repeats a figure the project wrote there), or
 (b) a record committed in the repository (``docs/records/...``, ``servelab/data/original_lab.toml``) that
@@ -69,11 +69,11 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/ray.md", "90 %"): "the step load's high phase (servelab/run/lab_ray.py: 0.9 of capacity)",
     ("docs/ray.md", "25 s"): "Plan.steps_s = (10, 20, 25), the step load's phases",
     ("docs/ray.md", "20 s"): "Plan.failure_s, the node-failure run's length",
-    ("docs/ray.md", "5 s"): "the per-request timeout of the node-failure run",
+    ("docs/ray.md", "5 s"): "FAILURE_TIMEOUT_S in servelab/run/lab_ray.py, the node-failure run's per-request timeout",
     # tolerances and aims the tests and checks apply
     ("docs/containers.md", "10 %"): "the tolerance of the queueing-theory tests",
-    ("docs/monitoring.md", "5 %"): "the tolerance within which client and server rates must agree",
-    ("docs/testing.md", "2 min"): "the time make check must stay under, an aim",
+    ("docs/monitoring.md", "5 %"): "RATE_TOLERANCE in servelab/measure/monitoring/run_series.py: client and server rates must agree within it",
+    ("docs/testing.md", "2 min"): "the time make check must stay under, an aim (Makefile)",
     ("docs/gpu/README.md", "2 ×"): "gpu_check's aim: dynamic batching at least twice no batching",
     ("docs/gpu/README.md", "40 %"): "gpu_check's aim for the best image-in stage, of the fp32 ceiling",
     ("docs/gpu/README.md", "60 %"): "gpu_check's aim for the best tensor-in stage, of the fp32 ceiling",
@@ -89,7 +89,7 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/gpu/README.md", "50 MiB"): "CARRY_SIZE ?= 50M in the Makefile",
     ("docs/local-lab.md", "50 MiB"): "CARRY_SIZE ?= 50M in the Makefile",
     ("docs/gpu/README.md", "14 MiB"): "64 MiB a call less CARRY_SIZE's 50 MiB",
-    ("docs/gpu/README.md", "30 s"): "how long the lent GPU machine stays warm after a call",
+    ("docs/gpu/README.md", "30 s"): "how long the lent GPU machine stays warm after a call (its tool's limit)",
     ("docs/gpu/README.md", "15 min"): "the lent GPU machine's device time per session",
     # queueing theory: the load's concurrency as a bound (Little's law), not a measurement
     ("notebooks/4_fastapi.md", "16 ×"): "16 senders: latency grows to about 16 × the service time",
