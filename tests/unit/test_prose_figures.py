@@ -5,7 +5,7 @@ written in a notebook or doc, outside code and outside the parts generated from 
 
 (a) a generated part of the same file (the prose repeats a figure the project wrote there), or
 (b) a record committed in the repository (``docs/records/...``, ``servelab/data/original_lab.toml``) that
-    the same paragraph cites by its path, the number appearing in that record, or
+    the same paragraph cites by its path, the figure (number and unit) appearing in that record, or
 (c) ``SETTINGS``: the short, reviewed list of figures that are not measurements but what the lab sets
     (a timeout, a queue delay, a lease, a limit), each with its file and what it is.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,14 +177,27 @@ def generated_figures(markdown: str) -> set[str]:
     return {f.key for block in (BLOCK, DURATIONS) for m in block.finditer(markdown) for f in figures(m["body"])}
 
 
-NUMBER_IN_RECORD = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?")
+def _toml_figures(node) -> set[str]:
+    """``value unit`` of every ``{ value = ..., unit = "..." }`` in a parsed TOML record."""
+    if isinstance(node, dict):
+        own = {f"{float(node['value']):g} {canonical(node['unit'])}"} if {"value", "unit"} <= node.keys() else set()
+        return own.union(*(_toml_figures(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_toml_figures(v) for v in node))
+    return set()
 
 
-def record_numbers(path: str) -> set[float]:
+def record_figures(path: str) -> set[str]:
+    """The figures a committed record holds, with their units: those its text writes (``9.60 ms/img``) and,
+    in a TOML record, its ``{ value, unit }`` entries."""
     target = REPO_ROOT / path.rstrip(".")
     if not target.is_file():
         return set()
-    return {float(n) for n in NUMBER_IN_RECORD.findall(target.read_text(encoding="utf-8", errors="replace"))}
+    text = target.read_text(encoding="utf-8", errors="replace")
+    found = {f.key for f in figures(text)}
+    if target.suffix == ".toml":
+        found |= _toml_figures(tomllib.loads(text))
+    return found
 
 
 def paragraphs(markdown: str) -> list[tuple[int, int, str]]:
@@ -201,13 +215,13 @@ def unheld(name: str, markdown: str) -> list[Figure]:
     """Each figure in the prose of ``markdown`` (the file ``name``, relative to the repository) that
     nothing holds."""
     generated = generated_figures(markdown)
-    cited: dict[int, set[float]] = {}  # line -> the numbers of the records its paragraph cites
+    cited: dict[int, set[str]] = {}  # line -> the figures of the records its paragraph cites
     for first, last, paragraph in paragraphs(markdown):
-        numbers = set().union(*(record_numbers(p) for p in RECORD.findall(paragraph)))
+        held = set().union(*(record_figures(p) for p in RECORD.findall(paragraph)))
         for line in range(first, last + 1):
-            cited[line] = numbers
+            cited[line] = held
     return [f for f in figures(prose(markdown))
-            if f.key not in generated and f.value not in cited.get(f.line, ()) and (name, f.key) not in SETTINGS]
+            if f.key not in generated and f.key not in cited.get(f.line, ()) and (name, f.key) not in SETTINGS]
 
 
 IGNORED = {"results", "models", "build", "dist", "carry", "wheelhouse", "node_modules"}  # git-ignored outputs
@@ -272,6 +286,9 @@ def test_a_figure_is_held_by_a_generated_part_or_a_cited_record_and_nothing_else
     cited = "In the original lab (`servelab/data/original_lab.toml`), 18.7 ms alone"
     assert unheld("x.md", cited + ".\n") == []
     assert [f.key for f in unheld("x.md", cited + " and 18.8 ms.\n")] == ["18.8 ms"]
+    assert [f.key for f in unheld("x.md", cited + " and 18.7 req/s.\n")] == ["18.7 req/s"]  # the number, not the figure
+    log = "`docs/records/gpu-h100-2026-11-24/ort-batch-probe.log`"  # a log writes its figures as text
+    assert unheld("x.md", f"Pillow: 9.6 ms a photo, 104 img/s ({log}).\n") == []
     assert [f.key for f in unheld("x.md", cited + ".\n\nAnother paragraph: 18.7 ms.\n")] == ["18.7 ms"]
     assert [f.key for f in unheld("x.md", "Cites `docs/records/none.toml`: 18.7 ms.\n")] == ["18.7 ms"]
 
