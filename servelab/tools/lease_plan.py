@@ -67,10 +67,10 @@ class Wait:
 
 WAITS: dict[str, list[Wait]] = {
     "2_create_server_nvidia": [Wait(15, "booting the bare-metal node and installing Docker and the NVIDIA toolkit",
-                                    "2_create_server_nvidia: about 10 minutes to boot, a few more to install")],
+                                    "assumed: a bare-metal boot, then the install")],
     "3_fastapi_setup": [Wait(10, "building the FastAPI images", "3_fastapi_setup: several minutes, mostly PyTorch")],
     "5_triton_setup": [Wait(20, "building the Triton image, started at the end of 3_fastapi_setup",
-                            "5_triton_setup: 10 to 20 minutes", behind=("4_fastapi",))],
+                            "assumed", behind=("4_fastapi",))],
     "9_ray_setup": [Wait(25, "booting two nodes and building the Ray image", "assumed: 2_create_server_nvidia and "
                          "5_triton_setup's together")],
     "11_delete_resources": [Wait(5, "copying the results off the node and deleting it", "assumed")],

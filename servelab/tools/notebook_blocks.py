@@ -6,6 +6,9 @@ A notebook source marks such a part with a pair of HTML comments (invisible in J
     ... (written by `make notebooks`) ...
     <!-- end generated -->
 
+A figure inside a sentence is generated in place, on one line: ``answered in <!-- generated: original-figure
+pt-1-concurrency-1 average latency -->18.7 ms<!-- end generated --> alone``.
+
 The first word after ``generated:`` names one of ``GENERATORS``, the rest are its arguments.
 ``servelab.tools.render_notebooks`` rewrites every such part when it renders, and ``--check`` fails where one is
 out of date, e.g. after a change to the function it quotes. A name that no longer exists fails the
@@ -24,7 +27,10 @@ from servelab.core import original_lab
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.catalogue import CATALOGUE, of_family
 
-BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
+# A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
+# backquote or ``<`` in it: the markers quoted in inline code are no part).
+BLOCK = re.compile(r"(?P<start><!-- generated: (?P<spec>[^>]*?) -->(?P<newline>\n)?)(?P<body>(?(newline).*?|[^`<\n]*?))"
+                   r"(?P<end><!-- end generated -->)", re.DOTALL)
 
 
 # --- code ----------------------------------------------------------------------------------------
@@ -266,6 +272,17 @@ def original(key: str) -> str:
     return original_lab.step(key).sentence()
 
 
+def original_figure(key: str, *measures: str) -> str:
+    """One figure of the original lab, as it is written in a sentence (``18.7 ms``): ``measures`` is what
+    servelab/data/original_lab.toml says it measures."""
+    step = original_lab.step(key)
+    wanted = " ".join(measures)
+    found = [f for f in step.figures if f.measures == wanted]
+    if not found:
+        raise LookupError(f"{key} has no figure {wanted!r}; it has: {', '.join(f.measures for f in step.figures)}")
+    return f"{found[0].value:g} {found[0].unit}"
+
+
 GENERATORS: dict[str, Callable[..., str]] = {
     "excerpt": excerpt,
     "stage-config": stage_config,
@@ -276,6 +293,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "lab-summary": lab_summary,
     "lab-plans": lab_plans,
     "original-lab": original,
+    "original-figure": original_figure,
     "family-stages": family_stages,
     "lease-plan": lease_plan,
     "gpu-record": gpu_record,
@@ -291,7 +309,17 @@ def generate(spec: str) -> str:
 
 def expand(text: str) -> str:
     """``text`` with every generated part rewritten from the project as it is now."""
-    return BLOCK.sub(lambda m: f"{m[1]}{generate(m['spec'])}\n{m[4]}", text)
+    def part(m: re.Match) -> str:
+        body = generate(m["spec"])
+        if not m["newline"]:
+            if "\n" in body:
+                raise ValueError(f"generated part {m['spec']!r} is inline (on one line) but spans lines")
+            if not m.string[m.string.rfind("\n", 0, m.start()) + 1:m.start()].strip():
+                # CommonMark starts an HTML block at a line that begins with <!--: the sentence would break.
+                raise ValueError(f"inline generated part {m['spec']!r} begins its line: put a word before it")
+        return f"{m['start']}{body}{m['newline'] or ''}{m['end']}"
+
+    return BLOCK.sub(part, text)
 
 
 def specs(text: str) -> list[str]:

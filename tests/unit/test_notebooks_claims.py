@@ -244,7 +244,7 @@ def test_the_intro_plans_the_lease() -> None:
 
 def test_the_triton_image_builds_while_students_measure_fastapi() -> None:
     """Started in the background at the end of 3_fastapi_setup, waited for and checked in 5_triton_setup
-    before its `up`: a student following the notebooks does not wait 10 to 20 minutes for it."""
+    before its `up`: a student following the notebooks does not wait for its build."""
     setup = _text(NOTEBOOK_DIR / "3_fastapi_setup.md")
     build = "nohup docker compose -f docker/docker-compose-triton.yaml build > ~/triton-build.log 2>&1 &"
     assert setup.index(build) > setup.index("docker compose -f docker/docker-compose-fastapi.yaml up -d")

@@ -46,6 +46,20 @@ def test_expand_rewrites_a_stale_part_and_keeps_the_rest() -> None:
     assert expand(expanded) == expanded
 
 
+def test_an_inline_part_writes_one_figure_in_its_sentence() -> None:
+    marker = "<!-- generated: original-figure pt-1-concurrency-8 of which queueing in Triton -->"
+    text = f"Of it, {marker}9 ms<!-- end generated --> queued; `<!-- generated: KIND -->` and `<!-- end generated -->` are quoted.\n"
+    expanded = expand(text)
+    assert expanded == text.replace("9 ms", "132 ms") and expand(expanded) == expanded
+    assert specs(text) == ["original-figure pt-1-concurrency-8 of which queueing in Triton"]
+    with pytest.raises(ValueError, match="begins its line"):
+        expand(f"Of it,\n{marker}9 ms<!-- end generated --> queued.")
+    with pytest.raises(ValueError, match="spans lines"):
+        expand("In <!-- generated: lab-plans -->x<!-- end generated --> it.")
+    with pytest.raises(LookupError, match="pt-1-concurrency-8 has no figure 'median'"):
+        expand("In <!-- generated: original-figure pt-1-concurrency-8 median -->x<!-- end generated --> it.")
+
+
 def test_unknown_parts_and_names_fail_the_rendering() -> None:
     with pytest.raises(ValueError, match="unknown generated part 'nonsense'"):
         expand("<!-- generated: nonsense -->\n<!-- end generated -->")
