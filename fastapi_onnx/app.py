@@ -1,9 +1,7 @@
-"""The ONNX Runtime stage: ``uvicorn fastapi_onnx.app:app`` from the checkout, or ``servelab serve fastapi-onnx``.
-
-Read it top to bottom: the model opened in ONNX Runtime, the app that loads it, its one route. servelab
-keeps what both stages share (``servelab.servers.fastapi``): settings, preprocessing workers, the
-micro-batcher, the checks of what really runs where, errors, metrics, /health, /ready.
-"""
+"""The ONNX Runtime stage (``uvicorn fastapi_onnx.app:app``, ``servelab serve fastapi-onnx``), top to bottom:
+the model opened in ONNX Runtime, the app that loads it, its route. servelab keeps what both stages share
+(``servelab.servers.fastapi``): settings, preprocessing workers, the micro-batcher, the checks of what
+really runs where, errors, metrics, /health, /ready."""
 
 import asyncio
 from collections.abc import Callable
@@ -21,8 +19,9 @@ from servelab.servers.fastapi.runtimes import Backend, intra_op_threads, onnx_ba
 from servelab.servers.fastapi.schemas import PredictRequest, PredictResponse
 from servelab.servers.fastapi.service import Service, add_service_routes, server_timing
 
-GRAPH_OPTIMIZATION = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                      "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+LEVEL = ort.GraphOptimizationLevel
+GRAPH_OPTIMIZATION = {"disable": LEVEL.ORT_DISABLE_ALL, "basic": LEVEL.ORT_ENABLE_BASIC,
+                      "extended": LEVEL.ORT_ENABLE_EXTENDED, "all": LEVEL.ORT_ENABLE_ALL}  # ORT_GRAPH_OPTIMIZATION
 
 
 def open_session(path: Path, providers: list, settings: ServeSettings) -> ort.InferenceSession:
@@ -42,9 +41,8 @@ def open_session(path: Path, providers: list, settings: ServeSettings) -> ort.In
 
 
 def load(settings: ServeSettings, **checks) -> Backend:
-    """servelab picks the file (ONNX_VARIANT) and the providers, opens a session per batch size
-    (ORT_SHAPE_POLICY) with ``open_session``, reads back the active providers and refuses the CPU
-    under REQUIRE_GPU=1 (ONNX Runtime falls back to it silently)."""
+    """servelab picks the file (ONNX_VARIANT) and providers, opens a session per batch size (ORT_SHAPE_POLICY)
+    with ``open_session`` and reads back the active providers: with REQUIRE_GPU=1, a silent CPU fallback fails."""
     return onnx_backend(settings, lambda path, providers: open_session(path, providers, settings), **checks)
 
 

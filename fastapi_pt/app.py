@@ -1,9 +1,7 @@
-"""The PyTorch stage: ``uvicorn fastapi_pt.app:app`` from the checkout, or ``servelab serve fastapi-pt``.
-
-Read it top to bottom: the model loaded in PyTorch, the app that loads it, its one route. servelab
-keeps what both stages share (``servelab.servers.fastapi``): settings, preprocessing workers, the
-micro-batcher, the device checks, errors, metrics, /health, /ready.
-"""
+"""The PyTorch stage (``uvicorn fastapi_pt.app:app``, ``servelab serve fastapi-pt``), top to bottom: the
+model loaded in PyTorch, the app that loads it, its route. servelab keeps what both stages share
+(``servelab.servers.fastapi``): settings, preprocessing workers, the micro-batcher, the device checks,
+errors, metrics, /health, /ready."""
 
 import asyncio
 from contextlib import asynccontextmanager
