@@ -14,13 +14,17 @@ RUNTIMES = {"pytorch": "PyTorch", "onnx": "ONNX Runtime"}
 
 
 def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
-    # Deferred: uvicorn and FastAPI (the serve extra) are absent from the Flask image, which has `serve flask`.
+    # Deferred: uvicorn, FastAPI and each app's runtime (optional extras) are absent from the Flask image,
+    # which has `serve flask`. Each stage's app file is what runs: `uvicorn fastapi_onnx.app:app` serves the same.
     import uvicorn
 
-    from servelab.servers.fastapi.app import create_app
+    if kind == "pytorch":
+        from fastapi_pt.app import app
+    else:
+        from fastapi_onnx.app import app
 
-    settings = get_settings()
-    uvicorn.run(create_app(kind, settings), host=args.host or settings.host, port=args.port or settings.port,
+    settings = get_settings()  # the app's own, read once
+    uvicorn.run(app, host=args.host or settings.host, port=args.port or settings.port,
                 access_log=settings.access_log, timeout_graceful_shutdown=10)
     return 0
 

@@ -61,7 +61,7 @@ MODELS: dict[str, Model] = {m.name: m for m in (
     Model(ONNX_FP16, "uint8", "fp16"),
 )}
 
-# The `servelab serve` services -> the backend each runs (servelab.servers.fastapi.create_app's kind).
+# The `servelab serve` services -> the backend each runs (fastapi_pt/app.py: pytorch, fastapi_onnx/app.py: onnx).
 SERVICES: dict[str, Literal["pytorch", "onnx"]] = {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
 
 
@@ -73,7 +73,7 @@ class FastAPIPart:
 
     @property
     def backend(self) -> Literal["pytorch", "onnx"]:
-        """The service's backend (``servelab.servers.fastapi.create_app``'s kind)."""
+        """The service's backend (``pytorch``: fastapi_pt/app.py, ``onnx``: fastapi_onnx/app.py)."""
         return SERVICES[self.service]
 
 

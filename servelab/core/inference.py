@@ -238,13 +238,17 @@ class OnnxClassifier:
     """
 
     def __init__(self, onnx_path: Path, providers: list | None = None, session_options=None,
-                 shape_policy: ShapePolicy = "off", max_batch: int = 1):
+                 shape_policy: ShapePolicy = "off", max_batch: int = 1, open_session=None):
+        """``open_session(path, providers)`` opens each session (fastapi_onnx's app passes its own, with its
+        session options); without it, ``onnx_session`` with ``session_options``."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         providers = providers or ["CPUExecutionProvider"]
         self.requested_options = {p[0]: dict(p[1]) for p in providers if isinstance(p, tuple)}
 
         def new_session():
+            if open_session is not None:
+                return open_session(onnx_path, providers)
             return onnx_session(onnx_path, providers, session_options)
 
         first = new_session()

@@ -176,10 +176,17 @@ def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: fl
             record.breakdown.mean_batch_size if record.breakdown else None)
 
 
-def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.servers.fastapi.runtimes import load_backend
+def load_backend(kind: str, settings):
+    """The service's model as its app loads it (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``), without HTTP."""
+    # Deferred: each app imports FastAPI and its runtime (optional extras) only when this runs.
+    if kind == "pytorch":
+        from fastapi_pt.app import load
+    else:
+        from fastapi_onnx.app import load
+    return load(settings)
 
+
+def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
     kind, image, c = STAGES[stage], DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
     off = get_settings().model_copy(update={"max_batch_size": 1})
@@ -210,9 +217,6 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
 def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str]:
     """One thread, then as many threads and as many worker processes as there are CPUs; and how far
     each of those scales (its images/s over the CPUs times one thread's)."""
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.servers.fastapi.runtimes import load_backend
-
     n, c, text = cpu_count(), args.concurrency, base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()
     settings = get_settings()
     backend = load_backend("onnx", settings)  # only for what its input needs; it infers nothing here
@@ -246,7 +250,7 @@ class VariantRows:
 def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[VariantRows], list[str]]:
     """The variants' rows (fp32 first) and the variants left out, with why."""
     # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.servers.fastapi.runtimes import GPUUnavailable, load_backend
+    from servelab.servers.fastapi.runtimes import GPUUnavailable
 
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()

@@ -17,7 +17,8 @@ from photos import coffee, variants
 from servelab.core.photos import evaluation_set
 from servelab.core.postprocess import top1
 from servelab.core.procs import cpu_count, session_members, wait_until
-from servelab.servers.fastapi.runtimes import load_backend, preprocess_workers
+from fastapi_onnx.app import load
+from servelab.servers.fastapi.runtimes import preprocess_workers
 from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.core.settings import get_settings
 from test_fastapi_services import CASES
@@ -155,7 +156,7 @@ def test_shutdown_ends_the_workers(artifacts, tmp_path, client):
 
 def test_auto_is_threads_on_the_cpu_and_processes_on_a_gpu(artifacts):
     settings = get_settings().model_copy(update={"preprocess_processes": "auto"})
-    backend = load_backend("onnx", settings)
+    backend = load(settings)
     assert preprocess_workers(settings, backend)[0] == "threads"
     on_gpu = dataclasses.replace(backend, on_gpu=True)
     assert preprocess_workers(settings, on_gpu) == ("processes", max(1, cpu_count() - 1))
@@ -164,7 +165,7 @@ def test_auto_is_threads_on_the_cpu_and_processes_on_a_gpu(artifacts):
 def test_a_model_taking_uint8_crops_gets_them_from_a_worker_process(artifacts):
     """The u8 variant's step (crop_pixels) pickles to a worker and comes back as in-thread."""
     settings = get_settings().model_copy(update={"onnx_variant": "u8", "preprocess_processes": 1})
-    pipeline = Pipeline(load_backend("onnx", settings), settings)
+    pipeline = Pipeline(load(settings), settings)
 
     async def both() -> tuple:
         pipeline.start()

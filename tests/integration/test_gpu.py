@@ -21,7 +21,8 @@ from servelab.core.paths import REPO_ROOT
 from servelab.core.photos import evaluation_set, pixels
 from servelab.core.preprocess import preprocess
 from servelab.core.procs import ServerProcess, cpu_count, free_port
-from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT, load_backend
+from fastapi_onnx.app import load
+from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT
 from servelab.core.settings import Settings, get_settings
 from servelab.core.catalogue import compared
 
@@ -47,7 +48,7 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def settings(**overrides) -> Settings:
-    """The process's settings with some changed: load_backend needs the model folder too (ModelSettings)."""
+    """The process's settings with some changed: the app's load needs the model folder too (ModelSettings)."""
     return get_settings().model_copy(update=overrides)
 
 
@@ -64,7 +65,7 @@ def test_pytorch_on_cuda_agrees_with_the_cpu_on_real_photos(artifacts, photos):
 
 def test_onnx_runtime_cuda_provider_is_active_and_agrees_with_the_cpu(artifacts, photos):
     floats, _ = photos
-    backend = load_backend("onnx", settings(ort_providers="cuda", require_gpu=True))
+    backend = load(settings(ort_providers="cuda", require_gpu=True))
     assert backend.on_gpu and backend.classifier.active_providers[0] == CUDA, backend.where()
     cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
     assert agreement(backend.infer(floats), cpu.infer(floats)) >= FP32_AGREEMENT
@@ -78,7 +79,7 @@ def test_alternating_batch_sizes_keep_stable_shapes(artifacts, photos, policy):
     changes shape, so none pays that cost."""
     floats, _ = photos
     serving = settings(ort_providers="cuda", ort_shape_policy=policy, require_gpu=True)
-    backend = load_backend("onnx", serving)
+    backend = load(serving)
     assert backend.details["provider_options"][CUDA]["cudnn_conv_algo_search"] == "HEURISTIC"
     for size in backend.warm_up_sizes(serving):
         backend.infer(floats[:size])
@@ -91,7 +92,7 @@ def test_alternating_batch_sizes_keep_stable_shapes(artifacts, photos, policy):
 
 def test_fp16_variant_runs_on_the_cuda_provider_and_agrees_with_fp32_on_the_cpu(artifacts, photos):
     floats, crops = photos
-    backend = load_backend("onnx", settings(ort_providers="cuda", onnx_variant="fp16", require_gpu=True))
+    backend = load(settings(ort_providers="cuda", onnx_variant="fp16", require_gpu=True))
     assert backend.on_gpu and backend.takes_uint8 and backend.variant["precision"] == "float16"
     cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
     assert agreement(backend.infer(crops), cpu.infer(floats)) >= FP16_AGREEMENT
@@ -103,7 +104,7 @@ def test_tensorrt_provider_where_the_gpu_and_libraries_support_it(artifacts, pho
         pytest.skip(f"TensorRT not usable here: onnxruntime providers {found.get('onnxruntime_providers')}, "
                     f"tensorrt package {found.get('tensorrt')}")
     floats, _ = photos
-    backend = load_backend("onnx", settings(ort_providers="tensorrt", trt_cache_path=tmp_path, require_gpu=True))
+    backend = load(settings(ort_providers="tensorrt", trt_cache_path=tmp_path, require_gpu=True))
     assert backend.classifier.active_providers[0] == TENSORRT, backend.where()
     assert "trt_fp16_enable" in backend.details["provider_options"][TENSORRT]
     assert not backend.classifier.options_not_in_force()  # fp16 and the rest, as the settings ask

@@ -18,7 +18,7 @@ from servelab.core.variants.build import PRECISION, variant_path
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.postprocess import top1
 from servelab.core.procs import free_port
-from servelab.servers.fastapi.runtimes import load_backend
+from fastapi_onnx.app import load
 from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.core.settings import get_settings
 
@@ -30,7 +30,7 @@ CPU_ONLY = not any(p in onnxruntime.get_available_providers() for p in ("CUDAExe
 def pipeline_for(variant: str):
     """The service's own pipeline (preprocess + model) for ``variant``, in-process."""
     settings = get_settings().model_copy(update={"onnx_variant": variant})
-    pipeline = Pipeline(load_backend("onnx", settings), settings)
+    pipeline = Pipeline(load(settings), settings)
     try:
         yield pipeline
     finally:
@@ -104,7 +104,7 @@ def test_fp16_refuses_the_cpu_unless_allowed_for_a_correctness_check(artifacts):
     run = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "ONNX_VARIANT=fp16 runs only on a GPU" in run.stderr
     settings = get_settings().model_copy(update={"onnx_variant": "fp16"})
-    backend = load_backend("onnx", settings, allow_gpu_only_on_cpu=True)
+    backend = load(settings, allow_gpu_only_on_cpu=True)
     pipeline = Pipeline(backend, settings)
     try:
         x = pipeline.prepare(b64(PHOTOS["jpeg"]))

@@ -93,10 +93,12 @@ def test_definition_source_finds_nested_functions_methods_and_decorators(tmp_pat
 
 def test_the_notebooks_show_the_code_they_teach() -> None:
     shown = {tuple(args) for stem in STEMS for args in _specs(stem, "excerpt")}
-    assert {("servelab/servers/fastapi/app.py", "create_app.predict"), ("servelab/servers/fastapi/batcher.py", "MicroBatcher._run"),
+    assert {("fastapi_pt/app.py", "build_app.predict"), ("fastapi_pt/app.py", "load_model"),
+            ("fastapi_onnx/app.py", "open_session"), ("servelab/servers/fastapi/batcher.py", "MicroBatcher._run"),
             ("models_staging/food_classifier/1/model.py", "TritonPythonModel.execute")} <= shown
-    handler = definition_source(Path(notebook_blocks.REPO_ROOT) / "servelab/servers/fastapi/app.py", "create_app.predict")
+    handler = definition_source(Path(notebook_blocks.REPO_ROOT) / "fastapi_pt/app.py", "build_app.predict")
     assert handler.startswith('@app.post("/predict"') and handler in _text("4_fastapi")
+    assert "await pipeline.batcher.submit(" in handler
 
 
 def test_every_triton_stage_shows_its_config_and_diffs_name_real_stages() -> None:

@@ -1,8 +1,9 @@
-"""Both FastAPI stages in process: servelab.servers.fastapi's own app (``create_app``) under FastAPI's ``TestClient``,
-with the real backend on the offline stand-in model. The same answers, errors and endpoints that
+"""Both FastAPI stages in process: each app file's own app (``build_app`` in fastapi_pt/app.py and
+fastapi_onnx/app.py) under FastAPI's ``TestClient``, with the real backend on the offline stand-in model. The same answers, errors and endpoints that
 tests/integration/test_fastapi_services.py checks through uvicorn, without a server process."""
 
 import time
+from importlib import import_module
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,7 +11,6 @@ from fastapi.testclient import TestClient
 from fastapi_service import b64, metric_samples
 from photos import png_header, variants
 from servelab.core.artifacts import ArtifactPaths, load_manifest
-from servelab.servers.fastapi.app import create_app
 from servelab.core.settings import get_settings
 
 PHOTOS = variants()
@@ -20,7 +20,8 @@ SERVICES = {"pytorch": "fastapi_pt", "onnx": "fastapi_onnx"}
 @pytest.fixture(scope="module", params=list(SERVICES))
 def client(request, model: ArtifactPaths):
     """The app, started (model loaded) and warmed up, as uvicorn would run it."""
-    with TestClient(create_app(request.param, get_settings()), raise_server_exceptions=False) as client:
+    build_app = import_module(f"{SERVICES[request.param]}.app").build_app
+    with TestClient(build_app(get_settings()), raise_server_exceptions=False) as client:
         deadline = time.monotonic() + 120
         while (ready := client.get("/ready")).status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -1,6 +1,6 @@
-"""The FastAPI services (fastapi_pt, fastapi_onnx): one app factory, two backends.
+"""What the FastAPI services share (fastapi_pt/app.py, fastapi_onnx/app.py: each app file holds its own
+FastAPI and model code, ``servelab serve fastapi-pt|fastapi-onnx`` runs it).
 
-``create_app("pytorch" | "onnx")`` builds the app; ``servelab serve fastapi-pt|fastapi-onnx`` runs it.
-Modules: ``app`` (endpoints, startup), ``schemas`` (request/response bodies), ``errors`` (status
-codes), ``runtimes`` (PyTorch / ONNX Runtime, devices, execution providers, threads), ``pipeline``
+Modules: ``service`` (startup, readiness, the routes besides /predict), ``schemas`` (request/response bodies),
+``errors`` (status codes), ``runtimes`` (devices, execution providers, threads, GPU checks), ``pipeline``
 (worker pool), ``batcher`` (dynamic batching), ``timing`` (Server-Timing), ``metrics`` (Prometheus)."""

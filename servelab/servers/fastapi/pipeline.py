@@ -35,6 +35,7 @@ import multiprocessing
 import os
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
 
@@ -44,7 +45,7 @@ from servelab.core.postprocess import Prediction, top1
 from servelab.core.preprocess import ImageError, crop_pixels, prepare_timed, preprocess
 from servelab.core.procs import die_with_parent
 from servelab.servers.fastapi.runtimes import Backend, preprocess_workers
-from servelab.servers.fastapi.batcher import MicroBatcher
+from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher
 from servelab.servers.fastapi.errors import PreprocessWorkerLost
 from servelab.servers.fastapi.metrics import Metrics
 from servelab.servers.fastapi.timing import Timing
@@ -52,6 +53,15 @@ from servelab.core.settings import ServeSettings
 
 log = logging.getLogger("servelab.servers.fastapi")
 
+
+@dataclass(frozen=True)
+class Prepared:
+    """One request's images as the model takes them, and when their preprocessing waited and ran."""
+
+    x: np.ndarray  # [k, ...]: the request's k images, stacked
+    submitted: float  # perf_counter() when the request asked for its workers
+    started: float  # when the first worker started on it
+    ended: float  # when the last one finished
 
 
 def _lost_a_worker(pool: Executor) -> bool:
@@ -133,9 +143,9 @@ class Pipeline:
         for size in batch_sizes:
             await asyncio.to_thread(self.backend.infer, np.stack([x] * size))
 
-    async def predict(self, images: list[str]) -> tuple[list[Prediction], Timing]:
-        """One request's images -> one prediction each, in order. The first bad image (by position)
-        fails the request; it never reaches the batcher, so it cannot fail anyone else's."""
+    async def preprocess(self, images: list[str]) -> Prepared:
+        """One request's images -> model input, in workers. The first bad image (by position) fails the
+        request; it never reaches the batcher, so it cannot fail anyone else's."""
         submitted = perf_counter()
         results = await asyncio.gather(*(self.prepare_in_worker(text) for text in images), return_exceptions=True)
         for i, result in enumerate(results):
@@ -143,11 +153,18 @@ class Pipeline:
                 if isinstance(result, ImageError) and len(images) > 1:
                     raise type(result)(f"image {i}: {result}") from None
                 raise result
-        tensors = [r[0] for r in results]
-        started, ended = min(r[1] for r in results), max(r[2] for r in results)
-        done = await self.batcher.submit(np.stack(tensors))
-        timing = Timing(queue_s=(started - submitted) + done.queue_s, preprocess_s=ended - started,
-                        infer_s=done.infer_s, batch_size=done.batch_size)
+        return Prepared(np.stack([r[0] for r in results]), submitted, min(r[1] for r in results),
+                        max(r[2] for r in results))
+
+    def postprocess(self, prepared: Prepared, done: BatchResult) -> tuple[list[Prediction], Timing]:
+        """The batcher's logits -> one top-1 prediction per image, and where the request's time went (metrics too)."""
+        timing = Timing(queue_s=(prepared.started - prepared.submitted) + done.queue_s,
+                        preprocess_s=prepared.ended - prepared.started, infer_s=done.infer_s, batch_size=done.batch_size)
         if self.metrics is not None:
-            self.metrics.observe_request(timing, len(images))
+            self.metrics.observe_request(timing, len(prepared.x))
         return top1(done.logits, self.backend.manifest.classes), timing
+
+    async def predict(self, images: list[str]) -> tuple[list[Prediction], Timing]:
+        """One request's images -> one prediction each, in order: the three steps a handler takes."""
+        prepared = await self.preprocess(images)
+        return self.postprocess(prepared, await self.batcher.submit(prepared.x))

@@ -1,7 +1,8 @@
-"""The model behind a service: PyTorch or ONNX Runtime, built from the manifest and the settings.
+"""The model behind a service: what the settings and the GPU checks add around each app's own loading.
 
-Both are ``servelab.core.inference`` classifiers; this module decides where they run and with how many
-threads, and reports what is *actually* active. ONNX Runtime silently falls back to the CPU when a
+The apps load their models themselves (``fastapi_pt/app.py`` in PyTorch, ``fastapi_onnx/app.py``
+opening ONNX Runtime sessions); this module decides where they run and with how many threads, and
+reports what is *actually* active. ONNX Runtime silently falls back to the CPU when a
 GPU execution provider cannot start (missing CUDA/cuDNN/TensorRT libraries), so the active
 providers are read back from the session, a requested-but-inactive GPU provider is a loud
 warning, and ``REQUIRE_GPU=1`` turns it into a refusal to start. Where a session fails to start,
@@ -15,11 +16,12 @@ in its graph takes uint8 pixels, which the classifier reads from the model's own
 fp16 variant has no fast path on a CPU (ONNX Runtime would insert casts around every operator), so
 it refuses to start there unless a caller allows it to check its answers.
 
-ONNX Runtime runs under ``ORT_SHAPE_POLICY`` (``OnnxClassifier``): its sessions are set up for the
+ONNX Runtime runs under ``ORT_SHAPE_POLICY`` (``core.inference.OnnxClassifier``): its sessions are set up for the
 largest batch the service can hand them, and the warm-up runs each session's batch size once.
 """
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,10 +29,10 @@ from typing import Any, Literal
 import numpy as np
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, load_manifest
-from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, TorchClassifier, tensorrt_load_error
+from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, preload_cuda_libraries, tensorrt_load_error
 from servelab.core.variants.build import PRECISION, variant_path
 from servelab.core.procs import cpu_count
-from servelab.core.settings import ServeSettings, Settings, get_settings
+from servelab.core.settings import ServeSettings
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -56,31 +58,29 @@ class Backend:
     """A loaded classifier and what /ready and the startup log say about it."""
 
     kind: BackendKind
-    classifier: TorchClassifier | OnnxClassifier
+    infer: Callable[[np.ndarray], np.ndarray]  # a batch of model inputs -> logits, in the calling thread
     manifest: Manifest
     on_gpu: bool
     intra_op_threads: int
     details: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     variant: dict[str, Any] | None = None  # ONNX: name, file, size, precision, input
+    classifier: OnnxClassifier | None = None  # ONNX: its sessions (providers, shape policy, counts)
 
     @property
     def takes_uint8(self) -> bool:
         """Whether the model takes the uint8 crop (preprocessing in its graph) instead of float32."""
-        return getattr(self.classifier, "input_dtype", None) == np.uint8
-
-    def infer(self, batch: np.ndarray) -> np.ndarray:
-        return self.classifier.infer(batch)
+        return self.classifier is not None and self.classifier.input_dtype == np.uint8
 
     def warm_up_sizes(self, settings: ServeSettings) -> list[int]:
         """Batch sizes to run before the service is ready: every ONNX Runtime session's own (buckets,
         pad), else one image, a full dynamic batch and the largest request."""
-        sizes = self.classifier.batch_sizes if self.kind == "onnx" else []
+        sizes = self.classifier.batch_sizes if self.classifier else []
         return sizes or sorted({1, settings.max_batch_size, max_infer_batch(settings)})
 
     def session_counts(self) -> list[dict[str, Any]]:
         """ONNX Runtime: runs and shape changes of each session (none for PyTorch)."""
-        return self.classifier.session_counts() if self.kind == "onnx" else []
+        return self.classifier.session_counts() if self.classifier else []
 
     def where(self) -> str:
         """Where the model runs, in a few words, for logs and errors."""
@@ -122,18 +122,20 @@ def max_infer_batch(settings: ServeSettings) -> int:
     return max(settings.max_batch_size, settings.max_request_images)
 
 
-def load_backend(kind: BackendKind, settings: Settings | None = None, *,
-                 allow_gpu_only_on_cpu: bool = False) -> Backend:
-    """``allow_gpu_only_on_cpu``: run a GPU-only variant (fp16) on the CPU anyway, to check its answers."""
-    settings = settings or get_settings()
+def model_manifest(settings: ServeSettings) -> tuple[ArtifactPaths, Manifest]:
+    """MODEL_DIR's files and its manifest (what the model is, its classes and preprocessing)."""
     paths = ArtifactPaths.in_dir(settings.model_dir)
     if not paths.manifest.exists():
         raise FileNotFoundError(f"no model manifest at {paths.manifest}; run `servelab models build` first")
-    manifest = load_manifest(paths.manifest)
-    backend = _load_torch(settings, paths, manifest) if kind == "pytorch" else _load_onnx(settings, manifest)
+    return paths, load_manifest(paths.manifest)
+
+
+def _checked(backend: Backend, settings: ServeSettings, allow_gpu_only_on_cpu: bool = False) -> Backend:
+    """The backend, its warnings logged, unless it would run on the CPU where it must not."""
     for text in backend.warnings:
         log.warning("%s", text)
-    if kind == "onnx" and settings.onnx_variant in GPU_ONLY_VARIANTS and not backend.on_gpu and not allow_gpu_only_on_cpu:
+    if backend.kind == "onnx" and settings.onnx_variant in GPU_ONLY_VARIANTS and not backend.on_gpu \
+            and not allow_gpu_only_on_cpu:
         raise GPUUnavailable(f"ONNX_VARIANT={settings.onnx_variant} runs only on a GPU (a CPU has no fast float16 "
                              f"path), but the model would run on the CPU ({backend.where()}); refusing to start. "
                              "Use ONNX_VARIANT=int8 or u8 on a CPU")
@@ -142,14 +144,25 @@ def load_backend(kind: BackendKind, settings: Settings | None = None, *,
     return backend
 
 
-def _load_torch(settings: ServeSettings, paths: ArtifactPaths, manifest: Manifest) -> Backend:
+# What fastapi_pt's app builds from the weights: float32 [N, 3, H, W] -> logits [N, classes].
+TorchLoader = Callable[[Path, str, Any, Any], Callable[[np.ndarray], np.ndarray]]
+
+
+def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
+    """fastapi_pt's model: the device and threads from the settings, then ``load_model(weights file,
+    architecture, torch device, torch dtype)`` (the app's), which returns its inference function."""
     import torch
 
+    paths, manifest = model_manifest(settings)
     threads = intra_op_threads(settings)
+    torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(settings.inter_op_threads)
     except RuntimeError:  # already set in this process (only possible once)
         pass
+    # Benchmark mode would time cuDNN algorithms again for every new input shape, which a dynamic
+    # batcher's sizes keep producing; off, PyTorch's heuristics pick at once (pt-dyn/pt-1: 0.97 on an H100).
+    torch.backends.cudnn.benchmark = False
     device = settings.torch_device
     warnings = []
     if device == "auto":
@@ -157,15 +170,19 @@ def _load_torch(settings: ServeSettings, paths: ArtifactPaths, manifest: Manifes
     elif device.startswith("cuda") and not torch.cuda.is_available():
         raise GPUUnavailable(f"TORCH_DEVICE={device} but this PyTorch has no usable CUDA device "
                              f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
-    on_gpu = device.startswith("cuda")
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
     if settings.torch_fp16 and not on_gpu:
         warnings.append("TORCH_FP16=1 is ignored on the CPU (no fast float16 path there); running float32")
-    classifier = TorchClassifier(paths.manifest, device=device, fp16=settings.torch_fp16, threads=threads)
-    details = {**classifier.describe(), "torch": torch.__version__, "intra_op_threads": threads,
+    # fp16 halves memory traffic on a GPU; CPUs have no fast fp16 path, so it stays fp32 there.
+    dtype = torch.float16 if settings.torch_fp16 and on_gpu else torch.float32
+    infer = load_model(paths.manifest.parent / manifest.state_dict_file, manifest.architecture, device, dtype)
+    details = {"runtime": "pytorch", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+               "torch": torch.__version__, "intra_op_threads": threads,
                "inter_op_threads": torch.get_num_interop_threads()}
     if on_gpu:
-        details["gpu"] = torch.cuda.get_device_name(classifier.device)
-    return Backend("pytorch", classifier, manifest, on_gpu, threads, details, warnings)
+        details["gpu"] = torch.cuda.get_device_name(device)
+    return _checked(Backend("pytorch", infer, manifest, on_gpu, threads, details, warnings), settings)
 
 
 def requested_providers(spec: str, available: list[str]) -> tuple[list[str], list[str]]:
@@ -206,29 +223,18 @@ def tensorrt_options(settings: ServeSettings, input_name: str, image_shape: list
     }
 
 
-def session_options(settings: ServeSettings, threads: int):
+# What fastapi_onnx's app opens: an InferenceSession over the model file with these providers.
+SessionOpener = Callable[[Path, list], Any]
+
+
+def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_gpu_only_on_cpu: bool = False) -> Backend:
+    """fastapi_onnx's model: ONNX_VARIANT's file, the providers ORT_PROVIDERS asks for (with their options),
+    sessions opened by ``open_session(path, providers)`` (the app's; one per batch size under
+    ORT_SHAPE_POLICY), then what is really active read back. ``allow_gpu_only_on_cpu``: run a GPU-only
+    variant (fp16) on the CPU anyway, to check its answers."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = settings.inter_op_threads
-    options.execution_mode = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
-                              "parallel": ort.ExecutionMode.ORT_PARALLEL}[settings.ort_execution_mode]
-    options.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[settings.ort_graph_optimization]
-    spin = "1" if settings.ort_allow_spinning else "0"
-    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    return options
-
-
-def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
-    import onnxruntime as ort
-
+    _, manifest = model_manifest(settings)
     path = variant_path(settings.model_dir, settings.onnx_variant)
     if not path.exists():
         raise FileNotFoundError(f"ONNX_VARIANT={settings.onnx_variant}: no {path.name} in {settings.model_dir}; "
@@ -243,8 +249,9 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
     if TENSORRT in wanted:
         options[TENSORRT] = tensorrt_options(settings, *_onnx_input(path))
     threads = intra_op_threads(settings)
-    classifier = OnnxClassifier(path, providers=[(p, options.get(p, {})) for p in wanted],
-                                session_options=session_options(settings, threads),
+    if any(p in GPU_PROVIDERS for p in wanted):
+        preload_cuda_libraries()  # CUDA's libraries, from the nvidia-* wheels, before a session asks for them
+    classifier = OnnxClassifier(path, providers=[(p, options.get(p, {})) for p in wanted], open_session=open_session,
                                 shape_policy=settings.ort_shape_policy, max_batch=max_infer_batch(settings))
     for session in classifier.sessions.values():
         # ONNX Runtime would otherwise switch providers (down to the CPU) after a failed run, unannounced.
@@ -273,7 +280,8 @@ def _load_onnx(settings: ServeSettings, manifest: Manifest) -> Backend:
     variant = {"name": settings.onnx_variant, "file": path.name, "size_bytes": path.stat().st_size,
                "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}
-    return Backend("onnx", classifier, manifest, on_gpu, threads, details, warnings, variant)
+    return _checked(Backend("onnx", classifier.infer, manifest, on_gpu, threads, details, warnings, variant,
+                            classifier), settings, allow_gpu_only_on_cpu)
 
 
 def _onnx_input(path: Path) -> tuple[str, list[int]]:

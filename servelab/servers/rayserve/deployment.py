@@ -1,6 +1,6 @@
-"""The Serve deployment: ``servelab.servers.fastapi``'s FastAPI app in every replica, deployed by stage.
+"""The Serve deployment: the ``fastapi-onnx`` stage's FastAPI app in every replica, deployed by stage.
 
-Each replica builds the ONNX service's app with ``create_app`` (the same routes, handlers, error
+Each replica builds ``fastapi_onnx/app.py``'s app with its ``build_app`` (the same routes, handlers, error
 contract, Server-Timing and metrics as ``fastapi-onnx``) and hands it to ``@serve.ingress``; Ray
 runs its lifespan, so the model loads and warms up in the replica. Two things differ:
 
@@ -80,11 +80,11 @@ def _placement(stage: str) -> dict[str, Any]:
 def build_app(stage: str, overrides: dict[str, str]):
     """In the replica: the ONNX service's app, with this stage's serving settings on top of the
     replica's environment (MODEL_DIR and the rest come from where the replica runs)."""
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.servers.fastapi.app import create_app
+    # Deferred, not a circle: importing it loads FastAPI, ONNX Runtime, prometheus-client only in the replica.
+    from fastapi_onnx.app import build_app
 
     settings = Settings(**{k.lower(): v for k, v in overrides.items()})
-    return create_app("onnx", settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
+    return build_app(settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
 
 
 def application(stage: Stage, settings: RaySettings):

@@ -1,6 +1,6 @@
 """The Ray Serve stages of the catalogue (``servelab.core.catalogue``) as deployment options.
 
-Every stage serves the ONNX Runtime service (``servelab.servers.fastapi``, ``create_app("onnx")``) behind
+Every stage serves the ONNX Runtime service (``fastapi_onnx/app.py``'s ``build_app``) behind
 Ray Serve's HTTP proxy, with the FastAPI stages' API. Replicas are spread over the nodes
 (``max_replicas_per_node``), so a stage with two or more replicas uses two nodes.
 """

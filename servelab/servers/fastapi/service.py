@@ -1,6 +1,9 @@
-"""One API, two services: ``create_app("pytorch")`` (fastapi_pt) and ``create_app("onnx")`` (fastapi_onnx).
+"""What both FastAPI apps (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``) share around their own code.
 
-* ``POST /predict`` ``{"image": "<base64>"}`` -> ``{"prediction", "probability", "class_index", "model"}``
+Each app loads its model in its lifespan, defines ``POST /predict`` and then calls
+``add_service_routes(app, service)`` for the rest of one API:
+
+* ``POST /predict`` ``{"image": "<base64>"}`` -> ``{"prediction", "probability", "class_index", "model"}`` (the app's)
 * ``POST /predict/batch`` ``{"images": [...]}`` -> ``{"predictions": [...], "model"}``, in order
 * ``GET /health`` (the process is up), ``GET /ready`` (503 until the model is loaded *and* a warm-up
   inference succeeded, at every batch size its ONNX Runtime sessions take; then what runs where),
@@ -16,54 +19,83 @@ batcher's thread. Every prediction response carries ``Server-Timing``.
 import asyncio
 import base64
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from time import perf_counter
 
 from fastapi import FastAPI, HTTPException, Request, Response
 
-from servelab import __version__
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.core.postprocess import Prediction as Top1
 from servelab.core.preprocess import ImageError
-from servelab.servers.fastapi.runtimes import Backend, BackendKind, load_backend, max_infer_batch
+from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline
-from servelab.servers.fastapi.schemas import (
-                                              Batching, BatchRequest, BatchResponse, Health, Prediction, PredictRequest, PredictResponse, Ready,
-                                              )
+from servelab.servers.fastapi.runtimes import Backend, max_infer_batch
+from servelab.servers.fastapi.schemas import Batching, BatchRequest, BatchResponse, Health, Prediction, Ready
 from servelab.servers.fastapi.timing import Timing
-from servelab.core.settings import ServeSettings, get_settings
 
-SERVICE_NAMES: dict[BackendKind, str] = {"pytorch": "fastapi_pt", "onnx": "fastapi_onnx"}
 log = logging.getLogger("servelab.servers.fastapi")
 
 
-class Service:
-    """What the handlers share: the backend and pipeline once loaded, and whether they are ready."""
+def _configure_logging() -> None:
+    """Our INFO lines next to uvicorn's (uvicorn configures only its own loggers)."""
+    logger = logging.getLogger("servelab")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
-    def __init__(self, kind: BackendKind, settings: ServeSettings, metrics: Metrics,
-                 batcher: type[MicroBatcher] = MicroBatcher, placement: Callable[[], dict] | None = None):
-        self.kind, self.name, self.settings, self.metrics = kind, SERVICE_NAMES[kind], settings, metrics
+
+class Service:
+    """What the handlers share: the backend and pipeline once loaded, and whether they are ready.
+
+    ``batcher``: the micro-batcher class (Ray Serve's stages pass their ``@serve.batch`` one);
+    ``placement``: where this replica runs, for ``/ready`` (Ray Serve's stages)."""
+
+    def __init__(self, name: str, settings: ServeSettings, batcher: type[MicroBatcher] = MicroBatcher,
+                 placement: Callable[[], dict] | None = None):
+        _configure_logging()
+        self.name, self.settings, self.metrics = name, settings, Metrics(max_infer_batch(settings))
         self.batcher, self.placement = batcher, placement
         self.backend: Backend | None = None
         self.pipeline: Pipeline | None = None
         self.ready = False
         self.not_ready_reason = "the model is loading"
 
-    async def start(self) -> None:
-        try:
-            self.backend = await asyncio.to_thread(load_backend, self.kind, self.settings)
-        except Exception as exc:
-            log.error("%s cannot start: %s", self.name, exc)
-            raise
-        self.pipeline = Pipeline(self.backend, self.settings, self.metrics, self.batcher)
+    @property
+    def model_name(self) -> str:
+        return self.backend.manifest.name
+
+    @asynccontextmanager
+    async def serving(self, backend: Backend, warm_up_first: bool = False) -> AsyncIterator[None]:
+        """Serve ``backend`` (its workers and batcher started), warming it up in the background, or first
+        (``warm_up_first``: Ray Serve routes requests to a replica as soon as its startup returns, with
+        no /ready check, so it would otherwise get 503s); stopped on the way out."""
+        self.backend = backend
+        self.pipeline = Pipeline(backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
-        self.metrics.watch_sessions(self.backend.session_counts)
+        self.metrics.watch_sessions(backend.session_counts)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
+        warm_up = None
+        try:
+            if warm_up_first:
+                await self.warm_up()
+                if not self.ready:
+                    raise RuntimeError(f"{self.name} is not ready: {self.not_ready_reason}")
+            else:
+                warm_up = asyncio.create_task(self.warm_up())
+            yield
+        finally:
+            if warm_up is not None:
+                warm_up.cancel()
+                await asyncio.gather(warm_up, return_exceptions=True)
+            self.ready = False
+            await self.pipeline.close()
 
     def _log_startup(self) -> None:
         backend, settings, m = self.backend, self.settings, self.backend.manifest
@@ -93,12 +125,8 @@ class Service:
         self.ready = True
         log.info("%s: ready (warm-up at batch sizes %s took %.0f ms)", self.name, sizes, (perf_counter() - started) * 1000)
 
-    async def close(self) -> None:
-        self.ready = False
-        if self.pipeline is not None:
-            await self.pipeline.close()
-
     def ready_pipeline(self) -> Pipeline:
+        """The pipeline, or HTTP 503 (``Retry-After``) until the model is loaded and warmed up."""
         if not self.ready:
             raise HTTPException(503, f"not ready: {self.not_ready_reason}", headers={"Retry-After": "5"})
         return self.pipeline
@@ -117,72 +145,16 @@ class Service:
         )
 
 
-def _configure_logging() -> None:
-    """Our INFO lines next to uvicorn's (uvicorn configures only its own loggers)."""
-    logger = logging.getLogger("servelab")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
-def _answer(request: Request, response: Response, timing: Timing) -> None:
+def server_timing(request: Request, response: Response, timing: Timing) -> None:
+    """Where the request's time went, as the ``Server-Timing`` header (its total from the metrics middleware)."""
     response.headers["Server-Timing"] = timing.header(perf_counter() - request.scope[START_KEY])
 
 
-def _prediction(p: Top1) -> dict:
-    return {"prediction": p.label, "probability": p.probability, "class_index": p.index}
-
-
-def create_app(kind: BackendKind, settings: ServeSettings | None = None, *,
-               batcher: type[MicroBatcher] = MicroBatcher, placement: Callable[[], dict] | None = None,
-               warm_up_first: bool = False) -> FastAPI:
-    """The service app; cheap to create (the model loads when the server starts it).
-
-    The Ray Serve stages serve this same app in each replica (``servelab.servers.rayserve.deployment``):
-    ``batcher`` swaps in ``@serve.batch``, ``placement`` names the replica's Ray node in ``/ready``,
-    and ``warm_up_first`` finishes the warm-up before startup returns: Serve routes requests to a
-    replica as soon as its startup returns, with no /ready check, so it would otherwise get 503s.
-    """
-    settings = settings or get_settings()
-    _configure_logging()
-    metrics = Metrics(max_infer_batch(settings))
-    service = Service(kind, settings, metrics, batcher, placement)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await service.start()
-        warm_up = None
-        if warm_up_first:
-            await service.warm_up()
-            if not service.ready:
-                await service.close()
-                raise RuntimeError(f"{service.name} is not ready: {service.not_ready_reason}")
-        else:
-            warm_up = asyncio.create_task(service.warm_up())
-        try:
-            yield
-        finally:
-            if warm_up is not None:
-                warm_up.cancel()
-                await asyncio.gather(warm_up, return_exceptions=True)
-            await service.close()
-
-    app = FastAPI(
-        title=f"servelab {service.name}", version=__version__, lifespan=lifespan,
-        description=f"Food-11 image classifier ({'PyTorch' if kind == 'pytorch' else 'ONNX Runtime'}).",
-        strict_content_type=False,  # lab clients may post JSON without a Content-Type
-    )
+def add_service_routes(app: FastAPI, service: Service) -> None:
+    """Everything but ``POST /predict``: ``/predict/batch``, ``/health``, ``/ready``, ``/metrics``, the error
+    contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
+    settings = service.settings
     install_error_handlers(app, settings.max_body_bytes)
-
-    @app.post("/predict", response_model=PredictResponse, responses=ERROR_RESPONSES,
-              summary="Classify one image")
-    async def predict(body: PredictRequest, request: Request, response: Response) -> PredictResponse:
-        (top,), timing = await service.ready_pipeline().predict([body.image])
-        _answer(request, response, timing)
-        return PredictResponse(**_prediction(top), model=service.backend.manifest.name)
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")
@@ -193,8 +165,9 @@ def create_app(kind: BackendKind, settings: ServeSettings | None = None, *,
             raise HTTPException(413, f"{len(body.images)} images in one request; at most {settings.max_request_images} "
                                      "(MAX_REQUEST_IMAGES)")
         tops, timing = await service.ready_pipeline().predict(body.images)
-        _answer(request, response, timing)
-        return BatchResponse(predictions=[Prediction(**_prediction(t)) for t in tops], model=service.backend.manifest.name)
+        server_timing(request, response, timing)
+        return BatchResponse(predictions=[Prediction(prediction=t.label, probability=t.probability, class_index=t.index)
+                                          for t in tops], model=service.model_name)
 
     @app.get("/health", response_model=Health, summary="Liveness: the process answers")
     async def health() -> Health:
@@ -208,9 +181,8 @@ def create_app(kind: BackendKind, settings: ServeSettings | None = None, *,
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
     async def prometheus() -> Response:
-        body, content_type = metrics.render()
+        body, content_type = service.metrics.render()
         return Response(body, media_type=content_type)
 
     # Added last, so it is outermost and also counts what the body limit refuses.
-    app.add_middleware(MetricsMiddleware, metrics=metrics, routes={route.path for route in app.routes})
-    return app
+    app.add_middleware(MetricsMiddleware, metrics=service.metrics, routes={route.path for route in app.routes})
