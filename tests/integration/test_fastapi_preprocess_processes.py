@@ -25,7 +25,6 @@ from test_fastapi_services import CASES
 
 # Real photographs (Debian's, see servelab.core.photos) and the awkward encodings of the bundled one.
 PHOTOS = {p.file: p.read_bytes() for p in evaluation_set()[:40]} | variants()
-LOST = "a preprocessing worker process died"
 
 
 @pytest.fixture(scope="module")
@@ -126,15 +125,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_service_keeps_answering(ser
         os.kill(min(workers), signal.SIGKILL)
         return await load
 
-    statuses = []
+    # The requests in flight when it died run again on the new pool (preprocessing is pure): none is lost.
     for response in asyncio.run(load_with_a_kill()):
-        statuses.append(response.status_code)
-        if response.status_code == 503:  # in flight when it died
-            assert LOST in response.json()["detail"] and response.headers["retry-after"] == "1"
-        else:
-            assert response.status_code == 200, response.text
-            assert_same(response.json(), want, "12 MP photo")
-    assert 1 <= statuses.count(503) <= 8, statuses  # only some of those in flight (8 at most)
+        assert response.status_code == 200, response.text
+        assert_same(response.json(), want, "12 MP photo")
     assert restarts() == before + 1  # one new pool, however many requests noticed
     assert client.get(f"{url}/ready").status_code == 200
     for name in list(PHOTOS)[:6]:

@@ -23,10 +23,11 @@ see 1/N of the traffic, forming batches N times smaller — undoing dynamic batc
 pays on a GPU. One server process per GPU keeps ONE model and ONE batcher (as Triton keeps one
 scheduler per model) and spreads only the CPU work over cores.
 
-A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: every
-request waiting for it then gets ``PreprocessWorkerLost`` (503, retry), a new pool replaces it at
-once, and later requests never see the difference. Retrying them here instead would let an image
-that crashes the decoder kill pool after pool.
+A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new pool
+replaces it at once, and every request that was waiting for the old one runs again, once, on the new
+one (preprocessing is a pure function of the request). A request whose second pool dies too gets
+``PreprocessWorkerLost`` (503, retry): an image that crashes the decoder kills two pools, not pool
+after pool.
 """
 
 import asyncio
@@ -109,21 +110,21 @@ class Pipeline:
         return self._prepare(text)[0]
 
     async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
-        """``prepare`` in a worker: (model input, when the worker started, when it ended)."""
-        loop, pool = asyncio.get_running_loop(), self._pool
-        if _lost_a_worker(pool):  # died while idle, and the pool's own thread has not noticed yet
-            pool = self._replace(pool)
-        try:
-            job = loop.run_in_executor(pool, self._prepare, text)
-        except BrokenProcessPool:  # a worker died while the pool was idle: this request lost nothing
-            pool = self._replace(pool)
-            job = loop.run_in_executor(pool, self._prepare, text)
-        try:
-            return await job
-        except BrokenProcessPool:
-            self._replace(pool)
-            raise PreprocessWorkerLost("a preprocessing worker process died while this request waited for it "
-                                       "(the pool was restarted); retry the request") from None
+        """``prepare`` in a worker: (model input, when the worker started, when it ended). Where a worker
+        process dies with this request in its pool (before it ran or while it ran), the request runs again,
+        once, on a new pool: preprocessing is a pure function of the request, so nothing is done twice that
+        matters. A second death is a 503 (PreprocessWorkerLost)."""
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            pool = self._pool
+            if _lost_a_worker(pool):  # died while idle, and the pool's own thread has not noticed yet
+                pool = self._replace(pool)
+            try:
+                return await loop.run_in_executor(pool, self._prepare, text)
+            except BrokenProcessPool:
+                self._replace(pool)
+        raise PreprocessWorkerLost("preprocessing worker processes died twice while this request waited for them "
+                                   "(the pool was restarted each time); retry the request")
 
     def _replace(self, broken: Executor) -> Executor:
         """A new pool for one whose worker died (only the first request to notice replaces it)."""
