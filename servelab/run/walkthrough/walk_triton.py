@@ -27,7 +27,7 @@ from servelab.core.settings import get_settings
 from servelab.core.catalogue import PT
 from servelab.servers.triton.client import InputKind, tensor_inputs
 from servelab.servers.triton.server import model_config, server_address, switch_target
-from servelab.servers.triton.configs import STAGES, effective_config, write_effective
+from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
 from servelab.run.walkthrough.common import try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
 
@@ -109,13 +109,11 @@ def check_block(name: str, text: str, repository: Path | None = None) -> str:
 
     expected = stage_fields(name, repository)
     wanted = " and ".join(f"`{key}`" for key in expected)
-    written = model_config_pb2.ModelConfig()
     try:
-        text_format.Parse(text, written)
+        fields = block_fields(text)
     except text_format.ParseError as exc:
         raise ValueError(f"Triton cannot read this as a model config ({exc}); write {wanted} as in "
                          f"config.pbtxt") from None
-    fields = json_format.MessageToDict(written, preserving_proto_field_name=True)
     if not fields:
         raise ValueError(f"nothing written yet: replace the TODO with {wanted}, as it would stand in config.pbtxt")
     if extra := sorted(set(fields) - set(expected)):
