@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core.paths import REPO_ROOT
-from servelab.core.procs import DIRECT, ServerProcess, free_port
+from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok
 from servelab.core.settings import get_settings
 from servelab.servers.triton.client import server_address
 from servelab.servers.triton.configs import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
@@ -175,6 +175,11 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
         ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach,
     ).start()
+    try:  # tritonserver opens its metrics port after HTTP (~40 ms): ready means every endpoint answers
+        wait_http_ok(f"http://127.0.0.1:{ports.metrics}/metrics", 30.0, process.proc, process.log)
+    except BaseException:
+        process.stop()
+        raise
     return LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository))
 
 
