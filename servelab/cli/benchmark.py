@@ -10,10 +10,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("benchmark", help="the model alone (its ceiling); in-process pipeline vs end-to-end "
                                                 "HTTP for the FastAPI stages",
                               description=side_by_side.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    measures = [side_by_side.CEILING_STAGE, *side_by_side.STAGES, side_by_side.PREPROCESS_STAGE,
+    measures = [side_by_side.LIMIT_STAGE, side_by_side.CEILING_STAGE, *side_by_side.STAGES, side_by_side.PREPROCESS_STAGE,
                 side_by_side.VARIANTS_STAGE, side_by_side.RAY_STAGE]
     p.add_argument("--stage", nargs="+", choices=measures, default=measures,
-                   help="what to measure (default: all): the model alone (ceiling), a FastAPI stage, preprocessing in "
+                   help="what to measure (default: all): the FastAPI stages against this machine's limit and the simplest app "
+                        "(limit), the model alone (ceiling), a FastAPI stage, preprocessing in "
                         "threads against worker processes, fastapi-onnx's model variants, or Ray Serve (ray-dyn) "
                         "against fastapi-onnx-dyn")
     p.add_argument("--variants", nargs="+", default=["u8", "int8", "int8dyn", "fp16"],
@@ -27,6 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--ceiling-repeats", type=int, default=20, help="ceiling: timed runs per batch size (default 20)")
     p.add_argument("--ceiling-seconds", type=float, default=5.0,
                    help="ceiling: at most this many seconds of timed runs per batch size (default 5)")
+    p.add_argument("--cost-seconds", type=float, default=2.0,
+                   help="limit: seconds of each cost's measurement (the model at each batch and thread count, "
+                        "preprocessing, HTTP; default 2)")
     p.add_argument("--records", type=Path, nargs="+",
                    help="ceiling: a lab's records.jsonl; every stage is then shown as a fraction of the ceiling")
     p.add_argument("--ceiling-json", type=Path, help="ceiling: also write the measured result here (JSON)")

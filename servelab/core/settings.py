@@ -40,8 +40,9 @@ class ServeSettings(_Env):
     max_batch_size: int = Field(1, ge=1, description="Server-side dynamic batching: most images stacked from concurrent requests into one inference; 1 = off (one request per inference).")
     batch_timeout_ms: float = Field(5.0, ge=0, description="With batching on, how long the oldest waiting request may wait for others to fill a batch.")
     preprocess_processes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field("auto", description="Worker processes that decode and preprocess images, so preprocessing scales over cores while the one model and its batcher stay in the server process; 0 = threads in the server process (`WORKER_THREADS`); `auto` = the CPUs but one when the model runs on a GPU, 0 when it runs on the CPU (the model needs those cores).")
-    worker_threads: int = Field(0, ge=0, description="With `PREPROCESS_PROCESSES=0`: threads that decode and preprocess images off the event loop; 0 = the CPUs left over by `INTRA_OP_THREADS` when the model runs on the CPU, all CPUs when it runs on a GPU.")
-    intra_op_threads: int = Field(0, ge=0, description="Threads one inference may use (PyTorch `set_num_threads`, ONNX Runtime `intra_op_num_threads`); 0 = half the CPUs, at least 1.")
+    worker_threads: int = Field(0, ge=0, description="With `PREPROCESS_PROCESSES=0`: threads that decode and preprocess images off the event loop; 0 = one per CPU (on the CPU they share the cores with the inferences).")
+    model_instances: int = Field(0, ge=0, description="Inferences that may run at once, each in its own thread on `INTRA_OP_THREADS` threads (Triton's instance count); 0 = the CPUs divided by `INTRA_OP_THREADS` when the model runs on the CPU, 1 on a GPU.")
+    intra_op_threads: int = Field(0, ge=0, description="Threads one inference may use (PyTorch `set_num_threads`, ONNX Runtime `intra_op_num_threads`); 0 = the CPUs divided by `MODEL_INSTANCES` (left at 0: one thread per inference, one inference per CPU, where an image costs the least CPU time), at least 1.")
     inter_op_threads: int = Field(1, ge=1, description="PyTorch inter-op threads and ONNX Runtime `inter_op_num_threads` (used by the parallel execution mode).")
     # The names of servelab.core.variants.build.VARIANTS (a test keeps them equal; that module is not
     # imported here, so reading settings stays light).

@@ -31,6 +31,9 @@ in-process split of each request's time into preprocessing and inference, and th
 split allows (the whole machine's CPU does both, so throughput is at most fp32's CPU time per
 request over the variant's).
 
+``--stage limit`` measures this machine's end-to-end limit and the FastAPI stages against it and
+against the simplest FastAPI + ONNX Runtime app (``servelab.run.reference``).
+
 ``--stage ceiling`` measures the model alone (``servelab.measure.ceiling``: ONNX Runtime, no server, at
 batch 1 to 128; fp32 and fp16 on a GPU, fp32 and INT8 on a CPU) and, given a lab's records
 (``--records``), every stage's best throughput as a fraction of the fp32 ceiling, the batching and
@@ -58,6 +61,7 @@ from servelab.core.postprocess import top1
 from servelab.core.preprocess import decode_base64, preprocess
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
+from servelab.run.reference import benchmark_limit
 from servelab.run.side_by_side_ray import benchmark_ray
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.measure.families import serve_fastapi
@@ -70,6 +74,7 @@ FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.run.side_by_side_ray)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
 CEILING_STAGE = "ceiling"  # the model alone (servelab.measure.ceiling), and the lab's records against it
+LIMIT_STAGE = "limit"  # the FastAPI stages against the machine's limit and the simple app (servelab.run.reference)
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
 U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
 SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
@@ -360,6 +365,9 @@ def run(args: argparse.Namespace) -> int:
             if stage == CEILING_STAGE:
                 print("\nThe model's own ceiling:", flush=True)
                 print(f"\n{benchmark_ceiling(args)}", flush=True)
+            elif stage == LIMIT_STAGE:
+                print(f"\nThis machine's limit, and the FastAPI stages against it and against the simplest app "
+                      f"({machine()}):\n\n{benchmark_limit(args, Path(tmp))}", flush=True)
             elif stage == RAY_STAGE:
                 print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
                       f"outside the app = client mean latency - Server-Timing total):\n\n"

@@ -73,3 +73,17 @@ def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tm
     assert row.split(" | ")[4] == f"{150 / fp32 * 100:.1f}"  # % of the fp32 ceiling this run measured
     assert "| fastapi-onnx-dyn ÷ fastapi-onnx ≥ 2× at 16 senders | information only (GPU aims; this ran on the CPU) |" \
         in run.stdout
+
+
+def test_the_fastapi_stages_are_measured_against_the_limit_and_the_simple_app(model):
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "limit", "--duration", "2",
+                          "--rounds", "1", "--concurrency", "4", "--cost-seconds", "0.2"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line.split("|")[1].strip(): line.split("|") for line in run.stdout.splitlines()
+            if line.startswith(("| simple app", "| fastapi-onnx"))}
+    assert set(rows) == {"simple app", "fastapi-onnx", "fastapi-onnx-dyn"}
+    assert rows["simple app"][3].strip() == "1.00"
+    assert all(float(row[2]) > 0 and row[4].strip().endswith("%") for row in rows.values())
+    assert "≥ 1.0 × simple app" in rows["fastapi-onnx"][5]
+    assert "bound by the CPUs" in run.stdout and "← cheapest" in run.stdout and machine() in run.stdout

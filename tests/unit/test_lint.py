@@ -11,7 +11,7 @@ def test_no_unused_or_undefined_names():
     ruff = Path(sys.executable).parent / "ruff"
     result = subprocess.run(
         [str(ruff), "check", "--select", "F", "--no-cache", "servelab", "tests", "fastapi_pt", "fastapi_onnx",
-         "flask_app", "models_staging"],
+         "flask_app", "models_staging", "benchmarks"],
         cwd=REPO, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr

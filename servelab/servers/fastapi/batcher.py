@@ -8,6 +8,10 @@ the event loop) and hands each request its own rows of the result. When fewer th
 server forms full batches with no added delay. ``max_batch_size=1`` is the baseline: one request
 per inference. A request's images always stay together, so a batched request larger than
 ``max_batch_size`` runs alone.
+
+``instances`` inferences may run at once (Triton's instance count), each in its own thread: on a CPU
+two inferences on one intra-op thread each cost less CPU per image than one on two threads, and a
+batch forms only while every instance is busy, as Triton's scheduler forms one for a free instance.
 """
 
 import asyncio
@@ -37,22 +41,25 @@ class _Pending:
 
 class MicroBatcher:
     def __init__(self, infer: Callable[[np.ndarray], np.ndarray], max_batch_size: int = 1, timeout_s: float = 0.0,
-                 on_batch: Callable[[int, float], None] | None = None):
+                 on_batch: Callable[[int, float], None] | None = None, instances: int = 1):
         self.infer, self.max_batch_size, self.timeout_s = infer, max_batch_size, timeout_s
         self.on_batch = on_batch  # called with (images, seconds) after each inference
         self._pending: deque[_Pending] = deque()
         self._arrived = asyncio.Event()
-        # One inference at a time: it already uses INTRA_OP_THREADS cores (or the whole GPU).
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
+        self._executor = ThreadPoolExecutor(instances, thread_name_prefix="infer")
+        self._free: asyncio.Semaphore | None = None  # instances not inferring (made on the running loop)
+        self.instances = instances
+        self._running: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        self._free = asyncio.Semaphore(self.instances)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.gather(self._task, *self._running, return_exceptions=True)
         while self._pending:
             item = self._pending.popleft()
             if not item.future.done():
@@ -98,26 +105,33 @@ class MicroBatcher:
         return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
+            await self._free.acquire()  # an instance is free: while none is, requests queue into a batch
             if self.max_batch_size > 1 and self.timeout_s > 0:
                 await self._fill()
             batch = self._take()
             if not batch:
+                self._free.release()
                 continue
+            task = asyncio.create_task(self._infer(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _infer(self, batch: list[_Pending]) -> None:
+        try:
             x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
             started = perf_counter()
             try:
-                logits = await loop.run_in_executor(self._executor, self.infer, x)
+                logits = await asyncio.get_running_loop().run_in_executor(self._executor, self.infer, x)
             except Exception as exc:  # noqa: BLE001 - every caller of this batch gets the error
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(exc)
-                continue
+                return
             infer_s = perf_counter() - started
             if self.on_batch is not None:
                 self.on_batch(len(x), infer_s)
@@ -127,3 +141,5 @@ class MicroBatcher:
                 offset += len(item.x)
                 if not item.future.done():
                     item.future.set_result(BatchResult(rows, started - item.submitted, infer_s, len(x)))
+        finally:
+            self._free.release()

@@ -45,7 +45,7 @@ import numpy as np
 from servelab.core.postprocess import Prediction, top1
 from servelab.core.preprocess import ImageError, crop_pixels, prepare_timed, preprocess
 from servelab.core.procs import die_with_parent
-from servelab.servers.fastapi.runtimes import Backend, preprocess_workers
+from servelab.servers.fastapi.runtimes import Backend, model_instances, preprocess_workers
 from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher
 from servelab.servers.fastapi.errors import PreprocessWorkerLost
 from servelab.servers.fastapi.metrics import Metrics
@@ -84,7 +84,8 @@ class Pipeline:
         self._prepare = partial(prepare_timed, step=step, **kwargs, max_pixels=settings.max_image_pixels)
         # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one).
         self.batcher = batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
-                                    on_batch=metrics.observe_batch if metrics else None)
+                               on_batch=metrics.observe_batch if metrics else None,
+                               instances=model_instances(settings, backend))
 
     def _new_pool(self) -> Executor:
         if self.mode == "threads":

@@ -92,16 +92,17 @@ class Backend:
 
 
 def intra_op_threads(settings: ServeSettings) -> int:
-    return settings.intra_op_threads or max(1, cpu_count() // 2)
+    """INTRA_OP_THREADS, else the CPUs shared out among the instances that may infer at once (with
+    MODEL_INSTANCES left to the machine: one thread each, where one inference per core costs the least
+    CPU per image; on a GPU the CPU threads only run what the GPU does not)."""
+    return settings.intra_op_threads or max(1, cpu_count() // (settings.model_instances or cpu_count()))
 
 
-def worker_threads(settings: ServeSettings, backend: Backend) -> int:
-    """Preprocessing threads: what inference leaves free, so the two never oversubscribe the CPU."""
-    if settings.worker_threads:
-        return settings.worker_threads
-    if backend.on_gpu:
-        return cpu_count()
-    return max(1, cpu_count() - backend.intra_op_threads)
+def worker_threads(settings: ServeSettings) -> int:
+    """Preprocessing threads: WORKER_THREADS, else one per CPU. On the CPU they share the cores with the
+    inferences; the scheduler gives each what the other leaves (keeping the two apart left cores idle
+    whenever one side waited on the other)."""
+    return settings.worker_threads or cpu_count()
 
 
 PreprocessMode = Literal["threads", "processes"]
@@ -114,7 +115,25 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
     processes = settings.preprocess_processes
     if processes == "auto":
         processes = max(1, cpu_count() - 1) if backend.on_gpu else 0
-    return ("processes", processes) if processes else ("threads", worker_threads(settings, backend))
+    return ("processes", processes) if processes else ("threads", worker_threads(settings))
+
+
+def model_instances(settings: ServeSettings, backend: Backend) -> int:
+    """How many inferences may run at once: MODEL_INSTANCES, else one per CPU where the model runs on the
+    CPU, one on a GPU (one inference already fills it; more would only interleave)."""
+    return settings.model_instances or (1 if backend.on_gpu else cpu_count() // backend.intra_op_threads or 1)
+
+
+def why_threads(settings: ServeSettings, backend: Backend) -> str:
+    """Why the service runs its inferences and preprocessing as it does, for its start-up log."""
+    chosen = [name for name in ("model_instances", "intra_op_threads", "worker_threads", "preprocess_processes")
+              if name in settings.model_fields_set]
+    if chosen:
+        return "set: " + ", ".join(name.upper() for name in chosen)
+    if backend.on_gpu:
+        return "the machine's defaults: one inference fills the GPU, every CPU preprocesses"
+    return (f"the machine's defaults for {cpu_count()} CPUs: one single-threaded inference per CPU costs the least "
+            "CPU per image, and preprocessing threads take the cores in between")
 
 
 def max_infer_batch(settings: ServeSettings) -> int:

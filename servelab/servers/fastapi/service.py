@@ -32,7 +32,7 @@ from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline
-from servelab.servers.fastapi.runtimes import Backend, max_infer_batch
+from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
 from servelab.servers.fastapi.schemas import Batching, BatchRequest, BatchResponse, Health, Prediction, Ready
 from servelab.servers.fastapi.timing import Timing
 
@@ -102,8 +102,9 @@ class Service:
         log.info("%s: model %s (manifest sha256 %s), source %s", self.name, m.name, m.sha256()[:16], m.source["kind"])
         if m.stand_in:
             log.warning("%s: STAND-IN MODEL: %s", self.name, m.description)
-        log.info("%s: %s; intra-op threads %d, preprocessing: %d %s", self.name, backend.where(),
-                 backend.intra_op_threads, self.pipeline.workers, self.pipeline.mode)
+        log.info("%s: %s; %d inference(s) at once on %d intra-op thread(s) each, preprocessing: %d %s (%s)",
+                 self.name, backend.where(), self.pipeline.batcher.instances, backend.intra_op_threads,
+                 self.pipeline.workers, self.pipeline.mode, why_threads(settings, backend))
         if v := backend.variant:
             log.info("%s: variant %s: %s, %.1f MB, precision %s, input %s", self.name, v["name"], v["file"],
                      v["size_bytes"] / 1e6, v["precision"], v["input"])

@@ -1,0 +1,146 @@
+"""This machine's end-to-end limit for an image-in stage: the most requests/s its cores could serve if
+nothing were wasted, from three costs measured in the same run as core time (CPU seconds, every
+thread's), so that they add up:
+
+* **the model alone**: ONNX Runtime, NumPy in and out, at each batch size and intra-op thread count
+  of ``BATCHES`` × ``thread_counts()``; the cheapest point (fewest CPU ms per image) is the model's share;
+* **preprocessing**: base64 → the model's input (``servelab.core.preprocess``) for the photo in use,
+  on one thread;
+* **HTTP and JSON**: a route that takes the same body and answers the same shape without any work
+  (``benchmarks/simple_app.py``'s ``/noop/predict``), driven by the lab's own closed-loop client: the
+  server's and the client's CPU per request (the client shares the machine, as in the lab).
+
+On the CPU: limit = cores ÷ (model + preprocessing + HTTP). On a GPU the model runs there: the limit is
+the smaller of the model's own images/s on the GPU (``servelab.measure.ceiling``) and what the CPUs
+can feed it, cores ÷ (preprocessing + HTTP); ``binds`` says which.
+
+A stage's best throughput over the limit says how much of the machine it turns into answers; the
+rest went to waiting, to threads that got in each other's way, or to work the limit does not count.
+"""
+
+import base64
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from pydantic import BaseModel
+
+from servelab.core.artifacts import load_manifest
+from servelab.core.inference import onnx_session
+from servelab.core.preprocess import prepare_timed
+from servelab.core.tables import markdown, num
+
+BATCHES = (1, 16)  # a request alone, and the lab's largest dynamic batch
+
+
+class ModelPoint(BaseModel):
+    batch: int
+    threads: int
+    images_per_s: float
+    cpu_ms_per_image: float
+
+
+class Limit(BaseModel):
+    """What ``measure_limit`` measured; ``model_cpu_ms`` etc. are CPU milliseconds per image or request."""
+
+    cores: int
+    photo: str
+    model: list[ModelPoint]
+    preprocess_cpu_ms: float
+    http_cpu_ms: float | None = None  # None: not measured (no server given)
+    gpu_images_per_s: float | None = None  # the model's ceiling on a GPU, where it runs there
+
+    @property
+    def cheapest(self) -> ModelPoint:
+        return min(self.model, key=lambda p: p.cpu_ms_per_image)
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """What one request costs the CPUs: preprocessing, HTTP, and the model where it runs on them."""
+        model = 0.0 if self.gpu_images_per_s else self.cheapest.cpu_ms_per_image
+        return model + self.preprocess_cpu_ms + (self.http_cpu_ms or 0.0)
+
+    @property
+    def cpu_side_rps(self) -> float:
+        return self.cores * 1e3 / self.cpu_ms_per_request
+
+    @property
+    def rps(self) -> float:
+        return min(self.cpu_side_rps, self.gpu_images_per_s or float("inf"))
+
+    @property
+    def binds(self) -> str:
+        if self.gpu_images_per_s and self.gpu_images_per_s < self.cpu_side_rps:
+            return "the GPU (the model's own images/s there)"
+        return "the CPUs"
+
+
+def thread_counts(cores: int) -> tuple[int, ...]:
+    """One thread, half the cores, all of them: where ONNX Runtime's intra-op scaling shows."""
+    return tuple(sorted({1, max(1, cores // 2), cores}))
+
+
+def _cpu_ms_per_call(call, seconds: float) -> tuple[int, float, float]:
+    """(calls, wall s, CPU ms per call) of ``call`` repeated for about ``seconds`` after one untimed call."""
+    call()
+    calls, wall, cpu = 0, time.perf_counter(), time.process_time()
+    while calls == 0 or time.perf_counter() - wall < seconds:
+        call()
+        calls += 1
+    return calls, time.perf_counter() - wall, (time.process_time() - cpu) * 1e3 / calls
+
+
+def model_points(model: Path, cores: int, seconds: float) -> list[ModelPoint]:
+    """The model alone on the CPU at each batch size and thread count (threads sleep when idle, as in
+    the services, so CPU time is work)."""
+    import onnxruntime as ort
+
+    points = []
+    for threads in thread_counts(cores):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = onnx_session(model, ["CPUExecutionProvider"], options)
+        first = sess.get_inputs()[0]
+        for batch in BATCHES:
+            x = np.random.default_rng(0).standard_normal((batch, *first.shape[1:]), dtype=np.float32)
+            calls, wall, cpu_ms = _cpu_ms_per_call(lambda: sess.run(None, {first.name: x}), seconds)
+            points.append(ModelPoint(batch=batch, threads=threads, images_per_s=calls * batch / wall,
+                                     cpu_ms_per_image=cpu_ms / batch))
+    return points
+
+
+def preprocess_cpu_ms(image: bytes, manifest: Path, seconds: float) -> float:
+    """CPU ms per image of base64 text → float32 tensor, one thread."""
+    text, kwargs = base64.b64encode(image).decode(), load_manifest(manifest).preprocess_kwargs()
+    return _cpu_ms_per_call(lambda: prepare_timed(text, **kwargs), seconds)[2]
+
+
+def http_cpu_ms(measure, server_pid: int) -> float:
+    """CPU ms per request, server and client, of ``measure()`` (which runs the load in this process and
+    returns how many requests succeeded)."""
+    server = psutil.Process(server_pid)
+    before, cpu = sum(server.cpu_times()[:2]), time.process_time()
+    requests = measure()
+    spent = sum(server.cpu_times()[:2]) - before + time.process_time() - cpu
+    if not requests:
+        raise RuntimeError("the no-op route answered no request")
+    return spent * 1e3 / requests
+
+
+def limit_markdown(limit: Limit) -> str:
+    """How the limit was made: each cost, the cheapest model point, the sum and what binds."""
+    best = limit.cheapest
+    rows = [[f"model alone, batch {p.batch}, {p.threads} thread{'s' * (p.threads > 1)}", num(p.images_per_s, 0),
+             num(p.cpu_ms_per_image, 2) + (" ← cheapest" if p is best else "")] for p in limit.model]
+    rows += [[f"preprocessing ({limit.photo}), one thread", "", num(limit.preprocess_cpu_ms, 2)],
+             ["HTTP + JSON (a no-op route, server and client)", "", num(limit.http_cpu_ms, 2)]]
+    if limit.gpu_images_per_s:
+        rows.append(["model alone on the GPU (its ceiling)", num(limit.gpu_images_per_s, 0), ""])
+    table = markdown(["cost", "img/s", "CPU ms per image"], rows, "lrr")
+    sum_line = (f"{limit.cores} cores ÷ {limit.cpu_ms_per_request:.2f} CPU ms per request = "
+                f"{limit.cpu_side_rps:.1f} req/s from the CPUs")
+    if limit.gpu_images_per_s:
+        sum_line += f"; the GPU's model ceiling {limit.gpu_images_per_s:.0f} img/s"
+    return f"{table}\n\nLimit: {sum_line}: **{limit.rps:.1f} req/s**, bound by {limit.binds}."

@@ -1,0 +1,82 @@
+"""``servelab benchmark --stage limit``: the FastAPI stages against this machine's limit and against the
+simplest app a newcomer would write, in one run.
+
+First the limit (``servelab.measure.limit``): the model alone, preprocessing and HTTP, each measured
+here as core time. Then, with the same photo and client at ``--concurrency`` closed-loop senders,
+alternating in ``--rounds`` windows so a neighbour's load hits all alike: the simple app
+(``benchmarks/simple_app.py``: a sync route, one ONNX Runtime session with its own thread defaults),
+``fastapi-onnx`` with no settings at all (its defaults, as `servelab serve fastapi-onnx` starts it) and
+``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, and its fraction of the limit.
+Aims for ``fastapi-onnx`` with its defaults: at least the simple app's throughput and 90 % of the limit.
+"""
+
+import argparse
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from servelab.core.artifacts import ArtifactPaths
+from servelab.core.catalogue import of_family
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.procs import ServerProcess, cpu_count, free_port
+from servelab.core.settings import get_settings
+from servelab.core.tables import markdown, num
+from servelab.measure.families import serve_fastapi
+from servelab.measure.limit import Limit, http_cpu_ms, limit_markdown, model_points, preprocess_cpu_ms
+from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.measure.records import Load
+from servelab.measure.targets import FastAPITarget
+
+SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"
+SIMPLE_AIM, LIMIT_AIM = 1.0, 0.9
+
+
+def serve_simple(stack: ExitStack, logs: Path, model_dir: Path) -> tuple[str, int]:
+    """The simple app under uvicorn (one process, its defaults) until ``stack`` closes: (URL, PID)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(SIMPLE_APP.parent), f"{SIMPLE_APP.stem}:app",
+           "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+    server = stack.enter_context(ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", logs / "simple_app.log",
+                                               env={"MODEL_DIR": str(model_dir)}))
+    return f"http://127.0.0.1:{port}", server.pid
+
+
+def _closed(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> tuple[int, float]:
+    """(successes, seconds) of one closed-loop window; a failed request fails the benchmark."""
+    load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
+    [record] = measure_stage(FastAPITarget(url, image), [load], Labels(what))
+    if record.stats.errors:
+        raise RuntimeError(f"{what}: requests failed: {record.stats.errors}")
+    return record.stats.successes, record.stats.wall_s
+
+
+def measure(model_dir: Path, image: bytes, http_cpu: float | None, seconds: float) -> Limit:
+    paths = ArtifactPaths.in_dir(model_dir)
+    return Limit(cores=cpu_count(), photo=DEFAULT_IMAGE.name, model=model_points(paths.onnx, cpu_count(), seconds),
+                 preprocess_cpu_ms=preprocess_cpu_ms(image, paths.manifest, seconds), http_cpu_ms=http_cpu)
+
+
+def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
+    image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
+    model_dir = Path(get_settings().model_dir)
+    stages = [s for s in of_family("fastapi").values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
+    with ExitStack() as stack:
+        simple, pid = serve_simple(stack, logs, model_dir)
+        # No settings over the stage's own: each FastAPI stage as `servelab serve` starts it.
+        urls = {"simple app": simple, **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
+        noop = http_cpu_ms(lambda: _closed(f"{simple}/noop", image, c, args.cost_seconds, "noop", 0)[0], pid)
+        limit = measure(model_dir, image, noop, args.cost_seconds)
+        done = {what: [0, 0.0] for what in urls}
+        for _ in range(args.rounds):
+            for what, url in urls.items():
+                successes, wall = _closed(url, image, c, args.duration / args.rounds, what, 2 * c)
+                done[what][0] += successes
+                done[what][1] += wall
+    rps = {what: successes / wall for what, (successes, wall) in done.items()}
+    default = stages[0].name  # the catalogue's first: no settings of its own
+    rows = [[what, num(r, 1), num(r / rps["simple app"], 2), f"{r / limit.rps:.0%}",
+             f"≥ {SIMPLE_AIM} × simple app, ≥ {LIMIT_AIM:.0%} of the limit" if what == default else ""]
+            for what, r in rps.items()]
+    table = markdown([f"{c} senders, {DEFAULT_IMAGE.name}", "req/s", "÷ simple app", "of the limit", "aim"], rows,
+                     "lrrrl")
+    return f"{limit_markdown(limit)}\n\n{table}"

@@ -1,0 +1,35 @@
+"""The simple app the benchmark measures fastapi-onnx against answers as the model does, refuses bad input,
+and the limit's costs are measured from real runs (``servelab.measure.limit``)."""
+
+from contextlib import ExitStack
+
+import httpx
+import numpy as np
+
+from servelab.core.artifacts import load_manifest
+from servelab.core.inference import onnx_session
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.postprocess import top1
+from servelab.core.preprocess import preprocess
+from servelab.run.reference import _closed, measure, serve_simple
+from servelab.measure.limit import BATCHES, http_cpu_ms, thread_counts
+from tests.fastapi_service import b64
+
+
+def test_the_simple_app_answers_as_the_model_and_its_limit_costs_are_measured(model, tmp_path):
+    manifest = load_manifest(model.manifest)
+    sess = onnx_session(model.onnx, ["CPUExecutionProvider"])
+    x = preprocess(DEFAULT_IMAGE.read_bytes(), **manifest.preprocess_kwargs())[None]
+    [expected] = top1(sess.run(None, {sess.get_inputs()[0].name: x})[0], manifest.classes)
+    with ExitStack() as stack:
+        url, pid = serve_simple(stack, tmp_path, model.manifest.parent)
+        answer = httpx.post(f"{url}/predict", json={"image": b64(DEFAULT_IMAGE.read_bytes())}, timeout=30).json()
+        assert (answer["prediction"], answer["class_index"]) == (expected.label, expected.index)
+        assert np.isclose(answer["probability"], expected.probability, atol=1e-5)
+        bad = httpx.post(f"{url}/predict", json={"image": "not base64!"}, timeout=30)
+        assert bad.status_code == 400 and "base64" in bad.json()["detail"]
+        noop = http_cpu_ms(lambda: _closed(f"{url}/noop", DEFAULT_IMAGE.read_bytes(), 2, 0.5, "noop", 0)[0], pid)
+        limit = measure(model.manifest.parent, DEFAULT_IMAGE.read_bytes(), noop, 0.1)
+    assert [(p.batch, p.threads) for p in limit.model] == [(b, t) for t in thread_counts(limit.cores) for b in BATCHES]
+    assert all(p.images_per_s > 0 and p.cpu_ms_per_image > 0 for p in limit.model)
+    assert limit.preprocess_cpu_ms > 0 and limit.http_cpu_ms > 0 and limit.binds == "the CPUs"
