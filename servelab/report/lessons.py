@@ -61,8 +61,8 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
     "variant u8": Expect("normalization in the graph saves only the float math: about the same, not slower",
                          at_least=1.0),
     "variant int8": {
-        "cpu": Expect("INT8 pays only where the CPU has fast 8-bit instructions (x86: VNNI; ARM: dot products), "
-                      "which each line says of the CPU that ran it; no direction is promised elsewhere",
+        "cpu": Expect("INT8 pays only where the CPU has fast 8-bit instructions (x86: VNNI; ARM: dot products): "
+                      "each line says whether the CPU that ran it has them, and what to expect there",
                       notebook="4_fastapi"),
         # The line's own bound, from the flags of the CPU that ran it (Int8Compute.expect).
         "cpu, INT8 faster": Expect("on x86 with VNNI INT8 is faster than fp32", at_least=1.0, notebook="4_fastapi"),
