@@ -11,15 +11,21 @@ there is one, and each server reports what really became active.
 GPU build, and the CUDA it was built for), its providers, and TensorRT where it is installed. Every
 probe is bounded and optional: a missing part is named as missing, never guessed. The GPU list read from
 ``nvidia-smi`` (``parse_gpus``) is the one the doctor checks too.
+
+``cpu_int8()`` says, from the CPU's own flags (``/proc/cpuinfo``), whether it has fast 8-bit instructions:
+INT8 pays on a CPU only where it has them (x86: VNNI, AMX-INT8; ARM: the dot products). Every record
+keeps the flags it needs (``CPU_FLAGS``), so a report says it of the machine that ran, wherever it is read.
 """
 
 import re
 import shutil
 import subprocess
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal
 
 Device = Literal["cpu", "gpu"]
@@ -120,6 +126,83 @@ def resolve(requested: str, gpus: int, gaps: list[str] | None = None, log=print)
         log(f"device: the GPU is not used: {why} (`make lab` and `make gpu-check` use .venv-gpu, which can)")
         return "cpu"
     return "gpu"
+
+
+CPUINFO = Path("/proc/cpuinfo")
+# The instructions that make INT8 fast, as /proc/cpuinfo names them -> as people do: x86's u8 x s8 dot
+# products (VNNI) and tile multiplies (AMX), ARM's 8-bit dot products (asimddp, "dotprod") and matrix
+# multiply (i8mm).
+INT8_INSTRUCTIONS = {"amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
+                     "i8mm": "ARM I8MM", "asimddp": "ARM dot product"}
+# What a record keeps of its CPU's flags: the architecture's base (x86-64 always has sse2, ARM64 asimd), the
+# vector widths, and the 8-bit instructions.
+CPU_FLAGS = ("sse2", "avx2", "avx512f", "f16c", "asimd", *INT8_INSTRUCTIONS)
+_ARM = ("asimd", "asimddp", "i8mm")
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
+    """Every flag of this machine's CPUs (x86's ``flags``, ARM's ``Features`` lines); None where the file
+    cannot be read or names none (not Linux, say)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    flags = {flag for line in text.splitlines() for key, _, value in [line.partition(":")]
+             if key.strip() in ("flags", "Features") for flag in value.split()}
+    return frozenset(flags) or None
+
+
+@dataclass(frozen=True)
+class Int8Compute:
+    """What 8-bit compute a CPU has, from its flags (``cpu_int8``, ``int8_compute``)."""
+
+    known: bool  # its flags were read
+    fast_int8: bool  # it has instructions that make INT8 fast
+    instructions: tuple[str, ...]  # those instructions, as cpuinfo names them (INT8_INSTRUCTIONS' order)
+    arch: Literal["x86", "arm", ""]  # "": not known
+    avx2: bool = False
+
+    @property
+    def expect(self) -> Literal["faster", "slower", ""]:
+        """INT8 against fp32 where the lab has measured it (ONNX Runtime, x86): faster with VNNI, slower with
+        AVX2 alone; elsewhere nothing is promised."""
+        if self.arch != "x86":
+            return ""
+        return "faster" if self.fast_int8 else "slower" if self.avx2 else ""
+
+    def sentence(self, subject: str = "this CPU", where: str = "here") -> str:
+        """One line for a report: "this CPU has fast 8-bit instructions (AVX512-VNNI): INT8 is expected faster
+        than fp32 here"; ``subject`` and ``where`` say which CPU ("the CPU that ran it", "there")."""
+        if not self.known:
+            return f"whether {subject} has fast 8-bit instructions is not known (its flags were not read)"
+        if self.fast_int8:
+            said = f"{subject} has fast 8-bit instructions ({', '.join(INT8_INSTRUCTIONS[f] for f in self.instructions)})"
+        else:
+            base = {"x86": "AVX2 without VNNI" if self.avx2 else "x86 without VNNI",
+                    "arm": "ARM without the 8-bit dot products"}.get(self.arch, "no VNNI, AMX-INT8 or ARM dot product")
+            said = f"{subject} has no fast 8-bit instructions ({base})"
+        return f"{said}: INT8 is expected {self.expect} than fp32 {where}" if self.expect else said
+
+
+def int8_compute(flags: Iterable[str] | None) -> Int8Compute:
+    """What 8-bit compute a CPU with these flags has (None: its flags are not known), e.g. a record's."""
+    if flags is None:
+        return Int8Compute(known=False, fast_int8=False, instructions=(), arch="")
+    flags = set(flags)
+    found = tuple(f for f in INT8_INSTRUCTIONS if f in flags)
+    arch = "arm" if flags & set(_ARM) else "x86" if flags & (set(CPU_FLAGS) - set(_ARM)) else ""
+    return Int8Compute(known=True, fast_int8=bool(found), instructions=found, arch=arch, avx2="avx2" in flags)
+
+
+def cpu_int8(cpuinfo: Path = CPUINFO) -> Int8Compute:
+    """What 8-bit compute this machine's CPU has, from its own flags (``/proc/cpuinfo``)."""
+    return int8_compute(cpu_flags(cpuinfo))
+
+
+def recorded_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
+    """The flags a record keeps of this machine's CPU (``CPU_FLAGS`` it has); None where they cannot be read."""
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else [f for f in CPU_FLAGS if f in flags]
 
 
 def stage_env(device: Device) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servelab.core.hardware import stack
+from servelab.core.hardware import recorded_flags, stack
 
 SCHEMA_VERSION = 1
 DEFAULT_RECORDS = Path("results") / "records.jsonl"
@@ -279,6 +279,7 @@ def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_logical": psutil.cpu_count(logical=True),
         "cpu_physical": psutil.cpu_count(logical=False),
+        "cpu_flags": recorded_flags(),  # what says whether it has fast 8-bit instructions (hardware.int8_compute)
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),
         "gpus": gpu_names or [],

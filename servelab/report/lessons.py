@@ -9,6 +9,11 @@ than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A l
 not both measured says so in one line. Which stages a lesson compares is the catalogue's to say: each
 stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.core.catalogue.compared``).
 
+INT8 on a CPU is a lesson only beside what the CPU that ran it can do: each of its lines says whether that CPU
+has fast 8-bit instructions (``servelab.core.hardware.int8_compute`` on the flags its record kept), and what is
+expected of INT8 follows from it: faster than fp32 on x86 with VNNI, slower on x86 with AVX2 alone, no
+direction elsewhere or where the record did not keep the flags.
+
 The closed-loop ratios are the ones ``servelab.measure.fractions`` computes (``ratio_runs``: at 16
 senders, else at the highest concurrency both stages were measured at); the open-loop ones use the
 stage's capacity (``fractions.capacity``) as the lab does.
@@ -23,6 +28,7 @@ from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.report import compare
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import CATALOGUE, STAGES, compared
+from servelab.core.hardware import int8_compute
 from servelab.core.tables import num
 
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
@@ -55,8 +61,13 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
     "variant u8": Expect("normalization in the graph saves only the float math: about the same, not slower",
                          at_least=1.0),
     "variant int8": {
-        "cpu": Expect("INT8 is faster only where the CPU has fast 8-bit instructions (x86 with VNNI); "
-                      "no direction is promised elsewhere", notebook="4_fastapi"),
+        "cpu": Expect("INT8 pays only where the CPU has fast 8-bit instructions (x86: VNNI; ARM: dot products): "
+                      "each line says whether the CPU that ran it has them, and what to expect there",
+                      notebook="4_fastapi"),
+        # The line's own bound, from the flags of the CPU that ran it (Int8Compute.expect).
+        "cpu, INT8 faster": Expect("on x86 with VNNI INT8 is faster than fp32", at_least=1.0, notebook="4_fastapi"),
+        "cpu, INT8 slower": Expect("on x86 with AVX2 alone INT8 is slower than fp32", at_most=1.0,
+                                   notebook="4_fastapi"),
         "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0,
                       notebook="8_triton_more"),
     },
@@ -112,8 +123,7 @@ def notebook_of(stage: str) -> str:
     return STAGES[stage].notebook if stage in STAGES else "the notebooks"
 
 
-def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str:
-    e = _expect(key, device)
+def _verdict(e: Expect, ratio: float | None, stage: str = "") -> str:
     if ratio is None or not e.contradicted(ratio):
         return ""
     bounds = " and ".join(f"{word} {bound:g}×" for word, bound in (("≥", e.at_least), ("≤", e.at_most))
@@ -121,17 +131,20 @@ def _verdict(key: str, device: str, ratio: float | None, stage: str = "") -> str
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
 
 
-def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: ""):
-    """Findings of req/s ratios of the lesson's pairs at the closed-loop concurrency ``ratio_runs`` picks."""
+def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: "",
+                expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
+    """Findings of req/s ratios of the lesson's pairs at the closed-loop concurrency ``ratio_runs`` picks;
+    ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
             runs = ratio_runs(records, top, bottom)
             if runs:
                 level, a, b = runs
                 ratio = a.stats.throughput_rps / b.stats.throughput_rps
+                e, said = expect(a, device) if expect else (_expect(key, device), "")
                 yield Finding(key, f"{top} ÷ {bottom}, {level} senders",
                               f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
-                              extra(a, b), _verdict(key, device, ratio, top), a, b)
+                              "; ".join(filter(None, (extra(a, b), said))), _verdict(e, ratio, top), a, b)
     return find
 
 
@@ -151,11 +164,22 @@ def _agreements() -> dict[str, float]:
 VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.lesson == f"variant {s.variant}"))
 
 
+def int8_on_cpu(record: Record, device: str) -> tuple[Expect, str]:
+    """What INT8 is expected to do on the CPU that ran ``record``, and that CPU's line, from the flags its
+    record kept (on a GPU run the lesson's bound alone: INT8 ran on the GPU)."""
+    key = "variant int8"
+    if device != "cpu":
+        return _expect(key, device), ""
+    int8 = int8_compute(record.machine.get("cpu_flags"))
+    e = _expect(key, f"cpu, INT8 {int8.expect}") if int8.expect else _expect(key, "cpu")
+    return e, int8.sentence("the CPU that ran it", "there")
+
+
 def _variant(variant: str):
     def agreement(a: Record, b: Record) -> str:
         top1 = _agreements().get(variant)
         return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
-    return _throughput(f"variant {variant}", agreement)
+    return _throughput(f"variant {variant}", agreement, int8_on_cpu if variant == "int8" else None)
 
 
 def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
@@ -166,7 +190,7 @@ def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
             yield Finding("proxy", f"{top} ÷ {bottom}, one request at a time",
                           f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
                           f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
-                          _verdict("proxy", device, ratio), a, b)
+                          _verdict(_expect("proxy", device), ratio), a, b)
 
 
 def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
@@ -186,7 +210,7 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s) ÷ one at a time",
                       f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
                       "" if share is None else f"queue share {100 * share:.0f} %",
-                      _verdict("queueing", device, ratio), top, alone)
+                      _verdict(_expect("queueing", device), ratio), top, alone)
 
 
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from servelab.core import tables
 from servelab.measure.records import DEFAULT_RECORDS, Record
-from servelab.core.hardware import describe
+from servelab.core.hardware import describe, int8_compute
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
@@ -255,6 +255,10 @@ def hardware_section(records: list[Record]) -> list[str]:
     devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
     md = ["## Hardware and versions", ""]
     md += [f"- {line}" for stack in sorted(stacks) for line in describe(json.loads(stack))] or ["- not recorded"]
+    # Where INT8 ran on the CPU: what that CPU can do, from the flags the records kept (none kept: not said).
+    flags = {tuple(r.machine["cpu_flags"]) for r in records
+             if r.machine.get("cpu_flags") is not None and r.config.get("device") != "gpu"}
+    md += [f"- INT8: {int8_compute(f).sentence('the CPU that ran these runs', 'there')}" for f in sorted(flags)]
     if devices:
         md.append(f"- lab device: {', '.join(devices)}")
     runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}

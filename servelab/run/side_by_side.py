@@ -26,10 +26,11 @@ same photo, alternating variant by variant in each round: the in-process through
 own pipeline driven by ``--concurrency`` callers (batching off, as the lab's stages run) and the HTTP
 throughput at that concurrency, each divided by fp32's (aims: the uint8-input model at least 1.15x;
 the best INT8 model at least 1.5x with top-1 agreement of at least 98 % with fp32, as
-``servelab models build`` recorded it). Where an aim is missed the table says what bounds it: the
-in-process split of each request's time into preprocessing and inference, and the ceiling that
-split allows (the whole machine's CPU does both, so throughput is at most fp32's CPU time per
-request over the variant's).
+``servelab models build`` recorded it; INT8 pays only where the CPU has fast 8-bit instructions, and
+the header says whether this one has, from ``servelab.core.hardware.cpu_int8``). Where an aim is
+missed the table says what bounds it: the in-process split of each request's time into preprocessing
+and inference, and the ceiling that split allows (the whole machine's CPU does both, so throughput is
+at most fp32's CPU time per request over the variant's).
 
 ``--stage limit`` measures this machine's end-to-end limit and the FastAPI stages against it and
 against the simplest FastAPI + ONNX Runtime app (``servelab.run.reference``).
@@ -56,6 +57,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load, read_records
 from servelab.measure.measure_stage import Labels, measure_stage
 from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.core.hardware import cpu_int8
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import decode_base64, preprocess
@@ -378,8 +380,8 @@ def run(args: argparse.Namespace) -> int:
                       f"threads'; {machine()}):\n\n{table(stage, rows)}\n\n{scaling}", flush=True)
             elif stage == VARIANTS_STAGE:
                 rows, skipped = benchmark_variants(args, Path(tmp))
-                print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}):\n\n"
-                      f"{variants_table(rows)}", flush=True)
+                print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}; "
+                      f"{cpu_int8().sentence()}):\n\n{variants_table(rows)}", flush=True)
                 for line in skipped:
                     print(f"left out: {line}")
             else:

@@ -69,6 +69,17 @@ def test_a_check_that_crashes_is_a_failure_and_the_rest_still_run() -> None:
     assert tools.asked == [NVIDIA_SMI_QUERY]  # asked once, read by both checks
 
 
+def test_the_cpus_8_bit_instructions_are_said_locally_never_failed() -> None:
+    """Locally the doctor says what hardware.cpu_int8 reads from this CPU's flags (tests/unit/test_cpu_int8.py
+    checks it on written cpuinfo texts); on the node INT8 runs on the GPU, so it is not asked there."""
+    from servelab.core.hardware import cpu_int8
+
+    [result] = run_checks([c for c in CHECKS if c.name == "cpu-int8"], Context(run=RecordedTools({})))
+    assert result.status in ("pass", "skip") and result.detail == cpu_int8().sentence()
+    assert "8-bit instructions" in result.detail
+    assert run_checks([c for c in CHECKS if c.name == "cpu-int8"], Context(node=True, run=RecordedTools({}))) == []
+
+
 # --- the lab node: 2x P100, as its tools answered --------------------------------------------------
 
 

@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from servelab.measure.records import Record
 from servelab.report import lessons
 
@@ -89,6 +91,68 @@ def test_what_contradicts_the_notebooks_is_flagged() -> None:
     assert f"= **{ratio:.2f}×**" in line and ratio < 0.9
     assert "⚠ **contradicts 6_triton_python, which expects ≥ 1×**" in line
     assert "**3 measurements contradict the notebooks.**" in "\n".join(lines)
+
+
+# The flags a record keeps of its CPU (machine.cpu_flags, servelab.core.hardware.recorded_flags).
+AVX2_ONLY = ["sse2", "avx2", "f16c"]  # the 2-CPU AMD EPYC the committed tour ran on (its machine line: avx2 f16c)
+VNNI = ["sse2", "avx2", "avx512f", "f16c", "avx512_vnni"]
+
+
+def _int8_line(raw: list[dict], flags: list[str] | None, int8_rps: float | None = None) -> str:
+    """The INT8 lesson's line of the quick lab's records, their machine given these CPU flags."""
+    raw = [json.loads(json.dumps(r)) for r in raw]
+    for r in raw:
+        if flags is not None:
+            r["machine"]["cpu_flags"] = flags
+        if int8_rps is not None and r["stage"] == "fastapi-onnx-int8":
+            r["stats"]["throughput_rps"] = int8_rps
+    [line] = [line for line in _summary(raw) if line.startswith("  - fastapi-onnx-int8 ÷ fastapi-onnx")]
+    return line
+
+
+@pytest.mark.parametrize("flags, says", [
+    (AVX2_ONLY, "the CPU that ran it has no fast 8-bit instructions (AVX2 without VNNI): INT8 is expected slower "
+                "than fp32 there"),
+    (VNNI, "the CPU that ran it has fast 8-bit instructions (AVX512-VNNI): INT8 is expected faster than fp32 there"),
+    (["asimd", "asimddp"], "the CPU that ran it has fast 8-bit instructions (ARM dot product)"),
+    (None, "whether the CPU that ran it has fast 8-bit instructions is not known (its flags were not read)"),
+])
+def test_the_int8_ratio_on_a_cpu_says_what_the_cpu_that_ran_it_can_do(flags: list[str] | None, says: str) -> None:
+    """The INT8 stage's ratio is a lesson only with the CPU's 8-bit instructions said on the same line, from
+    the flags the record kept (not this machine's: a report is read anywhere); the quick lab's records
+    predate the flags (None)."""
+    line = _int8_line(_raw(), flags)
+    assert line.startswith("  - fastapi-onnx-int8 ÷ fastapi-onnx, 8 senders: 4.8 vs 14.0 req/s = **0.35×**")
+    assert line.endswith(says) or line.endswith(f"{says} — ⚠ **contradicts 4_fastapi, which expects ≥ 1×**"), line
+
+
+def test_the_int8_bound_follows_the_cpu() -> None:
+    """With VNNI INT8 should be faster (0.35× contradicts it); with AVX2 alone slower (then 1.3× does);
+    elsewhere nothing is promised either way."""
+    raw = _raw()
+    assert "⚠ **contradicts 4_fastapi, which expects ≥ 1×**" in _int8_line(raw, VNNI)
+    assert "⚠" not in _int8_line(raw, AVX2_ONLY) and "⚠" not in _int8_line(raw, None)
+    faster = _int8_line(raw, AVX2_ONLY, int8_rps=18.2)  # 1.3× fastapi-onnx's 14.0 req/s
+    assert "= **1.30×**" in faster and faster.endswith("⚠ **contradicts 4_fastapi, which expects ≤ 1×**")
+    assert "⚠" not in _int8_line(raw, VNNI, int8_rps=18.2)
+    assert "⚠" not in _int8_line(raw, ["asimd", "asimddp"], int8_rps=18.2) and "⚠" not in _int8_line(raw, None, 18.2)
+    # A GPU run's INT8 ran on the GPU: no CPU line, the P100's bound.
+    gpu = [json.loads(json.dumps(r)) for r in raw]
+    for r in gpu:
+        r["machine"]["cpu_flags"] = AVX2_ONLY
+        r["config"]["device"] = "gpu" if r["tool"] == "servelab" else r["config"].get("device")
+    [line] = [line for line in _summary(gpu) if line.startswith("  - fastapi-onnx-int8 ÷ fastapi-onnx")]
+    assert "8-bit" not in line
+
+
+def test_the_hardware_section_says_it_of_the_cpu_that_ran() -> None:
+    from servelab.report.render import hardware_section
+
+    records = [Record.model_validate(r) for r in _raw()]
+    assert not any("8-bit" in line for line in hardware_section(records))  # the flags were not kept then
+    kept = [r.model_copy(update={"machine": {**r.machine, "cpu_flags": VNNI}}) for r in records]
+    assert ("- INT8: the CPU that ran these runs has fast 8-bit instructions (AVX512-VNNI): INT8 is expected faster "
+            "than fp32 there") in hardware_section(kept)
 
 
 def test_the_expectations_are_in_one_table() -> None:

@@ -28,6 +28,7 @@ from servelab import __version__
 from servelab.core import photos
 from servelab.core.artifacts import Manifest, copy_atomic, write_atomic
 from servelab.core.fetch import sha256_file
+from servelab.core.hardware import CPUINFO, cpu_flags
 from servelab.core.postprocess import softmax
 from servelab.core.preprocess import to_tensor
 from servelab.core.catalogue import MODELS
@@ -104,19 +105,30 @@ def load_variants(model_dir: Path) -> VariantsRecord:
     return VariantsRecord.model_validate_json((Path(model_dir) / RECORD_FILE).read_text())
 
 
+# The instruction sets ``machine()`` names: the vector widths and what makes INT8 fast (hardware.INT8_INSTRUCTIONS).
+MACHINE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "f16c", "asimddp", "i8mm")
+
+
 def machine() -> str:
     """The CPU model and the instruction sets that decide which INT8 kernels are fast."""
-    model, flags = platform.processor() or platform.machine(), set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
+    model, flags = platform.processor() or platform.machine(), cpu_flags() or set()
+    if CPUINFO.exists():
+        for line in CPUINFO.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name":
                 model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "f16c") if f in flags]
+    simd = [f for f in MACHINE_FLAGS if f in flags]
     return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; {' '.join(simd) or 'no AVX2'}"
+
+
+def machine_flags(line: str) -> list[str] | None:
+    """The instruction sets a ``machine()`` line names (a line that starts with one, as a lab run's
+    ``machine`` does); None where it is no such line."""
+    parts = line.split("; ")
+    words = parts[1].split() if len(parts) > 1 else []
+    if words == ["no", "AVX2"]:
+        return []
+    return words if words and all(w in MACHINE_FLAGS for w in words) else None
 
 
 def _photo_set(chosen: list[photos.Photo]) -> PhotoSet:

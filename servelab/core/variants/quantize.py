@@ -37,15 +37,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from servelab.core.hardware import CPUINFO, cpu_int8
 from servelab.core.variants.uint8_input import IMAGE_INPUT, PREPROCESS_NODE_PREFIX
 
 
-
-def has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+def has_vnni(cpuinfo: Path = CPUINFO) -> bool:
     """Whether this x86 CPU has VNNI (AVX512-VNNI or AVX-VNNI), whose u8 x s8 dot product does not saturate."""
-    text = cpuinfo.read_text() if cpuinfo.exists() else ""
-    return any(flag in line.split() for line in text.splitlines() if line.startswith("flags")
-               for flag in ("avx512_vnni", "avx_vnni"))
+    return bool({"avx512_vnni", "avx_vnni"} & set(cpu_int8(cpuinfo).instructions))
 
 
 # The options each variant is made with; recorded in food11_variants.json (and part of its build key,

@@ -9,6 +9,7 @@ LOCAL = frozenset({"local"})
 CHECKS: tuple[Check, ...] = (
     Check("python", local.python_version),
     Check("linux", local.linux),
+    Check("cpu-int8", local.int8_instructions, LOCAL),
     Check("gpus", gpu.gpus_result),
     Check("torch-kernels", gpu.torch_kernels),
     Check("pinned-torch", gpu.pinned_torch),

@@ -1,4 +1,5 @@
-"""Checks for running the lab locally (`make lab`): Python, Linux, the model, the bundled tritonserver, perf_analyzer."""
+"""Checks for running the lab locally (`make lab`): Python, Linux, the CPU's 8-bit instructions, the model, the
+bundled tritonserver, perf_analyzer."""
 
 import ctypes.util
 import importlib.metadata
@@ -8,6 +9,7 @@ import sysconfig
 from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, load_manifest
+from servelab.core.hardware import cpu_int8
 from servelab.core.settings import ModelSettings
 from servelab.tools.doctor.runner import Context, Result
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
@@ -29,6 +31,13 @@ def linux(ctx: Context) -> Result:
         return Result("linux", "fail", f"{system}: the bundled tritonserver and the server process handling need Linux",
                       "use a Linux machine or VM (Debian 12, Ubuntu 22.04 or newer), or WSL2 on Windows")
     return Result("linux", "pass", f"Linux {platform.release()} ({platform.machine()})")
+
+
+def int8_instructions(ctx: Context) -> Result:
+    """Whether this CPU has fast 8-bit instructions, from its own flags: whether the INT8 stages can be faster
+    than fp32 here (a fact of the machine, never a failure)."""
+    found = cpu_int8()
+    return Result("cpu-int8", "pass" if found.known else "skip", found.sentence())
 
 
 def model_artifacts(ctx: Context) -> Result:
