@@ -67,7 +67,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
         rgba = im.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    return im.convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")  # convert() would copy an RGB image as it is
 
 
 def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -90,7 +90,7 @@ def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
     try:
         im.seek(0)  # animated images: the first frame
         im.load()
-        im = ImageOps.exif_transpose(im)
+        ImageOps.exif_transpose(im, in_place=True)  # in place: without an orientation tag, no copy
         return _to_rgb(im)
     except Exception as exc:  # truncated or corrupt pixel data
         raise ImageError(f"the image data is truncated or corrupt ({type(exc).__name__})") from None
