@@ -13,6 +13,7 @@ import base64
 import binascii
 import io
 from collections.abc import Callable
+from functools import cache
 from time import perf_counter
 
 import numpy as np
@@ -114,11 +115,21 @@ def resize_and_crop(im: Image.Image, resize: int = DEFAULT_RESIZE, crop: int = D
     return im.resize((crop, crop), Image.BILINEAR, box=box)
 
 
+@cache
+def _scale_bias(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(p / 255 - mean) / std = p * scale + bias, per channel, shaped [C, 1, 1] to broadcast over CHW."""
+    mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+    return (1 / (255 * std)).astype(np.float32)[:, None, None], (-mean / std).astype(np.float32)[:, None, None]
+
+
 def to_tensor(im: Image.Image | np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
     """RGB image (or its uint8 HWC pixels) -> normalized float32 CHW array."""
-    x = np.asarray(im, dtype=np.float32) / 255.0
-    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
+    pixels = np.asarray(im)
+    scale, bias = _scale_bias(tuple(mean), tuple(std))
+    # One multiply that reads HWC and writes CHW, one add in place: no float HWC temporaries, no transpose copy.
+    x = np.empty((pixels.shape[2], *pixels.shape[:2]), dtype=np.float32)
+    np.multiply(pixels.transpose(2, 0, 1), scale, out=x)
+    return np.add(x, bias, out=x)
 
 
 def preprocess_image(

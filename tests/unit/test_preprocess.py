@@ -2,6 +2,7 @@
 
 import base64
 import io
+from functools import cache
 
 import numpy as np
 import pytest
@@ -9,7 +10,9 @@ import torch
 from PIL import Image, ImageOps
 
 from photos import coffee, png_header, variants
-from servelab.core.preprocess import ImageError, ImageTooLarge, decode_base64, load_image, preprocess
+from servelab.core.paths import DATA_DIR
+from servelab.core.preprocess import (ImageError, ImageTooLarge, decode_base64, load_image, preprocess,
+                                       resize_and_crop)
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -38,6 +41,30 @@ def test_matches_reference(name):
     ours = preprocess(data)
     assert ours.shape == (3, 224, 224) and ours.dtype == np.float32
     np.testing.assert_allclose(ours, reference(data), atol=1e-5)
+
+
+def old_way(data: bytes) -> np.ndarray:
+    """preprocess before the one-pass normalization: full-size decode, then divide, subtract, divide, transpose."""
+    x = np.asarray(resize_and_crop(load_image(data)), dtype=np.float32) / 255.0
+    x = (x - np.asarray(MEAN.flatten(), dtype=np.float32)) / np.asarray(STD.flatten(), dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+@cache
+def same_answers_inputs() -> dict[str, bytes]:
+    """The variants, two bundled photos, and a PNG of 2400x1600 (large, but not a JPEG)."""
+    photos = {p.name: p.read_bytes() for p in sorted((DATA_DIR / "photos").glob("*.jpg"))[::250]}
+    buf = io.BytesIO()
+    coffee().resize((2400, 1600), Image.BICUBIC).save(buf, "PNG", compress_level=1)
+    return {**variants(), **photos, "large_png": buf.getvalue()}
+
+
+@pytest.mark.parametrize("name", sorted(same_answers_inputs()))
+def test_same_answers_as_the_old_way(name):
+    data = same_answers_inputs()[name]
+    ours = preprocess(data)
+    assert ours.dtype == np.float32 and ours.flags.c_contiguous
+    assert np.abs(ours - old_way(data)).max() <= 1e-5
 
 
 def test_exif_orientation_is_applied():
