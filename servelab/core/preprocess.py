@@ -5,6 +5,12 @@ decode, apply the EXIF orientation, convert to RGB, resize the shorter side to `
 (bilinear), center-crop ``crop`` x ``crop``, scale to [0, 1], normalize with the ImageNet
 mean/std, and lay out as float32 CHW (NCHW for a batch).
 
+``preprocess`` and ``crop_pixels`` let a large JPEG decode at 1/2, 1/4 or 1/8 scale (libjpeg's, as it
+decodes) where the shorter side stays at least ``DRAFT_GAP`` x ``resize``: the same crop window, resampled
+from fewer pixels, so the tensor differs from a full-size decode's by about what a JPEG re-encode changes
+(tests/integration/test_preprocess_draft.py: the model's top-1). Any other image gets the full-size
+decode's tensor, to float rounding. ``load_image`` decodes at full size unless given ``draft_side``.
+
 Models with preprocessing in the graph (``servelab.core.variants.uint8_input``) take the center crop as it
 is: ``crop_pixels`` stops before the float math and returns uint8 HWC, the layout Pillow decodes to.
 """
@@ -27,6 +33,9 @@ DEFAULT_CROP = 224
 DEFAULT_MAX_PIXELS = 40_000_000
 # Below this a photo holds too little to classify; upscaling a few pixels only invents data.
 MIN_SIDE = 16
+# A JPEG decodes scaled down to no less than twice the resize target, as Pillow's thumbnail does (its
+# reducing_gap): scaled right down to the target, the tensor would differ from a full-size decode's 3x as much.
+DRAFT_GAP = 2
 
 
 class ImageError(ValueError):
@@ -71,8 +80,20 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im if im.mode == "RGB" else im.convert("RGB")  # convert() would copy an RGB image as it is
 
 
-def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode encoded bytes into an upright RGB image, refusing bombs before decoding."""
+def _draft_scale(width: int, height: int, side: int) -> int:
+    """The largest s in 8, 4, 2 at which libjpeg may decode a JPEG (it scales while it decodes, each
+    pixel standing for an s x s block), else 1. Only where the shorter side stays ``DRAFT_GAP`` x ``side``
+    or more, so the bilinear resize after it still downscales by that much; and only where s divides
+    both sides, so the scaled pixels tile the image exactly and the crop window stays where it was."""
+    return next((s for s in (8, 4, 2)
+                 if min(width, height) >= DRAFT_GAP * side * s and width % s == 0 == height % s), 1)
+
+
+def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, *, draft_side: int | None = None) -> Image.Image:
+    """Decode encoded bytes into an upright RGB image, refusing bombs before decoding.
+
+    With ``draft_side``, a JPEG may decode at 1/2, 1/4 or 1/8 of its size (``_draft_scale``); other
+    formats decode at full size."""
     if not data:
         raise ImageError("the image is empty")
     try:
@@ -90,6 +111,9 @@ def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
         raise ImageError(f"the image is {width}x{height}; each side must be at least {MIN_SIDE} pixels")
     try:
         im.seek(0)  # animated images: the first frame
+        scale = _draft_scale(width, height, draft_side) if draft_side else 1
+        if scale > 1:
+            im.draft(None, (width // scale, height // scale))  # the scale only (mode None); a no-op but for JPEG
         im.load()
         ImageOps.exif_transpose(im, in_place=True)  # in place: without an orientation tag, no copy
         return _to_rgb(im)
@@ -148,7 +172,7 @@ def crop_pixels(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: in
                 crop: int = DEFAULT_CROP) -> np.ndarray:
     """Encoded image bytes -> uint8 [crop, crop, 3] (RGB, HWC): every step but the float math, for
     models that normalize in their graph. Raises ImageError on bad input."""
-    return np.asarray(resize_and_crop(load_image(data, max_pixels), resize, crop))
+    return np.asarray(resize_and_crop(load_image(data, max_pixels, draft_side=resize), resize, crop))
 
 
 def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: int = DEFAULT_RESIZE,

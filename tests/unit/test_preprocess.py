@@ -67,6 +67,42 @@ def test_same_answers_as_the_old_way(name):
     assert np.abs(ours - old_way(data)).max() <= 1e-5
 
 
+def coffee_jpeg(size: tuple[int, int], **kwargs) -> bytes:
+    buf = io.BytesIO()
+    coffee().resize(size, Image.BICUBIC).save(buf, "JPEG", quality=95, **kwargs)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("size, decoded", [
+    ((2400, 1600), (1200, 800)),  # 1/2: at 1/4 the shorter side would be under twice 256
+    ((3072, 2048), (768, 512)),
+    ((1022, 2044), (1022, 2044)),  # half of 1022 is under twice 256
+    ((2402, 1601), (2402, 1601)),  # 1601 is odd: the scaled pixels would not tile the image
+    ((4098, 2050), (2049, 1025)),  # 1/2: 1/4 does not divide 4098
+])
+def test_large_jpegs_decode_scaled_while_the_shorter_side_stays_at_least_twice_resize(size, decoded):
+    data = coffee_jpeg(size)
+    assert load_image(data).size == size
+    assert load_image(data, draft_side=256).size == decoded
+
+
+def test_a_scaled_decode_keeps_the_answer_close():
+    """The same crop window, resampled from a half-size decode: close to the full-size decode's
+    (the top-1 class is checked with the model in tests/integration/test_preprocess_draft.py)."""
+    data = coffee_jpeg((2400, 1600))
+    assert np.abs(preprocess(data) - old_way(data)).mean() < 0.01
+
+
+def test_a_rotated_large_jpeg_decodes_scaled_then_upright():
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways: rotate 90 CW to display
+    buf = io.BytesIO()
+    coffee().transpose(Image.Transpose.ROTATE_90).resize((1600, 2400), Image.BICUBIC).save(buf, "JPEG", quality=95,
+                                                                                              exif=exif)
+    assert load_image(buf.getvalue(), draft_side=256).size == (1200, 800)
+    assert np.abs(preprocess(buf.getvalue()) - preprocess(coffee_jpeg((2400, 1600)))).mean() < 0.05
+
+
 def test_exif_orientation_is_applied():
     upright = preprocess(variants()["png"])
     rotated = preprocess(variants()["exif_rotated_jpeg"])
@@ -111,8 +147,9 @@ def test_pixel_limit_is_configurable():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"plain text, not an image", variants()["jpeg"][:2000], png_header(1, 1)],
-    ids=["empty", "text", "truncated", "one_pixel"],
+    [b"", b"plain text, not an image", variants()["jpeg"][:2000], coffee_jpeg((2400, 1600))[:50_000],
+     png_header(1, 1)],
+    ids=["empty", "text", "truncated", "truncated_large", "one_pixel"],
 )
 def test_bad_images(data):
     with pytest.raises(ImageError) as err:
