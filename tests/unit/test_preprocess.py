@@ -13,6 +13,7 @@ from photos import coffee, png_header, variants
 from servelab.core.paths import DATA_DIR
 from servelab.core.preprocess import (ImageError, ImageTooLarge, decode_base64, load_image, preprocess,
                                        resize_and_crop)
+from servelab.run.side_by_side import core_time_table, torchvision_steps
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -181,3 +182,12 @@ def test_a_long_thin_strip_does_not_blow_up_memory():
     )
     peak_kib = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert peak_kib < 1_000_000  # under 1 GB (the decoded strip itself is 96 MB)
+
+
+def test_the_benchmarks_torchvision_steps_compute_the_same_tensor():
+    """`servelab benchmark --stage preprocess` times torchvision's steps against preprocess: the same tensor."""
+    name, steps = torchvision_steps()
+    for data in (variants()["jpeg"], variants()["png"]):
+        np.testing.assert_allclose(np.asarray(steps(data)), reference(data), atol=1e-5)
+    table = core_time_table(variants()["jpeg"], {}, "coffee.jpg", iterations=4, rounds=2)
+    assert "| servelab (`preprocess`) |" in table and f"| {name} |" in table
