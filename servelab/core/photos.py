@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from servelab.core.paths import DATA_DIR
-from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, load_image, resize_and_crop
+from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, crop_pixels
 
 PHOTO_DIR = DATA_DIR / "photos"
 MANIFEST = "manifest.json"
@@ -61,7 +61,7 @@ def evaluation_set() -> list[Photo]:
 
 def pixels(photos: list[Photo], resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP) -> np.ndarray:
     """uint8 [N, crop, crop, 3]: the center crops the serving pipeline would make (the uint8 models' input)."""
-    return np.stack([np.asarray(resize_and_crop(load_image(p.read_bytes()), resize, crop)) for p in photos])
+    return np.stack([crop_pixels(p.read_bytes(), resize=resize, crop=crop) for p in photos])
 
 
 def set_digest(photos: list[Photo]) -> str:

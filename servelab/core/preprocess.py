@@ -5,6 +5,12 @@ decode, apply the EXIF orientation, convert to RGB, resize the shorter side to `
 (bilinear), center-crop ``crop`` x ``crop``, scale to [0, 1], normalize with the ImageNet
 mean/std, and lay out as float32 CHW (NCHW for a batch).
 
+``preprocess`` and ``crop_pixels`` let a large JPEG decode at 1/2, 1/4 or 1/8 scale (libjpeg's, as it
+decodes) where the shorter side stays at least ``DRAFT_GAP`` x ``resize``: the same crop window, resampled
+from fewer pixels, so the tensor differs from a full-size decode's by about what a JPEG re-encode changes
+(tests/integration/test_preprocess_draft.py: the model's top-1). Any other image gets the full-size
+decode's tensor, to float rounding. ``load_image`` decodes at full size unless given ``draft_side``.
+
 Models with preprocessing in the graph (``servelab.core.variants.uint8_input``) take the center crop as it
 is: ``crop_pixels`` stops before the float math and returns uint8 HWC, the layout Pillow decodes to.
 """
@@ -13,6 +19,7 @@ import base64
 import binascii
 import io
 from collections.abc import Callable
+from functools import cache
 from time import perf_counter
 
 import numpy as np
@@ -26,6 +33,9 @@ DEFAULT_CROP = 224
 DEFAULT_MAX_PIXELS = 40_000_000
 # Below this a photo holds too little to classify; upscaling a few pixels only invents data.
 MIN_SIDE = 16
+# A JPEG decodes scaled down to no less than twice the resize target, as Pillow's thumbnail does (its
+# reducing_gap): scaled right down to the target, the tensor would differ from a full-size decode's 3x as much.
+DRAFT_GAP = 2
 
 
 class ImageError(ValueError):
@@ -67,11 +77,23 @@ def _to_rgb(im: Image.Image) -> Image.Image:
         rgba = im.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    return im.convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")  # convert() would copy an RGB image as it is
 
 
-def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode encoded bytes into an upright RGB image, refusing bombs before decoding."""
+def _draft_scale(width: int, height: int, side: int) -> int:
+    """The largest s in 8, 4, 2 at which libjpeg may decode a JPEG (it scales while it decodes, each
+    pixel standing for an s x s block), else 1. Only where the shorter side stays ``DRAFT_GAP`` x ``side``
+    or more, so the bilinear resize after it still downscales by that much; and only where s divides
+    both sides, so the scaled pixels tile the image exactly and the crop window stays where it was."""
+    return next((s for s in (8, 4, 2)
+                 if min(width, height) >= DRAFT_GAP * side * s and width % s == 0 == height % s), 1)
+
+
+def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, *, draft_side: int | None = None) -> Image.Image:
+    """Decode encoded bytes into an upright RGB image, refusing bombs before decoding.
+
+    With ``draft_side``, a JPEG may decode at 1/2, 1/4 or 1/8 of its size (``_draft_scale``); other
+    formats decode at full size."""
     if not data:
         raise ImageError("the image is empty")
     try:
@@ -89,8 +111,11 @@ def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
         raise ImageError(f"the image is {width}x{height}; each side must be at least {MIN_SIDE} pixels")
     try:
         im.seek(0)  # animated images: the first frame
+        scale = _draft_scale(width, height, draft_side) if draft_side else 1
+        if scale > 1:
+            im.draft(None, (width // scale, height // scale))  # the scale only (mode None); a no-op but for JPEG
         im.load()
-        im = ImageOps.exif_transpose(im)
+        ImageOps.exif_transpose(im, in_place=True)  # in place: without an orientation tag, no copy
         return _to_rgb(im)
     except Exception as exc:  # truncated or corrupt pixel data
         raise ImageError(f"the image data is truncated or corrupt ({type(exc).__name__})") from None
@@ -114,11 +139,21 @@ def resize_and_crop(im: Image.Image, resize: int = DEFAULT_RESIZE, crop: int = D
     return im.resize((crop, crop), Image.BILINEAR, box=box)
 
 
+@cache
+def _scale_bias(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(p / 255 - mean) / std = p * scale + bias, per channel, shaped [C, 1, 1] to broadcast over CHW."""
+    mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+    return (1 / (255 * std)).astype(np.float32)[:, None, None], (-mean / std).astype(np.float32)[:, None, None]
+
+
 def to_tensor(im: Image.Image | np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
     """RGB image (or its uint8 HWC pixels) -> normalized float32 CHW array."""
-    x = np.asarray(im, dtype=np.float32) / 255.0
-    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
+    pixels = np.asarray(im)
+    scale, bias = _scale_bias(tuple(mean), tuple(std))
+    # One multiply that reads HWC and writes CHW, one add in place: no float HWC temporaries, no transpose copy.
+    x = np.empty((pixels.shape[2], *pixels.shape[:2]), dtype=np.float32)
+    np.multiply(pixels.transpose(2, 0, 1), scale, out=x)
+    return np.add(x, bias, out=x)
 
 
 def preprocess_image(
@@ -137,7 +172,7 @@ def crop_pixels(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: in
                 crop: int = DEFAULT_CROP) -> np.ndarray:
     """Encoded image bytes -> uint8 [crop, crop, 3] (RGB, HWC): every step but the float math, for
     models that normalize in their graph. Raises ImageError on bad input."""
-    return np.asarray(resize_and_crop(load_image(data, max_pixels), resize, crop))
+    return np.asarray(resize_and_crop(load_image(data, max_pixels, draft_side=resize), resize, crop))
 
 
 def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, resize: int = DEFAULT_RESIZE,

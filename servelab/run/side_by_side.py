@@ -15,7 +15,11 @@ For each stage, on this machine, with the same model, photo, threads and setting
 ``--stage preprocess`` measures decoding and preprocessing alone (no inference) through the
 service's own pipeline, with as many threads as worker processes (``PREPROCESS_PROCESSES``), one per
 CPU, and one thread for reference, alternating in ``--rounds`` windows; the ratio is each one's
-images/s over the threads', and the table names the CPU.
+images/s over the threads', and the table names the CPU. A second table times the same photo's decoding
++ preprocessing on one thread, in process CPU time per image: servelab's ``preprocess`` against
+torchvision's ``Resize``, ``CenterCrop``, ``ToTensor``, ``Normalize`` after ``Image.open`` + RGB (or,
+where torchvision does not import, those steps written out with Pillow and torch; the table says which).
+Aim: servelab's time at most torchvision's.
 
 ``--stage ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
 ``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
@@ -46,12 +50,17 @@ The client shares the CPU with the server, as it does in the lab.
 import argparse
 import asyncio
 import base64
+import io
 import statistics
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time
+
+import numpy as np
+from PIL import Image
 
 from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load, read_records
@@ -60,7 +69,7 @@ from servelab.core.variants.build import RECORD_FILE, load_variants, machine
 from servelab.core.hardware import cpu_int8
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
-from servelab.core.preprocess import decode_base64, preprocess
+from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, decode_base64, preprocess
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
 from servelab.run.reference import benchmark_limit
@@ -79,6 +88,7 @@ CEILING_STAGE = "ceiling"  # the model alone (servelab.measure.ceiling), and the
 LIMIT_STAGE = "limit"  # the FastAPI stages against the machine's limit and the simple app (servelab.run.reference)
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
 U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
+CORE_ITERATIONS, CORE_ROUNDS = 200, 4  # images per implementation, in alternating rounds
 SEQUENTIAL_BLOCK = 20  # requests in a row of one kind: short enough to share the machine's mood, long enough to keep its caches
 
 
@@ -221,10 +231,12 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
     return [sequential, http_sequential, ceiling, http_off, http_on]
 
 
-def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str]:
-    """One thread, then as many threads and as many worker processes as there are CPUs; and how far
-    each of those scales (its images/s over the CPUs times one thread's)."""
-    n, c, text = cpu_count(), args.concurrency, base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()
+def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str, str]:
+    """One thread, then as many threads and as many worker processes as there are CPUs; how far each of
+    those scales (its images/s over the CPUs times one thread's); and the core's CPU time per image
+    against torchvision's steps (``core_time_table``)."""
+    n, c, image = cpu_count(), args.concurrency, DEFAULT_IMAGE.read_bytes()
+    text = base64.b64encode(image).decode()
     settings = get_settings()
     backend = load_backend("onnx", settings)  # only for what its input needs; it infers nothing here
     modes = {"1 thread": {"preprocess_processes": 0, "worker_threads": 1},
@@ -241,7 +253,72 @@ def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str]:
         row.ratio = row.throughput_rps / threads.throughput_rps
     scaling = "; ".join(f"{r.what.split(',')[0]}: {r.throughput_rps / (n * one.throughput_rps):.0%}"
                         for r in (threads, processes))
-    return rows, f"Of {n} x one thread's images/s: {scaling}."
+    width, height = Image.open(DEFAULT_IMAGE).size
+    core = core_time_table(image, backend.manifest.preprocess_kwargs(), f"{DEFAULT_IMAGE.name} ({width}x{height})")
+    return rows, f"Of {n} x one thread's images/s: {scaling}.", core
+
+
+def torchvision_steps(resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP, mean=IMAGENET_MEAN,
+                      std=IMAGENET_STD) -> tuple[str, Callable[[bytes], object]]:
+    """(name, bytes -> tensor): torchvision's ``Compose([Resize, CenterCrop, ToTensor, Normalize])`` after
+    ``Image.open`` + ``convert("RGB")``; where torchvision does not import (next to a torch it was not
+    built for it fails with ``operator torchvision::nms does not exist``), the same steps in Pillow and
+    torch ops, as torchvision's functional code does them: the whole image resized, then cropped."""
+    import torch  # deferred, with torchvision: they load only for this comparison
+
+    def decoded(data: bytes) -> Image.Image:
+        return Image.open(io.BytesIO(data)).convert("RGB")
+
+    try:
+        from torchvision import transforms
+    except (ImportError, RuntimeError):
+        pass
+    else:
+        compose = transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop), transforms.ToTensor(),
+                                      transforms.Normalize(mean, std)])
+        return "torchvision", lambda data: compose(decoded(data))
+    mean_t, std_t = torch.tensor(mean).view(-1, 1, 1), torch.tensor(std).view(-1, 1, 1)
+
+    def steps(data: bytes) -> torch.Tensor:
+        im = decoded(data)
+        w, h = im.size
+        im = im.resize((resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize), Image.BILINEAR)
+        left, top = int(round((im.width - crop) / 2.0)), int(round((im.height - crop) / 2.0))
+        im = im.crop((left, top, left + crop, top + crop))
+        x = torch.from_numpy(np.array(im)).permute(2, 0, 1).contiguous().float().div(255)  # ToTensor
+        return x.clone().sub_(mean_t).div_(std_t)  # Normalize, which clones unless told inplace
+
+    return "torchvision's steps without torchvision (it does not import here)", steps
+
+
+def core_time_table(image: bytes, kwargs: dict, photo: str, iterations: int = CORE_ITERATIONS,
+                    rounds: int = CORE_ROUNDS) -> str:
+    """servelab's ``preprocess`` against torchvision's steps on the same encoded photo: process CPU time
+    per image on one thread (torch's intra-op threads set to 1), alternating in ``rounds``."""
+    import torch  # deferred, as in torchvision_steps
+
+    name, theirs = torchvision_steps(**kwargs)
+    steps = {"servelab (`preprocess`)": lambda data: preprocess(data, **kwargs), name: theirs}
+    cpu = dict.fromkeys(steps, 0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in steps.values():
+            step(image)  # the first call loads codecs and kernels
+        for _ in range(rounds):
+            for what, step in steps.items():
+                started = process_time()
+                for _ in range(iterations // rounds):
+                    step(image)
+                cpu[what] += process_time() - started
+    finally:
+        torch.set_num_threads(threads)
+    ours, theirs_ms = (seconds * 1000 / (iterations // rounds * rounds) for seconds in cpu.values())
+    verdict = "met" if ours <= theirs_ms else "**missed**"
+    return "\n".join([f"| preprocessing core, one thread, {photo} | CPU ms per image | ratio | aim |",
+                      "|---|---:|---:|---|",
+                      f"| servelab (`preprocess`) | {ours:.2f} | 1.00 | ≤ torchvision's ({verdict}) |",
+                      f"| {name} | {theirs_ms:.2f} | {theirs_ms / ours:.2f} | |"])
 
 
 @dataclass
@@ -375,9 +452,11 @@ def run(args: argparse.Namespace) -> int:
                       f"outside the app = client mean latency - Server-Timing total):\n\n"
                       f"{benchmark_ray(args, Path(tmp))}", flush=True)
             elif stage == PREPROCESS_STAGE:
-                rows, scaling = benchmark_preprocess(args)
+                rows, scaling, core = benchmark_preprocess(args)
                 print(f"\nDecoding + preprocessing alone, threads against worker processes (ratio = images/s ÷ the "
                       f"threads'; {machine()}):\n\n{table(stage, rows)}\n\n{scaling}", flush=True)
+                print(f"\nThe same photo's decoding + preprocessing against torchvision's steps (ratio = CPU time "
+                      f"÷ servelab's):\n\n{core}", flush=True)
             elif stage == VARIANTS_STAGE:
                 rows, skipped = benchmark_variants(args, Path(tmp))
                 print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}; "

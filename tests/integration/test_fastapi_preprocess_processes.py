@@ -112,9 +112,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_service_keeps_answering(ser
     restarts = lambda: sum(metric_samples(client.get(f"{url}/metrics").text,  # noqa: E731
                                           "servelab_preprocess_pool_restarts_total").values())
     before, workers = restarts(), pool_workers(server.pid)
-    # 12 megapixels take ~0.2 s each to decode here: with 8 in flight the 2 workers are busy throughout.
+    # 19 megapixels take ~0.12 s of CPU each to decode and resize here: with 8 in flight the 2 workers are busy
+    # throughout. An odd side keeps the decode at full size (a scaled one takes a sixth of that: _draft_scale).
     buf = io.BytesIO()
-    coffee().resize((4000, 3000)).save(buf, "JPEG", quality=90)
+    coffee().resize((5001, 3751)).save(buf, "JPEG", quality=90)
     big = buf.getvalue()
     want = predict(client, servers["threads"][1], big)
 
@@ -128,7 +129,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_service_keeps_answering(ser
     # The requests in flight when it died run again on the new pool (preprocessing is pure): none is lost.
     for response in asyncio.run(load_with_a_kill()):
         assert response.status_code == 200, response.text
-        assert_same(response.json(), want, "12 MP photo")
+        assert_same(response.json(), want, "19 MP photo")
     assert restarts() == before + 1  # one new pool, however many requests noticed
     assert client.get(f"{url}/ready").status_code == 200
     for name in list(PHOTOS)[:6]:

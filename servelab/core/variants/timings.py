@@ -15,7 +15,7 @@ import numpy as np
 
 from servelab.core.variants.build import VARIANTS, load_variants, machine, run_batches, session, variant_path
 from servelab.core.photos import evaluation_set, pixels
-from servelab.core.preprocess import load_image, resize_and_crop
+from servelab.core.preprocess import crop_pixels
 
 
 def time_variants(model_dir: Path, manifest, rounds: int = 5, threads: int = 0) -> dict[str, dict[int, float]]:
@@ -53,8 +53,7 @@ def food11_accuracy(model_dir: Path, manifest, folder: Path) -> dict[str, float]
     files, labels = food11_labels(folder)
     if not files:
         raise ValueError(f"{folder} holds no Food-11 photos (class_NN/ folders or N_M.jpg names)")
-    crops = np.stack([np.asarray(resize_and_crop(load_image(f.read_bytes()), manifest.resize, manifest.crop))
-                      for f in files])
+    crops = np.stack([crop_pixels(f.read_bytes(), **manifest.crop_kwargs()) for f in files])
     return {name: float((run_batches(session(variant_path(model_dir, name)), crops, name == "fp32", manifest)
                          .argmax(axis=1) == labels).mean()) for name in VARIANTS}
 
