@@ -110,14 +110,20 @@ def input_kind(stage: str, inputs: Mapping[str, str]) -> str:
     return "-" if sent is None else "image" if sent == "bytes" else "tensor"
 
 
+def best_runs(records: list[Record]) -> dict[str, Record]:
+    """stage -> its best servelab closed-loop or sequential run (one image per request), in the records'
+    order of stages."""
+    runs = [r for r in records if r.tool == "servelab" and not r.failed and r.batch == 1
+            and r.load.mode in ("sequential", "closed") and r.stats.items_per_s > 0]
+    return {stage: max((r for r in runs if r.stage == stage), key=lambda r: r.stats.items_per_s)
+            for stage in dict.fromkeys(r.stage for r in runs)}
+
+
 def stage_fractions(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[StageFraction]:
     """Every stage's best servelab closed-loop or sequential run, in the records' order of stages."""
     best = ceiling.best("fp32")
-    runs = [r for r in records if r.tool == "servelab" and not r.failed and r.batch == 1
-            and r.load.mode in ("sequential", "closed") and r.stats.items_per_s > 0]
     found = []
-    for stage in dict.fromkeys(r.stage for r in runs):
-        top = max((r for r in runs if r.stage == stage), key=lambda r: r.stats.items_per_s)
+    for stage, top in best_runs(records).items():
         found.append(StageFraction(
             stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
             top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,

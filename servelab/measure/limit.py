@@ -30,8 +30,11 @@ from servelab.core.artifacts import load_manifest
 from servelab.core.inference import onnx_session
 from servelab.core.preprocess import prepare_timed
 from servelab.core.tables import markdown, num
+from servelab.measure.fractions import best_runs
+from servelab.measure.records import Record
 
 BATCHES = (1, 16)  # a request alone, and the lab's largest dynamic batch
+LIMIT_FILE = "limit.json"  # a lab's limit, beside its records
 
 
 class ModelPoint(BaseModel):
@@ -144,3 +147,10 @@ def limit_markdown(limit: Limit) -> str:
     if limit.gpu_images_per_s:
         sum_line += f"; the GPU's model ceiling {limit.gpu_images_per_s:.0f} img/s"
     return f"{table}\n\nLimit: {sum_line}: **{limit.rps:.1f} req/s**, bound by {limit.binds}."
+
+
+def against_limit(records: list[Record], limit: Limit) -> str:
+    """Every stage's best run (servelab's client, one image per request) as a share of the limit."""
+    rows = [[stage, run.load.label(), num(run.stats.items_per_s, 1), f"{run.stats.items_per_s / limit.rps:.0%}"]
+            for stage, run in best_runs(records).items()]
+    return markdown(["stage", "best run", "req/s", "of the limit"], rows, "llrr")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core import tables
+from servelab.measure.limit import Limit, against_limit, limit_markdown
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.core.hardware import describe, int8_compute
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
@@ -162,11 +163,11 @@ PLOTS = (
 
 
 def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = (),
-                  skipped: Mapping[str, str] | None = None) -> Path:
+                  skipped: Mapping[str, str] | None = None, limit: Limit | None = None) -> Path:
     """Write ``out_dir/report.md`` (the lessons on the first screen, then the plots and the short sections),
     ``out_dir/report-tables.md`` (every run's row, the two clients, the servers' own counts, the warnings)
     and the PNG plots; returns the report's path. ``skipped``: parts of the lab this environment could not
-    run (``servelab.run.lab.preflight``), with the reason."""
+    run (``servelab.run.lab.preflight``), with the reason; ``limit``: this machine's, measured by the lab."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -174,6 +175,8 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     generated = f"Generated {now} from {len(records)} run records ({where})."
     md = ["# servelab results", "", generated, ""]
     md += lessons.summary(records, TABLES)
+    if limit:
+        md += limit_section(records, limit)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
     if made:
         md += ["## Plots", "",
@@ -201,6 +204,16 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
     (out_dir / TABLES).write_text("\n".join(_tables(records, generated, warnings)) + "\n", encoding="utf-8")
     return path
+
+
+def limit_section(records: list[Record], limit: Limit) -> list[str]:
+    """Every stage's best run as a share of what this machine's cores could serve (``servelab.measure.limit``)."""
+    return ["## This machine's limit", "",
+            f"The most requests/s this machine could serve of {limit.photo} with the fp32 model if nothing were "
+            "wasted, from three costs measured in this run as CPU time: the model alone, preprocessing, HTTP. "
+            "A stage with a cheaper model (a variant) or whose client preprocesses can pass it; the rest went to "
+            "waiting, to threads in each other's way, or to work the limit does not count.", "",
+            limit_markdown(limit), "", against_limit(records, limit), ""]
 
 
 def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[str]:

@@ -47,6 +47,8 @@ from servelab.measure.records import Load, Record, append_record, machine_info
 from servelab.measure.perf_analyzer import Windows
 from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
 from servelab.run.lab_ray import RayRuns
+from servelab.run.reference import limit_here
+from servelab.measure.limit import LIMIT_FILE, Limit
 from servelab.measure.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
 from servelab.measure.measure_stage import (Labels, family_stand_in, measure_stage, model_stand_in, perf_analyzer_client,
                                             servelab_client, stand_in_note)
@@ -414,7 +416,11 @@ def run_lab(args) -> int:
     print(f"device: {device}; plan: {plan.name}, {len(stages)} stages; " + "; ".join(describe(stack())))
     lab = Lab(plan, args.out, args.image, device=device, budget=budget)
     lab.run(stages, manifest, paths)
-    report = render_report(lab.records, args.out, sources=[lab.records_path],
+    limit = measure_limit(paths, args.image, lab.logs, device)
+    if limit:
+        limit_path = args.out / LIMIT_FILE
+        write_atomic(limit_path, lambda tmp: tmp.write_text(limit.model_dump_json(indent=1) + "\n"))
+    report = render_report(lab.records, args.out, sources=[lab.records_path], limit=limit,
                            skipped={**lab.skipped, **{f"{name} (not run)": why for name, why in lab.not_run.items()}})
     print()
     print(summary_table(lab.records))
@@ -439,6 +445,27 @@ def run_lab(args) -> int:
     return 1 if lab.failures else 0
 
 
+def measure_limit(paths: ArtifactPaths, photo: Path, logs: Path, device: Device) -> Limit | None:
+    """This machine's limit for the report (``servelab.measure.limit``), a few seconds; on a GPU with the
+    fp32 model's own images/s there. A limit that cannot be measured is said, never fatal."""
+    try:
+        gpu = None
+        if device == "gpu":
+            # Deferred, not a circle: the ceiling opens CUDA sessions, only on a GPU run.
+            from servelab.measure.ceiling import measure_ceiling
+
+            best = measure_ceiling(paths.onnx.parent, precisions=("fp32",), repeats=5, max_seconds=1.0,
+                                   log=lambda *_: None).best("fp32")
+            gpu = best.images_per_s if best else None
+        limit = limit_here(paths.onnx.parent, photo, logs, seconds=LIMIT_SECONDS, gpu_images_per_s=gpu)
+    except Exception as exc:  # noqa: BLE001 (a measurement that fails is recorded, never fatal)
+        print(f"limit: not measured ({type(exc).__name__}: {exc})")
+        return None
+    print(f"limit: {limit.rps:.1f} req/s, bound by {limit.binds}")
+    return limit
+
+
+LIMIT_SECONDS = 0.5  # of each of the limit's costs in a lab run
 RUN_FILE = "run.json"  # what the run was and how long it took, beside its records
 TOUR_AIM_S = 600  # the default `make lab` (the tour) should take at most this on 2 CPUs, the model built
 

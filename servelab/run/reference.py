@@ -50,10 +50,22 @@ def _closed(url: str, image: bytes, concurrency: int, seconds: float, what: str,
     return record.stats.successes, record.stats.wall_s
 
 
-def measure(model_dir: Path, image: bytes, http_cpu: float | None, seconds: float) -> Limit:
-    paths = ArtifactPaths.in_dir(model_dir)
-    return Limit(cores=cpu_count(), photo=DEFAULT_IMAGE.name, model=model_points(paths.onnx, cpu_count(), seconds),
-                 preprocess_cpu_ms=preprocess_cpu_ms(image, paths.manifest, seconds), http_cpu_ms=http_cpu)
+def costs(simple: tuple[str, int], model_dir: Path, photo: Path, concurrency: int, seconds: float,
+          gpu_images_per_s: float | None = None) -> Limit:
+    """The limit from its three costs, HTTP's on the running simple app ``simple`` (URL, PID)."""
+    paths, image = ArtifactPaths.in_dir(model_dir), photo.read_bytes()
+    url, pid = simple
+    noop = http_cpu_ms(lambda: _closed(f"{url}/noop", image, concurrency, seconds, "noop", 0)[0], pid)
+    return Limit(cores=cpu_count(), photo=photo.name, model=model_points(paths.onnx, cpu_count(), seconds),
+                 preprocess_cpu_ms=preprocess_cpu_ms(image, paths.manifest, seconds), http_cpu_ms=noop,
+                 gpu_images_per_s=gpu_images_per_s)
+
+
+def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, concurrency: int = 16,
+               gpu_images_per_s: float | None = None) -> Limit:
+    """``costs``, the simple app started for it and stopped after (the lab's)."""
+    with ExitStack() as stack:
+        return costs(serve_simple(stack, logs, model_dir), model_dir, photo, concurrency, seconds, gpu_images_per_s)
 
 
 def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
@@ -61,11 +73,10 @@ def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
     model_dir = Path(get_settings().model_dir)
     stages = [s for s in of_family("fastapi").values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
     with ExitStack() as stack:
-        simple, pid = serve_simple(stack, logs, model_dir)
+        simple = serve_simple(stack, logs, model_dir)
         # No settings over the stage's own: each FastAPI stage as `servelab serve` starts it.
-        urls = {"simple app": simple, **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
-        noop = http_cpu_ms(lambda: _closed(f"{simple}/noop", image, c, args.cost_seconds, "noop", 0)[0], pid)
-        limit = measure(model_dir, image, noop, args.cost_seconds)
+        urls = {"simple app": simple[0], **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
+        limit = costs(simple, model_dir, DEFAULT_IMAGE, c, args.cost_seconds)
         done = {what: [0, 0.0] for what in urls}
         for _ in range(args.rounds):
             for what, url in urls.items():

@@ -11,8 +11,8 @@ from servelab.core.inference import onnx_session
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import preprocess
-from servelab.run.reference import _closed, measure, serve_simple
-from servelab.measure.limit import BATCHES, http_cpu_ms, thread_counts
+from servelab.run.reference import costs, serve_simple
+from servelab.measure.limit import BATCHES, thread_counts
 from tests.fastapi_service import b64
 
 
@@ -28,8 +28,7 @@ def test_the_simple_app_answers_as_the_model_and_its_limit_costs_are_measured(mo
         assert np.isclose(answer["probability"], expected.probability, atol=1e-5)
         bad = httpx.post(f"{url}/predict", json={"image": "not base64!"}, timeout=30)
         assert bad.status_code == 400 and "base64" in bad.json()["detail"]
-        noop = http_cpu_ms(lambda: _closed(f"{url}/noop", DEFAULT_IMAGE.read_bytes(), 2, 0.5, "noop", 0)[0], pid)
-        limit = measure(model.manifest.parent, DEFAULT_IMAGE.read_bytes(), noop, 0.1)
+        limit = costs((url, pid), model.manifest.parent, DEFAULT_IMAGE, 2, 0.2)
     assert [(p.batch, p.threads) for p in limit.model] == [(b, t) for t in thread_counts(limit.cores) for b in BATCHES]
     assert all(p.images_per_s > 0 and p.cpu_ms_per_image > 0 for p in limit.model)
     assert limit.preprocess_cpu_ms > 0 and limit.http_cpu_ms > 0 and limit.binds == "the CPUs"

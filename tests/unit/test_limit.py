@@ -1,5 +1,7 @@
 """The limit's arithmetic: costs in CPU ms add up; on a GPU the smaller of its ceiling and the CPU side binds."""
 
+from pathlib import Path
+
 import pytest
 
 from servelab.measure.limit import Limit, ModelPoint, limit_markdown, thread_counts
@@ -33,3 +35,20 @@ def test_an_unmeasured_http_cost_counts_nothing_and_shows_a_dash():
 @pytest.mark.parametrize(("cores", "counts"), [(1, (1,)), (2, (1, 2)), (16, (1, 8, 16))])
 def test_thread_counts(cores, counts):
     assert thread_counts(cores) == counts
+
+
+def test_every_stages_best_run_is_set_against_the_limit_in_the_report(tmp_path):
+    from servelab.measure.fractions import best_runs
+    from servelab.measure.records import read_records
+    from servelab.report.render import render_report
+
+    records = read_records([Path(__file__).parents[1] / "data" / "quick_lab_records.jsonl"])
+    limit = Limit(cores=2, photo="coffee.jpg", model=POINTS, preprocess_cpu_ms=5.0, http_cpu_ms=1.0)
+    report = render_report(records, tmp_path, limit=limit).read_text()
+    section = report.split("## This machine's limit", 1)[1].split("\n## ", 1)[0]
+    best = best_runs(records)
+    assert best and "**125.0 req/s**" in section
+    for stage, run in best.items():
+        assert f"| {stage} | {run.load.label()} | {run.stats.items_per_s:.1f} | " \
+               f"{run.stats.items_per_s / 125:.0%} |" in section
+    assert "## This machine's limit" not in render_report(records, tmp_path / "none").read_text()
