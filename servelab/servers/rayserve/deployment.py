@@ -36,7 +36,7 @@ class ServeBatcher:
     counted in images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``)."""
 
     def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None, instances: int = 1):
-        self.infer, self.on_batch, self.max_batch_size = infer, on_batch, max_batch_size
+        self.infer, self.on_batch, self.max_batch_size, self.instances = infer, on_batch, max_batch_size, instances
         self._executor = ThreadPoolExecutor(instances, thread_name_prefix="infer")
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s,
                                     max_concurrent_batches=instances,

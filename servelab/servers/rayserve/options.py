@@ -40,8 +40,10 @@ def deployment_options(stage: Stage, settings: RaySettings) -> dict:
 
 def serve_env(stage: Stage, settings: RaySettings) -> dict[str, str]:
     """The serving settings (ServeSettings) each replica runs with."""
-    # One CPU per replica (num_cpus): Ray scales by replicas, so no preprocessing processes inside one.
-    env = {"INTRA_OP_THREADS": "1", "PREPROCESS_PROCESSES": "0", "WORKER_THREADS": "1", "ACCESS_LOG": "0"}
+    # One CPU per replica (num_cpus): Ray scales by replicas, so one inference at a time on one thread and
+    # no preprocessing processes inside one.
+    env = {"MODEL_INSTANCES": "1", "INTRA_OP_THREADS": "1", "PREPROCESS_PROCESSES": "0", "WORKER_THREADS": "1",
+           "ACCESS_LOG": "0"}
     if stage.ray.batching:
         env |= {"MAX_BATCH_SIZE": str(settings.ray_batch_max_size), "BATCH_TIMEOUT_MS": str(settings.ray_batch_wait_ms)}
     return env
