@@ -45,7 +45,7 @@ class ModelPoint(BaseModel):
 
 
 class Limit(BaseModel):
-    """What ``measure_limit`` measured; ``model_cpu_ms`` etc. are CPU milliseconds per image or request."""
+    """The three costs as measured (``*_cpu_ms``: CPU milliseconds per image or request) and what they add up to."""
 
     cores: int
     photo: str
