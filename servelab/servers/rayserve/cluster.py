@@ -31,6 +31,10 @@ READY_LINE = "This command will now block forever"  # `ray start --block` prints
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # small: replicas pass requests, not tensors, through it
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 5.0  # `ray start --block` may take 30 s to wind down on SIGTERM; past this, SIGKILL
+# Ray gives a new raylet a fixed 30 s to register with the GCS (ray/_private/node.py), with no setting
+# to lengthen it; a busy machine can miss it. That one failure is worth a second try, no other.
+MISSED_REGISTRATION = "timed out during startup"
+START_TRIES = 2
 
 
 def ray_binary() -> str:
@@ -96,6 +100,26 @@ class LocalCluster:
         return ServerProcess(cmd, None, log, env={**ray_env(), **self.client_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
                              stop_timeout=STOP_TIMEOUT_S, detach=self.detach, ready_check=lambda: READY_LINE in log.read_text(errors="replace"))
 
+    def _start_node(self, name: str, args: list[str]) -> ServerProcess:
+        for attempt in range(1, START_TRIES + 1):
+            node = self._node(name, args)
+            try:
+                return node.start()
+            except RuntimeError as exc:
+                if attempt == START_TRIES or MISSED_REGISTRATION not in str(exc):
+                    raise
+                print(f"ray: the {name} node missed Ray's fixed 30 s to register with the GCS "
+                      f"(a busy machine); starting it once more", file=sys.stderr, flush=True)
+
+    def _head_args(self) -> list[str]:
+        args = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
+                "--ray-client-server-port", str(free_port()), "--include-dashboard", str(self.dashboard).lower(),
+                "--dashboard-host", "127.0.0.1"]
+        if self.dashboard:
+            self.dashboard_port = free_port()
+            args += ["--dashboard-port", str(self.dashboard_port)]
+        return args
+
     def start(self) -> "LocalCluster":
         self.port = self.port or free_port()
         if self.temp_dir is None:
@@ -103,14 +127,8 @@ class LocalCluster:
         self.token = secrets.token_hex(32)  # 256 bits, as `ray get-auth-token --generate` makes
         self.token_path.touch(mode=0o600)
         self.token_path.write_text(self.token)
-        args = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
-                "--ray-client-server-port", str(free_port()), "--include-dashboard", str(self.dashboard).lower(),
-                "--dashboard-host", "127.0.0.1"]
-        if self.dashboard:
-            self.dashboard_port = free_port()
-            args += ["--dashboard-port", str(self.dashboard_port)]
         try:
-            self.head = self._node("head", args).start()
+            self.head = self._start_node("head", self._head_args())
             for _ in range(self.workers):
                 self.add_worker()
         except BaseException:
@@ -119,9 +137,9 @@ class LocalCluster:
         return self
 
     def add_worker(self) -> ServerProcess:
-        node = self._node(f"worker{len(self.nodes) + 1}", ["--address", self.address])
+        node = self._start_node(f"worker{len(self.nodes) + 1}", ["--address", self.address])
         self.nodes.append(node)
-        return node.start()
+        return node
 
     def kill_worker(self, index: int = -1) -> int:
         """SIGKILL a worker node's whole session, as when a machine is lost; returns its PID."""
