@@ -38,6 +38,8 @@ PREPROCESS, POSTPROCESS = "food_preprocess", "food_postprocess"
 
 # The batching every batching stage uses, on FastAPI and on the node's compose file: up to 16 images, 5 ms.
 BATCHING = {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}
+# The one-request-per-inference stages say so: with no settings the services batch what already waits.
+NO_BATCHING = {"MAX_BATCH_SIZE": "1"}
 
 
 @dataclass(frozen=True)
@@ -173,22 +175,22 @@ CATALOGUE: tuple[Stage, ...] = (
     # In the order the notebooks teach them; the model variants come last in each family.
     # FastAPI: one process, one model; batching is the service's own (servelab.servers.fastapi.batcher).
     *_taught_in("4_fastapi",
-    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", compose=True), tour=True,
+    Stage("fastapi-pt", "FastAPI + PyTorch, one request per inference", FastAPIPart("fastapi-pt", NO_BATCHING, compose=True), tour=True,
           gpu_check=True),
     Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
-          FastAPIPart("fastapi-onnx", compose=True), variant="fp32", tour=True, gpu_check=True,
+          FastAPIPart("fastapi-onnx", NO_BATCHING, compose=True), variant="fp32", tour=True, gpu_check=True,
           lesson="onnx", baseline="fastapi-pt"),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
           FastAPIPart("fastapi-onnx", BATCHING, compose=True), gpu_check=True,
           lesson="batching", baseline="fastapi-onnx"),
     Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
-          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "u8"}), variant="u8",
+          FastAPIPart("fastapi-onnx", {**NO_BATCHING, "ONNX_VARIANT": "u8"}), variant="u8",
           lesson="variant u8", baseline="fastapi-onnx"),
     Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)",
-          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "int8"}), variant="int8", tour=True,
+          FastAPIPart("fastapi-onnx", {**NO_BATCHING, "ONNX_VARIANT": "int8"}), variant="int8", tour=True,
           lesson="variant int8", baseline="fastapi-onnx"),
     Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
-          FastAPIPart("fastapi-onnx", {"ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True,
+          FastAPIPart("fastapi-onnx", {**NO_BATCHING, "ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True,
           lesson="variant fp16", baseline="fastapi-onnx"),
     ),
     # Triton: each stage a config change from the one before it.

@@ -82,7 +82,7 @@ def default_provider() -> str:
     return CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU
 
 
-def _feed(sess, batch: int) -> dict[str, np.ndarray]:
+def model_feed(sess, batch: int) -> dict[str, np.ndarray]:
     """A batch of the session's input: float32 N(0, 1) (the fp32 model's normalised NCHW tensor) or
     uint8 pixels (the variants' NHWC crops); the values do not change the time."""
     first = sess.get_inputs()[0]
@@ -106,7 +106,7 @@ def _time(sess, batch: int, repeats: int, max_seconds: float) -> tuple[int, floa
     or ``max_seconds``, whichever ends first (at least one)."""
     if batch < 1:
         raise ValueError(f"batch {batch}: a batch holds at least one image")
-    feed = _feed(sess, batch)
+    feed = model_feed(sess, batch)
     sess.run(None, feed)
     times: list[float] = []
     stop_at = time.perf_counter() + max_seconds

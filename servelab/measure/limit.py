@@ -3,9 +3,10 @@ nothing were wasted, from three costs measured in the same run as core time (CPU
 thread's), so that they add up:
 
 * **the model alone**: ONNX Runtime, NumPy in and out, at each batch size and intra-op thread count
-  of ``BATCHES`` × ``thread_counts()``; the cheapest point (fewest CPU ms per image) is the model's share;
+  of ``BATCHES`` × ``thread_counts()``, as many sessions at once as fill the cores; the cheapest point
+  (fewest CPU ms per image) is the model's share;
 * **preprocessing**: base64 → the model's input (``servelab.core.preprocess``) for the photo in use,
-  on one thread;
+  one thread per core at once;
 * **HTTP and JSON**: a route that takes the same body and answers the same shape without any work
   (``benchmarks/simple_app.py``'s ``/noop/predict``), driven by the lab's own closed-loop client: the
   server's and the client's CPU per request (the client shares the machine, as in the lab).
@@ -14,15 +15,19 @@ On the CPU: limit = cores ÷ (model + preprocessing + HTTP). On a GPU the model 
 the smaller of the model's own images/s on the GPU (``servelab.measure.ceiling``) and what the CPUs
 can feed it, cores ÷ (preprocessing + HTTP); ``binds`` says which.
 
+Each cost is measured with every core working, as a busy server's are: a core whose neighbours idle
+runs faster (shared caches and memory bandwidth to itself, a higher clock) than any server can count on.
+
 A stage's best throughput over the limit says how much of the machine it turns into answers; the
 rest went to waiting, to threads that got in each other's way, or to work the limit does not count.
 """
 
 import base64
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import psutil
 from pydantic import BaseModel
 
@@ -30,6 +35,7 @@ from servelab.core.artifacts import load_manifest
 from servelab.core.inference import onnx_session
 from servelab.core.preprocess import prepare_timed
 from servelab.core.tables import markdown, num
+from servelab.measure.ceiling import model_feed
 from servelab.measure.fractions import best_runs
 from servelab.measure.records import Record
 
@@ -40,6 +46,7 @@ LIMIT_FILE = "limit.json"  # a lab's limit, beside its records
 class ModelPoint(BaseModel):
     batch: int
     threads: int
+    sessions: int = 1  # run at once, each on its own thread: ``threads`` × ``sessions`` = the cores
     images_per_s: float
     cpu_ms_per_image: float
 
@@ -53,6 +60,8 @@ class Limit(BaseModel):
     preprocess_cpu_ms: float
     http_cpu_ms: float | None = None  # None: not measured (no server given)
     gpu_images_per_s: float | None = None  # the model's ceiling on a GPU, where it runs there
+    # req/s side by side at the same senders: "simple app" and "fastapi-onnx, no settings" (servelab.run.reference)
+    simple_app: dict[str, float] = {}
 
     @property
     def cheapest(self) -> ModelPoint:
@@ -84,19 +93,36 @@ def thread_counts(cores: int) -> tuple[int, ...]:
     return tuple(sorted({1, max(1, cores // 2), cores}))
 
 
-def _cpu_ms_per_call(call, seconds: float) -> tuple[int, float, float]:
-    """(calls, wall s, CPU ms per call) of ``call`` repeated for about ``seconds`` after one untimed call."""
-    call()
-    calls, wall, cpu = 0, time.perf_counter(), time.process_time()
-    while calls == 0 or time.perf_counter() - wall < seconds:
+def _cpu_ms_per_call(calls: list[Callable[[], object]], seconds: float) -> tuple[int, float, float]:
+    """(calls, wall s, CPU ms per call) of each of ``calls`` repeated on a thread of its own, all at once,
+    for about ``seconds`` after one untimed call each. The work must release the GIL (ONNX Runtime,
+    Pillow and NumPy do); waiting for it costs no CPU time."""
+    for call in calls:
         call()
-        calls += 1
-    return calls, time.perf_counter() - wall, (time.process_time() - cpu) * 1e3 / calls
+    counts, stop = [0] * len(calls), threading.Event()
+
+    def repeat(i: int) -> None:
+        while not stop.is_set():
+            calls[i]()
+            counts[i] += 1
+
+    threads = [threading.Thread(target=repeat, args=(i,), name=f"limit-{i}") for i in range(len(calls))]
+    wall, cpu = time.perf_counter(), time.process_time()
+    for thread in threads:
+        thread.start()
+    stop.wait(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    wall, cpu, done = time.perf_counter() - wall, time.process_time() - cpu, sum(counts)
+    if not done:
+        raise RuntimeError(f"no call finished in {wall:.1f} s")
+    return done, wall, cpu * 1e3 / done
 
 
 def model_points(model: Path, cores: int, seconds: float) -> list[ModelPoint]:
-    """The model alone on the CPU at each batch size and thread count (threads sleep when idle, as in
-    the services, so CPU time is work)."""
+    """The model alone on the CPU at each batch size and thread count, ``cores // threads`` sessions at
+    once (threads sleep when idle, as in the services, so CPU time is work)."""
     import onnxruntime as ort
 
     points = []
@@ -104,20 +130,19 @@ def model_points(model: Path, cores: int, seconds: float) -> list[ModelPoint]:
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = onnx_session(model, ["CPUExecutionProvider"], options)
-        first = sess.get_inputs()[0]
+        sessions = [onnx_session(model, ["CPUExecutionProvider"], options) for _ in range(cores // threads)]
         for batch in BATCHES:
-            x = np.random.default_rng(0).standard_normal((batch, *first.shape[1:]), dtype=np.float32)
-            calls, wall, cpu_ms = _cpu_ms_per_call(lambda: sess.run(None, {first.name: x}), seconds)
-            points.append(ModelPoint(batch=batch, threads=threads, images_per_s=calls * batch / wall,
-                                     cpu_ms_per_image=cpu_ms / batch))
+            runs = [lambda sess=sess, feed=model_feed(sess, batch): sess.run(None, feed) for sess in sessions]
+            calls, wall, cpu_ms = _cpu_ms_per_call(runs, seconds)
+            points.append(ModelPoint(batch=batch, threads=threads, sessions=len(sessions),
+                                     images_per_s=calls * batch / wall, cpu_ms_per_image=cpu_ms / batch))
     return points
 
 
-def preprocess_cpu_ms(image: bytes, manifest: Path, seconds: float) -> float:
-    """CPU ms per image of base64 text → float32 tensor, one thread."""
+def preprocess_cpu_ms(image: bytes, manifest: Path, seconds: float, cores: int) -> float:
+    """CPU ms per image of base64 text → float32 tensor, on ``cores`` threads at once."""
     text, kwargs = base64.b64encode(image).decode(), load_manifest(manifest).preprocess_kwargs()
-    return _cpu_ms_per_call(lambda: prepare_timed(text, **kwargs), seconds)[2]
+    return _cpu_ms_per_call([lambda: prepare_timed(text, **kwargs)] * cores, seconds)[2]
 
 
 def http_cpu_ms(measure, server_pid: int) -> float:
@@ -135,9 +160,10 @@ def http_cpu_ms(measure, server_pid: int) -> float:
 def limit_markdown(limit: Limit) -> str:
     """How the limit was made: each cost, the cheapest model point, the sum and what binds."""
     best = limit.cheapest
-    rows = [[f"model alone, batch {p.batch}, {p.threads} thread{'s' * (p.threads > 1)}", num(p.images_per_s, 0),
+    rows = [[f"model alone, batch {p.batch}, {p.threads} thread{'s' * (p.threads > 1)}"
+             + (f" × {p.sessions} sessions at once" if p.sessions > 1 else ""), num(p.images_per_s, 0),
              num(p.cpu_ms_per_image, 2) + (" ← cheapest" if p is best else "")] for p in limit.model]
-    rows += [[f"preprocessing ({limit.photo}), one thread", "", num(limit.preprocess_cpu_ms, 2)],
+    rows += [[f"preprocessing ({limit.photo}), one thread per core", "", num(limit.preprocess_cpu_ms, 2)],
              ["HTTP + JSON (a no-op route, server and client)", "", num(limit.http_cpu_ms, 2)]]
     if limit.gpu_images_per_s:
         rows.append(["model alone on the GPU (its ceiling)", num(limit.gpu_images_per_s, 0), ""])
@@ -147,6 +173,16 @@ def limit_markdown(limit: Limit) -> str:
     if limit.gpu_images_per_s:
         sum_line += f"; the GPU's model ceiling {limit.gpu_images_per_s:.0f} img/s"
     return f"{table}\n\nLimit: {sum_line}: **{limit.rps:.1f} req/s**, bound by {limit.binds}."
+
+
+def simple_app_line(limit: Limit) -> str:
+    """The service with its defaults against the simplest app a newcomer would write, measured side by side."""
+    if len(limit.simple_app) != 2:
+        return ""
+    (simple, simple_rps), (ours, ours_rps) = limit.simple_app.items()
+    return (f"Side by side, the same photo and senders: the {simple} (`benchmarks/simple_app.py`) {simple_rps:.1f} req/s, "
+            f"{ours} {ours_rps:.1f} req/s: **{ours_rps / simple_rps:.2f}×** the {simple}, "
+            f"{ours_rps / limit.rps:.0%} of the limit.")
 
 
 def against_limit(records: list[Record], limit: Limit) -> str:

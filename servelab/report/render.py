@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core import tables
-from servelab.measure.limit import Limit, against_limit, limit_markdown
+from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.core.hardware import describe, int8_compute
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
@@ -213,7 +213,7 @@ def limit_section(records: list[Record], limit: Limit) -> list[str]:
             "wasted, from three costs measured in this run as CPU time: the model alone, preprocessing, HTTP. "
             "A stage with a cheaper model (a variant) or whose client preprocesses can pass it; the rest went to "
             "waiting, to threads in each other's way, or to work the limit does not count.", "",
-            limit_markdown(limit), "", against_limit(records, limit), ""]
+            limit_markdown(limit), "", against_limit(records, limit), "", simple_app_line(limit), ""]
 
 
 def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[str]:

@@ -457,7 +457,7 @@ def measure_limit(paths: ArtifactPaths, photo: Path, logs: Path, device: Device)
             best = measure_ceiling(paths.onnx.parent, precisions=("fp32",), repeats=5, max_seconds=1.0,
                                    log=lambda *_: None).best("fp32")
             gpu = best.images_per_s if best else None
-        limit = limit_here(paths.onnx.parent, photo, logs, seconds=LIMIT_SECONDS, gpu_images_per_s=gpu)
+        limit = limit_here(paths.onnx.parent, photo, logs, LIMIT_SECONDS, stage_env(device), gpu_images_per_s=gpu)
     except Exception as exc:  # noqa: BLE001 (a measurement that fails is recorded, never fatal)
         print(f"limit: not measured ({type(exc).__name__}: {exc})")
         return None

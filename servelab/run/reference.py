@@ -5,18 +5,19 @@ First the limit (``servelab.measure.limit``): the model alone, preprocessing and
 here as core time. Then, with the same photo and client at ``--concurrency`` closed-loop senders,
 alternating in ``--rounds`` windows so a neighbour's load hits all alike: the simple app
 (``benchmarks/simple_app.py``: a sync route, one ONNX Runtime session with its own thread defaults),
-``fastapi-onnx`` with no settings at all (its defaults, as `servelab serve fastapi-onnx` starts it) and
-``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, and its fraction of the limit.
+``fastapi-onnx``'s service with no settings at all (its defaults, as `servelab serve fastapi-onnx`
+starts it), and the stages ``fastapi-onnx`` (one request per inference) and ``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, and its fraction of the limit.
 Aims for ``fastapi-onnx`` with its defaults: at least the simple app's throughput and 90 % of the limit.
 """
 
 import argparse
 import sys
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths
-from servelab.core.catalogue import of_family
+from servelab.core.catalogue import Stage, of_family
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import ServerProcess, cpu_count, free_port
 from servelab.core.settings import get_settings
@@ -29,6 +30,9 @@ from servelab.measure.targets import FastAPITarget
 
 SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"
 SIMPLE_AIM, LIMIT_AIM = 1.0, 0.9
+# The fp32 ONNX stage: its service runs with no settings beside the simple app (and the variants against it).
+FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
+SIMPLE, DEFAULTS = "simple app", f"{FP32_STAGE.name}, no settings"
 
 
 def serve_simple(stack: ExitStack, logs: Path, model_dir: Path) -> tuple[str, int]:
@@ -57,15 +61,38 @@ def costs(simple: tuple[str, int], model_dir: Path, photo: Path, concurrency: in
     url, pid = simple
     noop = http_cpu_ms(lambda: _closed(f"{url}/noop", image, concurrency, seconds, "noop", 0)[0], pid)
     return Limit(cores=cpu_count(), photo=photo.name, model=model_points(paths.onnx, cpu_count(), seconds),
-                 preprocess_cpu_ms=preprocess_cpu_ms(image, paths.manifest, seconds), http_cpu_ms=noop,
+                 preprocess_cpu_ms=preprocess_cpu_ms(image, paths.manifest, seconds, cpu_count()), http_cpu_ms=noop,
                  gpu_images_per_s=gpu_images_per_s)
 
 
-def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, concurrency: int = 16,
+def defaults(stage: Stage) -> Stage:
+    """``stage``'s service with no settings at all, as `servelab serve` starts it."""
+    return replace(stage, part=replace(stage.fastapi, env={}))
+
+
+def side_by_side(urls: dict[str, str], image: bytes, concurrency: int, seconds: float, rounds: int) -> dict[str, float]:
+    """req/s of each server, in ``rounds`` alternating closed-loop windows, so a neighbour's load hits all alike."""
+    done = {what: [0, 0.0] for what in urls}
+    for _ in range(rounds):
+        for what, url in urls.items():
+            successes, wall = _closed(url, image, concurrency, seconds / rounds, what, 2 * concurrency)
+            done[what][0] += successes
+            done[what][1] += wall
+    return {what: successes / wall for what, (successes, wall) in done.items()}
+
+
+def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, env: dict[str, str], concurrency: int = 16,
                gpu_images_per_s: float | None = None) -> Limit:
-    """``costs``, the simple app started for it and stopped after (the lab's)."""
+    """``costs``, and the simple app against ``fastapi-onnx`` with no settings but the device's ``env``
+    (``Limit.simple_app``), both started for it and stopped after (the lab's)."""
+    image = photo.read_bytes()
     with ExitStack() as stack:
-        return costs(serve_simple(stack, logs, model_dir), model_dir, photo, concurrency, seconds, gpu_images_per_s)
+        simple = serve_simple(stack, logs, model_dir)
+        default = serve_fastapi(stack, defaults(FP32_STAGE), logs,
+                                {**env, "MODEL_DIR": str(model_dir)})
+        limit = costs(simple, model_dir, photo, concurrency, seconds, gpu_images_per_s)
+        rps = side_by_side({SIMPLE: simple[0], DEFAULTS: default}, image, concurrency, 4 * seconds, 2)
+    return limit.model_copy(update={"simple_app": rps})
 
 
 def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
@@ -74,19 +101,12 @@ def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
     stages = [s for s in of_family("fastapi").values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
     with ExitStack() as stack:
         simple = serve_simple(stack, logs, model_dir)
-        # No settings over the stage's own: each FastAPI stage as `servelab serve` starts it.
-        urls = {"simple app": simple[0], **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
+        urls = {SIMPLE: simple[0], DEFAULTS: serve_fastapi(stack, defaults(FP32_STAGE), logs, {}),
+                **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
         limit = costs(simple, model_dir, DEFAULT_IMAGE, c, args.cost_seconds)
-        done = {what: [0, 0.0] for what in urls}
-        for _ in range(args.rounds):
-            for what, url in urls.items():
-                successes, wall = _closed(url, image, c, args.duration / args.rounds, what, 2 * c)
-                done[what][0] += successes
-                done[what][1] += wall
-    rps = {what: successes / wall for what, (successes, wall) in done.items()}
-    default = stages[0].name  # the catalogue's first: no settings of its own
-    rows = [[what, num(r, 1), num(r / rps["simple app"], 2), f"{r / limit.rps:.0%}",
-             f"≥ {SIMPLE_AIM} × simple app, ≥ {LIMIT_AIM:.0%} of the limit" if what == default else ""]
+        rps = side_by_side(urls, image, c, args.duration, args.rounds)
+    rows = [[what, num(r, 1), num(r / rps[SIMPLE], 2), f"{r / limit.rps:.0%}",
+             f"≥ {SIMPLE_AIM} × simple app, ≥ {LIMIT_AIM:.0%} of the limit" if what == DEFAULTS else ""]
             for what, r in rps.items()]
     table = markdown([f"{c} senders, {DEFAULT_IMAGE.name}", "req/s", "÷ simple app", "of the limit", "aim"], rows,
                      "lrrrl")

@@ -72,16 +72,14 @@ from servelab.core.postprocess import top1
 from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, decode_base64, preprocess
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
-from servelab.run.reference import benchmark_limit
+from servelab.run.reference import FP32_STAGE, benchmark_limit
 from servelab.run.side_by_side_ray import benchmark_ray
-from servelab.core.catalogue import CATALOGUE, of_family
+from servelab.core.catalogue import CATALOGUE, NO_BATCHING, of_family
 from servelab.measure.families import serve_fastapi
 
-# The FastAPI stages as the lab's first notebook serves them (no settings of their own) -> backend.
-STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if not s.fastapi.env}
+# The FastAPI stages as the lab's first notebook serves them (one request per inference) -> backend.
+STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if s.fastapi.env == NO_BATCHING}
 VARIANTS_STAGE = "variants"
-# The stage the model variants are measured against.
-FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
 RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.run.side_by_side_ray)
 PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
 CEILING_STAGE = "ceiling"  # the model alone (servelab.measure.ceiling), and the lab's records against it

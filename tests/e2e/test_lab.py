@@ -16,6 +16,7 @@ from lab_process import LAB_TIMEOUT_S, lab_process
 from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
+from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
 from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
 from servelab.tools.gpu_check import record_markdown
 from servelab.servers.triton.configs import gpu_count
@@ -98,6 +99,10 @@ def test_quick_lab_writes_the_report_the_run_record_and_the_printout(quick_lab):
     assert "| fastapi-pt | servelab | poisson " in tables and "| pt-1 | servelab | poisson " in tables
     assert len([line for line in output.splitlines() if line.strip().startswith(("servelab ", "perf_analyzer "))
                 and "req/s" in line]) == len(records)
+    # The machine's limit, measured after the stages, and the service's defaults beside the simple app.
+    limit = Limit.model_validate_json((quick_lab.out / LIMIT_FILE).read_text())
+    assert limit.rps > 0 and set(limit.simple_app) == {"simple app", "fastapi-onnx, no settings"}
+    assert f"limit: {limit.rps:.1f} req/s" in output and simple_app_line(limit) in report
 
 
 def test_quick_lab_says_where_each_stage_ran(quick_lab):

@@ -29,6 +29,8 @@ def test_the_simple_app_answers_as_the_model_and_its_limit_costs_are_measured(mo
         bad = httpx.post(f"{url}/predict", json={"image": "not base64!"}, timeout=30)
         assert bad.status_code == 400 and "base64" in bad.json()["detail"]
         limit = costs((url, pid), model.manifest.parent, DEFAULT_IMAGE, 2, 0.2)
-    assert [(p.batch, p.threads) for p in limit.model] == [(b, t) for t in thread_counts(limit.cores) for b in BATCHES]
+    # Every point keeps every core working: one session per core at one thread, one at all of them.
+    assert [(p.batch, p.threads, p.sessions) for p in limit.model] == [
+        (b, t, limit.cores // t) for t in thread_counts(limit.cores) for b in BATCHES]
     assert all(p.images_per_s > 0 and p.cpu_ms_per_image > 0 for p in limit.model)
     assert limit.preprocess_cpu_ms > 0 and limit.http_cpu_ms > 0 and limit.binds == "the CPUs"

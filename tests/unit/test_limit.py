@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.measure.limit import Limit, ModelPoint, limit_markdown, thread_counts
+from servelab.measure.limit import Limit, ModelPoint, limit_markdown, simple_app_line, thread_counts
 
 POINTS = [ModelPoint(batch=1, threads=1, images_per_s=100, cpu_ms_per_image=10.0),
           ModelPoint(batch=16, threads=2, images_per_s=150, cpu_ms_per_image=12.0)]
@@ -30,6 +30,7 @@ def test_on_a_gpu_the_model_leaves_the_cpus_and_the_smaller_side_binds():
 def test_an_unmeasured_http_cost_counts_nothing_and_shows_a_dash():
     limit = Limit(cores=1, photo="p", model=POINTS, preprocess_cpu_ms=5.0)
     assert limit.cpu_ms_per_request == 15.0 and "| - |" in limit_markdown(limit)
+    assert simple_app_line(limit) == ""  # the simple app not measured: no line
 
 
 @pytest.mark.parametrize(("cores", "counts"), [(1, (1,)), (2, (1, 2)), (16, (1, 8, 16))])
@@ -43,7 +44,8 @@ def test_every_stages_best_run_is_set_against_the_limit_in_the_report(tmp_path):
     from servelab.report.render import render_report
 
     records = read_records([Path(__file__).parents[1] / "data" / "quick_lab_records.jsonl"])
-    limit = Limit(cores=2, photo="coffee.jpg", model=POINTS, preprocess_cpu_ms=5.0, http_cpu_ms=1.0)
+    limit = Limit(cores=2, photo="coffee.jpg", model=POINTS, preprocess_cpu_ms=5.0, http_cpu_ms=1.0,
+                  simple_app={"simple app": 100.0, "fastapi-onnx, no settings": 112.5})
     report = render_report(records, tmp_path, limit=limit).read_text()
     section = report.split("## This machine's limit", 1)[1].split("\n## ", 1)[0]
     best = best_runs(records)
@@ -51,4 +53,6 @@ def test_every_stages_best_run_is_set_against_the_limit_in_the_report(tmp_path):
     for stage, run in best.items():
         assert f"| {stage} | {run.load.label()} | {run.stats.items_per_s:.1f} | " \
                f"{run.stats.items_per_s / 125:.0%} |" in section
+    assert ("the simple app (`benchmarks/simple_app.py`) 100.0 req/s, fastapi-onnx, no settings 112.5 req/s: "
+            "**1.12×** the simple app, 90% of the limit.") in section
     assert "## This machine's limit" not in render_report(records, tmp_path / "none").read_text()

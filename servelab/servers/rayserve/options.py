@@ -6,7 +6,7 @@ Ray Serve's HTTP proxy, with the FastAPI stages' API. Replicas are spread over t
 """
 
 from servelab.core.settings import RaySettings
-from servelab.core.catalogue import Stage, of_family
+from servelab.core.catalogue import NO_BATCHING, Stage, of_family
 
 APP_NAME = "food11"  # the Serve application every stage deploys (a redeploy replaces it)
 DEPLOYMENT_NAME = "Food11"
@@ -46,6 +46,8 @@ def serve_env(stage: Stage, settings: RaySettings) -> dict[str, str]:
            "ACCESS_LOG": "0"}
     if stage.ray.batching:
         env |= {"MAX_BATCH_SIZE": str(settings.ray_batch_max_size), "BATCH_TIMEOUT_MS": str(settings.ray_batch_wait_ms)}
+    else:
+        env |= NO_BATCHING
     return env
 
 
