@@ -2,6 +2,7 @@
 
 import base64
 import os
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,11 @@ def test_servelab_serve_answers_a_plain_requests_client(artifacts, tmp_path):
     assert response.json()["prediction"] == "Dairy product"
     log = (tmp_path / "serve.log").read_text()
     assert "STAND-IN MODEL" in log and "providers active: CPUExecutionProvider" in log
+    # With no settings it says why it runs as it does: the machine's cores, and what one image cost it.
+    assert "the machine's defaults for" in log and "none waits for a batch (BATCH_TIMEOUT_MS=0)" in log
+    probe = re.search(r"start-up probe, coffee.jpg: preprocessing ([\d.]+) ms, one image's inference ([\d.]+) ms: "
+                      r"the model is (\d+)% of an image's work", log)
+    assert probe and float(probe[1]) > 0 and float(probe[2]) > 0, log
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="this machine has a GPU execution provider")

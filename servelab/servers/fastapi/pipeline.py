@@ -65,6 +65,27 @@ class Prepared:
     ended: float  # when the last one finished
 
 
+PROBE_RUNS = 3  # after the warm-up, each cost's fastest of a few: the start-up log's measured "why"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one image cost this server at start-up, alone and warm: its preprocessing in a worker and one
+    inference of it (on the intra-op threads one inference gets)."""
+
+    preprocess_ms: float
+    infer_ms: float
+
+    def describe(self, cpus: int, on_gpu: bool) -> str:
+        if on_gpu:
+            return (f"preprocessing {self.preprocess_ms:.1f} ms, one image's inference on the GPU {self.infer_ms:.1f} ms: "
+                    f"{cpus} CPUs can preprocess about {cpus * 1e3 / self.preprocess_ms:.0f} images/s for it")
+        share = self.infer_ms / (self.infer_ms + self.preprocess_ms)
+        return (f"preprocessing {self.preprocess_ms:.1f} ms, one image's inference {self.infer_ms:.1f} ms: the model is "
+                f"{share:.0%} of an image's work, so every CPU runs inferences and the preprocessing threads take "
+                f"the cores in between; at best about {cpus * 1e3 / (self.preprocess_ms + self.infer_ms):.0f} images/s")
+
+
 def _lost_a_worker(pool: Executor) -> bool:
     """Whether a worker process of ``pool`` has died. ProcessPoolExecutor notices a death in its own
     thread, a moment later; a request submitted in between would fail although it never reached the
@@ -137,13 +158,21 @@ class Pipeline:
                 self.metrics.preprocess_pool_restarts.inc()
         return self._pool
 
-    async def warm_up(self, text: str, batch_sizes: list[int]) -> None:
+    async def warm_up(self, text: str, batch_sizes: list[int]) -> Probe:
         """Preprocess a real photo once per worker (worker processes start and import here, not on the
         first requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape),
-        without touching the metrics."""
+        without touching the metrics; then probe what one image costs, warm (``Probe``)."""
         (x, *_), *_ = await asyncio.gather(*(self.prepare_in_worker(text) for _ in range(self.workers)))
         for size in batch_sizes:
             await asyncio.to_thread(self.backend.infer, np.stack([x] * size))
+        preprocess_ms, infer_ms = [], []
+        for _ in range(PROBE_RUNS):
+            _, started, ended = await self.prepare_in_worker(text)
+            preprocess_ms.append((ended - started) * 1e3)
+            started = perf_counter()
+            await asyncio.to_thread(self.backend.infer, x[None])
+            infer_ms.append((perf_counter() - started) * 1e3)
+        return Probe(min(preprocess_ms), min(infer_ms))
 
     async def preprocess(self, images: list[str]) -> Prepared:
         """One request's images -> model input, in workers. The first bad image (by position) fails the

@@ -27,6 +27,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.preprocess import ImageError
+from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, install_error_handlers
@@ -108,7 +109,10 @@ class Service:
         if v := backend.variant:
             log.info("%s: variant %s: %s, %.1f MB, precision %s, input %s", self.name, v["name"], v["file"],
                      v["size_bytes"] / 1e6, v["precision"], v["input"])
-        if settings.max_batch_size > 1:
+        if settings.max_batch_size > 1 and settings.batch_timeout_ms == 0:
+            log.info("%s: dynamic batching on: up to %d images per inference, of the requests that queued while every "
+                     "instance was busy; none waits for a batch (BATCH_TIMEOUT_MS=0)", self.name, settings.max_batch_size)
+        elif settings.max_batch_size > 1:
             log.info("%s: dynamic batching on: up to %d images per inference, the oldest waiting at most %g ms",
                      self.name, settings.max_batch_size, settings.batch_timeout_ms)
         else:
@@ -118,13 +122,14 @@ class Service:
         started = perf_counter()
         sizes = self.backend.warm_up_sizes(self.settings)
         try:
-            await self.pipeline.warm_up(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode(), sizes)
+            probe = await self.pipeline.warm_up(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode(), sizes)
         except Exception as exc:
             self.not_ready_reason = f"the warm-up inference failed ({type(exc).__name__}: {exc})"
             log.exception("%s: %s", self.name, self.not_ready_reason)
             return
         self.ready = True
         log.info("%s: ready (warm-up at batch sizes %s took %.0f ms)", self.name, sizes, (perf_counter() - started) * 1000)
+        log.info("%s: start-up probe, %s: %s", self.name, DEFAULT_IMAGE.name, probe.describe(cpu_count(), self.backend.on_gpu))
 
     def ready_pipeline(self) -> Pipeline:
         """The pipeline, or HTTP 503 (``Retry-After``) until the model is loaded and warmed up."""
