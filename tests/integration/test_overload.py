@@ -9,6 +9,9 @@ import pytest
 
 from fastapi_service import metric_samples, predict, predict_concurrently, running
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.measure.loadgen import overload, run_bench
+from servelab.measure.records import Load
+from servelab.measure.targets import FastAPITarget
 
 BURST = 48  # requests sent at once: far more than two CPUs serve before the next arrives
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -68,3 +71,59 @@ def test_unbounded_serves_the_whole_burst(services, client):
     responses = burst(url)
     assert [r.status_code for r in responses] == [200] * BURST
     assert set(shed_counts(client, url).values()) == {0.0}
+
+
+def test_the_load_generator_counts_shed_requests_apart_from_errors(services, client):
+    """A closed loop of 16 senders on the bounded service: the record's shed count is the server's, no errors."""
+    url = services["bounded"]
+    before = sum(shed_counts(client, url).values())
+    record = run_bench(FastAPITarget(url, PHOTO), Load.closed(16, requests=160, warmup=0), stage="fastapi-onnx")
+    served = sum(shed_counts(client, url).values()) - before
+    assert record.stats.errors == {} and record.stats.shed.get("queue_full", 0) > 0, record.stats
+    assert sum(record.stats.shed.values()) == served
+    assert record.stats.successes + served == record.stats.requests == 160
+
+
+@pytest.fixture(scope="module")
+def overloads(services):
+    """The capacity of the unbounded service (closed loop, 8 senders), then 1.5x that for a few seconds on it
+    and on the bounded one; and the service time (the sequential median)."""
+    target = FastAPITarget(services["unbounded"], PHOTO)
+    service_ms = run_bench(target, Load.sequential(30), stage="fastapi-onnx").stats.latency.p50_ms
+    capacity = run_bench(target, Load.closed(8, requests=None, duration_s=2), stage="fastapi-onnx").stats.throughput_rps
+    runs = {which: overload(FastAPITarget(services[which], PHOTO), capacity, stage="fastapi-onnx", seconds=OVERLOAD_S,
+                            config={"bound": which})
+            for which in ("unbounded", "bounded")}
+    return service_ms, capacity, runs
+
+
+OVERLOAD_S = 4.0
+
+
+def test_without_a_bound_latency_grows_with_time(overloads):
+    service_ms, capacity, runs = overloads
+    r = runs["unbounded"]
+    t = r.timeline
+    assert r.config["run"] == "overload" and r.config["multiple"] == 1.5
+    assert r.load.rate == pytest.approx(1.5 * capacity)
+    assert r.stats.shed == {} and sum(t.shed) == 0
+    p99 = [v for v in t.p99_ms if v is not None]
+    assert len(p99) >= 3 and p99[-1] > 2 * p99[0], p99  # the queue grows: later requests wait longer
+    # Every request is kept, with when it was sent: later sends waited longer.
+    per = r.per_request
+    assert len(per.sent_s) == len(per.latency_ms) == len(per.outcome) == r.stats.requests
+    assert per.latency_ms[per.sent_s.index(max(per.sent_s))] > 3 * service_ms
+
+
+def test_with_a_bound_accepted_requests_stay_fast_and_the_rest_are_shed(overloads):
+    service_ms, capacity, runs = overloads
+    r = runs["bounded"]
+    assert r.stats.errors == {} and r.stats.shed.get("queue_full", 0) > 0, r.stats
+    assert sum(r.timeline.shed) == sum(r.stats.shed.values())
+    assert r.per_request.outcome.count("shed:queue_full") == r.stats.shed["queue_full"]
+    # At most 2 requests held at once: an accepted request waits for at most one other.
+    assert r.stats.latency.p99_ms <= ACCEPTED_P99_MULTIPLE * service_ms, (r.stats.latency.p99_ms, service_ms)
+    assert r.stats.latency.p99_ms < runs["unbounded"].stats.latency.p99_ms / 2
+
+
+ACCEPTED_P99_MULTIPLE = 6  # accepted p99 <= this x the service time (sequential median), with a bound of 2
