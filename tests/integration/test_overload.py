@@ -11,7 +11,10 @@ from fastapi_service import metric_samples, predict, predict_concurrently, runni
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure.loadgen import overload, run_bench
 from servelab.measure.records import Load
-from servelab.measure.targets import FastAPITarget
+from servelab.measure.targets import FastAPITarget, TritonTarget
+from servelab.servers.triton import server
+from servelab.servers.triton.configs import get_stage, shedding
+from triton_repo import make_repository
 
 BURST = 48  # requests sent at once: far more than two CPUs serve before the next arrives
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -127,3 +130,31 @@ def test_with_a_bound_accepted_requests_stay_fast_and_the_rest_are_shed(overload
 
 
 ACCEPTED_P99_MULTIPLE = 6  # accepted p99 <= this x the service time (sequential median), with a bound of 2
+
+
+@pytest.fixture(scope="module")
+def triton(model, tmp_path_factory):
+    """A tritonserver of this module's own, started at pt-dyn with a queue policy of 2 requests: the tier's
+    ``local_triton`` needs every model variant built (minutes on a busy 2-CPU machine), this only the model."""
+    root = tmp_path_factory.mktemp("overload-triton")
+    stage = shedding(get_stage("pt-dyn"), max_queue_size=2)
+    with server.start_local(stage, kind="cpu", repository=make_repository(root / "repository"),
+                            log=root / "tritonserver.log", exit_timeout_s=2) as local:
+        yield local
+
+
+@pytest.mark.parametrize("policy, reason", [({"max_queue_size": 2}, "queue_full"),
+                                            ({"max_queue_size": 1000, "timeout_us": 20_000}, "queue_timeout")])
+def test_triton_with_a_queue_policy_sheds_and_the_record_counts_it_as_shed(triton, policy, reason):
+    stage = shedding(get_stage("pt-dyn"), **policy)
+    config = triton.apply_stage(stage)
+    said = config["dynamic_batching"]["default_queue_policy"]
+    assert int(said["max_queue_size"]) == policy["max_queue_size"] and said["timeout_action"] == "REJECT"
+    assert int(said.get("default_timeout_microseconds", 0)) == policy.get("timeout_us", 0)
+    target = TritonTarget(triton.url, stage.triton.model, PHOTO)
+    record = run_bench(target, Load.closed(32, requests=128, warmup=0), stage=stage.name)
+    assert record.stats.errors == {}, record.stats.errors  # Triton's 503s are shed, not errors
+    assert record.stats.shed.get(reason, 0) > 0 and record.stats.successes > 0, record.stats
+    assert record.stats.successes + sum(record.stats.shed.values()) == 128
+    # Right after, a single request is served.
+    assert run_bench(target, Load.sequential(3, warmup=0), stage=stage.name).stats.successes == 3
