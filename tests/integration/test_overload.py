@@ -3,6 +3,10 @@
 requests, and GourmetGram's "busy" page."""
 
 import asyncio
+import io
+import re
+import socket
+import time
 
 import httpx
 import pytest
@@ -158,3 +162,47 @@ def test_triton_with_a_queue_policy_sheds_and_the_record_counts_it_as_shed(trito
     assert record.stats.successes + sum(record.stats.shed.values()) == 128
     # Right after, a single request is served.
     assert run_bench(target, Load.sequential(3, warmup=0), stage=stage.name).stats.successes == 3
+
+
+def hold_requests(url: str, n: int) -> list[socket.socket]:
+    """``n`` prediction requests that the service holds: headers sent, body not yet (the bound counts a request
+    from its arrival), so the service is full for as long as the sockets stay open."""
+    host, port = url.removeprefix("http://").split(":")
+    held = []
+    for _ in range(n):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 1000\r\n\r\n{".encode())
+        held.append(sock)
+    return held
+
+
+def test_gourmetgram_says_busy_while_the_service_sheds_and_recovers_by_itself(services, client):
+    """GourmetGram on the bounded service (2 requests) while two other clients hold it full: a photo gets the
+    friendly "busy, try again in 1 s" page (503 + Retry-After, no error card); once they are gone, the same
+    upload is classified, with nothing restarted."""
+    from servelab.core.settings import Settings
+    from servelab.servers.gourmetgram.web import create_app
+
+    url = services["bounded"]
+    gourmetgram = create_app(Settings(backend="fastapi", fastapi_server_url=url, backend_timeout=30)).test_client()
+
+    def upload():
+        return gourmetgram.post("/classify", data={"photo": (io.BytesIO(PHOTO), "coffee.jpg")},
+                                content_type="multipart/form-data")
+
+    held = hold_requests(url, 2)
+    try:
+        time.sleep(0.5)  # both have reached the service
+        page = upload()
+    finally:
+        for sock in held:
+            sock.close()
+    assert page.status_code == 503 and page.headers["Retry-After"] == "1"
+    assert 'id="busy"' in page.text and 'id="error"' not in page.text and "Traceback" not in page.text
+    message = " ".join(re.search(r'id="busy".*?<p>(.*?)</p>', page.text, re.S).group(1).split())
+    assert message == ("GourmetGram is busy right now: too many photos are being classified at once. "
+                       "Try again in 1 s.")
+    time.sleep(1)  # as the page says
+    recovered = upload()
+    assert recovered.status_code == 200 and 'id="label"' in recovered.text and 'id="busy"' not in recovered.text
