@@ -9,6 +9,7 @@ Library use (``servelab lab`` and notebooks)::
     record = run_bench(target, Load.sequential(100), stage="fastapi-pt")
     records = sweep(target, [Load.closed(c, requests=500) for c in (1, 2, 4, 8, 16)], stage="fastapi-pt")
     record = run_bench(target, Load.open(120, "poisson", requests=1200), stage="fastapi-pt", out=path)
+    record = overload(target, capacity_rps=records[-1].stats.throughput_rps, stage="fastapi-pt")  # 1.5x, 10 s
 
 ``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
 run_bench_async(...)`` instead. Each run: connect (one persistent client), send ``load.warmup``
@@ -26,6 +27,11 @@ Load modes (``Load``):
   *scheduled* send time, so time a request spent waiting for the client (at most
   ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
+
+Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
+counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
+the run kept over time: its ``timeline`` (p50/p99, throughput, errors and shed per second) and every
+request (``per_request``: sent, latency, outcome).
 """
 
 import asyncio
@@ -42,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from servelab.measure.monitor import Monitor
-from servelab.measure.records import Breakdown, Load, Record, Timeline, append_record, machine_info
+from servelab.measure.records import Breakdown, Load, PerRequest, Record, Timeline, append_record, machine_info
 from servelab.measure.schedule import send_times, window_s
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
@@ -56,6 +62,8 @@ LATE_WARN_FRACTION = 0.01
 OPEN_LOOP_LEAD_S = 0.01  # the schedule starts this far ahead, so the first send is not late
 STATS_SETTLE_S, STATS_SETTLE_TRIES = 0.05, 20
 clock = time.perf_counter  # monotonic, high resolution (never time.time)
+OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerRequest: ok, shed:<reason>, or the error
+OVERLOAD_MULTIPLE = 1.5  # the overload case's offered rate, times the measured capacity
 
 
 @dataclass
@@ -65,6 +73,7 @@ class RawRun:
     index: list[int] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
+    shed: Counter = field(default_factory=Counter)  # reason -> requests the server shed
     send_lag_s: list[float] = field(default_factory=list)
     timing: TimingSums = field(default_factory=TimingSums)
     warnings: list[str] = field(default_factory=list)
@@ -72,8 +81,8 @@ class RawRun:
     last_done: float = 0.0
     window_s: float = 0.0  # open loop: the schedule's window, the least time the run can take
     offered_rps: float | None = None  # open loop: requests scheduled / window
-    # Every request: (completed, seconds from ``started``; latency s; None or the error kind)
-    outcomes: list[tuple[float, float, str | None]] = field(default_factory=list)
+    # Every request: (completed, seconds from ``started``; latency s; OK, SHED + the reason, or the error kind)
+    outcomes: list[tuple[float, float, str]] = field(default_factory=list)
     scheduled_s: np.ndarray | None = None  # open loop: the send times, from ``started``
 
     @property
@@ -86,9 +95,14 @@ class RawRun:
             self.latency_s.append(latency_s)
             if outcome.timing is not None:
                 self.timing.add(outcome.timing)
+            kind = OK
+        elif outcome.shed:
+            self.shed[outcome.error or "unknown"] += 1
+            kind = SHED + (outcome.error or "unknown")
         else:
-            self.errors[outcome.error or "unknown"] += 1
-        self.outcomes.append((done - self.started, latency_s, None if outcome.ok else outcome.error or "unknown"))
+            kind = outcome.error or "unknown"
+            self.errors[kind] += 1
+        self.outcomes.append((done - self.started, latency_s, kind))
         self.last_done = max(self.last_done, done)
 
     def ordered_latencies_s(self) -> np.ndarray:
@@ -255,11 +269,15 @@ async def run_bench_async(
     stand_in: str | None = None,
     out: Path | None = None,
     sampler: Any = None,
+    timeline_bin_s: float | None = None,
+    keep_requests: bool = False,
 ) -> Record:
     """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
 
     With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events``
-    on the perf_counter clock) the record gets a ``timeline`` of the run, per second, with them."""
+    on the perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per
+    ``timeline_bin_s`` (default 1 s), with the sampler's replicas and events where there is one;
+    ``keep_requests``: every request in ``per_request``."""
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
     client = await target.connect(connections, timeout_s)
@@ -289,7 +307,7 @@ async def run_bench_async(
         load=load,
         batch=target.batch,
         stats=summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
-                        run.offered_rps),
+                        run.offered_rps, run.shed),
         breakdown=breakdown,
         monitors=monitors,
         machine=machine_info([g.name for g in monitors.gpus] or None),
@@ -297,32 +315,44 @@ async def run_bench_async(
         stand_in=stand_in,
         first_request_ms=first_ms,
         window_unix=[window_start, window_end],
-        timeline=build_timeline(run, sampler) if sampler is not None else None,
+        timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
+        per_request=per_request(run) if keep_requests else None,
     )
     if out is not None:
         append_record(out, record)
     return record
 
 
-def build_timeline(run: RawRun, sampler: Any, bin_s: float = 1.0) -> Timeline:
-    """Per ``bin_s``: throughput, errors and latency of the requests completed in it; the sampler's
-    replica counts and events, on the same clock (seconds from the measured window's start)."""
+def per_request(run: RawRun) -> PerRequest:
+    """Every request of ``run``: sent (its scheduled time in an open loop: completion less latency), latency, outcome."""
+    return PerRequest(sent_s=[round(done - latency, 6) for done, latency, _ in run.outcomes],
+                      latency_ms=[round(latency * 1000, 3) for _, latency, _ in run.outcomes],
+                      outcome=[kind for _, _, kind in run.outcomes])
+
+
+def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Timeline:
+    """Per ``bin_s``: throughput, errors, shed requests and latency of the requests completed in it; the
+    sampler's replica counts and events (where there is one), on the same clock (seconds from the measured
+    window's start)."""
     end = max([run.wall_s] + [t for t, _, _ in run.outcomes])
     bins = max(1, math.ceil(end / bin_s))
     ok: list[list[float]] = [[] for _ in range(bins)]
-    errors = [0] * bins
-    for done, latency, error in run.outcomes:
+    errors, shed = [0] * bins, [0] * bins
+    for done, latency, kind in run.outcomes:
         b = min(bins - 1, max(0, int(done // bin_s)))
-        if error is None:
+        if kind == OK:
             ok[b].append(latency * 1000)
+        elif kind.startswith(SHED):
+            shed[b] += 1
         else:
             errors[b] += 1
     offered = [0.0] * bins
     if run.scheduled_s is not None:
         for b, count in Counter(min(bins - 1, int(t // bin_s)) for t in run.scheduled_s).items():
             offered[b] = count / bin_s
-    events = {name: round(t - run.started, 3) for t, name in sampler.events}
-    failed_at = sorted(done for done, _, error in run.outcomes if error is not None)
+    samples, sampled_events = (sampler.samples, sampler.events) if sampler is not None else ([], [])
+    events = {name: round(t - run.started, 3) for t, name in sampled_events}
+    failed_at = sorted(done for done, _, kind in run.outcomes if kind != OK and not kind.startswith(SHED))
     recovery = None
     if events:
         first_event = min(events.values())
@@ -330,9 +360,10 @@ def build_timeline(run: RawRun, sampler: Any, bin_s: float = 1.0) -> Timeline:
         recovery = round(after[-1] - first_event, 3) if after else 0.0
     return Timeline(
         bin_s=bin_s, t_s=[b * bin_s for b in range(bins)], throughput_rps=[len(v) / bin_s for v in ok], errors=errors,
+        shed=shed,
         p50_ms=[float(np.percentile(v, 50)) if v else None for v in ok],
         p99_ms=[float(np.percentile(v, 99)) if v else None for v in ok], offered_rps=offered,
-        replicas_t_s=[round(t - run.started, 3) for t, _ in sampler.samples], replicas=[n for _, n in sampler.samples],
+        replicas_t_s=[round(t - run.started, 3) for t, _ in samples], replicas=[n for _, n in samples],
         events=events, first_error_s=failed_at[0] if failed_at else None,
         last_error_s=failed_at[-1] if failed_at else None, recovery_s=recovery,
     )
@@ -346,3 +377,18 @@ def run_bench(target: Target, load: Load, **kwargs: Any) -> Record:
 def sweep(target: Target, loads: Iterable[Load], **kwargs: Any) -> list[Record]:
     """One run per load, in order (e.g. concurrency 1, 2, 4, 8, 16), each with its own connections."""
     return [run_bench(target, load, **kwargs) for load in loads]
+
+
+def overload(target: Target, capacity_rps: float, *, stage: str, multiple: float = OVERLOAD_MULTIPLE,
+             seconds: float = 10.0, arrivals: str = "poisson", bin_s: float = 1.0, max_inflight: int = 512,
+             warmup: int = 10, config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
+    """An open loop at ``multiple`` x ``capacity_rps`` (a closed-loop run's ``stats.throughput_rps``: what the
+    stage served at saturation) for ``seconds``, long enough for an unbounded queue to grow: the record has
+    its ``timeline`` (p50/p99 per ``bin_s``: latency against time, not one percentile) and every request
+    (``per_request``); its ``config`` says ``run: overload``, the capacity and the multiple. Latency counts
+    from each scheduled send, so a client held up by ``max_inflight`` outstanding requests still counts the
+    wait. ``kwargs``: ``run_bench``'s (``out``, ``server_pid``, ``stand_in``, ``timeout_s``)."""
+    rate = multiple * capacity_rps
+    load = Load.open(rate, arrivals, requests=None, duration_s=seconds, warmup=warmup, max_inflight=max_inflight)
+    labels = {**(config or {}), "run": "overload", "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
+    return run_bench(target, load, stage=stage, config=labels, timeline_bin_s=bin_s, keep_requests=True, **kwargs)

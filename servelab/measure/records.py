@@ -107,11 +107,14 @@ class Latency(BaseModel):
 
 
 class Stats(BaseModel):
-    """Client-side results. Errors are never successes; throughput counts successes only."""
+    """Client-side results. Errors are never successes; throughput counts successes only. A request the
+    server shed under load (503 + Retry-After, Triton's queue policy) is counted in ``shed``, not ``errors``:
+    refusing it was the server doing what it was set to do."""
 
     requests: int | None = None  # measured requests sent (None where the tool does not say)
     successes: int | None = None
     errors: dict[str, int] = {}  # kind ("http_500", "connection_refused", ...) -> count
+    shed: dict[str, int] = {}  # why ("queue_full", "queue_timeout") -> count
     wall_s: float | None = None  # first measured send to last completion (open loop: at least the schedule's window)
     offered_rps: float | None = None  # open loop: requests scheduled per second of the schedule's window
     throughput_rps: float  # successful requests / wall_s
@@ -203,7 +206,8 @@ class Timeline(BaseModel):
     bin_s: float
     t_s: list[float] = []  # bin starts
     throughput_rps: list[float] = []  # successes completed in the bin / bin_s
-    errors: list[int] = []  # failures completed in the bin
+    errors: list[int] = []  # failures completed in the bin (shed requests are not failures)
+    shed: list[int] = []  # requests shed by the server, completed in the bin
     p50_ms: list[float | None] = []  # of the bin's successes
     p99_ms: list[float | None] = []
     offered_rps: list[float] = []  # open loop: requests scheduled in the bin / bin_s
@@ -213,6 +217,16 @@ class Timeline(BaseModel):
     first_error_s: float | None = None
     last_error_s: float | None = None
     recovery_s: float | None = None  # from the first event to the last failure after it (0: none failed)
+
+
+class PerRequest(BaseModel):
+    """Every measured request of a run, in the order they completed: when it was sent (its scheduled time in
+    an open loop), seconds from the start of the measured window; its latency; its outcome: ``ok``, ``shed:``
+    and the reason, or the error kind. Kept where asked (an overload run), for latency against time."""
+
+    sent_s: list[float] = []
+    latency_ms: list[float] = []
+    outcome: list[str] = []
 
 
 class Record(BaseModel):
@@ -238,7 +252,8 @@ class Record(BaseModel):
     first_request_ms: float | None = None
     window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
     prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
-    timeline: Timeline | None = None  # step-load and node-failure runs
+    timeline: Timeline | None = None  # step-load, node-failure and overload runs
+    per_request: PerRequest | None = None  # overload runs: every request
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -29,15 +29,18 @@ def summarize(
     send_lags_s: Sequence[float] = (),
     late_after_s: float = 0.010,
     offered_rps: float | None = None,
+    shed: Counter | None = None,
 ) -> Stats:
-    """``latencies_s`` of successful requests only; throughput = successes / measured wall time."""
-    successes = len(latencies_s)
+    """``latencies_s`` of successful requests only; throughput = successes / measured wall time; ``shed``:
+    requests the server refused under load, by reason (neither successes nor errors)."""
+    successes, shed = len(latencies_s), shed or Counter()
     throughput = successes / wall_s if wall_s > 0 else 0.0
     lags = np.asarray(send_lags_s, dtype=np.float64)
     return Stats(
-        requests=successes + sum(errors.values()),
+        requests=successes + sum(errors.values()) + sum(shed.values()),
         successes=successes,
         errors=dict(sorted(errors.items())),
+        shed=dict(sorted(shed.items())),
         wall_s=wall_s,
         throughput_rps=throughput,
         items_per_s=throughput * batch,

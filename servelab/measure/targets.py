@@ -6,6 +6,9 @@ reuses persistent connections) whose ``send()`` performs one request and returns
 A response counts as a success only if it has the expected status *and* content: an HTTP 200
 carrying an error body is an error (``bad_response``), as are error statuses (``http_500``),
 refused connections (``connection_refused``, ``grpc_unavailable``) and timeouts (``timeout``).
+A request the server *shed* under load is neither: ``Outcome.shed`` is set and its kind is the reason
+(``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or Triton's
+rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
 
 * ``FastAPITarget(url, image, batch)``: ``POST {url}/predict`` with ``{"image": "<base64>"}``, or
   ``POST {url}/predict/batch`` with ``{"images": [...]}`` when ``batch > 1``; reads ``Server-Timing``.
@@ -40,8 +43,9 @@ _JSON = {"content-type": "application/json"}
 @dataclass(frozen=True, slots=True)
 class Outcome:
     ok: bool
-    error: str | None = None  # the error kind when not ok
+    error: str | None = None  # the error kind when not ok (a shed request: why it was shed)
     timing: ServerTiming | None = None
+    shed: bool = False  # refused by the server under load, by design: not an error
 
 
 class Client(Protocol):
@@ -89,6 +93,18 @@ def _errors() -> tuple[type[BaseException], ...]:
     from tritonclient.utils import InferenceServerException
 
     return (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException)
+
+
+def _refused(status: int, content: bytes) -> Outcome:
+    """A FastAPI error response: shed (503/429 with the ``shed`` body of servelab.servers.fastapi.errors) or an error."""
+    if status in (429, 503):
+        try:
+            reason = json.loads(content).get("shed")
+        except (ValueError, AttributeError):
+            reason = None
+        if isinstance(reason, str):
+            return Outcome(False, reason, shed=True)
+    return Outcome(False, f"http_{status}")
 
 
 def _result_count(body: Any) -> int:
@@ -143,7 +159,7 @@ class _FastAPIClient:
             async with self.session.post(self.endpoint, data=self.body, headers=_JSON) as resp:
                 content = await resp.read()
                 if resp.status != 200:
-                    return Outcome(False, f"http_{resp.status}")
+                    return _refused(resp.status, content)
                 timing = resp.headers.get("Server-Timing")
         except self.errors as exc:
             return Outcome(False, classify(exc))
@@ -221,7 +237,8 @@ class _TritonClient:
         try:
             result = await self.client.infer(self.model, self.inputs, outputs=self.outputs, **self.infer_kwargs)
         except self.errors as exc:
-            return Outcome(False, classify(exc))
+            reason = triton_io.shed_reason(str(exc))
+            return Outcome(False, reason, shed=True) if reason else Outcome(False, classify(exc))
         out = result.as_numpy(self.check)
         if out is None or out.shape[0] != self.batch:
             return Outcome(False, "bad_response")

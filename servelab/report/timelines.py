@@ -1,5 +1,8 @@
-"""The report's Ray Serve section: replica placement by node id, and the runs with a timeline
-(step load, node failure) as a table and a plot of throughput, latency, errors and replicas over time."""
+"""Runs over time. The report's Ray Serve section: replica placement by node id, and the runs with a
+timeline (step load, node failure) as a table and a plot of throughput, latency, errors and replicas over
+time. The overload section (``overload_section``): open loops above a stage's capacity, with and without a
+bound on its queue, as a table (accepted p99 against the service time, shed and failed requests) and the
+same plot, p50/p99 against time."""
 
 from pathlib import Path
 
@@ -23,12 +26,17 @@ def placement_rows(records: list[Record]) -> list[str]:
     return rows
 
 
+OVERLOAD = "overload"  # config["run"] of servelab.measure.loadgen.overload's records
+
+
+def _ray_timed(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.timeline is not None and r.config.get("run") != OVERLOAD]
+
+
 def timeline_rows(records: list[Record]) -> list[str]:
     rows = []
-    for r in records:
+    for r in _ray_timed(records):
         t = r.timeline
-        if t is None:
-            continue
         errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
         replicas = f"{min(t.replicas)}–{max(t.replicas)}" if t.replicas else "-"
         rows.append(f"| {r.stage} | {r.config.get('run', '')} | {r.load.label()} | {r.stats.successes} | {errors} | "
@@ -55,6 +63,9 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
         if any(t.offered_rps):
             top.step(t.t_s, t.offered_rps, where="post", color="grey", lw=1, label="offered req/s")
         top.bar(mid, t.errors, width=t.bin_s * 0.8, color="tab:red", alpha=0.6, label="failed requests")
+        if any(t.shed):
+            top.bar(mid, [s / t.bin_s for s in t.shed], bottom=t.errors, width=t.bin_s * 0.8, color="tab:orange",
+                    alpha=0.6, label="shed req/s (503, queue policy)")
         top.set_title(f"{r.stage}: {r.config.get('run', '')} ({r.load.label()})", fontsize=9)
         top.legend(fontsize=7)
         middle.plot(mid, t.p50_ms, ".-", label="p50 ms")
@@ -76,6 +87,44 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
     return True
 
 
+def overload_rows(records: list[Record], service_ms: dict[str, float]) -> list[str]:
+    """One row per overload run; ``service_ms``: stage -> its service time (the sequential median), against
+    which the accepted requests' p99 is stated as a multiple."""
+    rows = []
+    for r in records:
+        if r.config.get("run") != OVERLOAD or r.timeline is None:
+            continue
+        p99, service = r.stats.latency.p99_ms, service_ms.get(r.stage)
+        first = next((v for v in r.timeline.p99_ms if v is not None), None)
+        last = next((v for v in reversed(r.timeline.p99_ms) if v is not None), None)
+        errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
+        shed = ", ".join(f"{kind} {n}" for kind, n in r.stats.shed.items()) or "0"
+        rows.append(f"| {r.stage} | {r.config.get('bound', '')} | {r.load.label()} ({r.config.get('multiple', '')}x "
+                    f"{r.config.get('capacity_rps', 0):.1f}) | {r.stats.successes} | {shed} | {errors} | "
+                    f"{'-' if first is None else f'{first:.0f}'} → {'-' if last is None else f'{last:.0f}'} | "
+                    f"{'-' if p99 is None else f'{p99:.0f}'} | "
+                    f"{'-' if p99 is None or not service else f'{p99 / service:.1f}x'} |")
+    return rows
+
+
+def overload_section(records: list[Record], out_dir: Path, service_ms: dict[str, float]) -> list[str]:
+    """The overload case: its table and its plot over time (``overload_timelines.png``); [] without overload runs."""
+    rows = overload_rows(records, service_ms)
+    if not rows:
+        return []
+    md = ["## Overload and load shedding", "",
+          "Open-loop load above each stage's measured capacity. Without a bound the queue grows and so does "
+          "latency, second after second; with one (MAX_QUEUE_REQUESTS / MAX_QUEUE_DELAY_MS, Triton's "
+          "`default_queue_policy` with REJECT) the excess is shed (503 + Retry-After) and the accepted requests "
+          "stay near the service time. Shed requests are counted apart from failures.", "",
+          "| stage | bound | load | ok | shed | failed | p99 first → last second ms | accepted p99 ms | "
+          "p99 ÷ service time |", "|---|---|---|---:|---|---|---|---:|---:|", *rows, ""]
+    runs = [r for r in records if r.config.get("run") == OVERLOAD and r.timeline is not None]
+    if plot_timelines(runs, out_dir / "overload_timelines.png"):
+        md += ["![Overload runs over time: throughput, shed, p50/p99](overload_timelines.png)", ""]
+    return md
+
+
 def section(records: list[Record], out_dir: Path) -> list[str]:
     placement, timed = placement_rows(records), timeline_rows(records)
     if not placement and not timed:
@@ -90,6 +139,6 @@ def section(records: list[Record], out_dir: Path) -> list[str]:
                "a request its replica died with; `timeout`: past the per-request timeout).", "",
                "| stage | run | load | ok | errors | recovery s | max latency ms | running replicas |",
                "|---|---|---|---:|---|---:|---:|---|", *timed, ""]
-        if plot_timelines(records, out_dir / "ray_timelines.png"):
+        if plot_timelines(_ray_timed(records), out_dir / "ray_timelines.png"):
             md += ["![Ray Serve runs over time: throughput, latency, errors, replicas](ray_timelines.png)", ""]
     return md

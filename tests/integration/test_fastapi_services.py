@@ -153,7 +153,8 @@ def test_ready_says_what_runs(kind, services, client, artifacts):
     assert body["runtime"]["on_gpu"] is False
     assert body["preprocess_mode"] == "threads"  # PREPROCESS_PROCESSES=auto on the CPU: the model needs the cores
     # No settings: batch what waits behind busy instances, no request held back for one.
-    assert body["batching"] == {"enabled": True, "max_batch_size": 16, "batch_timeout_ms": 0.0, "max_request_images": 16}
+    assert body["batching"] == {"enabled": True, "max_batch_size": 16, "batch_timeout_ms": 0.0, "max_request_images": 16,
+                                "max_queue_requests": 0, "max_queue_delay_ms": 0}
     assert client.get(f"{services[kind]}/health").json() == {"status": "ok"}
     assert "swagger" in client.get(f"{services[kind]}/docs").text.lower()
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from servelab.servers.fastapi.batcher import MicroBatcher
+from servelab.servers.fastapi.errors import Overloaded
 
 
 class Model:
@@ -84,3 +85,26 @@ def test_an_inference_that_fails_fails_only_its_batch_and_frees_its_instance():
 
     (error,), second = asyncio.run(run())
     assert isinstance(error, RuntimeError) and float(second.logits[0, 0]) == 1.0
+
+
+def test_requests_waiting_past_the_queue_delay_are_shed_not_served_late():
+    """One 50 ms inference at a time, a 20 ms queue delay: of three sent at once the first is served, the two
+    behind it would start 50 and 100 ms late and are refused; the next one, alone, is served."""
+    model = Model()
+
+    async def main():
+        batcher = MicroBatcher(model, instances=1, max_queue_delay_s=0.02)
+        batcher.start()
+        try:
+            burst = await asyncio.gather(*(batcher.submit(np.full((1, 3), i, np.float32)) for i in range(3)),
+                                         return_exceptions=True)
+            return burst, await batcher.submit(np.ones((1, 3), np.float32))
+        finally:
+            await batcher.close()
+
+    burst, alone = asyncio.run(main())
+    assert not isinstance(burst[0], Exception) and burst[0].logits.tolist() == [[0.0] * 3]
+    for result in burst[1:]:
+        assert isinstance(result, Overloaded) and result.reason == "queue_timeout", result
+    assert alone.logits.tolist() == [[2.0] * 3]
+    assert model.sizes == [1, 1]  # the shed requests never reached the model

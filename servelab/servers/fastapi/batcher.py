@@ -12,9 +12,15 @@ per inference. A request's images always stay together, so a batched request lar
 ``instances`` inferences may run at once (Triton's instance count), each in its own thread: on a CPU
 two inferences on one intra-op thread each cost less CPU per image than one on two threads, and a
 batch forms only while every instance is busy, as Triton's scheduler forms one for a free instance.
+
+``max_queue_delay_s`` (MAX_QUEUE_DELAY_MS; 0 = none): a request that would have waited longer than that
+here when its inference starts is refused with ``Overloaded("queue_timeout")`` instead of being served
+late, as Triton's queue policy rejects with ``timeout_action: REJECT``; the bound on the requests the
+service holds (MAX_QUEUE_REQUESTS) is ``errors.QueueBoundMiddleware``'s.
 """
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
+
+from servelab.servers.fastapi.errors import Overloaded
 
 
 @dataclass(frozen=True)
@@ -37,12 +45,15 @@ class _Pending:
     x: np.ndarray
     future: asyncio.Future
     submitted: float
+    deadline: float  # its inference must start by then (perf_counter), else it is shed
 
 
 class MicroBatcher:
     def __init__(self, infer: Callable[[np.ndarray], np.ndarray], max_batch_size: int = 1, timeout_s: float = 0.0,
-                 on_batch: Callable[[int, float], None] | None = None, instances: int = 1):
+                 on_batch: Callable[[int, float], None] | None = None, instances: int = 1,
+                 max_queue_delay_s: float = 0.0):
         self.infer, self.max_batch_size, self.timeout_s = infer, max_batch_size, timeout_s
+        self.max_queue_delay_s = max_queue_delay_s
         self.on_batch = on_batch  # called with (images, seconds) after each inference
         self._pending: deque[_Pending] = deque()
         self._arrived = asyncio.Event()
@@ -71,7 +82,9 @@ class MicroBatcher:
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(x, future, perf_counter()))
+        now = perf_counter()
+        deadline = now + self.max_queue_delay_s if self.max_queue_delay_s else math.inf
+        self._pending.append(_Pending(x, future, now, deadline))
         self._arrived.set()
         return await future
 
@@ -92,11 +105,17 @@ class MicroBatcher:
                 return
 
     def _take(self) -> list[_Pending]:
-        batch, size = [], 0
+        batch, size, now = [], 0, perf_counter()
         while self._pending:
             item = self._pending[0]
             if item.future.done():  # its caller went away; skip the work
                 self._pending.popleft()
+                continue
+            if now > item.deadline:  # served now it would be late: refused, and its inference time saved
+                self._pending.popleft()
+                item.future.set_exception(Overloaded("queue_timeout", (
+                    f"shed: the request waited past MAX_QUEUE_DELAY_MS={self.max_queue_delay_s * 1000:g} for "
+                    "its inference; the service is overloaded, retry later")))
                 continue
             if batch and size + len(item.x) > self.max_batch_size:
                 break

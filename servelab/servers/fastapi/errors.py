@@ -5,8 +5,13 @@
 | 400 | invalid base64, bytes that are not an image, a truncated or corrupt image, empty input, a tiny image |
 | 413 | a body over ``MAX_BODY_BYTES`` (refused while it is read), more than ``MAX_REQUEST_IMAGES`` images, or an image whose header declares more than ``MAX_IMAGE_PIXELS`` pixels (refused before decoding) |
 | 422 | malformed JSON or a body that does not match the schema (``errors`` lists each problem) |
-| 503 | the model is not loaded and warmed up yet, or a preprocessing worker process died under the request (``Retry-After``) |
+| 503 | the model is not loaded and warmed up yet, a preprocessing worker process died under the request, or the request was shed: the service held ``MAX_QUEUE_REQUESTS`` already or the request waited past ``MAX_QUEUE_DELAY_MS``; always with ``Retry-After``, and a shed one says why in ``shed`` |
 | 500 | a bug; the traceback goes to the log, not to the client |
+
+Shedding answers 503, not 429: 429 says *this client* sent too many requests (a quota it can keep to
+by itself), while a full queue is the *server's* state, whoever sent the requests; 503 with
+``Retry-After`` is HTTP's "overloaded, come back later", which proxies, load balancers and client
+retry policies already treat as retryable on another replica or later.
 """
 
 from fastapi import FastAPI, HTTPException, Request
@@ -16,20 +21,68 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.core.preprocess import ImageError, ImageTooLarge
-from servelab.servers.fastapi.schemas import ErrorResponse, ValidationErrorResponse
+from servelab.servers.fastapi.schemas import ErrorResponse, ShedResponse, ValidationErrorResponse
+
+# Retry-After of a shed request, in whole seconds (HTTP's unit; 1 is its least): a bounded queue drains
+# within its bound times the service time, well under a second on the lab's stages.
+SHED_RETRY_AFTER_S = 1
+SHED_KEY = "servelab.shed"  # scope key: why the request was shed, for the metrics middleware to count
+PREDICT_ROUTES = frozenset({"/predict", "/predict/batch"})  # what MAX_QUEUE_REQUESTS bounds
 
 ERROR_RESPONSES = {
     400: {"model": ErrorResponse, "description": "Invalid base64, not an image, a truncated or corrupt image, or empty input."},
     413: {"model": ErrorResponse, "description": "Body over MAX_BODY_BYTES, too many images, or an image declaring more "
                                                  "than MAX_IMAGE_PIXELS pixels."},
     422: {"model": ValidationErrorResponse, "description": "Malformed JSON or a body that does not match the schema."},
-    503: {"model": ErrorResponse, "description": "The model is not loaded and warmed up yet, or a preprocessing worker "
-                                                 "process died while the request waited for it (retry)."},
+    503: {"model": ShedResponse, "description": "The model is not loaded and warmed up yet, a preprocessing worker "
+                                                "process died while the request waited for it, or the request was shed "
+                                                "(MAX_QUEUE_REQUESTS, MAX_QUEUE_DELAY_MS; `shed` says which): retry "
+                                                "after Retry-After seconds."},
 }
 
 
 class PreprocessWorkerLost(RuntimeError):
     """A preprocessing worker process died under this request (HTTP 503); the pool was replaced."""
+
+
+class Overloaded(RuntimeError):
+    """A request shed (HTTP 503, ``Retry-After``): ``reason`` is ``queue_full`` (refused on arrival) or
+    ``queue_timeout`` (refused when it had waited past MAX_QUEUE_DELAY_MS, instead of served late)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _shed(scope: Scope, exc: Overloaded) -> JSONResponse:
+    scope[SHED_KEY] = exc.reason
+    body = ShedResponse(detail=str(exc), shed=exc.reason, retry_after_s=SHED_RETRY_AFTER_S)
+    return JSONResponse(body.model_dump(), status_code=503, headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
+
+
+class QueueBoundMiddleware:
+    """Refuses a prediction request at once while ``limit`` others are in the service (MAX_QUEUE_REQUESTS):
+    held from arrival to answer, so the bound covers the wait for a preprocessing worker as well as for a
+    batch (on the CPU either queue can be the one that grows) and the body's reading. Before any work is
+    spent on it, so a refusal is cheap and the accepted requests' wait stays bounded."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit, self.held = app, limit, 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        if self.held >= self.limit:
+            full = Overloaded("queue_full", f"shed: the service holds {self.held} requests and takes at most "
+                                            f"{self.limit} (MAX_QUEUE_REQUESTS); it is overloaded, retry later")
+            await _shed(scope, full)(scope, receive, send)
+            return
+        self.held += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.held -= 1
 
 
 class BodyLimitMiddleware:
@@ -77,6 +130,10 @@ async def _worker_lost(request: Request, exc: PreprocessWorkerLost) -> JSONRespo
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
 
 
+async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    return _shed(request.scope, exc)
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     # The offending input is not echoed back: it may be megabytes of base64.
     errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
@@ -92,9 +149,12 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)
 
 
-def install_error_handlers(app: FastAPI, max_body_bytes: int) -> None:
+def install_error_handlers(app: FastAPI, max_body_bytes: int, max_queue_requests: int = 0) -> None:
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
+    if max_queue_requests:  # outside the body limit: a shed request's body is never read
+        app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests)
     app.add_exception_handler(ImageError, _image_error)
     app.add_exception_handler(PreprocessWorkerLost, _worker_lost)
+    app.add_exception_handler(Overloaded, _overloaded)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)

@@ -8,12 +8,15 @@ ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``),
 
 from collections.abc import Callable, Iterator
 from time import perf_counter
+from typing import get_args
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from servelab.servers.fastapi.errors import SHED_KEY
+from servelab.servers.fastapi.schemas import ShedReason
 from servelab.servers.fastapi.timing import Timing
 
 # Milliseconds to tens of seconds: an H100 inference and a CPU service at concurrency 16 both fit.
@@ -42,6 +45,10 @@ class Metrics:
         self.batch_size = Histogram("servelab_batch_size", "Images per inference call (above 1 with dynamic "
                                     "batching or batched requests).", buckets=sizes, registry=r)
         self.images = Counter("servelab_images", "Images classified.", registry=r)
+        self.shed = Counter("servelab_shed_requests", "Prediction requests refused with 503 under load, by reason: "
+                            "queue_full (MAX_QUEUE_REQUESTS) or queue_timeout (MAX_QUEUE_DELAY_MS).", ["reason"], registry=r)
+        for reason in get_args(ShedReason):  # both at 0 from the start, so a rate over them is defined before any shedding
+            self.shed.labels(reason)
         self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
                                                 "process died and its pool was replaced.", registry=r)
 
@@ -83,7 +90,8 @@ class SessionCollector(Collector):
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request, including those refused before reaching a handler (413, 422, 404)."""
+    """Counts every HTTP request, including those refused before reaching a handler (413, 422, 404, a shed
+    request), and the shed ones by reason."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: set[str]):
         self.app, self.metrics, self.routes = app, metrics, routes
@@ -111,3 +119,5 @@ class MetricsMiddleware:
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.latency.labels(route).observe(perf_counter() - started)
+            if reason := scope.get(SHED_KEY):  # set where the request was shed (errors._shed)
+                self.metrics.shed.labels(reason).inc()

@@ -106,7 +106,8 @@ class Pipeline:
         # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one).
         self.batcher = batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
                                on_batch=metrics.observe_batch if metrics else None,
-                               instances=model_instances(settings, backend))
+                               instances=model_instances(settings, backend),
+                               max_queue_delay_s=settings.max_queue_delay_ms / 1000)
 
     def _new_pool(self) -> Executor:
         if self.mode == "threads":

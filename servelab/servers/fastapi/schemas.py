@@ -66,6 +66,9 @@ class Batching(BaseModel):
     max_batch_size: int
     batch_timeout_ms: float
     max_request_images: int
+    max_queue_requests: int = Field(0, description="Load shedding: most prediction requests held at once "
+                                    "(MAX_QUEUE_REQUESTS); 0 = unbounded.")
+    max_queue_delay_ms: float = Field(0, description="Load shedding: longest wait for a batch (MAX_QUEUE_DELAY_MS); 0 = none.")
 
 
 class Ready(BaseModel):
@@ -102,6 +105,18 @@ class Ready(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str = Field(description="What was wrong, in words.")
+
+
+# Why a request was shed (servelab.servers.fastapi.errors.Overloaded): the service was full on arrival
+# (MAX_QUEUE_REQUESTS), or it had waited past MAX_QUEUE_DELAY_MS for its batch.
+ShedReason = Literal["queue_full", "queue_timeout"]
+
+
+class ShedResponse(ErrorResponse):
+    shed: ShedReason | None = Field(
+        None, description="Set only when the request was shed under load: the service held MAX_QUEUE_REQUESTS "
+                          "already or it waited past MAX_QUEUE_DELAY_MS. Retry after `retry_after_s` (the Retry-After header).")
+    retry_after_s: int | None = Field(None, description="With `shed`: seconds to wait before retrying.")
 
 
 class FieldError(BaseModel):

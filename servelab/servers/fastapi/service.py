@@ -117,6 +117,9 @@ class Service:
                      self.name, settings.max_batch_size, settings.batch_timeout_ms)
         else:
             log.info("%s: dynamic batching off (one request per inference)", self.name)
+        if settings.max_queue_requests or settings.max_queue_delay_ms:
+            log.info("%s: load shedding on: 503 + Retry-After past %s requests held or %s ms waited for a batch",
+                     self.name, settings.max_queue_requests or "unbounded", settings.max_queue_delay_ms or "unbounded")
 
     async def warm_up(self) -> None:
         started = perf_counter()
@@ -145,7 +148,8 @@ class Service:
             manifest_sha256=m.sha256(), variant=backend.variant,
             runtime={**backend.details, "on_gpu": backend.on_gpu, "session_counts": backend.session_counts()},
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
-                              batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images),
+                              batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images,
+                              max_queue_requests=s.max_queue_requests, max_queue_delay_ms=s.max_queue_delay_ms),
             preprocess_mode=self.pipeline.mode, preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
             **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
         )
@@ -160,7 +164,7 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     """Everything but ``POST /predict``: ``/predict/batch``, ``/health``, ``/ready``, ``/metrics``, the error
     contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
     settings = service.settings
-    install_error_handlers(app, settings.max_body_bytes)
+    install_error_handlers(app, settings.max_body_bytes, settings.max_queue_requests)
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")

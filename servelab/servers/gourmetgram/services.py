@@ -5,7 +5,10 @@ thread-safe, so gunicorn's threads share its keep-alive connections, and a conne
 closed is dropped from the pool, so a restarted backend is picked up by itself), a timeout on
 every call, and failures turned into a ``BackendError`` that carries the status the page answers
 with: unreachable → 502, timeout → 504, not ready or overloaded (503/429) → 503, the FastAPI
-service refusing the image (400/413) → 400/413, anything else → 502.
+service refusing the image (400/413) → 400/413, anything else → 502. A request the backend *shed*
+under load (the FastAPI service's 503 + ``Retry-After`` with a ``shed`` body, Triton's queue-policy
+rejection) is no failure of the app: its ``BackendError`` carries ``retry_after`` (seconds) and the page
+says "busy, try again in N s"; nothing is kept, so the next request after the load drops goes through.
 
 Triton is spoken to over its HTTP/REST protocol: requests are built and results read with
 ``servelab.servers.triton.client`` and tritonclient's own body codecs (``generate_request_body`` /
@@ -62,12 +65,14 @@ class About:
 
 
 class BackendError(Exception):
-    """A failed backend call, with the HTTP status the page answers with and plain words for users."""
+    """A failed backend call, with the HTTP status the page answers with and plain words for users;
+    ``retry_after``: set (seconds) where the backend shed the request because it is busy."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 class Backend(Protocol):
@@ -92,6 +97,21 @@ def _detail(response: requests.Response) -> str:
     if not isinstance(text, str):
         text = response.reason or "no details"
     return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "…"
+
+
+def _shed_retry_after(response: requests.Response) -> int | None:
+    """Seconds to wait where the backend shed this request (FastAPI's ``shed`` body, Triton's queue-policy
+    message), from its ``Retry-After`` (1 where it names none, as Triton never does); None otherwise."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    shed = isinstance(body, dict) and (isinstance(body.get("shed"), str)
+                                       or triton.shed_reason(str(body.get("error", ""))) is not None)
+    if not shed:
+        return None
+    header = response.headers.get("Retry-After", "")
+    return max(1, min(int(header), 60)) if header.isdigit() else 1
 
 
 def _is_read_timeout(exc: requests.ConnectionError) -> bool:
@@ -148,6 +168,9 @@ class _Http:
 
     def _refused(self, response: requests.Response) -> BackendError:
         code, detail = response.status_code, _detail(response)
+        if code in (429, 503) and (wait := _shed_retry_after(response)) is not None:
+            return BackendError(503, f"GourmetGram is busy right now: too many photos are being classified at "
+                                     f"once. Try again in {wait} s.", retry_after=wait)
         if code in (429, 503):
             return BackendError(503, f"The {self.service} is not ready or is overloaded ({detail}). "
                                      "Try again in a moment.")

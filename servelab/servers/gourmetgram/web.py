@@ -97,6 +97,9 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
         try:
             answer = backend.classify(data, image)
         except BackendError as exc:
+            if exc.retry_after is not None:  # shed under load: a friendly "busy", not an error page
+                log.info("backend %s is busy (shed the request); retry after %d s", backend.name, exc.retry_after)
+                return page(busy=exc.message, preview=preview), exc.status, {"Retry-After": str(exc.retry_after)}
             log.warning("backend %s failed with %d: %s", backend.name, exc.status, exc.message)
             return page(error=exc.message, preview=preview), exc.status
         elapsed_ms = (time.perf_counter() - started) * 1000

@@ -34,6 +34,16 @@ IMAGE_INPUT, LABEL_OUTPUT, PROBABILITY_OUTPUT = "INPUT_IMAGE", "FOOD_LABEL", "PR
 TENSOR_INPUT, PIXELS_INPUT, TENSOR_OUTPUT = "input", "image", "output"
 
 
+# What Triton 2.51 answers (HTTP 503) when a model's queue policy rejects a request (``timeout_action:
+# REJECT``), as read from the local server: queue full on arrival, or waited past the timeout.
+SHED_MESSAGES = {"Exceeds maximum queue size": "queue_full", "Request timeout expired": "queue_timeout"}
+
+
+def shed_reason(message: str) -> str | None:
+    """``queue_full`` or ``queue_timeout`` where ``message`` is Triton's rejection by a queue policy, else None."""
+    return next((reason for text, reason in SHED_MESSAGES.items() if text in message), None)
+
+
 def input_kind(model: str) -> InputKind:
     """What ``model`` takes, as the catalogue says; a ValueError for a model it does not hold."""
     try:
