@@ -160,8 +160,10 @@ def test_triton_with_a_queue_policy_sheds_and_the_record_counts_it_as_shed(trito
     assert record.stats.errors == {}, record.stats.errors  # Triton's 503s are shed, not errors
     assert record.stats.shed.get(reason, 0) > 0 and record.stats.successes > 0, record.stats
     assert record.stats.successes + sum(record.stats.shed.values()) == 128
-    # Right after, a single request is served.
-    assert run_bench(target, Load.sequential(3, warmup=0), stage=stage.name).stats.successes == 3
+    # Right after, requests one at a time are served: all of them with a free queue slot; with a 20 ms timeout
+    # a lone request can still expire while a busy 2-CPU machine keeps Triton's scheduler waiting, so most.
+    after = run_bench(target, Load.sequential(5, warmup=0), stage=stage.name).stats
+    assert after.errors == {} and after.successes >= (5 if reason == "queue_full" else 3), after
 
 
 def hold_requests(url: str, n: int) -> list[socket.socket]:
