@@ -40,6 +40,22 @@ PREPROCESS, POSTPROCESS = "food_preprocess", "food_postprocess"
 BATCHING = {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}
 # The one-request-per-inference stages say so: with no settings the services batch what already waits.
 NO_BATCHING = {"MAX_BATCH_SIZE": "1"}
+# The overload case: the lab offers these stages 1.5× their capacity, open loop, as they are (the queue grows
+# without bound) and ``bounded`` (the excess refused), and follows latency and shedding over time.
+OVERLOADED = ("fastapi-onnx", "onnx-dyn")
+# ``bounded``'s queue: at most this many requests held at once (FastAPI: arriving to answered; Triton:
+# waiting in the queue), one more refused at once with 503. A few per core: enough to keep every instance
+# busy, few enough that an accepted request waits a few service times at most.
+QUEUE_BOUND = 8
+
+
+def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:
+    """Triton's ``dynamic_batching.default_queue_policy``: a request arriving to ``max_queue_size`` queued ones
+    is rejected at once, one that waited ``timeout_us`` (0: no limit) instead of running late, and no client
+    may ask for a longer wait."""
+    policy: dict[str, Any] = {"max_queue_size": max_queue_size, "timeout_action": "REJECT",
+                              "allow_timeout_override": False}
+    return policy | ({"default_timeout_microseconds": timeout_us} if timeout_us else {})
 
 
 @dataclass(frozen=True)
@@ -257,9 +273,48 @@ def default_stage(family: Family) -> str:
     return stage
 
 
+def bounded(stage: Stage, max_queue_size: int = QUEUE_BOUND, timeout_us: int = 0) -> Stage:
+    """``stage`` with its queue bounded, named after it and the bound (``fastapi-onnx-shed``,
+    ``pt-dyn-shed-q2-20000us``): FastAPI's ``MAX_QUEUE_REQUESTS`` (and ``MAX_QUEUE_DELAY_MS``), Triton's
+    ``default_queue_policy`` (``queue_policy``; a model without a dynamic batcher gets one: the policy is one
+    of its fields). Derived, not listed: the overload case measures it beside ``stage``."""
+    tag = "" if (max_queue_size, timeout_us) == (QUEUE_BOUND, 0) else f"-q{max_queue_size}" + (
+        f"-{timeout_us}us" if timeout_us else "")
+    words = f"{max_queue_size} requests" + (f", {timeout_us / 1000:g} ms" if timeout_us else "")
+    if isinstance(stage.part, FastAPIPart):
+        env = {**stage.part.env, "MAX_QUEUE_REQUESTS": str(max_queue_size),
+               **({"MAX_QUEUE_DELAY_MS": f"{timeout_us / 1000:g}"} if timeout_us else {})}
+        part: Part = replace(stage.part, env=env, compose=False)
+    elif isinstance(stage.part, TritonPart):
+        model, changes = stage.part.model, stage.part.changes
+        fields = dict(changes.get(model, {}))
+        fields["dynamic_batching"] = {**fields.get("dynamic_batching", {}),
+                                      "default_queue_policy": queue_policy(max_queue_size, timeout_us)}
+        part = replace(stage.part, changes={**changes, model: fields})
+    else:
+        raise ValueError(f"{stage.name}: a Ray Serve stage's queue is Serve's own (max_ongoing_requests)")
+    return replace(stage, name=f"{stage.name}-shed{tag}", part=part,
+                   about=f"{stage.name} with a bounded queue: {words}; one more is refused at once (503)",
+                   tour=False, gpu_check=False, lesson="shedding", baseline=stage.name, default=False)
+
+
+def queue_bound(stage: Stage) -> str:
+    """The stage's queue bound, in words ("none": requests queue without limit)."""
+    if isinstance(stage.part, FastAPIPart):
+        limits = [f"{stage.part.env[k]} {unit}" for k, unit in (("MAX_QUEUE_REQUESTS", "requests"),
+                                                                 ("MAX_QUEUE_DELAY_MS", "ms")) if k in stage.part.env]
+        return ", ".join(limits) or "none"
+    if isinstance(stage.part, TritonPart):
+        policy = stage.part.changes.get(stage.part.model, {}).get("dynamic_batching", {}).get("default_queue_policy")
+        return f"{policy['max_queue_size']} requests" if policy else "none"
+    return "none"
+
+
 def compared(lesson: str) -> tuple[tuple[str, str], ...]:
-    """(stage, its baseline) for each stage that teaches ``lesson`` against another, in catalogue order."""
-    return tuple((s.name, s.baseline) for s in CATALOGUE if s.lesson == lesson and s.baseline)
+    """(stage, its baseline) for each stage that teaches ``lesson`` against another, in catalogue order; the
+    overload case's derived stages against theirs for "shedding"."""
+    derived = [bounded(STAGES[name]) for name in OVERLOADED] if lesson == "shedding" else []
+    return tuple((s.name, s.baseline) for s in (*CATALOGUE, *derived) if s.lesson == lesson and s.baseline)
 
 
 def get_stage(name: str, family: Family | None = None) -> Stage:

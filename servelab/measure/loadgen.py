@@ -64,6 +64,7 @@ STATS_SETTLE_S, STATS_SETTLE_TRIES = 0.05, 20
 clock = time.perf_counter  # monotonic, high resolution (never time.time)
 OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerRequest: ok, shed:<reason>, or the error
 OVERLOAD_MULTIPLE = 1.5  # the overload case's offered rate, times the measured capacity
+OVERLOAD = "overload"  # config["run"] of the overload case's records
 
 
 @dataclass
@@ -379,16 +380,23 @@ def sweep(target: Target, loads: Iterable[Load], **kwargs: Any) -> list[Record]:
     return [run_bench(target, load, **kwargs) for load in loads]
 
 
-def overload(target: Target, capacity_rps: float, *, stage: str, multiple: float = OVERLOAD_MULTIPLE,
-             seconds: float = 10.0, arrivals: str = "poisson", bin_s: float = 1.0, max_inflight: int = 512,
-             warmup: int = 10, config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
-    """An open loop at ``multiple`` x ``capacity_rps`` (a closed-loop run's ``stats.throughput_rps``: what the
-    stage served at saturation) for ``seconds``, long enough for an unbounded queue to grow: the record has
-    its ``timeline`` (p50/p99 per ``bin_s``: latency against time, not one percentile) and every request
-    (``per_request``); its ``config`` says ``run: overload``, the capacity and the multiple. Latency counts
-    from each scheduled send, so a client held up by ``max_inflight`` outstanding requests still counts the
-    wait. ``kwargs``: ``run_bench``'s (``out``, ``server_pid``, ``stand_in``, ``timeout_s``)."""
-    rate = multiple * capacity_rps
-    load = Load.open(rate, arrivals, requests=None, duration_s=seconds, warmup=warmup, max_inflight=max_inflight)
-    labels = {**(config or {}), "run": "overload", "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
-    return run_bench(target, load, stage=stage, config=labels, timeline_bin_s=bin_s, keep_requests=True, **kwargs)
+def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOAD_MULTIPLE, arrivals: str = "poisson",
+                  warmup: int = 10, max_inflight: int = 512) -> tuple[Load, dict[str, Any]]:
+    """The overload case's load, an open loop at ``multiple`` x ``capacity_rps`` (a closed-loop run's
+    ``stats.throughput_rps``: what the stage served at saturation) for ``seconds``, long enough for an
+    unbounded queue to grow, and what its record's ``config`` says of it (``run: overload``, the capacity,
+    the multiple). Latency counts from each scheduled send, so a client held up by ``max_inflight``
+    outstanding requests still counts the wait."""
+    load = Load.open(multiple * capacity_rps, arrivals, requests=None, duration_s=seconds, warmup=warmup,
+                     max_inflight=max_inflight)
+    return load, {"run": OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
+
+
+def overload(target: Target, capacity_rps: float, *, stage: str, seconds: float = 10.0, bin_s: float = 1.0,
+             config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
+    """``overload_load``'s run: the record has its ``timeline`` (p50/p99 per ``bin_s``: latency against time,
+    not one percentile) and every request (``per_request``). ``kwargs``: ``run_bench``'s (``out``,
+    ``server_pid``, ``stand_in``, ``timeout_s``)."""
+    load, labels = overload_load(capacity_rps, seconds)
+    return run_bench(target, load, stage=stage, config={**(config or {}), **labels}, timeline_bin_s=bin_s,
+                     keep_requests=True, **kwargs)

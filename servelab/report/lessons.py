@@ -2,7 +2,7 @@
 
 A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic batching, more instances,
 a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
-failure, queueing under open-loop load), measured as a ratio of two of this run's records, with the
+failure, queueing under open-loop load, shedding above capacity), measured as a ratio of two of this run's records, with the
 figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
 change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
 than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from servelab.measure.fractions import capacity, closed_run, ratio_runs
+from servelab.measure.loadgen import OVERLOAD
 from servelab.measure.records import Record
 from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.report import compare
 from servelab.core.settings import get_settings
-from servelab.core.catalogue import CATALOGUE, STAGES, compared
+from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, STAGES, compared
 from servelab.core.hardware import int8_compute
 from servelab.core.tables import num
 
@@ -82,6 +83,9 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
                           notebook="10_ray"),
     "node failure": Expect("requests fail only while the dead node's replica is replaced; then all succeed",
                            notebook="the lab"),
+    "shedding": Expect(f"above capacity an unbounded queue grows and every request waits longer; a bound of "
+                       f"{QUEUE_BOUND} requests refuses the excess at once (503 + Retry-After) and the accepted "
+                       f"requests' p99 stays within {QUEUE_BOUND} service times", at_most=1.0, notebook="4_fastapi"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
                        "flatter", at_least=1.0, notebook="7_triton_onnx"),
 }
@@ -116,6 +120,11 @@ class Lesson:
 def _expect(key: str, device: str) -> Expect:
     e = EXPECT.get(key, Expect("the notebooks say nothing of this change yet"))
     return e[device] if isinstance(e, dict) else e
+
+
+def _needs_gpu(top: str, bottom: str) -> bool:
+    """Whether ``top`` runs only on a GPU; a stage derived from ``bottom`` (``catalogue.bounded``) as it does."""
+    return STAGES[top if top in STAGES else bottom].needs_gpu
 
 
 def notebook_of(stage: str) -> str:
@@ -200,7 +209,7 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
         cap, alone = capacity(records, stage), closed_run(records, stage, 1)
         runs = [r for r in records if r.stage == stage and r.tool == "servelab" and r.load.mode == "open"
                 and r.load.arrivals == "poisson" and not r.load.phases and not r.failed and r.batch == 1
-                and r.stats.latency.p50_ms]
+                and r.stats.latency.p50_ms and not r.config.get("run")]  # not the overload case: above capacity
         if not (cap and alone and alone.stats.latency.p50_ms and runs):
             continue
         top = max(runs, key=lambda r: r.load.rate)
@@ -211,6 +220,30 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
                       f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
                       "" if share is None else f"queue share {100 * share:.0f} %",
                       _verdict(_expect("queueing", device), ratio), top, alone)
+
+
+def _overload_run(records: list[Record], stage: str) -> Record | None:
+    return next((r for r in records if r.stage == stage and r.config.get("run") == OVERLOAD and not r.failed
+                 and r.stats.latency.p99_ms), None)
+
+
+def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
+    for top, bottom in compared("shedding"):
+        a, b, alone = _overload_run(records, top), _overload_run(records, bottom), closed_run(records, top, 1)
+        if not (a and b):
+            continue
+        ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect("shedding", device)
+        shed, asked = sum(a.stats.shed.values()), a.stats.successes + sum(a.stats.shed.values()) + a.stats.error_count
+        times = a.stats.latency.p99_ms / alone.stats.latency.p50_ms if alone and alone.stats.latency.p50_ms else None
+        extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed"]
+        if times is not None:
+            extra.append(f"accepted p99 = {times:.1f}× the service time")
+        verdict = _verdict(said, ratio, top) or (
+            f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time"
+            if times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
+        yield Finding("shedding", f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
+                      f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
+                      "; ".join(extra), verdict, a, b)
 
 
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
@@ -248,6 +281,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("autoscaling", "Autoscaling under a step load", _autoscaling),
     Lesson("node failure", "A worker node dies mid-run", _node_failure),
     Lesson("queueing", "Open-loop load near capacity", _queueing),
+    Lesson("shedding", "A bounded queue under load above capacity", _shedding),
 )
 
 
@@ -261,7 +295,7 @@ def findings(records: list[Record]) -> list[tuple[Lesson, list[Finding]]]:
     """Every lesson with what this run measured of it (an empty list: not measured)."""
     device = device_of(records)
     return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS
-            if not (device == "cpu" and lesson.pairs and all(STAGES[t].needs_gpu for t, _ in lesson.pairs))]
+            if not (device == "cpu" and lesson.pairs and all(_needs_gpu(t, b) for t, b in lesson.pairs))]
 
 
 def _line(f: Finding) -> str:
@@ -293,7 +327,7 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
                   f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))}).")
         md += [_line(f) for f in fs]
         missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
-                   and not (device == "cpu" and STAGES[t].needs_gpu)]
+                   and not (device == "cpu" and _needs_gpu(t, b))]
         missing_pairs += missing
     if unmeasured or missing_pairs:
         # One line, last: a tour (the default `make lab`) leaves most pairs out on purpose.

@@ -186,6 +186,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
         md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
     md += _precision_section(records)
     md += timelines.section(records, out_dir)
+    md += timelines.overload_section(records, out_dir)
     if skipped:
         md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
     failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]

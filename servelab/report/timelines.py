@@ -6,6 +6,9 @@ same plot, p50/p99 against time."""
 
 from pathlib import Path
 
+from servelab.core.tables import markdown, num
+from servelab.measure.fractions import closed_run
+from servelab.measure.loadgen import OVERLOAD
 from servelab.measure.records import Record
 
 
@@ -26,7 +29,6 @@ def placement_rows(records: list[Record]) -> list[str]:
     return rows
 
 
-OVERLOAD = "overload"  # config["run"] of servelab.measure.loadgen.overload's records
 
 
 def _ray_timed(records: list[Record]) -> list[Record]:
@@ -87,29 +89,29 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
     return True
 
 
-def overload_rows(records: list[Record], service_ms: dict[str, float]) -> list[str]:
-    """One row per overload run; ``service_ms``: stage -> its service time (the sequential median), against
-    which the accepted requests' p99 is stated as a multiple."""
+def overload_rows(records: list[Record]) -> list[list[str]]:
+    """One row per overload run, its accepted requests' p99 also as a multiple of the stage's service time
+    (its sequential median)."""
     rows = []
     for r in records:
         if r.config.get("run") != OVERLOAD or r.timeline is None:
             continue
-        p99, service = r.stats.latency.p99_ms, service_ms.get(r.stage)
+        alone = closed_run(records, r.stage, 1)
+        p99, service = r.stats.latency.p99_ms, alone.stats.latency.p50_ms if alone else None
         first = next((v for v in r.timeline.p99_ms if v is not None), None)
         last = next((v for v in reversed(r.timeline.p99_ms) if v is not None), None)
-        errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
-        shed = ", ".join(f"{kind} {n}" for kind, n in r.stats.shed.items()) or "0"
-        rows.append(f"| {r.stage} | {r.config.get('bound', '')} | {r.load.label()} ({r.config.get('multiple', '')}x "
-                    f"{r.config.get('capacity_rps', 0):.1f}) | {r.stats.successes} | {shed} | {errors} | "
-                    f"{'-' if first is None else f'{first:.0f}'} → {'-' if last is None else f'{last:.0f}'} | "
-                    f"{'-' if p99 is None else f'{p99:.0f}'} | "
-                    f"{'-' if p99 is None or not service else f'{p99 / service:.1f}x'} |")
+        rows.append([r.stage, r.config.get("bound", ""),
+                     f"{r.load.label()} ({r.config.get('multiple', '')}× {r.config.get('capacity_rps', 0):.1f})",
+                     str(r.stats.successes), ", ".join(f"{kind} {n}" for kind, n in r.stats.shed.items()) or "0",
+                     ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0",
+                     f"{num(first, 0)} → {num(last, 0)}", num(p99, 0),
+                     f"{p99 / service:.1f}×" if p99 is not None and service else "-"])
     return rows
 
 
-def overload_section(records: list[Record], out_dir: Path, service_ms: dict[str, float]) -> list[str]:
+def overload_section(records: list[Record], out_dir: Path) -> list[str]:
     """The overload case: its table and its plot over time (``overload_timelines.png``); [] without overload runs."""
-    rows = overload_rows(records, service_ms)
+    rows = overload_rows(records)
     if not rows:
         return []
     md = ["## Overload and load shedding", "",
@@ -117,8 +119,8 @@ def overload_section(records: list[Record], out_dir: Path, service_ms: dict[str,
           "latency, second after second; with one (MAX_QUEUE_REQUESTS / MAX_QUEUE_DELAY_MS, Triton's "
           "`default_queue_policy` with REJECT) the excess is shed (503 + Retry-After) and the accepted requests "
           "stay near the service time. Shed requests are counted apart from failures.", "",
-          "| stage | bound | load | ok | shed | failed | p99 first → last second ms | accepted p99 ms | "
-          "p99 ÷ service time |", "|---|---|---|---:|---|---|---|---:|---:|", *rows, ""]
+          markdown(["stage", "bound", "load", "ok", "shed", "failed", "p99 first → last second ms", "accepted p99 ms",
+                    "p99 ÷ service time"], rows, "lllrllrrr"), ""]
     runs = [r for r in records if r.config.get("run") == OVERLOAD and r.timeline is not None]
     if plot_timelines(runs, out_dir / "overload_timelines.png"):
         md += ["![Overload runs over time: throughput, shed, p50/p99](overload_timelines.png)", ""]

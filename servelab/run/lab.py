@@ -43,6 +43,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
+from servelab.measure.fractions import capacity as capacity_of
+from servelab.measure.loadgen import overload_load
 from servelab.measure.records import Load, Record, append_record, machine_info
 from servelab.measure.perf_analyzer import Windows
 from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
@@ -61,7 +63,7 @@ from servelab.report import compare
 from servelab.report.render import render_report, summary_table
 from servelab.report.lessons import summary
 from servelab.core.settings import get_settings
-from servelab.core.catalogue import CATALOGUE, Stage
+from servelab.core.catalogue import CATALOGUE, OVERLOADED, Stage, bounded, queue_bound
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 
 RESULTS = REPO_ROOT / "results"
@@ -109,6 +111,8 @@ class Plan:
     perf_analyzer: tuple[str, ...] | None = None
     # What it measures when no stage is named.
     stages: tuple[Stage, ...] = LAB_STAGES
+    # The overload case (``catalogue.OVERLOADED``): seconds of open-loop load above capacity, per run; 0: none.
+    overload_s: float = 0.0
 
     @classmethod
     def tour(cls) -> "Plan":
@@ -123,14 +127,14 @@ class Plan:
     def full(cls) -> "Plan":
         # Every load, both clients on every Triton stage. 20 % stability instead of perf_analyzer's
         # 10 %: two CPUs shared by client and server are noisy.
-        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8))
+        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8), overload_s=10.0)
 
     @classmethod
     def quick(cls) -> "Plan":
         # A smoke run (tests): every stage with servelab's client; perf_analyzer, three windows whatever
         # their spread, on one stage per way it is fed (the rest is the same command on another model).
         return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0,
-                   perf_analyzer=_each_way_in(LAB_STAGES))
+                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=2.0)
 
     @classmethod
     def gpu_check(cls) -> "Plan":
@@ -200,6 +204,7 @@ class Lab:
         self.skipped: dict[str, str] = {}  # part -> why (``preflight``)
         self.ran: list[str] = []  # the stages measured (those needing a GPU left out on the CPU)
         self.not_run: dict[str, str] = {}  # stage -> why it was not started (the time budget)
+        self.overloaded: set[str] = set()  # stages that also get the overload case, and their bounded twin (``run``)
 
     # --- measurements ----------------------------------------------------------------------------
 
@@ -226,6 +231,10 @@ class Lab:
             # Records are written by keep, once the server's own series are attached.
             return measure_stage(t, loads, labels, by, self.keep)
 
+        if stage.lesson == "shedding":  # bounded: its service time, then the load above capacity its baseline had
+            measured(target, [Load.sequential(p.sequential, warmup=p.warmup)], clients[:1])
+            self.overload(stage, target, labels, capacity_of(self.records, stage.baseline))
+            return None
         ours = [r for r in measured(target, [Load.sequential(p.sequential, warmup=p.warmup)] + [
             Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]) if r.tool == "servelab"]
         capacity = next((r.stats.throughput_rps for r in reversed(ours) if r.stats.throughput_rps), None)
@@ -240,7 +249,19 @@ class Lab:
             measured(target, [Load.open(rate, arrivals, **window)
                               for arrivals in (("constant", "poisson") if both_arrivals else ("poisson",))],
                      clients if both_arrivals else clients[:1])
+        if stage.name in self.overloaded:
+            self.overload(stage, target, labels, ours[-1] if ours else None)
         return capacity
+
+    def overload(self, stage: Stage, target, labels: Labels, capacity: Record | None) -> None:
+        """The overload case: ``capacity``'s throughput × 1.5, open loop, followed over time (every request kept);
+        without a bound on an ``OVERLOADED`` stage, with one on its ``bounded`` twin."""
+        if capacity is None or not capacity.stats.throughput_rps:
+            self.log(f"    overload: not run: no capacity measured for {stage.baseline or stage.name} in this run")
+            return
+        load, config = overload_load(capacity.stats.throughput_rps, self.plan.overload_s)
+        over = replace(labels, config={**labels.config, **config, "bound": queue_bound(stage)})
+        measure_stage(target, [load], over, [servelab_client(timeline_bin_s=1.0, keep_requests=True)], self.keep)
 
     def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
         """Switch ``adapter``'s server to ``stage`` and measure it there; returns its capacity."""
@@ -277,6 +298,8 @@ class Lab:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
         self.skipped = preflight(stages)
+        # The baselines of this run's overload stages get the same load above capacity, without a bound.
+        self.overloaded = set(OVERLOADED) & {s.name for s in stages} if self.plan.overload_s else set()
         for part, why in self.skipped.items():
             self.log(f"[{part}] skipped: {why}")
         with self.prometheus:
@@ -339,6 +362,10 @@ class Lab:
         capacity = self.measure_on(adapter, stage, manifest)
         if ray:
             ray.after(stage, capacity)
+        if stage.name in self.overloaded:  # the same server, its queue bounded, under the same overload
+            shed = bounded(stage)
+            self.log(f"[{shed.name}] {shed.about}")
+            self.guard(shed, lambda: self.measure_on(adapter, shed, manifest))
 
     def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""

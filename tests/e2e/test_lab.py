@@ -17,6 +17,7 @@ from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
 from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
+from servelab.core.catalogue import OVERLOADED, STAGES as STAGES_BY_NAME, bounded
 from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
 from servelab.tools.gpu_check import record_markdown
 from servelab.servers.triton.configs import gpu_count
@@ -45,12 +46,28 @@ def _prometheus_here() -> bool:
 
 def test_quick_lab_measures_every_stage_and_leaves_no_server(quick_lab):
     records, output = quick_lab.records, quick_lab.output
-    assert {r.stage for r in records} == {s.name for s in RUN}
+    assert {r.stage for r in records} == {s.name for s in RUN} | {bounded(STAGES_BY_NAME[n]).name for n in OVERLOADED}
     assert gpu_count() or all(f"[{s.name}] skipped: it needs a GPU" in output for s in STAGES if s.needs_gpu)
     failure = [r for r in records if r.config.get("run") == "node failure"]
     assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records if r not in failure)
     assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
     assert not quick_lab.left_running
+
+
+def test_quick_lab_overloads_a_stage_without_a_bound_and_with_one(quick_lab):
+    """The overload case: 1.5× each OVERLOADED stage's capacity, open loop, as it is and with its queue bounded."""
+    runs = {r.stage: r for r in quick_lab.records if r.config.get("run") == "overload"}
+    twins = {name: bounded(STAGES_BY_NAME[name]).name for name in OVERLOADED}
+    assert set(runs) == set(twins) | set(twins.values())
+    for name, twin in twins.items():
+        free, shed = runs[name], runs[twin]
+        assert shed.config["capacity_rps"] == free.config["capacity_rps"]  # the same load offered to both
+        assert (free.config["bound"], shed.config["bound"]) == ("none", "8 requests")
+        assert not free.stats.shed and free.stats.error_count == 0 and free.timeline and free.per_request
+        assert shed.stats.error_count == 0 and sum(shed.stats.shed.values()) > 0, shed.stats  # the excess refused
+    report = quick_lab.text("report.md")
+    assert "## Overload and load shedding" in report and (quick_lab.out / "overload_timelines.png").exists()
+    assert "- **A bounded queue under load above capacity**." in report and "- fastapi-onnx-shed ÷ fastapi-onnx, " in report
 
 
 def test_quick_lab_ray_stages_place_replicas_step_the_load_and_lose_a_node(quick_lab):

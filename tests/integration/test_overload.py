@@ -17,7 +17,8 @@ from servelab.measure.loadgen import overload, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.triton import server
-from servelab.servers.triton.configs import get_stage, shedding
+from servelab.core.catalogue import bounded
+from servelab.servers.triton.configs import get_stage
 from triton_repo import make_repository
 
 BURST = 48  # requests sent at once: far more than two CPUs serve before the next arrives
@@ -141,7 +142,7 @@ def triton(model, tmp_path_factory):
     """A tritonserver of this module's own, started at pt-dyn with a queue policy of 2 requests: the tier's
     ``local_triton`` needs every model variant built (minutes on a busy 2-CPU machine), this only the model."""
     root = tmp_path_factory.mktemp("overload-triton")
-    stage = shedding(get_stage("pt-dyn"), max_queue_size=2)
+    stage = bounded(get_stage("pt-dyn"), max_queue_size=2)
     with server.start_local(stage, kind="cpu", repository=make_repository(root / "repository"),
                             log=root / "tritonserver.log", exit_timeout_s=2) as local:
         yield local
@@ -150,7 +151,7 @@ def triton(model, tmp_path_factory):
 @pytest.mark.parametrize("policy, reason", [({"max_queue_size": 2}, "queue_full"),
                                             ({"max_queue_size": 1000, "timeout_us": 20_000}, "queue_timeout")])
 def test_triton_with_a_queue_policy_sheds_and_the_record_counts_it_as_shed(triton, policy, reason):
-    stage = shedding(get_stage("pt-dyn"), **policy)
+    stage = bounded(get_stage("pt-dyn"), **policy)
     config = triton.apply_stage(stage)
     said = config["dynamic_batching"]["default_queue_policy"]
     assert int(said["max_queue_size"]) == policy["max_queue_size"] and said["timeout_action"] == "REJECT"

@@ -10,7 +10,8 @@ from tritonclient.grpc import model_config_pb2
 from servelab.measure import fractions
 from servelab.core.paths import MODELS_STAGING
 from servelab.report import lessons
-from servelab.core.catalogue import CATALOGUE, MODELS, STAGES, compared, default_stage, of_family
+from servelab.core.catalogue import (CATALOGUE, MODELS, OVERLOADED, QUEUE_BOUND, STAGES, bounded, compared, default_stage,
+                                     of_family, queue_bound)
 from servelab.servers.triton.configs import base_config
 
 SERVELAB = Path(__file__).parents[2] / "servelab"
@@ -27,6 +28,7 @@ PAIRS = {
     "replicas": (("ray-2", "ray-1"), ("ray-4", "ray-1")),
     "proxy": (("ray-1", "fastapi-onnx"),),
     "autoscaling": (), "node failure": (), "queueing": (),
+    "shedding": (("fastapi-onnx-shed", "fastapi-onnx"), ("onnx-dyn-shed", "onnx-dyn")),  # derived: catalogue.bounded
 }
 # What each input kind is in a model's config.pbtxt: (input name, data type).
 CONFIG_INPUT = {"bytes": ("INPUT_IMAGE", "TYPE_STRING"), "tensor": ("input", "TYPE_FP32"),
@@ -93,3 +95,23 @@ def test_a_model_is_a_folder_of_the_repository_and_takes_what_its_config_says(mo
 def test_every_model_a_stage_loads_is_in_the_table_and_each_up_command_has_a_default() -> None:
     assert {m for s in of_family("triton").values() for m in s.triton.models} == set(MODELS)
     assert (default_stage("triton"), default_stage("ray")) == ("pt-1", "ray-2")
+
+
+def test_bounded_twins_bound_the_queue_their_family_s_way():
+    fastapi, triton = (bounded(STAGES[name]) for name in OVERLOADED)
+    assert (fastapi.name, fastapi.baseline, fastapi.lesson) == ("fastapi-onnx-shed", "fastapi-onnx", "shedding")
+    assert fastapi.fastapi.env == {**STAGES["fastapi-onnx"].fastapi.env, "MAX_QUEUE_REQUESTS": str(QUEUE_BOUND)}
+    dyn = triton.triton.changes[triton.triton.model]["dynamic_batching"]
+    assert dyn["default_queue_policy"] == {"max_queue_size": QUEUE_BOUND, "timeout_action": "REJECT",
+                                           "allow_timeout_override": False}
+    assert dyn["preferred_batch_size"] == [4, 6, 8]  # the stage's own batcher, bounded
+    assert [queue_bound(s) for s in (STAGES["fastapi-onnx"], fastapi, triton)] == ["none", "8 requests", "8 requests"]
+    # A model without a dynamic batcher gets one; a timeout is named and set.
+    timed = bounded(STAGES["pt-1"], max_queue_size=2, timeout_us=20_000)
+    assert timed.name == "pt-1-shed-q2-20000us" and "20 ms" in timed.about
+    assert timed.triton.changes["food_classifier"]["dynamic_batching"]["default_queue_policy"][
+        "default_timeout_microseconds"] == 20_000
+    assert bounded(STAGES["fastapi-onnx"], 4, 50_000).fastapi.env["MAX_QUEUE_DELAY_MS"] == "50"
+    with pytest.raises(ValueError, match="Serve's own"):
+        bounded(STAGES["ray-1"])
+    assert fastapi.name not in STAGES  # derived, not listed

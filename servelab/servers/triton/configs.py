@@ -28,7 +28,6 @@ stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git
 server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
 """
 
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -54,27 +53,6 @@ STAGES: dict[str, Stage] = of_family("triton")
 
 def get_stage(name: str) -> Stage:
     return catalogue_stage(name, "triton")
-
-
-def shedding(stage: Stage, max_queue_size: int, timeout_us: int = 0) -> Stage:
-    """``stage`` with its model's dynamic batcher bounded (``default_queue_policy``): a request arriving to
-    ``max_queue_size`` queued ones is rejected at once, one that has waited ``timeout_us`` (0: no limit) is
-    rejected instead of run late (``timeout_action: REJECT``), and a client may not ask for a longer wait
-    (``allow_timeout_override: false``). A stage without a dynamic batcher gets one (a queue policy is one of
-    its fields). Not a catalogue stage: the overload case derives it from one, named after it and the policy
-(``pt-dyn-shed-q4-20000us``), so switching a server between two policies reloads the model."""
-    model, changes = stage.triton.model, stage.triton.changes
-    fields = dict(changes.get(model, {}))
-    policy = {"max_queue_size": max_queue_size, "timeout_action": "REJECT", "allow_timeout_override": False}
-    if timeout_us:
-        policy["default_timeout_microseconds"] = timeout_us
-    fields["dynamic_batching"] = {**fields.get("dynamic_batching", {}), "default_queue_policy": policy}
-    name = f"{stage.name}-shed-q{max_queue_size}" + (f"-{timeout_us}us" if timeout_us else "")
-    return replace(stage, name=name, part=replace(stage.triton, changes={**changes, model: fields}),
-                   about=f"{stage.name} with a bounded queue: {max_queue_size} requests, "
-                         f"{timeout_us / 1000:g} ms (REJECT)" if timeout_us else f"{stage.name} with a bounded "
-                         f"queue: {max_queue_size} requests (REJECT)",
-                   in_lab=False, tour=False, gpu_check=False, lesson="", baseline="", default=False)
 
 
 def resolve_kind(kind: str) -> Kind:
