@@ -260,6 +260,18 @@ def compared(lesson: str) -> tuple[tuple[str, str], ...]:
     return tuple((s.name, s.baseline) for s in CATALOGUE if s.lesson == lesson and s.baseline)
 
 
+def with_response_cache(stage: Stage) -> Stage:
+    """A Triton ``stage`` with Triton's response cache on the model clients call (``response_cache { enable:
+    true }``; the server needs a cache: ``servelab.servers.triton.server.cache_flags``), named ``<stage>-cache``.
+    Not a stage of the catalogue: its numbers depend on how often photos repeat, so it is measured with a
+    skewed mix of photos against the same stage without the cache, never in the stages' common loads."""
+    model = stage.triton.model
+    changes = {**stage.triton.changes, model: {**stage.triton.changes.get(model, {}), "response_cache": {"enable": True}}}
+    return replace(stage, name=f"{stage.name}-cache", about=f"{stage.about}, with Triton's response cache",
+                   part=replace(stage.triton, changes=changes), lesson="", baseline="", default=False, tour=False,
+                   gpu_check=False)
+
+
 def get_stage(name: str, family: Family | None = None) -> Stage:
     """The stage called ``name`` (of ``family``, when given), or a ValueError listing the names there are."""
     stages = of_family(family) if family else STAGES

@@ -324,7 +324,7 @@ class _TritonClient:
         return {**stats, "ensemble_steps": {self.model: self.steps}} if self.steps else stats
 
     async def cache_counts(self) -> dict[str, int] | None:
-        """Triton's response-cache counters of the model (zero where its config does not enable the cache)."""
+        """Triton's response-cache counters of the model (None where it does not use the cache)."""
         grpc = {"as_json": True} if self.protocol == "grpc" else {}
         return cache_counts(await self.client.get_inference_statistics(model_name=self.model, **grpc), self.model)
 

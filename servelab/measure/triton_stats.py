@@ -74,9 +74,13 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Br
     )
 
 
-def cache_counts(stats: dict[str, Any], model: str) -> dict[str, int]:
-    """Triton's response-cache counters of ``model`` (both 0 where its config does not enable the cache)."""
+def cache_counts(stats: dict[str, Any], model: str) -> dict[str, int] | None:
+    """Triton's response-cache counters of ``model``: ``hits``, and ``misses`` as the successes the cache did
+    not answer (Triton leaves a lookup out of ``cache_miss`` when a concurrent request of the same input
+    has just inserted it, so cache_miss can be short of the requests the model ran). None where the model
+    has never used the cache (its config does not enable it)."""
     entry = _model_entry(stats, model)
-    return {"hits": _counter(entry, "inference_stats", "cache_hit")[0],
-            "misses": _counter(entry, "inference_stats", "cache_miss")[0]}
-
+    hits = _counter(entry, "inference_stats", "cache_hit")[0]
+    if hits + _counter(entry, "inference_stats", "cache_miss")[0] == 0:
+        return None
+    return {"hits": hits, "misses": _counter(entry, "inference_stats", "success")[0] - hits}
