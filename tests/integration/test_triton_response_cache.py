@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 import tritonclient.http as httpclient
 
-from servelab.core.catalogue import with_response_cache
+from servelab.core.catalogue import with_cache
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.photos import all_photos
 from servelab.measure.loadgen import run_bench
@@ -23,7 +23,7 @@ from servelab.servers.triton.configs import get_stage
 @pytest.fixture(scope="module")
 def cached(local_triton):
     """The shared server switched to pt-1 with the response cache, and back to pt-1 afterwards."""
-    config = local_triton.apply_stage(with_response_cache(get_stage("pt-1")))
+    config = local_triton.apply_stage(with_cache(get_stage("pt-1")))
     try:
         yield local_triton, config
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fastapi import Response
 
-from servelab.core.installers.redis_install import RedisBinary
+from servelab.core.installers.redis_install import RedisBinary, RedisNotFound, locate
 from servelab.core.preprocess import decode_base64
 from servelab.core.procs import ServerProcess, free_port
 from servelab.servers.fastapi.runtimes import Backend
@@ -150,6 +150,15 @@ class ResponseCache:
             self._failed("store", exc)
             if self.count is not None:
                 self.count("error")
+
+
+def find_redis(log=print) -> RedisBinary | None:
+    """The redis-server to start, or None, saying so (the lab goes on without its cache stage)."""
+    try:
+        return locate()
+    except RedisNotFound as exc:
+        log(f"redis: not installed; cache stage skipped ({exc})")
+        return None
 
 
 class LocalRedis:
