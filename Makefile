@@ -11,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab lab-full test check models notebooks benchmark perf-analyzer prometheus dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab lab-full test check models notebooks benchmark perf-analyzer prometheus redis dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,11 @@ $(STAMP): pyproject.toml constraints.txt
 # perf_analyzer (pinned, extracted into .venv/opt) is soft for both: without it the lab records its
 # runs as failed with the reason, and its tests skip, except in CI, where they must run. Prometheus
 # (Debian's 2.42, unpacked into .venv/opt) is soft the same way: without it the lab goes on unscraped
-# and says so in its log and report. $(1): the environment's bin folder.
+# and says so in its log and report. redis-server (Debian's 7.0, unpacked into .venv/opt the same way) serves the
+# response cache: without it the cache stage is skipped, and so are its tests but in CI. $(1): the environment's bin folder.
 SOFT_TOOLS = { $(1)/servelab perf-analyzer install --if-missing || echo "perf_analyzer: not installed (see above); going on without it"; }; \
-	{ $(1)/servelab prometheus install --if-missing || echo "prometheus: not installed (see above); going on without it"; }
+	{ $(1)/servelab prometheus install --if-missing || echo "prometheus: not installed (see above); going on without it"; }; \
+	{ $(1)/servelab redis install --if-missing || echo "redis: not installed; cache stage skipped"; }
 
 # `make lab` runs from .venv-gpu (below) on a machine whose nvidia-smi lists a GPU and whose GPU_PYTHON has a
 # CUDA PyTorch, everywhere else from .venv. Decided when make reads this file (no recursive make in the recipe,
@@ -56,6 +58,9 @@ perf-analyzer: $(STAMP)
 
 prometheus: $(STAMP)
 	$(BIN)/servelab prometheus install --if-missing
+
+redis: $(STAMP)
+	$(BIN)/servelab redis install --if-missing
 
 # The Grafana dashboard and provisioning files under docker/grafana, generated from servelab.measure.monitoring.dashboard.
 dashboard: $(STAMP)

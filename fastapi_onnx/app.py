@@ -17,7 +17,7 @@ from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.errors import ERROR_RESPONSES
 from servelab.servers.fastapi.runtimes import Backend, intra_op_threads, onnx_backend
 from servelab.servers.fastapi.schemas import PredictRequest, PredictResponse
-from servelab.servers.fastapi.service import Service, add_service_routes, server_timing
+from servelab.servers.fastapi.service import Service, add_service_routes, cache_hit_timing, server_timing
 
 LEVEL = ort.GraphOptimizationLevel
 GRAPH_OPTIMIZATION = {"disable": LEVEL.ORT_DISABLE_ALL, "basic": LEVEL.ORT_ENABLE_BASIC,
@@ -67,12 +67,18 @@ def build_app(settings: ServeSettings | None = None, *, batcher: type[MicroBatch
     @app.post("/predict", response_model=PredictResponse, responses=ERROR_RESPONSES, summary="Classify one image")
     async def predict(body: PredictRequest, request: Request, response: Response) -> PredictResponse:
         pipeline = service.ready_pipeline()  # 503 until the model is loaded and warm
+        cached = await service.cache.lookup(body.image, response)  # CACHE_URL: this photo answered before?
+        if cached.answer is not None:
+            cache_hit_timing(request, response)
+            return cached.answer
         images = await pipeline.preprocess([body.image])  # decode, resize, normalize: in a worker
         done = await pipeline.batcher.submit(images.x)  # one inference with other requests' images
         (top,), timing = pipeline.postprocess(images, done)  # softmax, top-1 label
         server_timing(request, response, timing)
-        return PredictResponse(prediction=top.label, probability=top.probability, class_index=top.index,
-                               model=service.model_name)
+        answer = PredictResponse(prediction=top.label, probability=top.probability, class_index=top.index,
+                                 model=service.model_name)
+        await service.cache.keep(cached, answer)  # for the next request of this photo
+        return answer
 
     add_service_routes(app, service)  # /predict/batch, /health, /ready, /metrics, errors, metrics
     return app

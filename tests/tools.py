@@ -1,4 +1,4 @@
-"""The external tools the project installs (perf_analyzer, Prometheus), for the tests that need them."""
+"""The external tools the project installs (perf_analyzer, Prometheus, redis-server), for the tests that need them."""
 
 import os
 from collections.abc import Callable

@@ -1,17 +1,19 @@
-"""``servelab perf-analyzer install | check | run`` and ``servelab prometheus install | check``: the fronts of
-``servelab.core.installers`` (the pinned third-party binaries the lab runs)."""
+"""``servelab perf-analyzer install | check | run``, ``servelab prometheus install | check`` and ``servelab redis
+install | check``: the fronts of ``servelab.core.installers`` (the pinned third-party binaries the lab runs)."""
 
 import os
 import subprocess
 import sys
 
 from servelab.core.installers import perf_analyzer_install as perf_analyzer, prometheus_install as prometheus
+from servelab.core.installers import redis_install as redis
 from servelab.core.installers.opt_tools import InstallError, cmd_check, cmd_install
 
 
 def register(subparsers) -> None:
     register_perf_analyzer(subparsers)
     register_prometheus(subparsers)
+    register_redis(subparsers)
 
 
 def register_perf_analyzer(subparsers) -> None:
@@ -63,3 +65,21 @@ def _install_prometheus(args) -> int:
 
 def _check_prometheus(args) -> int:
     return cmd_check("prometheus", prometheus.locate, prometheus.PrometheusNotFound)
+
+
+def register_redis(subparsers) -> None:
+    p = subparsers.add_parser("redis", help="install or check the redis-server of the response cache")
+    sub = p.add_subparsers(dest="redis_command", required=True)
+    inst = sub.add_parser("install", help="unpack Debian's redis-server into this environment (no root)")
+    inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")
+    inst.set_defaults(func=_install_redis)
+    sub.add_parser("check", help="say which redis-server would run, or how to get one").set_defaults(func=_check_redis)
+
+
+def _install_redis(args) -> int:
+    return cmd_install("redis", args.if_missing, redis.installed, redis.install,
+                       (InstallError, redis.RedisNotFound, subprocess.SubprocessError))
+
+
+def _check_redis(args) -> int:
+    return cmd_check("redis", redis.locate, redis.RedisNotFound)

@@ -317,6 +317,29 @@ def compared(lesson: str) -> tuple[tuple[str, str], ...]:
     return tuple((s.name, s.baseline) for s in (*CATALOGUE, *derived) if s.lesson == lesson and s.baseline)
 
 
+def with_cache(stage: Stage, cache_url: str = "") -> Stage:
+    """``stage`` with a response cache, named ``<stage>-cache``: a Triton stage with Triton's own on the model
+    clients call (``response_cache { enable: true }``; the server needs a cache:
+    ``servelab.servers.triton.server.cache_flags``), a FastAPI stage with the Redis at ``cache_url`` in front
+    (``CACHE_URL``; ``servelab.servers.fastapi.cache``). Not a stage of the catalogue: its numbers depend on how
+    often photos repeat, so it is measured with a skewed mix of photos against ``stage`` itself, never in the
+    stages' common loads."""
+    if isinstance(stage.part, TritonPart):
+        model = stage.triton.model
+        changes = {**stage.triton.changes,
+                   model: {**stage.triton.changes.get(model, {}), "response_cache": {"enable": True}}}
+        part: Part = replace(stage.triton, changes=changes)
+        about = f"{stage.about}, with Triton's response cache"
+    elif isinstance(stage.part, FastAPIPart) and cache_url:
+        part = replace(stage.fastapi, env={**stage.fastapi.env, "CACHE_URL": cache_url})
+        about = f"{stage.about}, with a Redis response cache in front"
+    else:
+        raise ValueError(f"{stage.name}: a response cache is Triton's own, or Redis in front of a FastAPI stage "
+                         "(give its URL)")
+    return replace(stage, name=f"{stage.name}-cache", about=about, part=part, lesson="", baseline="",
+                   default=False, tour=False, gpu_check=False)
+
+
 def get_stage(name: str, family: Family | None = None) -> Stage:
     """The stage called ``name`` (of ``family``, when given), or a ValueError listing the names there are."""
     stages = of_family(family) if family else STAGES

@@ -6,6 +6,8 @@ path, licence and hashes). The split is fixed by the hash of the *source photogr
 order or a random draw: the four quadrants of one photograph land on the same side, so the
 evaluation set never sees a scene the calibration saw. They are not food: they are the variety of
 colour and texture that INT8 calibration needs and an agreement check should cover.
+
+``zipf_draws`` picks photos the way users ask for them: a few often, most rarely (the response cache's load).
 """
 
 import hashlib
@@ -67,3 +69,21 @@ def pixels(photos: list[Photo], resize: int = DEFAULT_RESIZE, crop: int = DEFAUL
 def set_digest(photos: list[Photo]) -> str:
     """One hash for a set of photos, for build keys."""
     return hashlib.sha256("".join(p.sha256 for p in photos).encode()).hexdigest()
+
+
+def zipf_draws(n: int, draws: int, s: float = 1.0, seed: int = 0) -> np.ndarray:
+    """``draws`` indices into ``n`` items with a Zipf-like popularity: the item of rank k (1 = the most
+    popular) is drawn with probability proportional to 1 / k**s. Which item gets which rank is a seeded
+    permutation, so the popular photos are not simply the first files. The same arguments give the same
+    sequence. ``zipf_ranks`` gives the order of popularity."""
+    if n < 1 or draws < 0 or s < 0:
+        raise ValueError(f"zipf_draws needs n >= 1, draws >= 0 and s >= 0 (got n={n}, draws={draws}, s={s})")
+    rng = np.random.default_rng(seed)
+    ranks = rng.permutation(n)
+    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
+    return ranks[rng.choice(n, size=draws, p=weights / weights.sum())]
+
+
+def zipf_ranks(n: int, seed: int = 0) -> np.ndarray:
+    """The items of ``zipf_draws(n, ..., seed=seed)`` from the most popular to the least."""
+    return np.random.default_rng(seed).permutation(n)

@@ -65,6 +65,8 @@ class ServeSettings(_Env):
     torch_device: str = Field("auto", description="PyTorch device: `auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`.")
     torch_fp16: bool = Field(False, description="PyTorch: run the model in float16 (CUDA only; ignored on the CPU).")
     access_log: bool = Field(True, description="`servelab serve`: log every request (uvicorn's access log).")
+    cache_url: str = Field("", description="Response cache in front of `POST /predict`: a Redis URL (`redis://127.0.0.1:6379/0`); empty = no cache. The key is the sha256 of the decoded image bytes and the model's version (service, manifest sha256, variant, device), the value the prediction's JSON; each response says `X-Cache: hit` or `miss`. A Redis that does not answer never fails a request: it is logged once, counted, and the model answers.")
+    cache_ttl_s: float = Field(600.0, gt=0, description="How long a cached answer lives in Redis (its `EX`), in seconds.")
 
 
 class FlaskSettings(_Env):
@@ -83,6 +85,7 @@ class TritonSettings(_Env):
 
     triton_model_repository: Path = Field(REPO_ROOT / "models_staging", description="Triton's model repository; `servelab triton stage` writes each model's effective config to `<model>/configs/stage.pbtxt` there (on the lab node: the folder mounted into the Triton container).")
     triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with; `servelab lab` takes the kind from its device (`LAB_DEVICE`).")
+    triton_cache_bytes: int = Field(64 * 1024**2, ge=0, description="The local tritonserver's response cache (`--cache-config local,size=N`), in bytes; only models whose config says `response_cache { enable: true }` use it; 0 = started without one.")
     triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 
 
@@ -120,9 +123,10 @@ class MonitoringSettings(_Env):
 
 
 class ToolSettings(_Env):
-    """Installing the external tools (`servelab perf-analyzer install`, `servelab prometheus install`)."""
+    """Installing the external tools (`servelab perf-analyzer install`, `servelab prometheus install`, `servelab redis install`)."""
 
-    servelab_wheelhouse: Path | None = Field(None, description="Folder the tool installers take perf_analyzer's wheels and the `libb64-0d` and `prometheus` .debs from before trying the network (`make gpu-wheelhouse` fills one; `make gpu-check` sets it to that folder); empty = the network (pip's index, `apt-get download`).")
+    redis_server: str = Field("", description="`redis-server` binary the lab and the tests start for the response cache; empty = the project's copy (`make redis` unpacks Debian's 7.0 into the environment), else `redis-server` on PATH. Without one the cache stage is skipped, saying so.")
+    servelab_wheelhouse: Path | None = Field(None, description="Folder the tool installers take perf_analyzer's wheels and the `libb64-0d`, `prometheus`, `redis-tools`, `liblzf1` and `libjemalloc2` .debs from before trying the network (`make gpu-wheelhouse` fills one; `make gpu-check` sets it to that folder); empty = the network (pip's index, `apt-get download`).")
 
 
 class ContainerSettings(_Env):
@@ -160,7 +164,8 @@ def markdown_table() -> str:
             default = field.default
             if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
                 default = f"<checkout>/{default.relative_to(REPO_ROOT)}"
-            rows.append(f"| `{name.upper()}` | `{default}` | {role} | {field.description} |")
+            shown = f"`{default}`" if default != "" else "empty"  # "``" would pair with the next backtick
+            rows.append(f"| `{name.upper()}` | {shown} | {role} | {field.description} |")
     return "\n".join(rows)
 
 

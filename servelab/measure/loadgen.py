@@ -14,8 +14,9 @@ Library use (``servelab lab`` and notebooks)::
 ``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
 run_bench_async(...)`` instead. Each run: connect (one persistent client), send ``load.warmup``
 unmeasured requests (the first one's latency is kept: on a fresh server, the first request after
-ready), snapshot the server's statistics, start the monitors, run the measured
-window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line if given).
+ready), snapshot the server's statistics (and its response-cache counters, where it has a cache), start the
+monitors, run the measured window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line
+if given; ``record.cache`` holds the window's hits, misses and hit ratio).
 
 Load modes (``Load``):
 
@@ -48,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from servelab.measure.monitor import Monitor
-from servelab.measure.records import Breakdown, Load, PerRequest, Record, Timeline, append_record, machine_info
+from servelab.measure.records import Breakdown, CacheStats, Load, PerRequest, Record, Timeline, append_record, machine_info
 from servelab.measure.schedule import send_times, window_s
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
@@ -258,6 +259,41 @@ async def _server_breakdown(
     return delta
 
 
+async def _cache_counts(client: Client, warnings: list[str]) -> dict[str, int] | None:
+    try:
+        return await client.cache_counts()
+    except Exception as exc:  # like the statistics: a failure costs the hit ratio, not the run
+        warnings.append(f"response-cache counters unavailable ({type(exc).__name__}: {exc})")
+        return None
+
+
+def cache_delta(before: dict[str, int], after: dict[str, int], source: str) -> CacheStats | None:
+    """The cache's counts between two readings; None where nothing was looked up in between."""
+    delta = {key: after.get(key, 0) - before.get(key, 0) for key in ("hits", "misses", "errors")}
+    if min(delta.values()) < 0:
+        raise ValueError("response-cache counters went backwards: was the server restarted during the run?")
+    return CacheStats(source=source, **delta) if sum(delta.values()) else None
+
+
+async def _cache_stats(client: Client, before: dict[str, int] | None, successes: int,
+                       warnings: list[str]) -> CacheStats | None:
+    """The window's hits and misses by the server's counters, once they count every success the client saw
+    (a server counts a request as it answers it; bounded wait, as for Triton's statistics)."""
+    if before is None:
+        return None
+    source = "triton-stats" if client.has_server_stats else "servelab_response_cache"
+    delta = None
+    for _ in range(STATS_SETTLE_TRIES):
+        after = await _cache_counts(client, warnings)
+        if after is None:
+            return None
+        delta = cache_delta(before, after, source)
+        if delta is None or delta.hits + delta.misses + delta.errors >= successes:
+            break
+        await asyncio.sleep(STATS_SETTLE_S)
+    return delta
+
+
 async def run_bench_async(
     target: Target,
     load: Load,
@@ -287,6 +323,7 @@ async def run_bench_async(
         if failed:
             warnings.append(f"{failed} of {load.warmup} warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
+        cache_before = await _cache_counts(client, warnings)
         with Monitor(monitor_interval_s, server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await run_load(client, load)
@@ -295,6 +332,7 @@ async def run_bench_async(
         if before is not None:
             model = getattr(target, "model", "")
             breakdown = await _server_breakdown(client, before, model, len(run.latency_s), warnings)
+        cache = await _cache_stats(client, cache_before, len(run.latency_s), warnings)
     finally:
         await client.close()
     warnings += run.warnings
@@ -318,6 +356,7 @@ async def run_bench_async(
         window_unix=[window_start, window_end],
         timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
         per_request=per_request(run) if keep_requests else None,
+        cache=cache,
     )
     if out is not None:
         append_record(out, record)

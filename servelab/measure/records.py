@@ -1,7 +1,7 @@
 """The run record: one JSON line per measured run, the same for every stage and both tools.
 
 A ``Record`` holds what was measured (``target``, ``config``, ``load``), the client-side
-``stats``, the server-side ``breakdown``, the ``monitors`` time series, ``machine`` and version
+``stats``, the server-side ``breakdown`` (and ``cache``, where a response cache answered), the ``monitors`` time series, ``machine`` and version
 information, any ``warnings``, and a ``stand_in`` note (set when the model is a stand-in, e.g. the
 zero-shot EfficientNet-Lite0 or the local Python-backend stand-in for Triton's ONNX backend).
 Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps`` requests per
@@ -147,6 +147,20 @@ class Breakdown(BaseModel):
         return self.queue_ms / (self.queue_ms + self.service_ms)
 
 
+class CacheStats(BaseModel):
+    """What a response cache did in the measured window, by the server's own counters (after - before)."""
+
+    source: str  # "servelab_response_cache" (the FastAPI services' metric) or "triton-stats" (cache_hit/cache_miss)
+    hits: int  # answered from the cache
+    misses: int  # answered by the model (and kept)
+    errors: int = 0  # the cache failed; the model answered
+
+    @property
+    def hit_ratio(self) -> float | None:
+        lookups = self.hits + self.misses + self.errors
+        return self.hits / lookups if lookups else None
+
+
 class GpuSeries(BaseModel):
     index: int
     name: str
@@ -254,6 +268,7 @@ class Record(BaseModel):
     prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
     timeline: Timeline | None = None  # step-load, node-failure and overload runs
     per_request: PerRequest | None = None  # overload runs: every request
+    cache: CacheStats | None = None  # a response cache's hits and misses (None: the server has none)
 
     def to_json(self) -> str:
         return self.model_dump_json()

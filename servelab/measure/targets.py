@@ -10,6 +10,11 @@ A request the server *shed* under load is neither: ``Outcome.shed`` is set and i
 (``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or Triton's
 rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
 
+Either target may send a ``PhotoMix`` instead of one image: request i sends photo ``order[i]`` (cycled; the
+warm-up draws the first ones), e.g. ``PhotoMix.zipf()``, the bundled photos with a seeded Zipf-like
+popularity, the load of a response cache. ``cache_counts()`` reads the server's own cache counters (the
+FastAPI services' ``servelab_response_cache_total``, Triton's ``cache_hit``/``cache_miss``) for the record.
+
 * ``FastAPITarget(url, image, batch)``: ``POST {url}/predict`` with ``{"image": "<base64>"}``, or
   ``POST {url}/predict/batch`` with ``{"images": [...]}`` when ``batch > 1``; reads ``Server-Timing``.
 * ``TritonTarget(url, model, image, protocol="http"|"grpc", input="bytes"|"tensor", batch)``:
@@ -33,8 +38,11 @@ import numpy as np
 import yarl
 
 from servelab.core.artifacts import load_manifest
+from servelab.core.photos import all_photos, zipf_draws
 from servelab.measure.server_timing import ServerTiming, parse_server_timing
+from servelab.measure.triton_stats import cache_counts
 from servelab.core.preprocess import crop_pixels, preprocess
+from servelab.core.procs import DIRECT
 from servelab.servers.triton import client as triton_io
 
 _JSON = {"content-type": "application/json"}
@@ -55,6 +63,8 @@ class Client(Protocol):
     async def send(self) -> Outcome: ...
 
     async def server_stats(self) -> dict[str, Any] | None: ...
+
+    async def cache_counts(self) -> dict[str, int] | None: ...  # hits, misses (errors); None: no cache
 
     async def close(self) -> None: ...
 
@@ -107,6 +117,48 @@ def _refused(status: int, content: bytes) -> Outcome:
     return Outcome(False, f"http_{status}")
 
 
+@dataclass(frozen=True)
+class PhotoMix:
+    """Which photo each request sends: request i sends ``images[order[i % len(order)]]``."""
+
+    images: tuple[bytes, ...] = field(repr=False)
+    order: tuple[int, ...] = field(repr=False)
+    about: dict[str, Any] = field(default_factory=dict)  # how it was drawn, for the record
+
+    @classmethod
+    def zipf(cls, s: float = 1.0, seed: int = 0, draws: int = 100_000) -> "PhotoMix":
+        """The bundled photos (``servelab.core.photos``) drawn with Zipf-like popularity (exponent ``s``), seeded:
+        the same arguments send the same photos in the same order."""
+        photos = all_photos()
+        order = zipf_draws(len(photos), draws, s, seed)
+        return cls(tuple(p.read_bytes() for p in photos), tuple(int(i) for i in order),
+                   {"photos": len(photos), "popularity": "zipf", "s": s, "seed": seed, "draws": draws})
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.about, "distinct_photos": len(set(self.order))}
+
+
+class _Cycle:
+    """The next item of a mix's sequence at each call (one client's requests, warm-up first)."""
+
+    def __init__(self, items: list[Any], order: tuple[int, ...]):
+        self.items, self.order, self.sent = items, order, 0
+
+    def __call__(self) -> Any:
+        item = self.items[self.order[self.sent % len(self.order)]]
+        self.sent += 1
+        return item
+
+
+def _images(image: bytes, mix: PhotoMix | None, batch: int) -> tuple[list[bytes], tuple[int, ...]]:
+    """The distinct images a client sends and the order it sends them in."""
+    if mix is None:
+        return [image], (0,)
+    if batch != 1:
+        raise ValueError("a PhotoMix sends one photo per request: use batch=1")
+    return list(mix.images), mix.order
+
+
 def _result_count(body: Any) -> int:
     """How many predictions a FastAPI response holds (0 when it is not a prediction)."""
     if isinstance(body, list):
@@ -125,6 +177,7 @@ class FastAPITarget:
     image: bytes = field(repr=False)
     batch: int = 1
     image_name: str = ""
+    mix: PhotoMix | None = None  # send these photos in its order instead of ``image``
     kind: ClassVar[str] = "fastapi"
 
     @property
@@ -132,6 +185,8 @@ class FastAPITarget:
         return self.url.rstrip("/") + ("/predict" if self.batch == 1 else "/predict/batch")
 
     def describe(self) -> dict[str, Any]:
+        if self.mix is not None:
+            return {"kind": self.kind, "url": self.endpoint, "batch": self.batch, "mix": self.mix.describe()}
         return {"kind": self.kind, "url": self.endpoint, "batch": self.batch,
                 "image": self.image_name, "image_bytes": len(self.image)}
 
@@ -143,9 +198,14 @@ class _FastAPIClient:
     has_server_stats = False
 
     def __init__(self, target: FastAPITarget, connections: int, timeout_s: float) -> None:
-        text = base64.b64encode(target.image).decode()
-        payload = {"image": text} if target.batch == 1 else {"images": [text] * target.batch}
-        self.body = json.dumps(payload).encode()  # encoded once, not per request
+        images, order = _images(target.image, target.mix, target.batch)
+        bodies = []
+        for image in images:  # encoded once, not per request
+            text = base64.b64encode(image).decode()
+            payload = {"image": text} if target.batch == 1 else {"images": [text] * target.batch}
+            bodies.append(json.dumps(payload).encode())
+        self.next_body = _Cycle(bodies, order)
+        self.metrics_url = target.url.rstrip("/") + "/metrics"
         # The URL parsed once and no cookie jar: per-request client work is part of every latency.
         self.endpoint, self.batch, self.errors = yarl.URL(target.endpoint), target.batch, _errors()
         self.session = aiohttp.ClientSession(
@@ -156,7 +216,7 @@ class _FastAPIClient:
 
     async def send(self) -> Outcome:
         try:
-            async with self.session.post(self.endpoint, data=self.body, headers=_JSON) as resp:
+            async with self.session.post(self.endpoint, data=self.next_body(), headers=_JSON) as resp:
                 content = await resp.read()
                 if resp.status != 200:
                     return _refused(resp.status, content)
@@ -173,8 +233,29 @@ class _FastAPIClient:
     async def server_stats(self) -> None:
         return None
 
+    async def cache_counts(self) -> dict[str, int] | None:
+        """``servelab_response_cache_total`` by result, from the service's /metrics (None: no cache there)."""
+        text = await asyncio.to_thread(lambda: DIRECT.open(self.metrics_url, timeout=10).read().decode())
+        return response_cache_counts(text)
+
     async def close(self) -> None:
         await self.session.close()
+
+
+CACHE_METRIC = "servelab_response_cache_total"
+CACHE_KEYS = {"hit": "hits", "miss": "misses", "error": "errors"}
+
+
+def response_cache_counts(metrics: str) -> dict[str, int] | None:
+    """The FastAPI services' cache counters in Prometheus text (``servelab.servers.fastapi.metrics``)."""
+    counts = {}
+    for line in metrics.splitlines():
+        if line.startswith(CACHE_METRIC + "{"):
+            labels, _, value = line.rpartition(" ")
+            result = labels.split('result="', 1)[1].split('"', 1)[0]
+            if result in CACHE_KEYS:
+                counts[CACHE_KEYS[result]] = int(float(value))
+    return counts or None
 
 
 def model_input_tensor(image: bytes, manifest: Path | None = None, input: str = "tensor") -> np.ndarray:
@@ -196,12 +277,13 @@ class TritonTarget:
     batch: int = 1
     image_name: str = ""
     manifest: Path | None = None  # preprocessing parameters for input="tensor" or "uint8"
+    mix: PhotoMix | None = None  # send these photos in its order instead of ``image``
     kind: ClassVar[str] = "triton"
 
     def describe(self) -> dict[str, Any]:
+        sent = {"mix": self.mix.describe()} if self.mix else {"image": self.image_name, "image_bytes": len(self.image)}
         return {"kind": self.kind, "url": self.url, "model": self.model, "protocol": self.protocol,
-                "input": self.input, "batch": self.batch, "image": self.image_name,
-                "image_bytes": len(self.image)}
+                "input": self.input, "batch": self.batch, **sent}
 
     async def connect(self, connections: int, timeout_s: float) -> Client:
         return _TritonClient(self, connections, timeout_s)
@@ -222,20 +304,22 @@ class _TritonClient:
             self.client = tc.InferenceServerClient(target.url, conn_limit=connections, conn_timeout=timeout_s)
             self.infer_kwargs = {}
         self.model, self.batch, self.protocol, self.errors = target.model, target.batch, target.protocol, _errors()
+        images, order = _images(target.image, target.mix, target.batch)
         if target.input == "bytes":
             # Base64 text, as the lab's own clients send it; the model accepts raw bytes too.
-            self.inputs = triton_io.image_inputs(target.protocol, [target.image] * target.batch)
+            inputs = [triton_io.image_inputs(target.protocol, [image] * target.batch) for image in images]
             self.outputs = triton_io.label_outputs(target.protocol)
         else:
-            data = np.stack([model_input_tensor(target.image, target.manifest, target.input)] * target.batch)
-            self.inputs = triton_io.tensor_inputs(target.protocol, data)
+            inputs = [triton_io.tensor_inputs(target.protocol, np.stack(
+                [model_input_tensor(image, target.manifest, target.input)] * target.batch)) for image in images]
             self.outputs = triton_io.tensor_outputs(target.protocol)
+        self.next_inputs = _Cycle(inputs, order)
         self.check = self.outputs[-1].name()
         self.steps: list[str] | None = None  # an ensemble's composing models, read on first use
 
     async def send(self) -> Outcome:
         try:
-            result = await self.client.infer(self.model, self.inputs, outputs=self.outputs, **self.infer_kwargs)
+            result = await self.client.infer(self.model, self.next_inputs(), outputs=self.outputs, **self.infer_kwargs)
         except self.errors as exc:
             reason = triton_io.shed_reason(str(exc))
             return Outcome(False, reason, shed=True) if reason else Outcome(False, classify(exc))
@@ -255,6 +339,11 @@ class _TritonClient:
             self.steps = [step["model_name"] for step in steps]
         stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **grpc)
         return {**stats, "ensemble_steps": {self.model: self.steps}} if self.steps else stats
+
+    async def cache_counts(self) -> dict[str, int] | None:
+        """Triton's response-cache counters of the model (None where it does not use the cache)."""
+        grpc = {"as_json": True} if self.protocol == "grpc" else {}
+        return cache_counts(await self.client.get_inference_statistics(model_name=self.model, **grpc), self.model)
 
     async def close(self) -> None:
         await self.client.close()

@@ -6,6 +6,7 @@ and the histogram of batch sizes the scheduler formed (``batch_stats``: one entr
 ``compute_infer.count`` = executions of that size). Works with the HTTP JSON (integers) and the
 gRPC ``as_json`` form (64-bit integers as strings). For an ensemble the snapshot also carries
 ``ensemble_steps`` (its composing models), whose queue times make up the ensemble's queueing.
+A model with ``response_cache { enable: true }`` counts its hits and misses (``cache_counts``).
 """
 
 from typing import Any
@@ -71,3 +72,15 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Br
         server_requests=succeeded,
         server_failures=failed,
     )
+
+
+def cache_counts(stats: dict[str, Any], model: str) -> dict[str, int] | None:
+    """Triton's response-cache counters of ``model``: ``hits``, and ``misses`` as the successes the cache did
+    not answer (Triton leaves a lookup out of ``cache_miss`` when a concurrent request of the same input
+    has just inserted it, so cache_miss can be short of the requests the model ran). None where the model
+    has never used the cache (its config does not enable it)."""
+    entry = _model_entry(stats, model)
+    hits = _counter(entry, "inference_stats", "cache_hit")[0]
+    if hits + _counter(entry, "inference_stats", "cache_miss")[0] == 0:
+        return None
+    return {"hits": hits, "misses": _counter(entry, "inference_stats", "success")[0] - hits}

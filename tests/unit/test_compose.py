@@ -220,6 +220,7 @@ def test_triton_runs_the_mounted_repository_with_explicit_model_control():
         i.args for i in parse_dockerfile(dockerfile_for(triton, path)) if i.keyword == "CMD")
     assert "--model-control-mode=explicit" in command
     assert f"--model-config-name={CONFIG_NAME}" in command, "the config file `servelab triton stage` writes"
+    assert "--cache-config=local,size=" in command, "a stage with response_cache needs the server's cache"
     repository = re.search(r"--model-repository=(\S+?)[\"',\s]", command)[1]
     assert {"source": "../models_staging", "target": repository, "read_only": True}.items() <= triton["volumes"][0].items()
     size = re.fullmatch(r"(\d+)([kmg]?)b?", str(triton["shm_size"]).lower())

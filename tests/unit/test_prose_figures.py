@@ -66,6 +66,7 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/ray.md", "600 s"): "Ray Serve's default downscale delay",
     ("docs/configuration.md", "30 s"): "Ray Serve's default upscale delay",
     ("docs/configuration.md", "600 s"): "Ray Serve's default downscale delay",
+    ("docs/configuration.md", "7 MiB"): "MAX_UPLOAD_BYTES's own default (7 × 1024 × 1024 bytes), in its description",
     ("docs/ray.md", "15 %"): "the step load's low phase (servelab/run/lab_ray.py: 0.15 of capacity)",
     ("docs/ray.md", "90 %"): "the step load's high phase (servelab/run/lab_ray.py: 0.9 of capacity)",
     ("docs/ray.md", "25 s"): "Plan.steps_s = (10, 20, 25), the step load's phases",

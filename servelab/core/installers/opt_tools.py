@@ -1,4 +1,4 @@
-"""Where the project unpacks the external tools it runs (perf_analyzer, Prometheus), and their error."""
+"""Where the project unpacks the external tools it runs (perf_analyzer, Prometheus, Redis), and their error."""
 
 import shutil
 import subprocess
@@ -47,6 +47,12 @@ def unpack_deb(package: str, scratch: Path, fix: str) -> tuple[Path, Path]:
     root = scratch / f"{package}-deb"
     subprocess.run(["dpkg", "-x", str(debs[-1]), str(root)], check=True, capture_output=True)
     return root, debs[-1]
+
+
+def system_has_library(library: str) -> bool:
+    """Whether the dynamic loader finds ``library`` (``libb64.so.0d``) without help."""
+    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
+    return bool(done and library in done.stdout)
 
 
 def cmd_install(tool: str, if_missing: bool, installed: Callable[[], bool], install: Callable[[], Any],

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import InstallError, opt_dir, unpack_deb, wheelhouse
+from servelab.core.installers.opt_tools import InstallError, opt_dir, system_has_library, unpack_deb, wheelhouse
 from servelab.core.settings import get_settings
 
 
@@ -153,14 +153,9 @@ def _extract(wheel: Path, member: str, dest: Path) -> Path:
     return target
 
 
-def _system_has(library: str) -> bool:
-    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
-    return bool(done and library in done.stdout)
-
-
 def _libb64(lib: Path, scratch: Path) -> str:
     """Debian's libb64, from the system or else unpacked from its package (no root needed)."""
-    if _system_has(LIBB64):
+    if system_has_library(LIBB64):
         return "system"
     root, deb = unpack_deb(LIBB64_PACKAGE, scratch, f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
     [found] = root.rglob(LIBB64)

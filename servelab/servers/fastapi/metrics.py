@@ -3,7 +3,8 @@
 Requests by route and status, request latency, the time requests wait (queue) versus are worked
 on (preprocess, inference), and the sizes of the batches inference really ran: what Triton's
 statistics show for Triton, so the stages can be compared. Each app has its own registry.
-ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``), read at each scrape.
+ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``), read at each scrape; a
+service with a response cache (``CACHE_URL``) its hits, misses and errors.
 """
 
 from collections.abc import Callable, Iterator
@@ -49,8 +50,14 @@ class Metrics:
                             "queue_full (MAX_QUEUE_REQUESTS) or queue_timeout (MAX_QUEUE_DELAY_MS).", ["reason"], registry=r)
         for reason in get_args(ShedReason):  # both at 0 from the start, so a rate over them is defined before any shedding
             self.shed.labels(reason)
+        self.cache = Counter("servelab_response_cache", "POST /predict requests by what the response cache "
+                             "(CACHE_URL) did: hit (answered from it), miss (the model answered; kept), error "
+                             "(Redis failed: the model answered).", ["result"], registry=r)
         self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
                                                 "process died and its pool was replaced.", registry=r)
+
+    def count_cache(self, result: str) -> None:
+        self.cache.labels(result).inc()
 
     def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
         """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""

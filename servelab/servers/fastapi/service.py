@@ -14,6 +14,9 @@ without an active GPU) ends the process with an error; the warm-up then runs whi
 answers and ``/ready`` says 503. Handlers only parse, await and answer: the work runs in
 ``servelab.servers.fastapi.pipeline``'s workers (threads, or processes: ``PREPROCESS_PROCESSES``) and its
 batcher's thread. Every prediction response carries ``Server-Timing``.
+
+With ``CACHE_URL`` set, ``POST /predict`` looks the photo up in Redis first (``servelab.servers.fastapi.cache``)
+and answers a hit from there, saying so (``X-Cache``); ``/predict/batch`` always asks the model.
 """
 
 import asyncio
@@ -30,6 +33,7 @@ from servelab.core.preprocess import ImageError
 from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import MicroBatcher
+from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS, ResponseCache
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline
@@ -61,6 +65,10 @@ class Service:
                  placement: Callable[[], dict] | None = None):
         _configure_logging()
         self.name, self.settings, self.metrics = name, settings, Metrics(max_infer_batch(settings))
+        self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.count_cache)
+        if self.cache.enabled:  # the counters exist from the start, so a reader's first delta counts them all
+            for result in CACHE_RESULTS:
+                self.metrics.cache.labels(result)
         self.batcher, self.placement = batcher, placement
         self.backend: Backend | None = None
         self.pipeline: Pipeline | None = None
@@ -79,6 +87,7 @@ class Service:
         self.backend = backend
         self.pipeline = Pipeline(backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
+        self.cache.start(backend)
         self.metrics.watch_sessions(backend.session_counts)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
@@ -97,6 +106,7 @@ class Service:
                 await asyncio.gather(warm_up, return_exceptions=True)
             self.ready = False
             await self.pipeline.close()
+            await self.cache.close()
 
     def _log_startup(self) -> None:
         backend, settings, m = self.backend, self.settings, self.backend.manifest
@@ -158,6 +168,12 @@ class Service:
 def server_timing(request: Request, response: Response, timing: Timing) -> None:
     """Where the request's time went, as the ``Server-Timing`` header (its total from the metrics middleware)."""
     response.headers["Server-Timing"] = timing.header(perf_counter() - request.scope[START_KEY])
+
+
+def cache_hit_timing(request: Request, response: Response) -> None:
+    """A cache hit's ``Server-Timing``: its total only, and that it was a hit (no queue, no inference)."""
+    total_s = perf_counter() - request.scope[START_KEY]
+    response.headers["Server-Timing"] = f"cache;desc=hit, total;dur={total_s * 1000:.3f}"
 
 
 def add_service_routes(app: FastAPI, service: Service) -> None:

@@ -12,7 +12,8 @@ OpenAI Triton).
 
 The server binds 127.0.0.1, runs in explicit model-control mode with ``--model-config-name=stage``
 (so it reads the effective configs ``servelab.servers.triton.configs`` writes) and is started and stopped
-through ``servelab.core.procs.ServerProcess``. ``apply_stage`` switches any running Triton (this one or
+through ``servelab.core.procs.ServerProcess``, with the wheel's local response cache (``cache_flags``).
+``apply_stage`` switches any running Triton (this one or
 the lab's container) to another stage through the model-control API; no image is rebuilt.
 """
 
@@ -117,7 +118,17 @@ def server_command(install_dir: Path, repository: Path, ports: Ports, models: tu
         "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
         f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
         f"--exit-timeout-secs={exit_timeout_s}",
+        *cache_flags(install_dir, get_settings().triton_cache_bytes),
     ]
+
+
+def cache_flags(install_dir: Path, size_bytes: int) -> list[str]:
+    """Triton's local response cache (TRITON_CACHE_BYTES), in server memory, from the wheel's ``caches/local``
+    (Triton looks in /opt/tritonserver/caches unless told). It costs nothing until a model's config says
+    ``response_cache { enable: true }``, and a model that says so fails to load on a server without one."""
+    if not size_bytes:
+        return []
+    return [f"--cache-directory={install_dir / 'caches'}", f"--cache-config=local,size={size_bytes}"]
 
 
 @dataclass

@@ -1,0 +1,124 @@
+"""redis-server for the response cache: the project installs it without root, finds it, and says how to get it.
+
+As for Prometheus (``prometheus_install``), Debian's package (7.0 in Debian 12) is *unpacked*, never
+installed: from ``SERVELAB_WHEELHOUSE`` where it holds the .debs, else ``apt-get download``, then ``dpkg -x``
+into ``<environment>/opt/redis``. The server binary is in ``redis-tools`` (Debian's ``redis-server`` package
+only adds a symlink to it, and an init script); it links two libraries a minimal system may lack,
+``liblzf.so.1`` (``liblzf1``) and ``libjemalloc.so.2`` (``libjemalloc2``): those missing are unpacked into
+``opt/redis/lib`` and found through ``LD_LIBRARY_PATH``. The .debs' sha256 are recorded beside the binary.
+
+``locate()`` picks: the binary named by ``REDIS_SERVER``; the project's copy; a ``redis-server`` on PATH.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from servelab.core.fetch import sha256_file
+from servelab.core.installers.opt_tools import InstallError, opt_dir, system_has_library, unpack_deb
+from servelab.core.settings import get_settings
+
+PACKAGE = "redis-tools"
+BINARY = "usr/bin/redis-check-rdb"  # redis-server is this binary under another name (it reads its argv[0])
+LIBRARIES = {"liblzf.so.1": "liblzf1", "libjemalloc.so.2": "libjemalloc2"}  # library -> Debian package
+# The flags used here (--save '', --appendonly no, --bind, --port) hold from 6 on; checked against Debian 12's 7.0.
+VERSION_LINE = "7."
+INSTALL_HINT = "run `make redis` (or `servelab redis install`)"
+
+
+class RedisNotFound(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RedisBinary:
+    path: Path
+    source: str  # "REDIS_SERVER", "project" or "PATH"
+    version: str = ""
+    library_path: str = ""  # prepended to LD_LIBRARY_PATH (the project's unpacked libraries)
+
+    def env(self) -> dict[str, str]:
+        """Variables to start it with (added to the environment)."""
+        if not self.library_path:
+            return {}
+        return {"LD_LIBRARY_PATH": os.pathsep.join(p for p in (self.library_path, os.environ.get("LD_LIBRARY_PATH"))
+                                                   if p)}
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.source}, {self.version})"
+
+
+def _version(binary: RedisBinary) -> str:
+    try:
+        done = subprocess.run([str(binary.path), "--version"], capture_output=True, text=True, timeout=20,
+                              env={**os.environ, **binary.env()})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RedisNotFound(f"{binary.path} does not run: {exc}") from None
+    found = re.search(r"v=(\S+)", done.stdout)
+    if done.returncode != 0 or not found:
+        raise RedisNotFound(f"{binary.path} does not start: {(done.stderr or done.stdout).strip()[-300:]}")
+    return found.group(1)
+
+
+@lru_cache
+def locate() -> RedisBinary:
+    """The redis-server to run, checked to start; raises ``RedisNotFound`` saying how to get one."""
+    named = get_settings().redis_server
+    home = opt_dir("redis")
+    on_path = shutil.which("redis-server")
+    if named:
+        binary = RedisBinary(Path(named), "REDIS_SERVER")
+    elif (home / "bin" / "redis-server").exists():
+        binary = RedisBinary(home / "bin" / "redis-server", "project", library_path=str(home / "lib"))
+    elif on_path:
+        binary = RedisBinary(Path(on_path), "PATH")
+    else:
+        raise RedisNotFound(f"redis-server is not installed: {INSTALL_HINT}")
+    return RedisBinary(binary.path, binary.source, _version(binary), binary.library_path)
+
+
+def installed() -> bool:
+    try:
+        stamp = json.loads((opt_dir("redis") / "installed.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("version", "").startswith(VERSION_LINE) and (opt_dir("redis") / "bin" / "redis-server").exists()
+
+
+def install(log=print) -> RedisBinary:
+    """Debian's redis-tools (and the libraries the system lacks) unpacked; checked to start and be 7.x."""
+    home = opt_dir("redis")
+    for folder in ("bin", "lib"):
+        (home / folder).mkdir(parents=True, exist_ok=True)
+    (home / "installed.json").unlink(missing_ok=True)
+    fix = "run `apt-get update` first, or install redis-server 7 yourself and set REDIS_SERVER"
+    debs = {}
+    with tempfile.TemporaryDirectory(prefix="servelab-redis-") as tmp:
+        root, deb = unpack_deb(PACKAGE, Path(tmp), fix)
+        version = deb.name.split("_")[1].replace("%3a", ":").split(":")[-1]
+        if not version.startswith(VERSION_LINE):
+            raise InstallError(f"{deb.name} is {PACKAGE} {version}; servelab is checked against {VERSION_LINE}x "
+                               "(Debian 12): set REDIS_SERVER to a redis-server 7")
+        debs[deb.name] = sha256_file(deb)
+        for library, package in LIBRARIES.items():
+            if system_has_library(library):
+                continue
+            lib_root, lib_deb = unpack_deb(package, Path(tmp), fix)
+            [found] = [p for p in lib_root.rglob(library)]
+            shutil.copy2(found.resolve(), home / "lib" / library)
+            debs[lib_deb.name] = sha256_file(lib_deb)
+        part = home / "bin" / "redis-server.part"
+        shutil.copy2(root / BINARY, part)
+        part.replace(home / "bin" / "redis-server")  # never a half-written binary under its real name
+    locate.cache_clear()
+    binary = RedisBinary(home / "bin" / "redis-server", "project", library_path=str(home / "lib"))
+    binary = RedisBinary(binary.path, binary.source, _version(binary), binary.library_path)
+    (home / "installed.json").write_text(json.dumps({"version": version, "debs": debs}, indent=1) + "\n")
+    log(f"redis: {binary.path} from {', '.join(debs)}")
+    return binary

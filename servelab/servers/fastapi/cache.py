@@ -1,0 +1,212 @@
+"""A response cache in front of ``POST /predict`` (``CACHE_URL``, ``CACHE_TTL_S``), and the redis-server it uses.
+
+The same photo sent again gets the answer the model gave it, from Redis, without preprocessing or
+inference. The key is the sha256 of the *decoded* image bytes (so a ``data:`` prefix or line breaks in
+the base64 do not matter) and the model's version (``model_version``: runtime, manifest, variant, device
+and precision: anything that changes an answer changes the key); the value is the response's JSON, kept
+``CACHE_TTL_S`` seconds. Each response says ``X-Cache: hit``, ``miss`` or ``error``; the metric
+``servelab_response_cache_total{result}`` counts them, so a load generator reads the hit ratio from the server.
+
+Redis is an optimisation, never a dependency: when it does not answer (down, slow, refused) the request
+is answered by the model, the failure is logged once (and once more when Redis answers again) and counted
+as ``error``, and Redis is left alone for ``RETRY_AFTER_S``, so an outage costs no request a timeout.
+
+``LocalRedis``: redis-server as a child process on 127.0.0.1 (no persistence), for the tests and the lab.
+"""
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import Response
+
+from servelab.core.installers.redis_install import RedisBinary, RedisNotFound, locate
+from servelab.core.preprocess import decode_base64
+from servelab.core.procs import ServerProcess, free_port
+from servelab.servers.fastapi.runtimes import Backend
+from servelab.servers.fastapi.schemas import PredictResponse
+
+log = logging.getLogger("servelab.servers.fastapi")
+
+HEADER = "X-Cache"
+RESULTS = ("hit", "miss", "error")  # the metric's labels, and the header's values
+# A lookup that takes longer than this is an outage, not a slow hit: the model answers instead.
+TIMEOUT_S = 0.25
+RETRY_AFTER_S = 1.0  # after a failure, requests skip Redis this long (counted as errors) before trying again
+
+
+def model_version(backend: Backend) -> str:
+    """What the answers depend on besides the image: the runtime, the model (its manifest's sha256), the
+    ONNX variant, and where and in which precision it runs (a GPU's kernels round differently)."""
+    parts = {"runtime": backend.kind, "manifest": backend.manifest.sha256(),
+             "variant": (backend.variant or {}).get("name", ""), "gpu": backend.on_gpu,
+             "dtype": backend.details.get("dtype", "")}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_key(version: str, image: bytes) -> str:
+    return f"servelab:predict:{version}:{hashlib.sha256(image).hexdigest()}"
+
+
+@dataclass
+class Lookup:
+    """One request's visit to the cache: its key, and the answer found (None: ask the model)."""
+
+    key: str | None
+    answer: PredictResponse | None = None
+
+
+class ResponseCache:
+    """The cache as the handlers use it: ``lookup`` before the model, ``keep`` after it. With no
+    ``url`` every lookup is a miss that sets no header and touches nothing."""
+
+    def __init__(self, url: str, ttl_s: float, count=None):
+        self.url, self.ttl_s = url, ttl_s
+        self.count = count  # result -> None: the metric (servelab.servers.fastapi.metrics)
+        self.version = ""
+        self._client = None
+        self._down_until = 0.0
+        self._down = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+    def start(self, backend: Backend) -> None:
+        """Open the client (it connects on first use) for the model ``backend`` serves."""
+        if not self.enabled:
+            return
+        import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError
+
+        self.version = model_version(backend)
+        # One retry, on a lost connection only: a pooled connection from before a Redis restart fails once,
+        # a fresh one then works. A timeout is not retried: the model answers instead, which is the retry.
+        self._client = redis.Redis.from_url(self.url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
+                                            retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)))
+        log.info("response cache: %s, entries kept %g s, model version %s", self.url, self.ttl_s, self.version)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _note(self, response: Response, result: str) -> None:
+        response.headers[HEADER] = result
+        if self.count is not None:
+            self.count(result)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self._down_until = time.monotonic() + RETRY_AFTER_S
+        if not self._down:
+            self._down = True
+            log.warning("response cache: Redis at %s failed a %s (%s: %s); the model answers until it is back",
+                        self.url, what, type(exc).__name__, exc)
+
+    def _answered(self) -> None:
+        if self._down:
+            self._down = False
+            log.info("response cache: Redis at %s answers again", self.url)
+
+    async def lookup(self, image: str, response: Response) -> Lookup:
+        """The cached answer for the base64 ``image``, if any; raises ImageError (400) on bad base64."""
+        if not self.enabled:
+            return Lookup(None)
+        key = cache_key(self.version, decode_base64(image))
+        if time.monotonic() < self._down_until:
+            self._note(response, "error")
+            return Lookup(None)
+        try:
+            value = await self._client.get(key)
+        except Exception as exc:  # any failure of the cache falls back to the model
+            self._failed("lookup", exc)
+            self._note(response, "error")
+            return Lookup(None)
+        self._answered()
+        if value is None:
+            self._note(response, "miss")
+            return Lookup(key)
+        try:
+            answer = PredictResponse.model_validate_json(value)
+        except ValueError as exc:  # not ours, or from an older schema: ask the model, overwrite it
+            self._failed("read (the entry is not a prediction)", exc)
+            self._note(response, "error")
+            return Lookup(key)
+        self._note(response, "hit")
+        return Lookup(key, answer)
+
+    async def keep(self, lookup: Lookup, answer: PredictResponse) -> None:
+        """Store the model's ``answer`` under the lookup's key (nothing where the lookup had none)."""
+        if lookup.key is None or time.monotonic() < self._down_until:
+            return
+        try:
+            await self._client.set(lookup.key, answer.model_dump_json(), ex=max(1, round(self.ttl_s)))
+        except Exception as exc:  # the answer is already made: a failed store costs only a later hit
+            self._failed("store", exc)
+            if self.count is not None:
+                self.count("error")
+
+
+def find_redis(log=print) -> RedisBinary | None:
+    """The redis-server to start, or None, saying so (the lab goes on without its cache stage)."""
+    try:
+        return locate()
+    except RedisNotFound as exc:
+        log(f"redis: not installed; cache stage skipped ({exc})")
+        return None
+
+
+class LocalRedis:
+    """redis-server as a child process on 127.0.0.1: a free port, no snapshots (``--save ''``), no
+    append-only file, stopped by its PID. ``url`` is what ``CACHE_URL`` takes."""
+
+    def __init__(self, binary: RedisBinary, home: Path, port: int = 0, max_memory: str = "256mb"):
+        self.home, self.port = Path(home), port or free_port()
+        self.home.mkdir(parents=True, exist_ok=True)
+        # allkeys-lru: a full cache drops its least recently used answers rather than refusing new ones.
+        self.process = ServerProcess(
+            [str(binary.path), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+             "--dir", str(self.home), "--maxmemory", max_memory, "--maxmemory-policy", "allkeys-lru"],
+            None, self.home / f"redis-{self.port}.log", env=binary.env(), ready_timeout=30, stop_timeout=10,
+            ready_check=self.answers)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def client(self):
+        """A synchronous client, for reading the cache back (tests, the lab)."""
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_timeout=5)
+
+    def answers(self) -> bool:
+        import redis
+
+        try:
+            with self.client() as c:
+                return bool(c.ping())
+        except redis.RedisError:
+            return False
+
+    def start(self) -> "LocalRedis":
+        self.process.start()
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> "LocalRedis":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
