@@ -47,6 +47,8 @@ OVERLOADED = ("fastapi-onnx", "onnx-dyn")
 # waiting in the queue), one more refused at once with 503. A few per core: enough to keep every instance
 # busy, few enough that an accepted request waits a few service times at most.
 QUEUE_BOUND = 8
+# The cache case: the lab sends these stages a skewed mix of photos as they are and ``with_cache``.
+CACHED = ("fastapi-onnx", "onnx-1")
 
 
 def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:
@@ -312,9 +314,10 @@ def queue_bound(stage: Stage) -> str:
 
 def compared(lesson: str) -> tuple[tuple[str, str], ...]:
     """(stage, its baseline) for each stage that teaches ``lesson`` against another, in catalogue order; the
-    overload case's derived stages against theirs for "shedding"."""
-    derived = [bounded(STAGES[name]) for name in OVERLOADED] if lesson == "shedding" else []
-    return tuple((s.name, s.baseline) for s in (*CATALOGUE, *derived) if s.lesson == lesson and s.baseline)
+    derived stages of the overload case ("shedding") and the cache case ("cache") against theirs."""
+    derived = {"shedding": [(bounded(STAGES[name]).name, name) for name in OVERLOADED],
+               "cache": [(cached_name(name), name) for name in CACHED]}.get(lesson, [])
+    return tuple((s.name, s.baseline) for s in CATALOGUE if s.lesson == lesson and s.baseline) + tuple(derived)
 
 
 def with_cache(stage: Stage, cache_url: str = "") -> Stage:
@@ -336,8 +339,12 @@ def with_cache(stage: Stage, cache_url: str = "") -> Stage:
     else:
         raise ValueError(f"{stage.name}: a response cache is Triton's own, or Redis in front of a FastAPI stage "
                          "(give its URL)")
-    return replace(stage, name=f"{stage.name}-cache", about=about, part=part, lesson="", baseline="",
+    return replace(stage, name=cached_name(stage.name), about=about, part=part, lesson="cache", baseline=stage.name,
                    default=False, tour=False, gpu_check=False)
+
+
+def cached_name(name: str) -> str:
+    return f"{name}-cache"
 
 
 def get_stage(name: str, family: Family | None = None) -> Stage:

@@ -114,7 +114,7 @@ def best_runs(records: list[Record]) -> dict[str, Record]:
     """stage -> its best servelab closed-loop or sequential run (one image per request), in the records'
     order of stages."""
     runs = [r for r in records if r.tool == "servelab" and not r.failed and r.batch == 1
-            and r.load.mode in ("sequential", "closed") and r.stats.items_per_s > 0]
+            and r.load.mode in ("sequential", "closed") and r.stats.items_per_s > 0 and not r.config.get("run")]
     return {stage: max((r for r in runs if r.stage == stage), key=lambda r: r.stats.items_per_s)
             for stage in dict.fromkeys(r.stage for r in runs)}
 

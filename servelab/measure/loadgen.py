@@ -66,6 +66,7 @@ clock = time.perf_counter  # monotonic, high resolution (never time.time)
 OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerRequest: ok, shed:<reason>, or the error
 OVERLOAD_MULTIPLE = 1.5  # the overload case's offered rate, times the measured capacity
 OVERLOAD = "overload"  # config["run"] of the overload case's records
+CACHE_RUN = "cache"  # config["run"] of the cache case's records (a skewed mix of photos, with and without a cache)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic batching, more instances,
 a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
-failure, queueing under open-loop load, shedding above capacity), measured as a ratio of two of this run's records, with the
+failure, queueing under open-loop load, shedding above capacity, a response cache), measured as a ratio of two of this run's records, with the
 figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
 change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
 than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from servelab.measure.fractions import capacity, closed_run, ratio_runs
-from servelab.measure.loadgen import OVERLOAD
+from servelab.measure.loadgen import CACHE_RUN, OVERLOAD
 from servelab.measure.records import Record
 from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.report import compare
@@ -86,6 +86,9 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
     "shedding": Expect(f"above capacity an unbounded queue grows and every request waits longer; a bound of "
                        f"{QUEUE_BOUND} requests refuses the excess at once (503 + Retry-After) and the accepted "
                        f"requests' p99 stays within {QUEUE_BOUND} service times", at_most=1.0, notebook="4_fastapi"),
+    "cache": Expect("an answer kept for a photo asked for before costs a lookup instead of an inference: the more "
+                    "often photos repeat, the higher the throughput and the lower the median", at_least=1.0,
+                    notebook="the lab"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
                        "flatter", at_least=1.0, notebook="7_triton_onnx"),
 }
@@ -246,6 +249,22 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
                       "; ".join(extra), verdict, a, b)
 
 
+def _cached(records: list[Record], device: str) -> Iterator[Finding]:
+    for top, bottom in compared("cache"):
+        a, b = (next((r for r in records if r.stage == name and r.config.get("run") == CACHE_RUN and not r.failed
+                      and r.stats.throughput_rps), None) for name in (top, bottom))
+        if not (a and b):
+            continue
+        ratio = a.stats.throughput_rps / b.stats.throughput_rps
+        mix = a.target.get("mix", {})
+        hits = f"hit ratio {a.cache.hit_ratio:.0%}" if a.cache and a.cache.hit_ratio is not None else "hit ratio unknown"
+        yield Finding("cache", f"{top} ÷ {bottom}, {mix.get('distinct_photos', '?')} of {mix.get('photos', '?')} photos "
+                      f"(Zipf), {a.load.concurrency} senders",
+                      f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
+                      f"{hits}; p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms",
+                      _verdict(_expect("cache", device), ratio, top), a, b)
+
+
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
         if r.config.get("run") == "step load" and r.timeline and r.timeline.replicas:
@@ -282,6 +301,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("node failure", "A worker node dies mid-run", _node_failure),
     Lesson("queueing", "Open-loop load near capacity", _queueing),
     Lesson("shedding", "A bounded queue under load above capacity", _shedding),
+    Lesson("cache", "A response cache under a skewed mix of photos", _cached),
 )
 
 

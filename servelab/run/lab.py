@@ -38,13 +38,15 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.measure.fractions import capacity as capacity_of
-from servelab.measure.loadgen import overload_load
+from servelab.measure.loadgen import CACHE_RUN, overload_load
+from servelab.measure.targets import PhotoMix
 from servelab.measure.records import Load, Record, append_record, machine_info
 from servelab.measure.perf_analyzer import Windows
 from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
@@ -58,12 +60,14 @@ from servelab.core.variants.build import build_variants, machine
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.servers.fastapi.cache import LocalRedis, find_redis
 from servelab.servers.rayserve.cluster import ray_binary
 from servelab.report import compare
 from servelab.report.render import render_report, summary_table
 from servelab.report.lessons import summary
 from servelab.core.settings import get_settings
-from servelab.core.catalogue import CATALOGUE, OVERLOADED, Stage, bounded, queue_bound
+from servelab.core.catalogue import (CACHED, CATALOGUE, OVERLOADED, STAGES, Stage, bounded, cached_name, queue_bound,
+                                     with_cache)
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 
 RESULTS = REPO_ROOT / "results"
@@ -113,6 +117,7 @@ class Plan:
     stages: tuple[Stage, ...] = LAB_STAGES
     # The overload case (``catalogue.OVERLOADED``): seconds of open-loop load above capacity, per run; 0: none.
     overload_s: float = 0.0
+    cache: bool = False  # the cache case (``catalogue.CACHED``): a skewed mix of photos without and with a cache
 
     @classmethod
     def tour(cls) -> "Plan":
@@ -127,14 +132,14 @@ class Plan:
     def full(cls) -> "Plan":
         # Every load, both clients on every Triton stage. 20 % stability instead of perf_analyzer's
         # 10 %: two CPUs shared by client and server are noisy.
-        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8), overload_s=10.0)
+        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8), overload_s=10.0, cache=True)
 
     @classmethod
     def quick(cls) -> "Plan":
         # A smoke run (tests): every stage with servelab's client; perf_analyzer, three windows whatever
         # their spread, on one stage per way it is fed (the rest is the same command on another model).
         return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0,
-                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=2.0)
+                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=2.0, cache=True)
 
     @classmethod
     def gpu_check(cls) -> "Plan":
@@ -205,6 +210,8 @@ class Lab:
         self.ran: list[str] = []  # the stages measured (those needing a GPU left out on the CPU)
         self.not_run: dict[str, str] = {}  # stage -> why it was not started (the time budget)
         self.overloaded: set[str] = set()  # stages that also get the overload case, and their bounded twin (``run``)
+        self.cached: set[str] = set()  # stages that also get the cache case, and their twin with a cache (``run``)
+        self.redis: LocalRedis | None = None  # the FastAPI cache case's, while the run lasts
 
     # --- measurements ----------------------------------------------------------------------------
 
@@ -298,11 +305,17 @@ class Lab:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.records_path.unlink(missing_ok=True)  # this run's records only
         self.skipped = preflight(stages)
-        # The baselines of this run's overload stages get the same load above capacity, without a bound.
-        self.overloaded = set(OVERLOADED) & {s.name for s in stages} if self.plan.overload_s else set()
+        names = {s.name for s in stages}
+        # The overload and cache cases, on the stages of this run that have them (a plan's choice).
+        self.overloaded = set(OVERLOADED) & names if self.plan.overload_s else set()
+        self.cached = set(CACHED) & names if self.plan.cache else set()
         for part, why in self.skipped.items():
             self.log(f"[{part}] skipped: {why}")
-        with self.prometheus:
+        with ExitStack() as stack:
+            stack.enter_context(self.prometheus)
+            # Soft, as Prometheus is: without redis-server the FastAPI cache case is skipped, saying so.
+            if any(STAGES[name].family == "fastapi" for name in self.cached) and (binary := find_redis(self.log)):
+                self.redis = stack.enter_context(LocalRedis(binary, self.logs / "redis"))
             self._run_stages(stages, manifest, paths)
         self.ran = [name for name in self.ran if name not in self.not_run]
 
@@ -362,10 +375,34 @@ class Lab:
         capacity = self.measure_on(adapter, stage, manifest)
         if ray:
             ray.after(stage, capacity)
+        if stage.name in self.cached:
+            self.guard(stage, lambda: self.cache_case(adapter, stage, manifest))
         if stage.name in self.overloaded:  # the same server, its queue bounded, under the same overload
             shed = bounded(stage)
             self.log(f"[{shed.name}] {shed.about}")
             self.guard(shed, lambda: self.measure_on(adapter, shed, manifest))
+
+    def cache_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
+        """The same skewed mix of photos (``PhotoMix.zipf``, seeded) on ``stage`` as it is, on the server that just
+        measured it, then ``with_cache``: Triton's own response cache, or Redis in front of a FastAPI stage."""
+        if stage.family == "fastapi" and self.redis is None:
+            self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
+            return
+        mix, p = PhotoMix.zipf(seed=0), self.plan
+        load = Load.closed(p.concurrency[-1], p.closed, warmup=p.warmup)
+        cached = with_cache(stage, self.redis.url if stage.family == "fastapi" else "")
+        for s in (stage, cached):
+            if s is cached:
+                self.log(f"[{s.name}] {s.about}")
+                adapter.switch(s)
+            self.scraped = adapter.scraped
+            try:
+                runs_on, extra = adapter.runs_on(s)
+                labels = self.labels(s, manifest, adapter.pid, runs_on, {**(extra or {}), "run": CACHE_RUN})
+                target = replace(adapter.target(s, self.image, self.image_name), mix=mix)
+                measure_stage(target, [load], labels, [servelab_client()], self.keep)
+            finally:
+                self.scraped = None
 
     def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""

@@ -17,7 +17,7 @@ from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
 from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
-from servelab.core.catalogue import OVERLOADED, STAGES as STAGES_BY_NAME, bounded
+from servelab.core.catalogue import CACHED, OVERLOADED, STAGES as STAGES_BY_NAME, bounded, cached_name
 from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
 from servelab.tools.gpu_check import record_markdown
 from servelab.servers.triton.configs import gpu_count
@@ -46,7 +46,8 @@ def _prometheus_here() -> bool:
 
 def test_quick_lab_measures_every_stage_and_leaves_no_server(quick_lab):
     records, output = quick_lab.records, quick_lab.output
-    assert {r.stage for r in records} == {s.name for s in RUN} | {bounded(STAGES_BY_NAME[n]).name for n in OVERLOADED}
+    twins = {bounded(STAGES_BY_NAME[n]).name for n in OVERLOADED} | {cached_name(n) for n in CACHED}
+    assert {r.stage for r in records} == {s.name for s in RUN} | twins
     assert gpu_count() or all(f"[{s.name}] skipped: it needs a GPU" in output for s in STAGES if s.needs_gpu)
     failure = [r for r in records if r.config.get("run") == "node failure"]
     assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records if r not in failure)
@@ -68,6 +69,19 @@ def test_quick_lab_overloads_a_stage_without_a_bound_and_with_one(quick_lab):
     report = quick_lab.text("report.md")
     assert "## Overload and load shedding" in report and (quick_lab.out / "overload_timelines.png").exists()
     assert "- **A bounded queue under load above capacity**." in report and "- fastapi-onnx-shed ÷ fastapi-onnx, " in report
+
+
+def test_quick_lab_sends_a_skewed_mix_of_photos_without_a_cache_and_with_one(quick_lab):
+    """The cache case: the same seeded Zipf mix of the bundled photos on each CACHED stage and on its twin with a
+    cache (Redis in front of FastAPI, Triton's own); the twin's record holds the hit ratio from the server's counters."""
+    runs = {r.stage: r for r in quick_lab.records if r.config.get("run") == "cache"}
+    assert set(runs) == {n for name in CACHED for n in (name, cached_name(name))}
+    for name in CACHED:
+        plain, cached = runs[name], runs[cached_name(name)]
+        assert plain.target["mix"] == cached.target["mix"] and plain.target["mix"]["popularity"] == "zipf"
+        assert plain.cache is None and cached.cache.hits > 0 and cached.cache.hit_ratio > 0.3, cached.cache
+        assert plain.stats.error_count == cached.stats.error_count == 0
+    assert "- **A response cache under a skewed mix of photos**." in quick_lab.text("report.md")
 
 
 def test_quick_lab_ray_stages_place_replicas_step_the_load_and_lose_a_node(quick_lab):

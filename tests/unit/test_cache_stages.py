@@ -11,7 +11,8 @@ def test_a_triton_stage_gets_tritons_response_cache_on_its_model_only(artifacts)
 
     base = get_stage("pt-1")
     cached = with_cache(base)
-    assert cached.name == "pt-1-cache" and cached.name not in STAGES and not cached.lesson
+    assert cached.name == "pt-1-cache" and cached.name not in STAGES
+    assert (cached.lesson, cached.baseline) == ("cache", "pt-1")
     repository = get_settings().triton_model_repository
     config = effective_config(cached, base.triton.model, kind="cpu", onnxruntime=False, repository=repository)
     assert config.response_cache.enable
