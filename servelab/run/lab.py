@@ -267,7 +267,7 @@ class Lab:
             self.log(f"    overload: not run: no capacity measured for {stage.baseline or stage.name} in this run")
             return
         load, config = overload_load(capacity.stats.throughput_rps, self.plan.overload_s)
-        over = replace(labels, config={**labels.config, **config, "bound": queue_bound(stage)})
+        over = labels._replace(config={**(labels.config or {}), **config, "bound": queue_bound(stage)})
         measure_stage(target, [load], over, [servelab_client(timeline_bin_s=1.0, keep_requests=True)], self.keep)
 
     def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
