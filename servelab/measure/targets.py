@@ -29,6 +29,7 @@ import asyncio
 import base64
 import errno
 import json
+import urllib.error
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -234,8 +235,14 @@ class _FastAPIClient:
         return None
 
     async def cache_counts(self) -> dict[str, int] | None:
-        """``servelab_response_cache_total`` by result, from the service's /metrics (None: no cache there)."""
-        text = await asyncio.to_thread(lambda: DIRECT.open(self.metrics_url, timeout=10).read().decode())
+        """``servelab_response_cache_total`` by result, from the service's /metrics (None: no cache there, or no
+        /metrics at all, as on the benchmark's simple app)."""
+        try:
+            text = await asyncio.to_thread(lambda: DIRECT.open(self.metrics_url, timeout=10).read().decode())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
         return response_cache_counts(text)
 
     async def close(self) -> None:

@@ -85,7 +85,9 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
                            notebook="the lab"),
     "shedding": Expect(f"above capacity an unbounded queue grows and every request waits longer; a bound of "
                        f"{QUEUE_BOUND} requests refuses the excess at once (503 + Retry-After) and the accepted "
-                       f"requests' p99 stays within {QUEUE_BOUND} service times", at_most=1.0, notebook="4_fastapi"),
+                       f"requests' p99 falls far below the unbounded queue's (behind FastAPI, where at most "
+                       f"{QUEUE_BOUND} requests are inside, within {QUEUE_BOUND} service times; behind Triton's "
+                       "batcher, a few batches' time)", at_most=1.0, notebook="the lab"),
     "cache": Expect("an answer kept for a photo asked for before costs a lookup instead of an inference: the more "
                     "often photos repeat, the higher the throughput and the lower the median", at_least=1.0,
                     notebook="the lab"),
@@ -241,9 +243,10 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
         extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed"]
         if times is not None:
             extra.append(f"accepted p99 = {times:.1f}× the service time")
+        # The stated multiple holds where the bound counts every request inside the server: FastAPI's.
         verdict = _verdict(said, ratio, top) or (
-            f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time"
-            if times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
+            f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
+            if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
         yield Finding("shedding", f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
                       f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
                       "; ".join(extra), verdict, a, b)
@@ -258,8 +261,8 @@ def _cached(records: list[Record], device: str) -> Iterator[Finding]:
         ratio = a.stats.throughput_rps / b.stats.throughput_rps
         mix = a.target.get("mix", {})
         hits = f"hit ratio {a.cache.hit_ratio:.0%}" if a.cache and a.cache.hit_ratio is not None else "hit ratio unknown"
-        yield Finding("cache", f"{top} ÷ {bottom}, {mix.get('distinct_photos', '?')} of {mix.get('photos', '?')} photos "
-                      f"(Zipf), {a.load.concurrency} senders",
+        yield Finding("cache", f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
+                      f"photos (Zipf, s={mix.get('s', '?')}), {a.load.concurrency} senders",
                       f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
                       f"{hits}; p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms",
                       _verdict(_expect("cache", device), ratio, top), a, b)
