@@ -296,7 +296,11 @@ async def _server_breakdown(
         after = await _snapshot(client, warnings)
         if after is None:
             return None
-        delta = stats_delta(before, after, model)
+        try:
+            delta = stats_delta(before, after, model)
+        except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
+            warnings.append(f"no server breakdown: {exc}")
+            return None
         if (delta.server_requests or 0) >= successes:
             break
         await asyncio.sleep(STATS_SETTLE_S)

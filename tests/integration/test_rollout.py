@@ -1,7 +1,10 @@
 """A new model version rolled out under load, on real servers on 127.0.0.1: the FastAPI service's
 ``POST /admin/reload`` while 16 senders keep sending (no request fails, the versions switch once and in
-order), a reload it refuses (the old version keeps serving), and the load generator's rollout record."""
+order), a reload it refuses (the old version keeps serving), Triton's version 2 loaded and version 1
+unloaded under the same load, and the load generator's rollout record."""
 
+import asyncio
+import base64
 import shutil
 from pathlib import Path
 
@@ -12,9 +15,13 @@ import pytest
 from fastapi_service import metric_samples, running
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure.loadgen import rollout
-from servelab.measure.targets import FastAPITarget
+from servelab.measure.records import Record
+from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.runtimes import model_version
+from servelab.servers.triton import server
+from servelab.servers.triton.configs import get_stage
+from triton_repo import make_repository
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 
@@ -43,10 +50,25 @@ def onnx_service(model, tmp_path_factory):
 
 
 def served_version(client: httpx.Client, url: str) -> str:
-    response = client.post(f"{url}/predict", json={"image": __import__("base64").b64encode(PHOTO).decode()})
+    response = client.post(f"{url}/predict", json={"image": base64.b64encode(PHOTO).decode()})
     assert response.status_code == 200, response.text
     assert response.headers["x-model-version"] == response.json()["model_version"]
     return response.json()["model_version"]
+
+
+def assert_switched_once(record: Record, old: str, new: str) -> None:
+    """No request failed; ``old`` answered before the trigger and ``new`` after; no request sent after the
+    first answer of ``new`` was answered by ``old`` (one sent before it may still finish on ``old``)."""
+    r = record.rollout
+    assert r.error is None and r.failed == 0 and record.stats.errors == {} and r.shed == 0, r
+    assert r.old_versions == [old] and r.new_version == new and r.old_sent_after_new == 0, r
+    per = record.per_request
+    assert set(per.version) == {old, new} and set(per.outcome) == {"ok"}
+    done = [sent + latency / 1000 for sent, latency in zip(per.sent_s, per.latency_ms)]
+    first_new = min(t for t, v in zip(done, per.version) if v == new)
+    assert all(v == new for sent, v in zip(per.sent_s, per.version) if sent > first_new)
+    assert r.p99_before_ms and r.p99_during_ms, r
+    assert record.timeline.events["rollout_started"] == pytest.approx(r.trigger_s, abs=0.01)
 
 
 def test_a_reload_under_16_senders_fails_nothing_and_switches_version_once(onnx_service, versions, client):
@@ -55,20 +77,11 @@ def test_a_reload_under_16_senders_fails_nothing_and_switches_version_once(onnx_
     assert client.get(f"{onnx_service}/ready").json()["model_version"] == v1
     record = rollout(FastAPITarget(onnx_service, PHOTO), lambda: reload(onnx_service, versions["v2"]),
                      stage="fastapi-onnx", at_s=1.5, seconds=4.0)
+    assert_switched_once(record, v1, v2)
     r = record.rollout
-    assert r.error is None and r.result["model_version"] == v2 and r.result["previous_version"] == v1, r
-    assert r.failed == 0 and record.stats.errors == {} and r.shed == 0, r
-    assert r.old_versions == [v1] and r.new_version == v2, r
-    # Requests that arrived before the swap may finish on v1 after a v2 answer; none sent after one does.
-    assert r.old_sent_after_new == 0, r
+    assert r.result["model_version"] == v2 and r.result["previous_version"] == v1, r
     assert 0 < r.first_new_s and r.switch_after_done_s < 1.0, r  # visible within a second of the swap
-    assert all(x > 0 for x in r.requests) and r.p99_before_ms and r.p99_during_ms and r.p99_after_ms, r
-    per = record.per_request
-    assert set(per.version) == {v1, v2} and set(per.outcome) == {"ok"}
-    done = [sent + latency / 1000 for sent, latency in zip(per.sent_s, per.latency_ms)]
-    first_v2 = min(t for t, v in zip(done, per.version) if v == v2)
-    assert all(v == v2 for s, v in zip(per.sent_s, per.version) if s > first_v2)
-    assert record.timeline.events["rollout_started"] == pytest.approx(r.trigger_s, abs=0.01)
+    assert all(x > 0 for x in r.requests) and r.p99_after_ms, r
     assert client.get(f"{onnx_service}/ready").json()["model_version"] == v2
     metrics = client.get(f"{onnx_service}/metrics").text
     answered = metric_samples(metrics, "servelab_model_version_requests_total")
@@ -103,3 +116,32 @@ def test_a_reload_of_the_same_bytes_is_the_same_version(onnx_service, client):
     assert response.status_code == 200, response.text
     assert response.json()["model_version"] == response.json()["previous_version"] == before
     assert served_version(client, onnx_service) == before
+
+
+@pytest.fixture(scope="module")
+def triton(model, versions, tmp_path_factory):
+    """A tritonserver of its own serving food_classifier version 1 (pt-1, CPU instances)."""
+    repository = make_repository(tmp_path_factory.mktemp("rollout_repository"))
+    log = tmp_path_factory.mktemp("rollout-triton") / "tritonserver.log"
+    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
+        yield local
+
+
+def test_triton_loads_version_2_and_unloads_version_1_under_16_senders_without_a_failure(triton, versions):
+    model = "food_classifier"
+    assert server.model_versions(triton.url, model) == [1]
+    server.stage_version(triton.repository, model, 2, versions["v2"])
+    record = rollout(TritonTarget(triton.url, model, PHOTO),
+                     lambda: asyncio.to_thread(server.roll_out, triton.url, triton.grpc_url, model, 2),
+                     stage="pt-1", at_s=1.5, seconds=12.0)
+    assert_switched_once(record, "1", "2")
+    r = record.rollout
+    assert r.result["previous_versions"] == [1] and r.result["loaded_s"] <= r.result["old_unloaded_s"], r
+    assert abs(r.switch_after_done_s - (r.result["loaded_s"] - r.done_s + r.trigger_s)) < 1.0, r
+    assert server.model_versions(triton.url, model, ("READY", "UNLOADING")) == [2]
+
+
+def test_triton_refuses_to_roll_out_a_version_that_is_not_staged_and_keeps_serving(triton):
+    with pytest.raises(RuntimeError, match="is it staged"):
+        server.roll_out(triton.url, triton.grpc_url, "food_classifier", 7)
+    assert server.model_versions(triton.url, "food_classifier") == [2]
