@@ -77,6 +77,9 @@ class FlaskSettings(_Env):
     fastapi_server_url: str = Field("http://127.0.0.1:8000", description="Base URL of the FastAPI service (BACKEND=fastapi).")
     triton_server_url: str = Field("127.0.0.1:8000", description="Triton's HTTP endpoint as host:port, without a scheme (the triton* backends).")
     food11_model_name: str = Field("", description="Triton model to call; empty: food_classifier, food_classifier_onnx or food_classifier_ensemble, by BACKEND.")
+    canary_url: str = Field("", description="A second backend of the same kind (`BACKEND`) serving the new model version: a FastAPI service's base URL, or Triton's host:port. It gets `CANARY_SHARE` of the predictions; empty: none.")
+    canary_share: float = Field(0.0, ge=0, le=1, description="The share of predictions sent to `CANARY_URL` (0.1: one in ten), chosen per request by a hash of `CANARY_SEED` and the request's number, so a run's split is reproducible. `GET /metrics` counts them by route (stable, canary) and the model version that answered.")
+    canary_seed: int = Field(0, description="Seed of the canary's choice of requests (`CANARY_SHARE`).")
     backend_timeout: float = Field(10.0, gt=0, description="Seconds the app waits to connect to the backend and for each read of its answer; past it the page says so (504).")
     max_upload_bytes: int = Field(7 * 1024 * 1024, gt=0, description="Largest accepted upload in bytes; larger ones are refused (413). In base64 a photo grows by a third: 7 MiB still fits the FastAPI service's `MAX_BODY_BYTES`.")
 

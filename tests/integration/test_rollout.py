@@ -1,10 +1,12 @@
 """A new model version rolled out under load, on real servers on 127.0.0.1: the FastAPI service's
 ``POST /admin/reload`` while 16 senders keep sending (no request fails, the versions switch once and in
 order), a reload it refuses (the old version keeps serving), Triton's version 2 loaded and version 1
-unloaded under the same load, and the load generator's rollout record."""
+unloaded under the same load, the load generator's rollout record, and GourmetGram's canary (a share
+of its predictions to a second service, counted by route and version in its metrics)."""
 
 import asyncio
 import base64
+import io
 import shutil
 from pathlib import Path
 
@@ -13,12 +15,17 @@ import onnx
 import pytest
 
 from fastapi_service import metric_samples, running
+from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.procs import free_port
+from servelab.core.settings import Settings
 from servelab.measure.loadgen import rollout
 from servelab.measure.records import Record
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.runtimes import model_version
+from servelab.servers.gourmetgram.services import in_canary
+from servelab.servers.gourmetgram.web import create_app
 from servelab.servers.triton import server
 from servelab.servers.triton.configs import get_stage
 from triton_repo import make_repository
@@ -145,3 +152,59 @@ def test_triton_refuses_to_roll_out_a_version_that_is_not_staged_and_keeps_servi
     with pytest.raises(RuntimeError, match="is it staged"):
         server.roll_out(triton.url, triton.grpc_url, "food_classifier", 7)
     assert server.model_versions(triton.url, "food_classifier") == [2]
+
+
+def test_the_canary_choice_is_seeded_and_keeps_its_share():
+    picks = [in_canary(0.1, 0, n) for n in range(20000)]
+    assert abs(sum(picks) / len(picks) - 0.1) < 0.01
+    assert picks == [in_canary(0.1, 0, n) for n in range(20000)]  # reproducible
+    assert picks != [in_canary(0.1, 1, n) for n in range(20000)]  # another seed, other requests
+    assert not any(in_canary(0.0, 0, n) for n in range(1000)) and all(in_canary(1.0, 0, n) for n in range(1000))
+
+
+def gourmetgram_metrics(app) -> dict[tuple[str, str, str], float]:
+    """(route, model_version, outcome) -> predictions, from GourmetGram's /metrics."""
+    samples = metric_samples(app.get("/metrics").text, "gourmetgram_predictions_total")
+    counts = {}
+    for key, value in samples.items():
+        labels = dict(part.split("=") for part in key.strip("{}").split(","))
+        counts[tuple(labels[name].strip('"') for name in ("route", "model_version", "outcome"))] = value
+    return counts
+
+
+def upload(app):
+    return app.post("/classify", data={"photo": (io.BytesIO(PHOTO), "coffee.jpg")},
+                    content_type="multipart/form-data")
+
+
+def test_gourmetgram_sends_its_canary_share_to_the_new_version_and_counts_both(onnx_service, versions, client,
+                                                                              tmp_path_factory):
+    stable = client.get(f"{onnx_service}/ready").json()["model_version"]
+    requests = 200
+    with running("onnx", ArtifactPaths.in_dir(versions["v3"]), tmp_path_factory.mktemp("canary-logs")) as canary_url:
+        canary = client.get(f"{canary_url}/ready").json()["model_version"]
+        assert canary != stable
+        app = create_app(Settings(backend="fastapi", fastapi_server_url=onnx_service, canary_url=canary_url,
+                                  canary_share=0.1, canary_seed=3, backend_timeout=30)).test_client()
+        pages = [upload(app) for _ in range(requests)]
+    assert all(page.status_code == 200 and 'id="label"' in page.text for page in pages)
+    counts = gourmetgram_metrics(app)
+    expected = sum(in_canary(0.1, 3, n) for n in range(requests))  # the seeded rule, request by request
+    assert counts[("canary", canary, "ok")] == expected and abs(expected / requests - 0.1) < 0.05, counts
+    assert counts[("stable", stable, "ok")] == requests - expected, counts
+    text = app.get("/metrics").text
+    latency = metric_samples(text, "gourmetgram_prediction_duration_seconds_count")
+    assert latency[f'{{model_version="{canary}",route="canary"}}'] == expected, latency
+    assert metric_samples(text, "gourmetgram_canary_share")[""] == 0.1
+
+
+def test_a_canary_that_fails_fails_only_its_share_and_is_counted_apart(onnx_service):
+    stable_url = onnx_service
+    app = create_app(Settings(backend="fastapi", fastapi_server_url=stable_url, canary_url=f"http://127.0.0.1:{free_port()}",
+                              canary_share=0.5, backend_timeout=5)).test_client()
+    statuses = [upload(app).status_code for _ in range(20)]
+    counts = gourmetgram_metrics(app)
+    failed = sum(in_canary(0.5, 0, n) for n in range(20))
+    assert statuses.count(502) == failed and statuses.count(200) == 20 - failed, statuses
+    assert counts[("canary", "", "error")] == failed and sum(v for (route, _, outcome), v in counts.items()
+                                                              if route == "stable" and outcome == "ok") == 20 - failed
