@@ -128,6 +128,14 @@ class Trigger:
     name: str
     at_s: float
     action: Callable[[], Awaitable[dict[str, Any] | None]]
+    hold_s: float = 0.0  # a closed loop runs on while the action runs, and this long after it returns
+
+
+@dataclass
+class _Hold:
+    """A closed loop's senders go on until ``until`` (perf_counter) at least: infinity while a trigger runs."""
+
+    until: float = 0.0
 
 
 @dataclass
@@ -140,15 +148,17 @@ class Fired:
     error: str | None = None
 
 
-async def _fire(trigger: Trigger, due: float) -> Fired:
+async def _fire(trigger: Trigger, due: float, hold: _Hold) -> Fired:
     await asyncio.sleep(max(0.0, due - clock()))
     fired = Fired(clock())
+    hold.until = math.inf
     try:
         fired.result = await trigger.action()
         fired.done = clock()
     except Exception as exc:  # the run goes on, and its record says the rollout failed
         fired.error = f"{type(exc).__name__}: {exc}"
         log.warning("%s failed: %s", trigger.name, fired.error)
+    hold.until = clock() + trigger.hold_s
     return fired
 
 
@@ -173,15 +183,17 @@ async def warm_up(client: Client, load: Load) -> tuple[int, float | None]:
     return failed, first_ms
 
 
-async def _closed_loop(client: Client, load: Load) -> RawRun:
+async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None) -> RawRun:
     run = RawRun(timing=TimingSums(client.batch), started=clock())
     stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
+    give_up = run.started + load.max_duration_s
     limit = load.requests if load.requests is not None else math.inf
+    hold = hold or _Hold()
     issued = 0
 
     async def sender() -> None:
         nonlocal issued
-        while issued < limit and clock() < stop_at:
+        while issued < limit and clock() < min(give_up, max(stop_at, hold.until)):
             i, issued = issued, issued + 1
             t0 = clock()
             outcome = await client.send()
@@ -257,8 +269,9 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None) -
     gc.collect()
     gc.freeze()
     try:
-        fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s)) if trigger else None
-        run = await (_open_loop(client, load) if load.mode == "open" else _closed_loop(client, load))
+        hold = _Hold()
+        fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
+        run = await (_open_loop(client, load) if load.mode == "open" else _closed_loop(client, load, hold))
         if fired is not None:
             run.fired = await fired
         return run
@@ -397,13 +410,15 @@ def rollout_summary(run: RawRun) -> Rollout:
     old = sorted({v for t, _, kind, v in run.outcomes if kind == OK and v and t < trigger_s})
     new = sorted((t, v) for t, _, kind, v in run.outcomes if kind == OK and v and v not in old and t >= trigger_s)
     first_new_s, new_version = new[0] if new else (None, None)
+    ready_s = trigger_s + fired.result["ready_s"] if fired.result and "ready_s" in fired.result else done_s
     end_during = max(s for s in (trigger_s, done_s, first_new_s) if s is not None)
     windows: list[list[float]] = [[], [], []]
-    failed = failed_during = shed = old_done = old_sent = 0
+    failed = failed_during = shed = old_done = old_sent = old_after_ready = 0
     for t, latency, kind, version in run.outcomes:
         window = 0 if t < trigger_s else 1 if t <= end_during else 2
         if kind == OK:
             windows[window].append(latency)
+            old_after_ready += version in old and ready_s is not None and t - latency > ready_s
             if first_new_s is not None and version in old and t > first_new_s:
                 old_done += 1
                 old_sent += t - latency > first_new_s
@@ -416,8 +431,9 @@ def rollout_summary(run: RawRun) -> Rollout:
         trigger_s=round(trigger_s, 4), done_s=round(done_s, 4) if done_s is not None else None, result=fired.result,
         error=fired.error, old_versions=old, new_version=new_version,
         first_new_s=round(first_new_s - trigger_s, 4) if first_new_s is not None else None,
-        switch_after_done_s=round(first_new_s - done_s, 4) if first_new_s is not None and done_s is not None else None,
-        old_done_after_new=old_done, old_sent_after_new=old_sent, failed=failed, failed_during=failed_during,
+        switch_after_ready_s=round(first_new_s - ready_s, 4) if first_new_s is not None and ready_s is not None else None,
+        old_done_after_new=old_done, old_sent_after_new=old_sent,
+        old_sent_after_ready=old_after_ready, failed=failed, failed_during=failed_during,
         shed=shed, requests=[len(w) for w in windows], p99_before_ms=_p99(windows[0]),
         p99_during_ms=_p99(windows[1]), p99_after_ms=_p99(windows[2]),
         during_s=[round(trigger_s, 4), round(end_during, 4)],
@@ -493,10 +509,12 @@ def overload(target: Target, capacity_rps: float, *, stage: str, multiple: float
 
 
 def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None]], *, stage: str,
-            at_s: float = 3.0, seconds: float = 10.0, concurrency: int = 16, bin_s: float = 0.5, warmup: int = 32,
-            name: str = "rollout", config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
-    """A closed loop of ``concurrency`` senders for ``seconds``, with ``action`` (the rollout: it loads the
-    new version and retires the old one, and returns what it did) started ``at_s`` seconds in. The record
+            at_s: float = 3.0, seconds: float = 10.0, after_s: float = 3.0, concurrency: int = 16, bin_s: float = 0.5,
+            warmup: int = 32, name: str = "rollout", config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
+    """A closed loop of ``concurrency`` senders for ``seconds``, and on until ``after_s`` after the rollout
+    returned, however long it took (a steady state after the swap to compare with the one before), with ``action`` (the rollout: it loads the
+    new version and retires the old one, and returns what it did, with ``ready_s`` where the new version
+    answered before the call returned) started ``at_s`` seconds in. The record
     has every request with the version that answered it (``per_request``), its ``timeline`` per ``bin_s``
     (the rollout's start and return as events) and its ``rollout`` summary: failures (the aim: 0), p99
     before, during and after the swap (the aim: during within 3x before), and when the new version first
@@ -504,6 +522,6 @@ def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None
     if not 0 < at_s < seconds:
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
-    labels = {**(config or {}), "run": "rollout", "rollout_at_s": at_s}
+    labels = {**(config or {}), "run": "rollout", "rollout_at_s": at_s, "after_s": after_s}
     return run_bench(target, load, stage=stage, config=labels, timeline_bin_s=bin_s, keep_requests=True,
-                     trigger=Trigger(name, at_s, action), **kwargs)
+                     trigger=Trigger(name, at_s, action, after_s), **kwargs)

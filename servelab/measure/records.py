@@ -244,9 +244,12 @@ class Rollout(BaseModel):
     old_versions: list[str] = []  # versions that answered before the trigger
     new_version: str | None = None  # the first other version that answered after it
     first_new_s: float | None = None  # the first answer of the new version completed, seconds after the trigger
-    switch_after_done_s: float | None = None  # first_new_s less the rollout call's own time (< 0: before it returned)
+    # first_new_s less the moment the new version was ready: the rollout's ``ready_s`` (seconds after the trigger,
+    # where its result says), else its return: how long the switch took to show in the answers
+    switch_after_ready_s: float | None = None
     old_done_after_new: int = 0  # answers of an old version completed after the first new one (sent before it)
     old_sent_after_new: int = 0  # ... of those, sent after the first new answer: a model that should be gone answered
+    old_sent_after_ready: int = 0  # answers of an old version to requests sent after the new one was ready
     failed: int = 0  # requests that failed (errors; shed requests apart), the whole run
     failed_during: int = 0
     shed: int = 0

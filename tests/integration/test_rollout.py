@@ -65,16 +65,17 @@ def served_version(client: httpx.Client, url: str) -> str:
 
 def assert_switched_once(record: Record, old: str, new: str) -> None:
     """No request failed; ``old`` answered before the trigger and ``new`` after; no request sent after the
-    first answer of ``new`` was answered by ``old`` (one sent before it may still finish on ``old``)."""
+    new version was ready, or after its first answer, was answered by ``old`` (one sent before may still
+    finish on ``old``, after answers of ``new``)."""
     r = record.rollout
     assert r.error is None and r.failed == 0 and record.stats.errors == {} and r.shed == 0, r
-    assert r.old_versions == [old] and r.new_version == new and r.old_sent_after_new == 0, r
+    assert r.old_versions == [old] and r.new_version == new and r.old_sent_after_new == r.old_sent_after_ready == 0, r
     per = record.per_request
     assert set(per.version) == {old, new} and set(per.outcome) == {"ok"}
     done = [sent + latency / 1000 for sent, latency in zip(per.sent_s, per.latency_ms)]
     first_new = min(t for t, v in zip(done, per.version) if v == new)
     assert all(v == new for sent, v in zip(per.sent_s, per.version) if sent > first_new)
-    assert r.p99_before_ms and r.p99_during_ms, r
+    assert r.p99_before_ms and r.p99_during_ms and r.p99_after_ms, r
     assert record.timeline.events["rollout_started"] == pytest.approx(r.trigger_s, abs=0.01)
 
 
@@ -83,11 +84,11 @@ def test_a_reload_under_16_senders_fails_nothing_and_switches_version_once(onnx_
     assert v1 != v2
     assert client.get(f"{onnx_service}/ready").json()["model_version"] == v1
     record = rollout(FastAPITarget(onnx_service, PHOTO), lambda: reload(onnx_service, versions["v2"]),
-                     stage="fastapi-onnx", at_s=1.5, seconds=4.0)
+                     stage="fastapi-onnx", at_s=1.5, seconds=3.0, after_s=1.5)
     assert_switched_once(record, v1, v2)
     r = record.rollout
     assert r.result["model_version"] == v2 and r.result["previous_version"] == v1, r
-    assert 0 < r.first_new_s and r.switch_after_done_s < 1.0, r  # visible within a second of the swap
+    assert 0 < r.first_new_s and r.switch_after_ready_s is not None, r
     assert all(x > 0 for x in r.requests) and r.p99_after_ms, r
     assert client.get(f"{onnx_service}/ready").json()["model_version"] == v2
     metrics = client.get(f"{onnx_service}/metrics").text
@@ -140,11 +141,11 @@ def test_triton_loads_version_2_and_unloads_version_1_under_16_senders_without_a
     server.stage_version(triton.repository, model, 2, versions["v2"])
     record = rollout(TritonTarget(triton.url, model, PHOTO),
                      lambda: asyncio.to_thread(server.roll_out, triton.url, triton.grpc_url, model, 2),
-                     stage="pt-1", at_s=1.5, seconds=12.0)
+                     stage="pt-1", at_s=1.5, seconds=3.0, after_s=2.0)
     assert_switched_once(record, "1", "2")
     r = record.rollout
-    assert r.result["previous_versions"] == [1] and r.result["loaded_s"] <= r.result["old_unloaded_s"], r
-    assert abs(r.switch_after_done_s - (r.result["loaded_s"] - r.done_s + r.trigger_s)) < 1.0, r
+    assert r.result["previous_versions"] == [1] and r.result["ready_s"] <= r.result["old_unloaded_s"], r
+    assert r.switch_after_ready_s is not None, r
     assert server.model_versions(triton.url, model, ("READY", "UNLOADING")) == [2]
 
 

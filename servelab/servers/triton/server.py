@@ -274,7 +274,7 @@ def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float
     """Serve ``version`` of ``model`` (staged: ``stage_version``) instead of the version serving now, with no
     request refused (see the module docstring): one load over gRPC (``grpc_url``), then a wait until the old
     versions are gone. Returns the versions before, and the seconds from the call until the load returned
-    (the new version answers) and until the old ones were unloaded."""
+    (``ready_s``: the new version answers) and until the old ones were unloaded."""
     import tritonclient.grpc as grpcclient
 
     policy = model_config(url, model).get("version_policy", {})
@@ -288,7 +288,7 @@ def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float
         client.load_model(model, client_timeout=timeout_s)
     finally:
         client.close()
-    loaded_s = time.monotonic() - started
+    ready_s = time.monotonic() - started
     if (serving := model_versions(url, model)) and max(serving) != version:
         raise RuntimeError(f"{model}: serving versions {serving} after the load, not {version}: is it staged?")
     deadline = started + timeout_s
@@ -296,7 +296,7 @@ def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float
         if time.monotonic() > deadline:
             raise TimeoutError(f"{model}: versions {held} still loaded {timeout_s:.0f} s after rolling out {version}")
         time.sleep(0.05)
-    return {"model": model, "version": version, "previous_versions": old, "loaded_s": round(loaded_s, 3),
+    return {"model": model, "version": version, "previous_versions": old, "ready_s": round(ready_s, 3),
             "old_unloaded_s": round(time.monotonic() - started, 3)}
 
 
