@@ -51,7 +51,7 @@ def build_app(settings: ServeSettings | None = None, *, batcher: type[MicroBatch
     """Cheap to build: the model loads when the server starts the app. Ray Serve's replicas pass their
     batcher, placement and ``warm_up_first`` (servelab.servers.rayserve.deployment)."""
     settings = settings or get_settings()
-    service = Service("fastapi_onnx", settings, batcher, placement)
+    service = Service("fastapi_onnx", settings, batcher, placement, load)  # load: again on POST /admin/reload
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

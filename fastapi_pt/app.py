@@ -41,7 +41,7 @@ def load(settings: ServeSettings) -> Backend:
 def build_app(settings: ServeSettings | None = None) -> FastAPI:
     """Cheap to build: the model loads when the server starts the app."""
     settings = settings or get_settings()
-    service = Service("fastapi_pt", settings)
+    service = Service("fastapi_pt", settings, load=load)  # load: again on POST /admin/reload
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -17,6 +17,9 @@ from servelab.core.paths import REPO_ROOT
 from servelab.core.preprocess import DEFAULT_MAX_PIXELS
 
 
+OnnxVariant = Literal["fp32", "u8", "int8", "int8dyn", "fp16"]
+
+
 class _Env(BaseSettings):
     # Variable names are the field names in upper case; no prefix, to keep the lab's names.
     # An empty variable (compose passing an unset shell variable through) means "use the default".
@@ -48,7 +51,7 @@ class ServeSettings(_Env):
     inter_op_threads: int = Field(1, ge=1, description="PyTorch inter-op threads and ONNX Runtime `inter_op_num_threads` (used by the parallel execution mode).")
     # The names of servelab.core.variants.build.VARIANTS (a test keeps them equal; that module is not
     # imported here, so reading settings stays light).
-    onnx_variant: Literal["fp32", "u8", "int8", "int8dyn", "fp16"] = Field("fp32", description="fastapi_onnx: which ONNX model in `MODEL_DIR` it serves: `fp32` (food11.onnx, float32 input preprocessed by the service), `u8` (the same model with normalization in its graph: the service sends the uint8 crop), `int8` (static INT8, uint8 input), `int8dyn` (dynamic INT8, uint8 input) or `fp16` (GPU only: refuses to start on the CPU).")
+    onnx_variant: OnnxVariant = Field("fp32", description="fastapi_onnx: which ONNX model in `MODEL_DIR` it serves: `fp32` (food11.onnx, float32 input preprocessed by the service), `u8` (the same model with normalization in its graph: the service sends the uint8 crop), `int8` (static INT8, uint8 input), `int8dyn` (dynamic INT8, uint8 input) or `fp16` (GPU only: refuses to start on the CPU).")
     ort_providers: str = Field("auto", description="ONNX Runtime execution providers in order of preference, comma-separated (`tensorrt`, `cuda`, `cpu` or full names); `auto` = TensorRT, CUDA, CPU, those this onnxruntime build has, TensorRT only where its libraries load (elsewhere ONNX Runtime would fail the session and retry it without any provider's options; `/ready`'s warnings say why it was left out, as they do for a named provider left out). `/ready` and every record show the options each active provider really runs with (`provider_options`, read back from the session).")
     ort_execution_mode: Literal["sequential", "parallel"] = Field("sequential", description="ONNX Runtime execution mode (`parallel` runs independent graph branches at once).")
     ort_graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimization level (`all` = ORT_ENABLE_ALL).")
@@ -76,6 +79,9 @@ class FlaskSettings(_Env):
     fastapi_server_url: str = Field("http://127.0.0.1:8000", description="Base URL of the FastAPI service (BACKEND=fastapi).")
     triton_server_url: str = Field("127.0.0.1:8000", description="Triton's HTTP endpoint as host:port, without a scheme (the triton* backends).")
     food11_model_name: str = Field("", description="Triton model to call; empty: food_classifier, food_classifier_onnx or food_classifier_ensemble, by BACKEND.")
+    canary_url: str = Field("", description="A second backend of the same kind (`BACKEND`) serving the new model version: a FastAPI service's base URL, or Triton's host:port. It gets `CANARY_SHARE` of the predictions; empty: none.")
+    canary_share: float = Field(0.0, ge=0, le=1, description="The share of predictions sent to `CANARY_URL` (0.1: one in ten), chosen per request by a hash of `CANARY_SEED` and the request's number, so a run's split is reproducible. `GET /metrics` counts them by route (stable, canary) and the model version that answered.")
+    canary_seed: int = Field(0, description="Seed of the canary's choice of requests (`CANARY_SHARE`).")
     backend_timeout: float = Field(10.0, gt=0, description="Seconds the app waits to connect to the backend and for each read of its answer; past it the page says so (504).")
     max_upload_bytes: int = Field(7 * 1024 * 1024, gt=0, description="Largest accepted upload in bytes; larger ones are refused (413). In base64 a photo grows by a third: 7 MiB still fits the FastAPI service's `MAX_BODY_BYTES`.")
 

@@ -33,6 +33,11 @@ Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Trito
 counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
 the run kept over time: its ``timeline`` (p50/p99, throughput, errors and shed per second) and every
 request (``per_request``: sent, latency, outcome).
+
+``rollout`` is a closed loop (16 senders) during which a ``Trigger`` (the server's own rollout call: a
+FastAPI reload, Triton's model-control load and unload) runs at a set second: every request keeps the
+model version that answered it, and the record's ``rollout`` says what the swap cost (failures, p99
+before, during and after it) and when the new version first answered.
 """
 
 import asyncio
@@ -41,7 +46,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +54,8 @@ from typing import Any
 import numpy as np
 
 from servelab.measure.monitor import Monitor
-from servelab.measure.records import Breakdown, CacheStats, Load, PerRequest, Record, Timeline, append_record, machine_info
+from servelab.measure.records import (Breakdown, CacheStats, Load, PerRequest, Record, Rollout, Timeline,
+                                      append_record, machine_info)
 from servelab.measure.schedule import send_times, window_s
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
@@ -67,6 +73,7 @@ OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerReques
 OVERLOAD_MULTIPLE = 1.5  # the overload case's offered rate, times the measured capacity
 OVERLOAD = "overload"  # config["run"] of the overload case's records
 CACHE_RUN = "cache"  # config["run"] of the cache case's records (a skewed mix of photos, with and without a cache)
+ROLLOUT = "rollout"  # config["run"] of the rollout case's records (a new model version under load)
 
 
 @dataclass
@@ -84,9 +91,11 @@ class RawRun:
     last_done: float = 0.0
     window_s: float = 0.0  # open loop: the schedule's window, the least time the run can take
     offered_rps: float | None = None  # open loop: requests scheduled / window
-    # Every request: (completed, seconds from ``started``; latency s; OK, SHED + the reason, or the error kind)
-    outcomes: list[tuple[float, float, str]] = field(default_factory=list)
+    # Every request: (completed, seconds from ``started``; latency s; OK, SHED + the reason, or the error kind;
+    # the model version that answered, where the response said)
+    outcomes: list[tuple[float, float, str, str | None]] = field(default_factory=list)
     scheduled_s: np.ndarray | None = None  # open loop: the send times, from ``started``
+    fired: "Fired | None" = None  # the trigger's run, where there was one
 
     @property
     def wall_s(self) -> float:
@@ -105,13 +114,56 @@ class RawRun:
         else:
             kind = outcome.error or "unknown"
             self.errors[kind] += 1
-        self.outcomes.append((done - self.started, latency_s, kind))
+        self.outcomes.append((done - self.started, latency_s, kind, outcome.version))
         self.last_done = max(self.last_done, done)
 
     def ordered_latencies_s(self) -> np.ndarray:
         """Latencies of successful requests in the order they were issued (or scheduled)."""
         order = np.argsort(self.index, kind="stable")
         return np.asarray(self.latency_s)[order]
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Something done to the server ``at_s`` seconds into the measured window, while the load runs (a
+    rollout: ``servelab.servers.fastapi.admin.reload``, ``servelab.servers.triton.rollout.roll``); what
+    ``action`` returns is kept in the record."""
+
+    name: str
+    at_s: float
+    action: Callable[[], Awaitable[dict[str, Any] | None]]
+    hold_s: float = 0.0  # a closed loop runs on while the action runs, and this long after it returns
+
+
+@dataclass
+class _Hold:
+    """A closed loop's senders go on until ``until`` (perf_counter) at least: infinity while a trigger runs."""
+
+    until: float = 0.0
+
+
+@dataclass
+class Fired:
+    """When a trigger ran (perf_counter), and what it returned or why it failed."""
+
+    started: float
+    done: float | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+async def _fire(trigger: Trigger, due: float, hold: _Hold) -> Fired:
+    await asyncio.sleep(max(0.0, due - clock()))
+    fired = Fired(clock())
+    hold.until = math.inf
+    try:
+        fired.result = await trigger.action()
+        fired.done = clock()
+    except Exception as exc:  # the run goes on, and its record says the rollout failed
+        fired.error = f"{type(exc).__name__}: {exc}"
+        log.warning("%s failed: %s", trigger.name, fired.error)
+    hold.until = clock() + trigger.hold_s
+    return fired
 
 
 async def warm_up(client: Client, load: Load) -> tuple[int, float | None]:
@@ -135,15 +187,17 @@ async def warm_up(client: Client, load: Load) -> tuple[int, float | None]:
     return failed, first_ms
 
 
-async def _closed_loop(client: Client, load: Load) -> RawRun:
+async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None) -> RawRun:
     run = RawRun(timing=TimingSums(client.batch), started=clock())
     stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
+    give_up = run.started + load.max_duration_s
     limit = load.requests if load.requests is not None else math.inf
+    hold = hold or _Hold()
     issued = 0
 
     async def sender() -> None:
         nonlocal issued
-        while issued < limit and clock() < stop_at:
+        while issued < limit and clock() < min(give_up, max(stop_at, hold.until)):
             i, issued = issued, issued + 1
             t0 = clock()
             outcome = await client.send()
@@ -211,14 +265,20 @@ async def _open_loop(client: Client, load: Load) -> RawRun:
     return run
 
 
-async def run_load(client: Client, load: Load) -> RawRun:
-    """The measured window only (no warm-up); see the module docstring for the modes."""
+async def run_load(client: Client, load: Load, trigger: Trigger | None = None) -> RawRun:
+    """The measured window only (no warm-up); see the module docstring for the modes. ``trigger`` runs
+    ``trigger.at_s`` seconds into it, beside the load."""
     # Full garbage collections scan every long-lived object (all imported modules) and stall the
     # event loop for tens of ms; frozen objects are skipped, so the client keeps its schedule.
     gc.collect()
     gc.freeze()
     try:
-        return await (_open_loop(client, load) if load.mode == "open" else _closed_loop(client, load))
+        hold = _Hold()
+        fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
+        run = await (_open_loop(client, load) if load.mode == "open" else _closed_loop(client, load, hold))
+        if fired is not None:
+            run.fired = await fired
+        return run
     finally:
         gc.unfreeze()
 
@@ -253,7 +313,11 @@ async def _server_breakdown(
         after = await _snapshot(client, warnings)
         if after is None:
             return None
-        delta = stats_delta(before, after, model)
+        try:
+            delta = stats_delta(before, after, model)
+        except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
+            warnings.append(f"no server breakdown: {exc}")
+            return None
         if (delta.server_requests or 0) >= successes:
             break
         await asyncio.sleep(STATS_SETTLE_S)
@@ -309,13 +373,15 @@ async def run_bench_async(
     sampler: Any = None,
     timeline_bin_s: float | None = None,
     keep_requests: bool = False,
+    trigger: Trigger | None = None,
 ) -> Record:
     """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
 
     With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events``
     on the perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per
     ``timeline_bin_s`` (default 1 s), with the sampler's replicas and events where there is one;
-    ``keep_requests``: every request in ``per_request``."""
+    ``keep_requests``: every request in ``per_request``; a ``trigger`` runs during the measured window (a
+    rollout), and the record's ``rollout`` says how the requests saw it."""
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
     client = await target.connect(connections, timeout_s)
@@ -327,7 +393,7 @@ async def run_bench_async(
         cache_before = await _cache_counts(client, warnings)
         with Monitor(monitor_interval_s, server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
-            run = await run_load(client, load)
+            run = await run_load(client, load, trigger)
             window_end = time.time()
         breakdown = run.timing.breakdown()
         if before is not None:
@@ -358,6 +424,7 @@ async def run_bench_async(
         timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
         per_request=per_request(run) if keep_requests else None,
         cache=cache,
+        rollout=rollout_summary(run) if run.fired else None,
     )
     if out is not None:
         append_record(out, record)
@@ -366,20 +433,64 @@ async def run_bench_async(
 
 def per_request(run: RawRun) -> PerRequest:
     """Every request of ``run``: sent (its scheduled time in an open loop: completion less latency), latency, outcome."""
-    return PerRequest(sent_s=[round(done - latency, 6) for done, latency, _ in run.outcomes],
-                      latency_ms=[round(latency * 1000, 3) for _, latency, _ in run.outcomes],
-                      outcome=[kind for _, _, kind in run.outcomes])
+    return PerRequest(sent_s=[round(done - latency, 6) for done, latency, *_ in run.outcomes],
+                      latency_ms=[round(latency * 1000, 3) for _, latency, *_ in run.outcomes],
+                      outcome=[kind for _, _, kind, _ in run.outcomes],
+                      version=[version for *_, version in run.outcomes])
+
+
+def _p99(latencies_s: list[float]) -> float | None:
+    return round(float(np.percentile(latencies_s, 99)) * 1000, 3) if latencies_s else None
+
+
+def rollout_summary(run: RawRun) -> Rollout:
+    """How the requests of ``run`` saw its trigger (``Rollout``): the versions before and after, when the new
+    one first answered, what failed, and the p99 before, during and after the swap."""
+    fired = run.fired
+    trigger_s = fired.started - run.started
+    done_s = fired.done - run.started if fired.done is not None else None
+    old = sorted({v for t, _, kind, v in run.outcomes if kind == OK and v and t < trigger_s})
+    new = sorted((t, v) for t, _, kind, v in run.outcomes if kind == OK and v and v not in old and t >= trigger_s)
+    first_new_s, new_version = new[0] if new else (None, None)
+    ready_s = trigger_s + fired.result["ready_s"] if fired.result and "ready_s" in fired.result else done_s
+    end_during = max(s for s in (trigger_s, done_s, first_new_s) if s is not None)
+    windows: list[list[float]] = [[], [], []]
+    failed = failed_during = shed = old_done = old_sent = old_after_ready = 0
+    for t, latency, kind, version in run.outcomes:
+        window = 0 if t < trigger_s else 1 if t <= end_during else 2
+        if kind == OK:
+            windows[window].append(latency)
+            old_after_ready += version in old and ready_s is not None and t - latency > ready_s
+            if first_new_s is not None and version in old and t > first_new_s:
+                old_done += 1
+                old_sent += t - latency > first_new_s
+        elif kind.startswith(SHED):
+            shed += 1
+        else:
+            failed += 1
+            failed_during += window == 1
+    return Rollout(
+        trigger_s=round(trigger_s, 4), done_s=round(done_s, 4) if done_s is not None else None, result=fired.result,
+        error=fired.error, old_versions=old, new_version=new_version,
+        first_new_s=round(first_new_s - trigger_s, 4) if first_new_s is not None else None,
+        switch_after_ready_s=round(first_new_s - ready_s, 4) if first_new_s is not None and ready_s is not None else None,
+        old_done_after_new=old_done, old_sent_after_new=old_sent,
+        old_sent_after_ready=old_after_ready, failed=failed, failed_during=failed_during,
+        shed=shed, requests=[len(w) for w in windows], p99_before_ms=_p99(windows[0]),
+        p99_during_ms=_p99(windows[1]), p99_after_ms=_p99(windows[2]),
+        during_s=[round(trigger_s, 4), round(end_during, 4)],
+    )
 
 
 def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Timeline:
     """Per ``bin_s``: throughput, errors, shed requests and latency of the requests completed in it; the
     sampler's replica counts and events (where there is one), on the same clock (seconds from the measured
     window's start)."""
-    end = max([run.wall_s] + [t for t, _, _ in run.outcomes])
+    end = max([run.wall_s] + [t for t, *_ in run.outcomes])
     bins = max(1, math.ceil(end / bin_s))
     ok: list[list[float]] = [[] for _ in range(bins)]
     errors, shed = [0] * bins, [0] * bins
-    for done, latency, kind in run.outcomes:
+    for done, latency, kind, _ in run.outcomes:
         b = min(bins - 1, max(0, int(done // bin_s)))
         if kind == OK:
             ok[b].append(latency * 1000)
@@ -393,7 +504,11 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
             offered[b] = count / bin_s
     samples, sampled_events = (sampler.samples, sampler.events) if sampler is not None else ([], [])
     events = {name: round(t - run.started, 3) for t, name in sampled_events}
-    failed_at = sorted(done for done, _, kind in run.outcomes if kind != OK and not kind.startswith(SHED))
+    if fired := run.fired:  # a rollout: when it was triggered and when its call returned
+        events["rollout_started"] = round(fired.started - run.started, 3)
+        if fired.done is not None:
+            events["rollout_done"] = round(fired.done - run.started, 3)
+    failed_at = sorted(done for done, _, kind, _ in run.outcomes if kind != OK and not kind.startswith(SHED))
     recovery = None
     if events:
         first_event = min(events.values())
@@ -440,3 +555,22 @@ def overload(target: Target, capacity_rps: float, *, stage: str, seconds: float 
     load, labels = overload_load(capacity_rps, seconds)
     return run_bench(target, load, stage=stage, config={**(config or {}), **labels}, timeline_bin_s=bin_s,
                      keep_requests=True, **kwargs)
+
+
+def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None]], *, stage: str,
+            at_s: float = 3.0, seconds: float = 10.0, after_s: float = 3.0, concurrency: int = 16, bin_s: float = 0.5,
+            warmup: int = 32, name: str = "rollout", config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
+    """A closed loop of ``concurrency`` senders for ``seconds``, and on until ``after_s`` after the rollout
+    returned, however long it took (a steady state after the swap to compare with the one before), with ``action`` (the rollout: it loads the
+    new version and retires the old one, and returns what it did, with ``ready_s`` where the new version
+    answered before the call returned) started ``at_s`` seconds in. The record
+    has every request with the version that answered it (``per_request``), its ``timeline`` per ``bin_s``
+    (the rollout's start and return as events) and its ``rollout`` summary: failures (the aim: 0), p99
+    before, during and after the swap (the aim: during within 3x before), and when the new version first
+    answered after the trigger. Its ``config`` says ``run: rollout``. ``kwargs``: ``run_bench``'s."""
+    if not 0 < at_s < seconds:
+        raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
+    load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
+    labels = {**(config or {}), "run": ROLLOUT, "rollout_at_s": at_s, "after_s": after_s}
+    return run_bench(target, load, stage=stage, config=labels, timeline_bin_s=bin_s, keep_requests=True,
+                     trigger=Trigger(name, at_s, action, after_s), **kwargs)

@@ -236,11 +236,47 @@ class Timeline(BaseModel):
 class PerRequest(BaseModel):
     """Every measured request of a run, in the order they completed: when it was sent (its scheduled time in
     an open loop), seconds from the start of the measured window; its latency; its outcome: ``ok``, ``shed:``
-    and the reason, or the error kind. Kept where asked (an overload run), for latency against time."""
+    and the reason, or the error kind; the model version that answered, where the response said (else None).
+    Kept where asked (overload and rollout runs), for latency against time."""
 
     sent_s: list[float] = []
     latency_ms: list[float] = []
     outcome: list[str] = []
+    version: list[str | None] = []
+
+
+class Rollout(BaseModel):
+    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout``). Times are
+    seconds from the start of the measured window; *during* is from the trigger to the later of the rollout
+    call's return and the first answer of the new version; *before* and *after* are the rest of the run.
+    A request counts in the window it completed in."""
+
+    trigger_s: float  # the rollout call started
+    done_s: float | None = None  # it returned (None: it failed, see ``error``)
+    result: dict[str, Any] | None = None  # what it returned (the reload's response, Triton's versions...)
+    error: str | None = None
+    old_versions: list[str] = []  # versions that answered before the trigger
+    new_version: str | None = None  # the first other version that answered after it
+    first_new_s: float | None = None  # the first answer of the new version completed, seconds after the trigger
+    # first_new_s less the moment the new version was ready: the rollout's ``ready_s`` (seconds after the trigger,
+    # where its result says), else its return: how long the switch took to show in the answers
+    switch_after_ready_s: float | None = None
+    old_done_after_new: int = 0  # answers of an old version completed after the first new one (sent before it)
+    old_sent_after_new: int = 0  # ... of those, sent after the first new answer: a model that should be gone answered
+    old_sent_after_ready: int = 0  # answers of an old version to requests sent after the new one was ready
+    failed: int = 0  # requests that failed (errors; shed requests apart), the whole run
+    failed_during: int = 0
+    shed: int = 0
+    requests: list[int] = []  # requests completed before, during, after
+    p99_before_ms: float | None = None
+    p99_during_ms: float | None = None
+    p99_after_ms: float | None = None
+    during_s: list[float] = []  # [start, end]
+
+    @property
+    def p99_ratio(self) -> float | None:
+        """p99 during the swap over the steady p99 (before it)."""
+        return self.p99_during_ms / self.p99_before_ms if self.p99_during_ms and self.p99_before_ms else None
 
 
 class Record(BaseModel):
@@ -267,8 +303,9 @@ class Record(BaseModel):
     window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
     prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
     timeline: Timeline | None = None  # step-load, node-failure and overload runs
-    per_request: PerRequest | None = None  # overload runs: every request
+    per_request: PerRequest | None = None  # overload and rollout runs: every request
     cache: CacheStats | None = None  # a response cache's hits and misses (None: the server has none)
+    rollout: Rollout | None = None  # rollout runs: the swap, as the requests saw it
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -44,6 +44,7 @@ from servelab.measure.server_timing import ServerTiming, parse_server_timing
 from servelab.measure.triton_stats import cache_counts
 from servelab.core.preprocess import crop_pixels, preprocess
 from servelab.core.procs import DIRECT
+from servelab.servers.fastapi.schemas import VERSION_HEADER
 from servelab.servers.triton import client as triton_io
 
 _JSON = {"content-type": "application/json"}
@@ -55,6 +56,7 @@ class Outcome:
     error: str | None = None  # the error kind when not ok (a shed request: why it was shed)
     timing: ServerTiming | None = None
     shed: bool = False  # refused by the server under load, by design: not an error
+    version: str | None = None  # the model version that answered, where the response says (rollouts)
 
 
 class Client(Protocol):
@@ -221,7 +223,7 @@ class _FastAPIClient:
                 content = await resp.read()
                 if resp.status != 200:
                     return _refused(resp.status, content)
-                timing = resp.headers.get("Server-Timing")
+                timing, version = resp.headers.get("Server-Timing"), resp.headers.get(VERSION_HEADER)
         except self.errors as exc:
             return Outcome(False, classify(exc))
         try:
@@ -229,7 +231,7 @@ class _FastAPIClient:
                 return Outcome(False, "bad_response")
         except ValueError:
             return Outcome(False, "bad_response")
-        return Outcome(True, None, parse_server_timing(timing) if timing else None)
+        return Outcome(True, None, parse_server_timing(timing) if timing else None, version=version)
 
     async def server_stats(self) -> None:
         return None
@@ -333,7 +335,7 @@ class _TritonClient:
         out = result.as_numpy(self.check)
         if out is None or out.shape[0] != self.batch:
             return Outcome(False, "bad_response")
-        return Outcome(True)
+        return Outcome(True, version=triton_io.answered_version(result))
 
     async def server_stats(self) -> dict[str, Any]:
         # An ensemble's own statistics leave out the time its requests wait in the queues of its

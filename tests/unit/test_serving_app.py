@@ -91,3 +91,26 @@ def test_metrics_count_requests_by_route_and_status(client):
     assert requests['{method="POST",route="/predict",status="200"}'] >= 1
     assert requests['{method="POST",route="/predict",status="400"}'] >= 1
     assert sum(metric_samples(response.text, "servelab_inference_seconds_count").values()) >= 1
+
+
+def test_every_prediction_says_which_model_version_answered(client, model):
+    from servelab.servers.fastapi.runtimes import model_version
+
+    served = model.manifest.parent / ("food11.onnx" if client.kind == "onnx" else "food11.pt")
+    single = client.post("/predict", json={"image": b64(PHOTOS["jpeg"])})
+    batch = client.post("/predict/batch", json={"images": [b64(PHOTOS["jpeg"])] * 2})
+    for response in (single, batch):
+        assert response.json()["model_version"] == response.headers["x-model-version"] == model_version(served)
+    assert client.get("/ready").json()["model_version"] == model_version(served)
+
+
+def test_a_reload_the_service_cannot_do_is_refused_and_it_keeps_answering(client, tmp_path):
+    version = client.get("/ready").json()["model_version"]
+    refused = {"model_dir": str(tmp_path)}  # an empty folder: no manifest
+    assert client.post("/admin/reload", json=refused).status_code == 404
+    if client.kind == "pytorch":  # a variant is an ONNX file
+        response = client.post("/admin/reload", json={"variant": "int8"})
+        assert response.status_code == 422 and "applies to fastapi_onnx" in response.text, response.text
+    again = client.post("/admin/reload", json={})
+    assert again.status_code == 200 and again.json()["model_version"] == version, again.text
+    assert client.post("/predict", json={"image": b64(PHOTOS["jpeg"])}).json()["model_version"] == version

@@ -2,8 +2,9 @@
 
 The same photo sent again gets the answer the model gave it, from Redis, without preprocessing or
 inference. The key is the sha256 of the *decoded* image bytes (so a ``data:`` prefix or line breaks in
-the base64 do not matter) and the model's version (``model_version``: runtime, manifest, variant, device
-and precision: anything that changes an answer changes the key); the value is the response's JSON, kept
+the base64 do not matter) and the version of the model that serves the request (``cache_version``: the
+file served, its manifest, device and precision: anything that changes an answer changes the key, a reload
+included); the value is the response's JSON, kept
 ``CACHE_TTL_S`` seconds. Each response says ``X-Cache: hit``, ``miss`` or ``error``; the metric
 ``servelab_response_cache_total{result}`` counts them, so a load generator reads the hit ratio from the server.
 
@@ -26,7 +27,7 @@ from fastapi import Response
 from servelab.core.installers.redis_install import RedisBinary, RedisNotFound, locate
 from servelab.core.preprocess import decode_base64
 from servelab.core.procs import ServerProcess, free_port
-from servelab.servers.fastapi.runtimes import Backend
+from servelab.servers.fastapi.runtimes import SERVING, Backend
 from servelab.servers.fastapi.schemas import PredictResponse
 
 log = logging.getLogger("servelab.servers.fastapi")
@@ -38,12 +39,11 @@ TIMEOUT_S = 0.25
 RETRY_AFTER_S = 1.0  # after a failure, requests skip Redis this long (counted as errors) before trying again
 
 
-def model_version(backend: Backend) -> str:
-    """What the answers depend on besides the image: the runtime, the model (its manifest's sha256), the
-    ONNX variant, and where and in which precision it runs (a GPU's kernels round differently)."""
-    parts = {"runtime": backend.kind, "manifest": backend.manifest.sha256(),
-             "variant": (backend.variant or {}).get("name", ""), "gpu": backend.on_gpu,
-             "dtype": backend.details.get("dtype", "")}
+def cache_version(backend: Backend) -> str:
+    """What the answers depend on besides the image: the model file served (``Backend.version``), its manifest
+    (classes, preprocessing), and where and in which precision it runs (a GPU's kernels round differently)."""
+    parts = {"runtime": backend.kind, "model": backend.version, "manifest": backend.manifest.sha256(),
+             "gpu": backend.on_gpu, "dtype": backend.details.get("dtype", "")}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -66,7 +66,6 @@ class ResponseCache:
     def __init__(self, url: str, ttl_s: float, count=None):
         self.url, self.ttl_s = url, ttl_s
         self.count = count  # result -> None: the metric (servelab.servers.fastapi.metrics)
-        self.version = ""
         self._client = None
         self._down_until = 0.0
         self._down = False
@@ -76,7 +75,7 @@ class ResponseCache:
         return bool(self.url)
 
     def start(self, backend: Backend) -> None:
-        """Open the client (it connects on first use) for the model ``backend`` serves."""
+        """Open the client (it connects on first use); ``backend``: the model served first, for the log."""
         if not self.enabled:
             return
         import redis.asyncio as redis
@@ -84,12 +83,12 @@ class ResponseCache:
         from redis.backoff import NoBackoff
         from redis.exceptions import ConnectionError
 
-        self.version = model_version(backend)
         # One retry, on a lost connection only: a pooled connection from before a Redis restart fails once,
         # a fresh one then works. A timeout is not retried: the model answers instead, which is the retry.
         self._client = redis.Redis.from_url(self.url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
                                             retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)))
-        log.info("response cache: %s, entries kept %g s, model version %s", self.url, self.ttl_s, self.version)
+        log.info("response cache: %s, entries kept %g s, keyed on model version %s", self.url, self.ttl_s,
+                 cache_version(backend))
 
     async def close(self) -> None:
         if self._client is not None:
@@ -117,7 +116,8 @@ class ResponseCache:
         """The cached answer for the base64 ``image``, if any; raises ImageError (400) on bad base64."""
         if not self.enabled:
             return Lookup(None)
-        key = cache_key(self.version, decode_base64(image))
+        # The request's own model (a reload may swap another in while it runs): its answers, its keys.
+        key = cache_key(cache_version(SERVING.get()), decode_base64(image))
         if time.monotonic() < self._down_until:
             self._note(response, "error")
             return Lookup(None)

@@ -40,6 +40,14 @@ ERROR_RESPONSES = {
                                                 "after Retry-After seconds."},
 }
 
+RELOAD_RESPONSES = {
+    404: {"model": ErrorResponse, "description": "No model there (no manifest, or no file for the variant); the old one keeps serving."},
+    409: {"model": ErrorResponse, "description": "Another reload is in progress, or the service is not ready yet."},
+    422: {"model": ErrorResponse, "description": "The model failed to load or to warm up (a broken file, a GPU-only "
+                                                "variant on the CPU), or the body does not match the schema; the old "
+                                                "one keeps serving."},
+}
+
 
 class PreprocessWorkerLost(RuntimeError):
     """A preprocessing worker process died under this request (HTTP 503); the pool was replaced."""

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.servers.fastapi.errors import SHED_KEY
-from servelab.servers.fastapi.schemas import ShedReason
+from servelab.servers.fastapi.schemas import VERSION_HEADER, ShedReason
 from servelab.servers.fastapi.timing import Timing
 
 # Milliseconds to tens of seconds: an H100 inference and a CPU service at concurrency 16 both fit.
@@ -25,6 +25,7 @@ SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0
                    0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 START_KEY = "servelab.started"  # scope key: when the request entered the app (perf_counter)
+_VERSION_KEY = VERSION_HEADER.lower().encode()  # as ASGI gives header names
 
 
 class Metrics:
@@ -53,6 +54,19 @@ class Metrics:
         self.cache = Counter("servelab_response_cache", "POST /predict requests by what the response cache "
                              "(CACHE_URL) did: hit (answered from it), miss (the model answered; kept), error "
                              "(Redis failed: the model answered).", ["result"], registry=r)
+        self.version_requests = Counter("servelab_model_version_requests", "Prediction requests answered, by the "
+                                        "model version that answered them (the X-Model-Version header).",
+                                        ["model_version"], registry=r)
+        self.version_latency = Histogram("servelab_model_version_request_duration_seconds", "Time from receiving "
+                                         "a prediction request to its response, by the model version that "
+                                         "answered it.", ["model_version"], buckets=SECONDS_BUCKETS, registry=r)
+        self.serving = Gauge("servelab_model_serving", "1 for the model version answering new requests, 0 for "
+                             "one a reload replaced.", ["model_version", "model"], registry=r)
+        self.reloads = Counter("servelab_model_reloads", "POST /admin/reload calls, by outcome: swapped, or "
+                               "refused (the model was missing or broken; the old one kept serving).",
+                               ["outcome"], registry=r)
+        for outcome in ("swapped", "refused"):
+            self.reloads.labels(outcome)
         self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
                                                 "process died and its pool was replaced.", registry=r)
 
@@ -108,12 +122,13 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = scope[START_KEY] = perf_counter()
-        status = 500
+        status, version = 500, None
 
         async def send_and_note(message: Message) -> None:
-            nonlocal status
+            nonlocal status, version
             if message["type"] == "http.response.start":
                 status = message["status"]
+                version = next((v.decode() for k, v in message.get("headers", ()) if k == _VERSION_KEY), None)
             await send(message)
 
         self.metrics.in_progress.inc()
@@ -125,6 +140,10 @@ class MetricsMiddleware:
             route = scope["path"] if scope["path"] in self.routes else "other"
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.requests.labels(route, method, str(status)).inc()
-            self.metrics.latency.labels(route).observe(perf_counter() - started)
+            elapsed = perf_counter() - started
+            self.metrics.latency.labels(route).observe(elapsed)
+            if version:  # a prediction, answered by this model version
+                self.metrics.version_requests.labels(version).inc()
+                self.metrics.version_latency.labels(version).observe(elapsed)
             if reason := scope.get(SHED_KEY):  # set where the request was shed (errors._shed)
                 self.metrics.shed.labels(reason).inc()

@@ -22,6 +22,7 @@ largest batch the service can hand them, and the warm-up runs each session's bat
 
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, load_manifest
+from servelab.core.fetch import sha256_file
 from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, preload_cuda_libraries, tensorrt_load_error
 from servelab.core.variants.build import PRECISION, variant_path
 from servelab.core.procs import cpu_count
@@ -66,6 +68,7 @@ class Backend:
     warnings: list[str] = field(default_factory=list)
     variant: dict[str, Any] | None = None  # ONNX: name, file, size, precision, input
     classifier: OnnxClassifier | None = None  # ONNX: its sessions (providers, shape policy, counts)
+    version: str = ""  # the model version every response carries (``model_version``)
 
     @property
     def takes_uint8(self) -> bool:
@@ -89,6 +92,22 @@ class Backend:
             return (f"onnxruntime {d['onnxruntime']}, providers active: {', '.join(d['providers'])} "
                     f"(requested: {', '.join(d['requested_providers'])})")
         return f"pytorch {d['torch']}, device {d['device']} ({d['dtype']})"
+
+
+VERSION_CHARS = 12
+
+
+def model_version(weights: Path) -> str:
+    """The version of the model in ``weights`` (the file the runtime loaded): the start of its sha256.
+    Content-addressed, so loading the same bytes again is the same version and any other bytes (another
+    variant, a re-export, new weights) a new one, with no version number to keep in step by hand."""
+    return sha256_file(weights)[:VERSION_CHARS]
+
+
+# The backend serving the current request: set where its handler picks the pipeline
+# (``Service.ready_pipeline``), read where the response says which version answered. Per request
+# (each runs in its own task), so a request that began before a reload reports the model that served it.
+SERVING: ContextVar[Backend] = ContextVar("servelab_serving")
 
 
 def intra_op_threads(settings: ServeSettings) -> int:
@@ -195,13 +214,15 @@ def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
         warnings.append("TORCH_FP16=1 is ignored on the CPU (no fast float16 path there); running float32")
     # fp16 halves memory traffic on a GPU; CPUs have no fast fp16 path, so it stays fp32 there.
     dtype = torch.float16 if settings.torch_fp16 and on_gpu else torch.float32
-    infer = load_model(paths.manifest.parent / manifest.state_dict_file, manifest.architecture, device, dtype)
+    weights = paths.manifest.parent / manifest.state_dict_file
+    infer = load_model(weights, manifest.architecture, device, dtype)
     details = {"runtime": "pytorch", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
                "torch": torch.__version__, "intra_op_threads": threads,
                "inter_op_threads": torch.get_num_interop_threads()}
     if on_gpu:
         details["gpu"] = torch.cuda.get_device_name(device)
-    return _checked(Backend("pytorch", infer, manifest, on_gpu, threads, details, warnings), settings)
+    return _checked(Backend("pytorch", infer, manifest, on_gpu, threads, details, warnings,
+                            version=model_version(weights)), settings)
 
 
 def requested_providers(spec: str, available: list[str]) -> tuple[list[str], list[str]]:
@@ -300,7 +321,7 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
                "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}
     return _checked(Backend("onnx", classifier.infer, manifest, on_gpu, threads, details, warnings, variant,
-                            classifier), settings, allow_gpu_only_on_cpu)
+                            classifier, model_version(path)), settings, allow_gpu_only_on_cpu)
 
 
 def _onnx_input(path: Path) -> tuple[str, list[int]]:

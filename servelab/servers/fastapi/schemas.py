@@ -4,11 +4,16 @@
 import base64
 import io
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.settings import OnnxVariant
+from servelab.servers.fastapi.runtimes import SERVING
+
+VERSION_HEADER = "X-Model-Version"
 
 
 @cache
@@ -48,13 +53,47 @@ class Prediction(BaseModel):
     class_index: int = Field(ge=0, description="Its index in the model's class list.")
 
 
+def _serving_version() -> str:
+    return SERVING.get().version
+
+
+_VERSION = ("The version of the model that answered (also the X-Model-Version header): the start of the sha256 "
+            "of the file it was loaded from. During a reload a request that arrived before the swap may still "
+            "answer with the old one.")
+
+
 class PredictResponse(Prediction):
     model: str = Field(description="The model's name from its manifest.")
+    # A default read from the request's context: the notebooks show the handler that builds this word for word.
+    model_version: str = Field(default_factory=_serving_version, description=_VERSION)
 
 
 class BatchResponse(BaseModel):
     predictions: list[Prediction]
     model: str
+    model_version: str = Field(default_factory=_serving_version, description=_VERSION)
+
+
+class ReloadRequest(BaseModel):
+    """``POST /admin/reload``: the model to serve next. Either may be left out: the one served now's
+    (``{}`` loads MODEL_DIR again, e.g. after rebuilding it in place)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: Path | None = Field(None, description="A folder laid out as MODEL_DIR (manifest, weights, ONNX files).")
+    variant: OnnxVariant | None = Field(
+        None, description="fastapi_onnx: the ONNX variant to serve from it (as ONNX_VARIANT).")
+
+
+class Reloaded(BaseModel):
+    model: str
+    model_version: str = Field(description="The version now answering every new request.")
+    previous_version: str = Field(description="The version it replaced; it answers the requests that arrived "
+                                              "before the swap and is closed once they have.")
+    model_dir: str
+    variant: str | None
+    load_s: float = Field(description="Loading the new model, beside the old one serving.")
+    warm_up_s: float = Field(description="Its warm-up inferences, before the swap.")
 
 
 class Health(BaseModel):
@@ -79,6 +118,7 @@ class Ready(BaseModel):
     description: str
     source: dict[str, str]
     manifest_sha256: str
+    model_version: str = Field(description="The version answering new requests (see `POST /predict`).")
     runtime: dict[str, Any] = Field(description="Device or the execution providers actually active, threads, options.")
     variant: dict[str, Any] | None = Field(None, description="fastapi_onnx: the model variant served (ONNX_VARIANT): "
                                                  "name, file, size_bytes, precision, input.")

@@ -13,17 +13,26 @@ Startup: the model loads before the port opens, so a fatal problem (no artifacts
 without an active GPU) ends the process with an error; the warm-up then runs while ``/health``
 answers and ``/ready`` says 503. Handlers only parse, await and answer: the work runs in
 ``servelab.servers.fastapi.pipeline``'s workers (threads, or processes: ``PREPROCESS_PROCESSES``) and its
-batcher's thread. Every prediction response carries ``Server-Timing``.
+batcher's thread. Every prediction response carries ``Server-Timing`` and the model version that
+answered (``model_version``, the ``X-Model-Version`` header: ``runtimes.model_version``).
 
 With ``CACHE_URL`` set, ``POST /predict`` looks the photo up in Redis first (``servelab.servers.fastapi.cache``)
 and answers a hit from there, saying so (``X-Cache``); ``/predict/batch`` always asks the model.
+
+``POST /admin/reload`` ``{"model_dir": ..., "variant": ...}`` (both optional) swaps the model without
+stopping: the new one loads and warms up beside the old one serving, then one assignment makes it answer
+every request that arrives after; the requests that arrived before finish on the old one, which is closed
+once they have all answered (``Generations``). A missing model is a 404, one that fails to load or warm
+up a 422, a reload while another runs a 409: the old model keeps serving each time.
 """
 
 import asyncio
 import base64
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from time import perf_counter
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -34,14 +43,21 @@ from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS, ResponseCache
-from servelab.servers.fastapi.errors import ERROR_RESPONSES, install_error_handlers
+from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
-from servelab.servers.fastapi.pipeline import Pipeline
-from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
-from servelab.servers.fastapi.schemas import Batching, BatchRequest, BatchResponse, Health, Prediction, Ready
+from servelab.servers.fastapi.pipeline import Pipeline, Probe
+from servelab.servers.fastapi.runtimes import SERVING, Backend, max_infer_batch, why_threads
+from servelab.servers.fastapi.schemas import (VERSION_HEADER, Batching, BatchRequest, BatchResponse, Health, Prediction,
+                                              Ready, Reloaded, ReloadRequest)
+from starlette.types import ASGIApp, Receive, Scope, Send
 from servelab.servers.fastapi.timing import Timing
 
 log = logging.getLogger("servelab.servers.fastapi")
+
+PREDICTION_ROUTES = frozenset({"/predict", "/predict/batch"})
+# A replaced model closes once the requests that may use it have answered, or after this long regardless
+# (above any client's timeout: a request still open by then has been given up on).
+DRAIN_TIMEOUT_S, DRAIN_POLL_S = 120.0, 0.01
 
 
 def _configure_logging() -> None:
@@ -62,22 +78,26 @@ class Service:
     ``placement``: where this replica runs, for ``/ready`` (Ray Serve's stages)."""
 
     def __init__(self, name: str, settings: ServeSettings, batcher: type[MicroBatcher] = MicroBatcher,
-                 placement: Callable[[], dict] | None = None):
+                 placement: Callable[[], dict] | None = None, load: Callable[[ServeSettings], Backend] | None = None):
         _configure_logging()
         self.name, self.settings, self.metrics = name, settings, Metrics(max_infer_batch(settings))
         self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.count_cache)
         if self.cache.enabled:  # the counters exist from the start, so a reader's first delta counts them all
             for result in CACHE_RESULTS:
                 self.metrics.cache.labels(result)
-        self.batcher, self.placement = batcher, placement
+        self.batcher, self.placement, self.load = batcher, placement, load  # load: the app's, for reloads
         self.backend: Backend | None = None
         self.pipeline: Pipeline | None = None
         self.ready = False
         self.not_ready_reason = "the model is loading"
+        self.generations = Generations()
+        self._reloading = asyncio.Lock()
+        self._retiring: set[asyncio.Task] = set()
 
     @property
     def model_name(self) -> str:
-        return self.backend.manifest.name
+        """The name of the model serving the current request (a request that began before a reload keeps its own)."""
+        return SERVING.get(self.backend).manifest.name
 
     @asynccontextmanager
     async def serving(self, backend: Backend, warm_up_first: bool = False) -> AsyncIterator[None]:
@@ -88,7 +108,8 @@ class Service:
         self.pipeline = Pipeline(backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
         self.cache.start(backend)
-        self.metrics.watch_sessions(backend.session_counts)
+        self.metrics.watch_sessions(lambda: self.backend.session_counts())  # the one serving now, after reloads too
+        self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
         warm_up = None
@@ -105,12 +126,16 @@ class Service:
                 warm_up.cancel()
                 await asyncio.gather(warm_up, return_exceptions=True)
             self.ready = False
+            for task in self._retiring:  # replaced models still draining close now
+                task.cancel()
+            await asyncio.gather(*self._retiring, return_exceptions=True)
             await self.pipeline.close()
             await self.cache.close()
 
     def _log_startup(self) -> None:
         backend, settings, m = self.backend, self.settings, self.backend.manifest
-        log.info("%s: model %s (manifest sha256 %s), source %s", self.name, m.name, m.sha256()[:16], m.source["kind"])
+        log.info("%s: model %s version %s (manifest sha256 %s), source %s", self.name, m.name, backend.version,
+                 m.sha256()[:16], m.source["kind"])
         if m.stand_in:
             log.warning("%s: STAND-IN MODEL: %s", self.name, m.description)
         log.info("%s: %s; %d inference(s) at once on %d intra-op thread(s) each, preprocessing: %d %s (%s)",
@@ -131,11 +156,14 @@ class Service:
             log.info("%s: load shedding on: 503 + Retry-After past %s requests held or %s ms waited for a batch",
                      self.name, settings.max_queue_requests or "unbounded", settings.max_queue_delay_ms or "unbounded")
 
+    async def _warm(self, pipeline: Pipeline, settings: ServeSettings) -> tuple[list[int], Probe]:
+        sizes = pipeline.backend.warm_up_sizes(settings)
+        return sizes, await pipeline.warm_up(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode(), sizes)
+
     async def warm_up(self) -> None:
         started = perf_counter()
-        sizes = self.backend.warm_up_sizes(self.settings)
         try:
-            probe = await self.pipeline.warm_up(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode(), sizes)
+            sizes, probe = await self._warm(self.pipeline, self.settings)
         except Exception as exc:
             self.not_ready_reason = f"the warm-up inference failed ({type(exc).__name__}: {exc})"
             log.exception("%s: %s", self.name, self.not_ready_reason)
@@ -148,14 +176,86 @@ class Service:
         """The pipeline, or HTTP 503 (``Retry-After``) until the model is loaded and warmed up."""
         if not self.ready:
             raise HTTPException(503, f"not ready: {self.not_ready_reason}", headers={"Retry-After": "5"})
+        SERVING.set(self.backend)  # this request's model, whatever a reload swaps in meanwhile
         return self.pipeline
+
+    async def reload(self, model_dir: Path | None, variant: str | None) -> Reloaded:
+        """Load the model in ``model_dir`` (else the one served now's folder), as ``variant`` (fastapi_onnx),
+        warm it up beside the model serving, then swap: see the module's docstring."""
+        if self.load is None:
+            raise HTTPException(501, f"{self.name} cannot reload its model")
+        if variant is not None and self.backend.kind != "onnx":
+            raise HTTPException(422, f"{self.name} serves PyTorch weights; `variant` applies to fastapi_onnx")
+        if self._reloading.locked():
+            raise HTTPException(409, "a reload is already in progress; the model it replaces is still serving")
+        if not self.ready:
+            raise HTTPException(409, f"not ready yet ({self.not_ready_reason}); reload once it is")
+        async with self._reloading:
+            update = {"model_dir": model_dir, "onnx_variant": variant}
+            settings = self.settings.model_copy(update={k: v for k, v in update.items() if v is not None})
+            backend, pipeline, load_s, warm_up_s = await self._load_and_warm(settings)
+            old, previous = self.pipeline, self.backend
+            # The swap: one step of the event loop, so every request sees either model, whole.
+            self.backend, self.pipeline, self.settings = backend, pipeline, settings
+            self._retire(old, self.generations.advance())
+            self.metrics.serving.labels(previous.version, previous.manifest.name).set(0)
+            self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
+            self.metrics.reloads.labels("swapped").inc()
+            log.info("%s: reloaded: version %s answers new requests (was %s)", self.name, backend.version,
+                     previous.version)
+            self._log_startup()
+            return Reloaded(model=backend.manifest.name, model_version=backend.version,
+                            previous_version=previous.version, model_dir=str(settings.model_dir),
+                            variant=settings.onnx_variant if backend.kind == "onnx" else None,
+                            load_s=round(load_s, 3), warm_up_s=round(warm_up_s, 3))
+
+    async def _load_and_warm(self, settings: ServeSettings) -> tuple[Backend, Pipeline, float, float]:
+        """A new backend and its pipeline, warmed up, and the seconds loading and warming up took; an HTTP
+        error (the old model still serving) where it is missing or broken."""
+        started = perf_counter()
+        try:
+            backend = await asyncio.to_thread(self.load, settings)
+        except FileNotFoundError as exc:
+            self.metrics.reloads.labels("refused").inc()
+            raise HTTPException(404, f"cannot reload: {exc}; still serving version {self.backend.version}") from None
+        except Exception as exc:  # a broken file or manifest, a GPU-only variant here: all the caller's to fix
+            self.metrics.reloads.labels("refused").inc()
+            log.warning("%s: reload refused: %s: %s", self.name, type(exc).__name__, exc)
+            raise HTTPException(422, f"cannot load the model in {settings.model_dir} ({type(exc).__name__}: {exc}); "
+                                     f"still serving version {self.backend.version}") from None
+        load_s = perf_counter() - started
+        pipeline = Pipeline(backend, settings, self.metrics, self.batcher)
+        pipeline.start()
+        try:
+            await self._warm(pipeline, settings)
+        except Exception as exc:
+            await pipeline.close()
+            self.metrics.reloads.labels("refused").inc()
+            raise HTTPException(422, f"the model in {settings.model_dir} loaded but its warm-up failed "
+                                     f"({type(exc).__name__}: {exc}); still serving version {self.backend.version}") \
+                from None
+        return backend, pipeline, load_s, perf_counter() - started - load_s
+
+    def _retire(self, old: Pipeline, generation: int) -> None:
+        """Close ``old`` once every request that arrived before ``generation`` has answered."""
+        async def drain_then_close() -> None:
+            try:
+                if not await self.generations.drained(generation, DRAIN_TIMEOUT_S):
+                    log.warning("%s: requests still open on the replaced model after %g s; closing it", self.name,
+                                DRAIN_TIMEOUT_S)
+            finally:
+                await old.close()
+
+        task = asyncio.create_task(drain_then_close())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     def readiness(self) -> Ready:
         self.ready_pipeline()
         backend, m, s = self.backend, self.backend.manifest, self.settings
         return Ready(
             service=self.name, model=m.name, stand_in=m.stand_in, description=m.description, source=m.source,
-            manifest_sha256=m.sha256(), variant=backend.variant,
+            manifest_sha256=m.sha256(), model_version=backend.version, variant=backend.variant,
             runtime={**backend.details, "on_gpu": backend.on_gpu, "session_counts": backend.session_counts()},
             batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images,
@@ -166,8 +266,59 @@ class Service:
 
 
 def server_timing(request: Request, response: Response, timing: Timing) -> None:
-    """Where the request's time went, as the ``Server-Timing`` header (its total from the metrics middleware)."""
+    """Where the request's time went, as the ``Server-Timing`` header (its total from the metrics middleware),
+    and which model version answered."""
     response.headers["Server-Timing"] = timing.header(perf_counter() - request.scope[START_KEY])
+    response.headers[VERSION_HEADER] = SERVING.get().version
+
+
+class Generations:
+    """Prediction requests in flight, by the generation (reloads so far) they arrived in. A request picks
+    its model after it arrives, so one that arrived after a swap never uses the model it replaced: that
+    model may close once no request of an earlier generation is open."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.open: Counter[int] = Counter()
+
+    def enter(self) -> int:
+        self.open[self.current] += 1
+        return self.current
+
+    def leave(self, generation: int) -> None:
+        self.open[generation] -= 1
+        if not self.open[generation]:
+            del self.open[generation]
+
+    def advance(self) -> int:
+        self.current += 1
+        return self.current
+
+    async def drained(self, generation: int, timeout_s: float) -> bool:
+        """Whether every request that arrived before ``generation`` answered within ``timeout_s``."""
+        deadline = perf_counter() + timeout_s
+        while any(g < generation for g in self.open):
+            if perf_counter() > deadline:
+                return False
+            await asyncio.sleep(DRAIN_POLL_S)
+        return True
+
+
+class InFlightMiddleware:
+    """Counts prediction requests in flight, by generation (``Generations``), from arrival to response."""
+
+    def __init__(self, app: ASGIApp, generations: Generations):
+        self.app, self.generations = app, generations
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in PREDICTION_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        generation = self.generations.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.generations.leave(generation)
 
 
 def cache_hit_timing(request: Request, response: Response) -> None:
@@ -195,6 +346,11 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
         return BatchResponse(predictions=[Prediction(prediction=t.label, probability=t.probability, class_index=t.index)
                                           for t in tops], model=service.model_name)
 
+    @app.post("/admin/reload", response_model=Reloaded, responses=RELOAD_RESPONSES,
+              summary="Swap in another model (version) while serving; no request fails")
+    async def reload(body: ReloadRequest) -> Reloaded:
+        return await service.reload(body.model_dir, body.variant)
+
     @app.get("/health", response_model=Health, summary="Liveness: the process answers")
     async def health() -> Health:
         return Health()
@@ -210,5 +366,6 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
         body, content_type = service.metrics.render()
         return Response(body, media_type=content_type)
 
+    app.add_middleware(InFlightMiddleware, generations=service.generations)
     # Added last, so it is outermost and also counts what the body limit refuses.
     app.add_middleware(MetricsMiddleware, metrics=service.metrics, routes={route.path for route in app.routes})

@@ -14,11 +14,18 @@ Triton is spoken to over its HTTP/REST protocol: requests are built and results 
 ``servelab.servers.triton.client`` and tritonclient's own body codecs (``generate_request_body`` /
 ``parse_response_body``); tritonclient's HTTP client itself is not thread-safe and would need one
 connection pool per thread.
+
+A canary (``CANARY_URL``, ``CANARY_SHARE``): ``CanaryBackend`` sends that share of the predictions to a
+second backend of the same kind (the new model version) and the rest to ``BACKEND``'s; every answer says
+which route served it and the model version that answered (the FastAPI service's ``X-Model-Version``,
+Triton's ``model_version``), which the app's ``GET /metrics`` counts.
 """
 
 import base64
+import hashlib
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -34,6 +41,7 @@ from servelab.core.postprocess import Prediction
 from servelab.core.preprocess import preprocess_image
 from servelab.core.settings import Settings
 from servelab.core.catalogue import ENSEMBLE, ONNX, PT
+from servelab.servers.fastapi.schemas import VERSION_HEADER
 from servelab.servers.triton import client as triton
 
 DEFAULT_MODELS = {"triton": PT, "triton_onnx": ONNX, "triton_ensemble": ENSEMBLE}
@@ -48,11 +56,16 @@ MAX_DETAIL = 300
 ABOUT_TIMEOUT_S = 1.0
 
 
+STABLE, CANARY = "stable", "canary"  # the routes a prediction takes (CanaryBackend)
+
+
 @dataclass(frozen=True)
 class Answer:
     label: str
     probability: float
     model: str  # what answered, as the backend names it
+    version: str = ""  # the model version that answered, where the backend says
+    route: str = STABLE  # with a canary: which backend answered
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,7 @@ class BackendError(Exception):
         self.status = status
         self.message = message
         self.retry_after = retry_after
+        self.route = STABLE  # with a canary: which backend failed
 
 
 class Backend(Protocol):
@@ -206,7 +220,8 @@ class FastAPIBackend:
         except (ValueError, KeyError, TypeError) as exc:
             raise self.http.not_a_prediction(exc) from None
         model = body.get("model")
-        return Answer(label, probability, model if isinstance(model, str) else "unnamed model")
+        return Answer(label, probability, model if isinstance(model, str) else "unnamed model",
+                      response.headers.get(VERSION_HEADER, ""))
 
     def about(self) -> About:
         """From ``GET /ready``: the service, its runtime, and whether the model is the stand-in."""
@@ -232,7 +247,7 @@ class _TritonBackend:
         # the image): a configuration problem, not the user's.
         self.http = _Http("Triton server", timeout, image_errors=())
 
-    def _infer(self, inputs: list, outputs: list) -> tuple[triton_http.InferResult, str]:
+    def _infer(self, inputs: list, outputs: list) -> tuple[triton_http.InferResult, str, str]:
         body, json_size = triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
         headers = {} if json_size is None else {"Inference-Header-Content-Length": str(json_size)}
         response = self.http.post(self.endpoint, data=body, headers=headers)
@@ -243,14 +258,14 @@ class _TritonBackend:
             meta = result.get_response()
         except Exception as exc:  # tritonclient raises assorted types for a malformed body
             raise self.http.not_a_prediction(exc) from None
-        version = meta.get("model_version")
-        return result, str(meta.get("model_name", self.model)) + (f" (version {version})" if version else "")
+        version = str(meta.get("model_version") or "")
+        return result, str(meta.get("model_name", self.model)) + (f" (version {version})" if version else ""), version
 
     def _predict(self, inputs: list, outputs: list, read) -> Answer:
-        result, model = self._infer(inputs, outputs)
+        result, model, version = self._infer(inputs, outputs)
         try:
             (prediction,) = read(result)
-            return Answer(prediction.label, _check_probability(prediction.probability), model)
+            return Answer(prediction.label, _check_probability(prediction.probability), model, version)
         except (AttributeError, TypeError, ValueError) as exc:  # an output missing, malformed or unknown
             raise self.http.not_a_prediction(exc) from None
 
@@ -301,12 +316,51 @@ def _local_manifest(settings: Settings) -> Manifest | None:
     return load_manifest(path) if path.is_file() else None
 
 
-def make_backend(settings: Settings) -> Backend:
-    """The backend ``settings.backend`` names, with its own connection pool."""
+def in_canary(share: float, seed: int, number: int) -> bool:
+    """Whether request ``number`` goes to the canary: a hash of the seed and the number, read as a fraction
+    in [0, 1), below ``share``. Reproducible (the same seed picks the same request numbers), and over N
+    requests the share is that of N independent draws, whichever threads send them."""
+    digest = hashlib.sha256(f"{seed}:{number}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+class CanaryBackend:
+    """``share`` of the predictions to ``canary`` (the new version), the rest to ``stable``; each answer, and
+    each failure, says its route."""
+
+    def __init__(self, stable: Backend, canary: Backend, share: float, seed: int = 0) -> None:
+        self.stable, self.canary, self.share, self.seed = stable, canary, share, seed
+        self.name, self.description = stable.name, f"{stable.description}, {share:.0%} to a canary"
+        self.endpoint = stable.endpoint
+        self._numbers = itertools.count()  # next() on it is atomic under the GIL: each request its own number
+
+    def classify(self, data: bytes, image: Image.Image) -> Answer:
+        route, backend = (CANARY, self.canary) if in_canary(self.share, self.seed, next(self._numbers)) \
+            else (STABLE, self.stable)
+        try:
+            return replace(backend.classify(data, image), route=route)
+        except BackendError as exc:
+            exc.route = route
+            raise
+
+    def about(self) -> About:
+        return self.stable.about()
+
+
+def _make(settings: Settings, url: str) -> Backend:
     if settings.backend == "fastapi":
-        return FastAPIBackend(settings.fastapi_server_url, settings.backend_timeout)
+        return FastAPIBackend(url, settings.backend_timeout)
     model = settings.food11_model_name or DEFAULT_MODELS[settings.backend]
     manifest = _local_manifest(settings)
     if settings.backend == "triton_onnx":
-        return TritonTensorBackend(settings.triton_server_url, model, settings.backend_timeout, manifest)
-    return TritonImageBackend(settings.backend, settings.triton_server_url, model, settings.backend_timeout, manifest)
+        return TritonTensorBackend(url, model, settings.backend_timeout, manifest)
+    return TritonImageBackend(settings.backend, url, model, settings.backend_timeout, manifest)
+
+
+def make_backend(settings: Settings) -> Backend:
+    """The backend ``settings.backend`` names, with its own connection pool; with ``CANARY_URL`` and a
+    ``CANARY_SHARE`` above 0, a ``CanaryBackend`` over it and the same kind of backend at that URL."""
+    stable = _make(settings, settings.fastapi_server_url if settings.backend == "fastapi" else settings.triton_server_url)
+    if settings.canary_url and settings.canary_share > 0:
+        return CanaryBackend(stable, _make(settings, settings.canary_url), settings.canary_share, settings.canary_seed)
+    return stable

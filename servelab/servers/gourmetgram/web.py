@@ -2,7 +2,9 @@
 
 Routes: ``GET /`` the form; ``POST /classify`` an uploaded photo (field ``photo``) or a bundled
 sample (field ``sample``); ``GET /samples/<name>`` a bundled photo; ``GET /health`` liveness of
-the app itself (it never calls the backend, so a stopped backend does not restart the front end).
+the app itself (it never calls the backend, so a stopped backend does not restart the front end);
+``GET /metrics`` (Prometheus) its predictions by route (stable, or the canary: ``CANARY_SHARE``), the model
+version that answered and outcome, and how long the backend took.
 """
 
 import base64
@@ -12,12 +14,14 @@ import time
 from functools import partial
 from pathlib import Path
 
-from flask import Flask, Request, abort, render_template, request, send_file
+from flask import Flask, Request, Response, abort, render_template, request, send_file
 from PIL import Image
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from servelab.core.artifacts import STAND_IN_NOTE
-from servelab.servers.gourmetgram.services import BackendError, make_backend
+from servelab.servers.fastapi.metrics import SECONDS_BUCKETS
+from servelab.servers.gourmetgram.services import CANARY, STABLE, BackendError, make_backend
 from servelab.core.paths import REPO_ROOT, sample_images
 from servelab.core.preprocess import ImageError, ImageTooLarge, load_image
 from servelab.core.settings import Settings, get_settings
@@ -36,6 +40,27 @@ SECURITY_HEADERS = {
 }
 
 log = logging.getLogger(__name__)
+
+
+class Metrics:
+    """The app's Prometheus metrics (a registry per app): its predictions, by route and model version."""
+
+    def __init__(self, canary_share: float) -> None:
+        self.registry = r = CollectorRegistry()
+        self.predictions = Counter("gourmetgram_predictions", "Predictions asked of the backends, by route (stable, "
+                                   "canary), the model version that answered (empty where none did) and outcome "
+                                   "(ok, busy: shed by the backend, error).", ["route", "model_version", "outcome"],
+                                   registry=r)
+        self.latency = Histogram("gourmetgram_prediction_duration_seconds", "Time the backend took to answer a "
+                                 "prediction, by route and the model version that answered.",
+                                 ["route", "model_version"], buckets=SECONDS_BUCKETS, registry=r)
+        Gauge("gourmetgram_canary_share", "The share of predictions sent to the canary (CANARY_SHARE; 0: none).",
+              registry=r).set(canary_share)
+        for route in (STABLE, CANARY) if canary_share else (STABLE,):  # at 0 from the start, so rates are defined
+            self.predictions.labels(route, "", "error")
+
+    def render(self) -> Response:
+        return Response(generate_latest(self.registry), mimetype=CONTENT_TYPE_LATEST)
 
 
 class _InMemoryRequest(Request):
@@ -79,6 +104,7 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
     app.request_class = _InMemoryRequest
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
     backend = make_backend(settings)
+    metrics = Metrics(settings.canary_share if settings.canary_url else 0.0)
     samples = {path.name: path for path in sample_images()}
     max_mb = settings.max_upload_bytes / 1024 / 1024
     page = partial(render_template, "index.html", backend=backend, samples=samples, max_mb=max_mb,
@@ -97,12 +123,15 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
         try:
             answer = backend.classify(data, image)
         except BackendError as exc:
+            metrics.predictions.labels(exc.route, "", "busy" if exc.retry_after is not None else "error").inc()
             if exc.retry_after is not None:  # shed under load: a friendly "busy", not an error page
                 log.info("backend %s is busy (shed the request); retry after %d s", backend.name, exc.retry_after)
                 return page(busy=exc.message, preview=preview), exc.status, {"Retry-After": str(exc.retry_after)}
             log.warning("backend %s failed with %d: %s", backend.name, exc.status, exc.message)
             return page(error=exc.message, preview=preview), exc.status
         elapsed_ms = (time.perf_counter() - started) * 1000
+        metrics.predictions.labels(answer.route, answer.version, "ok").inc()
+        metrics.latency.labels(answer.route, answer.version).observe(elapsed_ms / 1000)
         return page(answer=answer, elapsed_ms=elapsed_ms, about=backend.about(), preview=preview)
 
     @app.get("/samples/<name>")
@@ -114,6 +143,10 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
     @app.get("/health")
     def health():
         return {"status": "ok", "backend": backend.name}
+
+    @app.get("/metrics")
+    def prometheus():
+        return metrics.render()
 
     @app.errorhandler(ImageError)
     def bad_image(exc: ImageError):

@@ -112,3 +112,10 @@ def predictions(result) -> list[Prediction]:
 def tensor_predictions(result, classes: Sequence[str] = CLASSES) -> list[Prediction]:
     """The logits of a tensor-model result, turned into predictions with servelab's softmax."""
     return top1(result.as_numpy(TENSOR_OUTPUT), classes)
+
+
+def answered_version(result) -> str | None:
+    """The model version that answered (Triton's ``model_version`` in every response), from an HTTP or gRPC result."""
+    response = result.get_response()
+    version = response.get("model_version") if isinstance(response, dict) else getattr(response, "model_version", None)
+    return str(version) if version else None

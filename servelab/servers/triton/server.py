@@ -15,6 +15,17 @@ The server binds 127.0.0.1, runs in explicit model-control mode with ``--model-c
 through ``servelab.core.procs.ServerProcess``, with the wheel's local response cache (``cache_flags``).
 ``apply_stage`` switches any running Triton (this one or
 the lab's container) to another stage through the model-control API; no image is rebuilt.
+
+A new version of a model, rolled out while it serves (``stage_version``, then ``roll_out``): the version
+folder ``<model>/<N>/`` goes into the repository, then one load of the model through the model-control
+API. Under the ``version_policy`` every config here has, Triton's default ``latest { num_versions: 1 }``,
+that load loads N beside the version serving, sends it every request that names no version once it is
+ready, and unloads the old one once its requests in flight have answered. Two things measured on the
+bundled tritonserver 2.51 (Python backend, 2 CPUs, 16 senders) shape it: a load with a config override
+(``version_policy: { specific: { versions: [1, 2] } }``, then ``[2]``) loads *every* version again, the
+one serving too, since the config changed; and a load over HTTP stalled every HTTP inference for as long
+as it ran (about 4 s without one answer; Triton issues #8117, #8958: the load blocks its HTTP worker
+thread), where the same load over gRPC cost none.
 """
 
 import importlib.metadata
@@ -32,10 +43,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from servelab.core.artifacts import ArtifactPaths, copy_atomic
+from servelab.core.catalogue import MODELS
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok
 from servelab.core.settings import get_settings
 from servelab.servers.triton.client import server_address
+from servelab.core.variants.build import variant_path
 from servelab.servers.triton.configs import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
 
 CACHE_DIR = REPO_ROOT / ".servelab"
@@ -240,6 +254,61 @@ def _wait_unloaded(url: str, models: list[str], timeout_s: float) -> None:
         time.sleep(0.2)
     if models:
         raise TimeoutError(f"{', '.join(models)} still unloading after {timeout_s:.0f} s")
+
+
+def stage_version(repository: Path, model: str, version: int, model_dir: Path) -> Path:
+    """Make ``<repository>/<model>/<version>/`` from a folder laid out as MODEL_DIR (``servelab models build``
+    writes one): the model's code from its version 1 folder and its artifacts, as ``artifacts`` stages
+    version 1. Triton reads it only when a load names it (explicit model control)."""
+    entry, paths = MODELS[model], ArtifactPaths.in_dir(model_dir)
+    source, dest = Path(repository) / model / "1", Path(repository) / model / str(version)
+    files = [(code, dest / code.name) for code in source.glob("*.py")]
+    files += [(getattr(paths, name), dest / getattr(paths, name).name) for name in entry.files]
+    if entry.variant:
+        files.append((variant_path(model_dir, entry.variant), dest / "model.onnx"))
+    for src, target in files:
+        if not src.exists():
+            raise FileNotFoundError(f"cannot stage {model} version {version}: no {src}")
+    dest.mkdir(exist_ok=True)
+    for src, target in files:
+        copy_atomic(src, target)
+    return dest
+
+
+def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -> list[int]:
+    """The versions of ``model`` the server holds in ``states`` (READY; UNLOADING while requests drain)."""
+    index = _call(url, "POST", "/v2/repository/index", {})
+    return sorted(int(e["version"]) for e in index if e["name"] == model and e.get("state") in states)
+
+
+def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+    """Serve ``version`` of ``model`` (staged: ``stage_version``) instead of the version serving now, with no
+    request refused (see the module docstring): one load over gRPC (``grpc_url``), then a wait until the old
+    versions are gone. Returns the versions before, and the seconds from the call until the load returned
+    (``ready_s``: the new version answers) and until the old ones were unloaded."""
+    import tritonclient.grpc as grpcclient
+
+    policy = model_config(url, model).get("version_policy", {})
+    if policy.get("latest", {}).get("num_versions", 1) != 1 or set(policy) - {"latest"}:
+        raise ValueError(f"{model}: version_policy {policy} would not swap versions on a load; roll_out needs "
+                         "latest { num_versions: 1 } (Triton's default)")
+    started = time.monotonic()
+    old = [v for v in model_versions(url, model) if v != version]
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        client.load_model(model, client_timeout=timeout_s)
+    finally:
+        client.close()
+    ready_s = time.monotonic() - started
+    if (serving := model_versions(url, model)) and max(serving) != version:
+        raise RuntimeError(f"{model}: serving versions {serving} after the load, not {version}: is it staged?")
+    deadline = started + timeout_s
+    while (held := model_versions(url, model, ("READY", "UNLOADING"))) != [version]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{model}: versions {held} still loaded {timeout_s:.0f} s after rolling out {version}")
+        time.sleep(0.05)
+    return {"model": model, "version": version, "previous_versions": old, "ready_s": round(ready_s, 3),
+            "old_unloaded_s": round(time.monotonic() - started, 3)}
 
 
 def model_config(url: str, model: str) -> dict[str, Any]:

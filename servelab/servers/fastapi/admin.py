@@ -1,0 +1,25 @@
+"""The client side of ``POST /admin/reload`` (``servelab.servers.fastapi.service``): what a rollout calls."""
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+
+class ReloadRefused(RuntimeError):
+    """The service refused the reload (the model missing or broken, another reload running); it still
+    serves the model it had."""
+
+
+async def reload(url: str, model_dir: Path | str | None = None, variant: str | None = None,
+                 timeout_s: float = 300.0) -> dict[str, Any]:
+    """Ask the service at ``url`` to swap in the model in ``model_dir`` (else its own folder) as ``variant``
+    (fastapi_onnx); returns its answer once the new version serves (``schemas.Reloaded``: the new and
+    previous versions, load and warm-up seconds)."""
+    body = {key: str(value) for key, value in (("model_dir", model_dir), ("variant", variant)) if value is not None}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with session.post(url.rstrip("/") + "/admin/reload", json=body) as response:
+            answer = await response.json(content_type=None)
+            if response.status != 200:
+                raise ReloadRefused(f"HTTP {response.status}: {answer.get('detail', answer)}")
+            return answer
