@@ -49,6 +49,10 @@ OVERLOADED = ("fastapi-onnx", "onnx-dyn")
 QUEUE_BOUND = 8
 # The cache case: the lab sends these stages a skewed mix of photos as they are and ``with_cache``.
 CACHED = ("fastapi-onnx", "onnx-1")
+# The rollout case: under 16 senders the lab swaps these stages' model for another version, this ONNX variant
+# (`POST /admin/reload`). Triton's own v1 -> v2 (``servelab.servers.triton.server.roll_out``) writes a version
+# folder into the model repository, the checkout's: its tests run it in a repository of their own.
+ROLLED = {"fastapi-onnx": "int8"}
 
 
 def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:

@@ -557,20 +557,27 @@ def overload(target: Target, capacity_rps: float, *, stage: str, seconds: float 
                      keep_requests=True, **kwargs)
 
 
-def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None]], *, stage: str,
-            at_s: float = 3.0, seconds: float = 10.0, after_s: float = 3.0, concurrency: int = 16, bin_s: float = 0.5,
-            warmup: int = 32, name: str = "rollout", config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
-    """A closed loop of ``concurrency`` senders for ``seconds``, and on until ``after_s`` after the rollout
-    returned, however long it took (a steady state after the swap to compare with the one before), with ``action`` (the rollout: it loads the
-    new version and retires the old one, and returns what it did, with ``ready_s`` where the new version
-    answered before the call returned) started ``at_s`` seconds in. The record
-    has every request with the version that answered it (``per_request``), its ``timeline`` per ``bin_s``
-    (the rollout's start and return as events) and its ``rollout`` summary: failures (the aim: 0), p99
-    before, during and after the swap (the aim: during within 3x before), and when the new version first
-    answered after the trigger. Its ``config`` says ``run: rollout``. ``kwargs``: ``run_bench``'s."""
+def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: float = 3.0, seconds: float = 10.0,
+                 after_s: float = 3.0, concurrency: int = 16, warmup: int = 32,
+                 name: str = "rollout") -> tuple[Load, dict[str, Any], Trigger]:
+    """The rollout case's load: a closed loop of ``concurrency`` senders for ``seconds``, and on until ``after_s``
+    after the rollout returned, however long it took (a steady state after the swap to compare with the one
+    before), with ``action`` (the rollout: it loads the new version and retires the old one, and returns what
+    it did, with ``ready_s`` where the new version answered before the call returned) started ``at_s`` seconds
+    in; what its record's ``config`` says of it (``run: rollout``); and the trigger for ``run_bench``."""
     if not 0 < at_s < seconds:
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
-    labels = {**(config or {}), "run": ROLLOUT, "rollout_at_s": at_s, "after_s": after_s}
-    return run_bench(target, load, stage=stage, config=labels, timeline_bin_s=bin_s, keep_requests=True,
-                     trigger=Trigger(name, at_s, action, after_s), **kwargs)
+    return load, {"run": ROLLOUT, "rollout_at_s": at_s, "after_s": after_s}, Trigger(name, at_s, action, after_s)
+
+
+def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None]], *, stage: str,
+            bin_s: float = 0.5, config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
+    """``rollout_load``'s run (``kwargs``: its own, then ``run_bench``'s). The record has every request with the
+    version that answered it (``per_request``), its ``timeline`` per ``bin_s`` (the rollout's start and return
+    as events) and its ``rollout`` summary: failures (the aim: 0), p99 before, during and after the swap (the
+    aim: during within 3x before), and when the new version first answered after the trigger."""
+    own = {k: kwargs.pop(k) for k in ("at_s", "seconds", "after_s", "concurrency", "warmup", "name") if k in kwargs}
+    load, labels, trigger = rollout_load(action, **own)
+    return run_bench(target, load, stage=stage, config={**(config or {}), **labels}, timeline_bin_s=bin_s,
+                     keep_requests=True, trigger=trigger, **kwargs)

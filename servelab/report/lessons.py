@@ -2,7 +2,7 @@
 
 A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic batching, more instances,
 a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
-failure, queueing under open-loop load, shedding above capacity, a response cache), measured as a ratio of two of this run's records, with the
+failure, queueing under open-loop load, shedding above capacity, a response cache, a rollout under load), measured as a ratio of two of this run's records, with the
 figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
 change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
 than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from servelab.measure.fractions import capacity, closed_run, ratio_runs
-from servelab.measure.loadgen import CACHE_RUN, OVERLOAD
+from servelab.measure.loadgen import CACHE_RUN, OVERLOAD, ROLLOUT
 from servelab.measure.records import Record
 from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.report import compare
@@ -32,6 +32,7 @@ from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, STAGES, compared
 from servelab.core.hardware import int8_compute
 from servelab.core.tables import num
 
+ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
 
 
@@ -91,6 +92,9 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
     "cache": Expect("an answer kept for a photo asked for before costs a lookup instead of an inference: the more "
                     "often photos repeat, the higher the throughput and the lower the median", at_least=1.0,
                     notebook="the lab"),
+    "rollout": Expect("a new version loads and warms up beside the old one, then takes the new requests: none "
+                      "fails, and p99 during the swap stays within 3× the steady p99", at_most=ROLLOUT_P99_AIM,
+                      notebook="the lab"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
                        "flatter", at_least=1.0, notebook="7_triton_onnx"),
 }
@@ -268,6 +272,21 @@ def _cached(records: list[Record], device: str) -> Iterator[Finding]:
                       _verdict(_expect("cache", device), ratio, top), a, b)
 
 
+def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
+    for r in records:
+        if r.config.get("run") != ROLLOUT or r.rollout is None or r.failed:
+            continue
+        o, said = r.rollout, _expect("rollout", device)
+        first = "" if o.first_new_s is None else f"the new version answered {o.first_new_s:.2f} s after the trigger"
+        verdict = (f"contradicts {said.notebook}, which expects no failed request" if o.failed or o.error
+                   else _verdict(said, o.p99_ratio, r.stage))
+        yield Finding("rollout", f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
+                      f"({r.config.get('to_variant', '')}), {r.load.label()}",
+                      f"p99 {num(o.p99_during_ms)} during the swap vs {num(o.p99_before_ms)} ms before", o.p99_ratio,
+                      "; ".join(filter(None, (f"{o.failed} of {r.stats.successes + o.failed} failed", first,
+                                              o.error and f"the rollout failed: {o.error}"))), verdict, r)
+
+
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
         if r.config.get("run") == "step load" and r.timeline and r.timeline.replicas:
@@ -305,6 +324,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("queueing", "Open-loop load near capacity", _queueing),
     Lesson("shedding", "A bounded queue under load above capacity", _shedding),
     Lesson("cache", "A response cache under a skewed mix of photos", _cached),
+    Lesson("rollout", "A new model version rolled out under load", _rollout),
 )
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.measure.fractions import capacity as capacity_of
-from servelab.measure.loadgen import CACHE_RUN, overload_load
+from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
 from servelab.measure.targets import PhotoMix
 from servelab.measure.records import Load, Record, append_record, machine_info
 from servelab.measure.perf_analyzer import Windows
@@ -60,14 +60,15 @@ from servelab.core.variants.build import build_variants, machine
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 from servelab.servers.rayserve.cluster import ray_binary
 from servelab.report import compare
 from servelab.report.render import render_report, summary_table
 from servelab.report.lessons import summary
 from servelab.core.settings import get_settings
-from servelab.core.catalogue import (CACHED, CATALOGUE, OVERLOADED, STAGES, Stage, bounded, cached_name, queue_bound,
-                                     with_cache)
+from servelab.core.catalogue import (CACHED, CATALOGUE, OVERLOADED, ROLLED, STAGES, Stage, bounded, cached_name,
+                                     queue_bound, with_cache)
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 
 RESULTS = REPO_ROOT / "results"
@@ -118,6 +119,8 @@ class Plan:
     # The overload case (``catalogue.OVERLOADED``): seconds of open-loop load above capacity, per run; 0: none.
     overload_s: float = 0.0
     cache: bool = False  # the cache case (``catalogue.CACHED``): a skewed mix of photos without and with a cache
+    # The rollout case (``catalogue.ROLLED``): (the swap's start, the load's seconds, seconds after the swap); ().
+    rollout_s: tuple[float, ...] = ()
 
     @classmethod
     def tour(cls) -> "Plan":
@@ -132,14 +135,15 @@ class Plan:
     def full(cls) -> "Plan":
         # Every load, both clients on every Triton stage. 20 % stability instead of perf_analyzer's
         # 10 %: two CPUs shared by client and server are noisy.
-        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8), overload_s=10.0, cache=True)
+        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8), overload_s=10.0, cache=True,
+                   rollout_s=(3.0, 10.0, 3.0))
 
     @classmethod
     def quick(cls) -> "Plan":
         # A smoke run (tests): every stage with servelab's client; perf_analyzer, three windows whatever
         # their spread, on one stage per way it is fed (the rest is the same command on another model).
         return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0,
-                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=2.0, cache=True)
+                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=2.0, cache=True, rollout_s=(1.5, 3.0, 1.0))
 
     @classmethod
     def gpu_check(cls) -> "Plan":
@@ -211,6 +215,7 @@ class Lab:
         self.not_run: dict[str, str] = {}  # stage -> why it was not started (the time budget)
         self.overloaded: set[str] = set()  # stages that also get the overload case, and their bounded twin (``run``)
         self.cached: set[str] = set()  # stages that also get the cache case, and their twin with a cache (``run``)
+        self.rolled: set[str] = set()  # stages that also get the rollout case (``run``)
         self.redis: LocalRedis | None = None  # the FastAPI cache case's, while the run lasts
 
     # --- measurements ----------------------------------------------------------------------------
@@ -309,6 +314,7 @@ class Lab:
         # The overload and cache cases, on the stages of this run that have them (a plan's choice).
         self.overloaded = set(OVERLOADED) & names if self.plan.overload_s else set()
         self.cached = set(CACHED) & names if self.plan.cache else set()
+        self.rolled = set(ROLLED) & names if self.plan.rollout_s else set()
         for part, why in self.skipped.items():
             self.log(f"[{part}] skipped: {why}")
         with ExitStack() as stack:
@@ -381,6 +387,8 @@ class Lab:
             shed = bounded(stage)
             self.log(f"[{shed.name}] {shed.about}")
             self.guard(shed, lambda: self.measure_on(adapter, shed, manifest))
+        if stage.name in self.rolled:
+            self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
 
     def cache_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """The same skewed mix of photos (``PhotoMix.zipf``, seeded) on ``stage`` as it is, on the server that just
@@ -403,6 +411,25 @@ class Lab:
                 measure_stage(target, [load], labels, [servelab_client()], self.keep)
             finally:
                 self.scraped = None
+
+    def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
+        """A new version under 16 closed-loop senders: the stage's service, started afresh, swaps its model for
+        the ``ROLLED`` variant (``POST /admin/reload``) ``rollout_s[0]`` seconds in; every request kept with the
+        version that answered it."""
+        variant = ROLLED[stage.name]
+        self.log(f"[{stage.name}] rollout under load: {stage.variant or 'its model'} -> {variant}")
+        adapter.switch(stage)
+        self.scraped = adapter.scraped
+        try:
+            at_s, seconds, after_s = self.plan.rollout_s
+            load, config, trigger = rollout_load(lambda: reload(adapter.url, variant=variant), at_s, seconds, after_s,
+                                                 concurrency=16, warmup=self.plan.warmup)
+            runs_on, extra = adapter.runs_on(stage)
+            labels = self.labels(stage, manifest, adapter.pid, runs_on, {**(extra or {}), **config, "to_variant": variant})
+            client = servelab_client(timeline_bin_s=0.5, keep_requests=True, trigger=trigger)
+            measure_stage(adapter.target(stage, self.image, self.image_name), [load], labels, [client], self.keep)
+        finally:
+            self.scraped = None
 
     def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""

@@ -17,7 +17,7 @@ from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
 from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
-from servelab.core.catalogue import CACHED, OVERLOADED, STAGES as STAGES_BY_NAME, bounded, cached_name
+from servelab.core.catalogue import CACHED, OVERLOADED, ROLLED, STAGES as STAGES_BY_NAME, bounded, cached_name
 from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
 from servelab.tools.gpu_check import record_markdown
 from servelab.servers.triton.configs import gpu_count
@@ -82,6 +82,17 @@ def test_quick_lab_sends_a_skewed_mix_of_photos_without_a_cache_and_with_one(qui
         assert plain.cache is None and cached.cache.hits > 0, cached.cache  # a few dozen requests: some repeat
         assert plain.stats.error_count == cached.stats.error_count == 0
     assert "- **A response cache under a skewed mix of photos**." in quick_lab.text("report.md")
+
+
+def test_quick_lab_rolls_out_a_new_version_under_load_with_nothing_failed(quick_lab):
+    """The rollout case: fastapi-onnx swaps fp32 for its ROLLED variant under 16 senders (POST /admin/reload)."""
+    [run] = [r for r in quick_lab.records if r.config.get("run") == "rollout"]
+    o = run.rollout
+    assert run.stage in ROLLED and run.config["to_variant"] == ROLLED[run.stage]
+    assert o.error is None and o.failed == 0 and run.stats.error_count == 0, o  # the aim: nothing dropped
+    assert o.new_version and o.new_version not in o.old_versions and o.first_new_s is not None
+    assert o.old_sent_after_ready == 0  # no request sent once the new version was ready got the old one
+    assert "- **A new model version rolled out under load**." in quick_lab.text("report.md")
 
 
 def test_quick_lab_ray_stages_place_replicas_step_the_load_and_lose_a_node(quick_lab):

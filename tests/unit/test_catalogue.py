@@ -30,6 +30,7 @@ PAIRS = {
     "autoscaling": (), "node failure": (), "queueing": (),
     "shedding": (("fastapi-onnx-shed", "fastapi-onnx"), ("onnx-dyn-shed", "onnx-dyn")),  # derived: catalogue.bounded
     "cache": (("fastapi-onnx-cache", "fastapi-onnx"), ("onnx-1-cache", "onnx-1")),  # derived: catalogue.with_cache
+    "rollout": (),
 }
 # What each input kind is in a model's config.pbtxt: (input name, data type).
 CONFIG_INPUT = {"bytes": ("INPUT_IMAGE", "TYPE_STRING"), "tensor": ("input", "TYPE_FP32"),
