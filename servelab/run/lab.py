@@ -163,6 +163,7 @@ class Plan:
 
 PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}
 BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
+CACHE_REQUESTS_X = 4  # the cache case's requests, times the plan's closed-loop run's
 
 
 class Budget:
@@ -397,7 +398,8 @@ class Lab:
             self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
             return
         mix, p = PhotoMix.zipf(seed=0), self.plan
-        load = Load.closed(p.concurrency[-1], p.closed, warmup=p.warmup)
+        # More requests than a closed-loop run: a hit ratio needs photos to come round again.
+        load = Load.closed(p.concurrency[-1], CACHE_REQUESTS_X * p.closed, warmup=p.warmup)
         cached = with_cache(stage, self.redis.url if stage.family == "fastapi" else "")
         for s in (stage, cached):
             if s is cached:
