@@ -13,7 +13,8 @@ import requests
 
 from fastapi_service import APPS, running
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.core.procs import ServerProcess, free_port, wait_http_ok
+from servelab.core.procs import ServerProcess, cpu_count, free_port, wait_http_ok
+from servelab.servers.fastapi.runtimes import INFERENCES_PER_CPU
 
 CPU_ONLY = not any(p in onnxruntime.get_available_providers() for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
 
@@ -31,6 +32,7 @@ def test_servelab_serve_answers_a_plain_requests_client(artifacts, tmp_path):
     assert "STAND-IN MODEL" in log and "providers active: CPUExecutionProvider" in log
     # With no settings it says why it runs as it does: the machine's cores, and what one image cost it.
     assert "the machine's defaults for" in log and "none waits for a batch (BATCH_TIMEOUT_MS=0)" in log
+    assert f"{INFERENCES_PER_CPU * cpu_count()} inference(s) at once on 1 intra-op thread(s) each" in log
     probe = re.search(r"start-up probe, coffee.jpg: preprocessing ([\d.]+) ms, one image's inference ([\d.]+) ms: "
                       r"the model is (\d+)% of an image's work", log)
     assert probe and float(probe[1]) > 0 and float(probe[2]) > 0, log

@@ -137,10 +137,21 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
     return ("processes", processes) if processes else ("threads", worker_threads(settings))
 
 
+# Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (where one image
+# costs the least CPU). Two, not one: a core whose inference thread waits (for the GIL on the way out, for a
+# batch to be handed over) runs the other while preprocessing threads take their share; on the lab's 2-CPU VM
+# two per CPU served more than one per CPU in every side-by-side round, more than two no more
+# (docs/records/benchmark-limit-2cpu.log; `servelab benchmark --stage limit` measures it on a machine).
+INFERENCES_PER_CPU = 2
+
+
 def model_instances(settings: ServeSettings, backend: Backend) -> int:
-    """How many inferences may run at once: MODEL_INSTANCES, else one per CPU where the model runs on the
-    CPU, one on a GPU (one inference already fills it; more would only interleave)."""
-    return settings.model_instances or (1 if backend.on_gpu else cpu_count() // backend.intra_op_threads or 1)
+    """How many inferences may run at once (threads sharing the one session): MODEL_INSTANCES, else
+    ``INFERENCES_PER_CPU`` per CPU's worth of intra-op threads where the model runs on the CPU, one on a
+    GPU (one inference already fills it; more would only interleave)."""
+    if settings.model_instances:
+        return settings.model_instances
+    return 1 if backend.on_gpu else max(1, INFERENCES_PER_CPU * cpu_count() // backend.intra_op_threads)
 
 
 def why_threads(settings: ServeSettings, backend: Backend) -> str:
@@ -151,8 +162,9 @@ def why_threads(settings: ServeSettings, backend: Backend) -> str:
         return "set: " + ", ".join(name.upper() for name in chosen)
     if backend.on_gpu:
         return "the machine's defaults: one inference fills the GPU, every CPU preprocesses"
-    return (f"the machine's defaults for {cpu_count()} CPUs: one single-threaded inference per CPU costs the least "
-            "CPU per image, and preprocessing threads take the cores in between")
+    return (f"the machine's defaults for {cpu_count()} CPUs: single-threaded inferences, where an image costs the "
+            f"least CPU, {INFERENCES_PER_CPU} per CPU so that no core waits for one, and preprocessing threads "
+            "take the cores in between")
 
 
 def max_infer_batch(settings: ServeSettings) -> int:
