@@ -6,7 +6,8 @@ here as core time. Then, with the same photo and client at ``--concurrency`` clo
 alternating in ``--rounds`` windows so a neighbour's load hits all alike: the simple app
 (``benchmarks/simple_app.py``: a sync route, one ONNX Runtime session with its own thread defaults),
 ``fastapi-onnx``'s service with no settings at all (its defaults, as `servelab serve fastapi-onnx`
-starts it), and the stages ``fastapi-onnx`` (one request per inference) and ``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, and its fraction of the limit.
+starts it), the same with one inference per CPU instead of two (``MODEL_INSTANCES``: the one default the
+limit cannot show), and the stages ``fastapi-onnx`` (one request per inference) and ``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, and its fraction of the limit.
 Aims for ``fastapi-onnx`` with its defaults: at least the simple app's throughput and 90 % of the limit.
 """
 
@@ -33,6 +34,7 @@ SIMPLE_AIM, LIMIT_AIM = 1.0, 0.9
 # The fp32 ONNX stage: its service runs with no settings beside the simple app (and the variants against it).
 FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
 SIMPLE, DEFAULTS = "simple app", f"{FP32_STAGE.name}, no settings"
+ONE_PER_CPU = f"{FP32_STAGE.name}, one inference per CPU"
 
 
 def serve_simple(stack: ExitStack, logs: Path, model_dir: Path) -> tuple[str, int]:
@@ -102,6 +104,8 @@ def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
     with ExitStack() as stack:
         simple = serve_simple(stack, logs, model_dir)
         urls = {SIMPLE: simple[0], DEFAULTS: serve_fastapi(stack, defaults(FP32_STAGE), logs, {}),
+                # The defaults' one choice the limit cannot show: inferences per CPU (runtimes.INFERENCES_PER_CPU).
+                ONE_PER_CPU: serve_fastapi(stack, defaults(FP32_STAGE), logs, {"MODEL_INSTANCES": str(cpu_count())}),
                 **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
         limit = costs(simple, model_dir, DEFAULT_IMAGE, c, args.cost_seconds)
         rps = side_by_side(urls, image, c, args.duration, args.rounds)
