@@ -28,7 +28,8 @@ IDS = [str(p.relative_to(REPO)) for p in DOCKERFILES]
 
 def test_every_image_has_its_dockerfile():
     expected = {"fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile",
-                "docker/Dockerfile.triton", "docker/Dockerfile.jupyter", "docker/Dockerfile.ray"}
+                "docker/Dockerfile.triton", "docker/Dockerfile.jupyter", "docker/Dockerfile.ray",
+                "docker/Dockerfile.redis"}
     assert expected <= set(IDS)
 
 
