@@ -66,6 +66,8 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/ray.md", "600 s"): "Ray Serve's default downscale delay",
     ("docs/configuration.md", "30 s"): "Ray Serve's default upscale delay",
     ("docs/configuration.md", "600 s"): "Ray Serve's default downscale delay",
+    ("docs/production.md", "1.5 ×"): "the overload case's offered rate over capacity (loadgen.OVERLOAD_MULTIPLE), a setting",
+    ("docs/production.md", "3 ×"): "the rollout's aim for p99 during the swap (lessons.ROLLOUT_P99_AIM)",
     ("docs/configuration.md", "7 MiB"): "MAX_UPLOAD_BYTES's own default (7 × 1024 × 1024 bytes), in its description",
     ("docs/ray.md", "15 %"): "the step load's low phase (servelab/run/lab_ray.py: 0.15 of capacity)",
     ("docs/ray.md", "90 %"): "the step load's high phase (servelab/run/lab_ray.py: 0.9 of capacity)",
