@@ -49,37 +49,23 @@ def _run_perf_analyzer(args) -> int:
     os.execve(pa.path, [str(pa.path), *args.args], pa.env())  # its exit code is ours
 
 
-def register_prometheus(subparsers) -> None:
-    p = subparsers.add_parser("prometheus", help="install or check the Prometheus the lab scrapes its servers with")
-    sub = p.add_subparsers(dest="prom_command", required=True)
-    inst = sub.add_parser("install", help="unpack Debian's Prometheus into this environment (no root)")
+def register_debian_tool(subparsers, name: str, what: str, module, not_found: type[Exception]) -> None:
+    """``servelab <name> install | check`` for a tool unpacked from Debian's packages into this environment
+    (``module``: its installer, with ``installed``, ``install`` and ``locate``)."""
+    p = subparsers.add_parser(name, help=f"install or check {what}")
+    sub = p.add_subparsers(dest="tool_command", required=True)
+    inst = sub.add_parser("install", help=f"unpack Debian's {name} into this environment (no root)")
     inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")
-    inst.set_defaults(func=_install_prometheus)
-    sub.add_parser("check", help="say which Prometheus would run, or how to get one").set_defaults(func=_check_prometheus)
+    inst.set_defaults(func=lambda args: cmd_install(name, args.if_missing, module.installed, module.install,
+                                                    (InstallError, not_found, subprocess.SubprocessError)))
+    sub.add_parser("check", help=f"say which {name} would run, or how to get one").set_defaults(
+        func=lambda args: cmd_check(name, module.locate, not_found))
 
 
-def _install_prometheus(args) -> int:
-    return cmd_install("prometheus", args.if_missing, prometheus.installed, prometheus.install,
-                       (InstallError, prometheus.PrometheusNotFound, subprocess.SubprocessError))
-
-
-def _check_prometheus(args) -> int:
-    return cmd_check("prometheus", prometheus.locate, prometheus.PrometheusNotFound)
+def register_prometheus(subparsers) -> None:
+    register_debian_tool(subparsers, "prometheus", "the Prometheus the lab scrapes its servers with", prometheus,
+                         prometheus.PrometheusNotFound)
 
 
 def register_redis(subparsers) -> None:
-    p = subparsers.add_parser("redis", help="install or check the redis-server of the response cache")
-    sub = p.add_subparsers(dest="redis_command", required=True)
-    inst = sub.add_parser("install", help="unpack Debian's redis-server into this environment (no root)")
-    inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")
-    inst.set_defaults(func=_install_redis)
-    sub.add_parser("check", help="say which redis-server would run, or how to get one").set_defaults(func=_check_redis)
-
-
-def _install_redis(args) -> int:
-    return cmd_install("redis", args.if_missing, redis.installed, redis.install,
-                       (InstallError, redis.RedisNotFound, subprocess.SubprocessError))
-
-
-def _check_redis(args) -> int:
-    return cmd_check("redis", redis.locate, redis.RedisNotFound)
+    register_debian_tool(subparsers, "redis", "the redis-server of the response cache", redis, redis.RedisNotFound)

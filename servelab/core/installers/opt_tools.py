@@ -1,5 +1,8 @@
 """Where the project unpacks the external tools it runs (perf_analyzer, Prometheus, Redis), and their error."""
 
+import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +20,28 @@ class InstallError(RuntimeError):
 def opt_dir(tool: str) -> Path:
     """``<environment>/opt/<tool>``: next to the Python environment, so a fresh .venv gets a fresh copy."""
     return Path(sys.prefix) / "opt" / tool
+
+
+def is_installed(tool: str, version_line: str, binary: str) -> bool:
+    """Whether ``opt_dir(tool)`` holds ``bin/<binary>`` and the stamp its install wrote last says ``version_line``."""
+    try:
+        stamp = json.loads((opt_dir(tool) / "installed.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("version", "").startswith(version_line) and (opt_dir(tool) / "bin" / binary).exists()
+
+
+def binary_version(path: Path, pattern: str, not_found: type[Exception], env: dict[str, str] | None = None) -> str:
+    """What ``pattern``'s group finds in the output of ``path --version``; ``not_found`` where it does not run."""
+    try:
+        done = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20,
+                              env={**os.environ, **(env or {})})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise not_found(f"{path} does not run: {exc}") from None
+    found = re.search(pattern, done.stdout + done.stderr)
+    if done.returncode != 0 or not found:
+        raise not_found(f"{path} does not start: {(done.stderr or done.stdout).strip()[-300:]}")
+    return found.group(1)
 
 
 def wheelhouse() -> Path | None:

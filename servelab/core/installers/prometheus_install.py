@@ -11,16 +11,14 @@ to the 2.42 line the code is tested against, and the .deb's sha256 is recorded b
 """
 
 import json
-import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import InstallError, opt_dir, unpack_deb
+from servelab.core.installers.opt_tools import InstallError, binary_version, is_installed, opt_dir, unpack_deb
 from servelab.core.settings import get_settings
 
 PACKAGE = "prometheus"
@@ -44,14 +42,7 @@ class PrometheusBinary:
 
 
 def _version(path: Path) -> str:
-    try:
-        done = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PrometheusNotFound(f"{path} does not run: {exc}") from None
-    found = re.search(r"version (\S+)", done.stdout + done.stderr)
-    if done.returncode != 0 or not found:
-        raise PrometheusNotFound(f"{path} does not start: {(done.stderr or done.stdout).strip()[-300:]}")
-    return found.group(1)
+    return binary_version(path, r"version (\S+)", PrometheusNotFound)
 
 
 @lru_cache
@@ -72,11 +63,7 @@ def locate() -> PrometheusBinary:
 
 
 def installed() -> bool:
-    try:
-        stamp = json.loads((opt_dir("prometheus") / "installed.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp.get("version", "").startswith(VERSION_LINE) and (opt_dir("prometheus") / "bin" / "prometheus").exists()
+    return is_installed("prometheus", VERSION_LINE, "prometheus")
 
 
 def install(log=print) -> PrometheusBinary:

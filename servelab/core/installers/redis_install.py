@@ -12,16 +12,15 @@ only adds a symlink to it, and an init script); it links two libraries a minimal
 
 import json
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import InstallError, opt_dir, system_has_library, unpack_deb
+from servelab.core.installers.opt_tools import (InstallError, binary_version, is_installed, opt_dir, system_has_library,
+                                               unpack_deb)
 from servelab.core.settings import get_settings
 
 PACKAGE = "redis-tools"
@@ -55,15 +54,7 @@ class RedisBinary:
 
 
 def _version(binary: RedisBinary) -> str:
-    try:
-        done = subprocess.run([str(binary.path), "--version"], capture_output=True, text=True, timeout=20,
-                              env={**os.environ, **binary.env()})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RedisNotFound(f"{binary.path} does not run: {exc}") from None
-    found = re.search(r"v=(\S+)", done.stdout)
-    if done.returncode != 0 or not found:
-        raise RedisNotFound(f"{binary.path} does not start: {(done.stderr or done.stdout).strip()[-300:]}")
-    return found.group(1)
+    return binary_version(binary.path, r"v=(\S+)", RedisNotFound, binary.env())
 
 
 @lru_cache
@@ -84,11 +75,7 @@ def locate() -> RedisBinary:
 
 
 def installed() -> bool:
-    try:
-        stamp = json.loads((opt_dir("redis") / "installed.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp.get("version", "").startswith(VERSION_LINE) and (opt_dir("redis") / "bin" / "redis-server").exists()
+    return is_installed("redis", VERSION_LINE, "redis-server")
 
 
 def install(log=print) -> RedisBinary:
