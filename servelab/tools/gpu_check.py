@@ -102,7 +102,8 @@ def _gpu(records: list[Record]) -> str:
 
 def stage_table(records: list[Record]) -> str:
     ours = [r for r in records if r.tool == "servelab"]
-    levels = sorted({r.load.concurrency for r in ours if r.load.mode == "closed"})
+    # The lab's closed-loop levels, not those of a run made for another purpose (a rollout's 16 senders).
+    levels = sorted({r.load.concurrency for r in ours if r.load.mode == "closed" and not r.config.get("run")})
     head = ["stage", "runs on", "sequential", *(f"concurrency {c}" for c in levels), "-b 16 (img/s / ms)",
             "GPU util mean / memory peak"]
     rows = []
