@@ -63,16 +63,20 @@ def closed_run(records: list[Record], stage: str, concurrency: int, batch: int =
 def capacity(records: list[Record], stage: str) -> Record | None:
     """The stage's capacity: servelab's closed-loop run at the highest concurrency measured (what the
     lab takes its open-loop rates as fractions of, ``servelab.run.lab``); None where it has none."""
-    levels = sorted({r.load.concurrency for r in records if r.stage == stage and r.load.mode == "closed"}, reverse=True)
+    levels = sorted(_closed_levels(records, stage), reverse=True)
     return next((run for level in levels if (run := closed_run(records, stage, level))), None)
+
+
+def _closed_levels(records: list[Record], stage: str) -> set[int]:
+    """The closed-loop concurrencies the lab measured ``stage`` at (not those of a run for another purpose)."""
+    return {r.load.concurrency for r in records if r.stage == stage and r.load.mode == "closed" and not r.config.get("run")}
 
 
 def ratio_runs(records: list[Record], top: str, bottom: str,
                concurrency: int = RATIO_CONCURRENCY) -> tuple[int, Record, Record] | None:
     """(concurrency, ``top``'s run, ``bottom``'s run) at ``concurrency``, else at the highest closed-loop
     concurrency both stages were measured at; None where there is none (or ``bottom`` served nothing)."""
-    levels = sorted({r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == top}
-                    & {r.load.concurrency for r in records if r.load.mode == "closed" and r.stage == bottom})
+    levels = sorted(_closed_levels(records, top) & _closed_levels(records, bottom))
     if not levels:
         return None
     level = concurrency if concurrency in levels else levels[-1]
