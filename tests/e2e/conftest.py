@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from lab_process import BackgroundLab, FinishedLab
+from servelab.core.catalogue import STAGES
 from servelab.core.procs import ServerProcess, free_port
 from servelab.servers.triton import server as triton_server
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
@@ -51,12 +52,13 @@ def quick_lab(request: pytest.FixtureRequest) -> FinishedLab:
 
 @pytest.fixture(scope="session")
 def fastapi_onnx(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``servelab serve fastapi-onnx`` on 127.0.0.1; its URL."""
+    """``servelab serve fastapi-onnx`` on 127.0.0.1 with the stage fastapi-onnx's settings; its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("fastapi-onnx") / "fastapi-onnx.log"
     with ServerProcess([sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(port)],
-                       f"{url}/ready", log, env={"ACCESS_LOG": "0", "MODEL_DIR": str(artifacts.manifest.parent)},
+                       f"{url}/ready", log, env={"ACCESS_LOG": "0", "MODEL_DIR": str(artifacts.manifest.parent),
+                                                 **STAGES["fastapi-onnx"].fastapi.env},
                        ready_timeout=180):
         yield url
 

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
+from servelab.core.catalogue import STAGES
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import Settings
@@ -193,13 +194,9 @@ def _start_all(stack: ExitStack, servers: list[ServerProcess]) -> None:
 def fastapi_stages(artifacts, fastapi_onnx: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """fastapi-onnx is the session's (tests/e2e/conftest.py); the others are started here, side by side."""
     logs = tmp_path_factory.mktemp("fastapi-logs")
-    stages = {
-        "fastapi-pt": _serve(["fastapi-pt"], "/ready", logs / "fastapi-pt.log"),
-        "fastapi-onnx-dyn": _serve(["fastapi-onnx"], "/ready", logs / "fastapi-onnx-dyn.log",
-                                   {"MAX_BATCH_SIZE": "16", "BATCH_TIMEOUT_MS": "5"}),
-        **{f"fastapi-onnx-{v}": _serve(["fastapi-onnx"], "/ready", logs / f"fastapi-onnx-{v}.log", {"ONNX_VARIANT": v})
-           for v in ("u8", "int8")},  # fp16 needs a GPU
-    }
+    # Each with its catalogue stage's settings, as the node's compose file starts it (fp16 needs a GPU).
+    stages = {name: _serve([STAGES[name].fastapi.service], "/ready", logs / f"{name}.log", dict(STAGES[name].fastapi.env))
+              for name in ("fastapi-pt", "fastapi-onnx-dyn", "fastapi-onnx-u8", "fastapi-onnx-int8")}
     urls = {name: url for name, (_, url) in stages.items()} | {"fastapi-onnx": fastapi_onnx}
     flask, flask_url = _serve(["flask", "--backend", "fastapi"], "/health", logs / "flask.log",
                               {"FASTAPI_SERVER_URL": urls["fastapi-pt"]})

@@ -28,9 +28,11 @@ PHOTO = DEFAULT_IMAGE.read_bytes()
 @pytest.fixture(scope="module")
 def services(model, tmp_path_factory):
     """The ONNX service three ways: at most 2 requests held, a 50 ms queue delay, and unbounded; each with one
-    preprocessing thread and one inference at a time, so a burst queues there, not in the client."""
+    preprocessing thread and one inference of one request at a time, so a burst queues there, not in the client
+    (batches would raise the capacity under the overload itself)."""
     logs = tmp_path_factory.mktemp("overload-logs")
-    one = {"preprocess_processes": 0, "worker_threads": 1, "model_instances": 1, "intra_op_threads": 1}
+    one = {"preprocess_processes": 0, "worker_threads": 1, "model_instances": 1, "intra_op_threads": 1,
+           "max_batch_size": 1}
     with (running("onnx", model, logs, max_queue_requests=2, **one) as bounded,
           running("onnx", model, logs, max_queue_delay_ms=50, **one) as delayed,
           running("onnx", model, logs, **one) as unbounded):

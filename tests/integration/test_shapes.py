@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, running
+from servelab.servers.fastapi.pipeline import PROBE_RUNS
 from photos import variants
 from servelab.core.artifacts import load_manifest
 from servelab.core.hardware import instances_say
@@ -91,14 +92,18 @@ def test_every_session_ran_once_before_ready(service):
     runtime = service["ready"]["runtime"]
     assert runtime["shape_policy"] == service["policy"]
     runs, changes = session_metrics(service["metrics"])
+    # Besides the warm-up, the start-up probe's PROBE_RUNS inferences of one image (Pipeline.warm_up).
     if service["policy"] == "off":
         assert runtime["sessions"] == 1 and list(runs) == ["any"]
-        assert runs["any"] == 3 and changes["any"] == 2  # warm-up at 1, 8 and 16 images: the shape moved twice
+        # warm-up at 1, 8 and 16 images, then the probe's single images: the shape moved three times
+        assert runs["any"] == 3 + PROBE_RUNS and changes["any"] == 3
         return
     sizes = BUCKETS if service["policy"] == "buckets" else [16]
     assert runtime["sessions"] == len(sizes) and runtime["session_batch_sizes"] == sizes
-    assert runs == {str(n): 1 for n in sizes}  # the warm-up, and nothing else yet
-    assert runtime["session_counts"] == [{"session_batch": str(n), "runs": 1, "shape_changes": 0} for n in sizes]
+    expected = {str(n): 1 + PROBE_RUNS * (n == sizes[0]) for n in sizes}  # one image goes to the smallest session
+    assert runs == expected  # the warm-up and the probe, and nothing else yet
+    assert runtime["session_counts"] == [{"session_batch": str(n), "runs": expected[str(n)], "shape_changes": 0}
+                                         for n in sizes]
 
 
 def test_concurrent_load_never_changes_a_sessions_shape(service):

@@ -45,7 +45,10 @@ def requirements(versions: dict[str, str]) -> list[str]:
     wanted += [req for extra in EXTRAS for req in extras[extra] if not req.startswith("servelab")]
     wanted += [f"pip=={versions['PIP_VERSION']}", f"torch=={cpu_torch()}",
                f"onnxruntime-gpu=={versions['ONNXRUNTIME_GPU_VERSION']}",
-               f"jupyterlab=={versions['JUPYTERLAB_VERSION']}", f"bash_kernel=={versions['BASH_KERNEL_VERSION']}"]
+               f"jupyterlab=={versions['JUPYTERLAB_VERSION']}", f"bash_kernel=={versions['BASH_KERNEL_VERSION']}",
+               # redis needs it below Python 3.11.3 (the images' 3.11.2); `pip download --python-version` judges
+               # a dependency's python_full_version marker by this interpreter, so it is named here.
+               f"async-timeout=={pinned('async-timeout')}"]
     return sorted(set(wanted))
 
 
