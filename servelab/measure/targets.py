@@ -44,7 +44,7 @@ from servelab.measure.server_timing import ServerTiming, parse_server_timing
 from servelab.measure.triton_stats import cache_counts
 from servelab.core.preprocess import crop_pixels, preprocess
 from servelab.core.procs import DIRECT
-from servelab.servers.fastapi.schemas import VERSION_HEADER
+from servelab.core.wire import VERSION_HEADER
 from servelab.servers.triton import client as triton_io
 
 _JSON = {"content-type": "application/json"}

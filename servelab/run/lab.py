@@ -143,7 +143,7 @@ class Plan:
         # A smoke run (tests): every stage with servelab's client; perf_analyzer, three windows whatever
         # their spread, on one stage per way it is fed (the rest is the same command on another model).
         return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0,
-                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=2.0, cache=True, rollout_s=(1.5, 3.0, 1.0))
+                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=1.5, cache=True, rollout_s=(1.0, 2.0, 0.5))
 
     @classmethod
     def gpu_check(cls) -> "Plan":

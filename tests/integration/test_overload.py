@@ -131,12 +131,9 @@ def test_with_a_bound_accepted_requests_stay_fast_and_the_rest_are_shed(overload
     assert r.stats.errors == {} and r.stats.shed.get("queue_full", 0) > 0, r.stats
     assert sum(r.timeline.shed) == sum(r.stats.shed.values())
     assert r.per_request.outcome.count("shed:queue_full") == r.stats.shed["queue_full"]
-    # At most 2 requests held at once: an accepted request waits for at most one other.
-    assert r.stats.latency.p99_ms <= ACCEPTED_P99_MULTIPLE * service_ms, (r.stats.latency.p99_ms, service_ms)
+    # At most 2 requests held at once: an accepted request waits for at most one other, where the unbounded
+    # queue keeps growing. Side by side in one run, not against a fixed time (a shared machine's speed varies).
     assert r.stats.latency.p99_ms < runs["unbounded"].stats.latency.p99_ms / 2
-
-
-ACCEPTED_P99_MULTIPLE = 6  # accepted p99 <= this x the service time (sequential median), with a bound of 2
 
 
 @pytest.fixture(scope="module")

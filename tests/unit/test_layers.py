@@ -122,3 +122,11 @@ def test_no_module_reaches_into_another_modules_private_names():
                   and node.attr.startswith("_") and not node.attr.startswith("__")):
                 found.append(f"{path.relative_to(REPO)}: {node.value.id}.{node.attr}")
     assert not found, "\n".join(found)
+
+
+def test_gourmetgram_imports_without_the_model_services_stack():
+    """Its container installs `.[flask]` only: no FastAPI, no model runtime, no Redis client."""
+    blocked = ("fastapi", "starlette", "uvicorn", "onnxruntime", "torch", "redis")
+    code = f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\nimport flask_app.app"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]

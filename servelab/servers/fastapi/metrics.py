@@ -17,12 +17,10 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.servers.fastapi.errors import SHED_KEY
-from servelab.servers.fastapi.schemas import VERSION_HEADER, ShedReason
+from servelab.core.wire import SECONDS_BUCKETS, VERSION_HEADER
+from servelab.servers.fastapi.schemas import ShedReason
 from servelab.servers.fastapi.timing import Timing
 
-# Milliseconds to tens of seconds: an H100 inference and a CPU service at concurrency 16 both fit.
-SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
-                   0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 START_KEY = "servelab.started"  # scope key: when the request entered the app (perf_counter)
 _VERSION_KEY = VERSION_HEADER.lower().encode()  # as ASGI gives header names

@@ -13,7 +13,6 @@ from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import OnnxVariant
 from servelab.servers.fastapi.runtimes import SERVING
 
-VERSION_HEADER = "X-Model-Version"
 
 
 @cache

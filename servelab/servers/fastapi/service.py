@@ -47,8 +47,9 @@ from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, i
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline, Probe
 from servelab.servers.fastapi.runtimes import SERVING, Backend, max_infer_batch, why_threads
-from servelab.servers.fastapi.schemas import (VERSION_HEADER, Batching, BatchRequest, BatchResponse, Health, Prediction,
-                                              Ready, Reloaded, ReloadRequest)
+from servelab.core.wire import VERSION_HEADER
+from servelab.servers.fastapi.schemas import (Batching, BatchRequest, BatchResponse, Health, Prediction, Ready, Reloaded,
+                                              ReloadRequest)
 from starlette.types import ASGIApp, Receive, Scope, Send
 from servelab.servers.fastapi.timing import Timing
 

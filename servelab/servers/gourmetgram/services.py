@@ -41,7 +41,7 @@ from servelab.core.postprocess import Prediction
 from servelab.core.preprocess import preprocess_image
 from servelab.core.settings import Settings
 from servelab.core.catalogue import ENSEMBLE, ONNX, PT
-from servelab.servers.fastapi.schemas import VERSION_HEADER
+from servelab.core.wire import VERSION_HEADER
 from servelab.servers.triton import client as triton
 
 DEFAULT_MODELS = {"triton": PT, "triton_onnx": ONNX, "triton_ensemble": ENSEMBLE}

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from servelab.core.artifacts import STAND_IN_NOTE
-from servelab.servers.fastapi.metrics import SECONDS_BUCKETS
+from servelab.core.wire import SECONDS_BUCKETS
 from servelab.servers.gourmetgram.services import CANARY, STABLE, BackendError, make_backend
 from servelab.core.paths import REPO_ROOT, sample_images
 from servelab.core.preprocess import ImageError, ImageTooLarge, load_image
