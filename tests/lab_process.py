@@ -69,8 +69,8 @@ class BackgroundLab:
         except subprocess.TimeoutExpired:
             self.stop()
             raise TimeoutError(f"servelab lab --quick ran past {LAB_TIMEOUT_S} s:\n{self.output()[-5000:]}") from None
-        return FinishedLab(self.root / "lab", self.root / "models", self.process.returncode, self.output(),
-                           processes_marked(self.mark))
+        return FinishedLab(self.root / "lab", self.root / "models", self.root / "model_repository",
+                           self.process.returncode, self.output(), processes_marked(self.mark))
 
     def output(self) -> str:
         return (self.root / "output.txt").read_text()
@@ -88,10 +88,12 @@ class BackgroundLab:
 
 @dataclass(frozen=True)
 class FinishedLab:
-    """One finished lab run: its folder, its model, exit status, printout, and what it left running."""
+    """One finished lab run: its folder, its model and model repository, exit status, printout, and what it
+    left running."""
 
     out: Path
     model_dir: Path
+    repository: Path
     returncode: int
     output: str
     left_running: set[int]  # PIDs of processes it started that outlived it

@@ -49,10 +49,10 @@ OVERLOADED = ("fastapi-onnx", "onnx-dyn")
 QUEUE_BOUND = 8
 # The cache case: the lab sends these stages a skewed mix of photos as they are and ``with_cache``.
 CACHED = ("fastapi-onnx", "onnx-1")
-# The rollout case: under 16 senders the lab swaps these stages' model for another version, this ONNX variant
-# (`POST /admin/reload`). Triton's own v1 -> v2 (``servelab.servers.triton.server.roll_out``) writes a version
-# folder into the model repository, the checkout's: its tests run it in a repository of their own.
-ROLLED = {"fastapi-onnx": "int8"}
+# The rollout case: under 16 senders the lab has these stages serve a new version of their model, serving this
+# ONNX variant. FastAPI swaps in another variant (`POST /admin/reload`); Triton loads the same file staged as the
+# next version (its clients' inputs stay those of version 1), and the lab removes that folder after the case.
+ROLLED = {"fastapi-onnx": "int8", "onnx-1": "fp32"}
 
 
 def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:

@@ -9,7 +9,9 @@ Every adapter has the same four parts:
   serve`` process; Triton: its models reloaded with the stage's config; Ray Serve: the stage deployed);
 * ``target(stage, image)``: where the load generator and perf_analyzer send that stage's requests;
 * ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really
-  holds (ONNX Runtime's provider options, Ray's placement), for its records.
+  holds (ONNX Runtime's provider options, Ray's placement), for its records;
+* ``roll_out(stage, variant)`` (FastAPI, Triton): a new version of the stage's model, serving ``variant``,
+  takes over while requests keep coming; what the server said of the swap.
 
 ``pid`` is the server measured (its CPU time goes into the records) and ``scraped`` its series in
 Prometheus, where the adapter was given a ``LabPrometheus``. ``servelab lab`` runs all three families
@@ -18,18 +20,21 @@ through these, ``servelab benchmark`` the FastAPI and Ray adapters. The notebook
 shell: they wait for the switch instead, and call the same ``measure_stage``.
 """
 
+import asyncio
+import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from servelab.core.catalogue import Stage
+from servelab.core.catalogue import MODELS, Stage
 from servelab.core.hardware import instances_say, runs_on_triton
 from servelab.core.procs import free_port
 from servelab.measure.measure_stage import served_runtime
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.measure.targets import FastAPITarget, Target, TritonTarget
+from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.rayserve.cluster import LocalCluster
 from servelab.servers.rayserve.control import deploy_in_child
@@ -97,6 +102,10 @@ class FastAPIFamily:
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
         return FastAPITarget(self.url, image, image_name=image_name)
 
+    async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
+        """``POST /admin/reload``: the service loads and warms up ``variant`` beside its model, then swaps."""
+        return await reload(self.url, variant=variant)
+
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
         return served_runtime(self.url)
 
@@ -121,6 +130,7 @@ class TritonFamily:
         self.pid, self.scraped = None, None
         self.config: dict[str, Any] = {}
         self._scraped: Scraped | None = None
+        self._staged: list[Path] = []  # the version folders ``roll_out`` wrote, removed at the next switch
 
     @property
     def log(self) -> Path:
@@ -138,9 +148,29 @@ class TritonFamily:
             try:
                 yield self
             finally:
+                self._unstage()
                 self.server, self.pid, self.scraped = None, None, None
 
+    async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
+        """The stage's model staged again as the next version, from the same model folder, and loaded over gRPC:
+        Triton's default version policy (the latest one) serves it and retires the old. ``variant`` must be the
+        one serving: a version's inputs are its clients', and every other variant takes uint8 images."""
+        from servelab.servers.triton.server import model_versions, roll_out, stage_version
+
+        model = MODELS[stage.triton.model]
+        if variant != model.variant:
+            raise ValueError(f"{model.name} serves {model.variant or 'no ONNX variant'}, and a new version keeps "
+                             f"its inputs: it cannot roll out to {variant}")
+        version = max(model_versions(self.server.url, model.name)) + 1
+        self._staged.append(stage_version(self.repository, model.name, version, self.manifest.parent))
+        return await asyncio.to_thread(roll_out, self.server.url, self.server.grpc_url, model.name, version)
+
+    def _unstage(self) -> None:
+        while self._staged:
+            shutil.rmtree(self._staged.pop(), ignore_errors=True)
+
     def switch(self, stage: Stage) -> None:
+        self._unstage()  # a version a rollout staged: the stage's load serves version 1 again
         self.config = self.server.apply_stage(stage)
         self.scraped = self._scraped.narrowed(model=stage.triton.model) if self._scraped else None
         if self.prometheus:
@@ -196,6 +226,10 @@ class RayFamily:
 
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
         return FastAPITarget(self.url, image, image_name=image_name)
+
+    async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
+        """``POST /admin/reload``: the service loads and warms up ``variant`` beside its model, then swaps."""
+        return await reload(self.url, variant=variant)
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
         runs_on, options = served_runtime(self.url)  # one replica's

@@ -37,11 +37,12 @@ Triton reports), never what was asked for.
 import json
 import sys
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.measure.fractions import capacity as capacity_of
@@ -60,7 +61,6 @@ from servelab.core.variants.build import build_variants, machine
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
-from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 from servelab.servers.rayserve.cluster import ray_binary
 from servelab.report import compare
@@ -229,11 +229,24 @@ class Lab:
                   "device": self.device, "runs_on": runs_on, **(extra or {})}
         return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
 
-    def measure(self, stage: Stage, target, pid: int | None, manifest: Manifest, runs_on: str,
-                extra: dict | None = None) -> float | None:
+    @contextmanager
+    def on(self, adapter: Adapter, stage: Stage, manifest: Manifest, extra: dict | None = None,
+           switch: bool = True) -> Iterator[tuple[Any, Labels]]:
+        """``adapter``'s server at ``stage`` (switched to it, unless it is there already), its series scraped while
+        the block runs: yields the stage's target and the labels its records carry (``extra`` in their config)."""
+        if switch:
+            adapter.switch(stage)
+        self.scraped = adapter.scraped
+        try:
+            runs_on, said = adapter.runs_on(stage)
+            yield (adapter.target(stage, self.image, self.image_name),
+                   self.labels(stage, manifest, adapter.pid, runs_on, {**(said or {}), **(extra or {})}))
+        finally:
+            self.scraped = None
+
+    def measure(self, stage: Stage, target, labels: Labels) -> float | None:
         """The stage's loads; returns its capacity (throughput at the highest concurrency)."""
-        labels = self.labels(stage, manifest, pid, runs_on, extra)
-        self.log(f"    runs on: {runs_on}")
+        self.log(f"    runs on: {labels.config['runs_on']}")
         p = self.plan
         # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
         clients = [servelab_client()]
@@ -278,14 +291,8 @@ class Lab:
 
     def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
         """Switch ``adapter``'s server to ``stage`` and measure it there; returns its capacity."""
-        adapter.switch(stage)
-        self.scraped = adapter.scraped
-        try:
-            runs_on, extra = adapter.runs_on(stage)
-            return self.measure(stage, adapter.target(stage, self.image, self.image_name), adapter.pid, manifest,
-                                runs_on, extra)
-        finally:
-            self.scraped = None
+        with self.on(adapter, stage, manifest) as (target, labels):
+            return self.measure(stage, target, labels)
 
     def keep(self, measure: Callable[[], Record], load: Load) -> Record:
         """Run one measurement of ``load`` and keep its record: the server's own series attached, written, logged."""
@@ -404,34 +411,21 @@ class Lab:
         for s in (stage, cached):
             if s is cached:
                 self.log(f"[{s.name}] {s.about}")
-                adapter.switch(s)
-            self.scraped = adapter.scraped
-            try:
-                runs_on, extra = adapter.runs_on(s)
-                labels = self.labels(s, manifest, adapter.pid, runs_on, {**(extra or {}), "run": CACHE_RUN})
-                target = replace(adapter.target(s, self.image, self.image_name), mix=mix)
-                measure_stage(target, [load], labels, [servelab_client()], self.keep)
-            finally:
-                self.scraped = None
+            with self.on(adapter, s, manifest, {"run": CACHE_RUN}, switch=s is cached) as (target, labels):
+                measure_stage(replace(target, mix=mix), [load], labels, [servelab_client()], self.keep)
 
-    def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
-        """A new version under 16 closed-loop senders: the stage's service, started afresh, swaps its model for
-        the ``ROLLED`` variant (``POST /admin/reload``) ``rollout_s[0]`` seconds in; every request kept with the
-        version that answered it."""
+    def rollout_case(self, adapter: FastAPIFamily | TritonFamily, stage: Stage, manifest: Manifest) -> None:
+        """A new version under 16 closed-loop senders: ``rollout_s[0]`` seconds in, the stage's server, switched
+        to it afresh, loads a new version of its model serving the ``ROLLED`` variant and retires the old one
+        (``roll_out``); every request kept with the version that answered it."""
         variant = ROLLED[stage.name]
-        self.log(f"[{stage.name}] rollout under load: {stage.variant or 'its model'} -> {variant}")
-        adapter.switch(stage)
-        self.scraped = adapter.scraped
-        try:
-            at_s, seconds, after_s = self.plan.rollout_s
-            load, config, trigger = rollout_load(lambda: reload(adapter.url, variant=variant), at_s, seconds, after_s,
-                                                 concurrency=16, warmup=self.plan.warmup)
-            runs_on, extra = adapter.runs_on(stage)
-            labels = self.labels(stage, manifest, adapter.pid, runs_on, {**(extra or {}), **config, "to_variant": variant})
-            client = servelab_client(timeline_bin_s=0.5, keep_requests=True, trigger=trigger)
-            measure_stage(adapter.target(stage, self.image, self.image_name), [load], labels, [client], self.keep)
-        finally:
-            self.scraped = None
+        self.log(f"[{stage.name}] rollout under load: a new version serving {variant}")
+        at_s, seconds, after_s = self.plan.rollout_s
+        load, config, trigger = rollout_load(lambda: adapter.roll_out(stage, variant), at_s, seconds, after_s,
+                                             concurrency=16, warmup=self.plan.warmup)
+        client = servelab_client(timeline_bin_s=0.5, keep_requests=True, trigger=trigger)
+        with self.on(adapter, stage, manifest, {**config, "to_variant": variant}) as (target, labels):
+            measure_stage(target, [load], labels, [client], self.keep)
 
     def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""

@@ -18,6 +18,7 @@ module does not import the lab, which imports it).
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from servelab.core.catalogue import Stage
 from servelab.measure.families import RayFamily
 from servelab.measure.measure_stage import Labels, measure_stage, servelab_client
 from servelab.measure.records import Load, Record
+from servelab.measure.targets import Target
 from servelab.servers.rayserve.serve_state import ReplicaSampler
 
 FAILURE_TIMEOUT_S = 5.0  # per request in the node-failure run
@@ -34,17 +36,15 @@ FAILURE_CONCURRENCY = 8
 
 
 class Measurer(Protocol):
-    """What the Ray runs use of ``servelab.run.lab.Lab``: its plan, its log, and its way of labelling a
-    stage's records, switching an adapter to a stage and keeping one load's record."""
+    """What the Ray runs use of ``servelab.run.lab.Lab``: its plan, its log, its way of measuring on an
+    adapter's stage (the target and the labels of its records) and of keeping one load's record."""
 
     plan: Any  # servelab.run.lab.Plan: steps_s, failure_s
-    image: bytes
-    image_name: str
-    scraped: Any
 
     def log(self, line: str) -> None: ...
 
-    def labels(self, stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels: ...
+    def on(self, adapter: RayFamily, stage: Stage, manifest: Manifest, extra: dict | None = None,
+           switch: bool = True) -> AbstractContextManager[tuple[Target, Labels]]: ...
 
     def keep(self, measure: Callable[[], Record], load: Load) -> Record: ...
 
@@ -77,15 +77,9 @@ class RayRuns:
             self.node_failure(stage)
 
     def _record(self, stage: Stage, load: Load, sampler: ReplicaSampler, config: dict, timeout_s: float) -> Record:
-        runs_on, extra = self.ray.runs_on(stage)
-        labels = self.lab.labels(stage, self.manifest, self.ray.pid, runs_on, {**extra, **config})
-        target = self.ray.target(stage, self.lab.image, self.lab.image_name)
-        self.lab.scraped = self.ray.scraped
-        try:
+        with self.lab.on(self.ray, stage, self.manifest, config, switch=False) as (target, labels):
             [record] = measure_stage(target, [load], labels, [servelab_client(timeout_s=timeout_s, sampler=sampler)],
                                      self.lab.keep)
-        finally:
-            self.lab.scraped = None
         return record
 
     def step_load(self, stage: Stage, capacity: float) -> None:

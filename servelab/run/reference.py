@@ -26,7 +26,7 @@ from servelab.core.tables import markdown, num
 from servelab.measure.families import serve_fastapi
 from servelab.measure.limit import Limit, http_cpu_ms, limit_markdown, model_points, preprocess_cpu_ms
 from servelab.measure.measure_stage import Labels, measure_stage
-from servelab.measure.records import Load
+from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget
 
 SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"
@@ -47,13 +47,13 @@ def serve_simple(stack: ExitStack, logs: Path, model_dir: Path) -> tuple[str, in
     return f"http://127.0.0.1:{port}", server.pid
 
 
-def _closed(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> tuple[int, float]:
-    """(successes, seconds) of one closed-loop window; a failed request fails the benchmark."""
+def closed_window(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> Record:
+    """One closed-loop window of ``seconds`` on the service at ``url``; a failed request fails the benchmark."""
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
     [record] = measure_stage(FastAPITarget(url, image), [load], Labels(what))
     if record.stats.errors:
         raise RuntimeError(f"{what}: requests failed: {record.stats.errors}")
-    return record.stats.successes, record.stats.wall_s
+    return record
 
 
 def costs(simple: tuple[str, int], model_dir: Path, photo: Path, concurrency: int, seconds: float,
@@ -61,7 +61,7 @@ def costs(simple: tuple[str, int], model_dir: Path, photo: Path, concurrency: in
     """The limit from its three costs, HTTP's on the running simple app ``simple`` (URL, PID)."""
     paths, image = ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     url, pid = simple
-    noop = http_cpu_ms(lambda: _closed(f"{url}/noop", image, concurrency, seconds, "noop", 0)[0], pid)
+    noop = http_cpu_ms(lambda: closed_window(f"{url}/noop", image, concurrency, seconds, "noop", 0).stats.successes, pid)
     return Limit(cores=cpu_count(), photo=photo.name, model=model_points(paths.onnx, cpu_count(), seconds),
                  preprocess_cpu_ms=preprocess_cpu_ms(image, paths.manifest, seconds, cpu_count()), http_cpu_ms=noop,
                  gpu_images_per_s=gpu_images_per_s)
@@ -77,9 +77,9 @@ def side_by_side(urls: dict[str, str], image: bytes, concurrency: int, seconds: 
     done = {what: [0, 0.0] for what in urls}
     for _ in range(rounds):
         for what, url in urls.items():
-            successes, wall = _closed(url, image, concurrency, seconds / rounds, what, 2 * concurrency)
-            done[what][0] += successes
-            done[what][1] += wall
+            stats = closed_window(url, image, concurrency, seconds / rounds, what, 2 * concurrency).stats
+            done[what][0] += stats.successes
+            done[what][1] += stats.wall_s
     return {what: successes / wall for what, (successes, wall) in done.items()}
 
 

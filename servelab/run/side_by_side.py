@@ -63,8 +63,7 @@ import numpy as np
 from PIL import Image
 
 from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load, read_records
-from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.measure.records import read_records
 from servelab.core.variants.build import RECORD_FILE, load_variants, machine
 from servelab.core.hardware import cpu_int8
 from servelab.core.paths import DEFAULT_IMAGE
@@ -72,7 +71,7 @@ from servelab.core.postprocess import top1
 from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, decode_base64, preprocess
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
-from servelab.run.reference import FP32_STAGE, benchmark_limit
+from servelab.run.reference import FP32_STAGE, benchmark_limit, closed_window
 from servelab.run.side_by_side_ray import benchmark_ray
 from servelab.core.catalogue import CATALOGUE, NO_BATCHING, of_family
 from servelab.measure.families import serve_fastapi
@@ -183,10 +182,7 @@ async def _in_process_window(row: Row, backend, settings, text: str, concurrency
 
 
 def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: float, stage: str) -> None:
-    load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=2 * concurrency)
-    [record] = measure_stage(FastAPITarget(url, image), [load], Labels(stage))
-    if record.stats.errors:
-        raise RuntimeError(f"{row.what}: requests failed: {record.stats.errors}")
+    record = closed_window(url, image, concurrency, seconds, stage, 2 * concurrency)
     row.add(record.stats.successes, record.stats.wall_s, record.stats.latency.p50_ms,
             record.breakdown.mean_batch_size if record.breakdown else None)
 

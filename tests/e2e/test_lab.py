@@ -85,13 +85,19 @@ def test_quick_lab_sends_a_skewed_mix_of_photos_without_a_cache_and_with_one(qui
 
 
 def test_quick_lab_rolls_out_a_new_version_under_load_with_nothing_failed(quick_lab):
-    """The rollout case: fastapi-onnx swaps fp32 for its ROLLED variant under 16 senders (POST /admin/reload)."""
-    [run] = [r for r in quick_lab.records if r.config.get("run") == "rollout"]
-    o = run.rollout
-    assert run.stage in ROLLED and run.config["to_variant"] == ROLLED[run.stage]
-    assert o.error is None and o.failed == 0 and run.stats.error_count == 0, o  # the aim: nothing dropped
-    assert o.new_version and o.new_version not in o.old_versions and o.first_new_s is not None
-    assert o.old_sent_after_ready == 0  # no request sent once the new version was ready got the old one
+    """The rollout case under 16 senders: fastapi-onnx swaps fp32 for its ROLLED variant (POST /admin/reload),
+    Triton's onnx-1 loads version 2 and retires version 1; the repository keeps version 1 alone after it."""
+    runs = {r.stage: r for r in quick_lab.records if r.config.get("run") == "rollout"}
+    assert set(runs) == set(ROLLED)
+    for stage, run in runs.items():
+        o = run.rollout
+        assert run.config["to_variant"] == ROLLED[stage]
+        assert o.error is None and o.failed == 0 and run.stats.error_count == 0, o  # the aim: nothing dropped
+        assert o.new_version and o.new_version not in o.old_versions and o.first_new_s is not None
+        assert o.old_sent_after_ready == 0  # no request sent once the new version was ready got the old one
+    assert runs["onnx-1"].rollout.old_versions == ["1"] and runs["onnx-1"].rollout.new_version == "2"
+    model = STAGES_BY_NAME["onnx-1"].triton.model
+    assert sorted(p.name for p in (quick_lab.repository / model).iterdir() if p.is_dir()) == ["1"]
     assert "- **A new model version rolled out under load**." in quick_lab.text("report.md")
 
 

@@ -2,15 +2,18 @@
 and against which stage, which model it serves and what that model takes; everything else derives from it."""
 
 import ast
+import asyncio
 from pathlib import Path
 
 import pytest
 from tritonclient.grpc import model_config_pb2
 
 from servelab.measure import fractions
+from servelab.measure.families import TritonFamily
+from servelab.core.variants.build import VARIANTS
 from servelab.core.paths import MODELS_STAGING
 from servelab.report import lessons
-from servelab.core.catalogue import (CATALOGUE, MODELS, OVERLOADED, QUEUE_BOUND, STAGES, bounded, compared, default_stage,
+from servelab.core.catalogue import (CATALOGUE, MODELS, OVERLOADED, QUEUE_BOUND, ROLLED, STAGES, bounded, compared, default_stage,
                                      of_family, queue_bound)
 from servelab.servers.triton.configs import base_config
 
@@ -117,3 +120,15 @@ def test_bounded_twins_bound_the_queue_their_family_s_way():
     with pytest.raises(ValueError, match="Serve's own"):
         bounded(STAGES["ray-1"])
     assert fastapi.name not in STAGES  # derived, not listed
+
+
+def test_a_triton_stage_rolls_out_to_the_variant_it_serves_and_the_lab_refuses_another():
+    """Triton's new version keeps version 1's inputs (the clients'): a ROLLED Triton stage names its own model's
+    variant, and the lab's adapter refuses any other before it touches a server."""
+    for name, variant in ROLLED.items():
+        stage = STAGES[name]
+        assert variant in VARIANTS
+        if stage.family == "triton":
+            assert MODELS[stage.triton.model].variant == variant, name
+    with pytest.raises(ValueError, match="cannot roll out to int8"):
+        asyncio.run(TritonFamily(Path("logs"), Path("repository")).roll_out(STAGES["onnx-1"], "int8"))
