@@ -33,6 +33,7 @@ from servelab.core.hardware import int8_compute
 from servelab.core.tables import num
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
+ROLLOUT_SWITCH_AIM_S = 1.0  # from the new version ready to its first answer in the records (issue 35's aim)
 NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
 
 
@@ -93,7 +94,8 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
                     "often photos repeat, the higher the throughput and the lower the median", at_least=1.0,
                     notebook="the lab"),
     "rollout": Expect("a new version loads and warms up beside the old one, then takes the new requests: none "
-                      "fails, and p99 during the swap stays within 3× the steady p99", at_most=ROLLOUT_P99_AIM,
+                      "fails, p99 during the swap stays within 3× the steady p99, and the answers show the new version within "
+                      "a second of its being ready", at_most=ROLLOUT_P99_AIM,
                       notebook="the lab"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
                        "flatter", at_least=1.0, notebook="7_triton_onnx"),
@@ -277,8 +279,13 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
         if r.config.get("run") != ROLLOUT or r.rollout is None or r.failed:
             continue
         o, said = r.rollout, _expect("rollout", device)
-        first = "" if o.first_new_s is None else f"the new version answered {o.first_new_s:.2f} s after the trigger"
+        first = "" if o.first_new_s is None else (
+            f"the new version answered {o.first_new_s:.2f} s after the trigger"
+            + ("" if o.switch_after_ready_s is None else f", {o.switch_after_ready_s:.2f} s after it was ready"))
+        late = o.switch_after_ready_s is None or o.switch_after_ready_s > ROLLOUT_SWITCH_AIM_S
         verdict = (f"contradicts {said.notebook}, which expects no failed request" if o.failed or o.error
+                   else f"contradicts {said.notebook}, which expects the new version in the answers within "
+                        f"{ROLLOUT_SWITCH_AIM_S:g} s of being ready" if late
                    else _verdict(said, o.p99_ratio, r.stage))
         yield Finding("rollout", f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
                       f"({r.config.get('to_variant', '')}), {r.load.label()}",

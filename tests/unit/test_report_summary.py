@@ -170,3 +170,27 @@ def test_open_loop_runs_without_a_capacity_are_drawn_against_the_offered_rate(tm
     records = [Record.model_validate_json(line) for line in RECORDS.read_text().splitlines()]
     open_only = [r for r in records if r.load.mode == "open"]
     assert open_only and sweep_rate(open_only, tmp_path / "rate.png") and (tmp_path / "rate.png").stat().st_size
+
+
+# tests/data/rollout_record.json: the rollout run of a `servelab lab --quick --stages fastapi-onnx,onnx-1` on a
+# 2-CPU machine (2026-11-27), fp32 -> int8 under 16 senders, without its per-request list, timeline and series.
+ROLLOUT = json.loads((Path(__file__).parents[1] / "data" / "rollout_record.json").read_text())
+
+
+def _rollout_line(**changes) -> str:
+    raw = json.loads(json.dumps(ROLLOUT))
+    raw["rollout"].update(changes)
+    [line] = [line for line in lessons.summary([Record.model_validate(raw)]) if line.startswith("  - fastapi-onnx, ")]
+    return line
+
+
+def test_a_rollout_is_flagged_when_a_request_failed_or_the_new_version_showed_late() -> None:
+    o = ROLLOUT["rollout"]
+    line = _rollout_line()
+    assert f"= **{o['p99_during_ms'] / o['p99_before_ms']:.2f}×**" in line and "⚠" not in line
+    assert f"{o['switch_after_ready_s']:.2f} s after it was ready" in line
+    late = _rollout_line(switch_after_ready_s=lessons.ROLLOUT_SWITCH_AIM_S + 0.5)
+    assert "⚠ **contradicts the lab, which expects the new version in the answers within 1 s of being ready" in late
+    assert "⚠ **contradicts the lab, which expects no failed request" in _rollout_line(failed=2)
+    slow = _rollout_line(p99_during_ms=o["p99_before_ms"] * (lessons.ROLLOUT_P99_AIM + 1))
+    assert "⚠" in slow and "expects ≤ 3×" in slow
