@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Self
 
 
 _PR_SET_PDEATHSIG = 1
@@ -204,6 +205,30 @@ class ServerProcess:
                 pass
 
     def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ChildServer:
+    """A server this process runs as a child (``process``, a ``ServerProcess`` its subclass makes), started
+    and stopped with it, as a context manager."""
+
+    process: ServerProcess
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def start(self) -> Self:
+        self.process.start()
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

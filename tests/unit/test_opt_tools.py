@@ -1,5 +1,5 @@
-"""The tool installers' Debian packages on a machine without network: taken from the wheelhouse
-(``SERVELAB_WHEELHOUSE``, as `make gpu-check` sets it), with no apt-get to fall back on."""
+"""The tool installers: which binary the lab starts, and their Debian packages on a machine without network:
+taken from the wheelhouse (``SERVELAB_WHEELHOUSE``, as `make gpu-check` sets it), with no apt-get to fall back on."""
 
 import os
 import shutil
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.core.installers.opt_tools import InstallError, unpack_deb
+from servelab.core.installers.opt_tools import InstallError, ToolBinary, choose_binary, unpack_deb
 from servelab.core.settings import get_settings
 
 PATH = os.environ["PATH"]
@@ -61,3 +61,18 @@ def test_without_the_deb_or_apt_the_error_says_what_to_do(tmp_path, monkeypatch,
                                            r"install it yourself"):
         unpack_deb("prometheus", scratch, "install it yourself")
     assert not any(scratch.iterdir())  # nothing half-written
+
+
+def test_a_binary_is_the_one_a_setting_names_else_the_projects_else_the_one_on_path(tmp_path, monkeypatch):
+    project, bin_dir = tmp_path / "opt" / "tool", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tool").write_text("#!/bin/sh\n")
+    (bin_dir / "tool").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert choose_binary(None, "TOOL", project, "tool") == ToolBinary(bin_dir / "tool", "PATH")
+    project.parent.mkdir(parents=True)
+    project.write_text("")
+    assert choose_binary(None, "TOOL", project, "tool", "lib") == ToolBinary(project, "project", library_path="lib")
+    assert choose_binary("/named/tool", "TOOL", project, "tool") == ToolBinary(Path("/named/tool"), "TOOL")
+    assert choose_binary(None, "TOOL", tmp_path / "absent", "no-such-tool") is None
+    assert ToolBinary(project, "project", library_path="lib").env()["LD_LIBRARY_PATH"].startswith("lib")

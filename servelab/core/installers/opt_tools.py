@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,38 @@ class InstallError(RuntimeError):
 def opt_dir(tool: str) -> Path:
     """``<environment>/opt/<tool>``: next to the Python environment, so a fresh .venv gets a fresh copy."""
     return Path(sys.prefix) / "opt" / tool
+
+
+@dataclass(frozen=True)
+class ToolBinary:
+    """A server binary the lab starts (Prometheus, redis-server): where it is, how it was chosen (the setting
+    that names it, "project" for the one `make` unpacked, or "PATH"), its version."""
+
+    path: Path
+    source: str
+    version: str = ""
+    library_path: str = ""  # prepended to LD_LIBRARY_PATH (the project's unpacked libraries)
+
+    def env(self) -> dict[str, str]:
+        """Variables to start it with (added to the environment)."""
+        if not self.library_path:
+            return {}
+        return {"LD_LIBRARY_PATH": os.pathsep.join(p for p in (self.library_path, os.environ.get("LD_LIBRARY_PATH"))
+                                                   if p)}
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.source}, {self.version})"
+
+
+def choose_binary(named: str | None, variable: str, project: Path, command: str,
+                  library_path: str = "") -> ToolBinary | None:
+    """The binary a setting names (``variable``), else the project's, else ``command`` on PATH; None if none is."""
+    if named:
+        return ToolBinary(Path(named), variable)
+    if project.exists():
+        return ToolBinary(project, "project", library_path=library_path)
+    on_path = shutil.which(command)
+    return ToolBinary(Path(on_path), "PATH") if on_path else None
 
 
 def is_installed(tool: str, version_line: str, binary: str) -> bool:

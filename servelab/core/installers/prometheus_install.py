@@ -13,12 +13,13 @@ to the 2.42 line the code is tested against, and the .deb's sha256 is recorded b
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import InstallError, binary_version, is_installed, opt_dir, unpack_deb
+from servelab.core.installers.opt_tools import (InstallError, ToolBinary, binary_version, choose_binary, is_installed,
+                                               opt_dir, unpack_deb)
 from servelab.core.settings import get_settings
 
 PACKAGE = "prometheus"
@@ -31,42 +32,25 @@ class PrometheusNotFound(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class PrometheusBinary:
-    path: Path
-    source: str  # "PROMETHEUS", "project" or "PATH"
-    version: str = ""
-
-    def describe(self) -> str:
-        return f"{self.path} ({self.source}, {self.version})"
-
-
 def _version(path: Path) -> str:
     return binary_version(path, r"version (\S+)", PrometheusNotFound)
 
 
 @lru_cache
-def locate() -> PrometheusBinary:
+def locate() -> ToolBinary:
     """The Prometheus to run, checked to start; raises ``PrometheusNotFound`` saying how to get one."""
-    named = get_settings().prometheus
-    project = opt_dir("prometheus") / "bin" / "prometheus"
-    on_path = shutil.which("prometheus")
-    if named:
-        path, source = Path(named), "PROMETHEUS"
-    elif project.exists():
-        path, source = project, "project"
-    elif on_path:
-        path, source = Path(on_path), "PATH"
-    else:
+    binary = choose_binary(get_settings().prometheus, "PROMETHEUS", opt_dir("prometheus") / "bin" / "prometheus",
+                           "prometheus")
+    if binary is None:
         raise PrometheusNotFound(f"Prometheus is not installed: {INSTALL_HINT}")
-    return PrometheusBinary(path, source, _version(path))
+    return replace(binary, version=_version(binary.path))
 
 
 def installed() -> bool:
     return is_installed("prometheus", VERSION_LINE, "prometheus")
 
 
-def install(log=print) -> PrometheusBinary:
+def install(log=print) -> ToolBinary:
     """Debian's package (from the wheelhouse or apt), the binary taken out, checked to start and be 2.42."""
     home = opt_dir("prometheus")
     (home / "bin").mkdir(parents=True, exist_ok=True)
@@ -83,7 +67,7 @@ def install(log=print) -> PrometheusBinary:
         part.replace(home / "bin" / "prometheus")  # never a half-written binary under its real name
         sha = sha256_file(deb)
     locate.cache_clear()
-    binary = PrometheusBinary(home / "bin" / "prometheus", "project", _version(home / "bin" / "prometheus"))
+    binary = ToolBinary(home / "bin" / "prometheus", "project", _version(home / "bin" / "prometheus"))
     (home / "installed.json").write_text(json.dumps({"package": deb.name, "version": version,
                                                      "sha256": sha}, indent=1) + "\n")
     log(f"prometheus: {binary.path} from {deb.name} (sha256 {sha[:16]}...)")

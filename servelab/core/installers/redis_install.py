@@ -11,16 +11,15 @@ only adds a symlink to it, and an init script); it links two libraries a minimal
 """
 
 import json
-import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import (InstallError, binary_version, is_installed, opt_dir, system_has_library,
-                                               unpack_deb)
+from servelab.core.installers.opt_tools import (InstallError, ToolBinary, binary_version, choose_binary, is_installed,
+                                               opt_dir, system_has_library, unpack_deb)
 from servelab.core.settings import get_settings
 
 PACKAGE = "redis-tools"
@@ -35,50 +34,26 @@ class RedisNotFound(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class RedisBinary:
-    path: Path
-    source: str  # "REDIS_SERVER", "project" or "PATH"
-    version: str = ""
-    library_path: str = ""  # prepended to LD_LIBRARY_PATH (the project's unpacked libraries)
-
-    def env(self) -> dict[str, str]:
-        """Variables to start it with (added to the environment)."""
-        if not self.library_path:
-            return {}
-        return {"LD_LIBRARY_PATH": os.pathsep.join(p for p in (self.library_path, os.environ.get("LD_LIBRARY_PATH"))
-                                                   if p)}
-
-    def describe(self) -> str:
-        return f"{self.path} ({self.source}, {self.version})"
-
-
-def _version(binary: RedisBinary) -> str:
+def _version(binary: ToolBinary) -> str:
     return binary_version(binary.path, r"v=(\S+)", RedisNotFound, binary.env())
 
 
 @lru_cache
-def locate() -> RedisBinary:
+def locate() -> ToolBinary:
     """The redis-server to run, checked to start; raises ``RedisNotFound`` saying how to get one."""
-    named = get_settings().redis_server
     home = opt_dir("redis")
-    on_path = shutil.which("redis-server")
-    if named:
-        binary = RedisBinary(Path(named), "REDIS_SERVER")
-    elif (home / "bin" / "redis-server").exists():
-        binary = RedisBinary(home / "bin" / "redis-server", "project", library_path=str(home / "lib"))
-    elif on_path:
-        binary = RedisBinary(Path(on_path), "PATH")
-    else:
+    binary = choose_binary(get_settings().redis_server, "REDIS_SERVER", home / "bin" / "redis-server", "redis-server",
+                           library_path=str(home / "lib"))
+    if binary is None:
         raise RedisNotFound(f"redis-server is not installed: {INSTALL_HINT}")
-    return RedisBinary(binary.path, binary.source, _version(binary), binary.library_path)
+    return replace(binary, version=_version(binary))
 
 
 def installed() -> bool:
     return is_installed("redis", VERSION_LINE, "redis-server")
 
 
-def install(log=print) -> RedisBinary:
+def install(log=print) -> ToolBinary:
     """Debian's redis-tools (and the libraries the system lacks) unpacked; checked to start and be 7.x."""
     home = opt_dir("redis")
     for folder in ("bin", "lib"):
@@ -104,8 +79,8 @@ def install(log=print) -> RedisBinary:
         shutil.copy2(root / BINARY, part)
         part.replace(home / "bin" / "redis-server")  # never a half-written binary under its real name
     locate.cache_clear()
-    binary = RedisBinary(home / "bin" / "redis-server", "project", library_path=str(home / "lib"))
-    binary = RedisBinary(binary.path, binary.source, _version(binary), binary.library_path)
+    binary = ToolBinary(home / "bin" / "redis-server", "project", library_path=str(home / "lib"))
+    binary = replace(binary, version=_version(binary))
     (home / "installed.json").write_text(json.dumps({"version": version, "debs": debs}, indent=1) + "\n")
     log(f"redis: {binary.path} from {', '.join(debs)}")
     return binary

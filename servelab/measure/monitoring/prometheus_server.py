@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.core.installers.prometheus_install import PrometheusBinary
-from servelab.core.procs import DIRECT, ServerProcess, free_port
+from servelab.core.installers.opt_tools import ToolBinary
+from servelab.core.procs import DIRECT, ChildServer, ServerProcess, free_port
 
 TARGETS_FILE = "targets.json"
 
@@ -140,10 +140,10 @@ def _unix(rfc3339: str) -> float:
     return datetime.fromisoformat(head + zone).timestamp() + (float(f"0.{frac}") if frac else 0.0)
 
 
-class LocalPrometheus:
+class LocalPrometheus(ChildServer):
     """``prometheus`` as a child process on 127.0.0.1, its data and targets under ``home``."""
 
-    def __init__(self, binary: PrometheusBinary, home: Path, scrape_interval_s: float,
+    def __init__(self, binary: ToolBinary, home: Path, scrape_interval_s: float,
                  retention_time: str = "2d", retention_size: str = "512MB", port: int = 0):
         self.home = Path(home)
         self.port = port or free_port()
@@ -162,20 +162,3 @@ class LocalPrometheus:
     @property
     def url(self) -> str:
         return self.client.url
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
-    def start(self) -> "LocalPrometheus":
-        self.process.start()
-        return self
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def __enter__(self) -> "LocalPrometheus":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

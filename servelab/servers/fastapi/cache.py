@@ -24,9 +24,10 @@ from pathlib import Path
 
 from fastapi import Response
 
-from servelab.core.installers.redis_install import RedisBinary, RedisNotFound, locate
+from servelab.core.installers.opt_tools import ToolBinary
+from servelab.core.installers.redis_install import RedisNotFound, locate
 from servelab.core.preprocess import decode_base64
-from servelab.core.procs import ServerProcess, free_port
+from servelab.core.procs import ChildServer, ServerProcess, free_port
 from servelab.servers.fastapi.runtimes import SERVING, Backend
 from servelab.servers.fastapi.schemas import PredictResponse
 
@@ -152,7 +153,7 @@ class ResponseCache:
                 self.count("error")
 
 
-def find_redis(log=print) -> RedisBinary | None:
+def find_redis(log=print) -> ToolBinary | None:
     """The redis-server to start, or None, saying so (the lab goes on without its cache stage)."""
     try:
         return locate()
@@ -161,11 +162,11 @@ def find_redis(log=print) -> RedisBinary | None:
         return None
 
 
-class LocalRedis:
+class LocalRedis(ChildServer):
     """redis-server as a child process on 127.0.0.1: a free port, no snapshots (``--save ''``), no
     append-only file, stopped by its PID. ``url`` is what ``CACHE_URL`` takes."""
 
-    def __init__(self, binary: RedisBinary, home: Path, port: int = 0, max_memory: str = "256mb"):
+    def __init__(self, binary: ToolBinary, home: Path, port: int = 0, max_memory: str = "256mb"):
         self.home, self.port = Path(home), port or free_port()
         self.home.mkdir(parents=True, exist_ok=True)
         # allkeys-lru: a full cache drops its least recently used answers rather than refusing new ones.
@@ -178,10 +179,6 @@ class LocalRedis:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
 
     def client(self):
         """A synchronous client, for reading the cache back (tests, the lab)."""
@@ -197,16 +194,3 @@ class LocalRedis:
                 return bool(c.ping())
         except redis.RedisError:
             return False
-
-    def start(self) -> "LocalRedis":
-        self.process.start()
-        return self
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def __enter__(self) -> "LocalRedis":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
