@@ -3,7 +3,9 @@
 For each notebook the plan adds up:
 
 * **measuring**: every measurement a code cell makes (``lab.measure``, ``lab.measure_variant``,
-  ``lab.stage``), its loads evaluated from the notebook's own parameters, timed at the lab node's rate
+  ``lab.stage``; ``4_fastapi``'s production cases ``lab.overload``, ``lab.photo_mix``, ``lab.rollout``, a
+  stage derived from one of the catalogue's at its rate), its loads evaluated from the notebook's own
+  parameters, timed at the lab node's rate
   for that stage (``servelab/data/node_rates.toml``, each with its source) — and, on the Triton notebooks, perf_analyzer's
   worst case for each load it measures (every window it may try, or its hard time limit where the
   offered rate is above what the stage can serve);
@@ -26,8 +28,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S, Windows
 from servelab.measure.records import Load
+from servelab.core.catalogue import CACHED, OVERLOADED, STAGES, bounded, cached_name
 from servelab.core.paths import DATA_DIR, REPO_ROOT
 
 RATES_FILE = DATA_DIR / "node_rates.toml"  # per stage: requests/s on the lab node, alone and busy, with sources
@@ -82,8 +86,14 @@ OPTIONAL = re.compile(r"\(optional\)\s*$")
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
+# The stages the production cases derive from the catalogue's (a bounded queue, a cache), at the rate of theirs:
+# the plan errs long, as a cache only adds speed and a bound only refuses work.
+DERIVED = {bounded(STAGES[name]).name: name for name in OVERLOADED} | {cached_name(name): name for name in CACHED}
+MEASURING = ("measure", "measure_variant", "stage", "overload", "photo_mix", "rollout")  # lab's calls that measure
+
+
 def rate(stage: str) -> Rate:
-    return node_rates()[stage]
+    return node_rates()[DERIVED.get(stage, stage)]
 
 
 @dataclass
@@ -116,8 +126,9 @@ def load_seconds(load: Load, stage: str, images: int = 1) -> tuple[float, bool]:
     """How long servelab's load generator takes for ``load`` on the node, and whether it offers more
     than the stage can serve (an open loop's backlog is served after its last arrival)."""
     per_s = _per_s(load, stage, images)
-    if load.mode != "open":
-        return ((load.requests or 0) + load.warmup) / per_s, False
+    if load.mode != "open":  # its requests, or its seconds, whichever ends first
+        seconds = [(load.requests + load.warmup) / per_s] if load.requests else []
+        return min(seconds + ([load.duration_s + load.warmup / per_s] if load.duration_s else [])), False
     offered = load.duration_s * load.rate if load.duration_s else load.requests or 0
     return (offered + load.warmup) / min(per_s, load.rate), load.rate > per_s
 
@@ -196,7 +207,7 @@ class _Notebook:
                 if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "wait_for":
                     self.names[name] = self.value(value.args[0])  # a service variable: its stage
                 elif not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in
-                             ("measure", "measure_variant", "stage") for n in ast.walk(value)):
+                             MEASURING for n in ast.walk(value)):
                     try:
                         self.names[name] = self.value(value)
                     except Exception:  # anything the plan cannot evaluate does not time a measurement
@@ -210,9 +221,19 @@ class _Notebook:
         if f.attr == "wait_for":  # a FastAPI stage switched in the student's shell: a container restart
             part.switches += 1
             return
-        if f.attr == "measure":
+        extra_s, deliberate = 0.0, False
+        if f.attr in ("measure", "photo_mix"):
             stage, loads = self.value(call.args[0]), self.value(call.args[1])
             loads = loads if isinstance(loads, list) else [loads]
+        elif f.attr == "overload":  # (service, capacity, seconds): above the capacity on purpose
+            stage, deliberate = self.value(call.args[0]), True
+            loads = [overload_load(rate(self.value(call.args[0])).busy, self.value(call.args[2]))[0]]
+        elif f.attr == "rollout":  # (service, variant, load, at_s): a reload during the load, and on after it
+            stage, load = self.value(call.args[0]), self.value(call.args[2])
+            load, _, trigger = rollout_load(lambda: None, kwargs["at_s"], load.duration_s,
+                                            concurrency=load.concurrency, warmup=load.warmup)
+            loads, extra_s = [load], trigger.hold_s
+            part.switches += 1
         elif f.attr == "measure_variant":
             variant, loads = self.value(call.args[0]), [self.value(call.args[1])]
             if variant not in self.params.get("VARIANTS", [variant]):
@@ -227,10 +248,11 @@ class _Notebook:
         if self.triton and stage not in self.params.get("STAGES", [stage]):
             return
         images = kwargs.get("batch") or 1
+        part.measure_s += extra_s
         for load in loads:
             seconds, over = load_seconds(load, stage, images)
             part.measure_s += seconds
-            if over:
+            if over and not deliberate:
                 part.over_capacity.append(f"{self.name}: {stage} {load.label()}")
             if self.triton and self.params.get("PERF_ANALYZER") and stage in (self.params.get("PA_STAGES") or []):
                 trials = next((int(a.split("=")[1]) for a in self.params.get("PA_EXTRA", [])

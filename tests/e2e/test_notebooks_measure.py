@@ -15,6 +15,7 @@ windows.
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
 import shlex
 import sys
@@ -30,7 +31,11 @@ from pydantic import ValidationError
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
-from servelab.core.catalogue import STAGES
+from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, with_cache
+from servelab.core.installers.redis_install import RedisNotFound, locate
+from servelab.servers.fastapi.admin import reload
+from servelab.servers.fastapi.cache import LocalRedis
+from tools import located_or_skipped
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import Settings
@@ -95,11 +100,14 @@ def test_stage_notebooks_exist() -> None:
 
 
 def _compose_parts(argv: list[str]) -> tuple[list[Path], str, list[str]]:
-    """(compose files, subcommand, service names) of a `docker compose -f FILE [-f FILE] SUB [opts] [services]`."""
+    """(compose files, subcommand, service names) of a
+    `docker compose -f FILE [-f FILE] [--profile NAME] SUB [opts] [services]`."""
     assert argv[:3] == ["docker", "compose", "-f"], f"name the compose file: {shlex.join(argv)}"
     paths, rest = [], argv[2:]
     while rest[0] == "-f":
         paths.append(REPO / rest[1])
+        rest = rest[2:]
+    while rest[0] == "--profile":
         rest = rest[2:]
     sub, *rest = rest
     services = [word for word in rest if not word.startswith("-")]
@@ -161,9 +169,16 @@ def test_fastapi_notebook_switches_services_by_variables_only() -> None:
     # The stage's own commands (the monitoring containers beside it are started with a second -f).
     ups = [(env, argv) for env, argv in shell_commands("4_fastapi")
            if argv[:2] == ["docker", "compose"] and "docker/docker-compose-monitoring.yaml" not in argv]
-    assert [env.get("FASTAPI_STAGE") for env, _ in ups] == ["fastapi_onnx"] * 5
+    assert [env.get("FASTAPI_STAGE") for env, _ in ups] == ["fastapi_onnx"] * 10
     assert ups[1][0].get("MAX_BATCH_SIZE") not in (None, "1")
-    assert [env.get("ONNX_VARIANT") for env, _ in ups] == [None, None, "u8", "int8", "fp16"]
+    assert [env.get("ONNX_VARIANT") for env, _ in ups] == [None, None, "u8", "int8", "fp16"] + [None] * 5
+    # Serving in production: fp32 as it was, with the catalogue's queue bound, again, with Redis, again.
+    production = [{k: v for k, v in env.items() if k != "FASTAPI_STAGE"} for env, _ in ups[5:]]
+    assert production == [{}, {"MAX_QUEUE_REQUESTS": str(QUEUE_BOUND)}, {}, {"CACHE_URL": "redis://redis:6379/0"}, {}]
+    assert ups[8][1][4:] == ["--profile", "cache", "up", "-d", "redis", "fastapi_server"]
+    text = (NOTEBOOK_DIR / "4_fastapi.md").read_text()
+    assert f'"fastapi-onnx-shed", "fastapi_onnx", batching=False, max_queue_requests={QUEUE_BOUND})' in text
+    assert bounded(STAGES["fastapi-onnx"]).name == "fastapi-onnx-shed" and cached_name("fastapi-onnx") in text
 
 
 # --- executed against real local stages --------------------------------------------------------
@@ -192,16 +207,25 @@ def _start_all(stack: ExitStack, servers: list[ServerProcess]) -> None:
 
 @pytest.fixture(scope="module")
 def fastapi_stages(artifacts, fastapi_onnx: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """fastapi-onnx is the session's (tests/e2e/conftest.py); the others are started here, side by side."""
+    """fastapi-onnx is the session's (tests/e2e/conftest.py); the others are started here, side by side, with
+    the production section's: fastapi-onnx with its queue bounded, and with a Redis cache in front (a
+    machine without redis-server skips outside CI, as tests/integration/test_response_cache.py does)."""
     logs = tmp_path_factory.mktemp("fastapi-logs")
-    # Each with its catalogue stage's settings, as the node's compose file starts it (fp16 needs a GPU).
-    stages = {name: _serve([STAGES[name].fastapi.service], "/ready", logs / f"{name}.log", dict(STAGES[name].fastapi.env))
-              for name in ("fastapi-pt", "fastapi-onnx-dyn", "fastapi-onnx-u8", "fastapi-onnx-int8")}
-    urls = {name: url for name, (_, url) in stages.items()} | {"fastapi-onnx": fastapi_onnx}
-    flask, flask_url = _serve(["flask", "--backend", "fastapi"], "/health", logs / "flask.log",
-                              {"FASTAPI_SERVER_URL": urls["fastapi-pt"]})
+    onnx = STAGES["fastapi-onnx"]
     with ExitStack() as stack:
+        redis = stack.enter_context(LocalRedis(located_or_skipped(locate, RedisNotFound, "redis-server"), logs / "redis"))
+        # Each with its catalogue stage's settings, as the node's compose file starts it (fp16 needs a GPU).
+        envs = {name: STAGES[name].fastapi.env for name in ("fastapi-pt", "fastapi-onnx-dyn", "fastapi-onnx-u8",
+                                                            "fastapi-onnx-int8")}
+        envs |= {bounded(onnx).name: bounded(onnx).fastapi.env, cached_name(onnx.name): with_cache(onnx, redis.url).fastapi.env}
+        stages = {name: _serve([STAGES.get(name, onnx).fastapi.service], "/ready", logs / f"{name}.log", dict(env))
+                  for name, env in envs.items()}
+        urls = {name: url for name, (_, url) in stages.items()} | {"fastapi-onnx": fastapi_onnx}
+        flask, flask_url = _serve(["flask", "--backend", "fastapi"], "/health", logs / "flask.log",
+                                  {"FASTAPI_SERVER_URL": urls["fastapi-pt"]})
         _start_all(stack, [server for server, _ in stages.values()] + [flask])
+        # The notebook rolls the session's fastapi-onnx to INT8 and back; back to fp32 whatever it got to.
+        stack.callback(lambda: asyncio.run(reload(fastapi_onnx, variant="fp32")))
         yield {**urls, "flask": flask_url}
 
 
@@ -210,6 +234,7 @@ from servelab.measure.records import read_records
 
 records = read_records(records_file)
 assert records == runs
+records, production = records[:7], records[7:]
 assert [(r.stage, r.config["service"], r.load.label()) for r in records] == [
     ("fastapi-pt", "fastapi_pt", "sequential"), ("fastapi-pt", "fastapi_pt", "concurrency 3"),
     ("fastapi-onnx", "fastapi_onnx", "sequential"), ("fastapi-onnx", "fastapi_onnx", "concurrency 3"),
@@ -224,6 +249,27 @@ for r in records:
 assert [r.config["batching"]["enabled"] for r in records] == [False] * 4 + [True] + [False] * 2
 assert [r.config["variant"] for r in records] == [None] * 2 + ["fp32"] * 3 + ["u8", "int8"]
 assert (report.parent / "report.md").exists() and (report.parent / "latency_throughput_vs_concurrency.png").exists()
+
+# Serving in production: overload without and with the bound, the photo mix without and with the cache, the rollout.
+assert [(r.stage, r.config["run"], r.config.get("bound")) for r in production] == [
+    ("fastapi-onnx", "overload", "none"), ("fastapi-onnx-shed", "overload", "8 requests"),
+    ("fastapi-onnx", "cache", None), ("fastapi-onnx-cache", "cache", None), ("fastapi-onnx", "rollout", None)]
+unbounded, shed, uncached, hits, rolled = production
+for r in (unbounded, shed):  # 1.5 x what 3 senders got from fp32, open loop, every request kept and accounted for
+    assert r.load.mode == "open" and r.config["capacity_rps"] == round(records[3].stats.throughput_rps, 3)
+    assert r.load.rate == 1.5 * records[3].stats.throughput_rps and r.load.duration_s == OVERLOAD_S
+    assert r.stats.successes + sum(r.stats.shed.values()) + r.stats.error_count == r.stats.requests
+    assert len(r.per_request.outcome) == r.stats.requests and r.timeline.p99_ms
+assert unbounded.stats.shed == {}  # nothing refuses without a bound
+for r in (uncached, hits):
+    assert r.target["mix"]["popularity"] == "zipf" and r.stats.successes == MIX_REQUESTS and r.stats.error_count == 0
+assert uncached.cache is None and hits.cache.errors == 0 and hits.cache.hits > 0
+assert hits.cache.hits + hits.cache.misses == MIX_REQUESTS
+o = rolled.rollout
+assert rolled.config["to_variant"] == "int8" and o.error is None and o.failed == 0 and rolled.stats.error_count == 0
+assert o.new_version and o.new_version not in o.old_versions
+assert set(rolled.per_request.version) == {*o.old_versions, o.new_version}
+assert back.status_code == 200 and requests.get(f"{onnx.url}/ready", timeout=5).json()["variant"]["name"] == "fp32"
 """
 
 
@@ -237,11 +283,13 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
         "4_fastapi", kernel_dir, tmp_path,
         parameters={
             "FASTAPI_URL": fastapi_stages["fastapi-pt"],
-            "STAGE_URLS": {name: fastapi_stages[name] for name in ("fastapi-onnx", "fastapi-onnx-dyn",
-                                                                    "fastapi-onnx-u8", "fastapi-onnx-int8")},
+            "STAGE_URLS": {name: fastapi_stages[name] for name in ("fastapi-onnx", "fastapi-onnx-dyn", "fastapi-onnx-u8",
+                                                                    "fastapi-onnx-int8", "fastapi-onnx-shed",
+                                                                    "fastapi-onnx-cache")},
             "VARIANTS": ["u8", "int8"],
             "FLASK_URL": fastapi_stages["flask"], "WAIT_S": 30,
             "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "RESULTS": str(results),
+            "OVERLOAD_S": 1.5, "MIX_REQUESTS": 30, "ROLLOUT_S": 2, "ROLLOUT_AT_S": 1,
         },
         prologue=PROLOGUE, epilogue=CHECK_FASTAPI, timeout=120,
     )
@@ -254,6 +302,8 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
     # The batching stage's sessions, read back after its run: on a CPU one session of any shape (policy off).
     assert "shape policy off:" in text and "session for batch any:" in text
     assert re.search(r"int8 +food11_u8_int8.onnx .* MB int8 .* x fp32; preprocess .* ms \+ infer", text), text
+    assert "X-Cache: hit" in text and "answered by " in text and "failed requests: 0 (the aim: none)" in text
+    assert {"overload_timelines.png", "rollout_timeline.png"} <= {p.name for p in (results / "fastapi").iterdir()}
 
 
 @pytest.fixture(scope="module")

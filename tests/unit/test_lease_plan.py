@@ -65,9 +65,37 @@ def test_an_open_loop_above_the_stages_rate_is_named_and_perf_analyzer_counted_a
     assert plan.optional.measure_s == pytest.approx(3000 / 192.8)  # the backlog is served after the last arrival
 
 
+def test_the_production_cases_are_timed_at_their_baselines_rates(tmp_path):
+    """4_fastapi's overload (above capacity on purpose: not named), photo mix and rollout, on the stages the
+    catalogue derives from fastapi-onnx (its rate), each switched to once."""
+    path = tmp_path / "4_fastapi.md"
+    path.write_text(textwrap.dedent('''\
+        ```python tags=["parameters"]
+        SECONDS = 10
+        ```
+
+        ## Serving in production (optional)
+
+        ```python
+        shed = lab.wait_for("fastapi-onnx-shed", "fastapi_onnx", batching=False, max_queue_requests=8)
+        over = await lab.overload(shed, busy, SECONDS)
+        cached = lab.wait_for("fastapi-onnx-cache", "fastapi_onnx", batching=False, cache=True)
+        hits = await lab.photo_mix(cached, Load.closed(16, 1000, warmup=0), mix)
+        rolled = await lab.rollout(cached, "int8", Load.closed(16, requests=None, duration_s=SECONDS, warmup=0), at_s=3)
+        ```
+        '''))
+    plan = lp.plan_notebook(path)
+    busy = lp.rate("fastapi-onnx").busy
+    assert lp.rate("fastapi-onnx-shed") == lp.rate("fastapi-onnx-cache") == lp.rate("fastapi-onnx")
+    overload = (1.5 * busy * 10 + 10) / busy  # 1.5x capacity for 10 s, its 10 warm-up requests; the backlog after
+    rollout = 10 + 3  # its seconds, then on 3 s after the swap (rollout_load's after_s)
+    assert plan.optional.measure_s == pytest.approx(overload + 1000 / busy + rollout)
+    assert plan.optional.switches == 3 and plan.optional.over_capacity == [] and plan.core.measure_s == 0
+
+
 def test_no_notebook_offers_a_stage_more_than_it_serves():
     """An open loop above a stage's rate only grows a backlog, and perf_analyzer then runs to its
-    hard limit: no notebook's load does that (a cell about overload would be named here)."""
+    hard limit: no notebook's load does that by accident (``lab.overload`` does on purpose, unnamed)."""
     plans = lp.lease_plan()
     assert [o for p in plans for o in p.core.over_capacity + p.optional.over_capacity] == []
     assert all(p.core.perf_analyzer_s < DEFAULT_TIMEOUT_S * 20 for p in plans)

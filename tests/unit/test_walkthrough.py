@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab.measure.records import Load, Record, read_records, GpuSeries
+from servelab.measure.records import CacheStats, GpuSeries, Load, PerRequest, Record, Rollout, Timeline, read_records
 from servelab.core.procs import free_port
 from servelab.servers.triton.configs import STAGES
 from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
+from servelab.run.walkthrough.production import by_version, caching, over_time, queue_words, shedding
 from servelab.run.walkthrough.walk_fastapi import Service, queueing, serving
 from servelab.run.walkthrough.stage_switch import COMPOSE_LOG, run_switch
 from servelab.run.walkthrough.walk_triton import batch_count_change, describe_config, open_loads, running_stage
@@ -222,3 +223,57 @@ def test_a_stage_switch_that_hangs_is_stopped_within_its_bound() -> None:
     with pytest.raises(TimeoutError, match="did not finish within 1 s"):
         run_switch(_python("import time; time.sleep(60)"), url, ("food_classifier",), wait_s=1, interval_s=0.1)
     assert time.monotonic() - started < 5
+
+
+# --- the production section: overload, cache, rollout ------------------------------------------
+
+
+def test_queue_words_name_the_bound_as_the_catalogue_does() -> None:
+    assert queue_words({"batching": {"max_queue_requests": 0, "max_queue_delay_ms": 0}}) == "none"
+    assert queue_words({"batching": {"max_queue_requests": 8}}) == "8 requests"
+    assert queue_words({"batching": {"max_queue_requests": 8, "max_queue_delay_ms": 20.0}}) == "8 requests, 20 ms"
+
+
+def _overloaded(r: Record, bound: str, shed: dict[str, int], p99: list[float | None]) -> Record:
+    timeline = Timeline(bin_s=1.0, t_s=[0.0, 1.0], throughput_rps=[50.0, 40.0], errors=[0, 1],
+                        shed=[0, sum(shed.values())], p50_ms=[10.0, 20.0], p99_ms=p99, offered_rps=[60.0, 60.0])
+    return r.model_copy(update={"stage": f"s-{bound}", "config": {"run": "overload", "bound": bound}, "timeline": timeline,
+                                "stats": r.stats.model_copy(update={"shed": shed, "errors": {"http_500": 1}})})
+
+
+def test_over_time_and_shedding_count_shed_apart_from_failed(records: list[Record]) -> None:
+    alone, base = _one(records, "tiny-20ms", "sequential"), _one(records, "tiny-20ms", "concurrency 8")
+    unbounded = _overloaded(base, "none", {}, [30.0, 90.0])
+    shed = _overloaded(base, "8 requests", {"queue_full": 7}, [None, 25.0])
+    lines = over_time(shed).splitlines()
+    assert lines[0].split() == ["t", "s", "offered/s", "ok/s", "shed", "failed", "p50", "ms", "p99", "ms"]
+    assert lines[-1].split() == ["1", "60", "40", "7", "1", "20", "25"] and lines[-2].split()[-1] == "-"
+    both = shedding(alone, unbounded, shed).splitlines()
+    assert "bound none" in both[0] and "shed 0, failed 1" in both[0] and "first second 30 ms -> last 90 ms" in both[0]
+    assert "bound 8 requests" in both[1] and "shed queue_full 7, failed 1" in both[1] and "first second 25 ms" in both[1]
+    service = alone.stats.latency.p50_ms
+    assert f"= {base.stats.latency.p99_ms / service:.1f} x the service time" in both[1]
+
+
+def test_caching_reads_the_hit_ratio_from_the_servers_counters(records: list[Record]) -> None:
+    base = _one(records, "tiny-20ms", "concurrency 8")
+    mix = {"target": {"mix": {"photos": 11, "s": 1.0, "distinct_photos": 11}}}
+    cached = base.model_copy(update={"cache": CacheStats(source="servelab_response_cache", hits=75, misses=25), **mix})
+    text = caching(base.model_copy(update=mix), cached)
+    assert "hits 75, misses 25, errors 0: hit ratio 75 %" in text and "= 1.00 x" in text
+    assert "11 photos, Zipf s=1.0" in text
+
+
+def test_by_version_counts_each_bins_answers_by_the_version_that_gave_them(records: list[Record]) -> None:
+    base = _one(records, "tiny-20ms", "concurrency 8")
+    # Completed at 0.1, 0.6, 0.7, 1.2 s (sent + latency): old, old, new, new; a failure at 0.65 s.
+    per = PerRequest(sent_s=[0.0, 0.5, 0.6, 0.55, 1.1], latency_ms=[100.0, 100.0, 100.0, 100.0, 100.0],
+                     outcome=["ok", "ok", "ok", "timeout", "ok"], version=["aaa", "aaa", "bbb", None, "bbb"])
+    rollout = Rollout(trigger_s=0.5, done_s=0.6, result={"model_version": "bbb"}, old_versions=["aaa"],
+                      new_version="bbb", first_new_s=0.2, failed=1, p99_before_ms=100.0, p99_during_ms=100.0,
+                      p99_after_ms=100.0)
+    r = base.model_copy(update={"per_request": per, "rollout": rollout, "timeline": Timeline(bin_s=0.5)})
+    lines = by_version(r).splitlines()
+    assert lines[0].split() == ["t", "s", "answered", "by", "aaa", "answered", "by", "bbb", "failed"]
+    assert [line.split() for line in lines[1:4]] == [["0", "1", "0", "0"], ["0.5", "1", "1", "1"], ["1", "0", "1", "0"]]
+    assert "aaa -> bbb" in lines[-2] and "failed requests: 1 (the aim: none)" in lines[-1]

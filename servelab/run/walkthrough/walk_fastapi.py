@@ -4,16 +4,20 @@
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
 
-from servelab.measure.targets import FastAPITarget
+from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
+from servelab.measure.targets import FastAPITarget, PhotoMix, response_cache_counts
 from servelab.measure.records import Load, Record
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
 from servelab.report.precision import cpu_ms_per_request
 from servelab.report.render import summary_table
+from servelab.report.timelines import plot_timelines
 from servelab.run.walkthrough.common import try_gourmetgram, utilization, wait_until
+from servelab.run.walkthrough.production import by_version, over_time, queue_words
+from servelab.servers.fastapi.admin import reload
 
 # The parts of /ready that say what a measurement measured; they go into its record's config.
 CONFIG_KEYS = ("service", "model", "runtime", "batching")
@@ -38,13 +42,26 @@ class Service:
         return stand_in_note(self.ready["description"] if self.ready.get("stand_in") else None)
 
 
-def serving(url: str) -> tuple[str | None, bool | None, str | None] | str:
-    """(service, batching enabled, model variant) as ``url``/ready says, or why it did not say."""
+class Serving(NamedTuple):
+    """What a FastAPI service runs, as far as a measurement's label depends on it."""
+
+    service: str | None
+    batching: bool | None
+    variant: str | None
+    max_queue_requests: int = 0  # its queue bound (0: none)
+    cache: bool = False  # a response cache in front of its model (CACHE_URL)
+
+
+def serving(url: str) -> Serving | str:
+    """What ``url``/ready says it serves (and /metrics, whether it has a response cache), or why it did not say."""
     try:
         ready = requests.get(f"{url}/ready", timeout=5).json()
+        metrics = requests.get(f"{url}/metrics", timeout=5).text
     except (requests.RequestException, ValueError) as exc:
         return f"no answer ({type(exc).__name__})"
-    return ready.get("service"), (ready.get("batching") or {}).get("enabled"), (ready.get("variant") or {}).get("name")
+    batching = ready.get("batching") or {}
+    return Serving(ready.get("service"), batching.get("enabled"), (ready.get("variant") or {}).get("name"),
+                   batching.get("max_queue_requests") or 0, response_cache_counts(metrics) is not None)
 
 
 def compare_variants(runs: dict[str, tuple[Service, Record]]) -> str:
@@ -104,15 +121,19 @@ class FastAPIWalkthrough:
     runs: list[Record] = field(default_factory=list)
     variant_runs: dict[str, tuple[Service, Record]] = field(default_factory=dict)
 
-    def wait_for(self, stage: str, service: str, batching: bool, variant: str | None = None) -> Service:
+    def wait_for(self, stage: str, service: str, batching: bool, variant: str | None = None,
+                 max_queue_requests: int = 0, cache: bool = False) -> Service:
         """Wait until the stage's URL runs ``service`` with batching on or off (and the ONNX service,
-        ``variant``: fp32 unless said), and show what it runs on, so that a measurement is never
-        labelled with the wrong stage."""
+        ``variant``: fp32 unless said), its queue bounded at ``max_queue_requests`` (0: not bounded) and a
+        response cache or none, and show what it runs on, so that a measurement is never labelled with
+        the wrong stage."""
         url = self.stage_urls.get(stage, self.url)
         on_off = "on" if batching else "off"
         variant = variant or ("fp32" if service == "fastapi_onnx" else None)
-        wait_until(f"{service} (batching {on_off}{f', {variant}' if variant else ''}) at {url}", lambda: serving(url),
-                   (service, batching, variant), wait_s=self.wait_s)
+        want = Serving(service, batching, variant, max_queue_requests, cache)
+        extra = (f", {variant}" if variant else "") + (f", queue bound {max_queue_requests}" if max_queue_requests
+                                                       else "") + (", cache on" if cache else "")
+        wait_until(f"{service} (batching {on_off}{extra}) at {url}", lambda: serving(url), want, wait_s=self.wait_s)
         ready = requests.get(f"{url}/ready", timeout=5).json()
         print(f"{stage}: {url} is {service}, batching {on_off}, model {ready['model']}")
         print("runtime:", json.dumps(ready["runtime"]))
@@ -120,13 +141,53 @@ class FastAPIWalkthrough:
 
     async def measure(self, service: Service, load: Load) -> Record:
         """Measure ``service`` under ``load``, record it, and print its table row and utilization."""
-        target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name)
-        [record] = await measure_stage_async(target, [load], Labels(service.stage, service.config, service.stand_in),
-                                             [servelab_client(out=self.records_file)])
+        return await self._measure(service, load)
+
+    async def _measure(self, service: Service, load: Load, config: dict[str, Any] | None = None,
+                       mix: PhotoMix | None = None, **options: Any) -> Record:
+        """``measure``, the record's config with ``config`` too (which case it is), each request's photo from
+        ``mix`` where given; ``options``: the load generator's (``run_bench``)."""
+        target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name, mix=mix)
+        labels = Labels(service.stage, {**service.config, **(config or {})}, service.stand_in)
+        [record] = await measure_stage_async(target, [load], labels, [servelab_client(out=self.records_file, **options)])
         self.runs.append(record)
         print(summary_table([record]))
         print(utilization(record))
         return record
+
+    async def overload(self, service: Service, capacity: Record, seconds: float) -> Record:
+        """An open loop (Poisson arrivals) at 1.5 x what ``capacity`` served (a closed-loop run: the model
+        busy all the time) for ``seconds``, as ``servelab lab`` offers it (``overload_load``), every request
+        kept; prints the run second by second."""
+        load, config = overload_load(capacity.stats.throughput_rps, seconds)
+        record = await self._measure(service, load, {**config, "bound": queue_words(service.ready)},
+                                     timeline_bin_s=1.0, keep_requests=True)
+        print(over_time(record))
+        return record
+
+    async def photo_mix(self, service: Service, load: Load, mix: PhotoMix) -> Record:
+        """``load`` with each request's photo drawn from ``mix`` (recorded as the cache case); the record's
+        ``cache`` holds the hits and misses of the service's response cache, where it has one."""
+        return await self._measure(service, load, {"run": CACHE_RUN}, mix=mix)
+
+    async def rollout(self, service: Service, variant: str, load: Load, at_s: float) -> Record:
+        """``load`` (a closed loop for ``duration_s``, and on for a few seconds after the swap) during which,
+        ``at_s`` seconds in, the service is asked to serve model ``variant`` (``POST /admin/reload``); every
+        request kept with the model version that answered it, printed per half second."""
+        load, config, trigger = rollout_load(lambda: reload(service.url, variant=variant), at_s, load.duration_s,
+                                             concurrency=load.concurrency, warmup=load.warmup)
+        record = await self._measure(service, load, {**config, "to_variant": variant}, timeline_bin_s=0.5,
+                                     keep_requests=True, trigger=trigger)
+        print(by_version(record))
+        return record
+
+    def plot_over_time(self, name: str, *runs: Record) -> Path:
+        """The report's plot of runs over time (throughput, shed and failed requests, p50 and p99 per bin, a
+        rollout's start and return as lines), drawn into ``name``.png beside the FastAPI report."""
+        out = self.records_file.parent / "fastapi" / f"{name}.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plot_timelines(list(runs), out)
+        return out
 
     def sessions(self, service: Service) -> list[dict[str, Any]]:
         """The service's ONNX Runtime sessions now, as its /ready says: the batch size each takes, its runs

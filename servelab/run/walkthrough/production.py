@@ -1,0 +1,84 @@
+"""``4_fastapi``'s "Serving in production" section, in words: an overload run second by second, overload runs
+with and without a queue bound side by side, a photo mix with and without a cache, and a rollout's answers
+by the model version that gave them."""
+
+from collections import Counter
+from typing import Any
+
+from servelab.core.tables import num, text
+from servelab.measure.loadgen import OK, SHED
+from servelab.measure.records import Record
+
+
+def queue_words(ready: dict[str, Any]) -> str:
+    """The service's queue bound as its /ready says, in the words of ``catalogue.queue_bound``."""
+    b = ready["batching"]
+    limits = [f"{b['max_queue_requests']} requests" if b.get("max_queue_requests") else "",
+              f"{b['max_queue_delay_ms']:g} ms" if b.get("max_queue_delay_ms") else ""]
+    return ", ".join(filter(None, limits)) or "none"
+
+
+def over_time(record: Record) -> str:
+    """The run second by second (its timeline's bins): offered and completed requests per second, the
+    requests shed (503) and failed, counted apart, and the p50 and p99 of the bin's successes."""
+    t = record.timeline
+    rows = [[f"{start:g}", num(offered, 0) if t.offered_rps else "-", num(done, 0), str(shed), str(failed),
+             num(p50, 0), num(p99, 0)]
+            for start, offered, done, shed, failed, p50, p99 in zip(
+                t.t_s, t.offered_rps or [None] * len(t.t_s), t.throughput_rps, t.shed or [0] * len(t.t_s), t.errors,
+                t.p50_ms, t.p99_ms)]
+    return text(["t s", "offered/s", "ok/s", "shed", "failed", "p50 ms", "p99 ms"], rows)
+
+
+def shedding(alone: Record, *runs: Record) -> str:
+    """Overload runs side by side: what each shed and what failed, counted apart, and its accepted
+    requests' p99 against the service time (``alone``'s median, one request at a time)."""
+    service = alone.stats.latency.p50_ms
+    lines = []
+    for r in runs:
+        s, p99s = r.stats, [p for p in r.timeline.p99_ms if p is not None]
+        shed = ", ".join(f"{why} {n}" for why, n in s.shed.items()) or "0"
+        p99 = s.latency.p99_ms
+        lines.append(f"{r.stage:<20} bound {r.config.get('bound', 'none')}: {s.successes} ok, shed {shed}, "
+                     f"failed {s.error_count}; p99 first second {num(p99s[0] if p99s else None, 0)} ms -> last "
+                     f"{num(p99s[-1] if p99s else None, 0)} ms; accepted p99 {num(p99, 0)} ms = "
+                     f"{'-' if not (p99 and service) else f'{p99 / service:.1f}'} x the service time")
+    return "\n".join(lines)
+
+
+def caching(uncached: Record, cached: Record) -> str:
+    """The same photo mix without a cache and with one: the cache's hits and misses by the server's own
+    counters, throughput and median against the run without it."""
+    c, a, b = cached.cache, cached.stats, uncached.stats
+    hits = "no cache counters" if c is None else (
+        f"hits {c.hits}, misses {c.misses}, errors {c.errors}: hit ratio {num(c.hit_ratio and 100 * c.hit_ratio, 0)} %")
+    mix = cached.target.get("mix", {})
+    return "\n".join([
+        f"photo mix: {mix.get('photos', '?')} photos, Zipf s={mix.get('s', '?')}, {mix.get('distinct_photos', '?')} "
+        "of them in its order",
+        f"without a cache: {num(b.throughput_rps)} req/s, p50 {num(b.latency.p50_ms)} ms",
+        f"with the cache:  {num(a.throughput_rps)} req/s = {a.throughput_rps / b.throughput_rps:.2f} x, "
+        f"p50 {num(a.latency.p50_ms)} ms; {hits}"])
+
+
+def by_version(record: Record) -> str:
+    """A rollout run's answers per timeline bin (by when they completed), counted by the model version
+    that gave them, with the failed ones; then what the record's ``rollout`` says of the swap."""
+    per, bin_s = record.per_request, record.timeline.bin_s
+    versions = list(dict.fromkeys(v for v in per.version if v))
+    counts: Counter[tuple[int, str]] = Counter()
+    for sent, latency, outcome, version in zip(per.sent_s, per.latency_ms, per.outcome, per.version):
+        kind = version if outcome == OK else "shed" if outcome.startswith(SHED) else "failed"
+        counts[int((sent + latency / 1000) // bin_s), kind or "?"] += 1
+    last = max((i for i, _ in counts), default=-1)
+    rows = [[f"{i * bin_s:g}", *(str(counts[i, k]) for k in [*versions, "failed"])] for i in range(last + 1)]
+    o = record.rollout
+    lines = [text(["t s", *(f"answered by {v}" for v in versions), "failed"], rows), "",
+             f"reload asked at {o.trigger_s:g} s, returned at {num(o.done_s)} s"
+             + (f"; it failed: {o.error}" if o.error else f": {o.result}"),
+             f"{', '.join(o.old_versions) or '?'} -> {o.new_version or '?'}, first answer of the new version "
+             f"{num(o.first_new_s)} s after the reload was asked",
+             f"failed requests: {o.failed} (the aim: none); p99 before {num(o.p99_before_ms)} ms, during the swap "
+             f"{num(o.p99_during_ms)} ms, after {num(o.p99_after_ms)} ms"]
+    return "\n".join(lines)
+
