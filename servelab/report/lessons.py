@@ -89,14 +89,13 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
                        f"{QUEUE_BOUND} requests refuses the excess at once (503 + Retry-After) and the accepted "
                        f"requests' p99 falls far below the unbounded queue's (behind FastAPI, where at most "
                        f"{QUEUE_BOUND} requests are inside, within {QUEUE_BOUND} service times; behind Triton's "
-                       "batcher, a few batches' time)", at_most=1.0, notebook="the lab"),
+                       "batcher, a few batches' time)", at_most=1.0, notebook="4_fastapi"),
     "cache": Expect("an answer kept for a photo asked for before costs a lookup instead of an inference: the more "
                     "often photos repeat, the higher the throughput and the lower the median", at_least=1.0,
-                    notebook="the lab"),
+                    notebook="4_fastapi"),
     "rollout": Expect("a new version loads and warms up beside the old one, then takes the new requests: none "
-                      "fails, p99 during the swap stays within 3× the steady p99, and the answers show the new version within "
-                      "a second of its being ready", at_most=ROLLOUT_P99_AIM,
-                      notebook="the lab"),
+                      "fails, p99 during the swap stays within 3× the steady p99, and the answers show the new "
+                      "version within a second of its being ready", at_most=ROLLOUT_P99_AIM, notebook="4_fastapi"),
     "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
                        "flatter", at_least=1.0, notebook="7_triton_onnx"),
 }

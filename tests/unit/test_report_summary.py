@@ -190,7 +190,7 @@ def test_a_rollout_is_flagged_when_a_request_failed_or_the_new_version_showed_la
     assert f"= **{o['p99_during_ms'] / o['p99_before_ms']:.2f}×**" in line and "⚠" not in line
     assert f"{o['switch_after_ready_s']:.2f} s after it was ready" in line
     late = _rollout_line(switch_after_ready_s=lessons.ROLLOUT_SWITCH_AIM_S + 0.5)
-    assert "⚠ **contradicts the lab, which expects the new version in the answers within 1 s of being ready" in late
-    assert "⚠ **contradicts the lab, which expects no failed request" in _rollout_line(failed=2)
+    assert "⚠ **contradicts 4_fastapi, which expects the new version in the answers within 1 s of being ready" in late
+    assert "⚠ **contradicts 4_fastapi, which expects no failed request" in _rollout_line(failed=2)
     slow = _rollout_line(p99_during_ms=o["p99_before_ms"] * (lessons.ROLLOUT_P99_AIM + 1))
     assert "⚠" in slow and "expects ≤ 3×" in slow
