@@ -11,6 +11,7 @@ from servelab.servers.rayserve.control import (STATE_FILE, deploy_stage, load_st
 from servelab.servers.rayserve.options import STAGES
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import default_stage
+from servelab.core.variants.build import VARIANTS
 
 
 def _address(args) -> str:
@@ -64,14 +65,17 @@ def _deploy(args) -> int:
 
 
 def _rollout(args) -> int:
-    info = roll_out(args.stage, _address(args), args.model_dir, args.variant)
+    try:
+        info = roll_out(args.stage, _address(args), args.model_dir, args.variant)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"servelab ray rollout: {exc}") from None
     if args.json:
         print(json.dumps(info))
         return 0
     restarted = set(info["replicas_before"]) - set(info["replicas_after"])
-    print(f"{args.stage} rolled out to {info['model_dir'] or 'the same folder'} ({info['variant'] or 'the same variant'}) "
-          f"in {info['rollout_s']} s: " + (f"{len(restarted)} replica(s) restarted (another stage or settings than "
-                                      "deployed?)" if restarted else f"{len(info['replicas_after'])} replica(s), in place"))
+    how = (f"{len(restarted)} replica(s) restarted (not the stage or settings deployed?)" if restarted
+           else f"{len(info['replicas_after'])} replica(s), in place")
+    print(f"{args.stage} rolled out to {info['variant']} from {info['model_dir']} in {info['rollout_s']} s: {how}")
     return 0
 
 
@@ -109,8 +113,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=_deploy)
     p = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
     p.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
-    p.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: the one serving now)")
-    p.add_argument("--variant", help="its ONNX variant, e.g. int8 (default: the one serving now)")
+    p.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
+    p.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
     p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_rollout)

@@ -7,6 +7,7 @@ with the real `servelab ray rollout`). The node-failure test kills the worker no
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -135,7 +136,8 @@ def test_autoscaling_goes_up_under_load_and_back_down(ray_cluster):
     assert len(ray_cluster.replicas()) == 1
 
 
-def test_a_rollout_in_place_under_16_senders_fails_nothing_and_switches_version_once(ray_cluster, artifacts, client):
+def test_a_rollout_in_place_under_16_senders_fails_nothing_and_switches_version_once(ray_cluster, artifacts, client,
+                                                                                     tmp_path):
     # One replica: Ray reconfigures replicas a few at a time, so with several both versions answer a while.
     ray_cluster("ray-1")
     v1 = client.get(f"{ray_cluster.url}/ready").json()["model_version"]
@@ -150,6 +152,12 @@ def test_a_rollout_in_place_under_16_senders_fails_nothing_and_switches_version_
     assert r.result["replicas_before"] == r.result["replicas_after"] == replicas, r.result  # in place: no restart
     assert 0 < r.first_new_s and r.switch_after_ready_s is not None and all(n > 0 for n in r.requests), r
     assert client.get(f"{ray_cluster.url}/ready").json()["model_version"] == v2
+    # A model folder without the variant asked for is refused before Ray changes anything.
+    shutil.copy(artifacts.manifest, tmp_path)
+    with pytest.raises(RuntimeError, match="no food11_u8_int8.onnx there"):
+        asyncio.run(roll_out_in_child("ray-1", ray_cluster.cluster, tmp_path, variant="int8"))
+    assert client.get(f"{ray_cluster.url}/ready").json()["model_version"] == v2
+    assert sorted(r["replica"] for r in ray_cluster.replicas()) == replicas
 
 
 def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray_cluster, client):

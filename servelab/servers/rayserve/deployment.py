@@ -113,8 +113,9 @@ def application(stage: Stage, settings: RaySettings, model: dict[str, str | None
         async def reconfigure(self, model: dict[str, str | None]) -> None:
             """Ray calls it with the ``user_config`` after startup and on every change of it. The service's
             reload loads and warms up the new model beside the one serving, then swaps it in in one step
-            (``Service.reload``): a request sees either model whole. A model that cannot load raises, and
-            Ray reports the rollout failed."""
+            (``Service.reload``): a request sees either model whole. A model that is there but cannot load
+            or warm up raises: Ray then replaces the replica, whose replacement fails the same way, so the
+            driver refuses a missing one first (``control.roll_out``)."""
             model_dir = model.get("model_dir")
             reloaded = await self.fastapi.state.service.reload(Path(model_dir) if model_dir else None,
                                                                model.get("variant"))
