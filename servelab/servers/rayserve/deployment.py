@@ -98,7 +98,7 @@ def build_app(stage: str, overrides: dict[str, str]):
     return build_app(settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
 
 
-def application(stage: Stage, settings: RaySettings, model: dict[str, str | None] | None = None):
+def application(stage: Stage, settings: RaySettings, model: dict[str, str] | None = None):
     """The bound Serve application for ``stage`` (``serve.run`` it); ``model``: its ``user_config``, the
     model to serve instead of the replica's MODEL_DIR (``{"model_dir": ..., "variant": ...}``, ``roll_out``)."""
     overrides = serve_env(stage, settings)
@@ -110,21 +110,20 @@ def application(stage: Stage, settings: RaySettings, model: dict[str, str | None
             self.fastapi = build_app(stage.name, overrides)
             return self.fastapi
 
-        async def reconfigure(self, model: dict[str, str | None]) -> None:
+        async def reconfigure(self, model: dict[str, str]) -> None:
             """Ray calls it with the ``user_config`` after startup and on every change of it. The service's
             reload loads and warms up the new model beside the one serving, then swaps it in in one step
             (``Service.reload``): a request sees either model whole. A model that is there but cannot load
             or warm up raises: Ray then replaces the replica, whose replacement fails the same way, so the
             driver refuses a missing one first (``control.roll_out``)."""
-            model_dir = model.get("model_dir")
-            reloaded = await self.fastapi.state.service.reload(Path(model_dir) if model_dir else None,
-                                                               model.get("variant"))
+            reloaded = await self.fastapi.state.service.reload(Path(model["model_dir"]), model["variant"])
             log.info("reconfigured: version %s (was %s)", reloaded.model_version, reloaded.previous_version)
 
     # Serve's imperative API gives every serve.run a random code version, and a new code version restarts
     # every replica; only a change confined to lightweight options (user_config) is applied in place, by
     # reconfigure. So the code version is what the replicas are built from besides Serve's own options:
     # the stage and its serving settings. The same stage and settings again -> in place; else restarted.
+    # (Serve took `version` out of its public options; `_internal=True` is how its own code still sets it.)
     code_version = hashlib.sha256(json.dumps([stage.name, overrides], sort_keys=True).encode()).hexdigest()[:16]
     options = deployment_options(stage, settings) | ({"user_config": model} if model else {})
     return Food11.options(**options).options(version=code_version, _internal=True).bind()
@@ -145,7 +144,7 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
     wait_running(timeout_s)
 
 
-def roll_out(stage: Stage, settings: RaySettings, model: dict[str, str | None], timeout_s: float = 300.0) -> None:
+def roll_out(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
     """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place: the same
     application again with ``model`` as its ``user_config``, so Ray calls each replica's ``reconfigure``,
     a few at a time (``rolling_update_percentage``), while every replica keeps serving. Returns once every
