@@ -81,6 +81,7 @@ def build_app(settings: ServeSettings | None = None, *, batcher: type[MicroBatch
         return answer
 
     add_service_routes(app, service)  # /predict/batch, /health, /ready, /metrics, errors, metrics
+    app.state.service = service  # Ray Serve's replicas reload through it (their `reconfigure`)
     return app
 
 

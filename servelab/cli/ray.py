@@ -1,4 +1,4 @@
-"""``servelab ray up | deploy | status | down``: the front of ``servelab.servers.rayserve.control``."""
+"""``servelab ray up | deploy | rollout | status | down``: the front of ``servelab.servers.rayserve.control``."""
 
 import json
 import os
@@ -6,10 +6,12 @@ from typing import Any
 
 from servelab.core.paths import REPO_ROOT
 from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import STATE_FILE, deploy_stage, load_state, save_state, status, stop_saved
+from servelab.servers.rayserve.control import (STATE_FILE, deploy_stage, load_state, roll_out, save_state, status,
+                                               stop_saved)
 from servelab.servers.rayserve.options import STAGES
 from servelab.core.settings import get_settings
 from servelab.core.catalogue import default_stage
+from servelab.core.variants.build import VARIANTS
 
 
 def _address(args) -> str:
@@ -62,6 +64,21 @@ def _deploy(args) -> int:
     return 0
 
 
+def _rollout(args) -> int:
+    try:
+        info = roll_out(args.stage, _address(args), args.model_dir, args.variant)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"servelab ray rollout: {exc}") from None
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    restarted = set(info["replicas_before"]) - set(info["replicas_after"])
+    how = (f"{len(restarted)} replica(s) restarted (not the stage or settings deployed?)" if restarted
+           else f"{len(info['replicas_after'])} replica(s), in place")
+    print(f"{args.stage} rolled out to {info['variant']} from {info['model_dir']} in {info['rollout_s']} s: {how}")
+    return 0
+
+
 def _status(args) -> int:
     info = status(_address(args))
     if args.json:
@@ -94,6 +111,13 @@ def register(subparsers) -> None:
     p.add_argument("--stage", choices=list(STAGES), required=True)
     p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
     p.set_defaults(func=_deploy)
+    p = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
+    p.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
+    p.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
+    p.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
+    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_rollout)
     p = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
     p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
     p.add_argument("--json", action="store_true")

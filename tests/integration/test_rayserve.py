@@ -1,12 +1,13 @@
 """Ray Serve stages on a real two-node Ray cluster on 127.0.0.1 (head + worker, `ray start` processes).
 
-One cluster for the module; each test deploys its stage with the real `servelab ray deploy`. The
-node-failure test kills the worker node, so it runs last.
+One cluster for the module; each test deploys its stage with the real `servelab ray deploy` (a rollout
+with the real `servelab ray rollout`). The node-failure test kills the worker node, so it runs last.
 """
 
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,13 +21,16 @@ from fastapi_service import b64, predict_concurrently
 from photos import variants
 from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import rollout, run_bench
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import free_port, session_members
+from servelab.core.variants.build import VARIANTS
+from servelab.servers.fastapi.runtimes import model_version
 from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import deploy_in_child
+from servelab.servers.rayserve.control import deploy_in_child, roll_out_in_child
 from servelab.servers.rayserve.serve_state import ReplicaSampler, replica_rows, serve_details
 from test_fastapi_services import CASES
+from test_rollout import assert_switched_once
 
 pytestmark = pytest.mark.slow  # a two-node Ray cluster started for the module, a stage deployed per test
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -130,6 +134,30 @@ def test_autoscaling_goes_up_under_load_and_back_down(ray_cluster):
     while len(ray_cluster.replicas()) > 1 and time.monotonic() < deadline:
         time.sleep(1)
     assert len(ray_cluster.replicas()) == 1
+
+
+def test_a_rollout_in_place_under_16_senders_fails_nothing_and_switches_version_once(ray_cluster, artifacts, client,
+                                                                                     tmp_path):
+    # One replica: Ray reconfigures replicas a few at a time, so with several both versions answer a while.
+    ray_cluster("ray-1")
+    v1 = client.get(f"{ray_cluster.url}/ready").json()["model_version"]
+    v2 = model_version(artifacts.manifest.parent / VARIANTS["u8"])  # fp32 with its preprocessing in the graph
+    assert v1 == model_version(artifacts.manifest.parent / VARIANTS["fp32"]) != v2
+    replicas = sorted(r["replica"] for r in ray_cluster.replicas())
+    record = rollout(FastAPITarget(ray_cluster.url, PHOTO),
+                     lambda: roll_out_in_child("ray-1", ray_cluster.cluster, variant="u8"),
+                     stage="ray-1", at_s=1.5, seconds=3.0, after_s=1.5)
+    assert_switched_once(record, v1, v2)  # no failure, every answer versioned, v1 then v2 and never back
+    r = record.rollout
+    assert r.result["replicas_before"] == r.result["replicas_after"] == replicas, r.result  # in place: no restart
+    assert 0 < r.first_new_s and r.switch_after_ready_s is not None and all(n > 0 for n in r.requests), r
+    assert client.get(f"{ray_cluster.url}/ready").json()["model_version"] == v2
+    # A model folder without the variant asked for is refused before Ray changes anything.
+    shutil.copy(artifacts.manifest, tmp_path)
+    with pytest.raises(RuntimeError, match="no food11_u8_int8.onnx there"):
+        asyncio.run(roll_out_in_child("ray-1", ray_cluster.cluster, tmp_path, variant="int8"))
+    assert client.get(f"{ray_cluster.url}/ready").json()["model_version"] == v2
+    assert sorted(r["replica"] for r in ray_cluster.replicas()) == replicas
 
 
 def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray_cluster, client):

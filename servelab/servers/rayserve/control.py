@@ -3,6 +3,7 @@ is ``servelab.cli.ray``).
 
     servelab ray up --stage ray-2 [--workers 1]     # a head + workers on 127.0.0.1 (by PID), then deploy
     servelab ray deploy --stage ray-dyn [--address HOST:PORT]   # (re)deploy onto a running cluster
+    servelab ray rollout --stage ray-2 --model-dir DIR [--variant V]   # a new model, in place, while it serves
     servelab ray status [--address HOST:PORT]       # nodes, replicas per node (Ray node ids)
     servelab ray down                               # stop what `up` started
 
@@ -18,12 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import session_members
 from servelab.servers.rayserve.cluster import alive_nodes, connect, disconnect
 from servelab.servers.rayserve.serve_state import placement, replica_rows, serve_details
 from servelab.servers.rayserve.options import STAGES
 from servelab.core.settings import get_settings
+from servelab.core.variants.build import variant_path
 
 STATE_FILE = REPO_ROOT / ".servelab" / "ray-up.json"
 
@@ -66,6 +69,60 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
             tail = written.read().decode(errors="replace").strip().splitlines()[-25:]
         raise RuntimeError(f"servelab ray deploy --stage {name} exited {done.returncode} ({log}):\n"
                            + "\n".join(f"    {line}" for line in tail))
+
+
+def roll_out(name: str, address: str, model_dir: Path | str | None = None, variant: str | None = None) -> dict[str, Any]:
+    """Connect as a driver and roll the running stage ``name`` over to the model in ``model_dir`` (default
+    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.roll_out``). Returns once every
+    replica serves it, with the seconds that took from the connection (``rollout_s``; not a ``ready_s``, which
+    counts from the caller's trigger) and the replicas before and after: the same ones, unless ``name`` or the
+    serving settings differ from what runs, when Ray restarts the replicas instead. A missing model raises
+    ``FileNotFoundError`` before Ray changes anything."""
+    from servelab.servers.rayserve.deployment import roll_out as serve_roll_out
+
+    settings = get_settings()
+    model_dir, variant = Path(model_dir or settings.model_dir).resolve(), variant or settings.onnx_variant
+    # Refused here: a replica whose reconfigure fails is replaced, and its replacements fail the same way,
+    # until none serves. The lab's nodes share this machine's disk: the replicas see what the driver sees.
+    for path in (ArtifactPaths.in_dir(model_dir).manifest, variant_path(model_dir, variant)):
+        if not path.is_file():
+            raise FileNotFoundError(f"cannot roll out {variant} from {model_dir}: no {path.name} there")
+    dashboard = connect(address)
+    try:
+        before = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
+        started = time.monotonic()
+        serve_roll_out(STAGES[name], settings, {"model_dir": str(model_dir), "variant": variant})
+        rollout_s = time.monotonic() - started
+        after = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
+        return {"stage": name, "model_dir": str(model_dir), "variant": variant, "rollout_s": round(rollout_s, 3),
+                "replicas_before": before, "replicas_after": after}
+    finally:
+        disconnect()
+
+
+async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = None, variant: str | None = None,
+                            timeout_s: float = 300.0) -> dict[str, Any]:
+    """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (a rollout under
+    load: ``servelab.measure.loadgen.rollout``'s action); its answer, or ``RuntimeError`` with its output."""
+    import asyncio
+    import sys
+
+    args = ["--model-dir", str(model_dir)] if model_dir else []
+    args += ["--variant", variant] if variant else []
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "servelab", "ray", "rollout", "--stage", name, "--address", cluster.address, "--json",
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **cluster.client_env()})
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        child.kill()
+        await child.wait()
+        raise
+    if child.returncode:
+        raise RuntimeError(f"servelab ray rollout --stage {name} exited {child.returncode}:\n"
+                           f"{(out + err).decode(errors='replace')[-3000:]}")
+    return json.loads(out.splitlines()[-1])  # its one line of JSON, after whatever Ray printed
 
 
 def status(address: str) -> dict[str, Any]:

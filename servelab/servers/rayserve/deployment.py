@@ -7,17 +7,22 @@ runs its lifespan, so the model loads and warms up in the replica. Two things di
 * ``ServeBatcher`` replaces the service's micro-batcher by Ray Serve's own ``@serve.batch`` (the
   ``ray-dyn`` stage); with batching off it forwards each request alone, like the service does;
 * ``/ready`` names the stage (``stage``) and the replica's Ray node id and replica id
-  (``placement``), so placement shows through the HTTP API.
+  (``placement``), so placement shows through the HTTP API;
+* a new model is rolled out through Ray: ``roll_out`` changes the deployment's ``user_config`` and each
+  replica's ``reconfigure`` reloads (the service's ``POST /admin/reload`` would reach one replica only).
 
 The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally every node shares
 127.0.0.1, and two proxies would want the same port.
 """
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,16 +98,35 @@ def build_app(stage: str, overrides: dict[str, str]):
     return build_app(settings, batcher=ServeBatcher, placement=partial(_placement, stage), warm_up_first=True)
 
 
-def application(stage: Stage, settings: RaySettings):
-    """The bound Serve application for ``stage`` (``serve.run`` it)."""
+def application(stage: Stage, settings: RaySettings, model: dict[str, str] | None = None):
+    """The bound Serve application for ``stage`` (``serve.run`` it); ``model``: its ``user_config``, the
+    model to serve instead of the replica's MODEL_DIR (``{"model_dir": ..., "variant": ...}``, ``roll_out``)."""
     overrides = serve_env(stage, settings)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
-    @serve.ingress(lambda: build_app(stage.name, overrides))
+    @serve.ingress()  # the app comes from __serve_build_asgi_app__, which keeps it for reconfigure
     class Food11:
-        pass
+        def __serve_build_asgi_app__(self):
+            self.fastapi = build_app(stage.name, overrides)
+            return self.fastapi
 
-    return Food11.options(**deployment_options(stage, settings)).bind()
+        async def reconfigure(self, model: dict[str, str]) -> None:
+            """Ray calls it with the ``user_config`` after startup and on every change of it. The service's
+            reload loads and warms up the new model beside the one serving, then swaps it in in one step
+            (``Service.reload``): a request sees either model whole. A model that is there but cannot load
+            or warm up raises: Ray then replaces the replica, whose replacement fails the same way, so the
+            driver refuses a missing one first (``control.roll_out``)."""
+            reloaded = await self.fastapi.state.service.reload(Path(model["model_dir"]), model["variant"])
+            log.info("reconfigured: version %s (was %s)", reloaded.model_version, reloaded.previous_version)
+
+    # Serve's imperative API gives every serve.run a random code version, and a new code version restarts
+    # every replica; only a change confined to lightweight options (user_config) is applied in place, by
+    # reconfigure. So the code version is what the replicas are built from besides Serve's own options:
+    # the stage and its serving settings. The same stage and settings again -> in place; else restarted.
+    # (Serve took `version` out of its public options; `_internal=True` is how its own code still sets it.)
+    code_version = hashlib.sha256(json.dumps([stage.name, overrides], sort_keys=True).encode()).hexdigest()[:16]
+    options = deployment_options(stage, settings) | ({"user_config": model} if model else {})
+    return Food11.options(**options).options(version=code_version, _internal=True).bind()
 
 
 def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> None:
@@ -117,6 +141,21 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
     if APP_NAME in serve.status().applications:
         serve.delete(APP_NAME)
     serve.run(application(stage, settings), name=APP_NAME, route_prefix="/", blocking=False)
+    wait_running(timeout_s)
+
+
+def roll_out(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
+    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place: the same
+    application again with ``model`` as its ``user_config``, so Ray calls each replica's ``reconfigure``,
+    a few at a time (``rolling_update_percentage``), while every replica keeps serving. Returns once every
+    replica serves it.
+
+    In place rather than Ray's rolling replacement of replicas: a reload needs no spare CPUs for new
+    replicas beside the old ones (a small cluster has none, see ``deploy``), no cold start of a process,
+    and requests keep reaching a replica while it loads, so none waits for one or fails."""
+    if APP_NAME not in serve.status().applications:
+        raise RuntimeError(f"no Serve application {APP_NAME} to roll out: deploy a stage first")
+    serve.run(application(stage, settings, model), name=APP_NAME, route_prefix="/", blocking=False)
     wait_running(timeout_s)
 
 
