@@ -51,8 +51,9 @@ QUEUE_BOUND = 8
 CACHED = ("fastapi-onnx", "onnx-1")
 # The rollout case: under 16 senders the lab has these stages serve a new version of their model, serving this
 # ONNX variant. FastAPI swaps in another variant (`POST /admin/reload`); Triton loads the same file staged as the
-# next version (its clients' inputs stay those of version 1), and the lab removes that folder after the case.
-ROLLED = {"fastapi-onnx": "int8", "onnx-1": "fp32"}
+# next version (its clients' inputs stay those of version 1), and the lab removes that folder after the case;
+# Ray Serve reloads each replica in place (``reconfigure``; one replica, so the version switches once).
+ROLLED = {"fastapi-onnx": "int8", "onnx-1": "fp32", "ray-1": "u8"}
 
 
 def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:

@@ -10,7 +10,7 @@ Every adapter has the same four parts:
 * ``target(stage, image)``: where the load generator and perf_analyzer send that stage's requests;
 * ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really
   holds (ONNX Runtime's provider options, Ray's placement), for its records;
-* ``roll_out(stage, variant)`` (FastAPI, Triton): a new version of the stage's model, serving ``variant``,
+* ``roll_out(stage, variant)``: a new version of the stage's model, serving ``variant``,
   takes over while requests keep coming; what the server said of the swap.
 
 ``pid`` is the server measured (its CPU time goes into the records) and ``scraped`` its series in
@@ -37,7 +37,7 @@ from servelab.measure.targets import FastAPITarget, Target, TritonTarget
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import deploy_in_child
+from servelab.servers.rayserve.control import deploy_in_child, roll_out_in_child
 from servelab.servers.rayserve.serve_state import placement
 from servelab.servers.triton.python_backend import instance_count
 
@@ -53,6 +53,8 @@ class Adapter(Protocol):
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> Target: ...
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]: ...
+
+    async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]: ...
 
 
 def _scrape(prometheus: LabPrometheus | None, address: str, family: str, **labels: str):
@@ -228,8 +230,8 @@ class RayFamily:
         return FastAPITarget(self.url, image, image_name=image_name)
 
     async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
-        """``POST /admin/reload``: the service loads and warms up ``variant`` beside its model, then swaps."""
-        return await reload(self.url, variant=variant)
+        """``servelab ray rollout``: the running stage's replicas reload ``variant`` in place (``reconfigure``)."""
+        return await roll_out_in_child(stage.name, self.cluster, variant=variant)
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
         runs_on, options = served_runtime(self.url)  # one replica's

@@ -280,7 +280,8 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
         o, said = r.rollout, _expect("rollout", device)
         first = "" if o.first_new_s is None else (
             f"the new version answered {o.first_new_s:.2f} s after the trigger"
-            + ("" if o.switch_after_ready_s is None else f", {o.switch_after_ready_s:.2f} s after it was ready"))
+            + ("" if o.switch_after_ready_s is None else ", as soon as it was ready" if o.switch_after_ready_s <= 0
+               else f", {o.switch_after_ready_s:.2f} s after it was ready"))
         late = o.switch_after_ready_s is None or o.switch_after_ready_s > ROLLOUT_SWITCH_AIM_S
         verdict = (f"contradicts {said.notebook}, which expects no failed request" if o.failed or o.error
                    else f"contradicts {said.notebook}, which expects the new version in the answers within "

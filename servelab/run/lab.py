@@ -414,7 +414,7 @@ class Lab:
             with self.on(adapter, s, manifest, {"run": CACHE_RUN}, switch=s is cached) as (target, labels):
                 measure_stage(replace(target, mix=mix), [load], labels, [servelab_client()], self.keep)
 
-    def rollout_case(self, adapter: FastAPIFamily | TritonFamily, stage: Stage, manifest: Manifest) -> None:
+    def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """A new version under 16 closed-loop senders: ``rollout_s[0]`` seconds in, the stage's server, switched
         to it afresh, loads a new version of its model serving the ``ROLLED`` variant and retires the old one
         (``roll_out``); every request kept with the version that answered it."""

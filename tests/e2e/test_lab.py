@@ -86,7 +86,8 @@ def test_quick_lab_sends_a_skewed_mix_of_photos_without_a_cache_and_with_one(qui
 
 def test_quick_lab_rolls_out_a_new_version_under_load_with_nothing_failed(quick_lab):
     """The rollout case under 16 senders: fastapi-onnx swaps fp32 for its ROLLED variant (POST /admin/reload),
-    Triton's onnx-1 loads version 2 and retires version 1; the repository keeps version 1 alone after it."""
+    Triton's onnx-1 loads version 2 and retires version 1 (the repository keeps version 1 alone after it), Ray
+    Serve's ray-1 reloads its replica in place."""
     runs = {r.stage: r for r in quick_lab.records if r.config.get("run") == "rollout"}
     assert set(runs) == set(ROLLED)
     for stage, run in runs.items():

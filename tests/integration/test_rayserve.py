@@ -151,6 +151,7 @@ def test_a_rollout_in_place_under_16_senders_fails_nothing_and_switches_version_
     r = record.rollout
     assert r.result["replicas_before"] == r.result["replicas_after"] == replicas, r.result  # in place: no restart
     assert 0 < r.first_new_s and r.switch_after_ready_s is not None and all(n > 0 for n in r.requests), r
+    assert 0 < r.result["ready_s"] < r.done_s - r.trigger_s, r  # every replica served v2 before the call returned
     assert client.get(f"{ray_cluster.url}/ready").json()["model_version"] == v2
     # A model folder without the variant asked for is refused before Ray changes anything.
     shutil.copy(artifacts.manifest, tmp_path)

@@ -189,6 +189,9 @@ def test_a_rollout_is_flagged_when_a_request_failed_or_the_new_version_showed_la
     line = _rollout_line()
     assert f"= **{o['p99_during_ms'] / o['p99_before_ms']:.2f}×**" in line and "⚠" not in line
     assert f"{o['switch_after_ready_s']:.2f} s after it was ready" in line
+    # Before the rollout's own check saw it ready (Ray's: a child process polls the replicas): said as such.
+    early = _rollout_line(switch_after_ready_s=-0.4)
+    assert "as soon as it was ready" in early and "⚠" not in early
     late = _rollout_line(switch_after_ready_s=lessons.ROLLOUT_SWITCH_AIM_S + 0.5)
     assert "⚠ **contradicts 4_fastapi, which expects the new version in the answers within 1 s of being ready" in late
     assert "⚠ **contradicts 4_fastapi, which expects no failed request" in _rollout_line(failed=2)

@@ -92,10 +92,10 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
         before = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
         started = time.monotonic()
         serve_roll_out(STAGES[name], settings, {"model_dir": str(model_dir), "variant": variant})
-        rollout_s = time.monotonic() - started
+        rollout_s, ready_unix = time.monotonic() - started, time.time()
         after = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
         return {"stage": name, "model_dir": str(model_dir), "variant": variant, "rollout_s": round(rollout_s, 3),
-                "replicas_before": before, "replicas_after": after}
+                "ready_unix": round(ready_unix, 3), "replicas_before": before, "replicas_after": after}
     finally:
         disconnect()
 
@@ -103,9 +103,13 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
 async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = None, variant: str | None = None,
                             timeout_s: float = 300.0) -> dict[str, Any]:
     """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (a rollout under
-    load: ``servelab.measure.loadgen.rollout``'s action); its answer, or ``RuntimeError`` with its output."""
+    load: ``servelab.measure.loadgen.rollout``'s action); its answer, or ``RuntimeError`` with its output.
+    The answer's ``ready_s`` counts from this call to the moment every replica served the new model (the child
+    spends seconds connecting to the cluster before, and leaving it after)."""
     import asyncio
     import sys
+
+    called = time.time()
 
     args = ["--model-dir", str(model_dir)] if model_dir else []
     args += ["--variant", variant] if variant else []
@@ -122,7 +126,8 @@ async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = N
     if child.returncode:
         raise RuntimeError(f"servelab ray rollout --stage {name} exited {child.returncode}:\n"
                            f"{(out + err).decode(errors='replace')[-3000:]}")
-    return json.loads(out.splitlines()[-1])  # its one line of JSON, after whatever Ray printed
+    answer = json.loads(out.splitlines()[-1])  # its one line of JSON, after whatever Ray printed
+    return {**answer, "ready_s": round(answer["ready_unix"] - called, 3)}
 
 
 def status(address: str) -> dict[str, Any]:
