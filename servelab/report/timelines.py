@@ -56,11 +56,14 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
     runs = [r for r in records if r.timeline is not None]
     if not runs:
         return False
-    fig, axes = plt.subplots(3, len(runs), figsize=(6.0 * len(runs), 7.5), squeeze=False, sharex="col")
+    # A third row of running replicas only where a run sampled them (Ray's step load and node failure).
+    rows = 3 if any(r.timeline.replicas for r in runs) else 2
+    fig, axes = plt.subplots(rows, len(runs), figsize=(6.0 * len(runs), 2.5 * rows), squeeze=False, sharex="col")
     for col, r in enumerate(runs):
         t = r.timeline
         mid = [x + t.bin_s / 2 for x in t.t_s]
-        top, middle, bottom = axes[0][col], axes[1][col], axes[2][col]
+        top, middle = axes[0][col], axes[1][col]
+        bottom = axes[2][col] if rows == 3 else middle
         top.plot(mid, t.throughput_rps, ".-", label="completed req/s")
         if any(t.offered_rps):
             top.step(t.t_s, t.offered_rps, where="post", color="grey", lw=1, label="offered req/s")
@@ -74,11 +77,12 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
         middle.plot(mid, t.p99_ms, ".-", label="p99 ms")
         middle.set_ylabel("latency ms (completed in the second)")
         middle.legend(fontsize=7)
-        bottom.step(t.replicas_t_s, t.replicas, where="post", color="tab:green")
-        bottom.set_ylabel("running replicas")
-        bottom.set_ylim(0, max(t.replicas or [1]) + 1)
+        if rows == 3:
+            bottom.step(t.replicas_t_s, t.replicas, where="post", color="tab:green")
+            bottom.set_ylabel("running replicas")
+            bottom.set_ylim(0, max(t.replicas or [1]) + 1)
         bottom.set_xlabel("seconds from the start of the run")
-        for ax in (top, middle, bottom):
+        for ax in dict.fromkeys((top, middle, bottom)):
             for name, at in t.events.items():
                 ax.axvline(at, color="tab:red", ls="--", lw=1)
                 if ax is top:
