@@ -22,6 +22,7 @@ shell: they wait for the switch instead, and call the same ``measure_stage``.
 
 import asyncio
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
@@ -167,13 +168,21 @@ class TritonFamily:
         self._staged.append(stage_version(self.repository, model.name, version, self.manifest.parent))
         return await asyncio.to_thread(roll_out, self.server.url, self.server.grpc_url, model.name, version)
 
-    def _unstage(self) -> None:
+    def _unstage(self) -> set[str]:
+        """Remove the version folders ``roll_out`` staged; the models they were of."""
+        models = {folder.parent.name for folder in self._staged}
         while self._staged:
             shutil.rmtree(self._staged.pop(), ignore_errors=True)
+        return models
 
     def switch(self, stage: Stage) -> None:
-        self._unstage()  # a version a rollout staged: the stage's load serves version 1 again
+        rolled = self._unstage()  # a version a rollout staged: the stage's load serves version 1 again
         self.config = self.server.apply_stage(stage)
+        if rolled:  # and the rolled version is gone, with its counters, before the stage is measured
+            from servelab.servers.triton.server import LOAD_TIMEOUT_S, only_version  # deferred, as in start
+
+            for model in rolled:
+                only_version(self.server.url, model, 1, time.monotonic() + LOAD_TIMEOUT_S)
         self.scraped = self._scraped.narrowed(model=stage.triton.model) if self._scraped else None
         if self.prometheus:
             self.prometheus.switched(self.scraped)  # the model's load ran Triton's warm-up requests

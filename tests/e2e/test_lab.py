@@ -98,7 +98,7 @@ def test_quick_lab_rolls_out_a_new_version_under_load_with_nothing_failed(quick_
         assert o.old_sent_after_ready == 0  # no request sent once the new version was ready got the old one
     assert runs["onnx-1"].rollout.old_versions == ["1"] and runs["onnx-1"].rollout.new_version == "2"
     model = STAGES_BY_NAME["onnx-1"].triton.model
-    assert sorted(p.name for p in (quick_lab.repository / model).iterdir() if p.is_dir()) == ["1"]
+    assert sorted(p.name for p in (quick_lab.repository / model).iterdir() if p.name.isdigit()) == ["1"]
     assert "- **A new model version rolled out under load**." in quick_lab.text("report.md")
 
 

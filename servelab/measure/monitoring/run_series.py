@@ -34,6 +34,7 @@ class Family:
     series: dict[str, str]
     note: str = ""  # what this family cannot show
     lag_s: float = 0.0  # how long the server may take to publish what it counted (read back after a run)
+    per_version: bool = False  # counters per model version: a run that changed the version cannot be counted
 
 
 # Request routes of the FastAPI services (not /metrics, /ready, ...).
@@ -59,6 +60,7 @@ FASTAPI = Family(
          "one inference call",
 )
 TRITON = Family(
+    per_version=True,  # the old version's series end when it unloads, with what it counted
     all_requests="sum(nv_inference_request_success{$sel}) + sum(nv_inference_request_failure{$sel})",
     successes="nv_inference_request_success{$sel}",
     series={
@@ -157,7 +159,10 @@ class PromWatch:
             time.sleep(FAMILIES[family].lag_s)
             at = self._settled[labels["instance"]] = self.client.settle(time.time(), {labels["instance"]})
             after = _scalar(self.client.query(self._fill(FAMILIES[family].all_requests, labels), at)) or 0.0
-            out.requests = round(after - before.requests)
+            if FAMILIES[family].per_version and record.rollout and record.rollout.new_version:
+                notes.append("the model's version changed in the run, and the server counts per version: no count")
+            else:
+                out.requests = round(after - before.requests)
             out.rate_rps, out.rate_span_s = self._rate(FAMILIES[family].successes, labels, start, end)
             if out.rate_rps is None:
                 notes.append(f"fewer than two scrapes inside the {end - start:.1f} s window: no server-side rate")

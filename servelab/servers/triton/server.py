@@ -302,13 +302,18 @@ def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float
     ready_s = time.monotonic() - started
     if (serving := model_versions(url, model)) and max(serving) != version:
         raise RuntimeError(f"{model}: serving versions {serving} after the load, not {version}: is it staged?")
-    deadline = started + timeout_s
-    while (held := model_versions(url, model, ("READY", "UNLOADING"))) != [version]:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{model}: versions {held} still loaded {timeout_s:.0f} s after rolling out {version}")
-        time.sleep(0.05)
+    only_version(url, model, version, started + timeout_s)
     return {"model": model, "version": version, "previous_versions": old, "ready_s": round(ready_s, 3),
             "old_unloaded_s": round(time.monotonic() - started, 3)}
+
+
+def only_version(url: str, model: str, version: int, deadline: float) -> None:
+    """Wait (until ``deadline``, monotonic) until ``version`` is the one version of ``model`` the server holds,
+    loaded or unloading: an old version unloads once its requests finish, its series in /metrics with it."""
+    while (held := model_versions(url, model, ("READY", "UNLOADING"))) != [version]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{model}: versions {held} still loaded; waiting for {version} alone")
+        time.sleep(0.05)
 
 
 def model_config(url: str, model: str) -> dict[str, Any]:
