@@ -14,6 +14,7 @@ from servelab.core.artifacts import ArtifactPaths, ModelSource, build_artifacts,
 from servelab.core.hardware import NO_GPU, gpu_count
 from servelab.core.variants.build import build_variants
 from servelab.core.settings import get_settings
+from lab_process import LAB
 from triton_repo import copy_sources
 
 
@@ -58,11 +59,15 @@ def model() -> ArtifactPaths:
 
 
 @pytest.fixture(scope="session")
-def artifacts(model: ArtifactPaths) -> ArtifactPaths:
+def artifacts(model: ArtifactPaths, request: pytest.FixtureRequest) -> ArtifactPaths:
     """The offline model artifacts and their variants, built once into this session's MODEL_DIR and
     model repository. Built afresh each session rather than cached: the variants (quantization) take
-    half a minute on an idle 2-CPU machine, several minutes on a loaded one."""
+    half a minute on an idle 2-CPU machine, several minutes on a loaded one. Where the session's quick lab
+    runs beside (tests/e2e), it builds the same variants of the same model first thing: they are copied
+    from it (``BackgroundLab.share_variants``), not built a second time at once."""
     settings = get_settings()
+    if lab := request.config.stash.get(LAB, None):
+        lab.share_variants(settings.model_dir)
     build_variants(settings.model_dir, load_manifest(model.manifest), settings.triton_model_repository,
                    log=lambda *_: None)
     return model

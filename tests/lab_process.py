@@ -13,13 +13,18 @@ from pathlib import Path
 from typing import IO
 
 import psutil
+import pytest
 
+from servelab.core.artifacts import copy_atomic, load_manifest
+from servelab.core.variants.build import RECORD_FILE, VARIANTS
 from servelab.measure.records import Record, read_records
 from triton_repo import copy_sources
 
 REPO = Path(__file__).resolve().parents[1]
 LAB_TIMEOUT_S = 900  # every stage, the Ray Serve cluster's too, and Prometheus read-back (~1 s per run)
 MARK = "SERVELAB_TEST_LAB"  # set in a lab's environment, inherited by every process it starts
+VARIANTS_WAIT_S = 300  # how long the session's own variants wait for the quick lab's before building them
+LAB = pytest.StashKey["BackgroundLab"]()  # the session's quick lab, where tests/e2e/conftest.py started one
 
 
 def processes_marked(mark: str) -> set[int]:
@@ -61,6 +66,22 @@ class BackgroundLab:
                "TRITON_MODEL_REPOSITORY": str(copy_sources(root / "model_repository"))}
         with open(root / "output.txt", "w") as output:
             self.process = lab_process(root / "lab", env=env, output=output)
+
+    def share_variants(self, model_dir: Path) -> bool:
+        """Copy the lab's model variants into ``model_dir`` once it has built them (its first step), where the lab
+        built them from the same model file; whether it did. The variants' build key then matches, so
+        ``build_variants`` reuses them instead of quantizing the same model again beside the lab."""
+        built, deadline = self.root / "models", time.monotonic() + VARIANTS_WAIT_S
+        while not (built / RECORD_FILE).exists():  # written last, whole (after every variant file)
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(1)
+        ours, its = load_manifest(Path(model_dir) / "food11.json"), load_manifest(built / "food11.json")
+        if ours.onnx_sha256 != its.onnx_sha256:
+            return False
+        for name in [*(VARIANTS[v] for v in VARIANTS if v != "fp32"), RECORD_FILE]:
+            copy_atomic(built / name, Path(model_dir) / name)
+        return True
 
     def finish(self) -> FinishedLab:
         """Wait for the lab (LAB_TIMEOUT_S from its start; past that it is interrupted as Ctrl-C would) and read it."""

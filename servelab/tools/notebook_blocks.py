@@ -25,9 +25,7 @@ from pathlib import Path
 
 from servelab.core import original_lab
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
-from servelab.core.catalogue import CATALOGUE, compared, of_family
-from servelab.core.hardware import int8_compute
-from servelab.core.variants.build import machine_flags
+from servelab.core.catalogue import CATALOGUE, of_family
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
 # backquote or ``<`` in it: the markers quoted in inline code are no part).
@@ -233,25 +231,7 @@ def lab_summary() -> str:
     from servelab.run.lab import LabRun
 
     run = LabRun.read(LAB_RUN)
-    lines = [line for line in run.summary if not line.startswith("## ")]
-    return "\n".join(int8_said(lines, run.device, run.machine)).strip()
-
-
-def int8_said(lines: list[str], device: str, machine: str) -> list[str]:
-    """A CPU run's summary with each INT8 line saying what the CPU that ran it can do: a run recorded before
-    the lines said it (servelab.report.lessons.int8_on_cpu) says it here, from the instruction sets its
-    machine line names (``servelab.core.variants.build.machine``)."""
-    if device != "cpu":
-        return lines
-    said = int8_compute(machine_flags(machine)).sentence("the CPU that ran it", "there")
-    starts = tuple(f"  - {top} ÷ {bottom}," for top, bottom in compared("variant int8"))
-    out = []
-    for line in lines:
-        if line.startswith(starts) and "8-bit instructions" not in line:
-            line, flag, contradicts = line.partition(" — ⚠ ")
-            line = f"{line}; {said}{flag}{contradicts}"
-        out.append(line)
-    return out
+    return "\n".join(line for line in run.summary if not line.startswith("## ")).strip()
 
 
 def family_stages(family: str) -> str:

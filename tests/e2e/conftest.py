@@ -21,23 +21,22 @@ from pathlib import Path
 
 import pytest
 
-from lab_process import BackgroundLab, FinishedLab
+from lab_process import LAB, BackgroundLab, FinishedLab
 from servelab.core.catalogue import STAGES
 from servelab.core.procs import ServerProcess, free_port
 from servelab.servers.triton import server as triton_server
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from triton_repo import make_repository
 
-_LAB = pytest.StashKey[BackgroundLab]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any("quick_lab" in getattr(item, "fixturenames", ()) for item in session.items):
-        session.config.stash[_LAB] = BackgroundLab(Path(tempfile.mkdtemp(prefix="servelab-quick-lab-")))
+        session.config.stash[LAB] = BackgroundLab(Path(tempfile.mkdtemp(prefix="servelab-quick-lab-")))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if lab := session.config.stash.get(_LAB, None):
+    if lab := session.config.stash.get(LAB, None):
         lab.stop()
         shutil.rmtree(lab.root, ignore_errors=True)
 
@@ -45,7 +44,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def quick_lab(request: pytest.FixtureRequest) -> FinishedLab:
     try:
-        return request.config.stash[_LAB].finish()
+        return request.config.stash[LAB].finish()
     except TimeoutError as e:
         pytest.fail(str(e))
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from servelab.core.hardware import CPU_FLAGS, cpu_flags, cpu_int8, int8_compute, recorded_flags
-from servelab.core.variants.build import machine_flags
 from servelab.core.variants.quantize import has_vnni
 
 # Two processors each, as the kernel writes them: the flags line repeats per processor.
@@ -108,14 +107,3 @@ def test_a_record_keeps_the_flags_that_say_it_and_says_it_of_the_machine_that_ra
     assert said == ("the CPU that ran it has no fast 8-bit instructions (AVX2 without VNNI): INT8 is expected "
                     "slower than fp32 there")
     assert not int8_compute(None).known  # a record from before the flags were kept
-
-
-def test_a_machine_line_names_its_flags() -> None:
-    """``machine()``'s instruction sets read back from a lab run's machine line (docs/records/make-lab.json)."""
-    line = "AMD EPYC, 2 CPUs, Linux x86_64; avx2 f16c; 23.5 GiB; GPUs: no NVIDIA GPU (nvidia-smi lists none)"
-    assert machine_flags(line) == ["avx2", "f16c"]
-    assert int8_compute(machine_flags(line)).expect == "slower"
-    assert machine_flags("AMD EPYC, 2 CPUs, Linux x86_64; avx2 avx512f avx512_vnni f16c; 23.5 GiB") == [
-        "avx2", "avx512f", "avx512_vnni", "f16c"]
-    assert machine_flags("Neoverse, 4 CPUs, Linux aarch64; no AVX2; 8 GiB") == []
-    assert machine_flags("something else") is None and machine_flags("a; 23.5 GiB") is None

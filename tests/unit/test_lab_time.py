@@ -7,7 +7,7 @@ docs/records/make-lab.json, and `make notebooks` writes its figure into README, 
 import json
 
 from servelab.run import lab
-from servelab.tools.notebook_blocks import LAB_RUN, int8_said, lab_summary, lab_time
+from servelab.tools.notebook_blocks import LAB_RUN, lab_summary, lab_time
 from servelab.core.paths import REPO_ROOT
 from servelab.tools.render_notebooks import pages
 
@@ -56,21 +56,12 @@ def test_the_figure_is_written_where_readers_look():
 
 
 def test_the_recorded_tours_int8_ratio_says_what_its_cpu_can_do():
-    """The committed tour predates the INT8 line's CPU sentence: the docs say it from the instruction sets its
-    machine line names (avx2 f16c: no VNNI); a run that says it already is left as it was."""
+    """The committed tour's INT8 line says, as its report did, whether the CPU named in its machine line has fast
+    8-bit instructions."""
     [line] = [line for line in lab_summary().splitlines() if line.startswith("  - fastapi-onnx-int8 ÷ fastapi-onnx,")]
-    assert line.endswith("; the CPU that ran it has no fast 8-bit instructions (AVX2 without VNNI): INT8 is expected "
-                         "slower than fp32 there")
-    assert "avx2 f16c;" in lab.LabRun.read(LAB_RUN).machine
-    vnni = "AMD EPYC, 2 CPUs, Linux x86_64; avx2 avx512f avx512_vnni f16c; 23.5 GiB; GPUs: none"
-    flagged = "  - onnx-int8 ÷ onnx-1, 8 senders: 1.0 vs 2.0 req/s = **0.50×** — ⚠ **contradicts 8_triton_more**"
-    assert int8_said([flagged, "  - onnx-2 ÷ onnx-1, 8 senders"], "cpu", vnni) == [
-        "  - onnx-int8 ÷ onnx-1, 8 senders: 1.0 vs 2.0 req/s = **0.50×**; the CPU that ran it has fast 8-bit "
-        "instructions (AVX512-VNNI): INT8 is expected faster than fp32 there — ⚠ **contradicts 8_triton_more**",
-        "  - onnx-2 ÷ onnx-1, 8 senders"]
-    said = [int8_said([flagged], "cpu", vnni)[0]]
-    assert int8_said(said, "cpu", "AMD EPYC, 2 CPUs, Linux x86_64; avx2 f16c") == said  # said once
-    assert int8_said([flagged], "gpu", vnni) == [flagged]  # on a GPU run INT8 ran on the GPU
+    machine = lab.LabRun.read(LAB_RUN).machine
+    has = "avx512_vnni" in machine or "avx_vnni" in machine
+    assert ("the CPU that ran it has fast 8-bit instructions" if has else "has no fast 8-bit instructions") in line
 
 
 class Clock:

@@ -121,16 +121,6 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; {' '.join(simd) or 'no AVX2'}"
 
 
-def machine_flags(line: str) -> list[str] | None:
-    """The instruction sets a ``machine()`` line names (a line that starts with one, as a lab run's
-    ``machine`` does); None where it is no such line."""
-    parts = line.split("; ")
-    words = parts[1].split() if len(parts) > 1 else []
-    if words == ["no", "AVX2"]:
-        return []
-    return words if words and all(w in MACHINE_FLAGS for w in words) else None
-
-
 def _photo_set(chosen: list[photos.Photo]) -> PhotoSet:
     return PhotoSet(count=len(chosen), sources=len({p.source_sha256 for p in chosen}), digest=photos.set_digest(chosen))
 
