@@ -160,13 +160,15 @@ class TritonFamily:
         one serving: a version's inputs are its clients', and every other variant takes uint8 images."""
         from servelab.servers.triton.server import model_versions, roll_out, stage_version
 
+        called = time.monotonic()  # the trigger's moment: the record counts the new version's readiness from it
         model = MODELS[stage.triton.model]
         if variant != model.variant:
             raise ValueError(f"{model.name} serves {model.variant or 'no ONNX variant'}, and a new version keeps "
                              f"its inputs: it cannot roll out to {variant}")
         version = max(model_versions(self.server.url, model.name)) + 1
         self._staged.append(stage_version(self.repository, model.name, version, self.manifest.parent))
-        return await asyncio.to_thread(roll_out, self.server.url, self.server.grpc_url, model.name, version)
+        return await asyncio.to_thread(roll_out, self.server.url, self.server.grpc_url, model.name, version,
+                                       since=called)
 
     def _unstage(self) -> set[str]:
         """Remove the version folders ``roll_out`` staged; the models they were of."""

@@ -18,7 +18,7 @@ from triton_repo import copy_sources
 
 # What a session of conftest.py needs; the copy's REPO_ROOT is the copy (servelab is found there first).
 NEEDED = ("pyproject.toml", "servelab", "tests/conftest.py", "tests/checkout_guard.py", "tests/triton_repo.py",
-          "tests/tier_durations.py")
+          "tests/tier_durations.py", "tests/lab_process.py")
 USER_FILES = {  # a model built with `servelab models build --source lab`, and a lab run's records
     "models/food11.json": '{"name": "food11-mobilenet_v2", "stand_in": false}\n',
     "models/food11.pt": "the lab's weights\n",

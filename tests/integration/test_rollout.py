@@ -8,6 +8,7 @@ import asyncio
 import base64
 import io
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -145,7 +146,9 @@ def test_triton_loads_version_2_and_unloads_version_1_under_16_senders_without_a
     assert server.model_versions(triton.url, model) == [1]
     server.stage_version(triton.repository, model, 2, versions["v2"])
     record = rollout(TritonTarget(triton.url, model, PHOTO),
-                     lambda: asyncio.to_thread(server.roll_out, triton.url, triton.grpc_url, model, 2),
+                     # ready_s counted from the trigger, not from when the thread got to run
+                     lambda: asyncio.to_thread(server.roll_out, triton.url, triton.grpc_url, model, 2,
+                                               since=time.monotonic()),
                      stage="pt-1", at_s=1.5, seconds=3.0, after_s=2.0)
     assert_switched_once(record, "1", "2")
     r = record.rollout

@@ -281,18 +281,20 @@ def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -
     return sorted(int(e["version"]) for e in index if e["name"] == model and e.get("state") in states)
 
 
-def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S,
+             since: float | None = None) -> dict[str, Any]:
     """Serve ``version`` of ``model`` (staged: ``stage_version``) instead of the version serving now, with no
     request refused (see the module docstring): one load over gRPC (``grpc_url``), then a wait until the old
-    versions are gone. Returns the versions before, and the seconds from the call until the load returned
-    (``ready_s``: the new version answers) and until the old ones were unloaded."""
+    versions are gone. Returns the versions before, and the seconds from ``since`` (``time.monotonic()``; by
+    default this call: a caller that triggered it earlier, in another thread, passes its own moment) until the
+    load returned (``ready_s``: the new version answers) and until the old ones were unloaded."""
     import tritonclient.grpc as grpcclient
 
+    started = time.monotonic() if since is None else since
     policy = model_config(url, model).get("version_policy", {})
     if policy.get("latest", {}).get("num_versions", 1) != 1 or set(policy) - {"latest"}:
         raise ValueError(f"{model}: version_policy {policy} would not swap versions on a load; roll_out needs "
                          "latest { num_versions: 1 } (Triton's default)")
-    started = time.monotonic()
     old = [v for v in model_versions(url, model) if v != version]
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
