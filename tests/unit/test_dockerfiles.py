@@ -52,6 +52,24 @@ def test_copy_sources_exist_in_the_build_context(dockerfile: Path):
             assert not dockerignored(source.rstrip("/")), f"line {instruction.line}: .dockerignore drops {source}"
 
 
+PYTHON_IMAGES = [p for p in DOCKERFILES if "COPY servelab/" in p.read_text()]
+
+
+@pytest.mark.parametrize("dockerfile", PYTHON_IMAGES, ids=[str(p.relative_to(REPO)) for p in PYTHON_IMAGES])
+def test_dependencies_are_installed_before_the_code_is_copied(dockerfile: Path):
+    """A code change must rebuild only servelab's own install, not minutes of pinned dependencies: the
+    constrained install runs before any package folder is copied, and servelab goes in after it, alone."""
+    instructions = parse_dockerfile(dockerfile)
+    runs = [n for n, i in enumerate(instructions) if i.keyword == "RUN"]
+    copies = [n for n, i in enumerate(instructions) if i.keyword == "COPY" and "pyproject.toml" not in i.args]
+    deps = [n for n in runs if "-c constraints.txt" in instructions[n].args]
+    own = [n for n in runs if "--no-deps" in instructions[n].args]
+    assert len(deps) == len(own) == 1, "one constrained install of the dependencies, one `--no-deps` of servelab"
+    (deps,), (own,) = deps, own
+    code = [n for n in copies if instructions[n].args.split()[0] in ("servelab/", "fastapi_pt/", "fastapi_onnx/")]
+    assert deps < min(code) and max(code) < own, [instructions[n].args[:60] for n in (deps, own, *code)]
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
 def test_base_images_are_pinned_through_the_versions_file(dockerfile: Path):
     instructions = parse_dockerfile(dockerfile)
@@ -123,8 +141,6 @@ def test_ray_image_serves_on_the_gpu_with_the_pinned_ray():
     assert '"onnxruntime-gpu==${ONNXRUNTIME_GPU_VERSION}"' in install and "onnx" not in extras
     assert {"ray", "serve"} <= extras
     declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-    if "ray" not in declared:
-        pytest.skip("pyproject.toml has no `ray` extra yet: it comes with the local Ray Serve stages (branch ray-serve)")
     assert extras <= declared
     pins = dict(line.split("==", 1) for line in (REPO / "constraints.txt").read_text().split() if "==" in line)
     assert "ray" in pins, "ray[serve] must be pinned in constraints.txt"
