@@ -43,10 +43,15 @@ NO_BATCHING = {"MAX_BATCH_SIZE": "1"}
 # The overload case: the lab offers these stages 1.5× their capacity, open loop, as they are (the queue grows
 # without bound) and ``bounded`` (the excess refused), and follows latency and shedding over time.
 OVERLOADED = ("fastapi-onnx", "onnx-dyn")
-# ``bounded``'s queue: at most this many requests held at once (FastAPI: arriving to answered; Triton:
-# waiting in the queue), one more refused at once with 503. A few per core: enough to keep every instance
-# busy, few enough that an accepted request waits a few service times at most.
+# ``bounded``'s queue behind FastAPI: at most this many requests held at once, arriving to answered, one more
+# refused at once with 503. A few per core: enough to keep every instance busy, few enough that an accepted
+# request waits a few service times at most.
 QUEUE_BOUND = 8
+# ``bounded``'s queue behind Triton bounds the wait instead: a request that waited this long in the queue is
+# refused. Not its length: with ``max_queue_size`` set, Triton 2.51's batcher does not prefetch, and while the
+# queue is full the refused arrivals never wake it, so after each batch the instance idles out the batcher's
+# 500 ms timer (docs/production.md; measured in docs/records/triton-queue-policy-2cpu.log).
+QUEUE_WAIT_US = 100_000
 # The cache case: the lab sends these stages a skewed mix of photos as they are and ``with_cache``.
 CACHED = ("fastapi-onnx", "onnx-1")
 # The rollout case: under 16 senders the lab has these stages serve a new version of their model, serving this
@@ -58,11 +63,17 @@ ROLLED = {"fastapi-onnx": "int8", "onnx-1": "fp32", "ray-1": "u8"}
 
 def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:
     """Triton's ``dynamic_batching.default_queue_policy``: a request arriving to ``max_queue_size`` queued ones
-    is rejected at once, one that waited ``timeout_us`` (0: no limit) instead of running late, and no client
-    may ask for a longer wait."""
-    policy: dict[str, Any] = {"max_queue_size": max_queue_size, "timeout_action": "REJECT",
-                              "allow_timeout_override": False}
-    return policy | ({"default_timeout_microseconds": timeout_us} if timeout_us else {})
+    (0: no limit) is rejected at once, one that waited ``timeout_us`` (0: no limit) instead of running late, and
+    no client may ask for a longer wait."""
+    policy: dict[str, Any] = {"timeout_action": "REJECT", "allow_timeout_override": False}
+    return (policy | ({"max_queue_size": max_queue_size} if max_queue_size else {})
+            | ({"default_timeout_microseconds": timeout_us} if timeout_us else {}))
+
+
+def _limits(max_queue_size: int, timeout_ms: float) -> str:
+    """A queue bound in words: "8 requests", "100 ms", "2 requests, 20 ms"; "none" without one."""
+    return ", ".join([f"{max_queue_size} requests"] * bool(max_queue_size) + [f"{timeout_ms:g} ms"] * bool(timeout_ms)
+                     ) or "none"
 
 
 @dataclass(frozen=True)
@@ -280,14 +291,20 @@ def default_stage(family: Family) -> str:
     return stage
 
 
-def bounded(stage: Stage, max_queue_size: int = QUEUE_BOUND, timeout_us: int = 0) -> Stage:
+def bounded(stage: Stage, max_queue_size: int | None = None, timeout_us: int | None = None) -> Stage:
     """``stage`` with its queue bounded, named after it and the bound (``fastapi-onnx-shed``,
     ``pt-dyn-shed-q2-20000us``): FastAPI's ``MAX_QUEUE_REQUESTS`` (and ``MAX_QUEUE_DELAY_MS``), Triton's
     ``default_queue_policy`` (``queue_policy``; a model without a dynamic batcher gets one: the policy is one
-    of its fields). Derived, not listed: the overload case measures it beside ``stage``."""
-    tag = "" if (max_queue_size, timeout_us) == (QUEUE_BOUND, 0) else f"-q{max_queue_size}" + (
+    of its fields). Without either bound given, the family's own: ``QUEUE_BOUND`` requests behind FastAPI,
+    ``QUEUE_WAIT_US`` of waiting behind Triton. Derived, not listed: the overload case measures it beside
+    ``stage``."""
+    default = (0, QUEUE_WAIT_US) if isinstance(stage.part, TritonPart) else (QUEUE_BOUND, 0)
+    if max_queue_size is None and timeout_us is None:
+        max_queue_size, timeout_us = default
+    max_queue_size, timeout_us = max_queue_size or 0, timeout_us or 0
+    tag = "" if (max_queue_size, timeout_us) == default else f"-q{max_queue_size}" + (
         f"-{timeout_us}us" if timeout_us else "")
-    words = f"{max_queue_size} requests" + (f", {timeout_us / 1000:g} ms" if timeout_us else "")
+    words = _limits(max_queue_size, timeout_us / 1000)
     if isinstance(stage.part, FastAPIPart):
         env = {**stage.part.env, "MAX_QUEUE_REQUESTS": str(max_queue_size),
                **({"MAX_QUEUE_DELAY_MS": f"{timeout_us / 1000:g}"} if timeout_us else {})}
@@ -301,19 +318,18 @@ def bounded(stage: Stage, max_queue_size: int = QUEUE_BOUND, timeout_us: int = 0
     else:
         raise ValueError(f"{stage.name}: a Ray Serve stage's queue is Serve's own (max_ongoing_requests)")
     return replace(stage, name=f"{stage.name}-shed{tag}", part=part,
-                   about=f"{stage.name} with a bounded queue: {words}; one more is refused at once (503)",
+                   about=f"{stage.name} with its queue bounded ({words} at most): the excess is refused (503)",
                    tour=False, gpu_check=False, lesson="shedding", baseline=stage.name, default=False)
 
 
 def queue_bound(stage: Stage) -> str:
     """The stage's queue bound, in words ("none": requests queue without limit)."""
     if isinstance(stage.part, FastAPIPart):
-        limits = [f"{stage.part.env[k]} {unit}" for k, unit in (("MAX_QUEUE_REQUESTS", "requests"),
-                                                                 ("MAX_QUEUE_DELAY_MS", "ms")) if k in stage.part.env]
-        return ", ".join(limits) or "none"
+        env = stage.part.env
+        return _limits(int(env.get("MAX_QUEUE_REQUESTS", 0)), float(env.get("MAX_QUEUE_DELAY_MS", 0)))
     if isinstance(stage.part, TritonPart):
-        policy = stage.part.changes.get(stage.part.model, {}).get("dynamic_batching", {}).get("default_queue_policy")
-        return f"{policy['max_queue_size']} requests" if policy else "none"
+        policy = stage.part.changes.get(stage.part.model, {}).get("dynamic_batching", {}).get("default_queue_policy", {})
+        return _limits(policy.get("max_queue_size", 0), policy.get("default_timeout_microseconds", 0) / 1000)
     return "none"
 
 

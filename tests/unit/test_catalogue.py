@@ -13,7 +13,7 @@ from servelab.measure.families import TritonFamily
 from servelab.core.variants.build import VARIANTS
 from servelab.core.paths import MODELS_STAGING
 from servelab.report import lessons
-from servelab.core.catalogue import (CATALOGUE, MODELS, OVERLOADED, QUEUE_BOUND, ROLLED, STAGES, bounded, compared, default_stage,
+from servelab.core.catalogue import (CATALOGUE, MODELS, OVERLOADED, QUEUE_BOUND, QUEUE_WAIT_US, ROLLED, STAGES, bounded, compared, default_stage,
                                      of_family, queue_bound)
 from servelab.servers.triton.configs import base_config
 
@@ -106,16 +106,22 @@ def test_bounded_twins_bound_the_queue_their_family_s_way():
     fastapi, triton = (bounded(STAGES[name]) for name in OVERLOADED)
     assert (fastapi.name, fastapi.baseline, fastapi.lesson) == ("fastapi-onnx-shed", "fastapi-onnx", "shedding")
     assert fastapi.fastapi.env == {**STAGES["fastapi-onnx"].fastapi.env, "MAX_QUEUE_REQUESTS": str(QUEUE_BOUND)}
+    # Triton's bounds the wait, not the length (a full max_queue_size queue stalls Triton 2.51's batcher).
     dyn = triton.triton.changes[triton.triton.model]["dynamic_batching"]
-    assert dyn["default_queue_policy"] == {"max_queue_size": QUEUE_BOUND, "timeout_action": "REJECT",
+    assert dyn["default_queue_policy"] == {"default_timeout_microseconds": QUEUE_WAIT_US, "timeout_action": "REJECT",
                                            "allow_timeout_override": False}
+    assert (triton.name, triton.baseline) == ("onnx-dyn-shed", "onnx-dyn")
     assert dyn["preferred_batch_size"] == [4, 6, 8]  # the stage's own batcher, bounded
-    assert [queue_bound(s) for s in (STAGES["fastapi-onnx"], fastapi, triton)] == ["none", "8 requests", "8 requests"]
-    # A model without a dynamic batcher gets one; a timeout is named and set.
+    assert [queue_bound(s) for s in (STAGES["fastapi-onnx"], fastapi, triton)] == [
+        "none", f"{QUEUE_BOUND} requests", f"{QUEUE_WAIT_US // 1000} ms"]
+    # A model without a dynamic batcher gets one; both bounds are named and set, a bound not given is none.
     timed = bounded(STAGES["pt-1"], max_queue_size=2, timeout_us=20_000)
-    assert timed.name == "pt-1-shed-q2-20000us" and "20 ms" in timed.about
-    assert timed.triton.changes["food_classifier"]["dynamic_batching"]["default_queue_policy"][
-        "default_timeout_microseconds"] == 20_000
+    assert timed.name == "pt-1-shed-q2-20000us" and "2 requests, 20 ms" in timed.about
+    assert timed.triton.changes["food_classifier"]["dynamic_batching"]["default_queue_policy"] == {
+        "max_queue_size": 2, "default_timeout_microseconds": 20_000, "timeout_action": "REJECT",
+        "allow_timeout_override": False}
+    sized = bounded(STAGES["onnx-dyn"], max_queue_size=QUEUE_BOUND)
+    assert sized.name == f"onnx-dyn-shed-q{QUEUE_BOUND}" and queue_bound(sized) == f"{QUEUE_BOUND} requests"
     assert bounded(STAGES["fastapi-onnx"], 4, 50_000).fastapi.env["MAX_QUEUE_DELAY_MS"] == "50"
     with pytest.raises(ValueError, match="Serve's own"):
         bounded(STAGES["ray-1"])
