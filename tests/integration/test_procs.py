@@ -89,7 +89,8 @@ def test_a_server_started_from_a_worker_thread_outlives_the_thread(tmp_path):
 # helper writes its PID to a file. Then the server answers HTTP.
 LEAVES_GROUP = """
 import os, subprocess, sys
-helper = subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(120)"])
+# process_group=0: the helper leaves the group before it runs, not once its interpreter is up (a race on a busy machine).
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], process_group=0)
 open(sys.argv[2], "w").write(str(helper.pid))
 os.execvp(sys.executable, [sys.executable, "-m", "http.server", sys.argv[1], "--bind", "127.0.0.1"])
 """
