@@ -12,9 +12,9 @@ Library use (``servelab lab`` and notebooks)::
     record = overload(target, capacity_rps=records[-1].stats.throughput_rps, stage="fastapi-pt")  # 1.5x, 10 s
 
 ``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
-run_bench_async(...)`` instead. Each run: connect (one persistent client), send ``load.warmup``
-unmeasured requests (the first one's latency is kept: on a fresh server, the first request after
-ready), snapshot the server's statistics (and its response-cache counters, where it has a cache), start the
+run_bench_async(...)`` instead. Each run: connect (one persistent client), send unmeasured warm-up requests
+(at least ``load.warmup``, and for at least ``load.warmup_s`` seconds where set; the first one's latency is kept:
+on a fresh server, the first request after ready), snapshot the server's statistics (and its response-cache counters, where it has a cache), start the
 monitors, run the measured window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line
 if given; ``record.cache`` holds the window's hits, misses and hit ratio).
 
@@ -166,25 +166,40 @@ async def _fire(trigger: Trigger, due: float, hold: _Hold) -> Fired:
     return fired
 
 
-async def warm_up(client: Client, load: Load) -> tuple[int, float | None]:
-    """Send ``load.warmup`` unmeasured requests (closed loop at the load's concurrency); returns the
-    failures and the first request's latency in ms (None where it failed or there was no warm-up)."""
-    if load.warmup == 0:
-        return 0, None
-    issued, failed, first_ms = 0, 0, None
+@dataclass
+class WarmUp:
+    """What the warm-up did: requests sent, how many failed, the first one's latency in ms (None where it failed or
+    there was no warm-up), and the latencies of the successes after the first (an estimate of the rate to come)."""
+
+    sent: int = 0
+    failed: int = 0
+    first_ms: float | None = None
+    latencies_s: list[float] = field(default_factory=list)
+
+
+async def warm_up(client: Client, load: Load) -> WarmUp:
+    """Unmeasured requests, a closed loop at the load's concurrency: at least ``load.warmup`` of them and, where
+    ``load.warmup_s`` is set, on until that many seconds have passed (both met; senders then finish the request
+    they are on)."""
+    done = WarmUp()
+    if load.warmup == 0 and not load.warmup_s:
+        return done
+    until = clock() + (load.warmup_s or 0.0)
 
     async def sender() -> None:
-        nonlocal issued, failed, first_ms
-        while issued < load.warmup:
-            i, issued = issued, issued + 1
+        while done.sent < load.warmup or clock() < until:
+            i, done.sent = done.sent, done.sent + 1
             t0 = clock()
             ok = (await client.send()).ok
-            failed += not ok
+            done.failed += not ok
             if i == 0 and ok:
-                first_ms = (clock() - t0) * 1e3
+                done.first_ms = (clock() - t0) * 1e3
+            elif ok:
+                done.latencies_s.append(clock() - t0)
 
-    await asyncio.gather(*(sender() for _ in range(min(load.concurrency, load.warmup))))
-    return failed, first_ms
+    senders = load.concurrency if load.warmup_s else min(load.concurrency, load.warmup)
+    await asyncio.gather(*(sender() for _ in range(senders)))
+    return done
 
 
 async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None) -> RawRun:
@@ -386,9 +401,9 @@ async def run_bench_async(
     warnings: list[str] = []
     client = await target.connect(connections, timeout_s)
     try:
-        failed, first_ms = await warm_up(client, load)
-        if failed:
-            warnings.append(f"{failed} of {load.warmup} warm-up requests failed")
+        warm = await warm_up(client, load)
+        if warm.failed:
+            warnings.append(f"{warm.failed} of {warm.sent} warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
         cache_before = await _cache_counts(client, warnings)
         with Monitor(monitor_interval_s, server_pid) as monitor:
@@ -419,7 +434,8 @@ async def run_bench_async(
         machine=machine_info([g.name for g in monitors.gpus] or None),
         warnings=warnings,
         stand_in=stand_in,
-        first_request_ms=first_ms,
+        first_request_ms=warm.first_ms,
+        warmup_requests=warm.sent,
         window_unix=[window_start, window_end],
         timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
         per_request=per_request(run) if keep_requests else None,

@@ -31,9 +31,10 @@ class Load(BaseModel):
     """The load a run applies and its measurement window.
 
     ``requests`` measured requests and/or ``duration_s`` seconds of sending (whichever ends
-    first); ``warmup`` requests go first and are never measured; ``max_duration_s`` bounds every
-    run. Open loop sends at times fixed in advance (``rate``, ``arrivals``, ``seed``) with at
-    most ``max_inflight`` requests outstanding; a send that waits for a free slot is *late*.
+    first); a warm-up goes first and is never measured: at least ``warmup`` requests and, where
+    ``warmup_s`` is set, at least ``warmup_s`` seconds of sending (``warmup=0, warmup_s=S``: a warm-up
+    window alone); ``max_duration_s`` bounds every run. Open loop sends at times fixed in advance
+    (``rate``, ``arrivals``, ``seed``) with at most ``max_inflight`` requests outstanding; a send that waits for a free slot is *late*.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -45,6 +46,7 @@ class Load(BaseModel):
     requests: int | None = Field(100, ge=1)
     duration_s: float | None = Field(None, gt=0)
     warmup: int = Field(10, ge=0)
+    warmup_s: float | None = Field(None, gt=0)  # a warm-up window too: sending goes on until both are met
     max_inflight: int = Field(128, ge=1)
     max_duration_s: float = Field(600.0, gt=0)
     seed: int = 0
@@ -300,6 +302,7 @@ class Record(BaseModel):
     # The run's first request (its first warm-up request; None without one): the lab's first run of a
     # stage holds the first request its server saw after it said it was ready.
     first_request_ms: float | None = None
+    warmup_requests: int | None = None  # warm-up requests sent (``load.warmup``, or more where ``load.warmup_s`` ran on)
     window_unix: list[float] | None = None  # the measured window [start, end] in Unix seconds
     prometheus: ServerSeries | None = None  # the server's own metrics over the run (the local lab)
     timeline: Timeline | None = None  # step-load, node-failure and overload runs

@@ -130,6 +130,23 @@ def test_duration_window(server: str) -> None:
     assert r.first_request_ms is None  # no warm-up: nothing before the measured window
 
 
+def test_a_warm_up_window_runs_its_seconds_and_is_never_measured(server: str) -> None:
+    """``warmup_s`` alone (no request count): the warm-up sends for that window, then the measured run starts; the
+    server saw exactly the warm-up's requests and the measured ones."""
+    before, started = _server_count(server), time.time()
+    r = run_bench(FastAPITarget(server, PHOTO), Load.sequential(5, warmup=0, warmup_s=0.3), stage="tiny")
+    assert r.load.warmup_s == 0.3 and r.stats.successes == 5
+    assert r.window_unix[0] - started >= 0.3  # a busy machine only makes the warm-up longer
+    assert r.warmup_requests >= 1 and r.first_request_ms >= S_MS
+    assert _server_count(server) - before == r.warmup_requests + 5
+
+
+def test_a_warm_up_sends_at_least_its_count_and_lasts_at_least_its_window(server: str) -> None:
+    before = _server_count(server)
+    r = run_bench(FastAPITarget(server, PHOTO), Load.closed(2, requests=4, warmup=6, warmup_s=0.001), stage="tiny")
+    assert r.warmup_requests >= 6 and _server_count(server) - before == r.warmup_requests + 4
+
+
 def test_error_statuses_are_never_successes(trivial: str) -> None:
     r = run_bench(FastAPITarget(trivial + "/fail-every/3", PHOTO), Load.closed(4, requests=90, warmup=0), stage="tiny")
     assert r.stats.successes == 60 and r.stats.errors == {"http_500": 30}

@@ -216,7 +216,8 @@ def _client_requests(record: Record) -> int | None:
     """What servelab's client sent between the two scrapes: warm-up + measured requests."""
     if record.tool != "servelab" or record.stats.requests is None:
         return None  # perf_analyzer does not say how many it sent in all
-    return record.load.warmup + record.stats.requests
+    warmup = record.warmup_requests if record.warmup_requests is not None else record.load.warmup
+    return warmup + record.stats.requests
 
 
 @dataclass(frozen=True)
