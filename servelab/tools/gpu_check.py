@@ -23,8 +23,10 @@ CPU lab's records too; it names the GPU it was measured on in its title and ever
 import datetime as dt
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -184,6 +186,31 @@ def run_within(cmd: list[str], timeout: float | None, log: Path) -> int | None:
         print(log_tail(log, 30))  # its verdict, on the terminal of a machine whose files may not come back
 
 
+TESTS_LOG, TESTS_JUNIT = "gpu-tests.log", "gpu-tests.xml"
+
+
+def run_tests(out: Path, timeout: float | None, target: str = GPU_TESTS,
+              log=print) -> tuple[int | None, PytestOutcome | None]:
+    """``pytest -m gpu`` on ``target`` for at most ``timeout`` seconds: its exit status (None: stopped then)
+    and its outcome (None without a JUnit report). Its log and JUnit report are written outside the
+    checkout while it runs and moved into ``out`` once it has ended: the tests' session fails if the checkout's
+    results/ (where ``out`` is by default) changed while they ran (tests/conftest.py's ``own_folders``), and a
+    log growing there would be such a change."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (TESTS_LOG, TESTS_JUNIT):
+        (out / name).unlink(missing_ok=True)  # an earlier run's, before the tests start
+    with tempfile.TemporaryDirectory(prefix="servelab-gpu-tests-") as tmp:
+        output, junit = Path(tmp) / TESTS_LOG, Path(tmp) / TESTS_JUNIT
+        log(f"gpu-check: pytest -m gpu {target} (its output: {output} while it runs, then {out / TESTS_LOG})")
+        code = run_within([sys.executable, "-m", "pytest", "-m", "gpu", target, "-rs", "-q", f"--junitxml={junit}"],
+                          timeout, output)
+        for path in (output, junit):
+            if path.exists():
+                shutil.move(path, out / path.name)
+    junit = out / TESTS_JUNIT
+    return code, PytestOutcome.from_junit(junit) if code is not None and junit.exists() else None
+
+
 def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, budget_s: float | None = None,
           log=print) -> int:
     """Run the GPU tests and the GPU lab; write the record. 0 when everything that ran passed, 1 otherwise.
@@ -205,15 +232,11 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     for part, why in skipped.items():
         log(f"gpu-check: skips {part}: {why}")
     not_run: dict[str, str] = {}
-    junit = out / "gpu-tests.xml"
-    junit.unlink(missing_ok=True)
-    log(f"gpu-check: pytest -m gpu {GPU_TESTS} (its output: {out / 'gpu-tests.log'})"
-        + (f"; {budget_s:g} s budget for the whole check" if budget_s else ""))
-    code = run_within([sys.executable, "-m", "pytest", "-m", "gpu", GPU_TESTS, "-rs", "-q", f"--junitxml={junit}"],
-                      left(CEILING_S), out / "gpu-tests.log")
+    if budget_s:
+        log(f"gpu-check: {budget_s:g} s budget for the whole check")
+    code, tests = run_tests(out, left(CEILING_S), log=log)
     if code is None:
         not_run[TESTS] = f"stopped by the time budget ({budget_s:g} s) before they ended"
-    tests = PytestOutcome.from_junit(junit) if code is not None and junit.exists() else None
     lab_args = ["--device", "gpu"] + (["--full"] if full else ["--quick"] if stages else ["--plan", "gpu-check"])
     lab_args += ["--stages", stages] if stages else []
     lab_budget = left(CEILING_S)

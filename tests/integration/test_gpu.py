@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fastapi_service import b64, running
+from model_batches import infer_in_batches
 from servelab.measure.monitor import Monitor
 from servelab.core.hardware import gpu_count, stack
 from servelab.core.inference import OnnxClassifier, TorchClassifier
@@ -22,7 +23,8 @@ from servelab.core.photos import evaluation_set, pixels
 from servelab.core.preprocess import preprocess
 from servelab.core.procs import ServerProcess, cpu_count, free_port
 from fastapi_onnx.app import load
-from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT
+from servelab.core.variants.build import PRECISION
+from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT, max_infer_batch
 from servelab.core.settings import Settings, get_settings
 from servelab.core.catalogue import compared
 
@@ -65,10 +67,16 @@ def test_pytorch_on_cuda_agrees_with_the_cpu_on_real_photos(artifacts, photos):
 
 def test_onnx_runtime_cuda_provider_is_active_and_agrees_with_the_cpu(artifacts, photos):
     floats, _ = photos
-    backend = load(settings(ort_providers="cuda", require_gpu=True))
+    serving = settings(ort_providers="cuda", require_gpu=True)
+    backend = load(serving)
     assert backend.on_gpu and backend.classifier.active_providers[0] == CUDA, backend.where()
+    # ORT_SHAPE_POLICY=auto is buckets on a GPU: one call takes at most the service's largest batch, so the
+    # 64 photos go in batches of that size (tests/unit/test_gpu_check.py holds the batching on the CPU).
+    largest = max_infer_batch(serving)
+    assert backend.classifier.shape_policy == "buckets" and backend.classifier.max_batch == largest < PHOTOS
+    gpu = infer_in_batches(backend.infer, floats, largest)
     cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
-    assert agreement(backend.infer(floats), cpu.infer(floats)) >= FP32_AGREEMENT
+    assert len(gpu) == PHOTOS and agreement(gpu, cpu.infer(floats)) >= FP32_AGREEMENT
 
 
 @pytest.mark.parametrize("policy", ["buckets", "pad"])
@@ -92,10 +100,13 @@ def test_alternating_batch_sizes_keep_stable_shapes(artifacts, photos, policy):
 
 def test_fp16_variant_runs_on_the_cuda_provider_and_agrees_with_fp32_on_the_cpu(artifacts, photos):
     floats, crops = photos
-    backend = load(settings(ort_providers="cuda", onnx_variant="fp16", require_gpu=True))
-    assert backend.on_gpu and backend.takes_uint8 and backend.variant["precision"] == "float16"
+    serving = settings(ort_providers="cuda", onnx_variant="fp16", require_gpu=True)
+    backend = load(serving)
+    # The variant's precision is the project's name for it (fp32, int8, fp16: servelab.core.variants.build).
+    assert backend.on_gpu and backend.takes_uint8 and backend.variant["precision"] == PRECISION["fp16"] == "fp16"
+    half = infer_in_batches(backend.infer, crops, max_infer_batch(serving))
     cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
-    assert agreement(backend.infer(crops), cpu.infer(floats)) >= FP16_AGREEMENT
+    assert len(half) == PHOTOS and agreement(half, cpu.infer(floats)) >= FP16_AGREEMENT
 
 
 def test_tensorrt_provider_where_the_gpu_and_libraries_support_it(artifacts, photos, tmp_path):
@@ -104,12 +115,14 @@ def test_tensorrt_provider_where_the_gpu_and_libraries_support_it(artifacts, pho
         pytest.skip(f"TensorRT not usable here: onnxruntime providers {found.get('onnxruntime_providers')}, "
                     f"tensorrt package {found.get('tensorrt')}")
     floats, _ = photos
-    backend = load(settings(ort_providers="tensorrt", trt_cache_path=tmp_path, require_gpu=True))
+    serving = settings(ort_providers="tensorrt", trt_cache_path=tmp_path, require_gpu=True)
+    backend = load(serving)
     assert backend.classifier.active_providers[0] == TENSORRT, backend.where()
     assert "trt_fp16_enable" in backend.details["provider_options"][TENSORRT]
     assert not backend.classifier.options_not_in_force()  # fp16 and the rest, as the settings ask
+    trt = infer_in_batches(backend.infer, floats, max_infer_batch(serving))  # buckets here too
     cpu = OnnxClassifier(artifacts.onnx, providers=[CPU])
-    assert agreement(backend.infer(floats), cpu.infer(floats)) >= FP16_AGREEMENT
+    assert len(trt) == PHOTOS and agreement(trt, cpu.infer(floats)) >= FP16_AGREEMENT
     assert any(tmp_path.iterdir())  # the engine cache the guide asks for was written
 
 

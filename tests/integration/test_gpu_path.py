@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.core.hardware import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
-from servelab.tools.gpu_check import PytestOutcome, record_markdown, run_within, slug
+from servelab.tools.gpu_check import PytestOutcome, record_markdown, run_tests, run_within, slug
 
 REPO = Path(__file__).resolve().parents[2]
 without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
@@ -96,6 +96,27 @@ def test_gpu_tests_skip_with_the_reason_and_the_record_reads_their_outcome(tmp_p
     assert outcome.skipped >= 10 and outcome.passed == outcome.failed == 0
     assert {message for _, result, message in outcome.results} == {NO_GPU}
     assert any("test_triton_kind_gpu" in name for name, _, _ in outcome.results)
+
+
+def test_the_gpu_tests_write_nothing_into_their_output_folder_until_they_end(tmp_path):
+    """gpu-check's output folder is the checkout's results/gpu-check by default, and the tests' session fails
+    where results/ changed while it ran (tests/conftest.py's `own_folders`): on the H200 on 2026-11-28 the
+    tests' own log, growing there, failed it. A test run by gpu-check's runner sees the folder as it was
+    before (an earlier run's files gone, nothing new); the log and JUnit report arrive once the tests end."""
+    out = tmp_path / "gpu-check"
+    out.mkdir()
+    (out / "gpu-tests.log").write_text("an earlier run's log")
+    probe = tmp_path / "probe" / "test_probe.py"
+    probe.parent.mkdir()
+    probe.write_text("import pathlib\nimport pytest\n\n\n@pytest.mark.gpu\ndef test_the_output_folder_is_untouched():\n"
+                     f"    assert sorted(p.name for p in pathlib.Path({str(out)!r}).iterdir()) == []\n")
+    said = []
+    code, outcome = run_tests(out, 120.0, target=str(probe), log=said.append)
+    assert code == 0 and outcome is not None and (outcome.passed, outcome.failed) == (1, 0), outcome
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-tests.log", "gpu-tests.xml"]
+    assert "1 passed" in (out / "gpu-tests.log").read_text() and "earlier run" not in (out / "gpu-tests.log").read_text()
+    during = said[0].split("its output: ", 1)[1].split(" while it runs")[0]  # where the log was, as it said
+    assert not Path(during).is_relative_to(out) and said[0].endswith(f"then {out / 'gpu-tests.log'})")
 
 
 def test_gpu_names_become_file_names():
