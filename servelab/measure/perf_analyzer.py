@@ -7,7 +7,8 @@
   random default; ``uint8``: ``{"data": [{"image": {"b64": ...}}]}``, the photo's uint8 center
   crop [224, 224, 3].
 * ``perf_analyzer_command(...)``: the argument list for one load (``-f`` CSV, ``--verbose-csv``,
-  count windows and a bounded stability search: ``Windows``).
+  a bounded stability search over time windows of the plan's seconds, or count windows sized by the
+  load's requests where no window is given: ``Windows``).
 * ``run_perf_analyzer(...)``: runs the binary ``perf_analyzer_binary.locate()`` finds (the project's
   copy, or NVIDIA's Triton SDK image on the node), diffing Triton's statistics around it for the
   batch-size histogram, and returns the record; a run that measured nothing is a record too, with
@@ -25,7 +26,7 @@ import math
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -67,18 +68,38 @@ DEFAULT_TIMEOUT_S = 300.0  # a perf_analyzer run past this is killed and recorde
 
 @dataclass(frozen=True)
 class Windows:
-    """How perf_analyzer measures: windows of at least ``requests`` requests (count windows), until
-    the last three agree within ``stability_pct`` (throughput and latency) or ``max_trials`` windows
-    have run; it reports the last three together. Its own defaults: 10 % and 10 trials."""
+    """How a closed-loop run is measured, by both clients: windows of ``window_s`` seconds, three of them
+    reported together (perf_analyzer's count), until the last three agree within ``stability_pct``
+    (throughput and latency) or ``max_trials`` windows have run. perf_analyzer measures in time windows of
+    ``window_s`` (``--measurement-interval``); servelab's client measures the same three windows in one run
+    after its warm-up window (``servelab.measure.measure_stage.windowed``). A ``stability_pct`` of 100 or more
+    is no test: three windows, whatever their spread. ``window_s=None``: windows sized by the load's own
+    requests (count windows, the notebooks' runs) or its duration. Its own defaults: 10 % and 10 trials."""
 
     stability_pct: float = 10.0
     max_trials: int = 10
+    window_s: float | None = None
+
+    COUNT = 3  # the windows reported together (perf_analyzer's own, fixed)
+    MIN_REQUESTS = 5  # a time window is stretched to hold at least this many requests at the rate servelab measured
+
+    @property
+    def tested(self) -> bool:
+        """Whether the windows must agree (a stability test), or three windows are taken whatever their spread."""
+        return self.stability_pct < 100
 
     def requests_per_window(self, load: Load) -> int:
         # Three windows of a third each: about as many measured requests as servelab's run of that load.
         # At least 3 per window (one gives perf_analyzer no spread) and at least one per sender; no
         # more, so that a short run of slow requests (16 images each on a CPU) stays short.
         return max(3, load.concurrency or 1, math.ceil((load.requests or 100) / 3))
+
+    def fitted(self, rps: float | None) -> "Windows":
+        """These windows, each stretched to hold ``MIN_REQUESTS`` requests at ``rps`` (what servelab's client
+        measured of the same load): perf_analyzer fails a time window in which no request completed."""
+        if self.window_s is None or not rps:
+            return self
+        return replace(self, window_s=max(self.window_s, round(self.MIN_REQUESTS / rps, 2)))
 
 
 def perf_analyzer_command(
@@ -94,7 +115,9 @@ def perf_analyzer_command(
         cmd += ["--request-rate-range", f"{load.rate:g}", "--request-distribution", str(load.arrivals)]
     else:
         cmd += ["--concurrency-range", str(load.concurrency)]
-    if load.requests is not None:
+    if windows.window_s is not None:  # the plan's time windows, as servelab's client measures them
+        cmd += ["--measurement-interval", str(round(windows.window_s * 1000))]
+    elif load.requests is not None:
         # Not --request-count: 2.50 divides that count by whole seconds and under-reports throughput.
         cmd += ["--measurement-mode", "count_windows", "--measurement-request-count",
                 str(windows.requests_per_window(load))]
@@ -252,7 +275,7 @@ def run_perf_analyzer(
         "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,
         "warnings": warnings, "stand_in": stand_in, "machine": machine_info([g.name for g in monitors.gpus] or None),
         "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
-                   "max_trials": windows.max_trials},
+                   "max_trials": windows.max_trials, "window_s": windows.window_s},
     })
     if out is not None:
         append_record(out, record)

@@ -98,3 +98,20 @@ def test_count_windows_hold_a_third_of_the_run_at_least_one_request_per_sender()
     assert windows.requests_per_window(Load.closed(8, requests=24)) == 8
     assert windows.requests_per_window(Load.closed(16, requests=24)) == 16
     assert windows.requests_per_window(Load.closed(8, requests=2000)) == 667
+
+
+def test_time_windows_follow_the_plan_s_seconds(tmp_path: Path) -> None:
+    """The lab's windows in seconds: perf_analyzer measures in time windows of the same length as servelab's client,
+    whatever the load's own requests or duration; each stretched to hold a few requests at the rate servelab
+    measured (a window in which none completed fails perf_analyzer)."""
+    common = dict(url="127.0.0.1:8001", model="food_classifier_onnx", protocol="http", batch=16,
+                  input_data=tmp_path / "in.json", csv_path=tmp_path / "out.csv")
+    windows = Windows(stability_pct=1000, max_trials=3, window_s=1.5)
+    for load in (Load.closed(4, None, duration_s=4.5), Load.sequential(20), Load.open(30, "poisson", requests=90)):
+        cmd = perf_analyzer_command(load=load, windows=windows, **common)
+        assert cmd[cmd.index("--measurement-interval") + 1] == "1500" and "--measurement-mode" not in cmd
+        assert cmd[cmd.index("--max-trials") + 1] == "3"
+    assert windows.fitted(100.0) == windows and windows.fitted(None) == windows  # 150 requests a window
+    assert windows.fitted(2.0).window_s == Windows.MIN_REQUESTS / 2.0  # slow 16-image requests: longer windows
+    assert Windows().fitted(2.0) == Windows()  # count windows are sized by requests already
+    assert not windows.tested and Windows(20, 9, 2.0).tested
