@@ -29,6 +29,18 @@ Load modes (``Load``):
   ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
 
+The client itself (``record.client``; ``servelab.measure.senders`` says how): before a run it knows its
+**ceiling**, what one sender process sends per second of its CPU against a no-op server with the same request
+body (measured once per machine and body size, ~1.5 s, then kept for the process and in ``client-ceiling.json``
+beside ``out``). It then runs on as many **sender processes** as keep it 2x above the rate it expects (an open
+loop's offered rate; a closed loop's, from its warm-up by Little's law), at most half the CPUs: each process runs
+this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
+all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
+into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
+uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``processes=`` fixes the count. A run
+above half of what its processes can send, or an open loop whose own event loop ran its sends late, is marked
+**client-bound** (``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
+
 Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
 counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
 the run kept over time: its ``timeline`` (p50/p99, throughput, errors and shed per second) and every
@@ -48,18 +60,24 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
+from servelab.core.procs import die_with_parent
 from servelab.measure.monitor import Monitor
-from servelab.measure.records import (Breakdown, CacheStats, Load, PerRequest, Record, Rollout, Timeline,
-                                      append_record, machine_info)
+from servelab.measure.records import (Breakdown, CacheStats, ClientCeiling, ClientSide, Load, PerRequest, Record,
+                                      Rollout, Timeline, append_record, machine_info)
 from servelab.measure.schedule import send_times, window_s
+from servelab.measure.senders import (CEILING_CONCURRENCY, CEILING_SECONDS, CEILING_WARMUP_S, bound_reason, cached_ceiling, ceiling_key,
+                                      default_max_processes, keep_ceiling, little_rate, noop_server,
+                                      noop_server_processes, now, plan_processes, planned_rate, pool)
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
-from servelab.measure.targets import Client, Outcome, Target
+from servelab.measure.targets import Client, FastAPITarget, Outcome, Target, noop_twin, request_body_bytes
 from servelab.measure.triton_stats import stats_delta
 
 log = logging.getLogger("servelab.measure")
@@ -67,6 +85,7 @@ log = logging.getLogger("servelab.measure")
 LATE_AFTER_S = 0.010  # later than this after its scheduled time, a send is late (timer jitter is ~1 ms)
 LATE_WARN_FRACTION = 0.01
 OPEN_LOOP_LEAD_S = 0.01  # the schedule starts this far ahead, so the first send is not late
+START_AHEAD_S = 0.05  # several sender processes start this far after the parent tells them when (a pipe's latency)
 STATS_SETTLE_S, STATS_SETTLE_TRIES = 0.05, 20
 clock = time.perf_counter  # monotonic, high resolution (never time.time)
 OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerRequest: ok, shed:<reason>, or the error
@@ -85,6 +104,7 @@ class RawRun:
     errors: Counter = field(default_factory=Counter)
     shed: Counter = field(default_factory=Counter)  # reason -> requests the server shed
     send_lag_s: list[float] = field(default_factory=list)
+    loop_late: int = 0  # open loop: sends whose task the client's own event loop started late (busy, not the server)
     timing: TimingSums = field(default_factory=TimingSums)
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -202,8 +222,19 @@ async def warm_up(client: Client, load: Load) -> WarmUp:
     return done
 
 
-async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None) -> RawRun:
-    run = RawRun(timing=TimingSums(client.batch), started=clock())
+async def _start(start_at: float | None) -> float:
+    """The measured window's start: ``start_at`` (perf_counter, shared by every sender process), or now."""
+    if start_at is None:
+        return clock()
+    await asyncio.sleep(max(0.0, start_at - clock()))
+    return start_at
+
+
+async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None, start_at: float | None = None,
+                       part: tuple[int, int] = (0, 1)) -> RawRun:
+    k, n = part
+    started = await _start(start_at)
+    run = RawRun(timing=TimingSums(client.batch), started=started)
     stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
     give_up = run.started + load.max_duration_s
     limit = load.requests if load.requests is not None else math.inf
@@ -217,11 +248,12 @@ async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None) ->
             t0 = clock()
             outcome = await client.send()
             t1 = clock()
-            run.add(i, outcome, t1 - t0, t1)
+            run.add(i * n + k, outcome, t1 - t0, t1)  # one index space across the processes, interleaved
 
     await asyncio.gather(*(sender() for _ in range(load.concurrency)))
     if issued < limit and load.duration_s is None:
-        run.warnings.append(f"stopped at max_duration_s={load.max_duration_s:g} after {issued} of {limit} requests")
+        run.warnings.append(f"stopped at max_duration_s={load.max_duration_s:g} after {issued} of {limit} requests"
+                            + (f" (sender process {k + 1} of {n})" if n > 1 else ""))
     return run
 
 
@@ -235,18 +267,24 @@ def _schedule(load: Load, n: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-async def _open_loop(client: Client, load: Load) -> RawRun:
+async def _open_loop(client: Client, load: Load, start_at: float | None = None,
+                     part: tuple[int, int] = (0, 1)) -> RawRun:
+    """The schedule's sends ``k``, ``k + n``, ... of ``part`` = (k, n): one process's share (all of it for (0, 1))."""
     assert load.rate is not None and load.arrivals is not None
+    k, n_parts = part
     n = load.requests or math.inf
     if load.duration_s is not None:
         n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
     times = _schedule(load, int(n))
-    run = RawRun(timing=TimingSums(client.batch), started=clock() + OPEN_LOOP_LEAD_S,
-                 window_s=window_s(len(times), load.rate), offered_rps=load.rate, scheduled_s=times)
+    started = (await _start(start_at)) + OPEN_LOOP_LEAD_S
+    run = RawRun(timing=TimingSums(client.batch), started=started, window_s=window_s(len(times), load.rate),
+                 offered_rps=load.rate, scheduled_s=times[k::n_parts])
     give_up = run.started + load.max_duration_s
     slots = asyncio.Semaphore(load.max_inflight)
 
     async def one(i: int, due: float) -> None:
+        if clock() - due > LATE_AFTER_S:  # the loop itself ran this send late: the client was busy
+            run.loop_late += 1
         async with slots:  # waiting here means the client is behind its schedule
             sent = clock()
             if sent > give_up:
@@ -258,8 +296,8 @@ async def _open_loop(client: Client, load: Load) -> RawRun:
         run.add(i, outcome, done - due, done)  # from the scheduled time: no coordinated omission
 
     tasks = []
-    for i, offset in enumerate(times):
-        due = run.started + offset
+    for i in range(k, len(times), n_parts):
+        due = run.started + times[i]
         if due > give_up:
             run.warnings.append(f"schedule cut at max_duration_s={load.max_duration_s:g} after {i} requests")
             run.window_s, run.offered_rps = load.max_duration_s, i / load.max_duration_s
@@ -269,20 +307,25 @@ async def _open_loop(client: Client, load: Load) -> RawRun:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i, due)))
     await asyncio.gather(*tasks)
-    lags = np.asarray(run.send_lag_s)
-    late = int((lags > LATE_AFTER_S).sum())
-    if lags.size and late > LATE_WARN_FRACTION * lags.size:
-        run.warnings.append(
-            f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
-            f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
-            f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time"
-        )
     return run
 
 
-async def run_load(client: Client, load: Load, trigger: Trigger | None = None) -> RawRun:
+def _late_warning(run: RawRun, load: Load) -> str | None:
+    lags = np.asarray(run.send_lag_s)
+    late = int((lags > LATE_AFTER_S).sum())
+    if lags.size and late > LATE_WARN_FRACTION * lags.size:
+        return (f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
+                f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
+                f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time")
+    return None
+
+
+async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *, start_at: float | None = None,
+                   part: tuple[int, int] = (0, 1)) -> RawRun:
     """The measured window only (no warm-up); see the module docstring for the modes. ``trigger`` runs
-    ``trigger.at_s`` seconds into it, beside the load."""
+    ``trigger.at_s`` seconds into it, beside the load. A sender process of several runs ``part`` = (k, n), its share,
+    from ``start_at`` (perf_counter, one clock for them all); the warning that the schedule fell behind is then the
+    merged run's (``merge_runs``)."""
     # Full garbage collections scan every long-lived object (all imported modules) and stall the
     # event loop for tens of ms; frozen objects are skipped, so the client keeps its schedule.
     gc.collect()
@@ -290,12 +333,48 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None) -
     try:
         hold = _Hold()
         fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
-        run = await (_open_loop(client, load) if load.mode == "open" else _closed_loop(client, load, hold))
+        if load.mode == "open":
+            run = await _open_loop(client, load, start_at, part)
+        else:
+            run = await _closed_loop(client, load, hold, start_at, part)
         if fired is not None:
             run.fired = await fired
+        if part[1] == 1 and (late := _late_warning(run, load)):
+            run.warnings.append(late)
         return run
     finally:
         gc.unfreeze()
+
+
+def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
+    """One run of several sender processes' shares (started together: one ``started``), each request once."""
+    first = runs[0]
+    merged = RawRun(timing=TimingSums(first.timing.images_per_request), started=first.started,
+                    window_s=max(r.window_s for r in runs), offered_rps=first.offered_rps)
+    scheduled = []
+    for run in runs:
+        merged.index += run.index
+        merged.latency_s += run.latency_s
+        merged.errors.update(run.errors)
+        merged.shed.update(run.shed)
+        merged.send_lag_s += run.send_lag_s
+        merged.loop_late += run.loop_late
+        merged.outcomes += [(done + run.started - merged.started, *rest) for done, *rest in run.outcomes]
+        merged.last_done = max(merged.last_done, run.last_done)
+        merged.warnings += [w for w in run.warnings if w not in merged.warnings]
+        for name, value in run.timing.sums.items():
+            merged.timing.sums[name] = merged.timing.sums.get(name, 0.0) + value
+        merged.timing.counts.update(run.timing.counts)
+        merged.timing.images_by_batch.update(run.timing.images_by_batch)
+        if run.scheduled_s is not None:
+            scheduled.append(run.scheduled_s)
+        if run.offered_rps is not None and first.offered_rps is not None:
+            merged.offered_rps = min(merged.offered_rps, run.offered_rps)  # a schedule cut short offered less
+    merged.outcomes.sort(key=lambda outcome: outcome[0])
+    merged.scheduled_s = np.sort(np.concatenate(scheduled)) if scheduled else None
+    if late := _late_warning(merged, load):
+        merged.warnings.append(late)
+    return merged
 
 
 async def _snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
@@ -374,6 +453,160 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     return delta
 
 
+def share(load: Load, k: int, n: int) -> Load:
+    """Sender process ``k``'s share of ``load`` split across ``n``: a closed loop's senders and requests, an open loop's
+    requests in flight (its sends are every ``n``-th of the schedule: ``run_load``'s ``part``); a warm-up that only
+    opens its connections (the parent's warm-up warmed the server; none where the load has none)."""
+    if n == 1:
+        return load
+    if load.mode == "closed":
+        senders = load.concurrency // n + (k < load.concurrency % n)
+        update: dict[str, Any] = {"concurrency": senders, "warmup": min(senders, load.warmup), "warmup_s": None}
+        if load.requests is not None:
+            update["requests"] = load.requests // n + (k < load.requests % n)
+    else:
+        update = {"max_inflight": math.ceil(load.max_inflight / n), "warmup": math.ceil(load.warmup / n),
+                  "warmup_s": None}
+    return load.model_copy(update=update)
+
+
+def _sender_main(conn: Connection, parent: int) -> None:
+    """A sender process (``senders.SenderPool``): runs the jobs its pipe brings until it reads None."""
+    die_with_parent(parent)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        try:
+            asyncio.run(_sender_job(conn, *job))
+        except Exception as exc:  # the parent fails the run with this, and ends the pool
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+
+
+async def _sender_job(conn: Connection, target: Target, load: Load, timeout_s: float, part: tuple[int, int]) -> None:
+    """Connect, warm up (then say so), wait for the shared start time, run this share, send its RawRun back."""
+    client = await target.connect(load.max_inflight if load.mode == "open" else load.concurrency, timeout_s)
+    try:
+        warm = await warm_up(client, load)
+        conn.send(("warm", warm.sent, warm.failed))
+        start_at = conn.recv()  # blocking: nothing else runs in this process meanwhile
+        run = await run_load(client, load, start_at=start_at, part=part)
+    finally:
+        await client.close()
+    conn.send(("done", run))
+
+
+async def _reply(conn: Connection, wait_s: float) -> tuple[Any, ...]:
+    def receive() -> tuple[Any, ...]:
+        if not conn.poll(wait_s):
+            raise RuntimeError(f"a sender process said nothing for {wait_s:g} s")
+        try:
+            reply = conn.recv()
+        except EOFError:
+            raise RuntimeError("a sender process ended during the run") from None
+        if reply[0] == "failed":
+            raise RuntimeError(f"a sender process failed: {reply[1]}")
+        return reply
+
+    return await asyncio.to_thread(receive)
+
+
+async def _senders_warm(conns: list[Connection], target: Target, load: Load, timeout_s: float) -> tuple[int, int]:
+    """Hand each sender process its share; once all are connected and warm: (warm-up requests sent, failed)."""
+    n = len(conns)
+    for k, conn in enumerate(conns):
+        conn.send((target, share(load, k, n), timeout_s, (k, n)))
+    replies = await asyncio.gather(*(_reply(c, timeout_s * 4 + 60 + (load.warmup_s or 0)) for c in conns))
+    return sum(r[1] for r in replies), sum(r[2] for r in replies)
+
+
+async def _senders_run(conns: list[Connection], load: Load, timeout_s: float) -> RawRun:
+    """Start every sender process's share at one time (``START_AHEAD_S`` from now, on the shared clock); merge."""
+    start_at = clock() + START_AHEAD_S
+    for conn in conns:
+        conn.send(start_at)
+    wait_s = load.max_duration_s + timeout_s + 60
+    replies = await asyncio.gather(*(_reply(c, wait_s) for c in conns))
+    return merge_runs([r[1] for r in replies], load)
+
+
+async def measure_ceiling(target: Target, concurrency: int = CEILING_CONCURRENCY, seconds: float = CEILING_SECONDS,
+                          server_processes: int | None = None, processes: int = 1) -> ClientCeiling:
+    """What ``processes`` sender processes (one: the ceiling, per process) send in a closed loop of ``concurrency``
+    senders for ``seconds`` against the no-op server (``server_processes`` of it) with ``target``'s request bodies
+    (``targets.noop_twin``): requests per second of the senders' CPU time (the parent's event-loop thread, for one
+    process), and per second of wall time. Failed requests fail it."""
+    server_processes = server_processes or noop_server_processes()
+    with noop_server(server_processes) as url:
+        twin, route = noop_twin(target, url)
+        load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=concurrency,
+                           warmup_s=CEILING_WARMUP_S)
+        if processes > 1:
+            conns = pool(_sender_main).take(processes)
+            try:
+                await _senders_warm(conns, twin, load, 30.0)
+                cpu_before = _children_cpu(pool(_sender_main))
+                run = await _senders_run(conns, load, 30.0)
+                cpu_s = _children_cpu(pool(_sender_main)) - cpu_before
+            except BaseException:
+                pool(_sender_main).close()
+                raise
+        else:
+            client = await twin.connect(concurrency, 30.0)
+            try:
+                await warm_up(client, load)
+                gc.collect()
+                cpu_before = time.thread_time()
+                run = await run_load(client, load)
+                cpu_s = time.thread_time() - cpu_before
+            finally:
+                await client.close()
+    if run.errors or not run.latency_s:
+        raise RuntimeError(f"the client's ceiling: requests to the no-op server failed: {dict(run.errors)}")
+    done = len(run.latency_s)
+    return ClientCeiling(rps=round(done / cpu_s, 1), wall_rps=round(done / run.wall_s, 1),
+                         cpu_share=round(cpu_s / run.wall_s / processes, 3), concurrency=concurrency,
+                         seconds=seconds, body_bytes=request_body_bytes(target), route=route,
+                         server_processes=server_processes, measured_at=now())
+
+
+def _children_cpu(sender_pool: Any) -> float:
+    """CPU seconds the pool's sender processes have used so far (user + system, from /proc via psutil)."""
+    total = 0.0
+    for process, _ in sender_pool.senders:
+        times = psutil.Process(process.pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def _ceiling_what(target: Target) -> str:
+    if isinstance(target, FastAPITarget):
+        return f"fastapi, batch {target.batch}"
+    return "triton, by its HTTP stand-in"
+
+
+async def client_ceiling(target: Target, given: float | ClientCeiling | None = None,
+                         folder: Path | None = None) -> ClientCeiling:
+    """One sender process's ceiling for ``target``'s requests: ``given`` (a figure, or a ``ClientCeiling``), else the
+    one measured earlier for this machine and body size (this process, or ``folder``'s ``client-ceiling.json``), else
+    measured now (``measure_ceiling``) and kept."""
+    if isinstance(given, ClientCeiling):
+        return given
+    body = request_body_bytes(target)
+    if given is not None:
+        return ClientCeiling(rps=given, wall_rps=given, cpu_share=1.0, concurrency=0, seconds=0.0, body_bytes=body,
+                             route="given by the caller", measured_at=now(), source="given")
+    key = ceiling_key(_ceiling_what(target), body)
+    if found := cached_ceiling(key, folder):
+        return found
+    ceiling = await measure_ceiling(target)
+    keep_ceiling(key, ceiling, folder)
+    return ceiling
+
+
 async def run_bench_async(
     target: Target,
     load: Load,
@@ -389,6 +622,10 @@ async def run_bench_async(
     timeline_bin_s: float | None = None,
     keep_requests: bool = False,
     trigger: Trigger | None = None,
+    processes: int | None = None,
+    max_processes: int | None = None,
+    ceiling: float | ClientCeiling | None = None,
+    ceiling_folder: Path | None = None,
 ) -> Record:
     """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
 
@@ -396,28 +633,60 @@ async def run_bench_async(
     on the perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per
     ``timeline_bin_s`` (default 1 s), with the sampler's replicas and events where there is one;
     ``keep_requests``: every request in ``per_request``; a ``trigger`` runs during the measured window (a
-    rollout), and the record's ``rollout`` says how the requests saw it."""
+    rollout), and the record's ``rollout`` says how the requests saw it.
+
+    The client (``record.client``; ``servelab.measure.senders``): ``ceiling`` is one sender process's (req/s, or a
+    ``ClientCeiling``; default: measured once per machine and body size, kept in ``ceiling_folder``, by default
+    ``out``'s folder); ``processes`` fixes the sender processes (default: planned from the ceiling, at most
+    ``max_processes``, default half the CPUs; one with a ``trigger``, which runs in this process)."""
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
+    folder = ceiling_folder if ceiling_folder is not None else Path(out).parent if out is not None else None
+    try:
+        found = await client_ceiling(target, ceiling, folder)
+    except Exception as exc:  # the run goes on, one process; its record says the ceiling is unknown
+        found = None
+        warnings.append(f"the client's ceiling could not be measured ({type(exc).__name__}: {exc})")
+    senders: list[Connection] = []
     client = await target.connect(connections, timeout_s)
     try:
         warm = await warm_up(client, load)
         if warm.failed:
             warnings.append(f"{warm.failed} of {warm.sent} warm-up requests failed")
+        expected = planned_rate(load) or little_rate(load, warm.latencies_s)
+        held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
+        n, chosen = plan_processes(load, found.rps if found else None, expected,
+                                   max_processes or default_max_processes(), processes, held)
+        warm_sent = warm.sent
+        if n > 1:
+            senders = pool(_sender_main).take(n)
+            sent, failed = await _senders_warm(senders, target, load, timeout_s)
+            warm_sent += sent
+            if failed:
+                warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
         cache_before = await _cache_counts(client, warnings)
         with Monitor(monitor_interval_s, server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
-            run = await run_load(client, load, trigger)
+            run = await (run_load(client, load, trigger) if n == 1 else _senders_run(senders, load, timeout_s))
             window_end = time.time()
         breakdown = run.timing.breakdown()
         if before is not None:
             model = getattr(target, "model", "")
             breakdown = await _server_breakdown(client, before, model, len(run.latency_s), warnings)
         cache = await _cache_stats(client, cache_before, len(run.latency_s), warnings)
+    except BaseException:
+        if senders:  # no sender process is left mid-job: the next run starts fresh ones
+            pool(_sender_main).close()
+        raise
     finally:
         await client.close()
     warnings += run.warnings
+    stats = summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
+                      run.offered_rps, run.shed)
+    why = bound_reason(stats.throughput_rps, n, found.rps if found else None, run.loop_late, len(run.send_lag_s))
+    if why:
+        warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
     for text in warnings:
         log.warning("%s [%s]: %s", stage, load.label(), text)
     monitors = monitor.result()
@@ -427,20 +696,22 @@ async def run_bench_async(
         config=config or {},
         load=load,
         batch=target.batch,
-        stats=summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
-                        run.offered_rps, run.shed),
+        stats=stats,
         breakdown=breakdown,
         monitors=monitors,
         machine=machine_info([g.name for g in monitors.gpus] or None),
         warnings=warnings,
         stand_in=stand_in,
         first_request_ms=warm.first_ms,
-        warmup_requests=warm.sent,
+        warmup_requests=warm_sent,
         window_unix=[window_start, window_end],
         timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
         per_request=per_request(run) if keep_requests else None,
         cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
+        client=ClientSide(processes=n, ceiling=found, capacity_rps=round(n * found.rps, 1) if found else None,
+                          expected_rps=round(expected, 1) if expected else None, chosen=chosen, bound=why is not None,
+                          why=why),
     )
     if out is not None:
         append_record(out, record)

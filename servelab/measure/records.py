@@ -281,6 +281,36 @@ class Rollout(BaseModel):
         return self.p99_during_ms / self.p99_before_ms if self.p99_during_ms and self.p99_before_ms else None
 
 
+class ClientCeiling(BaseModel):
+    """What one sender process of servelab's client can send on this machine: requests per second of its own CPU
+    time in a closed loop against a server that does nothing (``servelab.measure.noop_server``) with the same
+    request body, measured once per machine and body size (``servelab.measure.senders``)."""
+
+    rps: float  # requests per CPU-second of the sender process: its rate with one core to itself
+    wall_rps: float  # what it reached there per second (the no-op server or a neighbour may hold it under ``rps``)
+    cpu_share: float  # the sender's CPU seconds per second during that window (1.0: a whole core)
+    concurrency: int
+    seconds: float
+    body_bytes: int  # the request body it sent
+    route: str  # what it was measured against, and how far that stands for the run's own requests
+    server_processes: int = 1  # the no-op server's processes (SO_REUSEPORT), so that the server is never the limit
+    measured_at: str = ""
+    source: str = "measured"  # "measured" (this process), "cached" (earlier in this process), a file, or "given"
+
+
+class ClientSide(BaseModel):
+    """servelab's client in one run: the sender processes it used, what they can send, and whether the run was
+    bound by the client rather than by the server (``bound``: then its throughput is the client's, not a capacity)."""
+
+    processes: int = 1
+    ceiling: ClientCeiling | None = None  # one sender process's; None where it could not be measured
+    capacity_rps: float | None = None  # processes x ceiling.rps: the most the client could send
+    expected_rps: float | None = None  # the rate planned for: an open loop's offered rate, a closed loop's warm-up
+    chosen: str = ""  # how ``processes`` was chosen (from the ceiling, asked for, held to one and why)
+    bound: bool = False
+    why: str | None = None  # why the run counts as client-bound
+
+
 class Record(BaseModel):
     """One measured run; serializes to one JSON line (``to_json``)."""
 
@@ -309,6 +339,12 @@ class Record(BaseModel):
     per_request: PerRequest | None = None  # overload and rollout runs: every request
     cache: CacheStats | None = None  # a response cache's hits and misses (None: the server has none)
     rollout: Rollout | None = None  # rollout runs: the swap, as the requests saw it
+    client: ClientSide | None = None  # servelab's client: its sender processes, its ceiling, whether it bound the run
+
+    @property
+    def client_bound(self) -> bool:
+        """The client, not the server, set this run's throughput: never a server's capacity."""
+        return self.client is not None and self.client.bound
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -8,6 +8,7 @@ fields, and orderings within one record (the client's latency holds the server's
 latency is at least what the server's one slot could have served by then)."""
 
 import asyncio
+import base64
 import json
 import logging
 import socket
@@ -17,9 +18,10 @@ import urllib.request
 import pytest
 from tinyserver import running
 
-from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load
-from servelab.measure.loadgen import run_bench, run_load
+from servelab.measure.targets import FastAPITarget, TritonTarget, request_body_bytes
+from servelab.measure.records import Load, read_records
+from servelab.measure.loadgen import measure_ceiling, run_bench, run_load
+from servelab.measure.senders import CEILING_FILE
 from servelab.core.paths import DEFAULT_IMAGE
 
 S_MS = 40.0  # the tiny server's service time: long enough that loopback HTTP overhead is small
@@ -220,3 +222,86 @@ def test_timeline_counts_failures_after_an_event_as_recovery(trivial: str) -> No
     assert r.stats.errors == {"http_500": 20} and sum(t.errors) == 20
     assert t.events["before the run"] <= 0 < t.first_error_s <= t.last_error_s
     assert t.recovery_s == pytest.approx(t.last_error_s - t.events["before the run"], abs=0.002)
+
+
+# The client: its ceiling in every record, sender processes that count every request once, client-bound runs marked.
+
+
+def test_every_record_holds_the_clients_ceiling_for_its_body(trivial: str, tmp_path) -> None:
+    out = tmp_path / "records.jsonl"
+    target = FastAPITarget(trivial, PHOTO)
+    first = run_bench(target, Load.sequential(3, warmup=1), stage="tiny", out=out)
+    again = run_bench(target, Load.closed(2, requests=6, warmup=2), stage="tiny", out=out)
+    small = run_bench(FastAPITarget(trivial, b"x"), Load.sequential(3, warmup=1), stage="tiny", out=out)
+    for r in (first, again, small):
+        c = r.client
+        assert c.processes == 1 and c.ceiling.rps > 0 and c.ceiling.wall_rps > 0 and c.capacity_rps == c.ceiling.rps
+        assert c.ceiling.route.startswith("no-op HTTP server") and c.ceiling.concurrency == 16
+    assert first.client.ceiling.body_bytes == request_body_bytes(target) > len(PHOTO)  # base64 in JSON
+    assert small.client.ceiling.body_bytes == request_body_bytes(FastAPITarget(trivial, b"x")) < 100
+    assert again.client.ceiling.source in ("cached", str(tmp_path / CEILING_FILE))  # measured once per body size
+    assert again.client.ceiling.rps == first.client.ceiling.rps
+    assert [r.client for r in read_records(out)] == [first.client, again.client, small.client]
+    assert first.stats.successes == 3 and "one request at a time" in first.client.chosen
+    assert (tmp_path / CEILING_FILE).is_file()  # beside the records: the next run reads it
+
+
+def test_a_tritons_ceiling_stands_in_with_a_body_of_its_size() -> None:
+    target = TritonTarget("127.0.0.1:1", "food_classifier", PHOTO, input="bytes", batch=2)
+    ceiling = asyncio.run(measure_ceiling(target, seconds=0.2))
+    assert ceiling.body_bytes == request_body_bytes(target) == 2 * (4 + len(base64.b64encode(PHOTO)))
+    assert "stands in for tritonclient" in ceiling.route and ceiling.rps > 0 and ceiling.seconds == 0.2
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_a_closed_loop_on_several_processes_counts_every_request_once(trivial: str, processes: int) -> None:
+    before = _server_count(trivial)
+    r = run_bench(FastAPITarget(trivial, PHOTO), Load.closed(5, requests=301, warmup=5), stage="tiny",
+                  processes=processes, keep_requests=True)
+    assert r.client.processes == processes and "asked for" in r.client.chosen
+    assert r.stats.successes == 301 and r.stats.errors == {} and len(r.per_request.outcome) == 301
+    assert _server_count(trivial) - before == r.warmup_requests + 301  # every warm-up and measured request once
+    # One clock: every request of every process inside the one measured window, in completion order.
+    done = [s + ms / 1000 for s, ms in zip(r.per_request.sent_s, r.per_request.latency_ms)]
+    assert done == sorted(done) and min(r.per_request.sent_s) >= -0.001 and max(done) <= r.stats.wall_s + 0.001
+
+
+def test_a_timed_window_on_two_processes_counts_what_the_server_saw(trivial: str) -> None:
+    before = _server_count(trivial)
+    r = run_bench(FastAPITarget(trivial + "/fail-every/4", PHOTO), Load.closed(4, requests=None, duration_s=0.5,
+                  warmup=0), stage="tiny", processes=2)
+    sent = r.stats.successes + r.stats.error_count
+    assert r.client.processes == 2 and r.stats.wall_s >= 0.5 and sent == r.stats.requests
+    assert r.warmup_requests == 0 and _server_count(trivial) - before == sent
+    # The server fails every 4th request it sees, whichever process sent it: a quarter of all, within one.
+    assert abs(r.stats.errors["http_500"] - sent / 4) <= 1
+
+
+def test_an_open_loop_on_three_processes_offers_its_schedule_once(server: str) -> None:
+    load = Load.steps([(6, 1.0), (18, 1.0)], arrivals="constant", warmup=0)
+    r = run_bench(FastAPITarget(server, PHOTO), load, stage="tiny", processes=3, timeline_bin_s=1.0)
+    t = r.timeline
+    assert r.client.processes == 3 and r.stats.successes == 24 and r.stats.offered_rps == load.rate
+    assert t.offered_rps[:2] == [6, 18]  # the whole schedule, not one process's third of it
+    assert r.breakdown.server_requests == 24 and r.stats.latency.p50_ms >= S_MS
+
+
+def test_a_run_above_half_the_clients_ceiling_is_client_bound(trivial: str, caplog) -> None:
+    """A ceiling given far below what the client sends: the run is marked, says why, and warns."""
+    with caplog.at_level(logging.WARNING, logger="servelab.measure"):
+        r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=100, warmup=4), stage="tiny",
+                      ceiling=2.0, max_processes=1)
+    assert r.client_bound and r.client.bound and r.client.ceiling.source == "given" and r.client.processes == 1
+    assert "capped at 1" in r.client.chosen and "of what 1 sender process can send" in r.client.why
+    assert any(w.startswith("client-bound:") for w in r.warnings) and "client-bound" in caplog.text
+    # The same run with a ceiling far above it is not.
+    r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=100, warmup=4), stage="tiny", ceiling=1e9)
+    assert not r.client_bound and r.client.why is None and r.client.processes == 1
+
+
+def test_a_low_ceiling_plans_more_sender_processes(trivial: str) -> None:
+    """An open loop at 40 req/s with a ceiling of 10 per process: 2 x 40 / 10 = 8 processes wanted, 3 allowed."""
+    r = run_bench(FastAPITarget(trivial, b"x"), Load.open(40.0, "constant", requests=20, warmup=0), stage="tiny",
+                  ceiling=10.0, max_processes=3)
+    assert r.client.processes == 3 and r.client.expected_rps == 40.0 and "capped at 3" in r.client.chosen
+    assert r.stats.successes == 20 and r.client.capacity_rps == 30.0
