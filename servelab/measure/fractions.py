@@ -5,8 +5,12 @@ Pure functions over a run's records (``servelab.measure.records``) and a ``Ceili
 
 * ``stage_fractions``: each stage's best throughput (images/s, servelab's client, closed loop or
   sequential, one image per request) as a fraction of the fp32 ceiling;
-* ``ratios``: dynamic batching ÷ no batching and instances ÷ one instance (``RATIOS``), in req/s;
-* ``aims``: dynamic batching ≥ 2× no batching at 16 senders for the ONNX stages; the best image-in
+* ``capacity``: a stage's capacity, the highest throughput of its concurrency sweep (the lab's
+  ``servelab.measure.measure_stage.sweep_capacity``, whose last record keeps the curve in
+  ``config["capacity"]``: ``curve``); in records made before the sweep, the run at the most senders;
+* ``ratios``: dynamic batching ÷ no batching and instances ÷ one instance (``RATIOS``), capacity ÷ capacity;
+  ``ratio_runs``: the two stages at one stated concurrency, for latency at the same load;
+* ``aims``: dynamic batching ≥ 2× no batching at saturation (capacity ÷ capacity) for the ONNX stages; the best image-in
   stage ≥ 40 % and the best tensor-in stage ≥ 60 % of the fp32 ceiling; the first request after
   ready ≤ 3× the sequential median (``first_requests``), for every stage whose records hold it.
   Each is met, missed or not measured, with its figures; beside a fraction aim, the CPU and GPU use
@@ -23,6 +27,7 @@ client-preprocessed crop); the orchestration layer passes it (``servelab.run.sid
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from servelab.measure.ceiling import Ceiling
 from servelab.measure.records import Record
@@ -38,9 +43,9 @@ RATIO_FAMILIES = ("triton", "fastapi")
 # catalogue pairs them.
 RATIOS = tuple((what, top, bottom) for lesson, what in RATIO_LESSONS.items() for family in RATIO_FAMILIES
                for top, bottom in compared(lesson) if STAGES[top].family == family)
-RATIO_CONCURRENCY = 16
+RATIO_CONCURRENCY = 16  # latency compared at this many senders, else at the most both stages were measured at
 # The aims (issue 24), for a GPU like the H100.
-BATCHING_AIM = 2.0  # dynamic batching ÷ no batching at RATIO_CONCURRENCY senders, for the ONNX stages:
+BATCHING_AIM = 2.0  # dynamic batching ÷ no batching at saturation (capacity ÷ capacity), for the ONNX stages:
 BATCHING_AIM_PAIRS = tuple((top, bottom) for what, top, bottom in RATIOS
                            if what == RATIO_LESSONS["batching"] and STAGES[top].runtime == "onnx")
 IMAGE_IN_AIM, TENSOR_IN_AIM = 0.40, 0.60  # of the fp32 ceiling
@@ -60,11 +65,49 @@ def closed_run(records: list[Record], stage: str, concurrency: int, batch: int =
     return None
 
 
+# config keys: the record that ended a stage's concurrency sweep (its curve and capacity), and a run's windows.
+CAPACITY, WINDOWS = "capacity", "windows"
+
+
+def curve_point(record: Record) -> dict[str, Any]:
+    """One point of a capacity curve: the run's senders, throughput, p50 and p99."""
+    lat = record.stats.latency
+    return {"concurrency": record.load.concurrency, "throughput_rps": round(record.stats.throughput_rps, 3),
+            "p50_ms": None if lat.p50_ms is None else round(lat.p50_ms, 3),
+            "p99_ms": None if lat.p99_ms is None else round(lat.p99_ms, 3)}
+
+
+def swept(records: list[Record], stage: str) -> Record | None:
+    """The record that ended ``stage``'s concurrency sweep (it holds the curve), the latest; None without one."""
+    return next((r for r in reversed(records) if r.tool == "servelab" and r.stage == stage and CAPACITY in r.config
+                 and not r.config.get("run")), None)
+
+
+def curve(records: list[Record], stage: str) -> list[dict[str, Any]]:
+    """``stage``'s capacity curve (concurrency, throughput_rps, p50_ms, p99_ms per level), [] without a sweep."""
+    found = swept(records, stage)
+    return list(found.config[CAPACITY]["curve"]) if found else []
+
+
 def capacity(records: list[Record], stage: str) -> Record | None:
-    """The stage's capacity: servelab's closed-loop run at the highest concurrency measured (what the
-    lab takes its open-loop rates as fractions of, ``servelab.run.lab``); None where it has none."""
+    """The stage's capacity: servelab's run at the top of its concurrency sweep (the highest throughput on
+    the curve), what the lab takes its open-loop rates as fractions of (``servelab.run.lab``); in records
+    made before the sweep, the closed-loop run at the highest concurrency measured; None where it has none."""
+    if found := swept(records, stage):
+        return closed_run(records, stage, found.config[CAPACITY]["concurrency"]) or found
     levels = sorted(_closed_levels(records, stage), reverse=True)
     return next((run for level in levels if (run := closed_run(records, stage, level))), None)
+
+
+def senders(record: Record) -> str:
+    """"N senders", or "one at a time" where the capacity was one request at a time."""
+    return "one at a time" if record.load.mode == "sequential" else f"{record.load.concurrency} senders"
+
+
+def where(a: Record, b: Record) -> str:
+    """Where two capacities were found: "both at 8 senders", "at 32 senders and 4 senders"."""
+    x, y = senders(a), senders(b)
+    return (f"both at {x}" if x.endswith("senders") else f"both {x}") if x == y else f"at {x} and {y}"
 
 
 def _closed_levels(records: list[Record], stage: str) -> set[int]:
@@ -84,14 +127,20 @@ def ratio_runs(records: list[Record], top: str, bottom: str,
     return (level, a, b) if a and b and b.stats.throughput_rps else None
 
 
-def ratios(records: list[Record], concurrency: int = RATIO_CONCURRENCY) -> list[tuple[str, str, float]]:
-    """(what, "a ÷ b at concurrency N", ratio of req/s): at ``concurrency``, else at the highest
-    closed-loop concurrency both stages were measured at (the label says which)."""
+def capacity_ratio(records: list[Record], top: str, bottom: str) -> tuple[Record, Record, float] | None:
+    """(``top``'s capacity run, ``bottom``'s, the ratio of their req/s); None where either has no capacity."""
+    a, b = capacity(records, top), capacity(records, bottom)
+    return (a, b, a.stats.throughput_rps / b.stats.throughput_rps) if a and b and b.stats.throughput_rps else None
+
+
+def ratios(records: list[Record]) -> list[tuple[str, str, float]]:
+    """(what, "a ÷ b, capacity at N and M senders", ratio of req/s): each stage's capacity (the top of its
+    sweep) over its baseline's."""
     found = []
     for what, top, bottom in RATIOS:
-        if runs := ratio_runs(records, top, bottom, concurrency):
-            level, a, b = runs
-            found.append((what, f"{top} ÷ {bottom} at concurrency {level}", a.stats.throughput_rps / b.stats.throughput_rps))
+        if got := capacity_ratio(records, top, bottom):
+            a, b, ratio = got
+            found.append((what, f"{top} ÷ {bottom}, capacity {where(a, b)}", ratio))
     return found
 
 
@@ -169,11 +218,11 @@ def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> 
     stages_gpu = bool(ours) and all(r.config.get("device") == "gpu" for r in ours)
     found = []
     for top, bottom in BATCHING_AIM_PAIRS:
-        a, b = (closed_run(records, s, RATIO_CONCURRENCY) for s in (top, bottom))
-        ratio = a.stats.throughput_rps / b.stats.throughput_rps if a and b and b.stats.throughput_rps else None
-        figures = (f"{top} {num(a.stats.throughput_rps)} ÷ {bottom} {num(b.stats.throughput_rps)} req/s = {num(ratio, 2)}"
-                   if ratio is not None else f"{top} or {bottom} not measured at concurrency {RATIO_CONCURRENCY}")
-        found.append(Aim(f"{top} ÷ {bottom} ≥ {BATCHING_AIM:g}× at {RATIO_CONCURRENCY} senders",
+        got = capacity_ratio(records, top, bottom)
+        a, b, ratio = got if got else (None, None, None)
+        figures = (f"{top} {num(a.stats.throughput_rps)} ({senders(a)}) ÷ {bottom} {num(b.stats.throughput_rps)} "
+                   f"({senders(b)}) req/s = {num(ratio, 2)}" if got else f"no capacity measured for {top} or {bottom}")
+        found.append(Aim(f"{top} ÷ {bottom} ≥ {BATCHING_AIM:g}× at saturation (capacity ÷ capacity)",
                          _judge(ratio, ratio is not None and ratio >= BATCHING_AIM, stages_gpu), figures))
     best = ceiling.best("fp32")
     fractions = stage_fractions(records, ceiling, inputs)

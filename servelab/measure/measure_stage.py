@@ -8,17 +8,33 @@ record to ``keep``, the runner's own way of keeping it (write it, attach the ser
 line). What the runners differ in, how a family's server is started or switched to a stage and what
 it reports, stays with them; what every record of a stage carries is a ``Labels``, with its stand-in
 note from ``stand_in_note``, the one place that note is put together.
+
+Windows and capacity (``servelab lab``'s plans):
+
+* ``windowed(windows)``: servelab's client measuring a load in windows of seconds (``Windows``, perf_analyzer's
+  own, so both clients measure alike): after the load's warm-up (discarded), three windows in one run, each
+  window's throughput, p50 and p99 kept in the record's ``config["windows"]``; where the windows must agree
+  (``Windows.tested``, the full plan) a run whose three windows spread more than ``stability_pct`` is measured
+  again, up to ``max_trials`` windows in all, and the record says whether they agreed.
+* ``sweep_capacity(...)``: a stage's *capacity*, found by saturation: one request at a time, then closed loops
+  at doubling concurrency (``Sweep``: from its ``start`` to a cap of ``CAP_PER_CORE`` × the cores) until a step
+  adds less than ``growth`` to the throughput (the knee). The record of the step that ended the sweep keeps
+  the curve (concurrency -> throughput, p50, p99), the capacity (the curve's highest throughput) and why it
+  stopped, in ``config["capacity"]`` (``servelab.measure.fractions.CAPACITY``), which the report reads.
 """
 
 import asyncio
 import json
+import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from servelab.core.artifacts import Manifest
 from servelab.measure.records import Load, Record
 from servelab.measure.loadgen import run_bench
-from servelab.measure.perf_analyzer import run_perf_analyzer
+from servelab.measure.fractions import CAPACITY, WINDOWS, curve_point
+from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
 from servelab.measure.targets import Target
 from servelab.core.hardware import options_in_force, runs_on_fastapi
 from servelab.core.procs import DIRECT
@@ -78,10 +94,15 @@ def servelab_client(**options: Any) -> Client:
 
 def perf_analyzer_client(**options: Any) -> Client:
     """perf_analyzer on a Triton target; ``options``: its own (``windows``, ``timeout_s``, ``out``, ...).
-    It records no config: what it measured is in its command."""
+    It records no config: what it measured is in its command. Time windows (``Windows.window_s``) are
+    stretched to hold a few requests at the rate servelab's client just measured of the same load."""
     def run(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
+        kwargs = dict(options)
+        ours = next((r for r in reversed(earlier) if r.tool == "servelab" and not r.failed), None)
+        if "windows" in kwargs and ours is not None:
+            kwargs["windows"] = kwargs["windows"].fitted(ours.stats.throughput_rps)
         return run_perf_analyzer(target, load, stage=labels.stage, stand_in=labels.stand_in,
-                                 server_pid=labels.server_pid, **options)
+                                 server_pid=labels.server_pid, **kwargs)
     return run
 
 
@@ -108,3 +129,132 @@ async def measure_stage_async(target: Any, loads: Iterable[Load], labels: Labels
     """``measure_stage`` from inside a running event loop (a notebook's): in a thread, since each
     client starts an event loop of its own."""
     return await asyncio.to_thread(measure_stage, target, list(loads), labels, clients)
+
+
+def _spread(values: list[float | None]) -> float | None:
+    """The largest distance of any value from their mean, as a fraction of it (perf_analyzer's test)."""
+    if not values or any(v is None for v in values):
+        return None
+    mean = sum(values) / len(values)
+    return max(abs(v - mean) for v in values) / mean if mean else None
+
+
+def windowed(windows: Windows, **options: Any) -> Client:
+    """servelab's client over a load given in seconds (``duration_s``: ``Windows.COUNT`` windows of
+    ``windows.window_s``): one run after the load's warm-up, each window's throughput, p50 and p99 in the
+    record's ``config["windows"]``. Where the windows must agree (``windows.tested``) and they do not, the
+    run is measured again without a warm-up (the run before was one), up to ``max_trials`` windows in all;
+    the record kept is the last run's, and says whether its windows agreed."""
+    size = windows.window_s
+
+    def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
+        if size is None or load.duration_s is None:
+            return servelab_client(**options)(target, load, labels, earlier)
+        tries = max(1, windows.max_trials // Windows.COUNT) if windows.tested else 1
+        seen: list[float] = []  # every window's throughput, the discarded runs' too
+        for attempt in range(tries):
+            again = load if attempt == 0 else load.model_copy(update={"warmup": 0, "warmup_s": None})
+            record = run_bench(target, again, stage=labels.stage, config=labels.config, stand_in=labels.stand_in,
+                               server_pid=labels.server_pid, timeline_bin_s=size, **options)
+            timeline, record.timeline = record.timeline, None  # per window, kept below; no plot over time
+            count = min(Windows.COUNT, len(timeline.t_s)) if timeline else 0
+            rps = timeline.throughput_rps[:count] if timeline else []
+            p50 = timeline.p50_ms[:count] if timeline else []
+            p99 = timeline.p99_ms[:count] if timeline else []
+            seen += rps
+            spread = max((x for x in (_spread(rps), _spread(p50)) if x is not None), default=None)
+            stable = spread is not None and spread <= windows.stability_pct / 100
+            if not windows.tested or stable or record.failed or attempt == tries - 1:
+                break
+        record.load = load  # the load as asked (a run again has no warm-up: the run before was one)
+        record.config = {**record.config, WINDOWS: {
+            "window_s": size, "throughput_rps": rps, "p50_ms": p50, "p99_ms": p99,
+            "spread_pct": None if spread is None else round(100 * spread, 1),
+            "stability_pct": windows.stability_pct if windows.tested else None,
+            "stable": stable if windows.tested else None, "runs": attempt + 1, "discarded_rps": seen[:-len(rps) or None]}}
+        return record
+    return run
+
+
+# The most senders a sweep tries, per core of this machine (the client's and the server's, on one machine).
+CAP_PER_CORE = 8
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a
+    step adds less than ``growth`` to the throughput (the knee), the cap (``cap`` senders; None:
+    ``CAP_PER_CORE`` × this machine's cores) or ``max_levels`` levels in all (one at a time included) is
+    reached. The capacity is the highest throughput on the curve."""
+
+    start: int = 2
+    cap: int | None = None
+    growth: float = 0.05
+    max_levels: int | None = None
+    fixed: tuple[int, ...] = ()  # these levels after one at a time, each measured, instead of doubling to the knee
+
+    def most(self) -> int:
+        return max(self.fixed) if self.fixed else self.cap or CAP_PER_CORE * (os.cpu_count() or 1)
+
+    def levels(self) -> list[int]:
+        """Every level the sweep may try, in order."""
+        if self.fixed:
+            return [1, *sorted(c for c in set(self.fixed) if c > 1)]
+        found, c = [1], max(2, self.start)
+        while c <= self.most() and (self.max_levels is None or len(found) < self.max_levels):
+            found.append(c)
+            c *= 2
+        return found
+
+    def stop(self, curve: list[dict[str, Any]]) -> str | None:
+        """Why the sweep ends after the last point of ``curve`` (``fractions.curve_point``s), or None to go on."""
+        last = curve[-1]
+        if not last["throughput_rps"]:
+            return f"nothing served at {last['concurrency']} senders"
+        if len(curve) > 1 and curve[-2]["throughput_rps"] and not self.fixed:
+            grew = last["throughput_rps"] / curve[-2]["throughput_rps"] - 1
+            if grew < self.growth:
+                return (f"the knee: {curve[-2]['concurrency']} -> {last['concurrency']} senders added "
+                        f"{100 * grew:+.1f} % (< {100 * self.growth:g} %)")
+        levels = self.levels()
+        if last["concurrency"] >= levels[-1]:
+            if self.fixed:
+                return f"the levels asked: {', '.join(map(str, levels))}"
+            if self.max_levels is not None and len(levels) == self.max_levels:
+                return f"the plan's {self.max_levels} levels"
+            return f"the cap: {self.most()} senders ({CAP_PER_CORE} × {os.cpu_count() or 1} cores)"
+        return None
+
+
+def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
+                   ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
+                   others: Sequence[Client] = ()) -> list[Record]:
+    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each (a sequential load at 1),
+    until it stops; the record of the last step keeps the curve and the capacity in ``config["capacity"]``.
+    ``others`` (perf_analyzer) then measure the sequential load and the capacity's, right after ours there.
+    Every record, in the order made."""
+    ours = ours or servelab_client()
+    curve: list[dict[str, Any]] = []
+    records: list[Record] = []
+    for level in sweep.levels():
+        def step(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
+            record = ours(target, load, labels, earlier)
+            curve.append(curve_point(record))
+            if why := sweep.stop(curve) if not record.failed else f"the run at {load.concurrency} senders failed":
+                best = max(curve, key=lambda p: p["throughput_rps"] or 0)
+                record.config = {**record.config, CAPACITY: {
+                    "throughput_rps": best["throughput_rps"], "concurrency": best["concurrency"], "stopped": why,
+                    "growth_pct": 100 * sweep.growth, "cap": sweep.most(), "curve": list(curve)}}
+            return record
+
+        [record] = measure_stage(target, [loads(level)], labels, [step], keep)
+        records.append(record)
+        if CAPACITY in record.config:
+            break
+    if others:
+        best = records[[p["concurrency"] for p in curve].index(records[-1].config[CAPACITY]["concurrency"])]
+        for mine in dict.fromkeys((records[0], best)):  # the sequential load, and the capacity's
+            for client in others:
+                records.append(keep(lambda client=client, mine=mine: client(target, mine.load, labels, [mine]),
+                                    mine.load))
+    return records

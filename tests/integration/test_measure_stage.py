@@ -10,8 +10,10 @@ from servelab.core.artifacts import load_manifest
 from servelab.measure.targets import FastAPITarget
 from servelab.measure.records import Load, read_records
 from servelab.run.lab import Lab, Plan
-from servelab.measure.measure_stage import (ONNX_STAND_IN, Labels, family_stand_in, measure_stage, model_stand_in,
-                                            servelab_client, stand_in_note)
+from servelab.measure.fractions import CAPACITY, WINDOWS, capacity, curve, curve_point
+from servelab.measure.measure_stage import (ONNX_STAND_IN, Labels, Sweep, family_stand_in, measure_stage, model_stand_in,
+                                            servelab_client, stand_in_note, sweep_capacity, windowed)
+from servelab.measure.perf_analyzer import Windows
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.catalogue import STAGES
 from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service
@@ -69,3 +71,70 @@ def test_the_lab_and_the_walkthrough_label_a_stage_alike(url, model, tmp_path):
     assert ours.stage == theirs.stage == stage.name
     assert ours.stand_in == theirs.stand_in == manifest.description
     assert ours.model_dump().keys() == theirs.model_dump().keys()
+
+
+# --- windows in seconds and capacity by saturation (issue 43) ---------------------------------------------
+
+SERVICE_MS = 100  # one request at a time at most 10 req/s per slot, whatever the client does
+
+
+def _sweep(url: str, sweep: Sweep, plan: Plan, tmp_path) -> list:
+    """``plan``'s closed-loop runs on the tiny server at ``url``, swept as ``sweep`` says, kept as the lab keeps them."""
+    lab = Lab(plan, tmp_path / "lab", DEFAULT_IMAGE, log=lambda line: None)
+    lab.out_dir.mkdir()
+    labels = Labels("tiny", {"about": "a fixed service time"}, None, None)
+    return sweep_capacity(FastAPITarget(url, b"photo"), plan.load, labels, sweep, windowed(plan.windows), lab.keep)
+
+
+@pytest.mark.parametrize("slots, knee", [(1, (2, 4)), (4, (8, 16))])
+def test_the_sweep_stops_at_the_knee_and_its_last_record_keeps_the_curve(slots, knee, tmp_path):
+    """A server that serves ``slots`` requests at a time, each in exactly 100 ms: throughput grows with the senders
+    until they are as many as the slots, then stops growing; the sweep stops one doubling past that (the step that
+    added less than 5 %), long before its cap, and its last record holds the curve, each point from its own run."""
+    plan = Plan.quick()
+    sweep = Sweep(start=2, cap=64)
+    with running(service_ms=SERVICE_MS, slots=slots) as url:
+        records = _sweep(url, sweep, plan, tmp_path)
+    levels = [r.load.concurrency for r in records]
+    assert levels == sweep.levels()[:len(levels)] and levels[-1] in knee  # 1, 2, 4...: doubling, stopped at the knee
+    assert all(CAPACITY not in r.config for r in records[:-1])
+    said = records[-1].config[CAPACITY]
+    assert said["stopped"].startswith("the knee: ") and said["cap"] == 64 and said["growth_pct"] == 5
+    assert [p["concurrency"] for p in said["curve"]] == levels
+    assert said["curve"] == [curve_point(r) for r in records]
+    best = max(records, key=lambda r: r.stats.throughput_rps)
+    assert (said["throughput_rps"], said["concurrency"]) == (round(best.stats.throughput_rps, 3), best.load.concurrency)
+    # What the report reads: the capacity is the run at the top of the curve, the curve the last record's.
+    assert capacity(records, "tiny") is best and curve(records, "tiny") == said["curve"]
+    assert read_records([tmp_path / "lab" / "records.jsonl"]) == records  # written as the lab writes them
+
+
+def test_every_closed_loop_run_of_the_lab_is_a_window_in_seconds(tmp_path):
+    """Each run of the sweep: a warm-up window, then three windows of the plan's seconds, never a count of requests;
+    each window's throughput, p50 and p99 kept in the record."""
+    plan = Plan.quick()
+    with running(service_ms=5, slots=2) as url:
+        records = _sweep(url, Sweep(start=2, max_levels=2), plan, tmp_path)
+    assert [r.load.mode for r in records] == ["sequential", "closed"]
+    for r in records:
+        assert r.load.requests is None and r.load.duration_s == Windows.COUNT * plan.windows.window_s
+        assert r.load.warmup_s == plan.warmup_s and r.warmup_requests and r.timeline is None
+        said = r.config[WINDOWS]
+        assert said["window_s"] == plan.windows.window_s and len(said["throughput_rps"]) == Windows.COUNT
+        assert len(said["p50_ms"]) == len(said["p99_ms"]) == Windows.COUNT and said["runs"] == 1
+        assert said["stable"] is None  # the quick plan takes three windows whatever their spread
+    stopped = records[-1].config[CAPACITY]["stopped"]
+    assert stopped == "the plan's 2 levels" or stopped.startswith("the knee: "), stopped
+
+
+def test_a_stability_test_measures_again_until_the_windows_agree(tmp_path):
+    """Windows that must agree within 1000 % always do at once; within 0 % they never do: measured again, up to
+    max_trials windows in all (three runs of three), and the record says so."""
+    with running(service_ms=5, slots=1) as url:
+        target, labels = FastAPITarget(url, b"photo"), Labels("tiny")
+        load = Plan.quick().load(2)
+        loose = windowed(Windows(stability_pct=99, max_trials=9, window_s=0.2))(target, load, labels, [])
+        strict = windowed(Windows(stability_pct=0, max_trials=9, window_s=0.2))(target, load, labels, [])
+    assert loose.config[WINDOWS]["runs"] == 1 and loose.config[WINDOWS]["stable"] is True
+    assert strict.config[WINDOWS]["runs"] == 3 and strict.config[WINDOWS]["stable"] is False
+    assert len(strict.config[WINDOWS]["discarded_rps"]) == 2 * Windows.COUNT and strict.load == load
