@@ -14,15 +14,17 @@ has fast 8-bit instructions (``servelab.core.hardware.int8_compute`` on the flag
 expected of INT8 follows from it: faster than fp32 on x86 with VNNI, slower on x86 with AVX2 alone, no
 direction elsewhere or where the record did not keep the flags.
 
-The closed-loop ratios are the ones ``servelab.measure.fractions`` computes (``ratio_runs``: at 16
-senders, else at the highest concurrency both stages were measured at); the open-loop ones use the
-stage's capacity (``fractions.capacity``) as the lab does.
+A throughput lesson is a ratio of capacities, as ``servelab.measure.fractions`` computes them
+(``capacity_ratio``): each stage at the top of its own concurrency sweep, wherever its knee was, so a stage
+is never held to another's number of senders. Latency is a separate figure beside it, at one stated
+concurrency both stages were measured at (``ratio_runs``: 16 senders, else the most both have). The
+open-loop lessons use the stage's capacity (``fractions.capacity``) as the lab does.
 """
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from servelab.measure.fractions import capacity, closed_run, ratio_runs
+from servelab.measure.fractions import capacity, capacity_ratio, closed_run, ratio_runs, where
 from servelab.measure.loadgen import CACHE_RUN, OVERLOAD, ROLLOUT
 from servelab.measure.records import Record
 from servelab.core.variants.build import RECORD_FILE, load_variants
@@ -153,19 +155,30 @@ def _verdict(e: Expect, ratio: float | None, stage: str = "") -> str:
 
 def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: "",
                 expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
-    """Findings of req/s ratios of the lesson's pairs at the closed-loop concurrency ``ratio_runs`` picks;
-    ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
+    """Findings of capacity ratios of the lesson's pairs (``capacity_ratio``: each stage at the top of its own
+    sweep), with the p50 of both at one stated concurrency beside them (``ratio_runs``); ``expect`` (the top
+    record, the device -> the bound and what to say of it) where the bound is the record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
-            runs = ratio_runs(records, top, bottom)
-            if runs:
-                level, a, b = runs
-                ratio = a.stats.throughput_rps / b.stats.throughput_rps
+            got = capacity_ratio(records, top, bottom)
+            if got:
+                a, b, ratio = got
                 e, said = expect(a, device) if expect else (_expect(key, device), "")
-                yield Finding(key, f"{top} ÷ {bottom}, {level} senders",
+                yield Finding(key, f"{top} ÷ {bottom}, capacity {where(a, b)}",
                               f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
-                              "; ".join(filter(None, (extra(a, b), said))), _verdict(e, ratio, top), a, b)
+                              "; ".join(filter(None, (_latency_at(records, top, bottom), extra(a, b), said))),
+                              _verdict(e, ratio, top), a, b)
     return find
+
+
+def _latency_at(records: list[Record], top: str, bottom: str) -> str:
+    """Both stages' p50 at one stated concurrency (16 senders, else the most both were measured at)."""
+    runs = ratio_runs(records, top, bottom)
+    if not runs:
+        return ""
+    level, a, b = runs
+    at = "one at a time" if level == 1 else f"{level} senders"
+    return f"p50 at {at} {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms"
 
 
 def _mean_batch(a: Record, b: Record) -> str:
@@ -363,8 +376,8 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
     flagged = sum(bool(f.contradicts) for _, fs in found for f in fs)
     md = ["## What this run shows", "",
           f"Each change the notebooks teach, measured in this run ({device.upper()}): *what changed*, then what it did "
-          f"as a ratio of two runs (closed loop: servelab's client, requests/s, at 16 senders or the highest "
-          f"concurrency both were measured at). *Why* is what the notebooks say; a measurement that goes the other "
+          f"as a ratio of two runs (closed loop, servelab's client: each stage's capacity, the highest requests/s of "
+          f"its concurrency sweep, with the median latency of both at one stated concurrency beside it). *Why* is what the notebooks say; a measurement that goes the other "
           f"way by more than {NOISE:.0%} is marked ⚠. "
           + (f"**{flagged} measurement{'s' if flagged != 1 else ''} contradict{'s' if flagged == 1 else ''} the "
              f"notebooks.**" if flagged else "No measurement contradicts the notebooks."), ""]

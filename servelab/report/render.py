@@ -1,7 +1,7 @@
 """The report (``servelab report``): records (JSON lines from ``servelab load`` / ``servelab lab``) ->
 ``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
-notebooks teach, its measured ratio, and a flag where it contradicts them), then the plots and the
-short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
+notebooks teach, its measured ratio, and a flag where it contradicts them), each stage's capacity and the
+curve its concurrency sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
 the servers' own counts, the warnings).
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core import tables
+from servelab.measure.fractions import CAPACITY, swept
 from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.core.hardware import describe, int8_compute
@@ -175,6 +176,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     generated = f"Generated {now} from {len(records)} run records ({where})."
     md = ["# servelab results", "", generated, ""]
     md += lessons.summary(records, TABLES)
+    md += capacity_section(records)
     if limit:
         md += limit_section(records, limit)
     made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
@@ -207,13 +209,36 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     return path
 
 
+def capacity_section(records: list[Record]) -> list[str]:
+    """Each stage's capacity and the curve its sweep measured (``fractions.curve``), where the records hold one."""
+    rows = []
+    for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
+        if not (found := swept(records, stage)):
+            continue
+        said = found.config[CAPACITY]
+        points = " · ".join(f"{p['concurrency']}: {num(p['throughput_rps'])} / {num(p['p50_ms'])} / {num(p['p99_ms'])}"
+                            for p in said["curve"])
+        at = "one at a time" if said["concurrency"] == 1 else f"{said['concurrency']} senders"
+        rows.append((stage, num(said["throughput_rps"]), at, points, said["stopped"]))
+    if not rows:
+        return []
+    return ["## Capacity: each stage's concurrency sweep", "",
+            "A stage's capacity is the highest throughput of its sweep (servelab's client): one request at a time, "
+            "then doubling senders until a doubling adds less than the growth asked (the knee), or the cap. The curve "
+            "is senders: req/s / p50 ms / p99 ms, each point one closed-loop run of the plan's windows (a warm-up "
+            "window, then its measured windows); the lessons above compare these capacities.", "",
+            tables.markdown(("stage", "capacity req/s", "at", "curve (senders: req/s / p50 / p99)", "sweep ended"),
+                            rows, "lrlll"), ""]
+
+
 def limit_section(records: list[Record], limit: Limit) -> list[str]:
     """Every stage's best run as a share of what this machine's cores could serve (``servelab.measure.limit``)."""
     return ["## This machine's limit", "",
             f"The most requests/s this machine could serve of {limit.photo} with the fp32 model if nothing were "
-            "wasted, from three costs measured in this run as CPU time: the model alone, preprocessing, HTTP. "
-            "A stage with a cheaper model (a variant) or whose client preprocesses can pass it; the rest went to "
-            "waiting, to threads in each other's way, or to work the limit does not count.", "",
+            "wasted, from what each part delivered in this run with every core on it: the model alone (on a GPU, "
+            "its ceiling there), preprocessing, HTTP. A stage with a cheaper model (a variant) or whose client "
+            "preprocesses can pass it; the rest went to waiting, to threads in each other's way, or to work the "
+            "limit does not count.", "",
             limit_markdown(limit), "", against_limit(records, limit), "", simple_app_line(limit), ""]
 
 
@@ -236,8 +261,8 @@ def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[
             "## Two clients, one server: perf_analyzer vs servelab", "",
             "The same stage, photo and load measured by both clients back to back. The ratio is perf_analyzer ÷ "
             f"servelab; a throughput or median ratio outside {1 - compare.TOLERANCE:.1f}–{1 + compare.TOLERANCE:.1f} "
-            "is flagged. perf_analyzer reports its last three stable measurement windows; servelab one run of the "
-            "same number of requests after a warm-up. In request-rate mode perf_analyzer counts latency from the "
+            "is flagged. perf_analyzer reports its last three stable measurement windows; servelab the same number "
+            "of windows of the same seconds (a lab's plan), or of requests, after a warm-up. In request-rate mode perf_analyzer counts latency from the "
             "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
             "the scheduled send.", "", compare.markdown(found), "",
         ]

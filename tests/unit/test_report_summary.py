@@ -2,7 +2,8 @@
 own figures, and a measurement that goes against the notebooks is flagged.
 
 tests/data/quick_lab_records.jsonl: 21 real records, unchanged, from `servelab lab --quick` on a 2-CPU
-machine (2026-11-25): closed loop at 8 senders for most stages, one at a time and Poisson arrivals at
+machine (2026-11-25), made before the capacity sweep (a stage's capacity there is its run at the most senders):
+closed loop at 8 senders for most stages, one at a time and Poisson arrivals at
 half the capacity for onnx-1 and onnx-dyn, one pair of clients (pt-1 at 8 senders), and Ray Serve's
 step load and node failure. Read here as plain JSON, not through servelab, so the check is independent.
 """
@@ -17,7 +18,8 @@ from servelab.measure.records import Record
 from servelab.report import lessons
 
 RECORDS = Path(__file__).parents[1] / "data" / "quick_lab_records.jsonl"
-CLOSED = re.compile(r"^  - (\S+) ÷ (\S+), (\d+) senders: ([\d.]+) vs ([\d.]+) req/s = \*\*([\d.]+)×\*\*")
+CLOSED = re.compile(r"^  - (\S+) ÷ (\S+), capacity both at (\d+) senders: ([\d.]+) vs ([\d.]+) req/s = \*\*([\d.]+)×\*\*"
+                    r"; p50 at (\d+) senders ([\d.]+) vs ([\d.]+) ms")
 P50 = re.compile(r"^  - (\S+?)(?: ÷ (\S+))?, .*: p50 ([\d.]+) vs ([\d.]+) ms = \*\*([\d.]+)×\*\*")
 ANY_RATIO = re.compile(r"\*\*[\d.]+×\*\*")
 
@@ -49,6 +51,9 @@ def test_every_ratio_shown_is_the_records_ratio() -> None:
             a = _ours(raw, top, "closed", senders)["stats"]["throughput_rps"]
             b = _ours(raw, bottom, "closed", senders)["stats"]["throughput_rps"]
             assert (m[4], m[5], m[6]) == (f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}"), line
+            # Latency beside it, a figure of its own: both stages at one stated concurrency.
+            a, b = (_ours(raw, stage, "closed", int(m[7]))["stats"]["latency"]["p50_ms"] for stage in (top, bottom))
+            assert (m[8], m[9]) == (f"{a:.1f}", f"{b:.1f}"), line
             checked += 1
         elif m := P50.match(line):
             if m[2]:  # Ray's proxy: one replica against the service alone, one request at a time
@@ -63,7 +68,8 @@ def test_every_ratio_shown_is_the_records_ratio() -> None:
     assert checked == len(shown) == 12  # every ratio on the screen, none unchecked
     text = "\n".join(lines)
     # The figures the issue asks for beside the ratios: the batch the server formed, the proxy's milliseconds.
-    assert "fastapi-onnx-dyn ÷ fastapi-onnx, 8 senders: 13.6 vs 14.0 req/s = **0.97×**; mean batch 3.4" in text
+    assert ("fastapi-onnx-dyn ÷ fastapi-onnx, capacity both at 8 senders: 13.6 vs 14.0 req/s = **0.97×**; "
+            "p50 at 8 senders 567.2 vs 568.0 ms; mean batch 3.4") in text
     assert "+2.2 ms through the proxy" in text and "running replicas min 1, max 1" in text
     assert "recovered in 2.5 s" in text and "Poisson at 0.50 × capacity (16.3 of 32.6 req/s)" in text
     # What was not measured, lessons and pairs, is named in one line after the lessons.
@@ -78,7 +84,7 @@ def test_what_contradicts_the_notebooks_is_flagged() -> None:
     raw = _raw()
     flagged = [line for line in _summary(raw) if line.startswith("  - ") and "⚠" in line]
     # This machine's two "nodes" share two CPUs, and the quick step load is too short to scale: both said.
-    assert [line.split(":")[0].strip(" -") for line in flagged] == ["ray-2 ÷ ray-1, 8 senders", "ray-auto, poisson steps 2.1 > 12.7 > 2.1 req/s"]
+    assert [line.split(":")[0].strip(" -") for line in flagged] == ["ray-2 ÷ ray-1, capacity both at 8 senders", "ray-auto, poisson steps 2.1 > 12.7 > 2.1 req/s"]
     assert "**2 measurements contradict the notebooks.**" in "\n".join(_summary(raw))
     # Swap the names of pt-1's and pt-dyn's runs at 8 senders: batching now "lowers" throughput 1.27 -> 0.78.
     swapped = [dict(r) for r in raw]
@@ -122,7 +128,7 @@ def test_the_int8_ratio_on_a_cpu_says_what_the_cpu_that_ran_it_can_do(flags: lis
     the flags the record kept (not this machine's: a report is read anywhere); the quick lab's records
     predate the flags (None)."""
     line = _int8_line(_raw(), flags)
-    assert line.startswith("  - fastapi-onnx-int8 ÷ fastapi-onnx, 8 senders: 4.8 vs 14.0 req/s = **0.35×**")
+    assert line.startswith("  - fastapi-onnx-int8 ÷ fastapi-onnx, capacity both at 8 senders: 4.8 vs 14.0 req/s = **0.35×**")
     assert line.endswith(says) or line.endswith(f"{says} — ⚠ **contradicts 4_fastapi, which expects ≥ 1×**"), line
 
 
@@ -197,3 +203,40 @@ def test_a_rollout_is_flagged_when_a_request_failed_or_the_new_version_showed_la
     assert "⚠ **contradicts 4_fastapi, which expects no failed request" in _rollout_line(failed=2)
     slow = _rollout_line(p99_during_ms=o["p99_before_ms"] * (lessons.ROLLOUT_P99_AIM + 1))
     assert "⚠" in slow and "expects ≤ 3×" in slow
+
+
+def _swept(stage: str, points: list[tuple[int, float]]) -> list[Record]:
+    """A stage's concurrency sweep as the lab records it (p50 = senders / throughput, Little's law): one run per
+    level, the last holding the curve and the capacity."""
+    from servelab.measure.fractions import CAPACITY, curve_point
+    from servelab.measure.records import Latency, Load, Stats
+
+    runs = [Record(stage=stage, load=Load.sequential(None, duration_s=3.0) if c == 1 else
+                   Load.closed(c, None, duration_s=3.0), config={"device": "cpu"},
+                   stats=Stats(throughput_rps=rps, items_per_s=rps, latency=Latency(p50_ms=1e3 * c / rps,
+                                                                                   p99_ms=2e3 * c / rps)))
+            for c, rps in points]
+    best = max(runs, key=lambda r: r.stats.throughput_rps)
+    runs[-1].config = {**runs[-1].config, CAPACITY: {
+        "throughput_rps": best.stats.throughput_rps, "concurrency": best.load.concurrency,
+        "stopped": "the knee: ...", "curve": [curve_point(r) for r in runs]}}
+    return runs
+
+
+def test_a_lesson_compares_capacities_and_states_latency_at_one_concurrency(tmp_path: Path) -> None:
+    """onnx-1 saturates at 4 senders, onnx-dyn at 16: the batching lesson is 600 ÷ 200 req/s, each at its own knee,
+    never onnx-dyn held to onnx-1's senders; the p50 beside it is both at 8 senders (the most both have), and the
+    report's capacity section shows both curves."""
+    from servelab.report.render import capacity_section, render_report
+
+    records = _swept("onnx-1", [(1, 100.0), (2, 180.0), (4, 200.0), (8, 198.0)]) + \
+        _swept("onnx-dyn", [(1, 90.0), (2, 170.0), (4, 300.0), (8, 500.0), (16, 600.0), (32, 590.0)])
+    [line] = [line for line in lessons.summary(records) if line.startswith("  - onnx-dyn ÷ onnx-1")]
+    assert line.startswith("  - onnx-dyn ÷ onnx-1, capacity at 16 senders and 4 senders: 600.0 vs 200.0 req/s = **3.00×**; "
+                           "p50 at 8 senders 16.0 vs 40.4 ms"), line
+    section = "\n".join(capacity_section(records))
+    assert "| onnx-1 | 200.0 | 4 senders | 1: 100.0 / 10.0 / 20.0 · 2: 180.0 / 11.1 / 22.2 · 4: 200.0 / 20.0 / 40.0 · " \
+           "8: 198.0 / 40.4 / 80.8 | the knee: ... |" in section
+    assert "| onnx-dyn | 600.0 | 16 senders | 1: 90.0 " in section
+    assert "## Capacity: each stage's concurrency sweep" in render_report(records, tmp_path).read_text()
+    assert capacity_section([Record.model_validate(r) for r in _raw()]) == []  # records made before the sweep
