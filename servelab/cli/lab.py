@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     p.add_argument("--stages", help=f"comma-separated subset of: {', '.join(s.name for s in lab.LAB_STAGES)}")
     p.add_argument("--out", type=Path, default=lab.RESULTS, help="results folder (default: results/)")
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="the photo sent in every request")
-    p.add_argument("--concurrency", help="closed-loop concurrencies, comma-separated (default 4,16; --full: 8,16; --quick: 8)")
+    p.add_argument("--concurrency", help="closed-loop concurrencies, comma-separated, measured after one at a time "
+                   "instead of the sweep to the knee (default: the sweep, doubling to where throughput stops growing)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None,
                    help="where every stage runs (default: LAB_DEVICE, auto = the GPU where nvidia-smi lists one)")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",

@@ -6,14 +6,21 @@ server is a child process stopped by PID, also on Ctrl-C or failure.
 
 Which stages and how much of each is a ``Plan``: the tour (the default, `make lab`: the catalogue's
 ``tour`` stages, each lesson once, in minutes), ``--full`` (every stage, every load, both clients) or
-``--quick`` (every stage, a few requests, perf_analyzer on one stage per way it is fed: the tests' smoke run) or ``gpu-check`` (the catalogue's
+``--quick`` (every stage, short windows, a sweep of two levels, perf_analyzer on one stage per way it is fed: the tests' smoke run) or ``gpu-check`` (the catalogue's
 ``gpu_check`` stages, for `make gpu-check` on a lent GPU). ``--budget`` bounds the run's time: a stage
 that would not fit is not started and is named in ``run.json`` and the report as not run, with why.
-The measurements per stage:
-sequential requests; closed loop at a few concurrencies; then Poisson arrivals at fractions of the
-capacity measured at the highest, where queueing delay appears well before the server is saturated.
+Every closed-loop run lasts a time window, never a count of requests alone (``Plan``): a warm-up window
+(``warmup_s``) that is discarded, then three measured windows of ``windows.window_s`` seconds, which in
+``--full`` must agree within ``windows.stability_pct`` (else they are measured again, as perf_analyzer's own
+stability test does). The measurements per stage: its *capacity*, found by saturation (``Plan.sweep``,
+``servelab.measure.measure_stage.sweep_capacity``): one request at a time, then closed loops at doubling
+concurrency up to 8 × the cores, until a step adds less than 5 % to the throughput (the knee); the last
+step's record keeps the curve (concurrency -> throughput, p50, p99). Then Poisson arrivals at fractions of
+that capacity, where queueing delay appears well before the server is saturated. The lessons compare
+capacities (``servelab.report.lessons``), never two stages held to one number of senders.
 A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
-by perf_analyzer, the tool the lab's students use on the node, with the same photo;
+by perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the
+lab's students use on the node, with the same photo: one at a time and at the capacity's senders;
 requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
 same rates for the dynamic-batching ONNX stage. A stage fed fixed batches by its client
 (``TritonPart.images``) gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
+from servelab.measure.fractions import CAPACITY, senders
 from servelab.measure.fractions import capacity as capacity_of
 from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
 from servelab.measure.targets import PhotoMix
@@ -55,8 +63,9 @@ from servelab.run.lab_ray import RayRuns
 from servelab.run.reference import limit_here
 from servelab.measure.limit import LIMIT_FILE, Limit
 from servelab.measure.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
-from servelab.measure.measure_stage import (Labels, family_stand_in, measure_stage, model_stand_in, perf_analyzer_client,
-                                            servelab_client, stand_in_note)
+from servelab.measure.measure_stage import (Labels, Sweep, family_stand_in, measure_stage, model_stand_in,
+                                            perf_analyzer_client, servelab_client, stand_in_note, sweep_capacity,
+                                            windowed)
 from servelab.core.variants.build import build_variants, machine
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
@@ -94,21 +103,27 @@ def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
     return tuple(s.name for s in stages if s.family == "triton" and s.lesson == "batching")
 
 
+def warm_up(seconds: float) -> dict[str, Any]:
+    """A run's warm-up window: ``seconds`` of sending at its concurrency, never measured (``Load.warmup_s``)."""
+    return {"warmup": 0, "warmup_s": seconds}
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How much each stage is measured."""
+    """How much each stage is measured, in seconds: every closed-loop run (one request at a time, each
+    level of the capacity sweep, the batched requests, the cache case) is a warm-up window of ``warmup_s``,
+    discarded, then ``Windows.COUNT`` measured windows of ``windows.window_s`` (both clients alike), never a
+    count of requests alone; where ``windows.stability_pct`` is under 100 the windows must agree (the full
+    plan). A stage's capacity is found by ``sweep`` (doubling senders to the knee)."""
 
     name: str  # "tour", "full", "quick" or "gpu-check", named in the run's record (run.json)
-    sequential: int
-    closed: int
-    concurrency: tuple[int, ...]
-    poisson_fractions: tuple[float, ...]
-    poisson_seconds: float
-    warmup: int
-    batched: int  # requests of BATCH images at concurrency 1, where the stage batches
-    # perf_analyzer: how hard it tries for three stable windows, and how long one run may take.
-    windows: Windows = Windows()
-    pa_timeout_s: float = 180.0
+    warmup_s: float = 1.0
+    windows: Windows = Windows(stability_pct=1000.0, max_trials=3, window_s=1.0)
+    sweep: Sweep = Sweep()
+    # Open loop at these fractions of the capacity, each for this long.
+    poisson_fractions: tuple[float, ...] = (0.5, 0.9)
+    poisson_seconds: float = 3.0
+    pa_timeout_s: float = 180.0  # one perf_analyzer run at most
     # Ray Serve: the step load's (low, high, low) seconds, and the node-failure run's length.
     steps_s: tuple[float, float, float] = (10.0, 20.0, 25.0)
     failure_s: float = 20.0
@@ -119,38 +134,44 @@ class Plan:
     # The overload case (``catalogue.OVERLOADED``): seconds of open-loop load above capacity, per run; 0: none.
     overload_s: float = 0.0
     cache: bool = False  # the cache case (``catalogue.CACHED``): a skewed mix of photos without and with a cache
+    cache_s: float = 6.0  # the cache case's measured seconds (longer than a run: photos must come round again)
     # The rollout case (``catalogue.ROLLED``): (the swap's start, the load's seconds, seconds after the swap); ().
     rollout_s: tuple[float, ...] = ()
 
     @classmethod
     def tour(cls) -> "Plan":
-        # `make lab`: each lesson once, in minutes on 2 CPUs (the tour stages). Enough requests at 4 and 16
-        # senders for a ratio; perf_analyzer as the second opinion on the stage that teaches batching, over
-        # three windows whatever their spread: windows this short (a few 16-image requests, a few seconds of
-        # Poisson arrivals) never pass its stability check, and a tour compares the clients, it certifies nothing.
-        return cls("tour", 20, 96, (4, 16), (0.5, 0.9), 3.0, 5, 5, Windows(1000.0, 3), 90.0, (5.0, 10.0, 10.0),
-                   12.0, perf_analyzer=_teach_batching(TOUR_STAGES), stages=TOUR_STAGES)
+        # `make lab`: each lesson once, in minutes on 2 CPUs (the tour stages): three windows of a second per run,
+        # the sweep to the knee (2-3 doublings on 2 CPUs); perf_analyzer as the second opinion on the stage that
+        # teaches batching, over three windows whatever their spread: a tour compares, it certifies nothing.
+        return cls("tour", warmup_s=0.5, windows=Windows(1000.0, 3, 1.0), sweep=Sweep(start=2),
+                   poisson_fractions=(0.5, 0.9), poisson_seconds=3.0, pa_timeout_s=90.0, steps_s=(5.0, 10.0, 10.0),
+                   failure_s=12.0, perf_analyzer=_teach_batching(TOUR_STAGES), stages=TOUR_STAGES)
 
     @classmethod
     def full(cls) -> "Plan":
-        # Every load, both clients on every Triton stage. 20 % stability instead of perf_analyzer's
-        # 10 %: two CPUs shared by client and server are noisy.
-        return cls("full", 100, 200, (8, 16), (0.5, 0.8, 0.95), 6.0, 10, 20, Windows(20.0, 8), overload_s=10.0, cache=True,
-                   rollout_s=(3.0, 10.0, 3.0))
+        # Every load, both clients on every Triton stage; windows of 2 s that must agree within 20 % instead of
+        # perf_analyzer's 10 % (two CPUs shared by client and server are noisy), up to 9 windows.
+        return cls("full", warmup_s=1.0, windows=Windows(20.0, 9, 2.0), sweep=Sweep(start=2),
+                   poisson_fractions=(0.5, 0.8, 0.95), poisson_seconds=6.0, overload_s=10.0, cache=True,
+                   cache_s=12.0, rollout_s=(3.0, 10.0, 3.0))
 
     @classmethod
     def quick(cls) -> "Plan":
-        # A smoke run (tests): every stage with servelab's client; perf_analyzer, three windows whatever
-        # their spread, on one stage per way it is fed (the rest is the same command on another model).
-        return cls("quick", 10, 24, (8,), (0.5,), 1.0, 2, 3, Windows(1000.0, 3), 60.0, (2.0, 4.0, 4.0), 6.0,
-                   perf_analyzer=_each_way_in(LAB_STAGES), overload_s=1.5, cache=True, rollout_s=(1.0, 2.0, 0.5))
+        # A smoke run (tests): every stage with servelab's client, short windows, a sweep of two levels (one at a
+        # time, then 2 senders); perf_analyzer, three windows whatever their spread, on one stage per way it is fed
+        # (the rest is the same command on another model).
+        return cls("quick", warmup_s=0.2, windows=Windows(1000.0, 3, 0.3), sweep=Sweep(start=2, max_levels=2),
+                   poisson_fractions=(0.5,), poisson_seconds=1.0, pa_timeout_s=60.0, steps_s=(2.0, 4.0, 4.0),
+                   failure_s=6.0, perf_analyzer=_each_way_in(LAB_STAGES), overload_s=1.5, cache=True, cache_s=3.0,
+                   rollout_s=(1.0, 2.0, 0.5))
 
     @classmethod
     def gpu_check(cls) -> "Plan":
-        # `make gpu-check` on a lent GPU (minutes in all): each GPU lesson once, with enough requests at 8
-        # and 16 senders for the batching ratios (hundreds of req/s there), and perf_analyzer beside
+        # `make gpu-check` on a lent GPU (minutes in all): each GPU lesson once; windows of half a second (hundreds of
+        # requests each there), the sweep from 4 senders to the knee or 8 x the cores, perf_analyzer beside
         # servelab's client on the stage that teaches batching.
-        return cls("gpu-check", 20, 200, (8, 16), (0.5,), 2.0, 10, 10, Windows(1000.0, 3), 60.0,
+        return cls("gpu-check", warmup_s=0.5, windows=Windows(1000.0, 3, 0.5), sweep=Sweep(start=4),
+                   poisson_fractions=(0.5,), poisson_seconds=1.5, pa_timeout_s=60.0,
                    perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES)
 
     @classmethod
@@ -160,10 +181,23 @@ class Plan:
     def with_perf_analyzer(self, stage: Stage) -> bool:
         return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
+    @property
+    def measured_s(self) -> float:
+        """The measured seconds of one closed-loop run: its windows, after the warm-up."""
+        return Windows.COUNT * self.windows.window_s
+
+    def load(self, concurrency: int) -> Load:
+        """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows."""
+        window = dict(duration_s=self.measured_s, **warm_up(self.warmup_s))
+        if concurrency == 1:
+            return Load.sequential(None, **window)
+        return Load.closed(concurrency, None, **window)
+
 
 PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}
 BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
-CACHE_REQUESTS_X = 4  # the cache case's requests, times the plan's closed-loop run's
+ROLLOUT_WARMUP = 16  # the rollout case's warm-up requests (one per sender)
+CACHE_CONCURRENCY = 8  # the cache case's senders where the stage has no capacity measured
 
 
 class Budget:
@@ -245,38 +279,44 @@ class Lab:
             self.scraped = None
 
     def measure(self, stage: Stage, target, labels: Labels) -> float | None:
-        """The stage's loads; returns its capacity (throughput at the highest concurrency)."""
+        """The stage's loads; returns its capacity (the top of its concurrency sweep)."""
         self.log(f"    runs on: {labels.config['runs_on']}")
         p = self.plan
-        # Both clients on a Triton stage; perf_analyzer right after ours, so both see the same server state.
-        clients = [servelab_client()]
-        if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped:
-            clients.append(perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s))
+        # Both clients on a Triton stage, over the same windows; perf_analyzer right after ours, on the same load.
+        ours = windowed(p.windows)
+        others = ([perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s)]
+                  if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped else [])
+        clients = [ours, *others]
 
         def measured(t, loads: list[Load], by: list = clients) -> list[Record]:
             # Records are written by keep, once the server's own series are attached.
             return measure_stage(t, loads, labels, by, self.keep)
 
         if stage.lesson == "shedding":  # bounded: its service time, then the load above capacity its baseline had
-            measured(target, [Load.sequential(p.sequential, warmup=p.warmup)], clients[:1])
+            measured(target, [p.load(1)], clients[:1])
             self.overload(stage, target, labels, capacity_of(self.records, stage.baseline))
             return None
-        ours = [r for r in measured(target, [Load.sequential(p.sequential, warmup=p.warmup)] + [
-            Load.closed(c, p.closed, warmup=p.warmup) for c in p.concurrency]) if r.tool == "servelab"]
-        capacity = next((r.stats.throughput_rps for r in reversed(ours) if r.stats.throughput_rps), None)
+        swept = [r for r in sweep_capacity(target, p.load, labels, p.sweep, ours, self.keep, others)
+                 if r.tool == "servelab"]
+        top = capacity_of(self.records, stage.name)
+        capacity = top.stats.throughput_rps if top and top.stats.throughput_rps else None
+        if swept and CAPACITY in swept[-1].config:
+            said = swept[-1].config[CAPACITY]
+            self.log(f"    capacity: {said['throughput_rps']:.1f} req/s at {senders(top)}; sweep ended at "
+                     f"{swept[-1].load.concurrency} senders: {said['stopped']}")
         batches = stage.family == "triton" and stage.triton.batches
         both_arrivals = stage.family == "triton" and stage.triton.both_arrivals
         if batches:
-            measured(replace(target, batch=BATCH), [Load.sequential(p.batched, warmup=min(p.warmup, p.batched))])
+            measured(replace(target, batch=BATCH), [p.load(1)])
         for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
             rate = round(fraction * capacity, 1)
-            window = dict(requests=max(5, round(rate * p.poisson_seconds)), warmup=p.warmup, seed=seed)
+            window = dict(requests=max(5, round(rate * p.poisson_seconds)), seed=seed, **warm_up(p.warmup_s))
             # perf_analyzer only where both arrival processes are measured: the lab's rate step.
             measured(target, [Load.open(rate, arrivals, **window)
                               for arrivals in (("constant", "poisson") if both_arrivals else ("poisson",))],
                      clients if both_arrivals else clients[:1])
         if stage.name in self.overloaded:
-            self.overload(stage, target, labels, ours[-1] if ours else None)
+            self.overload(stage, target, labels, top)
         return capacity
 
     def overload(self, stage: Stage, target, labels: Labels, capacity: Record | None) -> None:
@@ -405,8 +445,10 @@ class Lab:
             self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
             return
         mix, p = PhotoMix.zipf(seed=0), self.plan
-        # More requests than a closed-loop run: a hit ratio needs photos to come round again.
-        load = Load.closed(p.concurrency[-1], CACHE_REQUESTS_X * p.closed, warmup=p.warmup)
+        # Longer than a closed-loop run (a hit ratio needs photos to come round again), at the stage's capacity.
+        top = capacity_of(self.records, stage.name)
+        senders_ = top.load.concurrency if top else CACHE_CONCURRENCY
+        load = Load.closed(senders_, None, duration_s=p.cache_s, **warm_up(p.warmup_s))
         cached = with_cache(stage, self.redis.url if stage.family == "fastapi" else "")
         for s in (stage, cached):
             if s is cached:
@@ -422,7 +464,7 @@ class Lab:
         self.log(f"[{stage.name}] rollout under load: a new version serving {variant}")
         at_s, seconds, after_s = self.plan.rollout_s
         load, config, trigger = rollout_load(lambda: adapter.roll_out(stage, variant), at_s, seconds, after_s,
-                                             concurrency=16, warmup=self.plan.warmup)
+                                             concurrency=16, warmup=ROLLOUT_WARMUP)
         client = servelab_client(timeline_bin_s=0.5, keep_requests=True, trigger=trigger)
         with self.on(adapter, stage, manifest, {**config, "to_variant": variant}) as (target, labels):
             measure_stage(target, [load], labels, [client], self.keep)
@@ -485,8 +527,8 @@ def run_lab(args) -> int:
     started = time.monotonic()
     budget = Budget(args.budget)  # from the command's start: building the model counts too
     plan = Plan.named(args.plan or ("full" if args.full else "quick" if args.quick else "tour"))
-    if args.concurrency:
-        plan = replace(plan, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
+    if args.concurrency:  # these levels instead of the sweep to the knee
+        plan = replace(plan, sweep=replace(plan.sweep, fixed=tuple(int(c) for c in args.concurrency.split(","))))
     stages = select_stages(args.stages, plan)
     try:
         gpus = gpu_count()

@@ -199,6 +199,8 @@ def lab_time() -> str:
 def lab_plans() -> str:
     """The loads of the tour (`make lab`) and of `--full`, from ``servelab.run.lab.Plan``."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
+    from servelab.measure.measure_stage import CAP_PER_CORE
+    from servelab.measure.perf_analyzer import Windows
     from servelab.run.lab import Plan
 
     def pct(values) -> str:
@@ -207,16 +209,26 @@ def lab_plans() -> str:
 
     def perf(p: Plan) -> str:
         stages = ", ".join(f"`{s}`" for s in p.perf_analyzer) if p.perf_analyzer else "every Triton stage"
+        return stages + "; one at a time and at the capacity's senders, the same windows"
+
+    def windows(p: Plan) -> str:
         w = p.windows
-        return stages + ("; three windows, whatever their spread" if w.stability_pct >= 100 else
-                         f"; three windows within {w.stability_pct:g} % of each other, at most {w.max_trials} tries")
+        said = f"a {p.warmup_s:g} s warm-up, then {Windows.COUNT} windows of {w.window_s:g} s"
+        return said + (", whatever their spread" if not w.tested else
+                       f" within {w.stability_pct:g} % of each other, at most {w.max_trials} windows")
+
+    def sweep(p: Plan) -> str:
+        s = p.sweep
+        cap = f"{s.cap} senders" if s.cap else f"{CAP_PER_CORE} × the cores"
+        levels = f", at most {s.max_levels} levels" if s.max_levels else ""
+        return (f"one at a time, then {s.start}, {2 * s.start}, ... senders until a doubling adds less than "
+                f"{100 * s.growth:g} % (the knee) or {cap}{levels}")
 
     plans = (Plan.tour(), Plan.full())
-    rows = [("sequential requests", lambda p: f"{p.sequential}"),
-            ("closed loop", lambda p: f"{p.closed} requests at " + " and at ".join(map(str, p.concurrency)) + " senders"),
-            ("Poisson arrivals, of the capacity measured at the most senders",
-             lambda p: f"{pct(p.poisson_fractions)}, {p.poisson_seconds:g} s each"),
-            ("requests of 16 images, where the stage batches", lambda p: f"{p.batched}"),
+    rows = [("every closed-loop run", windows),
+            ("capacity: the highest throughput of a concurrency sweep", sweep),
+            ("Poisson arrivals, of the capacity", lambda p: f"{pct(p.poisson_fractions)}, {p.poisson_seconds:g} s each"),
+            ("requests of 16 images, one at a time, where the stage batches", lambda p: "one closed-loop run"),
             ("perf_analyzer after servelab's client, same load", perf),
             ("Ray: worker node killed mid-load; step load (`ray-auto`)",
              lambda p: f"{p.failure_s:g} s; {' + '.join(f'{s:g}' for s in p.steps_s)} s")]

@@ -16,6 +16,7 @@ from lab_process import LAB_TIMEOUT_S, lab_process
 from servelab.measure.records import read_records
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
+from servelab.measure.fractions import capacity, where
 from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
 from servelab.core.catalogue import (CACHED, OVERLOADED, QUEUE_BOUND, QUEUE_WAIT_US, ROLLED, STAGES as STAGES_BY_NAME,
                                      bounded, cached_name)
@@ -142,7 +143,8 @@ def test_quick_lab_writes_the_report_the_run_record_and_the_printout(quick_lab):
     records, output = quick_lab.records, quick_lab.output
     report, tables = quick_lab.text("report.md"), quick_lab.text("report-tables.md")  # the long tables, linked
     assert "| pt-2x2 |" in tables and (quick_lab.out / "latency_cdf.png").exists()
-    assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, 8 senders:" in report
+    assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, capacity " in report
+    assert "## Capacity: each stage's concurrency sweep" in report
     assert "lab finished" in output and "p50" in output
     run = LabRun.read(quick_lab.out / "run.json")  # what the run was and how long it took, as printed
     assert run.plan == "quick" and run.stages == [s.name for s in RUN] and run.failures == []
@@ -155,6 +157,24 @@ def test_quick_lab_writes_the_report_the_run_record_and_the_printout(quick_lab):
     limit = Limit.model_validate_json((quick_lab.out / LIMIT_FILE).read_text())
     assert limit.rps > 0 and set(limit.simple_app) == {"simple app", "fastapi-onnx, no settings"}
     assert f"limit: {limit.rps:.1f} req/s" in output and simple_app_line(limit) in report
+
+
+def test_quick_lab_runs_are_windows_and_each_stage_s_sweep_keeps_its_curve(quick_lab):
+    """Every closed-loop run of servelab's client lasts the plan's windows (a warm-up window, then three windows
+    of seconds), never a count of requests; each stage's sweep (one at a time, then 2 senders in the quick plan)
+    ends in a record that keeps the curve, and perf_analyzer measures in time windows."""
+    plan = Plan.quick()
+    closed = [r for r in quick_lab.records if r.tool == "servelab" and r.load.mode in ("sequential", "closed")
+              and r.config.get("run") not in ("rollout", "node failure")]
+    assert closed and all(r.load.requests is None and r.load.duration_s for r in closed)
+    swept = [r for r in closed if r.config.get("run") != "cache"]
+    assert all(r.load.warmup_s == plan.warmup_s and r.load.duration_s == plan.measured_s for r in swept)
+    assert all(len(r.config["windows"]["throughput_rps"]) <= 3 for r in swept)
+    curves = {r.stage: r.config["capacity"]["curve"] for r in swept if "capacity" in r.config}
+    assert set(curves) == {s.name for s in RUN}  # every stage's sweep (a bounded twin only has its service time)
+    assert all([p["concurrency"] for p in c] in ([1], [1, 2]) for c in curves.values())
+    theirs = [r for r in quick_lab.records if r.tool == "perf_analyzer" and not r.failed]
+    assert theirs and all("--measurement-interval" in r.target["command"] for r in theirs)
 
 
 def test_quick_lab_says_where_each_stage_ran(quick_lab):
@@ -182,13 +202,14 @@ def _check_gpu_record(records, model_dir):
     stage_table = md.split("## The model's own ceiling")[0]  # the later tables have rows per stage too
     rows = {line.split(" | ")[0].strip("| "): line for line in stage_table.splitlines() if line.startswith("| ")}
     assert {s.name for s in RUN} <= set(rows)
-    assert "| concurrency 8 |" in md and "no NVML samples" in rows["pt-1"]
+    assert "| concurrency 2 |" in md and "no NVML samples" in rows["pt-1"]
     assert rows["pt-1"].split(" | ")[4] != "-" and rows["onnx-1"].split(" | ")[4] == "-"  # -b 16 where it batches
-    by = {(r.stage, r.load.label()): r.stats.throughput_rps for r in records
-          if r.tool == "servelab" and r.batch == 1 and not r.config.get("run")}  # not the cache case's runs
-    ratio = by["onnx-2", "concurrency 8"] / by["onnx-1", "concurrency 8"]
-    assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1 at concurrency 8 | {ratio:.2f} |" in md
-    assert "pt-dyn ÷ pt-1 at concurrency 8" in md and "## GPU tests (`pytest -m gpu`)" in md
+    # Capacity ÷ capacity: each stage at the top of its own sweep (the quick plan's: one at a time, then 2 senders).
+    top = {s: capacity(records, s) for s in ("onnx-1", "onnx-2")}
+    ratio = top["onnx-2"].stats.throughput_rps / top["onnx-1"].stats.throughput_rps
+    assert f"| two instances per GPU ÷ one instance | onnx-2 ÷ onnx-1, capacity {where(top['onnx-2'], top['onnx-1'])} " \
+           f"| {ratio:.2f} |" in md
+    assert "pt-dyn ÷ pt-1, capacity " in md and "## GPU tests (`pytest -m gpu`)" in md
     assert "## Skipped before the run\n\n- **ray**: not installed here\n" in md
     # The ceiling measured on this CPU, and the stages against it: aims shown, never judged on a CPU.
     assert "## The model's own ceiling" in md and "CPU figures" in md
