@@ -44,7 +44,7 @@ from servelab.core.procs import ServerProcess, cpu_count, free_port
 from servelab.measure.records import ClientCeiling, Load
 
 CEILING_CONCURRENCY = 16  # senders in the ceiling's closed loop
-CEILING_SECONDS, CEILING_WARMUP_S = 1.0, 0.25
+CEILING_SECONDS, CEILING_WARMUP_S = 0.5, 0.25
 HEADROOM = 2.0  # the client's processes can send at least this multiple of the rate planned for
 BOUND_FRACTION = 1 / HEADROOM  # a run above this fraction of what its processes can send is client-bound
 SATURATED = 0.75  # a one-process warm-up above this fraction of the ceiling may itself have been held by the client
