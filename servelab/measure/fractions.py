@@ -16,6 +16,10 @@ Pure functions over a run's records (``servelab.measure.records``) and a ``Ceili
   Each is met, missed or not measured, with its figures; beside a fraction aim, the CPU and GPU use
   during the run it rests on (what bounds it).
 
+A run servelab's client could not keep up with (``Record.client_bound``, ``servelab.measure.senders``) measured
+the client, not the stage: wherever its throughput is read here it carries a client-bound note
+(``client_bound_note``), and an aim that rests on it is not measured, never met or missed.
+
 These are GPU aims: judged only where every servelab record says it ran with ``--device gpu``
 (and, for the fractions, the fp32 ceiling ran on a GPU provider); elsewhere every measured aim is
 shown as information only, never as met or missed.
@@ -51,6 +55,7 @@ BATCHING_AIM_PAIRS = tuple((top, bottom) for what, top, bottom in RATIOS
 IMAGE_IN_AIM, TENSOR_IN_AIM = 0.40, 0.60  # of the fp32 ceiling
 FIRST_REQUEST_AIM = 3.0  # first request after ready ÷ the steady sequential median
 MET, MISSED, NOT_MEASURED = "met", "**missed**", "not measured"
+CLIENT_BOUND = "client-bound"  # a run servelab's client could not keep up with (servelab.measure.senders)
 ON_CPU = "information only (GPU aims; this ran on the CPU)"
 
 
@@ -110,6 +115,14 @@ def where(a: Record, b: Record) -> str:
     return (f"both at {x}" if x.endswith("senders") else f"both {x}") if x == y else f"at {x} and {y}"
 
 
+def client_bound_note(*runs: Record | None) -> str:
+    """" (client-bound: ...)" where any of ``runs`` was held by servelab's client, not the server
+    (``Record.client_bound``): its throughput is the client's limit, never the stage's capacity; "" otherwise."""
+    if not any(r is not None and r.client_bound for r in runs):
+        return ""
+    return f" ({CLIENT_BOUND}: the client's limit, not the server's capacity)"
+
+
 def _closed_levels(records: list[Record], stage: str) -> set[int]:
     """The closed-loop concurrencies the lab measured ``stage`` at (not those of a run for another purpose)."""
     return {r.load.concurrency for r in records if r.stage == stage and r.load.mode == "closed" and not r.config.get("run")}
@@ -140,7 +153,7 @@ def ratios(records: list[Record]) -> list[tuple[str, str, float]]:
     for what, top, bottom in RATIOS:
         if got := capacity_ratio(records, top, bottom):
             a, b, ratio = got
-            found.append((what, f"{top} ÷ {bottom}, capacity {where(a, b)}", ratio))
+            found.append((what, f"{top} ÷ {bottom}, capacity {where(a, b)}{client_bound_note(a, b)}", ratio))
     return found
 
 
@@ -155,6 +168,7 @@ class StageFraction:
     fraction: float | None  # of the fp32 ceiling (None: no ceiling measured)
     cpu_pct: float | None  # the whole machine's mean CPU use during that run
     gpu_pct: float | None  # mean GPU utilization during that run (NVML)
+    client_bound: bool = False  # servelab's client held that run: its figure is the client's, not the stage's
 
 
 def input_kind(stage: str, inputs: Mapping[str, str]) -> str:
@@ -181,7 +195,7 @@ def stage_fractions(records: list[Record], ceiling: Ceiling, inputs: Mapping[str
             stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
             top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,
             top.monitors.cpu_mean_pct if top.monitors else None,
-            top.monitors.gpu_util_mean_pct if top.monitors else None))
+            top.monitors.gpu_util_mean_pct if top.monitors else None, top.client_bound))
     return found
 
 
@@ -221,9 +235,11 @@ def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> 
         got = capacity_ratio(records, top, bottom)
         a, b, ratio = got if got else (None, None, None)
         figures = (f"{top} {num(a.stats.throughput_rps)} ({senders(a)}) ÷ {bottom} {num(b.stats.throughput_rps)} "
-                   f"({senders(b)}) req/s = {num(ratio, 2)}" if got else f"no capacity measured for {top} or {bottom}")
-        found.append(Aim(f"{top} ÷ {bottom} ≥ {BATCHING_AIM:g}× at saturation (capacity ÷ capacity)",
-                         _judge(ratio, ratio is not None and ratio >= BATCHING_AIM, stages_gpu), figures))
+                   f"({senders(b)}) req/s = {num(ratio, 2)}{client_bound_note(a, b)}" if got
+                   else f"no capacity measured for {top} or {bottom}")
+        verdict = (NOT_MEASURED if client_bound_note(a, b) else
+                   _judge(ratio, ratio is not None and ratio >= BATCHING_AIM, stages_gpu))
+        found.append(Aim(f"{top} ÷ {bottom} ≥ {BATCHING_AIM:g}× at saturation (capacity ÷ capacity)", verdict, figures))
     best = ceiling.best("fp32")
     fractions = stage_fractions(records, ceiling, inputs)
     for kind, aim in (("image", IMAGE_IN_AIM), ("tensor", TENSOR_IN_AIM)):
@@ -232,9 +248,11 @@ def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> 
         if top is None or top.fraction is None or best is None:
             found.append(Aim(what, NOT_MEASURED, "no fp32 ceiling" if best is None else f"no {kind}-in stage measured"))
             continue
-        found.append(Aim(what, _judge(top.fraction, top.fraction >= aim, stages_gpu and ceiling.on_gpu),
-                         f"{top.stage} ({top.load}) {num(top.images_per_s)} img/s = {top.fraction:.1%} of "
-                         f"{num(best.images_per_s, 0)} (batch {best.batch}); {_use(top)}"))
+        verdict = NOT_MEASURED if top.client_bound else _judge(top.fraction, top.fraction >= aim,
+                                                                 stages_gpu and ceiling.on_gpu)
+        found.append(Aim(what, verdict, f"{top.stage} ({top.load}) {num(top.images_per_s)} img/s = {top.fraction:.1%} of "
+                         f"{num(best.images_per_s, 0)} (batch {best.batch}); {_use(top)}"
+                         + (f"; {CLIENT_BOUND}: the client's limit, not the stage's" if top.client_bound else "")))
     firsts = first_requests(records)
     worst = max(firsts, key=lambda f: f[1] / f[2], default=None)
     ratio = worst[1] / worst[2] if worst else None
@@ -248,7 +266,8 @@ def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> 
 def fractions_markdown(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> str:
     """Each stage as a fraction of the fp32 ceiling, the ratios, and the aims, for a record or a printout."""
     best = ceiling.best("fp32")
-    rows = [(f.stage, f.input, f.load, num(f.images_per_s), num(f.fraction * 100 if f.fraction is not None else None),
+    rows = [(f.stage, f.input, f.load + (f" ({CLIENT_BOUND})" if f.client_bound else ""), num(f.images_per_s),
+             num(f.fraction * 100 if f.fraction is not None else None),
              num(f.cpu_pct, 0), num(f.gpu_pct, 0)) for f in stage_fractions(records, ceiling, inputs)]
     lines = [(f"Each stage's best run (servelab's client, one image per request) against the fp32 ceiling "
               f"({num(best.images_per_s, 0) + ' img/s' if best else 'not measured'}; "

@@ -24,7 +24,7 @@ open-loop lessons use the stage's capacity (``fractions.capacity``) as the lab d
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from servelab.measure.fractions import capacity, capacity_ratio, closed_run, ratio_runs, where
+from servelab.measure.fractions import capacity, capacity_ratio, client_bound_note, closed_run, ratio_runs, where
 from servelab.measure.loadgen import CACHE_RUN, OVERLOAD, ROLLOUT
 from servelab.measure.records import Record
 from servelab.core.variants.build import RECORD_FILE, load_variants
@@ -164,10 +164,11 @@ def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: 
             if got:
                 a, b, ratio = got
                 e, said = expect(a, device) if expect else (_expect(key, device), "")
-                yield Finding(key, f"{top} ÷ {bottom}, capacity {where(a, b)}",
+                bound = client_bound_note(a, b)  # the client's limit: no lesson is read from it
+                yield Finding(key, f"{top} ÷ {bottom}, capacity {where(a, b)}{bound}",
                               f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
                               "; ".join(filter(None, (_latency_at(records, top, bottom), extra(a, b), said))),
-                              _verdict(e, ratio, top), a, b)
+                              "" if bound else _verdict(e, ratio, top), a, b)
     return find
 
 
@@ -240,7 +241,7 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
         ratio = top.stats.latency.p50_ms / alone.stats.latency.p50_ms
         share = top.breakdown.queue_share if top.breakdown else None
         yield Finding("queueing", f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
-                      f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s) ÷ one at a time",
+                      f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{client_bound_note(cap)}) ÷ one at a time",
                       f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
                       "" if share is None else f"queue share {100 * share:.0f} %",
                       _verdict(_expect("queueing", device), ratio), top, alone)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core import tables
-from servelab.measure.fractions import CAPACITY, swept
+from servelab.measure.fractions import CAPACITY, CLIENT_BOUND, capacity, client_bound_note, swept
 from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.core.hardware import describe, int8_compute
@@ -53,7 +53,8 @@ def summary_rows(records: list[Record]) -> list[dict[str, str]]:
             "load": r.load.label(), "offered req/s": num(r.stats.offered_rps), "batch": str(r.batch),
             "ok": "-" if r.stats.successes is None else str(r.stats.successes), "errors": _errors(r),
             "p50 ms": num(lat.p50_ms), "p95 ms": num(lat.p95_ms), "p99 ms": num(lat.p99_ms),
-            "req/s": num(r.stats.throughput_rps), "img/s": num(r.stats.items_per_s),
+            "req/s": num(r.stats.throughput_rps) + (f" ({CLIENT_BOUND})" if r.client_bound else ""),
+            "img/s": num(r.stats.items_per_s),
             "queue ms": num(b.queue_ms if b else None), "service ms": num(b.service_ms if b else None),
             "queue share": "-" if share is None else f"{100 * share:.0f}%",
             "mean batch": num(b.mean_batch_size if b else None, 2), "stand-in": "yes" if r.stand_in else "no",
@@ -219,7 +220,8 @@ def capacity_section(records: list[Record]) -> list[str]:
         points = " · ".join(f"{p['concurrency']}: {num(p['throughput_rps'])} / {num(p['p50_ms'])} / {num(p['p99_ms'])}"
                             for p in said["curve"])
         at = "one at a time" if said["concurrency"] == 1 else f"{said['concurrency']} senders"
-        rows.append((stage, num(said["throughput_rps"]), at, points, said["stopped"]))
+        rows.append((stage, num(said["throughput_rps"]) + client_bound_note(capacity(records, stage)), at, points,
+                     said["stopped"]))
     if not rows:
         return []
     return ["## Capacity: each stage's concurrency sweep", "",
@@ -253,7 +255,9 @@ def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[
         "Offered req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really "
         "sent at). queue / service ms are server-side means per request (FastAPI "
         "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
-        "(queue + service); mean batch = batch size the server formed. `-` = not measured.", "",
+        "(queue + service); mean batch = batch size the server formed. `-` = not measured. req/s marked "
+        f"({CLIENT_BOUND}): servelab's client could not keep up with the server (above half of what its sender "
+        "processes can send, each run's `client` says): the figure is the client's limit, not the server's.", "",
     ]
     found = compare.pairs(records)
     if found:
