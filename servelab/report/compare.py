@@ -44,7 +44,9 @@ class Pair:
             return "servelab measured nothing"
         ratios = [r for r in (self.throughput_ratio, self.p50_ratio) if r is not None]
         off = [r for r in ratios if abs(r - 1) > TOLERANCE]
-        return f"DISAGREE (> {TOLERANCE:.0%})" if off else "agree"
+        said = f"DISAGREE (> {TOLERANCE:.0%})" if off else "agree"
+        # servelab's client could not keep up: where they disagree, that is why (servelab.measure.senders)
+        return f"{said}; servelab's run was client-bound" if self.servelab.client_bound else said
 
 
 def pairs(records: list[Record]) -> list[Pair]:

@@ -5,7 +5,7 @@ from servelab.measure.ceiling import Ceiling, Point
 from servelab.measure.fractions import (CAPACITY, CLIENT_BOUND, MET, NOT_MEASURED, aims, client_bound_note,
                                         fractions_markdown, ratios)
 from servelab.measure.records import ClientCeiling, ClientSide, Latency, Load, Monitors, Record, Stats
-from servelab.report import lessons
+from servelab.report import compare, lessons
 from servelab.report.render import capacity_section, summary_rows
 from servelab.run.side_by_side import stage_inputs
 
@@ -20,7 +20,7 @@ def run(stage: str, rps: float, bound: bool = False, concurrency: int = 16, capa
         config[CAPACITY] = {"concurrency": concurrency, "throughput_rps": rps, "stopped": "knee",
                             "curve": [{"concurrency": concurrency, "throughput_rps": rps, "p50_ms": 1.0, "p99_ms": 2.0}]}
     return Record(stage=stage, load=Load.closed(concurrency), config=config, client=client,
-                  stats=Stats(throughput_rps=rps, items_per_s=rps, latency=Latency(p50_ms=1e3 / rps)),
+                  stats=Stats(throughput_rps=rps, items_per_s=rps, latency=Latency(p50_ms=1e3 / rps), successes=100),
                   monitors=Monitors(interval_s=0.5, cpu_pct=[[50.0]]))
 
 
@@ -69,3 +69,11 @@ def test_the_report_tables_mark_a_client_bound_run() -> None:
     line = next(line for line in table.splitlines() if line.startswith("| onnx-dyn"))
     assert CLIENT_BOUND in line and CLIENT_BOUND not in next(
         line for line in table.splitlines() if line.startswith("| onnx-1"))
+
+
+def test_the_two_clients_table_says_where_servelabs_run_was_client_bound() -> None:
+    theirs = run("onnx-1", 1000.0).model_copy(update={"tool": "perf_analyzer", "client": None})
+    for ours, verdict in ((run("onnx-1", 990.0), "agree"),
+                          (run("onnx-1", 800.0, bound=True), "DISAGREE (> 10%); servelab's run was client-bound")):
+        [pair] = compare.pairs([ours, theirs])
+        assert pair.verdict == verdict
