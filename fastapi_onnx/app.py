@@ -56,7 +56,7 @@ def build_app(settings: ServeSettings | None = None, *, batcher: type[MicroBatch
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # Before the port opens, off the event loop: a missing model or REQUIRE_GPU=1 without a GPU ends it here.
-        backend = await asyncio.to_thread(load, settings)
+        backend = await asyncio.to_thread(load, service.settings)
         async with service.serving(backend, warm_up_first):  # workers, batcher, warm-up, then /ready says 200
             yield
 

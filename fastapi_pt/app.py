@@ -46,7 +46,7 @@ def build_app(settings: ServeSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # Before the port opens, off the event loop: a missing model or REQUIRE_GPU=1 without a GPU ends it here.
-        backend = await asyncio.to_thread(load, settings)
+        backend = await asyncio.to_thread(load, service.settings)
         async with service.serving(backend):  # workers, batcher, warm-up, then /ready says 200
             yield
 

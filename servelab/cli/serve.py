@@ -16,16 +16,11 @@ RUNTIMES = {"pytorch": "PyTorch", "onnx": "ONNX Runtime"}
 def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
     # Deferred: uvicorn, FastAPI and each app's runtime (optional extras) are absent from the Flask image,
     # which has `serve flask`. Each stage's app file is what runs: `uvicorn fastapi_onnx.app:app` serves the same.
-    import uvicorn
-
-    if kind == "pytorch":
-        from fastapi_pt.app import app
-    else:
-        from fastapi_onnx.app import app
+    from servelab.servers.fastapi.workers import serve
 
     settings = get_settings()  # the app's own, read once
-    uvicorn.run(app, host=args.host or settings.host, port=args.port or settings.port,
-                access_log=settings.access_log, timeout_graceful_shutdown=10)
+    app = "fastapi_pt.app:app" if kind == "pytorch" else "fastapi_onnx.app:app"
+    serve(app, settings, kind, args.host or settings.host, args.port or settings.port)
     return 0
 
 

@@ -37,6 +37,7 @@ class ServeSettings(_Env):
 
     host: str = Field("127.0.0.1", description="Address the service binds to (`0.0.0.0` inside a container).")
     port: int = Field(8000, description="Port of the FastAPI service.")
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field("auto", description="`servelab serve`: server processes sharing the port, each with its own event loop, model and share of the CPUs (`servelab.servers.fastapi.workers`); `auto` = one per CPU where the model runs on the CPU (one process's event loop and GIL would carry every request's HTTP, JSON and base64), 1 where it runs on a GPU (one batcher sees every request). `/ready`, `/metrics` and `POST /admin/reload` span the processes. `uvicorn fastapi_onnx.app:app` is one process whatever this says.")
     max_image_pixels: int = Field(DEFAULT_MAX_PIXELS, description="Images whose header declares more pixels are refused (413) before decoding.")
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest request body in bytes; a larger one is refused (413) while it is being read.")
     max_request_images: int = Field(16, ge=1, description="Most images in one `POST /predict/batch` request (more: 413).")

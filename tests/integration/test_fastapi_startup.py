@@ -32,7 +32,9 @@ def test_servelab_serve_answers_a_plain_requests_client(artifacts, tmp_path):
     assert "STAND-IN MODEL" in log and "providers active: CPUExecutionProvider" in log
     # With no settings it says why it runs as it does: the machine's cores, and what one image cost it.
     assert "the machine's defaults for" in log and "none waits for a batch (BATCH_TIMEOUT_MS=0)" in log
-    assert f"{INFERENCES_PER_CPU * cpu_count()} inference(s) at once on 1 intra-op thread(s) each" in log
+    # On the CPU, one server process per CPU, each sized for its one CPU (servelab.servers.fastapi.workers).
+    assert f"servelab: {cpu_count()} server processes on port {port}, 1 CPU(s) each (WORKERS=auto)" in log
+    assert log.count(f"{INFERENCES_PER_CPU} inference(s) at once on 1 intra-op thread(s) each") == cpu_count()
     probe = re.search(r"start-up probe, coffee.jpg: preprocessing ([\d.]+) ms, one image's inference ([\d.]+) ms: "
                       r"the model is (\d+)% of an image's work", log)
     assert probe and float(probe[1]) > 0 and float(probe[2]) > 0, log

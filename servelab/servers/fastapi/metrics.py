@@ -5,13 +5,20 @@ on (preprocess, inference), and the sizes of the batches inference really ran: w
 statistics show for Triton, so the stages can be compared. Each app has its own registry.
 ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``), read at each scrape; a
 service with a response cache (``CACHE_URL``) its hits, misses and errors.
+
+Where several server processes share a port (``servelab.servers.fastapi.workers``), prometheus_client's
+multiprocess mode adds up every process's counters and histograms at each scrape (a gauge says how it
+combines: ``multiprocess_mode``); the sessions' runs are those of the process that answers the scrape.
 """
 
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import get_args
 
+import os
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +27,7 @@ from servelab.servers.fastapi.errors import SHED_KEY
 from servelab.core.wire import SECONDS_BUCKETS, VERSION_HEADER
 from servelab.servers.fastapi.schemas import ShedReason
 from servelab.servers.fastapi.timing import Timing
+from servelab.servers.fastapi.workers import METRICS_ENV
 
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 START_KEY = "servelab.started"  # scope key: when the request entered the app (perf_counter)
@@ -29,12 +37,14 @@ _VERSION_KEY = VERSION_HEADER.lower().encode()  # as ASGI gives header names
 class Metrics:
     def __init__(self, max_batch: int):
         self.registry = CollectorRegistry()
+        self.sessions: SessionCollector | None = None
         r = self.registry
         self.requests = Counter("servelab_http_requests", "HTTP requests by route, method and status code.",
                                 ["route", "method", "status"], registry=r)
         self.latency = Histogram("servelab_http_request_duration_seconds", "Time from receiving a request to its "
                                  "response, by route.", ["route"], buckets=SECONDS_BUCKETS, registry=r)
-        self.in_progress = Gauge("servelab_http_requests_in_progress", "Requests being handled now.", registry=r)
+        self.in_progress = Gauge("servelab_http_requests_in_progress", "Requests being handled now.", registry=r,
+                                 multiprocess_mode="livesum")
         self.queue = Histogram("servelab_queue_seconds", "Time a prediction request waited: for a preprocessing "
                                "worker, then for its inference batch.", buckets=SECONDS_BUCKETS, registry=r)
         self.preprocess = Histogram("servelab_preprocess_seconds", "Decoding and preprocessing time of a request.",
@@ -59,7 +69,8 @@ class Metrics:
                                          "a prediction request to its response, by the model version that "
                                          "answered it.", ["model_version"], buckets=SECONDS_BUCKETS, registry=r)
         self.serving = Gauge("servelab_model_serving", "1 for the model version answering new requests, 0 for "
-                             "one a reload replaced.", ["model_version", "model"], registry=r)
+                             "one a reload replaced.", ["model_version", "model"], registry=r,
+                             multiprocess_mode="livemax")
         self.reloads = Counter("servelab_model_reloads", "POST /admin/reload calls, by outcome: swapped, or "
                                "refused (the model was missing or broken; the old one kept serving).",
                                ["outcome"], registry=r)
@@ -73,7 +84,8 @@ class Metrics:
 
     def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
         """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""
-        self.registry.register(SessionCollector(counts))
+        self.sessions = SessionCollector(counts)
+        self.registry.register(self.sessions)
 
     def observe_batch(self, images: int, seconds: float) -> None:
         self.batch_size.observe(images)
@@ -85,7 +97,13 @@ class Metrics:
         self.images.inc(images)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if not os.environ.get(METRICS_ENV):
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        every = CollectorRegistry()
+        MultiProcessCollector(every)
+        if self.sessions is not None:
+            every.register(self.sessions)
+        return generate_latest(every), CONTENT_TYPE_LATEST
 
 
 class SessionCollector(Collector):

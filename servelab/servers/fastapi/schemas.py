@@ -93,6 +93,7 @@ class Reloaded(BaseModel):
     variant: str | None
     load_s: float = Field(description="Loading the new model, beside the old one serving.")
     warm_up_s: float = Field(description="Its warm-up inferences, before the swap.")
+    processes: int = Field(1, description="Server processes serving the new version when the answer left (`WORKERS`): all of them.")
 
 
 class Health(BaseModel):
@@ -107,6 +108,12 @@ class Batching(BaseModel):
     max_queue_requests: int = Field(0, description="Load shedding: most prediction requests held at once "
                                     "(MAX_QUEUE_REQUESTS); 0 = unbounded.")
     max_queue_delay_ms: float = Field(0, description="Load shedding: longest wait for a batch (MAX_QUEUE_DELAY_MS); 0 = none.")
+
+
+class Workers(BaseModel):
+    processes: int = Field(description="Server processes sharing the port (`WORKERS`).")
+    ready: int = Field(description="Those warm now; `/ready` says 503 until all are.")
+    versions: list[str] = Field(description="The model versions they serve (one, but during a reload).")
 
 
 class Ready(BaseModel):
@@ -131,6 +138,8 @@ class Ready(BaseModel):
                                         "so a client can tell a finished redeploy.")
     placement: dict[str, Any] | None = Field(None, description="Ray Serve stages: where this replica runs "
                                                    "(Ray node id, replica id, deployment).")
+    workers: Workers | None = Field(None, description="`servelab serve` with several server processes (`WORKERS`): "
+                                   "how many, how many are warm, what they serve. None: one process.")
 
     @model_serializer(mode="wrap")
     def _ray_fields_only_on_ray(self, handler):

@@ -49,9 +49,10 @@ from servelab.servers.fastapi.pipeline import Pipeline, Probe
 from servelab.servers.fastapi.runtimes import SERVING, Backend, max_infer_batch, why_threads
 from servelab.core.wire import VERSION_HEADER
 from servelab.servers.fastapi.schemas import (Batching, BatchRequest, BatchResponse, Health, Prediction, Ready, Reloaded,
-                                              ReloadRequest)
+                                              ReloadRequest, Workers)
 from starlette.types import ASGIApp, Receive, Scope, Send
 from servelab.servers.fastapi.timing import Timing
+from servelab.servers.fastapi.workers import FOLLOW_POLL_S, Siblings, Wanted
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -87,6 +88,12 @@ class Service:
             for result in CACHE_RESULTS:
                 self.metrics.cache.labels(result)
         self.batcher, self.placement, self.load = batcher, placement, load  # load: the app's, for reloads
+        # One of several server processes on a port (servelab.servers.fastapi.workers): a process started after
+        # a reload serves the model the reload asked for.
+        self.siblings = Siblings.here()
+        self.followed = 0  # the reload generation this process serves
+        if self.siblings and (wanted := self.siblings.wanted()):
+            self.settings, self.followed = self._settings_for(wanted.model_dir, wanted.variant), wanted.generation
         self.backend: Backend | None = None
         self.pipeline: Pipeline | None = None
         self.ready = False
@@ -113,19 +120,27 @@ class Service:
         self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
-        warm_up = None
+        warm_up = follow = None
+        # Beside other processes, one takes connections only once warm: the others answer meanwhile.
+        warm_up_first = warm_up_first or self.siblings is not None
         try:
             if warm_up_first:
                 await self.warm_up()
                 if not self.ready:
                     raise RuntimeError(f"{self.name} is not ready: {self.not_ready_reason}")
+                if self.siblings:
+                    self.siblings.announce(backend.version)
+                    follow = asyncio.create_task(self._follow())
             else:
                 warm_up = asyncio.create_task(self.warm_up())
             yield
         finally:
-            if warm_up is not None:
-                warm_up.cancel()
-                await asyncio.gather(warm_up, return_exceptions=True)
+            for task in (warm_up, follow):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            if self.siblings:
+                self.siblings.leave()
             self.ready = False
             for task in self._retiring:  # replaced models still draining close now
                 task.cancel()
@@ -182,7 +197,8 @@ class Service:
 
     async def reload(self, model_dir: Path | None, variant: str | None) -> Reloaded:
         """Load the model in ``model_dir`` (else the one served now's folder), as ``variant`` (fastapi_onnx),
-        warm it up beside the model serving, then swap: see the module's docstring."""
+        warm it up beside the model serving, then swap: see the module's docstring. Beside other server
+        processes, every one of them swaps before the answer."""
         if self.load is None:
             raise HTTPException(501, f"{self.name} cannot reload its model")
         if variant is not None and self.backend.kind != "onnx":
@@ -191,9 +207,24 @@ class Service:
             raise HTTPException(409, "a reload is already in progress; the model it replaces is still serving")
         if not self.ready:
             raise HTTPException(409, f"not ready yet ({self.not_ready_reason}); reload once it is")
+        if self.siblings is None:
+            return await self._swap(self._settings_for(model_dir, variant))
+        try:
+            with self.siblings.reloading():
+                reloaded = await self._swap(self._settings_for(model_dir, variant))
+                wanted = self.siblings.want(str(model_dir) if model_dir else None, variant)
+                self.followed = wanted.generation
+                self.siblings.announce(reloaded.model_version)
+                return reloaded.model_copy(update={"processes": await self._all_serve(reloaded.model_version)})
+        except BlockingIOError:
+            raise HTTPException(409, "a reload is already in progress in another server process") from None
+
+    def _settings_for(self, model_dir: Path | str | None, variant: str | None) -> ServeSettings:
+        update = {"model_dir": Path(model_dir) if model_dir else None, "onnx_variant": variant}
+        return self.settings.model_copy(update={k: v for k, v in update.items() if v is not None})
+
+    async def _swap(self, settings: ServeSettings) -> Reloaded:
         async with self._reloading:
-            update = {"model_dir": model_dir, "onnx_variant": variant}
-            settings = self.settings.model_copy(update={k: v for k, v in update.items() if v is not None})
             backend, pipeline, load_s, warm_up_s = await self._load_and_warm(settings)
             old, previous = self.pipeline, self.backend
             # The swap: one step of the event loop, so every request sees either model, whole.
@@ -209,6 +240,33 @@ class Service:
                             previous_version=previous.version, model_dir=str(settings.model_dir),
                             variant=settings.onnx_variant if backend.kind == "onnx" else None,
                             load_s=round(load_s, 3), warm_up_s=round(warm_up_s, 3))
+
+    async def _all_serve(self, version: str) -> int:
+        """Wait until every server process serves ``version``; how many do. A 504 if they have not in time
+        (those that have keep serving it; the others keep the old one)."""
+        deadline = perf_counter() + DRAIN_TIMEOUT_S
+        while (serving := self.siblings.serving()) and any(v != version for v in serving.values()):
+            if perf_counter() > deadline:
+                behind = sum(v != version for v in serving.values())
+                raise HTTPException(504, f"{behind} of {len(serving)} server processes did not load version {version} "
+                                         f"in {DRAIN_TIMEOUT_S:g} s; see their log")
+            await asyncio.sleep(FOLLOW_POLL_S)
+        return len(serving)
+
+    async def _follow(self) -> None:
+        """Beside other server processes: serve what a reload in any of them asked for, as soon as it is asked."""
+        while True:
+            await asyncio.sleep(FOLLOW_POLL_S)
+            wanted: Wanted | None = self.siblings.wanted()
+            if wanted is None or wanted.generation <= self.followed:
+                continue
+            self.followed = wanted.generation
+            try:
+                reloaded = await self._swap(self._settings_for(wanted.model_dir, wanted.variant))
+            except HTTPException as exc:  # the process that was asked answers the caller; this one says why here
+                log.error("%s: could not follow reload %d: %s", self.name, wanted.generation, exc.detail)
+                continue
+            self.siblings.announce(reloaded.model_version)
 
     async def _load_and_warm(self, settings: ServeSettings) -> tuple[Backend, Pipeline, float, float]:
         """A new backend and its pipeline, warmed up, and the seconds loading and warming up took; an HTTP
@@ -253,6 +311,14 @@ class Service:
 
     def readiness(self) -> Ready:
         self.ready_pipeline()
+        workers = None
+        if self.siblings:
+            serving = self.siblings.serving()
+            workers = Workers(processes=self.siblings.expected, ready=len(serving),
+                              versions=sorted(set(serving.values())))
+            if workers.ready < workers.processes:
+                raise HTTPException(503, f"not ready: {workers.ready} of {workers.processes} server processes are warm",
+                                    headers={"Retry-After": "1"})
         backend, m, s = self.backend, self.backend.manifest, self.settings
         return Ready(
             service=self.name, model=m.name, stand_in=m.stand_in, description=m.description, source=m.source,
@@ -262,6 +328,7 @@ class Service:
                               batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images,
                               max_queue_requests=s.max_queue_requests, max_queue_delay_ms=s.max_queue_delay_ms),
             preprocess_mode=self.pipeline.mode, preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
+            workers=workers,
             **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
         )
 

@@ -1,0 +1,151 @@
+"""Several server processes on one port: how ``servelab serve fastapi-onnx|fastapi-pt`` runs by default on the CPU.
+
+One process carries every request's HTTP, JSON and base64 on one event loop and one GIL. On 16 cores
+without a GPU that turned 40 % of the machine's limit into answers (docs/gpu/nvidia-h200.md). Where the
+model runs on the CPU, batching buys nothing (docs/variants.md), so ``serve`` starts ``WORKERS`` copies of
+the same app with uvicorn's supervisor: the parent binds the port, each child accepts from it, and the
+parent replaces a child that dies. Each child runs on its share of the CPUs (``SHARE_ENV``, read by
+``servelab.core.procs.cpu_count``), so its threads are sized as one process's would be on that many cores.
+On a GPU one process keeps the default: its batcher sees every request, so batches fill.
+
+The children share a folder (``Siblings``), so the service still answers as one:
+
+* a child takes connections only once its model is warm (``warm_up_first``), so a restarted child never
+  answers 503; ``/ready`` says 200 only while every child is warm;
+* Prometheus counters and histograms add up over the children (prometheus_client's multiprocess mode,
+  ``PROMETHEUS_MULTIPROC_DIR`` under the folder, set before any child starts);
+* ``POST /admin/reload`` reaches one child: it swaps its own model, writes the wanted model to the folder
+  (``want``), and answers once every child has followed (each polls the folder); a child started later
+  loads the wanted model, not the one it was started with.
+
+``uvicorn fastapi_onnx.app:app``, the app file students read, stays one process: none of this is set there.
+"""
+
+import fcntl
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from prometheus_client import multiprocess
+
+from servelab.core.hardware import gpu_count
+from servelab.core.procs import SHARE_ENV, cpu_count
+from servelab.core.settings import ServeSettings
+
+FOLDER_ENV, COUNT_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS"
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
+WANTED = "model.json"
+FOLLOW_POLL_S = 0.05
+
+
+def on_gpu(settings: ServeSettings, runtime: str) -> bool:
+    """Whether the model will run on a GPU, decided before any process loads it."""
+    asked_cpu = settings.ort_providers == "cpu" if runtime == "onnx" else settings.torch_device == "cpu"
+    return not asked_cpu and gpu_count() > 0
+
+
+def worker_count(settings: ServeSettings, runtime: str) -> int:
+    """WORKERS, else one process per CPU where the model runs on the CPU and one on a GPU."""
+    if settings.workers != "auto":
+        return settings.workers
+    return 1 if on_gpu(settings, runtime) else cpu_count()
+
+
+def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int) -> None:
+    """Run ``app`` (an import string, ``fastapi_onnx.app:app``) until stopped, in ``worker_count`` processes."""
+    # Deferred: uvicorn is the serve extra's, absent from the Flask image that imports servers.fastapi's schemas.
+    import uvicorn
+
+    workers = worker_count(settings, runtime)
+    options = dict(host=host, port=port, access_log=settings.access_log, timeout_graceful_shutdown=10)
+    if workers == 1:
+        uvicorn.run(app, **options)
+        return
+    share = max(1, cpu_count() // workers)
+    with tempfile.TemporaryDirectory(prefix="servelab-workers-") as folder:
+        (Path(folder) / "metrics").mkdir()
+        # The children inherit these (uvicorn spawns them); this process imports no prometheus_client.
+        os.environ.update({FOLDER_ENV: folder, COUNT_ENV: str(workers), SHARE_ENV: str(share),
+                           METRICS_ENV: str(Path(folder) / "metrics")})
+        # uvicorn's logging is set up once it runs; this line goes before it, beside its own.
+        print(f"INFO:     servelab: {workers} server processes on port {port}, {share} CPU(s) each "
+              f"(WORKERS={settings.workers})", file=sys.stderr, flush=True)
+        uvicorn.run(app, workers=workers, **options)
+
+
+class Wanted(NamedTuple):
+    generation: int
+    model_dir: str | None
+    variant: str | None
+
+
+class Siblings:
+    """This child's view of the folder it shares with the service's other processes."""
+
+    def __init__(self, folder: Path, expected: int):
+        self.folder, self.expected = folder, expected
+
+    @classmethod
+    def here(cls) -> "Siblings | None":
+        """The folder ``serve`` made for this process's service; None in a process of its own."""
+        folder = os.environ.get(FOLDER_ENV)
+        return cls(Path(folder), int(os.environ[COUNT_ENV])) if folder else None
+
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        tmp = self.folder / f".{name}.{os.getpid()}"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.folder / name)  # atomic: a reader sees the old file or the new one, whole
+
+    def announce(self, version: str) -> None:
+        """This process is warm and serves ``version``."""
+        self._write(f"worker-{os.getpid()}.json", {"version": version})
+
+    def leave(self) -> None:
+        (self.folder / f"worker-{os.getpid()}.json").unlink(missing_ok=True)
+
+    def serving(self) -> dict[int, str]:
+        """Warm processes alive now, and the version each serves; a dead one's files are cleared."""
+        found = {}
+        for path in self.folder.glob("worker-*.json"):
+            pid = int(path.stem.removeprefix("worker-"))
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:  # killed before it could leave: its live gauges go with it
+                path.unlink(missing_ok=True)
+                _forget_metrics(pid)
+                continue
+            try:
+                found[pid] = json.loads(path.read_text())["version"]
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                continue  # left or being replaced meanwhile
+        return found
+
+    def wanted(self) -> Wanted | None:
+        """The model the last reload asked every process to serve (None: the one each was started with)."""
+        try:
+            return Wanted(**json.loads((self.folder / WANTED).read_text()))
+        except FileNotFoundError:
+            return None
+
+    def want(self, model_dir: str | None, variant: str | None) -> Wanted:
+        """Ask every process to serve this model; the caller holds ``reloading``."""
+        wanted = Wanted((self.wanted() or Wanted(0, None, None)).generation + 1, model_dir, variant)
+        self._write(WANTED, wanted._asdict())
+        return wanted
+
+    @contextmanager
+    def reloading(self) -> Iterator[None]:
+        """One reload at a time across the processes; BlockingIOError where another is under way."""
+        with open(self.folder / "reload.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            yield
+
+
+def _forget_metrics(pid: int) -> None:
+    if os.environ.get(METRICS_ENV):
+        multiprocess.mark_process_dead(pid)
