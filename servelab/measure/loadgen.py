@@ -33,7 +33,8 @@ The client itself (``record.client``; ``servelab.measure.senders`` says how): be
 **ceiling**, what one sender process sends per second of its CPU against a no-op server with the same request
 body (measured once per machine and body size, ~1.5 s, then kept for the process and in ``client-ceiling.json``
 beside ``out``). It then runs on as many **sender processes** as keep it 2x above the rate it expects (an open
-loop's offered rate; a closed loop's, from its warm-up by Little's law), at most half the CPUs: each process runs
+loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the same target and
+senders in this process), at most half the CPUs: each process runs
 this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
 all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
 into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
@@ -54,6 +55,7 @@ before, during and after it) and when the new version first answered.
 
 import asyncio
 import gc
+import json
 import logging
 import math
 import time
@@ -453,6 +455,15 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     return delta
 
 
+# The last throughput of each (target, mode, senders) in this process: the rate a closed-loop run without a warm-up
+# to estimate from plans for (a window measured again right after the one before, as measure_stage.windowed does).
+_SEEN: dict[str, float] = {}
+
+
+def _seen_key(target: Target, load: Load) -> str:
+    return f"{json.dumps(target.describe(), sort_keys=True, default=str)} {load.mode} {load.concurrency}"
+
+
 def share(load: Load, k: int, n: int) -> Load:
     """Sender process ``k``'s share of ``load`` split across ``n``: a closed loop's senders and requests, an open loop's
     requests in flight (its sends are every ``n``-th of the schedule: ``run_load``'s ``part``); a warm-up that only
@@ -653,7 +664,8 @@ async def run_bench_async(
         warm = await warm_up(client, load)
         if warm.failed:
             warnings.append(f"{warm.failed} of {warm.sent} warm-up requests failed")
-        expected = planned_rate(load) or little_rate(load, warm.latencies_s)
+        seen = _seen_key(target, load)
+        expected = planned_rate(load) or little_rate(load, warm.latencies_s) or _SEEN.get(seen)
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
         n, chosen = plan_processes(load, found.rps if found else None, expected,
                                    max_processes or default_max_processes(), processes, held)
@@ -684,6 +696,8 @@ async def run_bench_async(
     warnings += run.warnings
     stats = summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
                       run.offered_rps, run.shed)
+    if stats.throughput_rps > 0:
+        _SEEN[seen] = stats.throughput_rps
     why = bound_reason(stats.throughput_rps, n, found.rps if found else None, run.loop_late, len(run.send_lag_s))
     if why:
         warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")

@@ -305,7 +305,9 @@ class ClientSide(BaseModel):
     processes: int = 1
     ceiling: ClientCeiling | None = None  # one sender process's; None where it could not be measured
     capacity_rps: float | None = None  # processes x ceiling.rps: the most the client could send
-    expected_rps: float | None = None  # the rate planned for: an open loop's offered rate, a closed loop's warm-up
+    # the rate planned for: an open loop's offered rate; a closed loop's in its warm-up (Little's law), else the
+    # last run's of the same target and senders in this process
+    expected_rps: float | None = None
     chosen: str = ""  # how ``processes`` was chosen (from the ceiling, asked for, held to one and why)
     bound: bool = False
     why: str | None = None  # why the run counts as client-bound

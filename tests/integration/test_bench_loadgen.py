@@ -305,3 +305,16 @@ def test_a_low_ceiling_plans_more_sender_processes(trivial: str) -> None:
                   ceiling=10.0, max_processes=3)
     assert r.client.processes == 3 and r.client.expected_rps == 40.0 and "capped at 3" in r.client.chosen
     assert r.stats.successes == 20 and r.client.capacity_rps == 30.0
+
+
+def test_a_run_without_a_warm_up_plans_from_the_last_run_of_its_load(trivial: str) -> None:
+    """A window measured again right after the one before (no warm-up to estimate from) plans for the rate that
+    one reached, with the same ceiling: a second process here, where nothing to plan from would mean one."""
+    target = FastAPITarget(trivial + "/fail-every/1000000", b"x")  # a target of its own: no earlier run of it
+    first = run_bench(target, Load.closed(4, requests=60, warmup=8), stage="tiny", ceiling=10.0, max_processes=2)
+    again = run_bench(target, Load.closed(4, requests=60, warmup=0), stage="tiny", ceiling=10.0, max_processes=2)
+    assert first.client.expected_rps is not None and first.client.processes == 2
+    assert again.client.expected_rps == round(first.stats.throughput_rps, 1) and again.client.processes == 2
+    fresh = FastAPITarget(trivial + "/fail-every/999999", b"x")
+    alone = run_bench(fresh, Load.closed(4, requests=60, warmup=0), stage="tiny", ceiling=10.0, max_processes=2)
+    assert alone.client.expected_rps is None and alone.client.processes == 1 and alone.client_bound
