@@ -21,11 +21,13 @@ service holds (MAX_QUEUE_REQUESTS) is ``errors.QueueBoundMiddleware``'s.
 
 import asyncio
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TypeVar
 
 import numpy as np
 
@@ -38,6 +40,25 @@ class BatchResult:
     queue_s: float  # from submit() to the start of the inference that served it
     infer_s: float  # that inference's duration
     batch_size: int  # images in that inference
+
+
+T = TypeVar("T")
+THREADS_START_S = 30.0  # how long the calls of ``in_threads`` wait for each other to start
+
+
+async def in_threads(executor: ThreadPoolExecutor, threads: int, fn: Callable[[], T]) -> list[T]:
+    """``fn()`` once in each of ``threads`` threads of ``executor``, at once: every call waits until all have
+    started, so no thread runs two of them (the executor starts a thread for each, up to its maximum). The
+    warm-up runs where requests run: a runtime that keeps per-thread state (PyTorch) is warm only in the
+    threads that ran it."""
+    started = threading.Barrier(threads)
+
+    def call() -> T:
+        started.wait(THREADS_START_S)
+        return fn()
+
+    loop = asyncio.get_running_loop()
+    return list(await asyncio.gather(*(loop.run_in_executor(executor, call) for _ in range(threads))))
 
 
 @dataclass
@@ -76,6 +97,10 @@ class MicroBatcher:
             if not item.future.done():
                 item.future.set_exception(RuntimeError("the service is shutting down"))
         self._executor.shutdown(wait=True)
+
+    async def warm_up(self, fn: Callable[[], T], threads: int | None = None) -> list[T]:
+        """``fn()`` in ``threads`` of the inference threads (default: every one), at once (``in_threads``)."""
+        return await in_threads(self._executor, threads or self.instances, fn)
 
     async def submit(self, x: np.ndarray) -> BatchResult:
         """Infer ``x`` [k, ...] (k images) as part of a batch; returns this request's k rows of logits."""

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -66,6 +67,41 @@ class Prepared:
 
 
 PROBE_RUNS = 3  # after the warm-up, each cost's fastest of a few: the start-up log's measured "why"
+# Runtimes that keep what a shape needs in the calling thread. PyTorch on a GPU caches its cuDNN execution plans
+# per thread (thread-local in ATen: cuDNN's plans are not thread-safe) and gives each thread its own cuBLAS handle
+# and workspace, so a thread's first inferences are slow however warm another thread is: on an H200 on 2026-11-28
+# fastapi-pt's first request after ready took 4.42x its sequential median, its warm-up having run in a thread
+# that then served nothing. So the warm-up runs in the batcher's inference threads (with PyTorch on a GPU in every
+# one of them, in turns) and, for these runtimes, runs single images until their times settle. ONNX Runtime keeps
+# that state in its sessions (one per shape under buckets), and on the CPU one thread warms what all share.
+PER_THREAD_RUNTIMES = ("pytorch",)
+SETTLE_TOLERANCE = 0.25  # settled: the last PROBE_RUNS single images each within 25 % of the fastest so far
+SETTLE_MAX_RUNS = 40  # bounds on settling, per thread: at most this many single images ...
+SETTLE_MAX_S = 2.0  # ... and this many seconds
+
+
+def settled(ms: list[float], runs: int = PROBE_RUNS, tolerance: float = SETTLE_TOLERANCE) -> bool:
+    """Whether a thread's single-image inference times (in order) have settled: at least ``runs`` of them,
+    and the last ``runs`` each within ``tolerance`` of the fastest so far."""
+    return len(ms) >= runs and max(ms[-runs:]) <= min(ms) * (1 + tolerance)
+
+
+def warm_thread(infer, x: np.ndarray, batch_sizes: list[int], settle: bool, turn: threading.Lock) -> list[float]:
+    """In the calling thread (one of the batcher's), holding ``turn`` (the threads warm one at a time, each
+    timing its own runs): one inference at each batch size, then single images, ``PROBE_RUNS`` of them or,
+    with ``settle``, until they have settled (``settled``; bounded by ``SETTLE_MAX_RUNS`` and ``SETTLE_MAX_S``).
+    The single images' ms, in order."""
+    with turn:
+        for size in batch_sizes:
+            infer(np.stack([x] * size))
+        ms: list[float] = []
+        ends = perf_counter() + SETTLE_MAX_S
+        while len(ms) < PROBE_RUNS or (settle and not settled(ms) and len(ms) < SETTLE_MAX_RUNS
+                                       and perf_counter() < ends):
+            started = perf_counter()
+            infer(x[None])
+            ms.append((perf_counter() - started) * 1e3)
+        return ms
 
 
 @dataclass(frozen=True)
@@ -161,19 +197,24 @@ class Pipeline:
 
     async def warm_up(self, text: str, batch_sizes: list[int]) -> Probe:
         """Preprocess a real photo once per worker (worker processes start and import here, not on the
-        first requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape),
-        without touching the metrics; then probe what one image costs, warm (``Probe``)."""
+        first requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape) in the
+        inference threads that will serve (``warm_thread``), without touching the metrics; then probe what
+        one image costs, warm (``Probe``)."""
         (x, *_), *_ = await asyncio.gather(*(self.prepare_in_worker(text) for _ in range(self.workers)))
-        for size in batch_sizes:
-            await asyncio.to_thread(self.backend.infer, np.stack([x] * size))
-        preprocess_ms, infer_ms = [], []
+        # In the batcher's own inference threads, where requests will run (PER_THREAD_RUNTIMES).
+        settle = self.backend.kind in PER_THREAD_RUNTIMES
+        every = settle and self.backend.on_gpu
+        warm = partial(warm_thread, self.backend.infer, x, batch_sizes, settle, threading.Lock())
+        singles = await self.batcher.warm_up(warm, None if every else 1)
+        if settle:
+            log.info("warm-up: %d inference thread(s), each at batch sizes %s, then single images until their times "
+                     "settled: %s runs, the last %s ms", len(singles), batch_sizes,
+                     "/".join(str(len(ms)) for ms in singles), "/".join(f"{ms[-1]:.1f}" for ms in singles))
+        preprocess_ms = []
         for _ in range(PROBE_RUNS):
             _, started, ended = await self.prepare_in_worker(text)
             preprocess_ms.append((ended - started) * 1e3)
-            started = perf_counter()
-            await asyncio.to_thread(self.backend.infer, x[None])
-            infer_ms.append((perf_counter() - started) * 1e3)
-        return Probe(min(preprocess_ms), min(infer_ms))
+        return Probe(min(preprocess_ms), min(min(ms[-PROBE_RUNS:]) for ms in singles))
 
     async def preprocess(self, images: list[str]) -> Prepared:
         """One request's images -> model input, in workers. The first bad image (by position) fails the

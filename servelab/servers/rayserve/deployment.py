@@ -29,7 +29,7 @@ import numpy as np
 from ray import serve
 
 from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
-from servelab.servers.fastapi.batcher import BatchResult
+from servelab.servers.fastapi.batcher import BatchResult, in_threads
 from servelab.core.settings import RaySettings, Settings
 from servelab.core.catalogue import Stage
 
@@ -57,6 +57,9 @@ class ServeBatcher:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+    async def warm_up(self, fn, threads: int | None = None) -> list:
+        return await in_threads(self._executor, threads or self.instances, fn)  # as MicroBatcher's
 
     async def submit(self, x: np.ndarray) -> BatchResult:
         if len(x) > self.max_batch_size:
