@@ -29,8 +29,10 @@ def register(subparsers) -> None:
     p.add_argument("--ceiling-seconds", type=float, default=5.0,
                    help="ceiling: at most this many seconds of timed runs per batch size (default 5)")
     p.add_argument("--cost-seconds", type=float, default=2.0,
-                   help="limit: seconds of each cost's measurement (the model at each batch and thread count, "
-                        "preprocessing, HTTP; default 2)")
+                   help="limit: seconds of each part's measurement, every core on it (the model at each batch and "
+                        "thread count, preprocessing, HTTP; default 2)")
+    p.add_argument("--limit-json", type=Path, help="limit: also write the measured limit here (JSON, as the lab's "
+                                                   "limit.json)")
     p.add_argument("--records", type=Path, nargs="+",
                    help="ceiling: a lab's records.jsonl; every stage is then shown as a fraction of the ceiling")
     p.add_argument("--ceiling-json", type=Path, help="ceiling: also write the measured result here (JSON)")

@@ -1,46 +1,74 @@
-"""This machine's end-to-end limit for an image-in stage: the most requests/s its cores could serve if
-nothing were wasted, from three costs measured in the same run as core time (CPU seconds, every
-thread's), so that they add up:
+"""This machine's end-to-end limit for an image-in stage: the most requests/s it could serve if nothing
+were wasted, built from what each part of a request DELIVERS with every core busy (wall-clock
+throughput), measured in the same run:
 
 * **the model alone**: ONNX Runtime, NumPy in and out, at each batch size and intra-op thread count
-  of ``BATCHES`` × ``thread_counts()``, as many sessions at once as fill the cores; the cheapest point
-  (fewest CPU ms per image) is the model's share;
+  of ``BATCHES`` × ``thread_counts()``, as many sessions at once as fill the cores; its best point (the
+  most images/s) is what the model delivers, ``r_model``;
 * **preprocessing**: base64 → the model's input (``servelab.core.preprocess``) for the photo in use,
-  one thread per core at once;
+  one worker process per core at once (processes, so that no lock of Python's holds it back): ``r_pre``
+  images/s;
 * **HTTP and JSON**: a route that takes the same body and answers the same shape without any work
-  (``benchmarks/simple_app.py``'s ``/noop/predict``), driven by the lab's own closed-loop client: the
-  server's and the client's CPU per request (the client shares the machine, as in the lab).
+  (``benchmarks/simple_app.py``'s ``/noop/predict``, one server process per core), driven by the lab's
+  own closed-loop client on the same machine, as in the lab: ``r_http`` requests/s.
 
-On the CPU: limit = cores ÷ (model + preprocessing + HTTP). On a GPU the model runs there: the limit is
-the smaller of the model's own images/s on the GPU (``servelab.measure.ceiling``) and what the CPUs
-can feed it, cores ÷ (preprocessing + HTTP); ``binds`` says which.
+The parts share the same cores, one after another for each request, so a request costs the machine
+the sum of what each part takes of it with every core on that part, and
 
-Each cost is measured with every core working, as a busy server's are: a core whose neighbours idle
+    limit = 1 / (1/r_model + 1/r_pre + 1/r_http).
+
+On a GPU the model is not on the CPUs: the limit is the smaller of the model's own images/s there
+(its fp32 ceiling, ``servelab.measure.ceiling``) and what the CPUs can feed it,
+1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` is the one function that measures it:
+``servelab benchmark --stage limit`` and the lab's report both call it.
+
+**Why throughput, not CPU time.** A limit of cores ÷ (CPU ms per request) assumes that every core gives
+a whole second of work each second. Where cores share execution units (SMT siblings) or a hypervisor
+takes its share, they do not, and CPU time overstates what the machine can do. On a fresh 2-CPU VM (AMD
+EPYC, AVX2; issue 43) the model alone gave 75 img/s with both cores loaded at 13.2 CPU ms per image: a
+second of the machine turned into one core's worth of CPU time, not two. The CPU-time limit said 103 req/s while
+fastapi-onnx served 70.6 (68 % of that limit, 94 % of the model alone): a limit no server could reach.
+Throughput measured with every core busy carries those losses in; CPU ms per image and per request are
+still measured and shown, as information (``cpu_time_rps``: what CPU time alone would say).
+
+Each part is measured with every core working, as a busy server's are: a core whose neighbours idle
 runs faster (shared caches and memory bandwidth to itself, a higher clock) than any server can count on.
 
 A stage's best throughput over the limit says how much of the machine it turns into answers; the
 rest went to waiting, to threads that got in each other's way, or to work the limit does not count.
+A stage above the limit (a cheaper model variant, a client that preprocesses) is doing less work.
 """
 
 import base64
+import multiprocessing
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
 from pydantic import BaseModel
 
-from servelab.core.artifacts import load_manifest
+from servelab.core.artifacts import ArtifactPaths, load_manifest
+from servelab.core.hardware import Device
 from servelab.core.inference import onnx_session
+from servelab.core.paths import REPO_ROOT
 from servelab.core.preprocess import prepare_timed
+from servelab.core.procs import ServerProcess, cpu_count, free_port
 from servelab.core.tables import markdown, num
-from servelab.measure.ceiling import model_feed
+from servelab.measure.ceiling import measure_ceiling, model_feed
 from servelab.measure.fractions import best_runs
-from servelab.measure.records import Record
+from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.measure.records import Load, Record
+from servelab.measure.targets import FastAPITarget
 
 BATCHES = (1, 16)  # a request alone, and the lab's largest dynamic batch
 LIMIT_FILE = "limit.json"  # a lab's limit, beside its records
+SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"  # its /noop/predict is the HTTP part's route
+START_TIMEOUT_S = 120.0  # for the preprocessing workers to import and warm up
 
 
 class ModelPoint(BaseModel):
@@ -48,34 +76,52 @@ class ModelPoint(BaseModel):
     threads: int
     sessions: int = 1  # run at once, each on its own thread: ``threads`` × ``sessions`` = the cores
     images_per_s: float
-    cpu_ms_per_image: float
+    cpu_ms_per_image: float  # information
+
+
+class Part(BaseModel):
+    """One part of a request, measured with every core on it: what it delivers, and what it cost."""
+
+    per_s: float  # images/s (preprocessing) or requests/s (HTTP), wall clock
+    cpu_ms: float | None = None  # CPU ms per image or request (information)
+    processes: int = 1  # the processes that did it at once (HTTP: the no-op route's servers)
 
 
 class Limit(BaseModel):
-    """The three costs as measured (``*_cpu_ms``: CPU milliseconds per image or request) and what they add up to."""
+    """What each part delivered with every core busy, and what they add up to (``rps``)."""
 
     cores: int
     photo: str
-    model: list[ModelPoint]
-    preprocess_cpu_ms: float
-    http_cpu_ms: float | None = None  # None: not measured (no server given)
-    gpu_images_per_s: float | None = None  # the model's ceiling on a GPU, where it runs there
+    device: Device = "cpu"  # where the model runs: "gpu" takes ``gpu_images_per_s``, not ``model``
+    model: list[ModelPoint] = []  # the model alone on the CPUs (not measured where it runs on a GPU)
+    preprocess: Part
+    http: Part | None = None  # None: not measured
+    gpu_images_per_s: float | None = None  # the model's fp32 ceiling on the GPU
     # req/s side by side at the same senders: "simple app" and "fastapi-onnx, no settings" (servelab.run.reference)
     simple_app: dict[str, float] = {}
 
     @property
-    def cheapest(self) -> ModelPoint:
-        return min(self.model, key=lambda p: p.cpu_ms_per_image)
+    def best(self) -> ModelPoint | None:
+        """The model's point with the most images/s (None on a GPU: the model is not on the CPUs)."""
+        return max(self.model, key=lambda p: p.images_per_s, default=None)
 
     @property
-    def cpu_ms_per_request(self) -> float:
-        """What one request costs the CPUs: preprocessing, HTTP, and the model where it runs on them."""
-        model = 0.0 if self.gpu_images_per_s else self.cheapest.cpu_ms_per_image
-        return model + self.preprocess_cpu_ms + (self.http_cpu_ms or 0.0)
+    def parts(self) -> dict[str, float]:
+        """Each part on the CPUs and what it delivers per second with every core on it."""
+        parts = {"the model": self.best.images_per_s} if self.device == "cpu" and self.best else {}
+        parts["preprocessing"] = self.preprocess.per_s
+        if self.http:
+            parts["HTTP + JSON"] = self.http.per_s
+        return parts
+
+    @property
+    def ms_per_request(self) -> float:
+        """Milliseconds of the whole machine per request: each part's share, one after another."""
+        return sum(1e3 / rate for rate in self.parts.values())
 
     @property
     def cpu_side_rps(self) -> float:
-        return self.cores * 1e3 / self.cpu_ms_per_request
+        return 1e3 / self.ms_per_request
 
     @property
     def rps(self) -> float:
@@ -87,16 +133,30 @@ class Limit(BaseModel):
             return "the GPU (the model's own images/s there)"
         return "the CPUs"
 
+    @property
+    def cpu_ms_per_request(self) -> float | None:
+        """What one request cost the CPUs (information): the parts' CPU ms, the model's at its best point."""
+        costs = [self.preprocess.cpu_ms, self.http.cpu_ms if self.http else 0.0]
+        if self.device == "cpu":
+            costs.append(self.best.cpu_ms_per_image if self.best else None)
+        return None if None in costs else sum(c for c in costs if c is not None)
+
+    @property
+    def cpu_time_rps(self) -> float | None:
+        """What CPU time alone would say (cores ÷ CPU ms per request), which overstates it (this module's doc)."""
+        cpu_ms = self.cpu_ms_per_request
+        return self.cores * 1e3 / cpu_ms if cpu_ms else None
+
 
 def thread_counts(cores: int) -> tuple[int, ...]:
     """One thread, half the cores, all of them: where ONNX Runtime's intra-op scaling shows."""
     return tuple(sorted({1, max(1, cores // 2), cores}))
 
 
-def _cpu_ms_per_call(calls: list[Callable[[], object]], seconds: float) -> tuple[int, float, float]:
+def _at_once(calls: list[Callable[[], object]], seconds: float) -> tuple[int, float, float]:
     """(calls, wall s, CPU ms per call) of each of ``calls`` repeated on a thread of its own, all at once,
-    for about ``seconds`` after one untimed call each. The work must release the GIL (ONNX Runtime,
-    Pillow and NumPy do); waiting for it costs no CPU time."""
+    for about ``seconds`` after one untimed call each. The work must release the GIL (ONNX Runtime does);
+    waiting for it costs no CPU time."""
     for call in calls:
         call()
     counts, stop = [0] * len(calls), threading.Event()
@@ -133,46 +193,169 @@ def model_points(model: Path, cores: int, seconds: float) -> list[ModelPoint]:
         sessions = [onnx_session(model, ["CPUExecutionProvider"], options) for _ in range(cores // threads)]
         for batch in BATCHES:
             runs = [lambda sess=sess, feed=model_feed(sess, batch): sess.run(None, feed) for sess in sessions]
-            calls, wall, cpu_ms = _cpu_ms_per_call(runs, seconds)
+            calls, wall, cpu_ms = _at_once(runs, seconds)
             points.append(ModelPoint(batch=batch, threads=threads, sessions=len(sessions),
                                      images_per_s=calls * batch / wall, cpu_ms_per_image=cpu_ms / batch))
     return points
 
 
-def preprocess_cpu_ms(image: bytes, manifest: Path, seconds: float, cores: int) -> float:
-    """CPU ms per image of base64 text → float32 tensor, on ``cores`` threads at once."""
+def _preprocess_worker(text: str, kwargs: dict, seconds: float, ready, go, results) -> None:
+    """One preprocessing worker: warm up, wait for ``go``, then preprocess for ``seconds``; (images, wall s, CPU s)."""
+    prepare_timed(text, **kwargs)
+    ready.put(os.getpid())
+    go.wait()
+    done, wall, cpu = 0, time.perf_counter(), time.process_time()
+    while not done or time.perf_counter() - wall < seconds:
+        prepare_timed(text, **kwargs)
+        done += 1
+    results.put((done, time.perf_counter() - wall, time.process_time() - cpu))
+
+
+def preprocess_part(image: bytes, manifest: Path, seconds: float, cores: int) -> Part:
+    """Images/s of base64 text → float32 tensor with ``cores`` worker processes at once, all started
+    together once every one is warm."""
     text, kwargs = base64.b64encode(image).decode(), load_manifest(manifest).preprocess_kwargs()
-    return _cpu_ms_per_call([lambda: prepare_timed(text, **kwargs)] * cores, seconds)[2]
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    workers = [ctx.Process(target=_preprocess_worker, args=(text, kwargs, seconds, ready, go, results),
+                           name=f"limit-preprocess-{i}", daemon=True) for i in range(cores)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in workers:
+            ready.get(timeout=START_TIMEOUT_S)
+        go.set()
+        done = [results.get(timeout=seconds + START_TIMEOUT_S) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+    images = sum(n for n, _, _ in done)
+    return Part(per_s=sum(n / wall for n, wall, _ in done), cpu_ms=sum(cpu for _, _, cpu in done) * 1e3 / images,
+                processes=cores)
 
 
-def http_cpu_ms(measure, server_pid: int) -> float:
-    """CPU ms per request, server and client, of ``measure()`` (which runs the load in this process and
-    returns how many requests succeeded)."""
-    server = psutil.Process(server_pid)
-    before, cpu = sum(server.cpu_times()[:2]), time.process_time()
-    requests = measure()
-    spent = sum(server.cpu_times()[:2]) - before + time.process_time() - cpu
-    if not requests:
+def tree_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of process ``pid`` and of each of its descendants, by PID."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    spent = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:  # ended since it was listed
+            continue
+        spent[proc.pid] = times.user + times.system
+    return spent
+
+
+def cpu_since(before: dict[int, float], pid: int) -> float:
+    """CPU seconds the tree of ``pid`` spent since ``before`` (``tree_cpu_s``): a process started since
+    counts all of its time; one that ended since, none of it."""
+    return sum(s - before.get(p, 0.0) for p, s in tree_cpu_s(pid).items())
+
+
+def own_cpu_s() -> float:
+    """This process's CPU seconds, with those of its children it has waited for (a client's sender processes)."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def serve_simple_app(stack: ExitStack, logs: Path, model_dir: Path, workers: int = 1) -> tuple[str, int]:
+    """The simple app under uvicorn (its defaults; ``workers`` processes on one port) until ``stack``
+    closes: (URL, PID of uvicorn's first process)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(SIMPLE_APP.parent), f"{SIMPLE_APP.stem}:app",
+           "--host", "127.0.0.1", "--port", str(port), "--no-access-log", *(["--workers", str(workers)] * (workers > 1))]
+    name = "simple_app.log" if workers == 1 else f"simple_app-{workers}-processes.log"
+    server = stack.enter_context(ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", logs / name,
+                                               env={"MODEL_DIR": str(model_dir)}))
+    return f"http://127.0.0.1:{port}", server.pid
+
+
+def closed_window(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> Record:
+    """One closed-loop window of ``seconds`` on the service at ``url``; a failed request fails the benchmark."""
+    load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
+    [record] = measure_stage(FastAPITarget(url, image), [load], Labels(what))
+    if record.stats.errors:
+        raise RuntimeError(f"{what}: requests failed: {record.stats.errors}")
+    return record
+
+
+def http_part(url: str, server_pid: int, image: bytes, concurrency: int, seconds: float, processes: int) -> Part:
+    """Requests/s of the no-op route at ``url`` (its servers the tree of ``server_pid``) with the lab's
+    client on this machine, and their CPU ms per request, servers and client."""
+    closed_window(url, image, concurrency, min(seconds, 1.0), "noop warm-up", 2 * concurrency)
+    server, client = tree_cpu_s(server_pid), own_cpu_s()
+    stats = closed_window(url, image, concurrency, seconds, "noop", 0).stats
+    spent = cpu_since(server, server_pid) + own_cpu_s() - client
+    if not stats.successes or not stats.wall_s:
         raise RuntimeError("the no-op route answered no request")
-    return spent * 1e3 / requests
+    return Part(per_s=stats.successes / stats.wall_s, cpu_ms=spent * 1e3 / stats.successes, processes=processes)
+
+
+def gpu_ceiling(model_dir: Path, seconds: float) -> float:
+    """The fp32 model's own images/s on the GPU (its best batch size, ``servelab.measure.ceiling``)."""
+    ceiling = measure_ceiling(model_dir, precisions=("fp32",), max_seconds=seconds, log=lambda *_: None)
+    best = ceiling.best("fp32")
+    if not ceiling.on_gpu or best is None or not best.images_per_s:
+        ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
+        raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
+    return best.images_per_s
+
+
+def machine_limit(model_dir: Path, photo: Path, logs: Path, device: Device, *, seconds: float,
+                  concurrency: int = 16) -> Limit:
+    """This machine's limit for ``photo`` with the fp32 model in ``model_dir``, where the model runs on
+    ``device`` (on "gpu": its ceiling there; the model's CPU points are not measured). The one function
+    behind every limit servelab shows: ``servelab benchmark --stage limit`` and the lab's report.
+    ``seconds``: of each part's measurement; ``concurrency``: the client's senders on the no-op route;
+    ``logs``: the no-op server's log."""
+    cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
+    gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
+    model = [] if device == "gpu" else model_points(paths.onnx, cores, seconds)
+    preprocess = preprocess_part(image, paths.manifest, seconds, cores)
+    with ExitStack() as stack:
+        url, pid = serve_simple_app(stack, logs, model_dir, workers=cores)
+        http = http_part(f"{url}/noop", pid, image, concurrency, seconds, cores)
+    return Limit(cores=cores, photo=photo.name, device=device, model=model, preprocess=preprocess, http=http,
+                 gpu_images_per_s=gpu)
+
+
+def _rate(per_s: float | None, unit: str) -> str:
+    return f"{num(per_s, 0)} {unit}" if per_s else ""
 
 
 def limit_markdown(limit: Limit) -> str:
-    """How the limit was made: each cost, the cheapest model point, the sum and what binds."""
-    best = limit.cheapest
+    """How the limit was made: what each part delivered with every core busy, the sum and what binds."""
+    best = limit.best
     rows = [[f"model alone, batch {p.batch}, {p.threads} thread{'s' * (p.threads > 1)}"
-             + (f" × {p.sessions} sessions at once" if p.sessions > 1 else ""), num(p.images_per_s, 0),
-             num(p.cpu_ms_per_image, 2) + (" ← cheapest" if p is best else "")] for p in limit.model]
-    rows += [[f"preprocessing ({limit.photo}), one thread per core", "", num(limit.preprocess_cpu_ms, 2)],
-             ["HTTP + JSON (a no-op route, server and client)", "", num(limit.http_cpu_ms, 2)]]
+             + (f" × {p.sessions} sessions at once" if p.sessions > 1 else ""),
+             _rate(p.images_per_s, "img/s") + (" ← best" if p is best else ""), num(p.cpu_ms_per_image, 2)]
+            for p in limit.model]
+    http = limit.http
+    rows += [[f"preprocessing ({limit.photo}), {limit.preprocess.processes} processes at once",
+              _rate(limit.preprocess.per_s, "img/s"), num(limit.preprocess.cpu_ms, 2)],
+             [f"HTTP + JSON (a no-op route, {http.processes if http else '-'} server processes and the client)",
+              _rate(http.per_s, "req/s") if http else "-", num(http.cpu_ms if http else None, 2)]]
     if limit.gpu_images_per_s:
-        rows.append(["model alone on the GPU (its ceiling)", num(limit.gpu_images_per_s, 0), ""])
-    table = markdown(["cost", "img/s", "CPU ms per image"], rows, "lrr")
-    sum_line = (f"{limit.cores} cores ÷ {limit.cpu_ms_per_request:.2f} CPU ms per request = "
-                f"{limit.cpu_side_rps:.1f} req/s from the CPUs")
+        rows.append(["model alone on the GPU (its fp32 ceiling)", _rate(limit.gpu_images_per_s, "img/s"), ""])
+    table = markdown(["part, every core on it", "delivers", "CPU ms each"], rows, "lrr")
+    parts = " + ".join(f"{1e3 / rate:.2f} ms ({part})" for part, rate in limit.parts.items())
+    sum_line = (f"{parts} = {limit.ms_per_request:.2f} ms of the machine per request = {limit.cpu_side_rps:.1f} req/s "
+                "from the CPUs")
     if limit.gpu_images_per_s:
         sum_line += f"; the GPU's model ceiling {limit.gpu_images_per_s:.0f} img/s"
-    return f"{table}\n\nLimit: {sum_line}: **{limit.rps:.1f} req/s**, bound by {limit.binds}."
+    text = f"{table}\n\nLimit: {sum_line}: **{limit.rps:.1f} req/s**, bound by {limit.binds}."
+    if limit.cpu_time_rps:
+        text += (f" (CPU time alone would say {limit.cores} cores ÷ {limit.cpu_ms_per_request:.2f} CPU ms per request "
+                 f"= {limit.cpu_time_rps:.1f} req/s{' from the CPUs' if limit.device == 'gpu' else ''}: "
+                 "information, not the limit.)")
+    return text
 
 
 def simple_app_line(limit: Limit) -> str:

@@ -575,18 +575,11 @@ def run_lab(args) -> int:
 
 
 def measure_limit(paths: ArtifactPaths, photo: Path, logs: Path, device: Device) -> Limit | None:
-    """This machine's limit for the report (``servelab.measure.limit``), a few seconds; on a GPU with the
-    fp32 model's own images/s there. A limit that cannot be measured is said, never fatal."""
+    """This machine's limit for the report (``servelab.measure.limit.machine_limit``, as `servelab benchmark
+    --stage limit` measures it), a few seconds; on a GPU with the fp32 model's ceiling there. A limit that
+    cannot be measured is said, never fatal."""
     try:
-        gpu = None
-        if device == "gpu":
-            # Deferred, not a circle: the ceiling opens CUDA sessions, only on a GPU run.
-            from servelab.measure.ceiling import measure_ceiling
-
-            best = measure_ceiling(paths.onnx.parent, precisions=("fp32",), repeats=5, max_seconds=1.0,
-                                   log=lambda *_: None).best("fp32")
-            gpu = best.images_per_s if best else None
-        limit = limit_here(paths.onnx.parent, photo, logs, LIMIT_SECONDS, stage_env(device), gpu_images_per_s=gpu)
+        limit = limit_here(paths.onnx.parent, photo, logs, LIMIT_SECONDS, device)
     except Exception as exc:  # noqa: BLE001 (a measurement that fails is recorded, never fatal)
         print(f"limit: not measured ({type(exc).__name__}: {exc})")
         return None

@@ -6,9 +6,13 @@ import sys
 
 import pytest
 
+from servelab.cli import main
 from servelab.core.variants.build import machine
-from servelab.core.paths import REPO_ROOT
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import cpu_count
+from servelab.measure.limit import Limit, machine_limit
+from servelab.run import lab, reference
+from servelab.run.reference import device_here
 
 pytestmark = pytest.mark.slow  # `servelab benchmark` for real: a Ray cluster, the ceiling, the variants
 
@@ -75,16 +79,42 @@ def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tm
         in run.stdout
 
 
-def test_the_fastapi_stages_are_measured_against_the_limit_and_the_simple_app(model):
-    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "limit", "--duration", "2",
-                          "--rounds", "1", "--concurrency", "4", "--cost-seconds", "0.2"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    rows = {line.split("|")[1].strip(): line.split("|") for line in run.stdout.splitlines()
+def test_the_benchmark_and_the_lab_take_their_limit_from_one_function(model, tmp_path, monkeypatch, capsys):
+    # `servelab benchmark --stage limit` in this process, then the lab's limit: the real function runs, and this
+    # only records who called it, with what, and what it returned.
+    made: list[tuple[tuple, dict, Limit]] = []
+
+    def recorded(*args, **kwargs) -> Limit:
+        limit = machine_limit(*args, **kwargs)
+        made.append((args, kwargs, limit))
+        return limit
+
+    monkeypatch.setattr(reference, "machine_limit", recorded)
+    assert main(["benchmark", "--stage", "limit", "--duration", "2", "--rounds", "1", "--concurrency", "4",
+                 "--cost-seconds", "0.2", "--limit-json", str(tmp_path / "limit.json")]) == 0
+    out = capsys.readouterr().out
+    lab_limit = lab.measure_limit(model, DEFAULT_IMAGE, tmp_path / "lab", device_here())
+    assert len(made) == 2 and lab_limit is not None
+    (bench_args, bench_kwargs, bench), (lab_args, lab_kwargs, ours) = made
+    # The same inputs but the time each part is measured and the senders: the same model, photo and device.
+    assert (bench_args[0], bench_args[1], bench_args[3]) == (lab_args[0], lab_args[1], lab_args[3]) == (
+        model.onnx.parent, DEFAULT_IMAGE, device_here())
+    assert (bench_kwargs["seconds"], lab_kwargs["seconds"]) == (0.2, lab.LIMIT_SECONDS)
+    # What each shows is what the one function returned, and both measured the same parts.
+    assert Limit.model_validate_json((tmp_path / "limit.json").read_text()) == bench
+    assert f"**{bench.rps:.1f} req/s**, bound by the CPUs" in out and "← best" in out and machine() in out
+    assert lab_limit.model_copy(update={"simple_app": {}}) == ours
+    assert set(lab_limit.simple_app) == {"simple app", "fastapi-onnx, no settings"}
+    assert (bench.cores, bench.device, [(p.batch, p.threads) for p in bench.model], list(bench.parts)) == (
+        ours.cores, ours.device, [(p.batch, p.threads) for p in ours.model], list(ours.parts))
+    # The side-by-side table: every server, its ratio to the simple app, its share of the limit, its processes' CPU.
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]] for line in out.splitlines()
             if line.startswith(("| simple app", "| fastapi-onnx"))}
     assert set(rows) == {"simple app", "fastapi-onnx, no settings", "fastapi-onnx, one inference per CPU", "fastapi-onnx",
                          "fastapi-onnx-dyn"}
-    assert rows["simple app"][3].strip() == "1.00"
-    assert all(float(row[2]) > 0 and row[4].strip().endswith("%") for row in rows.values())
-    assert "≥ 1.0 × simple app" in rows["fastapi-onnx, no settings"][5] and not rows["fastapi-onnx"][5].strip()
-    assert "bound by the CPUs" in run.stdout and "← cheapest" in run.stdout and machine() in run.stdout
+    assert rows["simple app"][2] == "1.00"
+    for what, (_, rps, _, share, cpu_ms, processes, _) in rows.items():
+        assert float(rps) > 0 and abs(float(share.rstrip("%")) - float(rps) / bench.rps * 100) <= 1, what
+        assert float(cpu_ms) > 0 and int(processes) >= 1, what
+    assert rows["simple app"][5] == "1"  # uvicorn with its defaults: one process
+    assert "≥ 1.0 × simple app" in rows["fastapi-onnx, no settings"][6] and not rows["fastapi-onnx"][6]
