@@ -563,7 +563,7 @@ async def measure_ceiling(target: Target, concurrency: int = CEILING_CONCURRENCY
                 run = await _senders_run(conns, load, 30.0)
                 cpu_s = _children_cpu(pool(_sender_main)) - cpu_before
             except BaseException:
-                pool(_sender_main).close()
+                pool(_sender_main).close(wait_s=0)
                 raise
         else:
             client = await twin.connect(concurrency, 30.0)
@@ -689,7 +689,7 @@ async def run_bench_async(
         cache = await _cache_stats(client, cache_before, len(run.latency_s), warnings)
     except BaseException:
         if senders:  # no sender process is left mid-job: the next run starts fresh ones
-            pool(_sender_main).close()
+            pool(_sender_main).close(wait_s=0)
         raise
     finally:
         await client.close()

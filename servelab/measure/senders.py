@@ -226,8 +226,9 @@ class SenderPool:
             self.senders.append((process, ours))
         return [c for _, c in self.senders[:n]]
 
-    def close(self) -> None:
-        """Ask every process to end (``None`` on its pipe), then end those that did not, by their PID."""
+    def close(self, wait_s: float = 5.0) -> None:
+        """Ask every process to end (``None`` on its pipe), then kill those still there after ``wait_s`` (0: a run
+        failed, and they may be mid-job: at once), by their PID."""
         senders, self.senders = self.senders, []
         for _, conn in senders:
             try:
@@ -235,7 +236,7 @@ class SenderPool:
             except OSError:
                 pass
         for process, conn in senders:
-            process.join(5)
+            process.join(wait_s)
             if process.is_alive():
                 process.kill()
                 process.join(5)

@@ -11,7 +11,10 @@ import asyncio
 import base64
 import json
 import logging
+import os
+import signal
 import socket
+import threading
 import time
 import urllib.request
 
@@ -20,6 +23,7 @@ from tinyserver import running
 
 from servelab.measure.targets import FastAPITarget, TritonTarget, request_body_bytes
 from servelab.measure.records import Load, read_records
+from servelab.measure import loadgen, senders
 from servelab.measure.loadgen import measure_ceiling, run_bench, run_load
 from servelab.measure.senders import CEILING_FILE
 from servelab.core.paths import DEFAULT_IMAGE
@@ -318,3 +322,33 @@ def test_a_run_without_a_warm_up_plans_from_the_last_run_of_its_load(trivial: st
     fresh = FastAPITarget(trivial + "/fail-every/999999", b"x")
     alone = run_bench(fresh, Load.closed(4, requests=60, warmup=0), stage="tiny", ceiling=10.0, max_processes=2)
     assert alone.client.expected_rps is None and alone.client.processes == 1 and alone.client_bound
+
+
+def test_a_sender_process_that_dies_fails_the_run_and_the_next_run_starts_afresh(trivial: str) -> None:
+    """A sender process killed mid-run: the run fails, saying so, rather than report the requests of the others as
+    all; the pool is ended, and the next run on several processes starts new ones and counts every request."""
+    failed: list[BaseException] = []
+
+    def measure() -> None:
+        try:
+            run_bench(FastAPITarget(trivial, b"x"), Load.closed(2, requests=None, duration_s=30.0, warmup=0),
+                      stage="tiny", processes=2, ceiling=1e9)
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    before = _server_count(trivial)
+    running_run = threading.Thread(target=measure)
+    running_run.start()
+    deadline = time.monotonic() + 60
+    while _server_count(trivial) - before < 50 and time.monotonic() < deadline:  # both processes are sending
+        time.sleep(0.05)
+    [(victim, _), *_] = [s for s in senders.pool(loadgen._sender_main).senders if s[0].is_alive()]
+    os.kill(victim.pid, signal.SIGKILL)
+    running_run.join(120)
+    assert not running_run.is_alive() and len(failed) == 1
+    assert "sender process ended during the run" in str(failed[0])
+    assert not victim.is_alive() and senders.pool(loadgen._sender_main).senders == []
+    before = _server_count(trivial)
+    r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(2, requests=40, warmup=2), stage="tiny", processes=2)
+    assert r.client.processes == 2 and r.stats.successes == 40
+    assert _server_count(trivial) - before == r.warmup_requests + 40
