@@ -77,7 +77,7 @@ PROBE_RUNS = 3  # after the warm-up, each cost's fastest of a few: the start-up 
 PER_THREAD_RUNTIMES = ("pytorch",)
 SETTLE_TOLERANCE = 0.25  # settled: the last PROBE_RUNS single images each within 25 % of the fastest so far
 SETTLE_MAX_RUNS = 40  # bounds on settling, per thread: at most this many single images ...
-SETTLE_MAX_S = 2.0  # ... and this many seconds
+SETTLE_MAX_S = 1.0  # ... and this many seconds
 
 
 def settled(ms: list[float], runs: int = PROBE_RUNS, tolerance: float = SETTLE_TOLERANCE) -> bool:
