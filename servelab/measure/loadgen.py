@@ -54,6 +54,7 @@ before, during and after it) and when the new version first answered.
 """
 
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
@@ -497,8 +498,18 @@ def _sender_main(conn: Connection, parent: int) -> None:
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))
 
 
+def _mix_share(target: Target, k: int, n: int) -> Target:
+    """A target with a ``PhotoMix``: process ``k`` of ``n`` sends every ``n``-th photo of its order from the ``k``-th,
+    so that the processes together send the photos the one order says (a cache sees the same popularity)."""
+    mix = getattr(target, "mix", None)
+    if mix is None or n == 1:
+        return target
+    return dataclasses.replace(target, mix=dataclasses.replace(mix, order=mix.order[k::n]))
+
+
 async def _sender_job(conn: Connection, target: Target, load: Load, timeout_s: float, part: tuple[int, int]) -> None:
     """Connect, warm up (then say so), wait for the shared start time, run this share, send its RawRun back."""
+    target = _mix_share(target, *part)
     client = await target.connect(load.max_inflight if load.mode == "open" else load.concurrency, timeout_s)
     try:
         warm = await warm_up(client, load)

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from servelab.measure import senders
-from servelab.measure.loadgen import OK, RawRun, merge_runs, share
+from servelab.measure.loadgen import OK, RawRun, _mix_share, merge_runs, share
 from servelab.measure.records import ClientCeiling, Load
 from servelab.measure.senders import (BOUND_FRACTION, HEADROOM, bound_reason, cached_ceiling, keep_ceiling,
                                       little_rate, plan_processes, planned_rate)
 from servelab.measure.server_timing import TimingSums, parse_server_timing
+from servelab.measure.targets import FastAPITarget, PhotoMix
 
 
 def test_one_process_while_its_ceiling_is_twice_the_rate_expected() -> None:
@@ -133,3 +134,12 @@ def test_a_ceiling_is_kept_for_the_process_and_in_its_folder(tmp_path, monkeypat
     assert cached_ceiling("k", other).rps == 5.0  # ...and written to a folder that asks for it
     monkeypatch.setattr(senders, "_CEILINGS", {})
     assert cached_ceiling("k", other).rps == 5.0
+
+
+def test_a_photo_mix_is_dealt_out_across_the_processes_in_its_one_order() -> None:
+    mix = PhotoMix.zipf(draws=1000)
+    target = FastAPITarget("http://127.0.0.1:1", b"", mix=mix)
+    parts = [_mix_share(target, k, 3).mix.order for k in range(3)]
+    dealt = [parts[i % 3][i // 3] for i in range(1000)]  # request i of the whole run: process i % 3's (i // 3)-th
+    assert dealt == list(mix.order) and all(_mix_share(target, k, 3).mix.images == mix.images for k in range(3))
+    assert _mix_share(target, 0, 1) is target and _mix_share(FastAPITarget("u", b"x"), 1, 3).mix is None
