@@ -8,7 +8,9 @@
 
 ``--requests N`` measured requests (alone: sequential; default 100 sequential, 1000 per closed-loop
 level, 10 s worth per open-loop rate), ``--duration S`` a time window instead, ``--warmup W``
-unmeasured requests first. ``--out FILE`` appends one JSON record per run; the summary table is
+unmeasured requests first (``--warmup-seconds S``: for S seconds too). The client runs on as many sender
+processes as keep it twice above the rate it expects (``--processes N`` fixes them); each record says how many,
+the client's ceiling, and whether the run was client-bound. ``--out FILE`` appends one JSON record per run; the summary table is
 printed either way. Latency in ms, throughput in requests/s (images/s = req/s x batch).
 """
 
@@ -78,6 +80,12 @@ def _add_load_args(p: argparse.ArgumentParser, open_loop_extras: bool = True) ->
     if open_loop_extras:
         g.add_argument("--max-inflight", type=int, default=128, help="open loop: most requests outstanding")
         g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
+        g.add_argument("--warmup-seconds", type=float,
+                       help="a warm-up window too: unmeasured requests until both it and --warmup are done")
+        c = p.add_argument_group("client (servelab.measure.senders: its ceiling, its sender processes)")
+        c.add_argument("--processes", type=int,
+                       help="sender processes (default: as many as keep the client 2x above the rate it expects)")
+        c.add_argument("--max-processes", type=int, help="the most sender processes it may plan (default: half the CPUs)")
 
 
 def _add_record_args(p: argparse.ArgumentParser) -> None:
@@ -134,6 +142,8 @@ def loads_from_args(args: argparse.Namespace) -> list[Load]:
         window |= {"requests": args.requests, "duration_s": args.duration}
     if getattr(args, "max_inflight", None):
         window["max_inflight"] = args.max_inflight
+    if getattr(args, "warmup_seconds", None):
+        window["warmup_s"] = args.warmup_seconds
     if args.rate:
         return [Load.open(rate, args.arrivals, **window) for rate in args.rate]
     if args.concurrency:
@@ -189,6 +199,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         records.append(run_bench(
             target, load, stage=_default_stage(args), config=dict(args.config), server_pid=args.server_pid,
             monitor_interval_s=args.monitor_interval, timeout_s=args.timeout, stand_in=args.stand_in, out=args.out,
+            processes=args.processes, max_processes=args.max_processes,
         ))
         _progress(i, len(loads), records[-1])
     return _finish(records, args.out)

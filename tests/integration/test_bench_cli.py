@@ -54,6 +54,16 @@ def test_open_loop_and_duration_flags(server: str, tmp_path: Path) -> None:
     assert [r.stats.successes for r in read_records(out)] == [20, 40]
 
 
+def test_client_flags_reach_the_record(server: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    done = servelab("load", "fastapi", "--url", server, "--concurrency", "2", "--requests", "30", "--warmup", "0",
+                    "--warmup-seconds", "0.2", "--processes", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    [record] = read_records(out)
+    assert record.load.warmup_s == 0.2 and record.warmup_requests > 0
+    assert record.client.processes == 2 and record.stats.successes == 30 and record.client.ceiling.rps > 0
+
+
 def test_a_stage_that_is_down_fails_the_command(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
