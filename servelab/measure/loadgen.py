@@ -624,9 +624,18 @@ async def client_ceiling(target: Target, given: float | ClientCeiling | None = N
     key = ceiling_key(_ceiling_what(target), body)
     if found := cached_ceiling(key, folder):
         return found
-    ceiling = await measure_ceiling(target)
+    if key in _CEILING_FAILED:  # tried once in this process: no run pays for it again
+        raise RuntimeError(_CEILING_FAILED[key])
+    try:
+        ceiling = await measure_ceiling(target)
+    except Exception as exc:
+        _CEILING_FAILED[key] = f"{type(exc).__name__}: {exc}"
+        raise RuntimeError(_CEILING_FAILED[key]) from exc
     keep_ceiling(key, ceiling, folder)
     return ceiling
+
+
+_CEILING_FAILED: dict[str, str] = {}  # ceiling key -> why measuring it failed in this process
 
 
 async def run_bench_async(
@@ -668,7 +677,7 @@ async def run_bench_async(
         found = await client_ceiling(target, ceiling, folder)
     except Exception as exc:  # the run goes on, one process; its record says the ceiling is unknown
         found = None
-        warnings.append(f"the client's ceiling could not be measured ({type(exc).__name__}: {exc})")
+        warnings.append(f"the client's ceiling could not be measured ({exc})")
     senders: list[Connection] = []
     client = await target.connect(connections, timeout_s)
     try:
