@@ -3,6 +3,7 @@ session temporary folder (the servers the tests start inherit them), so `make te
 the model the user built in models/ and models_staging/. The session fails if it changed the
 checkout's models/, models_staging/ or results/ anyway."""
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from servelab.core.variants.build import build_variants
 from servelab.core.settings import get_settings
 from lab_process import LAB
 from triton_repo import copy_sources
+
+ADMIN_TOKEN = secrets.token_urlsafe(24)  # the session's servers' ADMIN_TOKEN
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +45,10 @@ def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MODEL_DIR", str(root / "models"))
         env.setenv("TRITON_MODEL_REPOSITORY", str(copy_sources(root / "model_repository")))
+        # Every FastAPI server the tests start takes reloads with this token, from models anywhere in the
+        # session's temporary folders (tests/unit/test_admin_guard.py checks both guards).
+        env.setenv("ADMIN_TOKEN", ADMIN_TOKEN)
+        env.setenv("MODEL_ROOT", str(tmp_path_factory.getbasetemp()))
         get_settings.cache_clear()  # settings are cached once read: read them again, with these folders
         yield root
     get_settings.cache_clear()

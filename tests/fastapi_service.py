@@ -2,6 +2,7 @@
 
 import asyncio
 import base64
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,11 @@ from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import ServerProcess, free_port
 
 APPS = {"pytorch": "fastapi_pt.app:app", "onnx": "fastapi_onnx.app:app"}
+
+
+def admin() -> dict[str, str]:
+    """The headers ``POST /admin/*`` needs on the session's servers (tests/conftest.py sets ADMIN_TOKEN)."""
+    return {"Authorization": f"Bearer {os.environ['ADMIN_TOKEN']}"}
 
 
 def b64(data: bytes) -> str:

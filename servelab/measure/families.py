@@ -21,6 +21,7 @@ shell: they wait for the switch instead, and call the same ``measure_stage``.
 """
 
 import asyncio
+import secrets
 import shutil
 import time
 from collections.abc import Iterator
@@ -69,6 +70,8 @@ class FastAPIFamily:
     def __init__(self, logs: Path, env: dict[str, str] | None = None, prometheus: LabPrometheus | None = None,
                  ready_timeout: float = 180):
         self.logs, self.env, self.prometheus, self.ready_timeout = logs, env or {}, prometheus, ready_timeout
+        # Its servers' admin routes answer this token only (a new one per run: nothing else can reload them).
+        self.admin_token = secrets.token_urlsafe(24)
         self.url, self.pid, self.scraped = "", None, None
         self._serving: ExitStack | None = None
 
@@ -95,7 +98,8 @@ class FastAPIFamily:
             self.scraped = self._serving.enter_context(
                 _scrape(self.prometheus, f"127.0.0.1:{port}", "fastapi", stage=stage.name))
             server = self._serving.enter_context(fastapi_process(
-                stage.fastapi.service, port, self.logs / f"{stage.name}-{port}.log", {**self.env, **stage.fastapi.env},
+                stage.fastapi.service, port, self.logs / f"{stage.name}-{port}.log",
+                {**self.env, **stage.fastapi.env, "ADMIN_TOKEN": self.admin_token},
                 ready_timeout=self.ready_timeout))
         except BaseException:
             self._stop()
@@ -107,7 +111,7 @@ class FastAPIFamily:
 
     async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
         """``POST /admin/reload``: the service loads and warms up ``variant`` beside its model, then swaps."""
-        return await reload(self.url, variant=variant)
+        return await reload(self.url, variant=variant, token=self.admin_token)
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
         return served_runtime(self.url)

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from fastapi_service import b64, metric_samples
+from fastapi_service import admin, b64, metric_samples
 from servelab.core.catalogue import SERVICES
 from servelab.core.photos import evaluation_set
 from servelab.core.procs import ServerProcess, free_port, wait_until
@@ -80,7 +80,7 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
 def test_a_reload_reaches_every_process_before_it_answers(service):
     server, url = service
     before = httpx.get(f"{url}/ready").json()["model_version"]
-    answer = httpx.post(f"{url}/admin/reload", json={"variant": "u8"}, timeout=300)
+    answer = httpx.post(f"{url}/admin/reload", json={"variant": "u8"}, headers=admin(), timeout=300)
     assert answer.status_code == 200, answer.text
     reloaded = answer.json()
     assert reloaded["previous_version"] == before != reloaded["model_version"]

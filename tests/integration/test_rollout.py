@@ -15,7 +15,7 @@ import httpx
 import onnx
 import pytest
 
-from fastapi_service import metric_samples, running
+from fastapi_service import admin, metric_samples, running
 from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
@@ -101,14 +101,16 @@ def test_a_reload_under_16_senders_fails_nothing_and_switches_version_once(onnx_
 
 
 @pytest.mark.parametrize("body, status, words", [
-    ({"model_dir": "/nonexistent/models"}, 404, "no model manifest"),
+    ("missing", 404, "no model manifest"),
     ("no-variant", 404, "no food11_u8_int8.onnx"),
     ("broken", 422, "cannot load the model"),
     ({"model_dir": 7, "extra": 1}, 422, "extra"),
 ])
 def test_a_refused_reload_says_why_and_the_old_version_keeps_serving(onnx_service, versions, client, tmp_path,
                                                                      body, status, words):
-    if body == "broken":  # a manifest and a truncated ONNX file: found, but it cannot load
+    if body == "missing":  # under MODEL_ROOT (tests/conftest.py), but nothing there
+        body = {"model_dir": str(tmp_path / "nonexistent")}
+    elif body == "broken":  # a manifest and a truncated ONNX file: found, but it cannot load
         broken = shutil.copytree(versions["v3"], tmp_path / "broken")
         (broken / "food11.onnx").write_bytes((broken / "food11.onnx").read_bytes()[:5000])
         body = {"model_dir": str(broken)}
@@ -118,7 +120,7 @@ def test_a_refused_reload_says_why_and_the_old_version_keeps_serving(onnx_servic
             variant.unlink()
         body = {"model_dir": str(bare), "variant": "int8"}
     before = served_version(client, onnx_service)
-    response = client.post(f"{onnx_service}/admin/reload", json=body)
+    response = client.post(f"{onnx_service}/admin/reload", json=body, headers=admin())
     assert response.status_code == status and words in response.text, response.text
     assert served_version(client, onnx_service) == before
     assert client.get(f"{onnx_service}/ready").json()["model_version"] == before
@@ -126,7 +128,7 @@ def test_a_refused_reload_says_why_and_the_old_version_keeps_serving(onnx_servic
 
 def test_a_reload_of_the_same_bytes_is_the_same_version(onnx_service, client):
     before = served_version(client, onnx_service)
-    response = client.post(f"{onnx_service}/admin/reload", json={})
+    response = client.post(f"{onnx_service}/admin/reload", json={}, headers=admin())
     assert response.status_code == 200, response.text
     assert response.json()["model_version"] == response.json()["previous_version"] == before
     assert served_version(client, onnx_service) == before

@@ -8,7 +8,7 @@ from importlib import import_module
 import pytest
 from fastapi.testclient import TestClient
 
-from fastapi_service import b64, metric_samples
+from fastapi_service import admin, b64, metric_samples
 from photos import png_header, variants
 from servelab.core.artifacts import ArtifactPaths, load_manifest
 from servelab.core.settings import get_settings
@@ -107,10 +107,10 @@ def test_every_prediction_says_which_model_version_answered(client, model):
 def test_a_reload_the_service_cannot_do_is_refused_and_it_keeps_answering(client, tmp_path):
     version = client.get("/ready").json()["model_version"]
     refused = {"model_dir": str(tmp_path)}  # an empty folder: no manifest
-    assert client.post("/admin/reload", json=refused).status_code == 404
+    assert client.post("/admin/reload", json=refused, headers=admin()).status_code == 404
     if client.kind == "pytorch":  # a variant is an ONNX file
-        response = client.post("/admin/reload", json={"variant": "int8"})
+        response = client.post("/admin/reload", json={"variant": "int8"}, headers=admin())
         assert response.status_code == 422 and "applies to fastapi_onnx" in response.text, response.text
-    again = client.post("/admin/reload", json={})
+    again = client.post("/admin/reload", json={}, headers=admin())
     assert again.status_code == 200 and again.json()["model_version"] == version, again.text
     assert client.post("/predict", json={"image": b64(PHOTOS["jpeg"])}).json()["model_version"] == version

@@ -43,6 +43,8 @@ ERROR_RESPONSES = {
 RELOAD_RESPONSES = {
     400: {"model": ErrorResponse, "description": "The body is not JSON (FastAPI cannot parse it)."},
     404: {"model": ErrorResponse, "description": "No model there (no manifest, or no file for the variant); the old one keeps serving."},
+    401: {"model": ErrorResponse, "description": "No bearer token (`Authorization: Bearer <ADMIN_TOKEN>`)."},
+    403: {"model": ErrorResponse, "description": "A wrong token, or a `model_dir` outside MODEL_ROOT; nothing was loaded."},
     409: {"model": ErrorResponse, "description": "Another reload is in progress, or the service is not ready yet."},
     422: {"model": ErrorResponse, "description": "The model failed to load or to warm up (a broken file, a GPU-only "
                                                 "variant on the CPU), or the body does not match the schema; the old "

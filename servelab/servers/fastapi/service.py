@@ -23,12 +23,16 @@ and answers a hit from there, saying so (``X-Cache``); ``/predict/batch`` always
 stopping: the new one loads and warms up beside the old one serving, then one assignment makes it answer
 every request that arrives after; the requests that arrived before finish on the old one, which is closed
 once they have all answered (``Generations``). A missing model is a 404, one that fails to load or warm
-up a 422, a reload while another runs a 409: the old model keeps serving each time.
+up a 422, a reload while another runs a 409: the old model keeps serving each time. The admin routes are
+there only with ``ADMIN_TOKEN`` set, for a request that carries it (``AdminGuardMiddleware``, before the
+body is read), and a reload loads only a ``model_dir`` that resolves inside ``MODEL_ROOT`` (403 otherwise).
 """
 
 import asyncio
 import base64
+import hmac
 import logging
+import math
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -36,6 +40,8 @@ from pathlib import Path
 from time import perf_counter
 
 from fastapi import FastAPI, HTTPException, Request, Response
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.preprocess import ImageError
@@ -207,6 +213,8 @@ class Service:
             raise HTTPException(409, "a reload is already in progress; the model it replaces is still serving")
         if not self.ready:
             raise HTTPException(409, f"not ready yet ({self.not_ready_reason}); reload once it is")
+        if model_dir is not None:
+            model_dir = self._confined(model_dir)
         if self.siblings is None:
             return await self._swap(self._settings_for(model_dir, variant))
         try:
@@ -218,6 +226,17 @@ class Service:
                 return reloaded.model_copy(update={"processes": await self._all_serve(reloaded.model_version)})
         except BlockingIOError:
             raise HTTPException(409, "a reload is already in progress in another server process") from None
+
+    def _confined(self, model_dir: Path) -> Path:
+        """``model_dir`` as it resolves (symlinks, ``..``), or 403 where that is outside MODEL_ROOT: a reload
+        loads only models the operator put there."""
+        root = (self.settings.model_root or Path(self.settings.model_dir).resolve().parent).resolve()
+        resolved = Path(model_dir).resolve()
+        if not resolved.is_relative_to(root):
+            self.metrics.reloads.labels("refused").inc()
+            raise HTTPException(403, f"model_dir {model_dir} resolves to {resolved}, outside MODEL_ROOT ({root}); "
+                                     f"nothing was loaded, version {self.backend.version} still serves")
+        return resolved
 
     def _settings_for(self, model_dir: Path | str | None, variant: str | None) -> ServeSettings:
         update = {"model_dir": Path(model_dir) if model_dir else None, "onnx_variant": variant}
@@ -389,6 +408,32 @@ class InFlightMiddleware:
             self.generations.leave(generation)
 
 
+class AdminGuardMiddleware:
+    """What ``/admin/*`` asks of a request, before its body is read: nothing is there without ADMIN_TOKEN
+    (404, as for any unknown path), and with it ``Authorization: Bearer <ADMIN_TOKEN>`` (401 without a
+    token, 403 with another)."""
+
+    def __init__(self, app: ASGIApp, token: str):
+        self.app, self.expected = app, token.encode()
+
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        if not self.expected:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return JSONResponse({"detail": "the admin routes need `Authorization: Bearer <ADMIN_TOKEN>`"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.strip().encode(), self.expected):  # constant time: no timing hint
+            return JSONResponse({"detail": "wrong admin token"}, status_code=403)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/admin") and (refused := self._refusal(scope)):
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def cache_hit_timing(request: Request, response: Response) -> None:
     """A cache hit's ``Server-Timing``: its total only, and that it was a hit (no queue, no inference)."""
     total_s = perf_counter() - request.scope[START_KEY]
@@ -399,7 +444,9 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     """Everything but ``POST /predict``: ``/predict/batch``, ``/health``, ``/ready``, ``/metrics``, the error
     contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
     settings = service.settings
-    install_error_handlers(app, settings.max_body_bytes, settings.max_queue_requests)
+    # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, each holds its share.
+    processes = service.siblings.expected if service.siblings else 1
+    install_error_handlers(app, settings.max_body_bytes, math.ceil(settings.max_queue_requests / processes))
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")
@@ -415,7 +462,8 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
                                           for t in tops], model=service.model_name)
 
     @app.post("/admin/reload", response_model=Reloaded, responses=RELOAD_RESPONSES,
-              summary="Swap in another model (version) while serving; no request fails")
+              summary="Swap in another model (version) while serving; no request fails",
+              include_in_schema=bool(settings.admin_token))  # guarded by AdminGuardMiddleware
     async def reload(body: ReloadRequest) -> Reloaded:
         return await service.reload(body.model_dir, body.variant)
 
@@ -434,6 +482,7 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
         body, content_type = service.metrics.render()
         return Response(body, media_type=content_type)
 
+    app.add_middleware(AdminGuardMiddleware, token=settings.admin_token)
     app.add_middleware(InFlightMiddleware, generations=service.generations)
     # Added last, so it is outermost and also counts what the body limit refuses.
     app.add_middleware(MetricsMiddleware, metrics=service.metrics, routes={route.path for route in app.routes})
