@@ -48,7 +48,8 @@ from servelab.core.installers.prometheus_install import PrometheusNotFound, loca
 DOCS = REPO_ROOT / "docs" / "gpu"
 GPU_TESTS = "tests/integration/test_gpu.py"
 # The default check's seconds, install not included: with `make gpu-check`'s offline install it should end
-# within 6 minutes on one H100 with 16 cores (aim; the tests took 83 s there on 2026-11-24).
+# within 6 minutes on a machine with one GPU and 16 cores. On an H200 with 16 cores on 2026-11-28 it took 320 s,
+# install included, the check itself 271 s (docs/records/gpu-h200-2026-11-28.toml).
 DEFAULT_BUDGET_S = 285.0
 CEILING_S = 45.0  # kept back for the ceiling at the end of the budget
 FIT_BATCHES = (1, 16, 64, 128)  # the ceiling's batch sizes in a budgeted check (the full check: 1 to 128)
@@ -117,6 +118,20 @@ def stage_table(records: list[Record]) -> str:
     return markdown(head, rows)
 
 
+def checkout_commit(root: Path = REPO_ROOT) -> str | None:
+    """The checkout's commit (short), "with local changes" where tracked files differ from it; None where
+    git cannot say (a copy of the tree without .git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + (" with local changes" if changed else "")
+
+
 def skipped_parts() -> dict[str, str]:
     """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
     preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
@@ -130,13 +145,14 @@ def skipped_parts() -> dict[str, str]:
 
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
                     when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None,
-                    not_run: dict[str, str] | None = None) -> str:
+                    not_run: dict[str, str] | None = None, commit: str | None = None) -> str:
     """The GPU record: hardware and versions, what was skipped and why, what the time budget cut, test
     outcomes, the stage table, the ratios and, with ``ceiling``, the model's own ceiling with every stage
-    and aim against it."""
+    and aim against it. ``commit``: the checkout's (``checkout_commit``), where known."""
     gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
+    at = f", commit {commit}" if commit else ", commit unknown (no git here)"
     md = [f"# servelab on {gpu}", "",
-          f"`make gpu-check`, {when}. Every figure below was measured on this {gpu}, by `servelab lab` "
+          f"`make gpu-check`, {when}{at}. Every figure below was measured on this {gpu}, by `servelab lab` "
           "(servelab's client); the original lab's 2× P100 figures are in `servelab/data/original_lab.toml` "
           "and are never mixed in here.", "", "## Hardware and versions", ""]
     md += [f"- {line}" for line in describe(found)]
@@ -265,7 +281,8 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     path = docs / f"{slug(name)}.md"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     label = f"`servelab lab {' '.join(lab_args)}`, " + (f"exit {lab_code}" if lab_code is not None else "stopped")
-    path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run), encoding="utf-8")
+    path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run, checkout_commit()),
+                    encoding="utf-8")
     ok = code == 0 and lab_code == 0 and tests is not None and tests.failed == 0
     for part, why in not_run.items():
         log(f"gpu-check: NOT RUN {part}: {why}")

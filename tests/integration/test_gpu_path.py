@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.core.hardware import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
-from servelab.tools.gpu_check import PytestOutcome, record_markdown, run_tests, run_within, slug
+from servelab.tools.gpu_check import PytestOutcome, checkout_commit, record_markdown, run_tests, run_within, slug
 
 REPO = Path(__file__).resolve().parents[2]
 without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
@@ -164,3 +164,14 @@ def test_the_gpu_record_names_what_the_budget_cut_and_never_counts_it_passed():
     assert "- **onnx-fp16**: the time budget (200 s)" in section and "- **GPU tests**: stopped" in section
     assert "not run to the end: stopped by the time budget (285 s)" in md and "passed" not in md
     assert "## Not run: cut by the time budget\n\nnothing" in record_markdown([], {}, None, "x", "today")
+
+
+def test_the_gpu_record_names_the_commit_it_ran(tmp_path):
+    """The H200's record of 2026-11-28 did not say which commit ran; a record now does, where git can say."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert checkout_commit().split()[0] == head
+    assert "`make gpu-check`, today, commit abc1234 with local changes." in record_markdown(
+        [], {}, None, "x", "today", commit="abc1234 with local changes")
+    assert checkout_commit(tmp_path) is None  # a copy of the tree without .git
+    assert "commit unknown (no git here)" in record_markdown([], {}, None, "x", "today")
