@@ -19,7 +19,9 @@ from servelab.tools.render_notebooks import sources
 
 DOCUMENTS = ("README.md", "fastapi_pt/README.md", "fastapi_onnx/README.md", "models_staging/README.md",
              "flask_app/README.md", "docker/README.md",
-             *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").rglob("*.md")),
+             # docs/records/ holds what runs wrote: the commands as they were then, not what a reader runs now.
+             *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").rglob("*.md")
+                     if "records" not in p.relative_to(REPO_ROOT).parts),
              *(str(p.relative_to(REPO_ROOT)) for p in sources()), "notebooks/README.md")
 PROGRAMS = ("servelab", ".venv/bin/servelab", "make")
 SHELL_LANGUAGES = {"bash", "shell", "sh"}

@@ -39,8 +39,9 @@ this same engine on its share (a closed loop's senders and requests, every n-th 
 all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
 into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
 uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``processes=`` fixes the count. A run
-above half of what its processes can send, or an open loop whose own event loop ran its sends late, is marked
-**client-bound** (``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
+above half of what its processes can send, or whose busiest sender's event loop was on the CPU over half the window,
+is marked **client-bound** (``record.client.bound``, a warning): its throughput is the client's, never a server's
+capacity.
 
 Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
 counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
@@ -107,7 +108,8 @@ class RawRun:
     errors: Counter = field(default_factory=Counter)
     shed: Counter = field(default_factory=Counter)  # reason -> requests the server shed
     send_lag_s: list[float] = field(default_factory=list)
-    loop_late: int = 0  # open loop: sends whose task the client's own event loop started late (busy, not the server)
+    loop_late: int = 0  # open loop: sends whose task the client's own event loop started late (not a slot's wait)
+    loop_cpu_s: list[float] = field(default_factory=list)  # each sender process's event-loop thread: CPU s in the window
     timing: TimingSums = field(default_factory=TimingSums)
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -336,10 +338,12 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *
     try:
         hold = _Hold()
         fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
+        cpu = time.thread_time()  # this event loop's thread only: how busy the sender was, not the machine
         if load.mode == "open":
             run = await _open_loop(client, load, start_at, part)
         else:
             run = await _closed_loop(client, load, hold, start_at, part)
+        run.loop_cpu_s.append(time.thread_time() - cpu)
         if fired is not None:
             run.fired = await fired
         if part[1] == 1 and (late := _late_warning(run, load)):
@@ -362,6 +366,7 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
         merged.shed.update(run.shed)
         merged.send_lag_s += run.send_lag_s
         merged.loop_late += run.loop_late
+        merged.loop_cpu_s += run.loop_cpu_s
         merged.outcomes += [(done + run.started - merged.started, *rest) for done, *rest in run.outcomes]
         merged.last_done = max(merged.last_done, run.last_done)
         merged.warnings += [w for w in run.warnings if w not in merged.warnings]
@@ -718,7 +723,8 @@ async def run_bench_async(
                       run.offered_rps, run.shed)
     if stats.throughput_rps > 0:
         _SEEN[seen] = stats.throughput_rps
-    why = bound_reason(stats.throughput_rps, n, found.rps if found else None, run.loop_late, len(run.send_lag_s))
+    busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
+    why = bound_reason(stats.throughput_rps, n, found.rps if found else None, busy)
     if why:
         warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
     for text in warnings:
@@ -744,8 +750,9 @@ async def run_bench_async(
         cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, ceiling=found, capacity_rps=round(n * found.rps, 1) if found else None,
-                          expected_rps=round(expected, 1) if expected else None, chosen=chosen, bound=why is not None,
-                          why=why),
+                          expected_rps=round(expected, 1) if expected else None, chosen=chosen,
+                          busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
+                          bound=why is not None, why=why),
     )
     if out is not None:
         append_record(out, record)

@@ -67,8 +67,9 @@ def test_client_bound_above_half_of_what_the_processes_can_send() -> None:
     assert "50%" in bound_reason(501.0, 1, 1000.0)
     assert bound_reason(900.0, 2, 1000.0) is None and bound_reason(1100.0, 2, 1000.0)
     assert bound_reason(1e9, 1, None) is None  # no ceiling: nothing to judge by
-    # An open loop whose own event loop started more than 5 % of its sends late.
-    assert bound_reason(10.0, 1, 1000.0, loop_late=6, sends=100) and not bound_reason(10.0, 1, 1000.0, 5, 100)
+    # A sender whose event loop was on the CPU over half the window, whatever the ceiling says.
+    assert "51%" in bound_reason(10.0, 1, 1e9, busy=0.51) and bound_reason(10.0, 1, 1e9, busy=0.5) is None
+    assert bound_reason(10.0, 1, None, busy=0.9)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -96,6 +97,7 @@ def _part(started: float, index: list[int], done: list[float], errors: int = 0) 
     run.errors = Counter({"http_500": errors}) if errors else Counter()
     run.send_lag_s = [0.0] * len(index)
     run.scheduled_s = np.asarray([t - started for t in done])
+    run.loop_cpu_s = [0.01 * len(index)]
     return run
 
 
@@ -108,6 +110,7 @@ def test_merged_parts_hold_every_request_once_on_one_clock() -> None:
     assert [round(t, 3) for t, *_ in merged.outcomes] == [0.1, 0.2, 0.3, 0.4, 0.5]  # in completion order
     assert merged.timing.breakdown().server_requests == 5 and merged.timing.breakdown().queue_ms == 1.0
     assert list(np.round(merged.scheduled_s, 3)) == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert merged.loop_cpu_s == [0.03, 0.02]  # each process's own, for the busiest
 
 
 def _ceiling(rps: float) -> ClientCeiling:

@@ -60,3 +60,22 @@ def test_a_precision_has_one_name_in_the_variants_the_service_and_the_ceiling():
     (the H200 run's fp16 test expected `float16`, a dtype's name, and failed)."""
     assert PRECISION["fp16"] == "fp16" and PRECISION["fp32"] == "fp32"
     assert set(PRECISION.values()) == {p for pair in PRECISIONS.values() for p in pair}
+
+
+def test_every_figure_of_the_h200_index_is_in_the_file_it_names():
+    """docs/records/gpu-h200-2026-11-28.toml indexes what the docs quote of that run: each figure is written, as
+    quoted, in the file its step names, and the record names the commit that ran."""
+    import tomllib
+
+    from servelab.core.paths import REPO_ROOT
+
+    records = REPO_ROOT / "docs" / "records"
+    index = tomllib.loads((records / "gpu-h200-2026-11-28.toml").read_text(encoding="utf-8"))
+    steps = {name: step for name, step in index.items() if isinstance(step, dict)}
+    assert steps and index["commit"] == "2c4a03a" and index["date"] == "2026-11-28"
+    for name, step in steps.items():
+        text = (records / step["log"]).read_text(encoding="utf-8")
+        missing = [f for f in step["figures"] if f"{f['value']:g}" not in text]
+        assert step["figures"] and not missing, (name, step["log"], missing)
+    record = (records / index["record"]).read_text(encoding="utf-8")
+    assert "main at commit 2c4a03a" in record and "2026-11-28" in record

@@ -40,8 +40,9 @@ CANONICAL = {"us": "µs", "sec": "s", "second": "s", "seconds": "s", "minute": "
              "percent": "%", "per cent": "%", "fold": "×", "-fold": "×"}
 
 # Records: committed files that hold measured figures with what produced them (machine, date, versions,
-# command). A paragraph that cites one by its path may quote its numbers.
-RECORD = re.compile(r"(?:docs/records/[\w./-]+|servelab/data/original_lab\.toml)")
+# command). A paragraph that cites one by its path may quote its numbers. `servelab gpu-check`'s record of a
+# GPU, docs/gpu/<gpu-name>.md, is one too.
+RECORD = re.compile(r"(?:docs/records/[\w./-]+|servelab/data/original_lab\.toml|docs/gpu/(?!README\.md)[\w.-]+\.md)")
 
 # (c) The reviewed list: figures that are settings, parameters or limits of the lab or of the machines it
 # runs on, not measurements. Key: (file, figure as the test reads it); value: what it is.
@@ -234,13 +235,20 @@ def unheld(name: str, markdown: str) -> list[Figure]:
 IGNORED = {"results", "models", "build", "dist", "carry", "wheelhouse", "node_modules"}  # git-ignored outputs
 
 
+def is_record(path: Path) -> bool:
+    """A committed record, not prose: what a run wrote (docs/records/..., and `servelab gpu-check`'s
+    docs/gpu/<gpu-name>.md). Its figures are the measurements the prose cites."""
+    name = path.relative_to(REPO_ROOT).as_posix()
+    return name.startswith("docs/records/") or bool(re.fullmatch(r"docs/gpu/(?!README\.md)[\w.-]+\.md", name))
+
+
 def pages() -> list[Path]:
-    """Every Markdown file of the checkout, hidden folders (.git, .venv) and git-ignored outputs left out."""
+    """Every Markdown file of the checkout, hidden folders (.git, .venv), git-ignored outputs and records left out."""
     found = []
     for folder, subfolders, files in os.walk(REPO_ROOT):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in IGNORED and d != "__pycache__")
         found += [Path(folder) / f for f in files if f.endswith(".md")]
-    return sorted(found)
+    return sorted(p for p in found if not is_record(p))
 
 
 PAGES = pages()
@@ -261,7 +269,8 @@ def test_the_pages_include_notebooks_docs_and_readmes() -> None:
     names = set(map(_name, PAGES))
     assert {"README.md", "notebooks/0_intro.md", "docs/benchmarks.md", "docs/gpu/README.md",
             "fastapi_onnx/README.md"} <= names
-    assert not any(n.startswith((".venv", "results/")) for n in names)
+    assert not any(n.startswith((".venv", "results/", "docs/records/")) for n in names)
+    assert is_record(REPO_ROOT / "docs/gpu/nvidia-h200.md") and not is_record(REPO_ROOT / "docs/gpu/README.md")
 
 
 def test_figures_are_found_with_their_units() -> None:
@@ -298,6 +307,9 @@ def test_a_figure_is_held_by_a_generated_part_or_a_cited_record_and_nothing_else
     assert unheld("x.md", f"Pillow: 9.6 ms a photo, 104 img/s ({log}).\n") == []
     assert [f.key for f in unheld("x.md", cited + ".\n\nAnother paragraph: 18.7 ms.\n")] == ["18.7 ms"]
     assert [f.key for f in unheld("x.md", "Cites `docs/records/none.toml`: 18.7 ms.\n")] == ["18.7 ms"]
+    gpu = "`docs/gpu/nvidia-h200.md`"  # gpu-check's record of a GPU holds what it measured
+    assert unheld("x.md", f"There fp32 took 10.19 ms at batch 64 ({gpu}).\n") == []
+    assert [f.key for f in unheld("x.md", f"There fp32 took 10.2 ms ({gpu}).\n")] == ["10.2 ms"]
 
 
 def test_every_reviewed_setting_is_still_in_its_file() -> None:
