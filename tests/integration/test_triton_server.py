@@ -33,7 +33,7 @@ from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
 from servelab.servers.triton import client, server
 from servelab.servers.triton.configs import STAGES
-from servelab.run.walkthrough.walk_triton import TritonWalkthrough
+from servelab.run.walkthrough.walk_triton import TritonWalkthrough, running_stage
 from triton_repo import make_repository
 
 PHOTOS = variants()
@@ -276,7 +276,8 @@ def test_the_block_a_student_writes_is_what_loads(triton, tmp_path, monkeypatch)
         connection.load_model("food_classifier_onnx")
         loaded = connection.get_model_config("food_classifier_onnx")
         assert loaded["dynamic_batching"]["preferred_batch_size"] == [2, 3]
-        assert loaded["parameters"]["servelab_stage"]["string_value"].startswith("onnx-dyn ")
+        assert loaded["parameters"]["servelab_stage"]["string_value"] == "onnx-dyn (yours, cpu)"
+        assert running_stage(triton.url, "food_classifier_onnx") == "onnx-dyn (yours)"  # never the stage itself
         for wrong, says in (("dynamic_batching { preferred_batch_size: [ 32 ] }",  # max_batch_size is 16
                              "dynamic batching preferred size must be <= max batch size for food_classifier_onnx"),
                             ("dynamic_batching { preferred_batch_size: [ 4, }", "Expected integer, got: }")):

@@ -288,13 +288,15 @@ def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(name: s
     stem, stage, field = _BLOCKS[name]
     triton = _text(NOTEBOOK_DIR / f"{stem}.md")
     prefilled = re.search(rf'^{name} = """(.*?)"""', triton, re.MULTILINE | re.DOTALL)[1]
-    written, checked = f'lab.write_config("{stage}", {name})', f'print(check_block("{stage}", {name}))'
-    # The block is written into the repository, loaded by the student's own model-control call, then checked,
-    # before the step shows the stage; no `servelab triton stage` loads the catalogue's in its place.
+    written, checked = f'lab.write_config("{stage}", {name})', f'print(lab.check_block("{stage}", {name}))'
+    # The block is written into the repository, loaded by the student's own model-control call, then checked;
+    # the stage is measured after the check, and the catalogue's config (the answer) is shown only after that
+    # measurement; no `servelab triton stage` loads the catalogue's in its place.
     model = TRITON_STAGES[stage].triton.model
     loaded = f'client.load_model("{model}")'
-    assert triton.index(prefilled) < triton.index(written) < triton.index(loaded) < triton.index(checked)
-    assert triton.index(checked) < triton.index(f"generated: stage-config {stage} ")
+    measured = triton.index(f'await lab.measure("{stage}"')
+    assert triton.index(prefilled) < triton.index(written) < triton.index(loaded) < triton.index(checked) < measured
+    assert measured < triton.index(f"generated: stage-config {stage} ")
     assert f"servelab triton stage {stage}\n" not in triton
     with pytest.raises(ValueError, match="nothing written yet: replace the TODO"):
         check_block(stage, prefilled)

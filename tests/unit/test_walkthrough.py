@@ -277,3 +277,50 @@ def test_by_version_counts_each_bins_answers_by_the_version_that_gave_them(recor
     assert lines[0].split() == ["t", "s", "answered", "by", "aaa", "answered", "by", "bbb", "failed"]
     assert [line.split() for line in lines[1:4]] == [["0", "1", "0", "0"], ["0.5", "1", "1", "1"], ["1", "0", "1", "0"]]
     assert "aaa -> bbb" in lines[-2] and "failed requests: 1 (the aim: none)" in lines[-1]
+
+
+# --- a student's config block is never measured under the stage's name ----------------------------
+
+
+def test_a_students_block_loads_as_theirs_and_the_stage_is_measured_only_after_its_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_config labels the student's config '(yours)', which running_stage never takes for the stage;
+    lab.measure refuses the stage until lab.check_block passes; the check shows the catalogue's fields only
+    once it passes (a wrong block gets the diff, and measuring stays refused)."""
+    import asyncio
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from servelab.core.paths import DEFAULT_IMAGE, MODELS_STAGING
+    from servelab.run.walkthrough import walk_triton
+    from servelab.servers.triton.server import SwitchTarget
+
+    model = STAGES["pt-2x2"].triton.model
+    (tmp_path / model).mkdir()
+    (tmp_path / model / "config.pbtxt").write_bytes((MODELS_STAGING / model / "config.pbtxt").read_bytes())
+    url = f"127.0.0.1:{free_port()}"  # nothing answers there: the stage is never reached in this test
+    monkeypatch.setattr(walk_triton, "switch_target", lambda _url: SwitchTarget(url, "cpu", False, tmp_path, None))
+    lab = walk_triton.TritonWalkthrough(url, DEFAULT_IMAGE, tmp_path / "results", wait_s=0, stages=["pt-2x2"],
+                                        perf_analyzer=False, repository=tmp_path)
+    wrong = "instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] } ]"  # pt-1's, the untouched answer's kind
+    path = lab.write_config("pt-2x2", wrong)
+    written = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    label = written.parameters["servelab_stage"].string_value
+    assert label == "pt-2x2 (yours, cpu)" and walk_triton.stage_label(label) == "pt-2x2 (yours)"
+    assert walk_triton.stage_label("pt-2x2 (gpu)") == "pt-2x2"
+    with pytest.raises(RuntimeError, match="has not passed lab.check_block yet"):
+        asyncio.run(lab.measure("pt-2x2", [Load.closed(8, 4, warmup=0)]))
+    with pytest.raises(ValueError, match="not pt-2x2's `instance_group` yet"):
+        lab.check_block("pt-2x2", wrong)
+    with pytest.raises(RuntimeError, match="has not passed"):
+        asyncio.run(lab.measure("pt-2x2", [Load.closed(8, 4, warmup=0)]))
+    right = "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] }, { count: 2, kind: KIND_GPU, gpus: [ 1 ] } ]"
+    said = lab.check_block("pt-2x2", right)
+    assert said.startswith("correct: Triton reads this as pt-2x2's `instance_group`") and "count: 2" in said
+    # Passed: measuring now waits for Triton to run the catalogue's pt-2x2 (nothing answers here: it times out).
+    with pytest.raises(TimeoutError, match="servelab triton stage pt-2x2"):
+        asyncio.run(lab.measure("pt-2x2", [Load.closed(8, 4, warmup=0)]))
+    lab.write_config("pt-2x2", wrong)  # a new block is checked again
+    with pytest.raises(RuntimeError, match="has not passed"):
+        asyncio.run(lab.measure("pt-2x2", [Load.closed(8, 4, warmup=0)]))

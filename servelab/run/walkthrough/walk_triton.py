@@ -129,11 +129,18 @@ def check_block(name: str, text: str, repository: Path | None = None) -> str:
     return f"correct: Triton reads this as {name}'s {wanted}"
 
 
+def stage_label(label: str) -> str:
+    """The stage a ``servelab_stage`` parameter names: ``pt-2x2 (gpu)`` -> ``pt-2x2``; a config with a block a
+    student wrote, ``pt-2x2 (yours, gpu)`` -> ``pt-2x2 (yours)``, which is never the catalogue's stage."""
+    name, _, rest = label.partition(" ")
+    return f"{name} (yours)" if rest.startswith("(yours") else name
+
+
 def running_stage(url: str, model: str) -> str:
     """The stage Triton at ``url`` runs ``model`` for (its ``servelab_stage`` parameter), or why
     that cannot be told yet."""
     try:
-        return model_config(url, model)["parameters"]["servelab_stage"]["string_value"].split()[0]
+        return stage_label(model_config(url, model)["parameters"]["servelab_stage"]["string_value"])
     except (OSError, RuntimeError, KeyError, ValueError) as exc:
         return f"{model} not ready ({type(exc).__name__})"
 
@@ -174,6 +181,10 @@ class TritonWalkthrough:
     flask_url: str = ""
     flask_urls: dict[str, str] = field(default_factory=dict)
     runs: list[Record] = field(default_factory=list)
+    # The stages whose config a student's block wrote (``write_config``), and those whose block then passed
+    # ``check_block``: the catalogue's stage is measured only once its block has passed.
+    written: set[str] = field(default_factory=set)
+    passed: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.records_file = Path(self.results) / "records.jsonl"
@@ -216,8 +227,25 @@ class TritonWalkthrough:
         written = write_effective(stage, kind=target.kind, onnxruntime=target.onnxruntime,
                                   repository=target.repository, block=block)
         (path,) = [p for p in written if p.parent.parent.name == stage.triton.model]
-        print(f"wrote {path}: {name} with your block ({target.kind} instances here)")
+        self.written.add(name)
+        self.passed.discard(name)  # a new block is checked again
+        print(f"wrote {path}: {name} with your block ({target.kind} instances here); Triton reports it as "
+              f"'{name} (yours)', and nothing is measured as {name} until lab.check_block passes")
         return path
+
+    def check_block(self, name: str, block: str) -> str:
+        """``check_block`` for a block written for stage ``name``: raises with the diff where it is not the
+        stage's; where it is, remembers that (``measure`` then measures the catalogue's stage) and returns
+        what matched with the stage's fields as Triton reads them, the answer, shown only now."""
+        from google.protobuf import json_format, text_format
+        from tritonclient.grpc import model_config_pb2
+
+        said = check_block(name, block, self.repository)
+        self.passed.add(name)
+        expected = {k: v for k, v in stage_fields(name, self.repository).items() if v is not None}
+        answer = text_format.MessageToString(json_format.ParseDict(expected, model_config_pb2.ModelConfig()),
+                                             use_short_repeated_primitives=True)
+        return f"{said}; the catalogue's, as Triton reads them:\n{answer}"
 
     def triton_log(self) -> str:
         """The end of Triton's log, where it says why it refused a config (its HTTP answer says only that the
@@ -299,7 +327,10 @@ class TritonWalkthrough:
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return []
-        config = self.use_stage(name)
+        if name in self.written and name not in self.passed:
+            raise RuntimeError(f"your block for {name} has not passed lab.check_block yet: run the check cell "
+                               f"(its diff says what differs); nothing is measured as {name} before it passes")
+        config = self.use_stage(name)  # Triton runs the catalogue's stage: a student's block says '(yours)'
         model = STAGES[name].triton.model
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
                               batch=batch or STAGES[name].triton.images, image_name=self.photo.name)

@@ -24,7 +24,7 @@ adapts it to the machine:
   ``servelab_stand_in`` parameter, which ``GET /v2/models/<model>/config`` shows.
 
 Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
-stage it runs. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
+stage it runs; one with a block a student wrote says ``(yours, kind)``, so that it is never taken for the stage. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
 server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
 """
 
@@ -133,7 +133,8 @@ def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
     fields = json_format.MessageToDict(base_config(repository, model), preserving_proto_field_name=True)
     fields.update(stage.triton.changes.get(model, {}) if changes is None else changes)
     parameters = fields.setdefault("parameters", {})
-    parameters["servelab_stage"] = {"string_value": f"{stage.name} ({kind})"}
+    # A student's block is labelled "(yours, kind)": the server never reports it as the catalogue's stage.
+    parameters["servelab_stage"] = {"string_value": f"{stage.name} ({'' if changes is None else 'yours, '}{kind})"}
     if fields.get("backend") == "onnxruntime":
         fields.update(onnx_warm_up(fields))
         parameters["cudnn_conv_algo_search"] = {
