@@ -3,8 +3,8 @@ Triton, Ray Serve; stages outside the catalogue in a last row), each stage in on
 and every run (its place in its family in the catalogue), legends beside the panels, never over them.
 
 * ``sweep_concurrency``: latency (p50 solid, p99 dotted) and throughput against closed-loop senders;
-* ``sweep_rate``: open loop, with the offered rate as a fraction of the stage's own capacity (its
-  closed-loop throughput at the highest concurrency measured, ``servelab.measure.fractions.capacity``),
+* ``sweep_rate``: open loop, with the offered rate as a fraction of the stage's own capacity (the top of
+  its concurrency sweep, ``servelab.measure.fractions.capacity``),
   so stages of very different speed share one axis; throughput as the same fraction, with the
   diagonal a server keeps to while it keeps up;
 * ``cdf``: latency CDFs per family at comparable loads: one at a time, the highest closed-loop
@@ -161,14 +161,14 @@ def sweep_rate(records: list[Record], out: Path) -> bool:
 
 
 def _cdf_columns(runs: list[Record], caps: dict[str, float]) -> list[tuple[str, dict[str, Record]]]:
-    """(title, stage -> its run) for: one at a time; the highest closed-loop concurrency; Poisson at the
-    highest fraction of capacity offered (each stage's own run nearest it)."""
+    """(title, stage -> its run) for: one at a time; each stage at its capacity (``fractions.capacity``: the top of
+    its sweep; in records made before the sweep, its run at the most senders); Poisson at the highest fraction of
+    capacity offered (each stage's own run nearest it)."""
     columns = [("one request at a time", {r.stage: r for r in runs if r.load.mode == "sequential"})]
-    closed = [r.load.concurrency for r in runs if r.load.mode == "closed"]
-    if closed:
-        top = max(closed)
-        columns.append((f"{top} senders (closed loop)",
-                        {r.stage: r for r in runs if r.load.mode == "closed" and r.load.concurrency == top}))
+    at_capacity = {s: run for s in dict.fromkeys(r.stage for r in runs)
+                   if (run := capacity(runs, s)) and run.load.mode == "closed" and run.stats.latency.cdf_ms}
+    if at_capacity:  # each stage at the top of its own sweep: the load where it serves the most
+        columns.append(("at capacity (closed loop, each stage's own senders)", at_capacity))
     open_runs = [r for r in runs if r.load.mode == "open" and r.load.arrivals == "poisson"
                  and _fraction(r, caps) is not None]
     if open_runs:

@@ -1,7 +1,8 @@
 """The model variants side by side: what each costs and what it gives up, from the lab's records.
 
 A run of ``servelab lab`` names each variant stage's model in its records (``config["variant"]``).
-Per stage, the closed-loop run at its highest concurrency (servelab's client) gives throughput,
+Per stage, its run at capacity (``servelab.measure.fractions.capacity``: the top of its concurrency sweep;
+in records made before the sweep, the closed-loop run at its highest concurrency; servelab's client) gives throughput,
 and the monitor's samples give CPU time per request: mean CPU % x cores x wall time / successes.
 That is the whole machine's CPU, client included, so it compares variants measured alike, not
 the model alone. Size is the model file's; agreement with fp32 (top-1 on the evaluation photos) is
@@ -12,6 +13,7 @@ where it is there.
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
 from servelab.core.variants.build import RECORD_FILE, load_variants, variant_path
 
@@ -23,7 +25,7 @@ class Row:
     stage: str
     variant: str
     family: str  # the target kind: fastapi or triton
-    record: Record  # the closed-loop run at the stage's highest concurrency
+    record: Record  # the stage's run at capacity (fractions.capacity)
 
 
 def cpu_ms_per_request(record: Record) -> float | None:
@@ -35,11 +37,8 @@ def cpu_ms_per_request(record: Record) -> float | None:
 
 
 def rows(records: list[Record]) -> list[Row]:
-    best: dict[str, Record] = {}
-    for r in records:
-        if r.config.get("variant") and r.tool == "servelab" and r.load.mode == "closed" and not r.failed:
-            if r.stage not in best or r.load.concurrency > best[r.stage].load.concurrency:
-                best[r.stage] = r
+    stages = dict.fromkeys(r.stage for r in records if r.config.get("variant") and r.tool == "servelab")
+    best = {stage: run for stage in stages if (run := capacity(records, stage)) and run.config.get("variant")}
     return [Row(stage, r.config["variant"], r.target.get("kind", "?"), r) for stage, r in best.items()]
 
 

@@ -283,7 +283,7 @@ def _precision_section(records: list[Record]) -> list[str]:
         return []
     return [
         "## Model variants: size, agreement, CPU time", "",
-        "Each variant stage's closed-loop run at its highest concurrency (servelab's client). × fp32 = req/s ÷ the "
+        "Each variant stage's run at its capacity (servelab's client). × fp32 = req/s ÷ the "
         "fp32 stage of the same server (fastapi-onnx, onnx-1). CPU ms / request = mean CPU % × cores × wall time ÷ "
         "successful requests: the whole machine, client included. Model MB and agreement (top-1 with fp32) come "
         f"from `{get_settings().model_dir}` as it is now.", "",

@@ -6,7 +6,7 @@ command the lab node's notebook runs), with its replicas' placement by Ray node 
 config. Then:
 
 * step load (the autoscaling stage): Poisson arrivals at a low, a high and again the low rate
-  (15 % and 90 % of the capacity measured at the highest concurrency), with the running replicas
+  (15 % and 90 % of the capacity its sweep found, ``servelab.run.lab``), with the running replicas
   sampled over time;
 * node failure (last, on the stage that has one replica per node): closed loop at concurrency 8,
   the worker node SIGKILLed a third of the way in; every failed request is counted by its kind
