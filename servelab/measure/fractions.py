@@ -75,11 +75,13 @@ CAPACITY, WINDOWS = "capacity", "windows"
 
 
 def curve_point(record: Record) -> dict[str, Any]:
-    """One point of a capacity curve: the run's senders, throughput, p50 and p99."""
+    """One point of a capacity curve: the run's senders, throughput, p50 and p99 (and ``client_bound`` where
+    servelab's client, not the server, set that throughput)."""
     lat = record.stats.latency
     return {"concurrency": record.load.concurrency, "throughput_rps": round(record.stats.throughput_rps, 3),
             "p50_ms": None if lat.p50_ms is None else round(lat.p50_ms, 3),
-            "p99_ms": None if lat.p99_ms is None else round(lat.p99_ms, 3)}
+            "p99_ms": None if lat.p99_ms is None else round(lat.p99_ms, 3),
+            **({"client_bound": True} if record.client_bound else {})}
 
 
 def swept(records: list[Record], stage: str) -> Record | None:

@@ -185,7 +185,8 @@ class Sweep:
     """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a
     step adds less than ``growth`` to the throughput (the knee), the cap (``cap`` senders; None:
     ``CAP_PER_CORE`` × this machine's cores) or ``max_levels`` levels in all (one at a time included) is
-    reached. The capacity is the highest throughput on the curve."""
+    reached; or at a step servelab's client could not keep up with (client-bound: more senders would measure the
+    client). The capacity is the highest throughput on the curve."""
 
     start: int = 2
     cap: int | None = None
@@ -210,7 +211,9 @@ class Sweep:
         """Why the sweep ends after the last point of ``curve`` (``fractions.curve_point``s), or None to go on."""
         last = curve[-1]
         if not last["throughput_rps"]:
-            return f"nothing served at {last['concurrency']} senders"
+            return f"nothing served at concurrency {last['concurrency']}"
+        if last.get("client_bound"):  # more senders would measure the client further, never the server
+            return f"client-bound at {last['concurrency']} senders: the client's limit, not the server's"
         if len(curve) > 1 and curve[-2]["throughput_rps"] and not self.fixed:
             grew = last["throughput_rps"] / curve[-2]["throughput_rps"] - 1
             if grew < self.growth:
@@ -222,7 +225,7 @@ class Sweep:
                 return f"the levels asked: {', '.join(map(str, levels))}"
             if self.max_levels is not None and len(levels) == self.max_levels:
                 return f"the plan's {self.max_levels} levels"
-            return f"the cap: {self.most()} senders ({CAP_PER_CORE} × {os.cpu_count() or 1} cores)"
+            return f"the cap: {self.most()} senders" + ("" if self.cap else f" ({CAP_PER_CORE} × {os.cpu_count() or 1} cores)")
         return None
 
 
