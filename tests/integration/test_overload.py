@@ -13,6 +13,7 @@ import pytest
 
 from fastapi_service import metric_samples, predict, predict_concurrently, running
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.settings import ServeSettings
 from servelab.measure.loadgen import overload, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, TritonTarget
@@ -57,6 +58,8 @@ def test_a_bounded_queue_sheds_part_of_a_burst_with_503_and_retry_after(services
     assert set(statuses) == {200, 503}, statuses  # some shed, some served, nothing else
     for r in shed:
         assert r.headers["retry-after"] == "1"
+        # A refusal for a full queue is held (SHED_HOLD_MS) before it is answered: a retry storm slows down.
+        assert reason != "queue_full" or r.elapsed.total_seconds() >= ServeSettings().shed_hold_ms / 1000
         body = r.json()
         assert body["shed"] == reason and body["retry_after_s"] == 1 and "overloaded" in body["detail"], body
     for r in responses:
@@ -92,6 +95,17 @@ def test_the_load_generator_counts_shed_requests_apart_from_errors(services, cli
     assert record.stats.errors == {} and record.stats.shed.get("queue_full", 0) > 0, record.stats
     assert sum(record.stats.shed.values()) == served
     assert record.stats.successes + served == record.stats.requests == 160
+
+
+def test_senders_that_ignore_retry_after_are_refused_at_most_once_per_hold(services, client):
+    """A closed loop sends again the moment a refusal arrives: held refusals cap how fast it can (at most one per
+    sender per SHED_HOLD_MS), where immediate ones would come as fast as the service answers them."""
+    url, senders, seconds = services["bounded"], 32, 3.0
+    record = run_bench(FastAPITarget(url, PHOTO), Load.closed(senders, requests=None, duration_s=seconds, warmup=0),
+                       stage="fastapi-onnx")
+    hold_s = ServeSettings().shed_hold_ms / 1000
+    assert record.stats.errors == {} and record.stats.successes > 0, record.stats
+    assert 0 < sum(record.stats.shed.values()) <= senders * (record.stats.wall_s / hold_s + 1), record.stats
 
 
 @pytest.fixture(scope="module")

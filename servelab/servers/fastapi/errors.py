@@ -14,6 +14,8 @@ by itself), while a full queue is the *server's* state, whoever sent the request
 retry policies already treat as retryable on another replica or later.
 """
 
+import asyncio
+
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -72,13 +74,20 @@ def _shed(scope: Scope, exc: Overloaded) -> JSONResponse:
 
 
 class QueueBoundMiddleware:
-    """Refuses a prediction request at once while ``limit`` others are in the service (MAX_QUEUE_REQUESTS):
-    held from arrival to answer, so the bound covers the wait for a preprocessing worker as well as for a
-    batch (on the CPU either queue can be the one that grows) and the body's reading. Before any work is
-    spent on it, so a refusal is cheap and the accepted requests' wait stays bounded."""
+    """Refuses a prediction request while ``limit`` others are in the service (MAX_QUEUE_REQUESTS): held from
+    arrival to answer, so the bound covers the wait for a preprocessing worker as well as for a batch (on the
+    CPU either queue can be the one that grows) and the body's reading. Before any work is spent on it: its
+    body is never read.
 
-    def __init__(self, app: ASGIApp, limit: int):
+    A refusal is answered ``hold_s`` after it was decided (SHED_HOLD_MS), at no cost while it waits. A client
+    that ignores ``Retry-After`` and sends again at once would otherwise make refusals as fast as the service
+    can answer them, and on a machine it shares with its clients those refusals take the CPU the accepted
+    requests need (benchmarks/retry_storm.py). At most ``max_holding`` refusals wait at once; past that one is
+    answered at once, so a flood of connections cannot pile up in memory."""
+
+    def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024):
         self.app, self.limit, self.held = app, limit, 0
+        self.hold_s, self.max_holding, self.holding = hold_s, max_holding, 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
@@ -87,6 +96,12 @@ class QueueBoundMiddleware:
         if self.held >= self.limit:
             full = Overloaded("queue_full", f"shed: the service holds {self.held} requests and takes at most "
                                             f"{self.limit} (MAX_QUEUE_REQUESTS); it is overloaded, retry later")
+            if self.hold_s and self.holding < self.max_holding:
+                self.holding += 1
+                try:
+                    await asyncio.sleep(self.hold_s)
+                finally:
+                    self.holding -= 1
             await _shed(scope, full)(scope, receive, send)
             return
         self.held += 1
@@ -160,10 +175,11 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)
 
 
-def install_error_handlers(app: FastAPI, max_body_bytes: int, max_queue_requests: int = 0) -> None:
+def install_error_handlers(app: FastAPI, max_body_bytes: int, max_queue_requests: int = 0,
+                           shed_hold_s: float = 0.0) -> None:
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     if max_queue_requests:  # outside the body limit: a shed request's body is never read
-        app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests)
+        app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests, hold_s=shed_hold_s)
     app.add_exception_handler(ImageError, _image_error)
     app.add_exception_handler(PreprocessWorkerLost, _worker_lost)
     app.add_exception_handler(Overloaded, _overloaded)

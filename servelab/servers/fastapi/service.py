@@ -446,7 +446,8 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     settings = service.settings
     # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, each holds its share.
     processes = service.siblings.expected if service.siblings else 1
-    install_error_handlers(app, settings.max_body_bytes, math.ceil(settings.max_queue_requests / processes))
+    install_error_handlers(app, settings.max_body_bytes, math.ceil(settings.max_queue_requests / processes),
+                           settings.shed_hold_ms / 1000)
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")
