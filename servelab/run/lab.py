@@ -167,10 +167,11 @@ class Plan:
 
     @classmethod
     def gpu_check(cls) -> "Plan":
-        # `make gpu-check` on a lent GPU (minutes in all): each GPU lesson once; windows of half a second (hundreds of
-        # requests each there), the sweep from 4 senders to the knee or 8 x the cores, perf_analyzer beside
-        # servelab's client on the stage that teaches batching.
-        return cls("gpu-check", warmup_s=0.5, windows=Windows(1000.0, 3, 0.5), sweep=Sweep(start=4),
+        # `make gpu-check` on a lent GPU (minutes in all, the lab ~2.5 of them): each GPU lesson once; windows of half
+        # a second (hundreds of requests each there; three of them span the monitors' samples), the sweep from 8
+        # senders (one at a time first) to the knee or 8 x the cores, perf_analyzer beside servelab's client on the
+        # stage that teaches batching.
+        return cls("gpu-check", warmup_s=0.3, windows=Windows(1000.0, 3, 0.5), sweep=Sweep(start=8),
                    poisson_fractions=(0.5,), poisson_seconds=1.5, pa_timeout_s=60.0,
                    perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES)
 

@@ -136,5 +136,5 @@ def test_the_gpu_check_shows_each_gpu_lesson_once() -> None:
     assert any(s.variant == "fp16" for s in check) and all(s.in_lab for s in check)
     assert {s.family for s in check} == {"fastapi", "triton"}
     plan = lab.Plan.gpu_check()
-    assert plan.stages == check and plan.sweep.start == 4 and plan.sweep.max_levels is None  # to the knee
+    assert plan.stages == check and plan.sweep.start == 8 and plan.sweep.max_levels is None  # to the knee
     assert [s.name for s in triton if plan.with_perf_analyzer(s)] == [s.name for s in batching]
