@@ -74,6 +74,7 @@ class FastAPIFamily:
         self.admin_token = secrets.token_urlsafe(24)
         self.url, self.pid, self.scraped = "", None, None
         self._serving: ExitStack | None = None
+        self.serving: Stage | None = None  # the stage its server runs as started (None after a rollout)
 
     @contextmanager
     def start(self, first: Stage | None = None) -> Iterator["FastAPIFamily"]:
@@ -87,9 +88,11 @@ class FastAPIFamily:
     def _stop(self) -> None:
         if self._serving is not None:
             self._serving.close()
-        self._serving, self.url, self.pid, self.scraped = None, "", None, None
+        self._serving, self.url, self.pid, self.scraped, self.serving = None, "", None, None, None
 
     def switch(self, stage: Stage) -> None:
+        if stage == self.serving:  # already served as it starts: a second start would only cost time
+            return
         self._stop()
         port, self._serving = free_port(), ExitStack()
         try:
@@ -104,13 +107,14 @@ class FastAPIFamily:
         except BaseException:
             self._stop()
             raise
-        self.url, self.pid = f"http://127.0.0.1:{port}", server.pid
+        self.url, self.pid, self.serving = f"http://127.0.0.1:{port}", server.pid, stage
 
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
         return FastAPITarget(self.url, image, image_name=image_name)
 
     async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
         """``POST /admin/reload``: the service loads and warms up ``variant`` beside its model, then swaps."""
+        self.serving = None  # no longer as the stage starts it: the next switch starts it afresh
         return await reload(self.url, variant=variant, token=self.admin_token)
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
@@ -214,6 +218,7 @@ class RayFamily:
         self.cluster: Any = None  # servelab.servers.rayserve.cluster.LocalCluster, while started
         self.url, self.pid, self.scraped = "", None, None
         self.where: dict[str, Any] = {}  # the running replicas per Ray node id, after a switch
+        self.deployed: Stage | None = None  # the stage deployed as it starts (None after a rollout)
 
     @contextmanager
     def start(self, first: Stage | None = None) -> Iterator["RayFamily"]:
@@ -236,7 +241,10 @@ class RayFamily:
             yield self
 
     def switch(self, stage: Stage) -> None:
+        if stage == self.deployed:  # already deployed as it starts: a second deploy would only cost time
+            return
         deploy_in_child(stage.name, self.cluster, self.port, self.logs / f"ray-deploy-{stage.name}.log")
+        self.deployed = stage
         self.where = placement(self.cluster.dashboard_url, self.cluster.token)
         if self.prometheus:
             self.prometheus.switched(self.scraped)  # a deploy's health checks reach the proxy too
@@ -246,6 +254,7 @@ class RayFamily:
 
     async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
         """``servelab ray rollout``: the running stage's replicas reload ``variant`` in place (``reconfigure``)."""
+        self.deployed = None
         return await roll_out_in_child(stage.name, self.cluster, variant=variant)
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:

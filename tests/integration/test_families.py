@@ -16,9 +16,10 @@ FASTAPI = of_family("fastapi")
 
 def test_a_switch_serves_the_next_stage_and_stops_the_last_by_pid(model, tmp_path):
     family = FastAPIFamily(tmp_path, {"ORT_PROVIDERS": "cpu"})
-    with family.start():
-        family.switch(FASTAPI["fastapi-pt"])
+    with family.start(FASTAPI["fastapi-pt"]):
         first, pt = family.pid, family.runs_on(FASTAPI["fastapi-pt"])
+        family.switch(FASTAPI["fastapi-pt"])  # the lab switches to the stage its adapter started with: no restart
+        assert family.pid == first and len(list(tmp_path.glob("fastapi-pt-*.log"))) == 1
         family.switch(FASTAPI["fastapi-onnx"])
         second, onnx = family.pid, family.runs_on(FASTAPI["fastapi-onnx"])
         assert not psutil.pid_exists(first)
@@ -27,6 +28,22 @@ def test_a_switch_serves_the_next_stage_and_stops_the_last_by_pid(model, tmp_pat
     assert pt[0].startswith("torch cpu") and onnx[0] == "onnxruntime CPUExecutionProvider"
     assert record.stats.successes == 3 and record.monitors.server_pid == second
     assert not psutil.pid_exists(second) and family.url == ""
+
+
+def test_after_a_rollout_a_switch_to_the_same_stage_starts_it_afresh(artifacts, tmp_path):
+    import asyncio
+
+    import requests
+
+    onnx = FASTAPI["fastapi-onnx"]
+    family = FastAPIFamily(tmp_path, {"ORT_PROVIDERS": "cpu"})
+    with family.start(onnx):
+        first, version = family.pid, requests.get(f"{family.url}/ready", timeout=10).json()["model_version"]
+        rolled = asyncio.run(family.roll_out(onnx, "u8"))
+        family.switch(onnx)
+        assert family.pid != first and not psutil.pid_exists(first)
+        assert requests.get(f"{family.url}/ready", timeout=10).json()["model_version"] == version
+    assert rolled["model_version"] != version
 
 
 def test_a_benchmarks_settings_go_over_the_stages(model, tmp_path):
