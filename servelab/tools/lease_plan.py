@@ -1,4 +1,4 @@
-"""The lease plan, computed from the notebooks themselves rather than estimated.
+"""The lease plan, counted from the notebooks themselves: the machine's time and the people's.
 
 For each notebook the plan adds up:
 
@@ -10,13 +10,17 @@ For each notebook the plan adds up:
   worst case for each load it measures (every window it may try, or its hard time limit where the
   offered rate is above what the stage can serve);
 * **reading**: the words of prose (code left out) at ``READING_WPM``;
-* **waiting**: the builds, pulls and boots the notebook states (``WAITS``, each with its source), and
-  every stage switch (``SWITCH_S``).
+* **people**: what a student does with the text, counted in it (``People``), each task at its allowance
+  (``[allowance]`` in ``node_rates.toml``, each with where its figure comes from): a typed shell block, an
+  SSH session or tunnel, a browser step, a config block or a cell of framework code written, a perf_analyzer
+  run typed by hand, a line of shown code (excerpts and configs), a result table read, a question answered;
+* **waiting**: the boot, the builds and pulls the notebook states (``WAITS``, each with its source; every
+  image is built in one unattended step before the first measurement), and every stage switch (``SWITCH_S``).
 
 A section whose heading ends in "(optional)" is left out of the core path and counted on its own.
 The table is written into ``notebooks/0_intro.md`` and ``docs/instructors.md`` (``make notebooks``).
-Rates the original lab never measured are assumed no faster than a stage it did (said in the
-source), so the plan errs long, never short.
+Every figure is a rate the original lab measured or an assumption that says so; rates it never measured
+are assumed no faster than a stage it did. The plan is an estimate, not a timed class.
 """
 
 import ast
@@ -44,11 +48,25 @@ class Rate:
     source: str
 
 
+@dataclass(frozen=True)
+class Allowance:
+    seconds: float
+    source: str
+
+
+@cache
+def allowances() -> dict[str, Allowance]:
+    """Seconds per student task (``People``' fields), each with where its figure comes from."""
+    table = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))["allowance"]
+    return {name: Allowance(**row) for name, row in table.items()}
+
+
 @cache
 def node_rates() -> dict[str, Rate]:
     """Every stage's rate on the lab node; one the original lab never measured takes the rate of the stage
     it is assumed no faster than, with that said in its source."""
     table = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
+    table.pop("allowance")
     measured = {name: Rate(**row) for name, row in table.items() if "as" not in row}
     return {**measured, **{name: replace(measured[row["as"]], source=f"no figure: assumed no faster than {row['as']} "
                                          f"({measured[row['as']].source})") for name, row in table.items() if "as" in row}}
@@ -61,27 +79,36 @@ SWITCH_S = 30  # one stage switch: a container restart or a model reload (an ass
 @dataclass(frozen=True)
 class Wait:
     """What a notebook waits for besides its measurements. ``behind``: the notebooks it runs behind (a
-    build started in the background earlier), whose time it does not add where it takes no longer."""
+    build started in the background earlier), whose time it does not add where it takes no longer.
+    ``reads``: the notebooks whose prose the notebook asks students to read while it waits (an unattended
+    step), whose reading time the wait then holds, up to its length."""
 
     minutes: float
     what: str
     source: str
     behind: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
 
 
 WAITS: dict[str, list[Wait]] = {
-    "2_create_server_nvidia": [Wait(15, "booting the bare-metal node and installing Docker and the NVIDIA toolkit",
-                                    "assumed: a bare-metal boot, then the install")],
-    "3_fastapi_setup": [Wait(10, "building the FastAPI images", "3_fastapi_setup: several minutes, mostly PyTorch")],
-    "5_triton_setup": [Wait(20, "building the Triton image, started at the end of 3_fastapi_setup",
-                            "assumed", behind=("4_fastapi",))],
-    "9_ray_setup": [Wait(25, "booting two nodes and building the Ray image", "assumed: 2_create_server_nvidia and "
-                         "5_triton_setup's together")],
-    "11_delete_resources": [Wait(5, "copying the results off the node and deleting it", "assumed")],
+    "2_create_server_nvidia": [
+        Wait(15, "a bare-metal node from submit to ACTIVE",
+             "assumed: Chameleon's bare-metal provisioning (deploying the image, rebooting), as the issue's trial saw it",
+             reads=("3_fastapi_setup", "4_fastapi")),
+        Wait(5, "from ACTIVE until SSH answers (the node's first boot)", "assumed"),
+        Wait(8, "installing Docker and the NVIDIA toolkit, cloning and installing servelab", "assumed")],
+    "3_fastapi_setup": [Wait(20, "pulling and building every image of the lab (FastAPI's two, Jupyter, GourmetGram, "
+                                 "Triton's), in one unattended step before the first measurement",
+                             "assumed: 4_fastapi's own bound for one image's first build (its WAIT_S, 1200 s); "
+                             "the images build side by side", reads=("5_triton_setup", "6_triton_python"))],
+    "9_ray_setup": [Wait(40, "booting two nodes and building the Ray image", "assumed: 2_create_server_nvidia's "
+                         "boot and 3_fastapi_setup's builds together")],
+    "11_delete_resources": [Wait(5, "copying the results and notebooks off the node and deleting it", "assumed")],
 }
 CORE = ("2_create_server_nvidia", "3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton_python",
         "7_triton_onnx", "8_triton_more", "11_delete_resources")
-CORE_AIM_MIN = 105  # the core path must leave room in a 2 h 55 lease
+LEASE_MIN = 175  # the lease: 2 h 55
+CORE_AIM_MIN = 135  # the core path must leave 40 minutes of the lease to spare
 OPTIONAL = re.compile(r"\(optional\)\s*$")
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
@@ -97,6 +124,26 @@ def rate(stage: str) -> Rate:
 
 
 @dataclass
+class People:
+    """What a student does with a part of a notebook, counted in its text; each at its ``allowances()``."""
+
+    shell_block: int = 0  # a ```shell block (not an SSH session, not perf_analyzer)
+    ssh_session: int = 0  # a ```shell block that opens an SSH session or tunnel
+    browser_step: int = 0  # a paragraph that sends the student to a browser
+    block_written: int = 0  # a parameters cell the student fills in (MY_...)
+    perf_analyzer_by_hand: int = 0  # a ```shell block that runs perf_analyzer
+    code_written: int = 0  # a code cell marked "# YOUR CODE": framework code the student completes
+    excerpt_line: int = 0  # a line of shown code or config (generated excerpts and stage configs)
+    result_table: int = 0  # a table a measuring call prints, or a cell displays
+    question: int = 0  # a question paragraph (*Question:* / *Questions:*)
+
+    @property
+    def seconds(self) -> float:
+        rates = allowances()
+        return sum(getattr(self, name) * rates[name].seconds for name in rates)
+
+
+@dataclass
 class Part:
     """The core part or the optional part of one notebook."""
 
@@ -104,14 +151,45 @@ class Part:
     perf_analyzer_s: float = 0.0
     words: int = 0
     switches: int = 0
+    people: People = field(default_factory=People)
+    measured: list[tuple[str, str]] = field(default_factory=list)  # (stage, load) its measuring calls measure
     over_capacity: list[str] = field(default_factory=list)  # open-loop loads above the stage's rate
+
+    read_before_s: float = 0.0  # its reading done during an earlier notebook's wait (Wait.reads)
 
     @property
     def reading_s(self) -> float:
         return 60 * self.words / READING_WPM
 
     def total_s(self, waits_min: float = 0.0) -> float:
-        return self.measure_s + self.perf_analyzer_s + self.reading_s + self.switches * SWITCH_S + 60 * waits_min
+        return (self.measure_s + self.perf_analyzer_s + self.reading_s - self.read_before_s + self.people.seconds
+                + self.switches * SWITCH_S + 60 * waits_min)
+
+
+SHELL = re.compile(r"^```shell\n(.*?)^```", re.DOTALL | re.MULTILINE)
+SHOWN = re.compile(r"<!-- generated: (?:excerpt|stage-config) .*?-->(.*?)<!-- end generated -->", re.DOTALL)
+
+
+def count_people(section: str, people: People) -> None:
+    """Count a section's student tasks (not its measuring calls' tables: ``_Notebook.call`` counts those)."""
+    for block in SHELL.findall(section):
+        first = block.strip().split()[0] if block.strip() else ""
+        if re.fullmatch(r"servelab triton stage [\w-]+", block.strip()):
+            continue  # shown: the step runs it itself (STAGE_COMMAND)
+        if first == "ssh":
+            people.ssh_session += 1
+        elif "perf_analyzer " in block:
+            people.perf_analyzer_by_hand += 1
+        else:
+            people.shell_block += 1
+    prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
+    paragraphs = [p for p in re.split(r"\n\s*\n", prose) if p.strip()]
+    people.browser_step += sum(1 for p in paragraphs if re.search(r"\bbrowser\b", p))
+    people.question += sum(1 for p in paragraphs if re.match(r"\*Questions?[:*]", p.strip()))
+    people.block_written += len(re.findall(r'^```python tags=\["parameters"\]\nMY_', section, re.MULTILINE))
+    people.code_written += len(re.findall(r"^```python\n# YOUR CODE", section, re.MULTILINE))
+    people.excerpt_line += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
+    people.result_table += len(re.findall(r"^display\(Markdown\(", section, re.MULTILINE))
 
 
 def _per_s(load: Load, stage: str, images: int) -> float:
@@ -249,6 +327,8 @@ class _Notebook:
             return
         images = kwargs.get("batch") or 1
         part.measure_s += extra_s
+        part.measured += [(stage, load.label()) for load in loads]
+        part.people.result_table += 1
         for load in loads:
             seconds, over = load_seconds(load, stage, images)
             part.measure_s += seconds
@@ -278,6 +358,7 @@ def plan_notebook(path: Path) -> NotebookPlan:
     for is_optional, section in sections(text):
         part = optional if is_optional else core
         part.words += _words(section)
+        count_people(section, part.people)
         for code in FENCE.findall(section):
             if not code.lstrip().startswith("# parameters") and "tags=" not in code[:40]:
                 notebook.cell(code, part)
@@ -289,8 +370,19 @@ def lease_plan(folder: Path = REPO_ROOT / "notebooks") -> list[NotebookPlan]:
     order = lambda p: int(p.stem.split("_")[0])  # noqa: E731
     plans = [plan_notebook(p) for p in sorted(folder.glob("[0-9]*_*.md"), key=order)]
     core_s = {p.name: p.core.total_s() for p in plans}
-    for p in plans:
-        p.waits_min = sum(max(0.0, w.minutes - sum(core_s.get(n, 0.0) for n in w.behind) / 60) for w in p.waits)
+    reading_s = {p.name: p.core.reading_s for p in plans}
+    for p in plans:  # a boot's waits run one after another: what is read during them is read once
+        left = {name: reading_s.get(name, 0.0) for w in p.waits for name in w.reads}
+        p.waits_min = 0.0
+        for w in p.waits:
+            held = sum(core_s.get(n, 0.0) for n in w.behind)
+            for name in w.reads:
+                read = min(left[name], 60 * w.minutes - held)
+                left[name] -= read
+                held += read
+            p.waits_min += max(0.0, w.minutes - held / 60)
+        for name, unread in left.items():  # read during the wait: not again in its own notebook
+            next(q for q in plans if q.name == name).core.read_before_s = reading_s[name] - unread
     return plans
 
 
@@ -302,29 +394,40 @@ def _m(seconds: float) -> str:
     return f"{math.ceil(seconds / 60):.0f}"
 
 
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}"
+
+
 def plan_table() -> str:
-    """The plan as Markdown: per notebook, minutes measuring, with perf_analyzer, reading, waiting, and the
-    running clock of the core path; then what it assumed."""
+    """The plan as Markdown: per notebook, minutes measuring, with perf_analyzer, reading, the students' own
+    tasks, waiting, and the running clock of the core path; then what it assumed and where each figure comes from."""
     plans = lease_plan()
-    lines = ["| notebook | measuring | perf_analyzer (worst case) | reading | switches and waits | core path, by | "
-             "optional parts |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| notebook | measuring | perf_analyzer (worst case) | reading (not done in a wait) | students' tasks | "
+             "switches and waits | core path, by | optional parts |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     clock = 0.0
     for p in plans:
         if p.name in CORE:
             clock += p.core.total_s(p.waits_min)
-            by = f"{int(clock // 3600)}:{int(clock % 3600 // 60):02d}"
+            by = _clock(clock)
         else:
             by = "–"
         optional = p.optional.total_s() + (p.core.total_s(p.waits_min) if p.name not in CORE else 0)
-        lines.append(f"| `{p.name}` | {_m(p.core.measure_s)} | {_m(p.core.perf_analyzer_s)} | {_m(p.core.reading_s)} | "
-                     f"{_m(p.core.switches * SWITCH_S + 60 * p.waits_min)} | {by} | {_m(optional) if optional else '–'} |")
+        lines.append(f"| `{p.name}` | {_m(p.core.measure_s)} | {_m(p.core.perf_analyzer_s)} | "
+                     f"{_m(p.core.reading_s - p.core.read_before_s)} | "
+                     f"{_m(p.core.people.seconds)} | {_m(p.core.switches * SWITCH_S + 60 * p.waits_min)} | {by} | "
+                     f"{_m(optional) if optional else '–'} |")
     over = [o for p in plans for o in p.core.over_capacity + p.optional.over_capacity]
     total = core_minutes(plans)
-    lines += ["", f"Minutes, rounded up. **Core path: {int(total // 60)} h {math.ceil(total % 60):02d} min** "
-              f"(aim ≤ {CORE_AIM_MIN // 60} h {CORE_AIM_MIN % 60:02d}: {'met' if total <= CORE_AIM_MIN else 'MISSED'}). "
-              f"Computed by `servelab/tools/lease_plan.py` from each notebook's parameters and cells: rates of the "
-              f"original lab's P100 node where it measured the stage, else the slowest stage of its kind; reading "
-              f"at {READING_WPM} words a minute; {SWITCH_S} s per stage switch; "
+    tasks = "; ".join(f"{name.replace('_', ' ')} {a.seconds:g} s ({a.source})" for name, a in allowances().items())
+    rounded = math.ceil(total)
+    lines += ["", f"Minutes, rounded up. **Core path: {rounded // 60} h {rounded % 60:02d} min** of a "
+              f"{LEASE_MIN // 60} h {LEASE_MIN % 60:02d} lease (aim ≤ {CORE_AIM_MIN // 60} h {CORE_AIM_MIN % 60:02d}: "
+              f"{'met' if total <= CORE_AIM_MIN else 'MISSED'}). An estimate, not a timed class: counted by "
+              f"`servelab/tools/lease_plan.py` from each notebook's parameters, cells and text. Measuring: rates of the "
+              f"original lab's P100 node where it measured the stage, else a stage it is assumed no faster than "
+              f"(`servelab/data/node_rates.toml`); reading at {READING_WPM} words a minute (assumed); "
+              f"{SWITCH_S} s per stage switch (assumed; every image is built before the first measurement). "
+              f"Students' tasks, each counted in the text: {tasks}. Waits: "
               + "; ".join(f"{w.what} {w.minutes:g} min ({w.source}"
                           + (f"; what is left after {', '.join(w.behind)})" if w.behind else ")")
                           for waits in WAITS.values() for w in waits) + "."]

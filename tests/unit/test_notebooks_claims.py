@@ -246,14 +246,19 @@ def test_the_intro_plans_the_lease() -> None:
     assert "<!-- generated: lease-plan -->" in instructors[instructors.index("## Time on the node"):]
 
 
-def test_the_triton_image_builds_while_students_measure_fastapi() -> None:
-    """Started in the background at the end of 3_fastapi_setup, waited for and checked in 5_triton_setup
-    before its `up`: a student following the notebooks does not wait for its build."""
+def test_every_image_is_built_before_the_first_measurement() -> None:
+    """3_fastapi_setup builds every image in one unattended step before anything starts: no measurement
+    runs beside a build, and no notebook after it builds or waits for a build."""
+    from servelab.tools.lease_plan import SHELL
+
     setup = _text(NOTEBOOK_DIR / "3_fastapi_setup.md")
-    build = "nohup docker compose -f docker/docker-compose-triton.yaml build > ~/triton-build.log 2>&1 &"
-    assert setup.index(build) > setup.index("docker compose -f docker/docker-compose-fastapi.yaml up -d")
-    triton = _text(NOTEBOOK_DIR / "5_triton_setup.md")
-    assert triton.index("~/triton-build.log") < triton.index("docker compose -f docker/docker-compose-triton.yaml up -d")
+    builds = ["docker compose -f docker/docker-compose-fastapi.yaml build\n",
+              "FASTAPI_STAGE=fastapi_onnx docker compose -f docker/docker-compose-fastapi.yaml build fastapi_server\n",
+              "docker compose -f docker/docker-compose-triton.yaml build\n"]
+    assert all(setup.index(b) < setup.index("docker compose -f docker/docker-compose-fastapi.yaml up -d") for b in builds)
+    for later in ("4_fastapi", "5_triton_setup", "6_triton_python", "7_triton_onnx", "8_triton_more"):
+        shell = "\n".join(SHELL.findall(_text(NOTEBOOK_DIR / f"{later}.md")))
+        assert " build" not in shell and "pgrep" not in shell, later
 
 
 def test_the_triton_model_students_open_is_the_pb_utils_loop() -> None:
@@ -402,3 +407,4 @@ def test_a_stage_left_out_of_pa_stages_is_measured_by_servelab_alone(tmp_path: P
     assert len(lab.clients("pt-1")) == 2 and capsys.readouterr().out == ""
     assert len(lab.clients("ensemble")) == 1
     assert capsys.readouterr().out == "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it\n"
+
