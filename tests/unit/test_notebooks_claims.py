@@ -408,3 +408,14 @@ def test_a_stage_left_out_of_pa_stages_is_measured_by_servelab_alone(tmp_path: P
     assert len(lab.clients("ensemble")) == 1
     assert capsys.readouterr().out == "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it\n"
 
+
+def test_students_copy_their_results_and_notebooks_off_the_node_before_it_is_released() -> None:
+    """The node is erased on release: 11_delete_resources copies both results/ and the notebooks students ran
+    and wrote in on the node, from the node's clone, before its first cell releases anything."""
+    from servelab.tools.lease_plan import SHELL
+
+    text = _text(NOTEBOOK_DIR / "11_delete_resources.md")
+    copies = [line.split()[-2].split(":", 1)[1] for block in SHELL.findall(text) for line in block.splitlines()
+              if line.startswith("scp -r ")]
+    assert copies == ["servelab/results", "servelab/notebooks"]
+    assert text.index("scp -r ") < text.index("release(")
