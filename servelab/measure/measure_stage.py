@@ -256,7 +256,7 @@ def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sw
             break
     if others:
         best = records[[p["concurrency"] for p in curve].index(records[-1].config[CAPACITY]["concurrency"])]
-        for mine in dict.fromkeys((records[0], best)):  # the sequential load, and the capacity's
+        for mine in [records[0]] + ([best] if best is not records[0] else []):  # one at a time, and the capacity's
             for client in others:
                 records.append(keep(lambda client=client, mine=mine: client(target, mine.load, labels, [mine]),
                                     mine.load))

@@ -448,8 +448,9 @@ class Lab:
         mix, p = PhotoMix.zipf(seed=0), self.plan
         # Longer than a closed-loop run (a hit ratio needs photos to come round again), at the stage's capacity.
         top = capacity_of(self.records, stage.name)
-        senders_ = top.load.concurrency if top else CACHE_CONCURRENCY
-        load = Load.closed(senders_, None, duration_s=p.cache_s, **warm_up(p.warmup_s))
+        window = dict(duration_s=p.cache_s, **warm_up(p.warmup_s))
+        load = (Load.closed(top.load.concurrency if top else CACHE_CONCURRENCY, None, **window)
+                if not top or top.load.mode == "closed" else Load.sequential(None, **window))
         cached = with_cache(stage, self.redis.url if stage.family == "fastapi" else "")
         for s in (stage, cached):
             if s is cached:

@@ -138,3 +138,22 @@ def test_a_stability_test_measures_again_until_the_windows_agree(tmp_path):
     assert loose.config[WINDOWS]["runs"] == 1 and loose.config[WINDOWS]["stable"] is True
     assert strict.config[WINDOWS]["runs"] == 3 and strict.config[WINDOWS]["stable"] is False
     assert len(strict.config[WINDOWS]["discarded_rps"]) == 2 * Windows.COUNT and strict.load == load
+
+
+def test_the_second_client_measures_one_at_a_time_and_the_capacity_s_load_after_the_sweep(tmp_path):
+    """perf_analyzer's place (here servelab's own client again, told what ours measured): after the sweep, on the
+    sequential load and on the load at the capacity's senders, each right after ours measured it."""
+    seen = []
+
+    def second(target, load, labels, earlier):
+        seen.append([r.load.label() for r in earlier])
+        return servelab_client()(target, load, labels, earlier)
+
+    plan = Plan.quick()
+    with running(service_ms=20, slots=2) as url:
+        records = sweep_capacity(FastAPITarget(url, b"photo"), plan.load, Labels("tiny"), Sweep(start=2, max_levels=2),
+                                 windowed(plan.windows), others=[second])
+    swept, after = records[:2], records[2:]
+    top = capacity(swept, "tiny")
+    assert [r.load for r in after] == [swept[0].load] + ([top.load] if top is not swept[0] else [])
+    assert seen == [[r.load.label()] for r in after]  # each told what ours measured of that load
