@@ -12,5 +12,8 @@ Public API (details in each module's docstring):
 * ``Record`` (one JSON line: ``record.to_json()``), ``append_record(path, record)``,
   ``read_records(paths)`` (records.py)
 * ``perf_analyzer.write_input_data(...)``, ``perf_analyzer.run_perf_analyzer(...)``,
-  ``perf_analyzer.records_from_csv(...)`` (perf_analyzer.py)
+  ``perf_analyzer.records_from_csv(...)``; ``Windows`` (windows of seconds, both clients) (perf_analyzer.py)
+* ``measure_stage.sweep_capacity(target, loads, labels, Sweep(...))``: a stage's capacity by saturation, doubling
+  the senders to the knee, its curve in the last record; ``measure_stage.windowed(windows)``: servelab's client
+  over windows of seconds (measure_stage.py); ``fractions.capacity(records, stage)``, ``fractions.curve(...)``
 * ``servelab.report.render_report(records, out_dir)`` renders results/report.md and its plots."""
