@@ -20,6 +20,7 @@ import chi.clients
 import chi.context
 import chi.hardware
 import chi.lease
+import chi.network
 import chi.server
 from blazarclient.v1.hosts import ComputeHostClientManager
 
@@ -32,6 +33,7 @@ PATCHED = (
     "chi.lease.Lease",
     "chi.lease.get_lease",
     "chi.lease.list_leases",
+    "chi.network.SecurityGroup",
     "chi.server.Server",
     "chi.server.get_server",
 )

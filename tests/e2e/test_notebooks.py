@@ -100,7 +100,7 @@ assert [arguments(c, doubles.Lease)["name"] for c in doubles.Lease.call_args_lis
 
 
 CHECK_SERVER = """
-from chi_doubles import FLOATING_IP, RESERVATION_ID
+from chi_doubles import FLOATING_IP, RESERVATION_ID, arguments
 
 doubles.choose_project.assert_called_once_with()
 doubles.choose_site.assert_called_once_with(default="CHI@TACC")
@@ -111,6 +111,16 @@ doubles.Server.assert_called_once_with(
 s = doubles.new_server
 s.submit.assert_called_once_with(idempotent=True)
 s.associate_floating_ip.assert_called_once_with()
+# Security groups: SSH and the public list (servelab.core.exposure), each let in and attached, before the floating IP.
+from servelab.core.exposure import ingress_ports
+groups = [arguments(c, doubles.SecurityGroup)["security_group_data"] for c in doubles.SecurityGroup.call_args_list]
+rules = [arguments(c, doubles.SecurityGroup.return_value.add_rule) for c in doubles.SecurityGroup.return_value.add_rule.call_args_list]
+assert [r["port"] for r in rules] == list(ingress_ports()) == [22, 5000]
+assert all(r["direction"] == "ingress" and r["protocol"] == "tcp" for r in rules)
+assert doubles.SecurityGroup.return_value.submit.call_count == len(groups) == len(rules)
+assert [c.args[0] for c in s.add_security_group.call_args_list] == [g["name"] for g in groups]
+names = [c[0] for c in s.mock_calls]
+assert names.index("add_security_group") < names.index("associate_floating_ip")
 s.check_connectivity.assert_called_once_with()
 assert ip == FLOATING_IP
 

@@ -11,6 +11,8 @@ import yaml
 from pydantic_settings import BaseSettings
 
 import servelab.core.settings
+from servelab.core import exposure
+from servelab.tools.containers import node_secrets
 from servelab.run.lab import RESULTS
 from servelab.servers.triton.configs import CONFIG_NAME
 from servelab.run.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_files
@@ -23,6 +25,7 @@ from dockerspec import (
                         dockerfile_for,
                         dockerignored,
                         environment,
+                        load_compose,
                         parse_dockerfile,
                         read_env_file,
                         run_tool,
@@ -36,7 +39,8 @@ IDS = [f"{path.stem}{'-' + shell['FASTAPI_STAGE'] if shell else ''}" for path, s
 SERVING = {"fastapi_server", "triton_server", "ray_head", "ray_worker"}
 # The Ray worker for a node without GPUs (compose profile `cpu`): it runs the model on the CPU.
 CPU_SERVING = {"ray_worker_cpu"}
-PUBLIC_PORTS = {("fastapi_server", 8000), ("flask", 5000)}
+# The one list of what the node publishes to the internet (and why), and what the tunnel reaches.
+PUBLIC_PORTS = set(exposure.PUBLIC)
 # Generated, git-ignored folders that are mounted: the command that writes them.
 # Folders a servelab command creates (never committed) -> where servelab says it writes them.
 GENERATED = {"models": "servelab models build", "results": "servelab lab and the notebooks"}
@@ -191,6 +195,53 @@ def test_only_browser_pages_are_published_on_all_interfaces(path, shell, documen
             host_ip, container_port = _published(str(port))
             if (name, container_port) not in PUBLIC_PORTS:
                 assert host_ip == "127.0.0.1", f"{name}:{container_port} must be published on 127.0.0.1 only"
+
+
+def _all_published() -> list[tuple[str, str, str, int]]:
+    """(file, service, host address, container port) of every published port, the monitoring file's too."""
+    documents = [(path.name, document) for path, _, document in VARIANTS]
+    documents.append((MONITORING_COMPOSE.name, load_compose(MONITORING_COMPOSE)))
+    return [(name, service_name, *_published(str(port)))
+            for name, document in documents for service_name, service in services(document).items()
+            for port in service.get("ports", [])]
+
+
+def test_every_port_open_to_the_internet_is_on_the_written_list():
+    published = _all_published()
+    assert published, "the files publish ports"
+    public = {(service, port) for _, service, host, port in published if host != "127.0.0.1"}
+    assert public <= PUBLIC_PORTS, f"published on every address but not in servelab.core.exposure.PUBLIC: {public - PUBLIC_PORTS}"
+    assert public == PUBLIC_PORTS, "an entry of the list that no file publishes any more: take it off"
+    assert all(why for why in exposure.PUBLIC.values()), "each public port says why"
+    local = {port for _, _, host, port in published if host == "127.0.0.1"}
+    assert local <= set(exposure.TUNNELLED), f"on 127.0.0.1 but not among what the tunnel reaches: {local - set(exposure.TUNNELLED)}"
+    assert {8000, 8001, 8002, 8888, 3000, 9090} <= local
+    assert not set(exposure.public_ports()) & set(exposure.TUNNELLED), "a port is either public or tunnelled"
+
+
+def test_the_fastapi_service_and_its_admin_are_on_the_node_only():
+    for path, _, document in VARIANTS:
+        server = services(document).get("fastapi_server")
+        if server:
+            assert [_published(p) for p in server["ports"]] == [("127.0.0.1", 8000)], path.name
+
+
+def test_generated_secrets_are_read_from_the_ignored_folder_and_never_written_in_the_files():
+    """ADMIN_TOKEN reaches the FastAPI server and Jupyter, Grafana's admin password reaches Grafana, both
+    from the files `servelab secrets` writes into .secrets/ (git-ignored, outside every build context)."""
+    wanted = {("docker-compose-fastapi.yaml", "fastapi_server"): "lab.env", ("docker-compose-fastapi.yaml", "jupyter"): "lab.env",
+              (MONITORING_COMPOSE.name, "grafana"): "grafana.env"}
+    raw = {path.name: yaml.safe_load(path.read_text()) for path in [*COMPOSE_FILES, MONITORING_COMPOSE]}
+    for (name, service), file in wanted.items():
+        env_files = raw[name]["services"][service]["env_file"]
+        assert env_files == [f"../.secrets/{file}"], (name, service)
+        assert (DOCKER / env_files[0]).resolve() == node_secrets.SECRETS_DIR / file
+        assert node_secrets.FILES[file] not in environment(raw[name]["services"][service]), "never a value in the file"
+    ignored = {line.strip("/") for line in (REPO / ".gitignore").read_text().split()}
+    assert ".secrets" in ignored and dockerignored(".secrets/lab.env") and dockerignored(".secrets/grafana.env")
+    for name, document in raw.items():
+        for service_name, service in document["services"].items():
+            assert not set(node_secrets.FILES.values()) & set(environment(service)), f"{name} {service_name}: only from .secrets/"
 
 
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=[p.stem for p in COMPOSE_FILES])

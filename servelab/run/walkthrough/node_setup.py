@@ -4,7 +4,13 @@ notebooks (``2_create_server_nvidia`` one by one, with why; ``9_ray_setup`` thro
 
 import shlex
 
+from servelab.core.exposure import ingress_ports
+
 CHECKOUT = "~/servelab"
+
+# The node's security groups (2_create_server_nvidia): one per port it lets in from the internet, SSH and
+# servelab.core.exposure.PUBLIC, named after its port so that a group found by name has that one rule.
+SECURITY_GROUPS = [(f"servelab-allow-tcp-{port}", port, why) for port, why in ingress_ports().items()]
 
 DOCKER = [
     # Docker's own install script, then `cc` may use Docker without sudo.
@@ -44,6 +50,8 @@ SERVELAB = [
     f"cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu torch",
     f'cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt -e ".[torch,onnx,bench]"',
     f"cd {CHECKOUT} && .venv/bin/servelab models build --source lab",
+    # The compose files' generated secrets in .secrets/ (ADMIN_TOKEN, Grafana's password), never printed.
+    f"cd {CHECKOUT} && .venv/bin/servelab secrets",
 ]
 
 

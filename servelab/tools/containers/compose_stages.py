@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from servelab.tools.containers import node_secrets
 from servelab.tools.containers.docker import Docker
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import free_port
@@ -98,6 +99,7 @@ class StageRunner:
 
     def compose(self, stage: ComposeStage, *args: str, extra: Mapping[str, str] | None = None,
                 check: bool = True, timeout: float | None = None):
+        node_secrets.write()  # the env files the compose files read (kept where they exist), as on the node
         return self.docker.compose(*self.files(stage), *args, extra_env=self.shell(stage, extra),
                                    check=check, timeout=timeout)
 

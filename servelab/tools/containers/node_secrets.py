@@ -1,0 +1,48 @@
+"""The compose files' generated secrets: ``servelab secrets`` writes them once per checkout, on the node.
+
+* ``.secrets/lab.env``: ``ADMIN_TOKEN``, read by ``fastapi_server`` (its ``/admin/*`` routes answer only a
+  request with ``Authorization: Bearer <ADMIN_TOKEN>``) and by Jupyter (``4_fastapi``'s rollback cell sends it);
+* ``.secrets/grafana.env``: ``GF_SECURITY_ADMIN_PASSWORD``, Grafana's admin password, never its default.
+
+The folder is git-ignored and outside every image's build context (.dockerignore is an allowlist); the
+folder is readable by its owner only, the files too. The compose files name them in ``env_file``, so a
+stage does not start without them. A file that exists is kept (a running container keeps the token it
+started with); ``--rotate`` writes new values, which take effect when the containers are recreated.
+Nothing here prints a secret.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+from servelab.core.paths import REPO_ROOT
+
+SECRETS_DIR = REPO_ROOT / ".secrets"
+# file -> the variable it defines.
+FILES = {"lab.env": "ADMIN_TOKEN", "grafana.env": "GF_SECURITY_ADMIN_PASSWORD"}
+TOKEN_BYTES = 32  # 256 bits, URL-safe text of 43 characters
+
+
+def read(path: Path) -> dict[str, str]:
+    """``NAME=value`` lines of an env file."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+
+
+def write(folder: Path = SECRETS_DIR, rotate: bool = False) -> dict[str, str]:
+    """Write each missing (or, with ``rotate``, every) secret file; return file -> "written" or "kept"."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.chmod(0o700)
+    done = {}
+    for name, variable in FILES.items():
+        path = folder / name
+        if path.exists() and not rotate and read(path).get(variable):
+            done[name] = "kept"
+            continue
+        # Created with mode 0600 before a byte is written: never readable by others, not even for a moment.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"# Written by `servelab secrets`; never commit or print it (docs/security.md).\n"
+                      f"{variable}={secrets.token_urlsafe(TOKEN_BYTES)}\n")
+        path.chmod(0o600)
+        done[name] = "written"
+    return done
