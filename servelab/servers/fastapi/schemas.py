@@ -3,11 +3,12 @@
 
 import base64
 import io
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import OnnxVariant
@@ -82,6 +83,20 @@ class ReloadRequest(BaseModel):
     model_dir: Path | None = Field(None, description="A folder laid out as MODEL_DIR (manifest, weights, ONNX files).")
     variant: OnnxVariant | None = Field(
         None, description="fastapi_onnx: the ONNX variant to serve from it (as ONNX_VARIANT).")
+
+    @field_validator("model_dir")
+    @classmethod
+    def _a_file_system_path(cls, value: Path | None) -> Path | None:
+        # What no file system path can hold (a NUL, a lone surrogate) would make resolving it raise, a 500:
+        # refused here instead, a 422 that says why.
+        if value is not None:
+            try:
+                encoded = os.fsencode(value)
+            except UnicodeError:
+                raise ValueError("a path must be text the file system can encode") from None
+            if b"\x00" in encoded:
+                raise ValueError("a path cannot contain a NUL character")
+        return value
 
 
 class Reloaded(BaseModel):
