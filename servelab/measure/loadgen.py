@@ -643,6 +643,16 @@ async def client_ceiling(target: Target, given: float | ClientCeiling | None = N
 _CEILING_FAILED: dict[str, str] = {}  # ceiling key -> why measuring it failed in this process
 
 
+async def _ceiling_or_none(target: Target, given: float | ClientCeiling | None, folder: Path | None,
+                           warnings: list[str]) -> ClientCeiling | None:
+    """``client_ceiling``, or None with a warning: the run goes on; its record says why the ceiling is missing."""
+    try:
+        return await client_ceiling(target, given, folder)
+    except Exception as exc:
+        warnings.append(f"the client's ceiling could not be measured ({exc})")
+        return None
+
+
 async def run_bench_async(
     target: Target,
     load: Load,
@@ -678,11 +688,11 @@ async def run_bench_async(
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
     folder = ceiling_folder if ceiling_folder is not None else Path(out).parent if out is not None else None
-    try:
-        found = await client_ceiling(target, ceiling, folder)
-    except Exception as exc:  # the run goes on, one process; its record says the ceiling is unknown
-        found = None
-        warnings.append(f"the client's ceiling could not be measured ({exc})")
+    most = max_processes or default_max_processes()
+    # Where nothing is left to plan (one process at most, or the count fixed), a ceiling not yet known is measured
+    # after the run, so the run starts when its caller expects (a timer started beside it: a node failure, an outage).
+    plan_first = not (trigger or processes is not None or load.mode == "sequential" or most == 1)
+    found = await _ceiling_or_none(target, ceiling, folder, warnings) if plan_first else None
     senders: list[Connection] = []
     client = await target.connect(connections, timeout_s)
     try:
@@ -692,8 +702,7 @@ async def run_bench_async(
         seen = _seen_key(target, load)
         expected = planned_rate(load) or little_rate(load, warm.latencies_s) or _SEEN.get(seen)
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
-        n, chosen = plan_processes(load, found.rps if found else None, expected,
-                                   max_processes or default_max_processes(), processes, held)
+        n, chosen = plan_processes(load, found.rps if found else None, expected, most, processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)
@@ -718,6 +727,8 @@ async def run_bench_async(
         raise
     finally:
         await client.close()
+    if not plan_first:
+        found = await _ceiling_or_none(target, ceiling, folder, warnings)
     warnings += run.warnings
     stats = summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
                       run.offered_rps, run.shed)

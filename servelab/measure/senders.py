@@ -178,6 +178,8 @@ def plan_processes(load: Load, ceiling_rps: float | None, expected_rps: float | 
         return n, f"{n} asked for" + ("" if n == asked else f" ({asked} asked; the load splits into {n})")
     if load.mode == "sequential":
         return 1, "one process: one request at a time"
+    if max_processes == 1:
+        return 1, "one process: the most allowed (max_processes; by default half the CPUs)"
     if not SHARED_CLOCK:
         return 1, "one process: this platform's perf_counter is not one clock for every process"
     if ceiling_rps is None or expected_rps is None:
@@ -197,7 +199,10 @@ def bound_reason(throughput_rps: float, processes: int, ceiling_rps: float | Non
     processes can send by their ceiling, or its busiest sender's event loop on the CPU more than ``BOUND_FRACTION``
     of the window (``busy``: the ceiling's stand-in may cost less per request than the run's own client, as a
     Triton target's does). An open loop whose sends ran late while its sender was mostly idle is not client-bound:
-    the machine ran something else (its record warns that it fell behind its schedule)."""
+    the machine ran something else (its record warns that it fell behind its schedule). A run that served nothing
+    measured no capacity: it is not marked."""
+    if throughput_rps <= 0:
+        return None
     if ceiling_rps and throughput_rps > BOUND_FRACTION * processes * ceiling_rps:
         return (f"{throughput_rps:.0f} req/s is {throughput_rps / (processes * ceiling_rps):.0%} of what "
                 f"{processes} sender process{'es' if processes > 1 else ''} can send ({processes} x {ceiling_rps:.0f} "

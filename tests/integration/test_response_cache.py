@@ -7,6 +7,7 @@ Outside CI a machine without redis-server skips with the reason (`make redis` un
 they never skip. Every process here is started by the test and stopped by its PID.
 """
 
+import asyncio
 import base64
 import threading
 import time
@@ -20,7 +21,7 @@ from tools import located_or_skipped
 from servelab.core.installers.redis_install import RedisNotFound, locate
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.photos import all_photos
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import client_ceiling, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, PhotoMix, response_cache_counts
 from servelab.servers.fastapi.cache import HEADER, LocalRedis
@@ -127,11 +128,12 @@ def test_redis_stopped_mid_run_fails_no_request(model, binary, tmp_path, client)
     home = tmp_path / "redis"
     with LocalRedis(binary, home) as cache, running("onnx", model, tmp_path, cache_url=cache.url) as url:
         port = cache.port
+        target = FastAPITarget(url, b"", mix=PhotoMix.zipf(seed=1))
+        asyncio.run(client_ceiling(target))  # the client's ceiling known before the timer starts: the run starts at once
         stopper = threading.Timer(1.0, cache.stop)
         stopper.start()
         try:
-            record = run_bench(FastAPITarget(url, b"", mix=PhotoMix.zipf(seed=1)),
-                               Load.closed(2, duration_s=3.0, warmup=0), stage="cache-outage")
+            record = run_bench(target, Load.closed(2, duration_s=3.0, warmup=0), stage="cache-outage")
         finally:
             stopper.join()
         assert record.stats.successes and record.stats.errors == {}

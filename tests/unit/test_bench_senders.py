@@ -47,6 +47,8 @@ def test_one_process_where_asked_held_or_with_nothing_to_plan_from() -> None:
     assert plan_processes(closed, None, 1000.0, max_processes=4)[0] == 1
     assert plan_processes(closed, 10.0, None, max_processes=4)[0] == 1
     assert plan_processes(closed, 1e9, 1.0, max_processes=4, asked=3)[0] == 3
+    assert plan_processes(closed, 10.0, 1000.0, max_processes=1) == (
+        1, "one process: the most allowed (max_processes; by default half the CPUs)")
 
 
 def test_the_rate_expected() -> None:
@@ -69,7 +71,7 @@ def test_client_bound_above_half_of_what_the_processes_can_send() -> None:
     assert bound_reason(1e9, 1, None) is None  # no ceiling: nothing to judge by
     # A sender whose event loop was on the CPU over half the window, whatever the ceiling says.
     assert "51%" in bound_reason(10.0, 1, 1e9, busy=0.51) and bound_reason(10.0, 1, 1e9, busy=0.5) is None
-    assert bound_reason(10.0, 1, None, busy=0.9)
+    assert bound_reason(10.0, 1, None, busy=0.9) and bound_reason(0.0, 1, 1.0, busy=0.9) is None  # served nothing
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
