@@ -29,10 +29,11 @@ Load modes (``Load``):
   ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
 
-The client itself (``record.client``; ``servelab.measure.senders`` says how): before a run it knows its
-**ceiling**, what one sender process sends per second of its CPU against a no-op server with the same request
-body (measured once per machine and body size, ~1.5 s, then kept for the process and in ``client-ceiling.json``
-beside ``out``). It then runs on as many **sender processes** as keep it 2x above the rate it expects (an open
+The client itself (``record.client``; ``servelab.measure.senders`` says how): every run knows its **ceiling**,
+what one sender process sends per second of its CPU against a no-op server with the same request body (measured
+once per machine and body size, ~1.5 s, then kept for the process and in ``client-ceiling.json`` beside ``out``;
+before the run where it plans the processes, after it where nothing is left to plan, so that a run starts when
+its caller expects). It then runs on as many **sender processes** as keep it 2x above the rate it expects (an open
 loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the same target and
 senders in this process), at most half the CPUs: each process runs
 this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
