@@ -419,3 +419,49 @@ def test_students_copy_their_results_and_notebooks_off_the_node_before_it_is_rel
               if line.startswith("scp -r ")]
     assert copies == ["servelab/results", "servelab/notebooks"]
     assert text.index("scp -r ") < text.index("release(")
+
+
+# --- comparisons: measured (a record in the paragraph) or predicted (said so) ---------------------------
+
+COMPARATIVE = re.compile(r"\b(faster|slower|rises?|rising|falls?(?! back)|falling|flat|(?:twice|half) (?:as|the|a|an)|"
+                         r"several times|much more|much less|nowhere near|\d+-fold)\b", re.IGNORECASE)
+_STAGE_NAMES = sorted((s.name for s in CATALOGUE), key=len, reverse=True)
+_NEAR = re.compile(r"`(?:" + "|".join(map(re.escape, _STAGE_NAMES)) + r")`|\d[\d.,]*\s*(?:%|×|x\b|ms\b|req/s|img/s|"
+                   r"infer/s|GB\b|MB\b|s\b|min\b|minutes?\b|seconds?\b)|\bthe (?:GPU|node|P100|ceiling|rate)\b|"
+                   r"\b(?:batching|instances?|senders)\b")
+# Where a paragraph says a comparison comes from: a committed record or the original lab's (generated) figures.
+_RECORD = re.compile(r"docs/records/|docs/gpu/|records\.jsonl|the original lab|its figures|\brecord\b", re.IGNORECASE)
+# Or, in the sentence that compares, that it is a prediction or a condition the student's own measurement settles.
+_PREDICTION = re.compile(r"\b(expect\w*|predict\w*|should|may|might|would|if|whether|unless|as long as)\b",
+                         re.IGNORECASE)
+
+
+def comparisons_without_ground(text: str) -> list[str]:
+    """Sentences of prose that compare (COMPARATIVE) in a paragraph that names a stage, a figure or the GPU, where
+    neither the paragraph cites a record that holds it (_RECORD) nor the sentence says it predicts (_PREDICTION)."""
+    prose = re.sub(r"^```.*?^```", "\n\n", text, flags=re.DOTALL | re.MULTILINE)
+    prose = re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL)
+    bad = []
+    for paragraph in re.split(r"\n\s*\n", prose):
+        flat = " ".join(paragraph.split())
+        if flat.startswith(("#", "|", "**The original lab reported**")) or not _NEAR.search(flat) or _RECORD.search(flat):
+            continue
+        for sentence in re.split(r"(?<=[.?!:;])\s+(?=[A-Z*`(-])", flat):
+            if COMPARATIVE.search(sentence) and not _PREDICTION.search(sentence):
+                bad.append(sentence[:160])
+    return bad
+
+
+def test_the_comparison_check_tells_a_fact_from_a_prediction() -> None:
+    assert comparisons_without_ground("On the node, `pt-2x2` is several times faster than `pt-1`.\n") != []
+    assert comparisons_without_ground("On the node, expect `pt-2x2` to be several times faster than `pt-1`.\n") == []
+    assert comparisons_without_ground("fp16 was 1.7× faster (`docs/records/gpu-h200-2026-11-28.toml`).\n") == []
+    assert comparisons_without_ground("Latency stays nearly flat at 40 req/s.\n") != []
+    assert comparisons_without_ground("The queue rises.\n") == []  # no stage, figure or GPU near it
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOK_DIR.glob("[0-9]*_*.md")), ids=lambda p: p.stem)
+def test_every_comparison_in_the_notebooks_is_measured_or_predicted(path: Path) -> None:
+    """Issue 44: faster, slower, rises, falls, flat, twice, half, several times, much more/less, nowhere near,
+    said of a stage, a figure or the GPU, need a record in the same paragraph or the wording of a prediction."""
+    assert comparisons_without_ground(_text(path)) == []
