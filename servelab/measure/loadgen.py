@@ -94,6 +94,7 @@ START_AHEAD_S = 0.05  # several sender processes start this far after the parent
 STATS_SETTLE_S, STATS_SETTLE_TRIES = 0.05, 20
 clock = time.perf_counter  # monotonic, high resolution (never time.time)
 OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerRequest: ok, shed:<reason>, or the error
+OWN_RATE_MIN_PER_SENDER = 4  # warm-up requests per sender before its own cost per request plans the processes
 OVERLOAD_MULTIPLE = 1.5  # the overload case's offered rate, times the measured capacity
 OVERLOAD = "overload"  # config["run"] of the overload case's records
 CACHE_RUN = "cache"  # config["run"] of the cache case's records (a skewed mix of photos, with and without a cache)
@@ -201,6 +202,15 @@ class WarmUp:
     failed: int = 0
     first_ms: float | None = None
     latencies_s: list[float] = field(default_factory=list)
+    senders: int = 0
+    cpu_s: float = 0.0  # the event loop's thread, on the CPU during the warm-up
+
+    def own_rps(self) -> float | None:
+        """Requests per CPU-second of this client itself (tritonclient included), where the warm-up sent enough
+        (four per sender) that opening its connections weighs little; None where it did not."""
+        if self.cpu_s <= 0 or self.senders == 0 or self.sent < OWN_RATE_MIN_PER_SENDER * self.senders:
+            return None
+        return self.sent / self.cpu_s
 
 
 async def warm_up(client: Client, load: Load) -> WarmUp:
@@ -223,8 +233,10 @@ async def warm_up(client: Client, load: Load) -> WarmUp:
             elif ok:
                 done.latencies_s.append(clock() - t0)
 
-    senders = load.concurrency if load.warmup_s else min(load.concurrency, load.warmup)
-    await asyncio.gather(*(sender() for _ in range(senders)))
+    done.senders = load.concurrency if load.warmup_s else min(load.concurrency, load.warmup)
+    cpu = time.thread_time()
+    await asyncio.gather(*(sender() for _ in range(done.senders)))
+    done.cpu_s = time.thread_time() - cpu
     return done
 
 
@@ -703,7 +715,11 @@ async def run_bench_async(
         seen = _seen_key(target, load)
         expected = planned_rate(load) or little_rate(load, warm.latencies_s) or _SEEN.get(seen)
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
-        n, chosen = plan_processes(load, found.rps if found else None, expected, most, processes, held)
+        # The lower of the no-op ceiling and what this client itself cost per request in its warm-up (a Triton
+        # target's stand-in leaves tritonclient's own cost out).
+        own = warm.own_rps()
+        per_process = min((r for r in (found.rps if found else None, own) if r), default=None)
+        n, chosen = plan_processes(load, per_process, expected, most, processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)
@@ -763,6 +779,7 @@ async def run_bench_async(
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, ceiling=found, capacity_rps=round(n * found.rps, 1) if found else None,
                           expected_rps=round(expected, 1) if expected else None, chosen=chosen,
+                          warmup_rps_per_cpu=round(own, 1) if own else None,
                           busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
                           bound=why is not None, why=why),
     )

@@ -309,6 +309,9 @@ class ClientSide(BaseModel):
     # last run's of the same target and senders in this process
     expected_rps: float | None = None
     chosen: str = ""  # how ``processes`` was chosen (from the ceiling, asked for, held to one and why)
+    # the warm-up's requests per CPU-second of this client itself (tritonclient included; planned with where lower
+    # than the ceiling); None where the warm-up was too short to tell
+    warmup_rps_per_cpu: float | None = None
     busy: float | None = None  # the busiest sender's event-loop thread: CPU seconds per second of the window
     loop_late: int = 0  # open loop: sends the client's own event loop started over 10 ms late (not a slot's wait)
     bound: bool = False

@@ -12,6 +12,7 @@ import base64
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -356,3 +357,17 @@ def test_a_sender_process_that_dies_fails_the_run_and_the_next_run_starts_afresh
     r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(2, requests=40, warmup=2), stage="tiny", processes=2)
     assert r.client.processes == 2 and r.stats.successes == 40
     assert _server_count(trivial) - before == r.warmup_requests + 40
+
+
+def test_the_clients_own_cost_in_its_warm_up_plans_where_lower_than_the_ceiling(trivial: str) -> None:
+    """A ceiling given far too high: the plan takes what this client itself sent per CPU-second in its warm-up (for a
+    Triton target, tritonclient's cost, which the ceiling's stand-in leaves out)."""
+    r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=40, warmup=40), stage="tiny", ceiling=1e9,
+                  max_processes=2)
+    own = r.client.warmup_rps_per_cpu
+    assert own is not None and 0 < own < 1e9 and r.warmup_requests >= 40
+    planned = re.search(r"(\d+) req/s per process", r.client.chosen)
+    assert planned and abs(int(planned[1]) - own) <= 1
+    short = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=40, warmup=8), stage="tiny", ceiling=1e9,
+                      max_processes=2)
+    assert short.client.warmup_rps_per_cpu is None  # two per sender: mostly opening connections, not a cost to plan by
