@@ -81,7 +81,7 @@ class Windows:
     window_s: float | None = None
 
     COUNT = 3  # the windows reported together (perf_analyzer's own, fixed)
-    MIN_REQUESTS = 5  # a time window is stretched to hold at least this many requests at the rate servelab measured
+    MIN_REQUESTS = 3  # a time window is stretched to hold at least this many requests at the rate servelab measured
 
     @property
     def tested(self) -> bool:
