@@ -20,7 +20,8 @@ the sum of what each part takes of it with every core on that part, and
 On a GPU the model is not on the CPUs: the limit is the smaller of the model's own images/s there
 (its fp32 ceiling, ``servelab.measure.ceiling``) and what the CPUs can feed it,
 1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` is the one function that measures it:
-``servelab benchmark --stage limit`` and the lab's report both call it.
+``servelab benchmark --stage limit`` and the lab's report both call it, in rounds that alternate with the
+servers they set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
 
 **Why throughput, not CPU time.** A limit of cores ÷ (CPU ms per request) assumes that every core gives
 a whole second of work each second. Where cores share execution units (SMT siblings) or a hypervisor
@@ -42,6 +43,7 @@ A stage above the limit (a cheaper model variant, a client that preprocesses) is
 import base64
 import multiprocessing
 import os
+import statistics
 import sys
 import threading
 import time
@@ -308,22 +310,44 @@ def gpu_ceiling(model_dir: Path, seconds: float) -> float:
     return best.images_per_s
 
 
+def _mean_points(rounds: list[list[ModelPoint]]) -> list[ModelPoint]:
+    """Each configuration's mean over the rounds (windows of the same length)."""
+    return [same[0].model_copy(update={"images_per_s": statistics.fmean(p.images_per_s for p in same),
+                                       "cpu_ms_per_image": statistics.fmean(p.cpu_ms_per_image for p in same)})
+            for same in zip(*rounds)]
+
+
+def _mean_part(rounds: list[Part]) -> Part:
+    return rounds[0].model_copy(update={"per_s": statistics.fmean(p.per_s for p in rounds),
+                                        "cpu_ms": statistics.fmean(p.cpu_ms or 0.0 for p in rounds)})
+
+
 def machine_limit(model_dir: Path, photo: Path, logs: Path, device: Device, *, seconds: float,
-                  concurrency: int = 16) -> Limit:
+                  concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
     """This machine's limit for ``photo`` with the fp32 model in ``model_dir``, where the model runs on
     ``device`` (on "gpu": its ceiling there; the model's CPU points are not measured). The one function
     behind every limit servelab shows: ``servelab benchmark --stage limit`` and the lab's report.
-    ``seconds``: of each part's measurement; ``concurrency``: the client's senders on the no-op route;
-    ``logs``: the no-op server's log."""
+
+    ``seconds``: of each part's measurement in all, in ``rounds`` windows; ``between(i)`` runs after the
+    parts' ``i``-th windows (the servers measured against the limit, each in its window of the round),
+    so that a neighbour's load hits the limit and the servers alike; each part is its windows' mean.
+    ``concurrency``: the client's senders on the no-op route; ``logs``: the no-op server's log."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
-    model = [] if device == "gpu" else model_points(paths.onnx, cores, seconds)
-    preprocess = preprocess_part(image, paths.manifest, seconds, cores)
+    window = seconds / rounds
+    points: list[list[ModelPoint]] = []
+    preprocess: list[Part] = []
+    http: list[Part] = []
     with ExitStack() as stack:
         url, pid = serve_simple_app(stack, logs, model_dir, workers=cores)
-        http = http_part(f"{url}/noop", pid, image, concurrency, seconds, cores)
-    return Limit(cores=cores, photo=photo.name, device=device, model=model, preprocess=preprocess, http=http,
-                 gpu_images_per_s=gpu)
+        for i in range(rounds):
+            if device != "gpu":
+                points.append(model_points(paths.onnx, cores, window))
+            preprocess.append(preprocess_part(image, paths.manifest, window, cores))
+            http.append(http_part(f"{url}/noop", pid, image, concurrency, window, cores))
+            between(i)
+    return Limit(cores=cores, photo=photo.name, device=device, model=_mean_points(points) if points else [],
+                 preprocess=_mean_part(preprocess), http=_mean_part(http), gpu_images_per_s=gpu)
 
 
 def _rate(per_s: float | None, unit: str) -> str:

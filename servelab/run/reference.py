@@ -1,10 +1,11 @@
 """``servelab benchmark --stage limit``: the FastAPI stages against this machine's limit and against the
 simplest app a newcomer would write, in one run.
 
-First the limit (``servelab.measure.limit.machine_limit``, the one function the lab's report calls too,
-through ``limit_here``): what the model alone, preprocessing and HTTP each deliver with every core busy,
-and on a GPU the model's ceiling there. Then, with the same photo and client at ``--concurrency``
-closed-loop senders, alternating in ``--rounds`` windows so a neighbour's load hits all alike: the simple
+The limit (``servelab.measure.limit.machine_limit``, the one function the lab's report calls too, through
+``limit_here``): what the model alone, preprocessing and HTTP each deliver with every core busy, and on a
+GPU the model's ceiling there. Against it, in the limit's ``--rounds`` (each round the limit's parts, then
+each server's window, so a neighbour's load hits all alike), with the same photo and client at
+``--concurrency`` closed-loop senders: the simple
 app (``benchmarks/simple_app.py``: a sync route, one ONNX Runtime session with its own thread defaults),
 ``fastapi-onnx``'s service with no settings at all (its defaults, as `servelab serve fastapi-onnx` starts
 it), the same with one inference per CPU instead of two (``MODEL_INSTANCES``: the one default the limit
@@ -60,32 +61,42 @@ def defaults(stage: Stage) -> Stage:
     return replace(stage, part=replace(stage.fastapi, env={}))
 
 
-def side_by_side(servers: dict[str, tuple[str, int]], image: bytes, concurrency: int, seconds: float,
-                 rounds: int) -> dict[str, Served]:
-    """Each server (URL, PID) in ``rounds`` alternating closed-loop windows, so a neighbour's load hits all
-    alike: its req/s and its processes' CPU ms per request."""
-    done = {what: [0, 0.0, 0.0, 0] for what in servers}  # successes, wall s, CPU s, requests the CPU s served
-    for _ in range(rounds):
-        for what, (url, pid) in servers.items():
+class SideBySide:
+    """Servers (name -> URL, PID) measured in alternating closed-loop windows, a round at a time
+    (``machine_limit`` runs a round after each of its own, so a neighbour's load hits all alike)."""
+
+    def __init__(self, servers: dict[str, tuple[str, int]], image: bytes, concurrency: int, window: float):
+        self.servers, self.image, self.concurrency, self.window = servers, image, concurrency, window
+        self.done = {what: [0, 0.0, 0.0, 0] for what in servers}  # successes, wall s, CPU s, requests the CPU s served
+
+    def round(self, _: int = 0) -> None:
+        """Each server's window, in turn: its req/s and its processes' CPU."""
+        for what, (url, pid) in self.servers.items():
             before = tree_cpu_s(pid)
-            record = closed_window(url, image, concurrency, seconds / rounds, what, 2 * concurrency)
-            done[what][0] += record.stats.successes
-            done[what][1] += record.stats.wall_s
-            done[what][2] += cpu_since(before, pid)  # the warm-up's requests are in it too
-            done[what][3] += record.stats.successes + (record.warmup_requests or 2 * concurrency)
-    return {what: Served(successes / wall, cpu * 1e3 / requests, len(tree_cpu_s(servers[what][1])))
-            for what, (successes, wall, cpu, requests) in done.items()}
+            record = closed_window(url, self.image, self.concurrency, self.window, what, 2 * self.concurrency)
+            done = self.done[what]
+            done[0] += record.stats.successes
+            done[1] += record.stats.wall_s
+            done[2] += cpu_since(before, pid)  # the warm-up's requests are in it too
+            done[3] += record.stats.successes + (record.warmup_requests or 2 * self.concurrency)
+
+    def served(self) -> dict[str, Served]:
+        return {what: Served(successes / wall, cpu * 1e3 / requests, len(tree_cpu_s(self.servers[what][1])))
+                for what, (successes, wall, cpu, requests) in self.done.items()}
 
 
 def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, device: Device, concurrency: int = 16) -> Limit:
     """``machine_limit``, and the simple app against ``fastapi-onnx`` with no settings but the device's
-    (``Limit.simple_app``), both started for it and stopped after (the lab's)."""
-    limit = machine_limit(model_dir, photo, logs, device, seconds=seconds, concurrency=concurrency)
+    (``Limit.simple_app``), both started for it and stopped after, measured in the limit's rounds (the lab's)."""
     with ExitStack() as stack:
         servers = {SIMPLE: serve_simple_app(stack, logs, model_dir),
                    DEFAULTS: serve_fastapi(stack, defaults(FP32_STAGE), logs,
                                            {**stage_env(device), "MODEL_DIR": str(model_dir)})}
-        served = side_by_side(servers, photo.read_bytes(), concurrency, 4 * seconds, 2)
+        rounds = 2
+        tally = SideBySide(servers, photo.read_bytes(), concurrency, 4 * seconds / rounds)
+        limit = machine_limit(model_dir, photo, logs, device, seconds=seconds, concurrency=concurrency, rounds=rounds,
+                              between=tally.round)
+        served = tally.served()
     return limit.model_copy(update={"simple_app": {what: s.rps for what, s in served.items()}})
 
 
@@ -99,9 +110,6 @@ def device_here() -> Device:
 def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     model_dir = Path(get_settings().model_dir)
-    limit = machine_limit(model_dir, DEFAULT_IMAGE, logs, device_here(), seconds=args.cost_seconds, concurrency=c)
-    if getattr(args, "limit_json", None):
-        args.limit_json.write_text(limit.model_dump_json(indent=1) + "\n", encoding="utf-8")
     stages = [s for s in of_family("fastapi").values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
     with ExitStack() as stack:
         servers = {SIMPLE: serve_simple_app(stack, logs, model_dir),
@@ -109,7 +117,12 @@ def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
                    # The defaults' one choice the limit cannot show: inferences per CPU (runtimes.INFERENCES_PER_CPU).
                    ONE_PER_CPU: serve_fastapi(stack, defaults(FP32_STAGE), logs, {"MODEL_INSTANCES": str(cpu_count())}),
                    **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
-        served = side_by_side(servers, image, c, args.duration, args.rounds)
+        tally = SideBySide(servers, image, c, args.duration / args.rounds)
+        limit = machine_limit(model_dir, DEFAULT_IMAGE, logs, device_here(), seconds=args.cost_seconds, concurrency=c,
+                              rounds=args.rounds, between=tally.round)
+        served = tally.served()
+    if getattr(args, "limit_json", None):
+        args.limit_json.write_text(limit.model_dump_json(indent=1) + "\n", encoding="utf-8")
     simple = served[SIMPLE].rps
     rows = [[what, num(s.rps, 1), num(s.rps / simple, 2), f"{s.rps / limit.rps:.0%}", num(s.cpu_ms, 2),
              str(s.processes), f"≥ {SIMPLE_AIM} × simple app, ≥ {LIMIT_AIM:.0%} of the limit" if what == DEFAULTS else ""]

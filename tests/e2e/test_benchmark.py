@@ -90,7 +90,7 @@ def test_the_benchmark_and_the_lab_take_their_limit_from_one_function(model, tmp
         return limit
 
     monkeypatch.setattr(reference, "machine_limit", recorded)
-    assert main(["benchmark", "--stage", "limit", "--duration", "2", "--rounds", "1", "--concurrency", "4",
+    assert main(["benchmark", "--stage", "limit", "--duration", "2", "--rounds", "2", "--concurrency", "4",
                  "--cost-seconds", "0.2", "--limit-json", str(tmp_path / "limit.json")]) == 0
     out = capsys.readouterr().out
     lab_limit = lab.measure_limit(model, DEFAULT_IMAGE, tmp_path / "lab", device_here())
@@ -100,6 +100,8 @@ def test_the_benchmark_and_the_lab_take_their_limit_from_one_function(model, tmp
     assert (bench_args[0], bench_args[1], bench_args[3]) == (lab_args[0], lab_args[1], lab_args[3]) == (
         model.onnx.parent, DEFAULT_IMAGE, device_here())
     assert (bench_kwargs["seconds"], lab_kwargs["seconds"]) == (0.2, lab.LIMIT_SECONDS)
+    # Each in rounds that alternate with the servers set against it.
+    assert bench_kwargs["rounds"] == 2 and lab_kwargs["rounds"] >= 1 and callable(bench_kwargs["between"])
     # What each shows is what the one function returned, and both measured the same parts.
     assert Limit.model_validate_json((tmp_path / "limit.json").read_text()) == bench
     assert f"**{bench.rps:.1f} req/s**, bound by the CPUs" in out and "← best" in out and machine() in out
