@@ -97,11 +97,45 @@ def _upload(samples: dict[str, Path], max_bytes: int) -> bytes:
     return data
 
 
+CLOSE_KEY = "servelab.close_connection"
+
+
+def _drain_body() -> None:
+    """Read what the view left unread of a body within the size limit (JSON sent to the form, a form
+    refused early). gunicorn drains at most 64 kB of it, and otherwise closes the kept-alive connection
+    without a word: the client's next request on it would fail. A body over the limit is not read (413):
+    the answer says ``Connection: close`` instead (``_CloseWhenAsked``)."""
+    try:
+        while request.stream.read(64 * 1024):
+            pass
+    except (HTTPException, OSError):  # over the limit, or the client went away
+        request.environ[CLOSE_KEY] = True
+
+
+class _CloseWhenAsked:
+    """WSGI middleware: where the app could not read a body to its end, tell gunicorn to answer with
+    ``Connection: close`` (a hop-by-hop header the app itself may not set) so that no client sends its next
+    request on a connection the server is about to drop. Elsewhere (Werkzeug's server) it changes nothing."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        def start(status, headers, exc_info=None):
+            owner = getattr(start_response, "__self__", None)  # gunicorn's Response
+            if environ.get(CLOSE_KEY) and callable(getattr(owner, "force_close", None)):
+                owner.force_close()
+            return start_response(status, headers, exc_info)
+
+        return self.app(environ, start)
+
+
 def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flask:
     """The app for ``settings.backend``; its one backend client is shared by all requests."""
     settings = settings or get_settings()
     app = Flask("gourmetgram", root_path=str(root))
     app.request_class = _InMemoryRequest
+    app.wsgi_app = _CloseWhenAsked(app.wsgi_app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
     backend = make_backend(settings)
     metrics = Metrics(settings.canary_share if settings.canary_url else 0.0)
@@ -174,6 +208,7 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
     @app.after_request
     def secure(response):
         response.headers.update(SECURITY_HEADERS)
+        _drain_body()
         return response
 
     return app
