@@ -79,7 +79,11 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/perf-analyzer.md", "20 %"): "Plan.full's windows: stability_pct 20, the windows' agreement",
     ("docs/benchmarks.md", "5 %"): "Sweep.growth = 0.05 in servelab/measure/measure_stage.py: the knee",
     ("docs/benchmarks.md", "8 ×"): "CAP_PER_CORE = 8 in servelab/measure/measure_stage.py: the sweep's cap per core",
+    ("docs/security.md", "10 MiB"): "MAX_BODY_BYTES's default (10 × 1024 × 1024 bytes)",
+    ("docs/security.md", "7 MiB"): "MAX_UPLOAD_BYTES's default (7 × 1024 × 1024 bytes)",
     # tolerances and aims the tests and checks apply
+    ("docs/security.md", "30 s"): "TIMEOUT_S in tests/integration/test_fuzz.py: a longer answer is a hung worker",
+    ("docs/security.md", "10 %"): "MAX_GROWTH in tests/integration/test_fuzz.py: the RSS growth the fuzz set allows",
     ("docs/containers.md", "10 %"): "the tolerance of the queueing-theory tests",
     ("docs/monitoring.md", "5 %"): "RATE_TOLERANCE in servelab/measure/monitoring/run_series.py: client and server rates must agree within it",
     ("docs/testing.md", "2 min"): "the time make check must stay under, an aim (Makefile)",
