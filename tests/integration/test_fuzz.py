@@ -15,7 +15,6 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import psutil
