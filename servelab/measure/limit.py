@@ -27,10 +27,13 @@ servers they set against it, so that a neighbour's load (a shared VM) hits the l
 a whole second of work each second. Where cores share execution units (SMT siblings) or a hypervisor
 takes its share, they do not, and CPU time overstates what the machine can do. On a fresh 2-CPU VM (AMD
 EPYC, AVX2; issue 43) the model alone gave 75 img/s with both cores loaded at 13.2 CPU ms per image: a
-second of the machine turned into one core's worth of CPU time, not two. The CPU-time limit said 103 req/s while
-fastapi-onnx served 70.6 (68 % of that limit, 94 % of the model alone): a limit no server could reach.
-Throughput measured with every core busy carries those losses in; CPU ms per image and per request are
-still measured and shown, as information (``cpu_time_rps``: what CPU time alone would say).
+second of the machine turned into one core's worth of CPU time, not two. The CPU-time limit said 103
+req/s while fastapi-onnx served 70.6 (68 % of that limit, 94 % of the model alone): a limit no server
+could reach. Where others load the machine it is worse: on this project's 2-CPU VM beside others' tests
+(docs/records/benchmark-limit-2cpu.log) the CPU-time limit stayed near 140-156 req/s while fastapi-onnx
+served 15-45 % of it. Throughput measured with every core busy carries those losses in; CPU ms per image
+and per request are still measured and shown, as information (``cpu_time_rps``: what CPU time alone
+would say).
 
 Each part is measured with every core working, as a busy server's are: a core whose neighbours idle
 runs faster (shared caches and memory bandwidth to itself, a higher clock) than any server can count on.
