@@ -4,12 +4,15 @@ The notebook is rendered from its Markdown source (the committed .ipynb is check
 elsewhere). Tests can give values to the names assigned in cells tagged ``parameters`` (a cell
 with the new values goes right after the cell that assigns them, as papermill does), and put
 cells before and after the notebook's own: a prologue that installs doubles, an epilogue that
-asserts what the notebook did.
+asserts what the notebook did. A cell students write (one that starts with ``# YOUR CODE: <name>``) runs as
+the answer docs/instructors.md gives for it (a ```python block that starts with the same line), so that
+what the notebook asks them to write is executed against the same servers.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from servelab.core.paths import REPO_ROOT
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, to_notebook
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -51,6 +55,22 @@ def kernel_manager(directory: Path) -> KernelManager:
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
 
 
+YOUR_CODE = re.compile(r"^# YOUR CODE: (.+)$", re.MULTILINE)
+
+
+def answers() -> dict[str, str]:
+    """The answers docs/instructors.md gives to the cells students write, by the name in their first line."""
+    text = (REPO_ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    found = {}
+    for block in re.findall(r"^```python\n(# YOUR CODE: .*?)^```", text, re.DOTALL | re.MULTILINE):
+        found[YOUR_CODE.match(block)[1]] = block
+    return found
+
+
+def students_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [cell for cell in nb.cells if cell.cell_type == "code" and YOUR_CODE.match(cell.source)]
+
+
 def _code_cell(source: str, tag: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_code_cell(source, metadata={"tags": [tag]})
 
@@ -75,6 +95,10 @@ def execute(
             nb.cells.insert(nb.cells.index(cell) + 1, _code_cell(source, "injected-parameters"))
     if pending:
         raise KeyError(f"{stem} has no parameters cell for {sorted(pending)}")
+    given_answers = answers()
+    for cell in students_cells(nb):
+        cell.source = given_answers[YOUR_CODE.match(cell.source)[1]]
+        cell.metadata.setdefault("tags", []).append("injected-answer")
     if prologue:
         nb.cells.insert(0, _code_cell(prologue, "injected-prologue"))
     if epilogue:

@@ -33,6 +33,7 @@ from notebook_harness import execute, parameters_cells
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, with_cache
 from servelab.core.installers.redis_install import RedisNotFound, locate
+from servelab.core.labels import CLASSES
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.cache import LocalRedis
 from tools import located_or_skipped
@@ -294,6 +295,9 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
         prologue=PROLOGUE, epilogue=CHECK_FASTAPI, timeout=120,
     )
     text = _outputs(nb)
+    # The timing loop students write (docs/instructors.md's answer), then the helper, which shows its command.
+    assert re.search(r"^median [\d.]+ ms, p95 [\d.]+ ms, p99 [\d.]+ ms, [\d.]+ req/s$", text, re.MULTILINE), text
+    assert f"$ servelab load fastapi --url {fastapi_stages['fastapi-pt']} --stage fastapi-pt --requests 4 --warmup 1" in text
     assert text.count("GourmetGram: HTTP 200") == 2
     assert "Little's law: 3 requests in flight" in text
     assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers
@@ -434,6 +438,9 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
                      prologue=PROLOGUE, epilogue=epilogue, timeout=180)
         texts[stem] = _outputs(nb)
     python, onnx, more = (texts[stem] for stem in TRITON_NOTEBOOKS)
+    # The ONNX-backend client students write (its answer): a Food-11 class and its softmax probability.
+    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
+    assert "$ servelab load triton --url " in python and " --model food_classifier_onnx --input tensor --stage onnx-1" in onnx
     for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):
         assert f"GourmetGram ({mode}): HTTP 200" in text
     assert "skipped: pt-4x4 is not in STAGES" in python

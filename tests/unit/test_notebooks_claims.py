@@ -228,14 +228,62 @@ def test_the_notebooks_open_the_boxes_lab_measure_hides() -> None:
     assert re.search(r"^curl -s http://127\.0\.0\.1:8000/v2/models/\S+/stats", onnx, re.MULTILINE)
 
 
+def _typed_perf_analyzer(stem: str) -> list[str]:
+    return [line for block in SHELL_BLOCK.findall(_text(NOTEBOOK_DIR / f"{stem}.md")) for line in block.splitlines()
+            if line.startswith("perf_analyzer ")]
+
+
 def test_perf_analyzer_by_hand_explains_every_flag() -> None:
+    """Every flag of every perf_analyzer line students type is explained where they type the first one."""
     triton = _text(NOTEBOOK_DIR / "6_triton_python.md")
-    (command,) = [line for block in SHELL_BLOCK.findall(triton) for line in block.splitlines()
-                  if line.startswith("perf_analyzer ")]
+    command = _typed_perf_analyzer("6_triton_python")[0]
     explained = triton[triton.index(command) + len(command):]
     explained = explained[:explained.index("### Watch it live")]
-    for flag in re.findall(r"(?<!\S)(--?[A-Za-z][\w-]*)", command):
-        assert f"`{flag}" in explained or f" {flag} " in explained, f"{flag} is not explained"
+    for line in [*_typed_perf_analyzer("6_triton_python"), *_typed_perf_analyzer("7_triton_onnx")]:
+        for flag in re.findall(r"(?<!\S)(--?[A-Za-z][\w-]*)", line):
+            assert f"`{flag}" in explained or f" {flag} " in explained, f"{flag} is not explained"
+
+
+# (notebook, stage Triton runs when the student types it, what the helper measured there that it repeats)
+TYPED = [("6_triton_python", "pt-1", "concurrency 8"), ("6_triton_python", "pt-dyn", "concurrency 8"),
+         ("7_triton_onnx", "onnx-2", "concurrency 8"), ("7_triton_onnx", "onnx-dyn", "poisson 120 req/s")]
+
+
+def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_the_check() -> None:
+    """One typed run per Triton lesson (instances' onnx-2, batching's pt-dyn and onnx-dyn, after pt-1's): each
+    asks the model and input of the stage Triton runs at that point, and a load the step before it measured with
+    perf_analyzer (whose printed command is the check)."""
+    from servelab.tools.lease_plan import lease_plan
+
+    plans = {p.name: p for p in lease_plan()}
+    typed = [(stem, line) for stem in ("6_triton_python", "7_triton_onnx") for line in _typed_perf_analyzer(stem)]
+    assert len(typed) == len(TYPED)
+    assert {TRITON_STAGES[stage].lesson for _, stage, _ in TYPED} >= {"batching", "instances"}
+    after = {stem: 0 for stem, _ in typed}
+    for (stem, line), (want_stem, stage, load) in zip(typed, TYPED):
+        text = _text(NOTEBOOK_DIR / f"{stem}.md")
+        argv = shlex.split(line)
+        assert stem == want_stem and argv[argv.index("-m") + 1] == TRITON_STAGES[stage].triton.model
+        assert argv[argv.index("--input-data") + 1] == f"/lab/results/input-{TRITON_STAGES[stage].input}.json"
+        if load.startswith("concurrency"):
+            assert argv[argv.index("--concurrency-range") + 1] == load.split()[1]
+        else:
+            arrivals, rate = load.split()[:2]
+            assert (argv[argv.index("--request-rate-range") + 1], argv[argv.index("--request-distribution") + 1]) \
+                == (rate, arrivals)
+        measured = [(name, label) for name, label in plans[stem].core.measured]
+        assert (stage, load) in measured, (stage, load)
+        # Typed after the step that measured the stage, before the next stage's step switches Triton away.
+        at = after[stem] = text.index(line, after[stem] + 1)  # the same line may be typed twice: in order
+        before = [m[1] for m in re.finditer(r'lab\.measure\("([\w-]+)"', text) if m.start() < at]
+        assert (before or ["pt-1"])[-1] == stage  # the first, before any step: 5_triton_setup loaded pt-1
+        assert stage in lp_pa_stages(stem)
+
+
+def lp_pa_stages(stem: str) -> list[str]:
+    from servelab.tools.lease_plan import parameters
+
+    return parameters(_text(NOTEBOOK_DIR / f"{stem}.md"))["PA_STAGES"]
 
 
 def test_the_intro_plans_the_lease() -> None:
@@ -465,3 +513,39 @@ def test_every_comparison_in_the_notebooks_is_measured_or_predicted(path: Path) 
     """Issue 44: faster, slower, rises, falls, flat, twice, half, several times, much more/less, nowhere near,
     said of a stage, a figure or the GPU, need a record in the same paragraph or the wording of a prediction."""
     assert comparisons_without_ground(_text(path)) == []
+
+
+# --- framework code students write -------------------------------------------------------------------
+
+# What each cell students write must call: the framework's own API, nothing of servelab's measuring helpers.
+WRITTEN = {"timing loop": ("4_fastapi", ("requests.Session()", "time.perf_counter()", "np.percentile(", "/predict",
+                                         "raise_for_status()")),
+           "ONNX-backend client": ("7_triton_onnx", ('httpclient.InferInput("input"', '"FP32"', "set_data_from_numpy(",
+                                                    'httpclient.InferRequestedOutput("output")', "client.infer(",
+                                                    '"food_classifier_onnx"', "np.exp(", "logits.max()"))}
+
+
+def test_students_write_framework_code_that_the_tests_run_as_the_instructors_answer() -> None:
+    """Each `# YOUR CODE: <name>` cell is a skeleton that stops with NotImplementedError until the student writes
+    it; docs/instructors.md holds its answer (which tests/notebook_harness.py runs in its place against real
+    servers), calling the framework itself and no `lab.` helper."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from notebook_harness import YOUR_CODE, answers, students_cells
+    from servelab.tools.render_notebooks import to_notebook
+
+    given = answers()
+    found = {}
+    for stem in ("4_fastapi", "6_triton_python", "7_triton_onnx", "8_triton_more"):
+        for cell in students_cells(to_notebook(NOTEBOOK_DIR / f"{stem}.md")):
+            found[YOUR_CODE.match(cell.source)[1]] = (stem, cell.source)
+    assert set(found) == set(given) == set(WRITTEN)
+    for name, (stem, skeleton) in found.items():
+        want_stem, calls = WRITTEN[name]
+        assert stem == want_stem and skeleton.rstrip().splitlines()[-1].startswith("raise NotImplementedError(")
+        answer = given[name]
+        assert "NotImplementedError" not in answer and not re.search(r"\blab\.", answer)
+        assert all(call in answer for call in calls), [call for call in calls if call not in answer]
+        # The answer keeps the skeleton's given lines: the student completes it, and needs nothing else.
+        assert all(line in answer.splitlines() for line in skeleton.splitlines()[:-1])

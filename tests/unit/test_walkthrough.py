@@ -324,3 +324,26 @@ def test_a_students_block_loads_as_theirs_and_the_stage_is_measured_only_after_i
     lab.write_config("pt-2x2", wrong)  # a new block is checked again
     with pytest.raises(RuntimeError, match="has not passed"):
         asyncio.run(lab.measure("pt-2x2", [Load.closed(8, 4, warmup=0)]))
+
+
+@pytest.mark.parametrize("load", [Load.sequential(100, warmup=10), Load.closed(16, 1000, warmup=5),
+                                  Load.open(120, "poisson", duration_s=10, warmup=0),
+                                  Load.closed(8, requests=None, duration_s=5, warmup=0)], ids=lambda load: load.label())
+def test_every_helper_run_prints_the_servelab_load_command_it_stands_for(load: Load) -> None:
+    """The command line parses with the real CLI and asks for the same load, target and stage."""
+    import shlex
+
+    from servelab.cli import build_parser
+    from servelab.run.walkthrough.common import load_command
+
+    for kind, where, batch in (("fastapi", ["--url", "http://fastapi_server:8000"], 1),
+                               ("triton", ["--url", "triton_server:8000", "--model", "food_classifier_onnx",
+                                           "--input", "tensor"], 16)):
+        shown = load_command(kind, where, load, "onnx-dyn", batch)
+        assert shown.startswith("$ servelab load ")
+        args = build_parser().parse_args(shlex.split(shown[2:])[1:])
+        assert (args.requests, args.duration, args.warmup, args.stage, args.batch) == (
+            load.requests, load.duration_s, load.warmup, "onnx-dyn", batch)
+        assert args.concurrency == ([load.concurrency] if load.mode == "closed" else None)
+        assert args.rate == ([load.rate] if load.mode == "open" else None)
+        assert load.mode != "open" or args.arrivals == load.arrivals

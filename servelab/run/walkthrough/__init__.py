@@ -7,7 +7,8 @@ cell, passed in as arguments; nothing here reads notebook globals.
 * ``servelab.run.walkthrough.common``: ``wait_until`` (poll until a probe says what we want),
   ``utilization(record)`` (one line of CPU/GPU use), ``try_gourmetgram`` (classify the photo through
   the web page, as a user would), ``latest(records)`` (the newest run of each measurement),
-  ``drawn`` (the report's plots that exist).
+  ``drawn`` (the report's plots that exist), ``load_command`` (the `servelab load` command a helper's run
+  stands for, printed beside it).
 * ``servelab.run.walkthrough.walk_fastapi``: ``FastAPIWalkthrough`` (``4_fastapi``: wait for a service, measure
   it) and ``queueing(alone, busy)`` (Little's law and the inference ceiling from a sequential and a
   concurrent run).

@@ -1,6 +1,7 @@
 """Helpers both measurement notebooks use."""
 
 import re
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -8,7 +9,7 @@ from typing import Any
 
 import requests
 
-from servelab.measure.records import Record
+from servelab.measure.records import Load, Record
 
 # GourmetGram's page title names the predicted class: "<label> · GourmetGram".
 _TITLE = re.compile(r"<title>(.+?) · GourmetGram</title>")
@@ -77,3 +78,21 @@ def drawn(folder: Path, plots: Iterable[str]) -> list[Path]:
     """The plots among ``plots`` that the report drew in ``folder``: it draws one only where the
     records hold data of its kind (e.g. no rate plot without open-loop runs)."""
     return [folder / name for name in plots if (folder / name).exists()]
+
+
+def load_command(kind: str, where: list[str], load: Load, stage: str, batch: int = 1) -> str:
+    """The `servelab load` command line a helper's run of ``load`` stands for (``kind``: fastapi or triton;
+    ``where``: its target's options), printed beside the helper's table so that a student can type it."""
+    argv = ["servelab", "load", kind, *where, "--stage", stage]
+    if batch > 1:
+        argv += ["--batch", str(batch)]
+    if load.requests:
+        argv += ["--requests", str(load.requests)]
+    if load.duration_s:
+        argv += ["--duration", f"{load.duration_s:g}"]
+    argv += ["--warmup", str(load.warmup)]
+    if load.mode == "closed":
+        argv += ["--concurrency", str(load.concurrency)]
+    elif load.mode == "open":
+        argv += ["--rate", f"{load.rate:g}", "--arrivals", str(load.arrivals)]
+    return "$ " + shlex.join(argv)

@@ -15,7 +15,7 @@ from servelab.measure.measure_stage import Labels, measure_stage_async, servelab
 from servelab.report.precision import cpu_ms_per_request
 from servelab.report.render import summary_table
 from servelab.report.timelines import plot_timelines
-from servelab.run.walkthrough.common import try_gourmetgram, utilization, wait_until
+from servelab.run.walkthrough.common import load_command, try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.production import by_version, over_time, queue_words
 from servelab.servers.fastapi.admin import reload
 
@@ -149,6 +149,7 @@ class FastAPIWalkthrough:
         ``mix`` where given; ``options``: the load generator's (``run_bench``)."""
         target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name, mix=mix)
         labels = Labels(service.stage, {**service.config, **(config or {})}, service.stand_in)
+        print(load_command("fastapi", ["--url", service.url], load, service.stage))
         [record] = await measure_stage_async(target, [load], labels, [servelab_client(out=self.records_file, **options)])
         self.runs.append(record)
         print(summary_table([record]))

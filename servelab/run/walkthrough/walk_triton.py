@@ -28,7 +28,7 @@ from servelab.core.catalogue import PT
 from servelab.servers.triton.client import InputKind, tensor_inputs
 from servelab.servers.triton.server import model_config, server_address, switch_target
 from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
-from servelab.run.walkthrough.common import try_gourmetgram, utilization, wait_until
+from servelab.run.walkthrough.common import load_command, try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
@@ -335,6 +335,9 @@ class TritonWalkthrough:
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
                               batch=batch or STAGES[name].triton.images, image_name=self.photo.name)
         labels = Labels(name, {key: config.get(key) for key in CONFIG_KEYS}, self.stand_in(name))
+        where = ["--url", server_address(self.url), "--model", model, "--input", STAGES[name].input]
+        for load in loads:  # perf_analyzer prints its own command beside its run
+            print(load_command("triton", where, load, name, target.batch))
         done = await measure_stage_async(target, loads, labels, self.clients(name))
         self.runs.extend(done)
         print(summary_table(done))
