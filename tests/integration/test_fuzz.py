@@ -15,6 +15,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import httpx
 import psutil
@@ -188,6 +189,23 @@ def gourmetgram(artifacts, tmp_path_factory) -> Iterator[tuple[ServerProcess, st
                            f"http://127.0.0.1:{port}/health", logs / "flask.log", env={"FASTAPI_SERVER_URL": backend},
                            ready_timeout=60) as app:
             yield app, f"http://127.0.0.1:{port}"
+
+
+def test_gourmetgram_sample_route_answers_every_malformed_name_with_a_404(gourmetgram, persistent):
+    """``GET /samples/<name>``, the other route that takes input: each image case's bytes and each value
+    case's text as the name (percent-encoded, at most 1000 bytes of it; NUL, invalid UTF-8, slashes and dots included)."""
+    _, base = gourmetgram
+
+    def send(case: Case) -> Answer:
+        name = case.data if case.kind == "image" else case.data.encode("utf-8", "surrogatepass")
+        response = persistent.get(f"{base}/samples/{quote(name[:1000], safe='')}")  # gunicorn takes request lines up to 4 kB
+        error = re.search(r'id="error"[^>]*>.*?<p>(.*?)</p>', response.text, re.S)
+        return response.status_code, html.unescape(error[1]) if error else ""
+
+    cases = [case for case in CASES if case.kind != "raw"]
+    assert len(cases) >= 50
+    assert problems(send, cases) == []
+    assert persistent.get(f"{base}/health").status_code == 200
 
 
 def test_gourmetgram_keeps_the_connection_after_a_body_it_did_not_read(gourmetgram):
