@@ -16,9 +16,6 @@ from servelab.tools.containers import node_secrets
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # A page a notebook sends students to on the node's public address (http://A.B.C.D:PORT) must be public.
-# 4_fastapi still says `http://A.B.C.D:8000/docs`: its owner moves it to the tunnel (http://127.0.0.1:8000/docs,
-# forwarded by 3_fastapi_setup's ssh -L) with issue 44's edits; nothing may be added here.
-NOT_YET_THROUGH_THE_TUNNEL = {("4_fastapi", 8000)}
 
 
 def test_the_security_groups_open_ssh_and_the_public_list_only():
@@ -53,7 +50,7 @@ def test_notebook_tunnels_forward_only_what_the_node_keeps_on_its_loopback():
     assert {(stem, port) for stem, _, port in tunnels} >= {("3_fastapi_setup", 8888), ("3_fastapi_setup", 8000)}
     assert {port for _, port in public_pages} >= {5000}
     wrong = {(stem, port) for stem, port in public_pages if port not in exposure.public_ports()}
-    assert wrong <= NOT_YET_THROUGH_THE_TUNNEL, f"pages on the public address that are not public: {wrong}"
+    assert not wrong, f"pages on the public address that are not public: {wrong}"
 
 
 def test_the_tunnel_command_forwards_loopback_ports_only():
