@@ -72,7 +72,9 @@ class Windows:
     reported together (perf_analyzer's count), until the last three agree within ``stability_pct``
     (throughput and latency) or ``max_trials`` windows have run. perf_analyzer measures in time windows of
     ``window_s`` (``--measurement-interval``); servelab's client measures the same three windows in one run
-    after its warm-up window (``servelab.measure.measure_stage.windowed``). A ``stability_pct`` of 100 or more
+    after its warm-up window (``servelab.measure.measure_stage.windowed``). An open loop (its rate times its
+    seconds of requests) keeps count windows: perf_analyzer 2.50 in request-rate mode with time windows of a
+    fraction of a second failed to find three stable ones even with no stability test (the quick lab). A ``stability_pct`` of 100 or more
     is no test: three windows, whatever their spread. ``window_s=None``: windows sized by the load's own
     requests (count windows, the notebooks' runs) or its duration. Its own defaults: 10 % and 10 trials."""
 
@@ -115,7 +117,7 @@ def perf_analyzer_command(
         cmd += ["--request-rate-range", f"{load.rate:g}", "--request-distribution", str(load.arrivals)]
     else:
         cmd += ["--concurrency-range", str(load.concurrency)]
-    if windows.window_s is not None:  # the plan's time windows, as servelab's client measures them
+    if windows.window_s is not None and load.mode != "open":  # the plan's time windows, as servelab's client's
         cmd += ["--measurement-interval", str(round(windows.window_s * 1000))]
     elif load.requests is not None:
         # Not --request-count: 2.50 divides that count by whole seconds and under-reports throughput.

@@ -173,8 +173,8 @@ def test_quick_lab_runs_are_windows_and_each_stage_s_sweep_keeps_its_curve(quick
     curves = {r.stage: r.config["capacity"]["curve"] for r in swept if "capacity" in r.config}
     assert set(curves) == {s.name for s in RUN}  # every stage's sweep (a bounded twin only has its service time)
     assert all([p["concurrency"] for p in c] in ([1], [1, 2]) for c in curves.values())
-    theirs = [r for r in quick_lab.records if r.tool == "perf_analyzer" and not r.failed]
-    assert theirs and all("--measurement-interval" in r.target["command"] for r in theirs)
+    theirs = [r for r in quick_lab.records if r.tool == "perf_analyzer" and r.load.mode != "open"]
+    assert theirs and all("--measurement-interval" in r.target["command"] for r in theirs)  # open loops: count windows
 
 
 def test_quick_lab_says_where_each_stage_ran(quick_lab):

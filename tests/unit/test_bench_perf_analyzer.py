@@ -107,10 +107,13 @@ def test_time_windows_follow_the_plan_s_seconds(tmp_path: Path) -> None:
     common = dict(url="127.0.0.1:8001", model="food_classifier_onnx", protocol="http", batch=16,
                   input_data=tmp_path / "in.json", csv_path=tmp_path / "out.csv")
     windows = Windows(stability_pct=1000, max_trials=3, window_s=1.5)
-    for load in (Load.closed(4, None, duration_s=4.5), Load.sequential(20), Load.open(30, "poisson", requests=90)):
+    for load in (Load.closed(4, None, duration_s=4.5), Load.sequential(20)):
         cmd = perf_analyzer_command(load=load, windows=windows, **common)
         assert cmd[cmd.index("--measurement-interval") + 1] == "1500" and "--measurement-mode" not in cmd
         assert cmd[cmd.index("--max-trials") + 1] == "3"
+    # An open loop is its rate times its seconds: count windows of a third of its requests, as before.
+    cmd = perf_analyzer_command(load=Load.open(30, "poisson", requests=90), windows=windows, **common)
+    assert cmd[cmd.index("--measurement-request-count") + 1] == "30" and "--measurement-interval" not in cmd
     assert windows.fitted(100.0) == windows and windows.fitted(None) == windows  # 150 requests a window
     assert windows.fitted(2.0).window_s == Windows.MIN_REQUESTS / 2.0  # slow 16-image requests: longer windows
     assert Windows().fitted(2.0) == Windows()  # count windows are sized by requests already
