@@ -440,6 +440,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     python, onnx, more = (texts[stem] for stem in TRITON_NOTEBOOKS)
     # The ONNX-backend client students write (its answer): a Food-11 class and its softmax probability.
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
+    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", python, re.MULTILINE), python  # 6's client
     assert "$ servelab load triton --url " in python and " --model food_classifier_onnx --input tensor --stage onnx-1" in onnx
     for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):
         assert f"GourmetGram ({mode}): HTTP 200" in text

@@ -520,6 +520,9 @@ def test_every_comparison_in_the_notebooks_is_measured_or_predicted(path: Path) 
 # What each cell students write must call: the framework's own API, nothing of servelab's measuring helpers.
 WRITTEN = {"timing loop": ("4_fastapi", ("requests.Session()", "time.perf_counter()", "np.percentile(", "/predict",
                                          "raise_for_status()")),
+           "Python-backend client": ("6_triton_python", ('httpclient.InferInput("INPUT_IMAGE"', '"BYTES"',
+                                                       "set_data_from_numpy(image)", 'client.infer("food_classifier"',
+                                                       'as_numpy("FOOD_LABEL")', 'as_numpy("PROBABILITY")')),
            "ONNX-backend client": ("7_triton_onnx", ('httpclient.InferInput("input"', '"FP32"', "set_data_from_numpy(",
                                                     'httpclient.InferRequestedOutput("output")', "client.infer(",
                                                     '"food_classifier_onnx"', "np.exp(", "logits.max()"))}
