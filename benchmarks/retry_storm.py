@@ -13,6 +13,7 @@ docs/records/retry-storm-2cpu.log.
 """
 
 import argparse
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -47,7 +48,8 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=16, help="closed-loop senders for the capacity")
     parser.add_argument("--storm", type=int, default=64, help="closed-loop senders of the storm")
     parser.add_argument("--seconds", type=float, default=8.0, help="each measured window")
-    parser.add_argument("--logs", type=Path, default=Path("results") / "retry-storm")
+    parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "servelab-retry-storm",
+                        help="the servers' logs")
     args = parser.parse_args()
     env = {"MODEL_DIR": str(get_settings().model_dir), "ORT_PROVIDERS": "cpu"}
     with ExitStack() as stack:
