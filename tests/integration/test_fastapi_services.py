@@ -2,6 +2,7 @@
 
 import asyncio
 import io
+import os
 import subprocess
 import sys
 
@@ -191,6 +192,8 @@ def test_schemathesis_finds_no_server_error(kind, services, tmp_path):
     # schema-valid random text is rightly refused with 400.
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{services[kind]}/openapi.json", "--checks", "all",
            "--exclude-checks", "positive_data_acceptance", "--max-examples", "40", "--seed", "1",
-           "--generation-database", "none", "--request-timeout", "30", "--no-color"]
+           "--generation-database", "none", "--request-timeout", "30", "--no-color",
+           # The admin route too, past its guard (tests/unit/test_admin_guard.py checks the guard itself).
+           "-H", f"Authorization: Bearer {os.environ['ADMIN_TOKEN']}"]
     run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

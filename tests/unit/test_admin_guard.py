@@ -39,6 +39,12 @@ def test_without_a_token_set_the_admin_routes_are_not_there(tokenless):
         answer = tokenless.post("/admin/reload", json={}, headers=headers)
         assert answer.status_code == 404, answer.text
     assert "/admin/reload" not in tokenless.get("/openapi.json").json()["paths"]
+    assert tokenless.get("/admin/reload").status_code == 404
+
+
+def test_with_a_token_set_a_method_no_admin_route_takes_is_405(guarded):
+    for method in ("GET", "PUT", "DELETE"):
+        assert guarded.request(method, "/admin/reload").status_code == 405
 
 
 @pytest.mark.parametrize("headers, status", [

@@ -428,7 +428,10 @@ class AdminGuardMiddleware:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/admin") and (refused := self._refusal(scope)):
+        # With a token set, a method no admin route takes is the router's 405, not a refusal.
+        guarded = scope["type"] == "http" and scope["path"].startswith("/admin") and (
+            not self.expected or scope["method"] == "POST")
+        if guarded and (refused := self._refusal(scope)):
             await refused(scope, receive, send)
             return
         await self.app(scope, receive, send)
