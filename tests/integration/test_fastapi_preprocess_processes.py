@@ -173,3 +173,29 @@ def test_a_model_taking_uint8_crops_gets_them_from_a_worker_process(artifacts):
     x = pipeline.prepare(b64(PHOTOS["jpeg"]))  # in this thread
     assert x.dtype == "uint8" and pipeline.mode == "processes"
     assert top == top1(pipeline.backend.infer(x[None]), pipeline.backend.manifest.classes)[0]
+
+
+def test_requests_queued_on_a_pool_replaced_before_it_noticed_its_dead_worker_run_again(artifacts):
+    """The race the kill under load can hit: a request notices the dead worker (``_lost_a_worker``) and
+    replaces the pool before the pool's own thread has failed the requests still queued on it. They must
+    run again on the new pool, not be cancelled (a cancelled request never got an answer)."""
+    settings = get_settings().model_copy(update={"preprocess_processes": 2})
+    pipeline = Pipeline(load(settings), settings)
+    buf = io.BytesIO()
+    coffee().resize((5001, 3751)).save(buf, "JPEG", quality=90)
+    big = b64(buf.getvalue())
+
+    async def race() -> list:
+        old = pipeline._pool
+        load = asyncio.gather(*(pipeline.prepare_in_worker(big) for _ in range(8)), return_exceptions=True)
+        await asyncio.sleep(0.05)  # all 8 on the old pool: 3 in its call queue, 5 waiting behind them
+        os.kill(min(old._processes), signal.SIGKILL)
+        pipeline._replace(old)  # what the next request does on seeing the dead worker, before the pool does
+        return await load
+
+    try:
+        results = asyncio.run(race())
+    finally:
+        asyncio.run(pipeline.close())
+    assert [type(r).__name__ for r in results if not isinstance(r, tuple)] == []
+    assert all(r[0].shape == results[0][0].shape for r in results)

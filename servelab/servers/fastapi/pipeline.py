@@ -189,8 +189,11 @@ class Pipeline:
         """A new pool for one whose worker died (only the first request to notice replaces it)."""
         if broken is self._pool:
             log.error("a preprocessing worker process died; starting a new pool of %d", self.workers)
+            # Not cancel_futures: a cancelled future is a CancelledError in the request awaiting it, which
+            # this retry cannot tell from the client going away. Left alone, the old pool's manager thread
+            # fails every pending request with BrokenProcessPool, and each runs again on the new pool.
+            broken.shutdown(wait=False)
             self._pool = self._new_pool()
-            broken.shutdown(wait=False, cancel_futures=True)
             if self.metrics is not None:
                 self.metrics.preprocess_pool_restarts.inc()
         return self._pool
