@@ -7,8 +7,7 @@ Public API (details in each module's docstring):
 * ``FastAPITarget(url, image, batch=1)``, ``TritonTarget(url, model, image, protocol, input, batch)``
   (targets.py)
 * ``run_bench(target, load, *, stage, config=None, server_pid=None, monitor_interval_s=0.5,
-  timeout_s=30, stand_in=None, out=None) -> Record``; ``await run_bench_async(...)``;
-  ``sweep(target, loads, **same) -> list[Record]`` (loadgen.py)
+  timeout_s=30, stand_in=None, out=None) -> Record``; ``await run_bench_async(...)`` (loadgen.py)
 * ``Record`` (one JSON line: ``record.to_json()``), ``append_record(path, record)``,
   ``read_records(paths)`` (records.py)
 * ``perf_analyzer.write_input_data(...)``, ``perf_analyzer.run_perf_analyzer(...)``,

@@ -26,9 +26,9 @@ from pydantic import BaseModel, Field
 
 from servelab.core.hardware import gpu_count, stack
 from servelab.core.inference import onnx_session
+from servelab.core.tables import markdown, num
 from servelab.core.variants.build import machine, variant_path
 from servelab.servers.fastapi.runtimes import CPU, CUDA, GPU_PROVIDERS
-from servelab.core.tables import markdown, num
 
 BATCHES = (1, 8, 16, 32, 64, 128)
 # precision -> the variant measured for it (servelab.core.variants.build)

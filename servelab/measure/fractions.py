@@ -33,10 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.measure.ceiling import Ceiling
-from servelab.measure.records import Record
 from servelab.core.catalogue import STAGES, compared
 from servelab.core.tables import markdown, num
+from servelab.measure.ceiling import Ceiling
+from servelab.measure.records import Record
 
 # The lessons whose ratios the ceiling is about -> what the ratio says.
 RATIO_LESSONS = {"batching": "dynamic batching ÷ no batching", "instances": "two instances per GPU ÷ one instance"}

@@ -4,10 +4,10 @@ Library use (``servelab lab`` and notebooks)::
 
     from servelab.measure.targets import FastAPITarget
     from servelab.measure.records import Load
-    from servelab.measure.loadgen import run_bench, sweep
+    from servelab.measure.loadgen import run_bench, overload
     target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
     record = run_bench(target, Load.sequential(100), stage="fastapi-pt")
-    records = sweep(target, [Load.closed(c, requests=500) for c in (1, 2, 4, 8, 16)], stage="fastapi-pt")
+    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10), stage="fastapi-pt") for c in (1, 2, 4, 8, 16)]
     record = run_bench(target, Load.open(120, "poisson", requests=1200), stage="fastapi-pt", out=path)
     record = overload(target, capacity_rps=records[-1].stats.throughput_rps, stage="fastapi-pt")  # 1.5x, 10 s
 
@@ -63,7 +63,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -74,12 +74,37 @@ import psutil
 
 from servelab.core.procs import die_with_parent
 from servelab.measure.monitor import Monitor
-from servelab.measure.records import (Breakdown, CacheStats, ClientCeiling, ClientSide, Load, PerRequest, Record,
-                                      Rollout, Timeline, append_record, machine_info)
+from servelab.measure.records import (
+    Breakdown,
+    CacheStats,
+    ClientCeiling,
+    ClientSide,
+    Load,
+    PerRequest,
+    Record,
+    Rollout,
+    Timeline,
+    append_record,
+    machine_info,
+)
 from servelab.measure.schedule import send_times, window_s
-from servelab.measure.senders import (CEILING_CONCURRENCY, CEILING_SECONDS, CEILING_WARMUP_S, bound_reason, cached_ceiling, ceiling_key,
-                                      default_max_processes, keep_ceiling, little_rate, noop_server,
-                                      noop_server_processes, now, plan_processes, planned_rate, pool)
+from servelab.measure.senders import (
+    CEILING_CONCURRENCY,
+    CEILING_SECONDS,
+    CEILING_WARMUP_S,
+    bound_reason,
+    cached_ceiling,
+    ceiling_key,
+    default_max_processes,
+    keep_ceiling,
+    little_rate,
+    noop_server,
+    noop_server_processes,
+    now,
+    plan_processes,
+    planned_rate,
+    pool,
+)
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
 from servelab.measure.targets import Client, FastAPITarget, Outcome, Target, noop_twin, request_body_bytes
@@ -885,11 +910,6 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
 def run_bench(target: Target, load: Load, **kwargs: Any) -> Record:
     """``run_bench_async`` in a fresh event loop (not from inside a running loop)."""
     return asyncio.run(run_bench_async(target, load, **kwargs))
-
-
-def sweep(target: Target, loads: Iterable[Load], **kwargs: Any) -> list[Record]:
-    """One run per load, in order (e.g. concurrency 1, 2, 4, 8, 16), each with its own connections."""
-    return [run_bench(target, load, **kwargs) for load in loads]
 
 
 def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOAD_MULTIPLE, arrivals: str = "poisson",

@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from servelab.core.artifacts import Manifest
-from servelab.measure.records import Load, Record
-from servelab.measure.loadgen import run_bench
-from servelab.measure.fractions import CAPACITY, WINDOWS, curve_point
-from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
-from servelab.measure.targets import Target
+from servelab.core.catalogue import PT, Stage
 from servelab.core.hardware import options_in_force, runs_on_fastapi
 from servelab.core.procs import DIRECT
-from servelab.core.catalogue import PT, Stage
+from servelab.measure.fractions import CAPACITY, WINDOWS, curve_point
+from servelab.measure.loadgen import run_bench
+from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
+from servelab.measure.records import Load, Record
+from servelab.measure.targets import Target
 
 # Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
 ONNX_STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"

@@ -31,12 +31,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from servelab.measure.monitor import Monitor
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
+from servelab.measure.monitor import Monitor
 from servelab.measure.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
 from servelab.measure.targets import TritonTarget, model_input_tensor
-from servelab.servers.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
 from servelab.measure.triton_stats import stats_delta
+from servelab.servers.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
 
 # perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
 _PARTS = {

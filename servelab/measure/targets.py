@@ -40,11 +40,11 @@ import yarl
 
 from servelab.core.artifacts import load_manifest
 from servelab.core.photos import all_photos, zipf_draws
-from servelab.measure.server_timing import ServerTiming, parse_server_timing
-from servelab.measure.triton_stats import cache_counts
 from servelab.core.preprocess import crop_pixels, preprocess
 from servelab.core.procs import DIRECT
 from servelab.core.wire import VERSION_HEADER
+from servelab.measure.server_timing import ServerTiming, parse_server_timing
+from servelab.measure.triton_stats import cache_counts
 from servelab.servers.triton import client as triton_io
 
 _JSON = {"content-type": "application/json"}

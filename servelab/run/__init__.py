@@ -1,1 +1,1 @@
-"""Orchestration: what starts servers and measures stages (the lab, the benchmark, the walkthrough)."""
+"""Orchestration: what starts servers (families: one adapter per family) and measures stages (the lab, the benchmark, the walkthrough)."""

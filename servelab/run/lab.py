@@ -52,33 +52,52 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
+from servelab.core.catalogue import (
+    CACHED,
+    CATALOGUE,
+    OVERLOADED,
+    ROLLED,
+    STAGES,
+    Stage,
+    bounded,
+    cached_name,
+    queue_bound,
+    with_cache,
+)
+from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.settings import get_settings
+from servelab.core.variants.build import build_variants, machine
 from servelab.measure.fractions import CAPACITY, senders
 from servelab.measure.fractions import capacity as capacity_of
-from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
-from servelab.measure.targets import PhotoMix
-from servelab.measure.records import Load, Record, append_record, machine_info
-from servelab.measure.perf_analyzer import Windows
-from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
-from servelab.run.lab_ray import RayRuns
-from servelab.run.reference import limit_here
 from servelab.measure.limit import LIMIT_FILE, Limit
-from servelab.measure.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
-from servelab.measure.measure_stage import (Labels, Sweep, family_stand_in, measure_stage, model_stand_in,
-                                            perf_analyzer_client, servelab_client, stand_in_note, sweep_capacity,
-                                            windowed)
-from servelab.core.variants.build import build_variants, machine
+from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
+from servelab.measure.measure_stage import (
+    Labels,
+    Sweep,
+    family_stand_in,
+    measure_stage,
+    model_stand_in,
+    perf_analyzer_client,
+    servelab_client,
+    stand_in_note,
+    sweep_capacity,
+    windowed,
+)
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
-from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.measure.perf_analyzer import Windows
+from servelab.measure.records import Load, Record, append_record, machine_info
+from servelab.measure.targets import PhotoMix
+from servelab.report import compare
+from servelab.report.lessons import summary
+from servelab.report.render import render_report, summary_table
+from servelab.run.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
+from servelab.run.lab_ray import RayRuns
+from servelab.run.reference import limit_here
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 from servelab.servers.rayserve.cluster import ray_binary
-from servelab.report import compare
-from servelab.report.render import render_report, summary_table
-from servelab.report.lessons import summary
-from servelab.core.settings import get_settings
-from servelab.core.catalogue import (CACHED, CATALOGUE, OVERLOADED, ROLLED, STAGES, Stage, bounded, cached_name,
-                                     queue_bound, with_cache)
-from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 
 RESULTS = REPO_ROOT / "results"
 

@@ -1,6 +1,6 @@
 """The Ray Serve stages' own runs in ``servelab lab``, beside the loads every stage gets.
 
-The lab measures each Ray stage as it measures the others, through ``servelab.measure.families.RayFamily``
+The lab measures each Ray stage as it measures the others, through ``servelab.run.families.RayFamily``
 (one local cluster, a head and one worker node; each stage deployed by ``servelab ray deploy``, the
 command the lab node's notebook runs), with its replicas' placement by Ray node id in each record's
 config. Then:
@@ -24,10 +24,10 @@ from typing import Any, Protocol
 
 from servelab.core.artifacts import Manifest
 from servelab.core.catalogue import Stage
-from servelab.measure.families import RayFamily
 from servelab.measure.measure_stage import Labels, measure_stage, servelab_client
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import Target
+from servelab.run.families import RayFamily
 from servelab.servers.rayserve.serve_state import ReplicaSampler
 
 FAILURE_TIMEOUT_S = 5.0  # per request in the node-failure run

@@ -27,9 +27,16 @@ from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
-from servelab.measure.families import FastAPIFamily
-from servelab.measure.limit import (Limit, closed_window, cpu_since, limit_markdown, machine_limit, serve_simple_app,
-                                    tree_cpu_s)
+from servelab.measure.limit import (
+    Limit,
+    closed_window,
+    cpu_since,
+    limit_markdown,
+    machine_limit,
+    serve_simple_app,
+    tree_cpu_s,
+)
+from servelab.run.families import FastAPIFamily
 
 __all__ = ["FP32_STAGE", "benchmark_limit", "closed_window", "limit_here"]  # closed_window: side_by_side's too
 

@@ -62,19 +62,26 @@ from time import perf_counter, process_time
 import numpy as np
 from PIL import Image
 
-from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import read_records
-from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.core.catalogue import CATALOGUE, NO_BATCHING, of_family
 from servelab.core.hardware import cpu_int8
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
-from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, decode_base64, preprocess
+from servelab.core.preprocess import (
+    DEFAULT_CROP,
+    DEFAULT_RESIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    decode_base64,
+    preprocess,
+)
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
+from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.measure.records import read_records
+from servelab.measure.targets import FastAPITarget
+from servelab.run.families import serve_fastapi
 from servelab.run.reference import FP32_STAGE, benchmark_limit, closed_window
 from servelab.run.side_by_side_ray import benchmark_ray
-from servelab.core.catalogue import CATALOGUE, NO_BATCHING, of_family
-from servelab.measure.families import serve_fastapi
 
 # The FastAPI stages as the lab's first notebook serves them (one request per inference) -> backend.
 STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if s.fastapi.env == NO_BATCHING}

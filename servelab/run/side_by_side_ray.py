@@ -18,13 +18,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load, Record
-from servelab.measure.measure_stage import Labels, measure_stage
-from servelab.core.paths import DEFAULT_IMAGE
-from servelab.measure.families import RayFamily, serve_fastapi
-from servelab.core.settings import get_settings
 from servelab.core.catalogue import of_family
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.settings import get_settings
+from servelab.measure.measure_stage import Labels, measure_stage
+from servelab.measure.records import Load, Record
+from servelab.measure.targets import FastAPITarget
+from servelab.run.families import RayFamily, serve_fastapi
 
 # Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
 RAY_STAGE = next(s for s in of_family("ray").values() if s.ray.batching)

@@ -1,4 +1,4 @@
-"""servelab.measure.families: the FastAPI adapter as the lab and the benchmark use it, on real
+"""servelab.run.families: the FastAPI adapter as the lab and the benchmark use it, on real
 ``servelab serve`` processes (the Triton and Ray adapters run in the lab's own tests, tests/e2e/test_lab.py)."""
 
 from contextlib import ExitStack
@@ -7,9 +7,9 @@ import psutil
 
 from servelab.core.catalogue import of_family
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.measure.families import FastAPIFamily, serve_fastapi
 from servelab.measure.measure_stage import Labels, measure_stage
 from servelab.measure.records import Load
+from servelab.run.families import FastAPIFamily, serve_fastapi
 
 FASTAPI = of_family("fastapi")
 

@@ -8,13 +8,25 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from servelab.measure import fractions
-from servelab.measure.families import TritonFamily
-from servelab.core.variants.build import VARIANTS
+from servelab.core.catalogue import (
+    CATALOGUE,
+    MODELS,
+    OVERLOADED,
+    QUEUE_BOUND,
+    QUEUE_WAIT_US,
+    ROLLED,
+    STAGES,
+    bounded,
+    compared,
+    default_stage,
+    of_family,
+    queue_bound,
+)
 from servelab.core.paths import MODELS_STAGING
+from servelab.core.variants.build import VARIANTS
+from servelab.measure import fractions
 from servelab.report import lessons
-from servelab.core.catalogue import (CATALOGUE, MODELS, OVERLOADED, QUEUE_BOUND, QUEUE_WAIT_US, ROLLED, STAGES, bounded, compared, default_stage,
-                                     of_family, queue_bound)
+from servelab.run.families import TritonFamily
 from servelab.servers.triton.configs import base_config
 
 SERVELAB = Path(__file__).parents[2] / "servelab"

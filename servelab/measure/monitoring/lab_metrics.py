@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.measure.records import Record, ServerSeries
-from servelab.measure.monitoring.machine_exporter import MachineExporter
-from servelab.measure.monitoring.prometheus_server import LocalPrometheus
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
-from servelab.measure.monitoring.run_series import FAMILIES, Before, PromWatch
 from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
+from servelab.measure.monitoring.machine_exporter import MachineExporter
+from servelab.measure.monitoring.prometheus_server import LocalPrometheus
+from servelab.measure.monitoring.run_series import FAMILIES, Before, PromWatch
+from servelab.measure.records import Record, ServerSeries
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ of request rate, latency percentiles, queue versus compute time, batch size and 
 
 import math
 import time
-from string import Template
 from collections import defaultdict
 from dataclasses import dataclass
+from string import Template
 from typing import Any
 
-from servelab.measure.records import Record, ServerSeries
 from servelab.measure.monitoring.prometheus_server import PrometheusClient, PrometheusError
+from servelab.measure.records import Record, ServerSeries
 
 # Client and server agree when the counts are equal and the rates within this fraction.
 RATE_TOLERANCE = 0.05

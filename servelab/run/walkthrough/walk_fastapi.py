@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 import requests
 
 from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
-from servelab.measure.targets import FastAPITarget, PhotoMix, response_cache_counts
-from servelab.measure.records import Load, Record
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
+from servelab.measure.records import Load, Record
+from servelab.measure.targets import FastAPITarget, PhotoMix, response_cache_counts
 from servelab.report.precision import cpu_ms_per_request
 from servelab.report.render import summary_table
 from servelab.report.timelines import plot_timelines

@@ -15,21 +15,28 @@ from typing import Any, get_args
 import numpy as np
 
 from servelab.core.artifacts import load_manifest
+from servelab.core.catalogue import PT
+from servelab.core.procs import DIRECT
+from servelab.core.settings import get_settings
+from servelab.measure.measure_stage import (
+    Client,
+    Labels,
+    measure_stage_async,
+    model_stand_in,
+    perf_analyzer_client,
+    servelab_client,
+    stand_in_note,
+)
+from servelab.measure.perf_analyzer import write_input_data
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import TritonTarget, model_input_tensor
-from servelab.measure.perf_analyzer import write_input_data
-from servelab.servers.gourmetgram.services import DEFAULT_MODELS
-from servelab.measure.measure_stage import (Client, Labels, measure_stage_async, model_stand_in, perf_analyzer_client,
-                                            servelab_client, stand_in_note)
-from servelab.core.procs import DIRECT
 from servelab.report.render import summary_table
-from servelab.core.settings import get_settings
-from servelab.core.catalogue import PT
-from servelab.servers.triton.client import InputKind, tensor_inputs
-from servelab.servers.triton.server import model_config, server_address, switch_target
-from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
 from servelab.run.walkthrough.common import load_command, try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
+from servelab.servers.gourmetgram.services import DEFAULT_MODELS
+from servelab.servers.triton.client import InputKind, tensor_inputs
+from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
+from servelab.servers.triton.server import model_config, server_address, switch_target
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
 CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
