@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import inspect
 import socket
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 from unittest import mock
 

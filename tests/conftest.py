@@ -11,11 +11,11 @@ import pytest
 
 import tier_durations
 from checkout_guard import changes, fingerprint
+from lab_process import LAB
 from servelab.core.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
 from servelab.core.hardware import NO_GPU, gpu_count
-from servelab.core.variants.build import build_variants
 from servelab.core.settings import get_settings
-from lab_process import LAB
+from servelab.core.variants.build import build_variants
 from triton_repo import copy_sources
 
 ADMIN_TOKEN = secrets.token_urlsafe(24)  # the session's servers' ADMIN_TOKEN

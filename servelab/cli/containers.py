@@ -10,12 +10,12 @@ import argparse
 import shlex
 from pathlib import Path
 
+from servelab.core.settings import get_settings
 from servelab.tools.containers import compose_tool, standins
+from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
 from servelab.tools.containers.docker import Docker
 from servelab.tools.containers.engine import Engine, EngineState, stop_detached
-from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
 from servelab.tools.docker_versions import read_env_file
-from servelab.core.settings import get_settings
 
 
 def _cache() -> Path:

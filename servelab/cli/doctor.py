@@ -6,6 +6,7 @@ import json
 from servelab.tools.doctor.checks import CHECKS
 from servelab.tools.doctor.runner import Context, exit_code, run_checks
 
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "doctor", help="check this machine for the lab: GPUs, PyTorch and ONNX Runtime builds, Docker, Triton",

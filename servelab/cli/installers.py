@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-from servelab.core.installers import perf_analyzer_install as perf_analyzer, prometheus_install as prometheus
+from servelab.core.installers import perf_analyzer_install as perf_analyzer
+from servelab.core.installers import prometheus_install as prometheus
 from servelab.core.installers import redis_install as redis
 from servelab.core.installers.opt_tools import InstallError, cmd_check, cmd_install
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from servelab.run import lab
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.run import lab
 
 
 def register(subparsers) -> None:

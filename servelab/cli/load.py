@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
+from servelab.core.catalogue import PT
+from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure.loadgen import run_bench
 from servelab.measure.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget, Target, TritonTarget
-from servelab.core.paths import DEFAULT_IMAGE
 from servelab.report.render import summary_table
-from servelab.core.catalogue import PT
 from servelab.servers.triton.client import InputKind, input_kind
 
 

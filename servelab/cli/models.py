@@ -4,9 +4,9 @@
 from pathlib import Path
 
 from servelab.core.artifacts import ModelSource, build_artifacts, load_manifest
-from servelab.core.variants.timings import table
-from servelab.core.variants.build import VARIANTS, build_variants, variant_path
 from servelab.core.settings import get_settings
+from servelab.core.variants.build import VARIANTS, build_variants, variant_path
+from servelab.core.variants.timings import table
 
 
 def register(subparsers) -> None:

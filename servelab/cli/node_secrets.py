@@ -2,8 +2,8 @@
 
 import argparse
 
-from servelab.tools.containers.node_secrets import FILES, SECRETS_DIR, write
 from servelab.core.paths import REPO_ROOT
+from servelab.tools.containers.node_secrets import FILES, SECRETS_DIR, write
 
 
 def register(subparsers) -> None:

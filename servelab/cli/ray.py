@@ -4,14 +4,21 @@ import json
 import os
 from typing import Any
 
-from servelab.core.paths import REPO_ROOT
-from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import (STATE_FILE, deploy_stage, load_state, roll_out, save_state, status,
-                                               stop_saved)
-from servelab.servers.rayserve.options import STAGES
-from servelab.core.settings import get_settings
 from servelab.core.catalogue import default_stage
+from servelab.core.paths import REPO_ROOT
+from servelab.core.settings import get_settings
 from servelab.core.variants.build import VARIANTS
+from servelab.servers.rayserve.cluster import LocalCluster
+from servelab.servers.rayserve.control import (
+    STATE_FILE,
+    deploy_stage,
+    load_state,
+    roll_out,
+    save_state,
+    status,
+    stop_saved,
+)
+from servelab.servers.rayserve.options import STAGES
 
 
 def _address(args) -> str:

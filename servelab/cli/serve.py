@@ -7,8 +7,8 @@ import argparse
 from functools import partial
 
 from servelab.cli.serve_flask import register_flask
-from servelab.core.settings import get_settings
 from servelab.core.catalogue import SERVICES
+from servelab.core.settings import get_settings
 
 RUNTIMES = {"pytorch": "PyTorch", "onnx": "ONNX Runtime"}
 

@@ -10,9 +10,10 @@
 import json
 from urllib.parse import urlsplit
 
-from servelab.core.settings import get_settings
 from servelab.core.catalogue import default_stage
-from servelab.servers.triton import server, configs as stages
+from servelab.core.settings import get_settings
+from servelab.servers.triton import configs as stages
+from servelab.servers.triton import server
 
 
 def register(subparsers) -> None:

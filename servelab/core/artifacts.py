@@ -25,12 +25,12 @@ from typing import Literal
 from pydantic import BaseModel
 
 from servelab import __version__
+from servelab.core.catalogue import MODELS
 from servelab.core.fetch import FetchError, fetch, git_blob_sha1, sha256_file
 from servelab.core.labels import CLASSES
 from servelab.core.models import build_model
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD, preprocess
-from servelab.core.catalogue import MODELS
 
 LAB_MODEL_URL = (
     "https://raw.githubusercontent.com/teaching-on-testbeds/gourmetgram/"

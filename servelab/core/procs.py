@@ -18,7 +18,6 @@ from functools import partial
 from pathlib import Path
 from typing import Self
 
-
 _PR_SET_PDEATHSIG = 1
 try:  # looked up once here: between fork and exec the child may only make the C call
     _prctl = ctypes.CDLL(None, use_errno=True).prctl

@@ -16,7 +16,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from servelab.core.paths import REPO_ROOT
 from servelab.core.preprocess import DEFAULT_MAX_PIXELS
 
-
 OnnxVariant = Literal["fp32", "u8", "int8", "int8dyn", "fp16"]
 
 

@@ -9,8 +9,8 @@ percentiles are shown, not flagged, because a few hundred requests make them noi
 from dataclasses import dataclass
 
 from servelab.core import tables
-from servelab.measure.records import Record
 from servelab.core.tables import num
+from servelab.measure.records import Record
 
 TOLERANCE = 0.10  # flag a ratio outside 0.9-1.1
 

@@ -24,15 +24,15 @@ open-loop lessons use the stage's capacity (``fractions.capacity``) as the lab d
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, compared
+from servelab.core.hardware import int8_compute
+from servelab.core.settings import get_settings
+from servelab.core.tables import num
+from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.measure.fractions import capacity, capacity_ratio, client_bound_note, closed_run, ratio_runs, where
 from servelab.measure.loadgen import CACHE_RUN, OVERLOAD, ROLLOUT
 from servelab.measure.records import Record
-from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.report import compare
-from servelab.core.settings import get_settings
-from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, compared
-from servelab.core.hardware import int8_compute
-from servelab.core.tables import num
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
 ROLLOUT_SWITCH_AIM_S = 1.0  # from the new version ready to its first answer in the records (issue 35's aim)

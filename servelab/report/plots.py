@@ -17,9 +17,9 @@ tables (``report-tables.md``).
 from collections import defaultdict
 from pathlib import Path
 
+from servelab.core.catalogue import CATALOGUE
 from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
-from servelab.core.catalogue import CATALOGUE
 
 FAMILIES = (("fastapi", "FastAPI"), ("triton", "Triton"), ("ray", "Ray Serve"), ("", "other stages"))
 # Twelve colours told apart at a glance; a family has at most eleven stages.

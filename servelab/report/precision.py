@@ -13,9 +13,9 @@ where it is there.
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.core.variants.build import RECORD_FILE, load_variants, variant_path
 from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
-from servelab.core.variants.build import RECORD_FILE, load_variants, variant_path
 
 BASELINE = "fp32"
 

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from servelab.core import tables
+from servelab.core.hardware import describe, int8_compute
+from servelab.core.settings import get_settings
+from servelab.core.tables import num
 from servelab.measure.fractions import CAPACITY, CLIENT_BOUND, capacity, client_bound_note, swept
 from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
-from servelab.core.hardware import describe, int8_compute
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
-from servelab.core.settings import get_settings
-from servelab.core.tables import num
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")

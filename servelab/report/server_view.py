@@ -5,9 +5,10 @@ must agree within 5 % where the run is long enough to compare), and one figure o
 series, every run end to end, with the client's own throughput and median drawn over each run.
 """
 
-from servelab.measure.records import Record
+from servelab.core.tables import markdown as markdown_table
+from servelab.core.tables import num
 from servelab.measure.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
-from servelab.core.tables import markdown as markdown_table, num
+from servelab.measure.records import Record
 
 COLUMNS = ("stage", "tool", "load", "requests client", "requests server", "counts", "req/s client", "req/s server",
            "server span s", "ratio", "rates")

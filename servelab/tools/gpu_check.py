@@ -33,17 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.measure.ceiling import BATCHES, Ceiling, ceiling_markdown, measure_ceiling
-from servelab.measure.fractions import closed_run, fractions_markdown, ratios
-from servelab.measure.records import Record, read_records
 from servelab.core.hardware import NO_GPU, describe, gpu_count, stack
-from servelab.run.lab import LAB_STAGES, RUN_FILE, preflight
+from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import ServerProcess, log_tail
 from servelab.core.settings import get_settings
-from servelab.run.side_by_side import stage_inputs
 from servelab.core.tables import markdown, num
-from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
+from servelab.measure.ceiling import BATCHES, Ceiling, ceiling_markdown, measure_ceiling
+from servelab.measure.fractions import closed_run, fractions_markdown, ratios
+from servelab.measure.records import Record, read_records
+from servelab.run.lab import LAB_STAGES, RUN_FILE, preflight
+from servelab.run.side_by_side import stage_inputs
 
 DOCS = REPO_ROOT / "docs" / "gpu"
 GPU_TESTS = "tests/integration/test_gpu.py"

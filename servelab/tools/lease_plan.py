@@ -32,11 +32,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from servelab.core.catalogue import CACHED, OVERLOADED, STAGES, bounded, cached_name
+from servelab.core.paths import DATA_DIR, REPO_ROOT
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S, Windows
 from servelab.measure.records import Load
-from servelab.core.catalogue import CACHED, OVERLOADED, STAGES, bounded, cached_name
-from servelab.core.paths import DATA_DIR, REPO_ROOT
 
 RATES_FILE = DATA_DIR / "node_rates.toml"  # per stage: requests/s on the lab node, alone and busy, with sources
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servelab.core import original_lab
-from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.catalogue import CATALOGUE, of_family
+from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
 # backquote or ``<`` in it: the markers quoted in inline code are no part).
@@ -116,8 +116,8 @@ def triton_models() -> str:
     """Each model of the repository: which backend runs it on the node, and which locally."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.servers.triton.server import ALL_MODELS
     from servelab.servers.triton.configs import STAGES, base_config, effective_config
+    from servelab.servers.triton.server import ALL_MODELS
 
     def runner(config) -> str:
         if config.HasField("ensemble_scheduling"):  # an ensemble: Triton schedules its steps
@@ -143,8 +143,8 @@ def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the default `make lab` (the tour) measures, and the
     node's stages both leave out."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.run.lab import LAB_STAGES
     from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
+    from servelab.run.lab import LAB_STAGES
 
     notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}

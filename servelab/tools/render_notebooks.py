@@ -20,8 +20,8 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from servelab.tools.notebook_blocks import expand
 from servelab.core.paths import REPO_ROOT
+from servelab.tools.notebook_blocks import expand
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 

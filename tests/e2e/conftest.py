@@ -29,7 +29,6 @@ from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from triton_repo import make_repository
 
 
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any("quick_lab" in getattr(item, "fixturenames", ()) for item in session.items):
         session.config.stash[LAB] = BackgroundLab(Path(tempfile.mkdtemp(prefix="servelab-quick-lab-")))

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from servelab.cli import main
-from servelab.core.variants.build import machine
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import cpu_count
+from servelab.core.variants.build import machine
 from servelab.measure.limit import Limit, machine_limit
 from servelab.run import lab, reference
 from servelab.run.reference import device_here

@@ -24,19 +24,19 @@ import requests
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from servelab.tools.containers import compose_tool, standins
-from servelab.tools.containers.docker import Docker
-from servelab.tools.containers.engine import Engine
-from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
-from servelab.tools.docker_versions import read_env_file
 from servelab.core.inference import OnnxClassifier
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import preprocess
 from servelab.core.settings import get_settings
 from servelab.servers.triton import client as triton_client
-from servelab.servers.triton.server import apply_stage
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
+from servelab.servers.triton.server import apply_stage
+from servelab.tools.containers import compose_tool, standins
+from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
+from servelab.tools.containers.docker import Docker
+from servelab.tools.containers.engine import Engine
+from servelab.tools.docker_versions import read_env_file
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(2400)]
 

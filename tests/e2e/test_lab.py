@@ -13,16 +13,17 @@ import psutil
 import pytest
 
 from lab_process import LAB_TIMEOUT_S, lab_process
-from servelab.measure.records import read_records
+from servelab.core.catalogue import CACHED, OVERLOADED, QUEUE_BOUND, QUEUE_WAIT_US, ROLLED, bounded, cached_name
+from servelab.core.catalogue import STAGES as STAGES_BY_NAME
 from servelab.core.hardware import stack
 from servelab.measure.ceiling import measure_ceiling
 from servelab.measure.fractions import capacity, where
 from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
-from servelab.core.catalogue import (CACHED, OVERLOADED, QUEUE_BOUND, QUEUE_WAIT_US, ROLLED, STAGES as STAGES_BY_NAME,
-                                     bounded, cached_name)
-from servelab.run.lab import LAB_STAGES as STAGES, LabRun, Plan, preflight
-from servelab.tools.gpu_check import record_markdown
+from servelab.measure.records import read_records
+from servelab.run.lab import LAB_STAGES as STAGES
+from servelab.run.lab import LabRun, Plan, preflight
 from servelab.servers.triton.configs import gpu_count
+from servelab.tools.gpu_check import record_markdown
 
 RUN = [s for s in STAGES if not s.needs_gpu or gpu_count()]  # the fp16 stages need a GPU
 TRITON = {s.name for s in RUN if s.family == "triton"}

@@ -30,19 +30,19 @@ from pydantic import ValidationError
 
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
-from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, with_cache
 from servelab.core.installers.redis_install import RedisNotFound, locate
 from servelab.core.labels import CLASSES
-from servelab.servers.fastapi.admin import reload
-from servelab.servers.fastapi.cache import LocalRedis
-from tools import located_or_skipped
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import Settings
+from servelab.run.walkthrough.walk_triton import TritonWalkthrough, batch_count_change
+from servelab.servers.fastapi.admin import reload
+from servelab.servers.fastapi.cache import LocalRedis
 from servelab.servers.triton import server as triton_server
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
-from servelab.run.walkthrough.walk_triton import TritonWalkthrough, batch_count_change
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
+from tools import located_or_skipped
 
 TRITON_NOTEBOOKS = ["6_triton_python", "7_triton_onnx", "8_triton_more"]
 STAGE_NOTEBOOKS = ["3_fastapi_setup", "4_fastapi", "5_triton_setup", *TRITON_NOTEBOOKS, "10_ray"]

@@ -122,8 +122,8 @@ def test_ray_notebook_measures_the_stages_it_is_given(onnx_service: str, tmp_pat
 
 
 def test_a_stage_that_is_not_deployed_fails_in_time(onnx_service: str, tmp_path: Path) -> None:
-    from servelab.run.walkthrough.walk_ray import RayWalkthrough
     from servelab.core.paths import DEFAULT_IMAGE
+    from servelab.run.walkthrough.walk_ray import RayWalkthrough
 
     with stage_front(onnx_service, "ray-1") as url:
         lab = RayWalkthrough(url, DEFAULT_IMAGE, tmp_path / "records.jsonl", wait_s=0.5, stages=["ray-2"])

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tinyserver import running
 
 from servelab.measure.records import read_records
+from tinyserver import running
 
 
 def servelab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

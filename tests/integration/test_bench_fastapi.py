@@ -4,12 +4,12 @@ queue and service time, and the batch sizes its dynamic batcher formed."""
 from collections.abc import Iterator
 
 import pytest
-from fastapi_service import running
 
-from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load
-from servelab.measure.loadgen import run_bench
+from fastapi_service import running
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.measure.loadgen import run_bench
+from servelab.measure.records import Load
+from servelab.measure.targets import FastAPITarget
 
 PHOTO = DEFAULT_IMAGE.read_bytes()
 

@@ -20,14 +20,14 @@ import time
 import urllib.request
 
 import pytest
-from tinyserver import running
 
-from servelab.measure.targets import FastAPITarget, TritonTarget, request_body_bytes
-from servelab.measure.records import Load, read_records
+from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure import loadgen, senders
 from servelab.measure.loadgen import measure_ceiling, run_bench, run_load
+from servelab.measure.records import Load, read_records
 from servelab.measure.senders import CEILING_FILE
-from servelab.core.paths import DEFAULT_IMAGE
+from servelab.measure.targets import FastAPITarget, TritonTarget, request_body_bytes
+from tinyserver import running
 
 S_MS = 40.0  # the tiny server's service time: long enough that loopback HTTP overhead is small
 PHOTO = DEFAULT_IMAGE.read_bytes()

@@ -6,9 +6,9 @@ import time
 
 import psutil
 import pytest
-from tinyserver import running
 
 from servelab.measure.monitor import Monitor
+from tinyserver import running
 
 BUSY = "import time\nend = time.perf_counter() + 0.4\nwhile time.perf_counter() < end: pass"
 

@@ -5,10 +5,10 @@ and Triton's statistics diffed across each run (queue vs compute, the batch size
 import pytest
 
 from servelab.core.catalogue import get_stage
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.measure.loadgen import run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import TritonTarget
-from servelab.measure.loadgen import run_bench
-from servelab.core.paths import DEFAULT_IMAGE
 from servelab.servers.triton import server
 
 PHOTO = DEFAULT_IMAGE.read_bytes()

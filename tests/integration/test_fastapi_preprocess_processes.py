@@ -11,17 +11,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_fastapi_services import CASES
 
+from fastapi_onnx.app import load
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, serving
 from photos import coffee, variants
 from servelab.core.photos import evaluation_set
 from servelab.core.postprocess import top1
 from servelab.core.procs import cpu_count, session_members, wait_until
-from fastapi_onnx.app import load
-from servelab.servers.fastapi.runtimes import preprocess_workers
-from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.core.settings import get_settings
-from test_fastapi_services import CASES
+from servelab.servers.fastapi.pipeline import Pipeline
+from servelab.servers.fastapi.runtimes import preprocess_workers
 
 # Real photographs (Debian's, see servelab.core.photos) and the awkward encodings of the bundled one.
 PHOTOS = {p.file: p.read_bytes() for p in evaluation_set()[:40]} | variants()

@@ -13,20 +13,20 @@ import httpx
 import numpy as np
 import pytest
 
+from fastapi_onnx.app import load
 from fastapi_service import b64, running
 from model_batches import infer_in_batches
-from servelab.measure.monitor import Monitor
+from servelab.core.catalogue import compared
 from servelab.core.hardware import gpu_count, stack
 from servelab.core.inference import OnnxClassifier, TorchClassifier
 from servelab.core.paths import REPO_ROOT
 from servelab.core.photos import evaluation_set, pixels
 from servelab.core.preprocess import preprocess
 from servelab.core.procs import ServerProcess, cpu_count, free_port
-from fastapi_onnx.app import load
-from servelab.core.variants.build import PRECISION
-from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT, max_infer_batch
 from servelab.core.settings import Settings, get_settings
-from servelab.core.catalogue import compared
+from servelab.core.variants.build import PRECISION
+from servelab.measure.monitor import Monitor
+from servelab.servers.fastapi.runtimes import CPU, CUDA, TENSORRT, max_infer_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -159,8 +159,8 @@ def test_servelab_serve_fastapi_onnx_finds_cuda_without_torch_and_runs_with_heur
 
 @pytest.mark.parametrize("stage", [top for top, _ in compared("instances")])
 def test_triton_kind_gpu_instances_are_on_gpu_device_ids(stage, artifacts, tmp_path):
-    from servelab.servers.triton.server import model_config, start_local
     from servelab.servers.triton.configs import STAGES
+    from servelab.servers.triton.server import model_config, start_local
 
     log = tmp_path / "tritonserver.log"
     with start_local(STAGES[stage], kind="gpu", repository=get_settings().triton_model_repository, log=log) as server:

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from servelab.core.hardware import NO_GPU, NoGpu, environment_gaps, gpu_count, instances_say, resolve, runs_on_fastapi, runs_on_triton, stage_env
+from servelab.core.hardware import (
+    NO_GPU,
+    NoGpu,
+    environment_gaps,
+    gpu_count,
+    instances_say,
+    resolve,
+    runs_on_fastapi,
+    runs_on_triton,
+    stage_env,
+)
 from servelab.tools.gpu_check import PytestOutcome, checkout_commit, record_markdown, run_tests, run_within, slug
 
 REPO = Path(__file__).resolve().parents[2]

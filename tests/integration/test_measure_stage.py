@@ -4,19 +4,29 @@ lab and the notebooks' walkthrough measuring the same stage through it."""
 import asyncio
 
 import pytest
-from tinyserver import running
 
 from servelab.core.artifacts import load_manifest
-from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load, read_records
-from servelab.run.lab import Lab, Plan
-from servelab.measure.fractions import CAPACITY, WINDOWS, capacity, curve, curve_point
-from servelab.measure.measure_stage import (ONNX_STAND_IN, Labels, Sweep, family_stand_in, measure_stage, model_stand_in,
-                                            servelab_client, stand_in_note, sweep_capacity, windowed)
-from servelab.measure.perf_analyzer import Windows
-from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.catalogue import STAGES
+from servelab.core.paths import DEFAULT_IMAGE
+from servelab.measure.fractions import CAPACITY, WINDOWS, capacity, curve, curve_point
+from servelab.measure.measure_stage import (
+    ONNX_STAND_IN,
+    Labels,
+    Sweep,
+    family_stand_in,
+    measure_stage,
+    model_stand_in,
+    servelab_client,
+    stand_in_note,
+    sweep_capacity,
+    windowed,
+)
+from servelab.measure.perf_analyzer import Windows
+from servelab.measure.records import Load, read_records
+from servelab.measure.targets import FastAPITarget
+from servelab.run.lab import Lab, Plan
 from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service
+from tinyserver import running
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,16 @@ from contextlib import contextmanager
 import numpy as np
 import onnxruntime
 import pytest
+
+from fastapi_onnx.app import load
 from fastapi_service import APPS, b64, predict, running
 from photos import variants
-
-from servelab.core.variants.build import PRECISION, variant_path
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.postprocess import top1
 from servelab.core.procs import free_port
-from fastapi_onnx.app import load
-from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.core.settings import get_settings
+from servelab.core.variants.build import PRECISION, variant_path
+from servelab.servers.fastapi.pipeline import Pipeline
 
 PHOTOS = variants()
 CPU_ONLY = not any(p in onnxruntime.get_available_providers() for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider"))
@@ -116,7 +116,7 @@ def test_fp16_refuses_the_cpu_unless_allowed_for_a_correctness_check(artifacts):
 def test_the_setting_names_every_variant():
     from typing import get_args
 
-    from servelab.core.variants.build import VARIANTS
     from servelab.core.settings import ServeSettings
+    from servelab.core.variants.build import VARIANTS
 
     assert get_args(ServeSettings.model_fields["onnx_variant"].annotation) == tuple(VARIANTS)

@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 from fastapi_service import metric_samples, predict, predict_concurrently, running
+from servelab.core.catalogue import bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import ServeSettings
 from servelab.measure.loadgen import overload, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.triton import server
-from servelab.core.catalogue import bounded
 from servelab.servers.triton.configs import get_stage
 from triton_repo import make_repository
 

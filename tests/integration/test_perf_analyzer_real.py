@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from servelab.core.catalogue import get_stage
-from servelab.measure.records import Load, read_records
-from servelab.measure.targets import TritonTarget
-from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, install_dir, locate
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
+from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
+from servelab.measure.records import Load, read_records
+from servelab.measure.targets import TritonTarget
 from servelab.servers.triton import server
 from tools import located_or_skipped
 

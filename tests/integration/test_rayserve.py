@@ -16,21 +16,21 @@ from collections import Counter
 
 import httpx
 import pytest
+from test_fastapi_services import CASES
+from test_rollout import assert_switched_once
 
 from fastapi_service import b64, predict_concurrently
 from photos import variants
-from servelab.measure.targets import FastAPITarget
-from servelab.measure.records import Load
-from servelab.measure.loadgen import rollout, run_bench
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import free_port, session_members
 from servelab.core.variants.build import VARIANTS
+from servelab.measure.loadgen import rollout, run_bench
+from servelab.measure.records import Load
+from servelab.measure.targets import FastAPITarget
 from servelab.servers.fastapi.runtimes import model_version
 from servelab.servers.rayserve.cluster import LocalCluster
 from servelab.servers.rayserve.control import deploy_in_child, roll_out_in_child
 from servelab.servers.rayserve.serve_state import ReplicaSampler, replica_rows, serve_details
-from test_fastapi_services import CASES
-from test_rollout import assert_switched_once
 
 pytestmark = pytest.mark.slow  # a two-node Ray cluster started for the module, a stage deployed per test
 PHOTO = DEFAULT_IMAGE.read_bytes()
@@ -202,8 +202,8 @@ def test_a_failed_deploy_raises_with_the_childs_own_words(ray_cluster, tmp_path)
 def test_replicas_ask_for_a_gpu_of_their_own_only_where_told():
     """Without `num_gpus` Ray leaves CUDA_VISIBLE_DEVICES unset and every replica of a GPU node would share
     its first GPU; the local lab (CPU nodes) must ask for none, or nothing could be placed."""
-    from servelab.servers.rayserve.options import STAGES, deployment_options
     from servelab.core.settings import RaySettings
+    from servelab.servers.rayserve.options import STAGES, deployment_options
 
     for stage in STAGES.values():
         assert deployment_options(stage, RaySettings(ray_replica_gpus=0))["ray_actor_options"] == {"num_cpus": 1}

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from fastapi_service import b64, running
-from tools import located_or_skipped
 from servelab.core.installers.redis_install import RedisNotFound, locate
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.photos import all_photos
@@ -25,6 +24,7 @@ from servelab.measure.loadgen import client_ceiling, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, PhotoMix, response_cache_counts
 from servelab.servers.fastapi.cache import HEADER, LocalRedis
+from tools import located_or_skipped
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from fastapi_service import b64, metric_samples, predict, predict_concurrently, running
-from servelab.servers.fastapi.pipeline import PROBE_RUNS
 from photos import variants
 from servelab.core.artifacts import load_manifest
 from servelab.core.hardware import instances_say
@@ -27,6 +26,7 @@ from servelab.core.inference import OnnxClassifier, batch_buckets
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import preprocess_batch
 from servelab.core.settings import get_settings
+from servelab.servers.fastapi.pipeline import PROBE_RUNS
 from servelab.servers.triton import client, server
 from servelab.servers.triton.configs import effective_config, get_stage, render
 from triton_repo import make_repository

@@ -23,17 +23,17 @@ from tritonclient.utils import InferenceServerException
 
 from photos import variants
 from servelab import cli
-from servelab.core.catalogue import get_stage
 from servelab.core.artifacts import load_manifest
+from servelab.core.catalogue import get_stage
 from servelab.core.inference import OnnxClassifier, TorchClassifier
+from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import Prediction, top1
 from servelab.core.preprocess import crop_pixels, preprocess_batch
-from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
+from servelab.run.walkthrough.walk_triton import TritonWalkthrough, running_stage
 from servelab.servers.triton import client, server
 from servelab.servers.triton.configs import STAGES
-from servelab.run.walkthrough.walk_triton import TritonWalkthrough, running_stage
 from triton_repo import make_repository
 
 PHOTOS = variants()

@@ -15,19 +15,19 @@ from PIL import Image
 
 from servelab.core import photos
 from servelab.core.artifacts import ArtifactPaths, load_manifest
+from servelab.core.settings import get_settings
 from servelab.core.variants.build import (
     RECORD_FILE,
     STAGED,
     VARIANTS,
-    reusable_record,
     build_variants,
     load_variants,
+    reusable_record,
     run_batches,
     session,
     variant_path,
 )
 from servelab.tools.photos_collect import FREE_LICENCES, largest_jpeg, readme_licence
-from servelab.core.settings import get_settings
 
 # The chosen INT8 format must keep fp32's top-1 class on at least this share of the evaluation
 # photos (measured: 98.6 % of 444 pictures from 111 photographs).

@@ -12,10 +12,16 @@ import numpy as np
 import pytest
 
 from servelab.core.artifacts import load_manifest
-from servelab.measure.records import Load
-from servelab.measure.perf_analyzer import Windows, input_data, perf_analyzer_command, records_from_csv, write_input_data
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.preprocess import crop_pixels, preprocess
+from servelab.measure.perf_analyzer import (
+    Windows,
+    input_data,
+    perf_analyzer_command,
+    records_from_csv,
+    write_input_data,
+)
+from servelab.measure.records import Load
 
 DATA = Path(__file__).parents[1] / "data"
 PHOTO = DEFAULT_IMAGE.read_bytes()

@@ -9,8 +9,16 @@ import pytest
 from servelab.measure import senders
 from servelab.measure.loadgen import OK, RawRun, _mix_share, merge_runs, share
 from servelab.measure.records import ClientCeiling, Load
-from servelab.measure.senders import (BOUND_FRACTION, HEADROOM, bound_reason, cached_ceiling, keep_ceiling,
-                                      little_rate, plan_processes, planned_rate)
+from servelab.measure.senders import (
+    BOUND_FRACTION,
+    HEADROOM,
+    bound_reason,
+    cached_ceiling,
+    keep_ceiling,
+    little_rate,
+    plan_processes,
+    planned_rate,
+)
 from servelab.measure.server_timing import TimingSums, parse_server_timing
 from servelab.measure.targets import FastAPITarget, PhotoMix
 

@@ -2,8 +2,16 @@
 the ratios, the aims, the lessons and the report's tables mark it, from records made with the lab's own classes."""
 
 from servelab.measure.ceiling import Ceiling, Point
-from servelab.measure.fractions import (CAPACITY, CLIENT_BOUND, MET, NOT_MEASURED, aims, client_bound_note,
-                                        fractions_markdown, ratios)
+from servelab.measure.fractions import (
+    CAPACITY,
+    CLIENT_BOUND,
+    MET,
+    NOT_MEASURED,
+    aims,
+    client_bound_note,
+    fractions_markdown,
+    ratios,
+)
 from servelab.measure.records import ClientCeiling, ClientSide, Latency, Load, Monitors, Record, Stats
 from servelab.report import compare, lessons
 from servelab.report.render import capacity_section, summary_rows

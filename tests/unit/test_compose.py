@@ -11,27 +11,27 @@ import yaml
 from pydantic_settings import BaseSettings
 
 import servelab.core.settings
-from servelab.core import exposure
-from servelab.tools.containers import node_secrets
-from servelab.run.lab import RESULTS
-from servelab.servers.triton.configs import CONFIG_NAME
-from servelab.run.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_files
 from dockerspec import (
-                        COMPOSE_FILES,
-                        DOCKER,
-                        MONITORING_COMPOSE,
-                        REPO,
-                        compose_variants,
-                        dockerfile_for,
-                        dockerignored,
-                        environment,
-                        load_compose,
-                        parse_dockerfile,
-                        read_env_file,
-                        run_tool,
-                        variables,
-                        venv_tool,
-                        )
+    COMPOSE_FILES,
+    DOCKER,
+    MONITORING_COMPOSE,
+    REPO,
+    compose_variants,
+    dockerfile_for,
+    dockerignored,
+    environment,
+    load_compose,
+    parse_dockerfile,
+    read_env_file,
+    run_tool,
+    variables,
+    venv_tool,
+)
+from servelab.core import exposure
+from servelab.run.lab import RESULTS
+from servelab.run.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_files
+from servelab.servers.triton.configs import CONFIG_NAME
+from servelab.tools.containers import node_secrets
 
 VARIANTS = list(compose_variants())
 IDS = [f"{path.stem}{'-' + shell['FASTAPI_STAGE'] if shell else ''}" for path, shell, _ in VARIANTS]

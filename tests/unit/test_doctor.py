@@ -10,15 +10,31 @@ from pathlib import Path
 
 import pytest
 
-from servelab.tools.doctor import container_checks as containers, gpu
-from servelab.tools.doctor.checks import CHECKS
-from servelab.tools.doctor.container_checks import DOCKER_INFO, compose_bytes, container_probe_command, triton_container_result
-from servelab.tools.doctor.runner import Context, Output, Result, exit_code, run_checks
-from servelab.tools.doctor.gpu import (
-                                       CPU, CUDA, NVIDIA_SMI_QUERY, Gpu, active_providers, has_kernels, onnxruntime_result, parse_gpus,
-                                       pinned_torch_result, tensorrt_result, tiny_model, torch_kernels_result,
-                                       )
 from servelab.core.paths import REPO_ROOT
+from servelab.tools.doctor import container_checks as containers
+from servelab.tools.doctor import gpu
+from servelab.tools.doctor.checks import CHECKS
+from servelab.tools.doctor.container_checks import (
+    DOCKER_INFO,
+    compose_bytes,
+    container_probe_command,
+    triton_container_result,
+)
+from servelab.tools.doctor.gpu import (
+    CPU,
+    CUDA,
+    NVIDIA_SMI_QUERY,
+    Gpu,
+    active_providers,
+    has_kernels,
+    onnxruntime_result,
+    parse_gpus,
+    pinned_torch_result,
+    tensorrt_result,
+    tiny_model,
+    torch_kernels_result,
+)
+from servelab.tools.doctor.runner import Context, Output, Result, exit_code, run_checks
 
 DATA = Path(__file__).parents[1] / "data" / "doctor"
 P100_SMI = (DATA / "nvidia-smi-query-2xP100.csv").read_text()

@@ -9,10 +9,10 @@ from servelab.core.artifacts import load_manifest
 from servelab.core.inference import OnnxClassifier
 from servelab.core.photos import evaluation_set
 from servelab.core.preprocess import preprocess
+from servelab.core.settings import get_settings
 from servelab.core.variants.build import PRECISION
 from servelab.measure.ceiling import PRECISIONS
 from servelab.servers.fastapi.runtimes import CPU, max_infer_batch
-from servelab.core.settings import get_settings
 
 PHOTOS = 64  # as many as test_gpu's agreement checks
 

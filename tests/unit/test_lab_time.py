@@ -6,9 +6,9 @@ docs/records/make-lab.json, and `make notebooks` writes its figure into README, 
 
 import json
 
+from servelab.core.paths import REPO_ROOT
 from servelab.run import lab
 from servelab.tools.notebook_blocks import LAB_RUN, lab_summary, lab_time
-from servelab.core.paths import REPO_ROOT
 from servelab.tools.render_notebooks import pages
 
 

@@ -6,14 +6,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from photos import variants
 from servelab.core.artifacts import load_manifest
 from servelab.core.inference import OnnxClassifier, TorchClassifier
 from servelab.core.models.mobilenet_v2 import MobileNetV2, food11_mobilenet_v2
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import preprocess, preprocess_batch
-
-from photos import variants
 
 DATA = Path(__file__).parents[1] / "data"
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from servelab.core import original_lab
+from servelab.core.catalogue import CATALOGUE, of_family
+from servelab.core.paths import MODELS_STAGING, REPO_ROOT
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES
+from servelab.servers.triton.configs import effective_config
 from servelab.tools.notebook_blocks import BLOCK
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources
-from servelab.core.paths import MODELS_STAGING, REPO_ROOT
-from servelab.core.catalogue import CATALOGUE, of_family
-from servelab.servers.triton.configs import STAGES as TRITON_STAGES, effective_config
 
 SOURCES = sources()
 PROSE = [*SOURCES, NOTEBOOK_DIR / "README.md", REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]

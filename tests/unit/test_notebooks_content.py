@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from notebook_harness import parameter_names, parameters_cells
 from servelab.core import original_lab
 from servelab.core.paths import REPO_ROOT
 from servelab.run.lab import LAB_STAGES
+from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from servelab.tools import notebook_blocks
 from servelab.tools.notebook_blocks import definition_source, expand, specs, stage_config
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, sources, to_notebook
-from servelab.servers.triton.configs import STAGES as TRITON_STAGES
-from notebook_harness import parameter_names, parameters_cells
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]

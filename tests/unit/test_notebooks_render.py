@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from servelab.tools.render_notebooks import NOTEBOOK_DIR, render, sources, to_notebook
 from notebook_harness import parameter_names, parameters_cells
+from servelab.tools.render_notebooks import NOTEBOOK_DIR, render, sources, to_notebook
 
 SOURCES = sources()
 STEMS = [source.stem for source in SOURCES]

@@ -11,8 +11,7 @@ from PIL import Image, ImageOps
 
 from photos import coffee, png_header, variants
 from servelab.core.paths import DATA_DIR
-from servelab.core.preprocess import (ImageError, ImageTooLarge, decode_base64, load_image, preprocess,
-                                       resize_and_crop)
+from servelab.core.preprocess import ImageError, ImageTooLarge, decode_base64, load_image, preprocess, resize_and_crop
 from servelab.run.side_by_side import core_time_table, torchvision_steps
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)

@@ -10,17 +10,17 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
-from servelab.run import lab, side_by_side
 from servelab.cli import build_parser
-from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
-from servelab.tools.containers import compose_stages as compose
-from servelab.core.variants.build import VARIANTS
-from servelab.tools.notebook_blocks import lab_stages
-from servelab.core.paths import MODELS_STAGING
-from servelab.servers.rayserve import options as ray_stages
-from servelab.core.settings import RaySettings, ServeSettings
 from servelab.core.catalogue import CATALOGUE, STAGES, Stage, get_stage, of_family
+from servelab.core.paths import MODELS_STAGING
+from servelab.core.settings import RaySettings, ServeSettings
+from servelab.core.variants.build import VARIANTS
+from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
+from servelab.run import lab, side_by_side
+from servelab.servers.rayserve import options as ray_stages
 from servelab.servers.triton import configs as triton_stages
+from servelab.tools.containers import compose_stages as compose
+from servelab.tools.notebook_blocks import lab_stages
 
 
 def by_family(family: str) -> list[Stage]:

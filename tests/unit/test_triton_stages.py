@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from photos import variants
+from servelab.core import catalogue
 from servelab.core.paths import MODELS_STAGING
 from servelab.core.preprocess import ImageError, preprocess
 from servelab.core.settings import get_settings
-from servelab.core import catalogue
-from servelab.servers.triton import python_backend as backend, configs as stages
+from servelab.servers.triton import configs as stages
+from servelab.servers.triton import python_backend as backend
 
 STAGE_NAMES = ["pt-1", "pt-dyn", "pt-2x2", "pt-4x4", "onnx-1", "onnx-2", "onnx-dyn", "onnx-b16", "ensemble", "onnx-u8",
                "onnx-int8", "onnx-fp16"]

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from servelab.measure.records import CacheStats, GpuSeries, Load, PerRequest, Record, Rollout, Timeline, read_records
 from servelab.core.procs import free_port
-from servelab.servers.triton.configs import STAGES
+from servelab.measure.records import CacheStats, GpuSeries, Load, PerRequest, Record, Rollout, Timeline, read_records
 from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
 from servelab.run.walkthrough.production import by_version, caching, over_time, queue_words, shedding
-from servelab.run.walkthrough.walk_fastapi import Service, queueing, serving
 from servelab.run.walkthrough.stage_switch import COMPOSE_LOG, run_switch
+from servelab.run.walkthrough.walk_fastapi import Service, queueing, serving
 from servelab.run.walkthrough.walk_triton import batch_count_change, describe_config, open_loads, running_stage
+from servelab.servers.triton.configs import STAGES
 
 RECORDS = Path(__file__).parents[1] / "data" / "bench_records.jsonl"
 # `servelab load fastapi --concurrency 1,8,16 --requests 200` against fastapi-pt and fastapi-onnx,

@@ -18,8 +18,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import (InstallError, ToolBinary, binary_version, choose_binary, is_installed,
-                                               opt_dir, system_has_library, unpack_deb)
+from servelab.core.installers.opt_tools import (
+    InstallError,
+    ToolBinary,
+    binary_version,
+    choose_binary,
+    is_installed,
+    opt_dir,
+    system_has_library,
+    unpack_deb,
+)
 from servelab.core.settings import get_settings
 
 PACKAGE = "redis-tools"

@@ -27,11 +27,11 @@ from pydantic import BaseModel
 from servelab import __version__
 from servelab.core import photos
 from servelab.core.artifacts import Manifest, copy_atomic, write_atomic
+from servelab.core.catalogue import MODELS
 from servelab.core.fetch import sha256_file
 from servelab.core.hardware import CPUINFO, cpu_flags
 from servelab.core.postprocess import softmax
 from servelab.core.preprocess import to_tensor
-from servelab.core.catalogue import MODELS
 
 VARIANTS: dict[str, str] = {
     "fp32": "food11.onnx",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.core.variants.build import VARIANTS, load_variants, machine, run_batches, session, variant_path
 from servelab.core.photos import evaluation_set, pixels
 from servelab.core.preprocess import crop_pixels
+from servelab.core.variants.build import VARIANTS, load_variants, machine, run_batches, session, variant_path
 
 
 def time_variants(model_dir: Path, manifest, rounds: int = 5, threads: int = 0) -> dict[str, dict[int, float]]:

@@ -11,20 +11,19 @@ multiprocess mode adds up every process's counters and histograms at each scrape
 combines: ``multiprocess_mode``); the sessions' runs are those of the process that answers the scrape.
 """
 
+import os
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import get_args
 
-import os
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from servelab.servers.fastapi.errors import SHED_KEY
 from servelab.core.wire import SECONDS_BUCKETS, VERSION_HEADER
+from servelab.servers.fastapi.errors import SHED_KEY
 from servelab.servers.fastapi.schemas import ShedReason
 from servelab.servers.fastapi.timing import Timing
 from servelab.servers.fastapi.workers import METRICS_ENV

@@ -46,12 +46,12 @@ import numpy as np
 from servelab.core.postprocess import Prediction, top1
 from servelab.core.preprocess import ImageError, crop_pixels, prepare_timed, preprocess
 from servelab.core.procs import die_with_parent
-from servelab.servers.fastapi.runtimes import Backend, model_instances, preprocess_workers
+from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher
 from servelab.servers.fastapi.errors import PreprocessWorkerLost
 from servelab.servers.fastapi.metrics import Metrics
+from servelab.servers.fastapi.runtimes import Backend, model_instances, preprocess_workers
 from servelab.servers.fastapi.timing import Timing
-from servelab.core.settings import ServeSettings
 
 log = logging.getLogger("servelab.servers.fastapi")
 

@@ -32,9 +32,9 @@ import numpy as np
 from servelab.core.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.core.fetch import sha256_file
 from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, preload_cuda_libraries, tensorrt_load_error
-from servelab.core.variants.build import PRECISION, variant_path
 from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
+from servelab.core.variants.build import PRECISION, variant_path
 
 log = logging.getLogger("servelab.servers.fastapi")
 

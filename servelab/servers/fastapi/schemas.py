@@ -15,7 +15,6 @@ from servelab.core.settings import OnnxVariant
 from servelab.servers.fastapi.runtimes import SERVING
 
 
-
 @cache
 def example_image() -> str:
     """A small real photo in base64, so "Try it out" in /docs works as is."""

@@ -42,21 +42,31 @@ from time import perf_counter
 from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.preprocess import ImageError
 from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
+from servelab.core.wire import VERSION_HEADER
 from servelab.servers.fastapi.batcher import MicroBatcher
-from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS, ResponseCache
+from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS
+from servelab.servers.fastapi.cache import ResponseCache
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline, Probe
 from servelab.servers.fastapi.runtimes import SERVING, Backend, max_infer_batch, why_threads
-from servelab.core.wire import VERSION_HEADER
-from servelab.servers.fastapi.schemas import (Batching, BatchRequest, BatchResponse, Health, Prediction, Ready, Reloaded,
-                                              ReloadRequest, Workers)
-from starlette.types import ASGIApp, Receive, Scope, Send
+from servelab.servers.fastapi.schemas import (
+    Batching,
+    BatchRequest,
+    BatchResponse,
+    Health,
+    Prediction,
+    Ready,
+    Reloaded,
+    ReloadRequest,
+    Workers,
+)
 from servelab.servers.fastapi.timing import Timing
 from servelab.servers.fastapi.workers import FOLLOW_POLL_S, Siblings, Wanted
 

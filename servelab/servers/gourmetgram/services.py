@@ -36,11 +36,11 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ReadTimeoutError
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, load_manifest
+from servelab.core.catalogue import ENSEMBLE, ONNX, PT
 from servelab.core.labels import CLASSES
 from servelab.core.postprocess import Prediction
 from servelab.core.preprocess import preprocess_image
 from servelab.core.settings import Settings
-from servelab.core.catalogue import ENSEMBLE, ONNX, PT
 from servelab.core.wire import VERSION_HEADER
 from servelab.servers.triton import client as triton
 

@@ -20,11 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from servelab.core.artifacts import STAND_IN_NOTE
-from servelab.core.wire import SECONDS_BUCKETS
-from servelab.servers.gourmetgram.services import CANARY, STABLE, BackendError, make_backend
 from servelab.core.paths import REPO_ROOT, sample_images
 from servelab.core.preprocess import ImageError, ImageTooLarge, load_image
 from servelab.core.settings import Settings, get_settings
+from servelab.core.wire import SECONDS_BUCKETS
+from servelab.servers.gourmetgram.services import CANARY, STABLE, BackendError, make_backend
 
 # templates/ and static/ live beside the thin flask_app/app.py.
 FLASK_DIR = REPO_ROOT / "flask_app"

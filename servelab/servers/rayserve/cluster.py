@@ -17,8 +17,8 @@ explicit token also keeps the nodes consistent: Ray 2.60's head turns token auth
 
 import json
 import os
-import shutil
 import secrets
+import shutil
 import signal
 import sys
 import tempfile

@@ -22,11 +22,11 @@ from typing import Any
 from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import session_members
-from servelab.servers.rayserve.cluster import alive_nodes, connect, disconnect
-from servelab.servers.rayserve.serve_state import placement, replica_rows, serve_details
-from servelab.servers.rayserve.options import STAGES
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import variant_path
+from servelab.servers.rayserve.cluster import alive_nodes, connect, disconnect
+from servelab.servers.rayserve.options import STAGES
+from servelab.servers.rayserve.serve_state import placement, replica_rows, serve_details
 
 STATE_FILE = REPO_ROOT / ".servelab" / "ray-up.json"
 

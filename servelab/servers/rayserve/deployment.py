@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
-from servelab.servers.fastapi.batcher import BatchResult, in_threads
-from servelab.core.settings import RaySettings, Settings
 from servelab.core.catalogue import Stage
+from servelab.core.settings import RaySettings, Settings
+from servelab.servers.fastapi.batcher import BatchResult, in_threads
+from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
 
 log = logging.getLogger("servelab.servers.rayserve")
 

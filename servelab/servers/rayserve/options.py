@@ -5,8 +5,8 @@ Ray Serve's HTTP proxy, with the FastAPI stages' API. Replicas are spread over t
 (``max_replicas_per_node``), so a stage with two or more replicas uses two nodes.
 """
 
-from servelab.core.settings import RaySettings
 from servelab.core.catalogue import NO_BATCHING, Stage, of_family
+from servelab.core.settings import RaySettings
 
 APP_NAME = "food11"  # the Serve application every stage deploys (a redeploy replaces it)
 DEPLOYMENT_NAME = "Food11"

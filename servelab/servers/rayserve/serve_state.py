@@ -8,10 +8,10 @@ running replicas in a thread while a load runs (the step-load and node-failure r
 import json
 import os
 import threading
-import urllib.request
-from pathlib import Path
 import time
+import urllib.request
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from servelab.core.procs import DIRECT

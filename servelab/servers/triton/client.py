@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from servelab.core.catalogue import MODELS
 from servelab.core.labels import CLASSES
 from servelab.core.postprocess import Prediction, top1
-from servelab.core.catalogue import MODELS
 
 Protocol = Literal["http", "grpc"]
 InputKind = Literal["bytes", "tensor", "uint8"]

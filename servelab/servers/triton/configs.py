@@ -35,9 +35,10 @@ from typing import Any, Literal
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from servelab.core.catalogue import ONNX, Stage, of_family
+from servelab.core.catalogue import get_stage as catalogue_stage
 from servelab.core.hardware import gpu_count
 from servelab.core.settings import get_settings
-from servelab.core.catalogue import ONNX, Stage, of_family, get_stage as catalogue_stage
 from servelab.servers.triton.python_backend import instance_count
 
 Kind = Literal["gpu", "cpu"]

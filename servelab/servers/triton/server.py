@@ -48,8 +48,8 @@ from servelab.core.catalogue import MODELS
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok
 from servelab.core.settings import get_settings
-from servelab.servers.triton.client import server_address
 from servelab.core.variants.build import variant_path
+from servelab.servers.triton.client import server_address
 from servelab.servers.triton.configs import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
 
 CACHE_DIR = REPO_ROOT / ".servelab"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from servelab.tools.containers import node_secrets
-from servelab.tools.containers.docker import Docker
+from servelab.core.catalogue import of_family
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import free_port
-from servelab.core.catalogue import of_family
+from servelab.tools.containers import node_secrets
+from servelab.tools.containers.docker import Docker
 
 COMPOSE_DIR = REPO_ROOT / "docker"
 NO_GPU_DIR = COMPOSE_DIR / "no-gpu"

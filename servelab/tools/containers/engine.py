@@ -25,8 +25,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from servelab.tools.containers.docker import Docker
 from servelab.core.procs import ServerProcess
+from servelab.tools.containers.docker import Docker
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0

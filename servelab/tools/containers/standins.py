@@ -23,9 +23,9 @@ import zipfile
 from pathlib import Path
 
 from servelab.core.installers.perf_analyzer_install import extract_pinned
+from servelab.core.paths import REPO_ROOT
 from servelab.tools.containers import base_image, wheelhouse
 from servelab.tools.containers.docker import Docker
-from servelab.core.paths import REPO_ROOT
 
 STANDIN_DIR = REPO_ROOT / "docker" / "standin"
 PYTHON_BASE = "servelab-standin/debian12-py311"

@@ -1,6 +1,7 @@
 """The checks, as data: what ``servelab doctor`` runs, in the order it shows them."""
 
-from servelab.tools.doctor import container_checks as containers, gpu, local
+from servelab.tools.doctor import container_checks as containers
+from servelab.tools.doctor import gpu, local
 from servelab.tools.doctor.runner import Check
 
 LOCAL = frozenset({"local"})

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.tools.doctor.runner import Context, Output, Result
-from servelab.tools.doctor.gpu import Gpu, gpus, has_kernels
 from servelab.servers.triton.python_backend import instance_count
+from servelab.tools.doctor.gpu import Gpu, gpus, has_kernels
+from servelab.tools.doctor.runner import Context, Output, Result
 
 DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")
 TRITON_COMPOSE = Path("docker") / "docker-compose-triton.yaml"

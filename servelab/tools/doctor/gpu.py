@@ -8,10 +8,10 @@ can be tested with recorded outputs of a P100 node on a machine without a GPU.
 import re
 from collections.abc import Mapping, Sequence
 
-from servelab.tools.docker_versions import read_env_file
-from servelab.tools.doctor.runner import Context, Result
 from servelab.core.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
 from servelab.core.inference import onnx_session
+from servelab.tools.docker_versions import read_env_file
+from servelab.tools.doctor.runner import Context, Result
 
 LAB_NODE_CAPABILITY = (6, 0)  # the lab node's Tesla P100s
 # The oldest drivers documented for CUDA 12.6 containers on data-center GPUs (docker/VERSIONS.md).

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from servelab.core.artifacts import ArtifactPaths, load_manifest
 from servelab.core.hardware import cpu_int8
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.core.settings import ModelSettings
 from servelab.tools.doctor.runner import Context, Result
-from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 
 MIN_PYTHON = (3, 11)
 
