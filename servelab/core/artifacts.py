@@ -18,6 +18,7 @@ import os
 import platform
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -180,8 +181,6 @@ def _load_model(source: ModelSource, weights: Path):
 
 
 def _export_onnx(model, dest: Path) -> None:
-    import warnings
-
     import torch
 
     example = torch.zeros(1, 3, DEFAULT_CROP, DEFAULT_CROP)

@@ -166,6 +166,7 @@ class TritonFamily:
         """The stage's model staged again as the next version, from the same model folder, and loaded over gRPC:
         Triton's default version policy (the latest one) serves it and retires the old. ``variant`` must be the
         one serving: a version's inputs are its clients', and every other variant takes uint8 images."""
+        # Deferred, as in start: tritonclient (an optional extra).
         from servelab.servers.triton.server import model_versions, roll_out, stage_version
 
         called = time.monotonic()  # the trigger's moment: the record counts the new version's readiness from it

@@ -41,6 +41,7 @@ really ran (``runs_on``: the providers the service read back from its session, o
 Triton reports), never what was asked for.
 """
 
+import importlib.util
 import json
 import sys
 import time
@@ -505,7 +506,6 @@ class Lab:
 def preflight(stages: list[Stage]) -> dict[str, str]:
     """The parts of these stages this environment cannot run, each with the reason, before any run:
     ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
-    import importlib.util
 
     missing = {}
     if any(s.family == "triton" for s in stages):

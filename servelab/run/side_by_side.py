@@ -197,9 +197,9 @@ def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: fl
 def load_backend(kind: str, settings):
     """The service's model as its app loads it (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``), without HTTP."""
     # Deferred: each app imports FastAPI and its runtime (optional extras) only when this runs.
-    if kind == "pytorch":
+    if kind == "pytorch":  # torch's app
         from fastapi_pt.app import load
-    else:
+    else:  # ONNX Runtime's app
         from fastapi_onnx.app import load
     return load(settings)
 

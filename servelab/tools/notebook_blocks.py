@@ -17,6 +17,8 @@ rendering.
 
 import ast
 import difflib
+import importlib.metadata
+import importlib.util
 import re
 import textwrap
 import tomllib
@@ -159,8 +161,6 @@ def lab_stages() -> str:
 def lab_requirements() -> str:
     """What a computer needs for `make lab`: our Python requirement, and the platform and Python
     versions the tritonserver bundled in the nvidia-pytriton wheel runs on."""
-    import importlib.metadata
-    import importlib.util
 
     from packaging.specifiers import SpecifierSet
 

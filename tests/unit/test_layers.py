@@ -131,3 +131,32 @@ def test_gourmetgram_imports_without_the_model_services_stack():
     code = f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\nimport flask_app.app"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def local_imports_without_a_reason(root: Path) -> list[str]:
+    """Imports inside a function that neither load a third-party package (an optional extra, or one too heavy
+    to load for every command) nor say why on their line or in the comment just above: the standard library
+    and our own modules belong at the top of the file."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                name = (node.module or "") if isinstance(node, ast.ImportFrom) else node.names[0].name
+                top = name.split(".")[0]
+                third_party = top not in sys.stdlib_module_names and top not in ("servelab", "fastapi_pt",
+                                                                                  "fastapi_onnx", "flask_app")
+                above = lines[max(0, node.lineno - 4):node.lineno]
+                if not third_party and not any("#" in line for line in above):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
+    return found
+
+
+def test_every_import_inside_a_function_has_a_reason(tmp_path):
+    assert local_imports_without_a_reason(REPO / "servelab") == []
+    (tmp_path / "planted.py").write_text("def f():\n    import json\n    return json\n")
+    assert local_imports_without_a_reason(tmp_path) == ["planted.py:2 imports json"]

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,6 @@ class PrometheusClient:
 
 def _unix(rfc3339: str) -> float:
     """Prometheus' lastScrape (RFC 3339, nanoseconds, maybe a zone offset) as Unix seconds."""
-    from datetime import datetime
 
     head, _, rest = rfc3339.partition(".")
     frac, zone = rest, ""

@@ -11,10 +11,13 @@ The cluster to deploy to: ``--address``, else ``RAY_ADDRESS``, else the one ``up
 HTTP proxy listens on ``RAY_SERVE_HOST:RAY_SERVE_PORT`` with the FastAPI services' API.
 """
 
+import asyncio
 import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,8 +55,6 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
     """``servelab ray deploy`` onto a ``LocalCluster`` as a child process (the lab, the benchmark): this
     process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1. A failed deploy raises
     ``RuntimeError`` with the end of the child's log."""
-    import subprocess
-    import sys
 
     log.parent.mkdir(parents=True, exist_ok=True)
     start = log.stat().st_size if log.exists() else 0
@@ -78,6 +79,7 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
     counts from the caller's trigger) and the replicas before and after: the same ones, unless ``name`` or the
     serving settings differ from what runs, when Ray restarts the replicas instead. A missing model raises
     ``FileNotFoundError`` before Ray changes anything."""
+    # Deferred: the deployment imports Ray and the FastAPI app (optional extras).
     from servelab.servers.rayserve.deployment import roll_out as serve_roll_out
 
     settings = get_settings()
@@ -106,8 +108,6 @@ async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = N
     load: ``servelab.measure.loadgen.rollout``'s action); its answer, or ``RuntimeError`` with its output.
     The answer's ``ready_s`` counts from this call to the moment every replica served the new model (the child
     spends seconds connecting to the cluster before, and leaving it after)."""
-    import asyncio
-    import sys
 
     called = time.time()
 
