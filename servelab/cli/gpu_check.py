@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 
 from servelab.core.paths import REPO_ROOT
-from servelab.run.lab import GPU_CHECK_STAGES, LAB_STAGES
+from servelab.run.plan import GPU_CHECK_STAGES, LAB_STAGES
 from servelab.tools import gpu_check
 
 

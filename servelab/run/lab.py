@@ -42,12 +42,11 @@ Triton reports), never what was asked for.
 """
 
 import importlib.util
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,6 @@ from typing import Any
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.core.catalogue import (
     CACHED,
-    CATALOGUE,
     OVERLOADED,
     ROLLED,
     STAGES,
@@ -69,14 +67,13 @@ from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gp
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
-from servelab.core.variants.build import build_variants, machine
+from servelab.core.variants.build import build_variants
 from servelab.measure.fractions import CAPACITY, senders
 from servelab.measure.fractions import capacity as capacity_of
 from servelab.measure.limit import LIMIT_FILE, Limit
 from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
 from servelab.measure.measure_stage import (
     Labels,
-    Sweep,
     family_stand_in,
     measure_stage,
     model_stand_in,
@@ -88,169 +85,20 @@ from servelab.measure.measure_stage import (
 )
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
-from servelab.measure.perf_analyzer import Windows
-from servelab.measure.records import Load, Record, append_record, machine_info
+from servelab.measure.records import Load, Record, append_record
 from servelab.measure.targets import PhotoMix
 from servelab.report import compare
 from servelab.report.lessons import summary
 from servelab.report.render import render_report, summary_table
 from servelab.run.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
 from servelab.run.lab_ray import RayRuns
+from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
+from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 from servelab.servers.rayserve.cluster import ray_binary
 
 RESULTS = REPO_ROOT / "results"
-
-LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
-TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
-GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check)
-
-
-def _each_way_in(stages: tuple[Stage, ...]) -> tuple[str, ...]:
-    """One Triton stage per way perf_analyzer is fed (what the client sends: a photo, a tensor, a uint8
-    crop; one image or the stage's own batches; one model or an ensemble), the first in the catalogue's
-    order, and every stage that offers both arrival processes: where the second client's own paths run."""
-    firsts: dict[tuple, str] = {}
-    for s in stages:
-        if s.family == "triton":
-            firsts.setdefault((s.input, s.triton.images, bool(s.triton.needs)), s.name)
-    return tuple(s.name for s in stages if s.name in firsts.values() or (s.family == "triton" and s.triton.both_arrivals))
-
-
-def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
-    """The Triton stages among ``stages`` that teach batching: where perf_analyzer is the second opinion."""
-    return tuple(s.name for s in stages if s.family == "triton" and s.lesson == "batching")
-
-
-def warm_up(seconds: float) -> dict[str, Any]:
-    """A run's warm-up window: ``seconds`` of sending at its concurrency, never measured (``Load.warmup_s``)."""
-    return {"warmup": 0, "warmup_s": seconds}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How much each stage is measured, in seconds: every closed-loop run (one request at a time, each
-    level of the capacity sweep, the batched requests, the cache case) is a warm-up window of ``warmup_s``,
-    discarded, then ``Windows.COUNT`` measured windows of ``windows.window_s`` (both clients alike), never a
-    count of requests alone; where ``windows.stability_pct`` is under 100 the windows must agree (the full
-    plan). A stage's capacity is found by ``sweep`` (doubling senders to the knee)."""
-
-    name: str  # "tour", "full", "quick" or "gpu-check", named in the run's record (run.json)
-    warmup_s: float = 1.0
-    windows: Windows = Windows(stability_pct=1000.0, max_trials=3, window_s=1.0)
-    sweep: Sweep = Sweep()
-    # Open loop at these fractions of the capacity, each for this long.
-    poisson_fractions: tuple[float, ...] = (0.5, 0.9)
-    poisson_seconds: float = 3.0
-    pa_timeout_s: float = 180.0  # one perf_analyzer run at most
-    # Ray Serve: the step load's (low, high, low) seconds, and the node-failure run's length.
-    steps_s: tuple[float, float, float] = (10.0, 20.0, 25.0)
-    failure_s: float = 20.0
-    # The Triton stages perf_analyzer measures too, after servelab's client (None: every one).
-    perf_analyzer: tuple[str, ...] | None = None
-    # What it measures when no stage is named.
-    stages: tuple[Stage, ...] = LAB_STAGES
-    # The overload case (``catalogue.OVERLOADED``): seconds of open-loop load above capacity, per run; 0: none.
-    overload_s: float = 0.0
-    cache: bool = False  # the cache case (``catalogue.CACHED``): a skewed mix of photos without and with a cache
-    cache_s: float = 6.0  # the cache case's measured seconds (longer than a run: photos must come round again)
-    # The rollout case (``catalogue.ROLLED``): (the swap's start, the load's seconds, seconds after the swap); ().
-    rollout_s: tuple[float, ...] = ()
-
-    @classmethod
-    def tour(cls) -> "Plan":
-        # `make lab`: each lesson once, in minutes on 2 CPUs (the tour stages): three windows of a second per run,
-        # the sweep to the knee (2-3 doublings on 2 CPUs); perf_analyzer as the second opinion on the stage that
-        # teaches batching, over three windows whatever their spread: a tour compares, it certifies nothing.
-        return cls("tour", warmup_s=0.5, windows=Windows(1000.0, 3, 1.0), sweep=Sweep(start=2),
-                   poisson_fractions=(0.5, 0.9), poisson_seconds=3.0, pa_timeout_s=90.0, steps_s=(5.0, 10.0, 10.0),
-                   failure_s=12.0, perf_analyzer=_teach_batching(TOUR_STAGES), stages=TOUR_STAGES)
-
-    @classmethod
-    def full(cls) -> "Plan":
-        # Every load, both clients on every Triton stage; windows of 2 s that must agree within 20 % instead of
-        # perf_analyzer's 10 % (two CPUs shared by client and server are noisy), up to 9 windows.
-        return cls("full", warmup_s=1.0, windows=Windows(20.0, 9, 2.0), sweep=Sweep(start=2),
-                   poisson_fractions=(0.5, 0.8, 0.95), poisson_seconds=6.0, overload_s=10.0, cache=True,
-                   cache_s=12.0, rollout_s=(3.0, 10.0, 3.0))
-
-    @classmethod
-    def quick(cls) -> "Plan":
-        # A smoke run (tests): every stage with servelab's client, short windows, a sweep of two levels (one at a
-        # time, then 2 senders); perf_analyzer, three windows whatever their spread, on one stage per way it is fed
-        # (the rest is the same command on another model).
-        return cls("quick", warmup_s=0.2, windows=Windows(1000.0, 3, 0.3), sweep=Sweep(start=2, max_levels=2),
-                   poisson_fractions=(0.5,), poisson_seconds=1.0, pa_timeout_s=60.0, steps_s=(2.0, 4.0, 4.0),
-                   failure_s=6.0, perf_analyzer=_each_way_in(LAB_STAGES), overload_s=1.5, cache=True, cache_s=3.0,
-                   rollout_s=(1.0, 2.0, 0.5))
-
-    @classmethod
-    def gpu_check(cls) -> "Plan":
-        # `make gpu-check` on a lent GPU (minutes in all, the lab ~2.5 of them): each GPU lesson once; windows of half
-        # a second (hundreds of requests each there; three of them span the monitors' samples), the sweep from 8
-        # senders (one at a time first) to the knee or 8 x the cores, perf_analyzer beside servelab's client on the
-        # stage that teaches batching.
-        return cls("gpu-check", warmup_s=0.3, windows=Windows(1000.0, 3, 0.5), sweep=Sweep(start=8),
-                   poisson_fractions=(0.5,), poisson_seconds=1.5, pa_timeout_s=60.0,
-                   perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES)
-
-    @classmethod
-    def named(cls, name: str) -> "Plan":
-        return PLANS[name]()
-
-    def with_perf_analyzer(self, stage: Stage) -> bool:
-        return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
-
-    @property
-    def measured_s(self) -> float:
-        """The measured seconds of one closed-loop run: its windows, after the warm-up."""
-        return Windows.COUNT * self.windows.window_s
-
-    def load(self, concurrency: int) -> Load:
-        """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows."""
-        window = dict(duration_s=self.measured_s, **warm_up(self.warmup_s))
-        if concurrency == 1:
-            return Load.sequential(None, **window)
-        return Load.closed(concurrency, None, **window)
-
-
-PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}
-BATCH = 16  # images per request in the batched runs (perf_analyzer's -b 16)
-ROLLOUT_WARMUP = 16  # the rollout case's warm-up requests (one per sender)
-CACHE_CONCURRENCY = 8  # the cache case's senders where the stage has no capacity measured
-
-
-class Budget:
-    """How long a run may take. A stage starts only if the longest stage so far (server start-up
-    included), or ``first_guess_s`` before any, still fits in what is left; one that does not is not
-    run, never half-measured. ``seconds=None``: no limit."""
-
-    def __init__(self, seconds: float | None, first_guess_s: float = 30.0, clock=time.monotonic):
-        self.seconds, self.first_guess_s, self.clock = seconds, first_guess_s, clock
-        self.started = self._since = clock()
-        self.longest_s = 0.0
-
-    def left(self) -> float:
-        return float("inf") if self.seconds is None else self.seconds - (self.clock() - self.started)
-
-    def why_not(self) -> str | None:
-        """None when one more stage fits, else why not."""
-        need = self.longest_s or self.first_guess_s
-        if self.left() >= need:
-            return None
-        return (f"the time budget ({self.seconds:g} s) has {max(self.left(), 0):.0f} s left and a stage "
-                f"{'took up to' if self.longest_s else 'is expected to take'} {need:.0f} s")
-
-    def mark(self) -> None:
-        """A stage (or the server it runs on) starts now."""
-        self._since = self.clock()
-
-    def took(self) -> None:
-        """The stage started at the last ``mark`` is done."""
-        self.longest_s = max(self.longest_s, self.clock() - self._since)
-        self._since = self.clock()
-
 
 class Lab:
     def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
@@ -519,17 +367,6 @@ def preflight(stages: list[Stage]) -> dict[str, str]:
     return missing
 
 
-def select_stages(names: str | None, plan: Plan | None = None) -> list[Stage]:
-    """The named stages, or else the plan's (the tour's by default)."""
-    if not names:
-        return list((plan or Plan.tour()).stages)
-    by_name = {s.name: s for s in LAB_STAGES}
-    unknown = [n for n in names.split(",") if n not in by_name]
-    if unknown:
-        raise SystemExit(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
-    return [by_name[n] for n in names.split(",")]
-
-
 def _model(paths: ArtifactPaths) -> Manifest:
     """The model already built from the lab's weights, or else the offline stand-in (built if needed),
     with its cheaper variants (built if needed)."""
@@ -609,47 +446,3 @@ def measure_limit(paths: ArtifactPaths, photo: Path, logs: Path, device: Device)
 
 
 LIMIT_SECONDS = 0.5  # of each of the limit's costs in a lab run
-RUN_FILE = "run.json"  # what the run was and how long it took, beside its records
-TOUR_AIM_S = 600  # the default `make lab` (the tour) should take at most this on 2 CPUs, the model built
-
-
-def machine_line() -> str:
-    """The machine a lab time depends on: the CPU (model, count, instruction sets), the memory, any GPU."""
-    return f"{machine()}; {machine_info()['memory_gib']:g} GiB; {describe(stack())[0]}"
-
-
-@dataclass(frozen=True)
-class LabRun:
-    """One `servelab lab` run as a whole: which plan and stages, on what, how long, and what it showed
-    (the report's first screen). docs/records/make-lab.json is a copy of a tour's, from which the
-    docs and notebooks write how long `make lab` takes."""
-
-    plan: str
-    stages: list[str]
-    device: str
-    machine: str
-    finished: str  # ISO 8601, UTC
-    models_s: float  # the model and its variants: built on a first run, checked after that
-    total_s: float  # from the command's start to the report
-    failures: list[str]
-    summary: list[str]  # the report's "What this run shows", Markdown lines
-    not_run: dict[str, str] = field(default_factory=dict)  # stage -> why it was not started (--budget)
-
-    def write(self, path: Path) -> None:
-        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"))
-
-    @classmethod
-    def read(cls, path: Path) -> "LabRun":
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
-
-    def timing(self) -> str:
-        line = (f"lab finished in {minutes(self.total_s)} (the model and its variants {minutes(self.models_s)}, "
-                f"the {len(self.stages)} stages {minutes(self.total_s - self.models_s)}); plan {self.plan}")
-        if self.plan == "tour":
-            line += f", aim ≤ {minutes(TOUR_AIM_S)} on 2 CPUs: {'met' if self.total_s <= TOUR_AIM_S else 'MISSED'}"
-        return line
-
-
-def minutes(seconds: float) -> str:
-    m, s = divmod(round(seconds), 60)
-    return f"{m} min {s} s" if m else f"{s} s"

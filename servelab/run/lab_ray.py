@@ -39,7 +39,7 @@ class Measurer(Protocol):
     """What the Ray runs use of ``servelab.run.lab.Lab``: its plan, its log, its way of measuring on an
     adapter's stage (the target and the labels of its records) and of keeping one load's record."""
 
-    plan: Any  # servelab.run.lab.Plan: steps_s, failure_s
+    plan: Any  # servelab.run.plan.Plan: steps_s, failure_s
 
     def log(self, line: str) -> None: ...
 

@@ -42,7 +42,9 @@ from servelab.core.tables import markdown, num
 from servelab.measure.ceiling import BATCHES, Ceiling, ceiling_markdown, measure_ceiling
 from servelab.measure.fractions import closed_run, fractions_markdown, ratios
 from servelab.measure.records import Record, read_records
-from servelab.run.lab import LAB_STAGES, RUN_FILE, preflight
+from servelab.run.lab import preflight
+from servelab.run.lab_run import RUN_FILE
+from servelab.run.plan import LAB_STAGES
 from servelab.run.side_by_side import stage_inputs
 
 DOCS = REPO_ROOT / "docs" / "gpu"

@@ -146,7 +146,7 @@ def lab_stages() -> str:
     node's stages both leave out."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
     from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
-    from servelab.run.lab import LAB_STAGES
+    from servelab.run.plan import LAB_STAGES
 
     notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
@@ -186,7 +186,7 @@ LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's
 def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.run.lab import LabRun, minutes
+    from servelab.run.lab_run import LabRun, minutes
 
     run = LabRun.read(LAB_RUN)
     return (f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
@@ -197,11 +197,11 @@ def lab_time() -> str:
 
 
 def lab_plans() -> str:
-    """The loads of the tour (`make lab`) and of `--full`, from ``servelab.run.lab.Plan``."""
+    """The loads of the tour (`make lab`) and of `--full`, from ``servelab.run.plan.Plan``."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
     from servelab.measure.measure_stage import CAP_PER_CORE
     from servelab.measure.perf_analyzer import Windows
-    from servelab.run.lab import Plan
+    from servelab.run.plan import Plan
 
     def pct(values) -> str:
         said = [f"{100 * v:g} %" for v in values]
@@ -240,7 +240,7 @@ def lab_plans() -> str:
 def lab_summary() -> str:
     """What the recorded `make lab` showed: its report's first screen."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.run.lab import LabRun
+    from servelab.run.lab_run import LabRun
 
     run = LabRun.read(LAB_RUN)
     return "\n".join(line for line in run.summary if not line.startswith("## ")).strip()

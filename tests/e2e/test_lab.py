@@ -20,8 +20,10 @@ from servelab.measure.ceiling import measure_ceiling
 from servelab.measure.fractions import capacity, where
 from servelab.measure.limit import LIMIT_FILE, Limit, simple_app_line
 from servelab.measure.records import read_records
-from servelab.run.lab import LAB_STAGES as STAGES
-from servelab.run.lab import LabRun, Plan, preflight
+from servelab.run.lab import preflight
+from servelab.run.lab_run import LabRun
+from servelab.run.plan import LAB_STAGES as STAGES
+from servelab.run.plan import Plan
 from servelab.servers.triton.configs import gpu_count
 from servelab.tools.gpu_check import record_markdown
 

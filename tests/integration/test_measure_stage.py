@@ -24,7 +24,8 @@ from servelab.measure.measure_stage import (
 from servelab.measure.perf_analyzer import Windows
 from servelab.measure.records import Load, read_records
 from servelab.measure.targets import FastAPITarget
-from servelab.run.lab import Lab, Plan
+from servelab.run.lab import Lab
+from servelab.run.plan import Plan
 from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service
 from tinyserver import running
 

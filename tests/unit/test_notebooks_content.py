@@ -14,7 +14,7 @@ import pytest
 from notebook_harness import parameter_names, parameters_cells
 from servelab.core import original_lab
 from servelab.core.paths import REPO_ROOT
-from servelab.run.lab import LAB_STAGES
+from servelab.run.plan import LAB_STAGES
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from servelab.tools import notebook_blocks
 from servelab.tools.notebook_blocks import definition_source, expand, specs, stage_config

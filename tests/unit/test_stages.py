@@ -16,7 +16,8 @@ from servelab.core.paths import MODELS_STAGING
 from servelab.core.settings import RaySettings, ServeSettings
 from servelab.core.variants.build import VARIANTS
 from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
-from servelab.run import lab, side_by_side
+from servelab.run import plan as plans
+from servelab.run import side_by_side
 from servelab.servers.rayserve import options as ray_stages
 from servelab.servers.triton import configs as triton_stages
 from servelab.tools.containers import compose_stages as compose
@@ -84,11 +85,11 @@ def test_the_compose_stages_are_the_fastapi_stages_marked_so_and_triton() -> Non
 
 
 def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
-    assert [s.name for s in lab.select_stages(None)] == [s.name for s in CATALOGUE if s.tour]
-    for plan in (lab.Plan.full(), lab.Plan.quick()):
-        assert [s.name for s in lab.select_stages(None, plan)] == [s.name for s in CATALOGUE if s.in_lab]
-    assert "pt-4x4" not in {s.name for s in lab.select_stages(None, lab.Plan.full())}
-    assert [s.name for s in lab.select_stages("ray-4,pt-1")] == ["ray-4", "pt-1"]  # named stages, any plan
+    assert [s.name for s in plans.select_stages(None)] == [s.name for s in CATALOGUE if s.tour]
+    for plan in (plans.Plan.full(), plans.Plan.quick()):
+        assert [s.name for s in plans.select_stages(None, plan)] == [s.name for s in CATALOGUE if s.in_lab]
+    assert "pt-4x4" not in {s.name for s in plans.select_stages(None, plans.Plan.full())}
+    assert [s.name for s in plans.select_stages("ray-4,pt-1")] == ["ray-4", "pt-1"]  # named stages, any plan
     assert side_by_side.STAGES == {"fastapi-pt": "pytorch", "fastapi-onnx": "onnx"}
     assert side_by_side.stage_inputs()["onnx-u8"] == "uint8" and side_by_side.stage_inputs()["ray-1"] == "bytes"
     table = lab_stages()
@@ -103,7 +104,7 @@ def test_the_tour_shows_every_lesson_once() -> None:
     """The default `make lab` (issue 27): each family; batching off and on; one instance and more; fp32 and a
     variant of the same family; Ray replicas placed one per node, and a node's failure; both arrival
     processes at the same rates (open-loop queueing); nothing that needs a GPU or runs on the node only."""
-    tour = lab.TOUR_STAGES
+    tour = plans.TOUR_STAGES
     names = {s.name for s in tour}
     assert {s.family for s in tour} == {"fastapi", "triton", "ray"}
     assert all(s.in_lab for s in tour)
@@ -112,20 +113,20 @@ def test_the_tour_shows_every_lesson_once() -> None:
                for s in tour if s.family == "triton"), "batching on"
     assert {"onnx-1", "onnx-2"} <= names
     # perf_analyzer, the node's tool, on the stage that teaches batching and queueing; never on a FastAPI stage.
-    assert lab.Plan.tour().with_perf_analyzer(STAGES["onnx-dyn"]) and not lab.Plan.tour().with_perf_analyzer(STAGES["onnx-1"])
-    assert lab.Plan.full().with_perf_analyzer(STAGES["onnx-1"]) and not lab.Plan.full().with_perf_analyzer(STAGES["fastapi-pt"])
+    assert plans.Plan.tour().with_perf_analyzer(STAGES["onnx-dyn"]) and not plans.Plan.tour().with_perf_analyzer(STAGES["onnx-1"])
+    assert plans.Plan.full().with_perf_analyzer(STAGES["onnx-1"]) and not plans.Plan.full().with_perf_analyzer(STAGES["fastapi-pt"])
     assert any(s.variant not in ("", "fp32") for s in tour) and any(s.variant == "fp32" for s in tour)
     assert any(s.family == "ray" and s.ray.max_replicas_per_node == 1 and s.ray.replicas > 1 for s in tour)
     assert any(s.family == "ray" and s.ray.node_failure for s in tour)
-    assert any(s.family == "triton" and s.triton.both_arrivals for s in tour) and lab.Plan.tour().poisson_fractions
-    assert len(tour) < len(lab.LAB_STAGES)
+    assert any(s.family == "triton" and s.triton.both_arrivals for s in tour) and plans.Plan.tour().poisson_fractions
+    assert len(tour) < len(plans.LAB_STAGES)
 
 
 def test_the_gpu_check_shows_each_gpu_lesson_once() -> None:
     """`make gpu-check`'s default (issue 31): FastAPI + ONNX Runtime with and without batching, one PyTorch
     stage, Triton's onnx-1 and onnx-dyn, fp16; both clients on the batching Triton stage; nothing on the
     node only or from a family the GPU environment does not carry (Ray)."""
-    check = lab.GPU_CHECK_STAGES
+    check = plans.GPU_CHECK_STAGES
     fastapi = [s for s in check if s.family == "fastapi"]
     assert {s.fastapi.backend for s in fastapi} == {"pytorch", "onnx"}
     onnx = [s for s in fastapi if s.fastapi.backend == "onnx"]
@@ -135,6 +136,6 @@ def test_the_gpu_check_shows_each_gpu_lesson_once() -> None:
     assert batching and len(batching) < len(triton)
     assert any(s.variant == "fp16" for s in check) and all(s.in_lab for s in check)
     assert {s.family for s in check} == {"fastapi", "triton"}
-    plan = lab.Plan.gpu_check()
+    plan = plans.Plan.gpu_check()
     assert plan.stages == check and plan.sweep.start == 8 and plan.sweep.max_levels is None  # to the knee
     assert [s.name for s in triton if plan.with_perf_analyzer(s)] == [s.name for s in batching]
