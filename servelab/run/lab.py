@@ -91,7 +91,7 @@ from servelab.report import compare
 from servelab.report.lessons import summary
 from servelab.report.render import render_report, summary_table
 from servelab.run.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
-from servelab.run.lab_ray import RayRuns
+from servelab.run.lab_ray import FamilyRuns, NoRuns, RayRuns
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
 from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here
@@ -257,20 +257,20 @@ class Lab:
             stages = [s for s in stages if not s.needs_gpu]
         self.ran = [s.name for s in stages]
         env = stage_env(self.device)
+        # The families in the order the lab runs them, each on one adapter (and its own runs beside the loads).
         # A GPU stage may build a TensorRT engine before it is ready: minutes on a first run.
         fastapi = FastAPIFamily(self.logs, env, self.prometheus, ready_timeout=900 if self.device == "gpu" else 180)
-        self._run_family(fastapi, [s for s in stages if s.family == "fastapi"], manifest)
         # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
         triton = TritonFamily(self.logs, get_settings().triton_model_repository, self.device, self.prometheus,
                               paths.manifest)
-        self._run_family(triton, [s for s in stages if s.family == "triton"], manifest)
         # One local cluster for every Ray stage, with a step load and a node failure besides (servelab.run.lab_ray).
         ray = RayFamily(self.logs, get_settings().ray_node_cpus, env, self.prometheus)
-        self._run_family(ray, [s for s in stages if s.family == "ray" and "ray" not in self.skipped], manifest,
-                         RayRuns(self, ray, manifest))
+        for family, adapter, runs in (("fastapi", fastapi, NoRuns()), ("triton", triton, NoRuns()),
+                                      ("ray", ray, RayRuns(self, ray, manifest))):
+            if family not in self.skipped:
+                self._run_family(adapter, [s for s in stages if s.family == family], manifest, runs)
 
-    def _run_family(self, adapter: Adapter, stages: list[Stage], manifest: Manifest,
-                    ray: RayRuns | None = None) -> None:
+    def _run_family(self, adapter: Adapter, stages: list[Stage], manifest: Manifest, runs: FamilyRuns) -> None:
         """Every stage of one family on one adapter, each started only if it fits the time budget; a stage
         that fails is reported and the others go on, a server that does not start fails the family."""
         if not stages or not self._fits(stages[0]):
@@ -281,23 +281,19 @@ class Lab:
         def run_all() -> None:
             self.budget.mark()  # the server's start-up counts towards the first stage's time
             with adapter.start(stages[0]):
-                if ray:
-                    ray.started()
+                runs.started()
                 for i, stage in enumerate(stages):
                     if i and not self._fits(stage):  # the first was checked before the server started
                         continue
                     self.log(f"[{stage.name}] {stage.about}")
-                    self.guard(stage, lambda stage=stage: self._stage(adapter, stage, manifest, ray))
+                    self.guard(stage, lambda stage=stage: self._stage(adapter, stage, manifest, runs))
                     self.budget.took()
-                if ray:
-                    ray.finish(stages)
+                runs.finish(stages)
 
         self.guard(None, run_all, stages[0].family)
 
-    def _stage(self, adapter: Adapter, stage: Stage, manifest: Manifest, ray: "RayRuns | None") -> None:
-        capacity = self.measure_on(adapter, stage, manifest)
-        if ray:
-            ray.after(stage, capacity)
+    def _stage(self, adapter: Adapter, stage: Stage, manifest: Manifest, runs: FamilyRuns) -> None:
+        runs.after(stage, self.measure_on(adapter, stage, manifest))
         if stage.name in self.cached:
             self.guard(stage, lambda: self.cache_case(adapter, stage, manifest))
         if stage.name in self.overloaded:  # the same server, its queue bounded, under the same overload

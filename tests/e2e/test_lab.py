@@ -6,8 +6,10 @@ ran, the GPU record made from it. Three more runs need their own: the variant st
 perf_analyzer, one interrupted."""
 
 import os
+import re
 import signal
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -58,6 +60,22 @@ def test_quick_lab_measures_every_stage_and_leaves_no_server(quick_lab):
     assert all(r.stats.error_count == 0 and r.stats.successes and not r.failed for r in records if r not in failure)
     assert all(r.stand_in for r in records)  # the offline model is a stand-in, and says so
     assert not quick_lab.left_running
+
+
+def test_quick_lab_starts_each_server_once_per_stage_it_serves(quick_lab):
+    """A switch to what is already served does nothing (run/families.py): each FastAPI stage's server starts once
+    (twice where the rollout comes back to it after its cache or bounded twin), each Ray stage is deployed once,
+    and one tritonserver serves every Triton stage. Counted from the servers' own logs."""
+    assert quick_lab.returncode == 0, quick_lab.output
+    logs = quick_lab.out / "logs"
+    started = Counter(re.sub(r"-\d+$", "", p.stem) for p in logs.glob("fastapi-*.log"))
+    twins = {bounded(STAGES_BY_NAME[n]).name for n in OVERLOADED} | {cached_name(n) for n in CACHED}
+    want = {s.name: 1 + (s.name in ROLLED and (s.name in CACHED or s.name in OVERLOADED))
+            for s in RUN if s.family == "fastapi"} | {name: 1 for name in twins if name.startswith("fastapi")}
+    assert started == want
+    deployed = {name: (logs / f"ray-deploy-{name}.log").read_text().count(f"{name} deployed in") for name in RAY}
+    assert deployed == dict.fromkeys(RAY, 1)
+    assert (logs / "tritonserver.log").read_text().count("Started HTTPService") == 1
 
 
 def test_quick_lab_overloads_a_stage_without_a_bound_and_with_one(quick_lab):
