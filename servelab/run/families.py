@@ -167,7 +167,7 @@ class TritonFamily:
         Triton's default version policy (the latest one) serves it and retires the old. ``variant`` must be the
         one serving: a version's inputs are its clients', and every other variant takes uint8 images."""
         # Deferred, as in start: tritonclient (an optional extra).
-        from servelab.servers.triton.server import model_versions, roll_out, stage_version
+        from servelab.servers.triton.server import model_versions, roll_out_version, stage_version
 
         called = time.monotonic()  # the trigger's moment: the record counts the new version's readiness from it
         model = MODELS[stage.triton.model]
@@ -176,7 +176,7 @@ class TritonFamily:
                              f"its inputs: it cannot roll out to {variant}")
         version = max(model_versions(self.server.url, model.name)) + 1
         self._staged.append(stage_version(self.repository, model.name, version, self.manifest.parent))
-        return await asyncio.to_thread(roll_out, self.server.url, self.server.grpc_url, model.name, version,
+        return await asyncio.to_thread(roll_out_version, self.server.url, self.server.grpc_url, model.name, version,
                                        since=called)
 
     def _unstage(self) -> set[str]:

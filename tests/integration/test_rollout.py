@@ -149,7 +149,7 @@ def test_triton_loads_version_2_and_unloads_version_1_under_16_senders_without_a
     server.stage_version(triton.repository, model, 2, versions["v2"])
     record = rollout(TritonTarget(triton.url, model, PHOTO),
                      # ready_s counted from the trigger, not from when the thread got to run
-                     lambda: asyncio.to_thread(server.roll_out, triton.url, triton.grpc_url, model, 2,
+                     lambda: asyncio.to_thread(server.roll_out_version, triton.url, triton.grpc_url, model, 2,
                                                since=time.monotonic()),
                      stage="pt-1", at_s=1.5, seconds=3.0, after_s=2.0)
     assert_switched_once(record, "1", "2")
@@ -161,7 +161,7 @@ def test_triton_loads_version_2_and_unloads_version_1_under_16_senders_without_a
 
 def test_triton_refuses_to_roll_out_a_version_that_is_not_staged_and_keeps_serving(triton):
     with pytest.raises(RuntimeError, match="is it staged"):
-        server.roll_out(triton.url, triton.grpc_url, "food_classifier", 7)
+        server.roll_out_version(triton.url, triton.grpc_url, "food_classifier", 7)
     assert server.model_versions(triton.url, "food_classifier") == [2]
 
 

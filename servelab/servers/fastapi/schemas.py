@@ -46,7 +46,7 @@ class BatchRequest(BaseModel):
     images: list[str] = Field(description="Encoded images in base64, as in `POST /predict`; one result each, in order.")
 
 
-class Prediction(BaseModel):
+class PredictionOut(BaseModel):
     prediction: str = Field(description="The most likely Food-11 class.")
     probability: float = Field(ge=0, le=1, description="Its softmax probability.")
     class_index: int = Field(ge=0, description="Its index in the model's class list.")
@@ -61,14 +61,14 @@ _VERSION = ("The version of the model that answered (also the X-Model-Version he
             "answer with the old one.")
 
 
-class PredictResponse(Prediction):
+class PredictResponse(PredictionOut):
     model: str = Field(description="The model's name from its manifest.")
     # A default read from the request's context: the notebooks show the handler that builds this word for word.
     model_version: str = Field(default_factory=_serving_version, description=_VERSION)
 
 
 class BatchResponse(BaseModel):
-    predictions: list[Prediction]
+    predictions: list[PredictionOut]
     model: str
     model_version: str = Field(default_factory=_serving_version, description=_VERSION)
 

@@ -61,7 +61,7 @@ from servelab.servers.fastapi.schemas import (
     BatchRequest,
     BatchResponse,
     Health,
-    Prediction,
+    PredictionOut,
     Ready,
     Reloaded,
     ReloadRequest,
@@ -472,7 +472,7 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
                                      "(MAX_REQUEST_IMAGES)")
         tops, timing = await service.ready_pipeline().predict(body.images)
         server_timing(request, response, timing)
-        return BatchResponse(predictions=[Prediction(prediction=t.label, probability=t.probability, class_index=t.index)
+        return BatchResponse(predictions=[PredictionOut(prediction=t.label, probability=t.probability, class_index=t.index)
                                           for t in tops], model=service.model_name)
 
     @app.post("/admin/reload", response_model=Reloaded, responses=RELOAD_RESPONSES,

@@ -89,7 +89,9 @@ class BackendError(Exception):
         self.route = STABLE  # with a canary: which backend failed
 
 
-class Backend(Protocol):
+class ModelService(Protocol):
+    """The serving stage GourmetGram asks for a class (its BACKEND): FastAPI, Triton or Ray Serve."""
+
     name: str  # the BACKEND value
     description: str  # the kind of stage, in words
     endpoint: str  # where predictions are asked for
@@ -328,7 +330,7 @@ class CanaryBackend:
     """``share`` of the predictions to ``canary`` (the new version), the rest to ``stable``; each answer, and
     each failure, says its route."""
 
-    def __init__(self, stable: Backend, canary: Backend, share: float, seed: int = 0) -> None:
+    def __init__(self, stable: ModelService, canary: ModelService, share: float, seed: int = 0) -> None:
         self.stable, self.canary, self.share, self.seed = stable, canary, share, seed
         self.name, self.description = stable.name, f"{stable.description}, {share:.0%} to a canary"
         self.endpoint = stable.endpoint
@@ -347,7 +349,7 @@ class CanaryBackend:
         return self.stable.about()
 
 
-def _make(settings: Settings, url: str) -> Backend:
+def _make(settings: Settings, url: str) -> ModelService:
     if settings.backend == "fastapi":
         return FastAPIBackend(url, settings.backend_timeout)
     model = settings.food11_model_name or DEFAULT_MODELS[settings.backend]
@@ -357,7 +359,7 @@ def _make(settings: Settings, url: str) -> Backend:
     return TritonImageBackend(settings.backend, url, model, settings.backend_timeout, manifest)
 
 
-def make_backend(settings: Settings) -> Backend:
+def make_backend(settings: Settings) -> ModelService:
     """The backend ``settings.backend`` names, with its own connection pool; with ``CANARY_URL`` and a
     ``CANARY_SHARE`` above 0, a ``CanaryBackend`` over it and the same kind of backend at that URL."""
     stable = _make(settings, settings.fastapi_server_url if settings.backend == "fastapi" else settings.triton_server_url)

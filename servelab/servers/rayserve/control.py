@@ -74,13 +74,13 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
 
 def roll_out(name: str, address: str, model_dir: Path | str | None = None, variant: str | None = None) -> dict[str, Any]:
     """Connect as a driver and roll the running stage ``name`` over to the model in ``model_dir`` (default
-    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.roll_out``). Returns once every
+    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.reconfigure``). Returns once every
     replica serves it, with the seconds that took from the connection (``rollout_s``; not a ``ready_s``, which
     counts from the caller's trigger) and the replicas before and after: the same ones, unless ``name`` or the
     serving settings differ from what runs, when Ray restarts the replicas instead. A missing model raises
     ``FileNotFoundError`` before Ray changes anything."""
     # Deferred: the deployment imports Ray and the FastAPI app (optional extras).
-    from servelab.servers.rayserve.deployment import roll_out as serve_roll_out
+    from servelab.servers.rayserve.deployment import reconfigure
 
     settings = get_settings()
     model_dir, variant = Path(model_dir or settings.model_dir).resolve(), variant or settings.onnx_variant
@@ -93,7 +93,7 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
     try:
         before = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
         started = time.monotonic()
-        serve_roll_out(STAGES[name], settings, {"model_dir": str(model_dir), "variant": variant})
+        reconfigure(STAGES[name], settings, {"model_dir": str(model_dir), "variant": variant})
         rollout_s, ready_unix = time.monotonic() - started, time.time()
         after = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
         return {"stage": name, "model_dir": str(model_dir), "variant": variant, "rollout_s": round(rollout_s, 3),

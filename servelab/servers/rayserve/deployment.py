@@ -1,14 +1,14 @@
 """The Serve deployment: the ``fastapi-onnx`` stage's FastAPI app in every replica, deployed by stage.
 
-Each replica builds ``fastapi_onnx/app.py``'s app with its ``build_app`` (the same routes, handlers, error
-contract, Server-Timing and metrics as ``fastapi-onnx``) and hands it to ``@serve.ingress``; Ray
+Each replica builds ``fastapi_onnx/app.py``'s app with its ``build_app`` (``replica_app``: the same routes,
+handlers, error contract, Server-Timing and metrics as ``fastapi-onnx``) and hands it to ``@serve.ingress``; Ray
 runs its lifespan, so the model loads and warms up in the replica. Two things differ:
 
 * ``ServeBatcher`` replaces the service's micro-batcher by Ray Serve's own ``@serve.batch`` (the
   ``ray-dyn`` stage); with batching off it forwards each request alone, like the service does;
 * ``/ready`` names the stage (``stage``) and the replica's Ray node id and replica id
   (``placement``), so placement shows through the HTTP API;
-* a new model is rolled out through Ray: ``roll_out`` changes the deployment's ``user_config`` and each
+* a new model is rolled out through Ray: ``reconfigure`` changes the deployment's ``user_config`` and each
   replica's ``reconfigure`` reloads (the service's ``POST /admin/reload`` would reach one replica only).
 
 The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally every node shares
@@ -91,7 +91,7 @@ def _placement(stage: str) -> dict[str, Any]:
             "replica": context.replica_id.unique_id, "deployment": context.deployment, "app": context.app_name}
 
 
-def build_app(stage: str, overrides: dict[str, str]):
+def replica_app(stage: str, overrides: dict[str, str]):
     """In the replica: the ONNX service's app, with this stage's serving settings on top of the
     replica's environment (MODEL_DIR and the rest come from where the replica runs)."""
     # Deferred, not a circle: importing it loads FastAPI, ONNX Runtime, prometheus-client only in the replica.
@@ -103,14 +103,14 @@ def build_app(stage: str, overrides: dict[str, str]):
 
 def application(stage: Stage, settings: RaySettings, model: dict[str, str] | None = None):
     """The bound Serve application for ``stage`` (``serve.run`` it); ``model``: its ``user_config``, the
-    model to serve instead of the replica's MODEL_DIR (``{"model_dir": ..., "variant": ...}``, ``roll_out``)."""
+    model to serve instead of the replica's MODEL_DIR (``{"model_dir": ..., "variant": ...}``, ``reconfigure``)."""
     overrides = serve_env(stage, settings)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
     @serve.ingress()  # the app comes from __serve_build_asgi_app__, which keeps it for reconfigure
     class Food11:
         def __serve_build_asgi_app__(self):
-            self.fastapi = build_app(stage.name, overrides)
+            self.fastapi = replica_app(stage.name, overrides)
             return self.fastapi
 
         async def reconfigure(self, model: dict[str, str]) -> None:
@@ -147,7 +147,7 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
     wait_running(timeout_s)
 
 
-def roll_out(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
+def reconfigure(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
     """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place: the same
     application again with ``model`` as its ``user_config``, so Ray calls each replica's ``reconfigure``,
     a few at a time (``rolling_update_percentage``), while every replica keeps serving. Returns once every

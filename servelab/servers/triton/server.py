@@ -16,7 +16,7 @@ through ``servelab.core.procs.ServerProcess``, with the wheel's local response c
 ``apply_stage`` switches any running Triton (this one or
 the lab's container) to another stage through the model-control API; no image is rebuilt.
 
-A new version of a model, rolled out while it serves (``stage_version``, then ``roll_out``): the version
+A new version of a model, rolled out while it serves (``stage_version``, then ``roll_out_version``): the version
 folder ``<model>/<N>/`` goes into the repository, then one load of the model through the model-control
 API. Under the ``version_policy`` every config here has, Triton's default ``latest { num_versions: 1 }``,
 that load loads N beside the version serving, sends it every request that names no version once it is
@@ -281,7 +281,7 @@ def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -
     return sorted(int(e["version"]) for e in index if e["name"] == model and e.get("state") in states)
 
 
-def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S,
+def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S,
              since: float | None = None) -> dict[str, Any]:
     """Serve ``version`` of ``model`` (staged: ``stage_version``) instead of the version serving now, with no
     request refused (see the module docstring): one load over gRPC (``grpc_url``), then a wait until the old
@@ -293,7 +293,7 @@ def roll_out(url: str, grpc_url: str, model: str, version: int, timeout_s: float
     started = time.monotonic() if since is None else since
     policy = model_config(url, model).get("version_policy", {})
     if policy.get("latest", {}).get("num_versions", 1) != 1 or set(policy) - {"latest"}:
-        raise ValueError(f"{model}: version_policy {policy} would not swap versions on a load; roll_out needs "
+        raise ValueError(f"{model}: version_policy {policy} would not swap versions on a load; roll_out_version needs "
                          "latest { num_versions: 1 } (Triton's default)")
     old = [v for v in model_versions(url, model) if v != version]
     client = grpcclient.InferenceServerClient(grpc_url)
