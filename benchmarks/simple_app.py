@@ -1,7 +1,7 @@
 """The shortest correct FastAPI + ONNX Runtime service, as a newcomer would write it: a sync route,
 one session with ONNX Runtime's own thread defaults, servelab's preprocessing (the same answers).
 
-Not a lab stage: the reference ``servelab benchmark --stage limit`` measures ``fastapi-onnx`` against,
+Not a lab stage: the reference ``servelab benchmark --measure limit`` measures ``fastapi-onnx`` against,
 side by side (``uvicorn --app-dir benchmarks simple_app:app``). ``POST /noop/predict`` takes the same body and
 answers the same shape without decoding or inferring: what HTTP and JSON alone cost per request.
 """

@@ -20,7 +20,7 @@ the sum of what each part takes of it with every core on that part, and
 On a GPU the model is not on the CPUs: the limit is the smaller of the model's own images/s there
 (its fp32 ceiling, ``servelab.measure.ceiling``) and what the CPUs can feed it,
 1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` is the one function that measures it:
-``servelab benchmark --stage limit`` and the lab's report both call it, in rounds that alternate with the
+``servelab benchmark --measure limit`` and the lab's report both call it, in rounds that alternate with the
 servers they set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
 
 **Why throughput, not CPU time.** A limit of cores ÷ (CPU ms per request) assumes that every core gives
@@ -329,7 +329,7 @@ def machine_limit(model_dir: Path, photo: Path, logs: Path, device: Device, *, s
                   concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
     """This machine's limit for ``photo`` with the fp32 model in ``model_dir``, where the model runs on
     ``device`` (on "gpu": its ceiling there; the model's CPU points are not measured). The one function
-    behind every limit servelab shows: ``servelab benchmark --stage limit`` and the lab's report.
+    behind every limit servelab shows: ``servelab benchmark --measure limit`` and the lab's report.
 
     ``seconds``: of each part's measurement in all, in ``rounds`` windows; ``between(i)`` runs after the
     parts' ``i``-th windows (the servers measured against the limit, each in its window of the round),

@@ -430,7 +430,7 @@ def run_lab(args) -> int:
 
 def measure_limit(paths: ArtifactPaths, photo: Path, logs: Path, device: Device) -> Limit | None:
     """This machine's limit for the report (``servelab.measure.limit.machine_limit``, as `servelab benchmark
-    --stage limit` measures it), a few seconds; on a GPU with the fp32 model's ceiling there. A limit that
+    --measure limit` measures it), a few seconds; on a GPU with the fp32 model's ceiling there. A limit that
     cannot be measured is said, never fatal."""
     try:
         limit = limit_here(paths.onnx.parent, photo, logs, LIMIT_SECONDS, device)

@@ -1,4 +1,4 @@
-"""``servelab benchmark --stage limit``: the FastAPI stages against this machine's limit and against the
+"""``servelab benchmark --measure limit``: the FastAPI stages against this machine's limit and against the
 simplest app a newcomer would write, in one run.
 
 The limit (``servelab.measure.limit.machine_limit``, the one function the lab's report calls too, through

@@ -12,7 +12,7 @@ For each stage, on this machine, with the same model, photo, threads and setting
   batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
   or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
 
-``--stage preprocess`` measures decoding and preprocessing alone (no inference) through the
+``--measure preprocess`` measures decoding and preprocessing alone (no inference) through the
 service's own pipeline, with as many threads as worker processes (``PREPROCESS_PROCESSES``), one per
 CPU, and one thread for reference, alternating in ``--rounds`` windows; the ratio is each one's
 images/s over the threads', and the table names the CPU. A second table times the same photo's decoding
@@ -21,11 +21,11 @@ torchvision's ``Resize``, ``CenterCrop``, ``ToTensor``, ``Normalize`` after ``Im
 where torchvision does not import, those steps written out with Pillow and torch; the table says which).
 Aim: servelab's time at most torchvision's.
 
-``--stage ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
+``--measure ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
 ``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
 each one's latency into time inside the app and outside it (``servelab.run.side_by_side_ray``).
 
-``--stage variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
+``--measure variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
 same photo, alternating variant by variant in each round: the in-process throughput of the service's
 own pipeline driven by ``--concurrency`` callers (batching off, as the lab's stages run) and the HTTP
 throughput at that concurrency, each divided by fp32's (aims: the uint8-input model at least 1.15x;
@@ -36,10 +36,10 @@ missed the table says what bounds it: the in-process split of each request's tim
 and inference, and the ceiling that split allows (the whole machine's CPU does both, so throughput is
 at most fp32's CPU time per request over the variant's).
 
-``--stage limit`` measures this machine's end-to-end limit and the FastAPI stages against it and
+``--measure limit`` measures this machine's end-to-end limit and the FastAPI stages against it and
 against the simplest FastAPI + ONNX Runtime app (``servelab.run.reference``).
 
-``--stage ceiling`` measures the model alone (``servelab.measure.ceiling``: ONNX Runtime, no server, at
+``--measure ceiling`` measures the model alone (``servelab.measure.ceiling``: ONNX Runtime, no server, at
 batch 1 to 128; fp32 and fp16 on a GPU, fp32 and INT8 on a CPU) and, given a lab's records
 (``--records``), every stage's best throughput as a fraction of the fp32 ceiling, the batching and
 instance ratios and the GPU aims (``servelab.measure.fractions``).
@@ -85,11 +85,11 @@ from servelab.run.side_by_side_ray import benchmark_ray
 
 # The FastAPI stages as the lab's first notebook serves them (one request per inference) -> backend.
 STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if s.fastapi.env == NO_BATCHING}
-VARIANTS_STAGE = "variants"
-RAY_STAGE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.run.side_by_side_ray)
-PREPROCESS_STAGE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
-CEILING_STAGE = "ceiling"  # the model alone (servelab.measure.ceiling), and the lab's records against it
-LIMIT_STAGE = "limit"  # the FastAPI stages against the machine's limit and the simple app (servelab.run.reference)
+VARIANTS_MEASURE = "variants"
+RAY_MEASURE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.run.side_by_side_ray)
+PREPROCESS_MEASURE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
+CEILING_MEASURE = "ceiling"  # the model alone (servelab.measure.ceiling), and the lab's records against it
+LIMIT_MEASURE = "limit"  # the FastAPI stages against the machine's limit and the simple app (servelab.run.reference)
 SEQUENTIAL_AIM, BATCHED_AIM = 1.15, 0.9
 U8_AIM, INT8_AIM, INT8_AGREEMENT = 1.15, 1.5, 0.98
 CORE_ITERATIONS, CORE_ROUNDS = 200, 4  # images per implementation, in alternating rounds
@@ -436,29 +436,29 @@ def benchmark_ceiling(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``servelab benchmark``: each of ``args.stage`` measured and its table printed."""
+    """``servelab benchmark``: each of ``args.measure`` measured and its table printed."""
     started = perf_counter()
     print(f"servelab benchmark: {cpu_count()} CPUs; {args.requests} sequential requests of each kind; "
           f"throughput over {args.rounds} alternating rounds, {args.duration:g} s per measurement", flush=True)
     with tempfile.TemporaryDirectory(prefix="servelab-benchmark-") as tmp:
-        for stage in args.stage:
-            if stage == CEILING_STAGE:
+        for stage in args.measure:
+            if stage == CEILING_MEASURE:
                 print("\nThe model's own ceiling:", flush=True)
                 print(f"\n{benchmark_ceiling(args)}", flush=True)
-            elif stage == LIMIT_STAGE:
+            elif stage == LIMIT_MEASURE:
                 print(f"\nThis machine's limit, and the FastAPI stages against it and against the simplest app "
                       f"({machine()}):\n\n{benchmark_limit(args, Path(tmp))}", flush=True)
-            elif stage == RAY_STAGE:
+            elif stage == RAY_MEASURE:
                 print(f"\nRay Serve against FastAPI, same photo, alternating (ratio = req/s ÷ fastapi-onnx-dyn's; "
                       f"outside the app = client mean latency - Server-Timing total):\n\n"
                       f"{benchmark_ray(args, Path(tmp))}", flush=True)
-            elif stage == PREPROCESS_STAGE:
+            elif stage == PREPROCESS_MEASURE:
                 rows, scaling, core = benchmark_preprocess(args)
                 print(f"\nDecoding + preprocessing alone, threads against worker processes (ratio = images/s ÷ the "
                       f"threads'; {machine()}):\n\n{table(stage, rows)}\n\n{scaling}", flush=True)
                 print(f"\nThe same photo's decoding + preprocessing against torchvision's steps (ratio = CPU time "
                       f"÷ servelab's):\n\n{core}", flush=True)
-            elif stage == VARIANTS_STAGE:
+            elif stage == VARIANTS_MEASURE:
                 rows, skipped = benchmark_variants(args, Path(tmp))
                 print(f"\nfastapi-onnx's model variants against fp32 (ratio = req/s ÷ fp32's; {machine()}; "
                       f"{cpu_int8().sentence()}):\n\n{variants_table(rows)}", flush=True)

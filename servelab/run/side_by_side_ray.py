@@ -1,4 +1,4 @@
-"""``servelab benchmark --stage ray``: Ray Serve against FastAPI, same machine, photo and run.
+"""``servelab benchmark --measure ray``: Ray Serve against FastAPI, same machine, photo and run.
 
 Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
 ≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
@@ -27,7 +27,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.run.families import RayFamily, serve_fastapi
 
 # Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
-RAY_STAGE = next(s for s in of_family("ray").values() if s.ray.batching)
+RAY_MEASURE = next(s for s in of_family("ray").values() if s.ray.batching)
 FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == "batching")
 
 
@@ -55,13 +55,13 @@ class Side:
 def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
     fastapi_side = Side(f"{FASTAPI_STAGE.name}: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
-    ray_side = Side(f"{RAY_STAGE.name}: {RAY_STAGE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
+    ray_side = Side(f"{RAY_MEASURE.name}: {RAY_MEASURE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
                f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms")
     with ExitStack() as stack:
         url = serve_fastapi(stack, FASTAPI_STAGE, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                  "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
         ray = stack.enter_context(RayFamily(logs, settings.ray_node_cpus).start())
-        ray.switch(RAY_STAGE)
+        ray.switch(RAY_MEASURE)
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for side, target in ((fastapi_side, url), (ray_side, ray.url)):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # `servelab benchmark` for real: a Ray cluster, t
 
 
 def test_variants_are_measured_against_fp32(artifacts):
-    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "variants", "--variants", "u8",
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--measure", "variants", "--variants", "u8",
                           "int8", "--duration", "1", "--rounds", "1"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -29,7 +29,7 @@ def test_variants_are_measured_against_fp32(artifacts):
 
 
 def test_ray_serve_is_measured_against_fastapi_onnx_dyn(artifacts):
-    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "ray", "--duration", "2",
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--measure", "ray", "--duration", "2",
                           "--rounds", "1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {line.split("|")[1].strip().split(":")[0]: line.split("|") for line in run.stdout.splitlines()
@@ -41,7 +41,7 @@ def test_ray_serve_is_measured_against_fastapi_onnx_dyn(artifacts):
 
 
 def test_preprocessing_threads_are_measured_against_worker_processes(artifacts):
-    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "preprocess", "--duration", "1.5",
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--measure", "preprocess", "--duration", "1.5",
                           "--rounds", "1", "--concurrency", "4"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -55,7 +55,7 @@ def test_preprocessing_threads_are_measured_against_worker_processes(artifacts):
 
 
 def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tmp_path):
-    """`servelab benchmark --stage ceiling --records ...` on this CPU: the table, the fractions, the saved result."""
+    """`servelab benchmark --measure ceiling --records ...` on this CPU: the table, the fractions, the saved result."""
     from servelab.measure.ceiling import BATCHES, Ceiling
     from servelab.measure.records import Latency, Load, Record, Stats, append_record
 
@@ -63,7 +63,7 @@ def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tm
     for stage, rps in (("fastapi-onnx", 100.0), ("fastapi-onnx-dyn", 150.0)):
         append_record(records, Record(stage=stage, load=Load.closed(16), config={"device": "cpu"},
                                       stats=Stats(throughput_rps=rps, items_per_s=rps, latency=Latency(p50_ms=90.0))))
-    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--stage", "ceiling", "--ceiling-repeats", "1",
+    run = subprocess.run([sys.executable, "-m", "servelab", "benchmark", "--measure", "ceiling", "--ceiling-repeats", "1",
                           "--ceiling-seconds", "0.1", "--records", str(records), "--ceiling-json",
                           str(tmp_path / "ceiling.json")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                          check=False)
@@ -80,7 +80,7 @@ def test_the_ceiling_is_measured_and_a_labs_records_set_against_it(artifacts, tm
 
 
 def test_the_benchmark_and_the_lab_take_their_limit_from_one_function(model, tmp_path, monkeypatch, capsys):
-    # `servelab benchmark --stage limit` in this process, then the lab's limit: the real function runs, and this
+    # `servelab benchmark --measure limit` in this process, then the lab's limit: the real function runs, and this
     # only records who called it, with what, and what it returned.
     made: list[tuple[tuple, dict, Limit]] = []
 
@@ -90,7 +90,7 @@ def test_the_benchmark_and_the_lab_take_their_limit_from_one_function(model, tmp
         return limit
 
     monkeypatch.setattr(reference, "machine_limit", recorded)
-    assert main(["benchmark", "--stage", "limit", "--duration", "2", "--rounds", "2", "--concurrency", "4",
+    assert main(["benchmark", "--measure", "limit", "--duration", "2", "--rounds", "2", "--concurrency", "4",
                  "--cost-seconds", "0.2", "--limit-json", str(tmp_path / "limit.json")]) == 0
     out = capsys.readouterr().out
     lab_limit = lab.measure_limit(model, DEFAULT_IMAGE, tmp_path / "lab", device_here())

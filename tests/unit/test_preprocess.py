@@ -184,7 +184,7 @@ def test_a_long_thin_strip_does_not_blow_up_memory():
 
 
 def test_the_benchmarks_torchvision_steps_compute_the_same_tensor():
-    """`servelab benchmark --stage preprocess` times torchvision's steps against preprocess: the same tensor."""
+    """`servelab benchmark --measure preprocess` times torchvision's steps against preprocess: the same tensor."""
     name, steps = torchvision_steps()
     for data in (variants()["jpeg"], variants()["png"]):
         np.testing.assert_allclose(np.asarray(steps(data)), reference(data), atol=1e-5)

@@ -141,7 +141,7 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
 # costs the least CPU). Two, not one: a core whose inference thread waits (for the GIL on the way out, for a
 # batch to be handed over) runs the other while preprocessing threads take their share; on the lab's 2-CPU VM
 # two per CPU served more than one per CPU in every side-by-side round, more than two no more
-# (docs/records/benchmark-limit-2cpu.log; `servelab benchmark --stage limit` measures it on a machine).
+# (docs/records/benchmark-limit-2cpu.log; `servelab benchmark --measure limit` measures it on a machine).
 INFERENCES_PER_CPU = 2
 
 
