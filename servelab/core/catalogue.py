@@ -9,8 +9,8 @@ family runs it:
 * ``RayPart``: replicas, ``@serve.batch`` and autoscaling (``servelab.servers.rayserve.options`` turns them
   into deployment options).
 
-A stage also says what it teaches: its ``lesson`` (a key of the report's lessons,
-``servelab.report.lessons.LESSONS``) and its ``baseline``, the stage it is measured against (the
+A stage also says what it teaches: its ``lesson`` (one of ``Lesson``, the lab's lessons, each of which the
+report's ``servelab.report.lessons.LESSONS`` writes up) and its ``baseline``, the stage it is measured against (the
 report's ratio is this stage ÷ its baseline; the ceiling's ratios and aims, ``servelab.measure.fractions``,
 read the same pairs). ``MODELS`` holds each Triton model once: its name, what a client sends it, the
 ONNX variant it serves and the artifacts it needs.
@@ -26,10 +26,38 @@ pair in ``PAIRS`` of tests/unit/test_catalogue.py (a new lesson also needs its r
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any, Literal
 
 Family = Literal["fastapi", "triton", "ray"]
 Input = Literal["bytes", "tensor", "uint8"]
+
+
+
+class Lesson(StrEnum):
+    """What the lab teaches, once: a stage names its lesson by one of these (a typo fails at import), and the
+    report writes each one up. Its value is the name records and reports use."""
+
+    ONNX = "onnx"
+    BATCHING = "batching"
+    INSTANCES = "instances"
+    VARIANT_U8 = "variant u8"
+    VARIANT_INT8 = "variant int8"
+    VARIANT_FP16 = "variant fp16"
+    SERVER_PREPROCESSING = "server preprocessing"
+    REPLICAS = "replicas"
+    PROXY = "proxy"
+    AUTOSCALING = "autoscaling"
+    NODE_FAILURE = "node failure"
+    QUEUEING = "queueing"
+    SHEDDING = "shedding"
+    CACHE = "cache"
+    ROLLOUT = "rollout"
+
+    @classmethod
+    def of_variant(cls, variant: str) -> "Lesson":
+        return cls(f"variant {variant}")
+
 
 # The Triton models (folders of models_staging/); MODELS says what each takes and needs.
 PT, ONNX, ENSEMBLE = "food_classifier", "food_classifier_onnx", "food_classifier_ensemble"
@@ -158,7 +186,7 @@ class Stage:
     tour: bool = False  # also in the default `make lab`, which shows each lesson once in a few minutes
     gpu_check: bool = False  # also in the default `make gpu-check`: each GPU lesson once, inside a lent GPU's minutes
     notebook: str = ""  # the notebook that measures it (``taught_in`` sets it; the report names it)
-    lesson: str = ""  # what it teaches: a key of servelab.report.lessons.LESSONS ("": none of its own)
+    lesson: Lesson | None = None  # what it teaches (None: none of its own)
     baseline: str = ""  # the stage the lesson measures it against (this ÷ baseline); "": none
     default: bool = False  # what its family's `up` command (servelab triton / ray) starts when no stage is named
 
@@ -213,67 +241,67 @@ CATALOGUE: tuple[Stage, ...] = (
           gpu_check=True),
     Stage("fastapi-onnx", "FastAPI + ONNX Runtime, one request per inference",
           FastAPIPart("fastapi-onnx", NO_BATCHING, compose=True), variant="fp32", tour=True, gpu_check=True,
-          lesson="onnx", baseline="fastapi-pt"),
+          lesson=Lesson.ONNX, baseline="fastapi-pt"),
     Stage("fastapi-onnx-dyn", "FastAPI + ONNX Runtime with server-side dynamic batching (≤ 16, 5 ms)",
           FastAPIPart("fastapi-onnx", BATCHING, compose=True), gpu_check=True,
-          lesson="batching", baseline="fastapi-onnx"),
+          lesson=Lesson.BATCHING, baseline="fastapi-onnx"),
     Stage("fastapi-onnx-u8", "fastapi-onnx with preprocessing in the model (uint8 crops in)",
           FastAPIPart("fastapi-onnx", {**NO_BATCHING, "ONNX_VARIANT": "u8"}), variant="u8",
-          lesson="variant u8", baseline="fastapi-onnx"),
+          lesson=Lesson.VARIANT_U8, baseline="fastapi-onnx"),
     Stage("fastapi-onnx-int8", "fastapi-onnx-u8 quantized to INT8 (static)",
           FastAPIPart("fastapi-onnx", {**NO_BATCHING, "ONNX_VARIANT": "int8"}), variant="int8", tour=True,
-          lesson="variant int8", baseline="fastapi-onnx"),
+          lesson=Lesson.VARIANT_INT8, baseline="fastapi-onnx"),
     Stage("fastapi-onnx-fp16", "fastapi-onnx-u8 in float16 (GPU only)",
           FastAPIPart("fastapi-onnx", {**NO_BATCHING, "ONNX_VARIANT": "fp16"}), variant="fp16", needs_gpu=True,
-          lesson="variant fp16", baseline="fastapi-onnx"),
+          lesson=Lesson.VARIANT_FP16, baseline="fastapi-onnx"),
     ),
     # Triton: each stage a config change from the one before it.
     *_taught_in("6_triton_python",
     Stage("pt-1", "Triton Python backend (PyTorch), 1 instance on GPU 0 (the base config)",
           TritonPart(PT, batches=True), default=True),
     Stage("pt-dyn", "pt-1 + dynamic batching", TritonPart(PT, {PT: {"dynamic_batching": {}}}, batches=True),
-          lesson="batching", baseline="pt-1"),
+          lesson=Lesson.BATCHING, baseline="pt-1"),
     Stage("pt-2x2", "Triton Python backend, 2 instances on each of 2 GPUs (4 instances; all on one GPU, or on the CPU)",
-          TritonPart(PT, {PT: _instances((2, [0]), (2, [1]))}), lesson="instances", baseline="pt-1"),
+          TritonPart(PT, {PT: _instances((2, [0]), (2, [1]))}), lesson=Lesson.INSTANCES, baseline="pt-1"),
     Stage("pt-4x4", "Triton Python backend, 4 instances on each of 2 GPUs (8 instances)",
           TritonPart(PT, {PT: _instances((4, [0]), (4, [1]))}), in_lab=False),
     ),
     *_taught_in("7_triton_onnx",
     Stage("onnx-1", "Triton ONNX Runtime backend, 1 instance on GPU 0 (the base config)",
-          TritonPart(ONNX), variant="fp32", tour=True, gpu_check=True, lesson="onnx", baseline="pt-1"),
+          TritonPart(ONNX), variant="fp32", tour=True, gpu_check=True, lesson=Lesson.ONNX, baseline="pt-1"),
     Stage("onnx-2", "onnx-1 with 2 instances on each of GPUs 0 and 1 (4 instances)",
-          TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}), tour=True, lesson="instances", baseline="onnx-1"),
+          TritonPart(ONNX, {ONNX: _instances((2, [0, 1]))}), tour=True, lesson=Lesson.INSTANCES, baseline="onnx-1"),
     Stage("onnx-dyn", "onnx-1 + dynamic batching (preferred 4, 6, 8; 100 us delay)",
           TritonPart(ONNX, {ONNX: {"dynamic_batching": {"preferred_batch_size": [4, 6, 8],
                                                         "max_queue_delay_microseconds": 100}}},
-                     batches=True, both_arrivals=True), tour=True, gpu_check=True, lesson="batching",
+                     batches=True, both_arrivals=True), tour=True, gpu_check=True, lesson=Lesson.BATCHING,
           baseline="onnx-1"),
     Stage("onnx-b16", "onnx-1 sent batches of 16 images by the client (perf_analyzer -b 16): one input shape, "
           "no server-side batcher", TritonPart(ONNX, images=16)),
     ),
     *_taught_in("8_triton_more",
     Stage("ensemble", "preprocessing on the server: food_preprocess -> onnx-1 -> food_postprocess (an ensemble)",
-          TritonPart(ENSEMBLE, needs=(PREPROCESS, ONNX, POSTPROCESS)), lesson="server preprocessing",
+          TritonPart(ENSEMBLE, needs=(PREPROCESS, ONNX, POSTPROCESS)), lesson=Lesson.SERVER_PREPROCESSING,
           baseline="onnx-1"),
     Stage("onnx-u8", "onnx-1 with preprocessing in the model: uint8 crops in (the base config)",
-          TritonPart(ONNX_U8), variant="u8", lesson="variant u8", baseline="onnx-1"),
+          TritonPart(ONNX_U8), variant="u8", lesson=Lesson.VARIANT_U8, baseline="onnx-1"),
     Stage("onnx-int8", "onnx-u8 quantized to INT8, static QDQ (the base config)",
-          TritonPart(ONNX_INT8), variant="int8", lesson="variant int8", baseline="onnx-1"),
+          TritonPart(ONNX_INT8), variant="int8", lesson=Lesson.VARIANT_INT8, baseline="onnx-1"),
     Stage("onnx-fp16", "onnx-u8 in float16, GPU only (the base config)",
           TritonPart(ONNX_FP16), variant="fp16", needs_gpu=True, tour=True, gpu_check=True,
-          lesson="variant fp16", baseline="onnx-1"),
+          lesson=Lesson.VARIANT_FP16, baseline="onnx-1"),
     ),
     # Ray Serve: the fastapi-onnx service in replicas over a head and a worker node.
     *_taught_in("10_ray",
-    Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1), tour=True, lesson="proxy", baseline="fastapi-onnx"),
+    Stage("ray-1", "Ray Serve, 1 replica", RayPart(replicas=1), tour=True, lesson=Lesson.PROXY, baseline="fastapi-onnx"),
     Stage("ray-2", "Ray Serve, 2 replicas (one per node)", RayPart(replicas=2, max_replicas_per_node=1, node_failure=True),
-          tour=True, lesson="replicas", baseline="ray-1", default=True),
+          tour=True, lesson=Lesson.REPLICAS, baseline="ray-1", default=True),
     Stage("ray-4", "Ray Serve, 4 replicas (two per node)", RayPart(replicas=4, max_replicas_per_node=2),
-          lesson="replicas", baseline="ray-1"),
+          lesson=Lesson.REPLICAS, baseline="ray-1"),
     Stage("ray-dyn", "Ray Serve, 2 replicas (one per node) + @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)",
-          RayPart(replicas=2, batching=True, max_replicas_per_node=1), lesson="batching", baseline="ray-2"),
+          RayPart(replicas=2, batching=True, max_replicas_per_node=1), lesson=Lesson.BATCHING, baseline="ray-2"),
     Stage("ray-auto", "Ray Serve, autoscaling replicas (RAY_AUTOSCALE_*)",
-          RayPart(autoscaling=True, max_replicas_per_node=2, step_load=True), lesson="autoscaling"),
+          RayPart(autoscaling=True, max_replicas_per_node=2, step_load=True), lesson=Lesson.AUTOSCALING),
     ),
 )
 
@@ -319,7 +347,7 @@ def bounded(stage: Stage, max_queue_size: int | None = None, timeout_us: int | N
         raise ValueError(f"{stage.name}: a Ray Serve stage's queue is Serve's own (max_ongoing_requests)")
     return replace(stage, name=f"{stage.name}-shed{tag}", part=part,
                    about=f"{stage.name} with its queue bounded ({words} at most): the excess is refused (503)",
-                   tour=False, gpu_check=False, lesson="shedding", baseline=stage.name, default=False)
+                   tour=False, gpu_check=False, lesson=Lesson.SHEDDING, baseline=stage.name, default=False)
 
 
 def queue_bound(stage: Stage) -> str:
@@ -333,11 +361,11 @@ def queue_bound(stage: Stage) -> str:
     return "none"
 
 
-def compared(lesson: str) -> tuple[tuple[str, str], ...]:
+def compared(lesson: Lesson) -> tuple[tuple[str, str], ...]:
     """(stage, its baseline) for each stage that teaches ``lesson`` against another, in catalogue order; the
     derived stages of the overload case ("shedding") and the cache case ("cache") against theirs."""
-    derived = {"shedding": [(bounded(STAGES[name]).name, name) for name in OVERLOADED],
-               "cache": [(cached_name(name), name) for name in CACHED]}.get(lesson, [])
+    derived = {Lesson.SHEDDING: [(bounded(STAGES[name]).name, name) for name in OVERLOADED],
+               Lesson.CACHE: [(cached_name(name), name) for name in CACHED]}.get(lesson, [])
     return tuple((s.name, s.baseline) for s in CATALOGUE if s.lesson == lesson and s.baseline) + tuple(derived)
 
 
@@ -360,7 +388,7 @@ def with_cache(stage: Stage, cache_url: str = "") -> Stage:
     else:
         raise ValueError(f"{stage.name}: a response cache is Triton's own, or Redis in front of a FastAPI stage "
                          "(give its URL)")
-    return replace(stage, name=cached_name(stage.name), about=about, part=part, lesson="cache", baseline=stage.name,
+    return replace(stage, name=cached_name(stage.name), about=about, part=part, lesson=Lesson.CACHE, baseline=stage.name,
                    default=False, tour=False, gpu_check=False)
 
 

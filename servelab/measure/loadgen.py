@@ -83,6 +83,7 @@ from servelab.measure.records import (
     PerRequest,
     Record,
     Rollout,
+    RunKind,
     Timeline,
     append_record,
     machine_info,
@@ -121,9 +122,6 @@ clock = time.perf_counter  # monotonic, high resolution (never time.time)
 OK, SHED = "ok", "shed:"  # a request's outcome in RawRun.outcomes and PerRequest: ok, shed:<reason>, or the error
 OWN_RATE_MIN_PER_SENDER = 4  # warm-up requests per sender before its own cost per request plans the processes
 OVERLOAD_MULTIPLE = 1.5  # the overload case's offered rate, times the measured capacity
-OVERLOAD = "overload"  # config["run"] of the overload case's records
-CACHE_RUN = "cache"  # config["run"] of the cache case's records (a skewed mix of photos, with and without a cache)
-ROLLOUT = "rollout"  # config["run"] of the rollout case's records (a new model version under load)
 
 
 @dataclass
@@ -921,7 +919,7 @@ def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOA
     outstanding requests still counts the wait."""
     load = Load.open(multiple * capacity_rps, arrivals, requests=None, duration_s=seconds, warmup=warmup,
                      max_inflight=max_inflight)
-    return load, {"run": OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
+    return load, {"run": RunKind.OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
 
 
 def overload(target: Target, capacity_rps: float, *, stage: str, seconds: float = 10.0, bin_s: float = 1.0,
@@ -945,7 +943,7 @@ def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: f
     if not 0 < at_s < seconds:
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
-    return load, {"run": ROLLOUT, "rollout_at_s": at_s, "after_s": after_s}, Trigger(name, at_s, action, after_s)
+    return load, {"run": RunKind.ROLLOUT, "rollout_at_s": at_s, "after_s": after_s}, Trigger(name, at_s, action, after_s)
 
 
 def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None]], *, stage: str,

@@ -12,6 +12,7 @@ import datetime as dt
 import platform
 import socket
 from collections.abc import Iterable
+from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,17 @@ SCHEMA_VERSION = 1
 DEFAULT_RECORDS = Path("results") / "records.jsonl"
 # Packages whose versions change the numbers; recorded with every run.
 _VERSIONED = ("servelab", "aiohttp", "tritonclient", "numpy", "torch", "onnxruntime", "fastapi", "uvicorn")
+
+
+class RunKind(StrEnum):
+    """A run beyond a stage's common loads, as its record's ``config["run"]`` names it (a string in the JSON:
+    each member equals its value)."""
+
+    OVERLOAD = "overload"  # open-loop load above the capacity (the shedding lesson)
+    CACHE = "cache"  # a skewed mix of photos, with and without a cache
+    ROLLOUT = "rollout"  # a new model version under load
+    STEP_LOAD = "step load"  # low -> high -> low arrivals, replicas over time (Ray Serve's autoscaling)
+    NODE_FAILURE = "node failure"  # a worker node killed mid-run (Ray Serve)
 
 
 class Load(BaseModel):

@@ -24,14 +24,13 @@ open-loop lessons use the stage's capacity (``fractions.capacity``) as the lab d
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, compared
+from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, Lesson, compared
 from servelab.core.hardware import int8_compute
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.core.variants.build import RECORD_FILE, load_variants
 from servelab.measure.fractions import capacity, capacity_ratio, client_bound_note, closed_run, ratio_runs, where
-from servelab.measure.loadgen import CACHE_RUN, OVERLOAD, ROLLOUT
-from servelab.measure.records import Record
+from servelab.measure.records import Record, RunKind
 from servelab.report import compare
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
@@ -54,18 +53,18 @@ class Expect:
 
 
 # What the notebooks teach, per lesson, on a "cpu" and on a "gpu" run (one Expect: the same on both).
-EXPECT: dict[str, Expect | dict[str, Expect]] = {
-    "onnx": Expect("a faster inference raises the ceiling and lowers every latency", at_least=1.0,
+EXPECT: dict[Lesson, Expect | dict[str, Expect]] = {
+    Lesson.ONNX: Expect("a faster inference raises the ceiling and lowers every latency", at_least=1.0,
                    notebook="4_fastapi"),
-    "batching": {
+    Lesson.BATCHING: {
         "cpu": Expect("on a CPU an image costs about as much in a batch as alone: batching buys little or "
                       "nothing, but it should not lower throughput", at_least=1.0),
         "gpu": Expect("on a GPU a batch costs much less than its images one by one: throughput rises", at_least=1.0),
     },
-    "instances": Expect("more copies of the model turn queueing into throughput", at_least=1.0),
-    "variant u8": Expect("normalization in the graph saves only the float math: about the same, not slower",
+    Lesson.INSTANCES: Expect("more copies of the model turn queueing into throughput", at_least=1.0),
+    Lesson.VARIANT_U8: Expect("normalization in the graph saves only the float math: about the same, not slower",
                          at_least=1.0),
-    "variant int8": {
+    Lesson.VARIANT_INT8: {
         "cpu": Expect("INT8 pays only where the CPU has fast 8-bit instructions (x86: VNNI; ARM: dot products): "
                       "each line says whether the CPU that ran it has them, and what to expect there",
                       notebook="4_fastapi"),
@@ -76,30 +75,30 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
         "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0,
                       notebook="8_triton_more"),
     },
-    "variant fp16": Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
-    "server preprocessing": Expect("the server now decodes and resizes every photo itself: the notebook asks when "
+    Lesson.VARIANT_FP16: Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
+    Lesson.SERVER_PREPROCESSING: Expect("the server now decodes and resizes every photo itself: the notebook asks when "
                                    "that is a good trade and promises no direction", notebook="8_triton_more"),
-    "replicas": Expect("replicas turn queueing into throughput until something else is the slowest step (the "
+    Lesson.REPLICAS: Expect("replicas turn queueing into throughput until something else is the slowest step (the "
                        "proxy, the network, the CPUs that decode the photos)", at_least=1.0, notebook="10_ray"),
-    "proxy": Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
+    Lesson.PROXY: Expect("one replica is fastapi-onnx plus the hop through Ray Serve's proxy: never faster",
                     at_least=1.0, notebook="10_ray"),
-    "autoscaling": Expect("Ray Serve adds replicas while requests queue and removes them once the load is gone",
+    Lesson.AUTOSCALING: Expect("Ray Serve adds replicas while requests queue and removes them once the load is gone",
                           notebook="10_ray"),
-    "node failure": Expect("requests fail only while the dead node's replica is replaced; then all succeed",
+    Lesson.NODE_FAILURE: Expect("requests fail only while the dead node's replica is replaced; then all succeed",
                            notebook="the lab"),
-    "shedding": Expect(f"above capacity an unbounded queue grows and every request waits longer; a bounded queue "
+    Lesson.SHEDDING: Expect(f"above capacity an unbounded queue grows and every request waits longer; a bounded queue "
                        f"refuses the excess (503 + Retry-After) and the accepted requests' p99 falls far below the "
                        f"unbounded queue's (behind FastAPI, which holds at most {QUEUE_BOUND} requests, within "
                        f"{QUEUE_BOUND} service times; behind Triton, which refuses a request that waited "
                        f"{QUEUE_WAIT_US / 1000:g} ms, within that wait and a batch's time)", at_most=1.0,
                        notebook="4_fastapi"),
-    "cache": Expect("an answer kept for a photo asked for before costs a lookup instead of an inference: the more "
+    Lesson.CACHE: Expect("an answer kept for a photo asked for before costs a lookup instead of an inference: the more "
                     "often photos repeat, the higher the throughput and the lower the median", at_least=1.0,
                     notebook="4_fastapi"),
-    "rollout": Expect("a new version loads and warms up beside the old one, then takes the new requests: none "
+    Lesson.ROLLOUT: Expect("a new version loads and warms up beside the old one, then takes the new requests: none "
                       "fails, p99 during the swap stays within 3× the steady p99, and the answers show the new "
                       "version within a second of its being ready", at_most=ROLLOUT_P99_AIM, notebook="4_fastapi"),
-    "queueing": Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
+    Lesson.QUEUEING: Expect("latency climbs as the offered rate nears what the stage can serve; batching keeps it "
                        "flatter", at_least=1.0, notebook="7_triton_onnx"),
 }
 
@@ -108,7 +107,7 @@ EXPECT: dict[str, Expect | dict[str, Expect]] = {
 class Finding:
     """One measured comparison: ``top`` against ``bottom`` (records), the ratio shown and what it says."""
 
-    lesson: str  # EXPECT's key
+    lesson: Lesson
     pair: str  # "a ÷ b, 16 senders"
     figures: str  # "98.7 vs 77.2 req/s"
     ratio: float | None
@@ -119,8 +118,10 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Lesson:
-    key: str  # EXPECT's key
+class LessonReport:
+    """How the report writes up one of the catalogue's lessons: its title and how it finds its comparisons."""
+
+    key: Lesson
     title: str  # what changed
     find: Callable[[list[Record], str], Iterator[Finding]]  # (records, device) -> findings
 
@@ -130,7 +131,7 @@ class Lesson:
         return compared(self.key)
 
 
-def _expect(key: str, device: str) -> Expect:
+def _expect(key: Lesson, device: str) -> Expect:
     e = EXPECT.get(key, Expect("the notebooks say nothing of this change yet"))
     return e[device] if isinstance(e, dict) else e
 
@@ -153,7 +154,7 @@ def _verdict(e: Expect, ratio: float | None, stage: str = "") -> str:
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
 
 
-def _throughput(key: str, extra: Callable[[Record, Record], str] = lambda a, b: "",
+def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, b: "",
                 expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
     """Findings of capacity ratios of the lesson's pairs (``capacity_ratio``: each stage at the top of its own
     sweep), with the p50 of both at one stated concurrency beside them (``ratio_runs``); ``expect`` (the top
@@ -195,13 +196,13 @@ def _agreements() -> dict[str, float]:
 
 
 # The variants the catalogue's stages serve against fp32, in its order (each its own lesson).
-VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.lesson == f"variant {s.variant}"))
+VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.variant and s.lesson == f"variant {s.variant}"))
 
 
 def int8_on_cpu(record: Record, device: str) -> tuple[Expect, str]:
     """What INT8 is expected to do on the CPU that ran ``record``, and that CPU's line, from the flags its
     record kept (on a GPU run the lesson's bound alone: INT8 ran on the GPU)."""
-    key = "variant int8"
+    key = Lesson.VARIANT_INT8
     if device != "cpu":
         return _expect(key, device), ""
     int8 = int8_compute(record.machine.get("cpu_flags"))
@@ -213,18 +214,18 @@ def _variant(variant: str):
     def agreement(a: Record, b: Record) -> str:
         top1 = _agreements().get(variant)
         return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
-    return _throughput(f"variant {variant}", agreement, int8_on_cpu if variant == "int8" else None)
+    return _throughput(Lesson.of_variant(variant), agreement, int8_on_cpu if variant == "int8" else None)
 
 
 def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
-    for top, bottom in compared("proxy"):
+    for top, bottom in compared(Lesson.PROXY):
         a, b = closed_run(records, top, 1), closed_run(records, bottom, 1)
         if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
             ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
-            yield Finding("proxy", f"{top} ÷ {bottom}, one request at a time",
+            yield Finding(Lesson.PROXY, f"{top} ÷ {bottom}, one request at a time",
                           f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
                           f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
-                          _verdict(_expect("proxy", device), ratio), a, b)
+                          _verdict(_expect(Lesson.PROXY, device), ratio), a, b)
 
 
 def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
@@ -240,24 +241,24 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
         top = max(runs, key=lambda r: r.load.rate)
         ratio = top.stats.latency.p50_ms / alone.stats.latency.p50_ms
         share = top.breakdown.queue_share if top.breakdown else None
-        yield Finding("queueing", f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
+        yield Finding(Lesson.QUEUEING, f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{client_bound_note(cap)}) ÷ one at a time",
                       f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
                       "" if share is None else f"queue share {100 * share:.0f} %",
-                      _verdict(_expect("queueing", device), ratio), top, alone)
+                      _verdict(_expect(Lesson.QUEUEING, device), ratio), top, alone)
 
 
 def _overload_run(records: list[Record], stage: str) -> Record | None:
-    return next((r for r in records if r.stage == stage and r.config.get("run") == OVERLOAD and not r.failed
+    return next((r for r in records if r.stage == stage and r.config.get("run") == RunKind.OVERLOAD and not r.failed
                  and r.stats.latency.p99_ms), None)
 
 
 def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
-    for top, bottom in compared("shedding"):
+    for top, bottom in compared(Lesson.SHEDDING):
         a, b, alone = _overload_run(records, top), _overload_run(records, bottom), closed_run(records, top, 1)
         if not (a and b):
             continue
-        ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect("shedding", device)
+        ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect(Lesson.SHEDDING, device)
         shed, asked = sum(a.stats.shed.values()), a.stats.successes + sum(a.stats.shed.values()) + a.stats.error_count
         times = a.stats.latency.p99_ms / alone.stats.latency.p50_ms if alone and alone.stats.latency.p50_ms else None
         extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed"]
@@ -267,32 +268,32 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
         verdict = _verdict(said, ratio, top) or (
             f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
             if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
-        yield Finding("shedding", f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
+        yield Finding(Lesson.SHEDDING, f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
                       f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
                       "; ".join(extra), verdict, a, b)
 
 
 def _cached(records: list[Record], device: str) -> Iterator[Finding]:
-    for top, bottom in compared("cache"):
-        a, b = (next((r for r in records if r.stage == name and r.config.get("run") == CACHE_RUN and not r.failed
+    for top, bottom in compared(Lesson.CACHE):
+        a, b = (next((r for r in records if r.stage == name and r.config.get("run") == RunKind.CACHE and not r.failed
                       and r.stats.throughput_rps), None) for name in (top, bottom))
         if not (a and b):
             continue
         ratio = a.stats.throughput_rps / b.stats.throughput_rps
         mix = a.target.get("mix", {})
         hits = f"hit ratio {a.cache.hit_ratio:.0%}" if a.cache and a.cache.hit_ratio is not None else "hit ratio unknown"
-        yield Finding("cache", f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
+        yield Finding(Lesson.CACHE, f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
                       f"photos (Zipf, s={mix.get('s', '?')}), {a.load.concurrency} senders",
                       f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
                       f"{hits}; p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms",
-                      _verdict(_expect("cache", device), ratio, top), a, b)
+                      _verdict(_expect(Lesson.CACHE, device), ratio, top), a, b)
 
 
 def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
-        if r.config.get("run") != ROLLOUT or r.rollout is None or r.failed:
+        if r.config.get("run") != RunKind.ROLLOUT or r.rollout is None or r.failed:
             continue
-        o, said = r.rollout, _expect("rollout", device)
+        o, said = r.rollout, _expect(Lesson.ROLLOUT, device)
         first = "" if o.first_new_s is None else (
             f"the new version answered {o.first_new_s:.2f} s after the trigger"
             + ("" if o.switch_after_ready_s is None else ", as soon as it was ready" if o.switch_after_ready_s <= 0
@@ -302,7 +303,7 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
                    else f"contradicts {said.notebook}, which expects the new version in the answers within "
                         f"{ROLLOUT_SWITCH_AIM_S:g} s of being ready" if late
                    else _verdict(said, o.p99_ratio, r.stage))
-        yield Finding("rollout", f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
+        yield Finding(Lesson.ROLLOUT, f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
                       f"({r.config.get('to_variant', '')}), {r.load.label()}",
                       f"p99 {num(o.p99_during_ms)} during the swap vs {num(o.p99_before_ms)} ms before", o.p99_ratio,
                       "; ".join(filter(None, (f"{o.failed} of {r.stats.successes + o.failed} failed", first,
@@ -311,10 +312,10 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
 
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
-        if r.config.get("run") == "step load" and r.timeline and r.timeline.replicas:
+        if r.config.get("run") == RunKind.STEP_LOAD and r.timeline and r.timeline.replicas:
             low, high = min(r.timeline.replicas), max(r.timeline.replicas)
-            said = _expect("autoscaling", device)
-            yield Finding("autoscaling", f"{r.stage}, {r.load.label()}", f"running replicas min {low}, max {high}", None,
+            said = _expect(Lesson.AUTOSCALING, device)
+            yield Finding(Lesson.AUTOSCALING, f"{r.stage}, {r.load.label()}", f"running replicas min {low}, max {high}", None,
                           f"p99 {num(r.stats.latency.p99_ms)} ms",
                           "" if high > low else f"contradicts {said.notebook}, which expects more replicas at the "
                           "high step", r)
@@ -322,31 +323,31 @@ def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
 
 def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
-        if r.config.get("run") == "node failure" and r.timeline:
-            t, said = r.timeline, _expect("node failure", device)
+        if r.config.get("run") == RunKind.NODE_FAILURE and r.timeline:
+            t, said = r.timeline, _expect(Lesson.NODE_FAILURE, device)
             recovered = t.recovery_s is not None and bool(r.stats.successes)
-            yield Finding("node failure", f"{r.stage}, {r.load.label()}, a worker node killed",
+            yield Finding(Lesson.NODE_FAILURE, f"{r.stage}, {r.load.label()}, a worker node killed",
                           f"{r.stats.error_count} failed, {r.stats.successes} ok", None,
                           f"recovered in {t.recovery_s:.1f} s" if recovered else "",
                           "" if recovered else f"contradicts {said.notebook}, which expects the requests to "
                           "succeed again", r)
 
 
-# The report's lessons, in its order; a stage's ``lesson`` is one of their keys.
-LESSONS: tuple[Lesson, ...] = (
-    Lesson("onnx", "PyTorch → ONNX Runtime", _throughput("onnx")),
-    Lesson("batching", "Dynamic batching", _throughput("batching", _mean_batch)),
-    Lesson("instances", "More instances (Triton)", _throughput("instances")),
-    *(Lesson(f"variant {v}", f"Model variant {v} instead of fp32", _variant(v)) for v in VARIANTS),
-    Lesson("server preprocessing", "Preprocessing on the server (ensemble)", _throughput("server preprocessing")),
-    Lesson("replicas", "More Ray Serve replicas", _throughput("replicas")),
-    Lesson("proxy", "Ray Serve's proxy in front of the same service", _proxy),
-    Lesson("autoscaling", "Autoscaling under a step load", _autoscaling),
-    Lesson("node failure", "A worker node dies mid-run", _node_failure),
-    Lesson("queueing", "Open-loop load near capacity", _queueing),
-    Lesson("shedding", "A bounded queue under load above capacity", _shedding),
-    Lesson("cache", "A response cache under a skewed mix of photos", _cached),
-    Lesson("rollout", "A new model version rolled out under load", _rollout),
+# The report's lessons, in its order: every one of the catalogue's (a test holds it).
+LESSONS: tuple[LessonReport, ...] = (
+    LessonReport(Lesson.ONNX, "PyTorch → ONNX Runtime", _throughput(Lesson.ONNX)),
+    LessonReport(Lesson.BATCHING, "Dynamic batching", _throughput(Lesson.BATCHING, _mean_batch)),
+    LessonReport(Lesson.INSTANCES, "More instances (Triton)", _throughput(Lesson.INSTANCES)),
+    *(LessonReport(Lesson.of_variant(v), f"Model variant {v} instead of fp32", _variant(v)) for v in VARIANTS),
+    LessonReport(Lesson.SERVER_PREPROCESSING, "Preprocessing on the server (ensemble)", _throughput(Lesson.SERVER_PREPROCESSING)),
+    LessonReport(Lesson.REPLICAS, "More Ray Serve replicas", _throughput(Lesson.REPLICAS)),
+    LessonReport(Lesson.PROXY, "Ray Serve's proxy in front of the same service", _proxy),
+    LessonReport(Lesson.AUTOSCALING, "Autoscaling under a step load", _autoscaling),
+    LessonReport(Lesson.NODE_FAILURE, "A worker node dies mid-run", _node_failure),
+    LessonReport(Lesson.QUEUEING, "Open-loop load near capacity", _queueing),
+    LessonReport(Lesson.SHEDDING, "A bounded queue under load above capacity", _shedding),
+    LessonReport(Lesson.CACHE, "A response cache under a skewed mix of photos", _cached),
+    LessonReport(Lesson.ROLLOUT, "A new model version rolled out under load", _rollout),
 )
 
 
@@ -356,7 +357,7 @@ def device_of(records: list[Record]) -> str:
     return "gpu" if ours and all(r.config.get("device") == "gpu" for r in ours) else "cpu"
 
 
-def findings(records: list[Record]) -> list[tuple[Lesson, list[Finding]]]:
+def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
     """Every lesson with what this run measured of it (an empty list: not measured)."""
     device = device_of(records)
     return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS

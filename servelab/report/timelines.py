@@ -8,8 +8,7 @@ from pathlib import Path
 
 from servelab.core.tables import markdown, num
 from servelab.measure.fractions import closed_run
-from servelab.measure.loadgen import OVERLOAD
-from servelab.measure.records import Record
+from servelab.measure.records import Record, RunKind
 
 
 def _short(node_id: str | None) -> str:
@@ -32,7 +31,7 @@ def placement_rows(records: list[Record]) -> list[str]:
 
 
 def _ray_timed(records: list[Record]) -> list[Record]:
-    return [r for r in records if r.timeline is not None and r.config.get("run") != OVERLOAD]
+    return [r for r in records if r.timeline is not None and r.config.get("run") != RunKind.OVERLOAD]
 
 
 def timeline_rows(records: list[Record]) -> list[str]:
@@ -98,7 +97,7 @@ def overload_rows(records: list[Record]) -> list[list[str]]:
     (its sequential median)."""
     rows = []
     for r in records:
-        if r.config.get("run") != OVERLOAD or r.timeline is None:
+        if r.config.get("run") != RunKind.OVERLOAD or r.timeline is None:
             continue
         alone = closed_run(records, r.stage, 1)
         p99, service = r.stats.latency.p99_ms, alone.stats.latency.p50_ms if alone else None
@@ -125,7 +124,7 @@ def overload_section(records: list[Record], out_dir: Path) -> list[str]:
           "stay near the service time. Shed requests are counted apart from failures.", "",
           markdown(["stage", "bound", "load", "ok", "shed", "failed", "p99 first → last second ms", "accepted p99 ms",
                     "p99 ÷ service time"], rows, "lllrllrrr"), ""]
-    runs = [r for r in records if r.config.get("run") == OVERLOAD and r.timeline is not None]
+    runs = [r for r in records if r.config.get("run") == RunKind.OVERLOAD and r.timeline is not None]
     if plot_timelines(runs, out_dir / "overload_timelines.png"):
         md += ["![Overload runs over time: throughput, shed, p50/p99](overload_timelines.png)", ""]
     return md

@@ -57,6 +57,7 @@ from servelab.core.catalogue import (
     OVERLOADED,
     ROLLED,
     STAGES,
+    Lesson,
     Stage,
     bounded,
     cached_name,
@@ -71,7 +72,7 @@ from servelab.core.variants.build import build_variants
 from servelab.measure.fractions import CAPACITY, senders
 from servelab.measure.fractions import capacity as capacity_of
 from servelab.measure.limit import LIMIT_FILE, Limit
-from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
+from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import (
     Labels,
     family_stand_in,
@@ -85,7 +86,7 @@ from servelab.measure.measure_stage import (
 )
 from servelab.measure.monitoring import run_series
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
-from servelab.measure.records import Load, Record, append_record
+from servelab.measure.records import Load, Record, RunKind, append_record
 from servelab.measure.targets import PhotoMix
 from servelab.report import compare
 from servelab.report.lessons import summary
@@ -161,7 +162,7 @@ class Lab:
             # Records are written by keep, once the server's own series are attached.
             return measure_stage(t, loads, labels, by, self.keep)
 
-        if stage.lesson == "shedding":  # bounded: its service time, then the load above capacity its baseline had
+        if stage.lesson == Lesson.SHEDDING:  # bounded: its service time, then the load above capacity its baseline had
             measured(target, [p.load(1)], clients[:1])
             self.overload(stage, target, labels, capacity_of(self.records, stage.baseline))
             return None
@@ -319,7 +320,7 @@ class Lab:
         for s in (stage, cached):
             if s is cached:
                 self.log(f"[{s.name}] {s.about}")
-            with self.on(adapter, s, manifest, {"run": CACHE_RUN}, switch=s is cached) as (target, labels):
+            with self.on(adapter, s, manifest, {"run": RunKind.CACHE}, switch=s is cached) as (target, labels):
                 measure_stage(replace(target, mix=mix), [load], labels, [servelab_client()], self.keep)
 
     def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:

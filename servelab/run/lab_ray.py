@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from servelab.core.artifacts import Manifest
 from servelab.core.catalogue import Stage
 from servelab.measure.measure_stage import Labels, measure_stage, servelab_client
-from servelab.measure.records import Load, Record
+from servelab.measure.records import Load, Record, RunKind
 from servelab.measure.targets import Target
 from servelab.run.families import RayFamily
 from servelab.servers.rayserve.serve_state import ReplicaSampler
@@ -113,7 +113,7 @@ class RayRuns:
         s1, s2, s3 = self.lab.plan.steps_s
         load = Load.steps([(low, s1), (high, s2), (low, s3)], warmup=0, max_inflight=64)
         with ReplicaSampler(self.ray.cluster.dashboard_url, token=self.ray.cluster.token) as sampler:
-            self._record(stage, load, sampler, {"run": "step load"}, STEP_TIMEOUT_S)
+            self._record(stage, load, sampler, {"run": RunKind.STEP_LOAD}, STEP_TIMEOUT_S)
 
     def node_failure(self, stage: Stage) -> None:
         self.ray.switch(stage)
@@ -131,7 +131,7 @@ class RayRuns:
             timer.start()
             try:
                 record = self._record(stage, load, sampler,
-                                      {"run": "node failure", "request_timeout_s": FAILURE_TIMEOUT_S}, FAILURE_TIMEOUT_S)
+                                      {"run": RunKind.NODE_FAILURE, "request_timeout_s": FAILURE_TIMEOUT_S}, FAILURE_TIMEOUT_S)
             finally:
                 timer.cancel()
         t = record.timeline

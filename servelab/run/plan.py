@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.core.catalogue import CATALOGUE, Stage
+from servelab.core.catalogue import CATALOGUE, Lesson, Stage
 from servelab.measure.measure_stage import Sweep
 from servelab.measure.perf_analyzer import Windows
 from servelab.measure.records import Load
@@ -35,7 +35,7 @@ def _each_way_in(stages: tuple[Stage, ...]) -> tuple[str, ...]:
 
 def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
     """The Triton stages among ``stages`` that teach batching: where perf_analyzer is the second opinion."""
-    return tuple(s.name for s in stages if s.family == "triton" and s.lesson == "batching")
+    return tuple(s.name for s in stages if s.family == "triton" and s.lesson == Lesson.BATCHING)
 
 
 def warm_up(seconds: float) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.core.catalogue import of_family
+from servelab.core.catalogue import Lesson, of_family
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
 from servelab.measure.measure_stage import Labels, measure_stage
@@ -28,7 +28,7 @@ from servelab.run.families import RayFamily, serve_fastapi
 
 # Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
 RAY_MEASURE = next(s for s in of_family("ray").values() if s.ray.batching)
-FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == "batching")
+FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == Lesson.BATCHING)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from servelab.core.catalogue import (
     QUEUE_WAIT_US,
     ROLLED,
     STAGES,
+    Lesson,
     bounded,
     compared,
     default_stage,
@@ -79,6 +80,12 @@ def test_the_scan_finds_a_spelt_name(tmp_path: Path) -> None:
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "pairs.py").write_text('"""onnx-1 in prose is fine."""\nPAIR = ("onnx-dyn", f"{1}")\n')
     assert _spelt(tmp_path, set(STAGES)) == ["report/pairs.py:2 'onnx-dyn'"]
+
+
+def test_the_report_writes_up_every_lesson_once() -> None:
+    """The catalogue's ``Lesson`` is the one list of lessons: the report has a write-up and an expectation for each."""
+    assert sorted(lesson.key for lesson in lessons.LESSONS) == sorted(Lesson)
+    assert set(lessons.EXPECT) == set(Lesson)
 
 
 @pytest.mark.parametrize("stage", [s for s in CATALOGUE if s.lesson or s.baseline], ids=lambda s: s.name)

@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 
 import requests
 
-from servelab.measure.loadgen import CACHE_RUN, overload_load, rollout_load
+from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
-from servelab.measure.records import Load, Record
+from servelab.measure.records import Load, Record, RunKind
 from servelab.measure.targets import FastAPITarget, PhotoMix, response_cache_counts
 from servelab.report.precision import cpu_ms_per_request
 from servelab.report.render import summary_table
@@ -169,7 +169,7 @@ class FastAPIWalkthrough:
     async def photo_mix(self, service: Service, load: Load, mix: PhotoMix) -> Record:
         """``load`` with each request's photo drawn from ``mix`` (recorded as the cache case); the record's
         ``cache`` holds the hits and misses of the service's response cache, where it has one."""
-        return await self._measure(service, load, {"run": CACHE_RUN}, mix=mix)
+        return await self._measure(service, load, {"run": RunKind.CACHE}, mix=mix)
 
     async def rollout(self, service: Service, variant: str, load: Load, at_s: float) -> Record:
         """``load`` (a closed loop for ``duration_s``, and on for a few seconds after the swap) during which,
