@@ -4,12 +4,13 @@ Library use (``servelab lab`` and notebooks)::
 
     from servelab.measure.targets import FastAPITarget
     from servelab.measure.records import Load
-    from servelab.measure.loadgen import run_bench, overload
+    from servelab.measure.loadgen import run_bench, overload_load
     target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
     record = run_bench(target, Load.sequential(100), stage="fastapi-pt")
     records = [run_bench(target, Load.closed(c, requests=None, duration_s=10), stage="fastapi-pt") for c in (1, 2, 4, 8, 16)]
     record = run_bench(target, Load.open(120, "poisson", requests=1200), stage="fastapi-pt", out=path)
-    record = overload(target, capacity_rps=records[-1].stats.throughput_rps, stage="fastapi-pt")  # 1.5x, 10 s
+    load, config = overload_load(records[-1].stats.throughput_rps, seconds=10)  # 1.5x the capacity, 10 s
+    record = run_bench(target, load, stage="fastapi-pt", config=config, timeline_bin_s=1.0, keep_requests=True)
 
 ``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
 run_bench_async(...)`` instead. Each run: connect (one persistent client), send unmeasured warm-up requests
@@ -922,16 +923,6 @@ def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOA
     return load, {"run": RunKind.OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
 
 
-def overload(target: Target, capacity_rps: float, *, stage: str, seconds: float = 10.0, bin_s: float = 1.0,
-             config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
-    """``overload_load``'s run: the record has its ``timeline`` (p50/p99 per ``bin_s``: latency against time,
-    not one percentile) and every request (``per_request``). ``kwargs``: ``run_bench``'s (``out``,
-    ``server_pid``, ``stand_in``, ``timeout_s``)."""
-    load, labels = overload_load(capacity_rps, seconds)
-    return run_bench(target, load, stage=stage, config={**(config or {}), **labels}, timeline_bin_s=bin_s,
-                     keep_requests=True, **kwargs)
-
-
 def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: float = 3.0, seconds: float = 10.0,
                  after_s: float = 3.0, concurrency: int = 16, warmup: int = 32,
                  name: str = "rollout") -> tuple[Load, dict[str, Any], Trigger]:
@@ -944,15 +935,3 @@ def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: f
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
     return load, {"run": RunKind.ROLLOUT, "rollout_at_s": at_s, "after_s": after_s}, Trigger(name, at_s, action, after_s)
-
-
-def rollout(target: Target, action: Callable[[], Awaitable[dict[str, Any] | None]], *, stage: str,
-            bin_s: float = 0.5, config: dict[str, Any] | None = None, **kwargs: Any) -> Record:
-    """``rollout_load``'s run (``kwargs``: its own, then ``run_bench``'s). The record has every request with the
-    version that answered it (``per_request``), its ``timeline`` per ``bin_s`` (the rollout's start and return
-    as events) and its ``rollout`` summary: failures (the aim: 0), p99 before, during and after the swap (the
-    aim: during within 3x before), and when the new version first answered after the trigger."""
-    own = {k: kwargs.pop(k) for k in ("at_s", "seconds", "after_s", "concurrency", "warmup", "name") if k in kwargs}
-    load, labels, trigger = rollout_load(action, **own)
-    return run_bench(target, load, stage=stage, config={**(config or {}), **labels}, timeline_bin_s=bin_s,
-                     keep_requests=True, trigger=trigger, **kwargs)

@@ -260,7 +260,7 @@ class PerRequest(BaseModel):
 
 
 class Rollout(BaseModel):
-    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout``). Times are
+    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout_load``). Times are
     seconds from the start of the measured window; *during* is from the trigger to the later of the rollout
     call's return and the first answer of the new version; *before* and *after* are the rest of the run.
     A request counts in the window it completed in."""

@@ -12,10 +12,11 @@ import httpx
 import pytest
 
 from fastapi_service import metric_samples, predict, predict_concurrently, running
+from load_cases import overload
 from servelab.core.catalogue import bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import ServeSettings
-from servelab.measure.loadgen import overload, run_bench
+from servelab.measure.loadgen import run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.triton import server

@@ -20,11 +20,12 @@ from test_fastapi_services import CASES
 from test_rollout import assert_switched_once
 
 from fastapi_service import b64, predict_concurrently
+from load_cases import rollout
 from photos import variants
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import free_port, session_members
 from servelab.core.variants.build import VARIANTS
-from servelab.measure.loadgen import rollout, run_bench
+from servelab.measure.loadgen import run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget
 from servelab.servers.fastapi.runtimes import model_version

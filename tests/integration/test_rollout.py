@@ -16,11 +16,11 @@ import onnx
 import pytest
 
 from fastapi_service import admin, metric_samples, running
+from load_cases import rollout
 from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
 from servelab.core.settings import Settings
-from servelab.measure.loadgen import rollout
 from servelab.measure.records import Record
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.fastapi.admin import reload
