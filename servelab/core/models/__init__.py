@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 def _architectures() -> dict[str, Callable]:
     # Deferred, not a circle: importing it loads torch (an optional extra) only when this runs.
-    # Deferred, not a circle: importing it loads torch (an optional extra) only when this runs.
     from servelab.core.models.efficientnet_food11 import EfficientNetLite0Food11
     from servelab.core.models.mobilenet_v2 import food11_mobilenet_v2
 
