@@ -131,8 +131,8 @@ class People:
     ssh_session: int = 0  # a ```shell block that opens an SSH session or tunnel
     browser_step: int = 0  # a paragraph that sends the student to a browser
     block_written: int = 0  # a parameters cell the student fills in (MY_...)
-    perf_analyzer_by_hand: int = 0  # a ```shell block that runs perf_analyzer
-    code_written: int = 0  # a code cell marked "# YOUR CODE": framework code the student completes
+    perf_analyzer_by_hand: int = 0  # a ```shell block that runs perf_analyzer, or a "# YOUR CODE: perf_analyzer ..." cell
+    code_written: int = 0  # a code cell marked "# YOUR CODE" (not perf_analyzer's): framework code the student completes
     excerpt_line: int = 0  # a line of shown code or config (generated excerpts and stage configs)
     result_table: int = 0  # a table a measuring call prints, or a cell displays
     question: int = 0  # a question paragraph (*Question:* / *Questions:*)
@@ -187,7 +187,10 @@ def count_people(section: str, people: People) -> None:
     people.browser_step += sum(1 for p in paragraphs if re.search(r"\bbrowser\b", p))
     people.question += sum(1 for p in paragraphs if re.match(r"\*Questions?[:*]", p.strip()))
     people.block_written += len(re.findall(r'^```python tags=\["parameters"\]\nMY_', section, re.MULTILINE))
-    people.code_written += len(re.findall(r"^```python\n# YOUR CODE", section, re.MULTILINE))
+    written = re.findall(r"^```python\n# YOUR CODE: (.*)$", section, re.MULTILINE)
+    # A perf_analyzer line typed into a cell (`!perf_analyzer ...`) is a perf_analyzer run by hand, as in a terminal.
+    people.perf_analyzer_by_hand += sum(1 for name in written if name.startswith("perf_analyzer"))
+    people.code_written += sum(1 for name in written if not name.startswith("perf_analyzer"))
     people.excerpt_line += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
     people.result_table += len(re.findall(r"^display\(Markdown\(", section, re.MULTILINE))
 

@@ -31,7 +31,9 @@ from pydantic import ValidationError
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, with_cache
-from servelab.core.installers.redis_install import RedisNotFound, locate
+from servelab.core.installers.perf_analyzer_install import locate
+from servelab.core.installers.redis_install import RedisNotFound
+from servelab.core.installers.redis_install import locate as locate_redis
 from servelab.core.labels import CLASSES
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import ServerProcess, free_port
@@ -214,7 +216,7 @@ def fastapi_stages(artifacts, fastapi_onnx: str, tmp_path_factory: pytest.TempPa
     logs = tmp_path_factory.mktemp("fastapi-logs")
     onnx = STAGES["fastapi-onnx"]
     with ExitStack() as stack:
-        redis = stack.enter_context(LocalRedis(located_or_skipped(locate, RedisNotFound, "redis-server"), logs / "redis"))
+        redis = stack.enter_context(LocalRedis(located_or_skipped(locate_redis, RedisNotFound, "redis-server"), logs / "redis"))
         # Each with its catalogue stage's settings, as the node's compose file starts it (fp16 needs a GPU).
         envs = {name: STAGES[name].fastapi.env for name in ("fastapi-pt", "fastapi-onnx-dyn", "fastapi-onnx-u8",
                                                             "fastapi-onnx-int8")}
@@ -298,6 +300,8 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
     # The timing loop students write (docs/instructors.md's answer), then the helper, which shows its command.
     assert re.search(r"^median [\d.]+ ms, p95 [\d.]+ ms, p99 [\d.]+ ms, [\d.]+ req/s$", text, re.MULTILINE), text
     assert f"$ servelab load fastapi --url {fastapi_stages['fastapi-pt']} --stage fastapi-pt --requests 4 --warmup 1" in text
+    # The senders students write (3 threads, 9 requests), beside the helper's run of the same load.
+    assert re.search(r"^3 senders: median [\d.]+ ms, p95 [\d.]+ ms, p99 [\d.]+ ms, [\d.]+ req/s$", text, re.MULTILINE), text
     assert text.count("GourmetGram: HTTP 200") == 2
     assert "Little's law: 3 requests in flight" in text
     assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers
@@ -429,18 +433,38 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
         "8_triton_more": {},
     }
     checks = {"6_triton_python": CHECK_PYTHON, "7_triton_onnx": CHECK_ONNX, "8_triton_more": CHECK_MORE}
+    # The perf_analyzer lines students type (docs/instructors.md's answers) run as typed, with shorter windows and,
+    # at onnx-dyn, a rate this machine serves (as RATES above).
+    quick = {"--measurement-interval 5000": "--measurement-interval 1000 --max-trials=3 --stability-percentage=1000"}
+    edits = {"6_triton_python": quick, "7_triton_onnx": {**quick, "--request-rate-range 120": "--request-rate-range 20"},
+             "8_triton_more": quick}
+    pa = locate()  # on PATH for the `!perf_analyzer` lines, as the node's Jupyter image has it
+    prologue = (f"{PROLOGUE}\nimport os\nos.environ['PATH'] = {str(pa.path.parent)!r} + os.pathsep + os.environ['PATH']\n"
+                f"os.environ['LD_LIBRARY_PATH'] = {pa.env().get('LD_LIBRARY_PATH', '')!r}")
     all_stages = [stage for stages in QUICK_STAGES.values() for stage in stages]
     texts = {}
     for stem in TRITON_NOTEBOOKS:
         before = len(read_records(results / "records.jsonl")) if (results / "records.jsonl").exists() else 0
         epilogue = f"RECORDS_BEFORE = {before}\nEXPECTED = {EXPECTED[stem]!r}\nALL_STAGES = {all_stages!r}\n" + checks[stem]
         nb = execute(stem, kernel_dir, tmp_path, parameters={**common, "STAGES": QUICK_STAGES[stem], **own[stem]},
-                     prologue=PROLOGUE, epilogue=epilogue, timeout=180)
+                     prologue=prologue, epilogue=epilogue, timeout=180, answer_edits=edits[stem])
         texts[stem] = _outputs(nb)
     python, onnx, more = (texts[stem] for stem in TRITON_NOTEBOOKS)
     # The ONNX-backend client students write (its answer): a Food-11 class and its softmax probability.
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", python, re.MULTILINE), python  # 6's client
+    # The runs students type: perf_analyzer's own summary of each, and no run that could not start.
+    typed = {"6_triton_python": 3, "7_triton_onnx": 2, "8_triton_more": 1}
+    for stem, text in texts.items():
+        said = [line for line in text.splitlines() if "rror" in line or "ailed" in line or "not found" in line]
+        assert text.count(" infer/sec, latency ") >= typed[stem] and "command not found" not in text, (stem, said)
+    # tritonclient code students write: a batch of 16 (6 and 7), the batch statistics (7), the ensemble's steps and
+    # a request to it (8).
+    assert re.search(r"^16 answers in \d+ ms: \[", python, re.MULTILINE), python
+    assert re.search(r"^16 rows: \[", onnx, re.MULTILINE), onnx
+    assert re.search(r"^batch of \d+: [1-9]\d* executions, [\d.]+ ms each$", onnx, re.MULTILINE), onnx
+    assert re.search(r"^food_preprocess: .* -> .*$", more, re.MULTILINE), more
+    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", more, re.MULTILINE), more
     assert "$ servelab load triton --url " in python and " --model food_classifier_onnx --input tensor --stage onnx-1" in onnx
     for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):
         assert f"GourmetGram ({mode}): HTTP 200" in text
