@@ -77,11 +77,14 @@ from servelab.core.preprocess import (
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.measure.ceiling import ceiling_markdown, measure_ceiling
+from servelab.measure.fractions import fractions_markdown
 from servelab.measure.records import read_records
 from servelab.measure.targets import FastAPITarget
 from servelab.run.families import serve_fastapi
 from servelab.run.reference import FP32_STAGE, benchmark_limit, closed_window
 from servelab.run.side_by_side_ray import benchmark_ray
+from servelab.servers.fastapi.runtimes import GPUUnavailable
 
 # The FastAPI stages as the lab's first notebook serves them (one request per inference) -> backend.
 STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if s.fastapi.env == NO_BATCHING}
@@ -334,8 +337,6 @@ class VariantRows:
 
 def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[VariantRows], list[str]]:
     """The variants' rows (fp32 first) and the variants left out, with why."""
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.servers.fastapi.runtimes import GPUUnavailable
 
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
@@ -419,10 +420,6 @@ def stage_inputs() -> dict[str, str]:
 
 def benchmark_ceiling(args: argparse.Namespace) -> str:
     """The ceiling table and, with ``--records``, the stages against it; ``--ceiling-json`` keeps the result."""
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.measure.ceiling import ceiling_markdown, measure_ceiling
-    from servelab.measure.fractions import fractions_markdown
 
     result = measure_ceiling(Path(get_settings().model_dir), repeats=args.ceiling_repeats,
                              max_seconds=args.ceiling_seconds, log=lambda line: print(line, flush=True))

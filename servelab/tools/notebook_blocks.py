@@ -28,6 +28,7 @@ from pathlib import Path
 from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
+from servelab.run.lab_run import LabRun, minutes
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
 # backquote or ``<`` in it: the markers quoted in inline code are no part).
@@ -117,7 +118,6 @@ def config_diff(before: str, after: str, before_name: str, after_name: str, cont
 def triton_models() -> str:
     """Each model of the repository: which backend runs it on the node, and which locally."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.servers.triton.configs import STAGES, base_config, effective_config
     from servelab.servers.triton.server import ALL_MODELS
 
@@ -185,8 +185,6 @@ LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's
 
 def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
-    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.run.lab_run import LabRun, minutes
 
     run = LabRun.read(LAB_RUN)
     return (f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
@@ -239,8 +237,6 @@ def lab_plans() -> str:
 
 def lab_summary() -> str:
     """What the recorded `make lab` showed: its report's first screen."""
-    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.run.lab_run import LabRun
 
     run = LabRun.read(LAB_RUN)
     return "\n".join(line for line in run.summary if not line.startswith("## ")).strip()
