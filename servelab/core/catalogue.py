@@ -224,8 +224,24 @@ class Stage:
         return "pytorch" if isinstance(self.part, TritonPart) and self.part.model == PT else "onnx"
 
 
+@dataclass(frozen=True)
+class Notebook:
+    """One of the lab's notebooks (``notebooks/<name>.md``), in the order students run them."""
+
+    name: str
+    core: bool  # on the lease's core path (servelab.tools.lease_plan times it against the lease); else optional
+
+
+NOTEBOOKS: dict[str, Notebook] = {n.name: n for n in (
+    Notebook("0_intro", core=False), Notebook("1_create_lease", core=False),
+    Notebook("2_create_server_nvidia", core=True), Notebook("3_fastapi_setup", core=True),
+    Notebook("4_fastapi", core=True), Notebook("5_triton_setup", core=True), Notebook("6_triton_python", core=True),
+    Notebook("7_triton_onnx", core=True), Notebook("8_triton_more", core=True), Notebook("9_ray_setup", core=False),
+    Notebook("10_ray", core=False), Notebook("11_delete_resources", core=True))}
+
+
 def _taught_in(notebook: str, *stages: Stage) -> tuple[Stage, ...]:
-    return tuple(replace(stage, notebook=notebook) for stage in stages)
+    return tuple(replace(stage, notebook=NOTEBOOKS[notebook].name) for stage in stages)
 
 
 def _instances(*groups: tuple[int, list[int]]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from servelab.core.catalogue import CACHED, OVERLOADED, STAGES, bounded, cached_name
+from servelab.core.catalogue import CACHED, NOTEBOOKS, OVERLOADED, STAGES, bounded, cached_name
 from servelab.core.paths import DATA_DIR, REPO_ROOT
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S, Windows
@@ -105,8 +105,7 @@ WAITS: dict[str, list[Wait]] = {
                          "boot and 3_fastapi_setup's builds together")],
     "11_delete_resources": [Wait(5, "copying the results and notebooks off the node and deleting it", "assumed")],
 }
-CORE = ("2_create_server_nvidia", "3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton_python",
-        "7_triton_onnx", "8_triton_more", "11_delete_resources")
+CORE = tuple(name for name, notebook in NOTEBOOKS.items() if notebook.core)
 LEASE_MIN = 175  # the lease: 2 h 55
 CORE_AIM_MIN = 135  # the core path must leave 40 minutes of the lease to spare
 OPTIONAL = re.compile(r"\(optional\)\s*$")

@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2
 from servelab.core.catalogue import (
     CATALOGUE,
     MODELS,
+    NOTEBOOKS,
     OVERLOADED,
     QUEUE_BOUND,
     QUEUE_WAIT_US,
@@ -29,6 +30,7 @@ from servelab.measure import fractions
 from servelab.report import lessons
 from servelab.run.families import TritonFamily
 from servelab.servers.triton.configs import base_config
+from servelab.tools import lease_plan
 
 SERVELAB = Path(__file__).parents[2] / "servelab"
 # Each lesson of the report: (stage, its baseline) as it compares them, in catalogue order.
@@ -80,6 +82,18 @@ def test_the_scan_finds_a_spelt_name(tmp_path: Path) -> None:
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "pairs.py").write_text('"""onnx-1 in prose is fine."""\nPAIR = ("onnx-dyn", f"{1}")\n')
     assert _spelt(tmp_path, set(STAGES)) == ["report/pairs.py:2 'onnx-dyn'"]
+
+
+def test_the_notebooks_table_is_the_notebooks_folder_and_what_names_a_notebook_names_one_of_it() -> None:
+    """NOTEBOOKS lists notebooks/ in its order; the stages, the report's expectations and the lease plan's waits
+    name notebooks from it (a renamed notebook fails here, not in a student's report)."""
+    folder = Path(__file__).resolve().parents[2] / "notebooks"
+    assert sorted(NOTEBOOKS) == sorted(p.stem for p in folder.glob("[0-9]*_*.md"))
+    assert list(NOTEBOOKS) == sorted(NOTEBOOKS, key=lambda n: int(n.split("_")[0]))
+    assert {s.notebook for s in CATALOGUE} - {""} <= set(NOTEBOOKS)
+    said = {e.notebook for v in lessons.EXPECT.values() for e in (v.values() if isinstance(v, dict) else [v])}
+    assert said - {"", "the lab"} <= set(NOTEBOOKS)
+    assert set(lease_plan.WAITS) <= set(NOTEBOOKS) and set(lease_plan.CORE) < set(NOTEBOOKS)
 
 
 def test_the_report_writes_up_every_lesson_once() -> None:

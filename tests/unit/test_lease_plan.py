@@ -104,7 +104,11 @@ def test_no_notebook_offers_a_stage_more_than_it_serves():
 
 def test_every_stage_taught_on_the_node_has_a_rate_with_its_source():
     rates = lp.node_rates()
-    assert set(rates) == {s.name for s in CATALOGUE if s.notebook}
+    taught = {s.name for s in CATALOGUE if s.notebook}
+    missing = sorted(taught - set(rates))
+    assert not missing, (f"{', '.join(missing)}: taught on the node without a rate; add to {lp.RATES_FILE} a table "
+                         f"[{missing[0]}] with alone, busy (requests/s on the node) and source (where they come from)")
+    assert set(rates) == taught, f"rates of stages no notebook teaches: {sorted(set(rates) - taught)}"
     assert all(r.source and r.alone > 0 and r.busy > 0 for r in rates.values())
     assert rates["onnx-b16"].busy == rates["onnx-1"].busy and "assumed no faster than onnx-1" in rates["onnx-b16"].source
 
