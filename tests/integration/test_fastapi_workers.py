@@ -4,7 +4,6 @@ one service to its clients, whatever happens to one of its processes."""
 import os
 import signal
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -103,11 +102,18 @@ def test_a_stop_lets_requests_in_flight_finish_and_frees_the_port(artifacts, tmp
     server = fastapi_process(ONNX, port, tmp_path / "serve.log", env, ready_timeout=120).start()
     try:
         url, photo = f"http://127.0.0.1:{port}", PHOTO
-        body = {"images": [b64(photo)] * 16}  # a few hundred ms each on 2 CPUs: still running at the signal
+        body = {"images": [b64(photo)] * 16}  # the most a request may carry: hundreds of ms each on 2 CPUs
         processes = workers_of(server)
+        # A request still in the listen backlog at the signal is reset, as it should be: the signal waits until
+        # all four reached a handler (being handled, or done), summed over the processes; the scrape counts itself.
+        def reached() -> float:
+            text = httpx.get(f"{url}/metrics").text
+            done = sum(v for k, v in metric_samples(text, "servelab_http_requests_total").items() if "/predict/batch" in k)
+            return sum(metric_samples(text, "servelab_http_requests_in_progress").values()) - 1 + done
+
         with ThreadPoolExecutor(4) as pool:
             pending = [pool.submit(httpx.post, f"{url}/predict/batch", json=body, timeout=60) for _ in range(4)]
-            time.sleep(0.3)
+            wait_until(lambda: reached() >= 4, "the four requests at a handler", 30)
             os.kill(server.pid, signal.SIGTERM)
             assert [f.result().status_code for f in pending] == [200] * 4
         server.proc.wait(30)
