@@ -400,7 +400,8 @@ def run_lab(args) -> int:
     print(f"device: {device}; plan: {plan.name}, {len(stages)} stages; " + "; ".join(describe(stack())))
     lab = Lab(plan, args.out, args.image, device=device, budget=budget)
     lab.run(stages, manifest, paths)
-    limit = measure_limit(paths, args.image, lab.logs, device)
+    # The limit is what the stages are set against: with none measured (all cut by --budget), not worth its servers.
+    limit = measure_limit(paths, args.image, lab.logs, device) if lab.records else None
     if limit:
         limit_path = args.out / LIMIT_FILE
         write_atomic(limit_path, lambda tmp: tmp.write_text(limit.model_dump_json(indent=1) + "\n"))

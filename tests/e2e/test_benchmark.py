@@ -90,7 +90,7 @@ def test_the_benchmark_and_the_lab_take_their_limit_from_one_function(model, tmp
         return limit
 
     monkeypatch.setattr(reference, "machine_limit", recorded)
-    assert main(["benchmark", "--measure", "limit", "--duration", "2", "--rounds", "2", "--concurrency", "4",
+    assert main(["benchmark", "--measure", "limit", "--duration", "1", "--rounds", "2", "--concurrency", "4",
                  "--cost-seconds", "0.2", "--limit-json", str(tmp_path / "limit.json")]) == 0
     out = capsys.readouterr().out
     lab_limit = lab.measure_limit(model, DEFAULT_IMAGE, tmp_path / "lab", device_here())

@@ -164,6 +164,7 @@ def test_a_lab_budget_too_short_for_a_stage_names_each_stage_not_run(artifacts, 
     report = (tmp_path / "r" / "report.md").read_text()
     assert "**fastapi-onnx (not run)**" in report and "**onnx-1 (not run)**" in report
     assert not (tmp_path / "r" / "records.jsonl").exists() or not (tmp_path / "r" / "records.jsonl").read_text()
+    assert "limit:" not in run.stdout and not (tmp_path / "r" / "limit.json").exists()  # nothing to set against it
 
 
 def test_the_gpu_record_names_what_the_budget_cut_and_never_counts_it_passed():
