@@ -26,7 +26,7 @@ from servelab.measure.records import Load, read_records
 from servelab.measure.targets import FastAPITarget
 from servelab.run.lab import Lab
 from servelab.run.plan import Plan
-from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service
+from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, ServingStage
 from tinyserver import running
 
 
@@ -77,7 +77,7 @@ def test_the_lab_and_the_walkthrough_label_a_stage_alike(url, model, tmp_path):
     walk = FastAPIWalkthrough(url, DEFAULT_IMAGE, tmp_path / "walk.jsonl", wait_s=1)
     ready = {"service": "fastapi_pt", "model": manifest.name, "runtime": {}, "batching": {}, "stand_in": True,
              "description": manifest.description}
-    theirs = asyncio.run(walk.measure(Service(stage.name, url, ready), load))
+    theirs = asyncio.run(walk.measure(ServingStage(stage.name, url, ready), load))
     assert read_records([lab.records_path]) == [ours] and read_records([walk.records_file]) == [theirs]
     assert ours.stage == theirs.stage == stage.name
     assert ours.stand_in == theirs.stand_in == manifest.description

@@ -24,7 +24,7 @@ CONFIG_KEYS = ("service", "model", "runtime", "batching")
 
 
 @dataclass(frozen=True)
-class Service:
+class ServingStage:
     """A stage's service as it answered /ready once it was the one wanted."""
 
     stage: str
@@ -64,7 +64,7 @@ def serving(url: str) -> Serving | str:
                    batching.get("max_queue_requests") or 0, response_cache_counts(metrics) is not None)
 
 
-def compare_variants(runs: dict[str, tuple[Service, Record]]) -> str:
+def compare_variants(runs: dict[str, tuple[ServingStage, Record]]) -> str:
     """Busy runs of the model variants (fp32 first) side by side: the file, its size and precision,
     throughput against fp32's, the service's own split of a request into preprocessing and
     inference, and the machine's CPU time per request."""
@@ -119,10 +119,10 @@ class FastAPIWalkthrough:
     flask_url: str = ""
     variants: list[str] = field(default_factory=lambda: ["u8", "int8", "fp16"])
     runs: list[Record] = field(default_factory=list)
-    variant_runs: dict[str, tuple[Service, Record]] = field(default_factory=dict)
+    variant_runs: dict[str, tuple[ServingStage, Record]] = field(default_factory=dict)
 
     def wait_for(self, stage: str, service: str, batching: bool, variant: str | None = None,
-                 max_queue_requests: int = 0, cache: bool = False) -> Service:
+                 max_queue_requests: int = 0, cache: bool = False) -> ServingStage:
         """Wait until the stage's URL runs ``service`` with batching on or off (and the ONNX service,
         ``variant``: fp32 unless said), its queue bounded at ``max_queue_requests`` (0: not bounded) and a
         response cache or none, and show what it runs on, so that a measurement is never labelled with
@@ -137,13 +137,13 @@ class FastAPIWalkthrough:
         ready = requests.get(f"{url}/ready", timeout=5).json()
         print(f"{stage}: {url} is {service}, batching {on_off}, model {ready['model']}")
         print("runtime:", json.dumps(ready["runtime"]))
-        return Service(stage, url, ready)
+        return ServingStage(stage, url, ready)
 
-    async def measure(self, service: Service, load: Load) -> Record:
+    async def measure(self, service: ServingStage, load: Load) -> Record:
         """Measure ``service`` under ``load``, record it, and print its table row and utilization."""
         return await self._measure(service, load)
 
-    async def _measure(self, service: Service, load: Load, config: dict[str, Any] | None = None,
+    async def _measure(self, service: ServingStage, load: Load, config: dict[str, Any] | None = None,
                        mix: PhotoMix | None = None, **options: Any) -> Record:
         """``measure``, the record's config with ``config`` too (which case it is), each request's photo from
         ``mix`` where given; ``options``: the load generator's (``run_bench``)."""
@@ -156,7 +156,7 @@ class FastAPIWalkthrough:
         print(utilization(record))
         return record
 
-    async def overload(self, service: Service, capacity: Record, seconds: float) -> Record:
+    async def overload(self, service: ServingStage, capacity: Record, seconds: float) -> Record:
         """An open loop (Poisson arrivals) at 1.5 x what ``capacity`` served (a closed-loop run: the model
         busy all the time) for ``seconds``, as ``servelab lab`` offers it (``overload_load``), every request
         kept; prints the run second by second."""
@@ -166,12 +166,12 @@ class FastAPIWalkthrough:
         print(over_time(record))
         return record
 
-    async def photo_mix(self, service: Service, load: Load, mix: PhotoMix) -> Record:
+    async def photo_mix(self, service: ServingStage, load: Load, mix: PhotoMix) -> Record:
         """``load`` with each request's photo drawn from ``mix`` (recorded as the cache case); the record's
         ``cache`` holds the hits and misses of the service's response cache, where it has one."""
         return await self._measure(service, load, {"run": RunKind.CACHE}, mix=mix)
 
-    async def rollout(self, service: Service, variant: str, load: Load, at_s: float) -> Record:
+    async def rollout(self, service: ServingStage, variant: str, load: Load, at_s: float) -> Record:
         """``load`` (a closed loop for ``duration_s``, and on for a few seconds after the swap) during which,
         ``at_s`` seconds in, the service is asked to serve model ``variant`` (``POST /admin/reload``); every
         request kept with the model version that answered it, printed per half second."""
@@ -190,7 +190,7 @@ class FastAPIWalkthrough:
         plot_timelines(list(runs), out)
         return out
 
-    def sessions(self, service: Service) -> list[dict[str, Any]]:
+    def sessions(self, service: ServingStage) -> list[dict[str, Any]]:
         """The service's ONNX Runtime sessions now, as its /ready says: the batch size each takes, its runs
         and its shape changes (runs whose input shape differed from that session's previous run)."""
         runtime = requests.get(f"{service.url}/ready", timeout=5).json()["runtime"]
@@ -199,7 +199,7 @@ class FastAPIWalkthrough:
             print(f"  session for batch {s['session_batch']:>3}: {s['runs']:5} runs, {s['shape_changes']:5} shape changes")
         return runtime.get("session_counts", [])
 
-    async def measure_variant(self, variant: str, load: Load, fp32: tuple[Service, Record]) -> None:
+    async def measure_variant(self, variant: str, load: Load, fp32: tuple[ServingStage, Record]) -> None:
         """Wait until the ONNX service runs model ``variant``, measure it under ``load`` and keep the
         run beside fp32's (for ``compare_variants``); skipped for a variant not in ``variants``."""
         if variant not in self.variants:

@@ -14,7 +14,7 @@ import requests
 from servelab.measure.records import Load, Record
 from servelab.report.render import markdown_table, render_report
 from servelab.run.walkthrough.common import wait_until
-from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, Service, queueing
+from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, ServingStage, queueing
 
 # The field of the Ray Serve app's /ready answer that names the deployed stage.
 STAGE_KEY = "stage"
@@ -42,13 +42,13 @@ class RayWalkthrough(FastAPIWalkthrough):
     stages: list[str] = field(default_factory=list)
     by_stage: dict[str, list[Record]] = field(default_factory=dict)
 
-    def wait_for_stage(self, stage: str) -> Service:
+    def wait_for_stage(self, stage: str) -> ServingStage:
         """Wait until the app at the stage's URL runs ``stage`` and is ready, and show what it runs on."""
         url = self.stage_urls.get(stage, self.url)
         wait_until(f"Ray Serve stage {stage} at {url}", lambda: deployed_stage(url), stage, wait_s=self.wait_s)
         ready = requests.get(f"{url}/ready", timeout=5).json()
         print(f"{stage}: {url} runs {ready.get('service')}, model {ready.get('model')}")
-        return Service(stage, url, ready)
+        return ServingStage(stage, url, ready)
 
     async def stage(self, stage: str, alone: Load, busy: Load) -> list[Record]:
         """Measure ``stage`` one request at a time and under ``busy``, then put the two side by side."""
