@@ -4,7 +4,7 @@ On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m
 CUDA, ONNX Runtime's CUDA provider, fp16, Triton ``KIND_GPU``, NVML, ``REQUIRE_GPU``), then a short
 lab on the GPU (``servelab lab --plan gpu-check --device gpu``: the catalogue's ``gpu_check`` stages,
 each GPU lesson once), and writes ``docs/gpu/<gpu-name>.md``: the
-hardware and versions, each test's outcome, the stage table (sequential, concurrency 8 and 16,
+hardware and versions, each test's outcome, the stage table (sequential, each level of the capacity sweep,
 ``-b 16`` where the stage batches, where each stage really ran, GPU utilization and memory from
 NVML), the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one,
 and the model's own ceiling (ONNX Runtime alone at batch 1 to 128, fp32 and fp16, measured in the
