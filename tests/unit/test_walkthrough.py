@@ -16,7 +16,7 @@ from servelab.measure.records import CacheStats, GpuSeries, Load, PerRequest, Re
 from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
 from servelab.run.walkthrough.production import by_version, caching, over_time, queue_words, shedding
 from servelab.run.walkthrough.stage_switch import COMPOSE_LOG, run_switch
-from servelab.run.walkthrough.walk_fastapi import Service, queueing, serving
+from servelab.run.walkthrough.walk_fastapi import ServingStage, queueing, serving
 from servelab.run.walkthrough.walk_triton import batch_count_change, describe_config, open_loads, running_stage
 from servelab.servers.triton.configs import STAGES
 
@@ -180,10 +180,10 @@ def test_service_carries_config_and_stand_in() -> None:
     ready = {"service": "fastapi_onnx", "model": "food11", "runtime": {"providers": ["CPUExecutionProvider"]},
              "batching": {"enabled": True}, "stand_in": True, "description": "zero-shot stand-in", "status": "ok",
              "variant": {"name": "fp32", "file": "food11.onnx"}}
-    service = Service("fastapi-onnx-dyn", "http://127.0.0.1:1", ready)
+    service = ServingStage("fastapi-onnx-dyn", "http://127.0.0.1:1", ready)
     assert service.config == {**{key: ready[key] for key in ("service", "model", "runtime", "batching")}, "variant": "fp32"}
     assert service.stand_in == "zero-shot stand-in"
-    assert Service("s", "u", {**ready, "stand_in": False}).stand_in is None
+    assert ServingStage("s", "u", {**ready, "stand_in": False}).stand_in is None
 
 
 def test_gourmetgram_label_reads_the_page_title() -> None:
