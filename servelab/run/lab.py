@@ -401,7 +401,7 @@ def run_lab(args) -> int:
     lab = Lab(plan, args.out, args.image, device=device, budget=budget)
     lab.run(stages, manifest, paths)
     # The limit is what the stages are set against: with none measured (all cut by --budget), not worth its servers.
-    limit = measure_limit(paths, args.image, lab.logs, device) if lab.records else None
+    limit = measure_limit(paths, args.image, lab.logs / "limit", device) if lab.records else None
     if limit:
         limit_path = args.out / LIMIT_FILE
         write_atomic(limit_path, lambda tmp: tmp.write_text(limit.model_dump_json(indent=1) + "\n"))

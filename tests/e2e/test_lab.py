@@ -65,10 +65,12 @@ def test_quick_lab_measures_every_stage_and_leaves_no_server(quick_lab):
 def test_quick_lab_starts_each_server_once_per_stage_it_serves(quick_lab):
     """A switch to what is already served does nothing (run/families.py): each FastAPI stage's server starts once
     (twice where the rollout comes back to it after its cache or bounded twin), each Ray stage is deployed once,
-    and one tritonserver serves every Triton stage. Counted from the servers' own logs."""
+    and one tritonserver serves every Triton stage. Counted from the servers' own logs (the limit's servers log
+    into logs/limit/)."""
     assert quick_lab.returncode == 0, quick_lab.output
     logs = quick_lab.out / "logs"
     started = Counter(re.sub(r"-\d+$", "", p.stem) for p in logs.glob("fastapi-*.log"))
+    assert list((logs / "limit").glob("fastapi-onnx-*.log"))  # the limit's own, apart
     twins = {bounded(STAGES_BY_NAME[n]).name for n in OVERLOADED} | {cached_name(n) for n in CACHED}
     want = {s.name: 1 + (s.name in ROLLED and (s.name in CACHED or s.name in OVERLOADED))
             for s in RUN if s.family == "fastapi"} | {name: 1 for name in twins if name.startswith("fastapi")}

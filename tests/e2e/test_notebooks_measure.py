@@ -199,10 +199,14 @@ def _serve(args: list[str], ready_path: str, log: Path, env: dict[str, str] | No
     return ServerProcess(cmd, url + ready_path, log, env={"ACCESS_LOG": "0", **(env or {})}, ready_timeout=180), url
 
 
+def _stop_all(servers: list[ServerProcess]) -> None:
+    with ThreadPoolExecutor(len(servers)) as pool:  # each waits seconds for its own graceful stop: side by side
+        list(pool.map(lambda server: server.stop(), servers))
+
+
 def _start_all(stack: ExitStack, servers: list[ServerProcess]) -> None:
     """Start the servers side by side; every one is stopped when the stack closes, started or not."""
-    for server in servers:
-        stack.callback(server.stop)
+    stack.callback(_stop_all, servers)
     with ThreadPoolExecutor(len(servers)) as pool:
         for future in [pool.submit(server.start) for server in servers]:
             future.result()
