@@ -284,7 +284,8 @@ def _outputs(nb) -> str:
     return "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", []))
 
 
-def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
+def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], artifacts, kernel_dir: Path,
+                                               tmp_path: Path) -> None:
     results = tmp_path / "results"
     nb = execute(
         "4_fastapi", kernel_dir, tmp_path,
@@ -297,6 +298,7 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
             "FLASK_URL": fastapi_stages["flask"], "WAIT_S": 30,
             "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "RESULTS": str(results),
             "OVERLOAD_S": 1.5, "MIX_REQUESTS": 30, "ROLLOUT_S": 2, "ROLLOUT_AT_S": 1,
+            "MODELS": str(artifacts.manifest.parent), "APP_PORT": free_port(),
         },
         prologue=PROLOGUE, epilogue=CHECK_FASTAPI, timeout=120,
     )
@@ -306,6 +308,12 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], k
     assert f"$ servelab load fastapi --url {fastapi_stages['fastapi-pt']} --stage fastapi-pt --requests 4 --warmup 1" in text
     # The senders students write (3 threads, 9 requests), beside the helper's run of the same load.
     assert re.search(r"^3 senders: median [\d.]+ ms, p95 [\d.]+ ms, p99 [\d.]+ ms, [\d.]+ req/s$", text, re.MULTILINE), text
+    # The app students write, served in the kernel: ONNX Runtime on the CPU, the service's class, a 400 for a non-photo.
+    assert "providers: ['CPUExecutionProvider']" in text
+    answers = dict(re.findall(r"^(yours|the service's): 200 (\{.*\})$", text, re.MULTILINE))
+    mine, theirs = (ast.literal_eval(answers[k]) for k in ("yours", "the service's"))
+    assert mine["prediction"] == theirs["prediction"] and abs(mine["probability"] - theirs["probability"]) < 1e-3
+    assert re.search(r"^not a photo: 400 \{'detail': 'not a usable image: ", text, re.MULTILINE), text
     assert text.count("GourmetGram: HTTP 200") == 2
     assert "Little's law: 3 requests in flight" in text
     assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers

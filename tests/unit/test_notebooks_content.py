@@ -94,7 +94,7 @@ def test_definition_source_finds_nested_functions_methods_and_decorators(tmp_pat
 def test_the_notebooks_show_the_code_they_teach() -> None:
     shown = {tuple(args) for stem in STEMS for args in _specs(stem, "excerpt")}
     assert {("fastapi_pt/app.py", "build_app.predict"), ("fastapi_pt/app.py", "load_model"),
-            ("fastapi_onnx/app.py", "open_session"), ("servelab/servers/fastapi/batcher.py", "MicroBatcher._run"),
+            ("servelab/servers/fastapi/batcher.py", "MicroBatcher._run"),
             ("models_staging/food_classifier/1/model.py", "TritonPythonModel.execute")} <= shown
     handler = definition_source(Path(notebook_blocks.REPO_ROOT) / "fastapi_pt/app.py", "build_app.predict")
     assert handler.startswith('@app.post("/predict"') and handler in _text("4_fastapi")

@@ -55,7 +55,7 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("notebooks/6_triton_python.md", "120 req/s"): "--request-rate-range 120, an example option of perf_analyzer",
     ("notebooks/6_triton_python.md", "100 %"): "full utilisation, a bound (the GPU busy all the time)",
     ("notebooks/7_triton_onnx.md", "40 req/s"): "RATES[0], an open-loop rate the notebook sets",
-    ("notebooks/README.md", "120 req/s"): "7_triton_onnx's RATES = [40, 80, 120]",
+    ("notebooks/README.md", "120 req/s"): "7_triton_onnx's RATES = [40, 120]",
     ("docs/instructors.md", "120 req/s"): "7_triton_onnx's RATES, the rate the notebook's question names",
     ("docker/README.md", "2 GB"): "shm_size: 2gb in docker-compose-triton.yaml",
     ("docker/README.md", "3 s"): "HEALTH_INTERVAL = '3s' in servelab/tools/containers/compose_stages.py",

@@ -2,11 +2,14 @@
 ``servelab load``."""
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import requests
+import uvicorn
 
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
@@ -120,6 +123,27 @@ class FastAPIWalkthrough:
     variants: list[str] = field(default_factory=lambda: ["u8", "int8", "fp16"])
     runs: list[Record] = field(default_factory=list)
     variant_runs: dict[str, tuple[ServingStage, Record]] = field(default_factory=dict)
+    app_server: tuple[uvicorn.Server, threading.Thread] | None = None  # the student's app, while it serves
+
+    def serve_app(self, app: Any, port: int) -> str:
+        """Serve the student's ``app`` with uvicorn in a thread of this kernel (its own event loop) on
+        127.0.0.1:``port``, once it listens; the app this started before stops first, so a student runs it
+        again after changing the app. Its URL."""
+        if self.app_server is not None:
+            server, thread = self.app_server
+            server.should_exit = True
+            thread.join()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        self.app_server = server, thread
+        while not server.started:
+            if not thread.is_alive():  # uvicorn said why above (a port in use, an app that fails to start)
+                raise RuntimeError(f"your app did not start on port {port}")
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        print(f"your app: {url} (uvicorn.Server(uvicorn.Config(app, port={port})).run(), in a thread of this kernel)")
+        return url
 
     def wait_for(self, stage: str, service: str, batching: bool, variant: str | None = None,
                  max_queue_requests: int = 0, cache: bool = False) -> ServingStage:
