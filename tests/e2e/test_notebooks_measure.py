@@ -298,7 +298,7 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], a
             "FLASK_URL": fastapi_stages["flask"], "WAIT_S": 30,
             "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "RESULTS": str(results),
             "OVERLOAD_S": 1.5, "MIX_REQUESTS": 30, "ROLLOUT_S": 2, "ROLLOUT_AT_S": 1,
-            "MODELS": str(artifacts.manifest.parent), "APP_PORT": free_port(),
+            "MODELS": str(artifacts.manifest.parent), "APP_PORT": free_port(), "PHOTOS": 16,
         },
         prologue=PROLOGUE, epilogue=CHECK_FASTAPI, timeout=120,
     )
@@ -314,6 +314,13 @@ def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], a
     mine, theirs = (ast.literal_eval(answers[k]) for k in ("yours", "the service's"))
     assert mine["prediction"] == theirs["prediction"] and abs(mine["probability"] - theirs["probability"]) < 1e-3
     assert re.search(r"^not a photo: 400 \{'detail': 'not a usable image: ", text, re.MULTILINE), text
+    # What students read themselves: the batch histogram, INT8's agreement, the shed counter, the answering version.
+    assert re.search(r"^mean batch: [\d.]+ images$", text, re.MULTILINE), text
+    assert re.search(r"^16 photos: INT8 and fp32 agree on [\d.]+% of top classes; largest probability change [\d.]+$",
+                     text, re.MULTILINE), text
+    assert 'servelab_shed_requests_total{reason="queue_full"}' in text
+    versions = re.findall(r"^X-Model-Version: (\S+) model_version: (\S+)$", text, re.MULTILINE)
+    assert len(versions) == 3 and all(a == b == versions[0][0] for a, b in versions), versions
     assert text.count("GourmetGram: HTTP 200") == 2
     assert "Little's law: 3 requests in flight" in text
     assert text.count("one inference at a time, ") == 3  # the ceiling, from each concurrent run's own numbers
@@ -466,7 +473,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", python, re.MULTILINE), python  # 6's client
     # The runs students type: perf_analyzer's own summary of each, and no run that could not start.
-    typed = {"6_triton_python": 3, "7_triton_onnx": 2, "8_triton_more": 1}
+    typed = {"6_triton_python": 3, "7_triton_onnx": 3, "8_triton_more": 1}
     for stem, text in texts.items():
         said = [line for line in text.splitlines() if "rror" in line or "ailed" in line or "not found" in line]
         assert text.count(" infer/sec, latency ") >= typed[stem] and "command not found" not in text, (stem, said)
@@ -476,6 +483,11 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     assert re.search(r"^16 rows: \[", onnx, re.MULTILINE), onnx
     assert re.search(r"^batch of \d+: [1-9]\d* executions, [\d.]+ ms each$", onnx, re.MULTILINE), onnx
     assert re.search(r"^food_preprocess: .* -> .*$", more, re.MULTILINE), more
+    # Triton's statistics, read by students: pt-1's time per request by step (6), and per ensemble step (8).
+    assert re.search(r"^queue: [\d.]+ ms per request$", python, re.MULTILINE) and "compute_infer: " in python, python
+    for model in ("food_preprocess", "food_classifier_onnx", "food_postprocess"):
+        assert re.search(rf"^{model}: [1-9]\d* requests, queue [\d.]+ ms, compute [\d.]+ ms per request$", more,
+                         re.MULTILINE), more
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", more, re.MULTILINE), more
     assert "$ servelab load triton --url " in python and " --model food_classifier_onnx --input tensor --stage onnx-1" in onnx
     for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):

@@ -258,15 +258,17 @@ def test_perf_analyzer_by_hand_explains_every_flag() -> None:
 # (notebook, stage Triton runs when the student types it, what the helper measured there that it repeats)
 TYPED = [("6_triton_python", "pt-1", "concurrency 8"), ("6_triton_python", "pt-dyn", "concurrency 8"),
          ("6_triton_python", "pt-2x2", "concurrency 8"), ("7_triton_onnx", "onnx-2", "concurrency 8"),
-         ("7_triton_onnx", "onnx-dyn", "poisson 120 req/s"), ("8_triton_more", "ensemble", "concurrency 8")]
+         ("7_triton_onnx", "onnx-dyn", "poisson 120 req/s"), ("7_triton_onnx", "onnx-b16", "concurrency 4"),
+         ("8_triton_more", "ensemble", "concurrency 8")]
 
 
 def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_the_check() -> None:
     """One typed run per Triton lesson (instances' pt-2x2 and onnx-2, batching's pt-dyn and onnx-dyn, after pt-1's;
-    the ensemble's in 8_triton_more's optional section): each asks the model and input of the stage Triton runs
-    at that point, and a load the step before it measured (with perf_analyzer where PA_STAGES has the stage, whose
-    printed command is the check; else the printed `servelab load` command is)."""
-    from servelab.tools.lease_plan import lease_plan
+    in optional sections, the client's batches of 16 and the ensemble): each asks the model, input and batch of the
+    stage Triton runs at that point, and a load the step before it measured (in the core with perf_analyzer, as
+    PA_STAGES has the stage, whose printed command is the check; in an optional section the printed `servelab load`
+    command may be)."""
+    from servelab.tools.lease_plan import lease_plan, sections
 
     plans = {p.name: p for p in lease_plan()}
     typed = [(stem, stage, line) for stem in TRITON for stage, line in _typed_perf_analyzer(stem)]
@@ -278,19 +280,22 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
         assert argv[argv.index("-m") + 1] == TRITON_STAGES[stage].triton.model
         assert argv[argv.index("-u") + 1] == "{TRITON_URL}"
         assert argv[argv.index("--input-data") + 1] == f"{{RESULTS}}/input-{TRITON_STAGES[stage].input}.json"
+        assert argv[argv.index("-b") + 1] == str(TRITON_STAGES[stage].triton.images)
         if load.startswith("concurrency"):
             assert argv[argv.index("--concurrency-range") + 1] == load.split()[1]
         else:
             arrivals, rate = load.split()[:2]
             assert (argv[argv.index("--request-rate-range") + 1], argv[argv.index("--request-distribution") + 1]) \
                 == (rate, arrivals)
-        part = plans[stem].optional if stem == "8_triton_more" else plans[stem].core
+        cell = f"# YOUR CODE: perf_analyzer at {stage}\n"
+        (optional,) = [optional for optional, section in sections(text) if cell in section]
+        part = plans[stem].optional if optional else plans[stem].core
         assert (stage, load) in part.measured, (stage, load)
         # Typed after the step that measured the stage, before the next stage's step switches Triton away.
-        at = text.index(f"# YOUR CODE: perf_analyzer at {stage}\n")
+        at = text.index(cell)
         before = [m[1] for m in re.finditer(r'lab\.measure\("([\w-]+)"', text) if m.start() < at]
         assert (before or ["pt-1"])[-1] == stage  # the first, before any step: 5_triton_setup loaded pt-1
-        assert stage in lp_pa_stages(stem) or stem == "8_triton_more"  # there, `servelab load` is the check
+        assert stage in lp_pa_stages(stem) or optional  # there, `servelab load` may be the check
 
 
 def lp_pa_stages(stem: str) -> list[str]:
@@ -544,11 +549,21 @@ WRITTEN = {"timing loop": ("4_fastapi", ("requests.Session()", "time.perf_counte
            "ONNX Runtime app": ("4_fastapi", ("ort.InferenceSession(", "session.run(", '@app.post("/predict")',
                                               "HTTPException(400", "preprocess(", "top1(")),
            "try your app": ("4_fastapi", ("requests.post(", "/predict", "my_url", "onnx.url", "status_code == 400")),
+           "batch sizes": ("4_fastapi", ("requests.get(", "/metrics", "servelab_batch_size")),
+           "INT8's answers": ("4_fastapi", ("ort.InferenceSession(", "food11.onnx", "food11_u8_int8.onnx", ".run(",
+                                            "softmax(", "argmax(")),
+           "the shed counter": ("4_fastapi", ("requests.get(", "/metrics", "servelab_shed_requests_total", 'status="503"')),
+           "the version that answers": ("4_fastapi", ("requests.post(", "/predict", '"X-Model-Version"', '"model_version"')),
            "sessions": ("4_fastapi", ("requests.get(", "/ready", "session_counts", "shape_changes")),
            "cache headers": ("4_fastapi", ("requests.post(", "/predict", 'headers["X-Cache"]', 'headers["Server-Timing"]')),
            "rollback": ("4_fastapi", ("requests.post(", "/admin/reload", '{"variant": "fp32"}', "headers=headers")),
            "batch of 16": ("6_triton_python", ('httpclient.InferInput("INPUT_IMAGE"', '"BYTES"', 'client.infer("food_classifier"',
                                               'as_numpy("FOOD_LABEL")', "time.perf_counter()")),
+           "queue and compute": ("6_triton_python", ('client.get_inference_statistics("food_classifier")',
+                                                     '["inference_stats"]', '["success"]["count"]', '"compute_infer"')),
+           "ensemble statistics": ("8_triton_more", ("client.get_inference_statistics(model)", '"food_preprocess"',
+                                                     '"food_postprocess"', '["inference_stats"]', '"compute_infer"')),
+           "GourmetGram client": ("6_triton_python", ("requests.post(", "/classify", 'files={"photo":', "status_code")),
            "batch of 16 tensors": ("7_triton_onnx", ('httpclient.InferInput("input"', '"FP32"', '"food_classifier_onnx"',
                                                     'httpclient.InferRequestedOutput("output")')),
            "batch statistics": ("7_triton_onnx", ('client.get_inference_statistics("food_classifier_onnx")', '["batch_stats"]',
@@ -589,8 +604,8 @@ def test_students_write_framework_code_that_the_tests_run_as_the_instructors_ans
 
 # The notebooks where students serve and measure (issue 44: "the runnable cells of 4, 6, 7, 8").
 SERVING = ("4_fastapi", "6_triton_python", "7_triton_onnx", "8_triton_more")
-# Issue 44 asks for 40 %; held here at what the notebooks reach now, and raised as they reach more.
-STUDENTS_SHARE_FLOOR = 0.30
+# Issue 44 asks for 40 %.
+STUDENTS_SHARE_FLOOR = 0.40
 
 
 def students_share(cells: list[str]) -> tuple[int, int]:
