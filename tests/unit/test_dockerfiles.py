@@ -156,3 +156,16 @@ def test_standin_dockerfiles_pass_hadolint_and_say_what_they_are(dockerfile: Pat
     assert result.returncode == 0, result.stdout + result.stderr
     labels = [i.args for i in parse_dockerfile(dockerfile) if i.keyword == "LABEL"]
     assert any("LOCAL STAND-IN" in label for label in labels), "a stand-in image names itself as one"
+
+
+def test_the_wheelhouse_holds_every_extra_the_local_images_install() -> None:
+    """The local images install from the wheelhouse alone (no index): an extra a Dockerfile adds and the
+    wheelhouse lacks fails that image's build, not a test here. Ray's image is built on the node only."""
+    from servelab.tools.containers.wheelhouse import EXTRAS
+
+    installed = set()
+    for path in DOCKERFILES:
+        if path.name != "Dockerfile.ray":
+            for extras in re.findall(r'"\.\[([\w,]+)\]"', path.read_text()):
+                installed |= set(extras.split(","))
+    assert installed == set(EXTRAS)

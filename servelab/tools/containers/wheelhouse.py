@@ -16,8 +16,8 @@ from pathlib import Path
 
 from servelab.core.paths import REPO_ROOT
 
-# The servelab extras the five Dockerfiles install (their `pip install ".[...]"` lines).
-EXTRAS = ("torch", "serve", "flask", "triton", "bench", "notebooks")
+# The servelab extras the five Dockerfiles install (their `pip install ".[...]"` lines; tests/unit/test_dockerfiles.py).
+EXTRAS = ("torch", "serve", "flask", "triton", "bench", "notebooks", "onnx")
 CONSTRAINTS = REPO_ROOT / "constraints.txt"
 # The Python the images run (Debian 12's python3.11), which may be older than the host's: packages
 # that need a later 3.11 (soupsieve 4.1 needs 3.11.5) must not be picked.
