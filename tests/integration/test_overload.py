@@ -6,6 +6,7 @@ import asyncio
 import io
 import re
 import socket
+import statistics
 import time
 
 import httpx
@@ -133,11 +134,15 @@ def test_without_a_bound_latency_grows_with_time(overloads):
     assert r.load.rate == pytest.approx(1.5 * capacity)
     assert r.stats.shed == {} and sum(t.shed) == 0
     p99 = [v for v in t.p99_ms if v is not None]
-    # The queue grows: later requests wait longer (the last bins hold the schedule's tail, fewer and noisier).
-    assert len(p99) >= 3 and max(p99[1:]) > 2 * p99[0], p99
-    # Every request is kept, with when it was sent: later sends waited longer.
+    assert len(p99) >= 3 and max(p99[1:]) > p99[0], p99  # the timeline shows the growth
+    # Every request is kept, with when it was sent: the queue grows, so later sends wait longer. By sends, not
+    # by the timeline's p99: a bin's p99 is the wait at its end, so the first bin's already holds a second of
+    # queue, and a capacity read low on a busy machine leaves the overload mild (CI once saw 340 then 560 ms).
     per = r.per_request
     assert len(per.sent_s) == len(per.latency_ms) == len(per.outcome) == r.stats.requests
+    first = [ms for s, ms in zip(per.sent_s, per.latency_ms) if s < 0.5]
+    last = [ms for s, ms in zip(per.sent_s, per.latency_ms) if s >= max(per.sent_s) - 1.0]
+    assert first and statistics.median(last) > 2 * statistics.median(first), (first, last)
     assert per.latency_ms[per.sent_s.index(max(per.sent_s))] > 3 * service_ms
 
 
