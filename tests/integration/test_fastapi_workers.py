@@ -1,12 +1,17 @@
-"""`servelab serve fastapi-onnx` as several server processes on one port (servelab.servers.fastapi.workers):
+"""`servelab serve fastapi-onnx` as several server processes on one port (servelab.servers.fastapi.workers),
+each with its model or all in front of one batcher process (SHARED_BATCHER, servelab.servers.fastapi.shared):
 one service to its clients, whatever happens to one of its processes."""
 
+import asyncio
 import os
+import re
 import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 
@@ -14,9 +19,10 @@ from fastapi_service import admin, b64, metric_samples
 from servelab.core.catalogue import SERVICES
 from servelab.core.photos import evaluation_set
 from servelab.core.procs import ServerProcess, free_port, wait_until
-from servelab.core.settings import ServeSettings
+from servelab.core.settings import ServeSettings, Settings
 from servelab.servers.fastapi.child import fastapi_process
-from servelab.servers.fastapi.workers import worker_count
+from servelab.servers.fastapi.shared import BATCHER_MODULE, SharedBatcher
+from servelab.servers.fastapi.workers import shares_batcher, worker_count
 
 ONNX = next(name for name, runtime in SERVICES.items() if runtime == "onnx")
 WORKERS = 2
@@ -29,8 +35,15 @@ def fresh(url: str, photo: bytes, n: int) -> list[httpx.Response]:
 
 
 def workers_of(server: ServerProcess) -> list[psutil.Process]:
-    """The supervisor's server processes (uvicorn's spawn also starts a resource tracker, which serves nothing)."""
-    return [p for p in psutil.Process(server.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+    """The supervisor's server processes (uvicorn's spawn also starts a resource tracker, which serves nothing;
+    a shared batcher is ``batcher_of``'s)."""
+    return [p for p in psutil.Process(server.pid).children() if not
+            re.search(f"resource_tracker|{BATCHER_MODULE}", " ".join(p.cmdline()))]
+
+
+def batcher_of(server: ServerProcess) -> psutil.Process:
+    (batcher,) = [p for p in psutil.Process(server.pid).children() if BATCHER_MODULE in p.cmdline()]
+    return batcher
 
 
 def predictions(url: str) -> float:
@@ -38,11 +51,20 @@ def predictions(url: str) -> float:
         '{method="POST",route="/predict",status="200"}', 0.0)
 
 
-@pytest.fixture
-def service(artifacts, tmp_path):
+def env_of(artifacts, shared: bool, **more: str) -> dict[str, str]:
+    return {"MODEL_DIR": str(artifacts.manifest.parent), "WORKERS": str(WORKERS), "ORT_PROVIDERS": "cpu",
+            "SHARED_BATCHER": str(int(shared)), **more}
+
+
+# Each process with its own model (the CPU's default), and all in front of one batcher (the GPU's).
+SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-models", "shared-batcher"])
+
+
+@pytest.fixture(params=[False, True], ids=["own-models", "shared-batcher"])
+def service(artifacts, tmp_path, request):
     port = free_port()
-    env = {"MODEL_DIR": str(artifacts.manifest.parent), "WORKERS": str(WORKERS), "ORT_PROVIDERS": "cpu"}
-    with fastapi_process(ONNX, port, tmp_path / "serve.log", env, ready_timeout=120) as server:
+    with fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, request.param),
+                         ready_timeout=120) as server:
         yield server, f"http://127.0.0.1:{port}"
 
 
@@ -56,7 +78,8 @@ def test_the_processes_answer_as_one_service(service):
     answers = fresh(url, PHOTO, 40)
     assert [a.status_code for a in answers] == [200] * 40
     # Every process did part of the work, and the metrics add up over them.
-    assert all(sum(p.cpu_times()[:2]) - before > 0.05 for p, before in zip(processes, cpu_before))
+    used = [sum(p.cpu_times()[:2]) - before for p, before in zip(processes, cpu_before)]
+    assert all(u > 0.02 for u in used), used  # a few requests each at least (ms of preprocessing each)
     assert predictions(url) == 40
 
 
@@ -96,14 +119,14 @@ def test_a_reload_reaches_every_process_before_it_answers(service):
     assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [reloaded["model_version"]]
 
 
-def test_a_stop_lets_requests_in_flight_finish_and_frees_the_port(artifacts, tmp_path):
+@SHARED
+def test_a_stop_lets_requests_in_flight_finish_and_frees_the_port(artifacts, tmp_path, shared):
     port = free_port()
-    env = {"MODEL_DIR": str(artifacts.manifest.parent), "WORKERS": str(WORKERS), "ORT_PROVIDERS": "cpu"}
-    server = fastapi_process(ONNX, port, tmp_path / "serve.log", env, ready_timeout=120).start()
+    server = fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, shared), ready_timeout=120).start()
     try:
         url, photo = f"http://127.0.0.1:{port}", PHOTO
         body = {"images": [b64(photo)] * 16}  # the most a request may carry: hundreds of ms each on 2 CPUs
-        processes = workers_of(server)
+        processes = workers_of(server) + ([batcher_of(server)] if shared else [])
         # A request still in the listen backlog at the signal is reset, as it should be: the signal waits until
         # all four reached a handler (being handled, or done), summed over the processes; the scrape counts itself.
         def reached() -> float:
@@ -131,3 +154,62 @@ def test_workers_default_to_one_per_cpu_on_the_cpu_and_follow_the_setting(monkey
     assert worker_count(ServeSettings(workers=3), "onnx") == 3
     assert worker_count(ServeSettings(ort_providers="cpu"), "onnx") == len(os.sched_getaffinity(0))
     assert worker_count(ServeSettings(torch_device="cpu"), "pytorch") == len(os.sched_getaffinity(0))
+    # On the CPU each process keeps its model unless asked; one process never needs a batcher of its own.
+    assert not shares_batcher(ServeSettings(ort_providers="cpu"), "onnx", 2)
+    assert shares_batcher(ServeSettings(ort_providers="cpu", shared_batcher=True), "onnx", 2)
+    assert not shares_batcher(ServeSettings(shared_batcher=True), "onnx", 1)
+
+
+@pytest.fixture
+def batching(artifacts, tmp_path):
+    """Two server processes before one batcher that waits up to 3 s for a batch of 8: requests stay there."""
+    port, log = free_port(), tmp_path / "serve.log"
+    env = env_of(artifacts, True, MAX_BATCH_SIZE="8", BATCH_TIMEOUT_MS="3000")
+    with fastapi_process(ONNX, port, log, env, ready_timeout=120) as server:
+        yield server, f"http://127.0.0.1:{port}", log
+
+
+def test_the_batcher_forms_one_batch_from_every_processs_requests(batching, artifacts):
+    """Two connections to the batcher, as two server processes make: 3 + 5 images, one inference of 8."""
+    server, url, log = batching
+    path = re.search(r"batcher: serving the server processes at (\S+)", log.read_text())[1]
+    settings = Settings(model_dir=artifacts.manifest.parent)
+    x = np.stack([np.zeros((3, 224, 224), np.float32)] * 5)
+
+    async def two_processes() -> list:
+        first, second = await asyncio.gather(*(asyncio.to_thread(SharedBatcher, path, settings, 8) for _ in range(2)))
+        for batcher in (first, second):
+            batcher.start()
+        try:
+            return await asyncio.gather(first.submit(x[:3]), second.submit(x))
+        finally:
+            await asyncio.gather(first.close(), second.close())
+
+    three, five = asyncio.run(two_processes())
+    assert (len(three.logits), len(five.logits)) == (3, 5)
+    assert three.batch_size == five.batch_size == 8 and three.infer_s == five.infer_s  # one inference
+    np.testing.assert_array_equal(three.logits, five.logits[:3])  # the same images, the same answers
+
+
+def test_a_batcher_that_dies_loses_no_request_and_comes_back(batching):
+    """Requests waiting at the batcher when it is killed: each server process sends them again to the batcher
+    started in its place; /ready says 503 until it is back."""
+    server, url, log = batching
+    victim = batcher_of(server)
+    in_progress = lambda: sum(metric_samples(httpx.get(f"{url}/metrics").text,  # noqa: E731
+                                             "servelab_http_requests_in_progress").values()) - 1  # the scrape
+    with ThreadPoolExecutor(3) as pool:
+        pending = [pool.submit(httpx.post, f"{url}/predict", json={"image": b64(PHOTO)}, timeout=120)
+                   for _ in range(3)]
+        wait_until(lambda: in_progress() >= 3, "three requests at a handler", 30)
+        time.sleep(0.5)  # preprocessed (ms): they wait at the batcher for a batch of 8
+        victim.kill()
+        victim.wait(10)
+        assert httpx.get(f"{url}/ready").status_code == 503
+        answers = [f.result() for f in pending]
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert len({a.json()["prediction"] for a in answers}) == 1
+    waited = sum(int(n) for n in re.findall(r"batcher process went away with (\d+) request", log.read_text()))
+    assert waited == 3, log.read_text()[-3000:]
+    wait_until(lambda: httpx.get(f"{url}/ready").status_code == 200, "ready again", 60)
+    assert batcher_of(server).pid != victim.pid

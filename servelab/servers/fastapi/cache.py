@@ -28,8 +28,8 @@ from servelab.core.installers.opt_tools import ToolBinary
 from servelab.core.installers.redis_install import RedisNotFound, locate
 from servelab.core.preprocess import decode_base64
 from servelab.core.procs import ChildServer, ServerProcess, free_port
-from servelab.servers.fastapi.runtimes import SERVING, Backend
-from servelab.servers.fastapi.schemas import PredictResponse
+from servelab.servers.fastapi.runtimes import Backend
+from servelab.servers.fastapi.schemas import SERVING, PredictResponse
 
 log = logging.getLogger("servelab.servers.fastapi")
 

@@ -54,8 +54,9 @@ RELOAD_RESPONSES = {
 }
 
 
-class PreprocessWorkerLost(RuntimeError):
-    """A preprocessing worker process died under this request (HTTP 503); the pool was replaced."""
+class WorkerLost(RuntimeError):
+    """A process working on this request died (HTTP 503, retry): a preprocessing worker (its pool was
+    replaced), or the batcher process (``shared``) twice."""
 
 
 class Overloaded(RuntimeError):
@@ -152,7 +153,7 @@ def _describe(error: dict) -> str:
     return f"{where}: {error['msg']}" + (f" ({reason})" if reason else "")
 
 
-async def _worker_lost(request: Request, exc: PreprocessWorkerLost) -> JSONResponse:
+async def _worker_lost(request: Request, exc: WorkerLost) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
 
 
@@ -181,7 +182,7 @@ def install_error_handlers(app: FastAPI, max_body_bytes: int, max_queue_requests
     if max_queue_requests:  # outside the body limit: a shed request's body is never read
         app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests, hold_s=shed_hold_s)
     app.add_exception_handler(ImageError, _image_error)
-    app.add_exception_handler(PreprocessWorkerLost, _worker_lost)
+    app.add_exception_handler(WorkerLost, _worker_lost)
     app.add_exception_handler(Overloaded, _overloaded)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)

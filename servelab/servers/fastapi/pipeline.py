@@ -26,11 +26,12 @@ scheduler per model) and spreads only the CPU work over cores.
 A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new pool
 replaces it at once, and every request that was waiting for the old one runs again, once, on the new
 one (preprocessing is a pure function of the request). A request whose second pool dies too gets
-``PreprocessWorkerLost`` (503, retry): an image that crashes the decoder kills two pools, not pool
+``WorkerLost`` (503, retry): an image that crashes the decoder kills two pools, not pool
 after pool.
 """
 
 import asyncio
+import base64
 import logging
 import multiprocessing
 import os
@@ -43,12 +44,13 @@ from time import perf_counter
 
 import numpy as np
 
+from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import Prediction, top1
 from servelab.core.preprocess import ImageError, crop_pixels, prepare_timed, preprocess
 from servelab.core.procs import die_with_parent
 from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher
-from servelab.servers.fastapi.errors import PreprocessWorkerLost
+from servelab.servers.fastapi.errors import WorkerLost
 from servelab.servers.fastapi.metrics import Metrics
 from servelab.servers.fastapi.runtimes import Backend, model_instances, preprocess_workers
 from servelab.servers.fastapi.timing import Timing
@@ -139,8 +141,9 @@ class Pipeline:
         # A model with preprocessing in its graph takes the uint8 crop: no float math here.
         step, kwargs = (crop_pixels, m.crop_kwargs()) if backend.takes_uint8 else (preprocess, m.preprocess_kwargs())
         self._prepare = partial(prepare_timed, step=step, **kwargs, max_pixels=settings.max_image_pixels)
-        # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one).
-        self.batcher = batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
+        # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one);
+        # beside a batcher process (SHARED_BATCHER), the model and its batcher are that process's.
+        self.batcher = backend.remote if backend.remote is not None else batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
                                on_batch=metrics.observe_batch if metrics else None,
                                instances=model_instances(settings, backend),
                                max_queue_delay_s=settings.max_queue_delay_ms / 1000)
@@ -172,7 +175,7 @@ class Pipeline:
         """``prepare`` in a worker: (model input, when the worker started, when it ended). Where a worker
         process dies with this request in its pool (before it ran or while it ran), the request runs again,
         once, on a new pool: preprocessing is a pure function of the request, so nothing is done twice that
-        matters. A second death is a 503 (PreprocessWorkerLost)."""
+        matters. A second death is a 503 (WorkerLost)."""
         loop = asyncio.get_running_loop()
         for _ in range(2):
             pool = self._pool
@@ -182,7 +185,7 @@ class Pipeline:
                 return await loop.run_in_executor(pool, self._prepare, text)
             except BrokenProcessPool:
                 self._replace(pool)
-        raise PreprocessWorkerLost("preprocessing worker processes died twice while this request waited for them "
+        raise WorkerLost("preprocessing worker processes died twice while this request waited for them "
                                    "(the pool was restarted each time); retry the request")
 
     def _replace(self, broken: Executor) -> Executor:
@@ -244,3 +247,14 @@ class Pipeline:
         """One request's images -> one prediction each, in order: the three steps a handler takes."""
         prepared = await self.preprocess(images)
         return self.postprocess(prepared, await self.batcher.submit(prepared.x))
+
+
+async def warm(pipeline: Pipeline, settings: ServeSettings) -> tuple[list[int], Probe]:
+    """``Pipeline.warm_up`` with the bundled photo at the batch sizes the backend's sessions take."""
+    sizes = pipeline.backend.warm_up_sizes(settings)
+    return sizes, await pipeline.warm_up(photo_text(), sizes)
+
+
+def photo_text() -> str:
+    """The bundled photo as a request carries it (base64): what warm-ups run."""
+    return base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()

@@ -21,8 +21,8 @@ largest batch the service can hand them, and the warm-up runs each session's bat
 """
 
 import logging
+import os
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +35,7 @@ from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, preload_cuda_
 from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.core.variants.build import PRECISION, variant_path
+from servelab.servers.fastapi.shared import SOCKET_ENV, SharedBatcher
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -69,11 +70,8 @@ class Backend:
     variant: dict[str, Any] | None = None  # ONNX: name, file, size, precision, input
     classifier: OnnxClassifier | None = None  # ONNX: its sessions (providers, shape policy, counts)
     version: str = ""  # the model version every response carries (``model_version``)
-
-    @property
-    def takes_uint8(self) -> bool:
-        """Whether the model takes the uint8 crop (preprocessing in its graph) instead of float32."""
-        return self.classifier is not None and self.classifier.input_dtype == np.uint8
+    takes_uint8: bool = False  # the model takes the uint8 crop (preprocessing in its graph), not float32
+    remote: Any = None  # beside a batcher process: ``shared.SharedBatcher``, which infers there
 
     def warm_up_sizes(self, settings: ServeSettings) -> list[int]:
         """Batch sizes to run before the service is ready: every ONNX Runtime session's own (buckets,
@@ -104,10 +102,6 @@ def model_version(weights: Path) -> str:
     return sha256_file(weights)[:VERSION_CHARS]
 
 
-# The backend serving the current request: set where its handler picks the pipeline
-# (``Service.ready_pipeline``), read where the response says which version answered. Per request
-# (each runs in its own task), so a request that began before a reload reports the model that served it.
-SERVING: ContextVar[Backend] = ContextVar("servelab_serving")
 
 
 def intra_op_threads(settings: ServeSettings) -> int:
@@ -132,8 +126,8 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
     on every CPU but one (the server's event loop and the thread driving the GPU keep that one); on
     the CPU, threads in what inference leaves free, as before."""
     processes = settings.preprocess_processes
-    if processes == "auto":
-        processes = max(1, cpu_count() - 1) if backend.on_gpu else 0
+    if processes == "auto":  # a server process beside a batcher process has one core of its own: threads
+        processes = max(1, cpu_count() - 1) if backend.on_gpu and backend.remote is None else 0
     return ("processes", processes) if processes else ("threads", worker_threads(settings))
 
 
@@ -194,6 +188,18 @@ def _checked(backend: Backend, settings: ServeSettings, allow_gpu_only_on_cpu: b
     return backend
 
 
+def _batchers_model(settings: ServeSettings) -> Backend | None:
+    """Beside a batcher process (SHARED_BATCHER): the model it serves, which this process never loads, with
+    inference there (``shared.SharedBatcher``, the pipeline's batcher); else None."""
+    if not (path := os.environ.get(SOCKET_ENV)):
+        return None
+    remote = SharedBatcher(path, settings, max_infer_batch(settings))
+    d = remote.described
+    return Backend(d["kind"], remote.infer, model_manifest(settings)[1], d["on_gpu"], d["intra_op_threads"],
+                   {**d["details"], "batcher": "a process shared by every server process"}, d["warnings"],
+                   d["variant"], version=d["version"], takes_uint8=d["takes_uint8"], remote=remote)
+
+
 # What fastapi_pt's app builds from the weights: float32 [N, 3, H, W] -> logits [N, classes].
 TorchLoader = Callable[[Path, str, Any, Any], Callable[[np.ndarray], np.ndarray]]
 
@@ -201,6 +207,8 @@ TorchLoader = Callable[[Path, str, Any, Any], Callable[[np.ndarray], np.ndarray]
 def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
     """fastapi_pt's model: the device and threads from the settings, then ``load_model(weights file,
     architecture, torch device, torch dtype)`` (the app's), which returns its inference function."""
+    if remote := _batchers_model(settings):
+        return remote
     import torch
 
     paths, manifest = model_manifest(settings)
@@ -284,6 +292,8 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
     sessions opened by ``open_session(path, providers)`` (the app's; one per batch size under
     ORT_SHAPE_POLICY), then what is really active read back. ``allow_gpu_only_on_cpu``: run a GPU-only
     variant (fp16) on the CPU anyway, to check its answers."""
+    if remote := _batchers_model(settings):
+        return remote
     import onnxruntime as ort
 
     _, manifest = model_manifest(settings)
@@ -333,7 +343,8 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
                "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}
     return _checked(Backend("onnx", classifier.infer, manifest, on_gpu, threads, details, warnings, variant,
-                            classifier, model_version(path)), settings, allow_gpu_only_on_cpu)
+                            classifier, model_version(path), classifier.input_dtype == np.uint8),
+                    settings, allow_gpu_only_on_cpu)
 
 
 def _onnx_input(path: Path) -> tuple[str, list[int]]:

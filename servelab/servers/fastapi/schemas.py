@@ -4,6 +4,7 @@
 import base64
 import io
 import os
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import OnnxVariant
-from servelab.servers.fastapi.runtimes import SERVING
 
 
 @cache
@@ -50,6 +50,12 @@ class PredictionOut(BaseModel):
     prediction: str = Field(description="The most likely Food-11 class.")
     probability: float = Field(ge=0, le=1, description="Its softmax probability.")
     class_index: int = Field(ge=0, description="Its index in the model's class list.")
+
+
+# The backend (``runtimes.Backend``) serving the current request: set where its handler picks the pipeline
+# (``Service.ready_pipeline``), read where the response says which version answered. Per request
+# (each runs in its own task), so a request that began before a reload reports the model that served it.
+SERVING: ContextVar[Any] = ContextVar("servelab_serving")
 
 
 def _serving_version() -> str:

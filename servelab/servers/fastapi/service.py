@@ -29,7 +29,6 @@ body is read), and a reload loads only a ``model_dir`` that resolves inside ``MO
 """
 
 import asyncio
-import base64
 import hmac
 import logging
 import math
@@ -54,9 +53,10 @@ from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS
 from servelab.servers.fastapi.cache import ResponseCache
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
-from servelab.servers.fastapi.pipeline import Pipeline, Probe
-from servelab.servers.fastapi.runtimes import SERVING, Backend, max_infer_batch, why_threads
+from servelab.servers.fastapi.pipeline import Pipeline, warm
+from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
 from servelab.servers.fastapi.schemas import (
+    SERVING,
     Batching,
     BatchRequest,
     BatchResponse,
@@ -188,14 +188,10 @@ class Service:
             log.info("%s: load shedding on: 503 + Retry-After past %s requests held or %s ms waited for a batch",
                      self.name, settings.max_queue_requests or "unbounded", settings.max_queue_delay_ms or "unbounded")
 
-    async def _warm(self, pipeline: Pipeline, settings: ServeSettings) -> tuple[list[int], Probe]:
-        sizes = pipeline.backend.warm_up_sizes(settings)
-        return sizes, await pipeline.warm_up(base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode(), sizes)
-
     async def warm_up(self) -> None:
         started = perf_counter()
         try:
-            sizes, probe = await self._warm(self.pipeline, self.settings)
+            sizes, probe = await warm(self.pipeline, self.settings)
         except Exception as exc:
             self.not_ready_reason = f"the warm-up inference failed ({type(exc).__name__}: {exc})"
             log.exception("%s: %s", self.name, self.not_ready_reason)
@@ -315,7 +311,7 @@ class Service:
         pipeline = Pipeline(backend, settings, self.metrics, self.batcher)
         pipeline.start()
         try:
-            await self._warm(pipeline, settings)
+            await warm(pipeline, settings)
         except Exception as exc:
             await pipeline.close()
             self.metrics.reloads.labels("refused").inc()
@@ -340,6 +336,8 @@ class Service:
 
     def readiness(self) -> Ready:
         self.ready_pipeline()
+        if (shared := self.backend.remote) is not None and not shared.connected:
+            raise HTTPException(503, "not ready: the batcher process is starting again", headers={"Retry-After": "1"})
         workers = None
         if self.siblings:
             serving = self.siblings.serving()

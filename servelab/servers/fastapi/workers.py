@@ -1,4 +1,4 @@
-"""Several server processes on one port: how ``servelab serve fastapi-onnx|fastapi-pt`` runs by default on the CPU.
+"""Several server processes on one port: how ``servelab serve fastapi-onnx|fastapi-pt`` runs by default.
 
 One process carries every request's HTTP, JSON and base64 on one event loop and one GIL. On 16 cores
 without a GPU that turned 40 % of the machine's limit into answers (docs/gpu/nvidia-h200.md). Where the
@@ -6,7 +6,8 @@ model runs on the CPU, batching buys nothing (docs/variants.md), so ``serve`` st
 the same app with uvicorn's supervisor: the parent binds the port, each child accepts from it, and the
 parent replaces a child that dies. Each child runs on its share of the CPUs (``SHARE_ENV``, read by
 ``servelab.core.procs.cpu_count``), so its threads are sized as one process's would be on that many cores.
-On a GPU one process keeps the default: its batcher sees every request, so batches fill.
+On a GPU the children load no model: one batcher process holds it and batches every child's requests, so
+batches fill as behind one process (``SHARED_BATCHER``, ``servelab.servers.fastapi.shared``).
 
 The children share a folder (``Siblings``), so the service still answers as one:
 
@@ -27,7 +28,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -50,10 +51,16 @@ def on_gpu(settings: ServeSettings, runtime: str) -> bool:
 
 
 def worker_count(settings: ServeSettings, runtime: str) -> int:
-    """WORKERS, else one process per CPU where the model runs on the CPU and one on a GPU."""
+    """WORKERS, else one process per CPU, but one where the model runs on a GPU without a shared batcher
+    (each process would load a model of its own there)."""
     if settings.workers != "auto":
         return settings.workers
-    return 1 if on_gpu(settings, runtime) else cpu_count()
+    return 1 if on_gpu(settings, runtime) and settings.shared_batcher is False else cpu_count()
+
+
+def shares_batcher(settings: ServeSettings, runtime: str, workers: int) -> bool:
+    """Whether ``workers`` server processes send their images to one batcher process (SHARED_BATCHER)."""
+    return workers > 1 and (on_gpu(settings, runtime) if settings.shared_batcher == "auto" else settings.shared_batcher)
 
 
 def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int) -> None:
@@ -67,14 +74,29 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
         uvicorn.run(app, **options)
         return
     share = max(1, cpu_count() // workers)
-    with tempfile.TemporaryDirectory(prefix="servelab-workers-") as folder:
+    with tempfile.TemporaryDirectory(prefix="servelab-workers-") as folder, ExitStack() as batcher:
         (Path(folder) / "metrics").mkdir()
+        metrics = {METRICS_ENV: str(Path(folder) / "metrics")}
         # The children inherit these (uvicorn spawns them); this process imports no prometheus_client.
-        os.environ.update({FOLDER_ENV: folder, COUNT_ENV: str(workers), SHARE_ENV: str(share),
-                           METRICS_ENV: str(Path(folder) / "metrics")})
+        children = {FOLDER_ENV: folder, COUNT_ENV: str(workers), SHARE_ENV: str(share), **metrics}
+        shared = shares_batcher(settings, runtime, workers)
+        if shared:
+            # Deferred: the batcher's side of the service imports the model's (numpy, the pipeline).
+            from servelab.servers.fastapi.shared import SOCKET_ENV, BatcherProcess, hello
+
+            path = Path(folder) / "batcher.sock"
+            batcher.enter_context(BatcherProcess(app, path, {**os.environ, **metrics}))  # every CPU is its
+            try:  # the model loads and warms up there before any server process starts: a fatal problem ends here
+                hello(str(path), settings)[0].close()
+            except Exception as exc:  # noqa: BLE001 - said in a line, as a server process's start would
+                sys.exit(f"ERROR:    servelab: the batcher process cannot serve the model: {exc}")
+            children[SOCKET_ENV] = str(path)
+        os.environ.update(children)
         # uvicorn's logging is set up once it runs; this line goes before it, beside its own.
         print(f"INFO:     servelab: {workers} server processes on port {port}, {share} CPU(s) each "
-              f"(WORKERS={settings.workers})", file=sys.stderr, flush=True)
+              f"(WORKERS={settings.workers})" + (", one batcher process for the model (SHARED_BATCHER="
+                                                  f"{settings.shared_batcher})" if shared else ""),
+              file=sys.stderr, flush=True)
         uvicorn.run(app, workers=workers, **options)
 
 

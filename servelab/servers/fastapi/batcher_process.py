@@ -1,0 +1,159 @@
+"""The batcher process of a service whose server processes share one model (``servelab.servers.fastapi.shared``
+says how they use it): it loads each model a connection asks for, warms it up, batches every connection's
+requests together and answers each with its rows of the logits.
+
+``python -m servelab.servers.fastapi.batcher_process <app> <socket>``, started by ``shared.BatcherProcess``;
+``<app>`` is the app whose ``load`` opens the model (``fastapi_onnx.app:app``).
+"""
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelab.core.settings import ServeSettings, get_settings
+from servelab.servers.fastapi.errors import Overloaded
+from servelab.servers.fastapi.metrics import Metrics
+from servelab.servers.fastapi.pipeline import Pipeline, photo_text, warm
+from servelab.servers.fastapi.runtimes import max_infer_batch
+from servelab.servers.fastapi.shared import frame, read_frame
+
+log = logging.getLogger("servelab.servers.fastapi")
+
+
+@dataclass
+class Held:
+    pipeline: Pipeline
+    described: dict[str, Any]
+
+
+class Batcher:
+    """The batcher process's models and connections."""
+
+    def __init__(self, load, settings: ServeSettings):
+        # Its own Pipeline preprocesses only the warm-up's photo: one thread is enough.
+        self.load, self.settings = load, settings.model_copy(update={"preprocess_processes": 0, "worker_threads": 1})
+        self.metrics = Metrics(max_infer_batch(settings))
+        self.models: dict[tuple, asyncio.Task[Held]] = {}
+        self.users: Counter[tuple] = Counter()
+        self.newest: tuple | None = None
+
+    async def _load(self, key: tuple) -> Held:
+        model_dir, variant = key
+        settings = self.settings.model_copy(update={"model_dir": Path(model_dir),
+                                                    **({"onnx_variant": variant} if variant else {})})
+        backend = await asyncio.to_thread(self.load, settings)
+        pipeline = Pipeline(backend, settings, self.metrics)
+        pipeline.start()
+        try:
+            sizes, _ = await warm(pipeline, settings)
+        except BaseException:
+            await pipeline.close()
+            raise
+        log.info("batcher: %s version %s, %s; warm at batch sizes %s", backend.manifest.name, backend.version,
+                 backend.where(), sizes)
+        x = pipeline.prepare(photo_text())  # one image as the model takes it: what a slot holds
+        return Held(pipeline, {"kind": backend.kind, "version": backend.version, "on_gpu": backend.on_gpu,
+                               "intra_op_threads": backend.intra_op_threads, "details": backend.details,
+                               "warnings": backend.warnings, "variant": backend.variant,
+                               "takes_uint8": backend.takes_uint8, "instances": pipeline.batcher.instances,
+                               "image": {"shape": list(x.shape), "dtype": str(x.dtype)}})
+
+    async def acquire(self, key: tuple) -> Held:
+        if key not in self.models:
+            self.models[key] = asyncio.create_task(self._load(key))
+        try:
+            held = await self.models[key]
+        except BaseException:
+            self.models.pop(key, None)  # the next connection tries again
+            raise
+        self.users[key] += 1
+        self.newest = key
+        return held
+
+    async def release(self, key: tuple) -> None:
+        """A connection is done with ``key``'s model: closed unless another uses it or it is the newest."""
+        self.users[key] -= 1
+        if self.users[key] == 0 and key != self.newest and (task := self.models.pop(key, None)):
+            log.info("batcher: closing the model in %s (variant %s): no server process uses it", *key)
+            await (await task).pipeline.close()
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        key = memory = images = None
+        answering: set[asyncio.Task] = set()
+        try:
+            asked, _ = await read_frame(reader)
+            key = (asked["model_dir"], asked.get("variant"))
+            try:
+                held = await self.acquire(key)
+            except Exception as exc:  # noqa: BLE001 - the server process raises it in its own words
+                log.error("batcher: cannot serve the model in %s: %s: %s", key[0], type(exc).__name__, exc)
+                key = None
+                writer.write(frame({"error": type(exc).__name__, "detail": str(exc)}))
+                return
+            writer.write(frame(held.described))
+            arena, _ = await read_frame(reader)
+            memory = shared_memory.SharedMemory(name=arena["arena"])
+            # The server process owns it: Python 3.11 would otherwise unlink it when this process exits (gh-82300).
+            resource_tracker.unregister(memory._name, "shared_memory")  # noqa: SLF001
+            image = held.described["image"]
+            images = np.ndarray((arena["slots"], *image["shape"]), image["dtype"], buffer=memory.buf)
+            while True:
+                header, _ = await read_frame(reader)
+                task = asyncio.create_task(self._infer(held.pipeline, images[header["slots"]], header, writer))
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the server process closed the connection or died
+        finally:
+            for task in answering:
+                task.cancel()
+            await asyncio.gather(*answering, return_exceptions=True)
+            images = None
+            if memory is not None:
+                memory.close()
+            writer.close()
+            if key is not None:
+                await self.release(key)
+
+    @staticmethod
+    async def _infer(pipeline: Pipeline, x: np.ndarray, header: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        try:
+            done = await pipeline.batcher.submit(x)
+        except Overloaded as exc:
+            writer.write(frame({"id": header["id"], "error": "Overloaded", "reason": exc.reason, "detail": str(exc)}))
+            return
+        except Exception as exc:  # noqa: BLE001 - that request's server process answers it with a 500
+            writer.write(frame({"id": header["id"], "error": type(exc).__name__, "detail": str(exc)}))
+            return
+        logits = np.ascontiguousarray(done.logits)
+        writer.write(frame({"id": header["id"], "shape": list(logits.shape), "dtype": str(logits.dtype),
+                            "infer_s": done.infer_s, "batch_size": done.batch_size}, logits.tobytes()))
+
+
+async def _serve(app: str, path: str) -> None:
+    settings = get_settings()
+    batcher = Batcher(importlib.import_module(app.partition(":")[0]).load, settings)
+    server = await asyncio.start_unix_server(batcher.connection, path=path + ".new")
+    os.replace(path + ".new", path)  # server processes connect only once it accepts
+    log.info("batcher: serving the server processes at %s", path)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    app, path = sys.argv[1:3]
+    asyncio.run(_serve(app, path))
+
+
+if __name__ == "__main__":
+    main()

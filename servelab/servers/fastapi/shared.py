@@ -1,0 +1,311 @@
+"""One model and one batcher behind all of a service's server processes (``SHARED_BATCHER``): how ``servelab
+serve`` runs where the model is on a GPU.
+
+Several server processes (``servelab.servers.fastapi.workers``) carry HTTP, JSON, base64 and preprocessing, each
+on its own core and GIL; one *batcher process* holds the model and the micro-batcher, so every request waits in
+one queue and batches fill as behind a single process (Triton keeps one scheduler per model behind its HTTP
+front ends the same way). Each model copy would otherwise take a CUDA context and see 1/N of the traffic, in
+batches N times smaller.
+
+A server process writes a request's images into shared memory of its own (``Arena``: a slot per image) and
+sends the batcher a few bytes over a Unix socket: which slots, which shape. The batcher
+(``servelab.servers.fastapi.batcher_process``) copies them out, runs them in its batches and answers with
+the logits (a few floats per image). No image crosses the socket. This module is the server processes' side.
+
+* The batcher loads a model when a connection first asks for it (its *hello*: the model folder and variant)
+  and keeps it while a connection uses it or it is the newest asked for. After a reload the replaced model
+  serves, here too, the requests that arrived before the swap, then closes.
+* A batcher process that dies is started again by ``serve``'s parent (``BatcherProcess``). Each server
+  process reconnects and sends again, once, every request it was waiting on: their images are still in its
+  shared memory. Nothing is lost; they wait for the new batcher's warm-up, and ``/ready`` says 503 meanwhile.
+* The batcher's batch sizes and inference times add up with the server processes' figures in ``/metrics``
+  (prometheus_client's multiprocess folder, as between server processes).
+"""
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from servelab.core.procs import die_with_parent
+from servelab.core.settings import ServeSettings
+from servelab.servers.fastapi.batcher import BatchResult
+from servelab.servers.fastapi.errors import Overloaded, WorkerLost
+
+log = logging.getLogger("servelab.servers.fastapi")
+
+BATCHER_MODULE = "servelab.servers.fastapi.batcher_process"  # what the batcher process runs
+SOCKET_ENV = "SERVELAB_BATCHER_SOCKET"  # set in the server processes only: their model is the batcher's
+ARENA_SLOTS = 32  # images a server process may have at the batcher at once (more wait for a slot)
+CONNECT_S = 600.0  # how long a server process waits for the batcher: a restart loads and warms the model
+RETRY_S = 0.1
+_HEAD = struct.Struct("!II")  # a frame: header length, payload length, then the JSON header and the payload
+
+
+def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    text = json.dumps(header).encode()
+    return _HEAD.pack(len(text), len(payload)) + text + payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+    """The next frame; ``asyncio.IncompleteReadError`` once the other end has gone."""
+    size, payload = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    return json.loads(await reader.readexactly(size)), await reader.readexactly(payload) if payload else b""
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        if not (chunk := sock.recv(n - len(data))):
+            raise ConnectionError("the batcher process closed the connection")
+        data += chunk
+    return bytes(data)
+
+
+def hello(path: str, settings: ServeSettings, timeout_s: float = CONNECT_S) -> tuple[socket.socket, dict[str, Any]]:
+    """A blocking connection to the batcher at ``path`` serving ``settings``' model, and the model's description
+    (the batcher loads and warms it first, where no connection has asked for it yet). Retries while the batcher
+    starts; a model it cannot load raises what the batcher raised (FileNotFoundError, else RuntimeError)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"no batcher process answers at {path} after {timeout_s:g} s") from None
+            time.sleep(RETRY_S)
+    try:
+        sock.sendall(frame({"model_dir": str(settings.model_dir), "variant": settings.onnx_variant}))
+        sizes = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
+        described = json.loads(_recv_exactly(sock, sizes[0]))
+    except BaseException:
+        sock.close()
+        raise
+    if error := described.get("error"):
+        sock.close()
+        raise (FileNotFoundError if error == "FileNotFoundError" else RuntimeError)(described["detail"])
+    return sock, described
+
+
+class Arena:
+    """A server process's shared memory for the images it has at the batcher: one slot per image."""
+
+    def __init__(self, slots: int, shape: list[int], dtype: str):
+        self.shape, self.dtype = shape, dtype
+        self.memory = shared_memory.SharedMemory(create=True, size=slots * int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        self.images = np.ndarray((slots, *shape), dtype, buffer=self.memory.buf)
+        self.free = list(range(slots))
+        self.freed = asyncio.Condition()
+
+    async def put(self, x: np.ndarray) -> list[int]:
+        """Slots holding ``x``'s images, once enough are free."""
+        async with self.freed:
+            await self.freed.wait_for(lambda: len(self.free) >= len(x))
+            slots = [self.free.pop() for _ in range(len(x))]
+        self.images[slots] = x
+        return slots
+
+    async def release(self, slots: list[int]) -> None:
+        async with self.freed:
+            self.free.extend(slots)
+            self.freed.notify_all()
+
+    def close(self) -> None:
+        del self.images  # a view of the memory: it cannot close while one exists
+        self.memory.close()
+        self.memory.unlink()
+
+
+@dataclass
+class _Waiting:
+    future: asyncio.Future
+    header: dict[str, Any]
+    slots: list[int]
+    sent: float
+    tries: int = 0
+
+
+class SharedBatcher:
+    """The batcher process's micro-batcher as one server process sees it: ``MicroBatcher``'s interface."""
+
+    def __init__(self, path: str, settings: ServeSettings, slots: int):
+        self.path, self.settings = path, settings
+        self._sock, self.described = hello(path, settings)  # blocking: in the app's load thread, before the loop
+        self.instances = self.described["instances"]  # the batcher's inferences at once
+        image = self.described["image"]
+        self.arena: Arena | None = None
+        self._slots = max(ARENA_SLOTS, slots)
+        self._image = (image["shape"], image["dtype"])
+        self._writer: asyncio.StreamWriter | None = None
+        self._waiting: dict[int, _Waiting] = {}
+        self._ids = 0
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.arena = Arena(self._slots, *self._image)
+        self._task = self._loop.create_task(self._run(), name="shared-batcher")
+
+    async def _attach(self, sock: socket.socket) -> asyncio.StreamReader:
+        reader, self._writer = await asyncio.open_unix_connection(sock=sock)
+        self._writer.write(frame({"arena": self.arena.memory.name, "slots": self._slots}))
+        for waiting in self._waiting.values():  # a new batcher: what the last one had not answered, again
+            if waiting.future.done():  # its caller went away
+                continue
+            waiting.tries += 1
+            if waiting.tries > 1:
+                waiting.future.set_exception(WorkerLost("the batcher process died twice while this request waited "
+                                                        "for its inference (it was restarted each time); retry"))
+            else:
+                self._writer.write(frame(waiting.header))
+        self._waiting = {k: w for k, w in self._waiting.items() if not w.future.done()}
+        self._connected.set()
+        return reader
+
+    async def _run(self) -> None:
+        sock = self._sock
+        while True:
+            reader = await self._attach(sock)
+            try:
+                while True:
+                    header, payload = await read_frame(reader)
+                    if (waiting := self._waiting.pop(header["id"], None)) is not None:
+                        self._answer(waiting, header, payload)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                self._connected.clear()
+                self._writer.close()
+                log.error("the batcher process went away with %d request(s) waiting; reconnecting", len(self._waiting))
+            sock = await self._reconnect()
+
+    async def _reconnect(self) -> socket.socket:
+        """A connection to the batcher started again, serving this model; meanwhile, requests wait for it."""
+        while True:
+            try:
+                sock, described = await asyncio.to_thread(hello, self.path, self.settings)
+                if described["version"] == self.described["version"]:
+                    return sock
+                sock.close()  # the model's folder changed under the batcher: this model is gone
+                why = f"the batcher serves version {described['version']} of it, not {self.described['version']}"
+            except Exception as exc:  # noqa: BLE001 - said to the requests waiting, and tried again
+                why = f"{type(exc).__name__}: {exc}"
+            log.error("cannot reach the batcher's model again (%s); failing %d waiting request(s)", why,
+                      len(self._waiting))
+            for waiting in self._waiting.values():
+                if not waiting.future.done():
+                    waiting.future.set_exception(WorkerLost(f"the batcher process died; {why}"))
+            self._waiting.clear()
+            await asyncio.sleep(1)
+
+    @staticmethod
+    def _answer(waiting: _Waiting, header: dict[str, Any], payload: bytes) -> None:
+        if waiting.future.done():
+            return
+        if error := header.get("error"):
+            waiting.future.set_exception(Overloaded(header["reason"], header["detail"]) if error == "Overloaded"
+                                         else RuntimeError(f"the batcher process failed the inference: {header['detail']}"))
+            return
+        logits = np.frombuffer(payload, header["dtype"]).reshape(header["shape"])
+        # The way to and from the batcher counts as queueing: it is neither preprocessing nor inference.
+        waiting.future.set_result(BatchResult(logits, perf_counter() - waiting.sent - header["infer_s"],
+                                              header["infer_s"], header["batch_size"]))
+
+    async def submit(self, x: np.ndarray) -> BatchResult:
+        if self._task is None or self._task.done():
+            raise RuntimeError("the batcher connection is not running")
+        slots = await self.arena.put(x)
+        try:
+            self._ids += 1
+            header = {"id": (ident := self._ids), "slots": slots, "shape": list(x.shape)}
+            waiting = _Waiting(self._loop.create_future(), header, slots, perf_counter())
+            try:
+                await asyncio.wait_for(self._connected.wait(), CONNECT_S)
+            except TimeoutError:
+                raise WorkerLost(f"the batcher process has not come back in {CONNECT_S:g} s; retry") from None
+            self._waiting[ident] = waiting
+            self._writer.write(frame(header))
+            return await waiting.future
+        finally:
+            await self.arena.release(slots)
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        """``submit`` from a thread other than the event loop's (the warm-up's)."""
+        return asyncio.run_coroutine_threadsafe(self.submit(x), self._loop).result().logits
+
+    async def warm_up(self, fn, threads: int | None = None) -> list:
+        """``fn`` once in a thread: the model is warm in the batcher; this warms the way there."""
+        return [await asyncio.to_thread(fn)]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for waiting in self._waiting.values():
+            if not waiting.future.done():
+                waiting.future.set_exception(RuntimeError("the service is shutting down"))
+        if self._writer is not None:
+            self._writer.close()
+        else:
+            self._sock.close()
+        if self.arena is not None:
+            self.arena.close()
+
+
+class BatcherProcess:
+    """``serve``'s parent's batcher process: started, started again whenever it dies, stopped by PID."""
+
+    def __init__(self, app: str, path: Path, env: dict[str, str]):
+        self.app, self.path, self.env = app, path, env
+        self.proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="batcher-process", daemon=True)
+
+    def _keep(self) -> None:
+        # Started from this thread, so the process dies with it (die_with_parent: the thread's end signals it).
+        parent = os.getpid()
+        while not self._stopping.is_set():
+            self.path.unlink(missing_ok=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", BATCHER_MODULE, self.app, str(self.path)], env=self.env,
+                                         preexec_fn=lambda: die_with_parent(parent))
+            self._started.set()
+            code = self.proc.wait()
+            if not self._stopping.is_set():
+                print(f"ERROR:    servelab: the batcher process (pid {self.proc.pid}) ended with {code}; starting "
+                      "another: the server processes send it what they were waiting on", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "BatcherProcess":
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stopping.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._thread.join(15)
