@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 
 from fastapi_onnx.app import load
@@ -149,8 +150,11 @@ def test_servelab_serve_fastapi_onnx_finds_cuda_without_torch_and_runs_with_heur
            "ORT_CUDNN_CONV_ALGO_SEARCH": "HEURISTIC"}
     with ServerProcess(cmd, f"{url}/ready", tmp_path / "serve.log", env=env, cwd=REPO_ROOT) as server:
         runtime = httpx.get(f"{url}/ready", timeout=30).json()["runtime"]
-        maps = Path(f"/proc/{server.pid}/maps").read_text()
+        # On a GPU the model is in the batcher process (SHARED_BATCHER=auto): read every process's libraries.
+        processes = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+        maps = "".join(Path(f"/proc/{p.pid}/maps").read_text() for p in processes)
     assert runtime["on_gpu"] is True and runtime["providers"][0] == CUDA, runtime
+    assert runtime["batcher"] == "a process shared by every server process", runtime  # the GPU's default
     assert runtime["provider_options"][CUDA]["cudnn_conv_algo_search"] == "HEURISTIC", runtime["provider_options"]
     cudart = {line.split()[-1] for line in maps.splitlines() if "/libcudart.so" in line}
     assert cudart and all(re.search(r"/nvidia/[^/]+/lib/libcudart\.so", path) for path in cudart), cudart
