@@ -185,7 +185,13 @@ def test_the_batcher_forms_one_batch_from_every_processs_requests(batching, arti
         finally:
             await asyncio.gather(first.close(), second.close())
 
+    def batches_of_8() -> float:  # counted in the batcher process, scraped from a server process
+        buckets = metric_samples(httpx.get(f"{url}/metrics").text, "servelab_batch_size_bucket")
+        return buckets['{le="8.0"}'] - buckets['{le="6.0"}']
+
+    before = batches_of_8()
     three, five = asyncio.run(two_processes())
+    assert batches_of_8() == before + 1
     assert (len(three.logits), len(five.logits)) == (3, 5)
     assert three.batch_size == five.batch_size == 8 and three.infer_s == five.infer_s  # one inference
     np.testing.assert_array_equal(three.logits, five.logits[:3])  # the same images, the same answers
