@@ -51,6 +51,19 @@ def test_require_gpu_refuses_to_start_on_the_cpu(kind, artifacts):
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="this machine has a GPU execution provider")
+def test_a_batcher_process_that_cannot_serve_the_model_ends_servelab_serve_with_its_reason(artifacts):
+    """SHARED_BATCHER: the model loads in the batcher process before any server process starts; a refusal
+    there ends ``servelab serve`` at once, with the reason and nothing left running."""
+    cmd = [sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(free_port())]
+    env = {**os.environ, "MODEL_DIR": str(artifacts.manifest.parent), "REQUIRE_GPU": "1", "WORKERS": "2",
+           "SHARED_BATCHER": "1"}
+    run = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "the batcher process cannot serve the model: REQUIRE_GPU=1 but the model would run on the CPU" in run.stderr
+    assert "Started server process" not in run.stderr
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="this machine has a GPU execution provider")
 def test_a_requested_gpu_provider_that_is_missing_is_reported(artifacts, tmp_path):
     with running("onnx", artifacts, tmp_path, ort_providers="cuda,cpu") as url:
         ready = httpx.get(f"{url}/ready").json()

@@ -52,6 +52,7 @@ SOCKET_ENV = "SERVELAB_BATCHER_SOCKET"  # set in the server processes only: thei
 ARENA_SLOTS = 32  # images a server process may have at the batcher at once (more wait for a slot)
 CONNECT_S = 600.0  # how long a server process waits for the batcher: a restart loads and warms the model
 RETRY_S = 0.1
+RESTART_DELAY_S = 0.5
 _HEAD = struct.Struct("!II")  # a frame: header length, payload length, then the JSON header and the payload
 
 
@@ -294,6 +295,7 @@ class BatcherProcess:
             if not self._stopping.is_set():
                 print(f"ERROR:    servelab: the batcher process (pid {self.proc.pid}) ended with {code}; starting "
                       "another: the server processes send it what they were waiting on", file=sys.stderr, flush=True)
+                self._stopping.wait(RESTART_DELAY_S)  # one that cannot start does not restart in a tight loop
 
     def __enter__(self) -> "BatcherProcess":
         self._thread.start()
