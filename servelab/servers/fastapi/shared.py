@@ -108,7 +108,6 @@ class Arena:
     """A server process's shared memory for the images it has at the batcher: one slot per image."""
 
     def __init__(self, slots: int, shape: list[int], dtype: str):
-        self.shape, self.dtype = shape, dtype
         self.memory = shared_memory.SharedMemory(create=True, size=slots * int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self.images = np.ndarray((slots, *shape), dtype, buffer=self.memory.buf)
         self.free = list(range(slots))
@@ -137,7 +136,6 @@ class Arena:
 class _Waiting:
     future: asyncio.Future
     header: dict[str, Any]
-    slots: list[int]
     sent: float
     tries: int = 0
 
@@ -238,8 +236,8 @@ class SharedBatcher:
         slots = await self.arena.put(x)
         try:
             self._ids += 1
-            header = {"id": (ident := self._ids), "slots": slots, "shape": list(x.shape)}
-            waiting = _Waiting(self._loop.create_future(), header, slots, perf_counter())
+            header = {"id": (ident := self._ids), "slots": slots}
+            waiting = _Waiting(self._loop.create_future(), header, perf_counter())
             try:
                 await asyncio.wait_for(self._connected.wait(), CONNECT_S)
             except TimeoutError:
