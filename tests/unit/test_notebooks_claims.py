@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
@@ -64,6 +65,23 @@ def test_every_compose_up_is_taken_down_with_the_same_files() -> None:
                 assert set(files) >= up.pop(project, set()), f"{source.name}: `{line}` leaves services of {project} up"
     # The Ray nodes are given back with their containers (11_delete_resources); every other project is down.
     assert set(up) <= {"servelab-ray-head", "servelab-ray-worker"}, f"never taken down: {sorted(up)}"
+
+
+# A `docker compose` command with its files and the services it names, in a shell block or a code span.
+COMPOSE_COMMAND = re.compile(r"docker compose((?: -f \S+)+) (?:logs|exec|restart|stop|build|up -d)((?: [a-z_]+)*)")
+
+
+def test_every_compose_command_names_services_its_files_define() -> None:
+    """`docker compose -f F logs S` (or exec, build...) in a notebook, typed or in prose: S is a service of F."""
+    found = 0
+    for source in SOURCES:
+        for match in COMPOSE_COMMAND.finditer(_text(source)):
+            files = match[1].split()[1::2]
+            services = {name for f in files for name in yaml.safe_load(_text(REPO_ROOT / f))["services"]}
+            named = match[2].split()  # the service first, then (exec) the command run in it
+            assert set(named[:1]) <= services, f"{source.name}: `{match[0]}`: {named[0]} is not in {files}"
+            found += bool(named)
+    assert found >= 4  # the logs the setup notebooks point at, among others
 
 
 def test_the_helper_reads_projects_and_files() -> None:
