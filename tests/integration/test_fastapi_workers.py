@@ -211,7 +211,7 @@ def test_a_batcher_that_dies_loses_no_request_and_comes_back(batching):
         time.sleep(0.5)  # preprocessed (ms): they wait at the batcher for a batch of 8
         victim.kill()
         victim.wait(10)
-        assert httpx.get(f"{url}/ready").status_code == 503
+        wait_until(lambda: httpx.get(f"{url}/ready").status_code == 503, "not ready while the batcher restarts", 5)
         answers = [f.result() for f in pending]
     assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
     assert len({a.json()["prediction"] for a in answers}) == 1
