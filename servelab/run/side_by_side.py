@@ -84,6 +84,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.run.families import serve_fastapi
 from servelab.run.reference import FP32_STAGE, benchmark_limit, closed_window
 from servelab.run.side_by_side_ray import benchmark_ray
+from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.servers.fastapi.runtimes import GPUUnavailable
 
 # The FastAPI stages as the lab's first notebook serves them (one request per inference) -> backend.
@@ -160,9 +161,6 @@ async def _sequential(backend, url: str, image: bytes, requests: int) -> tuple[R
 
 async def _in_process_window(row: Row, backend, settings, text: str, concurrency: int, seconds: float,
                              preprocess_only: bool = False) -> None:
-    # Deferred, not a circle: importing it loads FastAPI, prometheus-client (optional extras) only when this runs.
-    from servelab.servers.fastapi.pipeline import Pipeline
-
     pipeline = Pipeline(backend, settings)
     pipeline.start()
     latencies, sizes = [], []
