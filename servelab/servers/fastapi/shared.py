@@ -85,19 +85,19 @@ def hello(path: str, settings: ServeSettings, timeout_s: float = CONNECT_S) -> t
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
+            sock.sendall(frame({"model_dir": str(settings.model_dir), "variant": settings.onnx_variant}))
+            size, _ = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
+            described = json.loads(_recv_exactly(sock, size))
             break
-        except (FileNotFoundError, ConnectionRefusedError):
+        # Not started yet, or a killed one's socket: refused, or accepted into its backlog and reset as it closes.
+        except (FileNotFoundError, ConnectionError):
             sock.close()
             if time.monotonic() > deadline:
                 raise WorkerLost(f"no batcher process answers at {path} after {timeout_s:g} s") from None
             time.sleep(RETRY_S)
-    try:
-        sock.sendall(frame({"model_dir": str(settings.model_dir), "variant": settings.onnx_variant}))
-        sizes = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
-        described = json.loads(_recv_exactly(sock, sizes[0]))
-    except BaseException:
-        sock.close()
-        raise
+        except BaseException:
+            sock.close()
+            raise
     if error := described.get("error"):
         sock.close()
         raise (FileNotFoundError if error == "FileNotFoundError" else RuntimeError)(described["detail"])
