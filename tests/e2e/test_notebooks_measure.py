@@ -281,7 +281,10 @@ assert back.status_code == 200 and requests.get(f"{onnx.url}/ready", timeout=5).
 
 
 def _outputs(nb) -> str:
-    return "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", []))
+    """The code cells' text, as the notebook shows it: a cell's stream chunks run on (on a busy machine the kernel
+    may send one `print` in two, `Dairy product` then ` 0.99`), cells apart."""
+    return "\n".join("".join(out.get("text", "") for out in cell.get("outputs", []))
+                     for cell in nb.cells if cell.cell_type == "code")
 
 
 def test_fastapi_notebook_measures_every_stage(fastapi_stages: dict[str, str], artifacts, kernel_dir: Path,
