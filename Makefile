@@ -45,9 +45,12 @@ lab-full: $(LAB_VENV)/.installed
 	@$(OFFLINE); $(call SOFT_TOOLS,$(LAB_VENV)/bin)
 	$(LAB_VENV)/bin/servelab lab --full
 
+# The suite waits on servers, time windows and builds about as much as it computes, so four pytest-xdist
+# workers share 2 CPUs; each takes a whole file at a time, longest first (tests/conftest.py, docs/testing.md).
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	@$(call SOFT_TOOLS,$(BIN))
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The unit tier alone (tests/unit), under 2 minutes on 2 CPUs; `make test` runs every tier (docs/testing.md).
 check: $(STAMP)

@@ -11,7 +11,7 @@ import pytest
 
 import tier_durations
 from checkout_guard import changes, fingerprint
-from lab_process import LAB
+from lab_process import READERS, QuickLab, quick_lab_folder
 from servelab.core.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
 from servelab.core.hardware import NO_GPU, gpu_count
 from servelab.core.settings import get_settings
@@ -22,16 +22,29 @@ ADMIN_TOKEN = secrets.token_urlsafe(24)  # the session's servers' ADMIN_TOKEN
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A run of the whole suite writes each tier's counts and seconds into docs/testing.md (tests/tier_durations.py)."""
+    """A run of the whole suite writes each tier's counts and seconds into docs/testing.md (tests/tier_durations.py);
+    the process that runs the session starts its quick lab, where a test reads it (tests/lab_process.py)."""
     config.pluginmanager.register(tier_durations.Recorder(), "servelab-durations")
+    if not hasattr(config, "workerinput"):  # pytest-xdist's workers read the controller's
+        config.pluginmanager.register(QuickLab(), "servelab-quick-lab")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tiers run in order, unit first (quick answers first; the quick lab, started once the tests are
-    collected, runs beside the two lower tiers: tests/e2e/conftest.py). Tests marked ``gpu`` run only
-    where nvidia-smi lists a GPU; elsewhere they skip with that reason."""
-    order = {tier: i for i, tier in enumerate(tier_durations.TIERS)}
-    items.sort(key=lambda item: order.get(tier_durations.tier_of(item.nodeid), len(order)))  # stable: files stay whole
+    """In one process the tiers run in order, unit first (quick answers first; the quick lab, started once the
+    tests are collected, runs beside the two lower tiers: tests/e2e/conftest.py). Under pytest-xdist (`make
+    test`), whose workers take a file at a time in this order, the longest files come first so that none is
+    left running alone at the end: e2e, integration, the quick lab's readers (by then it has ended), unit.
+    Tests marked ``gpu`` run only where nvidia-smi lists a GPU; elsewhere they skip with that reason."""
+    if hasattr(config, "workerinput"):
+        order = {"tests/e2e": 0, "tests/integration": 1, READERS: 2, "tests/unit": 3}
+    else:
+        order = {tier: i for i, tier in enumerate(tier_durations.TIERS)}
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return order.get(path, order.get(tier_durations.tier_of(item.nodeid), len(order)))
+
+    items.sort(key=rank)  # stable: files stay whole
     if any(item.get_closest_marker("gpu") for item in items) and gpu_count() == 0:
         for item in items:
             if item.get_closest_marker("gpu"):
@@ -71,9 +84,9 @@ def artifacts(model: ArtifactPaths, request: pytest.FixtureRequest) -> ArtifactP
     model repository. Built afresh each session rather than cached: the variants (quantization) take
     half a minute on an idle 2-CPU machine, several minutes on a loaded one. Where the session's quick lab
     runs beside (tests/e2e), it builds the same variants of the same model first thing: they are copied
-    from it (``BackgroundLab.share_variants``), not built a second time at once."""
+    from it (``LabFolder.share_variants``), not built a second time at once."""
     settings = get_settings()
-    if lab := request.config.stash.get(LAB, None):
+    if lab := quick_lab_folder(request.config):
         lab.share_variants(settings.model_dir)
     build_variants(settings.model_dir, load_manifest(model.manifest), settings.triton_model_repository,
                    log=lambda *_: None)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 LAB_TIMEOUT_S = 900  # every stage, the Ray Serve cluster's too, and Prometheus read-back (~1 s per run)
 MARK = "SERVELAB_TEST_LAB"  # set in a lab's environment, inherited by every process it starts
 VARIANTS_WAIT_S = 300  # how long the session's own variants wait for the quick lab's before building them
-LAB = pytest.StashKey["BackgroundLab"]()  # the session's quick lab, where tests/e2e/conftest.py started one
+READERS = "tests/e2e/test_lab.py"  # the one file whose tests read the quick lab (``quick_lab``)
+FOLDER = "servelab_quick_lab"  # pytest-xdist's workerinput key: the quick lab's folder
 
 
 def processes_marked(mark: str) -> set[int]:
@@ -55,17 +59,26 @@ def lab_process(out: Path, *args: str, env: dict[str, str] | None = None, output
                             env={**os.environ, **(env or {})}, preexec_fn=_as_typed_in_a_terminal)
 
 
-class BackgroundLab:
-    """``servelab lab --quick`` started now and read later, while other tests run: in a folder of its own with
-    its own model and model repository (the session's are built and switched by those tests), its output in a
-    file (a pipe nobody reads would fill and stop it), its processes marked so the ones it leaves are found."""
+def _write_atomic(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+class LabFolder:
+    """The session's quick lab as any process of the session reads it (pytest-xdist's workers too): its
+    folder, where the process that started it writes ``mark`` first and ``exit`` (its exit status, or
+    ``timeout``) when it has ended."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.mark, self.started = root, secrets.token_hex(8), time.monotonic()
-        env = {"MODEL_DIR": str(root / "models"), MARK: self.mark,
-               "TRITON_MODEL_REPOSITORY": str(copy_sources(root / "model_repository"))}
-        with open(root / "output.txt", "w") as output:
-            self.process = lab_process(root / "lab", env=env, output=output)
+        self.root = root
+
+    @property
+    def started(self) -> bool:
+        return (self.root / "mark").exists()
+
+    def ended(self) -> str | None:
+        return (self.root / "exit").read_text() if (self.root / "exit").exists() else None
 
     def share_variants(self, model_dir: Path) -> bool:
         """Copy the lab's model variants into ``model_dir`` once it has built them (its first step), where the lab
@@ -73,7 +86,7 @@ class BackgroundLab:
         ``build_variants`` reuses them instead of quantizing the same model again beside the lab."""
         built, deadline = self.root / "models", time.monotonic() + VARIANTS_WAIT_S
         while not (built / RECORD_FILE).exists():  # written last, whole (after every variant file)
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if self.ended() is not None or time.monotonic() > deadline:
                 return False
             time.sleep(1)
         ours, its = load_manifest(Path(model_dir) / "food11.json"), load_manifest(built / "food11.json")
@@ -84,17 +97,39 @@ class BackgroundLab:
         return True
 
     def finish(self) -> FinishedLab:
-        """Wait for the lab (LAB_TIMEOUT_S from its start; past that it is interrupted as Ctrl-C would) and read it."""
+        """Wait for the lab to end (its starter interrupts it LAB_TIMEOUT_S after its start) and read it."""
+        while (status := self.ended()) is None:
+            time.sleep(1)
+        output = (self.root / "output.txt").read_text()
+        if status == "timeout":
+            raise TimeoutError(f"servelab lab --quick ran past {LAB_TIMEOUT_S} s:\n{output[-5000:]}")
+        return FinishedLab(self.root / "lab", self.root / "models", self.root / "model_repository", int(status),
+                           output, processes_marked((self.root / "mark").read_text()))
+
+
+class BackgroundLab(LabFolder):
+    """``servelab lab --quick`` started now and read later, while other tests run: in a folder of its own with
+    its own model and model repository (the session's are built and switched by those tests), its output in a
+    file (a pipe nobody reads would fill and stop it), its processes marked so the ones it leaves are found.
+    A thread writes its exit status into the folder when it ends, or interrupts it at LAB_TIMEOUT_S."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        mark = secrets.token_hex(8)
+        env = {"MODEL_DIR": str(root / "models"), MARK: mark,
+               "TRITON_MODEL_REPOSITORY": str(copy_sources(root / "model_repository"))}
+        with open(root / "output.txt", "w") as output:
+            self.process = lab_process(root / "lab", env=env, output=output)
+        _write_atomic(root / "mark", mark)
+        threading.Thread(target=self._wait, name="quick-lab", daemon=True).start()
+
+    def _wait(self) -> None:
         try:
-            self.process.wait(timeout=max(1.0, self.started + LAB_TIMEOUT_S - time.monotonic()))
+            status = str(self.process.wait(timeout=LAB_TIMEOUT_S))
         except subprocess.TimeoutExpired:
             self.stop()
-            raise TimeoutError(f"servelab lab --quick ran past {LAB_TIMEOUT_S} s:\n{self.output()[-5000:]}") from None
-        return FinishedLab(self.root / "lab", self.root / "models", self.root / "model_repository",
-                           self.process.returncode, self.output(), processes_marked(self.mark))
-
-    def output(self) -> str:
-        return (self.root / "output.txt").read_text()
+            status = "timeout"
+        _write_atomic(self.root / "exit", status)
 
     def stop(self) -> None:
         """Interrupt it if it still runs (a session that ended early): the lab then stops its own servers."""
@@ -105,6 +140,48 @@ class BackgroundLab:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class QuickLab:
+    """The pytest plugin (tests/conftest.py registers it where the session is run: pytest's one process, or
+    pytest-xdist's controller, never a worker) that starts the session's quick lab once, as soon as the tests
+    are collected, if any of them reads it, and stops it when the session ends. xdist's workers find its
+    folder in their ``workerinput``; the controller sees no fixtures, only test ids: READERS names the file."""
+
+    def __init__(self) -> None:
+        self.folder = LabFolder(Path(tempfile.mkdtemp(prefix="servelab-quick-lab-")))
+        self.lab: BackgroundLab | None = None
+
+    def start(self) -> None:
+        if self.lab is None:
+            self.lab = BackgroundLab(self.folder.root)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if any("quick_lab" in getattr(item, "fixturenames", ()) for item in session.items):
+            self.start()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput[FOLDER] = str(self.folder.root)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        if any(nodeid.startswith(f"{READERS}::") for nodeid in ids):
+            self.start()
+
+    def pytest_sessionfinish(self) -> None:
+        if self.lab:
+            self.lab.stop()
+        shutil.rmtree(self.folder.root, ignore_errors=True)
+
+
+def quick_lab_folder(config: pytest.Config) -> LabFolder | None:
+    """The session's quick lab, where one was started: from the plugin here, or from a worker's workerinput."""
+    if hasattr(config, "workerinput"):
+        folder = LabFolder(Path(config.workerinput[FOLDER]))
+    else:
+        folder = config.pluginmanager.get_plugin("servelab-quick-lab").folder
+    return folder if folder.started else None
 
 
 @dataclass(frozen=True)

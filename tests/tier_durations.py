@@ -4,7 +4,9 @@ Registered by tests/conftest.py. At the end of a session that ran the **whole** 
 collected, nothing selected away: no ``-k``, ``-m``, ``--deselect``, ``--lf``, no file or test named, every
 collected test reported, not stopped by ``-x`` or Ctrl-C) it rewrites the text between the two markers in
 docs/testing.md with, per tier: the tests collected, passed, failed, skipped and the seconds they took (the
-sum of their setup, call and teardown), and under the table the machine (CPUs, load) and the date. Any
+sum of their setup, call and teardown), and under the table the machine (CPUs, load), the date, how many
+test processes ran side by side (``make test`` runs pytest-xdist's) and how long the session took. Under
+pytest-xdist the controller writes it: it sees every test's report, and its workers each see only theirs. Any
 other run (``make check``, one tier, one file) leaves the file alone. The file is replaced atomically (a
 temporary file in the same folder, then ``os.replace``): an interrupted write never leaves half a table.
 """
@@ -48,6 +50,7 @@ class Run:
     cpus: int
     load: float
     wall_s: float
+    workers: int = 1  # test processes side by side (pytest-xdist's workers; 1 without)
 
 
 def tier_of(nodeid: str) -> str:
@@ -66,10 +69,13 @@ def block(run: Run | None) -> str:
         rows.append(f"| `{name}` | {t.collected} | {t.count('passed')} | {t.count('failed')} | "
                     f"{t.count('skipped')} | {t.seconds:.0f} |")
     total = sum(t.seconds for t in run.tiers.values())
+    side_by_side = ("" if run.workers == 1 else
+                    ", more than the session: its tests ran side by side")
     rows.append("")
-    rows.append(f"Recorded {run.day} on {run.cpus} CPUs (1-minute load {run.load:.1f} at the end): the tests took "
-                f"{total:.0f} s ({total / 60:.1f} min), the whole session {run.wall_s:.0f} s with start-up and "
-                "collection.")
+    rows.append(f"Recorded {run.day} on {run.cpus} CPUs (1-minute load {run.load:.1f} at the end), "
+                f"{run.workers} test process{'es' if run.workers > 1 else ''}: the whole session took "
+                f"{run.wall_s:.0f} s ({run.wall_s / 60:.1f} min) with start-up and collection; the tests' own "
+                f"seconds add up to {total:.0f} s{side_by_side}.")
     return "\n".join(rows)
 
 
@@ -127,10 +133,21 @@ class Recorder:
     def __init__(self) -> None:
         self.tiers: dict[str, Tier] = {}
         self.started = time.monotonic()
+        self.workers: set[str] = set()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        for item in session.items:
-            self.tiers.setdefault(tier_of(item.nodeid), Tier()).collected += 1
+        self._collected([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        """pytest-xdist's controller: every worker collects the same tests (xdist checks), so the first counts."""
+        if not self.workers:
+            self._collected(ids)
+        self.workers.add(node.gateway.id)
+
+    def _collected(self, nodeids: list[str]) -> None:
+        for nodeid in nodeids:
+            self.tiers.setdefault(tier_of(nodeid), Tier()).collected += 1
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         tier = self.tiers.setdefault(tier_of(report.nodeid), Tier())
@@ -141,12 +158,14 @@ class Recorder:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop or not whole_suite(session.config, self.tiers):
+        if (hasattr(session.config, "workerinput")  # an xdist worker: it ran a part; the controller writes
+                or exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop
+                or not whole_suite(session.config, self.tiers)):
             return
         doc = session.config.rootpath / DOC
         if not doc.exists():
             return
         run = Run(self.tiers, date.today().isoformat(), os.cpu_count() or 0, os.getloadavg()[0],
-                  time.monotonic() - self.started)
+                  time.monotonic() - self.started, max(1, len(self.workers)))
         write_block(doc, run)
         session.config.get_terminal_writer().line(f"\n{DOC}: the tiers' counts and durations written")

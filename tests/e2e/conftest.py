@@ -2,9 +2,10 @@
 by the tests (docs/testing.md, "Shared per session").
 
 - ``quick_lab``: one real ``servelab lab --quick`` (every stage, a few requests each), its folder, printout and
-  what it left running; test_lab.py's tests each read a part of it. It starts as soon as the tests are
-  collected and runs beside the lower tiers: it waits on its servers more than it computes (about a third of
-  a 2-CPU machine), so the session is shorter by most of its six minutes.
+  what it left running; test_lab.py's tests each read a part of it. The process that runs the session starts
+  it as soon as the tests are collected (tests/lab_process.py's plugin) and it runs beside the other tests: it
+  waits on its servers more than it computes (about a third of a 2-CPU machine), so the session is shorter by
+  most of its six minutes.
 - ``fastapi_onnx``: one real ``servelab serve fastapi-onnx`` on 127.0.0.1, for the tests that only send it
   requests (GourmetGram in front of it, the Ray walkthrough's stand-in front, the FastAPI notebook).
 - ``local_triton``: one real tritonserver (at pt-1, a scratch model repository); a test that needs a stage
@@ -13,15 +14,12 @@ by the tests (docs/testing.md, "Shared per session").
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from lab_process import LAB, BackgroundLab, FinishedLab
+from lab_process import READERS, FinishedLab, quick_lab_folder
 from servelab.core.catalogue import STAGES
 from servelab.core.procs import ServerProcess, free_port
 from servelab.servers.triton import server as triton_server
@@ -29,21 +27,12 @@ from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from triton_repo import make_repository
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if any("quick_lab" in getattr(item, "fixturenames", ()) for item in session.items):
-        session.config.stash[LAB] = BackgroundLab(Path(tempfile.mkdtemp(prefix="servelab-quick-lab-")))
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if lab := session.config.stash.get(LAB, None):
-        lab.stop()
-        shutil.rmtree(lab.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def quick_lab(request: pytest.FixtureRequest) -> FinishedLab:
+    if (lab := quick_lab_folder(request.config)) is None:
+        pytest.fail(f"no quick lab was started for this session: the tests that read it live in {READERS}")
     try:
-        return request.config.stash[LAB].finish()
+        return lab.finish()
     except TimeoutError as e:
         pytest.fail(str(e))
 

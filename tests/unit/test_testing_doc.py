@@ -44,7 +44,8 @@ def test_the_writer_replaces_only_the_block_atomically(tmp_path: Path):
     assert text.startswith(f"# Testing\n\nbefore\n{BEGIN}\n| Tier |") and text.endswith(f"\n{END}\nafter\n")
     assert "anything typed here" not in text
     assert "| `tests/unit` | 3 | 1 | 1 | 1 | 61 |" in text and "| `tests/e2e` | 3 | 1 | 1 | 1 | 700 |" in text
-    assert "Recorded 2030-01-02 on 2 CPUs (1-minute load 1.5 at the end): the tests took 1362 s (22.7 min)" in text
+    assert ("Recorded 2030-01-02 on 2 CPUs (1-minute load 1.5 at the end), 1 test process: the whole session took "
+            "125 s (2.1 min) with start-up and collection; the tests' own seconds add up to 1362 s.") in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["testing.md"]  # no temporary file left beside it
     assert doc.stat().st_mode & 0o777 == 0o640
     write_block(doc, _run(unit=1.0))  # written again: still one block, the new figures
@@ -94,6 +95,18 @@ def test_a_whole_run_writes_every_tier(pytester: pytest.Pytester, suite: Path):
     assert rows[2:5] == ["| `tests/unit` | 2 | 2 | 0 | 0 | 0 |", "| `tests/integration` | 2 | 1 | 0 | 1 | 0 |",
                          "| `tests/e2e` | 2 | 1 | 1 | 0 | 0 |"]
     assert rows[-1].startswith(f"Recorded {__import__('datetime').date.today().isoformat()} on {os.cpu_count()} CPUs")
+
+
+def test_a_whole_run_under_xdist_is_written_by_its_controller_with_every_workers_tests(
+        pytester: pytest.Pytester, suite: Path, monkeypatch: pytest.MonkeyPatch):
+    """`make test` runs the suite in pytest-xdist's workers: each sees a part, the controller every report."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # a session of its own, in a process of its own
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"
+                                  ).assert_outcomes(passed=4, failed=1, skipped=1)
+    rows = between_markers(suite.read_text()).splitlines()
+    assert rows[2:5] == ["| `tests/unit` | 2 | 2 | 0 | 0 | 0 |", "| `tests/integration` | 2 | 1 | 0 | 1 | 0 |",
+                         "| `tests/e2e` | 2 | 1 | 1 | 0 | 0 |"]
+    assert ", 2 test processes: the whole session took " in rows[-1]
 
 
 @pytest.mark.parametrize("args", [["tests/unit"], ["tests/unit", "tests/integration"], ["-k", "one"],
