@@ -49,7 +49,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.core.catalogue import (
@@ -92,7 +92,7 @@ from servelab.report import compare
 from servelab.report.lessons import summary
 from servelab.report.render import render_report, summary_table
 from servelab.run.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
-from servelab.run.lab_ray import FamilyRuns, NoRuns, RayRuns
+from servelab.run.lab_ray import RayRuns
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
 from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here
@@ -100,6 +100,30 @@ from servelab.servers.fastapi.cache import LocalRedis, find_redis
 from servelab.servers.rayserve.cluster import ray_binary
 
 RESULTS = REPO_ROOT / "results"
+
+
+class FamilyRuns(Protocol):
+    """What a family runs beside every stage's loads, at three moments of the lab's pass over its stages."""
+
+    def started(self) -> None: ...  # its server (cluster) is up
+
+    def after(self, stage: Stage, capacity: float | None) -> None: ...  # a stage's loads ran
+
+    def finish(self, stages: list[Stage]) -> None: ...  # every stage ran, the server still up
+
+
+class NoRuns:
+    """FastAPI's and Triton's: nothing beyond the loads."""
+
+    def started(self) -> None:
+        pass
+
+    def after(self, stage: Stage, capacity: float | None) -> None:
+        pass
+
+    def finish(self, stages: list[Stage]) -> None:
+        pass
+
 
 class Lab:
     def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",

@@ -49,33 +49,10 @@ class Measurer(Protocol):
     def keep(self, measure: Callable[[], Record], load: Load) -> Record: ...
 
 
-class FamilyRuns(Protocol):
-    """What a family runs beside every stage's loads, at three moments of the lab's pass over its stages."""
-
-    def started(self) -> None: ...  # its server (cluster) is up
-
-    def after(self, stage: Stage, capacity: float | None) -> None: ...  # a stage's loads ran
-
-    def finish(self, stages: list[Stage]) -> None: ...  # every stage ran, the server still up
-
-
-class NoRuns:
-    """FastAPI's and Triton's: nothing beyond the loads."""
-
-    def started(self) -> None:
-        pass
-
-    def after(self, stage: Stage, capacity: float | None) -> None:
-        pass
-
-    def finish(self, stages: list[Stage]) -> None:
-        pass
-
-
 @dataclass
 class RayRuns:
-    """Ray Serve's ``FamilyRuns``: its cluster described, each stage's placement and step load, the node
-    failures last."""
+    """Ray Serve's ``servelab.run.lab.FamilyRuns``: its cluster described, each stage's placement and step
+    load, the node failures last."""
 
     lab: Measurer
     ray: RayFamily
