@@ -161,11 +161,16 @@ def test_standin_dockerfiles_pass_hadolint_and_say_what_they_are(dockerfile: Pat
 def test_the_wheelhouse_holds_every_extra_the_local_images_install() -> None:
     """The local images install from the wheelhouse alone (no index): an extra a Dockerfile adds and the
     wheelhouse lacks fails that image's build, not a test here. Ray's image is built on the node only."""
-    from servelab.tools.containers.wheelhouse import EXTRAS
+    from servelab.tools.containers.wheelhouse import image_extras, requirements
 
     installed = set()
     for path in DOCKERFILES:
         if path.name != "Dockerfile.ray":
             for extras in re.findall(r'"\.\[([\w,]+)\]"', path.read_text()):
                 installed |= set(extras.split(","))
-    assert installed == set(EXTRAS)
+    assert installed == set(image_extras()) >= {"notebooks", "triton", "flask"}
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    versions = {name: "1" for name in ("PIP_VERSION", "ONNXRUNTIME_GPU_VERSION", "JUPYTERLAB_VERSION",
+                                       "BASH_KERNEL_VERSION")}
+    assert set(requirements(versions)) >= {req for extra in installed for req in extras[extra]}
+    assert not set(requirements(versions)) >= set(extras["ray"])  # Ray's image is not built here

@@ -8,6 +8,7 @@ lines run unchanged.
 """
 
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,6 @@ from pathlib import Path
 
 from servelab.core.paths import REPO_ROOT
 
-# The servelab extras the five Dockerfiles install (their `pip install ".[...]"` lines; tests/unit/test_dockerfiles.py).
-EXTRAS = ("torch", "serve", "flask", "triton", "bench", "notebooks", "onnx")
 CONSTRAINTS = REPO_ROOT / "constraints.txt"
 # The Python the images run (Debian 12's python3.11), which may be older than the host's: packages
 # that need a later 3.11 (soupsieve 4.1 needs 3.11.5) must not be picked.
@@ -38,11 +37,22 @@ def cpu_torch() -> str:
     return f"{pinned('torch')}+cpu"
 
 
+def image_extras() -> list[str]:
+    """The servelab extras the local images install: their Dockerfiles' ``pip install ".[...]"`` lines (the
+    apps' and docker/'s; Ray's image is built on the node only)."""
+    found: set[str] = set()
+    for path in [*REPO_ROOT.glob("*/Dockerfile"), *(REPO_ROOT / "docker").glob("Dockerfile.*")]:
+        if path.name != "Dockerfile.ray":
+            for extras in re.findall(r'"\.\[([\w,]+)\]"', path.read_text()):
+                found |= set(extras.split(","))
+    return sorted(found)
+
+
 def requirements(versions: dict[str, str]) -> list[str]:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     extras = project["project"]["optional-dependencies"]
     wanted = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
-    wanted += [req for extra in EXTRAS for req in extras[extra] if not req.startswith("servelab")]
+    wanted += [req for extra in image_extras() for req in extras[extra] if not req.startswith("servelab")]
     wanted += [f"pip=={versions['PIP_VERSION']}", f"torch=={cpu_torch()}",
                f"onnxruntime-gpu=={versions['ONNXRUNTIME_GPU_VERSION']}",
                f"jupyterlab=={versions['JUPYTERLAB_VERSION']}", f"bash_kernel=={versions['BASH_KERNEL_VERSION']}",
