@@ -45,9 +45,10 @@ lab-full: $(LAB_VENV)/.installed
 	@$(OFFLINE); $(call SOFT_TOOLS,$(LAB_VENV)/bin)
 	$(LAB_VENV)/bin/servelab lab --full
 
-# The suite waits on servers, time windows and builds about as much as it computes, so four pytest-xdist
-# workers share 2 CPUs; each takes a whole file at a time, longest first (tests/conftest.py, docs/testing.md).
-TEST_WORKERS ?= 4
+# Two pytest-xdist workers (0: one process), each taking a whole file at a time, longest first (tests/conftest.py,
+# docs/testing.md): the suite waits on servers and builds half its time. Four on 2 CPUs ran slower tests into
+# their timeouts.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@$(call SOFT_TOOLS,$(BIN))
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

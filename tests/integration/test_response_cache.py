@@ -130,7 +130,15 @@ def test_redis_stopped_mid_run_fails_no_request(model, binary, tmp_path, client)
         port = cache.port
         target = FastAPITarget(url, b"", mix=PhotoMix.zipf(seed=1))
         asyncio.run(client_ceiling(target))  # the client's ceiling known before the timer starts: the run starts at once
-        stopper = threading.Timer(1.0, cache.stop)
+
+        def stop_after_a_hit() -> None:  # not after a fixed second: on a busy machine that may come before any hit
+            deadline = time.monotonic() + 2.0
+            with cache.client() as r:
+                while r.info("stats")["keyspace_hits"] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            cache.stop()
+
+        stopper = threading.Thread(target=stop_after_a_hit)
         stopper.start()
         try:
             record = run_bench(target, Load.closed(2, duration_s=3.0, warmup=0), stage="cache-outage")
