@@ -45,10 +45,10 @@ lab-full: $(LAB_VENV)/.installed
 	@$(OFFLINE); $(call SOFT_TOOLS,$(LAB_VENV)/bin)
 	$(LAB_VENV)/bin/servelab lab --full
 
-# Two pytest-xdist workers (0: one process), each taking a whole file at a time, longest first (tests/conftest.py,
-# docs/testing.md): the suite waits on servers and builds half its time. Four on 2 CPUs ran slower tests into
-# their timeouts.
-TEST_WORKERS ?= 2
+# pytest-xdist workers, each taking a whole file at a time, longest first (tests/conftest.py, docs/testing.md);
+# 0 runs the suite in one process. On 2 CPUs one process is the default: with 2 or 4 workers the suite is
+# CPU-bound: the quick lab beside them ran past its time limit (docs/records/make-test-xdist-2cpu.log).
+TEST_WORKERS ?= 0
 test: $(STAMP)
 	@$(call SOFT_TOOLS,$(BIN))
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
