@@ -32,8 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In one process the tiers run in order, unit first (quick answers first; the quick lab, started once the
     tests are collected, runs beside the two lower tiers: tests/e2e/conftest.py). Under pytest-xdist (`make
-    test`), whose workers take a file at a time in this order, the longest files come first so that none is
-    left running alone at the end: e2e, integration, the quick lab's readers (by then it has ended), unit.
+    test TEST_WORKERS=N`), whose workers take a file at a time in this order, the longest files come first so
+    that none is left running alone at the end: e2e, integration, the quick lab's readers (by then it has
+    ended), unit.
     Tests marked ``gpu`` run only where nvidia-smi lists a GPU; elsewhere they skip with that reason."""
     if hasattr(config, "workerinput"):
         order = {"tests/e2e": 0, "tests/integration": 1, READERS: 2, "tests/unit": 3}

@@ -18,7 +18,7 @@ from typing import IO
 import psutil
 import pytest
 
-from servelab.core.artifacts import copy_atomic, load_manifest
+from servelab.core.artifacts import copy_atomic, load_manifest, write_atomic
 from servelab.core.variants.build import RECORD_FILE, VARIANTS
 from servelab.measure.records import Record, read_records
 from triton_repo import copy_sources
@@ -57,12 +57,6 @@ def lab_process(out: Path, *args: str, env: dict[str, str] | None = None, output
     return subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--quick", "--out", str(out), *args],
                             cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})}, preexec_fn=_as_typed_in_a_terminal)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 class LabFolder:
@@ -120,7 +114,7 @@ class BackgroundLab(LabFolder):
                "TRITON_MODEL_REPOSITORY": str(copy_sources(root / "model_repository"))}
         with open(root / "output.txt", "w") as output:
             self.process = lab_process(root / "lab", env=env, output=output)
-        _write_atomic(root / "mark", mark)
+        write_atomic(root / "mark", lambda tmp: tmp.write_text(mark))
         threading.Thread(target=self._wait, name="quick-lab", daemon=True).start()
 
     def _wait(self) -> None:
@@ -129,7 +123,7 @@ class BackgroundLab(LabFolder):
         except subprocess.TimeoutExpired:
             self.stop()
             status = "timeout"
-        _write_atomic(self.root / "exit", status)
+        write_atomic(self.root / "exit", lambda tmp: tmp.write_text(status))
 
     def stop(self) -> None:
         """Interrupt it if it still runs (a session that ended early): the lab then stops its own servers."""

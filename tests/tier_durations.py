@@ -5,7 +5,7 @@ collected, nothing selected away: no ``-k``, ``-m``, ``--deselect``, ``--lf``, n
 collected test reported, not stopped by ``-x`` or Ctrl-C) it rewrites the text between the two markers in
 docs/testing.md with, per tier: the tests collected, passed, failed, skipped and the seconds they took (the
 sum of their setup, call and teardown), and under the table the machine (CPUs, load), the date, how many
-test processes ran side by side (``make test`` runs pytest-xdist's) and how long the session took. Under
+test processes ran side by side (pytest-xdist's workers, ``make test TEST_WORKERS=N``) and how long the session took. Under
 pytest-xdist the controller writes it: it sees every test's report, and its workers each see only theirs. Any
 other run (``make check``, one tier, one file) leaves the file alone. The file is replaced atomically (a
 temporary file in the same folder, then ``os.replace``): an interrupted write never leaves half a table.
