@@ -60,12 +60,23 @@ def env_of(artifacts, shared: bool, **more: str) -> dict[str, str]:
 SHARED = pytest.mark.parametrize("shared", [False, True], ids=["own-models", "shared-batcher"])
 
 
-@pytest.fixture(params=[False, True], ids=["own-models", "shared-batcher"])
-def service(artifacts, tmp_path, request):
+@pytest.fixture(scope="module", params=[False, True], ids=["own-models", "shared-batcher"])
+def one_service(artifacts, tmp_path_factory, request):
+    # One service per mode for the module (a start costs seconds of CPU): each test below leaves it whole, if
+    # changed (a process replaced, the model reloaded), and counts only what it sent itself.
     port = free_port()
-    with fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, request.param),
-                         ready_timeout=120) as server:
+    log = tmp_path_factory.mktemp("workers") / "serve.log"
+    with fastapi_process(ONNX, port, log, env_of(artifacts, request.param), ready_timeout=120) as server:
         yield server, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def service(one_service):
+    """The module's service, whole: every server process up and ready (after an earlier test replaced one)."""
+    server, url = one_service
+    wait_until(lambda: len(workers_of(server)) == WORKERS and httpx.get(f"{url}/ready").status_code == 200,
+               "every server process ready", 120)
+    return one_service
 
 
 def test_the_processes_answer_as_one_service(service):
@@ -75,17 +86,19 @@ def test_the_processes_answer_as_one_service(service):
     processes = workers_of(server)
     assert len(processes) == WORKERS
     cpu_before = [sum(p.cpu_times()[:2]) for p in processes]
+    counted = predictions(url)
     answers = fresh(url, PHOTO, 40)
     assert [a.status_code for a in answers] == [200] * 40
     # Every process did part of the work, and the metrics add up over them.
     used = [sum(p.cpu_times()[:2]) - before for p, before in zip(processes, cpu_before)]
     assert all(u > 0.02 for u in used), used  # a few requests each at least (ms of preprocessing each)
-    assert predictions(url) == 40
+    assert predictions(url) == counted + 40
 
 
 def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
     server, url = service
     photo = PHOTO
+    counted = predictions(url)
     assert [a.status_code for a in fresh(url, photo, 10)] == [200] * 10
     victim = workers_of(server)[0]
     victim.kill()
@@ -96,7 +109,7 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
                [p.pid for p in workers_of(server)] and len(workers_of(server)) == WORKERS, "a replacement", 120)
     assert httpx.get(f"{url}/ready").json()["workers"]["ready"] == WORKERS
     # The dead process's counts stay in the service's totals.
-    assert predictions(url) == 30
+    assert predictions(url) == counted + 30
 
 
 def test_a_reload_reaches_every_process_before_it_answers(service):
@@ -160,10 +173,11 @@ def test_workers_default_to_one_per_cpu_on_the_cpu_and_follow_the_setting(monkey
     assert not shares_batcher(ServeSettings(shared_batcher=True), "onnx", 1)
 
 
-@pytest.fixture
-def batching(artifacts, tmp_path):
-    """Two server processes before one batcher that waits up to 3 s for a batch of 8: requests stay there."""
-    port, log = free_port(), tmp_path / "serve.log"
+@pytest.fixture(scope="module")
+def batching(artifacts, tmp_path_factory):
+    """Two server processes before one batcher that waits up to 3 s for a batch of 8: requests stay there. One
+    for the module: the batcher's tests count batches and restarts from what they did themselves."""
+    port, log = free_port(), tmp_path_factory.mktemp("batching") / "serve.log"
     env = env_of(artifacts, True, MAX_BATCH_SIZE="8", BATCH_TIMEOUT_MS="3000")
     with fastapi_process(ONNX, port, log, env, ready_timeout=120) as server:
         yield server, f"http://127.0.0.1:{port}", log
@@ -172,7 +186,7 @@ def batching(artifacts, tmp_path):
 def test_the_batcher_forms_one_batch_from_every_processs_requests(batching, artifacts):
     """Two connections to the batcher, as two server processes make: 3 + 5 images, one inference of 8."""
     server, url, log = batching
-    path = re.search(r"batcher: serving the server processes at (\S+)", log.read_text())[1]
+    path = re.findall(r"batcher: serving the server processes at (\S+)", log.read_text())[-1]  # the batcher now
     settings = Settings(model_dir=artifacts.manifest.parent)
     x = np.stack([np.zeros((3, 224, 224), np.float32)] * 5)
 
@@ -202,6 +216,7 @@ def test_a_batcher_that_dies_loses_no_request_and_comes_back(batching):
     started in its place; /ready says 503 until it is back."""
     server, url, log = batching
     victim = batcher_of(server)
+    logged = len(log.read_text())
     in_progress = lambda: sum(metric_samples(httpx.get(f"{url}/metrics").text,  # noqa: E731
                                              "servelab_http_requests_in_progress").values()) - 1  # the scrape
     with ThreadPoolExecutor(3) as pool:
@@ -215,7 +230,7 @@ def test_a_batcher_that_dies_loses_no_request_and_comes_back(batching):
         answers = [f.result() for f in pending]
     assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
     assert len({a.json()["prediction"] for a in answers}) == 1
-    waited = sum(int(n) for n in re.findall(r"batcher process went away with (\d+) request", log.read_text()))
+    waited = sum(int(n) for n in re.findall(r"batcher process went away with (\d+) request", log.read_text()[logged:]))
     assert waited == 3, log.read_text()[-3000:]
     wait_until(lambda: httpx.get(f"{url}/ready").status_code == 200, "ready again", 60)
     assert batcher_of(server).pid != victim.pid
