@@ -46,6 +46,11 @@ def batcher_of(server: ServerProcess) -> psutil.Process:
     return batcher
 
 
+def whole(server: ServerProcess, url: str) -> bool:
+    """Every server process up and the service ready (a replaced process has come back)."""
+    return len(workers_of(server)) == WORKERS and httpx.get(f"{url}/ready").status_code == 200
+
+
 def predictions(url: str) -> float:
     return metric_samples(httpx.get(f"{url}/metrics").text, "servelab_http_requests_total").get(
         '{method="POST",route="/predict",status="200"}', 0.0)
@@ -74,8 +79,7 @@ def one_service(artifacts, tmp_path_factory, request):
 def service(one_service):
     """The module's service, whole: every server process up and ready (after an earlier test replaced one)."""
     server, url = one_service
-    wait_until(lambda: len(workers_of(server)) == WORKERS and httpx.get(f"{url}/ready").status_code == 200,
-               "every server process ready", 120)
+    wait_until(lambda: whole(server, url), "every server process ready", 120)
     return one_service
 
 
@@ -105,8 +109,8 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
     victim.wait(10)
     # The other process takes every connection until the replacement is warm: none is refused, none 503.
     assert [a.status_code for a in fresh(url, photo, 20)] == [200] * 20
-    wait_until(lambda: httpx.get(f"{url}/ready").status_code == 200 and victim.pid not in
-               [p.pid for p in workers_of(server)] and len(workers_of(server)) == WORKERS, "a replacement", 120)
+    wait_until(lambda: victim.pid not in [p.pid for p in workers_of(server)] and whole(server, url), "a replacement",
+               120)
     assert httpx.get(f"{url}/ready").json()["workers"]["ready"] == WORKERS
     # The dead process's counts stay in the service's totals.
     assert predictions(url) == counted + 30
@@ -127,8 +131,7 @@ def test_a_reload_reaches_every_process_before_it_answers(service):
     victim = workers_of(server)[0]
     victim.kill()
     victim.wait(10)
-    wait_until(lambda: len(workers_of(server)) == WORKERS and httpx.get(f"{url}/ready").status_code == 200,
-               "a replacement", 120)
+    wait_until(lambda: whole(server, url), "a replacement", 120)
     assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [reloaded["model_version"]]
 
 
