@@ -254,8 +254,10 @@ def sections(text: str) -> list[tuple[bool, str]]:
 
 
 def _words(text: str) -> int:
-    prose = re.sub(r"^```.*?^```", " ", text, flags=re.DOTALL | re.MULTILINE)
-    prose = re.sub(r"<!-- generated: lease-plan -->.*?<!-- end generated -->", " ", prose, flags=re.DOTALL)  # itself
+    prose = re.sub(r"\A---\n.*?^---$", " ", text, flags=re.DOTALL | re.MULTILINE)  # Jupytext's header
+    prose = re.sub(r"^```.*?^```", " ", prose, flags=re.DOTALL | re.MULTILINE)
+    # Generated blocks (excerpts of code, the plan itself, figures from records) are not the author's prose.
+    prose = re.sub(r"<!-- generated:.*?<!-- end generated -->", " ", prose, flags=re.DOTALL)
     prose = re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL)
     return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", prose))
 
