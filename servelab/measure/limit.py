@@ -47,11 +47,9 @@ import base64
 import multiprocessing
 import os
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
@@ -60,9 +58,8 @@ from pydantic import BaseModel
 from servelab.core.artifacts import ArtifactPaths, load_manifest
 from servelab.core.hardware import Device
 from servelab.core.inference import onnx_session
-from servelab.core.paths import REPO_ROOT
 from servelab.core.preprocess import prepare_timed
-from servelab.core.procs import ServerProcess, cpu_count, free_port
+from servelab.core.procs import cpu_count
 from servelab.core.tables import markdown, num
 from servelab.measure.ceiling import measure_ceiling, model_feed
 from servelab.measure.fractions import best_runs
@@ -72,7 +69,6 @@ from servelab.measure.targets import FastAPITarget
 
 BATCHES = (1, 16)  # a request alone, and the lab's largest dynamic batch
 LIMIT_FILE = "limit.json"  # a lab's limit, beside its records
-SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"  # its /noop/predict is the HTTP part's route
 START_TIMEOUT_S = 120.0  # for the preprocessing workers to import and warm up
 
 
@@ -270,18 +266,6 @@ def own_cpu_s() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def serve_simple_app(stack: ExitStack, logs: Path, model_dir: Path, workers: int = 1) -> tuple[str, int]:
-    """The simple app under uvicorn (its defaults; ``workers`` processes on one port) until ``stack``
-    closes: (URL, PID of uvicorn's first process)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(SIMPLE_APP.parent), f"{SIMPLE_APP.stem}:app",
-           "--host", "127.0.0.1", "--port", str(port), "--no-access-log", *(["--workers", str(workers)] * (workers > 1))]
-    name = "simple_app.log" if workers == 1 else f"simple_app-{workers}-processes.log"
-    server = stack.enter_context(ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", logs / name,
-                                               env={"MODEL_DIR": str(model_dir)}))
-    return f"http://127.0.0.1:{port}", server.pid
-
-
 def closed_window(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> Record:
     """One closed-loop window of ``seconds`` on the service at ``url``; a failed request fails the benchmark."""
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
@@ -325,7 +309,7 @@ def _mean_part(rounds: list[Part]) -> Part:
                                         "cpu_ms": statistics.fmean(p.cpu_ms or 0.0 for p in rounds)})
 
 
-def machine_limit(model_dir: Path, photo: Path, logs: Path, device: Device, *, seconds: float,
+def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: Device, *, seconds: float,
                   concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
     """This machine's limit for ``photo`` with the fp32 model in ``model_dir``, where the model runs on
     ``device`` (on "gpu": its ceiling there; the model's CPU points are not measured). The one function
@@ -334,21 +318,21 @@ def machine_limit(model_dir: Path, photo: Path, logs: Path, device: Device, *, s
     ``seconds``: of each part's measurement in all, in ``rounds`` windows; ``between(i)`` runs after the
     parts' ``i``-th windows (the servers measured against the limit, each in its window of the round),
     so that a neighbour's load hits the limit and the servers alike; each part is its windows' mean.
-    ``concurrency``: the client's senders on the no-op route; ``logs``: the no-op server's log."""
+    ``concurrency``: the client's senders on the no-op route; ``noop``: (URL, PID) of the simple app with one
+    server process per core, started by the caller (measurement starts no server)."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
     window = seconds / rounds
     points: list[list[ModelPoint]] = []
     preprocess: list[Part] = []
     http: list[Part] = []
-    with ExitStack() as stack:
-        url, pid = serve_simple_app(stack, logs, model_dir, workers=cores)
-        for i in range(rounds):
-            if device != "gpu":
-                points.append(model_points(paths.onnx, cores, window))
-            preprocess.append(preprocess_part(image, paths.manifest, window, cores))
-            http.append(http_part(f"{url}/noop", pid, image, concurrency, window, cores))
-            between(i)
+    url, pid = noop
+    for i in range(rounds):
+        if device != "gpu":
+            points.append(model_points(paths.onnx, cores, window))
+        preprocess.append(preprocess_part(image, paths.manifest, window, cores))
+        http.append(http_part(f"{url}/noop", pid, image, concurrency, window, cores))
+        between(i)
     return Limit(cores=cores, photo=photo.name, device=device, model=_mean_points(points) if points else [],
                  preprocess=_mean_part(preprocess), http=_mean_part(http), gpu_images_per_s=gpu)
 

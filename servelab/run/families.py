@@ -1,7 +1,7 @@
 """One small adapter per family, between a runner and ``measure_stage``: how a stage of that family is
 served and where a load goes.
 
-Every adapter has the same four parts:
+Every adapter has the same five parts:
 
 * ``start(first)``: a context in which the family's server can serve its stages, at ``first``;
   everything it started is stopped on exit, by PID;
@@ -121,12 +121,12 @@ class FastAPIFamily:
         return served_runtime(self.url)
 
 
-def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> str:
+def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> "FastAPIFamily":
     """``stage``'s service in a process of its own until ``stack`` closes, with ``env`` over the stage's
-    settings (a benchmark's batching or model variant, beside the same stage with others); its URL."""
+    settings (a benchmark's batching or model variant, beside the same stage with others); its ``url``, ``pid``."""
     server = stack.enter_context(FastAPIFamily(logs).start())
     server.switch(replace(stage, part=replace(stage.fastapi, env={**stage.fastapi.env, **env})))
-    return server.url
+    return server
 
 
 class TritonFamily:

@@ -17,14 +17,15 @@ throughput and 90 % of the limit.
 """
 
 import argparse
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelab.core.catalogue import Stage, of_family
 from servelab.core.hardware import Device, environment_gaps, gpu_count, resolve, stage_env
-from servelab.core.paths import DEFAULT_IMAGE
-from servelab.core.procs import cpu_count
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.procs import ServerProcess, cpu_count, free_port
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
 from servelab.measure.limit import (
@@ -33,15 +34,15 @@ from servelab.measure.limit import (
     cpu_since,
     limit_markdown,
     machine_limit,
-    serve_simple_app,
     tree_cpu_s,
 )
-from servelab.run.families import FastAPIFamily
+from servelab.run.families import serve_fastapi
 
 __all__ = ["FP32_STAGE", "benchmark_limit", "closed_window", "limit_here"]  # closed_window: side_by_side's too
 
 SIMPLE_AIM, LIMIT_AIM = 1.0, 0.9
 # The fp32 ONNX stage: its service runs with no settings beside the simple app (and the variants against it).
+SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"  # its /noop/predict is the limit's HTTP route
 FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
 SIMPLE, DEFAULTS = "simple app", f"{FP32_STAGE.name}, no settings"
 ONE_PER_CPU = f"{FP32_STAGE.name}, one inference per CPU"
@@ -56,10 +57,21 @@ class Served:
     processes: int  # the server's processes (its PID and its children) at the end
 
 
-def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> tuple[str, int]:
-    """``stage``'s service with ``env`` over its settings, until ``stack`` closes: (URL, PID)."""
-    server = stack.enter_context(FastAPIFamily(logs).start())
-    server.switch(replace(stage, part=replace(stage.fastapi, env={**stage.fastapi.env, **env})))
+def serve_simple_app(stack: ExitStack, logs: Path, model_dir: Path, workers: int = 1) -> tuple[str, int]:
+    """The simple app under uvicorn (its defaults; ``workers`` processes on one port) until ``stack``
+    closes: (URL, PID of uvicorn's first process)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(SIMPLE_APP.parent), f"{SIMPLE_APP.stem}:app",
+           "--host", "127.0.0.1", "--port", str(port), "--no-access-log", *(["--workers", str(workers)] * (workers > 1))]
+    name = "simple_app.log" if workers == 1 else f"simple_app-{workers}-processes.log"
+    server = stack.enter_context(ServerProcess(cmd, f"http://127.0.0.1:{port}/ready", logs / name,
+                                               env={"MODEL_DIR": str(model_dir)}))
+    return f"http://127.0.0.1:{port}", server.pid
+
+
+def serve(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> tuple[str, int]:
+    """``stage``'s service with ``env`` over its settings (``serve_fastapi``): (URL, PID), as the simple app's."""
+    server = serve_fastapi(stack, stage, logs, env)
     return server.url, server.pid
 
 
@@ -97,11 +109,12 @@ def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, device:
     (``Limit.simple_app``), both started for it and stopped after, measured in the limit's rounds (the lab's)."""
     with ExitStack() as stack:
         servers = {SIMPLE: serve_simple_app(stack, logs, model_dir),
-                   DEFAULTS: serve_fastapi(stack, defaults(FP32_STAGE), logs,
+                   DEFAULTS: serve(stack, defaults(FP32_STAGE), logs,
                                            {**stage_env(device), "MODEL_DIR": str(model_dir)})}
         rounds = 2
         tally = SideBySide(servers, photo.read_bytes(), concurrency, 4 * seconds / rounds)
-        limit = machine_limit(model_dir, photo, logs, device, seconds=seconds, concurrency=concurrency, rounds=rounds,
+        noop = serve_simple_app(stack, logs, model_dir, workers=cpu_count())
+        limit = machine_limit(model_dir, photo, noop, device, seconds=seconds, concurrency=concurrency, rounds=rounds,
                               between=tally.round)
         served = tally.served()
     return limit.model_copy(update={"simple_app": {what: s.rps for what, s in served.items()}})
@@ -120,12 +133,13 @@ def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
     stages = [s for s in of_family("fastapi").values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
     with ExitStack() as stack:
         servers = {SIMPLE: serve_simple_app(stack, logs, model_dir),
-                   DEFAULTS: serve_fastapi(stack, defaults(FP32_STAGE), logs, {}),
+                   DEFAULTS: serve(stack, defaults(FP32_STAGE), logs, {}),
                    # The defaults' one choice the limit cannot show: inferences per CPU (runtimes.INFERENCES_PER_CPU).
-                   ONE_PER_CPU: serve_fastapi(stack, defaults(FP32_STAGE), logs, {"MODEL_INSTANCES": str(cpu_count())}),
-                   **{s.name: serve_fastapi(stack, s, logs, {}) for s in stages}}
+                   ONE_PER_CPU: serve(stack, defaults(FP32_STAGE), logs, {"MODEL_INSTANCES": str(cpu_count())}),
+                   **{s.name: serve(stack, s, logs, {}) for s in stages}}
         tally = SideBySide(servers, image, c, args.duration / args.rounds)
-        limit = machine_limit(model_dir, DEFAULT_IMAGE, logs, device_here(), seconds=args.cost_seconds, concurrency=c,
+        noop = serve_simple_app(stack, logs, model_dir, workers=cpu_count())
+        limit = machine_limit(model_dir, DEFAULT_IMAGE, noop, device_here(), seconds=args.cost_seconds, concurrency=c,
                               rounds=args.rounds, between=tally.round)
         served = tally.served()
     if getattr(args, "limit_json", None):

@@ -214,9 +214,9 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
     http_off = Row(f"HTTP, {c} senders, batching off")
     http_on = Row(f"HTTP, {c} senders, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms")
     with ExitStack() as stack:
-        url_off = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": "1"})
+        url_off = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": "1"}).url
         url_on = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
-                                                                  "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)})
+                                                                  "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)}).url
         sequential, http_sequential = asyncio.run(_sequential(load_backend(kind, off), url_off, image, args.requests))
         backend = load_backend(kind, on)
         window = args.duration / args.rounds
@@ -352,7 +352,7 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
     with ExitStack() as stack:
         urls = {}
         for row in rows:
-            urls[row.variant] = serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant})
+            urls[row.variant] = serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant}).url
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for row in rows:

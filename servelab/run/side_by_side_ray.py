@@ -59,7 +59,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
                f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms")
     with ExitStack() as stack:
         url = serve_fastapi(stack, FASTAPI_STAGE, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
-                                                 "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)})
+                                                 "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)}).url
         ray = stack.enter_context(RayFamily(logs, settings.ray_node_cpus).start())
         ray.switch(RAY_MEASURE)
         window = args.duration / args.rounds

@@ -51,6 +51,6 @@ def test_a_benchmarks_settings_go_over_the_stages(model, tmp_path):
     import requests
 
     with ExitStack() as stack:
-        url = serve_fastapi(stack, FASTAPI["fastapi-onnx-dyn"], tmp_path, {"MAX_BATCH_SIZE": "4"})
+        url = serve_fastapi(stack, FASTAPI["fastapi-onnx-dyn"], tmp_path, {"MAX_BATCH_SIZE": "4"}).url
         batching = requests.get(f"{url}/ready", timeout=10).json()["batching"]
     assert batching["max_batch_size"] == 4

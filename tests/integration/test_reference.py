@@ -13,7 +13,8 @@ from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
 from servelab.core.preprocess import preprocess
 from servelab.core.procs import cpu_count
-from servelab.measure.limit import BATCHES, machine_limit, serve_simple_app, thread_counts
+from servelab.measure.limit import BATCHES, machine_limit, thread_counts
+from servelab.run.reference import serve_simple_app
 from tests.fastapi_service import b64
 
 
@@ -29,7 +30,8 @@ def test_the_simple_app_answers_as_the_model_and_the_limits_parts_are_measured(m
         assert np.isclose(answer["probability"], expected.probability, atol=1e-5)
         bad = httpx.post(f"{url}/predict", json={"image": "not base64!"}, timeout=30)
         assert bad.status_code == 400 and "base64" in bad.json()["detail"]
-    limit = machine_limit(model.manifest.parent, DEFAULT_IMAGE, tmp_path, "cpu", seconds=0.2, concurrency=2)
+        noop = serve_simple_app(stack, tmp_path, model.manifest.parent, workers=cpu_count())
+        limit = machine_limit(model.manifest.parent, DEFAULT_IMAGE, noop, "cpu", seconds=0.2, concurrency=2)
     # Every part keeps every core working: one session per core at one thread, one at all of them; a
     # preprocessing process per core; a no-op server process per core.
     assert [(p.batch, p.threads, p.sessions) for p in limit.model] == [
