@@ -21,13 +21,15 @@ from pathlib import Path
 
 import psutil
 
+from servelab.core.catalogue import STAGES
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.core.procs import cpu_count, free_port
+from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
 from servelab.measure.loadgen import run_bench
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget
-from servelab.servers.fastapi.child import fastapi_process
+from servelab.run.families import serve_fastapi
+from servelab.run.reference import defaults
 
 
 def cpu_s(pid: int) -> float:
@@ -56,10 +58,8 @@ def main() -> None:
         servers = {}
         bound = {"MAX_QUEUE_REQUESTS": str(args.bound)}
         for name, extra in (("unbounded", {}), ("bounded", bound), ("bounded, no hold", {**bound, "SHED_HOLD_MS": "0"})):
-            port = free_port()
-            server = stack.enter_context(fastapi_process("fastapi-onnx", port, args.logs / f"{name}.log",
-                                                         {**env, **extra}))
-            servers[name] = (f"http://127.0.0.1:{port}", server.pid)
+            server = serve_fastapi(stack, defaults(STAGES["fastapi-onnx"]), args.logs / name.replace(" ", "-"), {**env, **extra})
+            servers[name] = (server.url, server.pid)
         window = dict(requests=None, duration_s=args.seconds, warmup=2 * args.storm)
         capacity, _ = run(*servers["unbounded"], Load.closed(args.senders, **window), "unbounded")
         unloaded, _ = run(*servers["bounded"], Load.sequential(requests=None, duration_s=args.seconds, warmup=5),

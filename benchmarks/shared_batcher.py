@@ -20,10 +20,11 @@ from pathlib import Path
 import httpx
 from retry_storm import run
 
-from servelab.core.procs import free_port
+from servelab.core.catalogue import STAGES
 from servelab.core.settings import get_settings
 from servelab.measure.records import Load
-from servelab.servers.fastapi.child import fastapi_process
+from servelab.run.families import serve_fastapi
+from servelab.run.reference import defaults
 
 SERVICES = {"own models": "0", "shared batcher": "1"}
 
@@ -47,10 +48,8 @@ def main() -> None:
     with ExitStack() as stack:
         servers = {}
         for name, shared in SERVICES.items():
-            port = free_port()
-            server = stack.enter_context(fastapi_process("fastapi-onnx", port, args.logs / f"{shared}.log",
-                                                         {**env, "SHARED_BATCHER": shared}))
-            servers[name] = (f"http://127.0.0.1:{port}", server.pid)
+            server = serve_fastapi(stack, defaults(STAGES["fastapi-onnx"]), args.logs / shared, {**env, "SHARED_BATCHER": shared})
+            servers[name] = (server.url, server.pid)
         load = Load.closed(args.senders, requests=None, duration_s=args.seconds, warmup_s=2.0)
         for round_ in range(1, args.rounds + 1):
             rps = {}

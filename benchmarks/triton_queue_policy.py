@@ -21,9 +21,8 @@ from pathlib import Path
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
-from servelab.measure.loadgen import overload
-from servelab.measure.targets import TritonTarget
-from servelab.servers.triton import server
+from servelab.measure.loadgen import overload_load, run_bench
+from servelab.run.families import TritonFamily
 
 BATCH = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) .*executing (\d+) requests")
 STALL_MS = 450  # a batch start this long after the last one: the 500 ms timer, not a batch's own time
@@ -44,18 +43,19 @@ def main() -> None:
     args = parser.parse_args()
     base = STAGES["onnx-dyn"]
     settings = get_settings()
-    log = Path(tempfile.mkdtemp()) / "tritonserver.log"
-    with server.start_local(base, kind="cpu", repository=settings.triton_model_repository, log=log) as triton:
+    family = TritonFamily(Path(tempfile.mkdtemp()), settings.triton_model_repository, "cpu",
+                          manifest=settings.model_dir / "food11.json")
+    with family.start(base) as triton:
         body = json.dumps({"log_verbose_level": 1}).encode()
-        urllib.request.urlopen(urllib.request.Request(f"http://{triton.url}/v2/logging", body, method="POST"), timeout=10)
+        urllib.request.urlopen(urllib.request.Request(f"http://{triton.server.url}/v2/logging", body, method="POST"),
+                               timeout=10)
         for stage in (base, bounded(base, max_queue_size=QUEUE_BOUND), bounded(base)):
-            triton.apply_stage(stage)
-            offset = log.stat().st_size
-            target = TritonTarget(triton.url, stage.triton.model, DEFAULT_IMAGE.read_bytes(), input="tensor",
-                                  manifest=settings.model_dir / "food11.json")
-            stats = overload(target, args.capacity, stage=stage.name, seconds=args.seconds,
-                             server_pid=triton.process.pid).stats
-            starts = batch_starts(log, offset)
+            triton.switch(stage)
+            offset = triton.log.stat().st_size
+            target = triton.target(stage, DEFAULT_IMAGE.read_bytes())
+            load, labels = overload_load(args.capacity, args.seconds)
+            stats = run_bench(target, load, stage=stage.name, config=labels, server_pid=triton.pid).stats
+            starts = batch_starts(triton.log, offset)
             gaps = [(b[0] - a[0]).total_seconds() * 1000 for a, b in zip(starts, starts[1:])]
             print(f"{stage.name} ({stage.about}):\n  served {stats.successes} ({stats.throughput_rps:.1f} req/s), "
                   f"shed {sum(stats.shed.values())} {stats.shed}, p50 {stats.latency.p50_ms:.0f} ms, "
