@@ -272,8 +272,8 @@ def gpu_record(key: str) -> str:
     record = tomllib.loads(GPU_RECORD.read_text(encoding="utf-8"))
     step = record[key]
     figures = "; ".join(f"{f['measures']} {f['value']:g} {f['unit']}" for f in step["figures"])
-    return (f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
-            f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
+    return prose(f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
+                 f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
 
 
 def original(key: str) -> str:

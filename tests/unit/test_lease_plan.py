@@ -7,9 +7,11 @@ from dataclasses import fields
 import pytest
 
 from servelab.core.catalogue import CATALOGUE
+from servelab.core.paths import REPO_ROOT
 from servelab.core.tables import prose
 from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S
 from servelab.tools import lease_plan as lp
+from servelab.tools.notebook_blocks import BLOCK, generate
 
 NOTEBOOK = textwrap.dedent('''\
     # A Triton notebook
@@ -238,6 +240,17 @@ def test_a_wrapped_sentence_reads_the_same_and_never_starts_a_line_with_a_marker
     assert all(len(line) <= 42 for line in lines) and all(line.startswith("  ") for line in lines[1:])
     assert not [line for line in lines[1:] if re.match(r"\s*(?:[-+*#>|<]|\d+[.)])(?:\s|$)", line)]
     assert prose("  - an item", width=8, indent="    ") == "  - an\n    item"
+
+
+def test_the_instructors_guide_has_no_generated_line_over_200_characters():
+    """docs/instructors.md is read in its source too: no part generated into it (the lease plan, how long
+    `make lab` took, a GPU record) writes a line longer than 200 characters, as committed or as generated now."""
+    text = (REPO_ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    parts = [m for m in BLOCK.finditer(text) if m["newline"]]
+    assert {m["spec"].split()[0] for m in parts} >= {"lease-plan", "lab-time"}
+    for m in parts:
+        for body in (m["body"], generate(m["spec"])):
+            assert [line[:80] for line in body.splitlines() if len(line) > 200] == [], m["spec"]
 
 
 def test_reading_during_an_unattended_wait_is_counted_once():
