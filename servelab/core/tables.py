@@ -6,6 +6,7 @@ from collections.abc import Sequence
 # A word that would change what a Markdown line is if it began one (a list item, a quote, a heading, a table
 # row, an HTML block, a setext underline): a wrapped line never starts with it.
 _MARKER = re.compile(r"[-+*=]+|#{1,6}|[>|<].*|\d+[.)]")
+_NUMBER = re.compile(r".*(?<![\w.])\d[\d.,]*")  # a line ending in a figure keeps its unit beside it
 
 
 def num(value: float | None, digits: int = 1) -> str:
@@ -35,7 +36,8 @@ def prose(text: str, width: int = 110, indent: str = "") -> str:
     words = text.lstrip(" ")
     lines = [text[:len(text) - len(words)]]  # the first line's own indent, kept
     for word in words.split(" "):
-        if lines[-1].strip() and len(lines[-1]) + 1 + len(word) > width and not _MARKER.fullmatch(word):
+        if (lines[-1].strip() and len(lines[-1]) + 1 + len(word) > width and not _MARKER.fullmatch(word)
+                and not _NUMBER.fullmatch(lines[-1])):
             lines.append(indent + word)
         else:
             lines[-1] += f" {word}" if lines[-1].strip() else word

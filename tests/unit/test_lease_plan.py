@@ -240,6 +240,7 @@ def test_a_wrapped_sentence_reads_the_same_and_never_starts_a_line_with_a_marker
     assert all(len(line) <= 42 for line in lines) and all(line.startswith("  ") for line in lines[1:])
     assert not [line for line in lines[1:] if re.match(r"\s*(?:[-+*#>|<]|\d+[.)])(?:\s|$)", line)]
     assert prose("  - an item", width=8, indent="    ") == "  - an\n    item"
+    assert prose("took 2171 ms, then 1.8 ms", width=10) == "took 2171 ms,\nthen 1.8 ms"  # a figure keeps its unit
 
 
 def test_the_instructors_guide_has_no_generated_line_over_200_characters():
