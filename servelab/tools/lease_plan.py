@@ -34,6 +34,7 @@ from typing import Any
 
 from servelab.core.catalogue import CACHED, NOTEBOOKS, OVERLOADED, STAGES, bounded, cached_name
 from servelab.core.paths import DATA_DIR, REPO_ROOT
+from servelab.core.tables import prose
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S, Windows
 from servelab.measure.records import Load
@@ -422,20 +423,24 @@ def plan_table() -> str:
                      f"{_m(optional) if optional else '–'} |")
     over = [o for p in plans for o in p.core.over_capacity + p.optional.over_capacity]
     total = core_minutes(plans)
-    tasks = "; ".join(f"{name.replace('_', ' ')} {a.seconds:g} s ({a.source})" for name, a in allowances().items())
     rounded = math.ceil(total)
-    lines += ["", f"Minutes, rounded up. **Core path: {rounded // 60} h {rounded % 60:02d} min** of a "
-              f"{LEASE_MIN // 60} h {LEASE_MIN % 60:02d} lease (aim ≤ {CORE_AIM_MIN // 60} h {CORE_AIM_MIN % 60:02d}: "
-              f"{'met' if total <= CORE_AIM_MIN else 'MISSED'}). An estimate, not a timed class: counted by "
-              f"`servelab/tools/lease_plan.py` from each notebook's parameters, cells and text. Measuring: rates of the "
-              f"original lab's P100 node where it measured the stage, else a stage it is assumed no faster than "
-              f"(`servelab/data/node_rates.toml`); reading at {READING_WPM} words a minute (assumed); "
-              f"{SWITCH_S} s per stage switch (assumed; every image is built before the first measurement). "
-              f"Students' tasks, each counted in the text: {tasks}. Waits: "
-              + "; ".join(f"{w.what} {w.minutes:g} min ({w.source}"
-                          + (f"; what is left after {', '.join(w.behind)})" if w.behind else ")")
-                          for waits in WAITS.values() for w in waits) + "."]
+    item = lambda text, depth=0: prose("  " * depth + "- " + text, indent="  " * (depth + 1))  # noqa: E731
+    lines += ["", prose(f"Minutes, rounded up. **Core path: {rounded // 60} h {rounded % 60:02d} min** of a "
+                        f"{LEASE_MIN // 60} h {LEASE_MIN % 60:02d} lease (aim ≤ {CORE_AIM_MIN // 60} h "
+                        f"{CORE_AIM_MIN % 60:02d}: {'met' if total <= CORE_AIM_MIN else 'MISSED'}). An estimate, not a "
+                        "timed class: counted by `servelab/tools/lease_plan.py` from each notebook's parameters, cells "
+                        "and text, from these figures:"), "",
+              item("**Measuring:** rates of the original lab's P100 node where it measured the stage, else a stage "
+                   "it is assumed no faster than (`servelab/data/node_rates.toml`)."),
+              item(f"**Reading:** {READING_WPM} words a minute (assumed)."),
+              item(f"**A stage switch:** {SWITCH_S} s (assumed; every image is built before the first measurement)."),
+              item("**Students' tasks**, each counted in the text:")]
+    lines += [item(f"{name.replace('_', ' ')}: {a.seconds:g} s ({a.source})", 1) for name, a in allowances().items()]
+    lines += [item("**Waits:**")]
+    lines += [item(f"{w.what}: {w.minutes:g} min ({w.source}"
+                   + (f"; what is left after {', '.join(w.behind)})" if w.behind else ")"), 1)
+              for waits in WAITS.values() for w in waits]
     if over:
-        lines.append(f"\nOpen-loop loads above the stage's rate (perf_analyzer counted at its {DEFAULT_TIMEOUT_S:g} s "
-                     f"limit): " + ", ".join(over) + ".")
+        lines += ["", prose(f"Open-loop loads above the stage's rate (perf_analyzer counted at its "
+                            f"{DEFAULT_TIMEOUT_S:g} s limit): " + ", ".join(over) + ".")]
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from pathlib import Path
 from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
+from servelab.core.tables import prose
 from servelab.run.lab_run import LabRun, minutes
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
@@ -173,11 +174,11 @@ def lab_requirements() -> str:
     # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
     # version CI runs (`.ci/run`, `make test`), not every stub's.
     tested = pythons[0]
-    return (f"Linux on {arch.replace('_', '-')} with glibc {glibc.replace('_', '.')} or newer, and Python "
-            f"{tested} with its shared library `libpython{tested}` (on Debian and Ubuntu, the package of that name) "
-            f"for the bundled `tritonserver`. No GPU, no Docker. Python {tested} is the version CI runs; the "
-            f"bundled server also has stubs for {' and '.join(pythons[1:])}, but the pins of `constraints.txt` are "
-            f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
+    return prose(f"Linux on {arch.replace('_', '-')} with glibc {glibc.replace('_', '.')} or newer, and Python "
+                 f"{tested} with its shared library `libpython{tested}` (on Debian and Ubuntu, the package of that name) "
+                 f"for the bundled `tritonserver`. No GPU, no Docker. Python {tested} is the version CI runs; the "
+                 f"bundled server also has stubs for {' and '.join(pythons[1:])}, but the pins of `constraints.txt` are "
+                 f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
 
 
 LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's results/run.json
@@ -187,11 +188,11 @@ def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
 
     run = LabRun.read(LAB_RUN)
-    return (f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
-            f"machine ({run.machine}; `docs/records/make-lab.json`): {minutes(run.models_s)} to build the model and "
-            f"its variants (a first run; later runs reuse them), then {minutes(run.total_s - run.models_s)} for "
-            f"its {len(run.stages)} stages. `make lab-full` (`servelab lab --full`) measures every stage with every "
-            "load and both clients.")
+    return prose(f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
+                 f"machine ({run.machine}; `docs/records/make-lab.json`): {minutes(run.models_s)} to build the model and "
+                 f"its variants (a first run; later runs reuse them), then {minutes(run.total_s - run.models_s)} for "
+                 f"its {len(run.stages)} stages. `make lab-full` (`servelab lab --full`) measures every stage with every "
+                 "load and both clients.")
 
 
 def lab_plans() -> str:
@@ -271,8 +272,8 @@ def gpu_record(key: str) -> str:
     record = tomllib.loads(GPU_RECORD.read_text(encoding="utf-8"))
     step = record[key]
     figures = "; ".join(f"{f['measures']} {f['value']:g} {f['unit']}" for f in step["figures"])
-    return (f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
-            f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
+    return prose(f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
+                 f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
 
 
 def original(key: str) -> str:

@@ -1,13 +1,17 @@
 """servelab/tools/lease_plan.py: the lease plan computed from the notebooks' own parameters and cells."""
 
+import re
 import textwrap
 from dataclasses import fields
 
 import pytest
 
 from servelab.core.catalogue import CATALOGUE
+from servelab.core.paths import REPO_ROOT
+from servelab.core.tables import prose
 from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S
 from servelab.tools import lease_plan as lp
+from servelab.tools.notebook_blocks import BLOCK, generate
 
 NOTEBOOK = textwrap.dedent('''\
     # A Triton notebook
@@ -223,8 +227,31 @@ def test_every_allowance_and_wait_says_where_its_figure_comes_from():
     assert set(lp.allowances()) == {f.name for f in fields(lp.People)}
     assert all(a.seconds > 0 and a.source for a in lp.allowances().values())
     assert all(w.source and w.minutes > 0 for waits in lp.WAITS.values() for w in waits)
-    table = lp.plan_table()
+    table = " ".join(lp.plan_table().split())  # as Markdown reads it: a wrapped line joins its paragraph again
     assert all(a.source in table for a in lp.allowances().values()) and "An estimate, not a timed class" in table
+    assert all(w.source in table for waits in lp.WAITS.values() for w in waits)
+
+
+def test_a_wrapped_sentence_reads_the_same_and_never_starts_a_line_with_a_marker():
+    text = "the plan: " + "a figure (assumed) - then more; " * 12 + "# 1. > <b> | done"
+    wrapped = prose(text, width=40, indent="  ")
+    lines = wrapped.splitlines()
+    assert len(lines) > 5 and " ".join(wrapped.split()) == " ".join(text.split())
+    assert all(len(line) <= 42 for line in lines) and all(line.startswith("  ") for line in lines[1:])
+    assert not [line for line in lines[1:] if re.match(r"\s*(?:[-+*#>|<]|\d+[.)])(?:\s|$)", line)]
+    assert prose("  - an item", width=8, indent="    ") == "  - an\n    item"
+    assert prose("took 2171 ms, then 1.8 ms", width=10) == "took 2171 ms,\nthen 1.8 ms"  # a figure keeps its unit
+
+
+def test_the_instructors_guide_has_no_generated_line_over_200_characters():
+    """docs/instructors.md is read in its source too: no part generated into it (the lease plan, how long
+    `make lab` took, a GPU record) writes a line longer than 200 characters, as committed or as generated now."""
+    text = (REPO_ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    parts = [m for m in BLOCK.finditer(text) if m["newline"]]
+    assert {m["spec"].split()[0] for m in parts} >= {"lease-plan", "lab-time"}
+    for m in parts:
+        for body in (m["body"], generate(m["spec"])):
+            assert [line[:80] for line in body.splitlines() if len(line) > 200] == [], m["spec"]
 
 
 def test_reading_during_an_unattended_wait_is_counted_once():
