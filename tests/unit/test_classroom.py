@@ -21,7 +21,9 @@ from servelab.run.walkthrough.classroom import (
     daytime,
     delete_class_leases,
     manage,
+    parts,
     plan,
+    prepare,
     starts,
     table,
 )
@@ -237,3 +239,23 @@ def test_the_ray_part_s_two_node_leases_are_booked_as_9_ray_setup_books_them(chi
         lease.submit.assert_called_once_with(idempotent=True, wait_for_active=False)
     with pytest.raises(ValueError, match="one type"):
         book_class(["ab1"], [WINDOW], node_types=[], length=LENGTH, prefix=PREFIX, now=NOW)
+
+
+def test_before_booking_the_instructor_reads_the_budget_and_the_groups_are_made_once(chi_api: SimpleNamespace) -> None:
+    common = dict(class_parts=parts("gpu_p100", "gpu_p100"), length=LENGTH, su_per_node_hour=1.0,
+                  groups=[("servelab-allow-tcp-22", 22, "SSH")])
+    with mock.patch("chi.network.SecurityGroup", autospec=True) as group:
+        assert prepare([], delete=False, **common) == [] and prepare(["ab1"], delete=True, **common) == []
+        chi_api.get_nodes.assert_not_called()  # no student, or deleting: Chameleon is not even asked
+        group.assert_not_called()
+        lines = prepare(["ab1", "cd2", "ef3"], delete=False, **common)
+    assert lines == [
+        "Nodes for leases at this site: 2 gpu_p100",
+        "the lab: 3 leases x 1 node = 8.8 node-hours = 8.8 SUs; 2 consecutive 3-hour blocks of the site's nodes",
+        "the Ray part: 3 leases x 2 nodes = 17.5 node-hours = 17.5 SUs; 3 consecutive 3-hour blocks of the site's nodes",
+        "security group servelab-allow-tcp-22: port 22 open to the internet (SSH)",
+    ]
+    group.assert_called_once_with({"name": "servelab-allow-tcp-22", "description": "SSH"})
+    group.return_value.add_rule.assert_called_once_with("ingress", "tcp", 22)
+    group.return_value.submit.assert_called_once_with(idempotent=True)
+    assert parts("gpu_p100") == {"serve_system_": ["gpu_p100"]}

@@ -9,6 +9,8 @@
   ``9_ray_setup`` books it). Students who have a lease keep it, unless they are in ``replace``: that lease
   (its node is bad) is deleted and a new one booked on other nodes, from now. One refused lease does not stop
   the others. Returns a ``Row`` per student; the status of a kept lease is Chameleon's (PENDING, ACTIVE...).
+* ``parts`` / ``prepare``: the leases each part of the lab needs, and what the instructor reads before booking:
+  each part's budget, and the class's security groups, made once here (students only check them).
 * ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and only those.
 * ``table(rows)``: the summary (student, lease, nodes, start, end, status) as text.
 
@@ -24,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 
-from chi import clients, hardware, lease
+from chi import clients, hardware, lease, network
 
 from servelab.run.walkthrough import ray_nodes
 
@@ -130,6 +132,39 @@ def blocks_needed(leases: int, node_types: Sequence[str], free: Mapping[str, int
 def budget(part: str, students: int, node_types: Sequence[str], length: timedelta, free: Mapping[str, int],
            su_per_node_hour: float = SU_PER_NODE_HOUR) -> Budget:
     return Budget(part, students, len(node_types), length, blocks_needed(students, node_types, free), su_per_node_hour)
+
+
+def parts(node_type: str, ray_worker_type: str | None = None) -> dict[str, list[str]]:
+    """Each part's lease name prefix and the node types one lease holds: the lab's, and the Ray part's where
+    its worker's type is given."""
+    found = {"serve_system_": [node_type]}
+    if ray_worker_type:
+        found["serve_ray_"] = [ray_nodes.GPU_NODE_TYPE, ray_worker_type]
+    return found
+
+
+def make_security_groups(groups: Iterable[tuple[str, int, str]]) -> list[str]:
+    """Each group (name, port, why) with its one ingress rule; a group of that name in the project is kept."""
+    made = []
+    for name, port, why in groups:
+        group = network.SecurityGroup({"name": name, "description": why})
+        group.add_rule("ingress", "tcp", port)
+        group.submit(idempotent=True)
+        made.append(f"security group {name}: port {port} open to the internet ({why})")
+    return made
+
+
+def prepare(students: Sequence[str], *, delete: bool, class_parts: Mapping[str, Sequence[str]], length: timedelta,
+            su_per_node_hour: float, groups: Iterable[tuple[str, int, str]]) -> list[str]:
+    """What the instructor reads before booking: the nodes of each type the site has, each part's budget, and the
+    security groups, made. Nothing without students (Chameleon is not asked) or when deleting."""
+    if not students or delete:
+        return []
+    free = site({t for types in class_parts.values() for t in types}).free()
+    lines = ["Nodes for leases at this site: " + ", ".join(f"{n} {t}" for t, n in free.items())]
+    lines += [budget("the lab" if prefix == "serve_system_" else "the Ray part", len(students), types, length, free,
+                     su_per_node_hour).line() for prefix, types in class_parts.items()]
+    return lines + make_security_groups(groups)
 
 
 def site(node_types: Iterable[str]) -> Site:
