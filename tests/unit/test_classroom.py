@@ -226,13 +226,14 @@ def test_the_ray_part_s_two_node_leases_are_booked_as_9_ray_setup_books_them(chi
     chi_api.get_nodes.return_value = nodes
     chi_api.blazar.return_value.host = blazar_hosts(nodes, {"P3-GPU-011": [(at(12), at(16))]})
 
-    rows = book_class(["ab1", "cd2", "ef3"], [WINDOW], node_types=["gpu_p100", "gpu_p100"], length=LENGTH,
-                      prefix="serve_ray_", now=NOW)
+    rows = book_class(["ab1", "cd2", "ef3", "gh4"], [WINDOW], node_types=["gpu_p100", "gpu_p100"], length=LENGTH,
+                      prefix="serve_ray_", not_before={"gh4": at(15, 55)}, now=NOW)
 
     assert [(r.lease, r.node, r.start) for r in rows] == [
         ("serve_ray_ab1", "P3-GPU-012, P3-GPU-013", at(13)),
         ("serve_ray_cd2", "P3-GPU-014, P3-GPU-015", at(13)),
         ("serve_ray_ef3", "P3-GPU-011, P3-GPU-012", at(16)),  # four free nodes at 13:00 hold two leases
+        ("serve_ray_gh4", "P3-GPU-013, P3-GPU-014", at(16)),  # not before gh4's lab lease ends
     ]
     for lease in chi_api.made:  # one reservation of two nodes by type: 9_ray_setup's servers find it so
         lease.add_node_reservation.assert_called_once_with(amount=2, node_type="gpu_p100")

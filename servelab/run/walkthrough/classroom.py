@@ -211,8 +211,10 @@ def starts(windows: Sequence[Interval], length: timedelta, now: datetime, right_
 
 def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Interval]]], windows: Sequence[Interval],
          length: timedelta, now: datetime, node_types: Sequence[str], *, avoid: Collection[str] = (),
-         right_away: Collection[str] = ()) -> dict[str, Slot | None]:
-    """A slot per student: the earliest start, then the first nodes by name (one per entry of ``node_types``),
+         right_away: Collection[str] = (), not_before: Mapping[str, datetime | None] | None = None
+         ) -> dict[str, Slot | None]:
+    """A slot per student: the earliest start (not before the student's ``not_before``: the end of their other
+    lease, so that no student holds two at once), then the first nodes by name (one per entry of ``node_types``),
     free for the whole lease and not in ``avoid``; students in ``right_away`` may start at the next minute.
 
     Each slot is taken before the next student is placed, so a class fills the free nodes first and
@@ -221,7 +223,8 @@ def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Inter
     slots: dict[str, Slot | None] = {}
     for student in students:
         slots[student] = None
-        for start in starts(windows, length, now, student in right_away):
+        earliest = (not_before or {}).get(student)
+        for start in starts(windows, length, max(utc(now), utc(earliest)) if earliest else now, student in right_away):
             end, chosen = start + length, []
             for node_type in node_types:
                 node = next((n for n in sorted(taken.get(node_type, {})) if n not in chosen and n not in avoid
@@ -254,7 +257,8 @@ def _submit(name: str, slot: Slot, node_types: Sequence[str], length: timedelta)
 
 
 def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_types: Sequence[str], length: timedelta,
-               prefix: str, replace: Collection[str] = (), now: datetime | None = None) -> list[Row]:
+               prefix: str, replace: Collection[str] = (), not_before: Mapping[str, datetime | None] | None = None,
+               now: datetime | None = None) -> list[Row]:
     """Reserve ``node_types`` nodes for each student within ``windows`` (UTC); a Row per student, in order."""
     if not 1 <= len(node_types) <= 2:
         raise ValueError(f"node_types {node_types}: one type (the lab's lease) or two (the Ray part's head and worker)")
@@ -279,7 +283,7 @@ def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_typ
                           f"failed to delete the old lease: {type(exc).__name__}: {exc}")
     to_book = [s for s in students if s not in rows]
     slots = plan(to_book, found.busy, windows, length, now, node_types, avoid=bad,
-                 right_away={s for s in to_book if f"{prefix}{s}" in existing})
+                 right_away={s for s in to_book if f"{prefix}{s}" in existing}, not_before=not_before)
     for student in to_book:
         name, slot = f"{prefix}{student}", slots[student]
         if slot is None:
@@ -314,7 +318,8 @@ def delete_class_leases(students: Iterable[str], *, prefix: str) -> list[Row]:
 
 
 def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool, node_types: Sequence[str],
-           length: timedelta, prefix: str, replace: Collection[str] = ()) -> list[Row]:
+           length: timedelta, prefix: str, replace: Collection[str] = (),
+           not_before: Mapping[str, datetime | None] | None = None) -> list[Row]:
     """The instructor's one cell: book the class's leases, or with ``delete`` only delete them (so a
     notebook run top to bottom never books and deletes); nothing at all without students."""
     students = list(students)
@@ -322,7 +327,8 @@ def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool
         return []
     if delete:
         return delete_class_leases(students, prefix=prefix)
-    return book_class(students, windows, node_types=node_types, length=length, prefix=prefix, replace=replace)
+    return book_class(students, windows, node_types=node_types, length=length, prefix=prefix, replace=replace,
+                      not_before=not_before)
 
 
 def table(rows: Sequence[Row]) -> str:
