@@ -274,6 +274,19 @@ def test_delete_a_class_s_leases(kernel_dir: Path, tmp_path: Path) -> None:
     )
 
 
+def test_a_newer_node_type_is_booked_and_started_at_its_site(kernel_dir: Path, tmp_path: Path) -> None:
+    site = 'doubles.choose_site.assert_called_once_with(default="CHI@UC")\n'
+    execute("1_create_lease", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID, "NODE_TYPE": "gpu_rtx_6000"},
+            prologue=PROLOGUE, epilogue=site + "doubles.Lease.return_value.add_node_reservation.assert_called_once_with("
+                                              "amount=1, node_type='gpu_rtx_6000')")
+    execute("2_create_server_nvidia", kernel_dir, tmp_path,
+            parameters={"NET_ID": NET_ID, "REPO_URL": "https://git.example.org/course/servelab.git",
+                        "NODE_TYPE": "gpu_a100_pcie"}, prologue=PROLOGUE, epilogue=site)
+    with pytest.raises(CellExecutionError, match="'gpu_k80' is not one the lab knows: gpu_p100, gpu_v100"):
+        execute("1_create_lease", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID, "NODE_TYPE": "gpu_k80"},
+                prologue=PROLOGUE)
+
+
 def test_create_lease_asks_for_the_net_id_first(kernel_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(CellExecutionError, match="Set NET_ID"):
         execute("1_create_lease", kernel_dir, tmp_path, prologue=PROLOGUE)
