@@ -74,7 +74,7 @@ def blazar_hosts(nodes: Sequence[mock.Mock], reserved: Mapping[str, Sequence[tup
 def existing_lease(lease_class: type, name: str, start: datetime, status: str = "PENDING") -> mock.Mock:
     """A lease as ``list_leases`` gives it: naive UTC times, as python-chi parses Blazar's."""
     found = mock.create_autospec(lease_class, instance=True)
-    found.name, found.status = name, status
+    found.name, found.status, found.id = name, status, f"id-{name}"
     found.start_date, found.end_date = start.replace(tzinfo=None), (start + timedelta(hours=2, minutes=55)).replace(tzinfo=None)
     return found
 

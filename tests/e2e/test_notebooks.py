@@ -340,7 +340,7 @@ assert [r.status for r in rows] == ["replaced (not on P3-GPU-009)", "reserved"],
     nb = execute(
         "1_create_lease", kernel_dir, tmp_path,
         parameters={"NET_ID": NET_ID, "STUDENTS": ["cd5678"], "CLASS_HOURS": (0, 24), "CLASS_WEEKDAYS": list(range(7)), "RAY_PART": True,
-                    "REPLACE": ["cd5678"], "SU_PER_NODE_HOUR": 2.0},
+                    "REPLACE": {"cd5678": "P3-GPU-009"}, "SU_PER_NODE_HOUR": 2.0},
         prologue=PROLOGUE + bad_lease, epilogue="from unittest import mock\n" + check,
     )
     printed = "".join(output.get("text", "") for cell in nb.cells for output in cell.get("outputs", []))

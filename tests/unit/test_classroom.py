@@ -209,8 +209,8 @@ def test_a_bad_node_is_swapped_for_a_new_lease_on_another_node_from_now(chi_api:
     chi_api.blazar.return_value.host = blazar_hosts(nodes, {"P3-GPU-009": [(at(13), at(15, 55))]})
     chi_api.blazar.return_value.host.list_allocations.return_value[0]["reservations"][0]["lease_id"] = "lease-ab1"
 
-    rows = book_class(["ab1", "cd2"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX, replace=["ab1"],
-                      now=at(14, 20, 30))
+    rows = book_class(["ab1", "cd2"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX,
+                      replace={"ab1": "P3-GPU-009", "cd2": "P3-GPU-009"}, now=at(14, 20, 30))
 
     bad.delete.assert_called_once_with()
     kept.delete.assert_not_called()
@@ -219,6 +219,17 @@ def test_a_bad_node_is_swapped_for_a_new_lease_on_another_node_from_now(chi_api:
     chi_api.made[0].add_node_reservation.assert_called_once_with(amount=1, node_name="P3-GPU-010")
     assert [(r.student, r.node, r.status) for r in rows] == [
         ("ab1", "P3-GPU-010", "replaced (not on P3-GPU-009)"), ("cd2", "", "kept (PENDING)")]
+
+    # Run again: ab1's new lease (on P3-GPU-010) is kept, not replaced a second time.
+    new = existing_lease(chi_api.real_lease, "serve_system_ab1", at(14, 21), "PENDING")
+    new.id = "lease-ab1-new"
+    chi_api.list_leases.return_value = [new, kept]
+    chi_api.blazar.return_value.host.list_allocations.return_value[1]["reservations"] = [
+        {"id": "r", "lease_id": "lease-ab1-new", "start_date": "2030-01-07T14:21:00", "end_date": "2030-01-07T17:16:00"}]
+    again = book_class(["ab1"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX,
+                       replace={"ab1": "P3-GPU-009"}, now=at(14, 25))
+    assert [(r.node, r.status) for r in again] == [("P3-GPU-010", "kept (PENDING)")]
+    new.delete.assert_not_called()
 
 
 def test_the_ray_part_s_two_node_leases_are_booked_as_9_ray_setup_books_them(chi_api: SimpleNamespace) -> None:

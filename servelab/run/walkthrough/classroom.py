@@ -6,9 +6,10 @@
 * ``book_class``: one lease per student within the windows, each on nodes that are free for the whole lease,
   planned from Blazar's reservations of every node of the types; ``node_types`` is one type (the lab's
   lease, ``serve_system_<netID>``) or two (the Ray part's head and worker, ``serve_ray_<netID>``, booked as
-  ``9_ray_setup`` books it). Students who have a lease keep it, unless they are in ``replace``: that lease
-  (its node is bad) is deleted and a new one booked on other nodes, from now. One refused lease does not stop
-  the others. Returns a ``Row`` per student; the status of a kept lease is Chameleon's (PENDING, ACTIVE...).
+  ``9_ray_setup`` books it). Students who have a lease keep it, unless ``replace`` names a bad node of it
+  (netID -> node): that lease is deleted and a new one booked on other nodes, from now; run again, the new
+  lease is kept. One refused lease does not stop the others. Returns a ``Row`` per student; a kept lease's
+  row has its nodes and Chameleon's status (PENDING, ACTIVE...).
 * ``parts`` / ``prepare``: the leases each part of the lab needs, and what the instructor reads before booking:
   each part's budget, and the class's security groups, made once here (students only check them).
 * ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and only those.
@@ -257,8 +258,8 @@ def _submit(name: str, slot: Slot, node_types: Sequence[str], length: timedelta)
 
 
 def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_types: Sequence[str], length: timedelta,
-               prefix: str, replace: Collection[str] = (), not_before: Mapping[str, datetime | None] | None = None,
-               now: datetime | None = None) -> list[Row]:
+               prefix: str, replace: Mapping[str, str] | None = None,
+               not_before: Mapping[str, datetime | None] | None = None, now: datetime | None = None) -> list[Row]:
     """Reserve ``node_types`` nodes for each student within ``windows`` (UTC); a Row per student, in order."""
     if not 1 <= len(node_types) <= 2:
         raise ValueError(f"node_types {node_types}: one type (the lab's lease) or two (the Ray part's head and worker)")
@@ -268,14 +269,18 @@ def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_typ
     found = site(node_types)
     rows: dict[str, Row] = {}
     bad: set[str] = set()
+    replaced: set[str] = set()
     for s in students:
         old = existing.get(f"{prefix}{s}")
         if old is None:
             continue
-        if s not in replace:
-            rows[s] = Row(s, old.name, "", utc(old.start_date), utc(old.end_date), f"kept ({old.status})")
+        held = found.nodes_of_lease.get(old.id, set())
+        if (replace or {}).get(s) not in held:  # not replaced, or already off the bad node
+            rows[s] = Row(s, old.name, ", ".join(sorted(held)), utc(old.start_date), utc(old.end_date),
+                          f"kept ({old.status})")
             continue
-        bad |= found.nodes_of_lease.get(old.id, set())
+        bad |= held
+        replaced.add(s)
         try:
             old.delete()
         except Exception as exc:  # noqa: BLE001 - the old lease stays: say so, book nothing for this student
@@ -283,7 +288,7 @@ def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_typ
                           f"failed to delete the old lease: {type(exc).__name__}: {exc}")
     to_book = [s for s in students if s not in rows]
     slots = plan(to_book, found.busy, windows, length, now, node_types, avoid=bad,
-                 right_away={s for s in to_book if f"{prefix}{s}" in existing}, not_before=not_before)
+                 right_away=replaced, not_before=not_before)
     for student in to_book:
         name, slot = f"{prefix}{student}", slots[student]
         if slot is None:
@@ -291,7 +296,7 @@ def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_typ
             continue
         try:
             _submit(name, slot, node_types, length)
-            status = f"replaced (not on {', '.join(sorted(bad))})" if name in existing else "reserved"
+            status = f"replaced (not on {', '.join(sorted(bad))})" if student in replaced else "reserved"
         except Exception as exc:  # noqa: BLE001 - Blazar refusing one lease must not stop the class
             status = f"failed: {type(exc).__name__}: {exc}"
         rows[student] = Row(student, name, ", ".join(slot.nodes), slot.start, slot.end, status)
@@ -318,7 +323,7 @@ def delete_class_leases(students: Iterable[str], *, prefix: str) -> list[Row]:
 
 
 def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool, node_types: Sequence[str],
-           length: timedelta, prefix: str, replace: Collection[str] = (),
+           length: timedelta, prefix: str, replace: Mapping[str, str] | None = None,
            not_before: Mapping[str, datetime | None] | None = None) -> list[Row]:
     """The instructor's one cell: book the class's leases, or with ``delete`` only delete them (so a
     notebook run top to bottom never books and deletes); nothing at all without students."""
