@@ -1,7 +1,7 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
-A grader's check, not proof. Each record must have run on a GPU node (its GPUs and NVIDIA driver recorded,
-servelab's runs with ``--device gpu``) with the lab's model (no ``stand_in``); every time must fall inside one
+A grader's check, not proof. Each record must have run on a GPU node (its GPUs and NVIDIA driver recorded;
+``servelab lab``'s runs with ``--device gpu``) with the lab's model (no ``stand_in``); every time must fall inside one
 lease (``LEASE``: all records within three hours, none in the future, each run's start beside its measured
 window); the records must agree with each other (one machine, no run twice) and with the report written from
 them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check looks
@@ -110,7 +110,8 @@ def record_findings(p: Placed) -> list[str]:
         found.append("no GPU in the record (machine.gpus is empty): not run on a GPU node")
     elif not stack.get("driver"):
         found.append("no NVIDIA driver in the record (machine.stack.driver)")
-    if r.tool == "servelab" and r.config.get("device") != "gpu":
+    # `servelab lab` records its --device; the notebooks' runs leave it out (their GPUs say where they ran).
+    if r.tool == "servelab" and r.config.get("device", "gpu") != "gpu":
         found.append(f"servelab ran with device {r.config.get('device')!r}, not 'gpu'")
     if r.stand_in:
         found.append(f"a stand-in, not the lab's model: {r.stand_in}")
