@@ -12,7 +12,9 @@ import pytest
 
 from servelab.cli import main
 from servelab.core.paths import REPO_ROOT
+from servelab.measure.records import read_records
 from servelab.report.check import check, check_all
+from servelab.report.render import render_report
 
 H200 = REPO_ROOT / "docs/records/gpu-h200-2026-11-28"
 QUICK_LAB = REPO_ROOT / "tests/data/quick_lab_records.jsonl"
@@ -141,3 +143,18 @@ def test_the_command_passes_a_clean_submission(tmp_path: Path, capsys: pytest.Ca
     write(tmp_path / "records.jsonl", records)
     assert main(["report", "--check", str(tmp_path / "records.jsonl")]) == 0
     assert capsys.readouterr().out.strip().endswith("no finding")
+
+
+def test_a_report_written_now_from_the_records_agrees_with_them(tmp_path: Path) -> None:
+    """The report this checkout writes (servelab report), not only the one the H200 run wrote, is what the check reads."""
+    records = lines_of(H200 / "records.jsonl")
+    for r in records:
+        r["stand_in"] = None
+    write(tmp_path / "records.jsonl", records)
+    render_report(read_records(tmp_path / "records.jsonl"), tmp_path, [tmp_path / "records.jsonl"])
+    assert check(tmp_path, NOW).findings == []
+    (tmp_path / "report-tables.md").write_text((tmp_path / "report-tables.md").read_text().replace("| 487.4 |", "| 587.4 |"))
+    edited, absent = check(tmp_path, NOW).findings
+    assert edited.startswith("report-tables.md: a row of the runs' table matches no record: | fastapi-onnx |")
+    assert "| 587.4 | 487.4 |" in edited  # req/s edited, img/s not
+    assert absent.startswith("report-tables.md: a row of the runs' table is missing from it: | fastapi-onnx |")
