@@ -24,6 +24,8 @@ import chi.network
 import chi.server
 from blazarclient.v1.hosts import ComputeHostClientManager
 
+from servelab.run.walkthrough.node_setup import SECURITY_GROUPS
+
 # The names the notebooks go through (`from chi import lease` then `lease.Lease(...)`).
 PATCHED = (
     "chi.clients.blazar",
@@ -34,6 +36,7 @@ PATCHED = (
     "chi.lease.get_lease",
     "chi.lease.list_leases",
     "chi.network.SecurityGroup",
+    "chi.network.list_security_groups",
     "chi.server.Server",
     "chi.server.get_server",
 )
@@ -71,9 +74,19 @@ def blazar_hosts(nodes: Sequence[mock.Mock], reserved: Mapping[str, Sequence[tup
 def existing_lease(lease_class: type, name: str, start: datetime, status: str = "PENDING") -> mock.Mock:
     """A lease as ``list_leases`` gives it: naive UTC times, as python-chi parses Blazar's."""
     found = mock.create_autospec(lease_class, instance=True)
-    found.name, found.status = name, status
+    found.name, found.status, found.id = name, status, f"id-{name}"
     found.start_date, found.end_date = start.replace(tzinfo=None), (start + timedelta(hours=2, minutes=55)).replace(tzinfo=None)
     return found
+
+
+def security_groups(group_class: type, names: Sequence[str]) -> list[mock.Mock]:
+    """Security groups as ``network.list_security_groups`` gives them, by name."""
+    groups = []
+    for name in names:
+        group = mock.create_autospec(group_class, instance=True)
+        group.name = name  # an instance attribute, which autospec cannot see
+        groups.append(group)
+    return groups
 
 
 def fixed_address(index: int) -> str:
@@ -102,7 +115,7 @@ def server_per_name(server_class: type) -> Callable[..., mock.Mock]:
 
 def install() -> SimpleNamespace:
     """Patch python-chi in this process, block sockets, and return the doubles by name."""
-    real_lease, real_server = chi.lease.Lease, chi.server.Server
+    real_lease, real_server, real_group = chi.lease.Lease, chi.server.Server, chi.network.SecurityGroup
     doubles = {target.rsplit(".", 1)[1]: mock.patch(target, autospec=True).start() for target in PATCHED}
     for name in ("connect", "connect_ex"):
         setattr(socket.socket, name, _refuse_network)
@@ -116,6 +129,8 @@ def install() -> SimpleNamespace:
     doubles["get_nodes"].return_value = nodes
     doubles["list_leases"].return_value = []
     doubles["blazar"].return_value.host = blazar_hosts(nodes, {})
+    # The instructor made the class's security groups (1_create_lease).
+    doubles["list_security_groups"].return_value = security_groups(real_group, [name for name, _, _ in SECURITY_GROUPS])
 
     # A lease that has started, as `get_lease` finds it.
     active = mock.create_autospec(real_lease, instance=True)
@@ -129,7 +144,7 @@ def install() -> SimpleNamespace:
     doubles["get_server"].return_value = mock.create_autospec(real_server, instance=True)
 
     return SimpleNamespace(**doubles, nodes=nodes, active_lease=active, new_server=new_server, lease_class=real_lease,
-                           server_class=real_server)
+                           server_class=real_server, group_class=real_group)
 
 
 def arguments(recorded: mock._Call, double: Callable[..., Any]) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""``servelab report [RECORDS ...] [--out-dir results]``: the front of ``servelab.report``."""
+"""``servelab report [RECORDS ...] [--out-dir results]``: the front of ``servelab.report``; with ``--check``,
+the grader's check of each RESULTS folder (``servelab.report.check``) instead."""
 
 import argparse
 from pathlib import Path
 from typing import Any
 
 from servelab.measure.records import DEFAULT_RECORDS, read_records
-from servelab.report import render
+from servelab.report import check, render
 from servelab.report.render import render_report, summary_table
 
 
@@ -18,10 +19,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--records", dest="more_records", type=Path, nargs="+", default=[], metavar="RECORDS",
                    help="JSONL record files, as an option")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_RECORDS.parent, help="where report.md and plots go")
+    p.add_argument("--check", action="store_true",
+                   help="check instead of render: each RECORDS is a student's results folder (records.jsonl and the "
+                        "report) or a records file; one line per finding, exit 1 where there is any")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    if args.check:
+        verdicts = check.check_all([*args.records, *args.more_records] or [DEFAULT_RECORDS.parent])
+        for verdict in verdicts:
+            print("\n".join(verdict.lines()))
+        return 1 if any(v.findings for v in verdicts) else 0
     files = [*args.records, *args.more_records] or [DEFAULT_RECORDS]
     missing = [p for p in files if not p.exists()]
     if missing:

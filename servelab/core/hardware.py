@@ -15,6 +15,13 @@ probe is bounded and optional: a missing part is named as missing, never guessed
 ``cpu_int8()`` says, from the CPU's own flags (``/proc/cpuinfo``), whether it has fast 8-bit instructions:
 INT8 pays on a CPU only where it has them (x86: VNNI, AMX-INT8; ARM: the dot products). Every record
 keeps the flags it needs (``CPU_FLAGS``), so a report says it of the machine that ran, wherever it is read.
+
+``NODE_TYPES``: the Chameleon GPU node types the lab knows, each with its site, the GPU ``nvidia-smi`` names
+there and its compute capability. ``1_create_lease`` and ``2_create_server_nvidia`` offer them as ``NODE_TYPE``
+(this module needs the standard library only, as Chameleon Jupyter has it); ``servelab doctor --node`` names
+the one it runs on (``node_type_of``). The same images run on each (docker/VERSIONS.md says what changes on the
+newer ones); only ``gpu_p100`` is the original lab's node, and no run of this lab on the others is recorded
+here, so what is said of them is a prediction.
 """
 
 import re
@@ -45,6 +52,37 @@ class Gpu:
 
     def describe(self) -> str:
         return f"GPU {self.index} {self.name} (compute capability {cc(self.capability)}, {self.memory})"
+
+
+@dataclass(frozen=True)
+class NodeType:
+    name: str
+    site: str
+    gpu: str  # what nvidia-smi's name of its GPUs holds
+    capability: Capability
+
+
+NODE_TYPES = {t.name: t for t in (
+    NodeType("gpu_p100", "CHI@TACC", "P100", (6, 0)),  # Pascal: the original lab's node
+    NodeType("gpu_v100", "CHI@UC", "V100", (7, 0)),  # Volta: tensor cores for fp16
+    NodeType("gpu_rtx_6000", "CHI@UC", "RTX 6000", (7, 5)),  # Turing: TensorRT's oldest, int8 tensor cores
+    NodeType("gpu_a100_pcie", "CHI@UC", "A100", (8, 0)),  # Ampere
+)}
+
+
+def node_type(name: str) -> NodeType:
+    """The node type of that name; an unknown one is an error that lists the known ones."""
+    try:
+        return NODE_TYPES[name]
+    except KeyError:
+        raise ValueError(f"NODE_TYPE {name!r} is not one the lab knows: {', '.join(NODE_TYPES)}") from None
+
+
+def node_type_of(gpu_names: Iterable[str]) -> NodeType | None:
+    """The node type whose GPU every one of these GPU names is (None: none, or a mix)."""
+    names = list(gpu_names)
+    found = [t for t in NODE_TYPES.values() if names and all(t.gpu in n for n in names)]
+    return found[0] if len(found) == 1 else None
 
 
 def cc(capability: Capability) -> str:

@@ -71,7 +71,7 @@ assert [(args["name"], args["start_date"]) for args in made] == [
     ("serve_system_ef9012", datetime(2030, 1, 7, 13, tzinfo=timezone.utc)),
 ]
 doubles.list_leases.assert_called_once_with()
-doubles.blazar.return_value.host.list_allocations.assert_called_once_with()
+assert doubles.blazar.return_value.host.list_allocations.call_count == 2  # the budget, then the booking
 new_lease = doubles.Lease.return_value
 assert new_lease.add_node_reservation.call_args_list == [
     mock.call(amount=1, node_type="gpu_p100"),
@@ -81,6 +81,12 @@ assert new_lease.add_node_reservation.call_args_list == [
 new_lease.submit.assert_has_calls([mock.call(idempotent=True, wait_for_active=False)] * 3)
 assert new_lease.submit.call_count == 3
 assert rows[0].status == rows[1].status == "reserved"
+# The class's security groups, made here once: SSH and the public list (servelab.core.exposure).
+from servelab.core.exposure import ingress_ports
+rules = [arguments(c, doubles.SecurityGroup.return_value.add_rule) for c in doubles.SecurityGroup.return_value.add_rule.call_args_list]
+assert [r["port"] for r in rules] == list(ingress_ports()) == [22, 5000]
+assert all(r["direction"] == "ingress" and r["protocol"] == "tcp" for r in rules)
+doubles.SecurityGroup.return_value.submit.assert_has_calls([mock.call(idempotent=True)] * 2)
 """
 
 # Two leases named like the class's; only the listed student's may go.
@@ -93,6 +99,7 @@ doubles.list_leases.return_value = [class_lease, other_lease]
 """
 
 CHECK_CLASS_DELETED = """
+doubles.SecurityGroup.assert_not_called()
 class_lease.delete.assert_called_once_with()
 other_lease.delete.assert_not_called()
 assert [arguments(c, doubles.Lease)["name"] for c in doubles.Lease.call_args_list] == ["serve_system_ab1234"]
@@ -111,14 +118,11 @@ doubles.Server.assert_called_once_with(
 s = doubles.new_server
 s.submit.assert_called_once_with(idempotent=True)
 s.associate_floating_ip.assert_called_once_with()
-# Security groups: SSH and the public list (servelab.core.exposure), each let in and attached, before the floating IP.
-from servelab.core.exposure import ingress_ports
-groups = [arguments(c, doubles.SecurityGroup)["security_group_data"] for c in doubles.SecurityGroup.call_args_list]
-rules = [arguments(c, doubles.SecurityGroup.return_value.add_rule) for c in doubles.SecurityGroup.return_value.add_rule.call_args_list]
-assert [r["port"] for r in rules] == list(ingress_ports()) == [22, 5000]
-assert all(r["direction"] == "ingress" and r["protocol"] == "tcp" for r in rules)
-assert doubles.SecurityGroup.return_value.submit.call_count == len(groups) == len(rules)
-assert [c.args[0] for c in s.add_security_group.call_args_list] == [g["name"] for g in groups]
+# Security groups: the instructor's (1_create_lease) are found, none is made, each is attached before the floating IP.
+from servelab.run.walkthrough.node_setup import SECURITY_GROUPS
+doubles.list_security_groups.assert_called_once_with()
+doubles.SecurityGroup.assert_not_called()
+assert [c.args[0] for c in s.add_security_group.call_args_list] == [name for name, _, _ in SECURITY_GROUPS]
 names = [c[0] for c in s.mock_calls]
 assert names.index("add_security_group") < names.index("associate_floating_ip")
 s.check_connectivity.assert_called_once_with()
@@ -253,7 +257,7 @@ def test_create_lease_at_a_chosen_time_and_for_a_class(kernel_dir: Path, tmp_pat
         kernel_dir,
         tmp_path,
         parameters={"NET_ID": NET_ID, "START": "2030-01-07 15:00", "STUDENTS": ["cd5678", "ef9012"],
-                    "CLASS_FROM": "2030-01-07 13:00", "CLASS_UNTIL": "2030-01-07 21:00"},
+                    "CLASS_FIRST_DAY": "2030-01-07", "CLASS_LAST_DAY": "2030-01-07", "CLASS_HOURS": (13, 21)},
         prologue=PROLOGUE,
         epilogue=CHECK_CLASS_LEASES,
     )
@@ -270,6 +274,19 @@ def test_delete_a_class_s_leases(kernel_dir: Path, tmp_path: Path) -> None:
     )
 
 
+def test_a_newer_node_type_is_booked_and_started_at_its_site(kernel_dir: Path, tmp_path: Path) -> None:
+    site = 'doubles.choose_site.assert_called_once_with(default="CHI@UC")\n'
+    execute("1_create_lease", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID, "NODE_TYPE": "gpu_rtx_6000"},
+            prologue=PROLOGUE, epilogue=site + "doubles.Lease.return_value.add_node_reservation.assert_called_once_with("
+                                              "amount=1, node_type='gpu_rtx_6000')")
+    execute("2_create_server_nvidia", kernel_dir, tmp_path,
+            parameters={"NET_ID": NET_ID, "REPO_URL": "https://git.example.org/course/servelab.git",
+                        "NODE_TYPE": "gpu_a100_pcie"}, prologue=PROLOGUE, epilogue=site)
+    with pytest.raises(CellExecutionError, match="'gpu_k80' is not one the lab knows: gpu_p100, gpu_v100"):
+        execute("1_create_lease", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID, "NODE_TYPE": "gpu_k80"},
+                prologue=PROLOGUE)
+
+
 def test_create_lease_asks_for_the_net_id_first(kernel_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(CellExecutionError, match="Set NET_ID"):
         execute("1_create_lease", kernel_dir, tmp_path, prologue=PROLOGUE)
@@ -284,6 +301,51 @@ def test_create_server(kernel_dir: Path, tmp_path: Path) -> None:
         prologue=PROLOGUE,
         epilogue=CHECK_SERVER,
     )
+
+
+def test_create_server_without_the_security_groups_or_past_a_timeout_says_what_to_do(kernel_dir: Path, tmp_path: Path) -> None:
+    parameters = {"NET_ID": NET_ID, "REPO_URL": "https://git.example.org/course/servelab.git"}
+    with pytest.raises(CellExecutionError, match="ask your instructor to run the security-group cell of 1_create_lease"):
+        execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters,
+                prologue=PROLOGUE + "doubles.list_security_groups.return_value = []\n")
+    timeout = ("import chi.exception\ndoubles.new_server.submit.side_effect = "
+               "chi.exception.ServiceError('Timeout waiting for server to reach ACTIVE status')\n")
+    with pytest.raises(CellExecutionError, match="Timeout waiting for server to reach ACTIVE status. The node may still "
+                                                 "be booting: run this cell again, it finds the same server"):
+        execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters, prologue=PROLOGUE + timeout)
+    with pytest.raises(CellExecutionError, match="is in ERROR: delete it in Horizon"):
+        execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters,
+                prologue=PROLOGUE + "doubles.new_server.status = 'ERROR'\n")
+
+
+def test_create_lease_for_a_class_with_the_ray_part_and_a_bad_node_replaced(kernel_dir: Path, tmp_path: Path) -> None:
+    bad_lease = """
+from datetime import datetime, timezone
+from chi_doubles import existing_lease
+bad = existing_lease(doubles.lease_class, "serve_system_cd5678", datetime(2030, 1, 7, 13, tzinfo=timezone.utc), "ACTIVE")
+bad.id = "lease-cd5678"
+doubles.list_leases.return_value = [bad]
+doubles.blazar.return_value.host.list_allocations.return_value[0]["reservations"] = [
+    {"id": "r", "lease_id": "lease-cd5678", "start_date": "2030-01-07T13:00:00.000000", "end_date": "2030-01-07T15:55:00.000000"}]
+"""
+    check = """
+from chi_doubles import arguments
+bad.delete.assert_called_once_with()
+made = [arguments(c, doubles.Lease)["name"] for c in doubles.Lease.call_args_list]
+assert made == ["serve_system_ab1234", "serve_system_cd5678", "serve_ray_cd5678"], made
+assert doubles.Lease.return_value.add_node_reservation.call_args_list[-2:] == [
+    mock.call(amount=1, node_name="P3-GPU-010"), mock.call(amount=2, node_type="gpu_p100")]
+assert [r.status for r in rows] == ["replaced (not on P3-GPU-009)", "reserved"], rows
+"""
+    nb = execute(
+        "1_create_lease", kernel_dir, tmp_path,
+        parameters={"NET_ID": NET_ID, "STUDENTS": ["cd5678"], "CLASS_HOURS": (0, 24), "CLASS_WEEKDAYS": list(range(7)), "RAY_PART": True,
+                    "REPLACE": {"cd5678": "P3-GPU-009"}, "SU_PER_NODE_HOUR": 2.0},
+        prologue=PROLOGUE + bad_lease, epilogue="from unittest import mock\n" + check,
+    )
+    printed = "".join(output.get("text", "") for cell in nb.cells for output in cell.get("outputs", []))
+    assert "the lab: 1 lease x 1 node = 2.9 node-hours = 5.8 SUs; 1 consecutive 3-hour block of the site's nodes" in printed
+    assert "the Ray part: 1 lease x 2 nodes = 5.8 node-hours = 11.7 SUs; 1 consecutive 3-hour block" in printed
 
 
 def test_delete_resources(kernel_dir: Path, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from types import SimpleNamespace
 from unittest import mock
 
@@ -14,7 +14,19 @@ import chi.lease
 import pytest
 
 from chi_doubles import arguments, blazar_hosts, existing_lease, node
-from servelab.run.walkthrough.classroom import Row, book_class, delete_class_leases, hourly_starts, manage, plan, table
+from servelab.run.walkthrough.classroom import (
+    Row,
+    book_class,
+    budget,
+    daytime,
+    delete_class_leases,
+    manage,
+    parts,
+    plan,
+    prepare,
+    starts,
+    table,
+)
 
 UTC = timezone.utc
 LENGTH = timedelta(hours=2, minutes=55)
@@ -24,8 +36,8 @@ WINDOW = (datetime(2030, 1, 7, 13, tzinfo=UTC), datetime(2030, 1, 7, 21, tzinfo=
 NOW = datetime(2029, 12, 31, 9, 30, tzinfo=UTC)
 
 
-def at(hour: int, minute: int = 0) -> datetime:
-    return datetime(2030, 1, 7, hour, minute, tzinfo=UTC)
+def at(hour: int, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(2030, 1, 7, hour, minute, second, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -51,17 +63,42 @@ def chi_api() -> Iterator[SimpleNamespace]:
         yield doubles
 
 
-def test_hourly_starts_are_whole_hours_in_the_window_and_the_future() -> None:
-    assert hourly_starts(WINDOW, LENGTH, NOW) == [at(h) for h in range(13, 19)]
-    assert hourly_starts(WINDOW, LENGTH, at(14, 10)) == [at(h) for h in range(15, 19)]
-    assert hourly_starts(WINDOW, LENGTH, at(19)) == []
+def test_starts_are_whole_hours_in_the_windows_and_the_future() -> None:
+    assert starts([WINDOW], LENGTH, NOW) == [at(h) for h in range(13, 19)]
+    assert starts([WINDOW], LENGTH, at(14, 10)) == [at(h) for h in range(15, 19)]
+    assert starts([WINDOW], LENGTH, at(19)) == []
+    # A replaced node's student may start at the next minute.
+    assert starts([WINDOW], LENGTH, at(14, 10, 30), right_away=True)[:2] == [at(14, 11), at(15)]
+
+
+def test_daytime_windows_are_the_set_hours_of_the_allowed_days() -> None:
+    # Friday 4 to Tuesday 8 January 2030, weekdays only, 13:00 to 21:00 UTC: no lease at 3 a.m., none on the weekend.
+    windows = daytime(date(2030, 1, 4), date(2030, 1, 8), (13, 21), weekdays=range(5))
+    assert windows == [(datetime(2030, 1, d, 13, tzinfo=UTC), datetime(2030, 1, d, 21, tzinfo=UTC)) for d in (4, 7, 8)]
+    assert starts(windows, LENGTH, NOW)[:7] == [datetime(2030, 1, 4, h, tzinfo=UTC) for h in range(13, 19)] + [at(13)]
+    assert daytime(date(2030, 1, 7), date(2030, 1, 7), (0, 24)) == [(at(0), at(0) + timedelta(days=1))]
+    with pytest.raises(ValueError, match="class hours"):
+        daytime(date(2030, 1, 7), date(2030, 1, 7), (21, 13))
+
+
+def test_the_budget_of_a_class_of_forty() -> None:
+    lab = budget("the lab", 40, ["gpu_p100"], LENGTH, {"gpu_p100": 8})
+    assert (round(lab.node_hours, 1), round(lab.sus, 1), lab.blocks, lab.block) == (116.7, 116.7, 5, timedelta(hours=3))
+    assert lab.line() == ("the lab: 40 leases x 1 node = 116.7 node-hours = 116.7 SUs; "
+                          "5 consecutive 3-hour blocks of the site's nodes")
+    ray = budget("the Ray part", 40, ["gpu_p100", "gpu_p100"], LENGTH, {"gpu_p100": 8}, su_per_node_hour=2)
+    assert (round(ray.node_hours, 1), round(ray.sus, 1), ray.blocks) == (233.3, 466.7, 10)
+    cpu_worker = budget("the Ray part", 40, ["gpu_p100", "compute_cascadelake_r"], LENGTH,
+                        {"gpu_p100": 8, "compute_cascadelake_r": 30})
+    assert cpu_worker.blocks == 5  # the GPU heads are the limit
+    assert budget("x", 3, ["gpu_p100", "gpu_p100"], LENGTH, {"gpu_p100": 1}).line().endswith("too few nodes for one lease")
 
 
 def test_plan_fills_free_nodes_then_later_hours_never_overlapping() -> None:
-    busy = {"A": [], "B": [(at(12), at(16))]}
-    slots = plan(["s1", "s2", "s3", "s4"], busy, WINDOW, LENGTH, NOW)
-    assert [(s.node, s.start) if s else None for s in slots.values()] == [
-        ("A", at(13)), ("A", at(16)), ("B", at(16)), None,  # 19:00 + 2:55 is past 21:00
+    busy = {"gpu_p100": {"A": [], "B": [(at(12), at(16))]}}
+    slots = plan(["s1", "s2", "s3", "s4"], busy, [WINDOW], LENGTH, NOW, ["gpu_p100"])
+    assert [(s.nodes, s.start) if s else None for s in slots.values()] == [
+        (("A",), at(13)), (("A",), at(16)), (("B",), at(16)), None,  # 19:00 + 2:55 is past 21:00
     ]
     assert all(s.end - s.start == LENGTH for s in slots.values() if s)
 
@@ -80,7 +117,8 @@ def test_a_class_is_booked_on_free_nodes_and_one_refusal_does_not_stop_the_rest(
         return made
 
     chi_api.Lease.side_effect = new_lease
-    rows = book_class(["ab1", "cd2", "ef3", "gh4"], WINDOW, node_type="gpu_p100", length=LENGTH, prefix=PREFIX, now=NOW)
+    rows = book_class(["ab1", "cd2", "ef3", "gh4"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX,
+                      now=NOW)
 
     chi_api.get_nodes.assert_called_once_with(node_type="gpu_p100")
     made = [arguments(recorded, chi_api.real_lease) for recorded in chi_api.Lease.call_args_list]
@@ -98,13 +136,13 @@ def test_a_class_is_booked_on_free_nodes_and_one_refusal_does_not_stop_the_rest(
         ("ab1", "P3-GPU-009", at(13), "reserved"),
         ("cd2", "P3-GPU-009", at(16), "failed: ResourceError: Unable to make lease"),
         ("ef3", "P3-GPU-010", at(16), "reserved"),
-        ("gh4", "", None, "no free node in the window"),
+        ("gh4", "", None, "no free node in the windows"),
     ]
     summary = table(rows).splitlines()
     assert summary[0].split() == ["student", "lease", "node", "start", "(UTC)", "end", "(UTC)", "status"]
     assert summary[2].split()[:6] == ["cd2", "serve_system_cd2", "P3-GPU-009", "2030-01-07", "16:00", "2030-01-07"]
     assert summary[2].endswith("failed: ResourceError: Unable to make lease")
-    assert summary[4].split() == ["gh4", "serve_system_gh4", "-", "-", "-", "no", "free", "node", "in", "the", "window"]
+    assert summary[4].split() == ["gh4", "serve_system_gh4", "-", "-", "-", "no", "free", "node", "in", "the", "windows"]
 
 
 def test_students_with_a_lease_keep_it_and_ended_leases_do_not_count(chi_api: SimpleNamespace) -> None:
@@ -112,10 +150,10 @@ def test_students_with_a_lease_keep_it_and_ended_leases_do_not_count(chi_api: Si
     ended = existing_lease(chi_api.real_lease, "serve_system_cd2", at(9), "TERMINATED")
     chi_api.list_leases.return_value = [kept, ended]
 
-    rows = book_class(["ab1", "cd2", "ab1"], WINDOW, node_type="gpu_p100", length=LENGTH, prefix=PREFIX, now=NOW)
+    rows = book_class(["ab1", "cd2", "ab1"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX, now=NOW)
 
     assert [(r.student, r.start, r.end, r.status) for r in rows] == [
-        ("ab1", at(17), at(19, 55), "kept (it existed)"),
+        ("ab1", at(17), at(19, 55), "kept (PENDING)"),
         ("cd2", at(13), at(15, 55), "reserved"),
     ]
     assert [arguments(c, chi_api.real_lease)["name"] for c in chi_api.Lease.call_args_list] == ["serve_system_cd2"]
@@ -146,7 +184,7 @@ def test_deleting_a_class_touches_only_its_leases(chi_api: SimpleNamespace) -> N
 
 
 def test_the_class_cell_books_or_deletes_never_both_and_nothing_without_students(chi_api: SimpleNamespace) -> None:
-    common = dict(window=WINDOW, node_type="gpu_p100", length=LENGTH, prefix=PREFIX)
+    common = dict(windows=[WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX)
     assert manage([], delete=False, **common) == [] and manage([], delete=True, **common) == []
     chi_api.list_leases.assert_not_called()  # no student: Chameleon is not even asked
 
@@ -159,3 +197,77 @@ def test_the_class_cell_books_or_deletes_never_both_and_nothing_without_students
     chi_api.list_leases.return_value = []
     rows = manage(["cd2"], delete=False, **common)
     assert [r.status for r in rows] == ["reserved"] and len(chi_api.made) == 1
+
+
+def test_a_bad_node_is_swapped_for_a_new_lease_on_another_node_from_now(chi_api: SimpleNamespace) -> None:
+    # ab1's lease holds P3-GPU-009 (Blazar's allocation says so) and has started; its node is bad.
+    bad = existing_lease(chi_api.real_lease, "serve_system_ab1", at(13), "ACTIVE")
+    bad.id = "lease-ab1"
+    kept = existing_lease(chi_api.real_lease, "serve_system_cd2", at(13), "PENDING")
+    chi_api.list_leases.return_value = [bad, kept]
+    nodes = chi_api.get_nodes.return_value
+    chi_api.blazar.return_value.host = blazar_hosts(nodes, {"P3-GPU-009": [(at(13), at(15, 55))]})
+    chi_api.blazar.return_value.host.list_allocations.return_value[0]["reservations"][0]["lease_id"] = "lease-ab1"
+
+    rows = book_class(["ab1", "cd2"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX,
+                      replace={"ab1": "P3-GPU-009", "cd2": "P3-GPU-009"}, now=at(14, 20, 30))
+
+    bad.delete.assert_called_once_with()
+    kept.delete.assert_not_called()
+    (made,) = [arguments(c, chi_api.real_lease) for c in chi_api.Lease.call_args_list]
+    assert made == {"name": "serve_system_ab1", "start_date": at(14, 21), "end_date": at(17, 16)}
+    chi_api.made[0].add_node_reservation.assert_called_once_with(amount=1, node_name="P3-GPU-010")
+    assert [(r.student, r.node, r.status) for r in rows] == [
+        ("ab1", "P3-GPU-010", "replaced (not on P3-GPU-009)"), ("cd2", "", "kept (PENDING)")]
+
+    # Run again: ab1's new lease (on P3-GPU-010) is kept, not replaced a second time.
+    new = existing_lease(chi_api.real_lease, "serve_system_ab1", at(14, 21), "PENDING")
+    new.id = "lease-ab1-new"
+    chi_api.list_leases.return_value = [new, kept]
+    chi_api.blazar.return_value.host.list_allocations.return_value[1]["reservations"] = [
+        {"id": "r", "lease_id": "lease-ab1-new", "start_date": "2030-01-07T14:21:00", "end_date": "2030-01-07T17:16:00"}]
+    again = book_class(["ab1"], [WINDOW], node_types=["gpu_p100"], length=LENGTH, prefix=PREFIX,
+                       replace={"ab1": "P3-GPU-009"}, now=at(14, 25))
+    assert [(r.node, r.status) for r in again] == [("P3-GPU-010", "kept (PENDING)")]
+    new.delete.assert_not_called()
+
+
+def test_the_ray_part_s_two_node_leases_are_booked_as_9_ray_setup_books_them(chi_api: SimpleNamespace) -> None:
+    nodes = [node(f"P3-GPU-0{i}") for i in (11, 12, 13, 14, 15)]
+    chi_api.get_nodes.return_value = nodes
+    chi_api.blazar.return_value.host = blazar_hosts(nodes, {"P3-GPU-011": [(at(12), at(16))]})
+
+    rows = book_class(["ab1", "cd2", "ef3", "gh4"], [WINDOW], node_types=["gpu_p100", "gpu_p100"], length=LENGTH,
+                      prefix="serve_ray_", not_before={"gh4": at(15, 55)}, now=NOW)
+
+    assert [(r.lease, r.node, r.start) for r in rows] == [
+        ("serve_ray_ab1", "P3-GPU-012, P3-GPU-013", at(13)),
+        ("serve_ray_cd2", "P3-GPU-014, P3-GPU-015", at(13)),
+        ("serve_ray_ef3", "P3-GPU-011, P3-GPU-012", at(16)),  # four free nodes at 13:00 hold two leases
+        ("serve_ray_gh4", "P3-GPU-013, P3-GPU-014", at(16)),  # not before gh4's lab lease ends
+    ]
+    for lease in chi_api.made:  # one reservation of two nodes by type: 9_ray_setup's servers find it so
+        lease.add_node_reservation.assert_called_once_with(amount=2, node_type="gpu_p100")
+        lease.submit.assert_called_once_with(idempotent=True, wait_for_active=False)
+    with pytest.raises(ValueError, match="one type"):
+        book_class(["ab1"], [WINDOW], node_types=[], length=LENGTH, prefix=PREFIX, now=NOW)
+
+
+def test_before_booking_the_instructor_reads_the_budget_and_the_groups_are_made_once(chi_api: SimpleNamespace) -> None:
+    common = dict(class_parts=parts("gpu_p100", "gpu_p100"), length=LENGTH, su_per_node_hour=1.0,
+                  groups=[("servelab-allow-tcp-22", 22, "SSH")])
+    with mock.patch("chi.network.SecurityGroup", autospec=True) as group:
+        assert prepare([], delete=False, **common) == [] and prepare(["ab1"], delete=True, **common) == []
+        chi_api.get_nodes.assert_not_called()  # no student, or deleting: Chameleon is not even asked
+        group.assert_not_called()
+        lines = prepare(["ab1", "cd2", "ef3"], delete=False, **common)
+    assert lines == [
+        "Nodes for leases at this site: 2 gpu_p100",
+        "the lab: 3 leases x 1 node = 8.8 node-hours = 8.8 SUs; 2 consecutive 3-hour blocks of the site's nodes",
+        "the Ray part: 3 leases x 2 nodes = 17.5 node-hours = 17.5 SUs; 3 consecutive 3-hour blocks of the site's nodes",
+        "security group servelab-allow-tcp-22: port 22 open to the internet (SSH)",
+    ]
+    group.assert_called_once_with({"name": "servelab-allow-tcp-22", "description": "SSH"})
+    group.return_value.add_rule.assert_called_once_with("ingress", "tcp", 22)
+    group.return_value.submit.assert_called_once_with(idempotent=True)
+    assert parts("gpu_p100") == {"serve_system_": ["gpu_p100"]}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from servelab.core.hardware import node_type
 from servelab.core.paths import REPO_ROOT
 from servelab.tools.doctor import container_checks as containers
 from servelab.tools.doctor import gpu
@@ -106,7 +107,7 @@ def test_p100_node_gpus_tensorrt_and_docker() -> None:
     assert results["gpus"].status == "pass"
     assert results["gpus"].detail == (
         "2 GPU(s), driver 535.183.01: GPU 0 Tesla P100-PCIE-16GB (compute capability 6.0, 16384 MiB); "
-        "GPU 1 Tesla P100-PCIE-16GB (compute capability 6.0, 16384 MiB)")
+        "GPU 1 Tesla P100-PCIE-16GB (compute capability 6.0, 16384 MiB); a gpu_p100 node (CHI@TACC)")
     trt = results["tensorrt"]
     assert trt.status == "skip" and trt.detail.startswith("not applicable")
     assert "Tesla P100-PCIE-16GB is 6.0" in trt.detail and "CUDA execution provider" in trt.detail
@@ -188,6 +189,26 @@ def test_triton_container_failures(answer: Output, expected: str) -> None:
 def test_parse_gpus_reads_the_p100_node() -> None:
     assert P100 == [Gpu(0, "Tesla P100-PCIE-16GB", "535.183.01", (6, 0), "16384 MiB"),
                     Gpu(1, "Tesla P100-PCIE-16GB", "535.183.01", (6, 0), "16384 MiB")]
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ("0, Quadro RTX 6000, 570.86.15, 7.5, 24576 MiB\n", "; a gpu_rtx_6000 node (CHI@UC)"),
+    ("0, Tesla V100-SXM2-16GB, 570.86.15, 7.0, 16384 MiB\n1, Tesla V100-SXM2-16GB, 570.86.15, 7.0, 16384 MiB\n",
+     "; a gpu_v100 node (CHI@UC)"),
+    ("0, NVIDIA A100 80GB PCIe, 570.86.15, 8.0, 81920 MiB\n", "; a gpu_a100_pcie node (CHI@UC)"),
+    ("0, NVIDIA H200, 580.159.04, 9.0, 143771 MiB\n", "; not one of the GPU node types the lab knows (gpu_p100, "
+     "gpu_v100, gpu_rtx_6000, gpu_a100_pcie): the same images run from compute capability 6.0 on"),
+])
+def test_the_node_s_type_is_named_from_its_gpus(answer: str, said: str) -> None:
+    result = gpu.gpu_list_result(parse_gpus(answer), node=True)
+    assert result.status == "pass" and result.detail.endswith(said)
+    assert not gpu.gpu_list_result(parse_gpus(answer), node=False).detail.endswith(said)  # the local doctor: no node
+
+
+def test_a_node_type_the_lab_does_not_know_is_refused_with_the_list() -> None:
+    assert node_type("gpu_rtx_6000").capability == (7, 5)
+    with pytest.raises(ValueError, match="'gpu_k80' is not one the lab knows: gpu_p100, gpu_v100, gpu_rtx_6000"):
+        node_type("gpu_k80")
 
 
 def test_old_gpus_and_old_drivers() -> None:

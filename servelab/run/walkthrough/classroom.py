@@ -1,30 +1,46 @@
 """Leases for a whole class (``1_create_lease``, instructors' section), with python-chi.
 
-* ``book_class``: one lease per student within a time window, each on a node that is free for the
-  whole lease, planned from Blazar's reservations of every node of the type; students who already
-  have a lease keep it; one refused lease does not stop the others. Returns a ``Row`` per student.
-* ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and
-  only those.
-* ``table(rows)``: the summary (student, lease, node, start, end, status) as text.
+* ``daytime``: the windows a class's leases may fall in: the hours the instructor sets, on the days chosen.
+* ``budget``: what a part of the lab costs a class: leases, node-hours, SUs, and how many consecutive blocks
+  of one lease's length the site's nodes need to hold them all.
+* ``book_class``: one lease per student within the windows, each on nodes that are free for the whole lease,
+  planned from Blazar's reservations of every node of the types; ``node_types`` is one type (the lab's
+  lease, ``serve_system_<netID>``) or two (the Ray part's head and worker, ``serve_ray_<netID>``, booked as
+  ``9_ray_setup`` books it). Students who have a lease keep it, unless ``replace`` names a bad node of it
+  (netID -> node): that lease is deleted and a new one booked on other nodes, from now; run again, the new
+  lease is kept. One refused lease does not stop the others. Returns a ``Row`` per student; a kept lease's
+  row has its nodes and Chameleon's status (PENDING, ACTIVE...).
+* ``parts`` / ``prepare``: the leases each part of the lab needs, and what the instructor reads before booking:
+  each part's budget, and the class's security groups, made once here (students only check them).
+* ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and only those.
+* ``table(rows)``: the summary (student, lease, nodes, start, end, status) as text.
 
 Runs in Chameleon Jupyter, from the ``notebooks`` folder of a clone: it needs python-chi and the
-standard library only. Every value (node type, lease length, name prefix) comes from the notebook.
+standard library only. Every value (node types, lease length, name prefix, windows) comes from the notebook.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from __future__ import annotations
 
-from chi import clients, hardware, lease
+import math
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+
+from chi import clients, hardware, lease, network
+
+from servelab.run.walkthrough import ray_nodes
 
 Interval = tuple[datetime, datetime]
 # Blazar keeps these leases, but they no longer hold a node.
 ENDED = frozenset({"TERMINATED", "DELETED", "ERROR"})
+# Chameleon charges an allocation by the node-hour for bare metal; the notebook may set another rate.
+SU_PER_NODE_HOUR = 1.0
 
 
 @dataclass(frozen=True)
 class Slot:
-    node: str
+    nodes: tuple[str, ...]
     start: datetime
     end: datetime
 
@@ -33,10 +49,54 @@ class Slot:
 class Row:
     student: str
     lease: str
-    node: str
+    node: str  # the nodes planned, comma-separated ("" where none was)
     start: datetime | None
     end: datetime | None
-    status: str  # reserved, kept (it existed), no free node, failed: <why>, deleted
+    status: str  # reserved, replaced, kept (Chameleon's status), no free node, failed: <why>, deleted
+
+
+@dataclass
+class Site:
+    """Every reservable node of the types asked for, by type, with the times it is reserved, and which
+    lease holds which nodes (a bad node is found through its lease)."""
+
+    busy: dict[str, dict[str, list[Interval]]] = field(default_factory=dict)  # type -> node -> intervals
+    nodes_of_lease: dict[str, set[str]] = field(default_factory=dict)
+
+    def free(self) -> dict[str, int]:
+        """How many nodes of each type the site has for leases."""
+        return {node_type: len(nodes) for node_type, nodes in self.busy.items()}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one part of the lab costs a class: one lease of ``nodes`` nodes for ``length`` per student."""
+
+    part: str
+    leases: int
+    nodes: int
+    length: timedelta
+    blocks: int | None  # consecutive blocks of the lease's length (rounded up to the hour); None: too few nodes
+    su_per_node_hour: float = SU_PER_NODE_HOUR
+
+    @property
+    def node_hours(self) -> float:
+        return self.leases * self.nodes * self.length.total_seconds() / 3600
+
+    @property
+    def sus(self) -> float:
+        return self.node_hours * self.su_per_node_hour
+
+    @property
+    def block(self) -> timedelta:
+        return timedelta(hours=math.ceil(self.length.total_seconds() / 3600))
+
+    def line(self) -> str:
+        hours = self.block.total_seconds() / 3600
+        blocks = ("the site has too few nodes for one lease" if self.blocks is None else
+                  f"{self.blocks} consecutive {hours:g}-hour block{'s' if self.blocks != 1 else ''} of the site's nodes")
+        return (f"{self.part}: {self.leases} lease{'s' if self.leases != 1 else ''} x {self.nodes} node"
+                f"{'s' if self.nodes != 1 else ''} = {self.node_hours:.1f} node-hours = {self.sus:.1f} SUs; {blocks}")
 
 
 def utc(moment: datetime) -> datetime:
@@ -48,51 +108,135 @@ def blazar_time(text: str) -> datetime:
     return utc(datetime.fromisoformat(text))
 
 
-def reservations_by_node(node_type: str) -> dict[str, list[Interval]]:
-    """Every reservable node of ``node_type`` at the chosen site, by name, with the times it is reserved.
+def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collection[int] = range(7)) -> list[Interval]:
+    """One window per day from ``first`` to ``last`` whose weekday (0 Monday) is allowed, from ``hours[0]`` to
+    ``hours[1]`` o'clock UTC (24: midnight at the day's end)."""
+    start, end = hours
+    if not 0 <= start < end <= 24:
+        raise ValueError(f"class hours {hours}: give (from, until) with 0 <= from < until <= 24")
+    windows, day = [], first
+    while day <= last:
+        if day.weekday() in weekdays:
+            midnight = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+            windows.append((midnight + timedelta(hours=start), midnight + timedelta(hours=end)))
+        day += timedelta(days=1)
+    return windows
+
+
+def blocks_needed(leases: int, node_types: Sequence[str], free: Mapping[str, int]) -> int | None:
+    """Consecutive blocks in which the site's ``free`` nodes (by type) hold ``leases`` leases of ``node_types``
+    each; None where they cannot hold even one."""
+    at_once = min(free.get(t, 0) // count for t, count in Counter(node_types).items())
+    return None if at_once == 0 else math.ceil(leases / at_once)
+
+
+def budget(part: str, students: int, node_types: Sequence[str], length: timedelta, free: Mapping[str, int],
+           su_per_node_hour: float = SU_PER_NODE_HOUR) -> Budget:
+    return Budget(part, students, len(node_types), length, blocks_needed(students, node_types, free), su_per_node_hour)
+
+
+def parts(node_type: str, ray_worker_type: str | None = None) -> dict[str, list[str]]:
+    """Each part's lease name prefix and the node types one lease holds: the lab's, and the Ray part's where
+    its worker's type is given."""
+    found = {"serve_system_": [node_type]}
+    if ray_worker_type:
+        found["serve_ray_"] = [ray_nodes.GPU_NODE_TYPE, ray_worker_type]
+    return found
+
+
+def make_security_groups(groups: Iterable[tuple[str, int, str]]) -> list[str]:
+    """Each group (name, port, why) with its one ingress rule; a group of that name in the project is kept."""
+    made = []
+    for name, port, why in groups:
+        group = network.SecurityGroup({"name": name, "description": why})
+        group.add_rule("ingress", "tcp", port)
+        group.submit(idempotent=True)
+        made.append(f"security group {name}: port {port} open to the internet ({why})")
+    return made
+
+
+def prepare(students: Sequence[str], *, delete: bool, class_parts: Mapping[str, Sequence[str]], length: timedelta,
+            su_per_node_hour: float, groups: Iterable[tuple[str, int, str]]) -> list[str]:
+    """What the instructor reads before booking: the nodes of each type the site has, each part's budget, and the
+    security groups, made. Nothing without students (Chameleon is not asked) or when deleting."""
+    if not students or delete:
+        return []
+    free = site({t for types in class_parts.values() for t in types}).free()
+    lines = ["Nodes for leases at this site: " + ", ".join(f"{n} {t}" for t, n in free.items())]
+    lines += [budget("the lab" if prefix == "serve_system_" else "the Ray part", len(students), types, length, free,
+                     su_per_node_hour).line() for prefix, types in class_parts.items()]
+    return lines + make_security_groups(groups)
+
+
+def site(node_types: Iterable[str]) -> Site:
+    """Every reservable node of ``node_types`` at the chosen site, with the times it is reserved.
 
     ``Node.next_free_timeslot`` only gives a node's first gap from now, which says nothing about a
     class next week; Blazar's host allocations (one call for all hosts) give every reservation."""
-    nodes = {node.uid: node.name for node in hardware.get_nodes(node_type=node_type) if node.reservable}
+    found = Site()
+    type_of: dict[str, tuple[str, str]] = {}  # uid -> (type, name)
+    for node_type in dict.fromkeys(node_types):
+        nodes = [node for node in hardware.get_nodes(node_type=node_type) if node.reservable]
+        found.busy[node_type] = {node.name: [] for node in nodes}
+        type_of.update({node.uid: (node_type, node.name) for node in nodes})
     blazar = clients.blazar()
     uid_of_host = {host["id"]: host["hypervisor_hostname"] for host in blazar.host.list()}
-    busy: dict[str, list[Interval]] = {name: [] for name in nodes.values()}
     for allocation in blazar.host.list_allocations():
-        name = nodes.get(uid_of_host.get(allocation["resource_id"], ""))
-        if name is not None:
-            busy[name] += [(blazar_time(r["start_date"]), blazar_time(r["end_date"])) for r in allocation["reservations"]]
-    return busy
+        known = type_of.get(uid_of_host.get(allocation["resource_id"], ""))
+        if known is None:
+            continue
+        node_type, name = known
+        for r in allocation["reservations"]:
+            found.busy[node_type][name].append((blazar_time(r["start_date"]), blazar_time(r["end_date"])))
+            found.nodes_of_lease.setdefault(r.get("lease_id", ""), set()).add(name)
+    return found
 
 
-def hourly_starts(window: Interval, length: timedelta, now: datetime) -> list[datetime]:
-    """Whole hours from which a lease of ``length`` fits in the window and starts in the future."""
-    earliest = max(utc(window[0]), utc(now))
-    start = earliest.replace(minute=0, second=0, microsecond=0)
-    if start < earliest:
-        start += timedelta(hours=1)
-    starts = []
-    while start + length <= utc(window[1]):
-        starts.append(start)
-        start += timedelta(hours=1)
-    return starts
+def starts(windows: Sequence[Interval], length: timedelta, now: datetime, right_away: bool = False) -> list[datetime]:
+    """Whole hours from which a lease of ``length`` fits in a window and starts in the future; with
+    ``right_away``, the next minute first (a replaced node should not wait for the hour)."""
+    found = []
+    for window_start, window_end in windows:
+        earliest = max(utc(window_start), utc(now))
+        start = earliest.replace(minute=0, second=0, microsecond=0)
+        if start < earliest:
+            start += timedelta(hours=1)
+        while start + length <= utc(window_end):
+            found.append(start)
+            start += timedelta(hours=1)
+        soon = (utc(now) + timedelta(minutes=1)).replace(second=0, microsecond=0)
+        if right_away and utc(window_start) <= soon and soon + length <= utc(window_end):
+            found.append(soon)
+    return sorted(set(found))
 
 
-def plan(students: Sequence[str], busy: Mapping[str, Sequence[Interval]], window: Interval, length: timedelta,
-         now: datetime) -> dict[str, Slot | None]:
-    """A slot per student: the earliest whole hour, then the first node by name, free for the whole lease.
+def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Interval]]], windows: Sequence[Interval],
+         length: timedelta, now: datetime, node_types: Sequence[str], *, avoid: Collection[str] = (),
+         right_away: Collection[str] = (), not_before: Mapping[str, datetime | None] | None = None
+         ) -> dict[str, Slot | None]:
+    """A slot per student: the earliest start (not before the student's ``not_before``: the end of their other
+    lease, so that no student holds two at once), then the first nodes by name (one per entry of ``node_types``),
+    free for the whole lease and not in ``avoid``; students in ``right_away`` may start at the next minute.
 
     Each slot is taken before the next student is placed, so a class fills the free nodes first and
-    then the following hours. None: no node is free long enough anywhere in the window."""
-    taken = {node: list(intervals) for node, intervals in busy.items()}
+    then the following hours. None: no nodes are free long enough anywhere in the windows."""
+    taken = {t: {n: list(intervals) for n, intervals in nodes.items()} for t, nodes in busy.items()}
     slots: dict[str, Slot | None] = {}
     for student in students:
         slots[student] = None
-        for start in hourly_starts(window, length, now):
-            end = start + length
-            node = next((n for n in sorted(taken) if all(end <= b or e <= start for b, e in taken[n])), None)
-            if node is not None:
-                taken[node].append((start, end))
-                slots[student] = Slot(node, start, end)
+        earliest = (not_before or {}).get(student)
+        for start in starts(windows, length, max(utc(now), utc(earliest)) if earliest else now, student in right_away):
+            end, chosen = start + length, []
+            for node_type in node_types:
+                node = next((n for n in sorted(taken.get(node_type, {})) if n not in chosen and n not in avoid
+                             and all(end <= b or e <= start for b, e in taken[node_type][n])), None)
+                if node is None:
+                    break
+                chosen.append(node)
+            else:
+                for node_type, node in zip(node_types, chosen):
+                    taken[node_type][node].append((start, end))
+                slots[student] = Slot(tuple(chosen), start, end)
                 break
     return slots
 
@@ -103,30 +247,59 @@ def _live_leases(prefix: str) -> dict[str, lease.Lease]:
             if found.name.startswith(prefix) and found.status not in ENDED}
 
 
-def book_class(students: Iterable[str], window: Interval, *, node_type: str, length: timedelta, prefix: str,
-               now: datetime | None = None) -> list[Row]:
-    """Reserve a ``node_type`` node for each student within ``window`` (UTC); a Row per student, in order."""
+def _submit(name: str, slot: Slot, node_types: Sequence[str], length: timedelta) -> None:
+    if len(node_types) == 2:  # the Ray part's lease, as 9_ray_setup makes it (its servers find it by type)
+        ray_nodes.reserve(name, slot.start, length, *node_types)
+        return
+    new = lease.Lease(name, start_date=slot.start, end_date=slot.end)
+    new.add_node_reservation(amount=1, node_name=slot.nodes[0])
+    # idempotent: a lease made meanwhile under the same name is kept, not doubled.
+    new.submit(idempotent=True, wait_for_active=False)
+
+
+def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_types: Sequence[str], length: timedelta,
+               prefix: str, replace: Mapping[str, str] | None = None,
+               not_before: Mapping[str, datetime | None] | None = None, now: datetime | None = None) -> list[Row]:
+    """Reserve ``node_types`` nodes for each student within ``windows`` (UTC); a Row per student, in order."""
+    if not 1 <= len(node_types) <= 2:
+        raise ValueError(f"node_types {node_types}: one type (the lab's lease) or two (the Ray part's head and worker)")
     students = list(dict.fromkeys(students))
+    now = now or datetime.now(timezone.utc)
     existing = _live_leases(prefix)
-    rows = {s: Row(s, f"{prefix}{s}", "", utc(existing[f"{prefix}{s}"].start_date),
-                   utc(existing[f"{prefix}{s}"].end_date), "kept (it existed)")
-            for s in students if f"{prefix}{s}" in existing}
+    found = site(node_types)
+    rows: dict[str, Row] = {}
+    bad: set[str] = set()
+    replaced: set[str] = set()
+    for s in students:
+        old = existing.get(f"{prefix}{s}")
+        if old is None:
+            continue
+        held = found.nodes_of_lease.get(old.id, set())
+        if (replace or {}).get(s) not in held:  # not replaced, or already off the bad node
+            rows[s] = Row(s, old.name, ", ".join(sorted(held)), utc(old.start_date), utc(old.end_date),
+                          f"kept ({old.status})")
+            continue
+        bad |= held
+        replaced.add(s)
+        try:
+            old.delete()
+        except Exception as exc:  # noqa: BLE001 - the old lease stays: say so, book nothing for this student
+            rows[s] = Row(s, old.name, "", utc(old.start_date), utc(old.end_date),
+                          f"failed to delete the old lease: {type(exc).__name__}: {exc}")
     to_book = [s for s in students if s not in rows]
-    slots = plan(to_book, reservations_by_node(node_type), window, length, now or datetime.now(timezone.utc))
+    slots = plan(to_book, found.busy, windows, length, now, node_types, avoid=bad,
+                 right_away=replaced, not_before=not_before)
     for student in to_book:
         name, slot = f"{prefix}{student}", slots[student]
         if slot is None:
-            rows[student] = Row(student, name, "", None, None, "no free node in the window")
+            rows[student] = Row(student, name, "", None, None, "no free node in the windows")
             continue
         try:
-            new = lease.Lease(name, start_date=slot.start, end_date=slot.end)
-            new.add_node_reservation(amount=1, node_name=slot.node)
-            # idempotent: a lease made meanwhile under the same name is kept, not doubled.
-            new.submit(idempotent=True, wait_for_active=False)
-            status = "reserved"
+            _submit(name, slot, node_types, length)
+            status = f"replaced (not on {', '.join(sorted(bad))})" if student in replaced else "reserved"
         except Exception as exc:  # noqa: BLE001 - Blazar refusing one lease must not stop the class
             status = f"failed: {type(exc).__name__}: {exc}"
-        rows[student] = Row(student, name, slot.node, slot.start, slot.end, status)
+        rows[student] = Row(student, name, ", ".join(slot.nodes), slot.start, slot.end, status)
     return [rows[s] for s in students]
 
 
@@ -149,8 +322,9 @@ def delete_class_leases(students: Iterable[str], *, prefix: str) -> list[Row]:
     return rows
 
 
-def manage(students: Iterable[str], window: Interval, *, delete: bool, node_type: str, length: timedelta,
-           prefix: str) -> list[Row]:
+def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool, node_types: Sequence[str],
+           length: timedelta, prefix: str, replace: Mapping[str, str] | None = None,
+           not_before: Mapping[str, datetime | None] | None = None) -> list[Row]:
     """The instructor's one cell: book the class's leases, or with ``delete`` only delete them (so a
     notebook run top to bottom never books and deletes); nothing at all without students."""
     students = list(students)
@@ -158,7 +332,8 @@ def manage(students: Iterable[str], window: Interval, *, delete: bool, node_type
         return []
     if delete:
         return delete_class_leases(students, prefix=prefix)
-    return book_class(students, window, node_type=node_type, length=length, prefix=prefix)
+    return book_class(students, windows, node_types=node_types, length=length, prefix=prefix, replace=replace,
+                      not_before=not_before)
 
 
 def table(rows: Sequence[Row]) -> str:

@@ -8,7 +8,7 @@ can be tested with recorded outputs of a P100 node on a machine without a GPU.
 import re
 from collections.abc import Mapping, Sequence
 
-from servelab.core.hardware import NVIDIA_SMI_QUERY, Capability, Gpu, cc, parse_gpus
+from servelab.core.hardware import NODE_TYPES, NVIDIA_SMI_QUERY, Capability, Gpu, cc, node_type_of, parse_gpus
 from servelab.core.inference import onnx_session
 from servelab.tools.docker_versions import read_env_file
 from servelab.tools.doctor.runner import Context, Result
@@ -76,6 +76,11 @@ def gpu_list_result(found: Sequence[Gpu], *, node: bool) -> Result:
     if old_driver:
         return Result(name, "warn", detail + f"; driver {old_driver[0]} is older than {MIN_DRIVER[0]}.{MIN_DRIVER[1]}, "
                       "the oldest documented for CUDA 12.6 containers", "use a newer node image (CC-Ubuntu24.04-CUDA)")
+    if node:
+        kind = node_type_of(g.name for g in found)
+        detail += (f"; a {kind.name} node ({kind.site})" if kind else
+                   f"; not one of the GPU node types the lab knows ({', '.join(NODE_TYPES)}): the same images run "
+                   "from compute capability 6.0 on")
     return Result(name, "pass", detail)
 
 

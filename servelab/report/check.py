@@ -1,0 +1,330 @@
+"""``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
+
+A grader's check, not proof. Each record must have run on a GPU node (its GPUs and NVIDIA driver recorded;
+``servelab lab``'s runs with ``--device gpu``) with the lab's model (no ``stand_in``); every time must fall inside one
+lease (``LEASE``: all records within three hours, none in the future, each run's start beside its measured
+window); the records must agree with each other (one machine, no run twice) and with the report written from
+them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check looks
+for: a throughput that is not the successes over the measured time, items per second that are not throughput
+x batch, counts that do not add up, percentiles that are not those of the latencies the record kept (its
+0..100 curve, and every request where it kept them).
+
+``check(path) -> Verdict``: the submission's summary and its findings, one line each (a finding that repeats
+over many records is one line that names them). Bad input (no folder, unreadable files, lines that are not
+records) is a finding too, never an exception.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servelab.measure.records import DEFAULT_RECORDS, Record
+from servelab.report.render import TABLES, markdown_table
+
+LEASE = dt.timedelta(hours=3)  # a student's lease: 2 h 55 min (1_create_lease), and no record outside one
+REL = 1e-3  # relative tolerance of figures the record derives from others (floats, written in full)
+MS = 1e-3  # ms: the 0..100 curve is rounded to 0.1 µs
+KEPT_MS = 0.01  # ms: per-request latencies are rounded to 1 µs
+BEFORE_WINDOW_S, AFTER_WINDOW_S = 2.0, 120.0  # started_at is written, to the second, just after the window
+PERCENTILES = (("p50_ms", 50), ("p90_ms", 90), ("p95_ms", 95), ("p99_ms", 99), ("max_ms", 100))
+REPORT = "report.md"
+GENERATED = re.compile(r"^Generated \S+ from (\d+) run records", re.MULTILINE)
+SHOWN = 3  # places named in a finding that repeats
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A record and where it was read: ``line`` of ``file``."""
+
+    record: Record
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line} ({self.record.stage}, {self.record.load.label()})"
+
+
+@dataclass
+class Verdict:
+    """What ``check`` found about one submission."""
+
+    path: Path
+    about: str = "nothing to check"  # the records, their machine and their times, in a phrase
+    findings: list[str] = field(default_factory=list)
+    windows: dict[tuple[float, float], str] = field(default_factory=dict)  # measured window -> where (copies)
+
+    def lines(self) -> list[str]:
+        n = len(self.findings)
+        summary = f"{self.about}: " + (f"{n} finding{'s' if n != 1 else ''}" if n else "no finding")
+        return [f"{self.path}: {summary}", *(f"{self.path}: {f}" for f in self.findings)]
+
+
+def _close(a: float | None, b: float | None, rel: float = REL, abs_: float = 0.0) -> bool:
+    return a is None or b is None or math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def _unix(text: str) -> float | None:
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def _when(unix: float) -> str:
+    return f"{dt.datetime.fromtimestamp(unix, dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+
+
+def read(path: Path) -> tuple[list[Placed], list[str]]:
+    """The records of a JSONL file with their line numbers, and one finding per line that is not one."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [f"cannot read {path.name}: {type(exc).__name__}: {exc}"]
+    placed, bad = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            placed.append(Placed(Record.model_validate(json.loads(line)), number))
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
+            first = str(exc).splitlines()[0][:120]
+            bad.append(f"{path.name} line {number} is not a servelab record ({type(exc).__name__}: {first})")
+    return placed, bad
+
+
+def record_findings(p: Placed) -> list[str]:
+    """What one record says against itself: GPU, stand-in, its figures' arithmetic, its times."""
+    r, found = p.record, []
+    stack = r.machine.get("stack") if isinstance(r.machine.get("stack"), dict) else {}
+    if not r.machine.get("gpus"):
+        found.append("no GPU in the record (machine.gpus is empty): not run on a GPU node")
+    elif not stack.get("driver"):
+        found.append("no NVIDIA driver in the record (machine.stack.driver)")
+    # `servelab lab` records its --device; the notebooks' runs leave it out (their GPUs say where they ran).
+    if r.tool == "servelab" and r.config.get("device", "gpu") != "gpu":
+        found.append(f"servelab ran with device {r.config.get('device')!r}, not 'gpu'")
+    if r.stand_in:
+        found.append(f"a stand-in, not the lab's model: {r.stand_in}")
+    found += _arithmetic(r) + _percentiles(r) + _times(r)
+    return found
+
+
+def _arithmetic(r: Record) -> list[str]:
+    s, found = r.stats, []
+    if r.failed:
+        return found
+    if s.requests is not None and s.successes is not None and s.requests != s.successes + s.error_count + sum(s.shed.values()):
+        found.append(f"requests {s.requests} != successes {s.successes} + errors {s.error_count} + shed {sum(s.shed.values())}")
+    if r.tool == "servelab" and s.successes is not None and s.wall_s:
+        expected = s.successes / s.wall_s
+        if not _close(s.throughput_rps, expected):
+            found.append(f"throughput {s.throughput_rps:.4g} req/s is not its {s.successes} successes / {s.wall_s:.4g} s "
+                         f"= {expected:.4g} req/s")
+    if s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
+        found.append(f"{s.items_per_s:.4g} img/s is not throughput {s.throughput_rps:.4g} req/s x batch {r.batch}")
+    return found
+
+
+def _percentiles(r: Record) -> list[str]:
+    lat, found = r.stats.latency, []
+    shown = [(name, getattr(lat, name)) for name, _ in PERCENTILES if getattr(lat, name) is not None]
+    if any(a[1] > b[1] + MS for a, b in zip(shown, shown[1:])):
+        found.append("percentiles out of order: " + ", ".join(f"{n} {v:.4g}" for n, v in shown))
+    cdf = lat.cdf_ms
+    if cdf:
+        if len(cdf) != 101 or any(b < a for a, b in zip(cdf, cdf[1:])):
+            found.append("the latency curve (cdf_ms) is not 101 rising percentiles")
+        else:
+            off = [f"{name} {getattr(lat, name):.4g} (curve {cdf[q]:.4g})" for name, q in PERCENTILES
+                   if not _close(getattr(lat, name), cdf[q], 0.0, MS)]
+            if off:
+                found.append("percentiles do not match the latencies kept (cdf_ms): " + ", ".join(off))
+            if lat.mean_ms is not None and not cdf[0] - MS <= lat.mean_ms <= cdf[100] + MS:
+                found.append(f"mean {lat.mean_ms:.4g} ms lies outside its latencies ({cdf[0]:.4g} to {cdf[100]:.4g} ms)")
+    kept = r.per_request
+    if kept and kept.latency_ms and r.stats.successes is not None:
+        ok = [ms for ms, outcome in zip(kept.latency_ms, kept.outcome) if outcome == "ok"]
+        if len(ok) != r.stats.successes:
+            found.append(f"{r.stats.successes} successes, but {len(ok)} successful requests kept (per_request)")
+        elif ok:
+            values = dict(zip(("p50_ms", "p90_ms", "p95_ms", "p99_ms"), np.percentile(ok, [50, 90, 95, 99])))
+            values["max_ms"] = max(ok)
+            off = [f"{name} {getattr(lat, name):.4g} (requests {v:.4g})" for name, v in values.items()
+                   if not _close(getattr(lat, name), float(v), 1e-4, KEPT_MS)]
+            if off:
+                found.append("percentiles do not match the requests kept (per_request): " + ", ".join(off))
+    return found
+
+
+def _times(r: Record) -> list[str]:
+    start = _unix(r.started_at)
+    if start is None:
+        return [f"started_at {r.started_at!r} is not a time"]
+    w = r.window_unix
+    if not w:
+        return []
+    if len(w) != 2 or w[1] < w[0]:
+        return [f"measured window {w} is not [start, end]"]
+    found = []
+    if not w[0] - BEFORE_WINDOW_S <= start <= w[1] + AFTER_WINDOW_S:
+        found.append(f"started_at {r.started_at} is not just after its measured window ({_when(w[0])} to {_when(w[1])})")
+    if r.stats.wall_s is not None and r.stats.wall_s > (w[1] - w[0]) * 1.05 + 1.0:
+        found.append(f"wall time {r.stats.wall_s:.4g} s is longer than its measured window ({w[1] - w[0]:.4g} s)")
+    return found
+
+
+def _grouped(per_record: dict[str, list[str]]) -> list[str]:
+    """One line per finding, naming the records it holds for (the first few, then how many more)."""
+    lines = []
+    for what, places in per_record.items():
+        more = f" and {len(places) - SHOWN} more" if len(places) > SHOWN else ""
+        lines.append(f"{'; '.join(places[:SHOWN])}{more}: {what}")
+    return lines
+
+
+def _span(placed: Sequence[Placed], now: float) -> tuple[str, list[str]]:
+    """When the records ran, in a phrase, and whether that fits one lease."""
+    times = [t for p in placed for t in (_unix(p.record.started_at), *(p.record.window_unix or ())) if t is not None]
+    if not times:
+        return "no times", []
+    first, last = min(times), max(times)
+    hours, minutes = divmod(round((last - first) / 60), 60)
+    said = f"{_when(first)} to {_when(last)} ({hours} h {minutes:02d} min)"
+    found = []
+    if last - first > LEASE.total_seconds():
+        found.append(f"the records span {hours} h {minutes:02d} min ({_when(first)} to {_when(last)}): "
+                     f"more than one lease of {LEASE.total_seconds() / 3600:g} h")
+    if last > now + AFTER_WINDOW_S:
+        found.append(f"a record is dated in the future ({_when(last)})")
+    return said, found
+
+
+def _machines(placed: Sequence[Placed]) -> tuple[str, list[str]]:
+    """The machine the records ran on, in a phrase, and a finding where they name more than one."""
+    seen: dict[tuple, list[int]] = defaultdict(list)
+    for p in placed:
+        m = p.record.machine
+        stack = m.get("stack") if isinstance(m.get("stack"), dict) else {}
+        seen[(tuple(m.get("gpus") or ()), stack.get("driver"), m.get("cpu_logical"))].append(p.line)
+
+    def said(key: tuple) -> str:
+        gpus, driver, cpus = key
+        names = ", ".join(f"{n}x {g}" for g, n in sorted({g: gpus.count(g) for g in gpus}.items())) or "no GPU"
+        return f"{names}, driver {driver or '-'}, {cpus} CPUs"
+
+    if len(seen) <= 1:
+        return (said(next(iter(seen))) if seen else "no machine"), []
+    parts = [f"{said(key)} (lines {', '.join(map(str, lines[:SHOWN]))}{' ...' if len(lines) > SHOWN else ''})"
+             for key, lines in seen.items()]
+    return "several machines", ["the records name more than one machine: " + "; ".join(parts)]
+
+
+def _copies(placed: Sequence[Placed]) -> tuple[dict[tuple[float, float], str], list[str]]:
+    windows: dict[tuple[float, float], str] = {}
+    found = []
+    for p in placed:
+        if p.record.window_unix and len(p.record.window_unix) == 2:
+            key = tuple(p.record.window_unix)
+            if key in windows:
+                found.append(f"{p.where} is a copy of {windows[key]} (the same measured window)")
+            else:
+                windows[key] = p.where
+    return windows, found
+
+
+def _table_rows(text: str) -> list[str]:
+    """The rows of the first Markdown table after ``## Comparison`` (the report's table of every run)."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            if inside:
+                break
+            inside = line.strip() == "## Comparison"
+        elif inside and line.startswith("|"):
+            rows.append(line.strip())
+        elif inside and rows:
+            break
+    return rows[2:]  # the header and its rule
+
+
+def report_findings(folder: Path, records: list[Record]) -> list[str]:
+    """Whether the report in ``folder`` was written from these records: its count and its table of every run."""
+    found = []
+    for name in (REPORT, TABLES):
+        path = folder / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            found.append(f"no readable {name} beside the records ({type(exc).__name__}); run `servelab report {folder}` "
+                         "on the node")
+            continue
+        m = GENERATED.search(text)
+        if m is None:
+            found.append(f"{name} does not say how many records it was written from")
+        elif int(m[1]) != len(records):
+            found.append(f"{name} was written from {m[1]} records; there are {len(records)}")
+        if name == TABLES:
+            shown, made = _table_rows(text), markdown_table(records).splitlines()[2:]
+            extra = [row for row in shown if row not in made]
+            absent = [row for row in made if row not in shown]
+            for rows, what in ((extra, "matches no record"), (absent, "is missing from it")):
+                if rows:
+                    more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""
+                    found.append(f"{TABLES}: a row of the runs' table {what}{more}: {rows[0][:160]}")
+    return found
+
+
+def check(path: Path, now: float | None = None) -> Verdict:
+    """Check one submission: a ``results`` folder (records.jsonl and the report), or one JSONL file (records only)."""
+    path = Path(path)
+    verdict = Verdict(path)
+    if path.is_dir():
+        records_file, folder = path / DEFAULT_RECORDS.name, path
+    elif path.is_file():
+        records_file, folder = path, None
+    else:
+        verdict.findings = ["no such folder or file"]
+        return verdict
+    if not records_file.is_file():
+        verdict.findings = [f"no {records_file.name} in it"]
+        return verdict
+    placed, verdict.findings = read(records_file)
+    if not placed:
+        verdict.findings.append(f"{records_file.name} holds no record")
+        return verdict
+    per_record: dict[str, list[str]] = defaultdict(list)
+    for p in placed:
+        for what in record_findings(p):
+            per_record[what].append(p.where)
+    when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
+    machine, machines = _machines(placed)
+    verdict.windows, copies = _copies(placed)
+    verdict.findings += _grouped(per_record) + span + machines + copies
+    if folder is not None:
+        verdict.findings += report_findings(folder, [p.record for p in placed])
+    verdict.about = f"{len(placed)} records of {len({p.record.stage for p in placed})} stages on {machine}, {when}"
+    return verdict
+
+
+def check_all(paths: Sequence[Path], now: float | None = None) -> list[Verdict]:
+    """Each submission, and the runs one shares with another (the same measured window: a copied record)."""
+    verdicts = [check(p, now) for p in paths]
+    owner: dict[tuple[float, float], tuple[Verdict, str]] = {}
+    for v in verdicts:
+        for window, where in v.windows.items():
+            if window in owner and owner[window][0] is not v:
+                first, place = owner[window]
+                v.findings.append(f"{where} is also in {first.path} ({place}): the same run in two submissions")
+            else:
+                owner.setdefault(window, (v, where))
+    return verdicts

@@ -1,0 +1,160 @@
+"""The grader's check (``servelab report --check``) on records this project made: the H200 run of 2026-11-28
+(docs/records/gpu-h200-2026-11-28: records.jsonl, report.md, report-tables.md, as the lab wrote them), copies of it
+edited by hand, the CPU records of a quick lab (tests/data), and input that is no record at all."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from servelab.cli import main
+from servelab.core.paths import REPO_ROOT
+from servelab.measure.records import read_records
+from servelab.report.check import check, check_all
+from servelab.report.render import render_report
+
+H200 = REPO_ROOT / "docs/records/gpu-h200-2026-11-28"
+QUICK_LAB = REPO_ROOT / "tests/data/quick_lab_records.jsonl"
+NOW = 1795900000.0  # 2026-11-28 21:06 UTC: after the H200 run
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """A student's results/ folder: the H200 run's records and the report written from them."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for name in ("records.jsonl", "report.md", "report-tables.md"):
+        shutil.copy(H200 / name, folder / name)
+    return folder
+
+
+def lines_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_h200_run_as_written_is_flagged_only_for_its_stand_ins(results: Path) -> None:
+    verdict = check(results, NOW)
+    assert verdict.lines()[0].startswith(f"{results}: 32 records of 6 stages on 1x NVIDIA H200, driver 580.159.04")
+    assert len(verdict.findings) == 2  # the zero-shot model in FastAPI's stages, and with Triton's stand-in too
+    assert all("a stand-in, not the lab's model: zero-shot stand-in" in f for f in verdict.findings)
+    assert "and 17 more" in verdict.findings[1]  # one line for the 20 Triton records
+
+
+def test_records_of_the_lab_s_own_model_on_a_gpu_pass(tmp_path: Path) -> None:
+    records = lines_of(H200 / "records.jsonl")
+    for r in records:
+        r["stand_in"] = None
+        r["config"].pop("device", None)  # as the notebooks' runs record it: their GPUs say where they ran
+    write(tmp_path / "records.jsonl", records)
+    verdict = check(tmp_path / "records.jsonl", NOW)
+    assert verdict.findings == [] and verdict.lines()[0].endswith("(0 h 02 min): no finding")
+
+
+def test_a_hand_edited_copy_leaves_traces(results: Path) -> None:
+    records = lines_of(results / "records.jsonl")
+    records[5]["stats"]["throughput_rps"] *= 1.2  # fastapi-onnx at 8 senders, made 20 % faster
+    records[5]["stats"]["items_per_s"] *= 1.2
+    records[13]["stats"]["latency"]["p99_ms"] = 15.0  # onnx-1 at 8 senders: a p99 below its p95
+    records[20]["stats"]["latency"]["p50_ms"] *= 0.8  # a median that no longer matches its latencies
+    records[1]["machine"]["gpus"] = []
+    write(results / "records.jsonl", records)
+
+    found = check(results, NOW).findings
+    (throughput,) = [f for f in found if "throughput" in f and "successes" in f]
+    assert throughput.startswith("line 6 (fastapi-onnx, concurrency 8): throughput 584.9 req/s is not its 200 successes")
+    assert any(f.startswith("line 14 (onnx-1, concurrency 8): percentiles out of order") for f in found)
+    assert any(f.startswith("line 14 (onnx-1, concurrency 8): percentiles do not match the latencies kept") and "p99_ms 15" in f
+               for f in found)
+    assert any(f.startswith("line 21 ") and "percentiles do not match the latencies kept" in f and "p50_ms" in f for f in found)
+    assert any(f.startswith("line 2 (fastapi-pt, concurrency 8): no GPU in the record") for f in found)
+    assert any(f.startswith("the records name more than one machine: ") for f in found)
+    # The report was written from the records before the edit: its table no longer matches them.
+    assert any(f.startswith("report-tables.md: a row of the runs' table matches no record (and 2 more)") for f in found)
+    assert any(f.startswith("report-tables.md: a row of the runs' table is missing from it (and 2 more)") for f in found)
+
+
+def test_times_outside_one_lease_copies_and_a_short_report_are_found(results: Path) -> None:
+    records = lines_of(results / "records.jsonl")
+    later = records[3]
+    later["started_at"] = "2026-11-28T10:55:14+00:00"  # four hours after the others
+    later["window_unix"] = [w + 4 * 3600 for w in later["window_unix"]]
+    write(results / "records.jsonl", records + [records[0]])  # and the first run twice
+
+    found = check(results, NOW).findings
+    assert "the records span 4 h 00 min (2026-11-28 06:55 UTC to 2026-11-28 10:55 UTC): more than one lease of 3 h" in found
+    assert "line 33 (fastapi-pt, sequential) is a copy of line 1 (fastapi-pt, sequential) (the same measured window)" in found
+    assert "report.md was written from 32 records; there are 33" in found
+
+    early = dict(records[2], started_at="2026-11-28T05:00:00+00:00")
+    write(results / "records.jsonl", [early])
+    assert any("is not just after its measured window" in f for f in check(results, NOW).findings)
+    assert any("dated in the future" in f for f in check(results, NOW - 86400).findings)
+
+
+def test_the_same_run_in_two_submissions_is_named(tmp_path: Path) -> None:
+    for student in ("ab1", "cd2"):
+        (tmp_path / student).mkdir()
+        shutil.copy(H200 / "records.jsonl", tmp_path / student / "records.jsonl")
+    first, second = check_all([tmp_path / "ab1", tmp_path / "cd2"], NOW)
+    assert not any("two submissions" in f for f in first.findings)
+    copied = [f for f in second.findings if "two submissions" in f]  # every servelab run (perf_analyzer keeps no window)
+    assert len(copied) == 26 and copied[0] == (f"line 1 (fastapi-pt, sequential) is also in {tmp_path / 'ab1'} "
+                                                "(line 1 (fastapi-pt, sequential)): the same run in two submissions")
+
+
+def test_cpu_records_are_not_from_a_gpu_node() -> None:
+    found = check(QUICK_LAB, NOW).findings
+    assert any(f.endswith("no GPU in the record (machine.gpus is empty): not run on a GPU node") and "and 18 more" in f
+               for f in found)
+    assert any(f.endswith("servelab ran with device 'cpu', not 'gpu'") for f in found)
+
+
+def test_bad_input_is_a_finding_never_a_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "mixed").mkdir()
+    good = (H200 / "records.jsonl").read_text().splitlines()[0]
+    (tmp_path / "mixed" / "records.jsonl").write_text(f'{good}\nnot json\n{{"stage": "x"}}\n')
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
+
+    rc = main(["report", "--check", str(tmp_path / "absent"), str(tmp_path / "empty"), str(tmp_path / "mixed"),
+               str(tmp_path / "binary.jsonl")])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1
+    assert f"{tmp_path / 'absent'}: no such folder or file" in out
+    assert f"{tmp_path / 'empty'}: no records.jsonl in it" in out
+    mixed = [line for line in out if line.startswith(str(tmp_path / "mixed"))]
+    assert any("records.jsonl line 2 is not a servelab record (JSONDecodeError" in line for line in mixed)
+    assert any("records.jsonl line 3 is not a servelab record (ValidationError" in line for line in mixed)
+    assert any("no readable report.md beside the records" in line for line in mixed)
+    assert any(line.startswith(f"{tmp_path / 'binary.jsonl'}: cannot read binary.jsonl: UnicodeDecodeError") for line in out)
+
+
+def test_the_command_passes_a_clean_submission(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = lines_of(H200 / "records.jsonl")
+    for r in records:
+        r["stand_in"] = None
+    write(tmp_path / "records.jsonl", records)
+    assert main(["report", "--check", str(tmp_path / "records.jsonl")]) == 0
+    assert capsys.readouterr().out.strip().endswith("no finding")
+
+
+def test_a_report_written_now_from_the_records_agrees_with_them(tmp_path: Path) -> None:
+    """The report this checkout writes (servelab report), not only the one the H200 run wrote, is what the check reads."""
+    records = lines_of(H200 / "records.jsonl")
+    for r in records:
+        r["stand_in"] = None
+    write(tmp_path / "records.jsonl", records)
+    render_report(read_records(tmp_path / "records.jsonl"), tmp_path, [tmp_path / "records.jsonl"])
+    assert check(tmp_path, NOW).findings == []
+    (tmp_path / "report-tables.md").write_text((tmp_path / "report-tables.md").read_text().replace("| 487.4 |", "| 587.4 |"))
+    edited, absent = check(tmp_path, NOW).findings
+    assert edited.startswith("report-tables.md: a row of the runs' table matches no record: | fastapi-onnx |")
+    assert "| 587.4 | 487.4 |" in edited  # req/s edited, img/s not
+    assert absent.startswith("report-tables.md: a row of the runs' table is missing from it: | fastapi-onnx |")
