@@ -152,8 +152,9 @@ def count_cell(source: str, recorded: dict | None, part: Part) -> None:
         part.cells_s += recorded["seconds"]
     written = YOUR_CODE.match(source)
     if written or "# TODO" in source:
-        lines = (answers().get(written[1], source) if written else source).strip().splitlines()
-        part.tasks["written_cell"] += max(1, round(len(lines) / 10))
+        typed = [line for line in (answers().get(written[1], source) if written else source).splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]  # what students type: no comment
+        part.tasks["written_cell"] += max(1, round(len(typed) / 10))
 
 
 def cell_times() -> dict:
