@@ -6,8 +6,8 @@
 * **the students**: the prose's words at ``reading_wpm``, and each task counted in the text at its allowance:
   a shell line typed, a browser step, a question paragraph, a cell written, a line of shown code.
 
-Every figure is in ``servelab/data/node_rates.toml`` with where it comes from. A cell the record lacks is
-named in the plan, never counted as nothing. A section whose heading ends in "(optional)" is counted apart.
+Every figure is in ``servelab/data/node_rates.toml`` with where it comes from. The cells the record lacks
+(or holds with another first line) are named in the plan's notes, not silently counted as no time. A section whose heading ends in "(optional)" is counted apart.
 The table is written into ``notebooks/0_intro.md`` and ``docs/instructors.md`` (``make notebooks``).
 """
 
@@ -176,8 +176,9 @@ def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
             count_cell(code[index], cells[index] if index < len(cells) else None, part)
             at, index = text.find(code[index], at) + len(code[index]), index + 1
         at = end
-    waits = [(w["seconds"]) for w in WAITS.get(path.stem, [])]
-    return NotebookPlan(path.stem, core, optional, _add(*waits))
+    for index in range(index, len(code)):  # a cell not found as written (none today): core, and named if unrecorded
+        count_cell(code[index], cells[index] if index < len(cells) else None, core)
+    return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in WAITS.get(path.stem, []))))
 
 
 def lease_plan(folder: Path = REPO_ROOT / "notebooks", record: dict | None = None) -> list[NotebookPlan]:
