@@ -149,8 +149,12 @@ def _seconds(cell: nbformat.NotebookNode) -> float:
 def record_cell_times(stem: str, own: list[tuple[nbformat.NotebookNode, str]], parameters: dict[str, Any]) -> None:
     """Keep this run's seconds per code cell of the notebook (by index and first line, an answer run in place of a
     student's cell under the cell's own first line), the machine, the commit and the parameters the run gave."""
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
+    # Dirty: changed besides this record, which the run itself writes.
+    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--", ".",
+                                                                   f":!{CELL_TIMES.relative_to(REPO_ROOT)}") else "")
     record = json.loads(CELL_TIMES.read_text(encoding="utf-8")) if CELL_TIMES.exists() else {}
     record[stem] = {
         "machine": machine(), "commit": commit,
