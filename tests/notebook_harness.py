@@ -7,12 +7,21 @@ cells before and after the notebook's own: a prologue that installs doubles, an 
 asserts what the notebook did. A cell students write (one that starts with ``# YOUR CODE: <name>``) runs as
 the answer docs/instructors.md gives for it (a ```python block that starts with the same line), so that
 what the notebook asks them to write is executed against the same servers.
+
+With ``SERVELAB_RECORD_CELL_TIMES=1`` a run writes the seconds each of the notebook's own code cells took
+(nbclient's timestamps) into docs/records/notebook-cell-times.json, which servelab/tools/lease_plan.py scales to
+the lab node; by default the committed record is left as it is (a run of the suite must not change what the
+plan in the notebooks says, nor two test processes overwrite each other's entries).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +31,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from servelab.core.artifacts import write_atomic
 from servelab.core.paths import REPO_ROOT
+from servelab.core.variants.build import machine
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, to_notebook
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -91,6 +102,7 @@ def execute(
     ``answer_edits``: text replaced in the answers run for the cells students write (e.g. perf_analyzer's
     5 s windows made shorter for a quick test), each of which must occur in some answer the notebook runs."""
     nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
+    own = [(cell, cell.source.partition("\n")[0]) for cell in nb.cells if cell.cell_type == "code"]
     pending = dict(parameters or {})
     for cell in parameters_cells(nb):
         given = {name: pending.pop(name) for name in parameter_names(cell) if name in pending}
@@ -122,4 +134,36 @@ def execute(
         resources={"metadata": {"path": str(workdir)}},
     )
     client.execute()
+    if os.environ.get("SERVELAB_RECORD_CELL_TIMES") == "1":
+        record_cell_times(stem, own, parameters or {})
     return nb
+
+
+CELL_TIMES = REPO_ROOT / "docs" / "records" / "notebook-cell-times.json"
+
+
+def _seconds(cell: nbformat.NotebookNode) -> float:
+    timing = cell.metadata["execution"]  # nbclient's record_timing
+    start, end = (datetime.fromisoformat(timing[key].replace("Z", "+00:00"))
+                  for key in ("iopub.execute_input", "shell.execute_reply"))
+    return round((end - start).total_seconds(), 3)
+
+
+def record_cell_times(stem: str, own: list[tuple[nbformat.NotebookNode, str]], parameters: dict[str, Any]) -> None:
+    """Keep this run's seconds per code cell of the notebook (by index and first line, an answer run in place of a
+    student's cell under the cell's own first line), the machine, the commit and the parameters the run gave."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
+    # Dirty: changed besides this record, which the run itself writes.
+    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--", ".",
+                                                                   f":!{CELL_TIMES.relative_to(REPO_ROOT)}") else "")
+    record = json.loads(CELL_TIMES.read_text(encoding="utf-8")) if CELL_TIMES.exists() else {}
+    record[stem] = {
+        "machine": machine(), "commit": commit,
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+        "parameters": sorted(parameters),
+        "cells": [{"index": i, "first_line": first, "seconds": _seconds(cell)} for i, (cell, first) in enumerate(own)],
+    }
+    write_atomic(CELL_TIMES, lambda tmp: tmp.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n",
+                                                        encoding="utf-8"))

@@ -1,241 +1,98 @@
-"""The lease plan, counted from the notebooks themselves: the machine's time and the people's.
+"""The lease plan: how long each notebook takes a student on the lab node, low, median and high.
 
-For each notebook the plan adds up:
+* **the machine**: each code cell's seconds in the e2e notebook run (``CELL_TIMES``, written by
+  tests/notebook_harness.py) times one node factor; the waits a line of a ```shell block starts (an image
+  build or pull, a container start, the model build, an install); the waits no cell shows (the node's boot);
+* **the students**: the prose's words at ``reading_wpm``, and each task counted in the text at its allowance:
+  a shell line typed, a browser step, a question paragraph, a cell written, a line of shown code.
 
-* **measuring**: every measurement a code cell makes (``lab.measure``, ``lab.measure_variant``,
-  ``lab.stage``; ``4_fastapi``'s production cases ``lab.overload``, ``lab.photo_mix``, ``lab.rollout``, a
-  stage derived from one of the catalogue's at its rate), its loads evaluated from the notebook's own
-  parameters, timed at the lab node's rate
-  for that stage (``servelab/data/node_rates.toml``, each with its source) — and, on the Triton notebooks, perf_analyzer's
-  worst case for each load it measures (every window it may try, or its hard time limit where the
-  offered rate is above what the stage can serve);
-* **reading**: the words of prose (code left out) at ``READING_WPM``;
-* **people**: what a student does with the text, counted in it (``People``), each task at its allowance
-  (``[allowance]`` in ``node_rates.toml``, each with where its figure comes from): a typed shell block, an
-  SSH session or tunnel, a browser step, a config block or a cell of framework code written, a perf_analyzer
-  run typed by hand, a line of shown code (excerpts and configs), a result table read, a question answered;
-* **waiting**: the boot, the builds and pulls the notebook states (``WAITS``, each with its source; every
-  image is built in one unattended step before the first measurement), and every stage switch (``SWITCH_S``).
-
-A section whose heading ends in "(optional)" is left out of the core path and counted on its own.
+Every figure is in ``servelab/data/node_rates.toml`` with where it comes from. The cells the record lacks
+(or holds with another first line) are named in the plan's notes, not silently counted as no time. A section whose heading ends in "(optional)" is counted apart.
 The table is written into ``notebooks/0_intro.md`` and ``docs/instructors.md`` (``make notebooks``).
-Every figure is a rate the original lab measured or an assumption that says so; rates it never measured
-are assumed no faster than a stage it did. The plan is an estimate, not a timed class.
 """
 
-import ast
+import json
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
 
-from servelab.core.catalogue import CACHED, NOTEBOOKS, OVERLOADED, STAGES, bounded, cached_name
+import jupytext
+
+from servelab.core.catalogue import NOTEBOOKS
 from servelab.core.paths import DATA_DIR, REPO_ROOT
-from servelab.core.tables import prose
-from servelab.measure.loadgen import overload_load, rollout_load
-from servelab.measure.perf_analyzer import DEFAULT_TIMEOUT_S, Windows
-from servelab.measure.records import Load
 
-RATES_FILE = DATA_DIR / "node_rates.toml"  # per stage: requests/s on the lab node, alone and busy, with sources
-
-
-@dataclass(frozen=True)
-class Rate:
-    alone: float
-    busy: float
-    source: str
-
-
-@dataclass(frozen=True)
-class Allowance:
-    seconds: float
-    source: str
-
-
-@cache
-def allowances() -> dict[str, Allowance]:
-    """Seconds per student task (``People``' fields), each with where its figure comes from."""
-    table = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))["allowance"]
-    return {name: Allowance(**row) for name, row in table.items()}
-
-
-@cache
-def node_rates() -> dict[str, Rate]:
-    """Every stage's rate on the lab node; one the original lab never measured takes the rate of the stage
-    it is assumed no faster than, with that said in its source."""
-    table = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
-    table.pop("allowance")
-    measured = {name: Rate(**row) for name, row in table.items() if "as" not in row}
-    return {**measured, **{name: replace(measured[row["as"]], source=f"no figure: assumed no faster than {row['as']} "
-                                         f"({measured[row['as']].source})") for name, row in table.items() if "as" in row}}
-
-
-READING_WPM = 150  # technical prose with code beside it, read to answer questions (an assumption, stated)
-SWITCH_S = 30  # one stage switch: a container restart or a model reload (an assumption, stated)
-
-
-@dataclass(frozen=True)
-class Wait:
-    """What a notebook waits for besides its measurements. ``behind``: the notebooks it runs behind (a
-    build started in the background earlier), whose time it does not add where it takes no longer.
-    ``reads``: the notebooks whose prose the notebook asks students to read while it waits (an unattended
-    step), whose reading time the wait then holds, up to its length."""
-
-    minutes: float
-    what: str
-    source: str
-    behind: tuple[str, ...] = ()
-    reads: tuple[str, ...] = ()
-
-
-WAITS: dict[str, list[Wait]] = {
-    "2_create_server_nvidia": [
-        Wait(15, "a bare-metal node from submit to ACTIVE",
-             "assumed: Chameleon's bare-metal provisioning (deploying the image, rebooting), as the issue's trial saw it",
-             reads=("3_fastapi_setup", "4_fastapi")),
-        Wait(5, "from ACTIVE until SSH answers (the node's first boot)", "assumed"),
-        Wait(8, "installing Docker and the NVIDIA toolkit, cloning and installing servelab", "assumed")],
-    "3_fastapi_setup": [Wait(20, "pulling and building every image of the lab (FastAPI's two, Jupyter, GourmetGram, "
-                                 "Triton's), in one unattended step before the first measurement",
-                             "assumed: 4_fastapi's own bound for one image's first build (its WAIT_S, 1200 s); "
-                             "the images build side by side", reads=("5_triton_setup", "6_triton_python"))],
-    "9_ray_setup": [Wait(40, "booting two nodes and building the Ray image", "assumed: 2_create_server_nvidia's "
-                         "boot and 3_fastapi_setup's builds together")],
-    "11_delete_resources": [Wait(5, "copying the results and notebooks off the node and deleting it", "assumed")],
-}
+RATES_FILE = DATA_DIR / "node_rates.toml"
+CELL_TIMES = REPO_ROOT / "docs" / "records" / "notebook-cell-times.json"
 CORE = tuple(name for name, notebook in NOTEBOOKS.items() if notebook.core)
 LEASE_MIN = 175  # the lease: 2 h 55
-CORE_AIM_MIN = 135  # the core path must leave 40 minutes of the lease to spare
+CORE_AIM_MIN = 125  # issue #52: a core path of 2 h 05, so that a walk's median fits in 2 h 15
 OPTIONAL = re.compile(r"\(optional\)\s*$")
-FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+SHELL = re.compile(r"^```shell\n(.*?)^```", re.DOTALL | re.MULTILINE)
+SHOWN = re.compile(r"<!-- generated: (?:excerpt|stage-config) .*?-->(.*?)<!-- end generated -->", re.DOTALL)
+QUESTION = re.compile(r"[*_]*Questions?(?![a-z])")  # *Questions:*, *Questions,*, **Question.**, Question: ...
+BROWSER = re.compile(r"\bbrowser\b|\bopen\b[^.]*?(https?://|Jupyter|GourmetGram)", re.IGNORECASE)
+YOUR_CODE = re.compile(r"^# YOUR CODE: (.+)$", re.MULTILINE)
+Span = tuple[float, float, float]  # seconds: low, median, high
 
 
-# The stages the production cases derive from the catalogue's (a bounded queue, a cache), at the rate of theirs:
-# the plan errs long, as a cache only adds speed and a bound only refuses work.
-DERIVED = {bounded(STAGES[name]).name: name for name in OVERLOADED} | {cached_name(name): name for name in CACHED}
-MEASURING = ("measure", "measure_variant", "stage", "overload", "photo_mix", "rollout")  # lab's calls that measure
+@cache
+def rates() -> dict:
+    return tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
 
 
-def rate(stage: str) -> Rate:
-    return node_rates()[DERIVED.get(stage, stage)]
+WAITS: dict[str, list[dict]] = rates()["wait"]  # per notebook: the waits no cell or shell line shows
 
 
-@dataclass
-class People:
-    """What a student does with a part of a notebook, counted in its text; each at its ``allowances()``."""
+def _add(*spans: Span) -> Span:
+    return tuple(map(sum, zip((0.0, 0.0, 0.0), *spans)))  # type: ignore[return-value]
 
-    shell_block: int = 0  # a ```shell block (not an SSH session, not perf_analyzer)
-    ssh_session: int = 0  # a ```shell block that opens an SSH session or tunnel
-    browser_step: int = 0  # a paragraph that sends the student to a browser
-    block_written: int = 0  # a parameters cell the student fills in (MY_...)
-    perf_analyzer_by_hand: int = 0  # a ```shell block that runs perf_analyzer, or a "# YOUR CODE: perf_analyzer ..." cell
-    code_written: int = 0  # a code cell marked "# YOUR CODE" (not perf_analyzer's): framework code the student completes
-    excerpt_line: int = 0  # a line of shown code or config (generated excerpts and stage configs)
-    result_table: int = 0  # a table a measuring call prints, or a cell displays
-    question: int = 0  # a question paragraph (*Question:* / *Questions:*)
 
-    @property
-    def seconds(self) -> float:
-        rates = allowances()
-        return sum(getattr(self, name) * rates[name].seconds for name in rates)
+def _times(n: float, span: Span) -> Span:
+    return tuple(n * s for s in span)  # type: ignore[return-value]
 
 
 @dataclass
 class Part:
     """The core part or the optional part of one notebook."""
 
-    measure_s: float = 0.0
-    perf_analyzer_s: float = 0.0
     words: int = 0
-    switches: int = 0
-    people: People = field(default_factory=People)
-    measured: list[tuple[str, str]] = field(default_factory=list)  # (stage, load) its measuring calls measure
-    over_capacity: list[str] = field(default_factory=list)  # open-loop loads above the stage's rate
-
-    read_before_s: float = 0.0  # its reading done during an earlier notebook's wait (Wait.reads)
+    tasks: Counter[str] = field(default_factory=Counter)  # [allowance.NAME]: how many (written_cell: 10-line units)
+    cells_s: float = 0.0  # the record's seconds of its code cells
+    shell_waits: Counter[str] = field(default_factory=Counter)  # [shell.NAME]: how many lines start one
+    unrecorded: list[str] = field(default_factory=list)  # its code cells the record lacks (first lines)
+    read_before_s: float = 0.0  # its reading done during an earlier notebook's waits (``read_during_waits``)
 
     @property
     def reading_s(self) -> float:
-        return 60 * self.words / READING_WPM
+        return 60 * self.words / rates()["reading_wpm"] - self.read_before_s
 
-    def total_s(self, waits_min: float = 0.0) -> float:
-        return (self.measure_s + self.perf_analyzer_s + self.reading_s - self.read_before_s + self.people.seconds
-                + self.switches * SWITCH_S + 60 * waits_min)
+    @property
+    def students(self) -> Span:
+        allowance = rates()["allowance"]
+        return _add(*(_times(n, allowance[name]["seconds"]) for name, n in self.tasks.items()))
 
+    @property
+    def shell_s(self) -> Span:
+        return _add(*(_times(n, rates()["shell"][name]["seconds"]) for name, n in self.shell_waits.items()))
 
-SHELL = re.compile(r"^```shell\n(.*?)^```", re.DOTALL | re.MULTILINE)
-SHOWN = re.compile(r"<!-- generated: (?:excerpt|stage-config) .*?-->(.*?)<!-- end generated -->", re.DOTALL)
+    @property
+    def machine(self) -> Span:
+        return _add((self.cells_s * rates()["cells"]["factor"],) * 3, self.shell_s)
 
-
-def count_people(section: str, people: People) -> None:
-    """Count a section's student tasks (not its measuring calls' tables: ``_Notebook.call`` counts those)."""
-    for block in SHELL.findall(section):
-        first = block.strip().split()[0] if block.strip() else ""
-        if re.fullmatch(r"servelab triton stage [\w-]+", block.strip()):
-            continue  # shown: the step runs it itself (STAGE_COMMAND)
-        if first == "ssh":
-            people.ssh_session += 1
-        elif "perf_analyzer " in block:
-            people.perf_analyzer_by_hand += 1
-        else:
-            people.shell_block += 1
-    prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
-    paragraphs = [p for p in re.split(r"\n\s*\n", prose) if p.strip()]
-    people.browser_step += sum(1 for p in paragraphs if re.search(r"\bbrowser\b", p))
-    people.question += sum(1 for p in paragraphs if re.match(r"\*Questions?[:*]", p.strip()))
-    people.block_written += len(re.findall(r'^```python tags=\["parameters"\]\nMY_', section, re.MULTILINE))
-    written = re.findall(r"^```python\n# YOUR CODE: (.*)$", section, re.MULTILINE)
-    # A perf_analyzer line typed into a cell (`!perf_analyzer ...`) is a perf_analyzer run by hand, as in a terminal.
-    people.perf_analyzer_by_hand += sum(1 for name in written if name.startswith("perf_analyzer"))
-    people.code_written += sum(1 for name in written if not name.startswith("perf_analyzer"))
-    people.excerpt_line += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
-    people.result_table += len(re.findall(r"^display\(Markdown\(", section, re.MULTILINE))
+    def total(self, waits: Span = (0, 0, 0)) -> Span:
+        return _add((self.reading_s,) * 3, self.students, self.machine, waits)
 
 
-def _per_s(load: Load, stage: str, images: int) -> float:
-    """Requests per second the stage serves under ``load``: one at a time, or busy (several senders,
-    or an open loop, whose requests overlap)."""
-    r = rate(stage)
-    alone = load.mode == "sequential" or (load.mode == "closed" and (load.concurrency or 1) == 1)
-    return (r.alone if alone else r.busy) / images
-
-
-def load_seconds(load: Load, stage: str, images: int = 1) -> tuple[float, bool]:
-    """How long servelab's load generator takes for ``load`` on the node, and whether it offers more
-    than the stage can serve (an open loop's backlog is served after its last arrival)."""
-    per_s = _per_s(load, stage, images)
-    if load.mode != "open":  # its requests, or its seconds, whichever ends first
-        seconds = [(load.requests + load.warmup) / per_s] if load.requests else []
-        return min(seconds + ([load.duration_s + load.warmup / per_s] if load.duration_s else [])), False
-    offered = load.duration_s * load.rate if load.duration_s else load.requests or 0
-    return (offered + load.warmup) / min(per_s, load.rate), load.rate > per_s
-
-
-def pa_seconds(load: Load, stage: str, window_s: float, trials: int, images: int = 1) -> float:
-    """perf_analyzer's worst case for one load: every trial window (each at least four requests
-    long), or its hard time limit where the offered rate is above what the stage serves."""
-    per_s = _per_s(load, stage, images)
-    if load.mode == "open" and load.rate > per_s:
-        return DEFAULT_TIMEOUT_S
-    return min(DEFAULT_TIMEOUT_S, trials * max(window_s, 4 / per_s))
-
-
-def parameters(text: str) -> dict[str, Any]:
-    """The notebook's parameters cell, as values."""
-    found: dict[str, Any] = {}
-    for cell in re.findall(r'^```python tags=\["parameters"\]\n(.*?)^```', text, re.DOTALL | re.MULTILINE):
-        for node in ast.parse(cell).body:
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
-                if isinstance(target, ast.Name):
-                    try:
-                        found[target.id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        pass
-    return found
+@dataclass
+class NotebookPlan:
+    name: str
+    core: Part
+    optional: Part
+    waits: Span = (0.0, 0.0, 0.0)  # the waits no cell shows (``[[wait.NAME]]``)
 
 
 def sections(text: str) -> list[tuple[bool, str]]:
@@ -263,184 +120,128 @@ def _words(text: str) -> int:
     return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", prose))
 
 
-def _open_loads(rates, seconds, warmup):
-    return [Load.open(r, arrivals, duration_s=seconds, warmup=warmup) for r in rates for arrivals in ("constant", "poisson")]
+@cache
+def answers() -> dict[str, str]:
+    """docs/instructors.md's answer to each cell students write, by the name in its first line."""
+    text = (REPO_ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    return {YOUR_CODE.match(block)[1]: block  # type: ignore[index]
+            for block in re.findall(r"^```python\n(# YOUR CODE: .*?)^```", text, re.DOTALL | re.MULTILINE)}
 
 
-class _Notebook:
-    """Walks the code cells of one notebook in order, keeping the names they assign that the plan can
-    evaluate (parameters, loads, the stage each service variable waits for)."""
-
-    def __init__(self, name: str, params: dict[str, Any]):
-        self.name, self.params = name, params
-        self.names: dict[str, Any] = {**params, "Load": Load, "open_loads": _open_loads}
-        self.triton = "PA_STAGES" in params
-
-    def value(self, node: ast.AST) -> Any:
-        return eval(compile(ast.Expression(node), "<cell>", "eval"), {"__builtins__": {}}, self.names)  # noqa: S307
-
-    def cell(self, code: str, part: Part) -> None:
-        tree = compile(code, "<cell>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        for statement in tree.body:
-            for call in (n for n in ast.walk(statement) if isinstance(n, ast.Call)):
-                self.call(call, part)
-            if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
-                value = statement.value.value if isinstance(statement.value, ast.Await) else statement.value
-                name = statement.targets[0].id
-                if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "wait_for":
-                    self.names[name] = self.value(value.args[0])  # a service variable: its stage
-                elif not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in
-                             MEASURING for n in ast.walk(value)):
-                    try:
-                        self.names[name] = self.value(value)
-                    except Exception:  # anything the plan cannot evaluate does not time a measurement
-                        pass
-
-    def call(self, call: ast.Call, part: Part) -> None:
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "lab"):
-            return
-        kwargs = {k.arg: self.value(k.value) for k in call.keywords if k.arg}
-        if f.attr == "wait_for":  # a FastAPI stage switched in the student's shell: a container restart
-            part.switches += 1
-            return
-        extra_s, deliberate = 0.0, False
-        if f.attr in ("measure", "photo_mix"):
-            stage, loads = self.value(call.args[0]), self.value(call.args[1])
-            loads = loads if isinstance(loads, list) else [loads]
-        elif f.attr == "overload":  # (service, capacity, seconds): above the capacity on purpose
-            stage, deliberate = self.value(call.args[0]), True
-            loads = [overload_load(rate(self.value(call.args[0])).busy, self.value(call.args[2]))[0]]
-        elif f.attr == "rollout":  # (service, variant, load, at_s): a reload during the load, and on after it
-            stage, load = self.value(call.args[0]), self.value(call.args[2])
-            load, _, trigger = rollout_load(lambda: None, kwargs["at_s"], load.duration_s,
-                                            concurrency=load.concurrency, warmup=load.warmup)
-            loads, extra_s = [load], trigger.hold_s
-            part.switches += 1
-        elif f.attr == "measure_variant":
-            variant, loads = self.value(call.args[0]), [self.value(call.args[1])]
-            if variant not in self.params.get("VARIANTS", [variant]):
-                return
-            stage = f"fastapi-onnx-{variant}"
-            part.switches += 1
-        elif f.attr == "stage":
-            stage, loads = self.value(call.args[0]), [self.value(a) for a in call.args[1:3]]
-            part.switches += 1
-        else:
-            return
-        if self.triton and stage not in self.params.get("STAGES", [stage]):
-            return
-        images = kwargs.get("batch") or 1
-        part.measure_s += extra_s
-        part.measured += [(stage, load.label()) for load in loads]
-        part.people.result_table += 1
-        for load in loads:
-            seconds, over = load_seconds(load, stage, images)
-            part.measure_s += seconds
-            if over and not deliberate:
-                part.over_capacity.append(f"{self.name}: {stage} {load.label()}")
-            if self.triton and self.params.get("PERF_ANALYZER") and stage in (self.params.get("PA_STAGES") or []):
-                trials = next((int(a.split("=")[1]) for a in self.params.get("PA_EXTRA", [])
-                               if a.startswith("--max-trials=")), Windows().max_trials)
-                part.perf_analyzer_s += pa_seconds(load, stage, self.params.get("PA_WINDOW_S", 5), trials, images)
-        if self.triton:
-            part.switches += 1
+def count_text(section: str, part: Part) -> None:
+    """A section's prose and the student's tasks its text shows (the code cells: ``count_cell``)."""
+    part.words += _words(section)
+    for block in SHELL.findall(section):
+        for line in (line.strip() for line in block.splitlines()):
+            if line and not line.startswith("#"):
+                part.tasks["ssh_line" if line.startswith("ssh ") else "shell_line"] += 1
+                part.shell_waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
+    prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL))]
+    part.tasks["question"] += sum(1 for p in paragraphs if QUESTION.match(p))
+    part.tasks["browser_step"] += sum(1 for p in paragraphs if BROWSER.search(p))
+    part.tasks["excerpt_line"] += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
 
 
-@dataclass
-class NotebookPlan:
-    name: str
-    core: Part
-    optional: Part
-    waits: list[Wait]
-    waits_min: float = 0.0  # what is left of its waits once the notebooks they run behind are done
+def count_cell(source: str, recorded: dict | None, part: Part) -> None:
+    """A code cell: its recorded seconds, and, where students write it, its answer's length."""
+    first = source.partition("\n")[0]
+    if recorded is None or recorded["first_line"] != first:
+        part.unrecorded.append(first)
+    else:
+        part.cells_s += recorded["seconds"]
+    written = YOUR_CODE.match(source)
+    if written or "# TODO" in source:
+        typed = [line for line in (answers().get(written[1], source) if written else source).splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]  # what students type: no comment
+        part.tasks["written_cell"] += max(1, round(len(typed) / 10))
 
 
-def plan_notebook(path: Path) -> NotebookPlan:
+def cell_times() -> dict:
+    return json.loads(CELL_TIMES.read_text(encoding="utf-8"))
+
+
+def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
+    """``record``: the cells' seconds per notebook, ``cell_times()`` unless given."""
     text = path.read_text(encoding="utf-8")
-    notebook = _Notebook(path.stem, parameters(text))
+    cells = (cell_times() if record is None else record).get(path.stem, {}).get("cells", [])
+    code = [c.source for c in jupytext.reads(text, fmt="md").cells if c.cell_type == "code"]  # as committed
     core, optional = Part(), Part()
+    at, index = 0, 0
     for is_optional, section in sections(text):
         part = optional if is_optional else core
-        part.words += _words(section)
-        count_people(section, part.people)
-        for code in FENCE.findall(section):
-            if not code.lstrip().startswith("# parameters") and "tags=" not in code[:40]:
-                notebook.cell(code, part)
-    waits = WAITS.get(path.stem, [])
-    return NotebookPlan(path.stem, core, optional, waits, sum(w.minutes for w in waits))
+        count_text(section, part)
+        end = at + len(section)
+        while index < len(code) and 0 <= text.find(code[index], at) < end:  # the code cells it holds, in order
+            count_cell(code[index], cells[index] if index < len(cells) else None, part)
+            at, index = text.find(code[index], at) + len(code[index]), index + 1
+        at = end
+    for index in range(index, len(code)):  # a cell not found as written (none today): core, and named if unrecorded
+        count_cell(code[index], cells[index] if index < len(cells) else None, core)
+    return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in WAITS.get(path.stem, []))))
 
 
-def lease_plan(folder: Path = REPO_ROOT / "notebooks") -> list[NotebookPlan]:
+def lease_plan(folder: Path = REPO_ROOT / "notebooks", record: dict | None = None) -> list[NotebookPlan]:
     order = lambda p: int(p.stem.split("_")[0])  # noqa: E731
-    plans = [plan_notebook(p) for p in sorted(folder.glob("[0-9]*_*.md"), key=order)]
-    core_s = {p.name: p.core.total_s() for p in plans}
-    reading_s = {p.name: p.core.reading_s for p in plans}
-    for p in plans:  # a boot's waits run one after another: what is read during them is read once
-        left = {name: reading_s.get(name, 0.0) for w in p.waits for name in w.reads}
-        p.waits_min = 0.0
-        for w in p.waits:
-            held = sum(core_s.get(n, 0.0) for n in w.behind)
-            for name in w.reads:
-                read = min(left[name], 60 * w.minutes - held)
-                left[name] -= read
-                held += read
-            p.waits_min += max(0.0, w.minutes - held / 60)
-        for name, unread in left.items():  # read during the wait: not again in its own notebook
-            next(q for q in plans if q.name == name).core.read_before_s = reading_s[name] - unread
+    record = cell_times() if record is None else record
+    plans = [plan_notebook(p, record) for p in sorted(folder.glob("[0-9]*_*.md"), key=order)]
+    by_name = {p.name: p for p in plans}
+    for p in plans:  # unattended waits hold the reading of the notebooks they ask for, up to their median
+        left = p.waits[1] + p.core.shell_s[1]
+        for name in rates()["read_during_waits"].get(p.name, []):
+            read = min(left, by_name[name].core.reading_s)
+            by_name[name].core.read_before_s += read
+            left -= read
     return plans
 
 
-def core_minutes(plans: list[NotebookPlan]) -> float:
-    return sum(p.core.total_s(p.waits_min) for p in plans if p.name in CORE) / 60
+def core_minutes(plans: list[NotebookPlan]) -> Span:
+    return _times(1 / 60, _add(*(p.core.total(p.waits) for p in plans if p.name in CORE)))
 
 
 def _m(seconds: float) -> str:
-    return f"{math.ceil(seconds / 60):.0f}"
+    return f"{math.ceil(seconds / 60):.0f}" if seconds else "–"
 
 
-def _clock(seconds: float) -> str:
-    return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}"
+def _clock(minutes: float) -> str:
+    return f"{int(minutes // 60)} h {math.ceil(minutes % 60):02d}"
 
 
 def plan_table() -> str:
-    """The plan as Markdown: per notebook, minutes measuring, with perf_analyzer, reading, the students' own
-    tasks, waiting, and the running clock of the core path; then what it assumed and where each figure comes from."""
+    """The plan as Markdown, lines of at most 200 characters: per notebook, minutes reading, at the students'
+    tasks, on the machine, the core's low / median / high and its median clock; then each figure's source."""
     plans = lease_plan()
-    lines = ["| notebook | measuring | perf_analyzer (worst case) | reading (not done in a wait) | students' tasks | "
-             "switches and waits | core path, by | optional parts |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| notebook | reading | students' tasks | machine | core: low / median / high | core path, by | optional |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     clock = 0.0
     for p in plans:
+        core = p.core.total(p.waits)
+        optional = p.optional.total()[1] + (core[1] if p.name not in CORE else 0)
         if p.name in CORE:
-            clock += p.core.total_s(p.waits_min)
-            by = _clock(clock)
-        else:
-            by = "–"
-        optional = p.optional.total_s() + (p.core.total_s(p.waits_min) if p.name not in CORE else 0)
-        lines.append(f"| `{p.name}` | {_m(p.core.measure_s)} | {_m(p.core.perf_analyzer_s)} | "
-                     f"{_m(p.core.reading_s - p.core.read_before_s)} | "
-                     f"{_m(p.core.people.seconds)} | {_m(p.core.switches * SWITCH_S + 60 * p.waits_min)} | {by} | "
-                     f"{_m(optional) if optional else '–'} |")
-    over = [o for p in plans for o in p.core.over_capacity + p.optional.over_capacity]
-    total = core_minutes(plans)
-    rounded = math.ceil(total)
-    item = lambda text, depth=0: prose("  " * depth + "- " + text, indent="  " * (depth + 1))  # noqa: E731
-    lines += ["", prose(f"Minutes, rounded up. **Core path: {rounded // 60} h {rounded % 60:02d} min** of a "
-                        f"{LEASE_MIN // 60} h {LEASE_MIN % 60:02d} lease (aim ≤ {CORE_AIM_MIN // 60} h "
-                        f"{CORE_AIM_MIN % 60:02d}: {'met' if total <= CORE_AIM_MIN else 'MISSED'}). An estimate, not a "
-                        "timed class: counted by `servelab/tools/lease_plan.py` from each notebook's parameters, cells "
-                        "and text, from these figures:"), "",
-              item("**Measuring:** rates of the original lab's P100 node where it measured the stage, else a stage "
-                   "it is assumed no faster than (`servelab/data/node_rates.toml`)."),
-              item(f"**Reading:** {READING_WPM} words a minute (assumed)."),
-              item(f"**A stage switch:** {SWITCH_S} s (assumed; every image is built before the first measurement)."),
-              item("**Students' tasks**, each counted in the text:")]
-    lines += [item(f"{name.replace('_', ' ')}: {a.seconds:g} s ({a.source})", 1) for name, a in allowances().items()]
-    lines += [item("**Waits:**")]
-    lines += [item(f"{w.what}: {w.minutes:g} min ({w.source}"
-                   + (f"; what is left after {', '.join(w.behind)})" if w.behind else ")"), 1)
-              for waits in WAITS.values() for w in waits]
-    if over:
-        lines += ["", prose(f"Open-loop loads above the stage's rate (perf_analyzer counted at its "
-                            f"{DEFAULT_TIMEOUT_S:g} s limit): " + ", ".join(over) + ".")]
+            clock += core[1]
+        lines.append(f"| `{p.name}` | {_m(p.core.reading_s)} | {_m(p.core.students[1])} | "
+                     f"{_m(p.core.machine[1] + p.waits[1])} | "
+                     + (f"{' / '.join(_m(s) for s in core)} | {_clock(clock / 60)} |" if p.name in CORE else "– | – |")
+                     + f" {_m(optional)} |")
+    low, median, high = core_minutes(plans)
+    r = rates()
+    lines += ["", f"Minutes, rounded up. **Core path: {_clock(median)} at the median** (low {_clock(low)}, high "
+              f"{_clock(high)}) of a {_clock(LEASE_MIN)} lease; the aim, ≤ {_clock(CORE_AIM_MIN)}: "
+              f"{'met' if median <= CORE_AIM_MIN else 'MISSED'}. An estimate, not a timed class "
+              "(`servelab/tools/lease_plan.py`).", "",
+              f"- Reading: {r['reading_wpm']} words a minute; the notebooks a wait asks students to read meanwhile are "
+              "read then, not again.",
+              f"- Machine: each code cell's seconds in the e2e notebook run's `docs/records/{CELL_TIMES.name}` "
+              f"× {r['cells']['factor']:g}:", f"  {r['cells']['source']}."]
+    runs = {f"{run['machine']}, at {run['commit']}" for run in cell_times().values()}
+    lines += [f"  Recorded on {run}." for run in sorted(runs)]
+    for name, row in [*r["allowance"].items(), *r["shell"].items()]:
+        lines.append(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).")
+    for name, waits in WAITS.items():
+        lines += [f"- `{name}`, {w['what']}: {' / '.join(f'{s / 60:g}' for s in w['seconds'])} min ({w['source']})."
+                  for w in waits]
+    missing = [f"`{p.name}` ({len(p.core.unrecorded) + len(p.optional.unrecorded)})" for p in plans
+               if p.core.unrecorded or p.optional.unrecorded]
+    if missing:
+        lines.append(f"- Code cells not in the record, counted as no time: {', '.join(missing)}.")
     return "\n".join(lines)

@@ -1,7 +1,6 @@
 """docs/architecture.md's "Adding things: A stage", followed to the letter in a copy of the checkout: one `Stage`
-in `CATALOGUE`, its pair in `PAIRS` of the catalogue's test, then `make notebooks`; for a stage a notebook
-teaches, its rate in `node_rates.toml`. Before the rate the lease plan's test names the table to add; with it, the tests
-that read the catalogue pass with the new stage in them. A step the doc forgets fails here."""
+in `CATALOGUE`, its pair in `PAIRS` of the catalogue's test, then `make notebooks`; then the tests that read the catalogue pass with the new stage in them (the lease plan
+times a notebook from its recorded cells, so a stage needs no rate of its own). A step the doc forgets fails here."""
 
 import os
 import re
@@ -21,11 +20,9 @@ COPY = ("pyproject.toml", "README.md", "Makefile", "constraints.txt", "servelab"
 # What the catalogue's readers check of a stage: the catalogue itself, every runner, the lease plan, the notebooks.
 READERS = ["tests/unit/test_catalogue.py", "tests/unit/test_stages.py", "tests/unit/test_lease_plan.py",
            "tests/unit/test_notebooks_content.py"]
-# A Ray stage of an optional lesson: a core lesson's stage would also need a measurement in its notebook's core
-# path, which the lease plan's aim (2 h 15) holds full.
+# A Ray stage of an optional lesson: a core lesson's stage would also need a measurement in its notebook's core path.
 STAGE = ('    Stage("ray-3", "Ray Serve, 3 replicas", RayPart(replicas=3), lesson=Lesson.REPLICAS, '
          'baseline="ray-1"),\n')
-RATE = '\n[ray-3]\nalone = 30.0\nbusy = 60.0\nsource = "a test\'s stage (tests/e2e/test_adding_a_stage.py)"\n'
 
 
 def run(checkout: Path, *args: str) -> subprocess.CompletedProcess:
@@ -43,7 +40,7 @@ def test_a_stage_added_as_the_architecture_doc_says_reaches_every_reader(tmp_pat
         else:
             shutil.copy2(source, checkout / name)
     doc = (checkout / "docs" / "architecture.md").read_text()
-    assert "**A stage.** One `Stage` in `CATALOGUE`" in doc and "its pair in `PAIRS`" in doc and "node_rates.toml" in doc
+    assert "**A stage.** One `Stage` in `CATALOGUE`" in doc and "its pair in `PAIRS`" in doc
     assert "`<!-- generated: stage-config NAME PREVIOUS -->`" in doc
     # 1. One Stage in CATALOGUE, in the notebook group that teaches it.
     catalogue = checkout / "servelab" / "core" / "catalogue.py"
@@ -61,13 +58,6 @@ def test_a_stage_added_as_the_architecture_doc_says_reaches_every_reader(tmp_pat
     # 3. `make notebooks`.
     rendered = run(checkout, "-m", "servelab.tools.render_notebooks")
     assert rendered.returncode == 0, rendered.stdout + rendered.stderr
-    # Without its rate on the node, the lease plan's test says what to add.
-    before = run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'b'}",
-                 "tests/unit/test_lease_plan.py")
-    assert before.returncode == 1 and "ray-3: taught on the node without a rate" in before.stdout, before.stdout
-    # 4. Its rate.
-    with open(checkout / "servelab" / "data" / "node_rates.toml", "a") as rates:
-        rates.write(RATE)
     after = run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'a'}", *READERS)
     assert after.returncode == 0, after.stdout[-4000:] + after.stderr[-2000:]
     # And it is where the doc says: in the lab's full plan and its lesson's pairs.

@@ -286,9 +286,8 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
     stage Triton runs at that point, and a load the step before it measured (in the core with perf_analyzer, as
     PA_STAGES has the stage, whose printed command is the check; in an optional section the printed `servelab load`
     command may be)."""
-    from servelab.tools.lease_plan import lease_plan, sections
+    from servelab.tools.lease_plan import sections
 
-    plans = {p.name: p for p in lease_plan()}
     typed = [(stem, stage, line) for stem in TRITON for stage, line in _typed_perf_analyzer(stem)]
     assert [(stem, stage) for stem, stage, _ in typed] == [(stem, stage) for stem, stage, _ in TYPED]
     assert {TRITON_STAGES[stage].lesson for _, stage, _ in TYPED} >= {"batching", "instances"}
@@ -307,8 +306,6 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
                 == (rate, arrivals)
         cell = f"# YOUR CODE: perf_analyzer at {stage}\n"
         (optional,) = [optional for optional, section in sections(text) if cell in section]
-        part = plans[stem].optional if optional else plans[stem].core
-        assert (stage, load) in part.measured, (stage, load)
         # Typed after the step that measured the stage, before the next stage's step switches Triton away.
         at = text.index(cell)
         before = [m[1] for m in re.finditer(r'lab\.measure\("([\w-]+)"', text) if m.start() < at]
@@ -317,9 +314,7 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
 
 
 def lp_pa_stages(stem: str) -> list[str]:
-    from servelab.tools.lease_plan import parameters
-
-    return parameters(_text(NOTEBOOK_DIR / f"{stem}.md"))["PA_STAGES"]
+    return ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", _text(NOTEBOOK_DIR / f"{stem}.md"), re.MULTILINE)[1])
 
 
 def test_the_intro_plans_the_lease() -> None:
