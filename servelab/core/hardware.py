@@ -17,6 +17,7 @@ INT8 pays on a CPU only where it has them (x86: VNNI, AMX-INT8; ARM: the dot pro
 keeps the flags it needs (``CPU_FLAGS``), so a report says it of the machine that ran, wherever it is read.
 """
 
+import os
 import re
 import shutil
 import subprocess
@@ -82,6 +83,13 @@ def gpu_count() -> int:
     except subprocess.TimeoutExpired:
         return 0
     return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (where it is unset, nvidia-smi's)."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() not in ("", "-1")]
+    return [str(i) for i in range(gpu_count())]
 
 
 def environment_gaps() -> list[str]:
