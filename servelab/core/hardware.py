@@ -217,9 +217,11 @@ def stage_env(device: Device) -> dict[str, str]:
     """Settings for every server of a lab on ``device`` (a stage's own settings come on top).
 
     On the GPU each server must really use it (``REQUIRE_GPU=1``): ONNX Runtime would otherwise fall
-    back to the CPU and the lab would record CPU numbers under a GPU label."""
+    back to the CPU and the lab would record CPU numbers under a GPU label. A FastAPI service there is one
+    server process with its model, the design that has run on a GPU (an H200), until one shows the shared
+    batcher ahead (``make gpu-check`` measures both)."""
     if device == "gpu":
-        return {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1"}
+        return {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1", "WORKERS": "1"}
     return {"TORCH_DEVICE": "cpu", "ORT_PROVIDERS": "cpu", "REQUIRE_GPU": "0"}
 
 
