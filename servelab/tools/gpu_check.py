@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.core.catalogue import SERVICES
 from servelab.core.hardware import NO_GPU, describe, gpu_count, stack, stage_env
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
@@ -62,6 +63,7 @@ CEILING_S = 45.0  # kept back for the ceiling at the end of the budget
 DESIGNS = {"one server process with its model (as on the H200)": {"WORKERS": "1"},
            "server processes in front of one batcher process": {"WORKERS": "auto", "SHARED_BATCHER": "1"}}
 DESIGN_SENDERS, DESIGN_WINDOW_S = 64, 10.0
+DESIGN_SERVICE = next(name for name, runtime in SERVICES.items() if runtime == "onnx")
 DESIGNS_S = 90.0  # kept back for them: two starts, warm-ups and windows
 FIT_BATCHES = (1, 16, 64, 128)  # the ceiling's batch sizes in a budgeted check (the full check: 1 to 128)
 
@@ -155,18 +157,18 @@ def skipped_parts() -> dict[str, str]:
 
 
 def compare_designs(out: Path, log=print) -> dict[str, float]:
-    """req/s of fastapi-onnx on the GPU in each of ``DESIGNS``, one after the other: a closed loop of
+    """req/s of ``DESIGN_SERVICE`` on the GPU in each of ``DESIGNS``, one after the other: a closed loop of
     ``DESIGN_SENDERS`` for ``DESIGN_WINDOW_S``."""
     served = {}
     env = {**stage_env("gpu"), "MODEL_DIR": str(get_settings().model_dir)}
     for name, design in DESIGNS.items():
         port = free_port()
-        with fastapi_process("fastapi-onnx", port, out / f"design-{slug(name)}.log", {**env, **design}, 300):
+        with fastapi_process(DESIGN_SERVICE, port, out / f"design-{slug(name)}.log", {**env, **design}, 300):
             load = Load.closed(DESIGN_SENDERS, requests=None, duration_s=DESIGN_WINDOW_S, warmup_s=2.0)
             record = run_bench(FastAPITarget(f"http://127.0.0.1:{port}", DEFAULT_IMAGE.read_bytes()), load,
-                               stage="fastapi-onnx")
+                               stage=DESIGN_SERVICE)
         served[name] = record.stats.throughput_rps
-        log(f"gpu-check: fastapi-onnx, {name}: {served[name]:.1f} req/s, errors {record.stats.errors or 'none'}")
+        log(f"gpu-check: {DESIGN_SERVICE}, {name}: {served[name]:.1f} req/s, errors {record.stats.errors or 'none'}")
     return served
 
 
@@ -311,7 +313,7 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     if left(CEILING_S) == 0:
         not_run[DESIGNS_PART] = f"no time left of the budget ({budget_s:g} s)"
     else:
-        log("gpu-check: fastapi-onnx in each of its two designs, at saturation")
+        log(f"gpu-check: {DESIGN_SERVICE} in each of FastAPI's two designs, at saturation")
         designs = compare_designs(out, log)
     ceiling = None
     if left() == 0:

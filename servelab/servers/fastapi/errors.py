@@ -26,8 +26,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.core.preprocess import ImageError, ImageTooLarge
+from servelab.core.procs import take_place
 from servelab.servers.fastapi.schemas import ErrorResponse, ShedResponse, ValidationErrorResponse
-from servelab.servers.fastapi.workers import take_place
 
 # Retry-After of a shed request, in whole seconds (HTTP's unit; 1 is its least): a bounded queue drains
 # within its bound times the service time, well under a second on the lab's stages.
@@ -91,7 +91,7 @@ class QueueBoundMiddleware:
     answered at once, so a flood of connections cannot pile up in memory.
 
     Beside other server processes (``shared``: a file in the folder they share) the bound is the service's, not
-    each process's: a request holds one of its ``limit`` places (``workers.take_place``)."""
+    each process's: a request holds one of its ``limit`` places (``procs.take_place``)."""
 
     def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024,
                  shared: Path | None = None):

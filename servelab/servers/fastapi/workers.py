@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from prometheus_client import multiprocess
 
 from servelab.core.hardware import gpu_count, visible_gpus
-from servelab.core.procs import SHARE_ENV, cpu_count
+from servelab.core.procs import SHARE_ENV, cpu_count, take_place
 from servelab.core.settings import ServeSettings
 
 FOLDER_ENV, COUNT_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS"
@@ -70,21 +70,6 @@ def batcher_devices(settings: ServeSettings, runtime: str) -> list[str | None]:
     gpus = visible_gpus() if on_gpu(settings, runtime) else []
     count = settings.batchers if settings.batchers != "auto" else max(1, len(gpus))
     return [gpus[i % len(gpus)] if gpus else None for i in range(count)]
-
-
-def take_place(fd: int, count: int, mine: set[int]) -> int | None:
-    """One of ``count`` places that no process holds, now this one's; None where all are held. A place is a
-    byte of the file ``fd``, held with a POSIX record lock, which the kernel releases when the process dies,
-    however it dies. ``mine``: the places this process holds (its own locks never conflict with each other)."""
-    for place in range(count):
-        if place not in mine:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, place)
-            except OSError:  # another process holds it
-                continue
-            mine.add(place)
-            return place
-    return None
 
 
 @cache
