@@ -56,14 +56,16 @@ def named_shm(processes: list[psutil.Process]) -> set[str]:
 
 
 def arenas(process: psutil.Process) -> int:
-    """Arenas (shared.Arena) the process holds open: nameless files (memfd), in no folder."""
-    held = 0
+    """Arenas (shared.Arena) the process holds open: nameless files (memfd), in no folder; by inode, as a
+    mapping holds a descriptor of its own."""
+    held = set()
     for fd in Path(f"/proc/{process.pid}/fd").iterdir():
         try:
-            held += os.readlink(fd).startswith("/memfd:servelab-arena")
+            if os.readlink(fd).startswith("/memfd:servelab-arena"):
+                held.add(os.stat(fd).st_ino)
         except FileNotFoundError:  # closed meanwhile
             continue
-    return held
+    return len(held)
 
 
 def frameworks(process: psutil.Process) -> set[str]:
