@@ -8,7 +8,6 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import onnxruntime as ort
 from fastapi import FastAPI, Request, Response
 
 from servelab import __version__
@@ -19,20 +18,22 @@ from servelab.servers.fastapi.runtimes import Backend, intra_op_threads, onnx_ba
 from servelab.servers.fastapi.schemas import PredictRequest, PredictResponse
 from servelab.servers.fastapi.service import Service, add_service_routes, cache_hit_timing, server_timing
 
-LEVEL = ort.GraphOptimizationLevel
-GRAPH_OPTIMIZATION = {"disable": LEVEL.ORT_DISABLE_ALL, "basic": LEVEL.ORT_ENABLE_BASIC,
-                      "extended": LEVEL.ORT_ENABLE_EXTENDED, "all": LEVEL.ORT_ENABLE_ALL}  # ORT_GRAPH_OPTIMIZATION
+GRAPH_OPTIMIZATION = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                      "all": "ORT_ENABLE_ALL"}  # ORT_GRAPH_OPTIMIZATION -> ONNX Runtime's GraphOptimizationLevel
 
 
-def open_session(path: Path, providers: list, settings: ServeSettings) -> ort.InferenceSession:
+def open_session(path: Path, providers: list, settings: ServeSettings):
     """One session over the model file. ``providers``, from ORT_PROVIDERS, in order of preference: e.g.
     ``[("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}), "CPUExecutionProvider"]``."""
+    import onnxruntime as ort  # here: a server process in front of a batcher process (SHARED_BATCHER) holds no model
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads(settings)  # INTRA_OP_THREADS, else half the CPUs
     options.inter_op_num_threads = settings.inter_op_threads
     options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if settings.ort_execution_mode == "parallel" \
         else ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = GRAPH_OPTIMIZATION[settings.ort_graph_optimization]
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                               GRAPH_OPTIMIZATION[settings.ort_graph_optimization])
     # Idle threads sleep rather than spin, leaving the CPU to the preprocessing workers (ORT_ALLOW_SPINNING).
     spin = "1" if settings.ort_allow_spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)

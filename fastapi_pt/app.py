@@ -3,12 +3,14 @@ model loaded in PyTorch, the app that loads it, its route. servelab keeps what b
 (``servelab.servers.fastapi``): settings, preprocessing workers, the micro-batcher, the device checks,
 errors, metrics, /health, /ready."""
 
+from __future__ import annotations
+
 import asyncio
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from fastapi import FastAPI, Request, Response
 
 from servelab import __version__
@@ -19,10 +21,15 @@ from servelab.servers.fastapi.runtimes import Backend, torch_backend
 from servelab.servers.fastapi.schemas import PredictRequest, PredictResponse
 from servelab.servers.fastapi.service import Service, add_service_routes, cache_hit_timing, server_timing
 
+if TYPE_CHECKING:  # only a process that loads the model imports torch (load_model)
+    import torch
+
 
 def load_model(weights: Path, architecture: str, device: torch.device, dtype: torch.dtype):
     """The manifest's architecture with its weights. servelab chose ``device`` (TORCH_DEVICE: auto is CUDA
     where there is one) and ``dtype`` (TORCH_FP16, on a GPU only), and set PyTorch's threads."""
+    import torch  # here: a server process in front of a batcher process (SHARED_BATCHER) holds no model
+
     model = build_model(architecture)
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))  # tensors only, no pickled code
     model = model.to(device, dtype).eval()  # eval: batch norm uses its running statistics, dropout is off

@@ -24,6 +24,7 @@ newer ones); only ``gpu_p100`` is the original lab's node, and no run of this la
 here, so what is said of them is a prediction.
 """
 
+import os
 import re
 import shutil
 import subprocess
@@ -120,6 +121,13 @@ def gpu_count() -> int:
     except subprocess.TimeoutExpired:
         return 0
     return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (where it is unset, nvidia-smi's)."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() not in ("", "-1")]
+    return [str(i) for i in range(gpu_count())]
 
 
 def environment_gaps() -> list[str]:
@@ -247,9 +255,11 @@ def stage_env(device: Device) -> dict[str, str]:
     """Settings for every server of a lab on ``device`` (a stage's own settings come on top).
 
     On the GPU each server must really use it (``REQUIRE_GPU=1``): ONNX Runtime would otherwise fall
-    back to the CPU and the lab would record CPU numbers under a GPU label."""
+    back to the CPU and the lab would record CPU numbers under a GPU label. A FastAPI service there is one
+    server process with its model, the design that has run on a GPU (an H200), until one shows the shared
+    batcher ahead (``make gpu-check`` measures both)."""
     if device == "gpu":
-        return {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1"}
+        return {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1", "WORKERS": "1"}
     return {"TORCH_DEVICE": "cpu", "ORT_PROVIDERS": "cpu", "REQUIRE_GPU": "0"}
 
 

@@ -5,6 +5,7 @@ and none is left running after Ctrl-C or a failure.
 """
 
 import ctypes
+import fcntl
 import os
 import signal
 import socket
@@ -51,6 +52,21 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def take_place(fd: int, count: int, mine: set[int]) -> int | None:
+    """One of ``count`` places that no process holds, now this one's; None where all are held. A place is a
+    byte of the file ``fd``, held with a POSIX record lock, which the kernel releases when the process dies,
+    however it dies. ``mine``: the places this process holds (its own locks never conflict with each other)."""
+    for place in range(count):
+        if place not in mine:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, place)
+            except OSError:  # another process holds it
+                continue
+            mine.add(place)
+            return place
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -33,19 +33,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.core.hardware import NO_GPU, describe, gpu_count, stack
+from servelab.core.catalogue import SERVICES
+from servelab.core.hardware import NO_GPU, describe, gpu_count, stack, stage_env
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
-from servelab.core.paths import REPO_ROOT
-from servelab.core.procs import ServerProcess, log_tail
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.procs import ServerProcess, free_port, log_tail
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
 from servelab.measure.ceiling import BATCHES, Ceiling, ceiling_markdown, measure_ceiling
 from servelab.measure.fractions import closed_run, fractions_markdown, ratios
-from servelab.measure.records import Record, read_records
+from servelab.measure.loadgen import run_bench
+from servelab.measure.records import Load, Record, read_records
+from servelab.measure.targets import FastAPITarget
 from servelab.run.lab import preflight
 from servelab.run.lab_run import RUN_FILE
 from servelab.run.plan import LAB_STAGES
 from servelab.run.side_by_side import stage_inputs
+from servelab.servers.fastapi.child import fastapi_process
 
 DOCS = REPO_ROOT / "docs" / "gpu"
 GPU_TESTS = "tests/integration/test_gpu.py"
@@ -54,6 +58,13 @@ GPU_TESTS = "tests/integration/test_gpu.py"
 # install included, the check itself 271 s (docs/records/gpu-h200-2026-11-28.toml).
 DEFAULT_BUDGET_S = 285.0
 CEILING_S = 45.0  # kept back for the ceiling at the end of the budget
+# fastapi-onnx as the H200 ran it (the lab's default on a GPU: stage_env) and the design built for a GPU that no GPU
+# has run yet; the check serves it both ways in turn, at saturation, and its record says which served more.
+DESIGNS = {"one server process with its model (as on the H200)": {"WORKERS": "1"},
+           "server processes in front of one batcher process": {"WORKERS": "auto", "SHARED_BATCHER": "1"}}
+DESIGN_SENDERS, DESIGN_WINDOW_S = 64, 10.0
+DESIGN_SERVICE = next(name for name, runtime in SERVICES.items() if runtime == "onnx")
+DESIGNS_S = 90.0  # kept back for them: two starts, warm-ups and windows
 FIT_BATCHES = (1, 16, 64, 128)  # the ceiling's batch sizes in a budgeted check (the full check: 1 to 128)
 
 
@@ -145,12 +156,39 @@ def skipped_parts() -> dict[str, str]:
     return skipped
 
 
+def compare_designs(out: Path, log=print) -> dict[str, float]:
+    """req/s of ``DESIGN_SERVICE`` on the GPU in each of ``DESIGNS``, one after the other: a closed loop of
+    ``DESIGN_SENDERS`` for ``DESIGN_WINDOW_S``."""
+    served = {}
+    env = {**stage_env("gpu"), "MODEL_DIR": str(get_settings().model_dir)}
+    for name, design in DESIGNS.items():
+        port = free_port()
+        with fastapi_process(DESIGN_SERVICE, port, out / f"design-{slug(name)}.log", {**env, **design}, 300):
+            load = Load.closed(DESIGN_SENDERS, requests=None, duration_s=DESIGN_WINDOW_S, warmup_s=2.0)
+            record = run_bench(FastAPITarget(f"http://127.0.0.1:{port}", DEFAULT_IMAGE.read_bytes()), load,
+                               stage=DESIGN_SERVICE)
+        served[name] = record.stats.throughput_rps
+        log(f"gpu-check: {DESIGN_SERVICE}, {name}: {served[name]:.1f} req/s, errors {record.stats.errors or 'none'}")
+    return served
+
+
+def designs_markdown(served: dict[str, float]) -> list[str]:
+    """The record's section on the two FastAPI designs, and which served more."""
+    rows = [(name, num(rps, 1)) for name, rps in served.items()]
+    best = max(served, key=served.get)
+    return ["", f"## FastAPI's two designs at saturation ({DESIGN_SENDERS} senders, {DESIGN_WINDOW_S:g} s each)", "",
+            markdown(("design", "req/s"), rows, "lr"), "",
+            f"Served more here: **{best}** ({served[best] / max(min(served.values()), 1e-9):.2f}×)."]
+
+
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
                     when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None,
-                    not_run: dict[str, str] | None = None, commit: str | None = None) -> str:
+                    not_run: dict[str, str] | None = None, commit: str | None = None,
+                    designs: dict[str, float] | None = None) -> str:
     """The GPU record: hardware and versions, what was skipped and why, what the time budget cut, test
     outcomes, the stage table, the ratios and, with ``ceiling``, the model's own ceiling with every stage
-    and aim against it. ``commit``: the checkout's (``checkout_commit``), where known."""
+    and aim against it. ``commit``: the checkout's (``checkout_commit``), where known; ``designs``: req/s of
+    each of FastAPI's two designs (``compare_designs``)."""
     gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
     at = f", commit {commit}" if commit else ", commit unknown (no git here)"
     md = [f"# servelab on {gpu}", "",
@@ -183,10 +221,12 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
         md += ["", "## The model's own ceiling (ONNX Runtime alone, measured after the lab)", "",
                ceiling_markdown(ceiling), "", "## Every stage, ratio and aim against the ceiling", "",
                fractions_markdown(records, ceiling, stage_inputs())]
+    if designs:
+        md += designs_markdown(designs)
     return "\n".join(md) + "\n"
 
 
-TESTS, CEILING = "GPU tests", "ceiling"
+TESTS, CEILING, DESIGNS_PART = "GPU tests", "ceiling", "FastAPI's two designs"
 
 
 def run_within(cmd: list[str], timeout: float | None, log: Path) -> int | None:
@@ -257,7 +297,7 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
         not_run[TESTS] = f"stopped by the time budget ({budget_s:g} s) before they ended"
     lab_args = ["--device", "gpu"] + (["--full"] if full else ["--quick"] if stages else ["--plan", "gpu-check"])
     lab_args += ["--stages", stages] if stages else []
-    lab_budget = left(CEILING_S)
+    lab_budget = left(CEILING_S + DESIGNS_S)
     lab_args += ["--budget", f"{lab_budget:.0f}"] if lab_budget is not None else []
     log(f"gpu-check: servelab lab {' '.join(lab_args)} (its output: {out / 'lab.log'})")
     # The lab keeps to its budget stage by stage; the margin is for a stage that overruns its guess.
@@ -269,6 +309,12 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
         not_run["lab"] = f"stopped by the time budget ({budget_s:g} s) while a stage ran"
     elif run_path.exists():
         not_run.update(json.loads(run_path.read_text(encoding="utf-8")).get("not_run", {}))
+    designs = None
+    if left(CEILING_S) == 0:
+        not_run[DESIGNS_PART] = f"no time left of the budget ({budget_s:g} s)"
+    else:
+        log(f"gpu-check: {DESIGN_SERVICE} in each of FastAPI's two designs, at saturation")
+        designs = compare_designs(out, log)
     ceiling = None
     if left() == 0:
         not_run[CEILING] = f"no time left of the budget ({budget_s:g} s)"
@@ -283,7 +329,8 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     path = docs / f"{slug(name)}.md"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     label = f"`servelab lab {' '.join(lab_args)}`, " + (f"exit {lab_code}" if lab_code is not None else "stopped")
-    path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run, checkout_commit()),
+    path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run, checkout_commit(),
+                                    designs),
                     encoding="utf-8")
     ok = code == 0 and lab_code == 0 and tests is not None and tests.failed == 0
     for part, why in not_run.items():

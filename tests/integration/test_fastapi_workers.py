@@ -2,13 +2,17 @@
 each with its model or all in front of one batcher process (SHARED_BATCHER, servelab.servers.fastapi.shared):
 one service to its clients, whatever happens to one of its processes."""
 
+import ast
 import asyncio
 import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,7 +22,7 @@ import pytest
 from fastapi_service import admin, b64, metric_samples
 from servelab.core.catalogue import SERVICES
 from servelab.core.photos import evaluation_set
-from servelab.core.procs import ServerProcess, free_port, wait_until
+from servelab.core.procs import SHARE_ENV, ServerProcess, free_port, wait_until
 from servelab.core.settings import ServeSettings, Settings
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.fastapi.shared import BATCHER_MODULE, SharedBatcher
@@ -44,6 +48,34 @@ def workers_of(server: ServerProcess) -> list[psutil.Process]:
 def batcher_of(server: ServerProcess) -> psutil.Process:
     (batcher,) = [p for p in psutil.Process(server.pid).children() if BATCHER_MODULE in p.cmdline()]
     return batcher
+
+
+def named_shm(processes: list[psutil.Process]) -> set[str]:
+    """What the processes map from /dev/shm, by name: what a SIGKILL would leave there."""
+    return {Path(m.path).name for p in processes for m in p.memory_maps() if m.path.startswith("/dev/shm/")}
+
+
+def arenas(process: psutil.Process) -> int:
+    """Arenas (shared.Arena) the process holds open: nameless files (memfd), in no folder; by inode, as a
+    mapping holds a descriptor of its own."""
+    held = set()
+    for fd in Path(f"/proc/{process.pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith("/memfd:servelab-arena"):
+                held.add(os.stat(fd).st_ino)
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return len(held)
+
+
+def frameworks(process: psutil.Process) -> set[str]:
+    """The model frameworks the process has loaded (their native libraries are mapped)."""
+    names = {"onnxruntime": "onnxruntime_pybind11_state", "torch": "libtorch_cpu"}
+    return {name for name, lib in names.items() if any(lib in m.path for m in process.memory_maps())}
+
+
+def in_dev_shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
 
 
 def whole(server: ServerProcess, url: str) -> bool:
@@ -89,6 +121,10 @@ def test_the_processes_answer_as_one_service(service):
     assert ready["workers"] == {"processes": WORKERS, "ready": WORKERS, "versions": [ready["model_version"]]}
     processes = workers_of(server)
     assert len(processes) == WORKERS
+    # A process in front of the batcher holds no model, so no framework either: the batcher alone loads it.
+    shared = "batcher" in ready["runtime"]
+    assert [frameworks(p) for p in processes] == [set() if shared else {"onnxruntime"}] * WORKERS
+    assert not shared or frameworks(batcher_of(server)) == {"onnxruntime"}
     cpu_before = [sum(p.cpu_times()[:2]) for p in processes]
     counted = predictions(url)
     answers = fresh(url, PHOTO, 40)
@@ -105,12 +141,16 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
     counted = predictions(url)
     assert [a.status_code for a in fresh(url, photo, 10)] == [200] * 10
     victim = workers_of(server)[0]
+    shared = "batcher" in httpx.get(f"{url}/ready").json()["runtime"]
+    assert arenas(victim) == shared and (not shared or arenas(batcher_of(server)) == WORKERS)
+    named = named_shm([victim])
     victim.kill()
     victim.wait(10)
     # The other process takes every connection until the replacement is warm: none is refused, none 503.
     assert [a.status_code for a in fresh(url, photo, 20)] == [200] * 20
     wait_until(lambda: victim.pid not in [p.pid for p in workers_of(server)] and whole(server, url), "a replacement",
                120)
+    assert not named & in_dev_shm()  # nothing of the victim's stays in /dev/shm
     assert httpx.get(f"{url}/ready").json()["workers"]["ready"] == WORKERS
     # The dead process's counts stay in the service's totals.
     assert predictions(url) == counted + 30
@@ -136,13 +176,17 @@ def test_a_reload_reaches_every_process_before_it_answers(service):
 
 
 @SHARED
-def test_a_stop_lets_requests_in_flight_finish_and_frees_the_port(artifacts, tmp_path, shared):
-    port = free_port()
-    server = fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, shared), ready_timeout=120).start()
+def test_a_stop_of_the_group_lets_requests_in_flight_finish_and_leaves_nothing(artifacts, tmp_path, shared):
+    """SIGTERM to the whole process group (what ``ServerProcess.stop`` sends): the server processes finish their
+    requests, the batcher serves them until they have gone and nothing starts another; the port is free and
+    nothing of the service stays in /dev/shm."""
+    port, log = free_port(), tmp_path / "serve.log"
+    server = fastapi_process(ONNX, port, log, env_of(artifacts, shared), ready_timeout=120).start()
     try:
         url, photo = f"http://127.0.0.1:{port}", PHOTO
         body = {"images": [b64(photo)] * 16}  # the most a request may carry: hundreds of ms each on 2 CPUs
         processes = workers_of(server) + ([batcher_of(server)] if shared else [])
+        named = named_shm(processes)
         # A request still in the listen backlog at the signal is reset, as it should be: the signal waits until
         # all four reached a handler (being handled, or done), summed over the processes; the scrape counts itself.
         def reached() -> float:
@@ -153,35 +197,86 @@ def test_a_stop_lets_requests_in_flight_finish_and_frees_the_port(artifacts, tmp
         with ThreadPoolExecutor(4) as pool:
             pending = [pool.submit(httpx.post, f"{url}/predict/batch", json=body, timeout=60) for _ in range(4)]
             wait_until(lambda: reached() >= 4, "the four requests at a handler", 30)
-            os.kill(server.pid, signal.SIGTERM)
+            os.killpg(server.pid, signal.SIGTERM)
             assert [f.result().status_code for f in pending] == [200] * 4
         server.proc.wait(30)
         psutil.wait_procs(processes, timeout=10)
         assert not [p.pid for p in processes if p.is_running()]
+        assert "starting another" not in log.read_text()  # no batcher was started during the stop
         with socket.socket() as s:  # nothing of the service listens on the port (its closed connections may linger)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
+        assert not named & in_dev_shm()
+    finally:
+        server.stop()
+
+
+def test_a_sigkill_of_the_group_leaves_nothing_in_dev_shm(artifacts, tmp_path):
+    port = free_port()
+    server = fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, True), ready_timeout=120).start()
+    try:
+        assert [a.status_code for a in fresh(f"http://127.0.0.1:{port}", PHOTO, 6)] == [200] * 6
+        processes = workers_of(server) + [batcher_of(server)]
+        assert [arenas(p) for p in processes] == [1] * WORKERS + [WORKERS]
+        named = named_shm(processes)
+        os.killpg(server.pid, signal.SIGKILL)
+        psutil.wait_procs(processes, timeout=10)
+        assert not named & in_dev_shm(), named
     finally:
         server.stop()
 
 
 def test_workers_default_to_one_per_cpu_on_the_cpu_and_follow_the_setting(monkeypatch):
     assert worker_count(ServeSettings(workers=3), "onnx") == 3
-    assert worker_count(ServeSettings(ort_providers="cpu"), "onnx") == len(os.sched_getaffinity(0))
-    assert worker_count(ServeSettings(torch_device="cpu"), "pytorch") == len(os.sched_getaffinity(0))
+    assert worker_count(ServeSettings(ort_providers="cpu"), "onnx") == min(len(os.sched_getaffinity(0)), 8)
+    assert worker_count(ServeSettings(torch_device="cpu"), "pytorch") == min(len(os.sched_getaffinity(0)), 8)
+    monkeypatch.setenv(SHARE_ENV, "48")  # a machine of 48 CPUs: auto stops at 8, a setting does not
+    assert worker_count(ServeSettings(ort_providers="cpu"), "onnx") == 8
+    assert worker_count(ServeSettings(ort_providers="cpu", workers=12), "onnx") == 12
     # On the CPU each process keeps its model unless asked; one process never needs a batcher of its own.
     assert not shares_batcher(ServeSettings(ort_providers="cpu"), "onnx", 2)
     assert shares_batcher(ServeSettings(ort_providers="cpu", shared_batcher=True), "onnx", 2)
     assert not shares_batcher(ServeSettings(shared_batcher=True), "onnx", 1)
 
 
+def test_no_process_is_started_with_preexec_fn_from_a_thread():
+    """Python documents preexec_fn as unsafe where threads run: ServerProcess alone passes one, from the main
+    thread only (``_preexec``); the batcher process, started from a thread, calls die_with_parent itself."""
+    repo = Path(__file__).resolve().parents[2]
+    passing = {str(path.relative_to(repo)) for path in (repo / "servelab").rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.keyword)
+               and node.arg == "preexec_fn"}
+    assert passing == {"servelab/core/procs.py"}
+
+
+def test_two_batchers_each_hold_the_model_for_half_of_the_server_processes(artifacts, tmp_path):
+    """BATCHERS=2, what two visible GPUs give (each batcher its own GPU): the server processes spread evenly."""
+    port = free_port()
+    with fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, True, BATCHERS="2"),
+                         ready_timeout=120) as server:
+        assert [a.status_code for a in fresh(f"http://127.0.0.1:{port}", PHOTO, 8)] == [200] * 8
+        batchers = [p for p in psutil.Process(server.pid).children() if BATCHER_MODULE in p.cmdline()]
+        assert [arenas(b) for b in batchers] == [1, 1]  # one server process's arena each
+        assert [frameworks(b) for b in batchers] == [{"onnxruntime"}] * 2
+
+
+def test_the_apps_import_no_model_framework_until_they_load_a_model():
+    """uvicorn imports the app in every server process; beside a batcher process none loads a model."""
+    check = "import sys, fastapi_pt.app, fastapi_onnx.app; print(sorted({'torch', 'onnxruntime'} & set(sys.modules)))"
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
+
+
 @pytest.fixture(scope="module")
 def batching(artifacts, tmp_path_factory):
-    """Two server processes before one batcher that waits up to 3 s for a batch of 8: requests stay there. One
-    for the module: the batcher's tests count batches and restarts from what they did themselves."""
+    """Two server processes before one batcher that waits up to 3 s for a batch of 8: requests stay there. The
+    service holds 3 at most. One for the module: the batcher's tests count batches and restarts from what they
+    did themselves."""
     port, log = free_port(), tmp_path_factory.mktemp("batching") / "serve.log"
-    env = env_of(artifacts, True, MAX_BATCH_SIZE="8", BATCH_TIMEOUT_MS="3000")
+    env = env_of(artifacts, True, MAX_BATCH_SIZE="8", BATCH_TIMEOUT_MS="3000", MAX_QUEUE_REQUESTS="3")
     with fastapi_process(ONNX, port, log, env, ready_timeout=120) as server:
         yield server, f"http://127.0.0.1:{port}", log
 
@@ -212,6 +307,17 @@ def test_the_batcher_forms_one_batch_from_every_processs_requests(batching, arti
     assert (len(three.logits), len(five.logits)) == (3, 5)
     assert three.batch_size == five.batch_size == 8 and three.infer_s == five.infer_s  # one inference
     np.testing.assert_array_equal(three.logits, five.logits[:3])  # the same images, the same answers
+
+
+def test_the_queue_bound_is_the_services_not_each_processs(batching):
+    """MAX_QUEUE_REQUESTS=3 over two server processes: three requests wait at the batcher, whichever process took
+    them; every other is shed."""
+    server, url, _ = batching
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: fresh(url, PHOTO, 1)[0], range(8)))
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [200] * 3 + [503] * 5, codes
+    assert {a.json()["shed"] for a in answers if a.status_code == 503} == {"queue_full"}
 
 
 def test_a_batcher_that_dies_loses_no_request_and_comes_back(batching):

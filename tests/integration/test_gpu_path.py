@@ -19,7 +19,15 @@ from servelab.core.hardware import (
     runs_on_triton,
     stage_env,
 )
-from servelab.tools.gpu_check import PytestOutcome, checkout_commit, record_markdown, run_tests, run_within, slug
+from servelab.tools.gpu_check import (
+    DESIGNS,
+    PytestOutcome,
+    checkout_commit,
+    record_markdown,
+    run_tests,
+    run_within,
+    slug,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 without_gpu = pytest.mark.skipif(gpu_count() > 0, reason="what a machine without a GPU does")
@@ -48,7 +56,8 @@ def test_gpu_without_a_gpu_is_an_error_that_says_why():
 
 
 def test_on_the_gpu_every_server_must_really_use_it():
-    assert stage_env("gpu") == {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1"}
+    # One FastAPI server process with its model: the design that has run on a GPU (an H200).
+    assert stage_env("gpu") == {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1", "WORKERS": "1"}
     assert stage_env("cpu")["ORT_PROVIDERS"] == "cpu" and stage_env("cpu")["REQUIRE_GPU"] == "0"
 
 
@@ -175,6 +184,13 @@ def test_the_gpu_record_names_what_the_budget_cut_and_never_counts_it_passed():
     assert "- **onnx-fp16**: the time budget (200 s)" in section and "- **GPU tests**: stopped" in section
     assert "not run to the end: stopped by the time budget (285 s)" in md and "passed" not in md
     assert "## Not run: cut by the time budget\n\nnothing" in record_markdown([], {}, None, "x", "today")
+
+
+def test_the_gpu_record_says_which_fastapi_design_served_more():
+    one, shared = DESIGNS
+    assert "WORKERS" in DESIGNS[one] and DESIGNS[one]["WORKERS"] == stage_env("gpu")["WORKERS"]  # the lab's default
+    md = record_markdown([], {}, None, "x", "today", designs={one: 650.0, shared: 520.0})
+    assert f"| {shared} | 520.0 |" in md and f"Served more here: **{one}** (1.25×)." in md
 
 
 def test_the_gpu_record_names_the_commit_it_ran(tmp_path):

@@ -2,31 +2,38 @@
 says how they use it): it loads each model a connection asks for, warms it up, batches every connection's
 requests together and answers each with its rows of the logits.
 
-``python -m servelab.servers.fastapi.batcher_process <app> <socket>``, started by ``shared.BatcherProcess``;
-``<app>`` is the app whose ``load`` opens the model (``fastapi_onnx.app:app``).
+``python -m servelab.servers.fastapi.batcher_process <app> <socket> <parent pid>``, started by
+``shared.BatcherProcess``; ``<app>`` is the app whose ``load`` opens the model (``fastapi_onnx.app:app``).
+SIGTERM stops it once the server processes connected to it have gone: a stop of the whole process group
+drains them first, as they need the batcher for the requests they finish.
 """
 
 import asyncio
 import importlib
 import logging
 import os
+import signal
+import socket
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from servelab.core.procs import die_with_parent
 from servelab.core.settings import ServeSettings, get_settings
 from servelab.servers.fastapi.errors import Overloaded
 from servelab.servers.fastapi.metrics import Metrics
 from servelab.servers.fastapi.pipeline import Pipeline, photo_text, warm
 from servelab.servers.fastapi.runtimes import max_infer_batch
-from servelab.servers.fastapi.shared import frame, read_frame
+from servelab.servers.fastapi.shared import frame, read_frame, recv_hello, slots_of
 
 log = logging.getLogger("servelab.servers.fastapi")
+
+HELLO_S = 10.0  # a server process sends its hello as it connects
+STOP_S = 30.0  # a stopped batcher serves this long at most, for the server processes draining (10 s each)
 
 
 @dataclass
@@ -86,11 +93,14 @@ class Batcher:
             log.info("batcher: closing the model in %s (variant %s): no server process uses it", *key)
             await (await task).pipeline.close()
 
-    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        key = memory = images = None
+    async def connection(self, conn: socket.socket) -> None:
+        key = fd = memory = images = writer = None
         answering: set[asyncio.Task] = set()
         try:
-            asked, _ = await read_frame(reader)
+            # Read before the socket becomes a stream's, whose reads would drop the descriptor on the first byte.
+            conn.settimeout(HELLO_S)
+            fd, asked = await asyncio.to_thread(recv_hello, conn)
+            reader, writer = await asyncio.open_unix_connection(sock=conn)
             key = (asked["model_dir"], asked.get("variant"))
             try:
                 held = await self.acquire(key)
@@ -100,18 +110,14 @@ class Batcher:
                 writer.write(frame({"error": type(exc).__name__, "detail": str(exc)}))
                 return
             writer.write(frame(held.described))
-            arena, _ = await read_frame(reader)
-            memory = shared_memory.SharedMemory(name=arena["arena"])
-            # The server process owns it: Python 3.11 would otherwise unlink it when this process exits (gh-82300).
-            resource_tracker.unregister(memory._name, "shared_memory")  # noqa: SLF001
-            image = held.described["image"]
-            images = np.ndarray((arena["slots"], *image["shape"]), image["dtype"], buffer=memory.buf)
             while True:
                 header, _ = await read_frame(reader)
+                if images is None:  # the server process sized its arena before it sent anything
+                    memory, images = slots_of(fd, held.described["image"]["shape"], held.described["image"]["dtype"])
                 task = asyncio.create_task(self._infer(held.pipeline, images[header["slots"]], header, writer))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass  # the server process closed the connection or died
         finally:
             for task in answering:
@@ -120,7 +126,12 @@ class Batcher:
             images = None
             if memory is not None:
                 memory.close()
-            writer.close()
+            if fd is not None:
+                os.close(fd)
+            if writer is None:
+                conn.close()
+            else:
+                writer.close()
             if key is not None:
                 await self.release(key)
 
@@ -139,20 +150,42 @@ class Batcher:
                             "infer_s": done.infer_s, "batch_size": done.batch_size}, logits.tobytes()))
 
 
-async def _serve(app: str, path: str) -> None:
+async def _serve(app: str, path: str) -> int:
     settings = get_settings()
     batcher = Batcher(importlib.import_module(app.partition(":")[0]).load, settings)
-    server = await asyncio.start_unix_server(batcher.connection, path=path + ".new")
-    os.replace(path + ".new", path)  # server processes connect only once it accepts
-    log.info("batcher: serving the server processes at %s", path)
-    async with server:
-        await server.serve_forever()
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path + ".new")
+        listener.listen(128)
+        listener.setblocking(False)
+        os.replace(path + ".new", path)  # server processes connect only once it accepts
+        log.info("batcher: serving the server processes at %s", path)
+        connections: set[asyncio.Task] = set()
+
+        async def accept() -> None:
+            while True:
+                conn, _ = await loop.sock_accept(listener)
+                connections.add(task := asyncio.create_task(batcher.connection(conn)))
+                task.add_done_callback(connections.discard)
+
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        accepting = asyncio.create_task(accept())
+        await stop.wait()
+        accepting.cancel()
+        await asyncio.gather(accepting, return_exceptions=True)
+    # A stop drains the server processes first: they finish their requests here, then go. Exit 0 says they all
+    # went (the service is stopping: nothing starts another batcher); 1, that some were still there.
+    log.info("batcher: stopping once the %d server process(es) connected have gone", len(connections))
+    _, left = await asyncio.wait(connections, timeout=STOP_S) if connections else (None, ())
+    return 1 if left else 0
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    app, path = sys.argv[1:3]
-    asyncio.run(_serve(app, path))
+    app, path, parent = sys.argv[1:4]
+    die_with_parent(int(parent))  # here, not before exec: the parent starts this process from a thread
+    sys.exit(asyncio.run(_serve(app, path)))
 
 
 if __name__ == "__main__":

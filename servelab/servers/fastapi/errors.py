@@ -15,6 +15,9 @@ retry policies already treat as retryable on another replica or later.
 """
 
 import asyncio
+import fcntl
+import os
+from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +26,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.core.preprocess import ImageError, ImageTooLarge
+from servelab.core.procs import take_place
 from servelab.servers.fastapi.schemas import ErrorResponse, ShedResponse, ValidationErrorResponse
 
 # Retry-After of a shed request, in whole seconds (HTTP's unit; 1 is its least): a bounded queue drains
@@ -84,18 +88,35 @@ class QueueBoundMiddleware:
     that ignores ``Retry-After`` and sends again at once would otherwise make refusals as fast as the service
     can answer them, and on a machine it shares with its clients those refusals take the CPU the accepted
     requests need (benchmarks/retry_storm.py). At most ``max_holding`` refusals wait at once; past that one is
-    answered at once, so a flood of connections cannot pile up in memory."""
+    answered at once, so a flood of connections cannot pile up in memory.
 
-    def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024):
+    Beside other server processes (``shared``: a file in the folder they share) the bound is the service's, not
+    each process's: a request holds one of its ``limit`` places (``procs.take_place``)."""
+
+    def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024,
+                 shared: Path | None = None):
         self.app, self.limit, self.held = app, limit, 0
         self.hold_s, self.max_holding, self.holding = hold_s, max_holding, 0
+        self.places = None if shared is None else os.open(shared, os.O_RDWR | os.O_CREAT, 0o600)
+        self.mine: set[int] = set()
+
+    def _take(self) -> int | None:
+        """A place for one more request, or None where the service holds ``limit`` already."""
+        if self.places is None:
+            return None if self.held >= self.limit else -1
+        return take_place(self.places, self.limit, self.mine)
+
+    def _give(self, place: int) -> None:
+        if place >= 0:
+            fcntl.lockf(self.places, fcntl.LOCK_UN, 1, place)
+            self.mine.discard(place)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
             await self.app(scope, receive, send)
             return
-        if self.held >= self.limit:
-            full = Overloaded("queue_full", f"shed: the service holds {self.held} requests and takes at most "
+        if (place := self._take()) is None:
+            full = Overloaded("queue_full", f"shed: the service holds {self.limit} requests and takes at most "
                                             f"{self.limit} (MAX_QUEUE_REQUESTS); it is overloaded, retry later")
             if self.hold_s and self.holding < self.max_holding:
                 self.holding += 1
@@ -110,6 +131,7 @@ class QueueBoundMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.held -= 1
+            self._give(place)
 
 
 class BodyLimitMiddleware:
@@ -177,10 +199,10 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI, max_body_bytes: int, max_queue_requests: int = 0,
-                           shed_hold_s: float = 0.0) -> None:
+                           shed_hold_s: float = 0.0, shared_queue: Path | None = None) -> None:
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     if max_queue_requests:  # outside the body limit: a shed request's body is never read
-        app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests, hold_s=shed_hold_s)
+        app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests, hold_s=shed_hold_s, shared=shared_queue)
     app.add_exception_handler(ImageError, _image_error)
     app.add_exception_handler(WorkerLost, _worker_lost)
     app.add_exception_handler(Overloaded, _overloaded)

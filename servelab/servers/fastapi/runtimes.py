@@ -36,6 +36,7 @@ from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.core.variants.build import PRECISION, variant_path
 from servelab.servers.fastapi.shared import SOCKET_ENV, SharedBatcher
+from servelab.servers.fastapi.workers import Siblings, claim
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -191,8 +192,10 @@ def _checked(backend: Backend, settings: ServeSettings, allow_gpu_only_on_cpu: b
 def _batchers_model(settings: ServeSettings) -> Backend | None:
     """Beside a batcher process (SHARED_BATCHER): the model it serves, which this process never loads, with
     inference there (``shared.SharedBatcher``, the pipeline's batcher); else None."""
-    if not (path := os.environ.get(SOCKET_ENV)):
+    if not (paths := os.environ.get(SOCKET_ENV)):
         return None
+    paths = paths.split(os.pathsep)  # one batcher per GPU: this process's is the one its place gives
+    path = paths[claim(siblings.folder, siblings.expected) % len(paths)] if (siblings := Siblings.here()) else paths[0]
     remote = SharedBatcher(path, settings, max_infer_batch(settings))
     d = remote.described
     return Backend(d["kind"], remote.infer, model_manifest(settings)[1], d["on_gpu"], d["intra_op_threads"],

@@ -31,7 +31,6 @@ body is read), and a reload loads only a ``model_dir`` that resolves inside ``MO
 import asyncio
 import hmac
 import logging
-import math
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -455,10 +454,9 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     """Everything but ``POST /predict``: ``/predict/batch``, ``/health``, ``/ready``, ``/metrics``, the error
     contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
     settings = service.settings
-    # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, each holds its share.
-    processes = service.siblings.expected if service.siblings else 1
-    install_error_handlers(app, settings.max_body_bytes, math.ceil(settings.max_queue_requests / processes),
-                           settings.shed_hold_ms / 1000)
+    # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, through a file they share.
+    install_error_handlers(app, settings.max_body_bytes, settings.max_queue_requests, settings.shed_hold_ms / 1000,
+                           service.siblings.folder / "queue.places" if service.siblings else None)
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")

@@ -8,14 +8,17 @@ front ends the same way). Each model copy would otherwise take a CUDA context an
 batches N times smaller.
 
 A server process writes a request's images into shared memory of its own (``Arena``: a slot per image) and
-sends the batcher a few bytes over a Unix socket: which slots, which shape. The batcher
+sends the batcher a few bytes over a Unix socket: which slots, which shape. The arena is a file without a name
+(``memfd_create``) whose descriptor goes to the batcher over the socket: nothing of it is in /dev/shm, and the
+kernel frees it once both processes have closed it, however they end (a SIGKILL too). The batcher
 (``servelab.servers.fastapi.batcher_process``) copies them out, runs them in its batches and answers with
 the logits (a few floats per image). No image crosses the socket. This module is the server processes' side.
 
 * The batcher loads a model when a connection first asks for it (its *hello*: the model folder and variant)
   and keeps it while a connection uses it or it is the newest asked for. After a reload the replaced model
   serves, here too, the requests that arrived before the swap, then closes.
-* A batcher process that dies is started again by ``serve``'s parent (``BatcherProcess``). Each server
+* A batcher process that dies is started again by ``serve``'s parent (``BatcherProcess``); one stopped (SIGTERM)
+  ends once every server process has gone, and is not. Each server
   process reconnects and sends again, once, every request it was waiting on: their images are still in its
   shared memory. Nothing is lost; they wait for the new batcher's warm-up, and ``/ready`` says 503 meanwhile.
 * The batcher's batch sizes and inference times add up with the server processes' figures in ``/metrics``
@@ -25,6 +28,7 @@ the logits (a few floats per image). No image crosses the socket. This module is
 import asyncio
 import json
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -33,14 +37,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import numpy as np
 
-from servelab.core.procs import die_with_parent
 from servelab.core.settings import ServeSettings
 from servelab.servers.fastapi.batcher import BatchResult
 from servelab.servers.fastapi.errors import Overloaded, WorkerLost
@@ -76,18 +78,35 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(data)
 
 
-def hello(path: str, settings: ServeSettings, timeout_s: float = CONNECT_S) -> tuple[socket.socket, dict[str, Any]]:
+def recv_frame(sock: socket.socket) -> dict[str, Any]:
+    """The next frame's header from a blocking socket (the hellos carry no payload)."""
+    size, _ = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
+    return json.loads(_recv_exactly(sock, size))
+
+
+def recv_hello(sock: socket.socket) -> tuple[int | None, dict[str, Any]]:
+    """The batcher's side of ``hello``: the arena's descriptor (None: a connection that only checks the model)
+    and the model asked for."""
+    first, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if not first:
+        raise ConnectionError("the server process closed the connection")
+    return (fds[0] if fds else None), recv_frame(sock)
+
+
+def hello(path: str, settings: ServeSettings, arena: int | None = None,
+          timeout_s: float = CONNECT_S) -> tuple[socket.socket, dict[str, Any]]:
     """A blocking connection to the batcher at ``path`` serving ``settings``' model, and the model's description
-    (the batcher loads and warms it first, where no connection has asked for it yet). Retries while the batcher
-    starts; a model it cannot load raises what the batcher raised (FileNotFoundError, else RuntimeError)."""
+    (the batcher loads and warms it first, where no connection has asked for it yet). ``arena``: the descriptor
+    of this process's arena, passed on the first byte (SCM_RIGHTS). Retries while the batcher starts; a model it
+    cannot load raises what the batcher raised (FileNotFoundError, else RuntimeError)."""
     deadline = time.monotonic() + timeout_s
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
+            socket.send_fds(sock, [b"\0"], [] if arena is None else [arena])
             sock.sendall(frame({"model_dir": str(settings.model_dir), "variant": settings.onnx_variant}))
-            size, _ = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
-            described = json.loads(_recv_exactly(sock, size))
+            described = recv_frame(sock)
             break
         # Not started yet, or a killed one's socket: refused, or accepted into its backlog and reset as it closes.
         except (FileNotFoundError, ConnectionError):
@@ -104,12 +123,21 @@ def hello(path: str, settings: ServeSettings, timeout_s: float = CONNECT_S) -> t
     return sock, described
 
 
-class Arena:
-    """A server process's shared memory for the images it has at the batcher: one slot per image."""
+def slots_of(fd: int, shape: list[int], dtype: str) -> tuple[mmap.mmap, np.ndarray]:
+    """An arena's file mapped, and its slots: as many images of ``shape`` as the file holds."""
+    memory = mmap.mmap(fd, os.fstat(fd).st_size)
+    return memory, np.ndarray((len(memory) // (int(np.prod(shape)) * np.dtype(dtype).itemsize), *shape), dtype,
+                              buffer=memory)
 
-    def __init__(self, slots: int, shape: list[int], dtype: str):
-        self.memory = shared_memory.SharedMemory(create=True, size=slots * int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        self.images = np.ndarray((slots, *shape), dtype, buffer=self.memory.buf)
+
+class Arena:
+    """A server process's shared memory for the images it has at the batcher: one slot per image, in the file
+    ``fd`` (a memfd, already passed to the batcher: the batcher maps it once it has this size)."""
+
+    def __init__(self, fd: int, slots: int, shape: list[int], dtype: str):
+        self.fd = fd
+        os.ftruncate(fd, slots * int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        self.memory, self.images = slots_of(fd, shape, dtype)
         self.free = list(range(slots))
         self.freed = asyncio.Condition()
 
@@ -129,7 +157,7 @@ class Arena:
     def close(self) -> None:
         del self.images  # a view of the memory: it cannot close while one exists
         self.memory.close()
-        self.memory.unlink()
+        os.close(self.fd)
 
 
 @dataclass
@@ -145,12 +173,16 @@ class SharedBatcher:
 
     def __init__(self, path: str, settings: ServeSettings, slots: int):
         self.path, self.settings = path, settings
-        self._sock, self.described = hello(path, settings)  # blocking: in the app's load thread, before the loop
+        fd = os.memfd_create("servelab-arena")
+        try:  # blocking: in the app's load thread, before the loop
+            self._sock, self.described = hello(path, settings, fd)
+        except BaseException:
+            os.close(fd)
+            raise
         self.instances = self.described["instances"]  # the batcher's inferences at once
         image = self.described["image"]
-        self.arena: Arena | None = None
-        self._slots = max(ARENA_SLOTS, slots)
-        self._image = (image["shape"], image["dtype"])
+        # Sized before any request goes: the batcher maps it when the first arrives.
+        self.arena = Arena(fd, max(ARENA_SLOTS, slots), image["shape"], image["dtype"])
         self._writer: asyncio.StreamWriter | None = None
         self._waiting: dict[int, _Waiting] = {}
         self._ids = 0
@@ -164,12 +196,10 @@ class SharedBatcher:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.arena = Arena(self._slots, *self._image)
         self._task = self._loop.create_task(self._run(), name="shared-batcher")
 
     async def _attach(self, sock: socket.socket) -> asyncio.StreamReader:
         reader, self._writer = await asyncio.open_unix_connection(sock=sock)
-        self._writer.write(frame({"arena": self.arena.memory.name, "slots": self._slots}))
         for waiting in self._waiting.values():  # a new batcher: what the last one had not answered, again
             if waiting.future.done():  # its caller went away
                 continue
@@ -202,7 +232,7 @@ class SharedBatcher:
         """A connection to the batcher started again, serving this model; meanwhile, requests wait for it."""
         while True:
             try:
-                sock, described = await asyncio.to_thread(hello, self.path, self.settings)
+                sock, described = await asyncio.to_thread(hello, self.path, self.settings, self.arena.fd)
                 if described["version"] == self.described["version"]:
                     return sock
                 sock.close()  # the model's folder changed under the batcher: this model is gone
@@ -267,8 +297,7 @@ class SharedBatcher:
             self._writer.close()
         else:
             self._sock.close()
-        if self.arena is not None:
-            self.arena.close()
+        self.arena.close()
 
 
 class BatcherProcess:
@@ -282,14 +311,15 @@ class BatcherProcess:
         self._thread = threading.Thread(target=self._keep, name="batcher-process", daemon=True)
 
     def _keep(self) -> None:
-        # Started from this thread, so the process dies with it (die_with_parent: the thread's end signals it).
-        parent = os.getpid()
+        # The batcher dies with this thread (die_with_parent, called there: never preexec_fn from a thread).
         while not self._stopping.is_set():
             self.path.unlink(missing_ok=True)
-            self.proc = subprocess.Popen([sys.executable, "-m", BATCHER_MODULE, self.app, str(self.path)], env=self.env,
-                                         preexec_fn=lambda: die_with_parent(parent))
+            self.proc = subprocess.Popen([sys.executable, "-m", BATCHER_MODULE, self.app, str(self.path),
+                                          str(os.getpid())], env=self.env)
             self._started.set()
             code = self.proc.wait()
+            if code == 0:  # stopped after every server process had gone: the service is stopping
+                return
             if not self._stopping.is_set():
                 print(f"ERROR:    servelab: the batcher process (pid {self.proc.pid}) ended with {code}; starting "
                       "another: the server processes send it what they were waiting on", file=sys.stderr, flush=True)

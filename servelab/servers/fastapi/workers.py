@@ -6,8 +6,10 @@ model runs on the CPU, batching buys nothing (docs/variants.md), so ``serve`` st
 the same app with uvicorn's supervisor: the parent binds the port, each child accepts from it, and the
 parent replaces a child that dies. Each child runs on its share of the CPUs (``SHARE_ENV``, read by
 ``servelab.core.procs.cpu_count``), so its threads are sized as one process's would be on that many cores.
-On a GPU the children load no model: one batcher process holds it and batches every child's requests, so
-batches fill as behind one process (``SHARED_BATCHER``, ``servelab.servers.fastapi.shared``).
+With ``SHARED_BATCHER`` the children load no model: one batcher process per visible GPU holds it and batches
+the requests of its share of the children, so batches fill as behind one process per GPU
+(``servelab.servers.fastapi.shared``); each child takes a place (``claim``), and place i goes to batcher
+i modulo their number.
 
 The children share a folder (``Siblings``), so the service still answers as one:
 
@@ -29,19 +31,23 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from prometheus_client import multiprocess
 
-from servelab.core.hardware import gpu_count
-from servelab.core.procs import SHARE_ENV, cpu_count
+from servelab.core.hardware import gpu_count, visible_gpus
+from servelab.core.procs import SHARE_ENV, cpu_count, take_place
 from servelab.core.settings import ServeSettings
 
 FOLDER_ENV, COUNT_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
 WANTED = "model.json"
 FOLLOW_POLL_S = 0.05
+# WORKERS=auto's most, whatever the machine's size: each process is an interpreter with its memory (and beside a
+# batcher, its arena and connection); past 8, each just takes a larger share of the CPUs.
+AUTO_WORKERS_MAX = 8
 
 
 def on_gpu(settings: ServeSettings, runtime: str) -> bool:
@@ -51,11 +57,28 @@ def on_gpu(settings: ServeSettings, runtime: str) -> bool:
 
 
 def worker_count(settings: ServeSettings, runtime: str) -> int:
-    """WORKERS, else one process per CPU, but one where the model runs on a GPU without a shared batcher
-    (each process would load a model of its own there)."""
+    """WORKERS, else one process per CPU up to ``AUTO_WORKERS_MAX``, but one where the model runs on a GPU without
+    a shared batcher (each process would load a model of its own there)."""
     if settings.workers != "auto":
         return settings.workers
-    return 1 if on_gpu(settings, runtime) and settings.shared_batcher is False else cpu_count()
+    return 1 if on_gpu(settings, runtime) and settings.shared_batcher is False else min(cpu_count(), AUTO_WORKERS_MAX)
+
+
+def batcher_devices(settings: ServeSettings, runtime: str) -> list[str | None]:
+    """Where each batcher process runs: a visible GPU each (its CUDA_VISIBLE_DEVICES), or on the CPU (None)
+    as many as BATCHERS says (1 unless set)."""
+    gpus = visible_gpus() if on_gpu(settings, runtime) else []
+    count = settings.batchers if settings.batchers != "auto" else max(1, len(gpus))
+    return [gpus[i % len(gpus)] if gpus else None for i in range(count)]
+
+
+@cache
+def claim(folder: Path, count: int) -> int:
+    """One of ``count`` places, kept while this process lives (a reload asks again: the same one): the server
+    processes of a service hold different ones (``take_place``)."""
+    fd = os.open(folder / "processes.places", os.O_RDWR | os.O_CREAT, 0o600)  # open for life: closing drops locks
+    place = take_place(fd, count, set())
+    return os.getpid() % count if place is None else place  # one more for a moment (a replacement): any will do
 
 
 def shares_batcher(settings: ServeSettings, runtime: str, workers: int) -> bool:
@@ -80,22 +103,27 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
         # The children inherit these (uvicorn spawns them); this process imports no prometheus_client.
         children = {FOLDER_ENV: folder, COUNT_ENV: str(workers), SHARE_ENV: str(share), **metrics}
         shared = shares_batcher(settings, runtime, workers)
+        devices = batcher_devices(settings, runtime) if shared else []
         if shared:
             # Deferred: the batcher's side of the service imports the model's (numpy, the pipeline).
             from servelab.servers.fastapi.shared import SOCKET_ENV, BatcherProcess, hello
 
-            path = Path(folder) / "batcher.sock"
-            batcher.enter_context(BatcherProcess(app, path, {**os.environ, **metrics}))  # every CPU is its
+            paths = [str(Path(folder) / f"batcher-{i}.sock") for i in range(len(devices))]
+            for path, device in zip(paths, devices):  # every CPU is theirs; a GPU each where there are GPUs
+                gpu = {} if device is None else {"CUDA_VISIBLE_DEVICES": device}
+                batcher.enter_context(BatcherProcess(app, Path(path), {**os.environ, **metrics, **gpu}))
             try:  # the model loads and warms up there before any server process starts: a fatal problem ends here
-                hello(str(path), settings)[0].close()
+                for path in paths:
+                    hello(path, settings)[0].close()
             except Exception as exc:  # noqa: BLE001 - said in a line, as a server process's start would
                 sys.exit(f"ERROR:    servelab: the batcher process cannot serve the model: {exc}")
-            children[SOCKET_ENV] = str(path)
+            children[SOCKET_ENV] = os.pathsep.join(paths)
         os.environ.update(children)
+        where = "on the CPU" if None in devices else f"on GPUs {','.join(devices)}"
         # uvicorn's logging is set up once it runs; this line goes before it, beside its own.
         print(f"INFO:     servelab: {workers} server processes on port {port}, {share} CPU(s) each "
-              f"(WORKERS={settings.workers})" + (", one batcher process for the model (SHARED_BATCHER="
-                                                  f"{settings.shared_batcher})" if shared else ""),
+              f"(WORKERS={settings.workers})" + (f", {len(devices)} batcher process(es) for the model {where} "
+                                                  f"(SHARED_BATCHER={settings.shared_batcher})" if shared else ""),
               file=sys.stderr, flush=True)
         uvicorn.run(app, workers=workers, **options)
 
