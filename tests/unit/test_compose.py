@@ -373,12 +373,3 @@ def test_gourmetgram_on_the_head_calls_ray_serve_like_a_fastapi_stage():
     flask = environment(services(head)["flask"])
     assert flask["BACKEND"] == "fastapi" and flask["FASTAPI_SERVER_URL"] == "http://127.0.0.1:8000"
     assert services(head)["flask"]["depends_on"] == {"ray_head": {"condition": "service_healthy"}}
-
-
-def test_the_fastapi_stage_has_shared_memory_for_a_server_process_per_cpu():
-    """On the GPU each server process keeps its images for the batcher process in /dev/shm (SHARED_BATCHER):
-    the arenas of 64 server processes, at the most images one holds of the fp32 model's input, fit."""
-    _, _, document = next(v for v in VARIANTS if v[0].name == "docker-compose-fastapi.yaml")
-    size = re.fullmatch(r"(\d+)gb", str(document["services"]["fastapi_server"]["shm_size"]).lower())
-    arena = max(ARENA_SLOTS, max_infer_batch(ServeSettings())) * 3 * 224 * 224 * 4
-    assert size and int(size[1]) << 30 >= 64 * arena
