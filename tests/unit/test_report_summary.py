@@ -279,3 +279,21 @@ def test_a_lesson_compares_capacities_and_states_latency_at_one_concurrency(tmp_
     assert "| onnx-dyn | 600.0 | 16 senders | 1: 90.0 " in section
     assert "## Capacity: each stage's concurrency sweep" in render_report(records, tmp_path).read_text()
     assert capacity_section([Record.model_validate(r) for r in _raw()]) == []  # records made before the sweep
+
+
+def test_an_open_loop_rate_is_a_fraction_of_the_capacity_its_own_client_measured() -> None:
+    """onnx-dyn's Poisson 17.2 req/s was half of the capacity servelab's client measured (34.4 req/s at 8 senders);
+    where perf_analyzer measured 43.0 req/s at 8 senders, the same rate is 0.40 of its own capacity, and the two
+    clients' row says both (issue 54: 0.9 × servelab's capacity was 0.72 × perf_analyzer's)."""
+    from servelab.report import compare
+
+    raw = _raw()
+    closed, poisson = _ours(raw, "onnx-dyn", "closed", 8), _ours(raw, "onnx-dyn", "open")
+    theirs_closed = json.loads(json.dumps(closed)) | {"tool": "perf_analyzer"}
+    theirs_closed["stats"]["throughput_rps"] = 43.0
+    theirs_open = json.loads(json.dumps(poisson)) | {"tool": "perf_analyzer"}
+    records = [Record.model_validate(r) for r in (*raw, theirs_closed, theirs_open)]
+    [closed_pair, pair] = [p for p in compare.pairs(records) if p.stage == "onnx-dyn"]
+    assert pair.fractions == pytest.approx((17.2 / closed["stats"]["throughput_rps"], 17.2 / 43.0))
+    assert "| 0.50 / 0.40 |" in compare.markdown(compare.pairs(records))
+    assert closed_pair.load == "concurrency 8" and closed_pair.fractions == (None, None)  # a closed loop offers no rate
