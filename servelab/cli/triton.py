@@ -100,7 +100,7 @@ def _stage(args) -> int:
     stage = stages.STAGES[args.name]
     try:
         config = server.apply_stage(target.url, stage, kind=target.kind, onnxruntime=target.onnxruntime,
-                                    repository=target.repository)
+                                    repository=target.repository, key=_control_key(target.url))
     except (OSError, RuntimeError) as exc:
         print(f"triton: could not switch {target.url} to stage {stage.name}: {exc}")
         return 1
@@ -110,6 +110,19 @@ def _stage(args) -> int:
     print(f"# GET /v2/models/{stage.triton.model}/config:")
     print(json.dumps(config, indent=2))
     return 0
+
+
+def _control_key(url: str) -> str:
+    """The Triton's model-control key; in the node's shell, where no ADMIN_TOKEN is set, the one `servelab
+    secrets` wrote for the compose files."""
+    if key := server.control_key(url):
+        return key
+    try:  # deferred: the images leave the container tools out (and give Jupyter ADMIN_TOKEN instead)
+        from servelab.tools.containers import node_secrets
+    except ImportError:
+        return ""
+    secrets_file = node_secrets.SECRETS_DIR / "lab.env"
+    return node_secrets.read(secrets_file).get(node_secrets.FILES["lab.env"], "") if secrets_file.exists() else ""
 
 
 def _down(args) -> int:

@@ -776,6 +776,8 @@ async def run_bench_async(
     if stats.throughput_rps > 0:
         _SEEN[seen] = stats.throughput_rps
     busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
+    answered = len(run.latency_s) + sum(run.errors.values()) + sum(run.shed.values())
+    cpu_ms = 1000 * sum(run.loop_cpu_s) / answered if run.loop_cpu_s and answered else None
     why = bound_reason(stats.throughput_rps, n, found.rps if found else None, busy)
     if why:
         warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
@@ -805,6 +807,7 @@ async def run_bench_async(
                           expected_rps=round(expected, 1) if expected else None, chosen=chosen,
                           warmup_rps_per_cpu=round(own, 1) if own else None,
                           busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
+                          cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )
     if out is not None:

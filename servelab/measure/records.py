@@ -325,6 +325,9 @@ class ClientSide(BaseModel):
     # than the ceiling); None where the warm-up was too short to tell
     warmup_rps_per_cpu: float | None = None
     busy: float | None = None  # the busiest sender's event-loop thread: CPU seconds per second of the window
+    # the sender processes' event-loop threads (where tritonclient and aiohttp do their work): CPU ms per request
+    # answered in the window, the client's own cost beside the server on a shared machine
+    cpu_ms_per_request: float | None = None
     loop_late: int = 0  # open loop: sends the client's own event loop started over 10 ms late (not a slot's wait)
     bound: bool = False
     why: str | None = None  # why the run counts as client-bound

@@ -4,12 +4,17 @@ Both measure the same server with the same photo at the same load, back to back,
 disagree by more than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and
 the row is flagged. Throughput and median latency are compared (the aim of the cross-check); the tail
 percentiles are shown, not flagged, because a few hundred requests make them noisy.
+
+An open-loop rate is a fraction of capacity only against the capacity the same client measured (``own_capacity``):
+where the two clients measured different capacities, one rate is a different fraction for each, and the row
+shows both.
 """
 
 from dataclasses import dataclass
 
 from servelab.core import tables
 from servelab.core.tables import num
+from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
 
 TOLERANCE = 0.10  # flag a ratio outside 0.9-1.1
@@ -22,6 +27,8 @@ class Pair:
     batch: int
     servelab: Record
     perf_analyzer: Record
+    # open loop: the rate ÷ the capacity each client measured (servelab's, perf_analyzer's); None: not known
+    fractions: tuple[float | None, float | None] = (None, None)
 
     @staticmethod
     def _ratio(a: float | None, b: float | None) -> float | None:
@@ -49,6 +56,21 @@ class Pair:
         return f"{said}; servelab's run was client-bound" if self.servelab.client_bound else said
 
 
+def own_capacity(records: list[Record], tool: str, stage: str) -> float | None:
+    """The capacity of ``stage`` that the client ``tool`` measured: servelab's, the top of its sweep
+    (``fractions.capacity``); perf_analyzer's, the most requests/s of its closed-loop runs of the stage (it runs
+    at the sweep's levels right after servelab's client)."""
+    if tool == "servelab":
+        return run.stats.throughput_rps if (run := capacity(records, stage)) else None
+    return max((r.stats.throughput_rps for r in records if r.tool == tool and r.stage == stage and r.batch == 1
+                and r.load.mode in ("sequential", "closed") and not r.failed and not r.config.get("run")), default=None)
+
+
+def _fraction(records: list[Record], run: Record) -> float | None:
+    cap = own_capacity(records, run.tool, run.stage) if run.load.rate else None
+    return run.load.rate / cap if cap else None
+
+
 def pairs(records: list[Record]) -> list[Pair]:
     """Each perf_analyzer record with the latest servelab record of the same stage, load and batch."""
     ours: dict[tuple[str, str, int], Record] = {}
@@ -59,12 +81,14 @@ def pairs(records: list[Record]) -> list[Pair]:
     for r in records:
         key = (r.stage, r.load.label(), r.batch)
         if r.tool == "perf_analyzer" and key in ours:
-            found.append(Pair(*key, servelab=ours[key], perf_analyzer=r))
+            found.append(Pair(*key, servelab=ours[key], perf_analyzer=r,
+                              fractions=(_fraction(records, ours[key]), _fraction(records, r))))
     return found
 
 
 COLUMNS = ("stage", "load", "batch", "req/s servelab", "req/s perf_analyzer", "req/s ratio", "p50 ms servelab",
-           "p50 ms perf_analyzer", "p50 ratio", "p99 ms servelab", "p99 ms perf_analyzer", "verdict")
+           "p50 ms perf_analyzer", "p50 ratio", "p99 ms servelab", "p99 ms perf_analyzer",
+           "rate ÷ own capacity (servelab, perf_analyzer)", "verdict")
 
 
 def rows(found: list[Pair]) -> list[tuple[str, ...]]:
@@ -75,12 +99,13 @@ def rows(found: list[Pair]) -> list[tuple[str, ...]]:
         out.append((p.stage, p.load, str(p.batch),
                     num(s.throughput_rps), num(a and a.throughput_rps), num(a and p.throughput_ratio, 2),
                     num(s.latency.p50_ms), num(a and a.latency.p50_ms), num(a and p.p50_ratio, 2),
-                    num(s.latency.p99_ms), num(a and a.latency.p99_ms), p.verdict))
+                    num(s.latency.p99_ms), num(a and a.latency.p99_ms),
+                    " / ".join(num(f, 2) for f in p.fractions) if any(p.fractions) else "-", p.verdict))
     return out
 
 
 def markdown(found: list[Pair]) -> str:
-    lines = [tables.markdown(COLUMNS, rows(found), align="llr" + "r" * 8 + "l")]
+    lines = [tables.markdown(COLUMNS, rows(found), align="llr" + "r" * 9 + "l")]
     failures = [f"- {p.stage} [{p.load}, batch {p.batch}]: {p.perf_analyzer.failed}" for p in found
                 if p.perf_analyzer.failed]
     return "\n".join(lines + ([""] + failures if failures else []))

@@ -4,8 +4,15 @@ A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic ba
 a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
 failure, queueing under open-loop load, shedding above capacity, a response cache, a rollout under load), measured as a ratio of two of this run's records, with the
 figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
-change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way by more
-than ``NOISE`` is said plainly ("contradicts 4_fastapi: ..."), never hidden. A lesson whose stages were
+change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way is said
+plainly ("contradicts 4_fastapi: ..."), never hidden.
+
+A ratio comes with its spread over the windows its two runs were measured in (``spread``: the least and the
+most of any window of one over any window of the other, from ``config["windows"]``), so that a lesson reads
+the same from one run of the lab to the next: a spread that includes 1 is no measurable change, neither a
+gain, a loss nor a contradiction, whatever the ratio (``judge``); a spread wholly beyond what the notebooks
+expect contradicts them. Runs that kept no windows are judged on the ratio alone, with ``NOISE`` for the spread
+they did not record, and their line says so. A lesson whose stages were
 not both measured says so in one line. Which stages a lesson compares is the catalogue's to say: each
 stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.core.catalogue.compared``).
 
@@ -29,13 +36,23 @@ from servelab.core.hardware import int8_compute
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.core.variants.build import RECORD_FILE, load_variants
-from servelab.measure.fractions import capacity, capacity_ratio, client_bound_note, closed_run, ratio_runs, where
+from servelab.measure.fractions import (
+    WINDOWS,
+    capacity,
+    capacity_ratio,
+    client_bound_note,
+    closed_run,
+    ratio_runs,
+    where,
+)
 from servelab.measure.records import Record, RunKind
 from servelab.report import compare
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
 ROLLOUT_SWITCH_AIM_S = 1.0  # from the new version ready to its first answer in the records (issue 35's aim)
-NOISE = 0.10  # a ratio within 10 % of what the notebooks expect is not a contradiction (two shared CPUs are noisy)
+NOISE = 0.10  # without windows, a ratio within 10 % of what the notebooks expect is not a contradiction
+NO_CHANGE = "no measurable change"
+Spread = tuple[float, float]  # the least and the most a ratio took over its runs' windows
 
 
 @dataclass(frozen=True)
@@ -47,9 +64,11 @@ class Expect:
     at_most: float | None = None  # nor rise above this (plus NOISE)
     notebook: str = ""  # who says it; "" = the notebook that teaches the changed stage (notebook_of)
 
-    def contradicted(self, ratio: float) -> bool:
-        return ((self.at_least is not None and ratio < self.at_least * (1 - NOISE))
-                or (self.at_most is not None and ratio > self.at_most * (1 + NOISE)))
+    def contradicted(self, ratio: float, spread: Spread | None = None) -> bool:
+        """The whole spread lies beyond the bound (without one: the ratio, by more than ``NOISE``)."""
+        low, high, noise = (*spread, 0.0) if spread else (ratio, ratio, NOISE)
+        return ((self.at_least is not None and high < self.at_least * (1 - noise))
+                or (self.at_most is not None and low > self.at_most * (1 + noise)))
 
 
 # What the notebooks teach, per lesson, on a "cpu" and on a "gpu" run (one Expect: the same on both).
@@ -115,6 +134,7 @@ class Finding:
     contradicts: str = ""  # "contradicts 4_fastapi: ..." where the measurement goes the other way
     top: Record | None = None
     bottom: Record | None = None
+    spread: Spread | None = None  # the ratio over the runs' windows (``spread``); None: they kept none
 
 
 @dataclass(frozen=True)
@@ -146,12 +166,38 @@ def notebook_of(stage: str) -> str:
     return STAGES[stage].notebook if stage in STAGES else "the notebooks"
 
 
-def _verdict(e: Expect, ratio: float | None, stage: str = "") -> str:
-    if ratio is None or not e.contradicted(ratio):
+def _windows(record: Record, figure: str) -> list[float]:
+    return [v for v in record.config.get(WINDOWS, {}).get(figure) or [] if v is not None]
+
+
+def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
+    """The least and the most ``top``'s ``figure`` (``throughput_rps``, ``p50_ms`` or ``p99_ms``) ÷ ``bottom``'s took
+    over the windows both runs were measured in: any window of one over any window of the other. None where
+    either kept fewer than two windows, or ``bottom`` had a window with none (nothing served: no ratio)."""
+    a, b = _windows(top, figure), _windows(bottom, figure)
+    return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
+
+
+def judge(e: Expect, ratio: float | None, spread: Spread | None = None, stage: str = "") -> str:
+    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where its spread includes 1 (neither a
+    gain, a loss nor a contradiction, whatever the ratio), a contradiction where it lies beyond what they expect
+    (``Expect.contradicted``), else ""."""
+    if spread and spread[0] <= 1 <= spread[1]:
+        return NO_CHANGE
+    if ratio is None or not e.contradicted(ratio, spread):
         return ""
     bounds = " and ".join(f"{word} {bound:g}×" for word, bound in (("≥", e.at_least), ("≤", e.at_most))
                           if bound is not None)
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
+
+
+def _finding(key: Lesson, pair: str, figures: str, ratio: float, extra: str, e: Expect, top: Record, bottom: Record,
+             figure: str, stage: str = "", judged: bool = True, also: str = "") -> Finding:
+    """A finding whose ratio is ``top``'s ``figure`` ÷ ``bottom``'s, judged with its spread unless ``judged`` is
+    false (a client-bound run's); ``also``: a contradiction of the caller's own, whatever the ratio."""
+    found = spread(top, bottom, figure)
+    said = judge(e, ratio, found, stage) if judged else ""
+    return Finding(key, pair, figures, ratio, extra, ("" if said == NO_CHANGE else said) or also, top, bottom, found)
 
 
 def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, b: "",
@@ -166,10 +212,10 @@ def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, 
                 a, b, ratio = got
                 e, said = expect(a, device) if expect else (_expect(key, device), "")
                 bound = client_bound_note(a, b)  # the client's limit: no lesson is read from it
-                yield Finding(key, f"{top} ÷ {bottom}, capacity {where(a, b)}{bound}",
-                              f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
-                              "; ".join(filter(None, (_latency_at(records, top, bottom), extra(a, b), said))),
-                              "" if bound else _verdict(e, ratio, top), a, b)
+                yield _finding(key, f"{top} ÷ {bottom}, capacity {where(a, b)}{bound}",
+                               f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
+                               "; ".join(filter(None, (_latency_at(records, top, bottom), extra(a, b), said))),
+                               e, a, b, "throughput_rps", top, judged=not bound)
     return find
 
 
@@ -222,10 +268,10 @@ def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
         a, b = closed_run(records, top, 1), closed_run(records, bottom, 1)
         if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
             ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
-            yield Finding(Lesson.PROXY, f"{top} ÷ {bottom}, one request at a time",
-                          f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
-                          f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
-                          _verdict(_expect(Lesson.PROXY, device), ratio), a, b)
+            yield _finding(Lesson.PROXY, f"{top} ÷ {bottom}, one request at a time",
+                           f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
+                           f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
+                           _expect(Lesson.PROXY, device), a, b, "p50_ms")
 
 
 def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
@@ -241,11 +287,11 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
         top = max(runs, key=lambda r: r.load.rate)
         ratio = top.stats.latency.p50_ms / alone.stats.latency.p50_ms
         share = top.breakdown.queue_share if top.breakdown else None
-        yield Finding(Lesson.QUEUEING, f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
-                      f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{client_bound_note(cap)}) ÷ one at a time",
-                      f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
-                      "" if share is None else f"queue share {100 * share:.0f} %",
-                      _verdict(_expect(Lesson.QUEUEING, device), ratio), top, alone)
+        yield _finding(Lesson.QUEUEING, f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
+                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{client_bound_note(cap)}) ÷ one at a time",
+                       f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
+                       "" if share is None else f"queue share {100 * share:.0f} %",
+                       _expect(Lesson.QUEUEING, device), top, alone, "p50_ms")
 
 
 def _overload_run(records: list[Record], stage: str) -> Record | None:
@@ -265,12 +311,11 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
         if times is not None:
             extra.append(f"accepted p99 = {times:.1f}× the service time")
         # The stated multiple holds where the bound counts every request inside the server: FastAPI's.
-        verdict = _verdict(said, ratio, top) or (
-            f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
-            if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
-        yield Finding(Lesson.SHEDDING, f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
-                      f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
-                      "; ".join(extra), verdict, a, b)
+        beyond = (f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
+                  if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
+        yield _finding(Lesson.SHEDDING, f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
+                       f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
+                       "; ".join(extra), said, a, b, "p99_ms", top, also=beyond)
 
 
 def _cached(records: list[Record], device: str) -> Iterator[Finding]:
@@ -282,11 +327,11 @@ def _cached(records: list[Record], device: str) -> Iterator[Finding]:
         ratio = a.stats.throughput_rps / b.stats.throughput_rps
         mix = a.target.get("mix", {})
         hits = f"hit ratio {a.cache.hit_ratio:.0%}" if a.cache and a.cache.hit_ratio is not None else "hit ratio unknown"
-        yield Finding(Lesson.CACHE, f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
-                      f"photos (Zipf, s={mix.get('s', '?')}), {a.load.concurrency} senders",
-                      f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
-                      f"{hits}; p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms",
-                      _verdict(_expect(Lesson.CACHE, device), ratio, top), a, b)
+        yield _finding(Lesson.CACHE, f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
+                       f"photos (Zipf, s={mix.get('s', '?')}), {a.load.concurrency} senders",
+                       f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
+                       f"{hits}; p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms",
+                       _expect(Lesson.CACHE, device), a, b, "throughput_rps", top)
 
 
 def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
@@ -302,7 +347,7 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
         verdict = (f"contradicts {said.notebook}, which expects no failed request" if o.failed or o.error
                    else f"contradicts {said.notebook}, which expects the new version in the answers within "
                         f"{ROLLOUT_SWITCH_AIM_S:g} s of being ready" if late
-                   else _verdict(said, o.p99_ratio, r.stage))
+                   else judge(said, o.p99_ratio, stage=r.stage))
         yield Finding(Lesson.ROLLOUT, f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
                       f"({r.config.get('to_variant', '')}), {r.load.label()}",
                       f"p99 {num(o.p99_during_ms)} during the swap vs {num(o.p99_before_ms)} ms before", o.p99_ratio,
@@ -365,10 +410,17 @@ def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
 
 
 def _line(f: Finding) -> str:
-    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×**"
+    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({_spread_words(f.spread)})"
     extra = f"; {f.extra}" if f.extra else ""
     flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
     return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
+
+
+def _spread_words(found: Spread | None) -> str:
+    if found is None:
+        return "no windows recorded: spread unknown"
+    low, high = found
+    return f"windows {low:.2f}–{high:.2f}×" + (f": {NO_CHANGE}" if low <= 1 <= high else "")
 
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
@@ -379,8 +431,10 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
     md = ["## What this run shows", "",
           f"Each change the notebooks teach, measured in this run ({device.upper()}): *what changed*, then what it did "
           f"as a ratio of two runs (closed loop, servelab's client: each stage's capacity, the highest requests/s of "
-          f"its concurrency sweep, with the median latency of both at one stated concurrency beside it). *Why* is what the notebooks say; a measurement that goes the other "
-          f"way by more than {NOISE:.0%} is marked ⚠. "
+          f"its concurrency sweep, with the median latency of both at one stated concurrency beside it), and its spread over "
+          f"the windows the two runs were measured in (any window of one over any window of the other): a spread that "
+          f"includes 1 is {NO_CHANGE}, whatever the ratio. *Why* is what the notebooks say; a measurement whose whole "
+          f"spread goes the other way (without windows: the ratio, by more than {NOISE:.0%}) is marked ⚠. "
           + (f"**{flagged} measurement{'s' if flagged != 1 else ''} contradict{'s' if flagged == 1 else ''} the "
              f"notebooks.**" if flagged else "No measurement contradicts the notebooks."), ""]
     unmeasured, missing_pairs = [], []

@@ -28,7 +28,7 @@ from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
-           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on")
+           "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on", "client CPU ms/req")
 MAX_BATCH_RUNS = 8
 TABLES = "report-tables.md"  # the long tables, beside report.md
 
@@ -59,6 +59,7 @@ def summary_rows(records: list[Record]) -> list[dict[str, str]]:
             "queue share": "-" if share is None else f"{100 * share:.0f}%",
             "mean batch": num(b.mean_batch_size if b else None, 2), "stand-in": "yes" if r.stand_in else "no",
             "runs on": r.config.get("runs_on", "-"),
+            "client CPU ms/req": num(r.client.cpu_ms_per_request if r.client else None, 2),
         })
     return rows
 
@@ -257,7 +258,9 @@ def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[
         "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
         "(queue + service); mean batch = batch size the server formed. `-` = not measured. req/s marked "
         f"({CLIENT_BOUND}): servelab's client could not keep up with the server (above half of what its sender "
-        "processes can send, each run's `client` says): the figure is the client's limit, not the server's.", "",
+        "processes can send, each run's `client` says): the figure is the client's limit, not the server's. "
+        "Client CPU ms/req: servelab's client, its sender processes' event loops on the CPU per request answered (on "
+        "a shared machine, time the server did not get).", "",
     ]
     found = compare.pairs(records)
     if found:

@@ -32,7 +32,7 @@ from servelab.core.settings import get_settings
 from servelab.servers.triton import client as triton_client
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from servelab.servers.triton.server import apply_stage
-from servelab.tools.containers import compose_tool, standins
+from servelab.tools.containers import compose_tool, node_secrets, standins
 from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
 from servelab.tools.containers.docker import Docker
 from servelab.tools.containers.engine import Engine
@@ -253,8 +253,11 @@ def test_triton_stage(runner, expected, tmp_path):
     assert int(shm.splitlines()[1].split()[1]) == 2 * 2**20, shm  # in effect inside: 2 GiB, not Docker's 64 MB
 
     repository = get_settings().triton_model_repository
+    key = node_secrets.read(node_secrets.SECRETS_DIR / "lab.env")["ADMIN_TOKEN"]  # the container's, from .secrets/
+    with pytest.raises(RuntimeError, match="HTTP 403"):  # model control answers the node's ADMIN_TOKEN only
+        apply_stage(triton, TRITON_STAGES["pt-1"], kind="cpu", onnxruntime=False, repository=repository, key=key + "x")
     for name in ("pt-1", "pt-dyn"):  # switching stage: configs written on the host, loaded by the API
-        config = apply_stage(triton, TRITON_STAGES[name], kind="cpu", onnxruntime=False, repository=repository)
+        config = apply_stage(triton, TRITON_STAGES[name], kind="cpu", onnxruntime=False, repository=repository, key=key)
         assert config["parameters"]["servelab_stage"]["string_value"] == f"{name} (cpu)"
         assert image_id(runner, "triton", "triton_server") == server["Image"], "switching stage rebuilt nothing"
         bench("triton", triton, tmp_path, "--model", "food_classifier")
@@ -274,7 +277,7 @@ def test_triton_stage(runner, expected, tmp_path):
 
     # Restarted, Triton loads nothing until a stage is applied again (explicit model control).
     kill_and_recover(runner, "triton", "triton_server", app)
-    apply_stage(triton, TRITON_STAGES["pt-1"], kind="cpu", onnxruntime=False, repository=repository)
+    apply_stage(triton, TRITON_STAGES["pt-1"], kind="cpu", onnxruntime=False, repository=repository, key=key)
     assert page_label(classify(app, PHOTO).text) == expected.label
 
     runner.down(STAGES["triton"])

@@ -65,6 +65,8 @@ def test_sequential_matches_the_service_time(server: str) -> None:
     assert r.stats.throughput_rps == pytest.approx(40 / r.stats.wall_s)
     # The first warm-up request is kept, and it too was held a service time.
     assert r.first_request_ms >= S_MS
+    # The client's own CPU per request: some, and far less than the service time it waited on.
+    assert 0 < r.client.cpu_ms_per_request < S_MS
 
 
 def test_closed_loop_matches_queueing_theory(server: str) -> None:
@@ -270,6 +272,8 @@ def test_a_closed_loop_on_several_processes_counts_every_request_once(trivial: s
     # One clock: every request of every process inside the one measured window, in completion order.
     done = [s + ms / 1000 for s, ms in zip(r.per_request.sent_s, r.per_request.latency_ms)]
     assert done == sorted(done) and min(r.per_request.sent_s) >= -0.001 and max(done) <= r.stats.wall_s + 0.001
+    # Every process's event loop counted once: their CPU, no more than they had in the window.
+    assert 0 < r.client.cpu_ms_per_request * 301 / 1000 <= processes * r.stats.wall_s * 1.1
 
 
 def test_a_timed_window_on_two_processes_counts_what_the_server_saw(trivial: str) -> None:
@@ -290,6 +294,7 @@ def test_an_open_loop_on_three_processes_offers_its_schedule_once(server: str) -
     assert r.client.processes == 3 and r.stats.successes == 24 and r.stats.offered_rps == load.rate
     assert t.offered_rps[:2] == [6, 18]  # the whole schedule, not one process's third of it
     assert r.breakdown.server_requests == 24 and r.stats.latency.p50_ms >= S_MS
+    assert 0 < r.client.cpu_ms_per_request < S_MS  # an open loop's client too
 
 
 def test_a_run_above_half_the_clients_ceiling_is_client_bound(trivial: str, caplog) -> None:

@@ -120,6 +120,35 @@ def concurrently(calls) -> list:
         return list(pool.map(run, calls))
 
 
+# --- model control behind its own key ---
+
+def test_model_control_answers_only_its_key(triton):
+    """--http-restricted-api and --grpc-restricted-protocol on model-repository (the session's ADMIN_TOKEN): a load
+    with no key or another is refused over HTTP and gRPC, one with the key loads; inference asks for none, and the
+    server's log never shows the key."""
+    triton.apply_stage(get_stage("pt-1"))
+    model, wrong = "food_classifier", triton.key + "x"
+    over_http, over_grpc = http(triton), grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        for headers in (None, {server.CONTROL_HEADER: wrong}):
+            with pytest.raises(InferenceServerException, match="restricted, expecting header 'admin-token'"):
+                over_http.load_model(model, headers=headers)
+        for headers in (None, {server.GRPC_CONTROL_HEADER: wrong}):
+            with pytest.raises(InferenceServerException, match="expecting header 'triton-grpc-protocol-admin-token'"):
+                over_grpc.load_model(model, headers=headers)
+        with pytest.raises(RuntimeError, match="HTTP 403.*ADMIN_TOKEN"):
+            server.repository_index(triton.url, key=wrong)
+        over_http.load_model(model, headers=server.control_headers(triton.url))
+        over_grpc.load_model(model, headers=server.control_headers(triton.url, "grpc"))
+        assert over_http.is_model_ready(model) and over_grpc.is_model_ready(model)
+        result = over_http.infer(model, client.image_inputs("http", FOUR[:1]))
+        assert client.predictions(result)[0].label
+    finally:
+        over_http.close()
+        over_grpc.close()
+    assert triton.key not in triton.process.log.read_text()
+
+
 # --- pt-1: the lab's client and what the original model.py got wrong ---
 
 def test_the_labs_client_keeps_working(triton, reference):
@@ -204,7 +233,7 @@ def test_each_kind_of_stage_loads_and_serves(triton, name):
     for model in stage.triton.models:
         with urllib.request.urlopen(f"http://{triton.url}/v2/models/{model}/ready") as response:
             assert response.status == 200
-    index = server._call(triton.url, "POST", "/v2/repository/index", {"ready": True})
+    index = server.repository_index(triton.url, ready=True)
     assert {e["name"] for e in index} == set(stage.triton.models)  # other stages' models were unloaded
     if stage.input != "bytes":
         # The local stand-in says so in the reported config and in the server log.
@@ -273,7 +302,7 @@ def test_the_block_a_student_writes_is_what_loads(triton, tmp_path, monkeypatch)
     connection = http(triton)
     try:
         lab.write_config("onnx-dyn", "dynamic_batching {\n  preferred_batch_size: [ 2, 3 ]\n}\n")
-        connection.load_model("food_classifier_onnx")
+        connection.load_model("food_classifier_onnx", headers=server.control_headers(triton.url))
         loaded = connection.get_model_config("food_classifier_onnx")
         assert loaded["dynamic_batching"]["preferred_batch_size"] == [2, 3]
         assert loaded["parameters"]["servelab_stage"]["string_value"] == "onnx-dyn (yours, cpu)"
@@ -283,7 +312,7 @@ def test_the_block_a_student_writes_is_what_loads(triton, tmp_path, monkeypatch)
                             ("dynamic_batching { preferred_batch_size: [ 4, }", "Expected integer, got: }")):
             lab.write_config("onnx-dyn", wrong)
             with pytest.raises(InferenceServerException, match="failed to load 'food_classifier_onnx'"):
-                connection.load_model("food_classifier_onnx")
+                connection.load_model("food_classifier_onnx", headers=server.control_headers(triton.url))
             assert says in lab.triton_log()  # Triton's own reason, in its log
             result = connection.infer("food_classifier_onnx", client.tensor_inputs("http", preprocess_batch(FOUR[:1])))
             assert result.as_numpy("output").shape == (1, 11)
@@ -311,8 +340,10 @@ def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
 # --- the CLI ---
 
 def test_cli_up_stage_down(repository, tmp_path, monkeypatch, capsys):
-    """`servelab triton up`, `stage` and `down` on a second server (state file in a temporary folder)."""
+    """`servelab triton up`, `stage` and `down` on a second server (state file in a temporary folder). Without an
+    ADMIN_TOKEN, `up` makes the server a key of its own, which `stage` reads from the state file (this user's only)."""
     monkeypatch.setattr(server, "STATE_FILE", tmp_path / "state.json")
+    monkeypatch.delenv("ADMIN_TOKEN")
     monkeypatch.setenv("TRITON_MODEL_REPOSITORY", str(repository))
     monkeypatch.setenv("TRITON_INSTANCE_KIND", "cpu")
     get_settings.cache_clear()
@@ -322,6 +353,7 @@ def test_cli_up_stage_down(repository, tmp_path, monkeypatch, capsys):
                          "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]) == 0
         state = server.load_state()
         assert state is not None and state["url"] == f"127.0.0.1:{port}"
+        assert state["key"] and (tmp_path / "state.json").stat().st_mode & 0o777 == 0o600
         connection = httpclient.InferenceServerClient(state["url"])
         result = connection.infer("food_classifier", client.image_inputs("http", FOUR[:1]))
         connection.close()

@@ -40,3 +40,26 @@ def test_a_servelab_module_that_is_there_but_broken_still_fails(monkeypatch: pyt
     left_out(monkeypatch, "servelab.report")  # shipped in every image: its absence is a defect, not a role
     with pytest.raises(ModuleNotFoundError, match="servelab.report"):
         commands()
+
+
+def test_triton_stage_finds_the_model_control_key_in_the_nodes_shell_and_in_an_image(tmp_path, monkeypatch) -> None:
+    """No ADMIN_TOKEN in the node's shell: `servelab triton stage` sends the one `servelab secrets` wrote for the
+    compose Triton; an image without the container tools (and without ADMIN_TOKEN) sends none, rather than crash."""
+    from servelab.cli import triton
+    from servelab.core.settings import get_settings
+    from servelab.servers.triton import server
+    from servelab.tools.containers import node_secrets
+
+    monkeypatch.delenv("ADMIN_TOKEN", raising=False)
+    monkeypatch.setattr(server, "STATE_FILE", tmp_path / "no-server-up.json")
+    monkeypatch.setattr(node_secrets, "SECRETS_DIR", tmp_path / ".secrets")
+    get_settings.cache_clear()
+    try:
+        assert triton._control_key("127.0.0.1:8000") == ""
+        node_secrets.write(node_secrets.SECRETS_DIR)
+        written = node_secrets.read(node_secrets.SECRETS_DIR / "lab.env")["ADMIN_TOKEN"]
+        assert triton._control_key("127.0.0.1:8000") == written
+        left_out(monkeypatch, "servelab.tools.containers")
+        assert triton._control_key("127.0.0.1:8000") == ""
+    finally:
+        get_settings.cache_clear()

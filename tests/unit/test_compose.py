@@ -4,6 +4,7 @@ published ports. Each check runs on every compose file under every value of FAST
 
 import inspect
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from servelab.run.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_fi
 from servelab.servers.fastapi.runtimes import max_infer_batch
 from servelab.servers.fastapi.shared import ARENA_SLOTS
 from servelab.servers.triton.configs import CONFIG_NAME
+from servelab.servers.triton.server import control_flags
 from servelab.tools.containers import node_secrets
 
 VARIANTS = list(compose_variants())
@@ -230,9 +232,10 @@ def test_the_fastapi_service_and_its_admin_are_on_the_node_only():
 
 
 def test_generated_secrets_are_read_from_the_ignored_folder_and_never_written_in_the_files():
-    """ADMIN_TOKEN reaches the FastAPI server and Jupyter, Grafana's admin password reaches Grafana, both
+    """ADMIN_TOKEN reaches the FastAPI server, Triton and both Jupyters, Grafana's admin password reaches Grafana, both
     from the files `servelab secrets` writes into .secrets/ (git-ignored, outside every build context)."""
     wanted = {("docker-compose-fastapi.yaml", "fastapi_server"): "lab.env", ("docker-compose-fastapi.yaml", "jupyter"): "lab.env",
+              ("docker-compose-triton.yaml", "triton_server"): "lab.env", ("docker-compose-triton.yaml", "jupyter"): "lab.env",
               (MONITORING_COMPOSE.name, "grafana"): "grafana.env"}
     raw = {path.name: yaml.safe_load(path.read_text()) for path in [*COMPOSE_FILES, MONITORING_COMPOSE]}
     for (name, service), file in wanted.items():
@@ -280,6 +283,15 @@ def test_triton_runs_the_mounted_repository_with_explicit_model_control():
     size = re.fullmatch(r"(\d+)([kmg]?)b?", str(triton["shm_size"]).lower())
     assert int(size[1]) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[size[2]] >= 1 << 30, "several Python-backend instances"
     assert {8000, 8001, 8002} <= {_published(p)[1] for p in triton["ports"]}, "HTTP, gRPC and metrics"
+
+
+def test_triton_model_control_answers_only_the_nodes_admin_token():
+    """The compose Triton starts with the local one's restriction (``control_flags``), keyed by the container's
+    ADMIN_TOKEN (from .secrets/, the test above) through sh, which refuses to start it without one."""
+    triton = yaml.safe_load((DOCKER / "docker-compose-triton.yaml").read_text())["services"]["triton_server"]
+    shell, flag, script = triton["command"]
+    assert (shell, flag) == ("sh", "-c") and script.startswith("exec tritonserver ")
+    assert set(control_flags("$${ADMIN_TOKEN:?set by servelab secrets}")) <= set(shlex.split(script))
 
 
 def test_versions_are_passed_from_the_one_versions_file():

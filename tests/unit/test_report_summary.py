@@ -19,8 +19,9 @@ from servelab.report import lessons
 
 RECORDS = Path(__file__).parents[1] / "data" / "quick_lab_records.jsonl"
 CLOSED = re.compile(r"^  - (\S+) ÷ (\S+), capacity both at (\d+) senders: ([\d.]+) vs ([\d.]+) req/s = \*\*([\d.]+)×\*\*"
-                    r"; p50 at (\d+) senders ([\d.]+) vs ([\d.]+) ms")
+                    r" \([^)]*\); p50 at (\d+) senders ([\d.]+) vs ([\d.]+) ms")
 P50 = re.compile(r"^  - (\S+?)(?: ÷ (\S+))?, .*: p50 ([\d.]+) vs ([\d.]+) ms = \*\*([\d.]+)×\*\*")
+UNKNOWN = "(no windows recorded: spread unknown)"  # the quick lab's records predate config["windows"]
 ANY_RATIO = re.compile(r"\*\*[\d.]+×\*\*")
 
 
@@ -68,8 +69,9 @@ def test_every_ratio_shown_is_the_records_ratio() -> None:
     assert checked == len(shown) == 12  # every ratio on the screen, none unchecked
     text = "\n".join(lines)
     # The figures the issue asks for beside the ratios: the batch the server formed, the proxy's milliseconds.
-    assert ("fastapi-onnx-dyn ÷ fastapi-onnx, capacity both at 8 senders: 13.6 vs 14.0 req/s = **0.97×**; "
-            "p50 at 8 senders 567.2 vs 568.0 ms; mean batch 3.4") in text
+    assert ("fastapi-onnx-dyn ÷ fastapi-onnx, capacity both at 8 senders: 13.6 vs 14.0 req/s = **0.97×** "
+            f"{UNKNOWN}; p50 at 8 senders 567.2 vs 568.0 ms; mean batch 3.4") in text
+    assert all(UNKNOWN in line for line in shown)
     assert "+2.2 ms through the proxy" in text and "running replicas min 1, max 1" in text
     assert "recovered in 2.5 s" in text and "Poisson at 0.50 × capacity (16.3 of 32.6 req/s)" in text
     # What was not measured, lessons and pairs, is named in one line after the lessons.
@@ -97,6 +99,43 @@ def test_what_contradicts_the_notebooks_is_flagged() -> None:
     assert f"= **{ratio:.2f}×**" in line and ratio < 0.9
     assert "⚠ **contradicts 6_triton_python, which expects ≥ 1×**" in line
     assert "**3 measurements contradict the notebooks.**" in "\n".join(lines)
+
+
+def _windowed(raw: list[dict], stage: str, windows: list[float]) -> list[dict]:
+    """The quick lab's records with ``stage``'s capacity run (8 senders) measured in ``windows`` (req/s each, as
+    the lab's windowed client keeps them in ``config["windows"]``), its throughput their mean."""
+    raw = [json.loads(json.dumps(r)) for r in raw]
+    run = _ours(raw, stage, "closed", 8)
+    run["config"]["windows"] = {"window_s": 1.0, "throughput_rps": windows, "p50_ms": [None] * len(windows)}
+    run["stats"]["throughput_rps"] = sum(windows) / len(windows)
+    return raw
+
+
+def _ray_line(raw: list[dict]) -> str:
+    [line] = [line for line in _summary(raw) if line.startswith("  - ray-2 ÷ ray-1")]
+    return line
+
+
+def test_a_ratio_whose_spread_over_its_windows_includes_1_is_no_measurable_change() -> None:
+    """Two tours of the same machine (issue 54: ray-2 ÷ ray-1 at 0.80× and then 1.31×): each ratio with its spread
+    over the windows of both runs (any window of one ÷ any window of the other); where the spread includes 1 both
+    tours say "no measurable change", neither a gain, a loss nor a contradiction of 10_ray. Where it does not,
+    the ratio stands, and below what 10_ray expects it contradicts it, as it did without windows."""
+    raw = _windowed(_raw(), "ray-1", [13.0, 14.5, 16.0])  # 14.5 req/s, one window 10 % off either way
+    lower, higher = _windowed(raw, "ray-2", [9.6, 11.6, 13.6]), _windowed(raw, "ray-2", [17.0, 19.0, 21.0])
+    for tour, ratio, low, high in ((lower, "0.80", "0.60", "1.05"), (higher, "1.31", "1.06", "1.62")):
+        line = _ray_line(tour)
+        assert f"= **{ratio}×** (windows {low}–{high}×" in line, line
+    assert _ray_line(lower).split("×** ")[1].startswith("(windows 0.60–1.05×: no measurable change)")
+    assert "no measurable change" not in _ray_line(higher)  # 1.06–1.62×: a gain, as 10_ray expects
+    assert "⚠" not in _ray_line(lower) and "⚠" not in _ray_line(higher)
+    assert "**1 measurement contradicts the notebooks.**" in "\n".join(_summary(lower))  # the step load's alone
+    # The same 0.80× with windows that agree: a loss, beyond 10_ray's bound, flagged as without windows.
+    steady = _windowed(_windowed(raw, "ray-1", [14.3, 14.5, 14.7]), "ray-2", [11.4, 11.6, 11.8])
+    line = _ray_line(steady)
+    assert "= **0.80×** (windows 0.78–0.83×);" in line and line.endswith("⚠ **contradicts 10_ray, which expects ≥ 1×**")
+    # Without windows the ratio alone is judged, with NOISE for the spread it did not record: 0.89× contradicts.
+    assert UNKNOWN in _ray_line(_raw()) and "⚠" in _ray_line(_raw())
 
 
 # The flags a record keeps of its CPU (machine.cpu_flags, servelab.core.hardware.recorded_flags).
@@ -232,11 +271,29 @@ def test_a_lesson_compares_capacities_and_states_latency_at_one_concurrency(tmp_
     records = _swept("onnx-1", [(1, 100.0), (2, 180.0), (4, 200.0), (8, 198.0)]) + \
         _swept("onnx-dyn", [(1, 90.0), (2, 170.0), (4, 300.0), (8, 500.0), (16, 600.0), (32, 590.0)])
     [line] = [line for line in lessons.summary(records) if line.startswith("  - onnx-dyn ÷ onnx-1")]
-    assert line.startswith("  - onnx-dyn ÷ onnx-1, capacity at 16 senders and 4 senders: 600.0 vs 200.0 req/s = **3.00×**; "
-                           "p50 at 8 senders 16.0 vs 40.4 ms"), line
+    assert line.startswith("  - onnx-dyn ÷ onnx-1, capacity at 16 senders and 4 senders: 600.0 vs 200.0 req/s = **3.00×** "
+                           f"{UNKNOWN}; p50 at 8 senders 16.0 vs 40.4 ms"), line
     section = "\n".join(capacity_section(records))
     assert "| onnx-1 | 200.0 | 4 senders | 1: 100.0 / 10.0 / 20.0 · 2: 180.0 / 11.1 / 22.2 · 4: 200.0 / 20.0 / 40.0 · " \
            "8: 198.0 / 40.4 / 80.8 | the knee: ... |" in section
     assert "| onnx-dyn | 600.0 | 16 senders | 1: 90.0 " in section
     assert "## Capacity: each stage's concurrency sweep" in render_report(records, tmp_path).read_text()
     assert capacity_section([Record.model_validate(r) for r in _raw()]) == []  # records made before the sweep
+
+
+def test_an_open_loop_rate_is_a_fraction_of_the_capacity_its_own_client_measured() -> None:
+    """onnx-dyn's Poisson 17.2 req/s was half of the capacity servelab's client measured (34.4 req/s at 8 senders);
+    where perf_analyzer measured 43.0 req/s at 8 senders, the same rate is 0.40 of its own capacity, and the two
+    clients' row says both (issue 54: 0.9 × servelab's capacity was 0.72 × perf_analyzer's)."""
+    from servelab.report import compare
+
+    raw = _raw()
+    closed, poisson = _ours(raw, "onnx-dyn", "closed", 8), _ours(raw, "onnx-dyn", "open")
+    theirs_closed = json.loads(json.dumps(closed)) | {"tool": "perf_analyzer"}
+    theirs_closed["stats"]["throughput_rps"] = 43.0
+    theirs_open = json.loads(json.dumps(poisson)) | {"tool": "perf_analyzer"}
+    records = [Record.model_validate(r) for r in (*raw, theirs_closed, theirs_open)]
+    [closed_pair, pair] = [p for p in compare.pairs(records) if p.stage == "onnx-dyn"]
+    assert pair.fractions == pytest.approx((17.2 / closed["stats"]["throughput_rps"], 17.2 / 43.0))
+    assert "| 0.50 / 0.40 |" in compare.markdown(compare.pairs(records))
+    assert closed_pair.load == "concurrency 8" and closed_pair.fractions == (None, None)  # a closed loop offers no rate

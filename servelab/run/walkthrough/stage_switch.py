@@ -7,15 +7,13 @@ own account: each model's state and reason from the index, and the last lines of
 where this machine can read it (a server `servelab triton up` started), else where to find them.
 """
 
-import json
 import shlex
 import subprocess
 import tempfile
 import time
-import urllib.request
 
-from servelab.core.procs import DIRECT, log_tail
-from servelab.servers.triton.server import load_state, server_address
+from servelab.core.procs import log_tail
+from servelab.servers.triton.server import load_state, repository_index, server_address
 
 COMPOSE_LOG = "docker compose -f docker/docker-compose-triton.yaml logs triton_server | tail -n 40"
 
@@ -23,10 +21,7 @@ COMPOSE_LOG = "docker compose -f docker/docker-compose-triton.yaml logs triton_s
 def model_states(url: str) -> dict[str, str]:
     """Each model Triton at ``url`` knows of -> its state, with its reason when it has one
     (e.g. ``UNAVAILABLE: failed to load ...``)."""
-    request = urllib.request.Request(f"http://{server_address(url)}/v2/repository/index", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with DIRECT.open(request, timeout=10) as response:
-        index = json.load(response)
+    index = repository_index(url, timeout=10)
     return {e["name"]: e.get("state", "?") + (f": {e['reason']}" if e.get("reason") else "") for e in index}
 
 
@@ -35,6 +30,8 @@ def _states_line(url: str, models: tuple[str, ...]) -> str:
         states = model_states(url)
     except OSError as exc:
         return f"Triton does not answer ({type(exc).__name__})"
+    except RuntimeError as exc:  # Triton's own refusal, e.g. a model-control key that is not its own
+        return f"Triton refused its repository index: {exc}"
     return ", ".join(f"{m} {states.get(m, 'not in the repository index')}" for m in models)
 
 

@@ -226,7 +226,8 @@ class TritonWalkthrough:
     def write_config(self, name: str, block: str) -> Path | None:
         """Write stage ``name``'s config with ``block`` (the fields you wrote, as in config.pbtxt) in place of the
         stage's own into the model repository the server reads, as `servelab triton stage` writes the stage's;
-        the next load of the model (Triton's model-control API: ``client.load_model``) runs it."""
+        the next load of the model (Triton's model-control API: ``client.load_model``, with the server's key,
+        ``control_headers``) runs it."""
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return None

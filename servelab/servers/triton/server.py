@@ -26,12 +26,18 @@ bundled tritonserver 2.51 (Python backend, 2 CPUs, 16 senders) shape it: a load 
 one serving too, since the config changed; and a load over HTTP stalled every HTTP inference for as long
 as it ran (about 4 s without one answer; Triton issues #8117, #8958: the load blocks its HTTP worker
 thread), where the same load over gRPC cost none.
+
+Model control (load, unload, the repository index) answers only a request that carries the server's key in
+an ``admin-token`` header (over gRPC ``triton-grpc-protocol-admin-token``): Triton's own
+``--http-restricted-api`` and ``--grpc-restricted-protocol`` (``control_flags``). The key is the node's
+ADMIN_TOKEN; a server started here without one gets a new key, which ``control_key`` finds again.
 """
 
 import importlib.metadata
 import importlib.util
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -41,7 +47,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from servelab.core.artifacts import ArtifactPaths, copy_atomic
 from servelab.core.catalogue import MODELS
@@ -59,6 +65,11 @@ STATE_FILE = CACHE_DIR / "tritonserver-up.json"
 LOAD_TIMEOUT_S = 600.0
 # Every model any stage loads, dependencies first (reversed, it is a safe unload order).
 ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.triton.models))
+# The header that carries the model-control key; gRPC prefixes it (Triton's "Limit Endpoint Access").
+CONTROL_HEADER = "admin-token"
+GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"
+# The keys of the servers this process started (host:port -> key), for the calls that name only a URL.
+_started_keys: dict[str, str] = {}
 
 
 def wheel_dirs() -> tuple[Path, Path]:
@@ -118,8 +129,34 @@ class Ports:
         return cls(http or free_port(), grpc or free_port(), metrics or free_port())
 
 
+def control_flags(key: str) -> list[str]:
+    """Model control only for requests that carry ``key``. tritonserver 2.51's ``--help`` spells the flag
+    ``<apis>,<key>=<value>`` but refuses that: it takes ``<apis>:<key>=<value>``, as Triton's docs say."""
+    if not key:
+        raise ValueError("Triton's model control needs a key (ADMIN_TOKEN); none was given")
+    return [f"--http-restricted-api=model-repository:{CONTROL_HEADER}={key}",
+            f"--grpc-restricted-protocol=model-repository:{CONTROL_HEADER}={key}"]
+
+
+def control_key(url: str) -> str:
+    """The key the Triton at ``url`` asks model control for: the one this process started it with, else the one
+    `servelab triton up` saved for it, else ADMIN_TOKEN (on the node, Jupyter's environment holds it)."""
+    address = server_address(url)
+    if address in _started_keys:
+        return _started_keys[address]
+    saved = load_state()
+    if saved is not None and server_address(saved["url"]) == address:
+        return saved.get("key", "")
+    return get_settings().admin_token
+
+
+def control_headers(url: str, protocol: Literal["http", "grpc"] = "http") -> dict[str, str]:
+    """The header model control at ``url`` asks for, as tritonclient's ``load_model(..., headers=)`` takes it."""
+    return {CONTROL_HEADER if protocol == "http" else GRPC_CONTROL_HEADER: control_key(url)}
+
+
 def server_command(install_dir: Path, repository: Path, ports: Ports, models: tuple[str, ...],
-                   *, gpu_metrics: bool, exit_timeout_s: int) -> list[str]:
+                   *, gpu_metrics: bool, exit_timeout_s: int, key: str) -> list[str]:
     return [
         str(install_dir / "bin" / "tritonserver"),
         f"--model-repository={repository}",
@@ -132,6 +169,7 @@ def server_command(install_dir: Path, repository: Path, ports: Ports, models: tu
         "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
         f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
         f"--exit-timeout-secs={exit_timeout_s}",
+        *control_flags(key),
         *cache_flags(install_dir, get_settings().triton_cache_bytes),
     ]
 
@@ -155,6 +193,7 @@ class LocalTriton:
     kind: Kind
     onnxruntime: bool
     repository: Path
+    key: str  # what model control asks for (``control_flags``)
 
     @property
     def url(self) -> str:
@@ -176,6 +215,7 @@ class LocalTriton:
 
     def stop(self) -> None:
         self.process.stop()
+        _started_keys.pop(self.url, None)
 
     def __enter__(self) -> "LocalTriton":
         return self
@@ -186,15 +226,17 @@ class LocalTriton:
 
 def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
                 log: Path | None = None, exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S,
-                detach: bool = False) -> LocalTriton:
-    """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY."""
+                detach: bool = False, key: str = "") -> LocalTriton:
+    """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY. Model control
+    asks for ``key`` (default: ADMIN_TOKEN, else a new key for this server)."""
+    key = key or get_settings().admin_token or secrets.token_urlsafe(24)
     install_dir = install()
     ports = ports or Ports.pick()
     resolved = resolve_kind(kind)
     onnxruntime = onnxruntime_backend(install_dir)
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
     cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
-                         gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s)
+                         gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s, key=key)
     process = ServerProcess(
         cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
@@ -205,50 +247,65 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     except BaseException:
         process.stop()
         raise
-    return LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository))
+    local = LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository), key)
+    if not detach:  # a detached one (`servelab triton up`) outlives this process: its state file holds the key
+        _started_keys[local.url] = key
+    return local
 
 
-def _call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
-    """One JSON call to Triton's HTTP API; Triton's error message becomes a RuntimeError."""
+def _call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0,
+          key: str | None = None) -> Any:
+    """One JSON call to Triton's HTTP API; Triton's error message becomes a RuntimeError. A model-control call
+    (``/v2/repository``) carries ``key`` (default: ``control_key(url)``)."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://{server_address(url)}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if path.startswith("/v2/repository"):
+        headers |= control_headers(url) if key is None else {CONTROL_HEADER: key}
+    request = urllib.request.Request(f"http://{server_address(url)}{path}", data=data, method=method, headers=headers)
     try:
         with DIRECT.open(request, timeout=timeout) as response:
             text = response.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
+        if exc.code == 403 and CONTROL_HEADER in detail:
+            detail += " (its model-control key: the node's ADMIN_TOKEN, from `servelab secrets`)"
         raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
     return json.loads(text) if text else None
 
 
-def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool,
-                repository: Path, timeout_s: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+def repository_index(url: str, ready: bool = False, timeout: float = 30.0, key: str | None = None) -> list[dict]:
+    """Triton's repository index: each model (and version) it knows of, with its state and reason."""
+    return _call(url, "POST", "/v2/repository/index", {"ready": True} if ready else {}, timeout, key)
+
+
+def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path,
+                timeout_s: float = LOAD_TIMEOUT_S, key: str | None = None) -> dict[str, Any]:
     """Make a running Triton (explicit model control, ``--model-config-name=stage``) serve ``stage``.
 
     Writes the stage's effective configs into the model repository the server reads, unloads the
     models the stage does not use (so they neither hold memory nor compete for cores), then loads
     the stage's models in order; a load of a loaded model reloads it with the new config while
     in-flight requests finish on the old instances. Returns the config as the server reports it.
+    ``key``: model control's (default: ``control_key(url)``).
     """
-    index = _call(url, "POST", "/v2/repository/index", {"ready": True})  # fails early if unreachable
+    index = repository_index(url, ready=True, key=key)  # fails early if unreachable, or with no key
     write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
     unload = [m for m in reversed(ALL_MODELS) if m in loaded and m not in stage.triton.models]
     for model in unload:
-        _call(url, "POST", f"/v2/repository/models/{model}/unload", {}, timeout_s)
-    _wait_unloaded(url, unload, timeout_s)
+        _call(url, "POST", f"/v2/repository/models/{model}/unload", {}, timeout_s, key)
+    _wait_unloaded(url, unload, timeout_s, key)
     for model in stage.triton.models:
-        _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s)
+        _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s, key)
     return model_config(url, stage.triton.model)
 
 
-def _wait_unloaded(url: str, models: list[str], timeout_s: float) -> None:
+def _wait_unloaded(url: str, models: list[str], timeout_s: float, key: str | None) -> None:
     """Unload returns at once; wait until the instances are gone, so they no longer use the CPU
     or GPU while the next stage is measured."""
     deadline = time.monotonic() + timeout_s
     while models and time.monotonic() < deadline:
-        index = _call(url, "POST", "/v2/repository/index", {})
+        index = repository_index(url, key=key)
         if not any(e["name"] in models and e.get("state") in ("READY", "UNLOADING") for e in index):
             return
         time.sleep(0.2)
@@ -277,7 +334,7 @@ def stage_version(repository: Path, model: str, version: int, model_dir: Path) -
 
 def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -> list[int]:
     """The versions of ``model`` the server holds in ``states`` (READY; UNLOADING while requests drain)."""
-    index = _call(url, "POST", "/v2/repository/index", {})
+    index = repository_index(url)
     return sorted(int(e["version"]) for e in index if e["name"] == model and e.get("state") in states)
 
 
@@ -298,7 +355,7 @@ def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_
     old = [v for v in model_versions(url, model) if v != version]
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
-        client.load_model(model, client_timeout=timeout_s)
+        client.load_model(model, headers=control_headers(url, "grpc"), client_timeout=timeout_s)
     finally:
         client.close()
     ready_s = time.monotonic() - started
@@ -325,16 +382,19 @@ def model_config(url: str, model: str) -> dict[str, Any]:
 # --- the server `servelab triton up` leaves running, stopped by `servelab triton down` ---
 
 def state_of(server: LocalTriton) -> dict[str, Any]:
-    """What `down` needs to stop the server and `stage` needs to render for it."""
-    return {"pid": server.process.pid, "binary": server.process.cmd[0], "url": server.url,
+    """What `down` needs to stop the server and `stage` needs to render for it and to switch it (its key)."""
+    return {"pid": server.process.pid, "binary": server.process.cmd[0], "url": server.url, "key": server.key,
             "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
             "onnxruntime": server.onnxruntime, "repository": str(server.repository),
             "log": str(server.process.log)}
 
 
 def save_state(state: dict[str, Any]) -> None:
+    """Readable by this user only: it holds the server's model-control key."""
     STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+    with os.fdopen(os.open(STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(json.dumps(state, indent=2) + "\n")
+    STATE_FILE.chmod(0o600)
 
 
 @dataclass(frozen=True)
