@@ -145,12 +145,15 @@ def windowed(windows: Windows, **options: Any) -> Client:
     record's ``config["windows"]``. Where the windows must agree (``windows.tested``) and they do not, the
     run is measured again without a warm-up (the run before was one), up to ``max_trials`` windows in all;
     the record kept is the last run's, and says whether its windows agreed."""
-    size = windows.window_s
-
     def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
-        if size is None or load.duration_s is None:
+        size = windows.window_s
+        if size is not None and load.duration_s is None and load.mode == "open" and load.rate and load.requests:
+            # An open loop given as a count of requests: its windows split the time the schedule spans (each
+            # lesson's ratio comes with its spread over them), measured once (its rate, not a knee, is the point).
+            size = load.requests / load.rate / Windows.COUNT
+        elif size is None or load.duration_s is None:
             return servelab_client(**options)(target, load, labels, earlier)
-        tries = max(1, windows.max_trials // Windows.COUNT) if windows.tested else 1
+        tries = max(1, windows.max_trials // Windows.COUNT) if windows.tested and load.duration_s else 1
         seen: list[float] = []  # every window's throughput, the discarded runs' too
         for attempt in range(tries):
             again = load if attempt == 0 else load.model_copy(update={"warmup": 0, "warmup_s": None})

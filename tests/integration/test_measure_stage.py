@@ -151,6 +151,18 @@ def test_a_stability_test_measures_again_until_the_windows_agree(tmp_path):
     assert len(strict.config[WINDOWS]["discarded_rps"]) == 2 * Windows.COUNT and strict.load == load
 
 
+def test_an_open_loop_given_as_a_count_is_measured_once_in_windows_over_its_schedule(tmp_path):
+    """The lab's Poisson runs are a count of requests at a rate: their windows split the seconds the schedule
+    spans, so the open-loop lesson's ratio has a spread too; measured once, even where windows must agree."""
+    with running(service_ms=5, slots=2) as url:
+        load = Load.open(40.0, "poisson", requests=60, seed=0, warmup=5)
+        record = windowed(Windows(stability_pct=0, max_trials=9, window_s=0.2))(
+            FastAPITarget(url, b"photo"), load, Labels("tiny"), [])
+    said = record.config[WINDOWS]
+    assert said["window_s"] == 60 / 40.0 / Windows.COUNT and said["runs"] == 1 and record.load == load
+    assert len(said["throughput_rps"]) == Windows.COUNT and all(rps > 0 for rps in said["throughput_rps"])
+
+
 def test_the_second_client_measures_one_at_a_time_and_the_capacity_s_load_after_the_sweep(tmp_path):
     """perf_analyzer's place (here servelab's own client again, told what ours measured): after the sweep, on the
     sequential load and on the load at the capacity's senders, each right after ours measured it."""
