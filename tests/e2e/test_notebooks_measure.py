@@ -423,10 +423,10 @@ assert all(stage in report.read_text() for stage in ALL_STAGES)
 EXPECTED = {
     "6_triton_python": [("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1),
                         ("pt-1", "sequential", 16), ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1)],
-    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-1", "concurrency 8", 1), ("onnx-2", "concurrency 8", 1),
-                      ("onnx-2", "concurrency 16", 1),
-                      *[(stage, f"{arrivals} {rate} req/s", 1) for stage in ("onnx-1", "onnx-dyn") for rate in (20, 40)
-                        for arrivals in ("constant", "poisson")],
+    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-1", "concurrency 8", 1),
+                      *[("onnx-1", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
+                      ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
+                      *[("onnx-dyn", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
                       ("onnx-b16", "sequential", 16), ("onnx-b16", "concurrency 4", 16)],
     "8_triton_more": [("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1)],
 }

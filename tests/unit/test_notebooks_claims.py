@@ -279,8 +279,8 @@ def test_perf_analyzer_by_hand_explains_every_flag() -> None:
 # (notebook, stage Triton runs when the student types it, what the helper measured there that it repeats: in 7 and 8,
 # the loads `servelab load` measured in the step before, which the check cell after the typed line compares)
 TYPED = [("6_triton_python", "pt-1", "concurrency 8"), ("6_triton_python", "pt-dyn", "concurrency 8"),
-         ("6_triton_python", "pt-2x2", "concurrency 8"), ("7_triton_onnx", "onnx-2", "concurrency 8 16"),
-         ("7_triton_onnx", "onnx-1", "poisson 40 120 req/s"), ("7_triton_onnx", "onnx-dyn", "poisson 40 120 req/s"),
+         ("6_triton_python", "pt-2x2", "concurrency 8"), ("7_triton_onnx", "onnx-1", "poisson 40 120 req/s"),
+         ("7_triton_onnx", "onnx-2", "concurrency 8 16"), ("7_triton_onnx", "onnx-dyn", "poisson 40 120 req/s"),
          ("7_triton_onnx", "onnx-b16", "concurrency 4"), ("8_triton_more", "ensemble", "concurrency 8")]
 # The stability settings of servelab's own perf_analyzer runs (Windows' defaults, PA_WINDOW_S), on every typed line.
 STABILITY = ("--stability-percentage 10", "--max-trials 10", "--measurement-interval ")

@@ -280,10 +280,13 @@ class TritonWalkthrough:
         if name not in self.stages:
             return {}
         self._checked(name)
-        model = self.use_stage(name)["name"]
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
-            stats = json.load(response)["model_stats"][0]
+        stats = self._stats(self.use_stage(name)["name"])
         return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+    def _stats(self, model: str) -> dict[str, Any]:
+        """Triton's statistics of ``model`` since it was loaded (its first model_stats entry)."""
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
+            return json.load(response)["model_stats"][0]
 
     def shape_changes(self, name: str, sizes: tuple[int, int] = (6, 10), repeats: int = 8) -> dict[str, float]:
         """``shape_timings`` on stage ``name``'s model with the photo, printed: does a change of batch
@@ -299,22 +302,30 @@ class TritonWalkthrough:
             print(f"  {what:16} {value:8.1f} ms per request (median of {2 * repeats if 'alt' in what else repeats})")
         return found
 
-    def check_answer(self, name: str, label: str, probability: float) -> str:
-        """A student's client's class and softmax probability for the photo, against the logits stage ``name``'s
-        model gives servelab's own request for it: raises ValueError saying what is wrong and why."""
+    def check_answer(self, name: str, label: str | list[str], probability: float | None = None) -> str:
+        """A student's client's class (a list: one per image of the stage's request) and softmax probability for
+        the photo, against the logits the stage's ONNX model (an ensemble's too) gives servelab's own request:
+        raises ValueError saying what is wrong and why."""
         import tritonclient.http as http
 
-        model = STAGES[name].triton.model
+        stage = STAGES[name]
+        (model,) = [m for m in stage.triton.models if m.startswith("food_classifier_onnx")]
+        labels = [label] if isinstance(label, str) else list(label)
+        if len(labels) != stage.triton.images:
+            raise ValueError(f"wrong count: {len(labels)} classes; a request of {stage.triton.images} images gets "
+                             f"{stage.triton.images} rows back, one class each")
         client = http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300)
         try:
-            tensor = model_input_tensor(self.photo.read_bytes(), input=STAGES[name].input)[None]
+            tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
             logits = client.infer(model, tensor_inputs("http", tensor), outputs=tensor_outputs("http")).as_numpy("output")[0]
         finally:
             client.close()
         shares = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         want, chance = CLASSES[int(logits.argmax())], float(shares.max())
-        if label != want:
-            raise ValueError(f"wrong class: {label!r}; {model}'s largest logit is {want!r} (CLASSES[logits.argmax()])")
+        if wrong := [one for one in labels if one != want]:
+            raise ValueError(f"wrong class: {wrong[0]!r}; {model}'s largest logit is {want!r} (CLASSES[logits.argmax()])")
+        if probability is None:
+            return f"correct: {len(labels)} x {want}, as the logits {model} returns to servelab's own request"
         if abs(float(probability) - chance) > 1e-3:
             raise ValueError(f"wrong probability: {probability}; the softmax of the 11 logits gives {chance:.3f} "
                              "(exp(logit - max) over the sum of them all)")
@@ -328,6 +339,14 @@ class TritonWalkthrough:
             raise ValueError(f"not Triton's counts: yours {got}, Triton's {want}; one entry per batch_stats item, "
                              "its batch_size and its compute_infer count")
         return f"correct: {want} executions per batch size, as Triton counts them"
+
+    def check_requests(self, requests: dict[str, int]) -> str:
+        """A student's successful requests per model, against Triton's statistics for those models now."""
+        want = {model: int(self._stats(model)["inference_stats"]["success"]["count"]) for model in requests}
+        if not requests or {m: int(n) for m, n in requests.items()} != want:
+            raise ValueError(f"not Triton's counts: yours {requests}, Triton's {want}; for each model, the count of "
+                             "inference_stats' success in its first model_stats entry")
+        return f"correct: {want} requests, as Triton counts them"
 
     def check_perf_analyzer(self, name: str, csv: str | Path, ours: list[Record], arrivals: str = "constant") -> list[Record]:
         """The CSV a student's perf_analyzer line wrote (its ``-f``) at stage ``name``, against the loads of
