@@ -464,10 +464,13 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     # The perf_analyzer lines students type (docs/instructors.md's answers) run as typed, with shorter windows and,
     # at onnx-1 and onnx-dyn, the rates of RATES above.
     quick = {"--measurement-interval 5000": "--measurement-interval 1000 --max-trials=3 --stability-percentage=1000"}
+    # 7 and 8's lines carry the helper's stability settings, which would win over flags added before them.
+    stable = {"--measurement-interval 5000": "--measurement-interval 1000",
+              "--stability-percentage 10 --max-trials 10": "--stability-percentage 1000 --max-trials 3"}
     edits = {"6_triton_python": quick,
-             "7_triton_onnx": {**quick, "--measurement-interval 10000": quick["--measurement-interval 5000"],
+             "7_triton_onnx": {**stable, "--measurement-interval 10000": "--measurement-interval 1000",
                                "--request-rate-range 40:120:80": "--request-rate-range 20:40:20"},
-             "8_triton_more": quick}
+             "8_triton_more": stable}
     pa = locate()  # on PATH for the `!perf_analyzer` lines, as the node's Jupyter image has it
     prologue = (f"{PROLOGUE}\nimport os\nos.environ['PATH'] = {str(pa.path.parent)!r} + os.pathsep + os.environ['PATH']\n"
                 f"os.environ['LD_LIBRARY_PATH'] = {pa.env().get('LD_LIBRARY_PATH', '')!r}")

@@ -334,7 +334,7 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
         if "-f" in argv:  # its CSV is checked by the next cell, and joins the records
             csv = argv[argv.index("-f") + 1].replace("{RESULTS}/", "")
             after = text[at:].split("```python\n", 1)[1]
-            assert after.startswith(f'pa_') and f'lab.check_perf_analyzer("{stage}", f"{{RESULTS}}/{csv}"' in after, after[:200]
+            assert after.startswith('pa_') and f'lab.check_perf_analyzer("{stage}", f"{{RESULTS}}/{csv}"' in after, after[:200]
         else:
             assert stage in lp_pa_stages(stem) or optional  # there, `servelab load` may be the check
 

@@ -15,7 +15,8 @@ from typing import Any, get_args
 import numpy as np
 
 from servelab.core.artifacts import load_manifest
-from servelab.core.catalogue import PT
+from servelab.core.catalogue import ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
+from servelab.core.labels import CLASSES
 from servelab.core.procs import DIRECT
 from servelab.core.settings import get_settings
 from servelab.measure.measure_stage import (
@@ -27,7 +28,6 @@ from servelab.measure.measure_stage import (
     servelab_client,
     stand_in_note,
 )
-from servelab.core.labels import CLASSES
 from servelab.measure.perf_analyzer import records_from_csv, write_input_data
 from servelab.measure.records import Load, Record, append_record
 from servelab.measure.targets import TritonTarget, model_input_tensor
@@ -309,7 +309,7 @@ class TritonWalkthrough:
         import tritonclient.http as http
 
         stage = STAGES[name]
-        (model,) = [m for m in stage.triton.models if m.startswith("food_classifier_onnx")]
+        (model,) = [m for m in stage.triton.models if m in (ONNX, ONNX_U8, ONNX_INT8, ONNX_FP16)]
         labels = [label] if isinstance(label, str) else list(label)
         if len(labels) != stage.triton.images:
             raise ValueError(f"wrong count: {len(labels)} classes; a request of {stage.triton.images} images gets "
