@@ -157,7 +157,7 @@ def test_triton_notebooks_walk_every_stage() -> None:
                 if argv[:3] == ["servelab", "triton", "stage"]]
     written = [name for stem in TRITON_NOTEBOOKS
                for name in re.findall(r'lab\.write_config\("([\w-]+)"', (NOTEBOOK_DIR / f"{stem}.md").read_text())]
-    assert written == ["pt-2x2", "onnx-dyn"] and not set(written) & set(switched)
+    assert written == ["pt-2x2", "onnx-2", "onnx-dyn"] and not set(written) & set(switched)
     assert set(switched) | set(written) == set(TRITON_STAGES)
     assert switched[0] == "pt-1"
     # Every stage measured by default, each by the notebook that switches to it.
@@ -376,6 +376,11 @@ from servelab.measure.records import read_records
 records = read_records(records_file)
 assert len(records) == RECORDS_BEFORE + len(runs) and records[RECORDS_BEFORE:] == runs
 measured_by = {tool: [r for r in runs if r.tool == tool] for tool in ("servelab", "perf_analyzer")}
+# The runs students typed, whose CSV a check cell read (7_triton_onnx, 8_triton_more), at loads servelab measured.
+typed = [r for r in measured_by["perf_analyzer"] if "typed" in r.target]
+assert {(r.stage, r.load.label()) for r in typed} <= {(r.stage, r.load.label()) for r in measured_by["servelab"]}
+assert all(r.stats.throughput_rps > 0 and r.stats.latency.p95_ms for r in typed), typed
+measured_by["perf_analyzer"] = [r for r in measured_by["perf_analyzer"] if r not in typed]
 assert [(r.stage, r.load.label(), r.batch) for r in measured_by["perf_analyzer"]] == [
     (r.stage, r.load.label(), r.batch) for r in measured_by["servelab"] if r.stage in PA_STAGES]
 for r in measured_by["perf_analyzer"]:
@@ -418,10 +423,10 @@ assert all(stage in report.read_text() for stage in ALL_STAGES)
 EXPECTED = {
     "6_triton_python": [("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1),
                         ("pt-1", "sequential", 16), ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1)],
-    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-1", "concurrency 8", 1), ("onnx-2", "concurrency 8", 1),
-                      ("onnx-2", "concurrency 16", 1),
-                      *[(stage, f"{arrivals} {rate} req/s", 1) for stage in ("onnx-1", "onnx-dyn") for rate in (20, 40)
-                        for arrivals in ("constant", "poisson")],
+    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-1", "concurrency 8", 1),
+                      *[("onnx-1", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
+                      ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
+                      *[("onnx-dyn", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
                       ("onnx-b16", "sequential", 16), ("onnx-b16", "concurrency 4", 16)],
     "8_triton_more": [("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1)],
 }
@@ -450,16 +455,22 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
                             "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
                                                  "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n"},
         "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4, "BATCH_REQUESTS": 2, "PA_STAGES": [],
+                          "MY_INSTANCE_GROUP": "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]\n",
                           "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
                                                  "  max_queue_delay_microseconds: 100\n}\n"},
         "8_triton_more": {},
     }
     checks = {"6_triton_python": CHECK_PYTHON, "7_triton_onnx": CHECK_ONNX, "8_triton_more": CHECK_MORE}
     # The perf_analyzer lines students type (docs/instructors.md's answers) run as typed, with shorter windows and,
-    # at onnx-dyn, a rate this machine serves (as RATES above).
+    # at onnx-1 and onnx-dyn, the rates of RATES above.
     quick = {"--measurement-interval 5000": "--measurement-interval 1000 --max-trials=3 --stability-percentage=1000"}
-    edits = {"6_triton_python": quick, "7_triton_onnx": {**quick, "--request-rate-range 120": "--request-rate-range 20"},
-             "8_triton_more": quick}
+    # 7 and 8's lines carry the helper's stability settings, which would win over flags added before them.
+    stable = {"--measurement-interval 5000": "--measurement-interval 1000",
+              "--stability-percentage 10 --max-trials 10": "--stability-percentage 1000 --max-trials 3"}
+    edits = {"6_triton_python": quick,
+             "7_triton_onnx": {**stable, "--measurement-interval 10000": "--measurement-interval 1000",
+                               "--request-rate-range 40:120:80": "--request-rate-range 20:40:20"},
+             "8_triton_more": stable}
     pa = locate()  # on PATH for the `!perf_analyzer` lines, as the node's Jupyter image has it
     prologue = (f"{PROLOGUE}\nimport os\nos.environ['PATH'] = {str(pa.path.parent)!r} + os.pathsep + os.environ['PATH']\n"
                 f"os.environ['LD_LIBRARY_PATH'] = {pa.env().get('LD_LIBRARY_PATH', '')!r}")
@@ -476,7 +487,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
     assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", python, re.MULTILINE), python  # 6's client
     # The runs students type: perf_analyzer's own summary of each, and no run that could not start.
-    typed = {"6_triton_python": 3, "7_triton_onnx": 3, "8_triton_more": 1}
+    typed = {"6_triton_python": 3, "7_triton_onnx": 7, "8_triton_more": 1}  # 7: two sweeps of two, two of one
     for stem, text in texts.items():
         said = [line for line in text.splitlines() if "rror" in line or "ailed" in line or "not found" in line]
         assert text.count(" infer/sec, latency ") >= typed[stem] and "command not found" not in text, (stem, said)
@@ -497,7 +508,15 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
         assert f"GourmetGram ({mode}): HTTP 200" in text
     assert "skipped: pt-4x4 is not in STAGES" in python
     assert "skipped: onnx-u8 is not in STAGES" in more
-    for stage, field, text in (("pt-2x2", "instance_group", python), ("onnx-dyn", "dynamic_batching", onnx)):
+    # Each written cell's check says right: the client's class, the batch counts, each typed run's CSV.
+    assert re.search(r"^correct: .* [01]\.\d{3}, as the logits food_classifier_onnx returns", onnx, re.MULTILINE), onnx
+    assert "executions per batch size, as Triton counts them" in onnx
+    for stage, loads, text in (("onnx-2", "concurrency 8, concurrency 16", onnx), ("onnx-1", "poisson 20 req/s, poisson 40 req/s", onnx),
+                               ("onnx-dyn", "poisson 20 req/s, poisson 40 req/s", onnx), ("onnx-b16", "concurrency 4", onnx),
+                               ("ensemble", "concurrency 8", more)):
+        assert f"correct: your perf_analyzer run measured {stage} at {loads}; it joins the report" in text, (stage, text)
+    for stage, field, text in (("pt-2x2", "instance_group", python), ("onnx-2", "instance_group", onnx),
+                               ("onnx-dyn", "dynamic_batching", onnx)):
         assert f": {stage} with your block (cpu instances here)" in text  # written, then loaded by the student's cell
         assert f"correct: Triton reads this as {stage}'s `{field}`" in text
     assert "[{'name': 'food_classifier_0', 'kind': 'KIND_CPU', 'count': 4" in python  # as Triton loaded it

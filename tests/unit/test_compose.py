@@ -29,11 +29,8 @@ from dockerspec import (
     venv_tool,
 )
 from servelab.core import exposure
-from servelab.core.settings import ServeSettings
 from servelab.run.lab import RESULTS
 from servelab.run.walkthrough.ray_nodes import CHECKOUT, CLUSTER_DIR, cluster_files
-from servelab.servers.fastapi.runtimes import max_infer_batch
-from servelab.servers.fastapi.shared import ARENA_SLOTS
 from servelab.servers.triton.configs import CONFIG_NAME
 from servelab.servers.triton.server import control_flags
 from servelab.tools.containers import node_secrets

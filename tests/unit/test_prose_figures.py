@@ -52,6 +52,8 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("fastapi_onnx/README.md", "5 ms"): "BATCH_TIMEOUT_MS, the batching window's default",
     ("notebooks/7_triton_onnx.md", "100 µs"): "onnx-dyn's max_queue_delay_microseconds: 100 in its config",
     ("notebooks/6_triton_python.md", "5 s"): "perf_analyzer's --measurement-interval 5000 shown in the cell",
+    ("notebooks/7_triton_onnx.md", "5 s"): "perf_analyzer's --measurement-interval 5000, the helper's PA_WINDOW_S",
+    ("notebooks/7_triton_onnx.md", "10 s"): "perf_analyzer's --measurement-interval 10000 for the typed Poisson runs",
     ("notebooks/6_triton_python.md", "120 req/s"): "--request-rate-range 120, an example option of perf_analyzer",
     ("notebooks/6_triton_python.md", "100 %"): "full utilisation, a bound (the GPU busy all the time)",
     ("notebooks/7_triton_onnx.md", "40 req/s"): "RATES[0], an open-loop rate the notebook sets",

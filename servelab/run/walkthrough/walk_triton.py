@@ -15,7 +15,8 @@ from typing import Any, get_args
 import numpy as np
 
 from servelab.core.artifacts import load_manifest
-from servelab.core.catalogue import PT
+from servelab.core.catalogue import ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
+from servelab.core.labels import CLASSES
 from servelab.core.procs import DIRECT
 from servelab.core.settings import get_settings
 from servelab.measure.measure_stage import (
@@ -27,14 +28,14 @@ from servelab.measure.measure_stage import (
     servelab_client,
     stand_in_note,
 )
-from servelab.measure.perf_analyzer import write_input_data
-from servelab.measure.records import Load, Record
+from servelab.measure.perf_analyzer import records_from_csv, write_input_data
+from servelab.measure.records import Load, Record, append_record
 from servelab.measure.targets import TritonTarget, model_input_tensor
 from servelab.report.render import summary_table
 from servelab.run.walkthrough.common import load_command, try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
 from servelab.servers.gourmetgram.services import DEFAULT_MODELS
-from servelab.servers.triton.client import InputKind, tensor_inputs
+from servelab.servers.triton.client import InputKind, tensor_inputs, tensor_outputs
 from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
 from servelab.servers.triton.server import model_config, server_address, switch_target
 
@@ -267,15 +268,26 @@ class TritonWalkthrough:
         manifest = Path(self.repository or "") / PT / "1" / "food11.json"
         return stand_in_note(*notes, model_stand_in(load_manifest(manifest)) if manifest.exists() else None)
 
+    def _checked(self, name: str) -> None:
+        """Refuse to switch Triton to the catalogue's stage ``name`` while the block a student wrote for it has
+        not passed ``check_block``: it would run the answer in place of theirs."""
+        if name in self.written and name not in self.passed:
+            raise RuntimeError(f"your block for {name} has not passed lab.check_block yet: run the check cell "
+                               f"(its diff says what differs); nothing runs as {name} before it passes")
+
     def batch_counts(self, name: str) -> dict[int, int]:
         """Executions per batch size of stage ``name``'s model since it was loaded (Triton's statistics),
         once Triton runs that stage; nothing for a stage left out of ``stages``."""
         if name not in self.stages:
             return {}
-        model = self.use_stage(name)["name"]
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
-            stats = json.load(response)["model_stats"][0]
+        self._checked(name)
+        stats = self._stats(self.use_stage(name)["name"])
         return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+    def _stats(self, model: str) -> dict[str, Any]:
+        """Triton's statistics of ``model`` since it was loaded (its first model_stats entry)."""
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{model}/stats", timeout=10) as response:
+            return json.load(response)["model_stats"][0]
 
     def shape_changes(self, name: str, sizes: tuple[int, int] = (6, 10), repeats: int = 8) -> dict[str, float]:
         """``shape_timings`` on stage ``name``'s model with the photo, printed: does a change of batch
@@ -283,12 +295,86 @@ class TritonWalkthrough:
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return {}
+        self._checked(name)
         model = self.use_stage(name)["name"]
         found = shape_timings(self.url, model, model_input_tensor(self.photo.read_bytes(), input=STAGES[name].input),
                               sizes, repeats)
         for what, value in found.items():
             print(f"  {what:16} {value:8.1f} ms per request (median of {2 * repeats if 'alt' in what else repeats})")
         return found
+
+    def check_answer(self, name: str, label: str | list[str], probability: float | None = None) -> str:
+        """A student's client's class (a list: one per image of the stage's request) and softmax probability for
+        the photo, against the logits the stage's ONNX model (an ensemble's too) gives servelab's own request:
+        raises ValueError saying what is wrong and why."""
+        import tritonclient.http as http
+
+        stage = STAGES[name]
+        (model,) = [m for m in stage.triton.models if m in (ONNX, ONNX_U8, ONNX_INT8, ONNX_FP16)]
+        labels = [label] if isinstance(label, str) else list(label)
+        if len(labels) != stage.triton.images:
+            raise ValueError(f"wrong count: {len(labels)} classes; a request of {stage.triton.images} images gets "
+                             f"{stage.triton.images} rows back, one class each")
+        client = http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300)
+        try:
+            tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
+            logits = client.infer(model, tensor_inputs("http", tensor), outputs=tensor_outputs("http")).as_numpy("output")[0]
+        finally:
+            client.close()
+        shares = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        want, chance = CLASSES[int(logits.argmax())], float(shares.max())
+        if wrong := [one for one in labels if one != want]:
+            raise ValueError(f"wrong class: {wrong[0]!r}; {model}'s largest logit is {want!r} (CLASSES[logits.argmax()])")
+        if probability is None:
+            return f"correct: {len(labels)} x {want}, as the logits {model} returns to servelab's own request"
+        if abs(float(probability) - chance) > 1e-3:
+            raise ValueError(f"wrong probability: {probability}; the softmax of the 11 logits gives {chance:.3f} "
+                             "(exp(logit - max) over the sum of them all)")
+        return f"correct: {want} {chance:.3f}, as the logits {model} returns to servelab's own request"
+
+    def check_counts(self, name: str, counts: dict[int, int]) -> str:
+        """A student's executions per batch size, against Triton's statistics for stage ``name``'s model now."""
+        want = self.batch_counts(name)
+        got = {int(size): int(n) for size, n in counts.items()}
+        if got != want:
+            raise ValueError(f"not Triton's counts: yours {got}, Triton's {want}; one entry per batch_stats item, "
+                             "its batch_size and its compute_infer count")
+        return f"correct: {want} executions per batch size, as Triton counts them"
+
+    def check_requests(self, requests: dict[str, int]) -> str:
+        """A student's successful requests per model, against Triton's statistics for those models now."""
+        want = {model: int(self._stats(model)["inference_stats"]["success"]["count"]) for model in requests}
+        if not requests or {m: int(n) for m, n in requests.items()} != want:
+            raise ValueError(f"not Triton's counts: yours {requests}, Triton's {want}; for each model, the count of "
+                             "inference_stats' success in its first model_stats entry")
+        return f"correct: {want} requests, as Triton counts them"
+
+    def check_perf_analyzer(self, name: str, csv: str | Path, ours: list[Record], arrivals: str = "constant") -> list[Record]:
+        """The CSV a student's perf_analyzer line wrote (its ``-f``) at stage ``name``, against the loads of
+        ``ours`` (servelab load's runs of the step; open loops: those of ``arrivals``, which a CSV does not
+        say). Raises ValueError where it is missing or measured other loads; else its rows join this
+        notebook's records (and the report), and the table shows them beside servelab's."""
+        path, stage = Path(csv), STAGES[name]
+        if not path.exists() or not path.read_text().strip():
+            raise ValueError(f"no CSV at {path}: end your line with -f {path}; if perf_analyzer stopped, its last "
+                             "lines above say why")
+        same = [r for r in ours if r.tool == "servelab" and r.load.arrivals in (None, arrivals)]
+        target = {"kind": "triton", "url": self.url, "model": stage.triton.model, "input": stage.input,
+                  "batch": stage.triton.images, "typed": str(path)}  # by the student, who chose its flags
+        theirs = records_from_csv(path.read_text(), stage=name, target=target, batch=stage.triton.images,
+                                  arrivals=arrivals)  # type: ignore[arg-type]
+        got, want = [r.load.label() for r in theirs], [r.load.label() for r in same]
+        if sorted(got) != sorted(want):  # perf_analyzer's CSV may list a sweep in another order
+            flag = "--request-rate-range" if any(r.load.mode == "open" for r in same) else "--concurrency-range"
+            raise ValueError(f"your run measured {got or 'nothing'}; the step measured {want}: {flag} FROM:TO:STEP "
+                             "sets the loads")
+        theirs.sort(key=lambda r: want.index(r.load.label()))
+        for record in theirs:
+            append_record(self.records_file, record)
+        self.runs.extend(theirs)
+        print(f"correct: your perf_analyzer run measured {name} at {', '.join(want)}; it joins the report")
+        print(summary_table(same + theirs))
+        return theirs
 
     def try_gourmetgram(self, backend: str) -> None:
         """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
@@ -335,9 +421,7 @@ class TritonWalkthrough:
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return []
-        if name in self.written and name not in self.passed:
-            raise RuntimeError(f"your block for {name} has not passed lab.check_block yet: run the check cell "
-                               f"(its diff says what differs); nothing is measured as {name} before it passes")
+        self._checked(name)
         config = self.use_stage(name)  # Triton runs the catalogue's stage: a student's block says '(yours)'
         model = STAGES[name].triton.model
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
