@@ -398,7 +398,7 @@ def test_students_write_a_block_that_a_cell_checks_against_the_catalogue(where: 
     # the stage is measured after the check, and the catalogue's config (the answer) is shown only after that
     # measurement; no `servelab triton stage` loads the catalogue's in its place.
     model = TRITON_STAGES[stage].triton.model
-    loaded = f'client.load_model("{model}")'
+    loaded = f'client.load_model("{model}", headers=ADMIN)'  # model control asks for the node's key
     at = triton.index(written)
     measured = triton.index(f'await lab.measure("{stage}"')
     assert triton.index(prefilled) < at < triton.index(loaded, at) < triton.index(checked) < measured
