@@ -57,6 +57,7 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("notebooks/7_triton_onnx.md", "40 req/s"): "RATES[0], an open-loop rate the notebook sets",
     ("notebooks/README.md", "120 req/s"): "7_triton_onnx's RATES = [40, 120]",
     ("docs/instructors.md", "120 req/s"): "7_triton_onnx's RATES, the rate the notebook's question names",
+    ("docs/instructors.md", "10 %"): "--stability-percentage 10 in the perf_analyzer lines students type (Windows.stability_pct)",
     ("docker/README.md", "2 GB"): "shm_size: 2gb in docker-compose-triton.yaml",
     ("docker/README.md", "3 s"): "HEALTH_INTERVAL = '3s' in servelab/tools/containers/compose_stages.py",
     ("docs/monitoring.md", "0.5 s"): "PROMETHEUS_SCRAPE_INTERVAL_S and RAY_metrics_report_interval_ms",
@@ -105,7 +106,6 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/gpu/README.md", "30 s"): "how long the lent GPU machine stays warm after a call (its tool's limit)",
     ("docs/gpu/README.md", "15 min"): "the lent GPU machine's device time per session",
     # queueing theory: the load's concurrency as a bound (Little's law), not a measurement
-    ("notebooks/4_fastapi.md", "16 ×"): "16 senders: latency grows to about 16 × the service time",
     ("docs/instructors.md", "16 ×"): "16 senders: latency grows to about 16 × the service time",
     ("notebooks/6_triton_python.md", "8 ×"): "concurrency 8: latency about 8 × the latency alone",
     ("docs/instructors.md", "8 ×"): "concurrency 8: latency about 8 × the latency alone",
