@@ -478,6 +478,10 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
     # 6's two clients (HTTP, gRPC), each checked against servelab's own request; its two perf_analyzer runs, each
     # checked against the step's settings, at pt-2x2 a sweep of concurrency 8 and 16.
     assert len(re.findall(r"^right: .+ \([\d.]+\), as servelab's own request for the photo gets$", python, re.MULTILINE)) == 2
+    # Its optional cells' checks: the batch of 16, Triton's statistics, the upload to GourmetGram.
+    assert re.search(r"^right: .+, for each of the 16 photos$", python, re.MULTILINE), python
+    assert re.search(r"^right: [1-9]\d* successful requests since the model was loaded$", python, re.MULTILINE), python
+    assert "right: GourmetGram shows " in python
     assert python.count("right: the step's settings and load") == 2, python
     assert re.search(r"^  Concurrency: 16, throughput: [\d.]+ infer/sec, latency \d+ usec \(the step did not measure it\)$",
                      python, re.MULTILINE), python

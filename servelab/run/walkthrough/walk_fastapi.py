@@ -6,8 +6,8 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from statistics import median
 from pathlib import Path
+from statistics import median
 from typing import Any, NamedTuple
 
 import requests
@@ -152,6 +152,16 @@ def check_app(url: str, service_url: str, photo: Path) -> str:
     if bad.status_code != 400:
         return f"wrong: a body that is not a photo got HTTP {bad.status_code}; catch ImageError, raise HTTPException(400)"
     return f"right: {a['prediction']} ({a['probability']:.3f}) as the service says, and 400 for a non-photo"
+
+
+def check_response(answer: requests.Response, status: int = 200, **headers: str) -> str:
+    """A student's last response: right where it has ``status`` and each of ``headers`` (``X_Cache="hit"`` is the
+    X-Cache header) says what it should."""
+    said = [f"HTTP {answer.status_code}"] + [f"{name.replace('_', '-')}: {answer.headers.get(name.replace('_', '-'))}"
+                                             for name in headers]
+    wrong = answer.status_code != status or any(answer.headers.get(n.replace("_", "-")) != v for n, v in headers.items())
+    want = ", ".join([f"HTTP {status}"] + [f"{n.replace('_', '-')}: {v}" for n, v in headers.items()])
+    return f"{'wrong' if wrong else 'right'}: {', '.join(said)}" + (f"; expected {want}" if wrong else "")
 
 
 def check_mean_batch(mean: float, url: str) -> str:

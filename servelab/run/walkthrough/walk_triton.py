@@ -353,25 +353,40 @@ class TritonWalkthrough:
             print(f"  {r.tool:13} {r.load.label():24} {utilization(r)}")
         return done
 
-    def check_client(self, result: Any) -> str:
-        """A student's tritonclient answer for the photo (HTTP or gRPC, from food_classifier): right where it holds
-        one Food-11 FOOD_LABEL with its PROBABILITY, as servelab's own HTTP request for the photo answers."""
+    def check_client(self, result: Any, images: int = 1) -> str:
+        """A student's tritonclient answer for ``images`` copies of the photo (HTTP or gRPC, from food_classifier):
+        right where it holds one Food-11 FOOD_LABEL with its PROBABILITY per image, each the one servelab's own
+        HTTP request for the photo gets."""
         import tritonclient.http as http
 
         try:
-            (yours,) = predictions(result)
-        except (AttributeError, TypeError, ValueError) as exc:  # no result, no such output, not one Food-11 class
-            return (f"wrong: not one Food-11 FOOD_LABEL with its PROBABILITY ({type(exc).__name__}: {exc}); keep "
-                    "client.infer's answer as `result` and send the photo as INPUT_IMAGE, BYTES, shape [1, 1]")
+            yours = predictions(result)
+        except (AttributeError, TypeError, ValueError) as exc:  # no result, no such output, not a Food-11 class
+            return (f"wrong: no Food-11 FOOD_LABEL with its PROBABILITY ({type(exc).__name__}: {exc}); keep "
+                    f"client.infer's answer as `result` and send the photo as INPUT_IMAGE, BYTES, shape [{images}, 1]")
+        if len(yours) != images:
+            return f"wrong: {len(yours)} answers for {images} photos: send INPUT_IMAGE of shape [{images}, 1]"
         client = http.InferenceServerClient(server_address(self.url), network_timeout=300)
         try:
             (ours,) = predictions(client.infer("food_classifier", image_inputs("http", [self.photo.read_bytes()], "raw"),
                                                outputs=label_outputs("http")))
         finally:
             client.close()
-        if yours.label != ours.label or abs(yours.probability - ours.probability) > 1e-3:
-            return f"wrong: yours says {yours.label} ({yours.probability:.3f}), Triton {ours.label} ({ours.probability:.3f}) for the photo"
-        return f"right: {yours.label} ({yours.probability:.3f}), as servelab's own request for the photo gets"
+        for p in yours:
+            if p.label != ours.label or abs(p.probability - ours.probability) > 1e-3:
+                return f"wrong: yours says {p.label} ({p.probability:.3f}), Triton {ours.label} ({ours.probability:.3f}) for the photo"
+        return f"right: {yours[0].label} ({yours[0].probability:.3f}), as servelab's own request for the photo gets" + (
+            f", for each of the {images} photos" if images > 1 else "")
+
+    def check_statistics(self, stats: dict[str, Any]) -> str:
+        """A student's reading of food_classifier's ``inference_stats``: right where it is the entry Triton's
+        statistics hold for it now (none sent since), with successes and times to divide."""
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/food_classifier/stats", timeout=10) as response:
+            now = json.load(response)["model_stats"][0]["inference_stats"]
+        if not isinstance(stats, dict) or {k: stats.get(k) for k in now} != now:
+            return ("wrong: not food_classifier's inference_stats as Triton holds them now: take "
+                    "get_inference_statistics('food_classifier')['model_stats'][0]['inference_stats']")
+        return f"right: {now['success']['count']} successful requests since the model was loaded"
 
     def check_perf_analyzer(self, printed: list[str], stage: str) -> str:
         """What a perf_analyzer line a student typed printed (``out = !perf_analyzer ...``) beside the step's own
