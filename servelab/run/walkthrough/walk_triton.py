@@ -368,7 +368,7 @@ class TritonWalkthrough:
             return f"wrong: {len(yours)} answers for {images} photos: send INPUT_IMAGE of shape [{images}, 1]"
         client = http.InferenceServerClient(server_address(self.url), network_timeout=300)
         try:
-            (ours,) = predictions(client.infer("food_classifier", image_inputs("http", [self.photo.read_bytes()], "raw"),
+            (ours,) = predictions(client.infer(PT, image_inputs("http", [self.photo.read_bytes()], "raw"),
                                                outputs=label_outputs("http")))
         finally:
             client.close()
@@ -381,7 +381,7 @@ class TritonWalkthrough:
     def check_statistics(self, stats: dict[str, Any]) -> str:
         """A student's reading of food_classifier's ``inference_stats``: right where it is the entry Triton's
         statistics hold for it now (none sent since), with successes and times to divide."""
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/food_classifier/stats", timeout=10) as response:
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{PT}/stats", timeout=10) as response:
             now = json.load(response)["model_stats"][0]["inference_stats"]
         if not isinstance(stats, dict) or {k: stats.get(k) for k in now} != now:
             return ("wrong: not food_classifier's inference_stats as Triton holds them now: take "
