@@ -398,8 +398,10 @@ class TritonWalkthrough:
             return "wrong: perf_analyzer measured nothing; what it said last:\n" + "\n".join(printed[-5:])
         percentile = next((a.split("=")[1] for a in self.pa_extra if a.startswith("--percentile=")), None)
         want = {"Batch size": str(STAGES[stage].triton.images), "Measurement window": f"{round(self.pa_window_s * 1000)} msec",
-                "Stabilizing using": f"p{percentile} latency" if percentile else "average latency"}
-        got = {key: m[1].strip() if (m := re.search(rf"^\s*{key}:? (.+)$", text, re.MULTILINE)) else "-" for key in want}
+                "Stabilizing using": f"p{percentile}" if percentile else "average"}
+        # perf_analyzer 2.50 prints e.g. "Stabilizing using p95latency and throughput": the percentile is the first word.
+        got = {key: m[1].strip() if (m := re.search(rf"^\s*{key}:? (\d+ msec|\d+|p\d+|average|.+)", text, re.MULTILINE))
+               else "-" for key in want}
         steps = {r.load.concurrency or 1: r for r in self.runs if r.stage == stage and r.batch == STAGES[stage].triton.images
                  and r.load.mode != "open" and not r.failed}
         lines = []
@@ -408,7 +410,7 @@ class TritonWalkthrough:
             lines.append(f"  {line} (the step's {step.tool}: {step.stats.items_per_s:.1f} infer/sec)" if step
                          else f"  {line} (the step did not measure it)")
         wrong = [f"{key} {got[key]}, the step's {value}" for key, value in want.items() if got[key] != value]
-        if not set(steps) & {int(c) for _, c in summary}:
+        if steps and not set(steps) & {int(c) for _, c in summary}:
             wrong.append(f"concurrency {', '.join(c for _, c in summary)}, the step's {', '.join(map(str, sorted(steps)))}")
         verdict = f"wrong: {'; '.join(wrong)}" if wrong else "right: the step's settings and load"
         return "\n".join([verdict, *lines])
