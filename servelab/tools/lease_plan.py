@@ -24,6 +24,7 @@ import jupytext
 
 from servelab.core.catalogue import NOTEBOOKS
 from servelab.core.paths import DATA_DIR, REPO_ROOT
+from servelab.core.tables import prose
 
 RATES_FILE = DATA_DIR / "node_rates.toml"
 CELL_TIMES = REPO_ROOT / "docs" / "records" / "notebook-cell-times.json"
@@ -243,5 +244,5 @@ def plan_table() -> str:
     missing = [f"`{p.name}` ({len(p.core.unrecorded) + len(p.optional.unrecorded)})" for p in plans
                if p.core.unrecorded or p.optional.unrecorded]
     if missing:
-        lines.append(f"- Code cells not in the record, counted as no time: {', '.join(missing)}.")
+        lines.append(prose(f"- Code cells not in the record, counted as no time: {', '.join(missing)}.", indent="  "))
     return "\n".join(lines)

@@ -258,16 +258,17 @@ def _typed_perf_analyzer(stem: str) -> list[tuple[str, str]]:
 
     given = answers()
     stages = re.findall(r"^# YOUR CODE: perf_analyzer at ([\w-]+)$", _text(NOTEBOOK_DIR / f"{stem}.md"), re.MULTILINE)
-    return [(stage, line[1:]) for stage in stages for line in given[f"perf_analyzer at {stage}"].splitlines()
-            if line.startswith("!perf_analyzer ")]
+    return [(stage, line[line.index("!") + 1:]) for stage in stages for line in given[f"perf_analyzer at {stage}"].splitlines()
+            if re.match(r"(\w+ = )?!perf_analyzer ", line)]
 
 
 def test_perf_analyzer_by_hand_explains_every_flag() -> None:
     """Every flag of every perf_analyzer line students type is explained where they type the first one, or, for a
-    flag a later notebook adds (its CSV, its sweeps), in that notebook or one before it."""
+    flag a later notebook adds (its CSV, its sweeps), in that notebook or one before it; and that first line is
+    theirs to put together: the notebook does not print it whole."""
     triton = _text(NOTEBOOK_DIR / "6_triton_python.md")
-    explained = triton[triton.index("### perf_analyzer once by hand"):triton.index("### Watch it live")]
-    assert f"```text\n!{_typed_perf_analyzer('6_triton_python')[0][1]}\n```" in explained  # shown, then typed
+    explained = triton[triton.index("### perf_analyzer once by hand"):triton.index("# YOUR CODE: perf_analyzer at pt-1")]
+    assert _typed_perf_analyzer("6_triton_python")[0][1] not in triton
     for stem in TRITON:
         if stem != "6_triton_python":
             explained += _text(NOTEBOOK_DIR / f"{stem}.md")
@@ -278,10 +279,10 @@ def test_perf_analyzer_by_hand_explains_every_flag() -> None:
 
 # (notebook, stage Triton runs when the student types it, what the helper measured there that it repeats: in 7 and 8,
 # the loads `servelab load` measured in the step before, which the check cell after the typed line compares)
-TYPED = [("6_triton_python", "pt-1", "concurrency 8"), ("6_triton_python", "pt-dyn", "concurrency 8"),
-         ("6_triton_python", "pt-2x2", "concurrency 8"), ("7_triton_onnx", "onnx-1", "poisson 40 120 req/s"),
-         ("7_triton_onnx", "onnx-2", "concurrency 8 16"), ("7_triton_onnx", "onnx-dyn", "poisson 40 120 req/s"),
-         ("7_triton_onnx", "onnx-b16", "concurrency 4"), ("8_triton_more", "ensemble", "concurrency 8")]
+TYPED = [("6_triton_python", "pt-1", "concurrency 8"), ("6_triton_python", "pt-2x2", "concurrency 8 16"),
+         ("7_triton_onnx", "onnx-1", "poisson 40 120 req/s"), ("7_triton_onnx", "onnx-2", "concurrency 8 16"),
+         ("7_triton_onnx", "onnx-dyn", "poisson 40 120 req/s"), ("7_triton_onnx", "onnx-b16", "concurrency 4"),
+         ("8_triton_more", "ensemble", "concurrency 8")]
 # The stability settings of servelab's own perf_analyzer runs (Windows' defaults, PA_WINDOW_S), on every typed line.
 STABILITY = ("--stability-percentage 10", "--max-trials 10", "--measurement-interval ")
 
@@ -294,7 +295,7 @@ def _range(values: list[str]) -> str:
 
 
 def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_the_check() -> None:
-    """One typed run per Triton lesson (instances' pt-2x2 and onnx-2, batching's pt-dyn and onnx-dyn, after pt-1's;
+    """One typed run per Triton lesson (instances' pt-2x2 and onnx-2, batching's onnx-dyn, after pt-1's;
     in optional sections, the client's batches of 16 and the ensemble): each asks the model, input and batch of the
     stage Triton runs at that point, and a load the step before it measured (in the core with perf_analyzer, as
     PA_STAGES has the stage, whose printed command is the check; in an optional section the printed `servelab load`
@@ -332,6 +333,36 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
             assert after.startswith('pa_') and f'lab.check_perf_analyzer("{stage}", f"{{RESULTS}}/{csv}"' in after, after[:200]
         else:
             assert stage in lp_pa_stages(stem) or optional  # there, `servelab load` may be the check
+
+
+def _last_flags(argv: list[str]) -> dict[str, str]:
+    """Each --flag's value as perf_analyzer takes it (``--flag value`` or ``--flag=value``; the last one counts)."""
+    found = {}
+    for i, word in enumerate(argv):
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            found[name] = value if eq else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else "")
+    return found
+
+
+# 7_triton_onnx's Poisson lines take longer windows than its helper's (an open loop settles slower); STABILITY holds them.
+@pytest.mark.parametrize("stem", ["6_triton_python", "8_triton_more"])
+def test_typed_perf_analyzer_lines_measure_as_the_steps_run_does(stem: str) -> None:
+    """Issue 52: a line students type stabilises as the step's own perf_analyzer run does (servelab's command with
+    the notebook's PA_WINDOW_S and PA_EXTRA): the same windows, stability percentage, trials and percentile."""
+    from servelab.measure.perf_analyzer import Windows, perf_analyzer_command
+    from servelab.measure.records import Load
+    text = _text(NOTEBOOK_DIR / f"{stem}.md")
+    params = {name: ast.literal_eval(re.search(rf"^{name} = (.+)$", text, re.MULTILINE)[1])
+              for name in ("PA_WINDOW_S", "PA_EXTRA")}
+    helper = _last_flags(perf_analyzer_command(
+        url="u", model="m", protocol="http", batch=1, load=Load.closed(8, requests=None, duration_s=params["PA_WINDOW_S"]),
+        input_data=Path("in.json"), csv_path=Path("out.csv"), windows=Windows(), extra=params["PA_EXTRA"]))
+    keys = ("--measurement-interval", "--stability-percentage", "--max-trials", "--percentile")
+    assert all(helper.get(k) for k in keys), helper
+    for stage, line in _typed_perf_analyzer(stem):
+        typed = _last_flags(shlex.split(line))
+        assert {k: typed.get(k) for k in keys} == {k: helper[k] for k in keys}, stage
 
 
 def lp_pa_stages(stem: str) -> list[str]:
@@ -580,7 +611,7 @@ def test_every_comparison_in_the_notebooks_is_measured_or_predicted(path: Path) 
 WRITTEN = {"timing loop": ("4_fastapi", ("requests.Session()", "time.perf_counter()", "np.percentile(", "/predict",
                                          "raise_for_status()")),
            "Python-backend client": ("6_triton_python", ('httpclient.InferInput("INPUT_IMAGE"', '"BYTES"',
-                                                       "set_data_from_numpy(image)", 'client.infer("food_classifier"',
+                                                       "set_data_from_numpy(image)", 'result = client.infer("food_classifier"',
                                                        'as_numpy("FOOD_LABEL")', 'as_numpy("PROBABILITY")')),
            "ONNX-backend client": ("7_triton_onnx", ('httpclient.InferInput("input"', '"FP32"', "set_data_from_numpy(",
                                                     'httpclient.InferRequestedOutput("output")', "client.infer(",
@@ -589,8 +620,9 @@ WRITTEN = {"timing loop": ("4_fastapi", ("requests.Session()", "time.perf_counte
                                                 "np.percentile(", "/predict", "raise_for_status()")),
            "ONNX Runtime app": ("4_fastapi", ("ort.InferenceSession(", "session.run(", '@app.post("/predict")',
                                               "HTTPException(400", "preprocess(", "top1(")),
-           "try your app": ("4_fastapi", ("requests.post(", "/predict", "my_url", "onnx.url", "status_code == 400")),
-           "batch sizes": ("4_fastapi", ("requests.get(", "/metrics", "servelab_batch_size")),
+           "gRPC client": ("6_triton_python", ('grpcclient.InferInput("INPUT_IMAGE"', '"BYTES"', "TRITON_GRPC_URL",
+                                               'grpc_client.infer("food_classifier"', "grpc_result = ")),
+           "batch sizes": ("4_fastapi", ("requests.get(", "/metrics", "servelab_batch_size", "mean_batch = ")),
            "INT8's answers": ("4_fastapi", ("ort.InferenceSession(", "food11.onnx", "food11_u8_int8.onnx", ".run(",
                                             "softmax(", "argmax(")),
            "the shed counter": ("4_fastapi", ("requests.get(", "/metrics", "servelab_shed_requests_total", 'status="503"')),
@@ -656,7 +688,10 @@ def students_share(cells: list[str]) -> tuple[int, int]:
     complete: requests, tritonclient, a perf_analyzer line typed with `!`; tests/notebook_harness.py runs its
     answer against real servers) or a `MY_...` config block they write (a parameters cell that assigns
     `MY_<NAME>`, loaded into Triton and checked). Every other code cell counts against the share: settings,
-    set-up, `lab.*` helper calls, and framework code given in full to run as it is."""
+    set-up, `lab.*` helper calls, and framework code given in full to run as it is. A check cell (nothing but
+    `print(check_...(...))` or `print(lab.check_...(...))`, right after a cell students write: the written cell's
+    answer key) counts neither way."""
+    cells = [c for c in cells if not re.fullmatch(r"(print\((lab\.)?check_\w+\(.*\)\)\n?)+", c)]
     written = [c for c in cells if re.match(r"# YOUR CODE: \S", c) or re.match(r"MY_[A-Z_]+ = ", c)]
     return len(written), len(cells)
 
@@ -665,6 +700,8 @@ def test_the_share_of_cells_students_write_is_counted_as_its_docstring_says() ->
     assert students_share(["# YOUR CODE: timing loop\nraise NotImplementedError()", 'MY_BLOCK = """\n"""',
                            'pt = lab.wait_for("fastapi-pt")', "import requests\nrequests.get(url)"]) == (2, 4)
     assert students_share(["# your code: not the marker", "x = 1  # YOUR CODE: not first", "MY = 1"]) == (0, 3)
+    assert students_share(["# YOUR CODE: gRPC client\nraise NotImplementedError()", "print(lab.check_client(grpc_result))",
+                           "x = lab.measure()\nprint(check_timing(latencies_ms, wall_s, x))"]) == (1, 2)
 
 
 def test_students_write_a_share_of_the_serving_notebooks_cells() -> None:

@@ -52,6 +52,7 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("fastapi_onnx/README.md", "5 ms"): "BATCH_TIMEOUT_MS, the batching window's default",
     ("notebooks/7_triton_onnx.md", "100 µs"): "onnx-dyn's max_queue_delay_microseconds: 100 in its config",
     ("notebooks/6_triton_python.md", "5 s"): "perf_analyzer's --measurement-interval 5000 shown in the cell",
+    ("docs/instructors.md", "5 s"): "PA_WINDOW_S = 5: the windows of the step's perf_analyzer runs, in 6's answer",
     ("notebooks/7_triton_onnx.md", "5 s"): "perf_analyzer's --measurement-interval 5000, the helper's PA_WINDOW_S",
     ("notebooks/7_triton_onnx.md", "10 s"): "perf_analyzer's --measurement-interval 10000 for the typed Poisson runs",
     ("notebooks/6_triton_python.md", "120 req/s"): "--request-rate-range 120, an example option of perf_analyzer",
@@ -59,6 +60,7 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("notebooks/7_triton_onnx.md", "40 req/s"): "RATES[0], an open-loop rate the notebook sets",
     ("notebooks/README.md", "120 req/s"): "7_triton_onnx's RATES = [40, 120]",
     ("docs/instructors.md", "120 req/s"): "7_triton_onnx's RATES, the rate the notebook's question names",
+    ("docs/instructors.md", "10 %"): "--stability-percentage 10 in the perf_analyzer lines students type (Windows.stability_pct)",
     ("docker/README.md", "2 GB"): "shm_size: 2gb in docker-compose-triton.yaml",
     ("docker/README.md", "3 s"): "HEALTH_INTERVAL = '3s' in servelab/tools/containers/compose_stages.py",
     ("docs/monitoring.md", "0.5 s"): "PROMETHEUS_SCRAPE_INTERVAL_S and RAY_metrics_report_interval_ms",
@@ -107,7 +109,6 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/gpu/README.md", "30 s"): "how long the lent GPU machine stays warm after a call (its tool's limit)",
     ("docs/gpu/README.md", "15 min"): "the lent GPU machine's device time per session",
     # queueing theory: the load's concurrency as a bound (Little's law), not a measurement
-    ("notebooks/4_fastapi.md", "16 ×"): "16 senders: latency grows to about 16 × the service time",
     ("docs/instructors.md", "16 ×"): "16 senders: latency grows to about 16 × the service time",
     ("notebooks/6_triton_python.md", "8 ×"): "concurrency 8: latency about 8 × the latency alone",
     ("docs/instructors.md", "8 ×"): "concurrency 8: latency about 8 × the latency alone",

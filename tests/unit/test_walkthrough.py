@@ -16,8 +16,14 @@ from servelab.measure.records import CacheStats, GpuSeries, Load, PerRequest, Re
 from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
 from servelab.run.walkthrough.production import by_version, caching, over_time, queue_words, shedding
 from servelab.run.walkthrough.stage_switch import COMPOSE_LOG, run_switch
-from servelab.run.walkthrough.walk_fastapi import ServingStage, queueing, serving
-from servelab.run.walkthrough.walk_triton import batch_count_change, describe_config, open_loads, running_stage
+from servelab.run.walkthrough.walk_fastapi import ServingStage, check_timing, queueing, serving
+from servelab.run.walkthrough.walk_triton import (
+    TritonWalkthrough,
+    batch_count_change,
+    describe_config,
+    open_loads,
+    running_stage,
+)
 from servelab.servers.triton.configs import STAGES
 
 RECORDS = Path(__file__).parents[1] / "data" / "bench_records.jsonl"
@@ -347,3 +353,42 @@ def test_every_helper_run_prints_the_servelab_load_command_it_stands_for(load: L
         assert args.concurrency == ([load.concurrency] if load.mode == "closed" else None)
         assert args.rate == ([load.rate] if load.mode == "open" else None)
         assert load.mode != "open" or args.arrivals == load.arrivals
+
+
+# --- checks of what students write ------------------------------------------------------------
+
+
+def test_a_timing_loop_is_checked_against_the_helpers_run_of_the_same_load(records: list[Record]) -> None:
+    run = _one(records, "tiny-20ms", "sequential")  # 30 requests, p50 21 ms, 47 req/s
+    p50, n = run.stats.latency.p50_ms, run.load.requests
+    assert check_timing([p50] * n, n / run.stats.throughput_rps, run).startswith("right: median 21.1 ms")
+    assert "wrong: 35 latencies, the load has 30 timed requests" in check_timing([p50] * 35, 1.0, run)  # warm-up timed
+    assert "your median is over 3 x off" in check_timing([p50 / 1000] * n, n / run.stats.throughput_rps, run)  # seconds
+
+
+PRINTED = """*** Measurement Settings ***
+  Batch size: 1
+  Service Kind: TRITON
+  Using "time_windows" mode for stabilization
+  Stabilizing using p95latency and throughput
+  Measurement window: 5000 msec
+  Using synchronous calls for inference
+
+Request concurrency: 8
+Inferences/Second vs. Client p95 Batch Latency
+Concurrency: 8, throughput: 52.3 infer/sec, latency 160000 usec"""  # perf_analyzer 2.50's words, the figures made up
+
+
+def test_a_typed_perf_analyzer_run_is_checked_against_the_steps_settings(records: list[Record]) -> None:
+    lab = TritonWalkthrough.__new__(TritonWalkthrough)  # no server: only what the check reads
+    lab.pa_window_s, lab.pa_extra = 5, ["--percentile=95", "--max-trials=5"]
+    lab.runs = [_one(records, "tiny-20ms", "concurrency 8").model_copy(update={"stage": "pt-1"})]
+    said = lab.check_printed_run(PRINTED.splitlines(), "pt-1")
+    assert said.startswith("right: the step's settings and load\n  Concurrency: 8, throughput: 52.3 infer/sec")
+    assert "(the step's servelab: 49.9 infer/sec)" in said
+    other = PRINTED.replace("5000 msec", "1000 msec").replace("p95", "p99").replace("Concurrency: 8,", "Concurrency: 4,")
+    said = lab.check_printed_run(other.splitlines(), "pt-1")
+    assert said.startswith("wrong: Measurement window 1000 msec, the step's 5000 msec; Stabilizing using p99, the step's p95; "
+                           "concurrency 4, the step's 8")
+    failed = ["Request concurrency: 8", "Failed to obtain stable measurement within 5 measurement windows for concurrency 8."]
+    assert lab.check_printed_run(failed, "pt-1").startswith("wrong: perf_analyzer measured nothing")

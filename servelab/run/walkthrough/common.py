@@ -44,6 +44,15 @@ def gourmetgram_label(page: str) -> str | None:
     return found.group(1) if found else None
 
 
+def check_gourmetgram(page: requests.Response) -> str:
+    """A student's upload to GourmetGram: right where it answered 200 with a page that names a predicted class."""
+    label = gourmetgram_label(page.text)
+    if page.status_code != 200 or label is None:
+        return (f"wrong: HTTP {page.status_code}, {label or 'no prediction on the page'}: post the photo as the form's "
+                "file field `photo`, files={'photo': (name, bytes)}")
+    return f"right: GourmetGram shows {label}"
+
+
 def try_gourmetgram(url: str, photo: Path, *, backend: str | None = None, wait_s: float = 0) -> None:
     """Classify ``photo`` through GourmetGram at ``url`` and print what it answered.
 

@@ -1,16 +1,19 @@
 """``4_fastapi``: one FastAPI service, switched between stages and model variants, measured with
 ``servelab load``."""
 
+import base64
 import json
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, NamedTuple
 
 import requests
 import uvicorn
 
+from servelab.core.labels import CLASSES
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
 from servelab.measure.records import Load, Record, RunKind
@@ -102,6 +105,74 @@ def queueing(alone: Record, busy: Record) -> str:
         per = f" for {batch:.1f} images on average" if batch > 1 else ""
         lines.append(f"one inference at a time, {infer:.1f} ms each{per}: at most {1000 * batch / infer:.0f} req/s")
     return "\n".join(lines)
+
+
+def check_answer(answer: requests.Response) -> str:
+    """A student's first request: right where the service answered 200 with a Food-11 class and its probability,
+    and its Server-Timing header splits the time into queue, preprocess and infer."""
+    if answer.status_code != 200:
+        return f"wrong: HTTP {answer.status_code} ({answer.text[:200]}); send the photo as {{'image': <base64 text>}}"
+    body, timing = answer.json(), answer.headers.get("Server-Timing", "")
+    if body.get("prediction") not in CLASSES or not 0 <= body.get("probability", -1) <= 1:
+        return f"wrong: {body} holds no Food-11 class with its probability"
+    missing = [part for part in ("queue", "preprocess", "infer") if part not in timing]
+    if missing:
+        return f"wrong: Server-Timing {timing!r} lacks {', '.join(missing)}: print answer.headers['Server-Timing']"
+    return f"right: {body['prediction']} ({body['probability']:.2f}), and the service's own split of its time"
+
+
+def check_timing(latencies_ms: list[float], wall_s: float, record: Record, slack: float = 3.0) -> str:
+    """A student's timing loop beside the helper's run of the same load: right where it timed the load's requests
+    (no warm-up) and its median and throughput are within ``slack`` times servelab's (two runs differ; a wrong
+    unit or a timed warm-up differs by far more)."""
+    want, n = record.load.requests, len(latencies_ms)
+    if n != want:
+        return f"wrong: {n} latencies, the load has {want} timed requests (warm-up requests are sent, not timed)"
+    mine = {"median": (median(latencies_ms), record.stats.latency.p50_ms, "ms"),
+            "throughput": (n / wall_s if wall_s > 0 else 0.0, record.stats.throughput_rps, "req/s")}
+    said = "; ".join(f"{what} {a:.1f} {unit} (servelab load: {b:.1f})" for what, (a, b, unit) in mine.items())
+    off = [what for what, (a, b, _) in mine.items() if not (b / slack <= a <= b * slack)]
+    if off:
+        return (f"wrong: {said}; your {' and '.join(off)} is over {slack:g} x off: time each request in ms "
+                "(time.perf_counter() before and after), and req/s over the timed requests' wall time")
+    return f"right: {said}"
+
+
+def check_app(url: str, service_url: str, photo: Path) -> str:
+    """A student's app beside the service: right where both give the photo the same class, probabilities equal to
+    the third decimal place, and the student's answers a body that is not a photo with 400."""
+    body = {"image": base64.b64encode(photo.read_bytes()).decode()}
+    yours, theirs = (requests.post(f"{u}/predict", json=body, timeout=30) for u in (url, service_url))
+    if yours.status_code != 200:
+        return f"wrong: your POST /predict answered HTTP {yours.status_code}: {yours.text[:300]}"
+    a, b = yours.json(), theirs.json()
+    if a.get("prediction") != b["prediction"] or abs(a.get("probability", -1) - b["probability"]) > 1e-3:
+        return f"wrong: yours answers {a}, the service {b}: decode, preprocess with the manifest's sizes, then top1"
+    bad = requests.post(f"{url}/predict", json={"image": "not a photo"}, timeout=30)
+    if bad.status_code != 400:
+        return f"wrong: a body that is not a photo got HTTP {bad.status_code}; catch ImageError, raise HTTPException(400)"
+    return f"right: {a['prediction']} ({a['probability']:.3f}) as the service says, and 400 for a non-photo"
+
+
+def check_response(answer: requests.Response, status: int = 200, **headers: str) -> str:
+    """A student's last response: right where it has ``status`` and each of ``headers`` (``X_Cache="hit"`` is the
+    X-Cache header) says what it should."""
+    said = [f"HTTP {answer.status_code}"] + [f"{name.replace('_', '-')}: {answer.headers.get(name.replace('_', '-'))}"
+                                             for name in headers]
+    wrong = answer.status_code != status or any(answer.headers.get(n.replace("_", "-")) != v for n, v in headers.items())
+    want = ", ".join([f"HTTP {status}"] + [f"{n.replace('_', '-')}: {v}" for n, v in headers.items()])
+    return f"{'wrong' if wrong else 'right'}: {', '.join(said)}" + (f"; expected {want}" if wrong else "")
+
+
+def check_mean_batch(mean: float, url: str) -> str:
+    """A student's mean batch from the service's histogram: right where it is the sum over the count that
+    ``url``/metrics says now."""
+    found = {line.split()[0]: float(line.split()[-1]) for line in requests.get(f"{url}/metrics", timeout=5).text.splitlines()
+             if line.startswith(("servelab_batch_size_sum", "servelab_batch_size_count"))}
+    want = found["servelab_batch_size_sum"] / found["servelab_batch_size_count"]
+    if abs(mean - want) > 1e-6 * want:
+        return f"wrong: {mean:.3f}, the histogram says {want:.3f} (servelab_batch_size_sum over servelab_batch_size_count)"
+    return f"right: {want:.2f} images per inference, on average, since the service started"
 
 
 @dataclass

@@ -5,6 +5,7 @@ last one reports on."""
 
 import difflib
 import json
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,14 @@ from servelab.report.render import summary_table
 from servelab.run.walkthrough.common import load_command, try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
 from servelab.servers.gourmetgram.services import DEFAULT_MODELS
-from servelab.servers.triton.client import InputKind, tensor_inputs, tensor_outputs
+from servelab.servers.triton.client import (
+    InputKind,
+    image_inputs,
+    label_outputs,
+    predictions,
+    tensor_inputs,
+    tensor_outputs,
+)
 from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
 from servelab.servers.triton.server import model_config, server_address, switch_target
 
@@ -436,3 +444,65 @@ class TritonWalkthrough:
         for r in done:
             print(f"  {r.tool:13} {r.load.label():24} {utilization(r)}")
         return done
+
+    def check_client(self, result: Any, images: int = 1) -> str:
+        """A student's tritonclient answer for ``images`` copies of the photo (HTTP or gRPC, from food_classifier):
+        right where it holds one Food-11 FOOD_LABEL with its PROBABILITY per image, each the one servelab's own
+        HTTP request for the photo gets."""
+        import tritonclient.http as http
+
+        try:
+            yours = predictions(result)
+        except (AttributeError, TypeError, ValueError) as exc:  # no result, no such output, not a Food-11 class
+            return (f"wrong: no Food-11 FOOD_LABEL with its PROBABILITY ({type(exc).__name__}: {exc}); keep "
+                    f"client.infer's answer as `result` and send the photo as INPUT_IMAGE, BYTES, shape [{images}, 1]")
+        if len(yours) != images:
+            return f"wrong: {len(yours)} answers for {images} photos: send INPUT_IMAGE of shape [{images}, 1]"
+        client = http.InferenceServerClient(server_address(self.url), network_timeout=300)
+        try:
+            (ours,) = predictions(client.infer(PT, image_inputs("http", [self.photo.read_bytes()], "raw"),
+                                               outputs=label_outputs("http")))
+        finally:
+            client.close()
+        for p in yours:
+            if p.label != ours.label or abs(p.probability - ours.probability) > 1e-3:
+                return f"wrong: yours says {p.label} ({p.probability:.3f}), Triton {ours.label} ({ours.probability:.3f}) for the photo"
+        return f"right: {yours[0].label} ({yours[0].probability:.3f}), as servelab's own request for the photo gets" + (
+            f", for each of the {images} photos" if images > 1 else "")
+
+    def check_statistics(self, stats: dict[str, Any]) -> str:
+        """A student's reading of food_classifier's ``inference_stats``: right where it is the entry Triton's
+        statistics hold for it now (none sent since), with successes and times to divide."""
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{PT}/stats", timeout=10) as response:
+            now = json.load(response)["model_stats"][0]["inference_stats"]
+        if not isinstance(stats, dict) or {k: stats.get(k) for k in now} != now:
+            return ("wrong: not food_classifier's inference_stats as Triton holds them now: take "
+                    "get_inference_statistics('food_classifier')['model_stats'][0]['inference_stats']")
+        return f"right: {now['success']['count']} successful requests since the model was loaded"
+
+    def check_printed_run(self, printed: list[str], stage: str) -> str:
+        """What a perf_analyzer line a student typed printed (``out = !perf_analyzer ...``) beside the step's own
+        runs of ``stage``: right where it measured a concurrency the step measured, with the step's batch size,
+        window and percentile; its summary lines are shown with the step's figures at the same concurrency."""
+        text = "\n".join(printed)
+        summary = re.findall(r"^(Concurrency: (\d+), throughput: [\d.]+ infer/sec, latency \d+ usec)$", text, re.MULTILINE)
+        if not summary:
+            return "wrong: perf_analyzer measured nothing; what it said last:\n" + "\n".join(printed[-5:])
+        percentile = next((a.split("=")[1] for a in self.pa_extra if a.startswith("--percentile=")), None)
+        want = {"Batch size": str(STAGES[stage].triton.images), "Measurement window": f"{round(self.pa_window_s * 1000)} msec",
+                "Stabilizing using": f"p{percentile}" if percentile else "average"}
+        # perf_analyzer 2.50 prints e.g. "Stabilizing using p95latency and throughput": the percentile is the first word.
+        got = {key: m[1].strip() if (m := re.search(rf"^\s*{key}:? (\d+ msec|\d+|p\d+|average|.+)", text, re.MULTILINE))
+               else "-" for key in want}
+        steps = {r.load.concurrency or 1: r for r in self.runs if r.stage == stage and r.batch == STAGES[stage].triton.images
+                 and r.load.mode != "open" and not r.failed}
+        lines = []
+        for line, concurrency in summary:
+            step = steps.get(int(concurrency))
+            lines.append(f"  {line} (the step's {step.tool}: {step.stats.items_per_s:.1f} infer/sec)" if step
+                         else f"  {line} (the step did not measure it)")
+        wrong = [f"{key} {got[key]}, the step's {value}" for key, value in want.items() if got[key] != value]
+        if steps and not set(steps) & {int(c) for _, c in summary}:
+            wrong.append(f"concurrency {', '.join(c for _, c in summary)}, the step's {', '.join(map(str, sorted(steps)))}")
+        verdict = f"wrong: {'; '.join(wrong)}" if wrong else "right: the step's settings and load"
+        return "\n".join([verdict, *lines])
