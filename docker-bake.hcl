@@ -1,0 +1,172 @@
+# Every image the lab uses, defined once: `docker buildx bake` builds them (`make images`), `--push`
+# sends them to a registry (`make images-push REGISTRY=...`). docker/.env sets every variable below
+# (`make images` exports it; a variable set in the shell wins, which is how `servelab containers` points
+# the bases at its local stand-ins). Each image is <SERVELAB_REGISTRY>/<name>:<SERVELAB_TAG>, the names
+# the compose files in docker/ run; SERVELAB_TAG is servelab's version and commit (`servelab containers tag`).
+#
+# docker/Dockerfile.python's shared stage is built once per base (python-ubuntu, python-triton, python-sdk;
+# python-torch adds PyTorch's CUDA 12.6 build), and each image's FROM names one of them: `contexts` hands
+# bake's own build of it to that FROM, and orders the builds.
+
+variable "SERVELAB_REGISTRY" {}
+variable "SERVELAB_TAG" {}
+variable "TRITON_IMAGE" {}
+variable "TRITON_RELEASE" {}
+variable "UBUNTU_IMAGE" {}
+variable "PYTHON_VERSION" {}
+variable "PIP_VERSION" {}
+variable "TORCH_VERSION" {}
+variable "TORCH_INDEX_URL" {}
+variable "ONNXRUNTIME_GPU_VERSION" {}
+variable "JUPYTERLAB_VERSION" {}
+variable "BASH_KERNEL_VERSION" {}
+# The local stand-ins' inputs: docker/standin/ (an absolute path), the folders `servelab containers`
+# prepares, its Debian image, and the key of those inputs (an image labelled with it is not rebuilt).
+variable "STANDIN_DIR" {}
+variable "STANDIN_KEY" {}
+variable "STANDIN_DEBIAN_IMAGE" {}
+variable "STANDIN_WHEELHOUSE" {}
+variable "STANDIN_TRITON" {}
+variable "STANDIN_SDK" {}
+
+function "image" {
+  params = [name]
+  result = "${SERVELAB_REGISTRY}/${name}:${SERVELAB_TAG}"
+}
+
+# The images the node runs; `docker buildx bake` alone builds these.
+group "default" {
+  targets = ["fastapi_pt", "fastapi_onnx", "flask", "jupyter", "triton_server", "ray", "redis"]
+}
+
+# The local stand-ins for NVIDIA's and Ubuntu's images (`servelab containers`, the container tests): run
+# with UBUNTU_IMAGE and TRITON_IMAGE pointing at them, the group above builds on them unchanged.
+group "standins" {
+  targets = ["standin_python", "standin_tritonserver", "standin_sdk"]
+}
+
+target "_versions" {
+  context = "."
+  args = {
+    SERVELAB_REGISTRY       = SERVELAB_REGISTRY
+    SERVELAB_TAG            = SERVELAB_TAG
+    PYTHON_VERSION          = PYTHON_VERSION
+    PIP_VERSION             = PIP_VERSION
+    TORCH_VERSION           = TORCH_VERSION
+    TORCH_INDEX_URL         = TORCH_INDEX_URL
+    ONNXRUNTIME_GPU_VERSION = ONNXRUNTIME_GPU_VERSION
+    JUPYTERLAB_VERSION      = JUPYTERLAB_VERSION
+    BASH_KERNEL_VERSION     = BASH_KERNEL_VERSION
+  }
+}
+
+# --- the shared stage, once per base ----------------------------------------------------------------
+
+target "python-ubuntu" {
+  inherits   = ["_versions"]
+  dockerfile = "docker/Dockerfile.python"
+  target     = "python"
+  args       = { BASE_IMAGE = UBUNTU_IMAGE }
+  tags       = [image("python-ubuntu")]
+}
+
+target "python-triton" {
+  inherits = ["python-ubuntu"]
+  args     = { BASE_IMAGE = "${TRITON_IMAGE}:${TRITON_RELEASE}-py3" }
+  tags     = [image("python-triton")]
+}
+
+target "python-sdk" {
+  inherits = ["python-ubuntu"]
+  args     = { BASE_IMAGE = "${TRITON_IMAGE}:${TRITON_RELEASE}-py3-sdk" }
+  tags     = [image("python-sdk")]
+}
+
+target "python-torch" {
+  inherits = ["python-triton"]
+  target   = "torch"
+  tags     = [image("python-torch")]
+}
+
+# --- the images -----------------------------------------------------------------------------------
+
+target "fastapi_pt" {
+  inherits   = ["_versions"]
+  dockerfile = "fastapi_pt/Dockerfile"
+  contexts   = { "${image("python-torch")}" = "target:python-torch" }
+  tags       = [image("fastapi_pt")]
+}
+
+target "fastapi_onnx" {
+  inherits   = ["_versions"]
+  dockerfile = "fastapi_onnx/Dockerfile"
+  contexts   = { "${image("python-triton")}" = "target:python-triton" }
+  tags       = [image("fastapi_onnx")]
+}
+
+target "flask" {
+  inherits   = ["_versions"]
+  dockerfile = "flask_app/Dockerfile"
+  contexts   = { "${image("python-ubuntu")}" = "target:python-ubuntu" }
+  tags       = [image("flask")]
+}
+
+target "jupyter" {
+  inherits   = ["_versions"]
+  dockerfile = "docker/Dockerfile.jupyter"
+  contexts   = { "${image("python-sdk")}" = "target:python-sdk" }
+  tags       = [image("jupyter")]
+}
+
+target "triton_server" {
+  inherits   = ["_versions"]
+  dockerfile = "docker/Dockerfile.triton"
+  contexts   = { "${image("python-torch")}" = "target:python-torch" }
+  tags       = [image("triton_server")]
+}
+
+target "ray" {
+  inherits   = ["_versions"]
+  dockerfile = "docker/Dockerfile.ray"
+  contexts   = { "${image("python-triton")}" = "target:python-triton" }
+  tags       = [image("ray")]
+}
+
+target "redis" {
+  inherits   = ["_versions"]
+  dockerfile = "docker/Dockerfile.redis"
+  args       = { UBUNTU_IMAGE = UBUNTU_IMAGE }
+  tags       = [image("redis")]
+}
+
+# --- the local stand-ins (docker/standin/) ----------------------------------------------------------
+
+target "_standin" {
+  labels = { "servelab.standin" = STANDIN_KEY }
+}
+
+target "standin_python" {
+  inherits   = ["_standin"]
+  context    = STANDIN_WHEELHOUSE
+  dockerfile = "${STANDIN_DIR}/Dockerfile.base"
+  args       = { DEBIAN_IMAGE = STANDIN_DEBIAN_IMAGE }
+  tags       = [UBUNTU_IMAGE]
+}
+
+target "standin_tritonserver" {
+  inherits   = ["_standin"]
+  context    = STANDIN_TRITON
+  dockerfile = "${STANDIN_DIR}/Dockerfile.tritonserver"
+  contexts   = { "${UBUNTU_IMAGE}" = "target:standin_python" }
+  args       = { BASE_IMAGE = UBUNTU_IMAGE }
+  tags       = ["${TRITON_IMAGE}:${TRITON_RELEASE}-py3"]
+}
+
+target "standin_sdk" {
+  inherits   = ["_standin"]
+  context    = STANDIN_SDK
+  dockerfile = "${STANDIN_DIR}/Dockerfile.sdk"
+  contexts   = { "${UBUNTU_IMAGE}" = "target:standin_python" }
+  args       = { BASE_IMAGE = UBUNTU_IMAGE }
+  tags       = ["${TRITON_IMAGE}:${TRITON_RELEASE}-py3-sdk"]
+}
