@@ -36,7 +36,12 @@ function "image" {
 
 # The images the node runs; `docker buildx bake` alone builds these.
 group "default" {
-  targets = ["fastapi_pt", "fastapi_onnx", "flask", "jupyter", "triton_server", "ray", "redis"]
+  targets = ["core", "ray", "redis"]
+}
+
+# The core path's (notebooks 3 to 8): what a node without a registry builds (`docker buildx bake core`).
+group "core" {
+  targets = ["fastapi_pt", "fastapi_onnx", "flask", "jupyter", "triton_server"]
 }
 
 # The local stand-ins for NVIDIA's and Ubuntu's images (`servelab containers`, the container tests): run
