@@ -26,8 +26,7 @@ variable "STANDIN_DIR" {}
 variable "STANDIN_KEY" {}
 variable "STANDIN_DEBIAN_IMAGE" {}
 variable "STANDIN_WHEELHOUSE" {}
-variable "STANDIN_TRITON" {}
-variable "STANDIN_SDK" {}
+variable "STANDIN_WORK" {}
 
 function "image" {
   params = [name]
@@ -47,7 +46,7 @@ group "core" {
 # The local stand-ins for NVIDIA's and Ubuntu's images (`servelab containers`, the container tests): run
 # with UBUNTU_IMAGE and TRITON_IMAGE pointing at them, the group above builds on them unchanged.
 group "standins" {
-  targets = ["standin_python", "standin_tritonserver", "standin_sdk"]
+  targets = ["standin_python", "standin_triton"]
 }
 
 target "_versions" {
@@ -95,46 +94,23 @@ target "python-torch" {
 
 # --- the images -----------------------------------------------------------------------------------
 
-target "fastapi_pt" {
+# Each image: its Dockerfile and the shared stage its FROM names.
+target "image" {
+  name = item.name
+  matrix = {
+    item = [
+      { name = "fastapi_pt", dockerfile = "fastapi_pt/Dockerfile", base = "python-torch" },
+      { name = "fastapi_onnx", dockerfile = "fastapi_onnx/Dockerfile", base = "python-triton" },
+      { name = "flask", dockerfile = "flask_app/Dockerfile", base = "python-ubuntu" },
+      { name = "jupyter", dockerfile = "docker/Dockerfile.jupyter", base = "python-sdk" },
+      { name = "triton_server", dockerfile = "docker/Dockerfile.triton", base = "python-torch" },
+      { name = "ray", dockerfile = "docker/Dockerfile.ray", base = "python-triton" },
+    ]
+  }
   inherits   = ["_versions"]
-  dockerfile = "fastapi_pt/Dockerfile"
-  contexts   = { "${image("python-torch")}" = "target:python-torch" }
-  tags       = [image("fastapi_pt")]
-}
-
-target "fastapi_onnx" {
-  inherits   = ["_versions"]
-  dockerfile = "fastapi_onnx/Dockerfile"
-  contexts   = { "${image("python-triton")}" = "target:python-triton" }
-  tags       = [image("fastapi_onnx")]
-}
-
-target "flask" {
-  inherits   = ["_versions"]
-  dockerfile = "flask_app/Dockerfile"
-  contexts   = { "${image("python-ubuntu")}" = "target:python-ubuntu" }
-  tags       = [image("flask")]
-}
-
-target "jupyter" {
-  inherits   = ["_versions"]
-  dockerfile = "docker/Dockerfile.jupyter"
-  contexts   = { "${image("python-sdk")}" = "target:python-sdk" }
-  tags       = [image("jupyter")]
-}
-
-target "triton_server" {
-  inherits   = ["_versions"]
-  dockerfile = "docker/Dockerfile.triton"
-  contexts   = { "${image("python-torch")}" = "target:python-torch" }
-  tags       = [image("triton_server")]
-}
-
-target "ray" {
-  inherits   = ["_versions"]
-  dockerfile = "docker/Dockerfile.ray"
-  contexts   = { "${image("python-triton")}" = "target:python-triton" }
-  tags       = [image("ray")]
+  dockerfile = item.dockerfile
+  contexts   = { "${image(item.base)}" = "target:${item.base}" }
+  tags       = [image(item.name)]
 }
 
 target "redis" {
@@ -158,20 +134,20 @@ target "standin_python" {
   tags       = [UBUNTU_IMAGE]
 }
 
-target "standin_tritonserver" {
+# NVIDIA's two Triton images: the server (Python backend only) and the SDK (perf_analyzer only), each from
+# a folder `servelab containers` fills (STANDIN_WORK/triton, STANDIN_WORK/sdk).
+target "standin_triton" {
+  name = "standin_${item.folder}"
+  matrix = {
+    item = [
+      { folder = "triton", dockerfile = "Dockerfile.tritonserver", flavour = "py3" },
+      { folder = "sdk", dockerfile = "Dockerfile.sdk", flavour = "py3-sdk" },
+    ]
+  }
   inherits   = ["_standin"]
-  context    = STANDIN_TRITON
-  dockerfile = "${STANDIN_DIR}/Dockerfile.tritonserver"
+  context    = "${STANDIN_WORK}/${item.folder}"
+  dockerfile = "${STANDIN_DIR}/${item.dockerfile}"
   contexts   = { "${UBUNTU_IMAGE}" = "target:standin_python" }
   args       = { BASE_IMAGE = UBUNTU_IMAGE }
-  tags       = ["${TRITON_IMAGE}:${TRITON_RELEASE}-py3"]
-}
-
-target "standin_sdk" {
-  inherits   = ["_standin"]
-  context    = STANDIN_SDK
-  dockerfile = "${STANDIN_DIR}/Dockerfile.sdk"
-  contexts   = { "${UBUNTU_IMAGE}" = "target:standin_python" }
-  args       = { BASE_IMAGE = UBUNTU_IMAGE }
-  tags       = ["${TRITON_IMAGE}:${TRITON_RELEASE}-py3-sdk"]
+  tags       = ["${TRITON_IMAGE}:${TRITON_RELEASE}-${item.flavour}"]
 }

@@ -14,11 +14,18 @@ from servelab.tools.doctor.image_checks import IMAGES, PROBE
 
 BAKE = (REPO / "docker-bake.hcl").read_text()
 TARGETS = dict(re.findall(r'^target "([\w-]+)" \{\n(.*?)^\}', BAKE, re.MULTILINE | re.DOTALL))
+# The images' matrix: name -> (Dockerfile, the shared stage it starts from).
+ITEMS = {name: (dockerfile, base) for name, dockerfile, base in
+         re.findall(r'\{ name = "(\w+)", dockerfile = "(\S+)", base = "([\w-]+)" \}', BAKE)}
 
 
 def setting(target: str, key: str) -> str:
     found = re.search(rf"^\s*{key}\s*=\s*(.+)$", TARGETS[target], re.MULTILINE)
     return found[1].strip() if found else ""
+
+
+def dockerfile(name: str) -> str:
+    return ITEMS[name][0] if name in ITEMS else setting(name, "dockerfile").strip('"')
 
 
 def test_every_image_the_compose_files_run_is_defined_once_in_the_bake_file():
@@ -28,20 +35,21 @@ def test_every_image_the_compose_files_run_is_defined_once_in_the_bake_file():
                 continue  # monitoring: third-party images, pulled as they are
             registry, name, tag = re.fullmatch(r"(.+)/([\w-]+):(.+)", config["image"]).groups()
             assert (registry, tag) == ("servelab", "local"), f"{path.name} {service}: docker/.env's names"
-            assert setting(name, "tags") == f'[image("{name}")]', f"{path.name} {service}: no bake target {name}"
-            assert setting(name, "dockerfile") == f'"{config["build"]["dockerfile"]}"', f"{path.name} {service}"
+            assert name in ITEMS or setting(name, "tags") == f'[image("{name}")]', f"{path.name} {service}: no target {name}"
+            assert dockerfile(name) == config["build"]["dockerfile"], f"{path.name} {service}"
+    assert setting("image", "tags") == "[image(item.name)]"
 
 
 def test_every_dockerfile_is_built_by_a_bake_target():
-    used = {setting(name, "dockerfile").strip('"') for name in TARGETS}
+    used = {dockerfile(name) for name in [*TARGETS, *ITEMS] if name != "image"}
     assert {str(p.relative_to(REPO)) for p in DOCKERFILES} <= used
 
 
 def test_the_lab_images_start_from_the_shared_stage_and_share_one_torch_layer():
-    bases = {name: setting(name, "contexts") for name in TARGETS}
-    assert "target:python-torch" in bases["fastapi_pt"] and "target:python-torch" in bases["triton_server"]
-    assert "target:python-triton" in bases["fastapi_onnx"] and "target:python-triton" in bases["ray"]
-    assert "target:python-ubuntu" in bases["flask"] and "target:python-sdk" in bases["jupyter"]
+    bases = {name: base for name, (_, base) in ITEMS.items()}
+    assert bases == {"fastapi_pt": "python-torch", "triton_server": "python-torch", "fastapi_onnx": "python-triton",
+                     "ray": "python-triton", "flask": "python-ubuntu", "jupyter": "python-sdk"}
+    assert all(f'target "{base}"' in BAKE for base in bases.values())
     groups = {name: set(re.findall(r'"([\w-]+)"', targets))
               for name, targets in re.findall(r'group "(\w+)" \{\s*targets = \[(.*?)\]', BAKE, re.DOTALL)}
     assert groups["default"] == {"core", "ray", "redis"} and set(IMAGES) == groups["core"] | {"ray"}, groups

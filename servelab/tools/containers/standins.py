@@ -65,8 +65,7 @@ def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print)
         (work / "sdk").mkdir()
         env = images.variables({**versions, **args, "STANDIN_DIR": str(STANDIN_DIR), "STANDIN_KEY": key,
                                 "STANDIN_DEBIAN_IMAGE": base_image.ensure(docker, cache, log),
-                                "STANDIN_WHEELHOUSE": str(wheels), "STANDIN_TRITON": str(work / "triton"),
-                                "STANDIN_SDK": str(work / "sdk")})
+                                "STANDIN_WHEELHOUSE": str(wheels), "STANDIN_WORK": str(work)})
         targets = images.plan(docker, ("standins",), env)
         release = versions["TRITON_RELEASE"]
         if docker.image_label(f"{TRITON}:{release}-py3", LABEL) != key:
