@@ -104,7 +104,7 @@ class StageRunner:
         return self.docker.compose(*self.files(stage), *args, extra_env=self.shell(stage, extra),
                                    check=check, timeout=timeout)
 
-    def build(self, stage: ComposeStage, config: dict) -> list[str]:
+    def build(self, config: dict) -> list[str]:
         """The images the stage runs (and the stages they start from), as docker-bake.hcl defines them."""
         targets = images.plan(self.docker, ("default",), images.variables(self.build_args))
         wanted = images.for_images(targets, {service["image"] for service in config["services"].values()})
@@ -163,7 +163,7 @@ class StageRunner:
         every started service is healthy."""
         config, ports = self._write_local_override(stage, extra)
         if build:
-            self.build(stage, config)
+            self.build(config)
         self.log(f"stage {stage.name}: compose up ({stage.compose_file}"
                  + (f" + no-gpu/{stage.compose_file}" if stage.no_gpu else "") + ")")
         self.compose(stage, "up", "-d", "--wait", "--wait-timeout", str(wait_timeout), *services,
