@@ -106,3 +106,18 @@ def test_the_self_check_reads_the_builds_kernels_and_reports_what_fails():
     assert any(p.startswith("import no_such_module") for p in said["problems"])
     assert "onnxruntime has no CUDA provider" in said["problems"]
 
+
+
+def test_the_doctor_names_the_fix_when_an_image_cannot_be_had(monkeypatch):
+    """Run for real here: no image of this commit in any engine, then a registry that does not answer."""
+    from servelab.tools.doctor.image_checks import CHECKS
+    from servelab.tools.doctor.runner import Context
+
+    monkeypatch.delenv("SERVELAB_REGISTRY", raising=False)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    (local,) = [c.run(Context()) for c in CHECKS if c.name == "image flask"]
+    assert local.status == "fail" and "make images" in local.fix and f":{images.tag()}" in local.detail
+    monkeypatch.setenv("SERVELAB_REGISTRY", "127.0.0.1:9/servelab")
+    (pulled,) = [c.run(Context()) for c in CHECKS if c.name == "image flask"]
+    assert pulled.status == "fail" and "cannot pull 127.0.0.1:9/servelab/flask" in pulled.detail
+    assert "make images-push" in pulled.fix
