@@ -76,6 +76,7 @@ def test_a_stage_runs_from_the_registry_alone(registry, artifacts, tmp_path):
             pulled_by = compose_tool.docker(node.env, cache)
             assert pulled_by.run("image", "ls", "--quiet").stdout.split() == []
             settings = get_settings()
+            (tmp_path / "notebooks").mkdir()  # Jupyter's folder: the stage mounts it
             mounts = checkout_mounts(settings.model_dir, settings.triton_model_repository, tmp_path / "results",
                                      tmp_path / "notebooks")
             runner = StageRunner(pulled_by, tmp_path / "work", {}, mounts=mounts, free_ports=True)
