@@ -11,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab lab-full test check models notebooks benchmark perf-analyzer prometheus redis dashboard containers-up containers-down clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab lab-full test check models notebooks benchmark perf-analyzer prometheus redis dashboard containers-up containers-down images images-push images-save clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,26 @@ containers-up: $(STAMP)
 containers-down: $(STAMP)
 	$(BIN)/servelab containers down --stage $(STAGE)
 	$(BIN)/servelab containers stop
+
+# Every image of docker-bake.hcl, on a machine with Docker and buildx (no GPU needed), before the term
+# (docs/instructors.md): `make images`, `make images-push REGISTRY=registry.example.edu/servelab`, or
+# `make images-save` for a class without a registry (one archive; students `docker load -i` it). The tag is
+# this commit's (`servelab containers tag`): students of the same commit pull exactly these images.
+REGISTRY ?=
+IMAGES_ARCHIVE ?= servelab-images.tar
+IMAGES_ENV = set -a && . docker/.env && set +a && eval "$$($(BIN)/servelab containers tag)" \
+	$(if $(REGISTRY),&& export SERVELAB_REGISTRY=$(REGISTRY))
+images: $(STAMP)
+	$(IMAGES_ENV) && docker buildx bake
+
+images-push: $(STAMP)
+	@[ -n "$(REGISTRY)" ] || { echo "images-push: name the registry, e.g. REGISTRY=registry.example.edu/servelab"; exit 1; }
+	$(IMAGES_ENV) && docker buildx bake --push
+
+images-save: images
+	$(IMAGES_ENV) && docker buildx bake --print 2>/dev/null \
+		| $(BIN)/python -c 'import json, sys; print(*(t for v in json.load(sys.stdin)["target"].values() for t in v["tags"]))' \
+		| xargs docker save -o $(IMAGES_ARCHIVE)
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) models results .servelab

@@ -4,6 +4,7 @@
     servelab containers down --stage fastapi-pt   # compose down -v
     servelab containers stop                       # stop the private dockerd (by PID) and clean up
     servelab containers env                        # the variables to run `docker compose` by hand
+    eval "$(servelab containers tag)"              # on the node: this commit's images (pulled where a registry is named)
 """
 
 import argparse
@@ -11,9 +12,8 @@ import shlex
 from pathlib import Path
 
 from servelab.core.settings import get_settings
-from servelab.tools.containers import compose_tool, standins
+from servelab.tools.containers import compose_tool, images, standins
 from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
-from servelab.tools.containers.docker import Docker
 from servelab.tools.containers.engine import Engine, EngineState, stop_detached
 from servelab.tools.docker_versions import read_env_file
 
@@ -31,7 +31,7 @@ def _engine(start: bool) -> EngineState | None:
 
 def _runner(state: EngineState, free_ports: bool = False) -> StageRunner:
     cache = _cache()
-    docker = Docker(state.env, compose_tool.ensure(cache))
+    docker = compose_tool.docker(state.env, cache)
     settings = get_settings()
     return StageRunner(docker, cache / "work", standins.build_args(docker, cache, read_env_file()),
                        mounts=checkout_mounts(settings.model_dir, settings.triton_model_repository),
@@ -54,6 +54,8 @@ def register(subparsers) -> None:
     stop.set_defaults(func=_cmd_stop)
     env = sub.add_parser("env", help="print the shell variables for running `docker compose` by hand")
     env.set_defaults(func=_cmd_env)
+    tag = sub.add_parser("tag", help="print the exports that make `docker compose` run this commit's images")
+    tag.set_defaults(func=_cmd_tag)
 
 
 def _cmd_up(args) -> int:
@@ -90,10 +92,16 @@ def _cmd_env(args) -> int:
     if state is None:
         return 1
     cache = _cache()
-    docker = Docker(state.env, compose_tool.ensure(cache))
+    docker = compose_tool.docker(state.env, cache)
     variables = {**state.env, "DOCKER_CONFIG": str(compose_tool.docker_config(cache)), "DOCKER_BUILDKIT": "0",
                  **standins.build_args(docker, cache, read_env_file())}
     for name, value in variables.items():
         print(f"export {name}={shlex.quote(value)}")
     print("# then, e.g.: docker compose -f docker/docker-compose-fastapi.yaml -f docker/no-gpu/docker-compose-fastapi.yaml up -d")
+    return 0
+
+
+def _cmd_tag(args) -> int:
+    for name, value in images.compose_env().items():
+        print(f"export {name}={shlex.quote(value)}")
     return 0

@@ -1,8 +1,10 @@
-"""``servelab doctor [--node] [--json]``: the front of ``servelab.tools.doctor`` (its checks: ``checks.CHECKS``)."""
+"""``servelab doctor [--node] [--images] [--json]``: the front of ``servelab.tools.doctor`` (its checks:
+``checks.CHECKS``; with ``--images``, ``image_checks.CHECKS``)."""
 
 import argparse
 import json
 
+from servelab.tools.doctor import image_checks
 from servelab.tools.doctor.checks import CHECKS
 from servelab.tools.doctor.runner import Context, exit_code, run_checks
 
@@ -13,15 +15,17 @@ def register(subparsers) -> None:
         description="One line per check (PASS, WARN, FAIL, SKIP) with the fix; exit status 1 when a check fails.")
     parser.add_argument("--node", action="store_true",
                         help="the lab's GPU node: GPUs and Docker are required; the local-only checks are left out")
+    parser.add_argument("--images", action="store_true",
+                        help="instead: pull this commit's lab images (where docker/.env names a registry) and run each one's self-check")
     parser.add_argument("--json", action="store_true", help="print the results as a JSON list")
     parser.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
-    results = run_checks(CHECKS, Context(node=args.node))
+    results = run_checks(image_checks.CHECKS if args.images else CHECKS, Context(node=args.node))
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:
-        print(f"servelab doctor ({'lab node' if args.node else 'local'})")
+        print(f"servelab doctor ({'images' if args.images else 'lab node' if args.node else 'local'})")
         print("\n".join(r.line() for r in results))
     return exit_code(results)

@@ -34,7 +34,6 @@ from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from servelab.servers.triton.server import apply_stage
 from servelab.tools.containers import compose_tool, node_secrets, standins
 from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
-from servelab.tools.containers.docker import Docker
 from servelab.tools.containers.engine import Engine
 from servelab.tools.docker_versions import read_env_file
 
@@ -60,7 +59,7 @@ def engine():
 @pytest.fixture(scope="module")
 def runner(engine, artifacts, tmp_path_factory):
     cache = get_settings().servelab_containers_cache.expanduser()
-    docker = Docker(engine.env, compose_tool.ensure(cache))
+    docker = compose_tool.docker(engine.env, cache)
     args = standins.build_args(docker, cache, read_env_file())
     root = tmp_path_factory.mktemp("containers")
     notebooks = shutil.copytree(REPO_ROOT / "notebooks", root / "notebooks")

@@ -24,11 +24,18 @@ from dockerspec import (
 
 VERSIONS = read_env_file()
 IDS = [str(p.relative_to(REPO)) for p in DOCKERFILES]
+BAKE = (REPO / "docker-bake.hcl").read_text()
+# An image's FROM naming a stage of docker/Dockerfile.python that docker-bake.hcl builds (and the compose
+# files' builds find under that name): its own base comes from docker/.env through the bake file.
+SHARED_STAGE = re.compile(r"\$\{SERVELAB_REGISTRY\}/(python-[a-z]+):\$\{SERVELAB_TAG\}")
+# The shared stage's one argument that is not a docker/.env key: the base bake builds it on, per target.
+SHARED_BASE = ("Dockerfile.python", "BASE_IMAGE")
+GPU_IMAGES = ("fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "docker/Dockerfile.triton", "docker/Dockerfile.ray")
 
 
 def test_every_image_has_its_dockerfile():
     expected = {"fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile",
-                "docker/Dockerfile.triton", "docker/Dockerfile.jupyter", "docker/Dockerfile.ray",
+                "docker/Dockerfile.python", "docker/Dockerfile.triton", "docker/Dockerfile.jupyter", "docker/Dockerfile.ray",
                 "docker/Dockerfile.redis"}
     assert expected <= set(IDS)
 
@@ -73,8 +80,18 @@ def test_dependencies_are_installed_before_the_code_is_copied(dockerfile: Path):
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
 def test_base_images_are_pinned_through_the_versions_file(dockerfile: Path):
     instructions = parse_dockerfile(dockerfile)
+    stages = set()
     for instruction in (i for i in instructions if i.keyword == "FROM"):
-        image = instruction.args.split()[0]
+        image, *alias = instruction.args.split()
+        stages |= {alias[-1]} if alias else set()
+        if image in stages - {alias[-1] if alias else None}:
+            continue  # an earlier stage of this file
+        shared = SHARED_STAGE.fullmatch(image)
+        if shared:
+            assert f'target "{shared[1]}"' in BAKE, f"line {instruction.line}: docker-bake.hcl builds no {shared[1]}"
+            continue
+        if (dockerfile.name, image) == (SHARED_BASE[0], f"${{{SHARED_BASE[1]}}}"):
+            continue  # docker-bake.hcl passes each target's base from docker/.env
         names = variables(image)
         assert names, f"line {instruction.line}: base image written here instead of in docker/.env"
         declared = {i.args.split("=")[0] for i in instructions if i.keyword == "ARG" and i.line < instruction.line}
@@ -90,12 +107,14 @@ def test_build_arguments_come_from_the_versions_file(dockerfile: Path):
     """No version is written into a Dockerfile: every ARG is a docker/.env key, and has no default."""
     for instruction in (i for i in parse_dockerfile(dockerfile) if i.keyword == "ARG"):
         name, has_default, _ = instruction.args.partition("=")
-        assert name in VERSIONS, f"line {instruction.line}: ARG {name} is not defined in docker/.env"
+        assert name in VERSIONS or (dockerfile.name, name) == SHARED_BASE, f"line {instruction.line}: ARG {name} is not defined in docker/.env"
         assert not has_default, f"line {instruction.line}: ARG {name} repeats a version; docker/.env has it"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+@pytest.mark.parametrize("dockerfile", [p for p in DOCKERFILES if p.name != SHARED_BASE[0]],
+                         ids=[i for i in IDS if not i.endswith(SHARED_BASE[0])])
 def test_runs_as_non_root_with_a_health_check(dockerfile: Path):
+    """Every image a container runs (the shared stage is only their base)."""
     instructions = parse_dockerfile(dockerfile)
     users = [i.args.split(":")[0] for i in instructions if i.keyword == "USER"]
     assert users and users[-1] not in ("root", "0"), "the final stage must switch to an unprivileged user"
@@ -125,7 +144,9 @@ def test_gpu_versions_still_run_on_pascal():
     Triton from 25.01 on needs compute capability 7.5; CUDA 13 dropped Pascal; PyTorch builds sm_60 only
     in its CUDA 12.6 wheels; onnxruntime-gpu from 1.27 on is CUDA 13 on PyPI."""
     assert Version(VERSIONS["TRITON_RELEASE"]) <= Version("24.10")
-    assert re.search(r":12\.\d+(\.\d+)?-", VERSIONS["CUDA_BASE_IMAGE"]), "CUDA base must stay on CUDA 12"
+    for image in GPU_IMAGES:  # one CUDA for all: Triton's image (24.10: CUDA 12.6.2), through the shared stage
+        (base,) = [i.args for i in parse_dockerfile(REPO / image) if i.keyword == "FROM"]
+        assert SHARED_STAGE.fullmatch(base)[1] in ("python-triton", "python-torch"), f"{image}: {base}"
     assert Version(VERSIONS["TORCH_VERSION"]).local == "cu126"
     assert Version(VERSIONS["ONNXRUNTIME_GPU_VERSION"]) < Version("1.27")
 
@@ -135,7 +156,7 @@ def test_ray_image_serves_on_the_gpu_with_the_pinned_ray():
     image, never beside the CPU wheel (the `onnx` extra), and servelab's `ray` extra (ray[serve],
     pinned in constraints.txt)."""
     instructions = parse_dockerfile(DOCKER / "Dockerfile.ray")
-    assert [i.args for i in instructions if i.keyword == "FROM"] == ["${CUDA_BASE_IMAGE}"]
+    assert [i.args for i in instructions if i.keyword == "FROM"] == ["${SERVELAB_REGISTRY}/python-triton:${SERVELAB_TAG}"]
     (install,) = [i.args for i in instructions if i.keyword == "RUN" and "-c constraints.txt" in i.args]
     extras = set(re.search(r'"\.\[([\w,]+)\]"', install)[1].split(","))
     assert '"onnxruntime-gpu==${ONNXRUNTIME_GPU_VERSION}"' in install and "onnx" not in extras

@@ -20,7 +20,7 @@ import yaml
 from servelab.core.catalogue import of_family
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import free_port
-from servelab.tools.containers import node_secrets
+from servelab.tools.containers import images, node_secrets
 from servelab.tools.containers.docker import Docker
 
 COMPOSE_DIR = REPO_ROOT / "docker"
@@ -88,8 +88,9 @@ class StageRunner:
         self.ports: dict[str, dict[str, dict[int, int]]] = {}  # project -> service -> ports
 
     def shell(self, stage: ComposeStage, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        # The legacy builder: BuildKit would fetch the `# syntax=` frontend image from a registry.
-        return {"DOCKER_BUILDKIT": "0", **self.build_args, **stage.shell, **(extra or {})}
+        # Compose builds nothing: `up` builds the stage's images from docker-bake.hcl first (or they were
+        # pulled: `extra` names a registry and the policy `missing`).
+        return {"SERVELAB_PULL_POLICY": "never", **self.build_args, **stage.shell, **(extra or {})}
 
     def files(self, stage: ComposeStage) -> list[str]:
         files = [stage.path] + ([stage.no_gpu] if stage.no_gpu else [])
@@ -103,7 +104,14 @@ class StageRunner:
         return self.docker.compose(*self.files(stage), *args, extra_env=self.shell(stage, extra),
                                    check=check, timeout=timeout)
 
-    def _write_local_override(self, stage: ComposeStage, extra: Mapping[str, str] | None) -> dict[str, dict[int, int]]:
+    def build(self, config: dict) -> list[str]:
+        """The images the stage runs (and the stages they start from), as docker-bake.hcl defines them."""
+        targets = images.plan(self.docker, ("default",), images.variables(self.build_args))
+        wanted = images.for_images(targets, {service["image"] for service in config["services"].values()})
+        return images.build(self.docker, targets, wanted, log=self.log)
+
+    def _write_local_override(self, stage: ComposeStage, extra: Mapping[str, str] | None) -> tuple[dict, dict]:
+        """The local override; returns the stage's resolved config and its published ports."""
         local = self.work_dir / f"{stage.project}.local.yaml"
         local.unlink(missing_ok=True)
         config = json.loads(self.compose(stage, "config", "--format", "json", extra=extra).stdout)
@@ -140,7 +148,7 @@ class StageRunner:
         local.write_text("# Written by `servelab containers`: ports on 127.0.0.1, other host folders, health checks.\n"
                          + "\n".join(lines) + "\n")
         self.ports[stage.project] = ports
-        return ports
+        return config, ports
 
     def _remap(self, source: str) -> str:
         path = Path(source)
@@ -150,9 +158,12 @@ class StageRunner:
         return source
 
     def up(self, stage: ComposeStage, services: tuple[str, ...] = (), extra: Mapping[str, str] | None = None,
-           wait_timeout: int = WAIT_TIMEOUT_S) -> Running:
-        """Build what the stage needs, start it and wait until every started service is healthy."""
-        ports = self._write_local_override(stage, extra)
+           wait_timeout: int = WAIT_TIMEOUT_S, build: bool = True) -> Running:
+        """Build what the stage needs (unless ``build`` is false: compose pulls it), start it and wait until
+        every started service is healthy."""
+        config, ports = self._write_local_override(stage, extra)
+        if build:
+            self.build(config)
         self.log(f"stage {stage.name}: compose up ({stage.compose_file}"
                  + (f" + no-gpu/{stage.compose_file}" if stage.no_gpu else "") + ")")
         self.compose(stage, "up", "-d", "--wait", "--wait-timeout", str(wait_timeout), *services,

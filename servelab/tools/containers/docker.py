@@ -25,6 +25,7 @@ class Docker:
 
     env: dict[str, str]
     compose_binary: Path | None = None
+    buildx_binary: Path | None = None
     timeout: float = 900.0
     log: object = field(default=print, repr=False)
 
@@ -41,6 +42,12 @@ class Docker:
             raise DockerError("no Docker Compose")
         # The plugin binary run by itself acts as `docker-compose`, same commands as `docker compose`.
         return self._run([str(self.compose_binary), *args], check, timeout, extra_env, cwd)
+
+    def buildx(self, *args: str, check: bool = True, timeout: float | None = None,
+               extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        if self.buildx_binary is None:
+            raise DockerError("no docker buildx")
+        return self._run([str(self.buildx_binary), *args], check, timeout, extra_env, cwd)
 
     def _run(self, cmd, check, timeout, extra_env, cwd) -> subprocess.CompletedProcess:
         done = subprocess.run(cmd, env=self.environ(extra_env), capture_output=True, text=True,

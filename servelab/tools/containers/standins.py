@@ -1,15 +1,13 @@
 """Stand-ins for the images no registry can give us here, and the build arguments that pick them.
 
-The lab's Dockerfiles keep their real ``FROM`` lines; the compose files pass every docker/.env
-version as a build argument, so exporting other values for ``UBUNTU_IMAGE``, ``CUDA_BASE_IMAGE``,
-``TRITON_IMAGE`` and ``TORCH_VERSION`` makes the same Dockerfiles build on local images:
+The lab's Dockerfiles keep their real ``FROM`` lines; docker-bake.hcl takes every base from a variable,
+so other values for ``UBUNTU_IMAGE``, ``TRITON_IMAGE`` and ``TORCH_VERSION`` make the same images build
+on local ones. docker-bake.hcl's ``standins`` group defines them (docker/standin/):
 
-* ``servelab-standin/debian12-py311`` for ubuntu:22.04 and the CUDA runtime image: the debootstrap
-  base plus the wheelhouse (docker/standin/Dockerfile.base);
+* ``servelab-standin/debian12-py311`` for ubuntu:22.04: the debootstrap base plus the wheelhouse;
 * ``servelab-standin/tritonserver:<release>-py3``: the tritonserver bundled in the pinned
-  nvidia-pytriton wheel, Python backend only (docker/standin/Dockerfile.tritonserver);
-* ``servelab-standin/tritonserver:<release>-py3-sdk``: perf_analyzer from the tritonclient 2.50.0
-  wheel (docker/standin/Dockerfile.sdk);
+  nvidia-pytriton wheel, Python backend only;
+* ``servelab-standin/tritonserver:<release>-py3-sdk``: perf_analyzer from the tritonclient 2.50.0 wheel;
 * torch: the CPU build of the pinned release instead of its CUDA 12.6 build.
 
 Every stand-in carries a ``servelab.standin`` label with its content key; an image whose key matches
@@ -24,24 +22,13 @@ from pathlib import Path
 
 from servelab.core.installers.perf_analyzer_install import extract_pinned
 from servelab.core.paths import REPO_ROOT
-from servelab.tools.containers import base_image, wheelhouse
+from servelab.tools.containers import base_image, images, wheelhouse
 from servelab.tools.containers.docker import Docker
 
 STANDIN_DIR = REPO_ROOT / "docker" / "standin"
 PYTHON_BASE = "servelab-standin/debian12-py311"
 TRITON = "servelab-standin/tritonserver"
-LABEL = "servelab.standin"
-
-
-def _build(docker: Docker, dockerfile: str, context: Path, tag: str, key: str, args: dict[str, str], log) -> str:
-    if docker.image_label(tag, LABEL) == key:
-        return tag
-    log(f"stand-in: building {tag} ({dockerfile})")
-    build_args = [a for name, value in args.items() for a in ("--build-arg", f"{name}={value}")]
-    docker.run("build", "--quiet", "-f", str(STANDIN_DIR / dockerfile), *build_args,
-               "--label", f"{LABEL}={key}", "-t", tag, str(context),
-               extra_env={"DOCKER_BUILDKIT": "0"}, timeout=1800)
-    return tag
+LABEL = images.LABEL
 
 
 def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
@@ -68,23 +55,22 @@ def _triton_context(wheels: Path, into: Path) -> None:
 
 
 def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print) -> dict[str, str]:
-    """Build the stand-ins (once) and return the build arguments that select them."""
+    """Build the stand-ins (once) and return the bake variables that select them."""
     wheels = wheelhouse.ensure(cache, versions, log)
-    debian = base_image.ensure(docker, cache, log)
     key = f"{base_image.key()}-{wheels.name}"
-    python_base = _build(docker, "Dockerfile.base", wheels, f"{PYTHON_BASE}:{key}", key,
-                         {"DEBIAN_IMAGE": debian}, log)
-    release = versions["TRITON_RELEASE"]
+    args = {"UBUNTU_IMAGE": f"{PYTHON_BASE}:{key}", "TRITON_IMAGE": TRITON, "TORCH_VERSION": wheelhouse.cpu_torch()}
     with tempfile.TemporaryDirectory(prefix="servelab-standin-") as tmp:
         work = Path(tmp)
-        server_tag = f"{TRITON}:{release}-py3"
-        if docker.image_label(server_tag, LABEL) != key:
+        (work / "triton").mkdir()
+        (work / "sdk").mkdir()
+        env = images.variables({**versions, **args, "STANDIN_DIR": str(STANDIN_DIR), "STANDIN_KEY": key,
+                                "STANDIN_DEBIAN_IMAGE": base_image.ensure(docker, cache, log),
+                                "STANDIN_WHEELHOUSE": str(wheels), "STANDIN_WORK": str(work)})
+        targets = images.plan(docker, ("standins",), env)
+        release = versions["TRITON_RELEASE"]
+        if docker.image_label(f"{TRITON}:{release}-py3", LABEL) != key:
             _triton_context(wheels, work / "triton")
-        _build(docker, "Dockerfile.tritonserver", work / "triton", server_tag, key, {"BASE_IMAGE": python_base}, log)
-        sdk_tag = f"{TRITON}:{release}-py3-sdk"
-        if docker.image_label(sdk_tag, LABEL) != key:
-            (work / "sdk").mkdir()
+        if docker.image_label(f"{TRITON}:{release}-py3-sdk", LABEL) != key:
             extract_pinned(work / "sdk", work, log)
-        _build(docker, "Dockerfile.sdk", work / "sdk", sdk_tag, key, {"BASE_IMAGE": python_base}, log)
-    return {"UBUNTU_IMAGE": python_base, "CUDA_BASE_IMAGE": python_base, "TRITON_IMAGE": TRITON,
-            "TORCH_VERSION": wheelhouse.cpu_torch()}
+        images.build(docker, targets, log=log)
+    return args

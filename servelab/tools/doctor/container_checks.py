@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.servers.triton.python_backend import instance_count
+from servelab.tools.containers import images
 from servelab.tools.doctor.gpu import Gpu, gpus, has_kernels
 from servelab.tools.doctor.runner import Context, Output, Result
 
@@ -154,15 +155,8 @@ def triton_shm(ctx: Context) -> Result:
 # --- the Triton image: its Python-backend stub and its torch on the GPUs ---------------------------
 
 
-def triton_image(compose_text: str) -> str:
-    found = re.search(r"^\s+image:\s*(\S*triton_server\S*)\s*$", compose_text, re.MULTILINE)
-    if found is None:
-        raise ValueError(f"{TRITON_COMPOSE} names no triton_server image")
-    return found[1]
-
-
 def container_probe_command(image: str) -> tuple[str, ...]:
-    # --pull never: the image is built on the node, never fetched by a check.
+    # --pull never: a check never fetches an image (`servelab doctor --images` pulls the lab's).
     return ("docker", "run", "--rm", "--pull", "never", "--gpus", "all", "--entrypoint", "python", image,
             "-c", CONTAINER_PROBE)
 
@@ -199,7 +193,7 @@ def triton_container(ctx: Context) -> Result:
         return Result(name, "skip", "needs Docker with the NVIDIA runtime (see the docker and nvidia-runtime lines)")
     if not compose.is_file():
         return Result(name, "skip", f"no {TRITON_COMPOSE} here (servelab runs outside its checkout)")
-    image = triton_image(compose.read_text())
+    image = images.compose_ref("triton_server")
     if not ctx.output(("docker", "image", "inspect", "--format", "{{.Id}}", image)).ok:
         return Result(name, "skip", f"the Triton image {image} is not built yet (5_triton_setup's `docker compose up` builds it); "
                                     "run the doctor again after that to check it")
