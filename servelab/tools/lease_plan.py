@@ -133,10 +133,16 @@ def count_text(section: str, part: Part) -> None:
     """A section's prose and the student's tasks its text shows (the code cells: ``count_cell``)."""
     part.words += _words(section)
     for block in SHELL.findall(section):
+        waits: Counter[str] = Counter()
         for line in (line.strip() for line in block.splitlines()):
             if line and not line.startswith("#"):
                 part.tasks["ssh_line" if line.startswith("ssh ") else "shell_line"] += 1
-                part.shell_waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
+                waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
+        # A block that pulls the images where a registry is named, else builds them, costs one of the two: the pull,
+        # the class's way (docs/instructors.md); the build's price is in the plan's notes.
+        if waits["image_pull"]:
+            del waits["image_build"]
+        part.shell_waits.update(waits)
     prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL))]
     part.tasks["question"] += sum(1 for p in paragraphs if QUESTION.match(p))
@@ -233,14 +239,15 @@ def plan_table() -> str:
               f"- Reading: {r['reading_wpm']} words a minute; the notebooks a wait asks students to read meanwhile are "
               "read then, not again.",
               f"- Machine: each code cell's seconds in the e2e notebook run's `docs/records/{CELL_TIMES.name}` "
-              f"× {r['cells']['factor']:g}:", f"  {r['cells']['source']}."]
+              f"× {r['cells']['factor']:g}:", prose(f"  {r['cells']['source']}.", indent="  ")]
     runs = {f"{run['machine']}, at {run['commit']}" for run in cell_times().values()}
     lines += [f"  Recorded on {run}." for run in sorted(runs)]
     for name, row in [*r["allowance"].items(), *r["shell"].items()]:
-        lines.append(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).")
+        lines.append(prose(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).",
+                           indent="  "))
     for name, waits in WAITS.items():
-        lines += [f"- `{name}`, {w['what']}: {' / '.join(f'{s / 60:g}' for s in w['seconds'])} min ({w['source']})."
-                  for w in waits]
+        lines += [prose(f"- `{name}`, {w['what']}: {' / '.join(f'{s / 60:g}' for s in w['seconds'])} min ({w['source']}).",
+                        indent="  ") for w in waits]
     missing = [f"`{p.name}` ({len(p.core.unrecorded) + len(p.optional.unrecorded)})" for p in plans
                if p.core.unrecorded or p.optional.unrecorded]
     if missing:

@@ -121,7 +121,7 @@ def _compose_parts(argv: list[str]) -> tuple[list[Path], str, list[str]]:
 @pytest.mark.parametrize(("stem", "env", "argv"), commands_of("docker"))
 def test_compose_commands_name_real_files_services_and_variables(stem: str, env: dict[str, str], argv: list[str]) -> None:
     paths, sub, services = _compose_parts(argv)
-    assert sub in {"up", "down", "ps", "logs", "build", "exec"}, sub
+    assert sub in {"up", "down", "ps", "logs", "build", "pull", "exec"}, sub
     assert all(path.is_file() for path in paths), f"{stem}: no compose file among {paths}"
     documents = [load_compose(path, **env) for path in paths]
     named = {name for document in documents for name in document["services"]}
