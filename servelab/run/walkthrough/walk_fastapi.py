@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 import requests
 import uvicorn
 
-from servelab.core.labels import CLASSES
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
 from servelab.measure.records import Load, Record, RunKind
@@ -105,20 +104,6 @@ def queueing(alone: Record, busy: Record) -> str:
         per = f" for {batch:.1f} images on average" if batch > 1 else ""
         lines.append(f"one inference at a time, {infer:.1f} ms each{per}: at most {1000 * batch / infer:.0f} req/s")
     return "\n".join(lines)
-
-
-def check_answer(answer: requests.Response) -> str:
-    """A student's first request: right where the service answered 200 with a Food-11 class and its probability,
-    and its Server-Timing header splits the time into queue, preprocess and infer."""
-    if answer.status_code != 200:
-        return f"wrong: HTTP {answer.status_code} ({answer.text[:200]}); send the photo as {{'image': <base64 text>}}"
-    body, timing = answer.json(), answer.headers.get("Server-Timing", "")
-    if body.get("prediction") not in CLASSES or not 0 <= body.get("probability", -1) <= 1:
-        return f"wrong: {body} holds no Food-11 class with its probability"
-    missing = [part for part in ("queue", "preprocess", "infer") if part not in timing]
-    if missing:
-        return f"wrong: Server-Timing {timing!r} lacks {', '.join(missing)}: print answer.headers['Server-Timing']"
-    return f"right: {body['prediction']} ({body['probability']:.2f}), and the service's own split of its time"
 
 
 def check_timing(latencies_ms: list[float], wall_s: float, record: Record, slack: float = 3.0) -> str:
