@@ -17,7 +17,7 @@ import numpy as np
 
 from servelab.core.artifacts import load_manifest
 from servelab.core.catalogue import ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
-from servelab.core.labels import CLASSES
+from servelab.core.postprocess import top1
 from servelab.core.procs import DIRECT
 from servelab.core.settings import get_settings
 from servelab.measure.measure_stage import (
@@ -329,8 +329,8 @@ class TritonWalkthrough:
             logits = client.infer(model, tensor_inputs("http", tensor), outputs=tensor_outputs("http")).as_numpy("output")[0]
         finally:
             client.close()
-        shares = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-        want, chance = CLASSES[int(logits.argmax())], float(shares.max())
+        (ours,) = top1(logits)  # the pipeline's own postprocessing: softmax, then the largest
+        want, chance = ours.label, ours.probability
         if wrong := [one for one in labels if one != want]:
             raise ValueError(f"wrong class: {wrong[0]!r}; {model}'s largest logit is {want!r} (CLASSES[logits.argmax()])")
         if probability is None:
