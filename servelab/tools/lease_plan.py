@@ -138,10 +138,6 @@ def count_text(section: str, part: Part) -> None:
             if line and not line.startswith("#"):
                 part.tasks["ssh_line" if line.startswith("ssh ") else "shell_line"] += 1
                 waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
-        # A block that pulls the images where a registry is named, else builds them, costs one of the two: the pull,
-        # the class's way (docs/instructors.md); the build's price is in the plan's notes.
-        if waits["image_pull"]:
-            del waits["image_build"]
         part.shell_waits.update(waits)
     prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL))]
@@ -159,8 +155,9 @@ def count_cell(source: str, recorded: dict | None, part: Part) -> None:
         part.cells_s += recorded["seconds"]
     written = YOUR_CODE.match(source)
     if written or "# TODO" in source:
+        given = set(source.splitlines()) if written else set()  # the answer's lines the cell holds already
         typed = [line for line in (answers().get(written[1], source) if written else source).splitlines()
-                 if line.strip() and not line.lstrip().startswith("#")]  # what students type: no comment
+                 if line.strip() and not line.lstrip().startswith("#") and line not in given]  # no comment
         part.tasks["written_cell"] += max(1, round(len(typed) / 10))
 
 
@@ -236,6 +233,9 @@ def plan_table() -> str:
               f"{_clock(high)}) of a {_clock(LEASE_MIN)} lease; the aim, ≤ {_clock(CORE_AIM_MIN)}: "
               f"{'met' if median <= CORE_AIM_MIN else 'MISSED'}. An estimate, not a timed class "
               "(`servelab/tools/lease_plan.py`).", "",
+              prose("- The node: booted from the class's prepared image (docs/instructors.md, \"A prepared node\"); from "
+                    "Chameleon's own image, `2_create_server_nvidia` and `bin/node-setup` also install and fetch (the "
+                    "rows below).", indent="  "),
               f"- Reading: {r['reading_wpm']} words a minute; the notebooks a wait asks students to read meanwhile are "
               "read then, not again.",
               f"- Machine: each code cell's seconds in the e2e notebook run's `docs/records/{CELL_TIMES.name}` "

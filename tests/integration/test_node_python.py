@@ -1,4 +1,4 @@
-"""The node's own Python: 3_fastapi_setup makes a venv with Ubuntu 24.04's Python 3.12 and installs
+"""The node's own Python: bin/node-setup (3_fastapi_setup) makes a venv with Ubuntu 24.04's Python 3.12 and installs
 constraints.txt with the node's extras, which the local environment (3.11) never resolves. Here pip
 resolves exactly that set for CPython 3.12 on manylinux x86-64 (the way servelab.tools.gpu_constraints
 reads the GPU environment's), from the package index, and the test fails on a pin with no 3.12 wheel.
@@ -26,12 +26,12 @@ INDEX = "https://pypi.org/simple/"
 PLATFORMS = [*(f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)), "manylinux2014_x86_64",
              "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 TARGET = [*PIP_TARGET[:PIP_TARGET.index("--platform")], *(a for p in PLATFORMS for a in ("--platform", p))]
-NOTEBOOK = REPO_ROOT / "notebooks" / "3_fastapi_setup.md"
+NODE_SETUP = REPO_ROOT / "bin" / "node-setup"
 
 
 def node_extras() -> list[str]:
-    """The extras 3_fastapi_setup installs on the node (its `pip install ... -e ".[...]"` line)."""
-    (extras,) = re.findall(r'pip install .*-e "\.\[([\w,]+)\]"', NOTEBOOK.read_text())
+    """The extras bin/node-setup installs on the node (its `pip install ... -e ".[...]"` line)."""
+    (extras,) = re.findall(r'pip install .*-e "\.\[([\w,]+)\]"', NODE_SETUP.read_text())
     return extras.split(",")
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from servelab.cli import main
 from servelab.core import exposure
+from servelab.core.paths import REPO_ROOT
 from servelab.run.walkthrough import node_setup, ray_nodes
 from servelab.tools.containers import node_secrets
 
@@ -90,6 +91,6 @@ def test_the_command_never_prints_a_secret(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_node_setup_writes_the_secrets_after_servelab_is_installed():
-    commands = node_setup.SERVELAB
-    assert commands[-1].endswith(".venv/bin/servelab secrets")
-    assert any("pip install" in c for c in commands[:-1])
+    assert node_setup.SERVELAB == ["cd ~/servelab && bin/node-setup --no-images"]
+    script = (REPO_ROOT / "bin" / "node-setup").read_text()
+    assert script.index("pip install") < script.index(".venv/bin/servelab secrets\n")

@@ -41,30 +41,12 @@ def test_a_question_paragraph_is_priced_however_it_is_spelled(tmp_path):
     assert part.students == pytest.approx(tuple(5 * s for s in seconds("question")))
 
 
-def test_a_block_that_pulls_where_a_registry_is_named_else_builds_costs_the_pull(tmp_path):
-    part = plan(tmp_path, """\
-        ```shell
-        if [ "$SERVELAB_PULL_POLICY" = missing ]; then
-          docker compose -f docker/docker-compose-fastapi.yaml pull
-          docker compose -f docker/docker-compose-triton.yaml pull
-        else
-          { (set -a; . docker/.env; docker buildx bake core); echo images: done; } > ~/images.log 2>&1 &
-        fi
-        ```
-
-        ```shell
-        docker buildx bake core
-        ```
-        """).core
-    assert part.shell_waits == {"image_pull": 2, "image_build": 1}  # the second block builds: no registry there
-
-
 def test_every_line_of_a_shell_block_is_priced_and_the_waits_it_starts(tmp_path):
     part = plan(tmp_path, """\
         ```shell
         # a comment students do not type
-        servelab models build --source lab
-        docker compose -f docker/docker-compose-fastapi.yaml build
+        bin/node-setup
+        source .venv/bin/activate
 
         FASTAPI_STAGE=fastapi_onnx docker compose -f docker/docker-compose-fastapi.yaml up -d fastapi_server
         ```
@@ -74,7 +56,7 @@ def test_every_line_of_a_shell_block_is_priced_and_the_waits_it_starts(tmp_path)
         ```
         """).core
     assert (part.tasks["shell_line"], part.tasks["ssh_line"]) == (3, 1)
-    assert part.shell_waits == {"model_build": 1, "image_build": 1, "container_start": 1}
+    assert part.shell_waits == {"node_setup": 1, "container_start": 1}
     shell = lp.rates()["shell"]
     assert part.machine == pytest.approx(tuple(map(sum, zip(*(shell[n]["seconds"] for n in part.shell_waits)))))
 

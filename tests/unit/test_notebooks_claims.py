@@ -378,18 +378,18 @@ def test_the_intro_plans_the_lease() -> None:
 
 
 def test_every_image_is_built_before_the_first_measurement() -> None:
-    """3_fastapi_setup fetches every image of the core path in one unattended step before anything starts:
-    pulled where docker/.env names a registry (every compose file of the core path, and the ONNX stage's
-    image), else built from docker-bake.hcl's core group. No notebook after it builds or waits for a build."""
+    """3_fastapi_setup fetches every image of the core path in one unattended step before anything starts
+    (bin/node-setup; tests/integration/test_node_setup.py runs it): pulled where docker/.env names a registry
+    (every compose file of the core path, and the ONNX stage's image), else built from docker-bake.hcl's core
+    group. No notebook after it builds or waits for a build."""
     from servelab.tools.lease_plan import SHELL
 
     setup = _text(NOTEBOOK_DIR / "3_fastapi_setup.md")
-    fetches = ['eval "$(servelab containers tag)"',
-               "docker compose -f docker/docker-compose-fastapi.yaml pull\n",
-               "FASTAPI_STAGE=fastapi_onnx docker compose -f docker/docker-compose-fastapi.yaml pull fastapi_server\n",
-               "docker compose -f docker/docker-compose-triton.yaml pull\n",
-               "docker buildx bake core"]
-    assert all(setup.index(f) < setup.index("docker compose -f docker/docker-compose-fastapi.yaml up -d") for f in fetches)
+    assert setup.index("bin/node-setup\n") < setup.index("docker compose -f docker/docker-compose-fastapi.yaml up -d")
+    script = _text(REPO_ROOT / "bin" / "node-setup")
+    fetches = ["compose fastapi pull;", "FASTAPI_STAGE=fastapi_onnx compose fastapi pull fastapi_server;",
+               "compose triton pull;", "docker buildx bake core"]
+    assert all(f in script for f in fetches)
     for later in ("4_fastapi", "5_triton_setup", "6_triton_python", "7_triton_onnx", "8_triton_more"):
         shell = "\n".join(SHELL.findall(_text(NOTEBOOK_DIR / f"{later}.md")))
         assert " build" not in shell and "pgrep" not in shell, later

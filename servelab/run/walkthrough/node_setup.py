@@ -20,13 +20,14 @@ DOCKER = [
 
 _NVIDIA_REPO = "https://nvidia.github.io/libnvidia-container"
 _KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+_NO_TOOLKIT = "command -v nvidia-ctk > /dev/null || "  # a prepared node has it: skip the downloads
 NVIDIA_TOOLKIT = [
     # NVIDIA's package repository, signed by its key, then the toolkit, registered with Docker.
-    f"curl -fsSL {_NVIDIA_REPO}/gpgkey | sudo gpg --batch --yes --dearmor -o {_KEYRING}",
-    f"curl -fsSL {_NVIDIA_REPO}/stable/deb/nvidia-container-toolkit.list"
+    f"{_NO_TOOLKIT}curl -fsSL {_NVIDIA_REPO}/gpgkey | sudo gpg --batch --yes --dearmor -o {_KEYRING}",
+    f"{_NO_TOOLKIT}curl -fsSL {_NVIDIA_REPO}/stable/deb/nvidia-container-toolkit.list"
     f" | sed 's#deb https://#deb [signed-by={_KEYRING}] https://#'"
     " | sudo tee /etc/apt/sources.list.d/nvidia-container-toolkit.list",
-    "sudo apt-get update -q && sudo apt-get install -y -q nvidia-container-toolkit",
+    f"{_NO_TOOLKIT}(sudo apt-get update -q && sudo apt-get install -y -q nvidia-container-toolkit)",
     "sudo nvidia-ctk runtime configure --runtime=docker",
 ]
 
@@ -38,22 +39,13 @@ _CGROUPFS = ('import json, pathlib; p = pathlib.Path("/etc/docker/daemon.json");
              'p.write_text(json.dumps(c, indent=2))')
 CGROUPFS = f"sudo python3 -c {shlex.quote(_CGROUPFS)}"
 RESTART_DOCKER = "sudo systemctl restart docker"
-NVTOP = "sudo apt-get install -y -q nvtop"
+NVTOP = "command -v nvtop > /dev/null || sudo apt-get install -y -q nvtop"
 # The GPUs on the node, then from inside a throwaway container (Docker and the toolkit work together).
 GPU_CHECKS = ["nvidia-smi", "docker run --rm --gpus all ubuntu:24.04 nvidia-smi"]
 
-# servelab in the checkout's .venv (PyTorch's CPU build: on the node it only exports the model) and the
-# lab's model in models/, as 3_fastapi_setup does by hand.
-SERVELAB = [
-    "sudo apt-get update -q && sudo apt-get install -y -q python3-venv",
-    f"cd {CHECKOUT} && (test -d .venv || python3 -m venv .venv) && .venv/bin/pip install -q --upgrade pip",
-    f"cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu torch",
-    f'cd {CHECKOUT} && .venv/bin/pip install -q -c constraints.txt -e ".[torch,onnx,bench]"',
-    f"cd {CHECKOUT} && .venv/bin/servelab models build --source lab",
-    # The compose files' generated secrets in .secrets/ (ADMIN_TOKEN, Grafana's password), never printed.
-    f"cd {CHECKOUT} && .venv/bin/servelab secrets",
-]
-
+# servelab's environment, the lab's model and the secrets: the checkout's own script, which 3_fastapi_setup runs too
+# and which skips what a prepared node has done.
+SERVELAB = [f"cd {CHECKOUT} && bin/node-setup --no-images"]
 
 def clone(repo_url: str) -> str:
     return f"test -d {CHECKOUT}/.git || git clone {shlex.quote(repo_url)} {CHECKOUT}"

@@ -1,0 +1,109 @@
+"""bin/node-setup, the node's setup (3_fastapi_setup), on a copy of this checkout: on a prepared node (what the
+instructor's image holds: the environment, the model, every image) each step says it is skipped and nothing is
+fetched; where images are missing they are pulled from a named registry or built, and a failed fetch says so.
+
+servelab's own environment and model steps run for real (this machine's .venv, the packaged stand-in model);
+Docker is a recording double on PATH, the one part a test machine does not have with the node's images."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from servelab.core.paths import REPO_ROOT
+
+# A stand-in for Docker: `compose ... config --images` lists the images, `image inspect` finds those in
+# $DOCKER_HAS, and every other call is recorded in $DOCKER_CALLS (it fails where $DOCKER_FAILS is set).
+DOCKER = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    case "$*" in
+      *"config --images") registry=${SERVELAB_REGISTRY:-servelab}  # else docker/.env's, as Compose reads it
+                          echo "$registry/${FASTAPI_STAGE:-fastapi_pt}:$SERVELAB_TAG"
+                          echo "$registry/triton_server:$SERVELAB_TAG" ;;
+      "image inspect "*) grep -qxF "$3" "$DOCKER_HAS" ;;
+      *) echo "$*" >> "$DOCKER_CALLS"; [ -z "$DOCKER_FAILS" ] ;;
+    esac
+    """)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """What the node's checkout holds after its first setup: this repository's files, .venv (this machine's
+    environment) and models/ (the packaged stand-in, built once here)."""
+    root = tmp_path_factory.mktemp("node") / "servelab"
+    for name in ("bin", "docker", "servelab"):
+        shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", ".dockerignore", "docker-bake.hcl"):
+        shutil.copy(REPO_ROOT / name, root / name)
+    if (REPO_ROOT / "models" / "food11.json").is_file():  # built already: the first setup finds it up to date
+        shutil.copytree(REPO_ROOT / "models", root / "models")
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "servelab").write_text(f'#!/bin/sh\nexec {sys.executable} -m servelab "$@"\n')
+    (root / ".venv" / "bin" / "servelab").chmod(0o755)
+    (root / "bin" / "docker").write_text(DOCKER)
+    (root / "bin" / "docker").chmod(0o755)
+    return root
+
+
+def setup(root: Path, home: Path, *args: str, has: list[str] = (), registry: str = "", fails: bool = False):
+    home.mkdir(exist_ok=True)
+    (home / "has").write_text("".join(f"{ref}\n" for ref in has))
+    env = {**os.environ, "HOME": str(home), "PATH": f"{root / 'bin'}:{os.environ['PATH']}",
+           "PYTHONPATH": str(root),  # the copy's servelab: its REPO_ROOT is the copy
+           "MODEL_SOURCE": "offline", "DOCKER_HAS": str(home / "has"),
+           "DOCKER_CALLS": str(home / "calls"), "DOCKER_FAILS": "1" if fails else ""}
+    env.pop("SERVELAB_TAG", None)
+    env.pop("SERVELAB_REGISTRY", None)
+    env.update({"SERVELAB_REGISTRY": registry} if registry else {})
+    done = subprocess.run([str(root / "bin" / "node-setup"), *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+    calls = (home / "calls").read_text().splitlines() if (home / "calls").exists() else []
+    return done, calls
+
+
+def refs(tag: str, registry: str = "servelab") -> list[str]:
+    return [f"{registry}/{name}:{tag}" for name in ("fastapi_pt", "fastapi_onnx", "triton_server")]
+
+
+def test_a_prepared_node_skips_every_step_and_fetches_nothing(checkout: Path, tmp_path: Path):
+    first, _ = setup(checkout, tmp_path / "first", "--no-images")  # the instructor's node: the model built
+    assert first.returncode == 0, first.stderr
+    done, calls = setup(checkout, tmp_path / "home", has=refs("0.1.0-local"))
+    assert done.returncode == 0, done.stderr
+    assert "servelab's environment: ready in .venv (skipped)" in done.stdout
+    assert "models: up to date" in done.stdout
+    assert "images: all 3 of this commit (0.1.0-local) on this node (skipped)" in done.stdout
+    assert calls == [] and (tmp_path / "home" / "images.log").read_text() == "images: done\n"
+    assert (checkout / ".secrets" / "lab.env").is_file()  # each node's own, made at its first setup
+
+
+def test_missing_images_are_pulled_from_the_class_registry(checkout: Path, tmp_path: Path):
+    registry = "registry.example.edu/servelab"
+    done, calls = setup(checkout, tmp_path, "--wait", has=refs("0.1.0-local", registry)[:1], registry=registry)
+    assert done.returncode == 0, done.stderr
+    assert "pulling this commit's images (0.1.0-local) from the class registry" in done.stdout
+    assert [c.split()[-1] for c in calls] == ["pull", "fastapi_server", "pull"]
+    assert (tmp_path / "images.log").read_text().endswith("images: done\n")
+
+
+def test_without_a_registry_the_images_are_built(checkout: Path, tmp_path: Path):
+    done, calls = setup(checkout, tmp_path, "--wait")
+    assert done.returncode == 0, done.stderr
+    assert "names no registry: building every image on this node" in done.stdout
+    assert calls == ["buildx bake core"]
+
+
+def test_a_failed_fetch_says_so_and_fails(checkout: Path, tmp_path: Path):
+    done, _ = setup(checkout, tmp_path, "--wait", registry="registry.example.edu/servelab", fails=True)
+    assert done.returncode != 0
+    log = (tmp_path / "images.log").read_text()
+    assert "images: FAILED" in log and "images: done" not in log
+
+
+def test_an_unknown_option_is_refused(checkout: Path, tmp_path: Path):
+    done, calls = setup(checkout, tmp_path, "--fast")
+    assert done.returncode == 2 and "usage: bin/node-setup" in done.stderr and calls == []
