@@ -639,6 +639,7 @@ WRITTEN = {"timing loop": ("4_fastapi", ("requests.Session()", "time.perf_counte
                                                      '["inference_stats"]', '["success"]["count"]', '"compute_infer"')),
            "ensemble statistics": ("8_triton_more", ("client.get_inference_statistics(model)", '"food_preprocess"',
                                                      '"food_postprocess"', '["inference_stats"]', '"compute_infer"')),
+           "each stage's best": ("8_triton_more", ("for r in newest", "r.stats.throughput_rps", "best[r.stage] = ")),
            "GourmetGram client": ("6_triton_python", ("requests.post(", "/classify", 'files={"photo":', "status_code")),
            "batch of 16 tensors": ("7_triton_onnx", ('httpclient.InferInput("input"', '"FP32"', '"food_classifier_onnx"',
                                                     'httpclient.InferRequestedOutput("output")')),

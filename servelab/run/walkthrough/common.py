@@ -1,5 +1,6 @@
 """Helpers both measurement notebooks use."""
 
+import math
 import re
 import shlex
 import time
@@ -81,6 +82,20 @@ def latest(records: Iterable[Record]) -> list[Record]:
     run twice counts once, with its last numbers."""
     newest = {(r.stage, r.tool, r.load.label(), r.batch): r for r in records}
     return list(newest.values())
+
+
+def check_best(best: dict[str, float], records: Iterable[Record]) -> str:
+    """A student's highest req/s per stage, against the records' own."""
+    want: dict[str, float] = {}
+    for r in records:
+        want[r.stage] = max(want.get(r.stage, 0.0), r.stats.throughput_rps)
+    wrong = sorted(s for s in set(want) | set(best) if not math.isclose(best.get(s, -1), want.get(s, -2), rel_tol=0.01))
+    if wrong:
+        raise ValueError(f"not the records' best for {', '.join(wrong)}: yours "
+                         f"{ {s: best.get(s) for s in wrong} }, the records' { {s: want.get(s) for s in wrong} }; "
+                         "one entry per stage, its highest stats.throughput_rps")
+    top = max(want, key=want.__getitem__, default=None)
+    return f"correct: {len(want)} stages; {top} served the most, {want[top]:.1f} req/s" if top else "correct: no runs yet"
 
 
 def drawn(folder: Path, plots: Iterable[str]) -> list[Path]:
