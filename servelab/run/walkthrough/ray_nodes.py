@@ -2,8 +2,8 @@
 with python-chi.
 
 * ``RayNodes.for_student(net_id)``: the names of the lease and the two servers.
-* ``earliest_start`` / ``reserve``: one lease holding a head node and a worker node (two ``gpu_p100``, or
-  a GPU head and a worker of another type), from the earliest whole hour both are free.
+* ``earliest_start`` / ``reserve``: one lease holding a head node and a worker node (two GPU nodes of the
+  lab's ``NODE_TYPE``, or its GPU head and a worker of another type), from the earliest whole hour both are free.
 * ``start_servers``: both servers in the lease, each on its own reservation, with a floating IP for SSH.
 * ``private_address``: a server's fixed address on the shared network, the one Ray advertises.
 * ``prepare``: a checkout, Docker with the NVIDIA toolkit (GPU nodes), servelab and the model on a node.
@@ -25,9 +25,8 @@ from datetime import datetime, timedelta
 
 from chi import hardware, lease, server
 
-from servelab.run.walkthrough import chameleon, node_setup
+from servelab.run.walkthrough import chameleon, node_setup, runbook
 
-GPU_NODE_TYPE = "gpu_p100"
 IMAGE = "CC-Ubuntu24.04-CUDA"
 CHECKOUT = node_setup.CHECKOUT
 # Written on each node by `cluster_files`, read by the compose files (git-ignored, never in an image).
@@ -103,11 +102,8 @@ def start_servers(found: lease.Lease, nodes: RayNodes, head_type: str, worker_ty
         s.submit(idempotent=True, wait_for_active=False)
         made.append(s)
     for s in made:
-        s.wait(status="ACTIVE")
-        # Only one address per server, also when the cell runs again.
-        if s.get_floating_ip() is None:
-            s.associate_floating_ip()
-        s.check_connectivity()
+        chameleon.wait_active(s)
+        chameleon.reach(s)
     return made[0], made[1]
 
 
@@ -127,8 +123,7 @@ def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
 
 
 def prepare(s: server.Server, repo_url: str, *, gpu: bool) -> None:
-    for command in prepare_commands(repo_url, gpu=gpu):
-        s.execute(command)
+    chameleon.run(s, prepare_commands(repo_url, gpu=gpu))
 
 
 def new_token() -> str:
@@ -184,14 +179,14 @@ def bring_up(head: server.Server, worker: server.Server, *, worker_gpu: bool, wa
     """Start the head (Ray, then GourmetGram and Jupyter), then the worker, and wait for both in Ray.
 
     ``--force-recreate``: a container started earlier would keep an older token file."""
-    head.execute(_compose(HEAD_COMPOSE, "up -d --wait --force-recreate ray_head"))
+    # The first start builds the images; a build that fails or a container that never turns healthy says what to do.
+    chameleon.run(head, [_compose(HEAD_COMPOSE, "up -d --wait --force-recreate ray_head")], runbook.UNHEALTHY)
     # A worker without a GPU runs the compose file's CPU variant (profile `cpu`).
     worker_up = "up -d --force-recreate ray_worker" if worker_gpu else "--profile cpu up -d --force-recreate ray_worker_cpu"
-    worker.execute(_compose(WORKER_COMPOSE, worker_up))
-    head.execute(f"mkdir -p {CHECKOUT}/results")
-    head.execute(_compose(HEAD_COMPOSE, "up -d flask jupyter"))
-    head.execute(alive_nodes_check(2, wait_s))
-    head.execute(_compose(HEAD_COMPOSE, "exec -T ray_head ray status"))
+    chameleon.run(worker, [_compose(WORKER_COMPOSE, worker_up)], runbook.UNHEALTHY)
+    chameleon.run(head, [f"mkdir -p {CHECKOUT}/results", _compose(HEAD_COMPOSE, "up -d flask jupyter"),
+                         alive_nodes_check(2, wait_s), _compose(HEAD_COMPOSE, "exec -T ray_head ray status")],
+                  runbook.UNHEALTHY)
 
 
 def release(nodes: RayNodes) -> list[str]:
