@@ -15,6 +15,7 @@ import chi.server
 import pytest
 
 from chi_doubles import a_server, arguments, blazar_hosts, existing_lease, node
+from servelab.cli import main
 from servelab.run.walkthrough.classroom import (
     Row,
     book_class,
@@ -29,7 +30,6 @@ from servelab.run.walkthrough.classroom import (
     status,
     table,
 )
-from servelab.cli import main
 
 UTC = timezone.utc
 LENGTH = timedelta(hours=2, minutes=55)
