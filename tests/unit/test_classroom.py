@@ -22,6 +22,7 @@ from servelab.run.walkthrough.classroom import (
     budget,
     daytime,
     delete_class_leases,
+    earliest,
     manage,
     parts,
     plan,
@@ -104,6 +105,21 @@ def test_plan_fills_free_nodes_then_later_hours_never_overlapping() -> None:
         (("A",), at(13)), (("A",), at(16)), (("B",), at(16)), None,  # 19:00 + 2:55 is past 21:00
     ]
     assert all(s.end - s.start == LENGTH for s in slots.values() if s)
+
+
+def test_a_ray_lease_starts_at_the_first_hour_a_node_of_each_type_is_free_for_all_of_it(chi_api: SimpleNamespace) -> None:
+    gpus = [node("P3-GPU-009"), node("P3-GPU-010"), node("P3-GPU-011")]
+    cpus = [node("P3-CPU-001")]
+    chi_api.get_nodes.side_effect = lambda node_type: {"gpu_p100": gpus, "compute_cascadelake_r": cpus}[node_type]
+    # Free now, then reserved from 14:00: a lease from 12:00 would not fit. P3-GPU-011 is free from 16:00.
+    chi_api.blazar.return_value.host = blazar_hosts(gpus + cpus, {
+        "P3-GPU-009": [(at(14), at(20))], "P3-GPU-010": [(at(8), at(16))], "P3-GPU-011": [(at(8), at(16))],
+        "P3-CPU-001": [(at(8), at(17, 30))]})
+    now = at(11, 20)
+    assert earliest(["gpu_p100", "gpu_p100"], LENGTH, now) == at(16)  # the second GPU node free for 2 h 55
+    assert earliest(["gpu_p100", "compute_cascadelake_r"], LENGTH, now) == at(18)  # the CPU node, on the hour
+    with pytest.raises(ValueError, match="no compute_cascadelake_r [+] compute_cascadelake_r free"):
+        earliest(["compute_cascadelake_r", "compute_cascadelake_r"], LENGTH, now)
 
 
 def test_a_class_is_booked_on_free_nodes_and_one_refusal_does_not_stop_the_rest(chi_api: SimpleNamespace) -> None:

@@ -3,6 +3,7 @@
 * ``daytime``: the windows a class's leases may fall in: the hours the instructor sets, on the days chosen.
 * ``budget``: what a part of the lab costs a class: leases, node-hours, SUs, and how many consecutive blocks
   of one lease's length the site's nodes need to hold them all.
+* ``earliest``: the first hour from which the nodes of one lease are free (a student's Ray lease).
 * ``book_class``: one lease per student within the windows, each on nodes that are free for the whole lease,
   planned from Blazar's reservations of every node of the types; ``node_types`` is one type (the lab's
   lease, ``serve_system_<netID>``) or two (the Ray part's head and worker, ``serve_ray_<netID>``, booked as
@@ -240,6 +241,16 @@ def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Inter
                 slots[student] = Slot(tuple(chosen), start, end)
                 break
     return slots
+
+
+def earliest(node_types: Sequence[str], length: timedelta, now: datetime | None = None) -> datetime:
+    """The first whole hour from which the site has a node of each of ``node_types`` free for ``length``
+    (``9_ray_setup``'s lease, planned as the class's are), within 30 days."""
+    now = now or datetime.now(timezone.utc)
+    slot = plan([""], site(node_types).busy, [(now, now + timedelta(days=30))], length, now, node_types)[""]
+    if slot is None:
+        raise ValueError(f"no {' + '.join(node_types)} free for {length} in the next 30 days at this site")
+    return slot.start
 
 
 def _live_leases(prefix: str) -> dict[str, lease.Lease]:

@@ -2,8 +2,8 @@
 with python-chi.
 
 * ``RayNodes.for_student(net_id)``: the names of the lease and the two servers.
-* ``earliest_start`` / ``reserve``: one lease holding a head node and a worker node (two GPU nodes of the
-  lab's ``NODE_TYPE``, or its GPU head and a worker of another type), from the earliest whole hour both are free.
+* ``reserve``: one lease holding a head node and a worker node (two GPU nodes of the lab's ``NODE_TYPE``, or
+  its GPU head and a worker of another type); ``classroom.earliest`` finds when both are free.
 * ``start_servers``: both servers in the lease, each on its own reservation, with a floating IP for SSH.
 * ``private_address``: a server's fixed address on the shared network, the one Ray advertises.
 * ``prepare``: a checkout, Docker with the NVIDIA toolkit (GPU nodes), servelab and the model on a node.
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from chi import hardware, lease, server
+from chi import lease, server
 
 from servelab.run.walkthrough import chameleon, node_setup, runbook
 
@@ -47,25 +47,6 @@ class RayNodes:
     @classmethod
     def for_student(cls, net_id: str) -> RayNodes:
         return cls(f"serve_ray_{net_id}", f"node-ray-head-{net_id}", f"node-ray-worker-{net_id}")
-
-
-def next_hour(moment: datetime) -> datetime:
-    return (moment + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
-
-
-def earliest_start(head_type: str, worker_type: str, *, minimum_hours: int) -> datetime:
-    """The first whole hour from which the nodes the lease needs are free: the two earliest-free nodes
-    of one type, or the earliest of each of two types."""
-    needed = {head_type: 1}
-    needed[worker_type] = needed.get(worker_type, 0) + 1
-    ready = []
-    for node_type, count in needed.items():
-        free_from = sorted(node.next_free_timeslot(minimum_hours=minimum_hours)[0]
-                           for node in hardware.get_nodes(node_type=node_type))
-        if len(free_from) < count:
-            raise ValueError(f"the site has {len(free_from)} {node_type} node(s); this lease needs {count}")
-        ready.append(free_from[count - 1])
-    return next_hour(max(ready))
 
 
 def reserve(name: str, start: datetime, length: timedelta, head_type: str, worker_type: str) -> lease.Lease:
