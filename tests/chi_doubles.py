@@ -39,6 +39,7 @@ PATCHED = (
     "chi.network.list_security_groups",
     "chi.server.Server",
     "chi.server.get_server",
+    "chi.server.list_servers",
 )
 RESERVATION_ID = "0b7c4f9e-5d1a-4e8b-9c2f-reservation"
 FLOATING_IP = "192.0.2.10"  # TEST-NET-1 (RFC 5737): documentation only, never routed
@@ -76,6 +77,14 @@ def existing_lease(lease_class: type, name: str, start: datetime, status: str = 
     found = mock.create_autospec(lease_class, instance=True)
     found.name, found.status, found.id = name, status, f"id-{name}"
     found.start_date, found.end_date = start.replace(tzinfo=None), (start + timedelta(hours=2, minutes=55)).replace(tzinfo=None)
+    return found
+
+
+def a_server(server_class: type, name: str, status: str, floating_ip: str | None = None) -> mock.Mock:
+    """A server as ``server.list_servers`` gives it: its name, Nova's status and its floating IP, if any."""
+    found = mock.create_autospec(server_class, instance=True)
+    found.name, found.status = name, status  # instance attributes and a property, which autospec cannot answer
+    found.get_floating_ip.return_value = floating_ip
     return found
 
 
@@ -128,6 +137,7 @@ def install() -> SimpleNamespace:
     ]
     doubles["get_nodes"].return_value = nodes
     doubles["list_leases"].return_value = []
+    doubles["list_servers"].return_value = []
     doubles["blazar"].return_value.host = blazar_hosts(nodes, {})
     # The instructor made the class's security groups (1_create_lease).
     doubles["list_security_groups"].return_value = security_groups(real_group, [name for name, _, _ in SECURITY_GROUPS])

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "servelab.cli.gpu_check",  # gpu-check
     "servelab.cli.containers",  # containers up | down | stop | env
     "servelab.cli.node_secrets",  # secrets (the node's generated ADMIN_TOKEN and Grafana password)
+    "servelab.cli.classroom",  # class status (where each student of a class stands on Chameleon)
 )
 
 # servelab packages that .dockerignore keeps out of every image: the local container runner runs on

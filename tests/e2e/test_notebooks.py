@@ -70,8 +70,9 @@ assert [(args["name"], args["start_date"]) for args in made] == [
     ("serve_system_cd5678", datetime(2030, 1, 7, 13, tzinfo=timezone.utc)),  # the class: both free nodes at 13:00
     ("serve_system_ef9012", datetime(2030, 1, 7, 13, tzinfo=timezone.utc)),
 ]
-doubles.list_leases.assert_called_once_with()
-assert doubles.blazar.return_value.host.list_allocations.call_count == 2  # the budget, then the booking
+assert doubles.list_leases.call_count == 2  # the booking, then the status
+assert doubles.blazar.return_value.host.list_allocations.call_count == 3  # the budget, the booking, the status
+assert [(r.student, r.status) for r in classroom.status(STUDENTS, PARTS)] == [("cd5678", "no lease"), ("ef9012", "no lease")]
 new_lease = doubles.Lease.return_value
 assert new_lease.add_node_reservation.call_args_list == [
     mock.call(amount=1, node_type="gpu_p100"),
@@ -116,7 +117,8 @@ doubles.Server.assert_called_once_with(
     "node-serve-system-ab1234", reservation_id=RESERVATION_ID, image_name="CC-Ubuntu24.04-CUDA"
 )
 s = doubles.new_server
-s.submit.assert_called_once_with(idempotent=True)
+s.submit.assert_called_once_with(idempotent=True, wait_for_active=False)
+s.wait.assert_called_once_with(status="ACTIVE")
 s.associate_floating_ip.assert_called_once_with()
 # Security groups: the instructor's (1_create_lease) are found, none is made, each is attached before the floating IP.
 from servelab.run.walkthrough.node_setup import SECURITY_GROUPS
@@ -308,14 +310,16 @@ def test_create_server_without_the_security_groups_or_past_a_timeout_says_what_t
     with pytest.raises(CellExecutionError, match="ask your instructor to run the security-group cell of 1_create_lease"):
         execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters,
                 prologue=PROLOGUE + "doubles.list_security_groups.return_value = []\n")
-    timeout = ("import chi.exception\ndoubles.new_server.submit.side_effect = "
+    timeout = ("import chi.exception\ndoubles.new_server.wait.side_effect = "
                "chi.exception.ServiceError('Timeout waiting for server to reach ACTIVE status')\n")
-    with pytest.raises(CellExecutionError, match="Timeout waiting for server to reach ACTIVE status. The node may still "
-                                                 "be booting: run this cell again, it finds the same server"):
+    # The cell prints the runbook's advice (servelab.run.walkthrough.runbook), then stops with python-chi's error.
+    with pytest.raises(CellExecutionError, match="What to do: Run the cell again: it finds the same server") as stopped:
         execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters, prologue=PROLOGUE + timeout)
-    with pytest.raises(CellExecutionError, match="is in ERROR: delete it in Horizon"):
-        execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters,
-                prologue=PROLOGUE + "doubles.new_server.status = 'ERROR'\n")
+    assert "ServiceError: Timeout waiting for server to reach ACTIVE status" in str(stopped.value)
+    in_error = "doubles.new_server.status = 'ERROR'\ndoubles.new_server.name = 'node-serve-system-ab1234'\n"
+    with pytest.raises(CellExecutionError, match="What to do: Delete it in Horizon") as stopped:
+        execute("2_create_server_nvidia", kernel_dir, tmp_path, parameters=parameters, prologue=PROLOGUE + in_error)
+    assert "RuntimeError: node-serve-system-ab1234 is in ERROR" in str(stopped.value)
 
 
 def test_create_lease_for_a_class_with_the_ray_part_and_a_bad_node_replaced(kernel_dir: Path, tmp_path: Path) -> None:

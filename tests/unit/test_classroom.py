@@ -11,20 +11,24 @@ from unittest import mock
 
 import chi.exception
 import chi.lease
+import chi.server
 import pytest
 
-from chi_doubles import arguments, blazar_hosts, existing_lease, node
+from chi_doubles import a_server, arguments, blazar_hosts, existing_lease, node
+from servelab.cli import main
 from servelab.run.walkthrough.classroom import (
     Row,
     book_class,
     budget,
     daytime,
     delete_class_leases,
+    earliest,
     manage,
     parts,
     plan,
     prepare,
     starts,
+    status,
     table,
 )
 
@@ -101,6 +105,21 @@ def test_plan_fills_free_nodes_then_later_hours_never_overlapping() -> None:
         (("A",), at(13)), (("A",), at(16)), (("B",), at(16)), None,  # 19:00 + 2:55 is past 21:00
     ]
     assert all(s.end - s.start == LENGTH for s in slots.values() if s)
+
+
+def test_a_ray_lease_starts_at_the_first_hour_a_node_of_each_type_is_free_for_all_of_it(chi_api: SimpleNamespace) -> None:
+    gpus = [node("P3-GPU-009"), node("P3-GPU-010"), node("P3-GPU-011")]
+    cpus = [node("P3-CPU-001")]
+    chi_api.get_nodes.side_effect = lambda node_type: {"gpu_p100": gpus, "compute_cascadelake_r": cpus}[node_type]
+    # Free now, then reserved from 14:00: a lease from 12:00 would not fit. P3-GPU-011 is free from 16:00.
+    chi_api.blazar.return_value.host = blazar_hosts(gpus + cpus, {
+        "P3-GPU-009": [(at(14), at(20))], "P3-GPU-010": [(at(8), at(16))], "P3-GPU-011": [(at(8), at(16))],
+        "P3-CPU-001": [(at(8), at(17, 30))]})
+    now = at(11, 20)
+    assert earliest(["gpu_p100", "gpu_p100"], LENGTH, now) == at(16)  # the second GPU node free for 2 h 55
+    assert earliest(["gpu_p100", "compute_cascadelake_r"], LENGTH, now) == at(18)  # the CPU node, on the hour
+    with pytest.raises(ValueError, match="no compute_cascadelake_r [+] compute_cascadelake_r free"):
+        earliest(["compute_cascadelake_r", "compute_cascadelake_r"], LENGTH, now)
 
 
 def test_a_class_is_booked_on_free_nodes_and_one_refusal_does_not_stop_the_rest(chi_api: SimpleNamespace) -> None:
@@ -271,3 +290,67 @@ def test_before_booking_the_instructor_reads_the_budget_and_the_groups_are_made_
     group.return_value.add_rule.assert_called_once_with("ingress", "tcp", 22)
     group.return_value.submit.assert_called_once_with(idempotent=True)
     assert parts("gpu_p100") == {"serve_system_": ["gpu_p100"]}
+    # The Ray part's head follows the class's node type, as 9_ray_setup books it.
+    assert parts("gpu_v100", "compute_cascadelake_r") == {"serve_system_": ["gpu_v100"],
+                                                          "serve_ray_": ["gpu_v100", "compute_cascadelake_r"]}
+
+
+@pytest.fixture
+def the_class_on_the_day(chi_api: SimpleNamespace) -> Iterator[SimpleNamespace]:
+    """Eight students, one at each standing; ab1's lease was replaced (the deleted one is still listed)."""
+    standings = {"cd2": "PENDING", "ef3": "ACTIVE", "gh4": "ACTIVE", "ij5": "ACTIVE", "kl6": "ERROR", "mn7": "TERMINATED",
+                 "op8": "ACTIVE"}
+    leases = [existing_lease(chi_api.real_lease, f"{PREFIX}{s}", at(13), state) for s, state in standings.items()]
+    leases.append(existing_lease(chi_api.real_lease, f"{PREFIX}ij5", at(10), "DELETED"))  # a bad node's, replaced
+    leases.append(existing_lease(chi_api.real_lease, f"{PREFIX}qr9", at(10), "DELETED"))
+    chi_api.list_leases.return_value = leases
+    chi_api.blazar.return_value.host.list_allocations.return_value = [
+        {"resource_id": "100", "reservations": [{"id": "r1", "lease_id": "id-serve_system_ij5",
+                                                 "start_date": "2030-01-07T13:00:00.000000",
+                                                 "end_date": "2030-01-07T15:55:00.000000"}]}]
+    servers = [a_server(chi.server.Server, "node-serve-system-gh4", "BUILD"),
+               a_server(chi.server.Server, "node-serve-system-ij5", "ACTIVE", "192.0.2.30"),
+               a_server(chi.server.Server, "node-serve-system-op8", "ERROR"),
+               a_server(chi.server.Server, "node-ray-head-zz0", "ACTIVE", "192.0.2.31")]  # another student's
+    with mock.patch("chi.server.list_servers", autospec=True, return_value=servers), \
+            mock.patch("chi.context.use_site", autospec=True) as use_site:
+        chi_api.use_site = use_site
+        yield chi_api
+
+
+def test_the_status_says_where_each_student_stands_from_what_chameleon_reports(the_class_on_the_day) -> None:
+    students = ["ab1", "cd2", "ef3", "gh4", "ij5", "kl6", "mn7", "op8", "qr9"]
+    rows = status(students, parts("gpu_p100"))
+    assert [(r.student, r.node, r.servers, r.status) for r in rows] == [
+        ("ab1", "", "", "no lease"),
+        ("cd2", "", "", "pending (lease PENDING)"),
+        ("ef3", "", "", "active (lease ACTIVE)"),
+        ("gh4", "", "node-serve-system-gh4 BUILD no floating IP", "server building (lease ACTIVE)"),
+        ("ij5", "P3-GPU-009", "node-serve-system-ij5 ACTIVE 192.0.2.30", "server active (lease ACTIVE)"),
+        ("kl6", "", "", "error (lease ERROR)"),
+        ("mn7", "", "", "expired (lease TERMINATED)"),
+        ("op8", "", "node-serve-system-op8 ERROR no floating IP", "error (lease ACTIVE)"),
+        ("qr9", "", "", "no lease (lease DELETED)"),
+    ]
+    assert rows[4].start == at(13)  # the live lease, not the deleted one of the same name
+    # The Ray part's servers are the head's and the worker's.
+    (ray,) = [r for r in status(["zz0"], parts("gpu_p100", "gpu_p100")) if r.lease == "serve_ray_zz0"]
+    assert (ray.servers, ray.status) == ("node-ray-head-zz0 ACTIVE 192.0.2.31", "no lease")
+    summary = table(rows).splitlines()
+    assert summary[0].split() == ["student", "lease", "node", "start", "(UTC)", "end", "(UTC)", "servers", "status"]
+    assert summary[5].split()[-6:] == ["ACTIVE", "192.0.2.30", "server", "active", "(lease", "ACTIVE)"]
+    assert status([], parts("gpu_p100")) == []
+    the_class_on_the_day.list_leases.assert_called()
+
+
+def test_servelab_class_status_asks_the_node_type_s_site(the_class_on_the_day, capsys: pytest.CaptureFixture) -> None:
+    assert main(["class", "status", "ij5", "--node-type", "gpu_v100"]) == 0
+    the_class_on_the_day.use_site.assert_called_once_with("CHI@UC")
+    the_class_on_the_day.get_nodes.assert_called_once_with(node_type="gpu_v100")
+    assert "node-serve-system-ij5 ACTIVE 192.0.2.30" in capsys.readouterr().out
+    # Without credentials, python-chi's keystoneauth refuses: a clear error, not a traceback.
+    from keystoneauth1.exceptions import MissingRequiredOptions
+
+    the_class_on_the_day.list_leases.side_effect = MissingRequiredOptions([])
+    assert main(["class", "status", "ij5"]) == 2
+    assert "source your project's OpenStack RC file" in capsys.readouterr().out

@@ -19,7 +19,7 @@ import chi.lease
 import chi.server
 import pytest
 
-from chi_doubles import arguments, fixed_address, node, server_per_name
+from chi_doubles import arguments, fixed_address, server_per_name
 from dockerspec import REPO, load_compose
 from servelab.run.walkthrough import ray_nodes
 from servelab.run.walkthrough.ray_nodes import RayNodes
@@ -70,21 +70,6 @@ def test_a_gpu_head_and_a_cpu_worker_are_two_reservations(chi_api) -> None:
     ray_nodes.reserve(NODES.lease, START, LENGTH, "gpu_p100", "compute_cascadelake_r")
     assert chi_api.Lease.return_value.add_node_reservation.call_args_list == [
         mock.call(amount=1, node_type="gpu_p100"), mock.call(amount=1, node_type="compute_cascadelake_r")]
-
-
-def test_the_earliest_start_waits_for_the_second_free_node_of_a_type(chi_api) -> None:
-    now = datetime(2030, 1, 7, 9, 20, tzinfo=UTC)
-    gpus = [node("P3-GPU-009", now + timedelta(hours=5)), node("P3-GPU-010", now), node("P3-GPU-011", now + timedelta(hours=2))]
-    cpus = [node("P3-CPU-001", now + timedelta(hours=7, minutes=5))]
-    chi_api.get_nodes.side_effect = lambda node_type: {"gpu_p100": gpus, "compute_cascadelake_r": cpus}[node_type]
-
-    assert ray_nodes.earliest_start("gpu_p100", "gpu_p100", minimum_hours=4) == datetime(2030, 1, 7, 12, tzinfo=UTC)
-    for found in gpus:
-        found.next_free_timeslot.assert_called_with(minimum_hours=4)
-    # A GPU head and a CPU worker: the later of the earliest of each type.
-    assert ray_nodes.earliest_start("gpu_p100", "compute_cascadelake_r", minimum_hours=4) == datetime(2030, 1, 7, 17, tzinfo=UTC)
-    with pytest.raises(ValueError, match="has 1 compute_cascadelake_r node"):
-        ray_nodes.earliest_start("compute_cascadelake_r", "compute_cascadelake_r", minimum_hours=4)
 
 
 def test_each_server_boots_on_its_own_reservation_with_a_floating_ip(chi_api) -> None:

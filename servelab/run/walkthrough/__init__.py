@@ -19,7 +19,12 @@ cell, passed in as arguments; nothing here reads notebook globals.
   the stage deployed from the head's shell, measure it as ``4_fastapi`` does).
 * ``servelab.run.walkthrough.ray_nodes``: ``9_ray_setup``'s steps with python-chi (lease two nodes, start,
   prepare and connect them, bring up the head's and the worker's compose files).
-* ``servelab.run.walkthrough.chameleon``: ``origin_url`` and ``release``, shared by the provisioning notebooks.
+* ``servelab.run.walkthrough.chameleon``: ``origin_url``, ``wait_active``, ``reach``, ``run`` and ``release``,
+  shared by the provisioning notebooks.
+* ``servelab.run.walkthrough.runbook``: what fails in class and what to do (docs/class.md's table), printed by
+  the steps above when they fail.
+* ``servelab.run.walkthrough.classroom``: a class's leases (``1_create_lease``'s instructors' section) and where
+  each student stands (``servelab class status``).
 * ``servelab.run.walkthrough.node_setup``: the commands that prepare a node (Docker, NVIDIA's toolkit,
   servelab and the model), run by ``2_create_server_nvidia`` and ``9_ray_setup``.
 * ``servelab.run.walkthrough.stage_switch``: ``run_switch`` (run a stage switch with progress and a bound)

@@ -3,6 +3,8 @@
 
 * ``origin_url()``: the repository this checkout was cloned from, as an https URL a node can clone
   without a key.
+* ``wait_active(s)``, ``reach(s)``, ``run(s, commands)``: wait for a server, give it a floating IP and wait for
+  SSH, run commands on it; each prints the runbook's advice when it fails (``servelab.run.walkthrough.runbook``).
 * ``release(servers, lease_name)``: delete the servers (their floating IPs with them) and the lease,
   whichever still exist, and say what happened to each.
 
@@ -15,6 +17,10 @@ import subprocess
 from collections.abc import Iterable
 
 from chi import lease, server
+from chi.exception import ResourceError, ServiceError
+from invoke.exceptions import UnexpectedExit  # what python-chi's `Server.execute` raises (it runs fabric)
+
+from servelab.run.walkthrough import runbook
 
 
 def origin_url() -> str:
@@ -28,6 +34,32 @@ def origin_url() -> str:
         host, path = url.removeprefix("git@").split(":", 1)
         url = f"https://{host}/{path}"
     return url
+
+
+def wait_active(s: server.Server) -> None:
+    """Wait until the server is ACTIVE: python-chi gives up after 20 minutes, while the node goes on booting."""
+    with runbook.step(runbook.CHI_TIMEOUT, ServiceError):
+        s.wait(status="ACTIVE")
+    if s.status == "ERROR":
+        print(runbook.SERVER_ERROR.advice())
+        raise RuntimeError(f"{s.name} is in ERROR")
+
+
+def reach(s: server.Server) -> str:
+    """The server's floating IP (one is associated only where it has none, so a second run takes no other
+    address), once SSH answers there."""
+    if s.get_floating_ip() is None:
+        s.associate_floating_ip()
+    with runbook.step(runbook.BAD_NODE, ResourceError):
+        s.check_connectivity()
+    return s.get_floating_ip()
+
+
+def run(s: server.Server, commands: Iterable[str], failure: runbook.Failure = runbook.INSTALL) -> None:
+    """Each command on the server over SSH (as ``cc``), in order; the first that fails stops the rest."""
+    for command in commands:
+        with runbook.step(failure, UnexpectedExit):
+            s.execute(command)
 
 
 def release(servers: Iterable[str], lease_name: str) -> list[str]:

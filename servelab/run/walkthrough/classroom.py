@@ -3,6 +3,7 @@
 * ``daytime``: the windows a class's leases may fall in: the hours the instructor sets, on the days chosen.
 * ``budget``: what a part of the lab costs a class: leases, node-hours, SUs, and how many consecutive blocks
   of one lease's length the site's nodes need to hold them all.
+* ``earliest``: the first hour from which the nodes of one lease are free (a student's Ray lease).
 * ``book_class``: one lease per student within the windows, each on nodes that are free for the whole lease,
   planned from Blazar's reservations of every node of the types; ``node_types`` is one type (the lab's
   lease, ``serve_system_<netID>``) or two (the Ray part's head and worker, ``serve_ray_<netID>``, booked as
@@ -13,7 +14,10 @@
 * ``parts`` / ``prepare``: the leases each part of the lab needs, and what the instructor reads before booking:
   each part's budget, and the class's security groups, made once here (students only check them).
 * ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and only those.
-* ``table(rows)``: the summary (student, lease, nodes, start, end, status) as text.
+* ``status``: where each student stands, from what Chameleon reports (``servelab class status``, and the
+  instructors' status cell): each lease's nodes, its servers with their state and floating IP, and one of no
+  lease, pending, active, server building, server active, error, expired.
+* ``table(rows)``: the summary (student, lease, nodes, start, end, servers where any, status) as text.
 
 Runs in Chameleon Jupyter, from the ``notebooks`` folder of a clone: it needs python-chi and the
 standard library only. Every value (node types, lease length, name prefix, windows) comes from the notebook.
@@ -27,7 +31,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 
-from chi import clients, hardware, lease, network
+from chi import clients, hardware, lease, network, server
 
 from servelab.run.walkthrough import ray_nodes
 
@@ -52,7 +56,8 @@ class Row:
     node: str  # the nodes planned, comma-separated ("" where none was)
     start: datetime | None
     end: datetime | None
-    status: str  # reserved, replaced, kept (Chameleon's status), no free node, failed: <why>, deleted
+    status: str  # reserved, replaced, kept (Chameleon's status), no free node, failed: <why>, deleted; or a standing
+    servers: str = ""  # ``status``: each server's name, state and floating IP
 
 
 @dataclass
@@ -104,10 +109,6 @@ def utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
-def blazar_time(text: str) -> datetime:
-    return utc(datetime.fromisoformat(text))
-
-
 def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collection[int] = range(7)) -> list[Interval]:
     """One window per day from ``first`` to ``last`` whose weekday (0 Monday) is allowed, from ``hours[0]`` to
     ``hours[1]`` o'clock UTC (24: midnight at the day's end)."""
@@ -137,10 +138,10 @@ def budget(part: str, students: int, node_types: Sequence[str], length: timedelt
 
 def parts(node_type: str, ray_worker_type: str | None = None) -> dict[str, list[str]]:
     """Each part's lease name prefix and the node types one lease holds: the lab's, and the Ray part's where
-    its worker's type is given."""
+    its worker's type is given (its head is a ``node_type`` node, as ``9_ray_setup`` books it)."""
     found = {"serve_system_": [node_type]}
     if ray_worker_type:
-        found["serve_ray_"] = [ray_nodes.GPU_NODE_TYPE, ray_worker_type]
+        found["serve_ray_"] = [node_type, ray_worker_type]
     return found
 
 
@@ -187,7 +188,8 @@ def site(node_types: Iterable[str]) -> Site:
             continue
         node_type, name = known
         for r in allocation["reservations"]:
-            found.busy[node_type][name].append((blazar_time(r["start_date"]), blazar_time(r["end_date"])))
+            found.busy[node_type][name].append((utc(datetime.fromisoformat(r["start_date"])),
+                                                utc(datetime.fromisoformat(r["end_date"]))))
             found.nodes_of_lease.setdefault(r.get("lease_id", ""), set()).add(name)
     return found
 
@@ -239,6 +241,16 @@ def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Inter
                 slots[student] = Slot(tuple(chosen), start, end)
                 break
     return slots
+
+
+def earliest(node_types: Sequence[str], length: timedelta, now: datetime | None = None) -> datetime:
+    """The first whole hour from which the site has a node of each of ``node_types`` free for ``length``
+    (``9_ray_setup``'s lease, planned as the class's are), within 30 days."""
+    now = now or datetime.now(timezone.utc)
+    slot = plan([""], site(node_types).busy, [(now, now + timedelta(days=30))], length, now, node_types)[""]
+    if slot is None:
+        raise ValueError(f"no {' + '.join(node_types)} free for {length} in the next 30 days at this site")
+    return slot.start
 
 
 def _live_leases(prefix: str) -> dict[str, lease.Lease]:
@@ -322,6 +334,55 @@ def delete_class_leases(students: Iterable[str], *, prefix: str) -> list[Row]:
     return rows
 
 
+def server_names(prefix: str, student: str) -> list[str]:
+    """The servers a student's lease holds once they start them: 2_create_server_nvidia's, or 9_ray_setup's two."""
+    if prefix == "serve_ray_":
+        nodes = ray_nodes.RayNodes.for_student(student)
+        return [nodes.head, nodes.worker]
+    return [f"node-serve-system-{student}"]
+
+
+def standing(found: lease.Lease, servers: Sequence[server.Server]) -> str:
+    """Where the student stands, from the lease's and its servers' states (a deleted lease counts as none)."""
+    if found.status == "DELETED":
+        return "no lease"
+    if found.status == "ERROR" or any(s.status == "ERROR" for s in servers):
+        return "error"
+    if found.status in ("TERMINATING", "TERMINATED"):
+        return "expired"
+    if found.status != "ACTIVE":
+        return "pending"
+    if not servers:
+        return "active"
+    return "server active" if all(s.status == "ACTIVE" for s in servers) else "server building"
+
+
+def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) -> list[Row]:
+    """A Row per student and part, from Chameleon's leases (a live one before an ended one of the same name), its
+    reservation's nodes (Blazar's allocations) and the project's servers; nothing without students."""
+    students = list(dict.fromkeys(students))
+    if not students:
+        return []
+    leases: dict[str, lease.Lease] = {}
+    for found in sorted(lease.list_leases(), key=lambda found: found.status not in ENDED):  # the live ones last: they win
+        leases[found.name] = found
+    servers = {s.name: s for s in server.list_servers()}
+    nodes_of_lease = site({t for types in class_parts.values() for t in types}).nodes_of_lease
+    rows = []
+    for prefix in class_parts:
+        for student in students:
+            name = f"{prefix}{student}"
+            found = leases.get(name)
+            theirs = [servers[n] for n in server_names(prefix, student) if n in servers]
+            shown = ", ".join(" ".join([s.name, s.status or "-", s.get_floating_ip() or "no floating IP"]) for s in theirs)
+            if found is None:
+                rows.append(Row(student, name, "", None, None, "no lease", shown))
+            else:
+                rows.append(Row(student, name, ", ".join(sorted(nodes_of_lease.get(found.id, ()))), utc(found.start_date),
+                                utc(found.end_date), f"{standing(found, theirs)} (lease {found.status})", shown))
+    return rows
+
+
 def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool, node_types: Sequence[str],
            length: timedelta, prefix: str, replace: Mapping[str, str] | None = None,
            not_before: Mapping[str, datetime | None] | None = None) -> list[Row]:
@@ -341,7 +402,9 @@ def table(rows: Sequence[Row]) -> str:
     def when(moment: datetime | None) -> str:
         return f"{moment:%Y-%m-%d %H:%M}" if moment else "-"
 
-    cells = [("student", "lease", "node", "start (UTC)", "end (UTC)", "status")]
-    cells += [(r.student, r.lease, r.node or "-", when(r.start), when(r.end), r.status) for r in rows]
+    servers = any(r.servers for r in rows)  # only the status has them
+    cells = [("student", "lease", "node", "start (UTC)", "end (UTC)", *(["servers"] if servers else []), "status")]
+    cells += [(r.student, r.lease, r.node or "-", when(r.start), when(r.end), *([r.servers or "-"] if servers else []),
+               r.status) for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells)

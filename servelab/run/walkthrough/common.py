@@ -11,6 +11,7 @@ from typing import Any
 import requests
 
 from servelab.measure.records import Load, Record
+from servelab.run.walkthrough import runbook
 
 # GourmetGram's page title names the predicted class: "<label> · GourmetGram".
 _TITLE = re.compile(r"<title>(.+?) · GourmetGram</title>")
@@ -18,10 +19,12 @@ _TITLE = re.compile(r"<title>(.+?) · GourmetGram</title>")
 
 def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float, interval_s: float = 2.0) -> None:
     """Call ``probe()`` every ``interval_s`` until it returns ``want``; print each new thing it sees
-    meanwhile, so a student knows what the step is waiting for. TimeoutError after ``wait_s``."""
+    meanwhile, so a student knows what the step is waiting for. TimeoutError after ``wait_s``, with the
+    runbook's advice for a service that never turns healthy."""
     deadline, shown = time.monotonic() + wait_s, None
     while (now := probe()) != want:
         if time.monotonic() > deadline:
+            print(runbook.UNHEALTHY.advice())
             raise TimeoutError(f"waited {wait_s:g} s for {what}; still: {now}")
         if now != shown:
             print(f"waiting for {what}; now: {now}")

@@ -2,8 +2,8 @@
 with python-chi.
 
 * ``RayNodes.for_student(net_id)``: the names of the lease and the two servers.
-* ``earliest_start`` / ``reserve``: one lease holding a head node and a worker node (two ``gpu_p100``, or
-  a GPU head and a worker of another type), from the earliest whole hour both are free.
+* ``reserve``: one lease holding a head node and a worker node (two GPU nodes of the lab's ``NODE_TYPE``, or
+  its GPU head and a worker of another type); ``classroom.earliest`` finds when both are free.
 * ``start_servers``: both servers in the lease, each on its own reservation, with a floating IP for SSH.
 * ``private_address``: a server's fixed address on the shared network, the one Ray advertises.
 * ``prepare``: a checkout, Docker with the NVIDIA toolkit (GPU nodes), servelab and the model on a node.
@@ -23,11 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from chi import hardware, lease, server
+from chi import lease, server
 
-from servelab.run.walkthrough import chameleon, node_setup
+from servelab.run.walkthrough import chameleon, node_setup, runbook
 
-GPU_NODE_TYPE = "gpu_p100"
 IMAGE = "CC-Ubuntu24.04-CUDA"
 CHECKOUT = node_setup.CHECKOUT
 # Written on each node by `cluster_files`, read by the compose files (git-ignored, never in an image).
@@ -48,25 +47,6 @@ class RayNodes:
     @classmethod
     def for_student(cls, net_id: str) -> RayNodes:
         return cls(f"serve_ray_{net_id}", f"node-ray-head-{net_id}", f"node-ray-worker-{net_id}")
-
-
-def next_hour(moment: datetime) -> datetime:
-    return (moment + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
-
-
-def earliest_start(head_type: str, worker_type: str, *, minimum_hours: int) -> datetime:
-    """The first whole hour from which the nodes the lease needs are free: the two earliest-free nodes
-    of one type, or the earliest of each of two types."""
-    needed = {head_type: 1}
-    needed[worker_type] = needed.get(worker_type, 0) + 1
-    ready = []
-    for node_type, count in needed.items():
-        free_from = sorted(node.next_free_timeslot(minimum_hours=minimum_hours)[0]
-                           for node in hardware.get_nodes(node_type=node_type))
-        if len(free_from) < count:
-            raise ValueError(f"the site has {len(free_from)} {node_type} node(s); this lease needs {count}")
-        ready.append(free_from[count - 1])
-    return next_hour(max(ready))
 
 
 def reserve(name: str, start: datetime, length: timedelta, head_type: str, worker_type: str) -> lease.Lease:
@@ -103,11 +83,8 @@ def start_servers(found: lease.Lease, nodes: RayNodes, head_type: str, worker_ty
         s.submit(idempotent=True, wait_for_active=False)
         made.append(s)
     for s in made:
-        s.wait(status="ACTIVE")
-        # Only one address per server, also when the cell runs again.
-        if s.get_floating_ip() is None:
-            s.associate_floating_ip()
-        s.check_connectivity()
+        chameleon.wait_active(s)
+        chameleon.reach(s)
     return made[0], made[1]
 
 
@@ -127,8 +104,7 @@ def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
 
 
 def prepare(s: server.Server, repo_url: str, *, gpu: bool) -> None:
-    for command in prepare_commands(repo_url, gpu=gpu):
-        s.execute(command)
+    chameleon.run(s, prepare_commands(repo_url, gpu=gpu))
 
 
 def new_token() -> str:
@@ -184,14 +160,14 @@ def bring_up(head: server.Server, worker: server.Server, *, worker_gpu: bool, wa
     """Start the head (Ray, then GourmetGram and Jupyter), then the worker, and wait for both in Ray.
 
     ``--force-recreate``: a container started earlier would keep an older token file."""
-    head.execute(_compose(HEAD_COMPOSE, "up -d --wait --force-recreate ray_head"))
+    # The first start builds the images; a build that fails or a container that never turns healthy says what to do.
+    chameleon.run(head, [_compose(HEAD_COMPOSE, "up -d --wait --force-recreate ray_head")], runbook.UNHEALTHY)
     # A worker without a GPU runs the compose file's CPU variant (profile `cpu`).
     worker_up = "up -d --force-recreate ray_worker" if worker_gpu else "--profile cpu up -d --force-recreate ray_worker_cpu"
-    worker.execute(_compose(WORKER_COMPOSE, worker_up))
-    head.execute(f"mkdir -p {CHECKOUT}/results")
-    head.execute(_compose(HEAD_COMPOSE, "up -d flask jupyter"))
-    head.execute(alive_nodes_check(2, wait_s))
-    head.execute(_compose(HEAD_COMPOSE, "exec -T ray_head ray status"))
+    chameleon.run(worker, [_compose(WORKER_COMPOSE, worker_up)], runbook.UNHEALTHY)
+    chameleon.run(head, [f"mkdir -p {CHECKOUT}/results", _compose(HEAD_COMPOSE, "up -d flask jupyter"),
+                         alive_nodes_check(2, wait_s), _compose(HEAD_COMPOSE, "exec -T ray_head ray status")],
+                  runbook.UNHEALTHY)
 
 
 def release(nodes: RayNodes) -> list[str]:

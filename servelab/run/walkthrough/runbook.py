@@ -1,0 +1,84 @@
+"""What fails in class, what the student sees, and what to do: the runbook of docs/class.md ("When something
+fails"), whose table holds these words (tests/unit/test_runbook.py keeps the two the same).
+
+``step(failure, *kinds)`` wraps a notebook step: when it raises one of ``kinds``, it prints the advice for
+what the error's output shows (a registry's rate limit, a full disk: ``SYMPTOMS``) or else for ``failure``,
+then lets the error go on, so the cell still stops.
+
+Standard library only: it runs in Chameleon Jupyter and on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Failure:
+    name: str
+    sees: str
+    todo: str
+
+    def advice(self) -> str:
+        return (f"What went wrong: {self.name} ({self.sees}).\nWhat to do: {self.todo}\n"
+                "(docs/class.md, When something fails)")
+
+
+RATE_LIMIT = Failure(
+    "A build fails: the registry's rate limit",
+    "`toomanyrequests: You have reached your pull rate limit` while an image builds or pulls",
+    "Wait a few minutes and run the cell again; what was built is cached. For a whole class, log in to Docker Hub "
+    "on the nodes (`docker login`), so that pulls count against an account's limit rather than the anonymous one.")
+DISK_FULL = Failure(
+    "A build fails: the disk is full", "`no space left on device`",
+    "`docker system df` shows what holds the disk; `docker builder prune -f` frees the build cache. "
+    "Then run the cell again.")
+CHI_TIMEOUT = Failure(
+    "python-chi times out", "`Timeout waiting for server to reach ACTIVE status` (`2_create_server_nvidia`, `9_ray_setup`)",
+    "Run the cell again: it finds the same server and waits again. If it times out twice, look at the server in "
+    "Horizon (Compute > Instances).")
+SERVER_ERROR = Failure(
+    "The server is in ERROR", "`... is in ERROR`",
+    "Delete it in Horizon (Compute > Instances) and run the cell again. A second ERROR: treat the node as bad (below).")
+INSTALL = Failure(
+    "`apt` or Docker's install fails",
+    "`UnexpectedExit` from `s.execute` with apt's message, often `Could not get lock /var/lib/dpkg/lock-frontend` "
+    "(the node's own updates at first boot)",
+    "Wait a minute and run the cell again; every command can run twice.")
+BAD_NODE = Failure(
+    "A bad node",
+    "The GPU check lists fewer GPUs than the node type has, or `nvidia-smi` fails; or SSH never answers",
+    "Put the student's netID and the node `servelab class status` shows for them in `REPLACE` in `1_create_lease` "
+    "and run the instructors' cells: their lease is deleted and a new one booked on another node, from the next "
+    "minute if one is free. The student runs `2_create_server_nvidia` again from the top.")
+UNHEALTHY = Failure(
+    "A container never turns healthy",
+    "The wait for a service gives up; `docker compose ps` shows it `(unhealthy)` or restarting",
+    "`docker compose logs SERVICE` says why; `servelab doctor --node` checks the GPUs, the toolkit and the models. "
+    "A lost GPU (\"Failed to initialize NVML\") is fixed by `sudo systemctl restart docker`.")
+NO_VIEW = Failure(
+    "No view of where the class stands", "—",
+    "`servelab class status NETID...` (or the status cell of `1_create_lease`): each student's lease, node, "
+    "server, floating IP and where they stand.")
+RUNBOOK = (RATE_LIMIT, DISK_FULL, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, UNHEALTHY, NO_VIEW)
+# Words in a failed command's output that name its cause better than the step that failed.
+SYMPTOMS = {"toomanyrequests": RATE_LIMIT, "no space left on device": DISK_FULL}
+
+
+def diagnose(exc: BaseException, failure: Failure) -> Failure:
+    """The runbook's entry for ``exc``: a symptom its message or its command's output holds, else ``failure``."""
+    result = getattr(exc, "result", None)  # a failed `s.execute`: invoke's UnexpectedExit keeps what the command wrote
+    text = " ".join([str(exc), getattr(result, "stdout", ""), getattr(result, "stderr", "")]).lower()
+    return next((found for symptom, found in SYMPTOMS.items() if symptom in text), failure)
+
+
+@contextmanager
+def step(failure: Failure, *kinds: type[BaseException]) -> Iterator[None]:
+    """Print the runbook's advice when the step raises one of ``kinds``, then re-raise."""
+    try:
+        yield
+    except kinds as exc:
+        print(diagnose(exc, failure).advice())
+        raise
