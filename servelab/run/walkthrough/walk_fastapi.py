@@ -10,9 +10,13 @@ from pathlib import Path
 from statistics import median
 from typing import Any, NamedTuple
 
+import numpy as np
 import requests
 import uvicorn
 
+from servelab.core.artifacts import load_manifest
+from servelab.core.preprocess import crop_pixels
+from servelab.core.variants.build import agreement, run_batches, session, variant_path
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
 from servelab.measure.records import Load, Record, RunKind
@@ -158,6 +162,37 @@ def check_mean_batch(mean: float, url: str) -> str:
     if abs(mean - want) > 1e-6 * want:
         return f"wrong: {mean:.3f}, the histogram says {want:.3f} (servelab_batch_size_sum over servelab_batch_size_count)"
     return f"right: {want:.2f} images per inference, on average, since the service started"
+
+
+def check_sessions(runtime: dict[str, Any], url: str) -> str:
+    """A student's ``runtime`` from /ready, against the service's now (no request runs in between)."""
+    want = requests.get(f"{url}/ready", timeout=5).json()["runtime"]
+    if runtime != want:
+        return f'wrong: not the "runtime" of {url}/ready\'s JSON now'
+    return f"right: {len(want.get('session_counts', []))} session(s), shape policy {want.get('shape_policy', '-')}"
+
+
+def check_int8(same: float, photos: list[bytes], model_dir: Path) -> str:
+    """A student's share of ``photos`` on which INT8's top class is fp32's, against the variants' own measure
+    (``servelab models build`` records the same on its evaluation photos)."""
+    pixels = np.stack([crop_pixels(b) for b in photos])
+    manifest = load_manifest(model_dir / "food11.json")
+    fp32, int8 = (run_batches(session(variant_path(model_dir, name)), pixels, name == "fp32", manifest)
+                  for name in ("fp32", "int8"))
+    want = agreement(fp32, int8).top1
+    if abs(same - want) > 0.5 / len(photos):  # one photo's difference, not float noise
+        return f"wrong: {same:.1%}, the variants' own measure says {want:.1%} (the share of equal argmax)"
+    return f"right: INT8's top class is fp32's on {want:.1%} of {len(photos)} photos"
+
+
+def check_shed(metrics: list[str], url: str, run: Record) -> str:
+    """A student's lines of ``url``/metrics: right where they hold the service's shed counters as they are now."""
+    now = [line for line in requests.get(f"{url}/metrics", timeout=5).text.splitlines()
+           if line.startswith("servelab_shed_requests_total")]
+    if not now or not set(now) <= set(metrics):
+        return "wrong: these lines are not the service's /metrics now (its servelab_shed_requests_total lines)"
+    counted = sum(float(line.split()[-1]) for line in now)
+    return f"right: the service counts {counted:.0f} shed since it started; the run counted {sum(run.stats.shed.values())}"
 
 
 @dataclass

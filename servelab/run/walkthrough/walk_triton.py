@@ -349,6 +349,14 @@ class TritonWalkthrough:
                              "its batch_size and its compute_infer count")
         return f"correct: {want} executions per batch size, as Triton counts them"
 
+    def check_steps(self, config: dict[str, Any]) -> str:
+        """A student's ensemble config, against Triton's own: the steps, in order."""
+        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/food_classifier_ensemble/config", timeout=10) as r:
+            want = json.load(r)
+        if config != want:
+            return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
+        return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
+
     def check_requests(self, requests: dict[str, int]) -> str:
         """A student's successful requests per model, against Triton's statistics for those models now."""
         want = {model: int(self._stats(model)["inference_stats"]["success"]["count"]) for model in requests}
