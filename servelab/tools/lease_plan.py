@@ -23,6 +23,7 @@ from pathlib import Path
 import jupytext
 
 from servelab.core.catalogue import NOTEBOOKS
+from servelab.core.hardware import NODE_TYPES
 from servelab.core.paths import DATA_DIR, REPO_ROOT
 from servelab.core.tables import prose
 
@@ -238,6 +239,8 @@ def plan_table() -> str:
                     "rows below).", indent="  "),
               f"- Reading: {r['reading_wpm']} words a minute; the notebooks a wait asks students to read meanwhile are "
               "read then, not again.",
+              prose(f"- The node type: `gpu_p100`, the original lab's. On {', '.join(f'`{t}`' for t in NODE_TYPES if t != 'gpu_p100')}, "
+                    f"a prediction (no run recorded): {r['other_node_types']['prediction']}.", indent="  "),
               f"- Machine: each code cell's seconds in the e2e notebook run's `docs/records/{CELL_TIMES.name}` "
               f"× {r['cells']['factor']:g}:", prose(f"  {r['cells']['source']}.", indent="  ")]
     runs = {f"{run['machine']}, at {run['commit']}" for run in cell_times().values()}
