@@ -11,11 +11,9 @@ where a load goes, and what the lab does differently for its stages. A new famil
   holds (ONNX Runtime's provider options, Ray's placement), for its records;
 * ``roll_out(stage, variant)``: a new version of the stage's model, serving ``variant``,
   takes over while requests keep coming; what the server said of the swap;
-* ``in_lab(...)``: the adapter ``servelab lab`` runs on.
+* ``in_lab(...)``: the adapter ``servelab lab`` runs on;
 
-The rest has defaults (``Family``): the settings its records carry, the batched and constant-arrival loads,
-how perf_analyzer feeds it, Redis in front for the cache case, what this environment lacks to run it (the
-lab's ``preflight``) and its own runs beside the loads (``Runs``).
+and what differs from ``Family``'s defaults, what the lab does for the family's stages besides.
 
 ``pid`` is the server measured (its CPU time goes into the records) and ``scraped`` its series in
 Prometheus, where the adapter was given a ``LabPrometheus``. ``servelab lab`` runs every family of

@@ -7,21 +7,19 @@ server is a child process stopped by PID, also on Ctrl-C or failure.
 Which stages, how much of each and for how long is a ``Plan`` and a ``Budget`` (``servelab.run.plan``): the
 tour (the default, `make lab`), ``--full``, ``--quick`` (the tests' smoke run) or ``gpu-check``; a stage the
 budget cuts is named in ``run.json`` and the report as not run, with why. Each family's stages run on its
-adapter (``servelab.run.families.FAMILIES``). The measurements per stage: its *capacity*, found by saturation (``Plan.sweep``,
-``servelab.measure.measure_stage.sweep_capacity``): one request at a time, then closed loops at doubling
-concurrency up to 8 × the cores, until a step adds less than 5 % to the throughput (the knee); the last
-step's record keeps the curve (concurrency -> throughput, p50, p99). Then Poisson arrivals at fractions of
-that capacity, where queueing delay appears well before the server is saturated. The lessons compare
-capacities (``servelab.report.lessons``), never two stages held to one number of senders.
-A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
-by perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the
-lab's students use on the node, with the same photo: one at a time and at the capacity's senders;
-requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
-same rates for the dynamic-batching ONNX stage. A stage fed fixed batches by its client
-(``TritonPart.images``) gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its
-message and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not
-installed: each family's ``missing``) is decided before the first run (``preflight``): those parts are skipped, each with its
-reason in the log and the report, instead of failing run after run.
+adapter (``servelab.run.families``). The measurements per stage: its *capacity*, found by saturation
+(``servelab.measure.measure_stage.sweep_capacity``), then Poisson arrivals at fractions of that capacity, where
+queueing delay appears well before the server is saturated. The lessons compare capacities
+(``servelab.report.lessons``), never two stages held to one number of senders. A load perf_analyzer can send
+(a Triton stage's; every one with ``--full``) is measured twice, back to back: by the load generator and by
+perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the lab's
+students use on the node, with the same photo: one at a time and at the capacity's senders; requests of 16
+images at concurrency 1 where the stage batches, and both arrival processes at the same rates where its family
+offers them (the dynamic-batching ONNX stage). A stage fed fixed batches by its client (``TritonPart.images``)
+gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its message
+and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not installed) is decided
+before the first run (``preflight``): those parts are skipped, each with its reason in the log and the report,
+instead of failing run after run.
 
 The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
@@ -119,8 +117,8 @@ class Lab:
     def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
         """What each of the stage's records carries: its name, settings and where it ran, its server,
         its stand-ins."""
-        config = {"about": stage.about, **family_of(stage).settings(stage), **({"variant": stage.variant} if stage.variant else {}),
-                  "device": self.device, "runs_on": runs_on, **(extra or {})}
+        config = {"about": stage.about, **family_of(stage).settings(stage),
+                  **({"variant": stage.variant} if stage.variant else {}), "device": self.device, "runs_on": runs_on, **(extra or {})}
         return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
 
     @contextmanager
@@ -142,7 +140,8 @@ class Lab:
         """The stage's loads; returns its capacity (the top of its concurrency sweep)."""
         self.log(f"    runs on: {labels.config['runs_on']}")
         p = self.plan
-        # Both clients on a Triton stage, over the same windows; perf_analyzer right after ours, on the same load.
+        # Both clients where the plan has perf_analyzer measure the stage, over the same windows; it runs right after
+        # ours, on the same load.
         ours = windowed(p.windows)
         others = ([perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s)]
                   if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped else [])

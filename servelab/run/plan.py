@@ -1,11 +1,5 @@
 """What a lab run measures, and for how long: the stages it may run, its ``Plan`` (the tour, ``--full``,
-``--quick``, ``gpu-check``) and its ``Budget``.
-
-Every closed-loop run lasts a time window, never a count of requests alone: a warm-up window (``warmup_s``)
-that is discarded, then three measured windows of ``windows.window_s`` seconds, which in ``--full`` must agree
-within ``windows.stability_pct`` (else they are measured again, as perf_analyzer's own stability test does). A
-stage's capacity is found by saturation (``Plan.sweep``). ``--budget`` bounds the run's time: a stage that
-would not fit is not started (``Budget``).
+``--quick``, ``gpu-check``: windows of seconds, the capacity sweep) and its ``Budget`` (``--budget``).
 """
 
 import time
