@@ -362,4 +362,6 @@ FAMILIES: dict[str, type[Family]] = {f.name: f for f in (FastAPIFamily, TritonFa
 
 
 def family_of(stage: Stage) -> type[Family]:
+    if stage.family not in FAMILIES:
+        raise ValueError(f"{stage.name}: no adapter for the {stage.family} family in FAMILIES ({', '.join(FAMILIES)})")
     return FAMILIES[stage.family]
