@@ -10,8 +10,8 @@ budget cuts is named in ``run.json`` and the report as not run, with why. Each f
 adapter (``servelab.run.families``). The measurements per stage: its *capacity*, found by saturation
 (``servelab.measure.measure_stage.sweep_capacity``), then Poisson arrivals at fractions of that capacity, where
 queueing delay appears well before the server is saturated. The lessons compare capacities
-(``servelab.report.lessons``), never two stages held to one number of senders. A load perf_analyzer can send
-(a Triton stage's; every one with ``--full``) is measured twice, back to back: by the load generator and by
+(``servelab.report.lessons``), never two stages held to one number of senders. A Triton load (a family
+perf_analyzer can feed) is measured twice, back to back (every one with ``--full``): by the load generator and by
 perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the lab's
 students use on the node, with the same photo: one at a time and at the capacity's senders; requests of 16
 images at concurrency 1 where the stage batches, and both arrival processes at the same rates where its family
@@ -118,7 +118,8 @@ class Lab:
         """What each of the stage's records carries: its name, settings and where it ran, its server,
         its stand-ins."""
         config = {"about": stage.about, **family_of(stage).settings(stage),
-                  **({"variant": stage.variant} if stage.variant else {}), "device": self.device, "runs_on": runs_on, **(extra or {})}
+                  **({"variant": stage.variant} if stage.variant else {}),
+                  "device": self.device, "runs_on": runs_on, **(extra or {})}
         return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
 
     @contextmanager
