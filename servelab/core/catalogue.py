@@ -1,7 +1,7 @@
 """The stage catalogue: every stage of the lab, once.
 
 A stage is one serving set-up the lab measures: a name, what it is, and the part that says how its
-family runs it:
+family runs it (the part's ``family`` names the family's adapter, ``servelab.run.families``):
 
 * ``FastAPIPart``: the ``servelab serve`` service and the settings it runs with;
 * ``TritonPart``: the model clients call and the few config fields that replace its base
@@ -27,9 +27,8 @@ pair in ``PAIRS`` of tests/unit/test_catalogue.py (a new lesson also needs its r
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-Family = Literal["fastapi", "triton", "ray"]
 Input = Literal["bytes", "tensor", "uint8"]
 
 
@@ -131,6 +130,7 @@ SERVICES: dict[str, Literal["pytorch", "onnx"]] = {"fastapi-pt": "pytorch", "fas
 
 @dataclass(frozen=True)
 class FastAPIPart:
+    family: ClassVar[str] = "fastapi"  # the family that runs it: its adapter in servelab.run.families.FAMILIES
     service: Literal["fastapi-pt", "fastapi-onnx"]  # the `servelab serve` service (a key of SERVICES)
     env: Mapping[str, str] = field(default_factory=dict)  # its settings (servelab.core.settings.ServeSettings)
     compose: bool = False  # also a compose stage on the node (docker/docker-compose-fastapi.yaml)
@@ -143,6 +143,7 @@ class FastAPIPart:
 
 @dataclass(frozen=True)
 class TritonPart:
+    family: ClassVar[str] = "triton"
     model: str  # the model clients call (a key of MODELS)
     changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model -> replaced config fields
     needs: tuple[str, ...] = ()  # models loaded before ``model`` (an ensemble's steps)
@@ -164,6 +165,7 @@ class TritonPart:
 
 @dataclass(frozen=True)
 class RayPart:
+    family: ClassVar[str] = "ray"
     replicas: int = 1  # fixed replicas; for autoscaling, the most
     batching: bool = False  # @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)
     autoscaling: bool = False  # RAY_AUTOSCALE_* settings
@@ -191,8 +193,8 @@ class Stage:
     default: bool = False  # what its family's `up` command (servelab triton / ray) starts when no stage is named
 
     @property
-    def family(self) -> Family:
-        return {FastAPIPart: "fastapi", TritonPart: "triton", RayPart: "ray"}[type(self.part)]  # type: ignore[return-value]
+    def family(self) -> str:
+        return self.part.family
 
     @property
     def fastapi(self) -> FastAPIPart:
@@ -324,12 +326,12 @@ CATALOGUE: tuple[Stage, ...] = (
 STAGES: dict[str, Stage] = {s.name: s for s in CATALOGUE}
 
 
-def of_family(family: Family) -> dict[str, Stage]:
+def of_family(family: str) -> dict[str, Stage]:
     """The stages one runner runs, in catalogue order."""
     return {s.name: s for s in CATALOGUE if s.family == family}
 
 
-def default_stage(family: Family) -> str:
+def default_stage(family: str) -> str:
     """The stage of ``family`` marked ``default``."""
     [stage] = [s.name for s in of_family(family).values() if s.default]
     return stage
@@ -412,7 +414,7 @@ def cached_name(name: str) -> str:
     return f"{name}-cache"
 
 
-def get_stage(name: str, family: Family | None = None) -> Stage:
+def get_stage(name: str, family: str | None = None) -> Stage:
     """The stage called ``name`` (of ``family``, when given), or a ValueError listing the names there are."""
     stages = of_family(family) if family else STAGES
     try:

@@ -1,7 +1,6 @@
-"""One small adapter per family, between a runner and ``measure_stage``: how a stage of that family is
-served and where a load goes.
-
-Every adapter has the same five parts:
+"""One adapter per family, between a runner and ``measure_stage``: how a stage of that family is served,
+where a load goes, and what the lab does differently for its stages. A new family is one ``Family`` in
+``FAMILIES`` (and its stages' part in the catalogue). The serving parts each adapter writes:
 
 * ``start(first)``: a context in which the family's server can serve its stages, at ``first``;
   everything it started is stopped on exit, by PID;
@@ -11,61 +10,102 @@ Every adapter has the same five parts:
 * ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really
   holds (ONNX Runtime's provider options, Ray's placement), for its records;
 * ``roll_out(stage, variant)``: a new version of the stage's model, serving ``variant``,
-  takes over while requests keep coming; what the server said of the swap.
+  takes over while requests keep coming; what the server said of the swap;
+* ``in_lab(...)``: the adapter ``servelab lab`` runs on;
+
+and what differs from ``Family``'s defaults, what the lab does for the family's stages besides.
 
 ``pid`` is the server measured (its CPU time goes into the records) and ``scraped`` its series in
-Prometheus, where the adapter was given a ``LabPrometheus``. ``servelab lab`` runs all three families
-through these, ``servelab benchmark`` the FastAPI and Ray adapters. The notebooks' walkthroughs
+Prometheus, where the adapter was given a ``LabPrometheus``. ``servelab lab`` runs every family of
+``FAMILIES``, ``servelab benchmark`` the FastAPI and Ray adapters. The notebooks' walkthroughs
 (``servelab.run.walkthrough``) measure the node's servers, which students start and switch from their
 shell: they wait for the switch instead, and call the same ``measure_stage``.
 """
 
 import asyncio
+import importlib.util
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
+from servelab.core.artifacts import Manifest
 from servelab.core.catalogue import MODELS, Stage
-from servelab.core.hardware import instances_say, runs_on_triton
+from servelab.core.hardware import Device, instances_say, runs_on_triton, stage_env
+from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.core.procs import free_port
+from servelab.core.settings import get_settings
 from servelab.measure.measure_stage import served_runtime
 from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
-from servelab.measure.targets import FastAPITarget, Target, TritonTarget
+from servelab.measure.targets import FastAPITarget, TritonTarget
+from servelab.run.lab_ray import Measurer, RayRuns
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
-from servelab.servers.rayserve.cluster import LocalCluster
+from servelab.servers.rayserve.cluster import LocalCluster, ray_binary
 from servelab.servers.rayserve.control import deploy_in_child, roll_out_in_child
 from servelab.servers.rayserve.serve_state import placement
 from servelab.servers.triton.python_backend import instance_count
 
 
-class Adapter(Protocol):
-    pid: int | None
-    scraped: Scraped | None
+class Runs:
+    """What a family runs beside every stage's loads, at three moments of the lab's pass over its stages;
+    here nothing (Ray Serve's: ``servelab.run.lab_ray.RayRuns``)."""
 
-    def start(self, first: Stage) -> Any: ...  # a context manager
+    def started(self) -> None:
+        """Its server (cluster) is up."""
 
-    def switch(self, stage: Stage) -> None: ...
+    def after(self, stage: Stage, capacity: float | None) -> None:
+        """A stage's loads ran."""
 
-    def target(self, stage: Stage, image: bytes, image_name: str = "") -> Target: ...
+    def finish(self, stages: list[Stage]) -> None:
+        """Every stage ran, the server still up."""
 
-    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]: ...
 
-    async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]: ...
+class Family:
+    """An adapter's defaults (a family with none of the extras); each family writes the serving parts and ``in_lab``."""
+
+    name: ClassVar[str]  # its stages' ``part.family``
+    redis: ClassVar[bool] = False  # the cache case puts the lab's Redis in front (else: the server's own cache)
+    pid: int | None = None
+    scraped: Scraped | None = None
+
+    @staticmethod
+    def missing() -> dict[str, str]:  # what this environment lacks to run it, part -> why (the family's name: all)
+        return {}
+
+    @staticmethod
+    def settings(stage: Stage) -> Mapping[str, str]:  # in each of its records' config
+        return {}
+
+    @staticmethod
+    def batches(stage: Stage) -> bool:  # the lab also sends it requests of ``plan.BATCH`` images
+        return False
+
+    @staticmethod
+    def both_arrivals(stage: Stage) -> bool:  # constant as well as Poisson arrivals, perf_analyzer beside
+        return False
+
+    @staticmethod
+    def fed(stage: Stage) -> tuple | None:  # how perf_analyzer feeds it (fed alike: one command); None: it does not
+        return None
+
+    def runs(self, lab: Measurer, manifest: Manifest) -> Runs:
+        return Runs()
 
 
 def _scrape(prometheus: LabPrometheus | None, address: str, family: str, **labels: str):
     return prometheus.scrape(address, family, **labels) if prometheus else nullcontext(None)
 
 
-class FastAPIFamily:
+class FastAPIFamily(Family):
     """Each stage its own ``servelab serve`` process on 127.0.0.1 (a switch stops the last one), with
     the stage's settings over ``env`` (the device's, or a benchmark's)."""
+
+    name, redis = "fastapi", True
 
     def __init__(self, logs: Path, env: dict[str, str] | None = None, prometheus: LabPrometheus | None = None,
                  ready_timeout: float = 180):
@@ -75,6 +115,15 @@ class FastAPIFamily:
         self.url, self.pid, self.scraped = "", None, None
         self._serving: ExitStack | None = None
         self.serving: Stage | None = None  # the stage its server runs as started (None after a rollout)
+
+    @classmethod
+    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "FastAPIFamily":
+        # A GPU stage may build a TensorRT engine before it is ready: minutes on a first run.
+        return cls(logs, stage_env(device), prometheus, ready_timeout=900 if device == "gpu" else 180)
+
+    @staticmethod
+    def settings(stage: Stage) -> Mapping[str, str]:
+        return stage.fastapi.env
 
     @contextmanager
     def start(self, first: Stage | None = None) -> Iterator["FastAPIFamily"]:
@@ -129,9 +178,11 @@ def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str
     return server
 
 
-class TritonFamily:
+class TritonFamily(Family):
     """One local tritonserver for every stage: a switch reloads the stage's models (explicit model
     control), as students switch stages on the lab node without restarting the server."""
+
+    name = "triton"
 
     def __init__(self, logs: Path, repository: Path, kind: str = "auto", prometheus: LabPrometheus | None = None,
                  manifest: Path | None = None):
@@ -142,6 +193,32 @@ class TritonFamily:
         self.config: dict[str, Any] = {}
         self._scraped: Scraped | None = None
         self._staged: list[Path] = []  # the version folders ``roll_out`` wrote, removed at the next switch
+
+    @classmethod
+    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "TritonFamily":
+        # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
+        return cls(logs, get_settings().triton_model_repository, device, prometheus, manifest)
+
+    @staticmethod
+    def missing() -> dict[str, str]:
+        try:
+            locate()
+        except PerfAnalyzerNotFound as exc:
+            return {"perf_analyzer": f"perf_analyzer cannot run here ({exc}): only servelab's client measures Triton"}
+        return {}
+
+    @staticmethod
+    def batches(stage: Stage) -> bool:
+        return stage.triton.batches
+
+    @staticmethod
+    def both_arrivals(stage: Stage) -> bool:
+        return stage.triton.both_arrivals
+
+    @staticmethod
+    def fed(stage: Stage) -> tuple:
+        # What the client sends (a photo, a tensor, a uint8 crop); one image or the stage's own batches; an ensemble.
+        return stage.input, stage.triton.images, bool(stage.triton.needs)
 
     @property
     def log(self) -> Path:
@@ -208,9 +285,11 @@ class TritonFamily:
         return runs_on_triton(self.config, said), {}
 
 
-class RayFamily:
+class RayFamily(Family):
     """One local Ray cluster (a head and ``workers`` worker nodes, ``ray start`` processes) for every
     stage: a switch deploys the stage with ``servelab ray deploy``, the command the node's notebook runs."""
+
+    name = "ray"
 
     def __init__(self, logs: Path, cpus_per_node: int, env: dict[str, str] | None = None,
                  prometheus: LabPrometheus | None = None, workers: int = 1):
@@ -220,6 +299,21 @@ class RayFamily:
         self.url, self.pid, self.scraped = "", None, None
         self.where: dict[str, Any] = {}  # the running replicas per Ray node id, after a switch
         self.deployed: Stage | None = None  # the stage deployed as it starts (None after a rollout)
+
+    @classmethod
+    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "RayFamily":
+        return cls(logs, get_settings().ray_node_cpus, stage_env(device), prometheus)
+
+    @staticmethod
+    def missing() -> dict[str, str]:
+        if importlib.util.find_spec("ray") and Path(ray_binary()).exists():
+            return {}
+        return {"ray": "Ray Serve is not installed in this environment (the `ray` extra; `make gpu-check`'s "
+                       "environment and wheelhouse carry none): the Ray stages are CPU-cluster stages here"}
+
+    def runs(self, lab: Measurer, manifest: Manifest) -> RayRuns:
+        """A step load and a node failure besides (``servelab.run.lab_ray``)."""
+        return RayRuns(lab, self, manifest)
 
     @contextmanager
     def start(self, first: Stage | None = None) -> Iterator["RayFamily"]:
@@ -261,3 +355,13 @@ class RayFamily:
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
         runs_on, options = served_runtime(self.url)  # one replica's
         return runs_on, {**self.where, **options}
+
+
+# The families ``servelab lab`` runs, in this order.
+FAMILIES: dict[str, type[Family]] = {f.name: f for f in (FastAPIFamily, TritonFamily, RayFamily)}
+
+
+def family_of(stage: Stage) -> type[Family]:
+    if stage.family not in FAMILIES:
+        raise ValueError(f"{stage.name}: no adapter for the {stage.family} family in FAMILIES ({', '.join(FAMILIES)})")
+    return FAMILIES[stage.family]

@@ -4,29 +4,22 @@ For each stage it starts the server, runs the lab's measurements with the one lo
 stops the server, and at the end prints the comparison table and writes ``results/``. Every
 server is a child process stopped by PID, also on Ctrl-C or failure.
 
-Which stages and how much of each is a ``Plan``: the tour (the default, `make lab`: the catalogue's
-``tour`` stages, each lesson once, in minutes), ``--full`` (every stage, every load, both clients) or
-``--quick`` (every stage, short windows, a sweep of two levels, perf_analyzer on one stage per way it is fed: the tests' smoke run) or ``gpu-check`` (the catalogue's
-``gpu_check`` stages, for `make gpu-check` on a lent GPU). ``--budget`` bounds the run's time: a stage
-that would not fit is not started and is named in ``run.json`` and the report as not run, with why.
-Every closed-loop run lasts a time window, never a count of requests alone (``Plan``): a warm-up window
-(``warmup_s``) that is discarded, then three measured windows of ``windows.window_s`` seconds, which in
-``--full`` must agree within ``windows.stability_pct`` (else they are measured again, as perf_analyzer's own
-stability test does). The measurements per stage: its *capacity*, found by saturation (``Plan.sweep``,
-``servelab.measure.measure_stage.sweep_capacity``): one request at a time, then closed loops at doubling
-concurrency up to 8 × the cores, until a step adds less than 5 % to the throughput (the knee); the last
-step's record keeps the curve (concurrency -> throughput, p50, p99). Then Poisson arrivals at fractions of
-that capacity, where queueing delay appears well before the server is saturated. The lessons compare
-capacities (``servelab.report.lessons``), never two stages held to one number of senders.
-A Triton load is measured twice, back to back (every one with ``--full``): by the load generator and
-by perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the
-lab's students use on the node, with the same photo: one at a time and at the capacity's senders;
-requests of 16 images at concurrency 1 where the stage batches, and both arrival processes at the
-same rates for the dynamic-batching ONNX stage. A stage fed fixed batches by its client
-(``TritonPart.images``) gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its
-message and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not
-installed) is decided before the first run (``preflight``): those parts are skipped, each with its
-reason in the log and the report, instead of failing run after run.
+Which stages, how much of each and for how long is a ``Plan`` and a ``Budget`` (``servelab.run.plan``): the
+tour (the default, `make lab`), ``--full``, ``--quick`` (the tests' smoke run) or ``gpu-check``; a stage the
+budget cuts is named in ``run.json`` and the report as not run, with why. Each family's stages run on its
+adapter (``servelab.run.families``). The measurements per stage: its *capacity*, found by saturation
+(``servelab.measure.measure_stage.sweep_capacity``), then Poisson arrivals at fractions of that capacity, where
+queueing delay appears well before the server is saturated. The lessons compare capacities
+(``servelab.report.lessons``), never two stages held to one number of senders. A Triton load (a family
+perf_analyzer can feed) is measured twice, back to back (every one with ``--full``): by the load generator and by
+perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the lab's
+students use on the node, with the same photo: one at a time and at the capacity's senders; requests of 16
+images at concurrency 1 where the stage batches, and both arrival processes at the same rates where its family
+offers them (the dynamic-batching ONNX stage). A stage fed fixed batches by its client (``TritonPart.images``)
+gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its message
+and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not installed) is decided
+before the first run (``preflight``): those parts are skipped, each with its reason in the log and the report,
+instead of failing run after run.
 
 The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
 FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
@@ -41,7 +34,6 @@ really ran (``runs_on``: the providers the service read back from its session, o
 Triton reports), never what was asked for.
 """
 
-import importlib.util
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -49,14 +41,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.core.catalogue import (
     CACHED,
     OVERLOADED,
     ROLLED,
-    STAGES,
     Lesson,
     Stage,
     bounded,
@@ -64,8 +55,7 @@ from servelab.core.catalogue import (
     queue_bound,
     with_cache,
 )
-from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack, stage_env
-from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
+from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import build_variants
@@ -91,38 +81,13 @@ from servelab.measure.targets import PhotoMix
 from servelab.report import compare
 from servelab.report.lessons import summary
 from servelab.report.render import render_report, summary_table
-from servelab.run.families import Adapter, FastAPIFamily, RayFamily, TritonFamily
-from servelab.run.lab_ray import RayRuns
+from servelab.run.families import FAMILIES, Family, Runs, family_of
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
 from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
-from servelab.servers.rayserve.cluster import ray_binary
 
 RESULTS = REPO_ROOT / "results"
-
-
-class FamilyRuns(Protocol):
-    """What a family runs beside every stage's loads, at three moments of the lab's pass over its stages."""
-
-    def started(self) -> None: ...  # its server (cluster) is up
-
-    def after(self, stage: Stage, capacity: float | None) -> None: ...  # a stage's loads ran
-
-    def finish(self, stages: list[Stage]) -> None: ...  # every stage ran, the server still up
-
-
-class NoRuns:
-    """FastAPI's and Triton's: nothing beyond the loads."""
-
-    def started(self) -> None:
-        pass
-
-    def after(self, stage: Stage, capacity: float | None) -> None:
-        pass
-
-    def finish(self, stages: list[Stage]) -> None:
-        pass
 
 
 class Lab:
@@ -152,13 +117,13 @@ class Lab:
     def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
         """What each of the stage's records carries: its name, settings and where it ran, its server,
         its stand-ins."""
-        env = stage.fastapi.env if stage.family == "fastapi" else {}
-        config = {"about": stage.about, **env, **({"variant": stage.variant} if stage.variant else {}),
+        config = {"about": stage.about, **family_of(stage).settings(stage),
+                  **({"variant": stage.variant} if stage.variant else {}),
                   "device": self.device, "runs_on": runs_on, **(extra or {})}
         return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
 
     @contextmanager
-    def on(self, adapter: Adapter, stage: Stage, manifest: Manifest, extra: dict | None = None,
+    def on(self, adapter: Family, stage: Stage, manifest: Manifest, extra: dict | None = None,
            switch: bool = True) -> Iterator[tuple[Any, Labels]]:
         """``adapter``'s server at ``stage`` (switched to it, unless it is there already), its series scraped while
         the block runs: yields the stage's target and the labels its records carry (``extra`` in their config)."""
@@ -176,7 +141,8 @@ class Lab:
         """The stage's loads; returns its capacity (the top of its concurrency sweep)."""
         self.log(f"    runs on: {labels.config['runs_on']}")
         p = self.plan
-        # Both clients on a Triton stage, over the same windows; perf_analyzer right after ours, on the same load.
+        # Both clients where the plan has perf_analyzer measure the stage, over the same windows; it runs right after
+        # ours, on the same load.
         ours = windowed(p.windows)
         others = ([perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s)]
                   if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped else [])
@@ -198,9 +164,8 @@ class Lab:
             said = swept[-1].config[CAPACITY]
             self.log(f"    capacity: {said['throughput_rps']:.1f} req/s at {senders(top)}; sweep ended at "
                      f"{swept[-1].load.concurrency} senders: {said['stopped']}")
-        batches = stage.family == "triton" and stage.triton.batches
-        both_arrivals = stage.family == "triton" and stage.triton.both_arrivals
-        if batches:
+        both_arrivals = family_of(stage).both_arrivals(stage)
+        if family_of(stage).batches(stage):
             measured(replace(target, batch=BATCH), [p.load(1)])
         for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
             rate = round(fraction * capacity, 1)
@@ -223,7 +188,7 @@ class Lab:
         over = labels._replace(config={**(labels.config or {}), **config, "bound": queue_bound(stage)})
         measure_stage(target, [load], over, [servelab_client(timeline_bin_s=1.0, keep_requests=True)], self.keep)
 
-    def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
+    def measure_on(self, adapter: Family, stage: Stage, manifest: Manifest) -> float | None:
         """Switch ``adapter``'s server to ``stage`` and measure it there; returns its capacity."""
         with self.on(adapter, stage, manifest) as (target, labels):
             return self.measure(stage, target, labels)
@@ -262,7 +227,7 @@ class Lab:
         with ExitStack() as stack:
             stack.enter_context(self.prometheus)
             # Soft, as Prometheus is: without redis-server the FastAPI cache case is skipped, saying so.
-            if any(STAGES[name].family == "fastapi" for name in self.cached) and (binary := find_redis(self.log)):
+            if any(family_of(s).redis for s in stages if s.name in self.cached) and (binary := find_redis(self.log)):
                 self.redis = stack.enter_context(LocalRedis(binary, self.logs / "redis"))
             self._run_stages(stages, manifest, paths)
         self.ran = [name for name in self.ran if name not in self.not_run]
@@ -281,21 +246,13 @@ class Lab:
                 self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
             stages = [s for s in stages if not s.needs_gpu]
         self.ran = [s.name for s in stages]
-        env = stage_env(self.device)
         # The families in the order the lab runs them, each on one adapter (and its own runs beside the loads).
-        # A GPU stage may build a TensorRT engine before it is ready: minutes on a first run.
-        fastapi = FastAPIFamily(self.logs, env, self.prometheus, ready_timeout=900 if self.device == "gpu" else 180)
-        # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
-        triton = TritonFamily(self.logs, get_settings().triton_model_repository, self.device, self.prometheus,
-                              paths.manifest)
-        # One local cluster for every Ray stage, with a step load and a node failure besides (servelab.run.lab_ray).
-        ray = RayFamily(self.logs, get_settings().ray_node_cpus, env, self.prometheus)
-        for family, adapter, runs in (("fastapi", fastapi, NoRuns()), ("triton", triton, NoRuns()),
-                                      ("ray", ray, RayRuns(self, ray, manifest))):
-            if family not in self.skipped:
-                self._run_family(adapter, [s for s in stages if s.family == family], manifest, runs)
+        for name, family in FAMILIES.items():
+            if (ours := [s for s in stages if s.family == name]) and name not in self.skipped:
+                adapter = family.in_lab(self.logs, self.device, self.prometheus, paths.manifest)
+                self._run_family(adapter, ours, manifest, adapter.runs(self, manifest))
 
-    def _run_family(self, adapter: Adapter, stages: list[Stage], manifest: Manifest, runs: FamilyRuns) -> None:
+    def _run_family(self, adapter: Family, stages: list[Stage], manifest: Manifest, runs: Runs) -> None:
         """Every stage of one family on one adapter, each started only if it fits the time budget; a stage
         that fails is reported and the others go on, a server that does not start fails the family."""
         if not stages or not self._fits(stages[0]):
@@ -317,7 +274,7 @@ class Lab:
 
         self.guard(None, run_all, stages[0].family)
 
-    def _stage(self, adapter: Adapter, stage: Stage, manifest: Manifest, runs: FamilyRuns) -> None:
+    def _stage(self, adapter: Family, stage: Stage, manifest: Manifest, runs: Runs) -> None:
         runs.after(stage, self.measure_on(adapter, stage, manifest))
         if stage.name in self.cached:
             self.guard(stage, lambda: self.cache_case(adapter, stage, manifest))
@@ -328,10 +285,10 @@ class Lab:
         if stage.name in self.rolled:
             self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
 
-    def cache_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
+    def cache_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
         """The same skewed mix of photos (``PhotoMix.zipf``, seeded) on ``stage`` as it is, on the server that just
         measured it, then ``with_cache``: Triton's own response cache, or Redis in front of a FastAPI stage."""
-        if stage.family == "fastapi" and self.redis is None:
+        if adapter.redis and self.redis is None:
             self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
             return
         mix, p = PhotoMix.zipf(seed=0), self.plan
@@ -340,14 +297,14 @@ class Lab:
         window = dict(duration_s=p.cache_s, **warm_up(p.warmup_s))
         load = (Load.closed(top.load.concurrency if top else CACHE_CONCURRENCY, None, **window)
                 if not top or top.load.mode == "closed" else Load.sequential(None, **window))
-        cached = with_cache(stage, self.redis.url if stage.family == "fastapi" else "")
+        cached = with_cache(stage, self.redis.url if adapter.redis else "")
         for s in (stage, cached):
             if s is cached:
                 self.log(f"[{s.name}] {s.about}")
             with self.on(adapter, s, manifest, {"run": RunKind.CACHE}, switch=s is cached) as (target, labels):
                 measure_stage(replace(target, mix=mix), [load], labels, [servelab_client()], self.keep)
 
-    def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
+    def rollout_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
         """A new version under 16 closed-loop senders: ``rollout_s[0]`` seconds in, the stage's server, switched
         to it afresh, loads a new version of its model serving the ``ROLLED`` variant and retires the old one
         (``roll_out``); every request kept with the version that answered it."""
@@ -360,7 +317,7 @@ class Lab:
         with self.on(adapter, stage, manifest, {**config, "to_variant": variant}) as (target, labels):
             measure_stage(target, [load], labels, [client], self.keep)
 
-    def guard(self, stage: Stage | None, work, family: str = "triton") -> None:
+    def guard(self, stage: Stage | None, work, family: str = "") -> None:
         """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
         try:
             work()
@@ -373,19 +330,9 @@ class Lab:
 
 
 def preflight(stages: list[Stage]) -> dict[str, str]:
-    """The parts of these stages this environment cannot run, each with the reason, before any run:
-    ``perf_analyzer`` (the Triton stages' second client) and ``ray`` (the Ray Serve stages)."""
-
-    missing = {}
-    if any(s.family == "triton" for s in stages):
-        try:
-            locate()
-        except PerfAnalyzerNotFound as exc:
-            missing["perf_analyzer"] = f"perf_analyzer cannot run here ({exc}): only servelab's client measures Triton"
-    if any(s.family == "ray" for s in stages) and not (importlib.util.find_spec("ray") and Path(ray_binary()).exists()):
-        missing["ray"] = ("Ray Serve is not installed in this environment (the `ray` extra; `make gpu-check`'s "
-                          "environment and wheelhouse carry none): the Ray stages are CPU-cluster stages here")
-    return missing
+    """The parts of these stages this environment cannot run, each with the reason, before any run (each
+    family's ``missing``: perf_analyzer, Triton's second client; Ray Serve, its family)."""
+    return {part: why for family in dict.fromkeys(map(family_of, stages)) for part, why in family.missing().items()}
 
 
 def _model(paths: ArtifactPaths) -> Manifest:

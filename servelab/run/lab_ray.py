@@ -12,8 +12,8 @@ config. Then:
   the worker node SIGKILLed a third of the way in; every failed request is counted by its kind
   (``http_500``, ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
 
-``servelab.run.lab`` hands its ``Lab`` over; what is used of it is the ``Measurer`` protocol below (this
-module does not import the lab, which imports it).
+``RayFamily.runs`` hands the lab's ``Lab`` over; what is used of it is the ``Measurer`` protocol below (this
+module imports neither the lab nor the adapters, which import it).
 """
 
 import threading
@@ -27,7 +27,6 @@ from servelab.core.catalogue import Stage
 from servelab.measure.measure_stage import Labels, measure_stage, servelab_client
 from servelab.measure.records import Load, Record, RunKind
 from servelab.measure.targets import Target
-from servelab.run.families import RayFamily
 from servelab.servers.rayserve.serve_state import ReplicaSampler
 
 FAILURE_TIMEOUT_S = 5.0  # per request in the node-failure run
@@ -43,7 +42,7 @@ class Measurer(Protocol):
 
     def log(self, line: str) -> None: ...
 
-    def on(self, adapter: RayFamily, stage: Stage, manifest: Manifest, extra: dict | None = None,
+    def on(self, adapter: Any, stage: Stage, manifest: Manifest, extra: dict | None = None,
            switch: bool = True) -> AbstractContextManager[tuple[Target, Labels]]: ...
 
     def keep(self, measure: Callable[[], Record], load: Load) -> Record: ...
@@ -51,11 +50,11 @@ class Measurer(Protocol):
 
 @dataclass
 class RayRuns:
-    """Ray Serve's ``servelab.run.lab.FamilyRuns``: its cluster described, each stage's placement and step
+    """Ray Serve's ``servelab.run.families.Runs``: its cluster described, each stage's placement and step
     load, the node failures last."""
 
     lab: Measurer
-    ray: RayFamily
+    ray: Any  # servelab.run.families.RayFamily
     manifest: Manifest
     measured: list[Stage] = field(default_factory=list)
 

@@ -1,11 +1,5 @@
 """What a lab run measures, and for how long: the stages it may run, its ``Plan`` (the tour, ``--full``,
-``--quick``, ``gpu-check``) and its ``Budget``.
-
-Every closed-loop run lasts a time window, never a count of requests alone: a warm-up window (``warmup_s``)
-that is discarded, then three measured windows of ``windows.window_s`` seconds, which in ``--full`` must agree
-within ``windows.stability_pct`` (else they are measured again, as perf_analyzer's own stability test does). A
-stage's capacity is found by saturation (``Plan.sweep``). ``--budget`` bounds the run's time: a stage that
-would not fit is not started (``Budget``).
+``--quick``, ``gpu-check``: windows of seconds, the capacity sweep) and its ``Budget`` (``--budget``).
 """
 
 import time
@@ -16,6 +10,7 @@ from servelab.core.catalogue import CATALOGUE, Lesson, Stage
 from servelab.measure.measure_stage import Sweep
 from servelab.measure.perf_analyzer import Windows
 from servelab.measure.records import Load
+from servelab.run.families import family_of
 
 LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
 TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
@@ -23,19 +18,18 @@ GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check
 
 
 def _each_way_in(stages: tuple[Stage, ...]) -> tuple[str, ...]:
-    """One Triton stage per way perf_analyzer is fed (what the client sends: a photo, a tensor, a uint8
-    crop; one image or the stage's own batches; one model or an ensemble), the first in the catalogue's
-    order, and every stage that offers both arrival processes: where the second client's own paths run."""
+    """One stage per way perf_analyzer is fed (``Family.fed``), the first in the catalogue's order, and every
+    stage that offers both arrival processes: where the second client's own paths run."""
     firsts: dict[tuple, str] = {}
     for s in stages:
-        if s.family == "triton":
-            firsts.setdefault((s.input, s.triton.images, bool(s.triton.needs)), s.name)
-    return tuple(s.name for s in stages if s.name in firsts.values() or (s.family == "triton" and s.triton.both_arrivals))
+        if (way := family_of(s).fed(s)) is not None:
+            firsts.setdefault(way, s.name)
+    return tuple(s.name for s in stages if s.name in firsts.values() or family_of(s).both_arrivals(s))
 
 
 def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
-    """The Triton stages among ``stages`` that teach batching: where perf_analyzer is the second opinion."""
-    return tuple(s.name for s in stages if s.family == "triton" and s.lesson == Lesson.BATCHING)
+    """The stages among ``stages`` perf_analyzer can measure that teach batching: where it is the second opinion."""
+    return tuple(s.name for s in stages if family_of(s).fed(s) is not None and s.lesson == Lesson.BATCHING)
 
 
 def warm_up(seconds: float) -> dict[str, Any]:
@@ -115,7 +109,7 @@ class Plan:
         return PLANS[name]()
 
     def with_perf_analyzer(self, stage: Stage) -> bool:
-        return stage.family == "triton" and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
+        return family_of(stage).fed(stage) is not None and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
     @property
     def measured_s(self) -> float:

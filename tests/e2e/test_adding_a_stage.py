@@ -1,17 +1,31 @@
-"""docs/architecture.md's "Adding things: A stage", followed to the letter in a copy of the checkout: one `Stage`
-in `CATALOGUE`, its pair in `PAIRS` of the catalogue's test, then `make notebooks`; then the tests that read the catalogue pass with the new stage in them (the lease plan
-times a notebook from its recorded cells, so a stage needs no rate of its own). A step the doc forgets fails here."""
+"""docs/architecture.md's "Adding things": a stage, followed to the letter in a copy of the checkout: one `Stage`
+in `CATALOGUE`, its pair in `PAIRS` of the catalogue's test, then `make notebooks`; then the tests that read the
+catalogue pass with the new stage in them (the lease plan times a notebook from its recorded cells, so a stage needs
+no rate of its own). A step the doc forgets fails here. And a family: one `Family` registered in `FAMILIES`, which
+the lab then runs as it runs the others."""
 
 import os
 import re
 import shutil
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+import psutil
 import pytest
 
+from servelab.core.artifacts import load_manifest
+from servelab.core.catalogue import Stage
 from servelab.core.paths import REPO_ROOT
+from servelab.measure.targets import FastAPITarget
+from servelab.report.render import render_report
+from servelab.run.families import FAMILIES, Family, Runs
+from servelab.run.lab import Lab, preflight
+from servelab.run.plan import BATCH, Plan
+from tinyserver import running
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +79,94 @@ def test_a_stage_added_as_the_architecture_doc_says_reaches_every_reader(tmp_pat
                 "Plan; print(('ray-3', 'ray-1') in compared(Lesson.REPLICAS), "
                 "'ray-3' in [s.name for s in Plan.full().stages])")
     assert probe.stdout.split() == ["True", "True"], probe.stdout + probe.stderr
+
+
+@dataclass(frozen=True)
+class TinyPart:
+    """A stage of the new family: tests/tinyserver.py at a service time."""
+
+    family: ClassVar[str] = "tiny"
+    service_ms: float
+
+
+class Seen(Runs):
+    def __init__(self) -> None:
+        self.stages: list[str] = []
+
+    def after(self, stage: Stage, capacity: float | None) -> None:
+        self.stages.append(stage.name)
+
+
+class TinyFamily(Family):
+    """Each stage its own tinyserver process (a switch stops the last one); requests of ``BATCH`` images and both
+    arrival processes besides the common loads."""
+
+    name = "tiny"
+    seen: ClassVar[Seen]  # the test's, given it
+
+    @classmethod
+    def in_lab(cls, logs, device, prometheus, manifest) -> "TinyFamily":
+        return cls()
+
+    @contextmanager
+    def start(self, first: Stage):
+        with ExitStack() as self.serving:
+            self.switch(first)
+            yield self
+
+    def switch(self, stage: Stage) -> None:
+        self.serving.close()
+        self.url = self.serving.enter_context(running(service_ms=stage.part.service_ms, slots=2))
+        [self.pid] = [p.pid for p in psutil.Process().children() if "tinyserver.py" in " ".join(p.cmdline())]
+
+    def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
+        return FastAPITarget(self.url, image, image_name=image_name)
+
+    def runs_on(self, stage: Stage) -> tuple[str, dict]:
+        return "tinyserver", {}
+
+    async def roll_out(self, stage: Stage, variant: str) -> dict:
+        raise NotImplementedError("a tinyserver has one version")
+
+    @staticmethod
+    def settings(stage: Stage) -> dict[str, str]:
+        return {"SERVICE_MS": f"{stage.part.service_ms:g}"}
+
+    @staticmethod
+    def batches(stage: Stage) -> bool:
+        return True
+
+    @staticmethod
+    def both_arrivals(stage: Stage) -> bool:
+        return True
+
+    def runs(self, lab, manifest) -> Seen:
+        return self.seen
+
+
+def test_a_family_registered_in_one_place_runs_in_the_lab(model, tmp_path, monkeypatch):
+    monkeypatch.setitem(FAMILIES, TinyFamily.name, TinyFamily)
+    monkeypatch.setattr(TinyFamily, "seen", Seen(), raising=False)
+    stages = [Stage(f"tiny-{ms}ms", f"tinyserver, {ms} ms a request", TinyPart(ms)) for ms in (5, 10)]
+    lines: list[str] = []
+    lab = Lab(Plan.quick(), tmp_path / "lab", log=lines.append)
+    lab.run(stages, load_manifest(model.manifest), model)
+    assert lab.failures == [] and lab.ran == ["tiny-5ms", "tiny-10ms"], "\n".join(lines)
+    assert preflight(stages) == {} and TinyFamily.seen.stages == lab.ran
+    by_stage = {s.name: [r for r in lab.records if r.stage == s.name] for s in stages}
+    pids = set()
+    for stage in stages:
+        records = by_stage[stage.name]
+        assert {r.config["SERVICE_MS"] for r in records} == {f"{stage.part.service_ms:g}"}
+        assert {r.config["runs_on"] for r in records} == {"tinyserver"}
+        assert all(r.stats.successes and not r.stats.error_count for r in records)
+        # The family's say reached the lab: a run of batched requests, and constant arrivals beside Poisson.
+        assert [r.batch for r in records if r.batch > 1] == [BATCH]
+        assert {r.load.arrivals for r in records if r.load.mode == "open"} == {"constant", "poisson"}
+        # Sequential at the stage's service time: the stage's own server answered.
+        [one] = [r for r in records if r.load.mode == "sequential" and r.batch == 1]
+        assert one.stats.latency.p50_ms >= stage.part.service_ms
+        pids |= {r.monitors.server_pid for r in records}
+    assert len(pids) == 2 and not any(psutil.pid_exists(pid) for pid in pids)
+    # And the report writes its stages up with the others'.
+    assert "tiny-10ms" in render_report(lab.records, tmp_path / "lab", sources=[lab.records_path]).read_text()

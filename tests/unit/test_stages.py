@@ -6,6 +6,9 @@ node and locally), the Ray Serve options of a Ray stage (validated by Ray Serve 
 file of a compose stage; and the lab, the benchmark and the notebooks' lists read the same table.
 """
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import pytest
 import yaml
 from google.protobuf import json_format
@@ -18,6 +21,7 @@ from servelab.core.variants.build import VARIANTS
 from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
 from servelab.run import plan as plans
 from servelab.run import side_by_side
+from servelab.run.families import FAMILIES, family_of
 from servelab.servers.rayserve import options as ray_stages
 from servelab.servers.triton import configs as triton_stages
 from servelab.tools.containers import compose_stages as compose
@@ -28,9 +32,17 @@ def by_family(family: str) -> list[Stage]:
     return list(of_family(family).values())
 
 
+@dataclass(frozen=True)
+class TinyPart:
+    family: ClassVar[str] = "tiny"
+
+
 def test_each_stage_is_named_once_and_belongs_to_one_family() -> None:
     assert len(STAGES) == len(CATALOGUE)
-    assert {s.family for s in CATALOGUE} == {"fastapi", "triton", "ray"}
+    assert {s.family for s in CATALOGUE} == {"fastapi", "triton", "ray"} == set(FAMILIES)  # each with its adapter
+    assert [family_of(STAGES[name]) for name in ("fastapi-pt", "pt-1", "ray-1")] == list(FAMILIES.values())
+    with pytest.raises(ValueError, match="tiny-1: no adapter for the tiny family in FAMILIES"):
+        family_of(Stage("tiny-1", "a family nobody registered", TinyPart()))
     assert sum(len(of_family(f)) for f in ("fastapi", "triton", "ray")) == len(CATALOGUE)
     assert all(s.about for s in CATALOGUE)
     with pytest.raises(TypeError, match="pt-1 is a triton stage"):
