@@ -30,20 +30,17 @@ Load modes (``Load``):
   ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
 
-The client itself (``record.client``; ``servelab.measure.senders`` says how): every run knows its **ceiling**,
-what one sender process sends per second of its CPU against a no-op server with the same request body (measured
-once per machine and body size, ~1.5 s, then kept for the process and in ``client-ceiling.json`` beside ``out``;
-before the run where it plans the processes, after it where nothing is left to plan, so that a run starts when
-its caller expects). It then runs on as many **sender processes** as keep it 2x above the rate it expects (an open
-loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the same target and
-senders in this process), at most half the CPUs: each process runs
+The client itself (``record.client``; ``servelab.measure.senders`` says how): every run measures what it costs, its
+sender processes' event-loop CPU per request, and runs on as many **sender processes** as keep it 2x above the rate
+it expects (an open loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the
+same target and senders in this process), from what one process sent per second of its CPU in the warm-up (else in
+that last run), at most half the CPUs: each process runs
 this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
 all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
 into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
 uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``processes=`` fixes the count. A run
-above half of what its processes can send, or whose busiest sender's event loop was on the CPU over half the window,
-is marked **client-bound** (``record.client.bound``, a warning): its throughput is the client's, never a server's
-capacity.
+whose busiest sender's event loop was on the CPU over half the window is marked **client-bound**
+(``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
 
 Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
 counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
@@ -71,14 +68,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from servelab.core.procs import die_with_parent
 from servelab.measure.monitor import Monitor
 from servelab.measure.records import (
     Breakdown,
     CacheStats,
-    ClientCeiling,
     ClientSide,
     Load,
     PerRequest,
@@ -91,25 +86,16 @@ from servelab.measure.records import (
 )
 from servelab.measure.schedule import send_times, window_s
 from servelab.measure.senders import (
-    CEILING_CONCURRENCY,
-    CEILING_SECONDS,
-    CEILING_WARMUP_S,
     bound_reason,
-    cached_ceiling,
-    ceiling_key,
     default_max_processes,
-    keep_ceiling,
     little_rate,
-    noop_server,
-    noop_server_processes,
-    now,
     plan_processes,
     planned_rate,
     pool,
 )
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
-from servelab.measure.targets import Client, FastAPITarget, Outcome, Target, noop_twin, request_body_bytes
+from servelab.measure.targets import Client, Outcome, Target
 from servelab.measure.triton_stats import stats_delta
 
 log = logging.getLogger("servelab.measure")
@@ -498,9 +484,10 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     return delta
 
 
-# The last throughput of each (target, mode, senders) in this process: the rate a closed-loop run without a warm-up
-# to estimate from plans for (a window measured again right after the one before, as measure_stage.windowed does).
-_SEEN: dict[str, float] = {}
+# The last run of each (target, mode, senders) in this process: its throughput and the requests one process sent per
+# second of its CPU, what a closed-loop run without a warm-up to estimate from plans with (a window measured again
+# right after the one before, as measure_stage.windowed does).
+_SEEN: dict[str, tuple[float, float | None]] = {}
 
 
 def _seen_key(target: Target, load: Load) -> str:
@@ -597,99 +584,6 @@ async def _senders_run(conns: list[Connection], load: Load, timeout_s: float) ->
     return merge_runs([r[1] for r in replies], load)
 
 
-async def measure_ceiling(target: Target, concurrency: int = CEILING_CONCURRENCY, seconds: float = CEILING_SECONDS,
-                          server_processes: int | None = None, processes: int = 1) -> ClientCeiling:
-    """What ``processes`` sender processes (one: the ceiling, per process) send in a closed loop of ``concurrency``
-    senders for ``seconds`` against the no-op server (``server_processes`` of it) with ``target``'s request bodies
-    (``targets.noop_twin``): requests per second of the senders' CPU time (the parent's event-loop thread, for one
-    process), and per second of wall time. Failed requests fail it."""
-    server_processes = server_processes or noop_server_processes()
-    with noop_server(server_processes) as url:
-        twin, route = noop_twin(target, url)
-        load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=concurrency,
-                           warmup_s=CEILING_WARMUP_S)
-        if processes > 1:
-            conns = pool(_sender_main).take(processes)
-            try:
-                await _senders_warm(conns, twin, load, 30.0)
-                cpu_before = _children_cpu(pool(_sender_main))
-                run = await _senders_run(conns, load, 30.0)
-                cpu_s = _children_cpu(pool(_sender_main)) - cpu_before
-            except BaseException:
-                pool(_sender_main).close(wait_s=0)
-                raise
-        else:
-            client = await twin.connect(concurrency, 30.0)
-            try:
-                await warm_up(client, load)
-                gc.collect()
-                cpu_before = time.thread_time()
-                run = await run_load(client, load)
-                cpu_s = time.thread_time() - cpu_before
-            finally:
-                await client.close()
-    if run.errors or not run.latency_s:
-        raise RuntimeError(f"the client's ceiling: requests to the no-op server failed: {dict(run.errors)}")
-    done = len(run.latency_s)
-    return ClientCeiling(rps=round(done / cpu_s, 1), wall_rps=round(done / run.wall_s, 1),
-                         cpu_share=round(cpu_s / run.wall_s / processes, 3), concurrency=concurrency,
-                         seconds=seconds, body_bytes=request_body_bytes(target), route=route,
-                         server_processes=server_processes, measured_at=now())
-
-
-def _children_cpu(sender_pool: Any) -> float:
-    """CPU seconds the pool's sender processes have used so far (user + system, from /proc via psutil)."""
-    total = 0.0
-    for process, _ in sender_pool.senders:
-        times = psutil.Process(process.pid).cpu_times()
-        total += times.user + times.system
-    return total
-
-
-def _ceiling_what(target: Target) -> str:
-    if isinstance(target, FastAPITarget):
-        return f"fastapi, batch {target.batch}"
-    return "triton, by its HTTP stand-in"
-
-
-async def client_ceiling(target: Target, given: float | ClientCeiling | None = None,
-                         folder: Path | None = None) -> ClientCeiling:
-    """One sender process's ceiling for ``target``'s requests: ``given`` (a figure, or a ``ClientCeiling``), else the
-    one measured earlier for this machine and body size (this process, or ``folder``'s ``client-ceiling.json``), else
-    measured now (``measure_ceiling``) and kept."""
-    if isinstance(given, ClientCeiling):
-        return given
-    body = request_body_bytes(target)
-    if given is not None:
-        return ClientCeiling(rps=given, wall_rps=given, cpu_share=1.0, concurrency=0, seconds=0.0, body_bytes=body,
-                             route="given by the caller", measured_at=now(), source="given")
-    key = ceiling_key(_ceiling_what(target), body)
-    if found := cached_ceiling(key, folder):
-        return found
-    if key in _CEILING_FAILED:  # tried once in this process: no run pays for it again
-        raise RuntimeError(_CEILING_FAILED[key])
-    try:
-        ceiling = await measure_ceiling(target)
-    except Exception as exc:
-        _CEILING_FAILED[key] = f"{type(exc).__name__}: {exc}"
-        raise RuntimeError(_CEILING_FAILED[key]) from exc
-    keep_ceiling(key, ceiling, folder)
-    return ceiling
-
-
-_CEILING_FAILED: dict[str, str] = {}  # ceiling key -> why measuring it failed in this process
-
-
-async def _ceiling_or_none(target: Target, given: float | ClientCeiling | None, folder: Path | None,
-                           warnings: list[str]) -> ClientCeiling | None:
-    """``client_ceiling``, or None with a warning: the run goes on; its record says why the ceiling is missing."""
-    try:
-        return await client_ceiling(target, given, folder)
-    except Exception as exc:
-        warnings.append(f"the client's ceiling could not be measured ({exc})")
-        return None
-
-
 async def run_bench_async(
     target: Target,
     load: Load,
@@ -707,8 +601,6 @@ async def run_bench_async(
     trigger: Trigger | None = None,
     processes: int | None = None,
     max_processes: int | None = None,
-    ceiling: float | ClientCeiling | None = None,
-    ceiling_folder: Path | None = None,
 ) -> Record:
     """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
 
@@ -718,32 +610,23 @@ async def run_bench_async(
     ``keep_requests``: every request in ``per_request``; a ``trigger`` runs during the measured window (a
     rollout), and the record's ``rollout`` says how the requests saw it.
 
-    The client (``record.client``; ``servelab.measure.senders``): ``ceiling`` is one sender process's (req/s, or a
-    ``ClientCeiling``; default: measured once per machine and body size, kept in ``ceiling_folder``, by default
-    ``out``'s folder); ``processes`` fixes the sender processes (default: planned from the ceiling, at most
-    ``max_processes``, default half the CPUs; one with a ``trigger``, which runs in this process)."""
+    The client (``record.client``; ``servelab.measure.senders``): ``processes`` fixes the sender processes (default:
+    planned from what the client cost in its warm-up, at most ``max_processes``, default half the CPUs; one with a
+    ``trigger``, which runs in this process)."""
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
-    folder = ceiling_folder if ceiling_folder is not None else Path(out).parent if out is not None else None
-    most = max_processes or default_max_processes()
-    # Where nothing is left to plan (one process at most, or the count fixed), a ceiling not yet known is measured
-    # after the run, so the run starts when its caller expects (a timer started beside it: a node failure, an outage).
-    plan_first = not (trigger or processes is not None or load.mode == "sequential" or most == 1)
-    found = await _ceiling_or_none(target, ceiling, folder, warnings) if plan_first else None
     senders: list[Connection] = []
     client = await target.connect(connections, timeout_s)
     try:
         warm = await warm_up(client, load)
         if warm.failed:
             warnings.append(f"{warm.failed} of {warm.sent} warm-up requests failed")
-        seen = _seen_key(target, load)
-        expected = planned_rate(load) or little_rate(load, warm.latencies_s) or _SEEN.get(seen)
+        seen_rps, seen_own = _SEEN.get(_seen_key(target, load), (None, None))
+        expected = planned_rate(load) or little_rate(load, warm.latencies_s) or seen_rps
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
-        # The lower of the no-op ceiling and what this client itself cost per request in its warm-up (a Triton
-        # target's stand-in leaves tritonclient's own cost out).
         own = warm.own_rps()
-        per_process = min((r for r in (found.rps if found else None, own) if r), default=None)
-        n, chosen = plan_processes(load, per_process, expected, most, processes, held)
+        n, chosen = plan_processes(load, own or seen_own, expected, max_processes or default_max_processes(),
+                                   processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)
@@ -768,17 +651,15 @@ async def run_bench_async(
         raise
     finally:
         await client.close()
-    if not plan_first:
-        found = await _ceiling_or_none(target, ceiling, folder, warnings)
     warnings += run.warnings
     stats = summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
                       run.offered_rps, run.shed)
-    if stats.throughput_rps > 0:
-        _SEEN[seen] = stats.throughput_rps
     busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
     answered = len(run.latency_s) + sum(run.errors.values()) + sum(run.shed.values())
     cpu_ms = 1000 * sum(run.loop_cpu_s) / answered if run.loop_cpu_s and answered else None
-    why = bound_reason(stats.throughput_rps, n, found.rps if found else None, busy)
+    if stats.throughput_rps > 0:
+        _SEEN[_seen_key(target, load)] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
+    why = bound_reason(stats.throughput_rps, busy)
     if why:
         warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
     for text in warnings:
@@ -803,8 +684,7 @@ async def run_bench_async(
         per_request=per_request(run) if keep_requests else None,
         cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
-        client=ClientSide(processes=n, ceiling=found, capacity_rps=round(n * found.rps, 1) if found else None,
-                          expected_rps=round(expected, 1) if expected else None, chosen=chosen,
+        client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
                           warmup_rps_per_cpu=round(own, 1) if own else None,
                           busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,

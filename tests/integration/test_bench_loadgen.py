@@ -8,7 +8,6 @@ fields, and orderings within one record (the client's latency holds the server's
 latency is at least what the server's one slot could have served by then)."""
 
 import asyncio
-import base64
 import json
 import logging
 import os
@@ -23,10 +22,10 @@ import pytest
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure import loadgen, senders
-from servelab.measure.loadgen import measure_ceiling, run_bench, run_load
+from servelab.measure.loadgen import Trigger, run_bench, run_load
 from servelab.measure.records import Load, read_records
-from servelab.measure.senders import CEILING_FILE
-from servelab.measure.targets import FastAPITarget, TritonTarget, request_body_bytes
+from servelab.measure.senders import BOUND_FRACTION
+from servelab.measure.targets import FastAPITarget
 from tinyserver import running
 
 S_MS = 40.0  # the tiny server's service time: long enough that loopback HTTP overhead is small
@@ -231,10 +230,10 @@ def test_timeline_counts_failures_after_an_event_as_recovery(trivial: str) -> No
     assert t.recovery_s == pytest.approx(t.last_error_s - t.events["before the run"], abs=0.002)
 
 
-# The client: its ceiling in every record, sender processes that count every request once, client-bound runs marked.
+# The client: what it cost in every record, sender processes that count every request once, client-bound runs marked.
 
 
-def test_every_record_holds_the_clients_ceiling_for_its_body(trivial: str, tmp_path) -> None:
+def test_every_record_says_what_its_client_cost_and_whether_it_bound_the_run(trivial: str, tmp_path) -> None:
     out = tmp_path / "records.jsonl"
     target = FastAPITarget(trivial, PHOTO)
     first = run_bench(target, Load.sequential(3, warmup=1), stage="tiny", out=out)
@@ -242,23 +241,13 @@ def test_every_record_holds_the_clients_ceiling_for_its_body(trivial: str, tmp_p
     small = run_bench(FastAPITarget(trivial, b"x"), Load.sequential(3, warmup=1), stage="tiny", out=out)
     for r in (first, again, small):
         c = r.client
-        assert c.processes == 1 and c.ceiling.rps > 0 and c.ceiling.wall_rps > 0 and c.capacity_rps == c.ceiling.rps
-        assert c.ceiling.route.startswith("no-op HTTP server") and c.ceiling.concurrency == 16
+        assert c.processes == 1 and c.cpu_ms_per_request > 0
         assert 0 <= c.busy <= 1.05  # one thread's CPU seconds per second of the window
-    assert first.client.ceiling.body_bytes == request_body_bytes(target) > len(PHOTO)  # base64 in JSON
-    assert small.client.ceiling.body_bytes == request_body_bytes(FastAPITarget(trivial, b"x")) < 100
-    assert again.client.ceiling.source in ("cached", str(tmp_path / CEILING_FILE))  # measured once per body size
-    assert again.client.ceiling.rps == first.client.ceiling.rps
+        # The busy-share rule, on the run's own figure: over half the window on the CPU is client-bound.
+        assert c.bound == r.client_bound == (c.busy > BOUND_FRACTION) == (c.why is not None)
     assert [r.client for r in read_records(out)] == [first.client, again.client, small.client]
     assert first.stats.successes == 3 and "one request at a time" in first.client.chosen
-    assert (tmp_path / CEILING_FILE).is_file()  # beside the records: the next run reads it
-
-
-def test_a_tritons_ceiling_stands_in_with_a_body_of_its_size() -> None:
-    target = TritonTarget("127.0.0.1:1", "food_classifier", PHOTO, input="bytes", batch=2)
-    ceiling = asyncio.run(measure_ceiling(target, seconds=0.2))
-    assert ceiling.body_bytes == request_body_bytes(target) == 2 * (4 + len(base64.b64encode(PHOTO)))
-    assert "stands in for tritonclient" in ceiling.route and ceiling.rps > 0 and ceiling.seconds == 0.2
+    assert [p.name for p in tmp_path.iterdir()] == ["records.jsonl"]  # the client measures nothing beside the run
 
 
 @pytest.mark.parametrize("processes", [2, 3])
@@ -297,41 +286,44 @@ def test_an_open_loop_on_three_processes_offers_its_schedule_once(server: str) -
     assert 0 < r.client.cpu_ms_per_request < S_MS  # an open loop's client too
 
 
-def test_a_run_above_half_the_clients_ceiling_is_client_bound(trivial: str, caplog) -> None:
-    """A ceiling given far below what the client sends: the run is marked, says why, and warns."""
+def test_a_run_whose_sender_was_on_the_cpu_over_half_the_window_is_client_bound(trivial: str, caplog) -> None:
+    """A trigger that keeps the one event loop on the CPU for a second of a short window (as a client with heavy
+    work of its own per request would): the run is marked, says why, and warns."""
+
+    async def spin() -> None:
+        until = time.thread_time() + 1.0
+        while time.thread_time() < until:
+            pass
+
     with caplog.at_level(logging.WARNING, logger="servelab.measure"):
-        r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=100, warmup=4), stage="tiny",
-                      ceiling=2.0, max_processes=1)
-    assert r.client_bound and r.client.bound and r.client.ceiling.source == "given" and r.client.processes == 1
-    assert "the most allowed" in r.client.chosen and "of what 1 sender process can send" in r.client.why
+        r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(2, requests=None, duration_s=0.2, warmup=2),
+                      stage="tiny", trigger=Trigger("spin", 0.05, spin))
+    assert r.client.busy > BOUND_FRACTION and r.client_bound and r.client.bound and r.client.processes == 1
+    assert f"on the CPU {r.client.busy:.0%} of the window" in r.client.why and "a trigger (spin)" in r.client.chosen
     assert any(w.startswith("client-bound:") for w in r.warnings) and "client-bound" in caplog.text
+
 
 def test_a_run_the_server_holds_is_not_client_bound(server: str) -> None:
     """One slot of 40 ms: 25 req/s at most, whatever the machine; the client waits nearly all the window."""
-    r = run_bench(FastAPITarget(server, b"x"), Load.closed(4, requests=20, warmup=4), stage="tiny", ceiling=1e9)
+    r = run_bench(FastAPITarget(server, b"x"), Load.closed(4, requests=20, warmup=4), stage="tiny")
     assert not r.client_bound and r.client.why is None and r.client.processes == 1
-    assert 0 <= r.client.busy < 0.5 and r.client.loop_late == 0
-
-
-def test_a_low_ceiling_plans_more_sender_processes(trivial: str) -> None:
-    """An open loop at 40 req/s with a ceiling of 10 per process: 2 x 40 / 10 = 8 processes wanted, 3 allowed."""
-    r = run_bench(FastAPITarget(trivial, b"x"), Load.open(40.0, "constant", requests=20, warmup=0), stage="tiny",
-                  ceiling=10.0, max_processes=3)
-    assert r.client.processes == 3 and r.client.expected_rps == 40.0 and "capped at 3" in r.client.chosen
-    assert r.stats.successes == 20 and r.client.capacity_rps == 30.0
+    assert 0 <= r.client.busy < BOUND_FRACTION and r.client.loop_late == 0
 
 
 def test_a_run_without_a_warm_up_plans_from_the_last_run_of_its_load(trivial: str) -> None:
     """A window measured again right after the one before (no warm-up to estimate from) plans for the rate that
-    one reached, with the same ceiling: a second process here, where nothing to plan from would mean one."""
+    one reached, with what one process sent per second of its CPU there; with no run before, nothing to plan from."""
     target = FastAPITarget(trivial + "/fail-every/1000000", b"x")  # a target of its own: no earlier run of it
-    first = run_bench(target, Load.closed(4, requests=60, warmup=8), stage="tiny", ceiling=10.0, max_processes=2)
-    again = run_bench(target, Load.closed(4, requests=60, warmup=0), stage="tiny", ceiling=10.0, max_processes=2)
-    assert first.client.expected_rps is not None and first.client.processes == 2
-    assert again.client.expected_rps == round(first.stats.throughput_rps, 1) and again.client.processes == 2
+    first = run_bench(target, Load.closed(4, requests=60, warmup=8), stage="tiny", max_processes=2)
+    again = run_bench(target, Load.closed(4, requests=60, warmup=0), stage="tiny", max_processes=2)
+    assert first.client.expected_rps is not None
+    assert again.client.expected_rps == round(first.stats.throughput_rps, 1)
+    planned = re.search(r"(\d+) req/s per process", again.client.chosen)
+    assert planned and int(planned[1]) == pytest.approx(1000 / first.client.cpu_ms_per_request, rel=0.01, abs=1)
     fresh = FastAPITarget(trivial + "/fail-every/999999", b"x")
-    alone = run_bench(fresh, Load.closed(4, requests=60, warmup=0), stage="tiny", ceiling=10.0, max_processes=2)
-    assert alone.client.expected_rps is None and alone.client.processes == 1 and alone.client_bound
+    alone = run_bench(fresh, Load.closed(4, requests=60, warmup=0), stage="tiny", max_processes=2)
+    assert alone.client.expected_rps is None and alone.client.processes == 1
+    assert "nothing to plan from" in alone.client.chosen
 
 
 def test_a_sender_process_that_dies_fails_the_run_and_the_next_run_starts_afresh(trivial: str) -> None:
@@ -342,7 +334,7 @@ def test_a_sender_process_that_dies_fails_the_run_and_the_next_run_starts_afresh
     def measure() -> None:
         try:
             run_bench(FastAPITarget(trivial, b"x"), Load.closed(2, requests=None, duration_s=30.0, warmup=0),
-                      stage="tiny", processes=2, ceiling=1e9)
+                      stage="tiny", processes=2)
         except RuntimeError as exc:
             failed.append(exc)
 
@@ -364,15 +356,13 @@ def test_a_sender_process_that_dies_fails_the_run_and_the_next_run_starts_afresh
     assert _server_count(trivial) - before == r.warmup_requests + 40
 
 
-def test_the_clients_own_cost_in_its_warm_up_plans_where_lower_than_the_ceiling(trivial: str) -> None:
-    """A ceiling given far too high: the plan takes what this client itself sent per CPU-second in its warm-up (for a
-    Triton target, tritonclient's cost, which the ceiling's stand-in leaves out)."""
-    r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=40, warmup=40), stage="tiny", ceiling=1e9,
-                  max_processes=2)
+def test_the_clients_own_cost_in_its_warm_up_plans_its_processes(trivial: str) -> None:
+    """The plan takes what this client itself sent per CPU-second in its warm-up (tritonclient's cost too, for a
+    Triton target)."""
+    r = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=40, warmup=40), stage="tiny", max_processes=2)
     own = r.client.warmup_rps_per_cpu
     assert own is not None and 0 < own < 1e9 and r.warmup_requests >= 40
     planned = re.search(r"(\d+) req/s per process", r.client.chosen)
     assert planned and abs(int(planned[1]) - own) <= 1
-    short = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=40, warmup=8), stage="tiny", ceiling=1e9,
-                      max_processes=2)
+    short = run_bench(FastAPITarget(trivial, b"x"), Load.closed(4, requests=40, warmup=8), stage="tiny", max_processes=2)
     assert short.client.warmup_rps_per_cpu is None  # two per sender: mostly opening connections, not a cost to plan by
