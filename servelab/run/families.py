@@ -34,8 +34,8 @@ from servelab.core.catalogue import MODELS, Stage
 from servelab.core.hardware import instances_say, runs_on_triton
 from servelab.core.procs import free_port
 from servelab.measure.measure_stage import served_runtime
-from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.measure.targets import FastAPITarget, Target, TritonTarget
+from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.rayserve.cluster import LocalCluster

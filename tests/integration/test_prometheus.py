@@ -18,13 +18,11 @@ from servelab.core.installers.prometheus_install import PrometheusNotFound, loca
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
 from servelab.measure.loadgen import run_bench
-from servelab.measure.monitoring.lab_metrics import LabPrometheus
-from servelab.measure.monitoring.machine_exporter import MachineExporter
-from servelab.measure.monitoring.prometheus_server import LocalPrometheus
 from servelab.measure.monitoring.run_series import PromWatch, agreements
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget
 from servelab.report.render import render_report
+from servelab.run.lab_metrics import LabPrometheus, LocalPrometheus, MachineExporter
 from tools import located_or_skipped
 
 STEP_S = 0.5
