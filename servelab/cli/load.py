@@ -21,7 +21,7 @@ from typing import Any, get_args
 
 from servelab.core.catalogue import PT
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget, Target, TritonTarget
@@ -195,12 +195,11 @@ def _progress(i: int, n: int, r: Record) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     target, loads, records = _target(args), loads_from_args(args), []
+    labels = Labels(_default_stage(args), dict(args.config), args.stand_in, args.server_pid)
+    client = ClientOptions(args.timeout, args.monitor_interval, args.out, processes=args.processes,
+                           max_processes=args.max_processes)
     for i, load in enumerate(loads, 1):
-        records.append(run_bench(
-            target, load, stage=_default_stage(args), config=dict(args.config), server_pid=args.server_pid,
-            monitor_interval_s=args.monitor_interval, timeout_s=args.timeout, stand_in=args.stand_in, out=args.out,
-            processes=args.processes, max_processes=args.max_processes,
-        ))
+        records.append(run_bench(target, load, labels, client))
         _progress(i, len(loads), records[-1])
     return _finish(records, args.out)
 

@@ -4,16 +4,20 @@ Library use (``servelab lab`` and notebooks)::
 
     from servelab.measure.targets import FastAPITarget
     from servelab.measure.records import Load
-    from servelab.measure.loadgen import run_bench, overload_load
+    from servelab.measure.loadgen import ClientOptions, Labels, run_bench, overload_load
     target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
-    record = run_bench(target, Load.sequential(100), stage="fastapi-pt")
-    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10), stage="fastapi-pt") for c in (1, 2, 4, 8, 16)]
-    record = run_bench(target, Load.open(120, "poisson", requests=1200), stage="fastapi-pt", out=path)
+    record = run_bench(target, Load.sequential(100), Labels("fastapi-pt"))
+    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10),
+                         Labels("fastapi-pt")) for c in (1, 2, 4, 8, 16)]
+    record = run_bench(target, Load.open(120, "poisson", requests=1200), Labels("fastapi-pt"), ClientOptions(out=path))
     load, config = overload_load(records[-1].stats.throughput_rps, seconds=10)  # 1.5x the capacity, 10 s
-    record = run_bench(target, load, stage="fastapi-pt", config=config, timeline_bin_s=1.0, keep_requests=True)
+    record = run_bench(target, load, Labels("fastapi-pt", config),
+                       ClientOptions(timeline_bin_s=1.0, keep_requests=True))
 
-``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
-run_bench_async(...)`` instead. Each run: connect (one persistent client), send unmeasured warm-up requests
+``Labels`` are what the record carries (the stage, its config, a stand-in, the server's PID); ``ClientOptions``
+how the client runs, built once and passed to every run of a measurement. ``run_bench`` runs in its own event
+loop; inside a running loop (Jupyter) ``await run_bench_async(...)`` instead. Each run: connect (one persistent
+client), send unmeasured warm-up requests
 (at least ``load.warmup``, and for at least ``load.warmup_s`` seconds where set; the first one's latency is kept:
 on a fresh server, the first request after ready), snapshot the server's statistics (and its response-cache counters, where it has a cache), start the
 monitors, run the measured window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line
@@ -65,7 +69,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -584,35 +588,43 @@ async def _senders_run(conns: list[Connection], load: Load, timeout_s: float) ->
     return merge_runs([r[1] for r in replies], load)
 
 
-async def run_bench_async(
-    target: Target,
-    load: Load,
-    *,
-    stage: str,
-    config: dict[str, Any] | None = None,
-    server_pid: int | None = None,
-    monitor_interval_s: float = 0.5,
-    timeout_s: float = 30.0,
-    stand_in: str | None = None,
-    out: Path | None = None,
-    sampler: Any = None,
-    timeline_bin_s: float | None = None,
-    keep_requests: bool = False,
-    trigger: Trigger | None = None,
-    processes: int | None = None,
-    max_processes: int | None = None,
-) -> Record:
-    """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
+class Labels(NamedTuple):
+    """What every record of one stage's measurement carries."""
 
-    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events``
-    on the perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per
-    ``timeline_bin_s`` (default 1 s), with the sampler's replicas and events where there is one;
-    ``keep_requests``: every request in ``per_request``; a ``trigger`` runs during the measured window (a
-    rollout), and the record's ``rollout`` says how the requests saw it.
+    stage: str
+    config: dict[str, Any] | None = None
+    stand_in: str | None = None  # the model is a stand-in, and the reports say so
+    server_pid: int | None = None  # the server whose memory (with its children) the monitors sample
 
-    The client (``record.client``; ``servelab.measure.senders``): ``processes`` fixes the sender processes (default:
-    planned from what the client cost in its warm-up, at most ``max_processes``, default half the CPUs; one with a
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How servelab's client runs a load, beside the load itself: built once, passed to every run of a measurement.
+
+    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events`` on the
+    perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per ``timeline_bin_s``
+    (default 1 s), with the sampler's replicas and events where there is one; ``keep_requests``: every request in
+    ``per_request``; a ``trigger`` runs during the measured window (a rollout), and the record's ``rollout`` says how
+    the requests saw it. ``processes`` fixes the sender processes (``servelab.measure.senders``; default: planned
+    from what the client cost in its warm-up, at most ``max_processes``, default half the CPUs; one with a
     ``trigger``, which runs in this process)."""
+
+    timeout_s: float = 30.0  # per request
+    monitor_interval_s: float = 0.5  # between the monitors' samples
+    out: Path | None = None  # each record appended here, one JSON line
+    sampler: Any = None
+    timeline_bin_s: float | None = None
+    keep_requests: bool = False
+    trigger: Trigger | None = None
+    processes: int | None = None
+    max_processes: int | None = None
+
+
+async def run_bench_async(target: Target, load: Load, labels: Labels,
+                          options: ClientOptions = ClientOptions()) -> Record:
+    """One measured run against ``target`` under ``load``, run as ``options`` say; returns (and, with
+    ``options.out``, appends) its Record, which carries ``labels``."""
+    trigger, timeout_s = options.trigger, options.timeout_s
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
     senders: list[Connection] = []
@@ -625,8 +637,8 @@ async def run_bench_async(
         expected = planned_rate(load) or little_rate(load, warm.latencies_s) or seen_rps
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
         own = warm.own_rps()
-        n, chosen = plan_processes(load, own or seen_own, expected, max_processes or default_max_processes(),
-                                   processes, held)
+        n, chosen = plan_processes(load, own or seen_own, expected,
+                                   options.max_processes or default_max_processes(), options.processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)
@@ -636,7 +648,7 @@ async def run_bench_async(
                 warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
         cache_before = await _cache_counts(client, warnings)
-        with Monitor(monitor_interval_s, server_pid) as monitor:
+        with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await (run_load(client, load, trigger) if n == 1 else _senders_run(senders, load, timeout_s))
             window_end = time.time()
@@ -663,12 +675,12 @@ async def run_bench_async(
     if why:
         warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
     for text in warnings:
-        log.warning("%s [%s]: %s", stage, load.label(), text)
+        log.warning("%s [%s]: %s", labels.stage, load.label(), text)
     monitors = monitor.result()
     record = Record(
-        stage=stage,
+        stage=labels.stage,
         target=target.describe(),
-        config=config or {},
+        config=labels.config or {},
         load=load,
         batch=target.batch,
         stats=stats,
@@ -676,12 +688,13 @@ async def run_bench_async(
         monitors=monitors,
         machine=machine_info([g.name for g in monitors.gpus] or None),
         warnings=warnings,
-        stand_in=stand_in,
+        stand_in=labels.stand_in,
         first_request_ms=warm.first_ms,
         warmup_requests=warm_sent,
         window_unix=[window_start, window_end],
-        timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
-        per_request=per_request(run) if keep_requests else None,
+        timeline=(build_timeline(run, options.sampler, options.timeline_bin_s or 1.0)
+                  if options.sampler or options.timeline_bin_s else None),
+        per_request=per_request(run) if options.keep_requests else None,
         cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
@@ -690,8 +703,8 @@ async def run_bench_async(
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )
-    if out is not None:
-        append_record(out, record)
+    if options.out is not None:
+        append_record(options.out, record)
     return record
 
 
@@ -789,9 +802,9 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
     )
 
 
-def run_bench(target: Target, load: Load, **kwargs: Any) -> Record:
+def run_bench(target: Target, load: Load, labels: Labels, options: ClientOptions = ClientOptions()) -> Record:
     """``run_bench_async`` in a fresh event loop (not from inside a running loop)."""
-    return asyncio.run(run_bench_async(target, load, **kwargs))
+    return asyncio.run(run_bench_async(target, load, labels, options))
 
 
 def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOAD_MULTIPLE, arrivals: str = "poisson",
