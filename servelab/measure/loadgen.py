@@ -17,11 +17,11 @@ Library use (``servelab lab`` and notebooks)::
 ``Labels`` are what the record carries (the stage, its config, a stand-in, the server's PID); ``ClientOptions``
 how the client runs, built once and passed to every run of a measurement. ``run_bench`` runs in its own event
 loop; inside a running loop (Jupyter) ``await run_bench_async(...)`` instead. Each run: connect (one persistent
-client), send unmeasured warm-up requests
-(at least ``load.warmup``, and for at least ``load.warmup_s`` seconds where set; the first one's latency is kept:
-on a fresh server, the first request after ready), snapshot the server's statistics (and its response-cache counters, where it has a cache), start the
-monitors, run the measured window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line
-if given; ``record.cache`` holds the window's hits, misses and hit ratio).
+client), send unmeasured warm-up requests (at least ``load.warmup``, and for at least ``load.warmup_s`` seconds
+where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot the
+server's statistics (and its response-cache counters, where it has a cache), start the monitors, run the measured
+window, snapshot again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given;
+``record.cache`` holds the window's hits, misses and hit ratio).
 
 Load modes (``Load``):
 
@@ -42,8 +42,8 @@ that last run), at most half the CPUs: each process runs
 this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
 all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
 into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
-uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``processes=`` fixes the count. A run
-whose busiest sender's event loop was on the CPU over half the window is marked **client-bound**
+uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``ClientOptions.processes`` fixes
+the count. A run whose busiest sender's event loop was on the CPU over half the window is marked **client-bound**
 (``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
 
 Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
