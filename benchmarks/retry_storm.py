@@ -25,7 +25,7 @@ from servelab.core.catalogue import STAGES
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget
 from servelab.run.families import serve_fastapi
@@ -40,7 +40,7 @@ def cpu_s(pid: int) -> float:
 
 def run(url: str, pid: int, load: Load, stage: str) -> tuple[Record, float]:
     before = cpu_s(pid)
-    record = run_bench(FastAPITarget(url, DEFAULT_IMAGE.read_bytes()), load, stage=stage)
+    record = run_bench(FastAPITarget(url, DEFAULT_IMAGE.read_bytes()), load, Labels(stage))
     return record, cpu_s(pid) - before
 
 

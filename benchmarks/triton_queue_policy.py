@@ -21,7 +21,7 @@ from pathlib import Path
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
-from servelab.measure.loadgen import overload_load, run_bench
+from servelab.measure.loadgen import Labels, overload_load, run_bench
 from servelab.run.families import TritonFamily
 
 BATCH = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) .*executing (\d+) requests")
@@ -54,7 +54,7 @@ def main() -> None:
             offset = triton.log.stat().st_size
             target = triton.target(stage, DEFAULT_IMAGE.read_bytes())
             load, labels = overload_load(args.capacity, args.seconds)
-            stats = run_bench(target, load, stage=stage.name, config=labels, server_pid=triton.pid).stats
+            stats = run_bench(target, load, Labels(stage.name, config=labels, server_pid=triton.pid)).stats
             starts = batch_starts(triton.log, offset)
             gaps = [(b[0] - a[0]).total_seconds() * 1000 for a, b in zip(starts, starts[1:])]
             print(f"{stage.name} ({stage.about}):\n  served {stats.successes} ({stats.throughput_rps:.1f} req/s), "

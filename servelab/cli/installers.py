@@ -20,9 +20,8 @@ def register(subparsers) -> None:
 def register_perf_analyzer(subparsers) -> None:
     p = subparsers.add_parser(
         "perf-analyzer", help="install, check or run perf_analyzer (with its libraries on the library path)",
-        description="perf_analyzer, the same way locally and on the lab node. `servelab perf-analyzer run -- "
-                    "-m food_classifier -u 127.0.0.1:8000 --concurrency-range 8` runs it with its libraries; "
-                    "`servelab load perf-analyzer` runs it and records its results.")
+        description="perf_analyzer, the same way locally and on the lab node: `servelab perf-analyzer run -- -m "
+                    "food_classifier -u 127.0.0.1:8000` runs it; `servelab load perf-analyzer` records its results.")
     sub = p.add_subparsers(dest="pa_command", required=True)
     inst = sub.add_parser("install", help="extract the pinned perf_analyzer into this environment (downloads once)")
     inst.add_argument("--if-missing", action="store_true", help="do nothing when the pinned copy is already installed")

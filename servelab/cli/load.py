@@ -10,8 +10,8 @@
 level, 10 s worth per open-loop rate), ``--duration S`` a time window instead, ``--warmup W``
 unmeasured requests first (``--warmup-seconds S``: for S seconds too). The client runs on as many sender
 processes as keep it twice above the rate it expects (``--processes N`` fixes them); each record says how many,
-the client's ceiling, and whether the run was client-bound. ``--out FILE`` appends one JSON record per run; the summary table is
-printed either way. Latency in ms, throughput in requests/s (images/s = req/s x batch).
+what the client cost per request, and whether the run was client-bound (its busiest sender's event loop on the CPU
+over half the window). ``--out FILE`` appends one JSON record per run; the summary table is printed either way. Latency in ms, throughput in requests/s (images/s = req/s x batch).
 """
 
 import argparse
@@ -21,7 +21,7 @@ from typing import Any, get_args
 
 from servelab.core.catalogue import PT
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget, Target, TritonTarget
@@ -82,7 +82,7 @@ def _add_load_args(p: argparse.ArgumentParser, open_loop_extras: bool = True) ->
         g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
         g.add_argument("--warmup-seconds", type=float,
                        help="a warm-up window too: unmeasured requests until both it and --warmup are done")
-        c = p.add_argument_group("client (servelab.measure.senders: its ceiling, its sender processes)")
+        c = p.add_argument_group("client (servelab.measure.senders: its sender processes)")
         c.add_argument("--processes", type=int,
                        help="sender processes (default: as many as keep the client 2x above the rate it expects)")
         c.add_argument("--max-processes", type=int, help="the most sender processes it may plan (default: half the CPUs)")
@@ -195,12 +195,11 @@ def _progress(i: int, n: int, r: Record) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     target, loads, records = _target(args), loads_from_args(args), []
+    labels = Labels(_default_stage(args), dict(args.config), args.stand_in, args.server_pid)
+    client = ClientOptions(args.timeout, args.monitor_interval, args.out, processes=args.processes,
+                           max_processes=args.max_processes)
     for i, load in enumerate(loads, 1):
-        records.append(run_bench(
-            target, load, stage=_default_stage(args), config=dict(args.config), server_pid=args.server_pid,
-            monitor_interval_s=args.monitor_interval, timeout_s=args.timeout, stand_in=args.stand_in, out=args.out,
-            processes=args.processes, max_processes=args.max_processes,
-        ))
+        records.append(run_bench(target, load, labels, client))
         _progress(i, len(loads), records[-1])
     return _finish(records, args.out)
 

@@ -22,6 +22,7 @@ OnnxVariant = Literal["fp32", "u8", "int8", "int8dyn", "fp16"]
 class _Env(BaseSettings):
     # Variable names are the field names in upper case; no prefix, to keep the lab's names.
     # An empty variable (compose passing an unset shell variable through) means "use the default".
+    # The settings below are data, one `Field` a line: runs of them share a shape (`duplicates` pairs them), not logic.
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", env_ignore_empty=True)
 
 

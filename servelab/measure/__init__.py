@@ -6,8 +6,9 @@ Public API (details in each module's docstring):
   ``Load.open(rate, arrivals="constant"|"poisson", requests=None, duration_s=None)`` (records.py)
 * ``FastAPITarget(url, image, batch=1)``, ``TritonTarget(url, model, image, protocol, input, batch)``
   (targets.py)
-* ``run_bench(target, load, *, stage, config=None, server_pid=None, monitor_interval_s=0.5,
-  timeout_s=30, stand_in=None, out=None) -> Record``; ``await run_bench_async(...)`` (loadgen.py)
+* ``run_bench(target, load, Labels(stage, config=None, stand_in=None, server_pid=None),
+  ClientOptions(timeout_s=30, monitor_interval_s=0.5, out=None, ...)) -> Record``; ``await run_bench_async(...)``
+  (loadgen.py)
 * ``Record`` (one JSON line: ``record.to_json()``), ``append_record(path, record)``,
   ``read_records(paths)`` (records.py)
 * ``perf_analyzer.write_input_data(...)``, ``perf_analyzer.run_perf_analyzer(...)``,

@@ -4,20 +4,24 @@ Library use (``servelab lab`` and notebooks)::
 
     from servelab.measure.targets import FastAPITarget
     from servelab.measure.records import Load
-    from servelab.measure.loadgen import run_bench, overload_load
+    from servelab.measure.loadgen import ClientOptions, Labels, run_bench, overload_load
     target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
-    record = run_bench(target, Load.sequential(100), stage="fastapi-pt")
-    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10), stage="fastapi-pt") for c in (1, 2, 4, 8, 16)]
-    record = run_bench(target, Load.open(120, "poisson", requests=1200), stage="fastapi-pt", out=path)
+    record = run_bench(target, Load.sequential(100), Labels("fastapi-pt"))
+    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10),
+                         Labels("fastapi-pt")) for c in (1, 2, 4, 8, 16)]
+    record = run_bench(target, Load.open(120, "poisson", requests=1200), Labels("fastapi-pt"), ClientOptions(out=path))
     load, config = overload_load(records[-1].stats.throughput_rps, seconds=10)  # 1.5x the capacity, 10 s
-    record = run_bench(target, load, stage="fastapi-pt", config=config, timeline_bin_s=1.0, keep_requests=True)
+    record = run_bench(target, load, Labels("fastapi-pt", config),
+                       ClientOptions(timeline_bin_s=1.0, keep_requests=True))
 
-``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await
-run_bench_async(...)`` instead. Each run: connect (one persistent client), send unmeasured warm-up requests
-(at least ``load.warmup``, and for at least ``load.warmup_s`` seconds where set; the first one's latency is kept:
-on a fresh server, the first request after ready), snapshot the server's statistics (and its response-cache counters, where it has a cache), start the
-monitors, run the measured window, snapshot again, and build a ``Record`` (appended to ``out`` as one JSON line
-if given; ``record.cache`` holds the window's hits, misses and hit ratio).
+``Labels`` are what the record carries (the stage, its config, a stand-in, the server's PID); ``ClientOptions``
+how the client runs, built once and passed to every run of a measurement. ``run_bench`` runs in its own event
+loop; inside a running loop (Jupyter) ``await run_bench_async(...)`` instead. Each run: connect (one persistent
+client), send unmeasured warm-up requests (at least ``load.warmup``, and for at least ``load.warmup_s`` seconds
+where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot the
+server's statistics (and its response-cache counters, where it has a cache), start the monitors, run the measured
+window, snapshot again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given;
+``record.cache`` holds the window's hits, misses and hit ratio).
 
 Load modes (``Load``):
 
@@ -30,20 +34,17 @@ Load modes (``Load``):
   ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
 
-The client itself (``record.client``; ``servelab.measure.senders`` says how): every run knows its **ceiling**,
-what one sender process sends per second of its CPU against a no-op server with the same request body (measured
-once per machine and body size, ~1.5 s, then kept for the process and in ``client-ceiling.json`` beside ``out``;
-before the run where it plans the processes, after it where nothing is left to plan, so that a run starts when
-its caller expects). It then runs on as many **sender processes** as keep it 2x above the rate it expects (an open
-loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the same target and
-senders in this process), at most half the CPUs: each process runs
+The client itself (``record.client``; ``servelab.measure.senders`` says how): every run measures what it costs, its
+sender processes' event-loop CPU per request, and runs on as many **sender processes** as keep it 2x above the rate
+it expects (an open loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the
+same target and senders in this process), from what one process sent per second of its CPU in the warm-up (else in
+that last run), at most half the CPUs: each process runs
 this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
 all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
 into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
-uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``processes=`` fixes the count. A run
-above half of what its processes can send, or whose busiest sender's event loop was on the CPU over half the window,
-is marked **client-bound** (``record.client.bound``, a warning): its throughput is the client's, never a server's
-capacity.
+uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``ClientOptions.processes`` fixes
+the count. A run whose busiest sender's event loop was on the CPU over half the window is marked **client-bound**
+(``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
 
 Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
 counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
@@ -68,17 +69,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-import psutil
 
 from servelab.core.procs import die_with_parent
 from servelab.measure.monitor import Monitor
 from servelab.measure.records import (
     Breakdown,
     CacheStats,
-    ClientCeiling,
     ClientSide,
     Load,
     PerRequest,
@@ -91,25 +90,16 @@ from servelab.measure.records import (
 )
 from servelab.measure.schedule import send_times, window_s
 from servelab.measure.senders import (
-    CEILING_CONCURRENCY,
-    CEILING_SECONDS,
-    CEILING_WARMUP_S,
     bound_reason,
-    cached_ceiling,
-    ceiling_key,
     default_max_processes,
-    keep_ceiling,
     little_rate,
-    noop_server,
-    noop_server_processes,
-    now,
     plan_processes,
     planned_rate,
     pool,
 )
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import summarize
-from servelab.measure.targets import Client, FastAPITarget, Outcome, Target, noop_twin, request_body_bytes
+from servelab.measure.targets import Client, Outcome, Target
 from servelab.measure.triton_stats import stats_delta
 
 log = logging.getLogger("servelab.measure")
@@ -498,9 +488,10 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     return delta
 
 
-# The last throughput of each (target, mode, senders) in this process: the rate a closed-loop run without a warm-up
-# to estimate from plans for (a window measured again right after the one before, as measure_stage.windowed does).
-_SEEN: dict[str, float] = {}
+# The last run of each (target, mode, senders) in this process: its throughput and the requests one process sent per
+# second of its CPU, what a closed-loop run without a warm-up to estimate from plans with (a window measured again
+# right after the one before, as measure_stage.windowed does).
+_SEEN: dict[str, tuple[float, float | None]] = {}
 
 
 def _seen_key(target: Target, load: Load) -> str:
@@ -597,153 +588,57 @@ async def _senders_run(conns: list[Connection], load: Load, timeout_s: float) ->
     return merge_runs([r[1] for r in replies], load)
 
 
-async def measure_ceiling(target: Target, concurrency: int = CEILING_CONCURRENCY, seconds: float = CEILING_SECONDS,
-                          server_processes: int | None = None, processes: int = 1) -> ClientCeiling:
-    """What ``processes`` sender processes (one: the ceiling, per process) send in a closed loop of ``concurrency``
-    senders for ``seconds`` against the no-op server (``server_processes`` of it) with ``target``'s request bodies
-    (``targets.noop_twin``): requests per second of the senders' CPU time (the parent's event-loop thread, for one
-    process), and per second of wall time. Failed requests fail it."""
-    server_processes = server_processes or noop_server_processes()
-    with noop_server(server_processes) as url:
-        twin, route = noop_twin(target, url)
-        load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=concurrency,
-                           warmup_s=CEILING_WARMUP_S)
-        if processes > 1:
-            conns = pool(_sender_main).take(processes)
-            try:
-                await _senders_warm(conns, twin, load, 30.0)
-                cpu_before = _children_cpu(pool(_sender_main))
-                run = await _senders_run(conns, load, 30.0)
-                cpu_s = _children_cpu(pool(_sender_main)) - cpu_before
-            except BaseException:
-                pool(_sender_main).close(wait_s=0)
-                raise
-        else:
-            client = await twin.connect(concurrency, 30.0)
-            try:
-                await warm_up(client, load)
-                gc.collect()
-                cpu_before = time.thread_time()
-                run = await run_load(client, load)
-                cpu_s = time.thread_time() - cpu_before
-            finally:
-                await client.close()
-    if run.errors or not run.latency_s:
-        raise RuntimeError(f"the client's ceiling: requests to the no-op server failed: {dict(run.errors)}")
-    done = len(run.latency_s)
-    return ClientCeiling(rps=round(done / cpu_s, 1), wall_rps=round(done / run.wall_s, 1),
-                         cpu_share=round(cpu_s / run.wall_s / processes, 3), concurrency=concurrency,
-                         seconds=seconds, body_bytes=request_body_bytes(target), route=route,
-                         server_processes=server_processes, measured_at=now())
+class Labels(NamedTuple):
+    """What every record of one stage's measurement carries."""
+
+    stage: str
+    config: dict[str, Any] | None = None
+    stand_in: str | None = None  # the model is a stand-in, and the reports say so
+    server_pid: int | None = None  # the server whose memory (with its children) the monitors sample
 
 
-def _children_cpu(sender_pool: Any) -> float:
-    """CPU seconds the pool's sender processes have used so far (user + system, from /proc via psutil)."""
-    total = 0.0
-    for process, _ in sender_pool.senders:
-        times = psutil.Process(process.pid).cpu_times()
-        total += times.user + times.system
-    return total
+@dataclass(frozen=True)
+class ClientOptions:
+    """How servelab's client runs a load, beside the load itself: built once, passed to every run of a measurement.
+
+    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events`` on the
+    perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per ``timeline_bin_s``
+    (default 1 s), with the sampler's replicas and events where there is one; ``keep_requests``: every request in
+    ``per_request``; a ``trigger`` runs during the measured window (a rollout), and the record's ``rollout`` says how
+    the requests saw it. ``processes`` fixes the sender processes (``servelab.measure.senders``; default: planned
+    from what the client cost in its warm-up, at most ``max_processes``, default half the CPUs; one with a
+    ``trigger``, which runs in this process)."""
+
+    timeout_s: float = 30.0  # per request
+    monitor_interval_s: float = 0.5  # between the monitors' samples
+    out: Path | None = None  # each record appended here, one JSON line
+    sampler: Any = None
+    timeline_bin_s: float | None = None
+    keep_requests: bool = False
+    trigger: Trigger | None = None
+    processes: int | None = None
+    max_processes: int | None = None
 
 
-def _ceiling_what(target: Target) -> str:
-    if isinstance(target, FastAPITarget):
-        return f"fastapi, batch {target.batch}"
-    return "triton, by its HTTP stand-in"
-
-
-async def client_ceiling(target: Target, given: float | ClientCeiling | None = None,
-                         folder: Path | None = None) -> ClientCeiling:
-    """One sender process's ceiling for ``target``'s requests: ``given`` (a figure, or a ``ClientCeiling``), else the
-    one measured earlier for this machine and body size (this process, or ``folder``'s ``client-ceiling.json``), else
-    measured now (``measure_ceiling``) and kept."""
-    if isinstance(given, ClientCeiling):
-        return given
-    body = request_body_bytes(target)
-    if given is not None:
-        return ClientCeiling(rps=given, wall_rps=given, cpu_share=1.0, concurrency=0, seconds=0.0, body_bytes=body,
-                             route="given by the caller", measured_at=now(), source="given")
-    key = ceiling_key(_ceiling_what(target), body)
-    if found := cached_ceiling(key, folder):
-        return found
-    if key in _CEILING_FAILED:  # tried once in this process: no run pays for it again
-        raise RuntimeError(_CEILING_FAILED[key])
-    try:
-        ceiling = await measure_ceiling(target)
-    except Exception as exc:
-        _CEILING_FAILED[key] = f"{type(exc).__name__}: {exc}"
-        raise RuntimeError(_CEILING_FAILED[key]) from exc
-    keep_ceiling(key, ceiling, folder)
-    return ceiling
-
-
-_CEILING_FAILED: dict[str, str] = {}  # ceiling key -> why measuring it failed in this process
-
-
-async def _ceiling_or_none(target: Target, given: float | ClientCeiling | None, folder: Path | None,
-                           warnings: list[str]) -> ClientCeiling | None:
-    """``client_ceiling``, or None with a warning: the run goes on; its record says why the ceiling is missing."""
-    try:
-        return await client_ceiling(target, given, folder)
-    except Exception as exc:
-        warnings.append(f"the client's ceiling could not be measured ({exc})")
-        return None
-
-
-async def run_bench_async(
-    target: Target,
-    load: Load,
-    *,
-    stage: str,
-    config: dict[str, Any] | None = None,
-    server_pid: int | None = None,
-    monitor_interval_s: float = 0.5,
-    timeout_s: float = 30.0,
-    stand_in: str | None = None,
-    out: Path | None = None,
-    sampler: Any = None,
-    timeline_bin_s: float | None = None,
-    keep_requests: bool = False,
-    trigger: Trigger | None = None,
-    processes: int | None = None,
-    max_processes: int | None = None,
-    ceiling: float | ClientCeiling | None = None,
-    ceiling_folder: Path | None = None,
-) -> Record:
-    """One measured run against ``target`` under ``load``; returns (and optionally appends) its Record.
-
-    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events``
-    on the perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per
-    ``timeline_bin_s`` (default 1 s), with the sampler's replicas and events where there is one;
-    ``keep_requests``: every request in ``per_request``; a ``trigger`` runs during the measured window (a
-    rollout), and the record's ``rollout`` says how the requests saw it.
-
-    The client (``record.client``; ``servelab.measure.senders``): ``ceiling`` is one sender process's (req/s, or a
-    ``ClientCeiling``; default: measured once per machine and body size, kept in ``ceiling_folder``, by default
-    ``out``'s folder); ``processes`` fixes the sender processes (default: planned from the ceiling, at most
-    ``max_processes``, default half the CPUs; one with a ``trigger``, which runs in this process)."""
+async def run_bench_async(target: Target, load: Load, labels: Labels,
+                          options: ClientOptions = ClientOptions()) -> Record:
+    """One measured run against ``target`` under ``load``, run as ``options`` say; returns (and, with
+    ``options.out``, appends) its Record, which carries ``labels``."""
+    trigger, timeout_s = options.trigger, options.timeout_s
     connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
-    folder = ceiling_folder if ceiling_folder is not None else Path(out).parent if out is not None else None
-    most = max_processes or default_max_processes()
-    # Where nothing is left to plan (one process at most, or the count fixed), a ceiling not yet known is measured
-    # after the run, so the run starts when its caller expects (a timer started beside it: a node failure, an outage).
-    plan_first = not (trigger or processes is not None or load.mode == "sequential" or most == 1)
-    found = await _ceiling_or_none(target, ceiling, folder, warnings) if plan_first else None
     senders: list[Connection] = []
     client = await target.connect(connections, timeout_s)
     try:
         warm = await warm_up(client, load)
         if warm.failed:
             warnings.append(f"{warm.failed} of {warm.sent} warm-up requests failed")
-        seen = _seen_key(target, load)
-        expected = planned_rate(load) or little_rate(load, warm.latencies_s) or _SEEN.get(seen)
+        seen_rps, seen_own = _SEEN.get(_seen_key(target, load), (None, None))
+        expected = planned_rate(load) or little_rate(load, warm.latencies_s) or seen_rps
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
-        # The lower of the no-op ceiling and what this client itself cost per request in its warm-up (a Triton
-        # target's stand-in leaves tritonclient's own cost out).
         own = warm.own_rps()
-        per_process = min((r for r in (found.rps if found else None, own) if r), default=None)
-        n, chosen = plan_processes(load, per_process, expected, most, processes, held)
+        n, chosen = plan_processes(load, own or seen_own, expected,
+                                   options.max_processes or default_max_processes(), options.processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)
@@ -753,7 +648,7 @@ async def run_bench_async(
                 warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
         cache_before = await _cache_counts(client, warnings)
-        with Monitor(monitor_interval_s, server_pid) as monitor:
+        with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await (run_load(client, load, trigger) if n == 1 else _senders_run(senders, load, timeout_s))
             window_end = time.time()
@@ -768,26 +663,24 @@ async def run_bench_async(
         raise
     finally:
         await client.close()
-    if not plan_first:
-        found = await _ceiling_or_none(target, ceiling, folder, warnings)
     warnings += run.warnings
     stats = summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
                       run.offered_rps, run.shed)
-    if stats.throughput_rps > 0:
-        _SEEN[seen] = stats.throughput_rps
     busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
     answered = len(run.latency_s) + sum(run.errors.values()) + sum(run.shed.values())
     cpu_ms = 1000 * sum(run.loop_cpu_s) / answered if run.loop_cpu_s and answered else None
-    why = bound_reason(stats.throughput_rps, n, found.rps if found else None, busy)
+    if stats.throughput_rps > 0:
+        _SEEN[_seen_key(target, load)] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
+    why = bound_reason(stats.throughput_rps, busy)
     if why:
         warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
     for text in warnings:
-        log.warning("%s [%s]: %s", stage, load.label(), text)
+        log.warning("%s [%s]: %s", labels.stage, load.label(), text)
     monitors = monitor.result()
     record = Record(
-        stage=stage,
+        stage=labels.stage,
         target=target.describe(),
-        config=config or {},
+        config=labels.config or {},
         load=load,
         batch=target.batch,
         stats=stats,
@@ -795,23 +688,23 @@ async def run_bench_async(
         monitors=monitors,
         machine=machine_info([g.name for g in monitors.gpus] or None),
         warnings=warnings,
-        stand_in=stand_in,
+        stand_in=labels.stand_in,
         first_request_ms=warm.first_ms,
         warmup_requests=warm_sent,
         window_unix=[window_start, window_end],
-        timeline=build_timeline(run, sampler, timeline_bin_s or 1.0) if sampler or timeline_bin_s else None,
-        per_request=per_request(run) if keep_requests else None,
+        timeline=(build_timeline(run, options.sampler, options.timeline_bin_s or 1.0)
+                  if options.sampler or options.timeline_bin_s else None),
+        per_request=per_request(run) if options.keep_requests else None,
         cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
-        client=ClientSide(processes=n, ceiling=found, capacity_rps=round(n * found.rps, 1) if found else None,
-                          expected_rps=round(expected, 1) if expected else None, chosen=chosen,
+        client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
                           warmup_rps_per_cpu=round(own, 1) if own else None,
                           busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )
-    if out is not None:
-        append_record(out, record)
+    if options.out is not None:
+        append_record(options.out, record)
     return record
 
 
@@ -909,9 +802,9 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
     )
 
 
-def run_bench(target: Target, load: Load, **kwargs: Any) -> Record:
+def run_bench(target: Target, load: Load, labels: Labels, options: ClientOptions = ClientOptions()) -> Record:
     """``run_bench_async`` in a fresh event loop (not from inside a running loop)."""
-    return asyncio.run(run_bench_async(target, load, **kwargs))
+    return asyncio.run(run_bench_async(target, load, labels, options))
 
 
 def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOAD_MULTIPLE, arrivals: str = "poisson",

@@ -27,15 +27,15 @@ import asyncio
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 
 from servelab.core.artifacts import Manifest
 from servelab.core.catalogue import PT, Stage
 from servelab.core.hardware import options_in_force, runs_on_fastapi
 from servelab.core.procs import DIRECT
 from servelab.measure.fractions import CAPACITY, WINDOWS, curve_point
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import Target
@@ -71,24 +71,17 @@ def served_runtime(url: str) -> tuple[str, dict[str, Any]]:
     return runs_on_fastapi(runtime), options_in_force(runtime)
 
 
-class Labels(NamedTuple):
-    """What every record of one stage's measurement carries."""
-
-    stage: str
-    config: dict[str, Any] | None = None
-    stand_in: str | None = None
-    server_pid: int | None = None
-
-
 # A client measures one load: (target, load, labels, the records this load has so far) -> its record.
 Client = Callable[[Any, Load, Labels, list[Record]], Record]
 
 
 def servelab_client(**options: Any) -> Client:
-    """servelab's load generator (``run_bench``); ``options``: its own (``timeout_s``, ``sampler``, ``out``)."""
+    """servelab's load generator (``run_bench``), its ``ClientOptions`` built once from ``options`` (``timeout_s``,
+    ``sampler``, ``out``, ...)."""
+    client = ClientOptions(**options)
+
     def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
-        return run_bench(target, load, stage=labels.stage, config=labels.config, stand_in=labels.stand_in,
-                         server_pid=labels.server_pid, **options)
+        return run_bench(target, load, labels, client)
     return run
 
 
@@ -145,6 +138,8 @@ def windowed(windows: Windows, **options: Any) -> Client:
     record's ``config["windows"]``. Where the windows must agree (``windows.tested``) and they do not, the
     run is measured again without a warm-up (the run before was one), up to ``max_trials`` windows in all;
     the record kept is the last run's, and says whether its windows agreed."""
+    client = ClientOptions(**options)
+
     def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
         size = windows.window_s
         if size is not None and load.duration_s is None and load.mode == "open" and load.rate and load.requests:
@@ -152,13 +147,12 @@ def windowed(windows: Windows, **options: Any) -> Client:
             # lesson's ratio comes with its spread over them), measured once (its rate, not a knee, is the point).
             size = load.requests / load.rate / Windows.COUNT
         elif size is None or load.duration_s is None:
-            return servelab_client(**options)(target, load, labels, earlier)
+            return run_bench(target, load, labels, client)
         tries = max(1, windows.max_trials // Windows.COUNT) if windows.tested and load.duration_s else 1
         seen: list[float] = []  # every window's throughput, the discarded runs' too
         for attempt in range(tries):
             again = load if attempt == 0 else load.model_copy(update={"warmup": 0, "warmup_s": None})
-            record = run_bench(target, again, stage=labels.stage, config=labels.config, stand_in=labels.stand_in,
-                               server_pid=labels.server_pid, timeline_bin_s=size, **options)
+            record = run_bench(target, again, labels, replace(client, timeline_bin_s=size))
             timeline, record.timeline = record.timeline, None  # per window, kept below; no plot over time
             count = min(Windows.COUNT, len(timeline.t_s)) if timeline else 0
             rps = timeline.throughput_rps[:count] if timeline else []

@@ -293,38 +293,20 @@ class Rollout(BaseModel):
         return self.p99_during_ms / self.p99_before_ms if self.p99_during_ms and self.p99_before_ms else None
 
 
-class ClientCeiling(BaseModel):
-    """What one sender process of servelab's client can send on this machine: requests per second of its own CPU
-    time in a closed loop against a server that does nothing (``servelab.measure.noop_server``) with the same
-    request body, measured once per machine and body size (``servelab.measure.senders``)."""
-
-    rps: float  # requests per CPU-second of the sender process: its rate with one core to itself
-    wall_rps: float  # what it reached there per second (the no-op server or a neighbour may hold it under ``rps``)
-    cpu_share: float  # the sender's CPU seconds per second during that window (1.0: a whole core)
-    concurrency: int
-    seconds: float
-    body_bytes: int  # the request body it sent
-    route: str  # what it was measured against, and how far that stands for the run's own requests
-    server_processes: int = 1  # the no-op server's processes (SO_REUSEPORT), so that the server is never the limit
-    measured_at: str = ""
-    source: str = "measured"  # "measured" (this process), "cached" (earlier in this process), a file, or "given"
-
-
 class ClientSide(BaseModel):
-    """servelab's client in one run: the sender processes it used, what they can send, and whether the run was
-    bound by the client rather than by the server (``bound``: then its throughput is the client's, not a capacity)."""
+    """servelab's client in one run: the sender processes it used, what it cost, and whether the run was bound by
+    the client rather than by the server (``bound``: then its throughput is the client's, not a capacity)."""
 
     processes: int = 1
-    ceiling: ClientCeiling | None = None  # one sender process's; None where it could not be measured
-    capacity_rps: float | None = None  # processes x ceiling.rps: the most the client could send
     # the rate planned for: an open loop's offered rate; a closed loop's in its warm-up (Little's law), else the
     # last run's of the same target and senders in this process
     expected_rps: float | None = None
-    chosen: str = ""  # how ``processes`` was chosen (from the ceiling, asked for, held to one and why)
-    # the warm-up's requests per CPU-second of this client itself (tritonclient included; planned with where lower
-    # than the ceiling); None where the warm-up was too short to tell
+    chosen: str = ""  # how ``processes`` was chosen (from the client's cost, asked for, held to one and why)
+    # the warm-up's requests per CPU-second of this client itself (tritonclient included), what the processes are
+    # planned with; None where the warm-up was too short to tell
     warmup_rps_per_cpu: float | None = None
-    busy: float | None = None  # the busiest sender's event-loop thread: CPU seconds per second of the window
+    # the busiest sender's event-loop thread: CPU seconds per second of the window (over half: client-bound)
+    busy: float | None = None
     # the sender processes' event-loop threads (where tritonclient and aiohttp do their work): CPU ms per request
     # answered in the window, the client's own cost beside the server on a shared machine
     cpu_ms_per_request: float | None = None
@@ -361,7 +343,7 @@ class Record(BaseModel):
     per_request: PerRequest | None = None  # overload and rollout runs: every request
     cache: CacheStats | None = None  # a response cache's hits and misses (None: the server has none)
     rollout: Rollout | None = None  # rollout runs: the swap, as the requests saw it
-    client: ClientSide | None = None  # servelab's client: its sender processes, its ceiling, whether it bound the run
+    client: ClientSide | None = None  # servelab's client: its sender processes, its cost, whether it bound the run
 
     @property
     def client_bound(self) -> bool:

@@ -30,7 +30,7 @@ import base64
 import errno
 import json
 import urllib.error
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -356,40 +356,3 @@ class _TritonClient:
 
     async def close(self) -> None:
         await self.client.close()
-
-
-def _fastapi_body(image: bytes, batch: int) -> bytes:
-    text = base64.b64encode(image).decode()
-    return json.dumps({"image": text} if batch == 1 else {"images": [text] * batch}).encode()
-
-
-def request_body_bytes(target: Target) -> int:
-    """The bytes of one request's body (the mean over a ``PhotoMix``'s photos): a FastAPI target's JSON; a Triton
-    target's input tensor data (base64 text with its 4-byte lengths, or the float32/uint8 arrays), its small JSON
-    header left out."""
-    images = list(target.mix.images) if target.mix is not None else [target.image]
-    if isinstance(target, FastAPITarget):
-        sizes = [len(_fastapi_body(image, target.batch)) for image in images]
-    elif isinstance(target, TritonTarget):
-        if target.input == "bytes":
-            sizes = [target.batch * (4 + len(base64.b64encode(image))) for image in images]
-        else:
-            sizes = [target.batch * model_input_tensor(image, target.manifest, target.input).nbytes for image in images]
-    else:
-        raise TypeError(f"no request body known for {type(target).__name__}")
-    return round(sum(sizes) / len(sizes))
-
-
-def noop_twin(target: Target, url: str) -> tuple[FastAPITarget, str]:
-    """What measures the client's ceiling for ``target`` against the no-op server at ``url``
-    (``servelab.measure.noop_server``), and what the record says of it: a FastAPI target itself, pointed there (the
-    same client, the same bodies); a Triton target's HTTP stand-in, a FastAPI client with a body of the same size,
-    which leaves out what tritonclient itself costs per request."""
-    if isinstance(target, FastAPITarget):
-        twin = replace(target, url=url if target.batch == 1 else f"{url}/batch-{target.batch}")
-        return twin, "no-op HTTP server; the same client and request bodies"
-    size = request_body_bytes(target)
-    image = bytes(max(1, (size - len('{"image": ""}')) * 3 // 4))  # base64 makes 4 bytes of 3
-    twin = FastAPITarget(url, image, image_name=f"{size} bytes standing in for the Triton request")
-    return twin, (f"no-op HTTP server; a FastAPI client with a body of the same size stands in for tritonclient "
-                  f"({target.protocol}): tritonclient's own cost per request is not in it")

@@ -257,8 +257,8 @@ def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[
         "sent at). queue / service ms are server-side means per request (FastAPI "
         "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
         "(queue + service); mean batch = batch size the server formed. `-` = not measured. req/s marked "
-        f"({CLIENT_BOUND}): servelab's client could not keep up with the server (above half of what its sender "
-        "processes can send, each run's `client` says): the figure is the client's limit, not the server's. "
+        f"({CLIENT_BOUND}): servelab's client could not keep up with the server (its busiest sender's event loop was "
+        "on the CPU over half the window, each run's `client` says): the figure is the client's limit, not the server's. "
         "Client CPU ms/req: servelab's client, its sender processes' event loops on the CPU per request answered (on "
         "a shared machine, time the server did not get).", "",
     ]

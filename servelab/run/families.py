@@ -40,8 +40,8 @@ from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound,
 from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
 from servelab.measure.measure_stage import served_runtime
-from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.measure.targets import FastAPITarget, TritonTarget
+from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.run.lab_ray import Measurer, RayRuns
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process

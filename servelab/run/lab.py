@@ -75,13 +75,13 @@ from servelab.measure.measure_stage import (
     windowed,
 )
 from servelab.measure.monitoring import run_series
-from servelab.measure.monitoring.lab_metrics import LabPrometheus, Scraped
 from servelab.measure.records import Load, Record, RunKind, append_record
 from servelab.measure.targets import PhotoMix
 from servelab.report import compare
 from servelab.report.lessons import summary
 from servelab.report.render import render_report, summary_table
 from servelab.run.families import FAMILIES, Family, Runs, family_of
+from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
 from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here

@@ -42,7 +42,7 @@ from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
 from servelab.measure.ceiling import BATCHES, Ceiling, ceiling_markdown, measure_ceiling
 from servelab.measure.fractions import closed_run, fractions_markdown, ratios
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load, Record, read_records
 from servelab.measure.targets import FastAPITarget
 from servelab.run.lab import preflight
@@ -166,7 +166,7 @@ def compare_designs(out: Path, log=print) -> dict[str, float]:
         with fastapi_process(DESIGN_SERVICE, port, out / f"design-{slug(name)}.log", {**env, **design}, 300):
             load = Load.closed(DESIGN_SENDERS, requests=None, duration_s=DESIGN_WINDOW_S, warmup_s=2.0)
             record = run_bench(FastAPITarget(f"http://127.0.0.1:{port}", DEFAULT_IMAGE.read_bytes()), load,
-                               stage=DESIGN_SERVICE)
+                               Labels(DESIGN_SERVICE))
         served[name] = record.stats.throughput_rps
         log(f"gpu-check: {DESIGN_SERVICE}, {name}: {served[name]:.1f} req/s, errors {record.stats.errors or 'none'}")
     return served

@@ -7,7 +7,7 @@ import pytest
 
 from fastapi_service import running
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget
 
@@ -21,7 +21,7 @@ def batching(artifacts, tmp_path_factory) -> Iterator[str]:
 
 
 def test_server_timing_splits_latency(batching: str) -> None:
-    r = run_bench(FastAPITarget(batching, PHOTO), Load.sequential(10, warmup=2), stage="fastapi-onnx-dyn")
+    r = run_bench(FastAPITarget(batching, PHOTO), Load.sequential(10, warmup=2), Labels("fastapi-onnx-dyn"))
     assert r.stats.successes == 10 and r.stats.errors == {}
     b = r.breakdown
     assert b.source == "server-timing" and b.server_requests == 10
@@ -33,7 +33,7 @@ def test_server_timing_splits_latency(batching: str) -> None:
 
 
 def test_dynamic_batches_form_under_concurrency(batching: str) -> None:
-    r = run_bench(FastAPITarget(batching, PHOTO), Load.closed(8, requests=48, warmup=8), stage="fastapi-onnx-dyn")
+    r = run_bench(FastAPITarget(batching, PHOTO), Load.closed(8, requests=48, warmup=8), Labels("fastapi-onnx-dyn"))
     assert r.stats.successes == 48
     b = r.breakdown
     assert max(b.batch_sizes) > 1 and b.mean_batch_size > 1
@@ -41,6 +41,6 @@ def test_dynamic_batches_form_under_concurrency(batching: str) -> None:
 
 
 def test_batch_endpoint(batching: str) -> None:
-    r = run_bench(FastAPITarget(batching, PHOTO, batch=4), Load.sequential(5, warmup=1), stage="fastapi-onnx-dyn")
+    r = run_bench(FastAPITarget(batching, PHOTO, batch=4), Load.sequential(5, warmup=1), Labels("fastapi-onnx-dyn"))
     assert r.stats.successes == 5 and r.stats.errors == {}
     assert r.stats.items_per_s == pytest.approx(4 * r.stats.throughput_rps)

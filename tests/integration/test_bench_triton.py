@@ -6,7 +6,7 @@ import pytest
 
 from servelab.core.catalogue import get_stage
 from servelab.core.paths import DEFAULT_IMAGE
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import TritonTarget
 from servelab.servers.triton import server
@@ -26,7 +26,7 @@ def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, proto
     url = triton.url if protocol == "http" else triton.grpc_url
     target = TritonTarget(url, "food_classifier_onnx", PHOTO, protocol=protocol, input="tensor",
                           manifest=artifacts.manifest)
-    r = run_bench(target, Load.closed(8, requests=48, warmup=8), stage="onnx-dyn", server_pid=triton.process.pid)
+    r = run_bench(target, Load.closed(8, requests=48, warmup=8), Labels("onnx-dyn", server_pid=triton.process.pid))
     assert r.stats.successes == 48 and r.stats.errors == {}
     b = r.breakdown
     assert b.source == "triton-stats"
@@ -40,10 +40,10 @@ def test_dynamic_batching_shows_in_the_statistics_delta(triton, artifacts, proto
 def test_sequential_bytes_requests(triton, artifacts) -> None:
     triton.apply_stage(get_stage("ensemble"))  # takes the encoded image, like food_classifier
     target = TritonTarget(triton.url, "food_classifier_ensemble", PHOTO, input="bytes")
-    r = run_bench(target, Load.sequential(10, warmup=2), stage="ensemble")
+    r = run_bench(target, Load.sequential(10, warmup=2), Labels("ensemble"))
     assert r.stats.successes == 10 and r.stats.errors == {}
     assert r.breakdown.server_requests == 10 and r.breakdown.batch_sizes == {1: 10}
     # With 6 senders, requests wait in the steps' queues; the ensemble's breakdown must show it.
-    busy = run_bench(target, Load.closed(6, 60, warmup=2), stage="ensemble")
+    busy = run_bench(target, Load.closed(6, 60, warmup=2), Labels("ensemble"))
     assert busy.breakdown.queue_ms > busy.breakdown.service_ms
     assert busy.stats.latency.p50_ms > busy.breakdown.queue_ms

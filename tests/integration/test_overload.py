@@ -17,7 +17,7 @@ from load_cases import overload
 from servelab.core.catalogue import bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import ServeSettings
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.servers.triton import server
@@ -92,7 +92,7 @@ def test_the_load_generator_counts_shed_requests_apart_from_errors(services, cli
     """A closed loop of 16 senders on the bounded service: the record's shed count is the server's, no errors."""
     url = services["bounded"]
     before = sum(shed_counts(client, url).values())
-    record = run_bench(FastAPITarget(url, PHOTO), Load.closed(16, requests=160, warmup=0), stage="fastapi-onnx")
+    record = run_bench(FastAPITarget(url, PHOTO), Load.closed(16, requests=160, warmup=0), Labels("fastapi-onnx"))
     served = sum(shed_counts(client, url).values()) - before
     assert record.stats.errors == {} and record.stats.shed.get("queue_full", 0) > 0, record.stats
     assert sum(record.stats.shed.values()) == served
@@ -104,7 +104,7 @@ def test_senders_that_ignore_retry_after_are_refused_at_most_once_per_hold(servi
     sender per SHED_HOLD_MS), where immediate ones would come as fast as the service answers them."""
     url, senders, seconds = services["bounded"], 32, 3.0
     record = run_bench(FastAPITarget(url, PHOTO), Load.closed(senders, requests=None, duration_s=seconds, warmup=0),
-                       stage="fastapi-onnx")
+                       Labels("fastapi-onnx"))
     hold_s = ServeSettings().shed_hold_ms / 1000
     assert record.stats.errors == {} and record.stats.successes > 0, record.stats
     assert 0 < sum(record.stats.shed.values()) <= senders * (record.stats.wall_s / hold_s + 1), record.stats
@@ -115,8 +115,9 @@ def overloads(services):
     """The capacity of the unbounded service (closed loop, 8 senders), then 1.5x that for a few seconds on it
     and on the bounded one; and the service time (the sequential median)."""
     target = FastAPITarget(services["unbounded"], PHOTO)
-    service_ms = run_bench(target, Load.sequential(30), stage="fastapi-onnx").stats.latency.p50_ms
-    capacity = run_bench(target, Load.closed(8, requests=None, duration_s=2), stage="fastapi-onnx").stats.throughput_rps
+    service_ms = run_bench(target, Load.sequential(30), Labels("fastapi-onnx")).stats.latency.p50_ms
+    capacity = run_bench(target, Load.closed(8, requests=None, duration_s=2),
+                         Labels("fastapi-onnx")).stats.throughput_rps
     runs = {which: overload(FastAPITarget(services[which], PHOTO), capacity, stage="fastapi-onnx", seconds=OVERLOAD_S,
                             config={"bound": which})
             for which in ("unbounded", "bounded")}
@@ -177,13 +178,13 @@ def test_triton_with_a_queue_policy_sheds_and_the_record_counts_it_as_shed(trito
     assert int(said["max_queue_size"]) == policy["max_queue_size"] and said["timeout_action"] == "REJECT"
     assert int(said.get("default_timeout_microseconds", 0)) == policy.get("timeout_us", 0)
     target = TritonTarget(triton.url, stage.triton.model, PHOTO)
-    record = run_bench(target, Load.closed(32, requests=128, warmup=0), stage=stage.name)
+    record = run_bench(target, Load.closed(32, requests=128, warmup=0), Labels(stage.name))
     assert record.stats.errors == {}, record.stats.errors  # Triton's 503s are shed, not errors
     assert record.stats.shed.get(reason, 0) > 0 and record.stats.successes > 0, record.stats
     assert record.stats.successes + sum(record.stats.shed.values()) == 128
     # Right after, requests one at a time are served: all of them with a free queue slot; with a 20 ms timeout
     # a lone request can still expire while a busy 2-CPU machine keeps Triton's scheduler waiting, so most.
-    after = run_bench(target, Load.sequential(5, warmup=0), stage=stage.name).stats
+    after = run_bench(target, Load.sequential(5, warmup=0), Labels(stage.name)).stats
     assert after.errors == {} and after.successes >= (5 if reason == "queue_full" else 3), after
 
 

@@ -17,14 +17,12 @@ from fastapi_service import metric_samples, running
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
-from servelab.measure.loadgen import run_bench
-from servelab.measure.monitoring.lab_metrics import LabPrometheus
-from servelab.measure.monitoring.machine_exporter import MachineExporter
-from servelab.measure.monitoring.prometheus_server import LocalPrometheus
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.monitoring.run_series import PromWatch, agreements
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget
 from servelab.report.render import render_report
+from servelab.run.lab_metrics import LabPrometheus, LocalPrometheus, MachineExporter
 from tools import located_or_skipped
 
 STEP_S = 0.5
@@ -64,7 +62,7 @@ def measured(prometheus, stage) -> tuple[Record, dict[str, float]]:
     before = watch.before("fastapi", labels)
     assert not isinstance(before, str), before
     record = run_bench(FastAPITarget(stage, DEFAULT_IMAGE.read_bytes()),
-                       Load.closed(8, 400, warmup=8, max_duration_s=60), stage="fastapi-onnx-dyn")
+                       Load.closed(8, 400, warmup=8, max_duration_s=60), Labels("fastapi-onnx-dyn"))
     record.prometheus = watch.after(record, before, "fastapi", labels, tuple(record.window_unix))
     with urllib.request.urlopen(f"{stage}/metrics", timeout=10) as response:
         own = metric_samples(response.read().decode(), "servelab_http_requests_total")
@@ -127,7 +125,7 @@ def test_prometheus_down_the_lab_goes_on_and_says_so(binary, stage, tmp_path):
             assert lab_prom.server.pid is None and not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
             before = lab_prom.before(scraped)
             record = run_bench(FastAPITarget(stage, DEFAULT_IMAGE.read_bytes()), Load.sequential(5, warmup=1),
-                               stage="fastapi-onnx-dyn")
+                               Labels("fastapi-onnx-dyn"))
             record.prometheus = lab_prom.after(record, before, scraped, time.time())
     finally:
         lab_prom.stop()

@@ -25,7 +25,7 @@ from photos import variants
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import free_port, session_members
 from servelab.core.variants.build import VARIANTS
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import FastAPITarget
 from servelab.servers.fastapi.runtimes import model_version
@@ -128,8 +128,8 @@ def test_autoscaling_goes_up_under_load_and_back_down(ray_cluster):
     assert len(ray_cluster.replicas()) == 1
     target = FastAPITarget(ray_cluster.url, PHOTO)
     with ReplicaSampler(ray_cluster.cluster.dashboard_url, 0.5, ray_cluster.cluster.token) as sampler:
-        record = run_bench(target, Load.closed(8, requests=None, duration_s=12, warmup=0), stage="ray-auto",
-                           sampler=sampler)
+        record = run_bench(target, Load.closed(8, requests=None, duration_s=12, warmup=0), Labels("ray-auto"),
+                           ClientOptions(sampler=sampler))
     assert record.stats.error_count == 0 and max(record.timeline.replicas) > 1, record.timeline.replicas
     deadline = time.monotonic() + 60
     while len(ray_cluster.replicas()) > 1 and time.monotonic() < deadline:
@@ -175,8 +175,8 @@ def test_worker_node_killed_mid_load_errors_are_counted_and_service_recovers(ray
 
         timer = threading.Timer(2.0, kill)
         timer.start()
-        record = run_bench(target, Load.closed(4, requests=None, duration_s=8, warmup=0), stage="ray-2",
-                           sampler=sampler, timeout_s=5.0)
+        record = run_bench(target, Load.closed(4, requests=None, duration_s=8, warmup=0), Labels("ray-2"),
+                           ClientOptions(sampler=sampler, timeout_s=5.0))
         timer.join()
     t = record.timeline
     assert killed and not session_members(killed[0])  # the whole node is gone

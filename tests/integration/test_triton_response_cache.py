@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from servelab.core.catalogue import with_cache
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.photos import all_photos
-from servelab.measure.loadgen import run_bench
+from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load
 from servelab.measure.targets import PhotoMix, TritonTarget
 from servelab.measure.triton_stats import cache_counts
@@ -99,7 +99,7 @@ def test_the_record_holds_tritons_hit_ratio_of_a_skewed_load(cached) -> None:
     triton, _ = cached
     model = get_stage("pt-1").triton.model
     record = run_bench(TritonTarget(triton.url, model, b"", mix=PhotoMix.zipf(seed=5)),
-                       Load.closed(2, requests=120, warmup=10), stage="pt-1-cache")
+                       Load.closed(2, requests=120, warmup=10), Labels("pt-1-cache"))
     assert record.stats.errors == {}
     assert record.cache is not None and record.cache.source == "triton-stats"
     assert record.cache.hits + record.cache.misses == 120

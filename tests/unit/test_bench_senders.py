@@ -1,29 +1,19 @@
 """The client across processes, without a server: how many sender processes a run plans for, how a load splits
-across them and merges back, when a run counts as client-bound, and where a ceiling is kept."""
+across them and merges back, and when a run counts as client-bound."""
 
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from servelab.measure import senders
 from servelab.measure.loadgen import OK, RawRun, _mix_share, merge_runs, share
-from servelab.measure.records import ClientCeiling, Load
-from servelab.measure.senders import (
-    BOUND_FRACTION,
-    HEADROOM,
-    bound_reason,
-    cached_ceiling,
-    keep_ceiling,
-    little_rate,
-    plan_processes,
-    planned_rate,
-)
+from servelab.measure.records import Load
+from servelab.measure.senders import BOUND_FRACTION, HEADROOM, bound_reason, little_rate, plan_processes, planned_rate
 from servelab.measure.server_timing import TimingSums, parse_server_timing
 from servelab.measure.targets import FastAPITarget, PhotoMix
 
 
-def test_one_process_while_its_ceiling_is_twice_the_rate_expected() -> None:
+def test_one_process_while_what_it_sends_is_twice_the_rate_expected() -> None:
     load = Load.open(500.0, "constant", requests=1000)
     assert plan_processes(load, 1000.0, 500.0, max_processes=8)[0] == 1
     n, how = plan_processes(load, 1000.0, 501.0, max_processes=8)
@@ -40,8 +30,8 @@ def test_processes_are_capped_and_never_more_than_the_load_splits_into() -> None
     assert plan_processes(Load.closed(16, requests=2), 10.0, 100.0, max_processes=16, asked=8)[0] == 2
 
 
-def test_a_warm_up_near_the_ceiling_takes_every_process_allowed() -> None:
-    """One process's warm-up at 0.8 x its ceiling may have been held there by the client: the rate to come is
+def test_a_warm_up_near_what_one_process_sends_takes_every_process_allowed() -> None:
+    """One process's warm-up at 0.8 x what it sends per CPU-second may have been held there by the client: the rate to come is
     unknown above it, so the run takes all it may (6 here), not the 2 that 2 x 0.8 would give."""
     assert plan_processes(Load.closed(16, requests=100), 1000.0, 800.0, max_processes=6)[0] == 6
     assert plan_processes(Load.closed(16, requests=100), 1000.0, 700.0, max_processes=6)[0] == 2
@@ -71,15 +61,11 @@ def test_the_rate_expected() -> None:
     assert little_rate(Load.sequential(), [0.010] * 5) is None
 
 
-def test_client_bound_above_half_of_what_the_processes_can_send() -> None:
+def test_client_bound_where_the_busiest_sender_was_on_the_cpu_over_half_the_window() -> None:
     assert BOUND_FRACTION == 1 / HEADROOM == 0.5
-    assert bound_reason(499.0, 1, 1000.0) is None
-    assert "50%" in bound_reason(501.0, 1, 1000.0)
-    assert bound_reason(900.0, 2, 1000.0) is None and bound_reason(1100.0, 2, 1000.0)
-    assert bound_reason(1e9, 1, None) is None  # no ceiling: nothing to judge by
-    # A sender whose event loop was on the CPU over half the window, whatever the ceiling says.
-    assert "51%" in bound_reason(10.0, 1, 1e9, busy=0.51) and bound_reason(10.0, 1, 1e9, busy=0.5) is None
-    assert bound_reason(10.0, 1, None, busy=0.9) and bound_reason(0.0, 1, 1.0, busy=0.9) is None  # served nothing
+    assert "51%" in bound_reason(10.0, busy=0.51) and bound_reason(10.0, busy=0.5) is None
+    assert bound_reason(1e9, busy=None) is None  # not measured: nothing to judge by
+    assert bound_reason(0.0, busy=0.9) is None  # served nothing: no capacity to mark
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -121,32 +107,6 @@ def test_merged_parts_hold_every_request_once_on_one_clock() -> None:
     assert merged.timing.breakdown().server_requests == 5 and merged.timing.breakdown().queue_ms == 1.0
     assert list(np.round(merged.scheduled_s, 3)) == [0.1, 0.2, 0.3, 0.4, 0.5]
     assert merged.loop_cpu_s == [0.03, 0.02]  # each process's own, for the busiest
-
-
-def _ceiling(rps: float) -> ClientCeiling:
-    return ClientCeiling(rps=rps, wall_rps=rps, cpu_share=1.0, concurrency=16, seconds=1.0, body_bytes=10,
-                         route="test")
-
-
-def test_a_ceiling_is_kept_for_the_process_and_in_its_folder(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(senders, "_CEILINGS", {})
-    assert cached_ceiling("k", tmp_path) is None
-    keep_ceiling("k", _ceiling(1234.0), tmp_path)
-    assert cached_ceiling("k", tmp_path).source == "cached" and cached_ceiling("other", tmp_path) is None
-    monkeypatch.setattr(senders, "_CEILINGS", {})  # a later process: the folder's file says
-    found = cached_ceiling("k", tmp_path)
-    assert found.rps == 1234.0 and found.source == str(tmp_path / senders.CEILING_FILE)
-    keep_ceiling("k2", _ceiling(99.0), tmp_path)  # a second body size joins the first in the file
-    monkeypatch.setattr(senders, "_CEILINGS", {})
-    assert cached_ceiling("k", tmp_path).rps == 1234.0 and cached_ceiling("k2", tmp_path).rps == 99.0
-    (tmp_path / senders.CEILING_FILE).write_text("not json")
-    monkeypatch.setattr(senders, "_CEILINGS", {})
-    assert cached_ceiling("k", tmp_path) is None  # a damaged file costs a measurement, not the run
-    keep_ceiling("k", _ceiling(5.0))  # kept for the process alone...
-    other = tmp_path / "elsewhere"
-    assert cached_ceiling("k", other).rps == 5.0  # ...and written to a folder that asks for it
-    monkeypatch.setattr(senders, "_CEILINGS", {})
-    assert cached_ceiling("k", other).rps == 5.0
 
 
 def test_a_photo_mix_is_dealt_out_across_the_processes_in_its_one_order() -> None:

@@ -12,17 +12,17 @@ from servelab.measure.fractions import (
     fractions_markdown,
     ratios,
 )
-from servelab.measure.records import ClientCeiling, ClientSide, Latency, Load, Monitors, Record, Stats
+from servelab.measure.records import ClientSide, Latency, Load, Monitors, Record, Stats
+from servelab.measure.senders import bound_reason
 from servelab.report import compare, lessons
 from servelab.report.render import capacity_section, summary_rows
 from servelab.run.side_by_side import stage_inputs
 
 
 def run(stage: str, rps: float, bound: bool = False, concurrency: int = 16, capacity: bool = False) -> Record:
-    ceiling = ClientCeiling(rps=1000.0, wall_rps=900.0, cpu_share=0.9, concurrency=16, seconds=0.5, body_bytes=10,
-                            route="test")
-    client = ClientSide(processes=1, ceiling=ceiling, capacity_rps=1000.0, bound=bound,
-                        why="above half" if bound else None)
+    busy = 0.9 if bound else 0.3
+    client = ClientSide(processes=1, busy=busy, cpu_ms_per_request=busy * 1e3 / rps, bound=bound,
+                        why=bound_reason(rps, busy))
     config = {"device": "gpu"}
     if capacity:
         config[CAPACITY] = {"concurrency": concurrency, "throughput_rps": rps, "stopped": "knee",

@@ -160,3 +160,41 @@ def test_every_import_inside_a_function_has_a_reason(tmp_path):
     assert local_imports_without_a_reason(REPO / "servelab") == []
     (tmp_path / "planted.py").write_text("def f():\n    import json\n    return json\n")
     assert local_imports_without_a_reason(tmp_path) == ["planted.py:2 imports json"]
+
+
+# What starts a server: a web server's module, or a name that starts one (a child server, a thread serving HTTP).
+SERVER_MODULES = ("uvicorn", "hypercorn", "gunicorn", "aiohttp.web", "http.server", "socketserver", "wsgiref")
+SERVER_NAMES = {"ServerProcess", "ChildServer", "Popen", "start_http_server", "start_wsgi_server", "run_app",
+                "serve_forever"}
+
+
+def server_starts(root: Path) -> dict[str, list[str]]:
+    """Each module under ``root`` (dotted, from ``root``'s parent) that imports a web server or uses a name that
+    starts one: what it uses, by line."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = path.relative_to(root.parent).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else
+                     [node.attr] if isinstance(node, ast.Attribute) else [node.id] if isinstance(node, ast.Name) else [])
+            used = [m for m in modules if m.startswith(SERVER_MODULES)] + [n for n in names if n in SERVER_NAMES]
+            found.setdefault(module, []).extend(f"{path.name}:{node.lineno} {u}" for u in used)
+    return {m: uses for m, uses in found.items() if uses}
+
+
+def test_measure_starts_no_server(tmp_path):
+    """measure/ measures what run/ started (its sender processes are the client: multiprocessing, not a server):
+    none of its modules starts a server, nor imports a module of ours that does (core.procs, which holds the
+    machinery, is checked by the names taken from it)."""
+    starters = set(server_starts(REPO / "servelab")) - {"servelab.core.procs"}
+    assert {m for m in starters if m.startswith("servelab.measure")} == set()
+    graph = grimp.build_graph("servelab", cache_dir=None)
+    reached = {(m, i) for m in graph.modules if m.startswith("servelab.measure")
+               for i in graph.find_modules_directly_imported_by(m) if i in starters}
+    assert reached == set()
+    planted = tmp_path / "measure"
+    planted.mkdir()
+    (planted / "bad.py").write_text("import uvicorn\nfrom servelab.core.procs import ServerProcess, cpu_count\n")
+    assert server_starts(planted) == {"measure.bad": ["bad.py:1 uvicorn", "bad.py:2 ServerProcess"]}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.core.installers.opt_tools import InstallError, ToolBinary, choose_binary, unpack_deb
+from servelab.core.installers.opt_tools import InstallError, ToolBinary, choose_binary, place, unpack_deb, unpack_pinned
 from servelab.core.settings import get_settings
 
 PATH = os.environ["PATH"]
@@ -61,6 +61,30 @@ def test_without_the_deb_or_apt_the_error_says_what_to_do(tmp_path, monkeypatch,
                                            r"install it yourself"):
         unpack_deb("prometheus", scratch, "install it yourself")
     assert not any(scratch.iterdir())  # nothing half-written
+
+
+def test_a_package_off_its_pinned_line_is_refused_and_one_on_it_placed_whole(tmp_path, monkeypatch, no_apt):
+    """A real .deb (dpkg-deb builds it) named as apt names one, epoch and '+' quoted: its upstream version is read
+    from the name; another line than the one pinned is refused, saying what to do; the binary is placed whole."""
+    tree = tmp_path / "tree"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text("Package: servelab-probe\nVersion: 5:1.2.3+ds-1\nArchitecture: all\n"
+                                             "Maintainer: servelab\nDescription: a test package\n")
+    (tree / "usr" / "bin").mkdir(parents=True)
+    (tree / "usr" / "bin" / "probe").write_text("#!/bin/sh\necho probe 1.2.3\n")
+    house = _wheelhouse(tmp_path / "wheelhouse", monkeypatch)
+    house.mkdir()
+    subprocess.run(["dpkg-deb", "--build", str(tree), str(house / "servelab-probe_5%3a1.2.3%2bds-1_all.deb")],
+                   check=True, capture_output=True)
+    (scratch := tmp_path / "scratch").mkdir()
+    with pytest.raises(InstallError, match=r"servelab-probe 1\.2\.3\+ds-1; servelab is checked against 2\.x "
+                                           r"\(Debian 12\): set PROBE"):
+        unpack_pinned("servelab-probe", scratch, "2.", "set PROBE")
+    root, deb, version = unpack_pinned("servelab-probe", tmp_path / "scratch", "1.2.", "set PROBE")
+    assert version == "1.2.3+ds-1" and deb.parent == house
+    (bin_dir := tmp_path / "opt" / "bin").mkdir(parents=True)
+    place(root / "usr" / "bin" / "probe", bin_dir / "probe")
+    assert [p.name for p in bin_dir.iterdir()] == ["probe"] and "probe 1.2.3" in (bin_dir / "probe").read_text()
 
 
 def test_a_binary_is_the_one_a_setting_names_else_the_projects_else_the_one_on_path(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,24 @@ def unpack_deb(package: str, scratch: Path, fix: str) -> tuple[Path, Path]:
     root = scratch / f"{package}-deb"
     subprocess.run(["dpkg", "-x", str(debs[-1]), str(root)], check=True, capture_output=True)
     return root, debs[-1]
+
+
+def unpack_pinned(package: str, scratch: Path, version_line: str, fix: str) -> tuple[Path, Path, str]:
+    """``unpack_deb``, and the package's upstream version (from the .deb's name: unquoted, its epoch dropped),
+    refused unless on ``version_line``, the line the code is checked against."""
+    root, deb = unpack_deb(package, scratch, fix)
+    version = urllib.parse.unquote(deb.name.split("_")[1]).split(":")[-1]
+    if not version.startswith(version_line):
+        raise InstallError(f"{deb.name} is {package} {version}; servelab is checked against {version_line}x "
+                           f"(Debian 12): {fix}")
+    return root, deb, version
+
+
+def place(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` by way of a .part file: never a half-written binary under its real name."""
+    part = target.with_name(f"{target.name}.part")
+    shutil.copy2(source, part)
+    part.replace(target)
 
 
 def system_has_library(library: str) -> bool:

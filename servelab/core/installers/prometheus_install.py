@@ -11,7 +11,6 @@ to the 2.42 line the code is tested against, and the .deb's sha256 is recorded b
 """
 
 import json
-import shutil
 import tempfile
 from dataclasses import replace
 from functools import lru_cache
@@ -19,13 +18,13 @@ from pathlib import Path
 
 from servelab.core.fetch import sha256_file
 from servelab.core.installers.opt_tools import (
-    InstallError,
     ToolBinary,
     binary_version,
     choose_binary,
     is_installed,
     opt_dir,
-    unpack_deb,
+    place,
+    unpack_pinned,
 )
 from servelab.core.settings import get_settings
 
@@ -63,15 +62,9 @@ def install(log=print) -> ToolBinary:
     (home / "bin").mkdir(parents=True, exist_ok=True)
     (home / "installed.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servelab-prometheus-") as tmp:
-        root, deb = unpack_deb(PACKAGE, Path(tmp), "run `apt-get update` first, or install Prometheus 2.42 "
-                                                   "yourself and set PROMETHEUS")
-        version = deb.name.split("_")[1].replace("%2b", "+")
-        if not version.startswith(VERSION_LINE):
-            raise InstallError(f"{deb.name} is {PACKAGE} {version}; servelab is checked against {VERSION_LINE}x "
-                               "(Debian 12): set PROMETHEUS to a 2.42 binary")
-        part = home / "bin" / "prometheus.part"
-        shutil.copy2(root / "usr" / "bin" / "prometheus", part)
-        part.replace(home / "bin" / "prometheus")  # never a half-written binary under its real name
+        root, deb, version = unpack_pinned(PACKAGE, Path(tmp), VERSION_LINE, "run `apt-get update` first, or "
+                                           "install Prometheus 2.42 yourself and set PROMETHEUS")
+        place(root / "usr" / "bin" / "prometheus", home / "bin" / "prometheus")
         sha = sha256_file(deb)
     locate.cache_clear()
     binary = ToolBinary(home / "bin" / "prometheus", "project", _version(home / "bin" / "prometheus"))

@@ -18,16 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import (
-    InstallError,
-    ToolBinary,
-    binary_version,
-    choose_binary,
-    is_installed,
-    opt_dir,
-    system_has_library,
-    unpack_deb,
-)
+from servelab.core.installers import opt_tools
+from servelab.core.installers.opt_tools import ToolBinary
 from servelab.core.settings import get_settings
 
 PACKAGE = "redis-tools"
@@ -43,49 +35,43 @@ class RedisNotFound(RuntimeError):
 
 
 def _version(binary: ToolBinary) -> str:
-    return binary_version(binary.path, r"v=(\S+)", RedisNotFound, binary.env())
+    return opt_tools.binary_version(binary.path, r"v=(\S+)", RedisNotFound, binary.env())
 
 
 @lru_cache
 def locate() -> ToolBinary:
     """The redis-server to run, checked to start; raises ``RedisNotFound`` saying how to get one."""
-    home = opt_dir("redis")
-    binary = choose_binary(get_settings().redis_server, "REDIS_SERVER", home / "bin" / "redis-server", "redis-server",
-                           library_path=str(home / "lib"))
+    home = opt_tools.opt_dir("redis")
+    binary = opt_tools.choose_binary(get_settings().redis_server, "REDIS_SERVER", home / "bin" / "redis-server",
+                                     "redis-server", library_path=str(home / "lib"))
     if binary is None:
         raise RedisNotFound(f"redis-server is not installed: {INSTALL_HINT}")
     return replace(binary, version=_version(binary))
 
 
 def installed() -> bool:
-    return is_installed("redis", VERSION_LINE, "redis-server")
+    return opt_tools.is_installed("redis", VERSION_LINE, "redis-server")
 
 
 def install(log=print) -> ToolBinary:
     """Debian's redis-tools (and the libraries the system lacks) unpacked; checked to start and be 7.x."""
-    home = opt_dir("redis")
+    home = opt_tools.opt_dir("redis")
     for folder in ("bin", "lib"):
         (home / folder).mkdir(parents=True, exist_ok=True)
     (home / "installed.json").unlink(missing_ok=True)
     fix = "run `apt-get update` first, or install redis-server 7 yourself and set REDIS_SERVER"
     debs = {}
     with tempfile.TemporaryDirectory(prefix="servelab-redis-") as tmp:
-        root, deb = unpack_deb(PACKAGE, Path(tmp), fix)
-        version = deb.name.split("_")[1].replace("%3a", ":").split(":")[-1]
-        if not version.startswith(VERSION_LINE):
-            raise InstallError(f"{deb.name} is {PACKAGE} {version}; servelab is checked against {VERSION_LINE}x "
-                               "(Debian 12): set REDIS_SERVER to a redis-server 7")
+        root, deb, version = opt_tools.unpack_pinned(PACKAGE, Path(tmp), VERSION_LINE, fix)
         debs[deb.name] = sha256_file(deb)
         for library, package in LIBRARIES.items():
-            if system_has_library(library):
+            if opt_tools.system_has_library(library):
                 continue
-            lib_root, lib_deb = unpack_deb(package, Path(tmp), fix)
+            lib_root, lib_deb = opt_tools.unpack_deb(package, Path(tmp), fix)
             [found] = [p for p in lib_root.rglob(library)]
             shutil.copy2(found.resolve(), home / "lib" / library)
             debs[lib_deb.name] = sha256_file(lib_deb)
-        part = home / "bin" / "redis-server.part"
-        shutil.copy2(root / BINARY, part)
-        part.replace(home / "bin" / "redis-server")  # never a half-written binary under its real name
+        opt_tools.place(root / BINARY, home / "bin" / "redis-server")
     locate.cache_clear()
     binary = ToolBinary(home / "bin" / "redis-server", "project", library_path=str(home / "lib"))
     binary = replace(binary, version=_version(binary))

@@ -1,4 +1,4 @@
-"""The machine's CPU, memory and GPUs as Prometheus metrics, served from a thread of the lab.
+"""The machine's CPU, memory and GPUs as Prometheus metrics (``servelab.run.lab_metrics`` serves them from a thread).
 
 Locally this replaces node exporter and NVIDIA's dcgm-exporter (which run as containers on the lab
 node, docker/docker-compose-monitoring.yaml): psutil and NVML read the same counters the run records'
@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -43,23 +42,3 @@ class MachineCollector(Collector):
                 used.add_metric(labels, self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20)
             yield util
             yield used
-
-
-class MachineExporter:
-    """``GET /metrics`` on 127.0.0.1:``port``, from a daemon thread of this process."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.collector = MachineCollector()
-        registry = CollectorRegistry()
-        registry.register(self.collector)
-        self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)

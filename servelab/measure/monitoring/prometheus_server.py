@@ -1,4 +1,4 @@
-"""A real Prometheus for the local lab: started as a child process, scraping whatever is running.
+"""What the local lab's Prometheus scrapes and how it is read back (``servelab.run.lab_metrics`` starts it).
 
 Scrape targets are data: each server the lab starts registers its metrics URL with a ``Targets``
 file (Prometheus' ``file_sd_configs``, rewritten atomically; Prometheus watches it), under a job
@@ -23,8 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from servelab.core.installers.opt_tools import ToolBinary
-from servelab.core.procs import DIRECT, ChildServer, ServerProcess, free_port
+from servelab.core.procs import DIRECT
 
 TARGETS_FILE = "targets.json"
 
@@ -138,27 +137,3 @@ def _unix(rfc3339: str) -> float:
             break
     zone = "+00:00" if zone in ("Z", "") else zone
     return datetime.fromisoformat(head + zone).timestamp() + (float(f"0.{frac}") if frac else 0.0)
-
-
-class LocalPrometheus(ChildServer):
-    """``prometheus`` as a child process on 127.0.0.1, its data and targets under ``home``."""
-
-    def __init__(self, binary: ToolBinary, home: Path, scrape_interval_s: float,
-                 retention_time: str = "2d", retention_size: str = "512MB", port: int = 0):
-        self.home = Path(home)
-        self.port = port or free_port()
-        self.scrape_interval_s = scrape_interval_s
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.targets = Targets(self.home / TARGETS_FILE)
-        config = self.home / "prometheus.yml"
-        config.write_text(config_yaml(self.targets.path, scrape_interval_s))
-        self.client = PrometheusClient(f"http://127.0.0.1:{self.port}")
-        self.process = ServerProcess(
-            [str(binary.path), f"--config.file={config}", f"--storage.tsdb.path={self.home / 'data'}",
-             f"--storage.tsdb.retention.time={retention_time}", f"--storage.tsdb.retention.size={retention_size}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            f"{self.client.url}/-/ready", self.home / "prometheus.log", ready_timeout=60, stop_timeout=20)
-
-    @property
-    def url(self) -> str:
-        return self.client.url

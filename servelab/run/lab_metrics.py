@@ -1,10 +1,10 @@
 """The lab's Prometheus: started beside the lab's servers if it can be, and read back after each run.
 
-``LabPrometheus`` starts Prometheus (child process, 127.0.0.1, data under ``<results>/prometheus``)
-and the machine exporter, and each server the lab starts registers itself with ``scrape()`` while it
-runs. When Prometheus cannot be started, or stops answering, the lab goes on: every record then
-carries a ``prometheus`` entry whose ``note`` says why there are no server-side series, and the log
-says it once.
+``LabPrometheus`` starts Prometheus (``LocalPrometheus``: a child process, 127.0.0.1, data under
+``<results>/prometheus``) and the machine exporter (``MachineExporter``), and each server the lab starts
+registers itself with ``scrape()`` while it runs; what is scraped and read back is ``servelab.measure.monitoring``'s,
+which starts nothing. When Prometheus cannot be started, or stops answering, the lab goes on: every record then
+carries a ``prometheus`` entry whose ``note`` says why there are no server-side series, and the log says it once.
 """
 
 import time
@@ -13,13 +13,60 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, start_http_server
+
+from servelab.core.installers.opt_tools import ToolBinary
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
-from servelab.core.procs import free_port
+from servelab.core.procs import ChildServer, ServerProcess, free_port
 from servelab.core.settings import get_settings
-from servelab.measure.monitoring.machine_exporter import MachineExporter
-from servelab.measure.monitoring.prometheus_server import LocalPrometheus
+from servelab.measure.monitoring.machine_exporter import MachineCollector
+from servelab.measure.monitoring.prometheus_server import TARGETS_FILE, PrometheusClient, Targets, config_yaml
 from servelab.measure.monitoring.run_series import FAMILIES, Before, PromWatch
 from servelab.measure.records import Record, ServerSeries
+
+
+class LocalPrometheus(ChildServer):
+    """``prometheus`` as a child process on 127.0.0.1, its data and targets under ``home``."""
+
+    def __init__(self, binary: ToolBinary, home: Path, scrape_interval_s: float,
+                 retention_time: str = "2d", retention_size: str = "512MB", port: int = 0):
+        self.home = Path(home)
+        self.port = port or free_port()
+        self.scrape_interval_s = scrape_interval_s
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.targets = Targets(self.home / TARGETS_FILE)
+        config = self.home / "prometheus.yml"
+        config.write_text(config_yaml(self.targets.path, scrape_interval_s))
+        self.client = PrometheusClient(f"http://127.0.0.1:{self.port}")
+        self.process = ServerProcess(
+            [str(binary.path), f"--config.file={config}", f"--storage.tsdb.path={self.home / 'data'}",
+             f"--storage.tsdb.retention.time={retention_time}", f"--storage.tsdb.retention.size={retention_size}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
+            f"{self.client.url}/-/ready", self.home / "prometheus.log", ready_timeout=60, stop_timeout=20)
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+
+class MachineExporter:
+    """``GET /metrics`` on 127.0.0.1:``port``, from a daemon thread of this process."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.collector = MachineCollector()
+        registry = CollectorRegistry()
+        registry.register(self.collector)
+        self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
 
 
 @dataclass(frozen=True)
