@@ -45,7 +45,8 @@ from servelab.core.settings import ServeSettings
 FOLDER_ENV, COUNT_ENV, SUPERVISOR_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS", "SERVELAB_SUPERVISOR"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
 WANTED = "model.json"
-# How long uvicorn waits for a child to start: a replacement loads and warms its model first (minutes on a GPU).
+# How long uvicorn waits for a child to start, a replacement loading and warming its model first (minutes on a
+# GPU); its one setting, so also how long it waits on a child that stops answering its health check.
 START_S = 300
 # WORKERS=auto's most, whatever the machine's size: each process is an interpreter with its memory (and beside a
 # batcher, its arena and connection); past 8, each just takes a larger share of the CPUs.
@@ -188,6 +189,8 @@ class Siblings:
     def restart(self) -> None:
         """Every process replaced by one started afresh (on ``wanted``), one at a time: uvicorn's supervisor
         does that on SIGHUP, bringing each replacement up before it stops the process replaced."""
+        if os.getppid() != self.supervisor:  # never a signal to a process that is not ours
+            raise RuntimeError(f"the supervisor (pid {self.supervisor}) is gone: restart the service")
         os.kill(self.supervisor, signal.SIGHUP)
 
 
