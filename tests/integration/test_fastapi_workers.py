@@ -30,7 +30,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.fastapi.shared import BATCHER_MODULE, SharedBatcher
-from servelab.servers.fastapi.workers import FOLDER_ENV, WANTED, shares_batcher, worker_count
+from servelab.servers.fastapi.workers import FOLDER_ENV, START_S, WANTED, shares_batcher, worker_count
 
 ONNX = next(name for name, runtime in SERVICES.items() if runtime == "onnx")
 WORKERS = 2
@@ -149,7 +149,7 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
     assert arenas(victim) == shared and (not shared or arenas(batcher_of(server)) == WORKERS)
     named = named_shm([victim])
     victim.kill()
-    victim.wait(10)
+    victim.wait(START_S + 10)  # uvicorn's supervisor reaps it, unless it is waiting on a health check it sent it
     # The other process takes every connection until the replacement is warm: none is refused, none 503.
     assert [a.status_code for a in fresh(url, photo, 20)] == [200] * 20
     wait_until(lambda: victim.pid not in [p.pid for p in workers_of(server)] and whole(server, url), "a replacement",
@@ -183,7 +183,7 @@ def test_a_reload_under_16_senders_replaces_every_process_and_fails_nothing(serv
     # A process started after the reload serves the reloaded model, not the one the service started with.
     victim = workers_of(server)[0]
     victim.kill()
-    victim.wait(10)
+    victim.wait(START_S + 10)
     wait_until(lambda: whole(server, url), "a replacement", 120)
     assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [reloaded["model_version"]]
     # Back to the model the service started with, for the tests after this one.

@@ -45,9 +45,10 @@ from servelab.core.settings import ServeSettings
 FOLDER_ENV, COUNT_ENV, SUPERVISOR_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS", "SERVELAB_SUPERVISOR"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
 WANTED = "model.json"
-# How long uvicorn waits for a child to start, a replacement loading and warming its model first (minutes on a
-# GPU); its one setting, so also how long it waits on a child that stops answering its health check.
-START_S = 300
+# How long uvicorn waits for a replacement to start (it loads and warms its model first: seconds on the CPU; beside
+# a batcher, which holds the model, less) before it keeps the old process. uvicorn's one setting for it, so also
+# how long its supervisor may wait on the health check of a process that died as it was asked (5 s by default).
+START_S = 60
 # WORKERS=auto's most, whatever the machine's size: each process is an interpreter with its memory (and beside a
 # batcher, its arena and connection); past 8, each just takes a larger share of the CPUs.
 AUTO_WORKERS_MAX = 8
