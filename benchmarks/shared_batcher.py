@@ -28,13 +28,14 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from statistics import median
 
 import httpx
-from retry_storm import cpu_s
+import psutil
 
-from servelab.core.catalogue import STAGES
+from servelab.core.catalogue import STAGES, Stage
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.simulated_gpu import label
@@ -53,6 +54,17 @@ SIMULATED_RATIOS = [("fastapi-onnx-dyn, own models", "fastapi-onnx, own models",
                     ("onnx-dyn", "onnx-1", 2.0)]
 
 
+def cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of a server process and of each process under it, by PID (a model's reload replaces some)."""
+    root = psutil.Process(pid)
+    return {p.pid: sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)]}
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two ``cpu_s``: of the processes alive at the end, from their start where they are new."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
 def counted(url: str, images: str, batches: str, **labels: str) -> tuple[float, float]:
     """(images, inferences) a Prometheus endpoint has counted so far: its ``images`` and ``batches`` series."""
     value = {}
@@ -61,6 +73,23 @@ def counted(url: str, images: str, batches: str, **labels: str) -> tuple[float, 
         if name in (images, batches) and all(f'{k}="{v}"' in line for k, v in labels.items()):
             value[name] = value.get(name, 0.0) + float(line.split()[-1])
     return value.get(images, 0.0), value.get(batches, 0.0)
+
+
+FASTAPI_BATCHES = ("servelab_batch_size_sum", "servelab_batch_size_count")  # the service's (images, inferences)
+TRITON_BATCHES = ("nv_inference_count", "nv_inference_exec_count")
+
+
+def window(target, load: Load, stage: str, stand_in: str | None, metrics: str, batches: tuple[str, str], pid: int,
+           **labels: str) -> dict:
+    """One closed-loop window through the project's measuring routine: req/s, the mean batch the model ran (from
+    the server's ``metrics``), the service's CPU ms per request, the errors."""
+    before, cpu = counted(metrics, *batches, **labels), cpu_s(pid)
+    stats = run_bench(target, load, stage=stage, stand_in=stand_in).stats
+    after = counted(metrics, *batches, **labels)
+    return {"rps": round(stats.throughput_rps, 1),
+            "mean_batch": round((after[0] - before[0]) / max(1, after[1] - before[1]), 2),
+            "cpu_ms_per_request": round(spent(cpu, cpu_s(pid)) * 1000 / max(1, stats.requests), 1),
+            "errors": stats.errors}
 
 
 def main() -> None:
@@ -88,45 +117,33 @@ def main() -> None:
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=REPO_ROOT).stdout.strip(),
               "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "machine": machine_line(),
-              "load_average_before": os.getloadavg()[0], "stand_in": stand_in, "senders": args.senders,
+              "load_average_before": os.getloadavg()[0], "simulated_gpu_ms": args.simulated_gpu_ms,
+              "stand_in": stand_in, "senders": args.senders,
               "seconds": args.seconds, "rounds": []}
     with ExitStack() as stack:
-        measured = {}  # name -> a function that measures it once: (req/s, mean batch, CPU ms per request, errors)
+        measure = {}  # name -> what measures one window of it
         for stage in stages:
             for name, shared in SERVICES.items():
                 # The stand-in measures the stages as the lab does; without it the service as `servelab serve` starts it.
                 as_run = STAGES[stage] if args.simulated_gpu_ms else defaults(STAGES[stage])
-                server = serve_fastapi(stack, as_run, args.logs / f"{stage}-{shared}",
-                                       {**env, "SHARED_BATCHER": shared})
-
-                def fastapi(server=server, stage=stage):
-                    metrics = f"{server.url}/metrics"
-                    before, spent = counted(metrics, "servelab_batch_size_sum", "servelab_batch_size_count"), cpu_s(server.pid)
-                    run = run_bench(server.target(STAGES[stage], image), load, stage=stage, stand_in=stand_in)
-                    return run, counted(metrics, "servelab_batch_size_sum", "servelab_batch_size_count"), before, cpu_s(server.pid) - spent
-                measured[f"{stage}, {name}"] = fastapi
+                server = serve_fastapi(stack, as_run, args.logs / f"{stage}-{shared}", {**env, "SHARED_BATCHER": shared})
+                measure[f"{stage}, {name}"] = partial(window, server.target(as_run, image), load, stage, stand_in,
+                                                      f"{server.url}/metrics", FASTAPI_BATCHES, server.pid)
         if args.simulated_gpu_ms:
             triton = stack.enter_context(TritonFamily(args.logs / "triton", settings.triton_model_repository, "cpu",
                                                       manifest=settings.model_dir / "food11.json").start(STAGES["onnx-1"]))
-            for stage in ("onnx-1", "onnx-dyn"):
-                def triton_stage(stage=STAGES[stage]):
-                    triton.switch(stage)
-                    metrics, model = f"http://127.0.0.1:{triton.server.ports.metrics}/metrics", stage.triton.model
-                    before, spent = counted(metrics, "nv_inference_count", "nv_inference_exec_count", model=model), cpu_s(triton.pid)
-                    run = run_bench(triton.target(stage, image), load, stage=stage.name, stand_in=stand_in)
-                    after = counted(metrics, "nv_inference_count", "nv_inference_exec_count", model=model)
-                    return run, after, before, cpu_s(triton.pid) - spent
-                measured[stage] = triton_stage
+
+            def triton_window(stage: Stage) -> dict:
+                triton.switch(stage)
+                return window(triton.target(stage, image), load, stage.name, stand_in,
+                              f"http://127.0.0.1:{triton.server.ports.metrics}/metrics", TRITON_BATCHES, triton.pid,
+                              model=stage.triton.model)
+            measure |= {name: partial(triton_window, STAGES[name]) for name in ("onnx-1", "onnx-dyn")}
         for round_ in range(1, args.rounds + 1):
-            rows = {}
-            for name, measure in measured.items():
-                run, after, before, spent = measure()
-                s = run.stats
-                rows[name] = {"rps": round(s.throughput_rps, 1),
-                              "mean_batch": round((after[0] - before[0]) / max(1, after[1] - before[1]), 2),
-                              "cpu_ms_per_request": round(spent * 1000 / max(1, s.requests), 1), "errors": s.errors}
-                print(f"round {round_}, {name}: {rows[name]['rps']} req/s, mean batch {rows[name]['mean_batch']}, "
-                      f"{rows[name]['cpu_ms_per_request']} CPU ms per request, errors {s.errors or 'none'}", flush=True)
+            rows = {name: measured() for name, measured in measure.items()}
+            for name, row in rows.items():
+                print(f"round {round_}, {name}: {row['rps']} req/s, mean batch {row['mean_batch']}, "
+                      f"{row['cpu_ms_per_request']} CPU ms per request, errors {row['errors'] or 'none'}", flush=True)
             for top, bottom, aim in ratios:
                 print(f"round {round_}: {top} / {bottom} = {rows[top]['rps'] / rows[bottom]['rps']:.2f} "
                       f"(aim >= {aim:.2f})", flush=True)
