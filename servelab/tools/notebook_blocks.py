@@ -292,17 +292,19 @@ def simulated_gpu() -> str:
                                                                             (r"(\d+) CPUs", run["machine"])))
     head = prose(f"**A simulation, not a GPU**: `{run['command']}` at {run['commit']}, {run['date']}, on {run['machine']}, "
                  f"shared with other sessions (load average {run['load_average_before']:.1f} before, "
-                 f"{run['load_average_after']:.1f} after; `docs/records/{SIMULATED_GPU_RECORD.name}`). Stand-in: "
+                 f"{run['load_average_after']:.1f} after; `docs/records/{SIMULATED_GPU_RECORD.name}`). "
                  f"{run['stand_in']}. Its {run['simulated_gpu_ms']:g} ms is the H200's fp32 batch of one ({batch_1:g} ms, "
                  f"`docs/records/{GPU_H200_RECORD.name}`) times its host's {cores} cores over these {cpus} "
                  f"({batch_1 * cores / cpus:.1f} ms): the simulated GPU stands to these CPUs as the H200 stood to its own. "
                  f"{len(run['rounds'])} rounds of "
                  f"{run['senders']} closed-loop senders for {run['seconds']:g} s on each service in turn; medians over "
-                 "the rounds (Triton's CPU is its own, the client preprocesses):")
-    rows = ["| service | req/s | mean batch | service CPU ms per request |", "|---|---:|---:|---:|"]
+                 "the rounds; the simulated GPU's busy share is batches per second times its wait; Triton's CPU is the "
+                 "server's alone, as its client preprocesses:")
+    rows = ["| service | req/s | mean batch | simulated GPU busy | service CPU ms per request |", "|---|---:|---:|---:|---:|"]
     for name in run["rounds"][0]:
-        cells = [median(r[name][key] for r in run["rounds"]) for key in ("rps", "mean_batch", "cpu_ms_per_request")]
-        rows.append(f"| {name} | {cells[0]:.1f} | {cells[1]:.2f} | {cells[2]:.1f} |")
+        rps, batch, cpu = (median(r[name][key] for r in run["rounds"]) for key in ("rps", "mean_batch", "cpu_ms_per_request"))
+        busy = median(r[name]["rps"] / r[name]["mean_batch"] * run["simulated_gpu_ms"] / 10 for r in run["rounds"])
+        rows.append(f"| {name} | {rps:.1f} | {batch:.2f} | {busy:.0f} % | {cpu:.1f} |")
     ratios = ["| ratio of req/s | each round | median | aim |", "|---|---|---:|---:|"]
     ratios += [f"| {r['top']} ÷ {r['bottom']} | {', '.join(f'{x:.2f}' for x in r['each_round'])} | "
                f"**{r['median']:.2f}×** | ≥ {r['aim']:g}× |" for r in run["ratios"]]
