@@ -19,11 +19,13 @@ import ast
 import difflib
 import importlib.metadata
 import importlib.util
+import json
 import re
 import textwrap
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 
 from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
@@ -276,6 +278,39 @@ def gpu_record(key: str) -> str:
                  f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
 
 
+SIMULATED_GPU_RECORD = REPO_ROOT / "docs" / "records" / "simulated-gpu-2cpu.json"  # benchmarks/shared_batcher.py's
+GPU_H200_RECORD = REPO_ROOT / "docs" / "records" / "gpu-h200-2026-11-28.toml"  # where its flat cost comes from
+
+
+def simulated_gpu() -> str:
+    """What batching did behind the GPU-shaped stand-in, from its record: the run, each service's median over the
+    rounds, and each ratio in every round."""
+    run = json.loads(SIMULATED_GPU_RECORD.read_text(encoding="utf-8"))
+    h200 = tomllib.loads(GPU_H200_RECORD.read_text(encoding="utf-8"))
+    batch_1 = next(f["value"] for f in h200["fp16-vs-fp32"]["figures"] if f["measures"] == "fp32, batch 1")
+    cores, cpus = (int(re.search(pattern, text)[1]) for pattern, text in ((r"(\d+) Xeon cores", h200["machine"]),
+                                                                            (r"(\d+) CPUs", run["machine"])))
+    head = prose(f"**A simulation, not a GPU**: `{run['command']}` at {run['commit']}, {run['date']}, on {run['machine']}, "
+                 f"shared with other sessions (load average {run['load_average_before']:.1f} before, "
+                 f"{run['load_average_after']:.1f} after; `docs/records/{SIMULATED_GPU_RECORD.name}`). "
+                 f"{run['stand_in']}. Its {run['simulated_gpu_ms']:g} ms is the H200's fp32 batch of one ({batch_1:g} ms, "
+                 f"`docs/records/{GPU_H200_RECORD.name}`) times its host's {cores} cores over these {cpus} "
+                 f"({batch_1 * cores / cpus:.1f} ms): the simulated GPU stands to these CPUs as the H200 stood to its own. "
+                 f"{len(run['rounds'])} rounds of "
+                 f"{run['senders']} closed-loop senders for {run['seconds']:g} s on each service in turn; medians over "
+                 "the rounds; the simulated GPU's busy share is batches per second times its wait; Triton's CPU is the "
+                 "server's alone, as its client preprocesses:")
+    rows = ["| service | req/s | mean batch | simulated GPU busy | service CPU ms per request |", "|---|---:|---:|---:|---:|"]
+    for name in run["rounds"][0]:
+        rps, batch, cpu = (median(r[name][key] for r in run["rounds"]) for key in ("rps", "mean_batch", "cpu_ms_per_request"))
+        busy = median(r[name]["rps"] / r[name]["mean_batch"] * run["simulated_gpu_ms"] / 10 for r in run["rounds"])
+        rows.append(f"| {name} | {rps:.1f} | {batch:.2f} | {busy:.0f} % | {cpu:.1f} |")
+    ratios = ["| ratio of req/s | each round | median | aim |", "|---|---|---:|---:|"]
+    ratios += [f"| {r['top']} ÷ {r['bottom']} | {', '.join(f'{x:.2f}' for x in r['each_round'])} | "
+               f"**{r['median']:.2f}×** | ≥ {r['aim']:g}× |" for r in run["ratios"]]
+    return "\n".join([head, "", *rows, "", *ratios])
+
+
 def original(key: str) -> str:
     return original_lab.step(key).sentence()
 
@@ -305,6 +340,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "family-stages": family_stages,
     "lease-plan": lease_plan,
     "gpu-record": gpu_record,
+    "simulated-gpu": simulated_gpu,
 }
 
 

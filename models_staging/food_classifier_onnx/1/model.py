@@ -15,6 +15,7 @@ batch size runs once in ``initialize``, so Triton reports the model ready only w
 instance refuses to load where the CUDA provider is inactive or does not run with the options asked of
 it; its log line names the folders its stub process loaded CUDA's libraries from. Every
 session's runs and shape changes are Triton metrics (``servelab_onnx_session_*`` on its metrics port).
+``SIMULATED_GPU_MS`` puts it behind the GPU-shaped stand-in (``servelab.core.simulated_gpu``), named in its log line.
 """
 
 import json
@@ -26,6 +27,7 @@ import onnxruntime as ort
 
 from servelab.core.inference import OnnxClassifier, preload_cuda_libraries
 from servelab.core.settings import get_settings
+from servelab.core.simulated_gpu import SimulatedGPU
 from servelab.servers.triton import python_backend as backend
 
 
@@ -67,6 +69,9 @@ class TritonPythonModel:
         started = perf_counter()
         for size in self.classifier.batch_sizes:  # before initialize returns: Triton is not ready until then
             self.classifier.infer(np.zeros((size, *config["input"][0]["dims"]), self.classifier.input_dtype))
+        self.infer = self.classifier.infer
+        if settings.simulated_gpu_ms:
+            self.infer = SimulatedGPU(self.infer, settings.simulated_gpu_ms, max(1, max_batch))
         self.metrics = backend.SessionMetrics(args["model_name"], args["model_instance_name"])
         self.metrics.update(self.classifier.session_counts())
         # One line per instance: device.instances_say reads the latest line of each instance.
@@ -77,10 +82,11 @@ class TritonPythonModel:
                     "timings are not the ONNX backend's; "
                     f"ORT_SHAPE_POLICY={self.classifier.shape_policy}: {len(self.classifier.sessions)} session(s), "
                     f"batch sizes {self.classifier.batch_sizes or 'any'}, "
-                    f"warmed in {(perf_counter() - started) * 1000:.0f} ms", warn=True)
+                    f"warmed in {(perf_counter() - started) * 1000:.0f} ms"
+                    f"{'; ' + self.infer.label if settings.simulated_gpu_ms else ''}", warn=True)
 
     def execute(self, requests):
         batches = backend.inputs(requests, self.input_name)
-        logits = self.classifier.infer(np.concatenate(batches))  # one run for every request
+        logits = self.infer(np.concatenate(batches))  # one run for every request
         self.metrics.update(self.classifier.session_counts())
         return backend.responses({self.output_name: logits}, backend.split_rows([len(b) for b in batches]))

@@ -34,6 +34,7 @@ from servelab.core.fetch import sha256_file
 from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, preload_cuda_libraries, tensorrt_load_error
 from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
+from servelab.core.simulated_gpu import SimulatedGPU
 from servelab.core.variants.build import PRECISION, variant_path
 from servelab.servers.fastapi.shared import SOCKET_ENV, SharedBatcher
 from servelab.servers.fastapi.workers import Siblings, claim
@@ -143,10 +144,10 @@ INFERENCES_PER_CPU = 2
 def model_instances(settings: ServeSettings, backend: Backend) -> int:
     """How many inferences may run at once (threads sharing the one session): MODEL_INSTANCES, else
     ``INFERENCES_PER_CPU`` per CPU's worth of intra-op threads where the model runs on the CPU, one on a
-    GPU (one inference already fills it; more would only interleave)."""
+    GPU or its stand-in (one inference already fills it; more would only interleave)."""
     if settings.model_instances:
         return settings.model_instances
-    return 1 if backend.on_gpu else max(1, INFERENCES_PER_CPU * cpu_count() // backend.intra_op_threads)
+    return 1 if backend.on_gpu or "stand_in" in backend.details else max(1, INFERENCES_PER_CPU * cpu_count() // backend.intra_op_threads)
 
 
 def why_threads(settings: ServeSettings, backend: Backend) -> str:
@@ -176,7 +177,12 @@ def model_manifest(settings: ServeSettings) -> tuple[ArtifactPaths, Manifest]:
 
 
 def _checked(backend: Backend, settings: ServeSettings, allow_gpu_only_on_cpu: bool = False) -> Backend:
-    """The backend, its warnings logged, unless it would run on the CPU where it must not."""
+    """The backend, its warnings logged, unless it would run on the CPU where it must not; behind the
+    GPU-shaped stand-in where SIMULATED_GPU_MS asks for it (named in the details and the warnings)."""
+    if settings.simulated_gpu_ms:
+        backend.infer = SimulatedGPU(backend.infer, settings.simulated_gpu_ms, max_infer_batch(settings))
+        backend.details["stand_in"] = backend.infer.label
+        backend.warnings.append(f"{backend.infer.label}: not the model's own timings")
     for text in backend.warnings:
         log.warning("%s", text)
     if backend.kind == "onnx" and settings.onnx_variant in GPU_ONLY_VARIANTS and not backend.on_gpu \
