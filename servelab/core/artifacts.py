@@ -143,6 +143,7 @@ def copy_atomic(src: Path, dest: Path) -> None:
 
 
 def _versions() -> dict[str, str]:
+    # Deferred: an optional extra (torch), loaded only when this runs.
     import onnx
     import torch
 
@@ -168,7 +169,7 @@ def _weights_file(source: ModelSource, cache_dir: Path) -> Path:
 
 def _load_model(source: ModelSource, weights: Path):
     """The model in eval mode, weights loaded with weights_only=True and strict key matching."""
-    import torch
+    import torch  # deferred: an optional extra (torch), loaded only when this runs
 
     state = torch.load(weights, map_location="cpu", weights_only=True)
     if source.kind == "offline":
@@ -181,7 +182,7 @@ def _load_model(source: ModelSource, weights: Path):
 
 
 def _export_onnx(model, dest: Path) -> None:
-    import torch
+    import torch  # deferred: an optional extra (torch), loaded only when this runs
 
     example = torch.zeros(1, 3, DEFAULT_CROP, DEFAULT_CROP)
     # The TorchScript exporter writes one self-contained file (the dynamo exporter would put the
@@ -197,6 +198,7 @@ def _export_onnx(model, dest: Path) -> None:
 
 def _check_parity(model, onnx_path: Path) -> float:
     """Max |ONNX Runtime - PyTorch| over a batch of a real photo and random inputs."""
+    # Deferred: optional extras, loaded only when this runs.
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -251,7 +253,7 @@ def _reusable(paths: ArtifactPaths, key: str) -> Manifest | None:
 
 
 def _build(source, weights, paths, key, versions, log) -> Manifest:
-    import torch
+    import torch  # deferred: an optional extra (torch), loaded only when this runs
 
     log(f"models: loading weights from {source.location or weights} ({source.kind})")
     model, architecture = _load_model(source, weights)

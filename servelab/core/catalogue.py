@@ -326,6 +326,11 @@ CATALOGUE: tuple[Stage, ...] = (
 STAGES: dict[str, Stage] = {s.name: s for s in CATALOGUE}
 
 
+def stages_taught_in(notebook: str) -> list[str]:
+    """The stages ``notebook`` teaches, in catalogue order: its ``STAGES`` parameter's default (None)."""
+    return [s.name for s in STAGES.values() if s.notebook == notebook]
+
+
 def of_family(family: str) -> dict[str, Stage]:
     """The stages one runner runs, in catalogue order."""
     return {s.name: s for s in CATALOGUE if s.family == family}

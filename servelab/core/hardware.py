@@ -134,7 +134,7 @@ def environment_gaps() -> list[str]:
     """What this Python environment lacks to run the lab on a GPU that is there (empty: nothing)."""
     gaps = []
     try:
-        import torch
+        import torch  # deferred: an optional extra (torch), loaded only when this runs
     except ImportError:
         gaps.append("PyTorch is not installed")
     else:
@@ -143,7 +143,7 @@ def environment_gaps() -> list[str]:
         elif not torch.cuda.is_available():
             gaps.append(f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU")
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
     except ImportError:
         gaps.append("ONNX Runtime is not installed")
     else:
@@ -285,7 +285,7 @@ def _nvidia_smi() -> dict[str, Any]:
 
 def _torch() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # deferred: an optional extra (torch), loaded only when this runs
     except ImportError:
         return {}
     cudnn = torch.backends.cudnn.version() if torch.version.cuda else None
@@ -297,9 +297,10 @@ def _onnxruntime() -> dict[str, Any]:
     package = next((p for p in ("onnxruntime-gpu", "onnxruntime") if _version(p)), None)
     if package is None:
         return {}
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     try:
+        # Deferred: an optional extra (onnx), loaded only when this runs.
         from onnxruntime.capi import build_and_package_info as build
         cuda = getattr(build, "cuda_version", None) or None
     except ImportError:

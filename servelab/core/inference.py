@@ -34,7 +34,7 @@ class TorchClassifier:
     """The manifest's architecture with its state_dict (loaded with weights_only=True)."""
 
     def __init__(self, manifest_path: Path, device: str = "cpu", fp16: bool = False, threads: int | None = None):
-        import torch
+        import torch  # deferred: an optional extra (torch), loaded only when this runs
 
         if threads:
             torch.set_num_threads(threads)
@@ -122,7 +122,7 @@ def preload_cuda_libraries() -> dict[str, Path]:
     loader path: a process that does not import torch (whose wheels bring these libraries) finds none
     where the CUDA PyTorch lives in another environment. That environment's site folders reach
     ``sys.path`` through a ``.pth`` (the Makefile's ``.venv-gpu``), so every folder of ``sys.path`` is searched."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     loaded = load_cuda_libraries(nvidia_library_folders(sys.path), ort.cuda_version.split(".")[0] or None)
     # ONNX Runtime's own pass now finds each library already loaded under its name, and in a build whose
@@ -147,7 +147,7 @@ def tensorrt_load_error() -> str | None:
     it links against (the libnvinfer of the TensorRT major this build was made for) must load. Where they
     do not, ONNX Runtime fails the session, retries with fallback providers and drops every provider's
     options (cuDNN's algorithm search among them)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     preload_cuda_libraries()  # TensorRT and its provider link against CUDA's libraries too
     capi = Path(ort.__file__).parent / "capi"
@@ -164,7 +164,7 @@ def onnx_session(model: Path | bytes, providers: Sequence, session_options=None)
     """An ONNX Runtime session over ``model`` (a file or its bytes). Every session that may ask for a GPU
     provider is opened here (serving, the Triton stand-in, the ceiling, the doctor), so CUDA's libraries
     are loaded first in whatever process opens it."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     if any(provider_name(p) != "CPUExecutionProvider" for p in providers):
         preload_cuda_libraries()

@@ -77,7 +77,7 @@ class Ceiling(BaseModel):
 
 def default_provider() -> str:
     """ONNX Runtime's CUDA provider where it is built in and nvidia-smi lists a GPU, else the CPU's."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     return CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU
 
@@ -124,7 +124,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
     ``provider``: an ONNX Runtime execution provider (default ``default_provider()``); ``repeats``
     and ``max_seconds`` bound each point's timed runs. Never raises for a point: it is recorded
     with the reason it failed."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     provider = provider or default_provider()
     on_gpu = provider in GPU_PROVIDERS

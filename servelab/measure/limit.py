@@ -184,7 +184,7 @@ def _at_once(calls: list[Callable[[], object]], seconds: float) -> tuple[int, fl
 def model_points(model: Path, cores: int, seconds: float) -> list[ModelPoint]:
     """The model alone on the CPU at each batch size and thread count, ``cores // threads`` sessions at
     once (threads sleep when idle, as in the services, so CPU time is work)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     points = []
     for threads in thread_counts(cores):

@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from servelab.core.artifacts import Manifest
-from servelab.core.catalogue import PT, Stage
 from servelab.core.hardware import options_in_force, runs_on_fastapi
 from servelab.core.procs import DIRECT
 from servelab.measure.fractions import CAPACITY, WINDOWS, curve_point
@@ -39,19 +38,6 @@ from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import Target
-
-# Triton's Python-backend stand-in for the ONNX Runtime backend, named in every record it makes.
-ONNX_STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"
-# The Ray nodes are processes on this one machine, sharing its cores: named in every Ray record.
-RAY_STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its CPUs (logical CPUs per node), "
-                "not separate machines (local stand-in)")
-
-
-def family_stand_in(stage: Stage) -> str:
-    """What stands in for the node's set-up when this stage runs here, named in each of its records."""
-    if stage.family == "ray":
-        return RAY_STAND_IN
-    return ONNX_STAND_IN if stage.family == "triton" and stage.triton.model != PT else ""
 
 
 def model_stand_in(manifest: Manifest) -> str | None:

@@ -23,7 +23,7 @@ MAX_SAMPLES = 100_000  # a bound on memory, even if a run is left going for a da
 def open_nvml() -> tuple[Any, list[Any], str | None]:
     """(pynvml module, device handles, note); no handles when NVML cannot start."""
     try:
-        import pynvml
+        import pynvml  # deferred: present only where NVIDIA's library is; loaded when monitoring GPUs
 
         pynvml.nvmlInit()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]

@@ -83,6 +83,7 @@ class Target(Protocol):
 
 def classify(exc: BaseException) -> str:
     """A short, stable name for why a request failed."""
+    # Deferred: an optional extra (bench), loaded only when this runs.
     from tritonclient.utils import InferenceServerException
 
     if isinstance(exc, asyncio.TimeoutError):
@@ -103,6 +104,7 @@ def classify(exc: BaseException) -> str:
 
 def _errors() -> tuple[type[BaseException], ...]:
     """Exceptions a request may legitimately end with (anything else is a bug and propagates)."""
+    # Deferred: an optional extra (bench), loaded only when this runs.
     from tritonclient.utils import InferenceServerException
 
     return (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException)
@@ -303,12 +305,12 @@ class _TritonClient:
 
     def __init__(self, target: TritonTarget, connections: int, timeout_s: float) -> None:
         if target.protocol == "grpc":
-            import tritonclient.grpc.aio as tc
+            import tritonclient.grpc.aio as tc  # deferred: an optional extra (bench), loaded only when this runs
 
             self.client = tc.InferenceServerClient(target.url)
             self.infer_kwargs: dict[str, Any] = {"client_timeout": timeout_s}
         else:
-            import tritonclient.http.aio as tc
+            import tritonclient.http.aio as tc  # deferred: an optional extra (bench), loaded only when this runs
 
             self.client = tc.InferenceServerClient(target.url, conn_limit=connections, conn_timeout=timeout_s)
             self.infer_kwargs = {}

@@ -64,6 +64,7 @@ def _figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2):
 
 def _log_ms(axis) -> None:
     """A log scale of milliseconds labelled in plain numbers (10, 100, 1000), no crowded minor labels."""
+    # Deferred: matplotlib's import costs a second; only plotting needs it.
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     axis.axes.set_xscale("log") if axis is axis.axes.xaxis else axis.axes.set_yscale("log")

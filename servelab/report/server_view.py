@@ -63,7 +63,7 @@ def plot(records: list[Record], out) -> bool:
     runs = [r for r in records if r.prometheus is not None and r.prometheus.series and not r.failed]
     if not runs:
         return False
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # deferred: matplotlib's import costs a second; only plotting needs it
 
     fig = Figure(figsize=(12, 2.4 * len(PANELS)), layout="constrained")
     axes = fig.subplots(len(PANELS), 1, squeeze=False)[:, 0]

@@ -47,10 +47,10 @@ def timeline_rows(records: list[Record]) -> list[str]:
 
 
 def plot_timelines(records: list[Record], out: Path) -> bool:
-    import matplotlib
+    import matplotlib  # deferred: matplotlib's import costs a second; only plotting needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib's import costs a second; only plotting needs it
 
     runs = [r for r in records if r.timeline is not None]
     if not runs:

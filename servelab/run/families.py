@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from servelab.core.artifacts import Manifest
-from servelab.core.catalogue import MODELS, Stage
+from servelab.core.catalogue import MODELS, PT, Stage
 from servelab.core.hardware import Device, instances_say, runs_on_triton, stage_env
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.core.procs import free_port
@@ -92,6 +92,10 @@ class Family:
     @staticmethod
     def fed(stage: Stage) -> tuple | None:  # how perf_analyzer feeds it (fed alike: one command); None: it does not
         return None
+
+    @staticmethod
+    def stand_in(stage: Stage) -> str:  # what stands in here for the node's set-up, named in each of its records
+        return ""
 
     def runs(self, lab: Measurer, manifest: Manifest) -> Runs:
         return Runs()
@@ -183,6 +187,12 @@ class TritonFamily(Family):
     control), as students switch stages on the lab node without restarting the server."""
 
     name = "triton"
+    # Triton's Python-backend stand-in for the ONNX Runtime backend (the wheel's tritonserver has no other).
+    STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"
+
+    @classmethod
+    def stand_in(cls, stage: Stage) -> str:
+        return cls.STAND_IN if stage.triton.model != PT else ""
 
     def __init__(self, logs: Path, repository: Path, kind: str = "auto", prometheus: LabPrometheus | None = None,
                  manifest: Path | None = None):
@@ -290,6 +300,12 @@ class RayFamily(Family):
     stage: a switch deploys the stage with ``servelab ray deploy``, the command the node's notebook runs."""
 
     name = "ray"
+    STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its CPUs (logical CPUs per node), "
+                "not separate machines (local stand-in)")
+
+    @classmethod
+    def stand_in(cls, stage: Stage) -> str:
+        return cls.STAND_IN
 
     def __init__(self, logs: Path, cpus_per_node: int, env: dict[str, str] | None = None,
                  prometheus: LabPrometheus | None = None, workers: int = 1):

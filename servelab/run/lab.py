@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from servelab.core import simulated_gpu
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.core.catalogue import (
     CACHED,
@@ -65,7 +66,6 @@ from servelab.measure.limit import LIMIT_FILE, Limit
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import (
     Labels,
-    family_stand_in,
     measure_stage,
     model_stand_in,
     perf_analyzer_client,
@@ -120,7 +120,10 @@ class Lab:
         config = {"about": stage.about, **family_of(stage).settings(stage),
                   **({"variant": stage.variant} if stage.variant else {}),
                   "device": self.device, "runs_on": runs_on, **(extra or {})}
-        return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_stand_in(stage)), pid)
+        settings = get_settings()
+        simulated = settings.simulated_gpu_ms and simulated_gpu.label(settings.simulated_gpu_ms, settings.max_batch_size)
+        return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_of(stage).stand_in(stage),
+                                                        simulated or None), pid)
 
     @contextmanager
     def on(self, adapter: Family, stage: Stage, manifest: Manifest, extra: dict | None = None,

@@ -199,9 +199,9 @@ def load_backend(kind: str, settings):
     """The service's model as its app loads it (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``), without HTTP."""
     # Deferred: each app imports FastAPI and its runtime (optional extras) only when this runs.
     if kind == "pytorch":  # torch's app
-        from fastapi_pt.app import load
+        from fastapi_pt.app import load  # deferred: the app module loads its framework on import
     else:  # ONNX Runtime's app
-        from fastapi_onnx.app import load
+        from fastapi_onnx.app import load  # deferred: the app module loads its framework on import
     return load(settings)
 
 
@@ -272,7 +272,7 @@ def torchvision_steps(resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP, me
         return Image.open(io.BytesIO(data)).convert("RGB")
 
     try:
-        from torchvision import transforms
+        from torchvision import transforms  # deferred: an optional extra (torch), only for this comparison
     except (ImportError, RuntimeError):
         pass
     else:

@@ -148,13 +148,13 @@ def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the default `make lab` (the tour) measures, and the
     node's stages both leave out."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
+    from servelab.run.families import RayFamily, TritonFamily, family_of
     from servelab.run.plan import LAB_STAGES
 
-    notes = {ONNX_STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
-             RAY_STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
+    notes = {TritonFamily.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
+             RayFamily.STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
     rows = ["| stage | what it serves | in `make lab` (else `--full` only) |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.about}{notes[family_stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
+    rows += [f"| `{s.name}` | {s.about}{notes[family_of(s).stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
     left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
     if left_out:
         rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
@@ -165,6 +165,7 @@ def lab_requirements() -> str:
     """What a computer needs for `make lab`: our Python requirement, and the platform and Python
     versions the tritonserver bundled in the nvidia-pytriton wheel runs on."""
 
+    # Deferred: pip's, not a declared dependency; only this check needs it.
     from packaging.specifiers import SpecifierSet
 
     requires = SpecifierSet(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"])

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from dockerspec import REPO, dockerfile_for, load_compose
 from notebook_harness import execute, parameters_cells
-from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, with_cache
+from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, stages_taught_in, with_cache
 from servelab.core.installers.perf_analyzer_install import locate
 from servelab.core.installers.redis_install import RedisNotFound
 from servelab.core.installers.redis_install import locate as locate_redis
@@ -163,11 +163,11 @@ def test_triton_notebooks_walk_every_stage() -> None:
     assert set(switched) | set(written) == set(TRITON_STAGES)
     assert switched[0] == "pt-1"
     # Every stage measured by default, each by the notebook that switches to it.
-    assert [stage for stem in TRITON_NOTEBOOKS for stage in parameters(stem)["STAGES"]] == list(TRITON_STAGES)
+    assert [stage for stem in TRITON_NOTEBOOKS for stage in stages_taught_in(stem)] == list(TRITON_STAGES)
     for stem in TRITON_NOTEBOOKS:
         steps = re.findall(r'^servelab triton stage ([\w-]+)$|lab\.write_config\("([\w-]+)"',
                            (NOTEBOOK_DIR / f"{stem}.md").read_text(), re.MULTILINE)
-        assert parameters(stem)["STAGES"] == list(dict.fromkeys(a or b for a, b in steps)), stem
+        assert parameters(stem)["STAGES"] is None and stages_taught_in(stem) == list(dict.fromkeys(a or b for a, b in steps)), stem
 
 
 def test_fastapi_notebook_switches_services_by_variables_only() -> None:

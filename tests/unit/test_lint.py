@@ -16,3 +16,23 @@ def test_no_unused_or_undefined_names_and_imports_in_order():
         cwd=REPO, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_deferred_import_says_why():
+    """An import inside a function (deferred: an optional extra, a slow import, a module only some machines
+    have) says why on its line or in a comment just above its block of imports; else it belongs at the top."""
+    import ast
+
+    silent = []
+    for path in sorted((Path(__file__).parents[2] / "servelab").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in (n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))):
+                above = inner.lineno - 2
+                while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+                    above -= 1
+                if "#" not in lines[inner.lineno - 1] and (above < 0 or "#" not in lines[above]):
+                    silent.append(f"{path.relative_to(path.parents[2])}:{inner.lineno}: {lines[inner.lineno - 1].strip()}")
+    assert silent == []

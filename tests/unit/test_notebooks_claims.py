@@ -366,7 +366,10 @@ def test_typed_perf_analyzer_lines_measure_as_the_steps_run_does(stem: str) -> N
 
 
 def lp_pa_stages(stem: str) -> list[str]:
-    return ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", _text(NOTEBOOK_DIR / f"{stem}.md"), re.MULTILINE)[1])
+    from servelab.core.catalogue import stages_taught_in
+
+    given = re.search(r"^PA_STAGES = (\[.*?\]|None)", _text(NOTEBOOK_DIR / f"{stem}.md"), re.MULTILINE)[1]
+    return stages_taught_in(stem) if given == "None" else ast.literal_eval(given)  # None: all of its stages
 
 
 def test_the_intro_plans_the_lease() -> None:
@@ -490,7 +493,7 @@ def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
     for stem in TRITON:
         nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
         (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", []) and "PA_STAGES" in c.source]
-        pa_stages += ast.literal_eval(re.search(r"^PA_STAGES = (\[.*?\])$", params.source, re.MULTILINE | re.DOTALL)[1])
+        pa_stages += lp_pa_stages(stem)
         assert "pa_stages=PA_STAGES" in _text(NOTEBOOK_DIR / f"{stem}.md"), stem
     optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
     # The Python backend's stages and the two the bursty-arrival lesson compares; the rest by servelab load alone.
@@ -518,22 +521,27 @@ def _defaults(stem: str) -> dict:
 def test_the_triton_notebooks_measure_their_own_stages_into_one_results_folder() -> None:
     """Each Triton notebook measures only its own stages by default, together every stage once, in the
     catalogue's order; all three write to the same folder, so the last one's report covers them all."""
+    from servelab.core.catalogue import stages_taught_in
+
     defaults = {stem: _defaults(stem) for stem in TRITON}
-    assert [stage for stem in TRITON for stage in defaults[stem]["STAGES"]] == list(TRITON_STAGES)
+    assert all(d["STAGES"] is None for d in defaults.values())  # None: the catalogue's, not a list typed twice
+    assert [stage for stem in TRITON for stage in stages_taught_in(stem)] == list(TRITON_STAGES)
     assert {d["RESULTS"] for d in defaults.values()} == {"../results"}
     for stem in TRITON:
-        assert "stages=STAGES" in _text(NOTEBOOK_DIR / f"{stem}.md") and set(defaults[stem]["PA_STAGES"]) <= set(
-            defaults[stem]["STAGES"]), stem
+        text = _text(NOTEBOOK_DIR / f"{stem}.md")
+        assert f'STAGES = stages_taught_in("{stem}") if STAGES is None else STAGES' in text and "stages=STAGES" in text
+        assert set(defaults[stem]["PA_STAGES"] or stages_taught_in(stem)) <= set(stages_taught_in(stem)), stem
     report = _text(NOTEBOOK_DIR / f"{TRITON[-1]}.md")
     assert "render_report(newest, Path(RESULTS)" in report and "read_records(records_file)" in report
 
 
 def test_the_report_names_the_notebook_that_teaches_each_stage() -> None:
     """A lesson the report says a run contradicts names the notebook whose STAGES measure its stage."""
+    from servelab.core.catalogue import stages_taught_in
     from servelab.report.lessons import EXPECT, notebook_of
 
     for source in SOURCES:
-        for stage in _defaults(source.stem).get("STAGES", []):
+        for stage in stages_taught_in(source.stem) if "STAGES" in _defaults(source.stem) else []:
             assert notebook_of(stage) == source.stem, stage
     assert all(notebook_of(stage) in {s.stem for s in SOURCES} for stage in CATALOGUE_NAMES)
     said = [e for value in EXPECT.values() for e in (value.values() if isinstance(value, dict) else [value])]

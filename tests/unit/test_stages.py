@@ -18,10 +18,9 @@ from servelab.core.catalogue import CATALOGUE, STAGES, Stage, get_stage, of_fami
 from servelab.core.paths import MODELS_STAGING
 from servelab.core.settings import RaySettings, ServeSettings
 from servelab.core.variants.build import VARIANTS
-from servelab.measure.measure_stage import ONNX_STAND_IN, RAY_STAND_IN, family_stand_in
 from servelab.run import plan as plans
 from servelab.run import side_by_side
-from servelab.run.families import FAMILIES, family_of
+from servelab.run.families import FAMILIES, RayFamily, TritonFamily, family_of
 from servelab.servers.rayserve import options as ray_stages
 from servelab.servers.triton import configs as triton_stages
 from servelab.tools.containers import compose_stages as compose
@@ -108,8 +107,8 @@ def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
     assert all(f"| `{s.name}` | {s.about}" in table for s in CATALOGUE if s.in_lab)
     assert "| `onnx-dyn` | " in table and table.count("| yes |") == sum(s.tour for s in CATALOGUE)
     assert f"Only on the node: `pt-4x4` ({STAGES['pt-4x4'].about})." in table
-    assert family_stand_in(STAGES["pt-1"]) == "" and family_stand_in(STAGES["onnx-dyn"]) == ONNX_STAND_IN
-    assert family_stand_in(STAGES["ray-2"]) == RAY_STAND_IN
+    stand_in = {name: family_of(STAGES[name]).stand_in(STAGES[name]) for name in ("pt-1", "onnx-dyn", "ray-2", "fastapi-pt")}
+    assert stand_in == {"pt-1": "", "onnx-dyn": TritonFamily.STAND_IN, "ray-2": RayFamily.STAND_IN, "fastapi-pt": ""}
 
 
 def test_the_tour_shows_every_lesson_once() -> None:

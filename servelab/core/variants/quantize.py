@@ -84,6 +84,7 @@ def float_nodes(model: onnx.ModelProto) -> list[str]:
 
 def prepare(u8_model: Path, dest: Path) -> Path:
     """ONNX Runtime's recommended pre-pass before quantizing: shape inference and graph optimization."""
+    # Deferred: an optional extra (onnx), loaded only when this runs.
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     quant_pre_process(str(u8_model), str(dest))
@@ -117,6 +118,7 @@ class _BiasWarnings(logging.Filter):
 
 
 def int8_static(prepared: Path, dest: Path, calibration: np.ndarray) -> None:
+    # Deferred: an optional extra (onnx), loaded only when this runs.
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     o = STATIC_OPTIONS
@@ -139,6 +141,7 @@ def int8_static(prepared: Path, dest: Path, calibration: np.ndarray) -> None:
 
 
 def int8_dynamic(prepared: Path, dest: Path) -> None:
+    # Deferred: an optional extra (onnx), loaded only when this runs.
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     o = DYNAMIC_OPTIONS
@@ -149,6 +152,7 @@ def int8_dynamic(prepared: Path, dest: Path) -> None:
 
 def fp16(prepared: Path, dest: Path) -> None:
     """fp16 weights and compute; the uint8 input and the float32 output stay as they are."""
+    # Deferred: an optional extra (onnx), loaded only when this runs.
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = onnx.load(str(prepared))

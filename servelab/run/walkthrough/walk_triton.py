@@ -69,7 +69,7 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
     """Median ms per request when ``model`` is called one request at a time with batch sizes that
     alternate (as a dynamic batcher's do) and with each size repeated. ``image``: one model input,
     stacked into batches. Each size runs once first, untimed: a first run is slow everywhere."""
-    import tritonclient.http as http
+    import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
     batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
     client = http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300)
@@ -92,7 +92,7 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
 def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
     """The fields stage ``name`` changes in its model's base config (``instance_group``,
     ``dynamic_batching``), as `servelab triton stage` renders them for the lab node (GPUs as written)."""
-    from google.protobuf import json_format
+    from google.protobuf import json_format  # deferred: tritonclient's, an optional extra (bench)
 
     stage = STAGES[name]
     model = stage.triton.model
@@ -120,6 +120,7 @@ def check_block(name: str, text: str, repository: Path | None = None) -> str:
     read with Triton's own ``ModelConfig`` protobuf, as the server reads config.pbtxt, and compared
     with what the catalogue's stage renders for the lab node. Returns what matched; raises ValueError
     saying what Triton could not read or, as a diff, what differs."""
+    # Deferred: optional extras, loaded only when this runs.
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -254,6 +255,7 @@ class TritonWalkthrough:
         """``check_block`` for a block written for stage ``name``: raises with the diff where it is not the
         stage's; where it is, remembers that (``measure`` then measures the catalogue's stage) and returns
         what matched with the stage's fields as Triton reads them, the answer, shown only now."""
+        # Deferred: tritonclient and its protobuf, an optional extra (bench), loaded only when this runs.
         from google.protobuf import json_format, text_format
         from tritonclient.grpc import model_config_pb2
 
@@ -315,7 +317,7 @@ class TritonWalkthrough:
         """A student's client's class (a list: one per image of the stage's request) and softmax probability for
         the photo, against the logits the stage's ONNX model (an ensemble's too) gives servelab's own request:
         raises ValueError saying what is wrong and why."""
-        import tritonclient.http as http
+        import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
         stage = STAGES[name]
         (model,) = [m for m in stage.triton.models if m in (ONNX, ONNX_U8, ONNX_INT8, ONNX_FP16)]
@@ -457,7 +459,7 @@ class TritonWalkthrough:
         """A student's tritonclient answer for ``images`` copies of the photo (HTTP or gRPC, from food_classifier):
         right where it holds one Food-11 FOOD_LABEL with its PROBABILITY per image, each the one servelab's own
         HTTP request for the photo gets."""
-        import tritonclient.http as http
+        import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
         try:
             yours = predictions(result)

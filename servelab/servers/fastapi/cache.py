@@ -79,6 +79,7 @@ class ResponseCache:
         """Open the client (it connects on first use); ``backend``: the model served first, for the log."""
         if not self.enabled:
             return
+        # Deferred: an optional extra (serve), only with a response cache.
         import redis.asyncio as redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -182,12 +183,12 @@ class LocalRedis(ChildServer):
 
     def client(self):
         """A synchronous client, for reading the cache back (tests, the lab)."""
-        import redis
+        import redis  # deferred: an optional extra (serve), only with a response cache
 
         return redis.Redis.from_url(self.url, socket_timeout=5)
 
     def answers(self) -> bool:
-        import redis
+        import redis  # deferred: an optional extra (serve), only with a response cache
 
         try:
             with self.client() as c:

@@ -218,7 +218,7 @@ def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
     architecture, torch device, torch dtype)`` (the app's), which returns its inference function."""
     if remote := _batchers_model(settings):
         return remote
-    import torch
+    import torch  # deferred: an optional extra (torch), loaded only when this runs
 
     paths, manifest = model_manifest(settings)
     threads = intra_op_threads(settings)
@@ -303,7 +303,7 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
     variant (fp16) on the CPU anyway, to check its answers."""
     if remote := _batchers_model(settings):
         return remote
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     _, manifest = model_manifest(settings)
     path = variant_path(settings.model_dir, settings.onnx_variant)
@@ -359,7 +359,7 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
 def _onnx_input(path: Path) -> tuple[str, list[int]]:
     """The graph's input name and one image's shape, for TensorRT's profile shapes (read without
     building a session)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -9,6 +9,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from servelab.core.paths import DEFAULT_IMAGE
@@ -18,8 +19,6 @@ from servelab.core.settings import OnnxVariant
 @cache
 def example_image() -> str:
     """A small real photo in base64, so "Try it out" in /docs works as is."""
-    from PIL import Image
-
     im = Image.open(DEFAULT_IMAGE).convert("RGB")
     im.thumbnail((96, 96))
     buf = io.BytesIO()

@@ -178,7 +178,7 @@ class LocalCluster:
 
 def connect(address: str) -> str | None:
     """Make this process a Ray driver on the cluster at ``address``; returns the dashboard's URL."""
-    import ray
+    import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     context = ray.init(address=address, log_to_driver=False, logging_level="WARNING", namespace="servelab")
@@ -187,7 +187,7 @@ def connect(address: str) -> str | None:
 
 
 def disconnect() -> None:
-    import ray
+    import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     if ray.is_initialized():
         ray.shutdown()
@@ -195,7 +195,7 @@ def disconnect() -> None:
 
 def alive_nodes() -> list[dict]:
     """The cluster's live nodes: node id, whether it is the head, its resources."""
-    import ray
+    import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     return [{"node_id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"],
              "cpus": n["Resources"].get("CPU", 0), "address": n["NodeManagerAddress"]}

@@ -84,7 +84,7 @@ class ServeBatcher:
 
 
 def _placement(stage: str) -> dict[str, Any]:
-    import ray
+    import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     context = serve.get_replica_context()
     return {"stage": stage, "ray_node_id": ray.get_runtime_context().get_node_id(),
@@ -177,7 +177,7 @@ def wait_running(timeout_s: float) -> None:
 
 def replicas() -> list[dict[str, Any]]:
     """Every replica of the deployment: id, state, Ray node id (from Ray's state API)."""
-    from ray.util.state import list_actors
+    from ray.util.state import list_actors  # deferred: an optional extra (ray), loaded only when this runs
 
     actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP_NAME}:{DEPLOYMENT_NAME}")],
                          detail=False, limit=1000, raise_on_missing_output=False)

@@ -98,7 +98,7 @@ class SessionMetrics:
     metrics, labelled by model, instance and the batch size each session takes (``any``: every size)."""
 
     def __init__(self, model: str, instance: str):
-        import triton_python_backend_utils as pb_utils
+        import triton_python_backend_utils as pb_utils  # deferred: exists only inside Triton's Python-backend stub
 
         self._families = {
             "runs": pb_utils.MetricFamily("servelab_onnx_session_runs", "Runs of each ONNX Runtime session, "
@@ -126,20 +126,20 @@ class SessionMetrics:
 
 def responses(outputs: dict[str, np.ndarray], rows: list[slice]) -> list:
     """One response per request: its rows of every output."""
-    import triton_python_backend_utils as pb_utils
+    import triton_python_backend_utils as pb_utils  # deferred: exists only inside Triton's Python-backend stub
 
     return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v[r]) for k, v in outputs.items()])
             for r in rows]
 
 
 def inputs(requests, name: str) -> list[np.ndarray]:
-    import triton_python_backend_utils as pb_utils
+    import triton_python_backend_utils as pb_utils  # deferred: exists only inside Triton's Python-backend stub
 
     return [pb_utils.get_input_tensor_by_name(request, name).as_numpy() for request in requests]
 
 
 def log(message: str, warn: bool = False) -> None:
     """Through Triton's log, tagged with the model by the caller (no per-batch logging)."""
-    import triton_python_backend_utils as pb_utils
+    import triton_python_backend_utils as pb_utils  # deferred: exists only inside Triton's Python-backend stub
 
     (pb_utils.Logger.log_warn if warn else pb_utils.Logger.log_info)(message)

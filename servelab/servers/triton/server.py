@@ -345,7 +345,7 @@ def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_
     versions are gone. Returns the versions before, and the seconds from ``since`` (``time.monotonic()``; by
     default this call: a caller that triggered it earlier, in another thread, passes its own moment) until the
     load returned (``ready_s``: the new version answers) and until the old ones were unloaded."""
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # deferred: an optional extra (bench), loaded only when this runs
 
     started = time.monotonic() if since is None else since
     policy = model_config(url, model).get("version_policy", {})

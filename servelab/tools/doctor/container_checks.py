@@ -108,7 +108,7 @@ def item_bytes(tensors: Sequence[Mapping[str, Any]]) -> int:
 def shm_needed(repository: Path) -> tuple[int, str, int]:
     """(bytes, stage, instances) for the stage whose Python-backend models may hold the most shared
     memory at once on the node: each instance its region plus one full batch of inputs and outputs."""
-    from google.protobuf import json_format
+    from google.protobuf import json_format  # deferred: tritonclient's, an optional extra (bench)
 
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.servers.triton.configs import STAGES, effective_config

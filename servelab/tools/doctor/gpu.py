@@ -124,7 +124,7 @@ def torch_kernels(ctx: Context) -> Result:
     if not found:
         return _no_gpu(name)
     try:
-        import torch
+        import torch  # deferred: an optional extra (torch), loaded only when this runs
     except ImportError:
         return Result(name, "skip", "PyTorch is not installed in this environment")
     if torch.version.cuda is None:
@@ -162,7 +162,7 @@ def pinned_torch(ctx: Context) -> Result:
 
 def tiny_model() -> bytes:
     """A one-node ONNX graph (y = relu(x)), built in memory: enough for a session to pick its providers."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # deferred: an optional extra (torch), loaded only when this runs
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
@@ -208,7 +208,7 @@ def onnxruntime_result(version: str, found: Sequence[Gpu], available: Sequence[s
 
 def onnxruntime(ctx: Context) -> Result:
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
         model = tiny_model()
     except ImportError as exc:
@@ -239,6 +239,7 @@ def tensorrt_result(found: Sequence[Gpu], available: Sequence[str]) -> Result:
 
 def tensorrt(ctx: Context) -> Result:
     try:
+        # Deferred: an optional extra (onnx), loaded only when this runs.
         from onnxruntime import get_available_providers
     except ImportError:
         return tensorrt_result(gpus(ctx), [])
