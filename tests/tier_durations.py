@@ -14,6 +14,7 @@ temporary file in the same folder, then ``os.replace``): an interrupted write ne
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,12 +52,21 @@ class Run:
     load: float
     wall_s: float
     workers: int = 1  # test processes side by side (pytest-xdist's workers; 1 without)
+    commit: str = ""  # the checkout's commit, "" where git cannot say
 
 
 def tier_of(nodeid: str) -> str:
     """``tests/unit/test_x.py::test_y`` -> ``tests/unit``; a file directly under tests/ is its own tier."""
     parts = nodeid.split("::")[0].split("/")
     return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts)
+
+
+def _commit(root: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def block(run: Run | None) -> str:
@@ -72,7 +82,8 @@ def block(run: Run | None) -> str:
     side_by_side = ("" if run.workers == 1 else
                     ", more than the session: its tests ran side by side")
     rows.append("")
-    rows.append(f"Recorded {run.day} on {run.cpus} CPUs (1-minute load {run.load:.1f} at the end), "
+    at = f" at commit {run.commit}" if run.commit else ""
+    rows.append(f"Recorded {run.day}{at} on {run.cpus} CPUs (1-minute load {run.load:.1f} at the end), "
                 f"{run.workers} test process{'es' if run.workers > 1 else ''}: the whole session took "
                 f"{run.wall_s:.0f} s ({run.wall_s / 60:.1f} min) with start-up and collection; the tests' own "
                 f"seconds add up to {total:.0f} s{side_by_side}.")
@@ -166,6 +177,6 @@ class Recorder:
         if not doc.exists():
             return
         run = Run(self.tiers, date.today().isoformat(), os.cpu_count() or 0, os.getloadavg()[0],
-                  time.monotonic() - self.started, max(1, len(self.workers)))
+                  time.monotonic() - self.started, max(1, len(self.workers)), _commit(session.config.rootpath))
         write_block(doc, run)
         session.config.get_terminal_writer().line(f"\n{DOC}: the tiers' counts and durations written")

@@ -468,7 +468,10 @@ def _trust(records: list[Record]) -> list[str]:
     if pairs:
         agree = sum(p.verdict == "agree" for p in pairs)
         lines.append(f"- The two clients (perf_analyzer, servelab) agree within {compare.TOLERANCE:.0%} on {agree} of "
-                     f"{len(pairs)} runs measured by both.")
+                     f"{len(pairs)} runs measured by both."
+                     + (" Where they do not, the lessons' ratios use servelab's figures: it measures every stage of "
+                        "every family the same way, so each ratio compares like with like (perf_analyzer measures "
+                        "Triton's stages alone)." if agree < len(pairs) else ""))
     failed = sum(bool(r.failed) for r in records)
     if failed:
         lines.append(f"- {failed} of {len(records)} runs measured nothing (Failed runs, below).")

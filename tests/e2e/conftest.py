@@ -45,6 +45,7 @@ def fastapi_onnx(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     log = tmp_path_factory.mktemp("fastapi-onnx") / "fastapi-onnx.log"
     with ServerProcess([sys.executable, "-m", "servelab", "serve", "fastapi-onnx", "--port", str(port)],
                        f"{url}/ready", log, env={"ACCESS_LOG": "0", "MODEL_DIR": str(artifacts.manifest.parent),
+                                                 "WORKERS": "1",  # as the node's compose file runs it
                                                  **STAGES["fastapi-onnx"].fastapi.env},
                        ready_timeout=180):
         yield url

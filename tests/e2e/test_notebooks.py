@@ -198,7 +198,7 @@ on_worker = [c.args[0] for c in worker.execute.call_args_list]
 assert all(c.kwargs == {} for s in (head, worker) for c in s.execute.call_args_list)
 for commands in (on_head, on_worker):
     assert commands[0] == "test -d ~/servelab/.git || git clone https://git.example.org/course/servelab.git ~/servelab"
-    assert any(c.endswith(".venv/bin/servelab models build --source lab") for c in commands)
+    assert "cd ~/servelab && bin/node-setup --no-images" in commands  # servelab and the model, no images
 
 def token_of(commands, node_ip):
     (files,) = [c for c in commands if "/.ray-cluster/auth_token" in c]

@@ -93,7 +93,7 @@ def test_both_clients_side_by_side_and_disagreement_flagged(tmp_path: Path) -> N
     tables = (tmp_path / "report-tables.md").read_text()
     assert "## Two clients, one server" in tables and "| pa-sample | concurrency 8 | 1 |" in tables
     assert "DISAGREE" in tables and "## Failed runs" in text and "failed to get model metadata" in text
-    assert "agree within 10% on 1 of 3 runs measured by both" in text
+    assert "agree within 10% on 1 of 3 runs measured by both. Where they do not, the lessons' ratios use servelab's" in text
 
 
 def test_the_lessons_open_the_report_of_a_real_quick_lab(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ async def reload(url: str, model_dir: Path | str | None = None, variant: str | N
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         async with session.post(url + "/admin/reload", json=body, headers=headers) as response:
             answer = await response.json(content_type=None)
-            if response.status != 200:
+            if response.status not in (200, 202):  # 202: the other server processes are being replaced
                 raise ReloadRefused(f"HTTP {response.status}: {answer.get('detail', answer)}")
         deadline = time.monotonic() + timeout_s
         while answer["processes"] > 1:  # until no process serves the old model: /ready lists what each serves

@@ -440,8 +440,11 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     @app.post("/admin/reload", response_model=Reloaded, responses=RELOAD_RESPONSES,
               summary="Swap in another model (version) while serving; no request fails",
               include_in_schema=bool(settings.admin_token))  # guarded by AdminGuardMiddleware
-    async def reload(body: ReloadRequest) -> Reloaded:
-        return await service.reload(body.model_dir, body.variant)
+    async def reload(body: ReloadRequest, response: Response) -> Reloaded:
+        reloaded = await service.reload(body.model_dir, body.variant)
+        if reloaded.processes > 1:  # this process serves it; uvicorn is still replacing the others: accepted, not done
+            response.status_code = 202
+        return reloaded
 
     @app.get("/health", response_model=Health, summary="Liveness: the process answers")
     async def health() -> Health:
