@@ -36,3 +36,12 @@ def test_every_deferred_import_says_why():
                 if "#" not in lines[inner.lineno - 1] and (above < 0 or "#" not in lines[above]):
                     silent.append(f"{path.relative_to(path.parents[2])}:{inner.lineno}: {lines[inner.lineno - 1].strip()}")
     assert silent == []
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports each test file by its name alone (no packages under tests/): two of one name in two tiers
+    stop the whole session at collection."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (Path(__file__).parents[1]).rglob("test_*.py"))
+    assert [name for name, n in names.items() if n > 1] == []
