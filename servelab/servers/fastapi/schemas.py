@@ -112,10 +112,7 @@ class Reloaded(BaseModel):
     variant: str | None
     load_s: float = Field(description="Loading the new model, beside the old one serving.")
     warm_up_s: float = Field(description="Its warm-up inferences, before the swap.")
-    processes: int = Field(1, description="Server processes that serve the new version (`WORKERS`). Beside others, "
-                                          "the one answering serves it and the answer is 202: uvicorn then replaces "
-                                          "each by one started on it, one at a time (`/ready`'s `workers.versions` "
-                                          "says when none serves the old one).")
+    processes: int = Field(1, description="Server processes serving the new version when the answer left (`WORKERS`): all of them.")
 
 
 class Health(BaseModel):

@@ -17,24 +17,23 @@ The children share a folder (``Siblings``), so the service still answers as one:
   answers 503; ``/ready`` says 200 only while every child is warm;
 * Prometheus counters and histograms add up over the children (prometheus_client's multiprocess mode,
   ``PROMETHEUS_MULTIPROC_DIR`` under the folder, set before any child starts);
-* ``POST /admin/reload`` reaches one child: it swaps its own model (refusing, as one process does, a model that
-  cannot serve), writes it to the folder as the model every child loads as it starts (``want``), then sends
-  SIGHUP to the supervisor (``restart``). uvicorn replaces the children one at a time, each replacement warm
-  before the child it replaces stops taking connections and finishes its requests. Nothing polls: a child
-  reads the folder once, as it starts, and ``/ready`` says when no child serves the old model.
+* ``POST /admin/reload`` reaches one child: it swaps its own model, writes the wanted model to the folder
+  (``want``), and answers once every child has followed (each polls the folder); a child started later
+  loads the wanted model, not the one it was started with.
 
 ``uvicorn fastapi_onnx.app:app``, the app file students read, stays one process: none of this is set there.
 """
 
+import fcntl
 import json
 import os
-import signal
 import sys
 import tempfile
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import multiprocess
 
@@ -42,13 +41,10 @@ from servelab.core.hardware import gpu_count, visible_gpus
 from servelab.core.procs import SHARE_ENV, cpu_count, take_place
 from servelab.core.settings import ServeSettings
 
-FOLDER_ENV, COUNT_ENV, SUPERVISOR_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS", "SERVELAB_SUPERVISOR"
+FOLDER_ENV, COUNT_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
 WANTED = "model.json"
-# How long uvicorn waits for a replacement to start (it loads and warms its model first: seconds on the CPU; beside
-# a batcher, which holds the model, less) before it keeps the old process. uvicorn's one setting for it, so also
-# how long its supervisor may wait on the health check of a process that died as it was asked (5 s by default).
-START_S = 60
+FOLLOW_POLL_S = 0.05
 # WORKERS=auto's most, whatever the machine's size: each process is an interpreter with its memory (and beside a
 # batcher, its arena and connection); past 8, each just takes a larger share of the CPUs.
 AUTO_WORKERS_MAX = 8
@@ -97,7 +93,7 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
 
     workers = worker_count(settings, runtime)
     options = dict(host=host, port=port, access_log=settings.access_log, timeout_graceful_shutdown=10)
-    if workers == 1:  # a reload swaps the model in this process (Service.reload): no supervisor to restart it
+    if workers == 1:
         uvicorn.run(app, **options)
         return
     share = max(1, cpu_count() // workers)
@@ -105,8 +101,7 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
         (Path(folder) / "metrics").mkdir()
         metrics = {METRICS_ENV: str(Path(folder) / "metrics")}
         # The children inherit these (uvicorn spawns them); this process imports no prometheus_client.
-        children = {FOLDER_ENV: folder, COUNT_ENV: str(workers), SUPERVISOR_ENV: str(os.getpid()),
-                    SHARE_ENV: str(share), **metrics}
+        children = {FOLDER_ENV: folder, COUNT_ENV: str(workers), SHARE_ENV: str(share), **metrics}
         shared = shares_batcher(settings, runtime, workers)
         devices = batcher_devices(settings, runtime) if shared else []
         if shared:
@@ -130,20 +125,26 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
               f"(WORKERS={settings.workers})" + (f", {len(devices)} batcher process(es) for the model {where} "
                                                   f"(SHARED_BATCHER={settings.shared_batcher})" if shared else ""),
               file=sys.stderr, flush=True)
-        uvicorn.run(app, workers=workers, timeout_worker_healthcheck=START_S, **options)
+        uvicorn.run(app, workers=workers, **options)
+
+
+class Wanted(NamedTuple):
+    generation: int
+    model_dir: str | None
+    variant: str | None
 
 
 class Siblings:
     """This child's view of the folder it shares with the service's other processes."""
 
-    def __init__(self, folder: Path, expected: int, supervisor: int):
-        self.folder, self.expected, self.supervisor = folder, expected, supervisor
+    def __init__(self, folder: Path, expected: int):
+        self.folder, self.expected = folder, expected
 
     @classmethod
     def here(cls) -> "Siblings | None":
         """The folder ``serve`` made for this process's service; None in a process of its own."""
         folder = os.environ.get(FOLDER_ENV)
-        return cls(Path(folder), int(os.environ[COUNT_ENV]), int(os.environ[SUPERVISOR_ENV])) if folder else None
+        return cls(Path(folder), int(os.environ[COUNT_ENV])) if folder else None
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
         tmp = self.folder / f".{name}.{os.getpid()}"
@@ -156,7 +157,6 @@ class Siblings:
 
     def leave(self) -> None:
         (self.folder / f"worker-{os.getpid()}.json").unlink(missing_ok=True)
-        _forget_metrics(os.getpid())  # its live gauges (the version it served) go with it
 
     def serving(self) -> dict[int, str]:
         """Warm processes alive now, and the version each serves; a dead one's files are cleared."""
@@ -175,24 +175,25 @@ class Siblings:
                 continue  # left or being replaced meanwhile
         return found
 
-    def wanted(self) -> dict[str, str] | None:
-        """The model (``model_dir``, ``variant``) the last reload asked every process to serve (None: the one each
-        was started with)."""
+    def wanted(self) -> Wanted | None:
+        """The model the last reload asked every process to serve (None: the one each was started with)."""
         try:
-            return json.loads((self.folder / WANTED).read_text())
+            return Wanted(**json.loads((self.folder / WANTED).read_text()))
         except FileNotFoundError:
             return None
 
-    def want(self, model_dir: Path, variant: str) -> None:
-        """The model every process loads as it starts, from now on."""
-        self._write(WANTED, {"model_dir": str(model_dir), "variant": variant})
+    def want(self, model_dir: str | None, variant: str | None) -> Wanted:
+        """Ask every process to serve this model; the caller holds ``reloading``."""
+        wanted = Wanted((self.wanted() or Wanted(0, None, None)).generation + 1, model_dir, variant)
+        self._write(WANTED, wanted._asdict())
+        return wanted
 
-    def restart(self) -> None:
-        """Every process replaced by one started afresh (on ``wanted``), one at a time: uvicorn's supervisor
-        does that on SIGHUP, bringing each replacement up before it stops the process replaced."""
-        if os.getppid() != self.supervisor:  # never a signal to a process that is not ours
-            raise RuntimeError(f"the supervisor (pid {self.supervisor}) is gone: restart the service")
-        os.kill(self.supervisor, signal.SIGHUP)
+    @contextmanager
+    def reloading(self) -> Iterator[None]:
+        """One reload at a time across the processes; BlockingIOError where another is under way."""
+        with open(self.folder / "reload.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            yield
 
 
 def _forget_metrics(pid: int) -> None:
