@@ -36,7 +36,8 @@ OPTIONAL = re.compile(r"\(optional\)\s*$")
 SHELL = re.compile(r"^```shell\n(.*?)^```", re.DOTALL | re.MULTILINE)
 SHOWN = re.compile(r"<!-- generated: (?:excerpt|stage-config) .*?-->(.*?)<!-- end generated -->", re.DOTALL)
 QUESTION = re.compile(r"[*_]*Questions?(?![a-z])")  # *Questions:*, *Questions,*, **Question.**, Question: ...
-BROWSER = re.compile(r"\bbrowser\b|\bopen\b[^.]*?(https?://|Jupyter|GourmetGram)", re.IGNORECASE)
+# In a paragraph, not a heading; "open" followed by what it opens ("open a second SSH connection" is no page).
+BROWSER = re.compile(r"\bbrowser\b|\bopen\s+(the\s+)?`?(https?://|Jupyter|GourmetGram)", re.IGNORECASE)
 YOUR_CODE = re.compile(r"^# YOUR CODE: (.+)$", re.MULTILINE)
 Span = tuple[float, float, float]  # seconds: low, median, high
 
@@ -62,7 +63,7 @@ class Part:
     """The core part or the optional part of one notebook."""
 
     words: int = 0
-    tasks: Counter[str] = field(default_factory=Counter)  # [allowance.NAME]: how many (written_cell: 10-line units)
+    tasks: Counter[str] = field(default_factory=Counter)  # [allowance.NAME]: how many
     cells_s: float = 0.0  # the record's seconds of its code cells
     shell_waits: Counter[str] = field(default_factory=Counter)  # [shell.NAME]: how many lines start one
     unrecorded: list[str] = field(default_factory=list)  # its code cells the record lacks (first lines)
@@ -141,9 +142,10 @@ def count_text(section: str, part: Part) -> None:
                 waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
         part.shell_waits.update(waits)
     prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL))]
+    prose = re.sub(r"<!-- generated:.*?<!-- end generated -->|<!--.*?-->", " ", prose, flags=re.DOTALL)  # not the plan's own words
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", prose)]
     part.tasks["question"] += sum(1 for p in paragraphs if QUESTION.match(p))
-    part.tasks["browser_step"] += sum(1 for p in paragraphs if BROWSER.search(p))
+    part.tasks["browser_step"] += sum(1 for p in paragraphs if BROWSER.search(p) and not p.startswith("#"))
     part.tasks["excerpt_line"] += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
 
 
@@ -159,7 +161,8 @@ def count_cell(source: str, recorded: dict | None, part: Part) -> None:
         given = set(source.splitlines()) if written else set()  # the answer's lines the cell holds already
         typed = [line for line in (answers().get(written[1], source) if written else source).splitlines()
                  if line.strip() and not line.lstrip().startswith("#") and line not in given]  # no comment
-        part.tasks["written_cell"] += max(1, round(len(typed) / 10))
+        part.tasks["written_cell"] += 1
+        part.tasks["written_line"] += max(1, len(typed))
 
 
 def cell_times() -> dict:
@@ -209,7 +212,8 @@ def _m(seconds: float) -> str:
 
 
 def _clock(minutes: float) -> str:
-    return f"{int(minutes // 60)} h {math.ceil(minutes % 60):02d}"
+    whole = math.ceil(minutes)  # rounded up, as the table's minutes are
+    return f"{whole // 60} h {whole % 60:02d}"
 
 
 def plan_table() -> str:

@@ -297,9 +297,8 @@ def _range(values: list[str]) -> str:
 def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_the_check() -> None:
     """One typed run per Triton lesson (instances' pt-2x2 and onnx-2, batching's onnx-dyn, after pt-1's;
     in optional sections, the client's batches of 16 and the ensemble): each asks the model, input and batch of the
-    stage Triton runs at that point, and a load the step before it measured (in the core with perf_analyzer, as
-    PA_STAGES has the stage, whose printed command is the check; in an optional section the printed `servelab load`
-    command may be)."""
+    stage Triton runs at that point, and a load the step before it measured; the next cell checks it (its CSV, or
+    what it printed)."""
     from servelab.tools.lease_plan import sections
 
     typed = [(stem, stage, line) for stem in TRITON for stage, line in _typed_perf_analyzer(stem)]
@@ -330,9 +329,10 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
         if "-f" in argv:  # its CSV is checked by the next cell, and joins the records
             csv = argv[argv.index("-f") + 1].replace("{RESULTS}/", "")
             after = text[at:].split("```python\n", 1)[1]
-            assert after.startswith('pa_') and f'lab.check_perf_analyzer("{stage}", f"{{RESULTS}}/{csv}"' in after, after[:200]
-        else:
-            assert stage in lp_pa_stages(stem) or optional  # there, `servelab load` may be the check
+            assert after.startswith("print(") and f'lab.check_perf_analyzer("{stage}", f"{{RESULTS}}/{csv}"' in after, after[:200]
+        else:  # what it printed is checked by the next cell, against the step's run of the same load
+            after = text[at:].split("```python\n", 1)[1]
+            assert after.startswith(f'print(lab.check_printed_run(pa, "{stage}"))'), after[:200]
 
 
 def _last_flags(argv: list[str]) -> dict[str, str]:
@@ -484,8 +484,8 @@ def test_the_triton_notebooks_switch_stages_from_jupyter_by_default(stem: str) -
 
 
 def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
-    """perf_analyzer's windows cost at least 15 s a load: by default it measures some of the core path's
-    stages (servelab/tools/lease_plan.py times them), and the prose says the rest are measured by servelab
+    """perf_analyzer's windows cost at least 15 s a load: by default the steps run it on some of the core path's
+    stages, none that a student's own line measures, and the prose says the rest are measured by servelab
     load alone."""
     from servelab.tools.render_notebooks import to_notebook
 
@@ -496,8 +496,9 @@ def test_perf_analyzer_measures_the_core_stages_by_default() -> None:
         pa_stages += lp_pa_stages(stem)
         assert "pa_stages=PA_STAGES" in _text(NOTEBOOK_DIR / f"{stem}.md"), stem
     optional = {name for name, stage in TRITON_STAGES.items() if name == "ensemble" or stage.variant in ("u8", "int8", "fp16")}
-    # The Python backend's stages and the two the bursty-arrival lesson compares; the rest by servelab load alone.
-    assert set(pa_stages) <= {name for name in TRITON_STAGES if name not in optional} and pa_stages[0] == "pt-1"
+    assert set(pa_stages) <= {name for name in TRITON_STAGES if name not in optional} and pa_stages
+    # The steps' own perf_analyzer runs measure no stage a student's line measures: the student's run is the one.
+    assert not set(pa_stages) & {stage for stem in TRITON for stage, _ in _typed_perf_analyzer(stem)}
     # The two the bursty-arrival lesson compares: by default, or by the lines students type, whose CSV a cell checks.
     typed = {stage for stem in TRITON for stage, line in _typed_perf_analyzer(stem) if " -f {RESULTS}/" in line}
     assert {"onnx-1", "onnx-dyn"} <= set(pa_stages) | typed
@@ -714,6 +715,19 @@ def test_the_share_of_cells_students_write_is_counted_as_its_docstring_says() ->
     assert students_share(["# your code: not the marker", "x = 1  # YOUR CODE: not first", "MY = 1"]) == (0, 3)
     assert students_share(["# YOUR CODE: gRPC client\nraise NotImplementedError()", "print(lab.check_client(grpc_result))",
                            "x = lab.measure()\nprint(check_timing(latencies_ms, wall_s, x))"]) == (1, 2)
+
+
+def test_students_write_40_percent_of_the_core_paths_serving_cells() -> None:
+    """Issue 52: the same share over the core sections alone (not marked optional) of the four notebooks."""
+    import jupytext
+
+    from servelab.tools.lease_plan import sections
+
+    per = {stem: students_share([c.source for optional, section in sections(_text(NOTEBOOK_DIR / f"{stem}.md"))
+                                 if not optional for c in jupytext.reads(section, fmt="md").cells
+                                 if c.cell_type == "code"]) for stem in SERVING}
+    written, cells = (sum(n[i] for n in per.values()) for i in (0, 1))
+    assert all(n[0] >= 1 for n in per.values()) and written / cells >= STUDENTS_SHARE_FLOOR, (written, cells, per)
 
 
 def test_students_write_a_share_of_the_serving_notebooks_cells() -> None:

@@ -367,15 +367,15 @@ class TritonWalkthrough:
                              "inference_stats' success in its first model_stats entry")
         return f"correct: {want} requests, as Triton counts them"
 
-    def check_perf_analyzer(self, name: str, csv: str | Path, ours: list[Record], arrivals: str = "constant") -> list[Record]:
+    def check_perf_analyzer(self, name: str, csv: str | Path, ours: list[Record], arrivals: str = "constant") -> str:
         """The CSV a student's perf_analyzer line wrote (its ``-f``) at stage ``name``, against the loads of
         ``ours`` (servelab load's runs of the step; open loops: those of ``arrivals``, which a CSV does not
-        say). Raises ValueError where it is missing or measured other loads; else its rows join this
-        notebook's records (and the report), and the table shows them beside servelab's."""
+        say): wrong where it is missing or measured other loads; else its rows join this notebook's records
+        (and the report), and the table shows every run of this notebook at those loads, theirs included."""
         path, stage = Path(csv), STAGES[name]
         if not path.exists() or not path.read_text().strip():
-            raise ValueError(f"no CSV at {path}: end your line with -f {path}; if perf_analyzer stopped, its last "
-                             "lines above say why")
+            return (f"wrong: no CSV at {path}: end your line with -f {path}; if perf_analyzer stopped, its last "
+                    "lines above say why")
         same = [r for r in ours if r.tool == "servelab" and r.load.arrivals in (None, arrivals)]
         target = {"kind": "triton", "url": self.url, "model": stage.triton.model, "input": stage.input,
                   "batch": stage.triton.images, "typed": str(path)}  # by the student, who chose its flags
@@ -384,15 +384,13 @@ class TritonWalkthrough:
         got, want = [r.load.label() for r in theirs], [r.load.label() for r in same]
         if sorted(got) != sorted(want):  # perf_analyzer's CSV may list a sweep in another order
             flag = "--request-rate-range" if any(r.load.mode == "open" for r in same) else "--concurrency-range"
-            raise ValueError(f"your run measured {got or 'nothing'}; the step measured {want}: {flag} FROM:TO:STEP "
-                             "sets the loads")
+            return f"wrong: your run measured {got or 'nothing'}; the step measured {want}: {flag} FROM:TO:STEP sets the loads"
         theirs.sort(key=lambda r: want.index(r.load.label()))
         for record in theirs:
             append_record(self.records_file, record)
         self.runs.extend(theirs)
-        print(f"correct: your perf_analyzer run measured {name} at {', '.join(want)}; it joins the report")
-        print(summary_table(same + theirs))
-        return theirs
+        return "\n".join([f"correct: your perf_analyzer run measured {name} at {', '.join(want)}; it joins the report",
+                          summary_table([r for r in self.runs if r.load.label() in want])])
 
     def try_gourmetgram(self, backend: str) -> None:
         """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
