@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ from nbclient import NotebookClient
 from servelab.core.artifacts import write_atomic
 from servelab.core.paths import REPO_ROOT
 from servelab.core.variants.build import machine
+from servelab.tools.lease_plan import CELL_TIMES, YOUR_CODE, answers  # one reader of docs/instructors.md's answers
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, to_notebook
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -64,18 +64,6 @@ def kernel_manager(directory: Path) -> KernelManager:
         write_kernel_spec(spec_dir, overrides={"env": {"IPYTHONDIR": str(directory / "ipython")}})
     specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)], ensure_native_kernel=False)
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
-
-
-YOUR_CODE = re.compile(r"^# YOUR CODE: (.+)$", re.MULTILINE)
-
-
-def answers() -> dict[str, str]:
-    """The answers docs/instructors.md gives to the cells students write, by the name in their first line."""
-    text = (REPO_ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
-    found = {}
-    for block in re.findall(r"^```python\n(# YOUR CODE: .*?)^```", text, re.DOTALL | re.MULTILINE):
-        found[YOUR_CODE.match(block)[1]] = block
-    return found
 
 
 def students_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
@@ -138,8 +126,6 @@ def execute(
         record_cell_times(stem, own, parameters or {})
     return nb
 
-
-CELL_TIMES = REPO_ROOT / "docs" / "records" / "notebook-cell-times.json"
 
 
 def _seconds(cell: nbformat.NotebookNode) -> float:
