@@ -175,7 +175,11 @@ async def _serve(app: str, path: str) -> int:
                 continue
             except OSError:  # closed: stopping
                 return
-            loop.call_soon_threadsafe(start, conn)
+            try:
+                loop.call_soon_threadsafe(start, conn)
+            except RuntimeError:  # the loop has ended: the batcher is stopping
+                conn.close()
+                return
 
     listener = Listener(path, "AF_UNIX", backlog=128, authkey=authkey(path))
     threading.Thread(target=accept, args=(listener,), name="accept", daemon=True).start()
