@@ -200,16 +200,16 @@ def model_points(model: Path, cores: int, seconds: float) -> list[ModelPoint]:
     return points
 
 
-def _preprocess_worker(text: str, kwargs: dict, seconds: float, ready, go, results) -> None:
-    """One preprocessing worker: warm up, wait for ``go``, then preprocess for ``seconds``; (images, wall s, CPU s)."""
+def _preprocess_worker(text: str, kwargs: dict, seconds: float, start) -> tuple[int, float, float]:
+    """One preprocessing worker: warm up, wait at ``start`` for the others, then preprocess for ``seconds``;
+    (images, wall s, CPU s)."""
     prepare_timed(text, **kwargs)
-    ready.put(os.getpid())
-    go.wait()
+    start.wait(START_TIMEOUT_S)
     done, wall, cpu = 0, time.perf_counter(), time.process_time()
     while not done or time.perf_counter() - wall < seconds:
         prepare_timed(text, **kwargs)
         done += 1
-    results.put((done, time.perf_counter() - wall, time.process_time() - cpu))
+    return done, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def preprocess_part(image: bytes, manifest: Path, seconds: float, cores: int) -> Part:
@@ -217,21 +217,10 @@ def preprocess_part(image: bytes, manifest: Path, seconds: float, cores: int) ->
     together once every one is warm."""
     text, kwargs = base64.b64encode(image).decode(), load_manifest(manifest).preprocess_kwargs()
     ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads
-    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    workers = [ctx.Process(target=_preprocess_worker, args=(text, kwargs, seconds, ready, go, results),
-                           name=f"limit-preprocess-{i}", daemon=True) for i in range(cores)]
-    for worker in workers:
-        worker.start()
-    try:
-        for _ in workers:
-            ready.get(timeout=START_TIMEOUT_S)
-        go.set()
-        done = [results.get(timeout=seconds + START_TIMEOUT_S) for _ in workers]
-    finally:
-        for worker in workers:
-            worker.join(timeout=10)
-            if worker.is_alive():
-                worker.kill()
+    with ctx.Manager() as manager, ctx.Pool(cores) as pool:  # a worker each: every one waits at the barrier
+        start = manager.Barrier(cores)
+        done = pool.starmap_async(_preprocess_worker, [(text, kwargs, seconds, start)] * cores,
+                                  chunksize=1).get(seconds + 2 * START_TIMEOUT_S)
     images = sum(n for n, _, _ in done)
     return Part(per_s=sum(n / wall for n, wall, _ in done), cpu_ms=sum(cpu for _, _, cpu in done) * 1e3 / images,
                 processes=cores)
@@ -262,8 +251,7 @@ def cpu_since(before: dict[int, float], pid: int) -> float:
 
 def own_cpu_s() -> float:
     """This process's CPU seconds, with those of its children it has waited for (a client's sender processes)."""
-    times = psutil.Process().cpu_times()
-    return times.user + times.system + times.children_user + times.children_system
+    return sum(os.times()[:4])  # user, system, children's user, children's system
 
 
 def closed_window(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> Record:

@@ -84,6 +84,7 @@ from servelab.measure.records import (
     Record,
     Rollout,
     RunKind,
+    Stats,
     Timeline,
     append_record,
     machine_info,
@@ -98,7 +99,7 @@ from servelab.measure.senders import (
     pool,
 )
 from servelab.measure.server_timing import TimingSums
-from servelab.measure.stats import summarize
+from servelab.measure.stats import latency_summary
 from servelab.measure.targets import Client, Outcome, Target
 from servelab.measure.triton_stats import stats_delta
 
@@ -157,6 +158,17 @@ class RawRun:
             self.errors[kind] += 1
         self.outcomes.append((done - self.started, latency_s, kind, outcome.version))
         self.last_done = max(self.last_done, done)
+
+    def stats(self, batch: int) -> Stats:
+        """Throughput = successes / wall time; a request shed under load is neither a success nor an error."""
+        throughput = len(self.latency_s) / self.wall_s if self.wall_s > 0 else 0.0
+        lags = np.asarray(self.send_lag_s, dtype=np.float64)
+        return Stats(requests=len(self.latency_s) + sum(self.errors.values()) + sum(self.shed.values()),
+                     successes=len(self.latency_s), errors=dict(sorted(self.errors.items())),
+                     shed=dict(sorted(self.shed.items())), wall_s=self.wall_s, throughput_rps=throughput,
+                     items_per_s=throughput * batch, latency=latency_summary(self.latency_s),
+                     late_sends=int((lags > LATE_AFTER_S).sum()), offered_rps=self.offered_rps,
+                     max_send_lag_ms=float(lags.max() * 1000) if lags.size else None)
 
     def ordered_latencies_s(self) -> np.ndarray:
         """Latencies of successful requests in the order they were issued (or scheduled)."""
@@ -247,7 +259,7 @@ async def warm_up(client: Client, load: Load) -> WarmUp:
             elif ok:
                 done.latencies_s.append(clock() - t0)
 
-    done.senders = load.concurrency if load.warmup_s else min(load.concurrency, load.warmup)
+    done.senders = load.warmup_senders
     cpu = time.thread_time()
     await asyncio.gather(*(sender() for _ in range(done.senders)))
     done.cpu_s = time.thread_time() - cpu
@@ -387,20 +399,16 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
                     window_s=max(r.window_s for r in runs), offered_rps=first.offered_rps)
     scheduled = []
     for run in runs:
-        merged.index += run.index
-        merged.latency_s += run.latency_s
-        merged.errors.update(run.errors)
-        merged.shed.update(run.shed)
-        merged.send_lag_s += run.send_lag_s
+        for name in ("index", "latency_s", "send_lag_s", "loop_cpu_s"):
+            getattr(merged, name).extend(getattr(run, name))
+        for counts in ("errors", "shed"):
+            getattr(merged, counts).update(getattr(run, counts))
+        for counts in ("sums", "counts", "images_by_batch"):
+            getattr(merged.timing, counts).update(getattr(run.timing, counts))
         merged.loop_late += run.loop_late
-        merged.loop_cpu_s += run.loop_cpu_s
         merged.outcomes += [(done + run.started - merged.started, *rest) for done, *rest in run.outcomes]
         merged.last_done = max(merged.last_done, run.last_done)
         merged.warnings += [w for w in run.warnings if w not in merged.warnings]
-        for name, value in run.timing.sums.items():
-            merged.timing.sums[name] = merged.timing.sums.get(name, 0.0) + value
-        merged.timing.counts.update(run.timing.counts)
-        merged.timing.images_by_batch.update(run.timing.images_by_batch)
         if run.scheduled_s is not None:
             scheduled.append(run.scheduled_s)
         if run.offered_rps is not None and first.offered_rps is not None:
@@ -420,37 +428,41 @@ async def _snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | Non
         return None
 
 
+async def _settled(read: Callable[[], Awaitable[Any]], enough: Callable[[Any], bool]) -> Any:
+    """``read()``'s first value that ``enough`` accepts, reading every ``STATS_SETTLE_S`` (at most
+    ``STATS_SETTLE_TRIES`` times: else the last); None once a read fails. A server updates its counters just
+    after it answers."""
+    value = None
+    for attempt in range(STATS_SETTLE_TRIES):
+        if attempt:
+            await asyncio.sleep(STATS_SETTLE_S)
+        if (value := await read()) is None or enough(value):
+            break
+    return value
+
+
 async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
-    """Statistics once the warm-up has reached them: two reads in a row that agree (bounded)."""
-    previous = await _snapshot(client, warnings)
-    for _ in range(STATS_SETTLE_TRIES):
-        await asyncio.sleep(STATS_SETTLE_S)
-        current = await _snapshot(client, warnings)
-        if current is None or current == previous:
-            return current
-        previous = current
-    return previous
+    """Statistics once the warm-up has reached them: two reads in a row that agree."""
+    seen: list[dict[str, Any] | None] = []
+
+    async def read() -> dict[str, Any] | None:
+        seen.append(await _snapshot(client, warnings))
+        return seen[-1]
+    return await _settled(read, lambda now: len(seen) > 1 and now == seen[-2])
 
 
 async def _server_breakdown(
     client: Client, before: dict[str, Any], model: str, successes: int, warnings: list[str]
 ) -> Breakdown | None:
-    """Diff Triton's statistics; it updates them just after responding, so wait (boundedly) for them
-    to count every success the client saw."""
-    delta = None
-    for _ in range(STATS_SETTLE_TRIES):
+    """Triton's statistics diffed, once they count every success the client saw."""
+    async def read() -> Breakdown | None:
         after = await _snapshot(client, warnings)
-        if after is None:
-            return None
         try:
-            delta = stats_delta(before, after, model)
+            return None if after is None else stats_delta(before, after, model)
         except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
             warnings.append(f"no server breakdown: {exc}")
             return None
-        if (delta.server_requests or 0) >= successes:
-            break
-        await asyncio.sleep(STATS_SETTLE_S)
-    return delta
+    return await _settled(read, lambda delta: (delta.server_requests or 0) >= successes)
 
 
 async def _cache_counts(client: Client, warnings: list[str]) -> dict[str, int] | None:
@@ -471,21 +483,15 @@ def cache_delta(before: dict[str, int], after: dict[str, int], source: str) -> C
 
 async def _cache_stats(client: Client, before: dict[str, int] | None, successes: int,
                        warnings: list[str]) -> CacheStats | None:
-    """The window's hits and misses by the server's counters, once they count every success the client saw
-    (a server counts a request as it answers it; bounded wait, as for Triton's statistics)."""
+    """The window's hits and misses by the server's counters, once they count every success the client saw."""
     if before is None:
         return None
     source = "triton-stats" if client.has_server_stats else "servelab_response_cache"
-    delta = None
-    for _ in range(STATS_SETTLE_TRIES):
+
+    async def read() -> CacheStats | None:
         after = await _cache_counts(client, warnings)
-        if after is None:
-            return None
-        delta = cache_delta(before, after, source)
-        if delta is None or delta.hits + delta.misses + delta.errors >= successes:
-            break
-        await asyncio.sleep(STATS_SETTLE_S)
-    return delta
+        return None if after is None else cache_delta(before, after, source)  # None too: nothing looked up
+    return await _settled(read, lambda delta: delta.hits + delta.misses + delta.errors >= successes)
 
 
 # The last run of each (target, mode, senders) in this process: its throughput and the requests one process sent per
@@ -664,11 +670,9 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
     finally:
         await client.close()
     warnings += run.warnings
-    stats = summarize(run.latency_s, run.errors, run.wall_s, target.batch, run.send_lag_s, LATE_AFTER_S,
-                      run.offered_rps, run.shed)
+    stats = run.stats(target.batch)
     busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
-    answered = len(run.latency_s) + sum(run.errors.values()) + sum(run.shed.values())
-    cpu_ms = 1000 * sum(run.loop_cpu_s) / answered if run.loop_cpu_s and answered else None
+    cpu_ms = 1000 * sum(run.loop_cpu_s) / stats.requests if run.loop_cpu_s and stats.requests else None
     if stats.throughput_rps > 0:
         _SEEN[_seen_key(target, load)] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
     why = bound_reason(stats.throughput_rps, busy)
@@ -775,10 +779,8 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
             shed[b] += 1
         else:
             errors[b] += 1
-    offered = [0.0] * bins
-    if run.scheduled_s is not None:
-        for b, count in Counter(min(bins - 1, int(t // bin_s)) for t in run.scheduled_s).items():
-            offered[b] = count / bin_s
+    scheduled = np.minimum(bins - 1, (run.scheduled_s if run.scheduled_s is not None else np.empty(0)) // bin_s)
+    offered = (np.bincount(scheduled.astype(int), minlength=bins) / bin_s).tolist()
     samples, sampled_events = (sampler.samples, sampler.events) if sampler is not None else ([], [])
     events = {name: round(t - run.started, 3) for t, name in sampled_events}
     if fired := run.fired:  # a rollout: when it was triggered and when its call returned

@@ -99,6 +99,11 @@ class Load(BaseModel):
         return cls(mode="open", rate=sum(counts) / sum(s for _, s in phases), arrivals=arrivals, requests=sum(counts),
                    phases=tuple((float(r), float(s)) for r, s in phases), **window)
 
+    @property
+    def warmup_senders(self) -> int:
+        """The warm-up's senders: the load's, but no more than its requests where it has no window of seconds."""
+        return self.concurrency if self.warmup_s else min(self.concurrency, self.warmup)
+
     def label(self) -> str:
         if self.phases:
             return f"{self.arrivals} steps {' > '.join(f'{r:g}' for r, _ in self.phases)} req/s"

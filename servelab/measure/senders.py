@@ -23,8 +23,10 @@ import atexit
 import math
 import multiprocessing
 import os
+import statistics
 import time
 from collections.abc import Callable
+from functools import cache
 from multiprocessing.connection import Connection
 
 from servelab.core.procs import cpu_count
@@ -52,10 +54,8 @@ def little_rate(load: Load, warm_latencies_s: list[float]) -> float | None:
     """A closed loop's rate from its warm-up, by Little's law: senders / median latency (None: too few answers)."""
     if load.mode != "closed" or len(warm_latencies_s) < 3:
         return None
-    senders = load.concurrency if load.warmup_s else min(load.concurrency, load.warmup)
-    latencies = sorted(warm_latencies_s)
-    median = latencies[len(latencies) // 2]
-    return senders / median if median > 0 else None
+    median = statistics.median_high(warm_latencies_s)
+    return load.warmup_senders / median if median > 0 else None
 
 
 def most_processes(load: Load, limit: int) -> int:
@@ -118,6 +118,7 @@ class SenderPool:
         self.main = main
         self.context = multiprocessing.get_context("spawn")
         self.senders: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+        atexit.register(self.close)
 
     def take(self, n: int) -> list[Connection]:
         self.senders = [(p, c) for p, c in self.senders if p.is_alive()]
@@ -147,17 +148,7 @@ class SenderPool:
             conn.close()
 
 
-_POOLS: dict[Callable, SenderPool] = {}
-
-
+@cache
 def pool(main: Callable[[Connection, int], None]) -> SenderPool:
     """This process's pool for ``main`` (closed when the process exits)."""
-    if main not in _POOLS:
-        _POOLS[main] = SenderPool(main)
-    return _POOLS[main]
-
-
-@atexit.register
-def _close_pools() -> None:
-    for sender_pool in _POOLS.values():
-        sender_pool.close()
+    return SenderPool(main)

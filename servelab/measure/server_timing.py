@@ -43,13 +43,13 @@ class TimingSums:
     """Running sums of Server-Timing metrics over the successful measured requests."""
 
     images_per_request: int = 1
-    sums: dict[str, float] = field(default_factory=dict)
+    sums: Counter = field(default_factory=Counter)  # name -> ms (a Counter: runs merge by ``update``)
     counts: Counter = field(default_factory=Counter)
     images_by_batch: Counter = field(default_factory=Counter)  # server batch size -> images served in such batches
 
     def add(self, timing: ServerTiming) -> None:
         for name, value in timing.durations_ms.items():
-            self.sums[name] = self.sums.get(name, 0.0) + value
+            self.sums[name] += value
             self.counts[name] += 1
         batch = timing.descriptions.get("batch", "")
         if batch.isdigit() and int(batch) > 0:

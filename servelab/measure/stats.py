@@ -1,11 +1,10 @@
-"""Client-side statistics: latency percentiles in milliseconds and throughput in requests/s."""
+"""Client-side latency percentiles, in milliseconds (a run's whole ``Stats``: ``loadgen.RawRun.stats``)."""
 
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from servelab.measure.records import Latency, Stats
+from servelab.measure.records import Latency
 
 
 def latency_summary(latencies_s: Sequence[float]) -> Latency:
@@ -20,32 +19,3 @@ def latency_summary(latencies_s: Sequence[float]) -> Latency:
         cdf_ms=[round(float(v), 4) for v in np.percentile(ms, np.arange(101))],
     )
 
-
-def summarize(
-    latencies_s: Sequence[float],
-    errors: Counter,
-    wall_s: float,
-    batch: int = 1,
-    send_lags_s: Sequence[float] = (),
-    late_after_s: float = 0.010,
-    offered_rps: float | None = None,
-    shed: Counter | None = None,
-) -> Stats:
-    """``latencies_s`` of successful requests only; throughput = successes / measured wall time; ``shed``:
-    requests the server refused under load, by reason (neither successes nor errors)."""
-    successes, shed = len(latencies_s), shed or Counter()
-    throughput = successes / wall_s if wall_s > 0 else 0.0
-    lags = np.asarray(send_lags_s, dtype=np.float64)
-    return Stats(
-        requests=successes + sum(errors.values()) + sum(shed.values()),
-        successes=successes,
-        errors=dict(sorted(errors.items())),
-        shed=dict(sorted(shed.items())),
-        wall_s=wall_s,
-        throughput_rps=throughput,
-        items_per_s=throughput * batch,
-        latency=latency_summary(latencies_s),
-        late_sends=int((lags > late_after_s).sum()),
-        max_send_lag_ms=float(lags.max() * 1000) if lags.size else None,
-        offered_rps=offered_rps,
-    )

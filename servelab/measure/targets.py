@@ -28,8 +28,9 @@ FastAPI services' ``servelab_response_cache_total``, Triton's ``cache_hit``/``ca
 import asyncio
 import base64
 import errno
+import itertools
 import json
-import urllib.error
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -41,7 +42,6 @@ import yarl
 from servelab.core.artifacts import load_manifest
 from servelab.core.photos import all_photos, zipf_draws
 from servelab.core.preprocess import crop_pixels, preprocess
-from servelab.core.procs import DIRECT
 from servelab.core.wire import VERSION_HEADER
 from servelab.measure.server_timing import ServerTiming, parse_server_timing
 from servelab.measure.triton_stats import cache_counts
@@ -143,25 +143,23 @@ class PhotoMix:
         return {**self.about, "distinct_photos": len(set(self.order))}
 
 
-class _Cycle:
-    """The next item of a mix's sequence at each call (one client's requests, warm-up first)."""
-
-    def __init__(self, items: list[Any], order: tuple[int, ...]):
-        self.items, self.order, self.sent = items, order, 0
-
-    def __call__(self) -> Any:
-        item = self.items[self.order[self.sent % len(self.order)]]
-        self.sent += 1
-        return item
-
-
-def _images(image: bytes, mix: PhotoMix | None, batch: int) -> tuple[list[bytes], tuple[int, ...]]:
-    """The distinct images a client sends and the order it sends them in."""
+def _sequence(items: list[Any], mix: PhotoMix | None, batch: int) -> Callable[[], Any]:
+    """What a client sends next at each call (its requests, warm-up first): ``items[0]`` (made of the target's one
+    image), or made of the mix's photos, in its order."""
     if mix is None:
-        return [image], (0,)
+        return itertools.repeat(items[0]).__next__
     if batch != 1:
         raise ValueError("a PhotoMix sends one photo per request: use batch=1")
-    return list(mix.images), mix.order
+    return itertools.cycle([items[i] for i in mix.order]).__next__
+
+
+def _photos(image: bytes, mix: PhotoMix | None) -> list[bytes]:
+    return [image] if mix is None else list(mix.images)
+
+
+def _sent(target: "FastAPITarget | TritonTarget") -> dict[str, Any]:
+    """What a target's requests carry, for its record."""
+    return {"mix": target.mix.describe()} if target.mix else {"image": target.image_name, "image_bytes": len(target.image)}
 
 
 def _result_count(body: Any) -> int:
@@ -190,10 +188,7 @@ class FastAPITarget:
         return self.url.rstrip("/") + ("/predict" if self.batch == 1 else "/predict/batch")
 
     def describe(self) -> dict[str, Any]:
-        if self.mix is not None:
-            return {"kind": self.kind, "url": self.endpoint, "batch": self.batch, "mix": self.mix.describe()}
-        return {"kind": self.kind, "url": self.endpoint, "batch": self.batch,
-                "image": self.image_name, "image_bytes": len(self.image)}
+        return {"kind": self.kind, "url": self.endpoint, "batch": self.batch, **_sent(self)}
 
     async def connect(self, connections: int, timeout_s: float) -> Client:
         return _FastAPIClient(self, connections, timeout_s)
@@ -203,13 +198,12 @@ class _FastAPIClient:
     has_server_stats = False
 
     def __init__(self, target: FastAPITarget, connections: int, timeout_s: float) -> None:
-        images, order = _images(target.image, target.mix, target.batch)
         bodies = []
-        for image in images:  # encoded once, not per request
+        for image in _photos(target.image, target.mix):  # encoded once, not per request
             text = base64.b64encode(image).decode()
             payload = {"image": text} if target.batch == 1 else {"images": [text] * target.batch}
             bodies.append(json.dumps(payload).encode())
-        self.next_body = _Cycle(bodies, order)
+        self.next_body = _sequence(bodies, target.mix, target.batch)
         self.metrics_url = target.url.rstrip("/") + "/metrics"
         # The URL parsed once and no cookie jar: per-request client work is part of every latency.
         self.endpoint, self.batch, self.errors = yarl.URL(target.endpoint), target.batch, _errors()
@@ -241,13 +235,11 @@ class _FastAPIClient:
     async def cache_counts(self) -> dict[str, int] | None:
         """``servelab_response_cache_total`` by result, from the service's /metrics (None: no cache there, or no
         /metrics at all, as on the benchmark's simple app)."""
-        try:
-            text = await asyncio.to_thread(lambda: DIRECT.open(self.metrics_url, timeout=10).read().decode())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+        async with self.session.get(self.metrics_url) as resp:
+            if resp.status == 404:
                 return None
-            raise
-        return response_cache_counts(text)
+            resp.raise_for_status()
+            return response_cache_counts(await resp.text())
 
     async def close(self) -> None:
         await self.session.close()
@@ -292,9 +284,8 @@ class TritonTarget:
     kind: ClassVar[str] = "triton"
 
     def describe(self) -> dict[str, Any]:
-        sent = {"mix": self.mix.describe()} if self.mix else {"image": self.image_name, "image_bytes": len(self.image)}
         return {"kind": self.kind, "url": self.url, "model": self.model, "protocol": self.protocol,
-                "input": self.input, "batch": self.batch, **sent}
+                "input": self.input, "batch": self.batch, **_sent(self)}
 
     async def connect(self, connections: int, timeout_s: float) -> Client:
         return _TritonClient(self, connections, timeout_s)
@@ -315,7 +306,7 @@ class _TritonClient:
             self.client = tc.InferenceServerClient(target.url, conn_limit=connections, conn_timeout=timeout_s)
             self.infer_kwargs = {}
         self.model, self.batch, self.protocol, self.errors = target.model, target.batch, target.protocol, _errors()
-        images, order = _images(target.image, target.mix, target.batch)
+        images = _photos(target.image, target.mix)
         if target.input == "bytes":
             # Base64 text, as the lab's own clients send it; the model accepts raw bytes too.
             inputs = [triton_io.image_inputs(target.protocol, [image] * target.batch) for image in images]
@@ -324,7 +315,7 @@ class _TritonClient:
             inputs = [triton_io.tensor_inputs(target.protocol, np.stack(
                 [model_input_tensor(image, target.manifest, target.input)] * target.batch)) for image in images]
             self.outputs = triton_io.tensor_outputs(target.protocol)
-        self.next_inputs = _Cycle(inputs, order)
+        self.next_inputs = _sequence(inputs, target.mix, target.batch)
         self.check = self.outputs[-1].name()
         self.steps: list[str] | None = None  # an ensemble's composing models, read on first use
 

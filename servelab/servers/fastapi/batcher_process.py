@@ -10,13 +10,18 @@ drains them first, as they need the batcher for the requests they finish.
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
-import socket
 import sys
+import threading
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
+from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,7 @@ from servelab.servers.fastapi.errors import Overloaded
 from servelab.servers.fastapi.metrics import Metrics
 from servelab.servers.fastapi.pipeline import Pipeline, photo_text, warm
 from servelab.servers.fastapi.runtimes import max_infer_batch
-from servelab.servers.fastapi.shared import frame, read_frame, recv_hello, slots_of
+from servelab.servers.fastapi.shared import authkey, message, received, slots_of
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -93,31 +98,30 @@ class Batcher:
             log.info("batcher: closing the model in %s (variant %s): no server process uses it", *key)
             await (await task).pipeline.close()
 
-    async def connection(self, conn: socket.socket) -> None:
-        key = fd = memory = images = writer = None
+    async def connection(self, conn: Connection) -> None:
+        key = fd = memory = images = None
         answering: set[asyncio.Task] = set()
         try:
-            # Read before the socket becomes a stream's, whose reads would drop the descriptor on the first byte.
-            conn.settimeout(HELLO_S)
-            fd, asked = await asyncio.to_thread(recv_hello, conn)
-            reader, writer = await asyncio.open_unix_connection(sock=conn)
+            async with asyncio.timeout(HELLO_S):
+                asked = json.loads(await received(conn))
+                fd = recv_handle(conn) if asked["arena"] else None  # sent with the hello: it waits for nothing
             key = (asked["model_dir"], asked.get("variant"))
             try:
                 held = await self.acquire(key)
             except Exception as exc:  # noqa: BLE001 - the server process raises it in its own words
                 log.error("batcher: cannot serve the model in %s: %s: %s", key[0], type(exc).__name__, exc)
                 key = None
-                writer.write(frame({"error": type(exc).__name__, "detail": str(exc)}))
+                conn.send_bytes(message({"error": type(exc).__name__, "detail": str(exc)}))
                 return
-            writer.write(frame(held.described))
+            conn.send_bytes(message(held.described))
             while True:
-                header, _ = await read_frame(reader)
+                header = json.loads(await received(conn))
                 if images is None:  # the server process sized its arena before it sent anything
                     memory, images = slots_of(fd, held.described["image"]["shape"], held.described["image"]["dtype"])
-                task = asyncio.create_task(self._infer(held.pipeline, images[header["slots"]], header, writer))
+                task = asyncio.create_task(self._infer(held.pipeline, images[header["slots"]], header, conn))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        except (EOFError, OSError, TimeoutError):
             pass  # the server process closed the connection or died
         finally:
             for task in answering:
@@ -128,52 +132,61 @@ class Batcher:
                 memory.close()
             if fd is not None:
                 os.close(fd)
-            if writer is None:
-                conn.close()
-            else:
-                writer.close()
+            conn.close()
             if key is not None:
                 await self.release(key)
 
     @staticmethod
-    async def _infer(pipeline: Pipeline, x: np.ndarray, header: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def _infer(pipeline: Pipeline, x: np.ndarray, header: dict[str, Any], conn: Connection) -> None:
+        ident = header["id"]
         try:
             done = await pipeline.batcher.submit(x)
         except Overloaded as exc:
-            writer.write(frame({"id": header["id"], "error": "Overloaded", "reason": exc.reason, "detail": str(exc)}))
-            return
+            answer = message({"id": ident, "error": "Overloaded", "reason": exc.reason, "detail": str(exc)})
         except Exception as exc:  # noqa: BLE001 - that request's server process answers it with a 500
-            writer.write(frame({"id": header["id"], "error": type(exc).__name__, "detail": str(exc)}))
-            return
-        logits = np.ascontiguousarray(done.logits)
-        writer.write(frame({"id": header["id"], "shape": list(logits.shape), "dtype": str(logits.dtype),
-                            "infer_s": done.infer_s, "batch_size": done.batch_size}, logits.tobytes()))
+            answer = message({"id": ident, "error": type(exc).__name__, "detail": str(exc)})
+        else:
+            logits = np.ascontiguousarray(done.logits)
+            answer = message({"id": ident, "shape": list(logits.shape), "dtype": str(logits.dtype),
+                              "infer_s": done.infer_s, "batch_size": done.batch_size}, logits.tobytes())
+        with suppress(OSError):  # the server process has gone: its connection's reader ends
+            conn.send_bytes(answer)
 
 
 async def _serve(app: str, path: str) -> int:
     settings = get_settings()
     batcher = Batcher(importlib.import_module(app.partition(":")[0]).load, settings)
     loop = asyncio.get_running_loop()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(path + ".new")
-        listener.listen(128)
-        listener.setblocking(False)
-        os.replace(path + ".new", path)  # server processes connect only once it accepts
-        log.info("batcher: serving the server processes at %s", path)
-        connections: set[asyncio.Task] = set()
+    connections: set[asyncio.Task] = set()
+    stop = asyncio.Event()
 
-        async def accept() -> None:
-            while True:
-                conn, _ = await loop.sock_accept(listener)
-                connections.add(task := asyncio.create_task(batcher.connection(conn)))
-                task.add_done_callback(connections.discard)
+    def start(conn: Connection) -> None:
+        if stop.is_set():
+            conn.close()
+            return
+        connections.add(task := loop.create_task(batcher.connection(conn)))
+        task.add_done_callback(connections.discard)
 
-        stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        accepting = asyncio.create_task(accept())
-        await stop.wait()
-        accepting.cancel()
-        await asyncio.gather(accepting, return_exceptions=True)
+    def accept(listener: Listener) -> None:  # a thread of its own: accept blocks while it checks the key
+        while True:
+            try:
+                conn = listener.accept()
+            except (AuthenticationError, EOFError, ConnectionError):
+                continue
+            except OSError:  # closed: stopping
+                return
+            try:
+                loop.call_soon_threadsafe(start, conn)
+            except RuntimeError:  # the loop has ended: the batcher is stopping
+                conn.close()
+                return
+
+    listener = Listener(path, "AF_UNIX", backlog=128, authkey=authkey(path))
+    threading.Thread(target=accept, args=(listener,), name="accept", daemon=True).start()
+    log.info("batcher: serving the server processes at %s", path)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    listener.close()
     # A stop drains the server processes first: they finish their requests here, then go. Exit 0 says they all
     # went (the service is stopping: nothing starts another batcher); 1, that some were still there.
     log.info("batcher: stopping once the %d server process(es) connected have gone", len(connections))

@@ -124,13 +124,6 @@ class Probe:
                 f"the cores in between; at best about {cpus * 1e3 / (self.preprocess_ms + self.infer_ms):.0f} images/s")
 
 
-def _lost_a_worker(pool: Executor) -> bool:
-    """Whether a worker process of ``pool`` has died. ProcessPoolExecutor notices a death in its own
-    thread, a moment later; a request submitted in between would fail although it never reached the
-    dead worker. Its ``_processes`` (pid -> Process) is the only place the workers are listed."""
-    return any(not process.is_alive() for process in list((getattr(pool, "_processes", None) or {}).values()))
-
-
 class Pipeline:
     def __init__(self, backend: Backend, settings: ServeSettings, metrics: Metrics | None = None,
                  batcher: type[MicroBatcher] = MicroBatcher):
@@ -179,9 +172,7 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         for _ in range(2):
             pool = self._pool
-            if _lost_a_worker(pool):  # died while idle, and the pool's own thread has not noticed yet
-                pool = self._replace(pool)
-            try:
+            try:  # a pool whose worker died while idle fails here, at once or once its own thread notices
                 return await loop.run_in_executor(pool, self._prepare, text)
             except BrokenProcessPool:
                 self._replace(pool)

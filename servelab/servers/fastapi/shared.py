@@ -8,7 +8,7 @@ front ends the same way). Each model copy would otherwise take a CUDA context an
 batches N times smaller.
 
 A server process writes a request's images into shared memory of its own (``Arena``: a slot per image) and
-sends the batcher a few bytes over a Unix socket: which slots, which shape. The arena is a file without a name
+sends the batcher a few bytes over a Unix socket (``multiprocessing.connection``, with a key): which slots. The arena is a file without a name
 (``memfd_create``) whose descriptor goes to the batcher over the socket: nothing of it is in /dev/shm, and the
 kernel frees it once both processes have closed it, however they end (a SIGKILL too). The batcher
 (``servelab.servers.fastapi.batcher_process``) copies them out, runs them in its batches and answers with
@@ -30,13 +30,14 @@ import json
 import logging
 import mmap
 import os
-import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -55,72 +56,68 @@ ARENA_SLOTS = 32  # images a server process may have at the batcher at once (mor
 CONNECT_S = 600.0  # how long a server process waits for the batcher: a restart loads and warms the model
 RETRY_S = 0.1
 RESTART_DELAY_S = 0.5
-_HEAD = struct.Struct("!II")  # a frame: header length, payload length, then the JSON header and the payload
 
 
-def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    text = json.dumps(header).encode()
-    return _HEAD.pack(len(text), len(payload)) + text + payload
+def authkey(path: str) -> bytes:
+    """The key every connection to the batcher at ``path`` proves it holds (``BatcherProcess`` writes it)."""
+    return Path(f"{path}.key").read_bytes()
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
-    """The next frame; ``asyncio.IncompleteReadError`` once the other end has gone."""
-    size, payload = _HEAD.unpack(await reader.readexactly(_HEAD.size))
-    return json.loads(await reader.readexactly(size)), await reader.readexactly(payload) if payload else b""
+def message(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    """A JSON header, then raw bytes (the logits): a JSON text holds no raw newline."""
+    return json.dumps(header).encode() + b"\n" + payload
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        if not (chunk := sock.recv(n - len(data))):
-            raise ConnectionError("the batcher process closed the connection")
-        data += chunk
-    return bytes(data)
+def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
+    header, _, payload = data.partition(b"\n")
+    return json.loads(header), payload
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    """The next frame's header from a blocking socket (the hellos carry no payload)."""
-    size, _ = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
-    return json.loads(_recv_exactly(sock, size))
-
-
-def recv_hello(sock: socket.socket) -> tuple[int | None, dict[str, Any]]:
-    """The batcher's side of ``hello``: the arena's descriptor (None: a connection that only checks the model)
-    and the model asked for."""
-    first, fds, _, _ = socket.recv_fds(sock, 1, 1)
-    if not first:
-        raise ConnectionError("the server process closed the connection")
-    return (fds[0] if fds else None), recv_frame(sock)
+async def received(conn: Connection) -> bytes:
+    """``conn``'s next message, read once it arrives, without blocking the event loop; EOFError once the other end
+    has gone. Sends stay blocking: each side reads all the time, and a server process's slots bound its answers."""
+    loop = asyncio.get_running_loop()
+    arrived = loop.create_future()
+    loop.add_reader(conn.fileno(), lambda: arrived.done() or arrived.set_result(None))
+    try:
+        await arrived
+    finally:
+        loop.remove_reader(conn.fileno())
+    return conn.recv_bytes()
 
 
 def hello(path: str, settings: ServeSettings, arena: int | None = None,
-          timeout_s: float = CONNECT_S) -> tuple[socket.socket, dict[str, Any]]:
+          timeout_s: float = CONNECT_S) -> tuple[Connection, dict[str, Any]]:
     """A blocking connection to the batcher at ``path`` serving ``settings``' model, and the model's description
     (the batcher loads and warms it first, where no connection has asked for it yet). ``arena``: the descriptor
-    of this process's arena, passed on the first byte (SCM_RIGHTS). Retries while the batcher starts; a model it
+    of this process's arena, passed after the hello (SCM_RIGHTS). Retries while the batcher starts; a model it
     cannot load raises what the batcher raised (FileNotFoundError, else RuntimeError)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = None
         try:
-            sock.connect(path)
-            socket.send_fds(sock, [b"\0"], [] if arena is None else [arena])
-            sock.sendall(frame({"model_dir": str(settings.model_dir), "variant": settings.onnx_variant}))
-            described = recv_frame(sock)
+            conn = Client(path, "AF_UNIX", authkey=authkey(path))
+            conn.send_bytes(json.dumps({"model_dir": str(settings.model_dir), "variant": settings.onnx_variant,
+                                        "arena": arena is not None}).encode())
+            if arena is not None:
+                send_handle(conn, arena, None)
+            described = json.loads(conn.recv_bytes())
             break
         # Not started yet, or a killed one's socket: refused, or accepted into its backlog and reset as it closes.
-        except (FileNotFoundError, ConnectionError):
-            sock.close()
+        except (FileNotFoundError, ConnectionError, EOFError):
+            if conn is not None:
+                conn.close()
             if time.monotonic() > deadline:
                 raise WorkerLost(f"no batcher process answers at {path} after {timeout_s:g} s") from None
             time.sleep(RETRY_S)
         except BaseException:
-            sock.close()
+            if conn is not None:
+                conn.close()
             raise
     if error := described.get("error"):
-        sock.close()
+        conn.close()
         raise (FileNotFoundError if error == "FileNotFoundError" else RuntimeError)(described["detail"])
-    return sock, described
+    return conn, described
 
 
 def slots_of(fd: int, shape: list[int], dtype: str) -> tuple[mmap.mmap, np.ndarray]:
@@ -175,7 +172,7 @@ class SharedBatcher:
         self.path, self.settings = path, settings
         fd = os.memfd_create("servelab-arena")
         try:  # blocking: in the app's load thread, before the loop
-            self._sock, self.described = hello(path, settings, fd)
+            self._conn, self.described = hello(path, settings, fd)
         except BaseException:
             os.close(fd)
             raise
@@ -183,7 +180,6 @@ class SharedBatcher:
         image = self.described["image"]
         # Sized before any request goes: the batcher maps it when the first arrives.
         self.arena = Arena(fd, max(ARENA_SLOTS, slots), image["shape"], image["dtype"])
-        self._writer: asyncio.StreamWriter | None = None
         self._waiting: dict[int, _Waiting] = {}
         self._ids = 0
         self._connected = asyncio.Event()
@@ -198,8 +194,11 @@ class SharedBatcher:
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(), name="shared-batcher")
 
-    async def _attach(self, sock: socket.socket) -> asyncio.StreamReader:
-        reader, self._writer = await asyncio.open_unix_connection(sock=sock)
+    def _send(self, header: dict[str, Any]) -> None:
+        with suppress(OSError):  # the batcher has gone: the reader sees it, and sends this again to the next
+            self._conn.send_bytes(message(header))
+
+    def _attach(self) -> None:
         for waiting in self._waiting.values():  # a new batcher: what the last one had not answered, again
             if waiting.future.done():  # its caller went away
                 continue
@@ -208,34 +207,32 @@ class SharedBatcher:
                 waiting.future.set_exception(WorkerLost("the batcher process died twice while this request waited "
                                                         "for its inference (it was restarted each time); retry"))
             else:
-                self._writer.write(frame(waiting.header))
+                self._send(waiting.header)
         self._waiting = {k: w for k, w in self._waiting.items() if not w.future.done()}
         self._connected.set()
-        return reader
 
     async def _run(self) -> None:
-        sock = self._sock
         while True:
-            reader = await self._attach(sock)
+            self._attach()
             try:
                 while True:
-                    header, payload = await read_frame(reader)
+                    header, payload = parse(await received(self._conn))
                     if (waiting := self._waiting.pop(header["id"], None)) is not None:
                         self._answer(waiting, header, payload)
-            except (asyncio.IncompleteReadError, ConnectionError):
+            except (EOFError, OSError):
                 self._connected.clear()
-                self._writer.close()
+                self._conn.close()
                 log.error("the batcher process went away with %d request(s) waiting; reconnecting", len(self._waiting))
-            sock = await self._reconnect()
+            self._conn = await self._reconnect()
 
-    async def _reconnect(self) -> socket.socket:
+    async def _reconnect(self) -> Connection:
         """A connection to the batcher started again, serving this model; meanwhile, requests wait for it."""
         while True:
             try:
-                sock, described = await asyncio.to_thread(hello, self.path, self.settings, self.arena.fd)
+                conn, described = await asyncio.to_thread(hello, self.path, self.settings, self.arena.fd)
                 if described["version"] == self.described["version"]:
-                    return sock
-                sock.close()  # the model's folder changed under the batcher: this model is gone
+                    return conn
+                conn.close()  # the model's folder changed under the batcher: this model is gone
                 why = f"the batcher serves version {described['version']} of it, not {self.described['version']}"
             except Exception as exc:  # noqa: BLE001 - said to the requests waiting, and tried again
                 why = f"{type(exc).__name__}: {exc}"
@@ -273,7 +270,7 @@ class SharedBatcher:
             except TimeoutError:
                 raise WorkerLost(f"the batcher process has not come back in {CONNECT_S:g} s; retry") from None
             self._waiting[ident] = waiting
-            self._writer.write(frame(header))
+            self._send(header)
             return await waiting.future
         finally:
             await self.arena.release(slots)
@@ -293,10 +290,7 @@ class SharedBatcher:
         for waiting in self._waiting.values():
             if not waiting.future.done():
                 waiting.future.set_exception(RuntimeError("the service is shutting down"))
-        if self._writer is not None:
-            self._writer.close()
-        else:
-            self._sock.close()
+        self._conn.close()
         self.arena.close()
 
 
@@ -305,6 +299,9 @@ class BatcherProcess:
 
     def __init__(self, app: str, path: Path, env: dict[str, str]):
         self.app, self.path, self.env = app, path, env
+        key = Path(f"{path}.key")  # what connections prove they know (authkey): this user's to read only
+        key.touch(0o600)
+        key.write_bytes(os.urandom(32))
         self.proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._started = threading.Event()
