@@ -13,6 +13,7 @@ where it is there.
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.core import tables
 from servelab.core.variants.build import RECORD_FILE, load_variants, variant_path
 from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
@@ -49,8 +50,7 @@ def markdown(found: list[Row], model_dir: Path) -> str:
     for row in found:
         if row.variant == BASELINE:
             baseline.setdefault(row.family, row.record.stats.throughput_rps)
-    lines = ["| stage | variant | model MB | top-1 agreement with fp32 | load | req/s | × fp32 | CPU ms / request |",
-             "|---|---|---:|---:|---|---:|---:|---:|"]
+    cells = []
     for row in found:
         path = variant_path(model_dir, row.variant)
         size = f"{path.stat().st_size / 1e6:.1f}" if path.exists() else "-"
@@ -59,6 +59,7 @@ def markdown(found: list[Row], model_dir: Path) -> str:
         rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
         ratio = f"{rps / base:.2f}" if base else "-"
         cpu = cpu_ms_per_request(row.record)
-        lines.append(f"| {row.stage} | {row.variant} | {size} | {agreement} | {row.record.load.label()} | {rps:.1f} | "
-                     f"{ratio} | {'-' if cpu is None else f'{cpu:.1f}'} |")
-    return "\n".join(lines)
+        cells.append((row.stage, row.variant, size, agreement, row.record.load.label(), f"{rps:.1f}", ratio,
+                      "-" if cpu is None else f"{cpu:.1f}"))
+    return tables.markdown(("stage", "variant", "model MB", "top-1 agreement with fp32", "load", "req/s", "× fp32",
+                            "CPU ms / request"), cells, "llrrlrrr")

@@ -15,7 +15,7 @@ def _short(node_id: str | None) -> str:
     return (node_id or "?")[:8]
 
 
-def placement_rows(records: list[Record]) -> list[str]:
+def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
     seen, rows = set(), []
     for r in records:
         per_node = r.config.get("replicas_per_node")
@@ -24,25 +24,22 @@ def placement_rows(records: list[Record]) -> list[str]:
         seen.add(r.stage)
         proxy = r.config.get("proxy_node_id")
         nodes = ", ".join(f"`{_short(n)}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
-        rows.append(f"| {r.stage} | {sum(per_node.values())} | {len(per_node)} | {nodes} |")
+        rows.append((r.stage, str(sum(per_node.values())), str(len(per_node)), nodes))
     return rows
-
-
 
 
 def _ray_timed(records: list[Record]) -> list[Record]:
     return [r for r in records if r.timeline is not None and r.config.get("run") != RunKind.OVERLOAD]
 
 
-def timeline_rows(records: list[Record]) -> list[str]:
+def timeline_rows(records: list[Record]) -> list[tuple[str, ...]]:
     rows = []
     for r in _ray_timed(records):
         t = r.timeline
         errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
         replicas = f"{min(t.replicas)}–{max(t.replicas)}" if t.replicas else "-"
-        rows.append(f"| {r.stage} | {r.config.get('run', '')} | {r.load.label()} | {r.stats.successes} | {errors} | "
-                    f"{'-' if t.recovery_s is None else f'{t.recovery_s:.1f}'} | "
-                    f"{r.stats.latency.max_ms or 0:.0f} | {replicas} |")
+        rows.append((r.stage, r.config.get("run", ""), r.load.label(), str(r.stats.successes), errors,
+                     num(t.recovery_s), f"{r.stats.latency.max_ms or 0:.0f}", replicas))
     return rows
 
 
@@ -137,13 +134,13 @@ def section(records: list[Record], out_dir: Path) -> list[str]:
     md = ["## Ray Serve: placement, step load, node failure", ""]
     if placement:
         md += ["Running replicas per Ray node id after each stage's deploy (the head runs the one HTTP proxy).", "",
-               "| stage | replicas | nodes | replicas per node id |", "|---|---:|---:|---|", *placement, ""]
+               markdown(("stage", "replicas", "nodes", "replicas per node id"), placement, "lrrl"), ""]
     if timed:
         md += ["Runs followed over time. Recovery = from the node's kill to the last failed request after it "
                "(0: none failed). Every failed request is counted by its kind (`http_500`: the proxy's answer for "
                "a request its replica died with; `timeout`: past the per-request timeout).", "",
-               "| stage | run | load | ok | errors | recovery s | max latency ms | running replicas |",
-               "|---|---|---|---:|---|---:|---:|---|", *timed, ""]
+               markdown(("stage", "run", "load", "ok", "errors", "recovery s", "max latency ms", "running replicas"),
+                        timed, "lllrlrrl"), ""]
         if plot_timelines(_ray_timed(records), out_dir / "ray_timelines.png"):
             md += ["![Ray Serve runs over time: throughput, latency, errors, replicas](ray_timelines.png)", ""]
     return md

@@ -30,7 +30,7 @@ from statistics import median
 from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
-from servelab.core.tables import prose
+from servelab.core.tables import markdown, prose
 from servelab.run.lab_run import LabRun, minutes
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
@@ -134,12 +134,10 @@ def triton_models() -> str:
                     "its own `1/model.onnx`")
         return "`python` backend, `1/model.py`"
 
-    rows = ["| model | on the lab node | locally (`make lab`, `servelab triton up`) |", "|---|---|---|"]
     any_stage = {m: s for s in STAGES.values() for m in s.triton.models}
-    for model in ALL_MODELS:
-        local = effective_config(any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING)
-        rows.append(f"| `{model}` | {runner(base_config(MODELS_STAGING, model))} | {runner(local)} |")
-    return "\n".join(rows)
+    return markdown(("model", "on the lab node", "locally (`make lab`, `servelab triton up`)"), [
+        (f"`{model}`", runner(base_config(MODELS_STAGING, model)), runner(effective_config(
+            any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING))) for model in ALL_MODELS])
 
 
 # --- what `make lab` runs ------------------------------------------------------------------------
@@ -153,12 +151,10 @@ def lab_stages() -> str:
 
     notes = {TritonFamily.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RayFamily.STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
-    rows = ["| stage | what it serves | in `make lab` (else `--full` only) |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.about}{notes[family_of(s).stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
+    table = markdown(("stage", "what it serves", "in `make lab` (else `--full` only)"), [
+        (f"`{s.name}`", s.about + notes[family_of(s).stand_in(s)], "yes" if s.tour else "") for s in LAB_STAGES])
     left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
-    if left_out:
-        rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
-    return "\n".join(rows)
+    return table + (f"\n\nOnly on the node: {', '.join(left_out)}." if left_out else "")
 
 
 def lab_requirements() -> str:
@@ -234,9 +230,7 @@ def lab_plans() -> str:
             ("perf_analyzer after servelab's client, same load", perf),
             ("Ray: worker node killed mid-load; step load (`ray-auto`)",
              lambda p: f"{p.failure_s:g} s; {' + '.join(f'{s:g}' for s in p.steps_s)} s")]
-    lines = ["| | the tour (`make lab`) | `--full` |", "|---|---|---|"]
-    lines += [f"| {what} | " + " | ".join(cell(p) for p in plans) + " |" for what, cell in rows]
-    return "\n".join(lines)
+    return markdown(("", "the tour (`make lab`)", "`--full`"), [(what, *map(cell, plans)) for what, cell in rows])
 
 
 def lab_summary() -> str:
@@ -301,15 +295,16 @@ def simulated_gpu() -> str:
                  f"{run['senders']} closed-loop senders for {run['seconds']:g} s on each service in turn; medians over "
                  "the rounds; the simulated GPU's busy share is batches per second times its wait; Triton's CPU is the "
                  "server's alone, as its client preprocesses:")
-    rows = ["| service | req/s | mean batch | simulated GPU busy | service CPU ms per request |", "|---|---:|---:|---:|---:|"]
+    rows = []
     for name in run["rounds"][0]:
         rps, batch, cpu = (median(r[name][key] for r in run["rounds"]) for key in ("rps", "mean_batch", "cpu_ms_per_request"))
         busy = median(r[name]["rps"] / r[name]["mean_batch"] * run["simulated_gpu_ms"] / 10 for r in run["rounds"])
-        rows.append(f"| {name} | {rps:.1f} | {batch:.2f} | {busy:.0f} % | {cpu:.1f} |")
-    ratios = ["| ratio of req/s | each round | median | aim |", "|---|---|---:|---:|"]
-    ratios += [f"| {r['top']} ÷ {r['bottom']} | {', '.join(f'{x:.2f}' for x in r['each_round'])} | "
-               f"**{r['median']:.2f}×** | ≥ {r['aim']:g}× |" for r in run["ratios"]]
-    return "\n".join([head, "", *rows, "", *ratios])
+        rows.append((name, f"{rps:.1f}", f"{batch:.2f}", f"{busy:.0f} %", f"{cpu:.1f}"))
+    ratios = [(f"{r['top']} ÷ {r['bottom']}", ", ".join(f"{x:.2f}" for x in r["each_round"]), f"**{r['median']:.2f}×**",
+               f"≥ {r['aim']:g}×") for r in run["ratios"]]
+    return "\n\n".join([head, markdown(("service", "req/s", "mean batch", "simulated GPU busy",
+                                         "service CPU ms per request"), rows, "lrrrr"),
+                         markdown(("ratio of req/s", "each round", "median", "aim"), ratios, "llrr")])
 
 
 def original(key: str) -> str:
