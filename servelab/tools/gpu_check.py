@@ -36,7 +36,7 @@ from typing import Any
 from servelab.core.catalogue import SERVICES
 from servelab.core.hardware import NO_GPU, describe, gpu_count, stack, stage_env
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
-from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT, checkout
 from servelab.core.procs import ServerProcess, free_port, log_tail
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
@@ -134,15 +134,8 @@ def stage_table(records: list[Record]) -> str:
 def checkout_commit(root: Path = REPO_ROOT) -> str | None:
     """The checkout's commit (short), "with local changes" where tracked files differ from it; None where
     git cannot say (a copy of the tree without .git)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout.strip()
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + (" with local changes" if changed else "")
+    found = checkout(root=root)
+    return found and found[0] + (" with local changes" if found[1] else "")
 
 
 def skipped_parts() -> dict[str, str]:
