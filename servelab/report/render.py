@@ -78,13 +78,6 @@ def _series_key(r: Record) -> str:
     return f"{r.stage}{tool}" + (f" b={r.batch}" if r.batch > 1 else "")
 
 
-def _new_figure(rows: int, cols: int, width: float = 6.0, height: float = 3.6):
-    from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
-
-    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
-    return fig, fig.subplots(rows, cols, squeeze=False)
-
-
 def _plot_batches(records: list[Record], out: Path) -> bool:
     runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
     # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
@@ -92,7 +85,7 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
     if not runs:
         return False
     sizes = sorted({b for r in runs for b in r.breakdown.batch_sizes})
-    fig, axes = _new_figure(1, 1, width=8.0)
+    fig, axes = plots.figure(1, 1, width=8.0, height=3.6, legend_room=0)
     ax = axes[0][0]
     width = 0.8 / len(runs)
     for i, r in enumerate(runs):
@@ -118,7 +111,7 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
     have_gpu = any(r.monitors.gpus for r in runs)
     have_rss = any(r.monitors.rss_mib for r in runs)
     panels = ["cpu"] + ["gpu", "gpu_mem"] * have_gpu + ["rss"] * have_rss
-    fig, axes = _new_figure(len(panels), 1, width=11.0, height=2.6)
+    fig, axes = plots.figure(len(panels), 1, width=11.0, height=2.6, legend_room=0)
     ax_of = {name: axes[i][0] for i, name in enumerate(panels)}
     offset = 0.0
     for r in runs:

@@ -9,6 +9,7 @@ from pathlib import Path
 from servelab.core.tables import markdown, num
 from servelab.measure.fractions import closed_run
 from servelab.measure.records import Record, RunKind
+from servelab.report.plots import figure
 
 
 def _short(node_id: str | None) -> str:
@@ -44,17 +45,12 @@ def timeline_rows(records: list[Record]) -> list[tuple[str, ...]]:
 
 
 def plot_timelines(records: list[Record], out: Path) -> bool:
-    import matplotlib  # deferred: matplotlib's import costs a second; only plotting needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: matplotlib's import costs a second; only plotting needs it
-
     runs = [r for r in records if r.timeline is not None]
     if not runs:
         return False
     # A third row of running replicas only where a run sampled them (Ray's step load and node failure).
     rows = 3 if any(r.timeline.replicas for r in runs) else 2
-    fig, axes = plt.subplots(rows, len(runs), figsize=(6.0 * len(runs), 2.5 * rows), squeeze=False, sharex="col")
+    fig, axes = figure(rows, len(runs), width=6.0, height=2.5, legend_room=0, sharex="col")
     for col, r in enumerate(runs):
         t = r.timeline
         mid = [x + t.bin_s / 2 for x in t.t_s]
@@ -83,9 +79,7 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
                 ax.axvline(at, color="tab:red", ls="--", lw=1)
                 if ax is top:
                     ax.text(at, ax.get_ylim()[1], f" {name}", fontsize=7, va="top", color="tab:red")
-    fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return True
 
 
