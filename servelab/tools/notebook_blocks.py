@@ -164,12 +164,14 @@ def lab_requirements() -> str:
     # Deferred: pip's, not a declared dependency; only this check needs it.
     from packaging.specifiers import SpecifierSet
 
+    from servelab.tools.gpu_constraints import pins  # deferred, with packaging
+
     requires = SpecifierSet(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
     wheel = importlib.metadata.distribution("nvidia-pytriton")
     glibc, arch = re.search(r"manylinux_(\d+_\d+)_(\w+)", wheel.read_text("WHEEL") or "").groups()
     stubs = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver" / "python_backend_stubs"
     pythons = sorted((v.name for v in stubs.iterdir() if v.name in requires), key=lambda v: tuple(map(int, v.split("."))))
-    numpy = re.search(r"^numpy==(\S+)", (REPO_ROOT / "constraints.txt").read_text(), re.MULTILINE)[1]
+    numpy = pins(REPO_ROOT / "constraints.txt")["numpy"]
     # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
     # version CI runs (`.ci/run`, `make test`), not every stub's.
     tested = pythons[0]
