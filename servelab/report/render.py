@@ -2,7 +2,8 @@
 ``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
 notebooks teach, its measured ratio, and a flag where it contradicts them), each stage's capacity and the
 curve its concurrency sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
-the servers' own counts, the warnings).
+the servers' own counts, the warnings). Their prose and the order of their sections are Jinja2 templates
+(``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections' tables and lines come from here.
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab load`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
@@ -18,8 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from servelab.core import tables
 from servelab.core.hardware import describe, int8_compute
+from servelab.core.paths import DATA_DIR
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.measure.fractions import CAPACITY, CLIENT_BOUND, capacity, client_bound_note, swept
@@ -27,6 +31,9 @@ from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.report import compare, lessons, plots, precision, server_view, timelines
 
+# report.md and report-tables.md: their prose, and where each section goes (servelab/data/*.md.j2).
+TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(DATA_DIR), trim_blocks=True, lstrip_blocks=True,
+                               undefined=jinja2.StrictUndefined)
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on", "client CPU ms/req")
 MAX_BATCH_RUNS = 8
@@ -169,38 +176,23 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     where = ", ".join(f"`{p}`" for p in sources) or "the given records"
     generated = f"Generated {now} from {len(records)} run records ({where})."
-    md = ["# servelab results", "", generated, ""]
-    md += lessons.summary(records, TABLES)
-    md += capacity_section(records)
-    if limit:
-        md += limit_section(records, limit)
-    made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
-    if made:
-        md += ["## Plots", "",
-               "Closed-loop, open-loop and CDF plots: servelab's client, one image per request, a row of panels per "
-               "family and one colour per stage throughout; perf_analyzer's runs and batched requests are in "
-               f"[{TABLES}]({TABLES}).", ""]
-        md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
-    md += _precision_section(records)
-    md += timelines.section(records, out_dir)
-    md += timelines.overload_section(records, out_dir)
-    if skipped:
-        md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
-    failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
-    if failed:
-        md += ["## Failed runs", "", *failed, ""]
-    stand_ins = sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in})
-    if stand_ins:
-        md += ["> **Stand-in models.** Numbers for these stages come from stand-ins, not the lab's models:", ">"]
-        md += [f"> - {note}" for note in stand_ins] + [""]
     warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
-    if warnings:
-        md += [f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''} from the runs: in [{TABLES}]({TABLES}).", ""]
-    md += hardware_section(records)
-    md += ["## Machines", ""] + [f"- {line}" for line in _machines(records)]
+    found, model_dir = precision.rows(records), get_settings().model_dir
     path = out_dir / "report.md"
-    path.write_text("\n".join(md) + "\n", encoding="utf-8")
-    (out_dir / TABLES).write_text("\n".join(_tables(records, generated, warnings)) + "\n", encoding="utf-8")
+    path.write_text(TEMPLATES.get_template("report.md.j2").render(
+        generated=generated, lessons=lessons.summary(records, TABLES), capacity=capacity_section(records), limit=limit,
+        limit_parts=limit and [limit_markdown(limit), against_limit(records, limit), simple_app_line(limit)],
+        plots=[(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)], tables=TABLES,
+        precision=found and precision.markdown(found, model_dir), model_dir=model_dir,
+        timelines=timelines.section(records, out_dir) + timelines.overload_section(records, out_dir),
+        skipped=skipped, failed=[r for r in records if r.failed], warnings=warnings,
+        stand_ins=sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in}),
+        hardware=hardware_section(records), machines=_machines(records)), encoding="utf-8")
+    pairs = compare.pairs(records)
+    (out_dir / TABLES).write_text(TEMPLATES.get_template("report-tables.md.j2").render(
+        generated=generated, runs=markdown_table(records), client_bound=CLIENT_BOUND, tolerance=compare.TOLERANCE,
+        pairs=pairs and compare.markdown(pairs), server_view=server_view.markdown(records), warnings=warnings),
+        encoding="utf-8")
     return path
 
 
@@ -225,66 +217,6 @@ def capacity_section(records: list[Record]) -> list[str]:
             "window, then its measured windows); the lessons above compare these capacities.", "",
             tables.markdown(("stage", "capacity req/s", "at", "curve (senders: req/s / p50 / p99)", "sweep ended"),
                             rows, "lrlll"), ""]
-
-
-def limit_section(records: list[Record], limit: Limit) -> list[str]:
-    """Every stage's best run as a share of what this machine's cores could serve (``servelab.measure.limit``)."""
-    return ["## This machine's limit", "",
-            f"The most requests/s this machine could serve of {limit.photo} with the fp32 model if nothing were "
-            "wasted, from what each part delivered in this run with every core on it: the model alone (on a GPU, "
-            "its ceiling there), preprocessing, HTTP. A stage with a cheaper model (a variant) or whose client "
-            "preprocesses can pass it; the rest went to waiting, to threads in each other's way, or to work the "
-            "limit does not count.", "",
-            limit_markdown(limit), "", against_limit(records, limit), "", simple_app_line(limit), ""]
-
-
-def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[str]:
-    """``report-tables.md``: the long tables, every run in them (``report.md`` links here)."""
-    md = ["# servelab results: every run", "", f"{generated} The lessons and plots are in [report.md](report.md).", ""]
-    md += [
-        "## Comparison", "", markdown_table(records), "",
-        "Latency is client-side, in milliseconds, over successful requests (open loop: from the *scheduled* "
-        "send time). req/s = successful requests / measured wall time; img/s = req/s x batch. Errors are "
-        "never counted as successes; a FAILED run measured nothing (its reason is under Failed runs in report.md). "
-        "Offered req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really "
-        "sent at). queue / service ms are server-side means per request (FastAPI "
-        "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
-        "(queue + service); mean batch = batch size the server formed. `-` = not measured. req/s marked "
-        f"({CLIENT_BOUND}): servelab's client could not keep up with the server (its busiest sender's event loop was "
-        "on the CPU over half the window, each run's `client` says): the figure is the client's limit, not the server's. "
-        "Client CPU ms/req: servelab's client, its sender processes' event loops on the CPU per request answered (on "
-        "a shared machine, time the server did not get).", "",
-    ]
-    found = compare.pairs(records)
-    if found:
-        md += [
-            "## Two clients, one server: perf_analyzer vs servelab", "",
-            "The same stage, photo and load measured by both clients back to back. The ratio is perf_analyzer ÷ "
-            f"servelab; a throughput or median ratio outside {1 - compare.TOLERANCE:.1f}–{1 + compare.TOLERANCE:.1f} "
-            "is flagged. perf_analyzer reports its last three stable measurement windows; servelab the same number "
-            "of windows of the same seconds (a lab's plan), or of requests, after a warm-up. In request-rate mode perf_analyzer counts latency from the "
-            "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
-            "the scheduled send.", "", compare.markdown(found), "",
-        ]
-    md += server_view.markdown(records)
-    if warnings:
-        md += ["## Warnings", "", *warnings, ""]
-    return md
-
-
-def _precision_section(records: list[Record]) -> list[str]:
-    """The model variants side by side (servelab.report.precision), where the records have them."""
-    found = precision.rows(records)
-    if not found:
-        return []
-    return [
-        "## Model variants: size, agreement, CPU time", "",
-        "Each variant stage's run at its capacity (servelab's client). × fp32 = req/s ÷ the "
-        "fp32 stage of the same server (fastapi-onnx, onnx-1). CPU ms / request = mean CPU % × cores × wall time ÷ "
-        "successful requests: the whole machine, client included. Model MB and agreement (top-1 with fp32) come "
-        f"from `{get_settings().model_dir}` as it is now.", "",
-        precision.markdown(found, get_settings().model_dir), "",
-    ]
 
 
 def hardware_section(records: list[Record]) -> list[str]:
