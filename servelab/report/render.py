@@ -184,7 +184,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
         limit_parts=limit and [limit_markdown(limit), against_limit(records, limit), simple_app_line(limit)],
         plots=[(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)], tables=TABLES,
         precision=found and precision.markdown(found, model_dir), model_dir=model_dir,
-        timelines=timelines.section(records, out_dir) + timelines.overload_section(records, out_dir),
+        **timelines.sections(records, out_dir),
         skipped=skipped, failed=[r for r in records if r.failed], warnings=warnings,
         stand_ins=sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in}),
         hardware=hardware_section(records), machines=_machines(records)), encoding="utf-8")
