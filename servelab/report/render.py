@@ -197,7 +197,8 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
 
 
 def capacity_section(records: list[Record]) -> list[str]:
-    """Each stage's capacity and the curve its sweep measured (``fractions.curve``), where the records hold one."""
+    """The table of each stage's capacity and the curve its sweep measured (``fractions.curve``), where the
+    records hold one ([]: none); ``report.md.j2`` says what it is."""
     rows = []
     for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
         if not (found := swept(records, stage)):
@@ -208,15 +209,8 @@ def capacity_section(records: list[Record]) -> list[str]:
         at = "one at a time" if said["concurrency"] == 1 else f"{said['concurrency']} senders"
         rows.append((stage, num(said["throughput_rps"]) + client_bound_note(capacity(records, stage)), at, points,
                      said["stopped"]))
-    if not rows:
-        return []
-    return ["## Capacity: each stage's concurrency sweep", "",
-            "A stage's capacity is the highest throughput of its sweep (servelab's client): one request at a time, "
-            "then doubling senders until a doubling adds less than the growth asked (the knee), or the cap. The curve "
-            "is senders: req/s / p50 ms / p99 ms, each point one closed-loop run of the plan's windows (a warm-up "
-            "window, then its measured windows); the lessons above compare these capacities.", "",
-            tables.markdown(("stage", "capacity req/s", "at", "curve (senders: req/s / p50 / p99)", "sweep ended"),
-                            rows, "lrlll"), ""]
+    return rows and [tables.markdown(("stage", "capacity req/s", "at", "curve (senders: req/s / p50 / p99)",
+                                      "sweep ended"), rows, "lrlll")]
 
 
 def hardware_section(records: list[Record]) -> list[str]:
