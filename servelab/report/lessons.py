@@ -46,7 +46,7 @@ from servelab.measure.fractions import (
     where,
 )
 from servelab.measure.records import Record, RunKind
-from servelab.report import compare
+from servelab.report import TEMPLATES, compare
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
 ROLLOUT_SWITCH_AIM_S = 1.0  # from the new version ready to its first answer in the records (issue 35's aim)
@@ -424,58 +424,23 @@ def _spread_words(found: Spread | None) -> str:
 
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
-    """The report's first section: the lessons, each with its measured figures, contradictions flagged."""
-    device = device_of(records)
-    found = findings(records)
-    flagged = sum(bool(f.contradicts) for _, fs in found for f in fs)
-    md = ["## What this run shows", "",
-          f"Each change the notebooks teach, measured in this run ({device.upper()}): *what changed*, then what it did "
-          f"as a ratio of two runs (closed loop, servelab's client: each stage's capacity, the highest requests/s of "
-          f"its concurrency sweep, with the median latency of both at one stated concurrency beside it), and its spread over "
-          f"the windows the two runs were measured in (any window of one over any window of the other): a spread that "
-          f"includes 1 is {NO_CHANGE}, whatever the ratio. *Why* is what the notebooks say; a measurement whose whole "
-          f"spread goes the other way (without windows: the ratio, by more than {NOISE:.0%}) is marked ⚠. "
-          + (f"**{flagged} measurement{'s' if flagged != 1 else ''} contradict{'s' if flagged == 1 else ''} the "
-             f"notebooks.**" if flagged else "No measurement contradicts the notebooks."), ""]
-    unmeasured, missing_pairs = [], []
+    """The report's first section (``lessons.md.j2``), as Markdown lines: the lessons, each with its measured
+    figures, contradictions flagged; then how far to trust them (stand-ins, failed runs, the two clients'
+    agreement)."""
+    device, found, pairs = device_of(records), findings(records), compare.pairs(records)
+    measured, unmeasured, missing = [], [], []
     for lesson, fs in found:
         e = _expect(lesson.key, device)
         if not fs:
             unmeasured.append(lesson.title)
             continue
-        md.append(f"- **{lesson.title}**. *Why:* {e.says}"
-                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))}).")
-        md += [_line(f) for f in fs]
-        missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
-                   and not (device == "cpu" and _needs_gpu(t, b))]
-        missing_pairs += missing
-    if unmeasured or missing_pairs:
-        # One line, last: a tour (the default `make lab`) leaves most pairs out on purpose.
-        md.append("- *Not measured in this run* (`servelab lab --full` measures every stage): "
-                  + "; ".join(filter(None, (", ".join(unmeasured), ", ".join(missing_pairs)))) + ".")
-    md.append("")
-    md += _trust(records)
-    if tables_file:
-        md += [f"Every run's figures, the two clients side by side and the servers' own counts are in "
-               f"[{tables_file}]({tables_file}).", ""]
-    return md
-
-
-def _trust(records: list[Record]) -> list[str]:
-    """How far to trust the figures: stand-ins, failed runs, the two clients' agreement."""
-    lines = []
-    pairs = compare.pairs(records)
-    if pairs:
-        agree = sum(p.verdict == "agree" for p in pairs)
-        lines.append(f"- The two clients (perf_analyzer, servelab) agree within {compare.TOLERANCE:.0%} on {agree} of "
-                     f"{len(pairs)} runs measured by both."
-                     + (" Where they do not, the lessons' ratios use servelab's figures: it measures every stage of "
-                        "every family the same way, so each ratio compares like with like (perf_analyzer measures "
-                        "Triton's stages alone)." if agree < len(pairs) else ""))
-    failed = sum(bool(r.failed) for r in records)
-    if failed:
-        lines.append(f"- {failed} of {len(records)} runs measured nothing (Failed runs, below).")
-    if any(r.stand_in for r in records):
-        lines.append(f"- {len({r.stage for r in records if r.stand_in})} stages ran with local stand-ins (below): "
-                     "compare their ratios, not their absolute figures, with the node's.")
-    return ["*How far to trust these figures:*", "", *lines, ""] if lines else []
+        notebooks = e.notebook or ", ".join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))
+        measured.append((lesson.title, e.says, notebooks, [_line(f) for f in fs]))
+        missing += [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
+                    and not (device == "cpu" and _needs_gpu(t, b))]
+    return TEMPLATES.get_template("lessons.md.j2").render(
+        device=device, no_change=NO_CHANGE, noise=NOISE, flagged=sum(bool(f.contradicts) for _, fs in found for f in fs),
+        measured=measured, not_measured="; ".join(filter(None, (", ".join(unmeasured), ", ".join(missing)))),
+        pairs=len(pairs), agree=sum(p.verdict == "agree" for p in pairs), tolerance=compare.TOLERANCE,
+        failed=sum(bool(r.failed) for r in records), runs=len(records),
+        stand_ins=len({r.stage for r in records if r.stand_in}), tables_file=tables_file).split("\n")[:-1]

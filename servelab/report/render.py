@@ -19,21 +19,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from servelab.core import tables
 from servelab.core.hardware import describe, int8_compute
-from servelab.core.paths import DATA_DIR
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.measure.fractions import CAPACITY, CLIENT_BOUND, capacity, client_bound_note, swept
 from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
-from servelab.report import compare, lessons, plots, precision, server_view, timelines
+from servelab.report import TEMPLATES, compare, lessons, plots, precision, server_view, timelines
 
-# report.md and report-tables.md: their prose, and where each section goes (servelab/data/*.md.j2).
-TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(DATA_DIR), trim_blocks=True, lstrip_blocks=True,
-                               undefined=jinja2.StrictUndefined)
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on", "client CPU ms/req")
 MAX_BATCH_RUNS = 8

@@ -45,7 +45,7 @@ from servelab.measure.fractions import closed_run, fractions_markdown, ratios
 from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load, Record, read_records
 from servelab.measure.targets import FastAPITarget
-from servelab.report.render import TEMPLATES
+from servelab.report import TEMPLATES
 from servelab.run.lab import preflight
 from servelab.run.lab_run import RUN_FILE
 from servelab.run.plan import LAB_STAGES
