@@ -35,7 +35,7 @@ from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGE
 from servelab.core.hardware import int8_compute
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
-from servelab.core.variants.build import RECORD_FILE, load_variants
+from servelab.core.variants.build import agreements
 from servelab.measure.fractions import (
     WINDOWS,
     capacity,
@@ -233,14 +233,6 @@ def _mean_batch(a: Record, b: Record) -> str:
     return f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""
 
 
-def _agreements() -> dict[str, float]:
-    """Top-1 agreement with fp32 per variant, as ``servelab models build`` recorded it (where it did)."""
-    model_dir = get_settings().model_dir
-    if not (model_dir / RECORD_FILE).exists():
-        return {}
-    return {v.name: v.agreement.top1 for v in load_variants(model_dir).variants}
-
-
 # The variants the catalogue's stages serve against fp32, in its order (each its own lesson).
 VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.variant and s.lesson == f"variant {s.variant}"))
 
@@ -258,7 +250,7 @@ def int8_on_cpu(record: Record, device: str) -> tuple[Expect, str]:
 
 def _variant(variant: str):
     def agreement(a: Record, b: Record) -> str:
-        top1 = _agreements().get(variant)
+        top1 = agreements(get_settings().model_dir).get(variant)
         return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
     return _throughput(Lesson.of_variant(variant), agreement, int8_on_cpu if variant == "int8" else None)
 

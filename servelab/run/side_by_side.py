@@ -77,7 +77,7 @@ from servelab.core.preprocess import (
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown
-from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.core.variants.build import agreements, machine
 from servelab.measure.ceiling import ceiling_markdown, measure_ceiling
 from servelab.measure.fractions import fractions_markdown
 from servelab.measure.records import read_records
@@ -339,14 +339,14 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
     settings = get_settings().model_copy(update={"max_batch_size": 1})
-    built = load_variants(settings.model_dir) if (settings.model_dir / RECORD_FILE).exists() else None
+    top1 = agreements(settings.model_dir)
     backends, skipped = {}, []
     for name in ["fp32", *args.variants]:
         try:
             backends[name] = load_backend("onnx", settings.model_copy(update={"onnx_variant": name}))
         except (GPUUnavailable, FileNotFoundError) as exc:
             skipped.append(f"{name}: {exc}")
-    rows = [VariantRows(name, built.get(name).agreement.top1 if built else None,
+    rows = [VariantRows(name, top1.get(name),
                         Row(f"{name}, in-process, {c} callers"), Row(f"{name}, HTTP, {c} senders"))
             for name in backends]
     with ExitStack() as stack:
