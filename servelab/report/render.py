@@ -185,7 +185,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     pairs = compare.pairs(records)
     (out_dir / TABLES).write_text(TEMPLATES.get_template("report-tables.md.j2").render(
         generated=generated, runs=markdown_table(records), client_bound=CLIENT_BOUND, tolerance=compare.TOLERANCE,
-        pairs=pairs and compare.markdown(pairs), server_view=server_view.markdown(records), warnings=warnings),
+        pairs=pairs and compare.markdown(pairs), prometheus=server_view.section(records), warnings=warnings),
         encoding="utf-8")
     return path
 
