@@ -22,9 +22,10 @@ def register(subparsers) -> None:
     run.add_argument("args", nargs="*", help="perf_analyzer's own arguments")
     run.set_defaults(func=_run_perf_analyzer)
     register_tool(subparsers, "prometheus", prometheus, prometheus.PrometheusNotFound, "prometheus",
-                  "Debian's prometheus into this environment, unpacked (no root)", help="install or check the Prometheus the lab scrapes "
-                                                                   "its servers with")
-    register_tool(subparsers, "redis", redis, redis.RedisNotFound, "redis", "Debian's redis-server into this environment, unpacked (no root)",
+                  "Debian's prometheus into this environment, unpacked (no root)",
+                  help="install or check the Prometheus the lab scrapes its servers with")
+    register_tool(subparsers, "redis", redis, redis.RedisNotFound, "redis",
+                  "Debian's redis-server into this environment, unpacked (no root)",
                   help="install or check the redis-server of the response cache")
 
 
