@@ -31,12 +31,17 @@ from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.tables import markdown, prose
+from servelab.report import TEMPLATES
 from servelab.run.lab_run import LabRun, minutes
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
 # backquote or ``<`` in it: the markers quoted in inline code are no part).
 BLOCK = re.compile(r"(?P<start><!-- generated: (?P<spec>[^>]*?) -->(?P<newline>\n)?)(?P<body>(?(newline).*?|[^`<\n]*?))"
                    r"(?P<end><!-- end generated -->)", re.DOTALL)
+
+
+# The parts' prose, a macro a paragraph (servelab/data/notebook-blocks.md.j2).
+BLOCKS = TEMPLATES.get_template("notebook-blocks.md.j2").module
 
 
 # --- code ----------------------------------------------------------------------------------------
@@ -174,12 +179,8 @@ def lab_requirements() -> str:
     numpy = pins(REPO_ROOT / "constraints.txt")["numpy"]
     # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
     # version CI runs (`.ci/run`, `make test`), not every stub's.
-    tested = pythons[0]
-    return prose(f"Linux on {arch.replace('_', '-')} with glibc {glibc.replace('_', '.')} or newer, and Python "
-                 f"{tested} with its shared library `libpython{tested}` (on Debian and Ubuntu, the package of that name) "
-                 f"for the bundled `tritonserver`. No GPU, no Docker. Python {tested} is the version CI runs; the "
-                 f"bundled server also has stubs for {' and '.join(pythons[1:])}, but the pins of `constraints.txt` are "
-                 f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
+    return prose(BLOCKS.lab_requirements(arch.replace("_", "-"), glibc.replace("_", "."), pythons[0],
+                                         " and ".join(pythons[1:]), numpy))
 
 
 LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's results/run.json
@@ -188,12 +189,7 @@ LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's
 def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
 
-    run = LabRun.read(LAB_RUN)
-    return prose(f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
-                 f"machine ({run.machine}; `docs/records/make-lab.json`): {minutes(run.models_s)} to build the model and "
-                 f"its variants (a first run; later runs reuse them), then {minutes(run.total_s - run.models_s)} for "
-                 f"its {len(run.stages)} stages. `make lab-full` (`servelab lab --full`) measures every stage with every "
-                 "load and both clients.")
+    return prose(BLOCKS.lab_time(LabRun.read(LAB_RUN), minutes))
 
 
 def lab_plans() -> str:
@@ -271,8 +267,7 @@ def gpu_record(key: str) -> str:
     record = tomllib.loads(GPU_RECORD.read_text(encoding="utf-8"))
     step = record[key]
     figures = "; ".join(f"{f['measures']} {f['value']:g} {f['unit']}" for f in step["figures"])
-    return prose(f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
-                 f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
+    return prose(BLOCKS.gpu_record(record, step, figures, GPU_RECORD.name))
 
 
 SIMULATED_GPU_RECORD = REPO_ROOT / "docs" / "records" / "simulated-gpu-2cpu.json"  # benchmarks/shared_batcher.py's
@@ -287,16 +282,7 @@ def simulated_gpu() -> str:
     batch_1 = next(f["value"] for f in h200["fp16-vs-fp32"]["figures"] if f["measures"] == "fp32, batch 1")
     cores, cpus = (int(re.search(pattern, text)[1]) for pattern, text in ((r"(\d+) Xeon cores", h200["machine"]),
                                                                             (r"(\d+) CPUs", run["machine"])))
-    head = prose(f"**A simulation, not a GPU**: `{run['command']}` at {run['commit']}, {run['date']}, on {run['machine']}, "
-                 f"shared with other sessions (load average {run['load_average_before']:.1f} before, "
-                 f"{run['load_average_after']:.1f} after; `docs/records/{SIMULATED_GPU_RECORD.name}`). "
-                 f"{run['stand_in']}. Its {run['simulated_gpu_ms']:g} ms is the H200's fp32 batch of one ({batch_1:g} ms, "
-                 f"`docs/records/{GPU_H200_RECORD.name}`) times its host's {cores} cores over these {cpus} "
-                 f"({batch_1 * cores / cpus:.1f} ms): the simulated GPU stands to these CPUs as the H200 stood to its own. "
-                 f"{len(run['rounds'])} rounds of "
-                 f"{run['senders']} closed-loop senders for {run['seconds']:g} s on each service in turn; medians over "
-                 "the rounds; the simulated GPU's busy share is batches per second times its wait; Triton's CPU is the "
-                 "server's alone, as its client preprocesses:")
+    head = prose(BLOCKS.simulated_gpu(run, SIMULATED_GPU_RECORD.name, batch_1, GPU_H200_RECORD.name, cores, cpus))
     rows = []
     for name in run["rounds"][0]:
         rps, batch, cpu = (median(r[name][key] for r in run["rounds"]) for key in ("rps", "mean_batch", "cpu_ms_per_request"))
