@@ -12,32 +12,34 @@ from servelab.core.installers.opt_tools import InstallError, cmd_check, cmd_inst
 
 
 def register(subparsers) -> None:
-    register_perf_analyzer(subparsers)
-    register_prometheus(subparsers)
-    register_redis(subparsers)
-
-
-def register_perf_analyzer(subparsers) -> None:
-    p = subparsers.add_parser(
-        "perf-analyzer", help="install, check or run perf_analyzer (with its libraries on the library path)",
-        description="perf_analyzer, the same way locally and on the lab node: `servelab perf-analyzer run -- -m "
-                    "food_classifier -u 127.0.0.1:8000` runs it; `servelab load perf-analyzer` records its results.")
-    sub = p.add_subparsers(dest="pa_command", required=True)
-    inst = sub.add_parser("install", help="extract the pinned perf_analyzer into this environment (downloads once)")
-    inst.add_argument("--if-missing", action="store_true", help="do nothing when the pinned copy is already installed")
-    inst.set_defaults(func=_install_perf_analyzer)
-    sub.add_parser("check", help="say which perf_analyzer would run, or how to get one").set_defaults(func=_check_perf_analyzer)
-    run = sub.add_parser("run", help="run perf_analyzer with the given arguments (put them after --)")
+    pa = register_tool(subparsers, "perf-analyzer", perf_analyzer, perf_analyzer.PerfAnalyzerNotFound, "perf_analyzer",
+                       "the pinned perf_analyzer into this environment, from its wheels (downloads once)",
+                       help="install, check or run perf_analyzer (with its libraries on the library path)",
+                       description="perf_analyzer, the same way locally and on the lab node: `servelab perf-analyzer "
+                                   "run -- -m food_classifier -u 127.0.0.1:8000` runs it; `servelab load perf-analyzer` "
+                                   "records its results.")
+    run = pa.add_parser("run", help="run perf_analyzer with the given arguments (put them after --)")
     run.add_argument("args", nargs="*", help="perf_analyzer's own arguments")
     run.set_defaults(func=_run_perf_analyzer)
+    register_tool(subparsers, "prometheus", prometheus, prometheus.PrometheusNotFound, "prometheus",
+                  "Debian's prometheus into this environment, unpacked (no root)",
+                  help="install or check the Prometheus the lab scrapes its servers with")
+    register_tool(subparsers, "redis", redis, redis.RedisNotFound, "redis",
+                  "Debian's redis-server into this environment, unpacked (no root)",
+                  help="install or check the redis-server of the response cache")
 
 
-def _install_perf_analyzer(args) -> int:
-    return cmd_install("perf_analyzer", args.if_missing, perf_analyzer.installed, perf_analyzer.install)
-
-
-def _check_perf_analyzer(args) -> int:
-    return cmd_check("perf_analyzer", perf_analyzer.locate, perf_analyzer.PerfAnalyzerNotFound)
+def register_tool(subparsers, command: str, module, not_found: type[Exception], tool: str, what: str, **parser):
+    """``servelab <command> install | check`` for a binary the project installs into this environment (``module``:
+    its installer, with ``installed``, ``install`` and ``locate``); its subcommands, for more."""
+    sub = subparsers.add_parser(command, **parser).add_subparsers(dest="tool_command", required=True)
+    inst = sub.add_parser("install", help=f"install {what}")
+    inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")
+    inst.set_defaults(func=lambda args: cmd_install(tool, args.if_missing, module.installed, module.install,
+                                                    (InstallError, not_found, subprocess.SubprocessError)))
+    sub.add_parser("check", help=f"say which {tool} would run, or how to get one").set_defaults(
+        func=lambda args: cmd_check(tool, module.locate, not_found))
+    return sub
 
 
 def _run_perf_analyzer(args) -> int:
@@ -47,25 +49,3 @@ def _run_perf_analyzer(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     os.execve(pa.path, [str(pa.path), *args.args], pa.env())  # its exit code is ours
-
-
-def register_debian_tool(subparsers, name: str, what: str, module, not_found: type[Exception]) -> None:
-    """``servelab <name> install | check`` for a tool unpacked from Debian's packages into this environment
-    (``module``: its installer, with ``installed``, ``install`` and ``locate``)."""
-    p = subparsers.add_parser(name, help=f"install or check {what}")
-    sub = p.add_subparsers(dest="tool_command", required=True)
-    inst = sub.add_parser("install", help=f"unpack Debian's {name} into this environment (no root)")
-    inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")
-    inst.set_defaults(func=lambda args: cmd_install(name, args.if_missing, module.installed, module.install,
-                                                    (InstallError, not_found, subprocess.SubprocessError)))
-    sub.add_parser("check", help=f"say which {name} would run, or how to get one").set_defaults(
-        func=lambda args: cmd_check(name, module.locate, not_found))
-
-
-def register_prometheus(subparsers) -> None:
-    register_debian_tool(subparsers, "prometheus", "the Prometheus the lab scrapes its servers with", prometheus,
-                         prometheus.PrometheusNotFound)
-
-
-def register_redis(subparsers) -> None:
-    register_debian_tool(subparsers, "redis", "the redis-server of the response cache", redis, redis.RedisNotFound)

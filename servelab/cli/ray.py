@@ -54,18 +54,14 @@ def _up(args) -> int:
     print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
           f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")
     try:
-        info = deploy_stage(args.stage, cluster.address)
+        return _deploy(args, cluster.address)
     except BaseException:
         stop_saved()
         raise
-    print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
-    _print_placement(info)
-    return 0
 
 
-def _deploy(args) -> int:
-    settings = get_settings()
-    info = deploy_stage(args.stage, _address(args))
+def _deploy(args, address: str | None = None) -> int:
+    settings, info = get_settings(), deploy_stage(args.stage, address or _address(args))
     print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
     _print_placement(info)
     return 0
@@ -107,6 +103,10 @@ def _down(args) -> int:
     return 0
 
 
+def _add_address(p) -> None:
+    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+
+
 def register(subparsers) -> None:
     ray = subparsers.add_parser("ray", help="Ray Serve stages on a (local, multi-node) Ray cluster")
     sub = ray.add_subparsers(dest="ray_command", required=True)
@@ -116,17 +116,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=_up)
     p = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")
     p.add_argument("--stage", choices=list(STAGES), required=True)
-    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+    _add_address(p)
     p.set_defaults(func=_deploy)
     p = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
     p.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
     p.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
     p.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
-    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+    _add_address(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_rollout)
     p = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
-    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+    _add_address(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_status)
     p = sub.add_parser("down", help="stop the cluster `servelab ray up` started")

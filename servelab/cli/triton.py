@@ -47,10 +47,6 @@ def register(subparsers) -> None:
     sub.add_parser("down", help="stop the tritonserver `up` started").set_defaults(func=_down)
 
 
-def _settings():
-    return get_settings()
-
-
 def _stages(args) -> int:
     for stage in stages.STAGES.values():
         print(f"{stage.name:9} {stage.triton.model:25} {stage.about}")
@@ -58,7 +54,7 @@ def _stages(args) -> int:
 
 
 def _render(args) -> int:
-    settings = _settings()
+    settings = get_settings()
     kind = stages.resolve_kind(args.kind or settings.triton_instance_kind)
     stage = stages.STAGES[args.name]
     for model in stage.triton.models:
@@ -74,7 +70,7 @@ def _up(args) -> int:
         print(f"triton: already running (pid {running['pid']}, {running['url']}, stage {running['stage']}); "
               "`servelab triton stage NAME` switches it, `servelab triton down` stops it")
         return 1
-    settings = _settings()
+    settings = get_settings()
     http = args.port or urlsplit(f"//{server.server_address(settings.triton_server_url)}").port or 8000
     ports = server.Ports(http, args.grpc_port or http + 1, args.metrics_port or http + 2)
     stage = stages.STAGES[args.stage]

@@ -1,5 +1,6 @@
 """Where things live: the checkout, the bundled photos, generated artifacts and results."""
 
+import subprocess
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # servelab/, this file being servelab/core/paths.py
@@ -13,3 +14,16 @@ MODELS_STAGING = REPO_ROOT / "models_staging"
 def sample_images() -> list[Path]:
     """The real photos shipped with the package (see data/README.md)."""
     return sorted(p for p in DATA_DIR.iterdir() if p.suffix.lower() in {".jpg", ".jpeg", ".png"})
+
+
+def checkout(*paths: str, root: Path = REPO_ROOT, digits: int = 7) -> tuple[str, bool] | None:
+    """The checkout's commit (``digits`` hex digits at least) and whether tracked files (of ``paths``; none:
+    all) differ from it; None where git cannot say (a copy of the tree without .git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    try:
+        return (git("rev-parse", f"--short={digits}", "HEAD"),
+                bool(git("status", "--porcelain", "--untracked-files=no", "--", *paths)))
+    except (OSError, subprocess.SubprocessError):
+        return None

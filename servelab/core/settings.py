@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from servelab.core.paths import REPO_ROOT
 from servelab.core.preprocess import DEFAULT_MAX_PIXELS
+from servelab.core.tables import markdown
 
 OnnxVariant = Literal["fp32", "u8", "int8", "int8dyn", "fp16"]
 
@@ -158,9 +159,7 @@ def get_settings() -> Settings:
     return Settings()
 
 
-SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (ModelSettings, ServeSettings, FlaskSettings, TritonSettings,
-                                                     RaySettings, BenchSettings, MonitoringSettings, ToolSettings,
-                                                     ContainerSettings)
+SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = Settings.__bases__  # each role's, in the table's order
 
 
 CONFIGURATION_DOC = REPO_ROOT / "docs" / "configuration.md"
@@ -170,7 +169,7 @@ TABLE_END = "<!-- end of settings table -->"
 
 def markdown_table() -> str:
     """The configuration table of docs/configuration.md: variable, default, used by, meaning."""
-    rows = ["| variable | default | used by | meaning |", "|---|---|---|---|"]
+    rows = []
     for cls in SETTINGS_CLASSES:
         role = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
         for name, field in cls.model_fields.items():
@@ -178,8 +177,8 @@ def markdown_table() -> str:
             if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
                 default = f"<checkout>/{default.relative_to(REPO_ROOT)}"
             shown = f"`{default}`" if default != "" else "empty"  # "``" would pair with the next backtick
-            rows.append(f"| `{name.upper()}` | {shown} | {role} | {field.description} |")
-    return "\n".join(rows)
+            rows.append((f"`{name.upper()}`", shown, role, field.description))
+    return markdown(("variable", "default", "used by", "meaning"), rows)
 
 
 def table_in(doc: str) -> str:

@@ -35,7 +35,7 @@ from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGE
 from servelab.core.hardware import int8_compute
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
-from servelab.core.variants.build import RECORD_FILE, load_variants
+from servelab.core.variants.build import agreements
 from servelab.measure.fractions import (
     WINDOWS,
     capacity,
@@ -46,7 +46,7 @@ from servelab.measure.fractions import (
     where,
 )
 from servelab.measure.records import Record, RunKind
-from servelab.report import compare
+from servelab.report import TEMPLATES, compare
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
 ROLLOUT_SWITCH_AIM_S = 1.0  # from the new version ready to its first answer in the records (issue 35's aim)
@@ -233,14 +233,6 @@ def _mean_batch(a: Record, b: Record) -> str:
     return f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""
 
 
-def _agreements() -> dict[str, float]:
-    """Top-1 agreement with fp32 per variant, as ``servelab models build`` recorded it (where it did)."""
-    model_dir = get_settings().model_dir
-    if not (model_dir / RECORD_FILE).exists():
-        return {}
-    return {v.name: v.agreement.top1 for v in load_variants(model_dir).variants}
-
-
 # The variants the catalogue's stages serve against fp32, in its order (each its own lesson).
 VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.variant and s.lesson == f"variant {s.variant}"))
 
@@ -258,7 +250,7 @@ def int8_on_cpu(record: Record, device: str) -> tuple[Expect, str]:
 
 def _variant(variant: str):
     def agreement(a: Record, b: Record) -> str:
-        top1 = _agreements().get(variant)
+        top1 = agreements(get_settings().model_dir).get(variant)
         return "" if top1 is None else f"top-1 agreement with fp32 {100 * top1:.1f} %"
     return _throughput(Lesson.of_variant(variant), agreement, int8_on_cpu if variant == "int8" else None)
 
@@ -424,58 +416,23 @@ def _spread_words(found: Spread | None) -> str:
 
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
-    """The report's first section: the lessons, each with its measured figures, contradictions flagged."""
-    device = device_of(records)
-    found = findings(records)
-    flagged = sum(bool(f.contradicts) for _, fs in found for f in fs)
-    md = ["## What this run shows", "",
-          f"Each change the notebooks teach, measured in this run ({device.upper()}): *what changed*, then what it did "
-          f"as a ratio of two runs (closed loop, servelab's client: each stage's capacity, the highest requests/s of "
-          f"its concurrency sweep, with the median latency of both at one stated concurrency beside it), and its spread over "
-          f"the windows the two runs were measured in (any window of one over any window of the other): a spread that "
-          f"includes 1 is {NO_CHANGE}, whatever the ratio. *Why* is what the notebooks say; a measurement whose whole "
-          f"spread goes the other way (without windows: the ratio, by more than {NOISE:.0%}) is marked ⚠. "
-          + (f"**{flagged} measurement{'s' if flagged != 1 else ''} contradict{'s' if flagged == 1 else ''} the "
-             f"notebooks.**" if flagged else "No measurement contradicts the notebooks."), ""]
-    unmeasured, missing_pairs = [], []
+    """The report's first section (``lessons.md.j2``), as Markdown lines: the lessons, each with its measured
+    figures, contradictions flagged; then how far to trust them (stand-ins, failed runs, the two clients'
+    agreement)."""
+    device, found, pairs = device_of(records), findings(records), compare.pairs(records)
+    measured, unmeasured, missing = [], [], []
     for lesson, fs in found:
         e = _expect(lesson.key, device)
         if not fs:
             unmeasured.append(lesson.title)
             continue
-        md.append(f"- **{lesson.title}**. *Why:* {e.says}"
-                  f" ({e.notebook or ', '.join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))}).")
-        md += [_line(f) for f in fs]
-        missing = [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
-                   and not (device == "cpu" and _needs_gpu(t, b))]
-        missing_pairs += missing
-    if unmeasured or missing_pairs:
-        # One line, last: a tour (the default `make lab`) leaves most pairs out on purpose.
-        md.append("- *Not measured in this run* (`servelab lab --full` measures every stage): "
-                  + "; ".join(filter(None, (", ".join(unmeasured), ", ".join(missing_pairs)))) + ".")
-    md.append("")
-    md += _trust(records)
-    if tables_file:
-        md += [f"Every run's figures, the two clients side by side and the servers' own counts are in "
-               f"[{tables_file}]({tables_file}).", ""]
-    return md
-
-
-def _trust(records: list[Record]) -> list[str]:
-    """How far to trust the figures: stand-ins, failed runs, the two clients' agreement."""
-    lines = []
-    pairs = compare.pairs(records)
-    if pairs:
-        agree = sum(p.verdict == "agree" for p in pairs)
-        lines.append(f"- The two clients (perf_analyzer, servelab) agree within {compare.TOLERANCE:.0%} on {agree} of "
-                     f"{len(pairs)} runs measured by both."
-                     + (" Where they do not, the lessons' ratios use servelab's figures: it measures every stage of "
-                        "every family the same way, so each ratio compares like with like (perf_analyzer measures "
-                        "Triton's stages alone)." if agree < len(pairs) else ""))
-    failed = sum(bool(r.failed) for r in records)
-    if failed:
-        lines.append(f"- {failed} of {len(records)} runs measured nothing (Failed runs, below).")
-    if any(r.stand_in for r in records):
-        lines.append(f"- {len({r.stage for r in records if r.stand_in})} stages ran with local stand-ins (below): "
-                     "compare their ratios, not their absolute figures, with the node's.")
-    return ["*How far to trust these figures:*", "", *lines, ""] if lines else []
+        notebooks = e.notebook or ", ".join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))
+        measured.append((lesson.title, e.says, notebooks, [_line(f) for f in fs]))
+        missing += [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
+                    and not (device == "cpu" and _needs_gpu(t, b))]
+    return TEMPLATES.get_template("lessons.md.j2").render(
+        device=device, no_change=NO_CHANGE, noise=NOISE, flagged=sum(bool(f.contradicts) for _, fs in found for f in fs),
+        measured=measured, not_measured="; ".join(filter(None, (", ".join(unmeasured), ", ".join(missing)))),
+        pairs=len(pairs), agree=sum(p.verdict == "agree" for p in pairs), tolerance=compare.TOLERANCE,
+        failed=sum(bool(r.failed) for r in records), runs=len(records),
+        stand_ins=len({r.stage for r in records if r.stand_in}), tables_file=tables_file).split("\n")[:-1]

@@ -55,11 +55,13 @@ def _rows(records: list[Record]) -> list[tuple[str, str, list[Record]]]:
     return [(f, title, by[f]) for f, title in FAMILIES if by[f]]
 
 
-def _figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2):
+def figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2, legend_room: float = 2.2, **subplots):
+    """A figure of ``rows`` x ``cols`` panels (always a 2-D array), ``legend_room`` inches wider for legends
+    beside them; every plot of the report is drawn on one."""
     from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
 
-    fig = Figure(figsize=(width * cols + 2.2, height * rows), layout="constrained")
-    return fig, fig.subplots(rows, cols, squeeze=False)
+    fig = Figure(figsize=(width * cols + legend_room, height * rows), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False, **subplots)
 
 
 def _log_ms(axis) -> None:
@@ -89,7 +91,7 @@ def sweep_concurrency(records: list[Record], out: Path) -> bool:
         return False
     rows = _rows(runs)
     others = [s for s in series if not family(s)]
-    fig, axes = _figure(len(rows), 2)
+    fig, axes = figure(len(rows), 2)
     for (fam, title, fam_runs), (lat_ax, tput_ax) in zip(rows, axes):
         for stage in dict.fromkeys(r.stage for r in fam_runs):
             points = sorted(series[stage], key=lambda r: r.load.concurrency)
@@ -132,7 +134,7 @@ def sweep_rate(records: list[Record], out: Path) -> bool:
         caps = {r.stage: 1.0 for r in runs}
     rows = _rows(runs)
     others = [r.stage for r in runs if not family(r.stage)]
-    fig, axes = _figure(len(rows), 2)
+    fig, axes = figure(len(rows), 2)
     for (fam, title, fam_runs), (lat_ax, tput_ax) in zip(rows, axes):
         for (stage, arrivals) in dict.fromkeys((r.stage, r.load.arrivals) for r in fam_runs):
             points = sorted((r for r in fam_runs if r.stage == stage and r.load.arrivals == arrivals),
@@ -192,7 +194,7 @@ def cdf(records: list[Record], out: Path) -> bool:
     rows = _rows(runs)
     columns = _cdf_columns(runs, caps)
     others = [r.stage for r in runs if not family(r.stage)]
-    fig, axes = _figure(len(rows), len(columns), width=4.0)
+    fig, axes = figure(len(rows), len(columns), width=4.0)
     fractions = [p / 100 for p in range(101)]
     for (fam, title, fam_runs), row in zip(rows, axes):
         stages = set(r.stage for r in fam_runs)

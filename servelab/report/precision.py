@@ -13,7 +13,8 @@ where it is there.
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.core.variants.build import RECORD_FILE, load_variants, variant_path
+from servelab.core import tables
+from servelab.core.variants.build import agreements, variant_path
 from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
 
@@ -43,22 +44,21 @@ def rows(records: list[Record]) -> list[Row]:
 
 
 def markdown(found: list[Row], model_dir: Path) -> str:
-    built = load_variants(model_dir) if (Path(model_dir) / RECORD_FILE).exists() else None
-    agreements = {v.name: v.agreement.top1 for v in built.variants} if built else {}
+    top1 = agreements(model_dir)
     baseline: dict[str, float] = {}  # the first fp32 stage of each server (fastapi-onnx, onnx-1)
     for row in found:
         if row.variant == BASELINE:
             baseline.setdefault(row.family, row.record.stats.throughput_rps)
-    lines = ["| stage | variant | model MB | top-1 agreement with fp32 | load | req/s | × fp32 | CPU ms / request |",
-             "|---|---|---:|---:|---|---:|---:|---:|"]
+    cells = []
     for row in found:
         path = variant_path(model_dir, row.variant)
         size = f"{path.stat().st_size / 1e6:.1f}" if path.exists() else "-"
-        agreement = agreements.get(row.variant)
+        agreement = top1.get(row.variant)
         agreement = "-" if agreement is None else f"{100 * agreement:.1f} %"
         rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
         ratio = f"{rps / base:.2f}" if base else "-"
         cpu = cpu_ms_per_request(row.record)
-        lines.append(f"| {row.stage} | {row.variant} | {size} | {agreement} | {row.record.load.label()} | {rps:.1f} | "
-                     f"{ratio} | {'-' if cpu is None else f'{cpu:.1f}'} |")
-    return "\n".join(lines)
+        cells.append((row.stage, row.variant, size, agreement, row.record.load.label(), f"{rps:.1f}", ratio,
+                      "-" if cpu is None else f"{cpu:.1f}"))
+    return tables.markdown(("stage", "variant", "model MB", "top-1 agreement with fp32", "load", "req/s", "× fp32",
+                            "CPU ms / request"), cells, "llrrlrrr")

@@ -2,7 +2,8 @@
 ``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
 notebooks teach, its measured ratio, and a flag where it contradicts them), each stage's capacity and the
 curve its concurrency sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
-the servers' own counts, the warnings).
+the servers' own counts, the warnings). Their prose and the order of their sections are Jinja2 templates
+(``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections' tables and lines come from here.
 
 Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
 ``servelab load`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
@@ -25,7 +26,7 @@ from servelab.core.tables import num
 from servelab.measure.fractions import CAPACITY, CLIENT_BOUND, capacity, client_bound_note, swept
 from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
-from servelab.report import compare, lessons, plots, precision, server_view, timelines
+from servelab.report import TEMPLATES, compare, lessons, plots, precision, server_view, timelines
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on", "client CPU ms/req")
@@ -78,13 +79,6 @@ def _series_key(r: Record) -> str:
     return f"{r.stage}{tool}" + (f" b={r.batch}" if r.batch > 1 else "")
 
 
-def _new_figure(rows: int, cols: int, width: float = 6.0, height: float = 3.6):
-    from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
-
-    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
-    return fig, fig.subplots(rows, cols, squeeze=False)
-
-
 def _plot_batches(records: list[Record], out: Path) -> bool:
     runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
     # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
@@ -92,7 +86,7 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
     if not runs:
         return False
     sizes = sorted({b for r in runs for b in r.breakdown.batch_sizes})
-    fig, axes = _new_figure(1, 1, width=8.0)
+    fig, axes = plots.figure(1, 1, width=8.0, height=3.6, legend_room=0)
     ax = axes[0][0]
     width = 0.8 / len(runs)
     for i, r in enumerate(runs):
@@ -118,7 +112,7 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
     have_gpu = any(r.monitors.gpus for r in runs)
     have_rss = any(r.monitors.rss_mib for r in runs)
     panels = ["cpu"] + ["gpu", "gpu_mem"] * have_gpu + ["rss"] * have_rss
-    fig, axes = _new_figure(len(panels), 1, width=11.0, height=2.6)
+    fig, axes = plots.figure(len(panels), 1, width=11.0, height=2.6, legend_room=0)
     ax_of = {name: axes[i][0] for i, name in enumerate(panels)}
     offset = 0.0
     for r in runs:
@@ -176,43 +170,29 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     where = ", ".join(f"`{p}`" for p in sources) or "the given records"
     generated = f"Generated {now} from {len(records)} run records ({where})."
-    md = ["# servelab results", "", generated, ""]
-    md += lessons.summary(records, TABLES)
-    md += capacity_section(records)
-    if limit:
-        md += limit_section(records, limit)
-    made = [(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)]
-    if made:
-        md += ["## Plots", "",
-               "Closed-loop, open-loop and CDF plots: servelab's client, one image per request, a row of panels per "
-               "family and one colour per stage throughout; perf_analyzer's runs and batched requests are in "
-               f"[{TABLES}]({TABLES}).", ""]
-        md += [f"### {title}\n\n![{title}]({name})\n" for name, title in made]
-    md += _precision_section(records)
-    md += timelines.section(records, out_dir)
-    md += timelines.overload_section(records, out_dir)
-    if skipped:
-        md += ["## Skipped", "", *(f"- **{part}**: {why}" for part, why in skipped.items()), ""]
-    failed = [f"- {r.stage} [{r.tool}, {r.load.label()}, batch {r.batch}]: {r.failed}" for r in records if r.failed]
-    if failed:
-        md += ["## Failed runs", "", *failed, ""]
-    stand_ins = sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in})
-    if stand_ins:
-        md += ["> **Stand-in models.** Numbers for these stages come from stand-ins, not the lab's models:", ">"]
-        md += [f"> - {note}" for note in stand_ins] + [""]
     warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
-    if warnings:
-        md += [f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''} from the runs: in [{TABLES}]({TABLES}).", ""]
-    md += hardware_section(records)
-    md += ["## Machines", ""] + [f"- {line}" for line in _machines(records)]
+    found, model_dir = precision.rows(records), get_settings().model_dir
     path = out_dir / "report.md"
-    path.write_text("\n".join(md) + "\n", encoding="utf-8")
-    (out_dir / TABLES).write_text("\n".join(_tables(records, generated, warnings)) + "\n", encoding="utf-8")
+    path.write_text(TEMPLATES.get_template("report.md.j2").render(
+        generated=generated, lessons=lessons.summary(records, TABLES), capacity=capacity_section(records), limit=limit,
+        limit_parts=limit and [limit_markdown(limit), against_limit(records, limit), simple_app_line(limit)],
+        plots=[(name, title) for name, title, plot in PLOTS if plot(records, out_dir / name)], tables=TABLES,
+        precision=found and precision.markdown(found, model_dir), model_dir=model_dir,
+        **timelines.sections(records, out_dir),
+        skipped=skipped, failed=[r for r in records if r.failed], warnings=warnings,
+        stand_ins=sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in}),
+        hardware=hardware_section(records), machines=_machines(records)), encoding="utf-8")
+    pairs = compare.pairs(records)
+    (out_dir / TABLES).write_text(TEMPLATES.get_template("report-tables.md.j2").render(
+        generated=generated, runs=markdown_table(records), client_bound=CLIENT_BOUND, tolerance=compare.TOLERANCE,
+        pairs=pairs and compare.markdown(pairs), prometheus=server_view.section(records), warnings=warnings),
+        encoding="utf-8")
     return path
 
 
 def capacity_section(records: list[Record]) -> list[str]:
-    """Each stage's capacity and the curve its sweep measured (``fractions.curve``), where the records hold one."""
+    """The table of each stage's capacity and the curve its sweep measured (``fractions.curve``), where the
+    records hold one ([]: none); ``report.md.j2`` says what it is."""
     rows = []
     for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
         if not (found := swept(records, stage)):
@@ -223,75 +203,8 @@ def capacity_section(records: list[Record]) -> list[str]:
         at = "one at a time" if said["concurrency"] == 1 else f"{said['concurrency']} senders"
         rows.append((stage, num(said["throughput_rps"]) + client_bound_note(capacity(records, stage)), at, points,
                      said["stopped"]))
-    if not rows:
-        return []
-    return ["## Capacity: each stage's concurrency sweep", "",
-            "A stage's capacity is the highest throughput of its sweep (servelab's client): one request at a time, "
-            "then doubling senders until a doubling adds less than the growth asked (the knee), or the cap. The curve "
-            "is senders: req/s / p50 ms / p99 ms, each point one closed-loop run of the plan's windows (a warm-up "
-            "window, then its measured windows); the lessons above compare these capacities.", "",
-            tables.markdown(("stage", "capacity req/s", "at", "curve (senders: req/s / p50 / p99)", "sweep ended"),
-                            rows, "lrlll"), ""]
-
-
-def limit_section(records: list[Record], limit: Limit) -> list[str]:
-    """Every stage's best run as a share of what this machine's cores could serve (``servelab.measure.limit``)."""
-    return ["## This machine's limit", "",
-            f"The most requests/s this machine could serve of {limit.photo} with the fp32 model if nothing were "
-            "wasted, from what each part delivered in this run with every core on it: the model alone (on a GPU, "
-            "its ceiling there), preprocessing, HTTP. A stage with a cheaper model (a variant) or whose client "
-            "preprocesses can pass it; the rest went to waiting, to threads in each other's way, or to work the "
-            "limit does not count.", "",
-            limit_markdown(limit), "", against_limit(records, limit), "", simple_app_line(limit), ""]
-
-
-def _tables(records: list[Record], generated: str, warnings: list[str]) -> list[str]:
-    """``report-tables.md``: the long tables, every run in them (``report.md`` links here)."""
-    md = ["# servelab results: every run", "", f"{generated} The lessons and plots are in [report.md](report.md).", ""]
-    md += [
-        "## Comparison", "", markdown_table(records), "",
-        "Latency is client-side, in milliseconds, over successful requests (open loop: from the *scheduled* "
-        "send time). req/s = successful requests / measured wall time; img/s = req/s x batch. Errors are "
-        "never counted as successes; a FAILED run measured nothing (its reason is under Failed runs in report.md). "
-        "Offered req/s = requests scheduled per second of the open-loop window (perf_analyzer: the rate it really "
-        "sent at). queue / service ms are server-side means per request (FastAPI "
-        "`Server-Timing`, or Triton statistics: compute input + infer + output); queue share = queue / "
-        "(queue + service); mean batch = batch size the server formed. `-` = not measured. req/s marked "
-        f"({CLIENT_BOUND}): servelab's client could not keep up with the server (its busiest sender's event loop was "
-        "on the CPU over half the window, each run's `client` says): the figure is the client's limit, not the server's. "
-        "Client CPU ms/req: servelab's client, its sender processes' event loops on the CPU per request answered (on "
-        "a shared machine, time the server did not get).", "",
-    ]
-    found = compare.pairs(records)
-    if found:
-        md += [
-            "## Two clients, one server: perf_analyzer vs servelab", "",
-            "The same stage, photo and load measured by both clients back to back. The ratio is perf_analyzer ÷ "
-            f"servelab; a throughput or median ratio outside {1 - compare.TOLERANCE:.1f}–{1 + compare.TOLERANCE:.1f} "
-            "is flagged. perf_analyzer reports its last three stable measurement windows; servelab the same number "
-            "of windows of the same seconds (a lab's plan), or of requests, after a warm-up. In request-rate mode perf_analyzer counts latency from the "
-            "moment it really sent (a rate it cannot keep up with hides the wait; see Warnings), servelab from "
-            "the scheduled send.", "", compare.markdown(found), "",
-        ]
-    md += server_view.markdown(records)
-    if warnings:
-        md += ["## Warnings", "", *warnings, ""]
-    return md
-
-
-def _precision_section(records: list[Record]) -> list[str]:
-    """The model variants side by side (servelab.report.precision), where the records have them."""
-    found = precision.rows(records)
-    if not found:
-        return []
-    return [
-        "## Model variants: size, agreement, CPU time", "",
-        "Each variant stage's run at its capacity (servelab's client). × fp32 = req/s ÷ the "
-        "fp32 stage of the same server (fastapi-onnx, onnx-1). CPU ms / request = mean CPU % × cores × wall time ÷ "
-        "successful requests: the whole machine, client included. Model MB and agreement (top-1 with fp32) come "
-        f"from `{get_settings().model_dir}` as it is now.", "",
-        precision.markdown(found, get_settings().model_dir), "",
-    ]
+    return rows and [tables.markdown(("stage", "capacity req/s", "at", "curve (senders: req/s / p50 / p99)",
+                                      "sweep ended"), rows, "lrlll")]
 
 
 def hardware_section(records: list[Record]) -> list[str]:

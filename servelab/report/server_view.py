@@ -5,10 +5,13 @@ must agree within 5 % where the run is long enough to compare), and one figure o
 series, every run end to end, with the client's own throughput and median drawn over each run.
 """
 
+from typing import Any
+
 from servelab.core.tables import markdown as markdown_table
 from servelab.core.tables import num
 from servelab.measure.monitoring.run_series import MIN_RATE_REQUESTS, RATE_TOLERANCE, agreements
 from servelab.measure.records import Record
+from servelab.report.plots import figure
 
 COLUMNS = ("stage", "tool", "load", "requests client", "requests server", "counts", "req/s client", "req/s server",
            "server span s", "ratio", "rates")
@@ -27,35 +30,20 @@ def _notes(records: list[Record]) -> list[str]:
     return sorted({part for r in records if r.prometheus.note for part in r.prometheus.note.split("; ")})
 
 
-def markdown(records: list[Record]) -> list[str]:
-    """The section's lines; says plainly when Prometheus was not there."""
+def section(records: list[Record]) -> dict[str, Any] | None:
+    """The Prometheus section of ``report-tables.md.j2``: None where no run had Prometheus; else the queries'
+    notes and, where it answered, each run's agreement as a table and how many disagree."""
     with_prom = [r for r in records if r.prometheus is not None]
     if not with_prom:
-        return []
-    md = ["## The servers' own view: Prometheus", ""]
+        return None
     found = agreements(records)
-    if not found:
-        notes = _notes(with_prom)
-        return md + ["**Prometheus was not available for these runs**, so there are no server-side time series: "
-                     + "; ".join(notes), ""]
-    disagree = [a for a in found if a.counts_agree is False or a.rates_agree is False]
-    md += [
-        "Prometheus scraped each server while it ran (FastAPI's `/metrics`, Triton's metrics port, the "
-        "machine); the lab read it back after every run. *requests*: what the server counted between a scrape "
-        "just before the run and one just after it, against what the client sent in that span (warm-up "
-        "included); they must be equal. *req/s*: the server's successful requests between the first and last "
-        "scrape inside the measured window, against the client's throughput; flagged outside "
-        f"±{RATE_TOLERANCE:.0%}, compared only where that span holds ≥ {MIN_RATE_REQUESTS} requests and two "
-        f"scrape intervals (`-` otherwise). **{len(disagree)} of {len(found)} runs disagree.**", "",
-    ]
     verdict = {True: "agree", False: "**DIFFER**", None: "-"}
     rows = [[a.stage, a.tool, a.load, num(a.client_requests, 0), num(a.server_requests, 0), verdict[a.counts_agree],
              num(a.client_rps), num(a.server_rps), num(a.server_span_s), num(a.rate_ratio, 3), verdict[a.rates_agree]]
             for a in found]
-    md += [markdown_table(COLUMNS, rows, "lllrrlrrrrl")]
-    notes = _notes(with_prom)
-    md += ["", "Notes from the queries: " + "; ".join(notes) if notes else "", ""]
-    return md
+    return {"notes": "; ".join(_notes(with_prom)), "runs": len(found), "tolerance": RATE_TOLERANCE,
+            "min_requests": MIN_RATE_REQUESTS, "table": found and markdown_table(COLUMNS, rows, "lllrrlrrrrl"),
+            "disagree": sum(a.counts_agree is False or a.rates_agree is False for a in found)}
 
 
 def plot(records: list[Record], out) -> bool:
@@ -63,10 +51,8 @@ def plot(records: list[Record], out) -> bool:
     runs = [r for r in records if r.prometheus is not None and r.prometheus.series and not r.failed]
     if not runs:
         return False
-    from matplotlib.figure import Figure  # deferred: matplotlib's import costs a second; only plotting needs it
-
-    fig = Figure(figsize=(12, 2.4 * len(PANELS)), layout="constrained")
-    axes = fig.subplots(len(PANELS), 1, squeeze=False)[:, 0]
+    fig, axes = figure(len(PANELS), 1, width=12, height=2.4, legend_room=0)
+    axes = axes[:, 0]
     offset, drawn = 0.0, set()
     for r in runs:
         p = r.prometheus

@@ -1,21 +1,22 @@
-"""Runs over time. The report's Ray Serve section: replica placement by node id, and the runs with a
-timeline (step load, node failure) as a table and a plot of throughput, latency, errors and replicas over
-time. The overload section (``overload_section``): open loops above a stage's capacity, with and without a
-bound on its queue, as a table (accepted p99 against the service time, shed and failed requests) and the
-same plot, p50/p99 against time."""
+"""Runs over time, for the report's Ray Serve section (replica placement by node id, and the runs with a timeline:
+step load, node failure) and its overload section (open loops above a stage's capacity, with and without a bound
+on its queue: accepted p99 against the service time, shed and failed requests): their tables (``sections``, which
+``report.md.j2`` sets in prose) and a plot of throughput, latency, errors and replicas over time."""
 
 from pathlib import Path
+from typing import Any
 
 from servelab.core.tables import markdown, num
 from servelab.measure.fractions import closed_run
 from servelab.measure.records import Record, RunKind
+from servelab.report.plots import figure
 
 
 def _short(node_id: str | None) -> str:
     return (node_id or "?")[:8]
 
 
-def placement_rows(records: list[Record]) -> list[str]:
+def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
     seen, rows = set(), []
     for r in records:
         per_node = r.config.get("replicas_per_node")
@@ -24,40 +25,32 @@ def placement_rows(records: list[Record]) -> list[str]:
         seen.add(r.stage)
         proxy = r.config.get("proxy_node_id")
         nodes = ", ".join(f"`{_short(n)}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
-        rows.append(f"| {r.stage} | {sum(per_node.values())} | {len(per_node)} | {nodes} |")
+        rows.append((r.stage, str(sum(per_node.values())), str(len(per_node)), nodes))
     return rows
-
-
 
 
 def _ray_timed(records: list[Record]) -> list[Record]:
     return [r for r in records if r.timeline is not None and r.config.get("run") != RunKind.OVERLOAD]
 
 
-def timeline_rows(records: list[Record]) -> list[str]:
+def timeline_rows(records: list[Record]) -> list[tuple[str, ...]]:
     rows = []
     for r in _ray_timed(records):
         t = r.timeline
         errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
         replicas = f"{min(t.replicas)}–{max(t.replicas)}" if t.replicas else "-"
-        rows.append(f"| {r.stage} | {r.config.get('run', '')} | {r.load.label()} | {r.stats.successes} | {errors} | "
-                    f"{'-' if t.recovery_s is None else f'{t.recovery_s:.1f}'} | "
-                    f"{r.stats.latency.max_ms or 0:.0f} | {replicas} |")
+        rows.append((r.stage, r.config.get("run", ""), r.load.label(), str(r.stats.successes), errors,
+                     num(t.recovery_s), f"{r.stats.latency.max_ms or 0:.0f}", replicas))
     return rows
 
 
 def plot_timelines(records: list[Record], out: Path) -> bool:
-    import matplotlib  # deferred: matplotlib's import costs a second; only plotting needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: matplotlib's import costs a second; only plotting needs it
-
     runs = [r for r in records if r.timeline is not None]
     if not runs:
         return False
     # A third row of running replicas only where a run sampled them (Ray's step load and node failure).
     rows = 3 if any(r.timeline.replicas for r in runs) else 2
-    fig, axes = plt.subplots(rows, len(runs), figsize=(6.0 * len(runs), 2.5 * rows), squeeze=False, sharex="col")
+    fig, axes = figure(rows, len(runs), width=6.0, height=2.5, legend_room=0, sharex="col")
     for col, r in enumerate(runs):
         t = r.timeline
         mid = [x + t.bin_s / 2 for x in t.t_s]
@@ -86,9 +79,7 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
                 ax.axvline(at, color="tab:red", ls="--", lw=1)
                 if ax is top:
                     ax.text(at, ax.get_ylim()[1], f" {name}", fontsize=7, va="top", color="tab:red")
-    fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return True
 
 
@@ -112,38 +103,16 @@ def overload_rows(records: list[Record]) -> list[list[str]]:
     return rows
 
 
-def overload_section(records: list[Record], out_dir: Path) -> list[str]:
-    """The overload case: its table and its plot over time (``overload_timelines.png``); [] without overload runs."""
-    rows = overload_rows(records)
-    if not rows:
-        return []
-    md = ["## Overload and load shedding", "",
-          "Open-loop load above each stage's measured capacity. Without a bound the queue grows and so does "
-          "latency, second after second; with one (MAX_QUEUE_REQUESTS / MAX_QUEUE_DELAY_MS, Triton's "
-          "`default_queue_policy` with REJECT) the excess is shed (503 + Retry-After) and the accepted requests "
-          "stay near the service time. Shed requests are counted apart from failures.", "",
-          markdown(["stage", "bound", "load", "ok", "shed", "failed", "p99 first → last second ms", "accepted p99 ms",
-                    "p99 ÷ service time"], rows, "lllrllrrr"), ""]
-    runs = [r for r in records if r.config.get("run") == RunKind.OVERLOAD and r.timeline is not None]
-    if plot_timelines(runs, out_dir / "overload_timelines.png"):
-        md += ["![Overload runs over time: throughput, shed, p50/p99](overload_timelines.png)", ""]
-    return md
-
-
-def section(records: list[Record], out_dir: Path) -> list[str]:
-    placement, timed = placement_rows(records), timeline_rows(records)
-    if not placement and not timed:
-        return []
-    md = ["## Ray Serve: placement, step load, node failure", ""]
-    if placement:
-        md += ["Running replicas per Ray node id after each stage's deploy (the head runs the one HTTP proxy).", "",
-               "| stage | replicas | nodes | replicas per node id |", "|---|---:|---:|---|", *placement, ""]
-    if timed:
-        md += ["Runs followed over time. Recovery = from the node's kill to the last failed request after it "
-               "(0: none failed). Every failed request is counted by its kind (`http_500`: the proxy's answer for "
-               "a request its replica died with; `timeout`: past the per-request timeout).", "",
-               "| stage | run | load | ok | errors | recovery s | max latency ms | running replicas |",
-               "|---|---|---|---:|---|---:|---:|---|", *timed, ""]
-        if plot_timelines(_ray_timed(records), out_dir / "ray_timelines.png"):
-            md += ["![Ray Serve runs over time: throughput, latency, errors, replicas](ray_timelines.png)", ""]
-    return md
+def sections(records: list[Record], out_dir: Path) -> dict[str, Any]:
+    """The report's Ray Serve and overload sections (``report.md.j2``): their tables ("": none), and whether each
+    plot over time was drawn."""
+    overload, placement, timed = overload_rows(records), placement_rows(records), timeline_rows(records)
+    overloaded = [r for r in records if r.config.get("run") == RunKind.OVERLOAD and r.timeline is not None]
+    return {"overload": overload and markdown(["stage", "bound", "load", "ok", "shed", "failed",
+                                               "p99 first → last second ms", "accepted p99 ms", "p99 ÷ service time"],
+                                              overload, "lllrllrrr"),
+            "overload_plot": bool(overload) and plot_timelines(overloaded, out_dir / "overload_timelines.png"),
+            "placement": placement and markdown(("stage", "replicas", "nodes", "replicas per node id"), placement, "lrrl"),
+            "timed": timed and markdown(("stage", "run", "load", "ok", "errors", "recovery s", "max latency ms",
+                                         "running replicas"), timed, "lllrlrrl"),
+            "ray_plot": bool(timed) and plot_timelines(_ray_timed(records), out_dir / "ray_timelines.png")}

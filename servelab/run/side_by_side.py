@@ -76,7 +76,8 @@ from servelab.core.preprocess import (
 )
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
-from servelab.core.variants.build import RECORD_FILE, load_variants, machine
+from servelab.core.tables import markdown
+from servelab.core.variants.build import agreements, machine
 from servelab.measure.ceiling import ceiling_markdown, measure_ceiling
 from servelab.measure.fractions import fractions_markdown
 from servelab.measure.records import read_records
@@ -317,10 +318,9 @@ def core_time_table(image: bytes, kwargs: dict, photo: str, iterations: int = CO
         torch.set_num_threads(threads)
     ours, theirs_ms = (seconds * 1000 / (iterations // rounds * rounds) for seconds in cpu.values())
     verdict = "met" if ours <= theirs_ms else "**missed**"
-    return "\n".join([f"| preprocessing core, one thread, {photo} | CPU ms per image | ratio | aim |",
-                      "|---|---:|---:|---|",
-                      f"| servelab (`preprocess`) | {ours:.2f} | 1.00 | ≤ torchvision's ({verdict}) |",
-                      f"| {name} | {theirs_ms:.2f} | {theirs_ms / ours:.2f} | |"])
+    return markdown((f"preprocessing core, one thread, {photo}", "CPU ms per image", "ratio", "aim"),
+                    [("servelab (`preprocess`)", f"{ours:.2f}", "1.00", f"≤ torchvision's ({verdict})"),
+                     (name, f"{theirs_ms:.2f}", f"{theirs_ms / ours:.2f}", "")], "lrrl")
 
 
 @dataclass
@@ -339,14 +339,14 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
     settings = get_settings().model_copy(update={"max_batch_size": 1})
-    built = load_variants(settings.model_dir) if (settings.model_dir / RECORD_FILE).exists() else None
+    top1 = agreements(settings.model_dir)
     backends, skipped = {}, []
     for name in ["fp32", *args.variants]:
         try:
             backends[name] = load_backend("onnx", settings.model_copy(update={"onnx_variant": name}))
         except (GPUUnavailable, FileNotFoundError) as exc:
             skipped.append(f"{name}: {exc}")
-    rows = [VariantRows(name, built.get(name).agreement.top1 if built else None,
+    rows = [VariantRows(name, top1.get(name),
                         Row(f"{name}, in-process, {c} callers"), Row(f"{name}, HTTP, {c} senders"))
             for name in backends]
     with ExitStack() as stack:
@@ -374,20 +374,20 @@ def variants_table(rows: list[VariantRows]) -> str:
     fp32_ms = sum(_split(rows[0].in_process))
     int8 = [r for r in rows if r.variant.startswith("int8") and (r.agreement or 0) >= INT8_AGREEMENT]
     best_int8 = max(int8, key=lambda r: r.http.ratio, default=None)
-    lines = ["| variant | top-1 agreement | in-process req/s | ratio | HTTP req/s | ratio | preprocess ms | infer ms "
-             "| CPU-time ceiling | aim |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    cells = []
     for r in rows:
         pre, infer = _split(r.in_process)
         aim = _verdict(r, U8_AIM, rows[0]) if r.variant == "u8" else ""
         if r is best_int8:
             aim = f"{_verdict(r, INT8_AIM, rows[0])}; agreement ≥ {INT8_AGREEMENT:.0%} (best INT8)"
-        agreement = "–" if r.agreement is None else f"{r.agreement:.1%}"
-        lines.append(f"| {r.variant} | {agreement} | {r.in_process.throughput_rps:.1f} | {r.in_process.ratio:.2f} | "
-                     f"{r.http.throughput_rps:.1f} | {r.http.ratio:.2f} | {pre:.2f} | {infer:.2f} | "
-                     f"{fp32_ms / (pre + infer):.2f} | {aim} |")
+        cells.append((r.variant, "–" if r.agreement is None else f"{r.agreement:.1%}",
+                      f"{r.in_process.throughput_rps:.1f}", f"{r.in_process.ratio:.2f}", f"{r.http.throughput_rps:.1f}",
+                      f"{r.http.ratio:.2f}", f"{pre:.2f}", f"{infer:.2f}", f"{fp32_ms / (pre + infer):.2f}", aim))
+    table = markdown(("variant", "top-1 agreement", "in-process req/s", "ratio", "HTTP req/s", "ratio", "preprocess ms",
+                      "infer ms", "CPU-time ceiling", "aim"), cells, "lrrrrrrrrl")
     if best_int8 is None:
-        lines.append(f"\nNo INT8 variant measured here agrees with fp32 on ≥ {INT8_AGREEMENT:.0%} of the photos.")
-    return "\n".join(lines)
+        table += f"\n\nNo INT8 variant measured here agrees with fp32 on ≥ {INT8_AGREEMENT:.0%} of the photos."
+    return table
 
 
 def _verdict(r: VariantRows, aim: float, fp32: VariantRows) -> str:
@@ -401,13 +401,10 @@ def _verdict(r: VariantRows, aim: float, fp32: VariantRows) -> str:
 
 
 def table(stage: str, rows: list[Row]) -> str:
-    lines = [f"| {stage} | median latency (ms) | throughput (req/s) | mean batch | ratio | aim |",
-             "|---|---:|---:|---:|---:|---|"]
-    for r in rows:
-        batch = f"{statistics.mean(r.batch_sizes):.1f}" if r.batch_sizes else "–"
-        ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
-        lines.append(f"| {r.what} | {r.median_ms:.1f} | {r.throughput_rps:.1f} | {batch} | {ratio} | {r.aim} |")
-    return "\n".join(lines)
+    return markdown((stage, "median latency (ms)", "throughput (req/s)", "mean batch", "ratio", "aim"), [
+        (r.what, f"{r.median_ms:.1f}", f"{r.throughput_rps:.1f}",
+         f"{statistics.mean(r.batch_sizes):.1f}" if r.batch_sizes else "–", "" if r.ratio is None else f"{r.ratio:.2f}",
+         r.aim) for r in rows], "lrrrrl")
 
 
 def stage_inputs() -> dict[str, str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from servelab.core.catalogue import Lesson, of_family
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
+from servelab.core.tables import markdown, num
 from servelab.measure.measure_stage import Labels, measure_stage
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget
@@ -43,13 +44,13 @@ class Side:
     def mean(self, value) -> float:
         return statistics.mean(value(r) for r in self.records)
 
-    def row(self, base: "Side | None") -> str:
+    def row(self, base: "Side | None") -> tuple[str, ...]:
         part = lambda name: self.mean(lambda r: r.breakdown.parts_ms.get(name, 0.0))  # noqa: E731
         latency, total = self.mean(lambda r: r.stats.latency.mean_ms), part("total")
-        ratio = f"{self.throughput_rps / base.throughput_rps:.2f}" if base else "1.00"
-        return (f"| {self.what} | {self.throughput_rps:.1f} | {ratio} | {self.mean(lambda r: r.stats.latency.p50_ms):.1f} | "
-                f"{latency:.1f} | {part('queue'):.1f} | {part('preprocess'):.1f} | {part('infer'):.1f} | {total:.1f} | "
-                f"{latency - total:.1f} | {self.mean(lambda r: r.breakdown.mean_batch_size or 1):.1f} |")
+        ratio = self.throughput_rps / base.throughput_rps if base else 1.0
+        return (self.what, num(self.throughput_rps), num(ratio, 2), num(self.mean(lambda r: r.stats.latency.p50_ms)),
+                *(num(v) for v in (latency, part("queue"), part("preprocess"), part("infer"), total, latency - total,
+                                   self.mean(lambda r: r.breakdown.mean_batch_size or 1))))
 
 
 def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
@@ -70,7 +71,6 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
                 if record.stats.errors:
                     raise RuntimeError(f"{side.what}: requests failed: {record.stats.errors}")
                 side.records.append(record)
-    lines = [f"| {c} senders | req/s | ratio | p50 ms | mean ms | queue ms | preprocess ms | infer ms | in the app ms "
-             "| outside the app ms | mean batch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-             fastapi_side.row(None), ray_side.row(fastapi_side)]
-    return "\n".join(lines)
+    return markdown((f"{c} senders", "req/s", "ratio", "p50 ms", "mean ms", "queue ms", "preprocess ms", "infer ms",
+                     "in the app ms", "outside the app ms", "mean batch"),
+                    [fastapi_side.row(None), ray_side.row(fastapi_side)], "l" + "r" * 10)

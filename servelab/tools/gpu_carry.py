@@ -133,13 +133,17 @@ def wheelhouse_files(house: Path) -> dict[str, str]:
     """{file name: sha256} of the wheelhouse, each file checked against its SHA256SUMS."""
     sums = read_sums(house)
     present = {p.name for p in house.iterdir() if p.is_file() and p.name != SUMS}
-    problems = [f"{name}: listed in {SUMS}, not in the folder" for name in sorted(sums.keys() - present)]
+    problems = sums_problems(house, sums)
     problems += [f"{name}: in the folder, not in {SUMS} (a part of an older split?)" for name in sorted(present - sums.keys())]
-    problems += [f"{name}: sha256 differs from {SUMS}" for name in sorted(present & sums.keys())
-                 if sha256_file(house / name) != sums[name]]
     if problems:
         raise CarryError(f"{house} does not check; run `make gpu-wheelhouse` again:\n  " + "\n  ".join(problems))
     return sums
+
+
+def sums_problems(folder: Path, sums: dict[str, str]) -> list[str]:
+    """The files of ``sums`` (a SHA256SUMS) missing from ``folder``, or there with other bytes."""
+    return [f"missing: {name}" if not (folder / name).is_file() else f"corrupt: {name}: sha256 differs from {SUMS}"
+            for name in sorted(sums) if not (folder / name).is_file() or sha256_file(folder / name) != sums[name]]
 
 
 def first_fit_decreasing(pieces: list[Piece], capacity: int) -> list[list[Piece]]:
@@ -327,10 +331,7 @@ def check_folder(folder: Path) -> str:
     """A copied carry folder's parts, or a joined wheelhouse's whole files (its SHA256SUMS)."""
     if (folder / SUMS).is_file():
         sums = read_sums(folder)
-        problems = [f"missing: {name}" for name in sorted(sums) if not (folder / name).is_file()]
-        problems += [f"corrupt: {name}: sha256 differs from {SUMS}" for name in sorted(sums)
-                     if (folder / name).is_file() and sha256_file(folder / name) != sums[name]]
-        if problems:
+        if problems := sums_problems(folder, sums):
             raise CarryError(f"{folder}:\n  " + "\n  ".join(problems))
         return f"{folder}: {len(sums)} files match {SUMS}"
     if not (folder / MANIFEST).is_file():

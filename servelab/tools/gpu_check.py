@@ -36,7 +36,7 @@ from typing import Any
 from servelab.core.catalogue import SERVICES
 from servelab.core.hardware import NO_GPU, describe, gpu_count, stack, stage_env
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
-from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT, checkout
 from servelab.core.procs import ServerProcess, free_port, log_tail
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
@@ -45,6 +45,7 @@ from servelab.measure.fractions import closed_run, fractions_markdown, ratios
 from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load, Record, read_records
 from servelab.measure.targets import FastAPITarget
+from servelab.report import TEMPLATES
 from servelab.run.lab import preflight
 from servelab.run.lab_run import RUN_FILE
 from servelab.run.plan import LAB_STAGES
@@ -134,15 +135,8 @@ def stage_table(records: list[Record]) -> str:
 def checkout_commit(root: Path = REPO_ROOT) -> str | None:
     """The checkout's commit (short), "with local changes" where tracked files differ from it; None where
     git cannot say (a copy of the tree without .git)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout.strip()
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + (" with local changes" if changed else "")
+    found = checkout(root=root)
+    return found and found[0] + (" with local changes" if found[1] else "")
 
 
 def skipped_parts() -> dict[str, str]:
@@ -172,15 +166,6 @@ def compare_designs(out: Path, log=print) -> dict[str, float]:
     return served
 
 
-def designs_markdown(served: dict[str, float]) -> list[str]:
-    """The record's section on the two FastAPI designs, and which served more."""
-    rows = [(name, num(rps, 1)) for name, rps in served.items()]
-    best = max(served, key=served.get)
-    return ["", f"## FastAPI's two designs at saturation ({DESIGN_SENDERS} senders, {DESIGN_WINDOW_S:g} s each)", "",
-            markdown(("design", "req/s"), rows, "lr"), "",
-            f"Served more here: **{best}** ({served[best] / max(min(served.values()), 1e-9):.2f}×)."]
-
-
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
                     when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None,
                     not_run: dict[str, str] | None = None, commit: str | None = None,
@@ -189,41 +174,19 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
     outcomes, the stage table, the ratios and, with ``ceiling``, the model's own ceiling with every stage
     and aim against it. ``commit``: the checkout's (``checkout_commit``), where known; ``designs``: req/s of
     each of FastAPI's two designs (``compare_designs``)."""
-    gpu = (found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0]
-    at = f", commit {commit}" if commit else ", commit unknown (no git here)"
-    md = [f"# servelab on {gpu}", "",
-          f"`make gpu-check`, {when}{at}. Every figure below was measured on this {gpu}, by `servelab lab` "
-          "(servelab's client); the original lab's 2× P100 figures are in `servelab/data/original_lab.toml` "
-          "and are never mixed in here.", "", "## Hardware and versions", ""]
-    md += [f"- {line}" for line in describe(found)]
-    md += ["", "## Skipped before the run", ""]
-    md += [f"- **{part}**: {why}" for part, why in (skipped or {}).items()] or ["nothing"]
-    md += ["", "## Not run: cut by the time budget", ""]
-    md += [f"- **{part}**: {why}" for part, why in (not_run or {}).items()] or ["nothing"]
-    md += ["", "## GPU tests (`pytest -m gpu`)", ""]
-    if tests is None:
-        md.append("not run to the end: " + (not_run or {}).get(TESTS, "no JUnit report was written"))
-    else:
-        md += [f"{tests.passed} passed, {tests.failed} failed, {tests.skipped} skipped.", "",
-               markdown(("test", "outcome", "message"), tests.results)]
-    md += ["", f"## The lab on this GPU ({lab})", "",
-           "req/s / median ms per load (servelab's client; `-b 16`: images/s / ms per request of 16); "
-           "GPU utilization and memory from NVML during the stage's runs.", ""]
-    md.append(stage_table(records) if records else "no records: the lab did not run")
-    failed = sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed})
-    if failed:
-        md += ["", "Failed runs:", *(f"- {line}" for line in failed)]
-    if ceiling is None:
-        md += ["", "## Ratios (req/s)", "", markdown(("what", "stages", "ratio"), [
-            (what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")], "llr")]
-    else:  # the ratios come with the stages against the ceiling
-
-        md += ["", "## The model's own ceiling (ONNX Runtime alone, measured after the lab)", "",
-               ceiling_markdown(ceiling), "", "## Every stage, ratio and aim against the ceiling", "",
-               fractions_markdown(records, ceiling, stage_inputs())]
-    if designs:
-        md += designs_markdown(designs)
-    return "\n".join(md) + "\n"
+    best = max(designs, key=designs.get) if designs else ""
+    ratio_rows = [(what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")]
+    return TEMPLATES.get_template("gpu-record.md.j2").render(
+        gpu=(found.get("gpus") or [NO_GPU])[0].split(": ", 1)[-1].split(",")[0], when=when, commit=commit,
+        hardware=describe(found), skipped=skipped or {}, not_run=not_run or {}, tests=tests, tests_part=TESTS,
+        test_table=tests and markdown(("test", "outcome", "message"), tests.results), lab=lab,
+        stages=records and stage_table(records),
+        failed=sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed}),
+        ratios=markdown(("what", "stages", "ratio"), ratio_rows, "llr"), ceiling=ceiling and ceiling_markdown(ceiling),
+        fractions=ceiling and fractions_markdown(records, ceiling, stage_inputs()),
+        designs=designs and markdown(("design", "req/s"), [(name, num(rps, 1)) for name, rps in designs.items()], "lr"),
+        senders=DESIGN_SENDERS, window_s=DESIGN_WINDOW_S, best=best,
+        best_ratio=designs[best] / max(min(designs.values()), 1e-9) if designs else None)
 
 
 TESTS, CEILING, DESIGNS_PART = "GPU tests", "ceiling", "FastAPI's two designs"

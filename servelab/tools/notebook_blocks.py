@@ -30,13 +30,18 @@ from statistics import median
 from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
-from servelab.core.tables import prose
+from servelab.core.tables import markdown, prose
+from servelab.report import TEMPLATES
 from servelab.run.lab_run import LabRun, minutes
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
 # backquote or ``<`` in it: the markers quoted in inline code are no part).
 BLOCK = re.compile(r"(?P<start><!-- generated: (?P<spec>[^>]*?) -->(?P<newline>\n)?)(?P<body>(?(newline).*?|[^`<\n]*?))"
                    r"(?P<end><!-- end generated -->)", re.DOTALL)
+
+
+# The parts' prose, a macro a paragraph (servelab/data/notebook-blocks.md.j2).
+BLOCKS = TEMPLATES.get_template("notebook-blocks.md.j2").module
 
 
 # --- code ----------------------------------------------------------------------------------------
@@ -134,12 +139,10 @@ def triton_models() -> str:
                     "its own `1/model.onnx`")
         return "`python` backend, `1/model.py`"
 
-    rows = ["| model | on the lab node | locally (`make lab`, `servelab triton up`) |", "|---|---|---|"]
     any_stage = {m: s for s in STAGES.values() for m in s.triton.models}
-    for model in ALL_MODELS:
-        local = effective_config(any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING)
-        rows.append(f"| `{model}` | {runner(base_config(MODELS_STAGING, model))} | {runner(local)} |")
-    return "\n".join(rows)
+    return markdown(("model", "on the lab node", "locally (`make lab`, `servelab triton up`)"), [
+        (f"`{model}`", runner(base_config(MODELS_STAGING, model)), runner(effective_config(
+            any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING))) for model in ALL_MODELS])
 
 
 # --- what `make lab` runs ------------------------------------------------------------------------
@@ -153,12 +156,10 @@ def lab_stages() -> str:
 
     notes = {TritonFamily.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RayFamily.STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
-    rows = ["| stage | what it serves | in `make lab` (else `--full` only) |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.about}{notes[family_of(s).stand_in(s)]} | {'yes' if s.tour else ''} |" for s in LAB_STAGES]
+    table = markdown(("stage", "what it serves", "in `make lab` (else `--full` only)"), [
+        (f"`{s.name}`", s.about + notes[family_of(s).stand_in(s)], "yes" if s.tour else "") for s in LAB_STAGES])
     left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
-    if left_out:
-        rows.append(f"\nOnly on the node: {', '.join(left_out)}.")
-    return "\n".join(rows)
+    return table + (f"\n\nOnly on the node: {', '.join(left_out)}." if left_out else "")
 
 
 def lab_requirements() -> str:
@@ -168,20 +169,18 @@ def lab_requirements() -> str:
     # Deferred: pip's, not a declared dependency; only this check needs it.
     from packaging.specifiers import SpecifierSet
 
+    from servelab.tools.gpu_constraints import pins  # deferred, with packaging
+
     requires = SpecifierSet(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
     wheel = importlib.metadata.distribution("nvidia-pytriton")
     glibc, arch = re.search(r"manylinux_(\d+_\d+)_(\w+)", wheel.read_text("WHEEL") or "").groups()
     stubs = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver" / "python_backend_stubs"
     pythons = sorted((v.name for v in stubs.iterdir() if v.name in requires), key=lambda v: tuple(map(int, v.split("."))))
-    numpy = re.search(r"^numpy==(\S+)", (REPO_ROOT / "constraints.txt").read_text(), re.MULTILINE)[1]
+    numpy = pins(REPO_ROOT / "constraints.txt")["numpy"]
     # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
     # version CI runs (`.ci/run`, `make test`), not every stub's.
-    tested = pythons[0]
-    return prose(f"Linux on {arch.replace('_', '-')} with glibc {glibc.replace('_', '.')} or newer, and Python "
-                 f"{tested} with its shared library `libpython{tested}` (on Debian and Ubuntu, the package of that name) "
-                 f"for the bundled `tritonserver`. No GPU, no Docker. Python {tested} is the version CI runs; the "
-                 f"bundled server also has stubs for {' and '.join(pythons[1:])}, but the pins of `constraints.txt` are "
-                 f"tested on {tested} only (numpy {numpy}, which they pin, has no wheel for 3.13).")
+    return prose(BLOCKS.lab_requirements(arch.replace("_", "-"), glibc.replace("_", "."), pythons[0],
+                                         " and ".join(pythons[1:]), numpy))
 
 
 LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's results/run.json
@@ -190,12 +189,7 @@ LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's
 def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
 
-    run = LabRun.read(LAB_RUN)
-    return prose(f"`make lab` took **{minutes(run.total_s)}** after the install, measured {run.finished[:10]} on one "
-                 f"machine ({run.machine}; `docs/records/make-lab.json`): {minutes(run.models_s)} to build the model and "
-                 f"its variants (a first run; later runs reuse them), then {minutes(run.total_s - run.models_s)} for "
-                 f"its {len(run.stages)} stages. `make lab-full` (`servelab lab --full`) measures every stage with every "
-                 "load and both clients.")
+    return prose(BLOCKS.lab_time(LabRun.read(LAB_RUN), minutes))
 
 
 def lab_plans() -> str:
@@ -234,9 +228,7 @@ def lab_plans() -> str:
             ("perf_analyzer after servelab's client, same load", perf),
             ("Ray: worker node killed mid-load; step load (`ray-auto`)",
              lambda p: f"{p.failure_s:g} s; {' + '.join(f'{s:g}' for s in p.steps_s)} s")]
-    lines = ["| | the tour (`make lab`) | `--full` |", "|---|---|---|"]
-    lines += [f"| {what} | " + " | ".join(cell(p) for p in plans) + " |" for what, cell in rows]
-    return "\n".join(lines)
+    return markdown(("", "the tour (`make lab`)", "`--full`"), [(what, *map(cell, plans)) for what, cell in rows])
 
 
 def lab_summary() -> str:
@@ -275,8 +267,7 @@ def gpu_record(key: str) -> str:
     record = tomllib.loads(GPU_RECORD.read_text(encoding="utf-8"))
     step = record[key]
     figures = "; ".join(f"{f['measures']} {f['value']:g} {f['unit']}" for f in step["figures"])
-    return prose(f"**On an H100** ({record['date']}; {record['short']}), {step['what']}: {figures}. *Record:* "
-                 f"`docs/records/{GPU_RECORD.name}` (`{step['command']}`; log `docs/records/{step['log']}`).")
+    return prose(BLOCKS.gpu_record(record, step, figures, GPU_RECORD.name))
 
 
 SIMULATED_GPU_RECORD = REPO_ROOT / "docs" / "records" / "simulated-gpu-2cpu.json"  # benchmarks/shared_batcher.py's
@@ -291,25 +282,17 @@ def simulated_gpu() -> str:
     batch_1 = next(f["value"] for f in h200["fp16-vs-fp32"]["figures"] if f["measures"] == "fp32, batch 1")
     cores, cpus = (int(re.search(pattern, text)[1]) for pattern, text in ((r"(\d+) Xeon cores", h200["machine"]),
                                                                             (r"(\d+) CPUs", run["machine"])))
-    head = prose(f"**A simulation, not a GPU**: `{run['command']}` at {run['commit']}, {run['date']}, on {run['machine']}, "
-                 f"shared with other sessions (load average {run['load_average_before']:.1f} before, "
-                 f"{run['load_average_after']:.1f} after; `docs/records/{SIMULATED_GPU_RECORD.name}`). "
-                 f"{run['stand_in']}. Its {run['simulated_gpu_ms']:g} ms is the H200's fp32 batch of one ({batch_1:g} ms, "
-                 f"`docs/records/{GPU_H200_RECORD.name}`) times its host's {cores} cores over these {cpus} "
-                 f"({batch_1 * cores / cpus:.1f} ms): the simulated GPU stands to these CPUs as the H200 stood to its own. "
-                 f"{len(run['rounds'])} rounds of "
-                 f"{run['senders']} closed-loop senders for {run['seconds']:g} s on each service in turn; medians over "
-                 "the rounds; the simulated GPU's busy share is batches per second times its wait; Triton's CPU is the "
-                 "server's alone, as its client preprocesses:")
-    rows = ["| service | req/s | mean batch | simulated GPU busy | service CPU ms per request |", "|---|---:|---:|---:|---:|"]
+    head = prose(BLOCKS.simulated_gpu(run, SIMULATED_GPU_RECORD.name, batch_1, GPU_H200_RECORD.name, cores, cpus))
+    rows = []
     for name in run["rounds"][0]:
         rps, batch, cpu = (median(r[name][key] for r in run["rounds"]) for key in ("rps", "mean_batch", "cpu_ms_per_request"))
         busy = median(r[name]["rps"] / r[name]["mean_batch"] * run["simulated_gpu_ms"] / 10 for r in run["rounds"])
-        rows.append(f"| {name} | {rps:.1f} | {batch:.2f} | {busy:.0f} % | {cpu:.1f} |")
-    ratios = ["| ratio of req/s | each round | median | aim |", "|---|---|---:|---:|"]
-    ratios += [f"| {r['top']} ÷ {r['bottom']} | {', '.join(f'{x:.2f}' for x in r['each_round'])} | "
-               f"**{r['median']:.2f}×** | ≥ {r['aim']:g}× |" for r in run["ratios"]]
-    return "\n".join([head, "", *rows, "", *ratios])
+        rows.append((name, f"{rps:.1f}", f"{batch:.2f}", f"{busy:.0f} %", f"{cpu:.1f}"))
+    ratios = [(f"{r['top']} ÷ {r['bottom']}", ", ".join(f"{x:.2f}" for x in r["each_round"]), f"**{r['median']:.2f}×**",
+               f"≥ {r['aim']:g}×") for r in run["ratios"]]
+    return "\n\n".join([head, markdown(("service", "req/s", "mean batch", "simulated GPU busy",
+                                         "service CPU ms per request"), rows, "lrrrr"),
+                         markdown(("ratio of req/s", "each round", "median", "aim"), ratios, "llrr")])
 
 
 def original(key: str) -> str:

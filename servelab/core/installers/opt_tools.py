@@ -6,12 +6,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from servelab.core.fetch import sha256_file
 from servelab.core.settings import get_settings
 
 
@@ -35,14 +38,14 @@ class ToolBinary:
     library_path: str = ""  # prepended to LD_LIBRARY_PATH (the project's unpacked libraries)
 
     def env(self) -> dict[str, str]:
-        """Variables to start it with (added to the environment)."""
-        if not self.library_path:
-            return {}
-        return {"LD_LIBRARY_PATH": os.pathsep.join(p for p in (self.library_path, os.environ.get("LD_LIBRARY_PATH"))
-                                                   if p)}
+        """The environment to start it in: this one, its libraries first on LD_LIBRARY_PATH."""
+        env = dict(os.environ)
+        if self.library_path:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (self.library_path, env.get("LD_LIBRARY_PATH")) if p)
+        return env
 
     def describe(self) -> str:
-        return f"{self.path} ({self.source}, {self.version})"
+        return f"{self.path} ({self.source}{', ' + self.version if self.version else ''})"
 
 
 def choose_binary(named: str | None, variable: str, project: Path, command: str,
@@ -66,10 +69,10 @@ def is_installed(tool: str, version_line: str, binary: str) -> bool:
 
 
 def binary_version(path: Path, pattern: str, not_found: type[Exception], env: dict[str, str] | None = None) -> str:
-    """What ``pattern``'s group finds in the output of ``path --version``; ``not_found`` where it does not run."""
+    """What ``pattern``'s group finds in the output of ``path --version`` (run in ``env``, else this
+    environment); ``not_found`` where it does not run."""
     try:
-        done = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20,
-                              env={**os.environ, **(env or {})})
+        done = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise not_found(f"{path} does not run: {exc}") from None
     found = re.search(pattern, done.stdout + done.stderr)
@@ -130,6 +133,76 @@ def system_has_library(library: str) -> bool:
     """Whether the dynamic loader finds ``library`` (``libb64.so.0d``) without help."""
     done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
     return bool(done and library in done.stdout)
+
+
+def add_library(library: str, package: str, lib: Path, scratch: Path, fix: str) -> Path | None:
+    """``library`` copied into ``lib`` from Debian's ``package`` (``unpack_deb``) unless the system has it: the
+    .deb it came from, None where the system's is used."""
+    if system_has_library(library):
+        return None
+    root, deb = unpack_deb(package, scratch, fix)
+    [found] = root.rglob(library)
+    shutil.copy2(found.resolve(), lib / library)
+    return deb
+
+
+@dataclass(frozen=True)
+class DebianTool:
+    """A server binary the lab starts (Prometheus, redis-server), unpacked from Debian's packages into
+    ``opt_dir(tool)``, never installed (no root): ``unpack_pinned``, the binary taken out, the libraries the system
+    lacks beside it in ``lib`` (found through ``LD_LIBRARY_PATH``), the .debs' sha256 recorded in ``installed.json``.
+    ``locate`` picks the binary the setting ``variable`` names, else the project's copy, else ``command`` on PATH,
+    and checks that it starts."""
+
+    tool: str  # its folder under opt/
+    command: str  # the binary's name in bin/ and on PATH
+    variable: str  # the setting that names one
+    package: str
+    member: str  # the binary inside the package
+    version_line: str  # the line the code is checked against; another is refused
+    version_pattern: str  # finds the version in `--version`'s output
+    not_found: type[Exception]
+    hint: str  # how to get one, in every "not installed"
+    fix: str  # ends every install error
+    libraries: tuple[tuple[str, str], ...] = ()  # (library, its Debian package)
+
+    @property
+    def home(self) -> Path:
+        return opt_dir(self.tool)
+
+    def checked(self, binary: ToolBinary) -> ToolBinary:
+        """``binary`` with its version, once it has started."""
+        return replace(binary, version=binary_version(binary.path, self.version_pattern, self.not_found, binary.env()))
+
+    @cache  # once per process (a frozen dataclass is its key); ``install`` clears it
+    def locate(self) -> ToolBinary:
+        binary = choose_binary(getattr(get_settings(), self.variable.lower()), self.variable,
+                               self.home / "bin" / self.command, self.command,
+                               library_path=str(self.home / "lib") if self.libraries else "")
+        if binary is None:
+            raise self.not_found(f"{self.command} is not installed: {self.hint}")
+        return self.checked(binary)
+
+    def installed(self) -> bool:
+        return is_installed(self.tool, self.version_line, self.command)
+
+    def install(self, log=print) -> ToolBinary:
+        """The package (and the libraries the system lacks) unpacked; checked to start and be on the version line."""
+        for folder in ("bin", "lib"):
+            (self.home / folder).mkdir(parents=True, exist_ok=True)
+        (self.home / "installed.json").unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"servelab-{self.tool}-") as tmp:
+            root, deb, version = unpack_pinned(self.package, Path(tmp), self.version_line, self.fix)
+            debs = [deb, *filter(None, (add_library(library, package, self.home / "lib", Path(tmp), self.fix)
+                                        for library, package in self.libraries))]
+            shas = {d.name: sha256_file(d) for d in debs}
+            place(root / self.member, self.home / "bin" / self.command)
+        binary = self.checked(ToolBinary(self.home / "bin" / self.command, "project",
+                                         library_path=str(self.home / "lib") if self.libraries else ""))
+        (self.home / "installed.json").write_text(json.dumps({"version": version, "debs": shas}, indent=1) + "\n")
+        DebianTool.locate.cache_clear()
+        log(f"{self.tool}: {binary.path} from {', '.join(shas)}")
+        return binary
 
 
 def cmd_install(tool: str, if_missing: bool, installed: Callable[[], bool], install: Callable[[], Any],

@@ -13,19 +13,26 @@ starts (``--version``) and otherwise raises ``PerfAnalyzerNotFound`` saying how 
 """
 
 import json
-import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
-from servelab.core.installers.opt_tools import InstallError, opt_dir, system_has_library, unpack_deb, wheelhouse
+from servelab.core.installers.opt_tools import (
+    InstallError,
+    ToolBinary,
+    add_library,
+    binary_version,
+    choose_binary,
+    opt_dir,
+    place,
+    wheelhouse,
+)
 from servelab.core.settings import get_settings
 
 
@@ -60,65 +67,26 @@ def install_dir() -> Path:
     return opt_dir("perf_analyzer")
 
 
-@dataclass(frozen=True)
-class PerfAnalyzer:
-    path: Path
-    source: str  # "PERF_ANALYZER", "project" or "PATH"
-    library_path: str = ""  # prepended to LD_LIBRARY_PATH
-    version: str = ""
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.library_path:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (self.library_path, env.get("LD_LIBRARY_PATH")) if p)
-        return env
-
-    def describe(self) -> str:
-        return f"{self.path} ({self.source}{', ' + self.version if self.version else ''})"
-
-
-def _candidates() -> list[PerfAnalyzer]:
-    found = []
-    named = get_settings().perf_analyzer
-    if named:
-        found.append(PerfAnalyzer(Path(named), "PERF_ANALYZER"))
-    home = install_dir()
-    if (home / "bin" / "perf_analyzer").exists():
-        found.append(PerfAnalyzer(home / "bin" / "perf_analyzer", "project", str(home / "lib")))
-    on_path = shutil.which("perf_analyzer")
-    if on_path:
-        found.append(PerfAnalyzer(Path(on_path), "PATH"))
-    return found
-
-
-def _version(pa: PerfAnalyzer) -> str:
+def _version(pa: ToolBinary) -> str:
     """``perf_analyzer --version``; raises with the loader's own message when it cannot start."""
-    try:
-        done = subprocess.run([str(pa.path), "--version"], capture_output=True, text=True, env=pa.env(), timeout=20)
-    except OSError as exc:
-        raise PerfAnalyzerNotFound(f"{pa.path} does not run: {exc}") from None
-    if done.returncode != 0:
-        message = (done.stderr or done.stdout).strip().splitlines()
-        raise PerfAnalyzerNotFound(f"{pa.path} does not start: {message[-1] if message else f'exit {done.returncode}'}")
+    said = binary_version(pa.path, r"(?s)(.*\S)", PerfAnalyzerNotFound, pa.env())
     # The wheel's build prints no number ("Perf Analyzer Version  (commit unknown)"): name its pin instead.
-    if pa.source == "project":
-        return f"from tritonclient {PINS[0].version}"
-    return " ".join((done.stdout + done.stderr).split())
+    return f"from tritonclient {PINS[0].version}" if pa.source == "project" else " ".join(said.split())
 
 
 @lru_cache
-def locate() -> PerfAnalyzer:
+def locate() -> ToolBinary:
     """The perf_analyzer to use, checked to start; see the module docstring for the order."""
-    candidates = _candidates()
-    if not candidates:
+    # The first that exists decides: a broken PERF_ANALYZER is an error, not skipped.
+    pa = choose_binary(get_settings().perf_analyzer, "PERF_ANALYZER", install_dir() / "bin" / "perf_analyzer",
+                       "perf_analyzer", library_path=str(install_dir() / "lib"))
+    if pa is None:
         raise PerfAnalyzerNotFound(f"perf_analyzer is not installed: {INSTALL_HINT}; {SDK_IMAGE_HINT}")
-    pa = candidates[0]  # the first that exists decides: a broken PERF_ANALYZER is an error, not skipped
     try:
-        version = _version(pa)
+        return replace(pa, version=_version(pa))
     except PerfAnalyzerNotFound as exc:
         fix = f"install {LIBB64_PACKAGE} or {INSTALL_HINT}" if LIBB64 in str(exc) else INSTALL_HINT
         raise PerfAnalyzerNotFound(f"{exc}; {fix}") from None
-    return PerfAnalyzer(pa.path, pa.source, pa.library_path, version)
 
 
 # --- installing ------------------------------------------------------------------------------------
@@ -143,24 +111,11 @@ def _download(pin: Pin, into: Path) -> Path:
 
 
 def _extract(wheel: Path, member: str, dest: Path) -> Path:
-    target = dest / Path(member).name
-    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-        tmp = target.with_suffix(".part")
-        with tmp.open("wb") as out:
-            shutil.copyfileobj(src, out)
-    tmp.chmod(0o755)
-    tmp.replace(target)  # never a half-written binary under its real name
-    return target
-
-
-def _libb64(lib: Path, scratch: Path) -> str:
-    """Debian's libb64, from the system or else unpacked from its package (no root needed)."""
-    if system_has_library(LIBB64):
-        return "system"
-    root, deb = unpack_deb(LIBB64_PACKAGE, scratch, f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
-    [found] = root.rglob(LIBB64)
-    shutil.copy2(found.resolve(), lib / LIBB64)
-    return f"{deb.name} (unpacked)"
+    with zipfile.ZipFile(wheel) as zf:
+        taken = Path(zf.extract(member, wheel.parent))
+    taken.chmod(0o755)
+    place(taken, dest / taken.name)
+    return dest / taken.name
 
 
 def _manifest() -> dict:
@@ -185,7 +140,7 @@ def extract_pinned(home: Path, scratch: Path, log=print) -> None:
         log(f"perf_analyzer: {_extract(wheel, pin.member, home / pin.dest)} from {wheel.name} (sha256 verified)")
 
 
-def install(log=print) -> PerfAnalyzer:
+def install(log=print) -> ToolBinary:
     """Download the pinned wheels, take out perf_analyzer and libcudart, add libb64; check it starts."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise InstallError(f"the pinned perf_analyzer is an x86_64 Linux binary; this is {platform.system()} "
@@ -197,9 +152,10 @@ def install(log=print) -> PerfAnalyzer:
     with tempfile.TemporaryDirectory(prefix="servelab-pa-install-") as tmp:
         scratch = Path(tmp)
         extract_pinned(home, scratch, log)
-        log(f"perf_analyzer: {LIBB64} from {_libb64(home / 'lib', scratch)}")
+        deb = add_library(LIBB64, LIBB64_PACKAGE, home / "lib", scratch, f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
+        log(f"perf_analyzer: {LIBB64} from {f'{deb.name} (unpacked)' if deb else 'system'}")
     locate.cache_clear()
-    pa = PerfAnalyzer(home / "bin" / "perf_analyzer", "project", str(home / "lib"))
-    pa = PerfAnalyzer(pa.path, pa.source, pa.library_path, _version(pa))
+    pa = ToolBinary(home / "bin" / "perf_analyzer", "project", library_path=str(home / "lib"))
+    pa = replace(pa, version=_version(pa))
     (home / "installed.json").write_text(json.dumps({"wheels": _manifest()}, indent=1) + "\n")
     return pa

@@ -105,6 +105,12 @@ def load_variants(model_dir: Path) -> VariantsRecord:
     return VariantsRecord.model_validate_json((Path(model_dir) / RECORD_FILE).read_text())
 
 
+def agreements(model_dir: Path) -> dict[str, float]:
+    """Each variant's top-1 agreement with fp32, as ``servelab models build`` recorded it ({}: none built there)."""
+    built = (Path(model_dir) / RECORD_FILE).exists()
+    return {v.name: v.agreement.top1 for v in load_variants(model_dir).variants} if built else {}
+
+
 # The instruction sets ``machine()`` names: the vector widths and what makes INT8 fast (hardware.INT8_INSTRUCTIONS).
 MACHINE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "f16c", "asimddp", "i8mm")
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from servelab.core.photos import evaluation_set, pixels
 from servelab.core.preprocess import crop_pixels
+from servelab.core.tables import markdown
 from servelab.core.variants.build import VARIANTS, load_variants, machine, run_batches, session, variant_path
 
 
@@ -66,14 +67,13 @@ def table(model_dir: Path, manifest, rounds: int, food11: Path | None) -> str:
              f"agreement: top-1 equal to fp32 on {record.evaluation.count} evaluation photos "
              f"({record.evaluation.sources} photographs); prob change: |change| of fp32's top-class probability",
              "",
-             "| variant | file | size MB | precision | agreement % | max prob change | mean prob change | "
-             "ms/img b1 | ms/img b16 |" + (" Food-11 accuracy % |" if accuracy else ""),
-             "|---|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if accuracy else "")]
-    for v in record.variants:
-        a = v.agreement
-        lines.append(f"| {v.name} | {v.file} | {v.size_bytes / 1e6:.1f} | {v.precision} | {a.top1 * 100:.1f} | "
-                     f"{a.max_prob_change:.4f} | {a.mean_prob_change:.4f} | {times[v.name][1]:.2f} | "
-                     f"{times[v.name][16]:.2f} |" + (f" {accuracy[v.name] * 100:.1f} |" if accuracy else ""))
+             markdown(("variant", "file", "size MB", "precision", "agreement %", "max prob change", "mean prob change",
+                       "ms/img b1", "ms/img b16", *(["Food-11 accuracy %"] if accuracy else [])),
+                      [(v.name, v.file, f"{v.size_bytes / 1e6:.1f}", v.precision, f"{v.agreement.top1 * 100:.1f}",
+                        f"{v.agreement.max_prob_change:.4f}", f"{v.agreement.mean_prob_change:.4f}",
+                        f"{times[v.name][1]:.2f}", f"{times[v.name][16]:.2f}",
+                        *([f"{accuracy[v.name] * 100:.1f}"] if accuracy else [])) for v in record.variants],
+                      "llrlrrrrrr")]
     if food11:
         lines.append(f"\nFood-11 accuracy on {len(food11_labels(food11)[0])} photos from {food11}"
                      + (" (the offline stand-in: read it as a check, not the lab's figure)" if manifest.stand_in else ""))

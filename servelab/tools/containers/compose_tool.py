@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.core.fetch import sha256_file
+from servelab.core.installers.opt_tools import place
 from servelab.tools.containers.docker import Docker
 
 
@@ -69,10 +70,7 @@ def ensure(cache: Path, log=print, plugin: Plugin = COMPOSE) -> Path:
             raise ComposeError(f"{deb.name}: sha256 differs from the pinned {plugin.sha256}")
         subprocess.run(["dpkg", "-x", str(deb), str(work / "x")], check=True, capture_output=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_suffix(".part")
-        shutil.copy2(work / "x" / "usr/libexec/docker/cli-plugins" / plugin.package, part)
-        part.chmod(0o755)
-        part.replace(target)
+        place(work / "x" / "usr/libexec/docker/cli-plugins" / plugin.package, target)
     stamp.write_text(pin)
     log(f"{plugin.package} {plugin.version} from Debian trixie (sha256 verified) -> {target}")
     return target

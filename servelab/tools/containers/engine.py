@@ -12,18 +12,19 @@ dockerd leaves behind: mounts under its folders, the bridges in its range, and t
 that name them.
 """
 
-import http.client
 import json
 import os
 import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import httpx
+import psutil
 
 from servelab.core.procs import ServerProcess
 from servelab.tools.containers.docker import Docker
@@ -36,38 +37,20 @@ class EngineError(RuntimeError):
     pass
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = 2.0):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.unix_path)
-
-
 def ping(sock: Path) -> bool:
     """Whether a Docker API answers on the unix socket ``sock``."""
     try:
-        conn = _UnixHTTPConnection(str(sock))
-        conn.request("GET", "/_ping")
-        return conn.getresponse().status == 200
-    except OSError:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=2.0) as client:
+            return client.get("http://docker/_ping").status_code == 200
+    except httpx.HTTPError:
         return False
 
 
 def _alive(pid: int) -> bool:
     """Running, and not a zombie (an exited child of ours not yet waited for)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
@@ -306,15 +289,10 @@ def _cleanup(state: EngineState, log) -> None:
 
 def _kill_shims(namespace: str) -> None:
     """containerd shims of our namespace that outlived a killed dockerd (they hold containers)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"containerd-shim-runc-v2") and namespace.encode() in args:
-            stop_pid(int(proc.name), timeout=5.0)
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if args and args[0].endswith("containerd-shim-runc-v2") and namespace in args:
+            stop_pid(proc.pid, timeout=5.0)
 
 
 def _remove_iptables_rules(bridges: set[str], prefix: str) -> None:

@@ -12,12 +12,11 @@ Docker runs ``docker buildx bake`` itself (``make images``).
 
 import json
 import os
-import subprocess
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from servelab.core.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT, checkout
 from servelab.tools.containers.docker import Docker
 from servelab.tools.docker_versions import read_env_file
 
@@ -38,16 +37,9 @@ def tag(root: Path = REPO_ROOT) -> str:
     from it (a student's saved notebooks do not count), so such images never pass for the commit's;
     "local" where git cannot say."""
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout.strip()
-    try:
-        commit = git("rev-parse", "--short=12", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", *built_from(root))
-    except (OSError, subprocess.SubprocessError):
+    if (found := checkout(*built_from(root), root=root, digits=12)) is None:
         return f"{version}-local"
-    return f"{version}-{commit}" + ("-dirty" if changed else "")
+    return f"{version}-{found[0]}" + ("-dirty" if found[1] else "")
 
 
 def lab_env() -> dict[str, str]:

@@ -16,16 +16,12 @@ import secrets
 from pathlib import Path
 
 from servelab.core.paths import REPO_ROOT
+from servelab.tools.docker_versions import read_env_file as read  # `NAME=value` lines, as Compose reads them
 
 SECRETS_DIR = REPO_ROOT / ".secrets"
 # file -> the variable it defines.
 FILES = {"lab.env": "ADMIN_TOKEN", "grafana.env": "GF_SECURITY_ADMIN_PASSWORD"}
 TOKEN_BYTES = 32  # 256 bits, URL-safe text of 43 characters
-
-
-def read(path: Path) -> dict[str, str]:
-    """``NAME=value`` lines of an env file."""
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
 
 
 def write(folder: Path = SECRETS_DIR, rotate: bool = False) -> dict[str, str]:

@@ -15,7 +15,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from servelab.core.paths import REPO_ROOT
+from servelab.tools.gpu_constraints import pins
 
 CONSTRAINTS = REPO_ROOT / "constraints.txt"
 # The Python the images run (Debian 12's python3.11), which may be older than the host's: packages
@@ -25,11 +28,7 @@ IMAGE_PYTHON = "3.11.2"
 
 def pinned(package: str) -> str:
     """The version constraints.txt pins for ``package``."""
-    for line in CONSTRAINTS.read_text().splitlines():
-        name, sep, version = line.strip().partition("==")
-        if sep and name.lower() == package.lower():
-            return version
-    raise KeyError(f"{package} is not pinned in constraints.txt")
+    return pins(CONSTRAINTS)[canonicalize_name(package)]
 
 
 def cpu_torch() -> str:
