@@ -27,12 +27,10 @@ one serving too, since the config changed; and a load over HTTP stalled every HT
 as it ran (about 4 s without one answer; Triton issues #8117, #8958: the load blocks its HTTP worker
 thread), where the same load over gRPC cost none.
 
-Each Python-backend instance (a stub process) shares a segment of /dev/shm with tritonserver, which unlinks it as
-it unloads the model; where tritonserver dies first the stub unlinks it itself, but a SIGKILL of both (the whole
-process group: a stop's last resort, or someone else's) leaves it there, 10-16 MB each. So every server started
-here names its segments with a prefix of its own (``SHM_PREFIX``), and its stop removes whatever is left of them.
-Its exit timeout is Triton's default, 30 s: time to unload a stage of eight PyTorch stubs on a busy 2-CPU machine,
-where 2 s made tritonserver exit with its models still loaded and leave its stubs to end on their own.
+Each Python-backend stub shares a segment of /dev/shm (10-16 MB) with tritonserver, which unlinks it as it unloads
+the model, or the stub does where tritonserver died first; a SIGKILL of both leaves it. So each server started here
+names its stubs' segments (``SHM_PREFIX`` and a name of its own) and its stop removes what is left of them. Its exit
+timeout is Triton's default, 30 s: 5 s made it exit with the eight stubs of pt-4x4 still loaded, on 2 CPUs.
 
 Model control (load, unload, the repository index) answers only a request that carries the server's key in
 an ``admin-token`` header (over gRPC ``triton-grpc-protocol-admin-token``): Triton's own
@@ -74,7 +72,6 @@ LOAD_TIMEOUT_S = 600.0
 ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.triton.models))
 # Triton's name for a stub's segment in /dev/shm; a server started here adds a name of its own.
 SHM_PREFIX = "triton_python_backend_shm_region_"
-EXIT_TIMEOUT_S = 30  # Triton's default: time to unload every stage (the module docstring says why)
 # The header that carries the model-control key; gRPC prefixes it (Triton's "Limit Endpoint Access").
 CONTROL_HEADER = "admin-token"
 GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"
@@ -238,7 +235,7 @@ class LocalTriton:
 
 
 def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
-                log: Path | None = None, exit_timeout_s: int = EXIT_TIMEOUT_S, ready_timeout_s: float = LOAD_TIMEOUT_S,
+                log: Path | None = None, exit_timeout_s: int = 30, ready_timeout_s: float = LOAD_TIMEOUT_S,
                 detach: bool = False, key: str = "") -> LocalTriton:
     """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY. Model control
     asks for ``key`` (default: ADMIN_TOKEN, else a new key for this server)."""
@@ -398,8 +395,7 @@ def model_config(url: str, model: str) -> dict[str, Any]:
 def state_of(server: LocalTriton) -> dict[str, Any]:
     """What `down` needs to stop the server and `stage` needs to render for it and to switch it (its key)."""
     return {"pid": server.process.pid, "binary": server.process.cmd[0], "url": server.url, "key": server.key,
-            "shm_prefix": server.shm_prefix,
-            "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
+            "shm_prefix": server.shm_prefix, "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
             "onnxruntime": server.onnxruntime, "repository": str(server.repository),
             "log": str(server.process.log)}
 
@@ -457,9 +453,8 @@ def _is_our_server(pid: int, binary: str) -> bool:
     return cmdline[0].decode(errors="replace") == binary
 
 
-def stop_saved(timeout_s: float = EXIT_TIMEOUT_S + 15) -> dict[str, Any] | None:
-    """Stop the server `up` started (SIGTERM to its process group, SIGKILL if it lingers, then what is left of its
-    segments in /dev/shm)."""
+def stop_saved(timeout_s: float = 30.0) -> dict[str, Any] | None:
+    """Stop the server `up` started (SIGTERM to its process group, SIGKILL if it lingers; its segments in /dev/shm)."""
     state = load_state()
     if state is None:
         return None
@@ -480,7 +475,6 @@ def stop_saved(timeout_s: float = EXIT_TIMEOUT_S + 15) -> dict[str, Any] | None:
 
 
 def remove_segments(prefix: str) -> None:
-    """Remove the segments in /dev/shm of the server whose stubs named theirs with ``prefix`` (``SHM_PREFIX``), once
-    it has ended: what a SIGKILL left of them."""
+    """What a SIGKILL left in /dev/shm of the stubs of an ended server, which named their segments ``prefix...``."""
     for segment in Path("/dev/shm").glob(f"{prefix}*") if prefix else ():
         segment.unlink(missing_ok=True)
