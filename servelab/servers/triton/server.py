@@ -475,6 +475,6 @@ def stop_saved(timeout_s: float = 30.0) -> dict[str, Any] | None:
 
 
 def remove_segments(prefix: str) -> None:
-    """What a SIGKILL left in /dev/shm of the stubs of an ended server, which named their segments ``prefix...``."""
+    """Remove what a SIGKILL left in /dev/shm of an ended server's stubs, which named their segments ``prefix...``."""
     for segment in Path("/dev/shm").glob(f"{prefix}*") if prefix else ():
         segment.unlink(missing_ok=True)
