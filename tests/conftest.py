@@ -1,21 +1,23 @@
 """Every test session works in folders of its own: MODEL_DIR and TRITON_MODEL_REPOSITORY point into a
 session temporary folder (the servers the tests start inherit them), so `make test` never replaces
 the model the user built in models/ and models_staging/. The session fails if it changed the
-checkout's models/, models_staging/ or results/ anyway."""
+checkout's models/, models_staging/ or results/ anyway, or left a Triton stub's segment in /dev/shm."""
 
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import tier_durations
-from checkout_guard import changes, fingerprint
+from checkout_guard import changes, fingerprint, in_dev_shm, named_shm
 from lab_process import READERS, QuickLab, quick_lab_folder
 from servelab.core.artifacts import ArtifactPaths, ModelSource, build_artifacts, load_manifest
 from servelab.core.hardware import NO_GPU, gpu_count
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import build_variants
+from servelab.servers.triton.server import SHM_PREFIX
 from triton_repo import copy_sources
 
 ADMIN_TOKEN = secrets.token_urlsafe(24)  # the session's servers' ADMIN_TOKEN
@@ -54,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    before = fingerprint()
+    before, shm_before = fingerprint(), in_dev_shm()
     root = tmp_path_factory.mktemp("servelab")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MODEL_DIR", str(root / "models"))
@@ -68,6 +70,10 @@ def own_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     get_settings.cache_clear()
     changed = changes(before, fingerprint())
     assert not changed, "the tests changed the checkout's own folders:\n" + "\n".join(changed)
+    # A segment still mapped is a running server's: one beside this session (another pytest-xdist worker's).
+    left = {name for name in in_dev_shm() - shm_before if name.startswith(SHM_PREFIX)}
+    left -= named_shm(psutil.process_iter()) if left else set()
+    assert not left, f"the tests left Triton stubs' segments in /dev/shm: {sorted(left)}"
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,6 @@ def local_triton(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     generated configs in models_staging/."""
     repository = make_repository(tmp_path_factory.mktemp("model_repository"))
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", repository=repository, log=log,
-                                   exit_timeout_s=2) as local:
+    with triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", repository=repository, log=log) as local:
         yield local
 

@@ -26,6 +26,6 @@ def client() -> Iterator[httpx.Client]:
 def local_triton(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[server.LocalTriton]:
     repository = make_repository(tmp_path_factory.mktemp("model_repository"))
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
+    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log) as local:
         yield local
 

@@ -165,7 +165,7 @@ def triton(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("overload-triton")
     stage = bounded(get_stage("pt-dyn"), max_queue_size=2)
     with server.start_local(stage, kind="cpu", repository=make_repository(root / "repository"),
-                            log=root / "tritonserver.log", exit_timeout_s=2) as local:
+                            log=root / "tritonserver.log") as local:
         yield local
 
 

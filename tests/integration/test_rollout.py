@@ -139,7 +139,7 @@ def triton(model, versions, tmp_path_factory):
     """A tritonserver of its own serving food_classifier version 1 (pt-1, CPU instances)."""
     repository = make_repository(tmp_path_factory.mktemp("rollout_repository"))
     log = tmp_path_factory.mktemp("rollout-triton") / "tritonserver.log"
-    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log, exit_timeout_s=2) as local:
+    with server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=log) as local:
         yield local
 
 

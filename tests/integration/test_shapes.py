@@ -192,8 +192,7 @@ def triton(request, artifacts, tmp_path_factory) -> Iterator[tuple[str, server.L
     log = tmp_path_factory.mktemp(f"shapes-triton-{request.param}") / "tritonserver.log"
     with pytest.MonkeyPatch.context() as env:
         env.setitem(os.environ, "ORT_SHAPE_POLICY", request.param)
-        local = server.start_local(get_stage("onnx-dyn"), kind="cpu", repository=repository, log=log,
-                                   exit_timeout_s=2)
+        local = server.start_local(get_stage("onnx-dyn"), kind="cpu", repository=repository, log=log)
     with local:
         yield request.param, local, triton_sessions(local)
 

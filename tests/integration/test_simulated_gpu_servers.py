@@ -47,7 +47,7 @@ def test_triton_onnx_dyn_batches_fill_behind_the_stand_in_with_the_models_logits
     want = OnnxClassifier(artifacts.onnx).infer(batch)
     stage = get_stage("onnx-dyn")
     with server.start_local(stage, kind="cpu", repository=make_repository(tmp_path / "repository"),
-                            log=tmp_path / "tritonserver.log", exit_timeout_s=2) as triton:
+                            log=tmp_path / "tritonserver.log") as triton:
         client = triton_http.InferenceServerClient(triton.url, concurrency=16)  # 16 requests in flight at once
         inputs = [triton_http.InferInput("input", [1, *batch.shape[1:]], "FP32") for _ in range(8 * len(batch))]
         for i, x in enumerate(inputs):

@@ -10,17 +10,21 @@ so the tests leave no generated configs behind.
 
 import base64
 import json
+import os
+import signal
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from checkout_guard import in_dev_shm, named_shm
 from photos import variants
 from servelab import cli
 from servelab.core.artifacts import load_manifest
@@ -335,6 +339,45 @@ def test_a_variant_stage_agrees_with_the_in_process_pipeline(triton, name):
     connection.close()
     onnx = OnnxClassifier(Path(triton.repository) / model / "1" / "model.onnx")
     np.testing.assert_allclose(result.as_numpy("output"), onnx.infer(pixels(FOUR)), atol=1e-5)
+
+
+# --- nothing left in /dev/shm ---
+
+def group(local: server.LocalTriton) -> list[psutil.Process]:
+    """tritonserver and its Python stubs."""
+    leader = psutil.Process(local.process.pid)
+    return [leader, *leader.children()]
+
+
+def test_a_stage_switch_and_a_stop_leave_nothing_in_dev_shm(repository, tmp_path):
+    """Each stub's segment goes with its model: when a switch unloads it, and when the stop does, given time to
+    unload eight PyTorch stubs on 2 CPUs (with 2 s, tritonserver exited with them loaded)."""
+    log = tmp_path / "tritonserver.log"
+    with server.start_local(get_stage("onnx-1"), kind="cpu", repository=repository, log=log) as local:
+        first = named_shm(group(local))
+        local.apply_stage(get_stage("pt-4x4"))
+        eight = named_shm(group(local))
+        assert len(first) == 1 and len(eight) == 8 and not first & in_dev_shm()
+    assert not eight & in_dev_shm()
+    assert "Exit timeout expired" not in log.read_text()
+
+
+def test_what_a_sigkill_leaves_in_dev_shm_the_stop_removes_and_no_other_servers(triton, repository, tmp_path):
+    """A SIGKILL of tritonserver with its stubs (of the whole group: the stop's last resort, or someone else's) leaves
+    their segments, with nothing of Triton's left to unlink them. The stop removes them by the name this server gave
+    them, and leaves those of another server (the tier's, running)."""
+    others = named_shm(group(triton))
+    local = server.start_local(get_stage("pt-1"), kind="cpu", repository=repository, log=tmp_path / "tritonserver.log")
+    try:
+        processes = group(local)
+        named = named_shm(processes)
+        os.killpg(local.process.pid, signal.SIGKILL)
+        psutil.wait_procs(processes, timeout=10)
+        assert named and named <= in_dev_shm()
+    finally:
+        local.stop()
+    assert not named & in_dev_shm()
+    assert others and others <= in_dev_shm()
 
 
 # --- the CLI ---

@@ -27,6 +27,11 @@ one serving too, since the config changed; and a load over HTTP stalled every HT
 as it ran (about 4 s without one answer; Triton issues #8117, #8958: the load blocks its HTTP worker
 thread), where the same load over gRPC cost none.
 
+Each Python-backend stub shares a segment of /dev/shm (10-16 MB) with tritonserver, which unlinks it as it unloads
+the model, or the stub does where tritonserver died first; a SIGKILL of both leaves it. So each server started here
+names its stubs' segments (``SHM_PREFIX`` and a name of its own) and its stop removes what is left of them. Its exit
+timeout is Triton's default, 30 s: 5 s made it exit with the eight stubs of pt-4x4 still loaded, on 2 CPUs.
+
 Model control (load, unload, the repository index) answers only a request that carries the server's key in
 an ``admin-token`` header (over gRPC ``triton-grpc-protocol-admin-token``): Triton's own
 ``--http-restricted-api`` and ``--grpc-restricted-protocol`` (``control_flags``). The key is the node's
@@ -65,6 +70,8 @@ STATE_FILE = CACHE_DIR / "tritonserver-up.json"
 LOAD_TIMEOUT_S = 600.0
 # Every model any stage loads, dependencies first (reversed, it is a safe unload order).
 ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.triton.models))
+# Triton's name for a stub's segment in /dev/shm; a server started here adds a name of its own.
+SHM_PREFIX = "triton_python_backend_shm_region_"
 # The header that carries the model-control key; gRPC prefixes it (Triton's "Limit Endpoint Access").
 CONTROL_HEADER = "admin-token"
 GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"
@@ -156,7 +163,7 @@ def control_headers(url: str, protocol: Literal["http", "grpc"] = "http") -> dic
 
 
 def server_command(install_dir: Path, repository: Path, ports: Ports, models: tuple[str, ...],
-                   *, gpu_metrics: bool, exit_timeout_s: int, key: str) -> list[str]:
+                   *, gpu_metrics: bool, exit_timeout_s: int, key: str, shm_prefix: str) -> list[str]:
     return [
         str(install_dir / "bin" / "tritonserver"),
         f"--model-repository={repository}",
@@ -169,6 +176,7 @@ def server_command(install_dir: Path, repository: Path, ports: Ports, models: tu
         "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
         f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
         f"--exit-timeout-secs={exit_timeout_s}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         *control_flags(key),
         *cache_flags(install_dir, get_settings().triton_cache_bytes),
     ]
@@ -194,6 +202,7 @@ class LocalTriton:
     onnxruntime: bool
     repository: Path
     key: str  # what model control asks for (``control_flags``)
+    shm_prefix: str  # its stubs' segments in /dev/shm
 
     @property
     def url(self) -> str:
@@ -215,6 +224,7 @@ class LocalTriton:
 
     def stop(self) -> None:
         self.process.stop()
+        remove_segments(self.shm_prefix)
         _started_keys.pop(self.url, None)
 
     def __enter__(self) -> "LocalTriton":
@@ -225,7 +235,7 @@ class LocalTriton:
 
 
 def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
-                log: Path | None = None, exit_timeout_s: int = 5, ready_timeout_s: float = LOAD_TIMEOUT_S,
+                log: Path | None = None, exit_timeout_s: int = 30, ready_timeout_s: float = LOAD_TIMEOUT_S,
                 detach: bool = False, key: str = "") -> LocalTriton:
     """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY. Model control
     asks for ``key`` (default: ADMIN_TOKEN, else a new key for this server)."""
@@ -235,19 +245,20 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     resolved = resolve_kind(kind)
     onnxruntime = onnxruntime_backend(install_dir)
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
+    shm_prefix = f"{SHM_PREFIX}servelab_{secrets.token_hex(4)}_"
     cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
-                         gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s, key=key)
+                         gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s, key=key, shm_prefix=shm_prefix)
     process = ServerProcess(
         cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
-        ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach,
-    ).start()
+        ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach)
+    local = LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository), key, shm_prefix)
     try:  # tritonserver opens its metrics port after HTTP (~40 ms): ready means every endpoint answers
+        process.start()
         wait_http_ok(f"http://127.0.0.1:{ports.metrics}/metrics", 30.0, process.proc, process.log)
     except BaseException:
-        process.stop()
+        local.stop()
         raise
-    local = LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository), key)
     if not detach:  # a detached one (`servelab triton up`) outlives this process: its state file holds the key
         _started_keys[local.url] = key
     return local
@@ -384,7 +395,7 @@ def model_config(url: str, model: str) -> dict[str, Any]:
 def state_of(server: LocalTriton) -> dict[str, Any]:
     """What `down` needs to stop the server and `stage` needs to render for it and to switch it (its key)."""
     return {"pid": server.process.pid, "binary": server.process.cmd[0], "url": server.url, "key": server.key,
-            "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
+            "shm_prefix": server.shm_prefix, "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
             "onnxruntime": server.onnxruntime, "repository": str(server.repository),
             "log": str(server.process.log)}
 
@@ -443,7 +454,7 @@ def _is_our_server(pid: int, binary: str) -> bool:
 
 
 def stop_saved(timeout_s: float = 30.0) -> dict[str, Any] | None:
-    """Stop the server `up` started (SIGTERM to its process group, SIGKILL if it lingers)."""
+    """Stop the server `up` started (SIGTERM to its process group, SIGKILL if it lingers; its segments in /dev/shm)."""
     state = load_state()
     if state is None:
         return None
@@ -458,5 +469,12 @@ def stop_saved(timeout_s: float = 30.0) -> dict[str, Any] | None:
             time.sleep(0.2)
         if not _is_our_server(pid, state["binary"]):
             break
+    remove_segments(state.get("shm_prefix", ""))
     STATE_FILE.unlink(missing_ok=True)
     return state
+
+
+def remove_segments(prefix: str) -> None:
+    """Remove what a SIGKILL left in /dev/shm of an ended server's stubs, which named their segments ``prefix...``."""
+    for segment in Path("/dev/shm").glob(f"{prefix}*") if prefix else ():
+        segment.unlink(missing_ok=True)
