@@ -4,6 +4,8 @@ one service to its clients, whatever happens to one of its processes."""
 
 import ast
 import asyncio
+import http.client
+import json
 import os
 import re
 import signal
@@ -19,14 +21,17 @@ import numpy as np
 import psutil
 import pytest
 
-from fastapi_service import admin, b64, metric_samples
+from fastapi_service import b64, metric_samples
+from load_cases import rollout
 from servelab.core.catalogue import SERVICES
 from servelab.core.photos import evaluation_set
 from servelab.core.procs import SHARE_ENV, ServerProcess, free_port, wait_until
 from servelab.core.settings import ServeSettings, Settings
+from servelab.measure.targets import FastAPITarget
+from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.fastapi.shared import BATCHER_MODULE, SharedBatcher
-from servelab.servers.fastapi.workers import shares_batcher, worker_count
+from servelab.servers.fastapi.workers import FOLDER_ENV, START_S, WANTED, shares_batcher, worker_count
 
 ONNX = next(name for name, runtime in SERVICES.items() if runtime == "onnx")
 WORKERS = 2
@@ -38,15 +43,28 @@ def fresh(url: str, photo: bytes, n: int) -> list[httpx.Response]:
     return [httpx.post(f"{url}/predict", json={"image": b64(photo)}, timeout=60) for _ in range(n)]
 
 
+def children(server: ServerProcess) -> list[tuple[psutil.Process, str]]:
+    """The supervisor's living children and their command lines; one exiting or exited (a replaced server process
+    that the supervisor has not reaped yet: a zombie) is none of them."""
+    found = []
+    for p in psutil.Process(server.pid).children():
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.NoSuchProcess:  # ZombieProcess too
+            continue
+        if cmd:  # an exiting process has none left
+            found.append((p, cmd))
+    return found
+
+
 def workers_of(server: ServerProcess) -> list[psutil.Process]:
     """The supervisor's server processes (uvicorn's spawn also starts a resource tracker, which serves nothing;
     a shared batcher is ``batcher_of``'s)."""
-    return [p for p in psutil.Process(server.pid).children() if not
-            re.search(f"resource_tracker|{BATCHER_MODULE}", " ".join(p.cmdline()))]
+    return [p for p, cmd in children(server) if not re.search(f"resource_tracker|{BATCHER_MODULE}", cmd)]
 
 
 def batcher_of(server: ServerProcess) -> psutil.Process:
-    (batcher,) = [p for p in psutil.Process(server.pid).children() if BATCHER_MODULE in p.cmdline()]
+    (batcher,) = [p for p, cmd in children(server) if BATCHER_MODULE in cmd]
     return batcher
 
 
@@ -145,7 +163,7 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
     assert arenas(victim) == shared and (not shared or arenas(batcher_of(server)) == WORKERS)
     named = named_shm([victim])
     victim.kill()
-    victim.wait(10)
+    victim.wait(START_S + 10)  # uvicorn's supervisor reaps it, unless it is waiting on a health check it sent it
     # The other process takes every connection until the replacement is warm: none is refused, none 503.
     assert [a.status_code for a in fresh(url, photo, 20)] == [200] * 20
     wait_until(lambda: victim.pid not in [p.pid for p in workers_of(server)] and whole(server, url), "a replacement",
@@ -156,23 +174,81 @@ def test_a_process_that_dies_loses_no_later_request_and_is_replaced(service):
     assert predictions(url) == counted + 30
 
 
-def test_a_reload_reaches_every_process_before_it_answers(service):
+def test_a_reload_under_16_senders_replaces_every_process_and_fails_nothing(service):
+    """uvicorn's SIGHUP restart: each server process replaced by one that starts on the reloaded model, while
+    16 senders keep their connections busy; the batcher process stays and serves the new model to them all."""
     server, url = service
     before = httpx.get(f"{url}/ready").json()["model_version"]
-    answer = httpx.post(f"{url}/admin/reload", json={"variant": "u8"}, headers=admin(), timeout=300)
-    assert answer.status_code == 200, answer.text
-    reloaded = answer.json()
-    assert reloaded["previous_version"] == before != reloaded["model_version"]
-    assert reloaded["processes"] == WORKERS
+    pids = {p.pid for p in workers_of(server)}
+    batcher = batcher_of(server).pid if "batcher" in httpx.get(f"{url}/ready").json()["runtime"] else None
+    record = rollout(FastAPITarget(url, PHOTO), lambda: reload(url, variant="u8"), stage="fastapi-onnx",
+                     at_s=1.0, seconds=2.0, after_s=1.0)
+    o, reloaded = record.rollout, record.rollout.result
+    assert o.error is None and o.failed == 0 and record.stats.errors == {} and o.shed == 0, o
+    assert o.old_versions == [before] and o.new_version == reloaded["model_version"] != before, o
+    assert o.old_sent_after_ready == 0, o  # none sent once the reload returned got the old model
+    assert reloaded["previous_version"] == before and reloaded["processes"] == WORKERS
+    # The one that answered serves the new model already; uvicorn replaces it too, in its turn.
+    wait_until(lambda: not pids & {p.pid for p in workers_of(server)} and whole(server, url), "all replaced", 120)
+    assert batcher is None or batcher_of(server).pid == batcher
     versions = {a.headers["X-Model-Version"] for a in fresh(url, PHOTO, 12)}
     assert versions == {reloaded["model_version"]}
     assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [reloaded["model_version"]]
     # A process started after the reload serves the reloaded model, not the one the service started with.
     victim = workers_of(server)[0]
     victim.kill()
-    victim.wait(10)
+    victim.wait(START_S + 10)
     wait_until(lambda: whole(server, url), "a replacement", 120)
     assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [reloaded["model_version"]]
+    # Back to the model the service started with, for the tests after this one.
+    assert asyncio.run(reload(url, variant="fp32"))["model_version"] == before
+
+
+def test_no_process_follows_the_wanted_model_until_uvicorn_restarts_them(service, artifacts):
+    """Nothing polls the folder: a process reads the model a reload wrote there as it starts, and only then.
+    The file's access time, set before its change, stays while the processes serve; a SIGHUP to the
+    supervisor starts processes that read it."""
+    server, url = service
+    wanted = Path(workers_of(server)[0].environ()[FOLDER_ENV]) / WANTED
+    version = httpx.get(f"{url}/ready").json()["model_version"]
+    wanted.write_text(json.dumps({"model_dir": str(artifacts.manifest.parent), "variant": "fp32"}))  # served now
+    unread = wanted.stat().st_mtime_ns - 10**9
+    os.utime(wanted, ns=(unread, wanted.stat().st_mtime_ns))  # before the change: a read moves it (relatime)
+    assert [a.status_code for a in fresh(url, PHOTO, 10)] == [200] * 10
+    time.sleep(1)  # 20 periods of the 50 ms poll that SIGHUP replaced
+    assert wanted.stat().st_atime_ns == unread, "a running server process read the wanted model"
+    pids = {p.pid for p in workers_of(server)}
+    os.kill(server.pid, signal.SIGHUP)
+    wait_until(lambda: not pids & {p.pid for p in workers_of(server)} and whole(server, url), "replacements", 120)
+    assert wanted.stat().st_atime_ns > unread  # the replacements read it as they started
+    assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [version]
+
+
+def test_a_stopping_process_answers_the_next_request_on_an_idle_connection_and_closes_it(service):
+    """uvicorn's own stop closes an idle keep-alive connection at once (its issue #2757), so a request a client
+    sends on it gets no answer, though the other processes serve on: what lost requests in a rolling restart. A
+    stopping process answers it with ``Connection: close`` (``workers.Draining``), and the next goes elsewhere."""
+    server, url = service
+    body, headers = json.dumps({"image": b64(PHOTO)}), {"Content-Type": "application/json"}
+    conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+    try:
+        conn.request("POST", "/predict", body, headers)
+        first = conn.getresponse()
+        assert first.status == 200 and not first.will_close, first.getheaders()
+        first.read()
+        mine = conn.sock.getsockname()[1]
+        (holder,) = [p for p in workers_of(server) if any(c.raddr and c.raddr.port == mine for c in p.net_connections())]
+        holder.send_signal(signal.SIGTERM)  # what uvicorn's restart sends a process it has replaced
+        # Stopping: it no longer listens. Well within the 5 s after which an idle connection closes anyway.
+        wait_until(lambda: not [c for c in holder.net_connections() if c.status == psutil.CONN_LISTEN], "a stop", 4)
+        conn.request("POST", "/predict", body, headers)
+        second = conn.getresponse()  # uvicorn alone: the connection closed, unanswered
+        assert second.status == 200 and second.getheader("Connection") == "close", second.getheaders()
+        second.read()
+    finally:
+        conn.close()
+    holder.wait(START_S + 10)  # it had nothing left to drain
+    wait_until(lambda: whole(server, url), "a replacement", 120)
 
 
 @SHARED
@@ -256,7 +332,7 @@ def test_two_batchers_each_hold_the_model_for_half_of_the_server_processes(artif
     with fastapi_process(ONNX, port, tmp_path / "serve.log", env_of(artifacts, True, BATCHERS="2"),
                          ready_timeout=120) as server:
         assert [a.status_code for a in fresh(f"http://127.0.0.1:{port}", PHOTO, 8)] == [200] * 8
-        batchers = [p for p in psutil.Process(server.pid).children() if BATCHER_MODULE in p.cmdline()]
+        batchers = [p for p, cmd in children(server) if BATCHER_MODULE in cmd]
         assert [arenas(b) for b in batchers] == [1, 1]  # one server process's arena each
         assert [frameworks(b) for b in batchers] == [{"onnxruntime"}] * 2
 

@@ -1,5 +1,7 @@
 """The client side of ``POST /admin/reload`` (``servelab.servers.fastapi.service``): what a rollout calls."""
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +25,23 @@ async def reload(url: str, model_dir: Path | str | None = None, variant: str | N
                  timeout_s: float = 300.0, token: str | None = None) -> dict[str, Any]:
     """Ask the service at ``url`` to swap in the model in ``model_dir`` (else its own folder) as ``variant``
     (fastapi_onnx); returns its answer once the new version serves (``schemas.Reloaded``: the new and
-    previous versions, load and warm-up seconds). ``token``: the service's ADMIN_TOKEN (default: this
-    process's own ADMIN_TOKEN setting)."""
+    previous versions, load and warm-up seconds); beside other server processes, once uvicorn has replaced each
+    by one serving it. ``token``: the service's ADMIN_TOKEN (default: this process's own ADMIN_TOKEN setting)."""
     body = {key: str(value) for key, value in (("model_dir", model_dir), ("variant", variant)) if value is not None}
-    headers = admin_headers(token)
+    url, headers = url.rstrip("/"), admin_headers(token)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        async with session.post(url.rstrip("/") + "/admin/reload", json=body, headers=headers) as response:
+        async with session.post(url + "/admin/reload", json=body, headers=headers) as response:
             answer = await response.json(content_type=None)
-            if response.status != 200:
+            if response.status not in (200, 202):  # 202: the other server processes are being replaced
                 raise ReloadRefused(f"HTTP {response.status}: {answer.get('detail', answer)}")
-            return answer
+        deadline = time.monotonic() + timeout_s
+        while answer["processes"] > 1:  # until no process serves the old model: /ready lists what each serves
+            async with session.get(url + "/ready") as response:
+                workers = (await response.json(content_type=None)).get("workers") or {}
+            if workers.get("versions") == [answer["model_version"]] and workers["ready"] == workers["processes"]:
+                break
+            if time.monotonic() > deadline:  # uvicorn keeps a process whose replacement does not start
+                raise TimeoutError(f"version {answer['model_version']} serves, but after {timeout_s:g} s the server "
+                                   f"processes serve {workers.get('versions')}: see the service's log")
+            await asyncio.sleep(0.1)
+        return answer

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.core.preprocess import ImageError, ImageTooLarge
 from servelab.core.procs import take_place
-from servelab.servers.fastapi.schemas import ErrorResponse, ShedResponse, ValidationErrorResponse
+from servelab.servers.fastapi.schemas import ErrorResponse, Reloaded, ShedResponse, ValidationErrorResponse
 
 # Retry-After of a shed request, in whole seconds (HTTP's unit; 1 is its least): a bounded queue drains
 # within its bound times the service time, well under a second on the lab's stages.
@@ -47,6 +47,8 @@ ERROR_RESPONSES = {
 }
 
 RELOAD_RESPONSES = {
+    202: {"model": Reloaded, "description": "This process serves the new model; uvicorn is replacing the other server "
+                                           "processes by ones started on it (`/ready`'s `workers.versions` says when)."},
     400: {"model": ErrorResponse, "description": "The body is not JSON (FastAPI cannot parse it)."},
     404: {"model": ErrorResponse, "description": "No model there (no manifest, or no file for the variant); the old one keeps serving."},
     401: {"model": ErrorResponse, "description": "No bearer token (`Authorization: Bearer <ADMIN_TOKEN>`)."},

@@ -112,7 +112,9 @@ class Reloaded(BaseModel):
     variant: str | None
     load_s: float = Field(description="Loading the new model, beside the old one serving.")
     warm_up_s: float = Field(description="Its warm-up inferences, before the swap.")
-    processes: int = Field(1, description="Server processes serving the new version when the answer left (`WORKERS`): all of them.")
+    processes: int = Field(1, description="Server processes that will serve it (`WORKERS`). Beside others the answer is "
+                                          "202: uvicorn replaces each by one started on it, one at a time (`/ready`'s "
+                                          "`workers.versions` says when none serves the old one).")
 
 
 class Health(BaseModel):

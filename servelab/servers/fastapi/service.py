@@ -67,7 +67,7 @@ from servelab.servers.fastapi.schemas import (
     Workers,
 )
 from servelab.servers.fastapi.timing import Timing
-from servelab.servers.fastapi.workers import FOLLOW_POLL_S, Siblings, Wanted
+from servelab.servers.fastapi.workers import Siblings
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -106,9 +106,8 @@ class Service:
         # One of several server processes on a port (servelab.servers.fastapi.workers): a process started after
         # a reload serves the model the reload asked for.
         self.siblings = Siblings.here()
-        self.followed = 0  # the reload generation this process serves
         if self.siblings and (wanted := self.siblings.wanted()):
-            self.settings, self.followed = self._settings_for(wanted.model_dir, wanted.variant), wanted.generation
+            self.settings = self._settings_for(wanted["model_dir"], wanted["variant"])
         self.backend: Backend | None = None
         self.pipeline: Pipeline | None = None
         self.ready = False
@@ -135,7 +134,7 @@ class Service:
         self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
-        warm_up = follow = None
+        warm_up = None
         # Beside other processes, one takes connections only once warm: the others answer meanwhile.
         warm_up_first = warm_up_first or self.siblings is not None
         try:
@@ -145,15 +144,13 @@ class Service:
                     raise RuntimeError(f"{self.name} is not ready: {self.not_ready_reason}")
                 if self.siblings:
                     self.siblings.announce(backend.version)
-                    follow = asyncio.create_task(self._follow())
             else:
                 warm_up = asyncio.create_task(self.warm_up())
             yield
         finally:
-            for task in (warm_up, follow):
-                if task is not None:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+            if warm_up is not None:
+                warm_up.cancel()
+                await asyncio.gather(warm_up, return_exceptions=True)
             if self.siblings:
                 self.siblings.leave()
             self.ready = False
@@ -209,7 +206,7 @@ class Service:
     async def reload(self, model_dir: Path | None, variant: str | None) -> Reloaded:
         """Load the model in ``model_dir`` (else the one served now's folder), as ``variant`` (fastapi_onnx),
         warm it up beside the model serving, then swap: see the module's docstring. Beside other server
-        processes, every one of them swaps before the answer."""
+        processes, uvicorn then replaces each with one that starts on the new model (``Siblings.restart``)."""
         if self.load is None:
             raise HTTPException(501, f"{self.name} cannot reload its model")
         if variant is not None and self.backend.kind != "onnx":
@@ -220,17 +217,13 @@ class Service:
             raise HTTPException(409, f"not ready yet ({self.not_ready_reason}); reload once it is")
         if model_dir is not None:
             model_dir = self._confined(model_dir)
-        if self.siblings is None:
-            return await self._swap(self._settings_for(model_dir, variant))
-        try:
-            with self.siblings.reloading():
-                reloaded = await self._swap(self._settings_for(model_dir, variant))
-                wanted = self.siblings.want(str(model_dir) if model_dir else None, variant)
-                self.followed = wanted.generation
-                self.siblings.announce(reloaded.model_version)
-                return reloaded.model_copy(update={"processes": await self._all_serve(reloaded.model_version)})
-        except BlockingIOError:
-            raise HTTPException(409, "a reload is already in progress in another server process") from None
+        reloaded = await self._swap(self._settings_for(model_dir, variant))
+        if self.siblings:  # this process proved the model serves; the others start on it
+            self.siblings.announce(reloaded.model_version)
+            self.siblings.want(self.settings.model_dir, self.settings.onnx_variant)
+            self.siblings.restart()
+            reloaded.processes = self.siblings.expected
+        return reloaded
 
     def _confined(self, model_dir: Path) -> Path:
         """``model_dir`` as it resolves (symlinks, ``..``), or 403 where that is outside MODEL_ROOT: a reload
@@ -264,33 +257,6 @@ class Service:
                             previous_version=previous.version, model_dir=str(settings.model_dir),
                             variant=settings.onnx_variant if backend.kind == "onnx" else None,
                             load_s=round(load_s, 3), warm_up_s=round(warm_up_s, 3))
-
-    async def _all_serve(self, version: str) -> int:
-        """Wait until every server process serves ``version``; how many do. A 504 if they have not in time
-        (those that have keep serving it; the others keep the old one)."""
-        deadline = perf_counter() + DRAIN_TIMEOUT_S
-        while (serving := self.siblings.serving()) and any(v != version for v in serving.values()):
-            if perf_counter() > deadline:
-                behind = sum(v != version for v in serving.values())
-                raise HTTPException(504, f"{behind} of {len(serving)} server processes did not load version {version} "
-                                         f"in {DRAIN_TIMEOUT_S:g} s; see their log")
-            await asyncio.sleep(FOLLOW_POLL_S)
-        return len(serving)
-
-    async def _follow(self) -> None:
-        """Beside other server processes: serve what a reload in any of them asked for, as soon as it is asked."""
-        while True:
-            await asyncio.sleep(FOLLOW_POLL_S)
-            wanted: Wanted | None = self.siblings.wanted()
-            if wanted is None or wanted.generation <= self.followed:
-                continue
-            self.followed = wanted.generation
-            try:
-                reloaded = await self._swap(self._settings_for(wanted.model_dir, wanted.variant))
-            except HTTPException as exc:  # the process that was asked answers the caller; this one says why here
-                log.error("%s: could not follow reload %d: %s", self.name, wanted.generation, exc.detail)
-                continue
-            self.siblings.announce(reloaded.model_version)
 
     async def _load_and_warm(self, settings: ServeSettings) -> tuple[Backend, Pipeline, float, float]:
         """A new backend and its pipeline, warmed up, and the seconds loading and warming up took; an HTTP
@@ -474,8 +440,10 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     @app.post("/admin/reload", response_model=Reloaded, responses=RELOAD_RESPONSES,
               summary="Swap in another model (version) while serving; no request fails",
               include_in_schema=bool(settings.admin_token))  # guarded by AdminGuardMiddleware
-    async def reload(body: ReloadRequest) -> Reloaded:
-        return await service.reload(body.model_dir, body.variant)
+    async def reload(body: ReloadRequest, response: Response) -> Reloaded:
+        reloaded = await service.reload(body.model_dir, body.variant)
+        response.status_code = 202 if reloaded.processes > 1 else 200  # 202: uvicorn still replaces the others
+        return reloaded
 
     @app.get("/health", response_model=Health, summary="Liveness: the process answers")
     async def health() -> Health:

@@ -17,25 +17,28 @@ The children share a folder (``Siblings``), so the service still answers as one:
   answers 503; ``/ready`` says 200 only while every child is warm;
 * Prometheus counters and histograms add up over the children (prometheus_client's multiprocess mode,
   ``PROMETHEUS_MULTIPROC_DIR`` under the folder, set before any child starts);
-* ``POST /admin/reload`` reaches one child: it swaps its own model, writes the wanted model to the folder
-  (``want``), and answers once every child has followed (each polls the folder); a child started later
-  loads the wanted model, not the one it was started with.
+* ``POST /admin/reload`` reaches one child: it swaps its own model (refusing, as one process does, a model that
+  cannot serve), writes it to the folder as the model every child loads as it starts (``want``), then sends
+  SIGHUP to the supervisor (``restart``). uvicorn replaces the children one at a time, each replacement warm
+  before the child it replaces stops taking connections and finishes its requests. Nothing polls: a child
+  reads the folder once, as it starts, and ``/ready`` says when no child serves the old model.
 
 ``uvicorn fastapi_onnx.app:app``, the app file students read, stays one process: none of this is set there.
 """
 
-import fcntl
 import json
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from functools import cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import uvicorn
 from prometheus_client import multiprocess
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from servelab.core.hardware import gpu_count, visible_gpus
 from servelab.core.procs import SHARE_ENV, cpu_count, take_place
@@ -44,7 +47,9 @@ from servelab.core.settings import ServeSettings
 FOLDER_ENV, COUNT_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
 WANTED = "model.json"
-FOLLOW_POLL_S = 0.05
+# How long uvicorn waits for a replacement to load and warm its model before it keeps the old process; also how
+# long its supervisor may wait on the health check of a process that died as it was asked (its one setting).
+START_S = 60
 # WORKERS=auto's most, whatever the machine's size: each process is an interpreter with its memory (and beside a
 # batcher, its arena and connection); past 8, each just takes a larger share of the CPUs.
 AUTO_WORKERS_MAX = 8
@@ -88,12 +93,9 @@ def shares_batcher(settings: ServeSettings, runtime: str, workers: int) -> bool:
 
 def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int) -> None:
     """Run ``app`` (an import string, ``fastapi_onnx.app:app``) until stopped, in ``worker_count`` processes."""
-    # Deferred: uvicorn is the serve extra's, absent from the Flask image that imports servers.fastapi's schemas.
-    import uvicorn
-
     workers = worker_count(settings, runtime)
     options = dict(host=host, port=port, access_log=settings.access_log, timeout_graceful_shutdown=10)
-    if workers == 1:
+    if workers == 1:  # a reload swaps the model in this process (Service.reload): no supervisor to restart it
         uvicorn.run(app, **options)
         return
     share = max(1, cpu_count() // workers)
@@ -125,20 +127,34 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
               f"(WORKERS={settings.workers})" + (f", {len(devices)} batcher process(es) for the model {where} "
                                                   f"(SHARED_BATCHER={settings.shared_batcher})" if shared else ""),
               file=sys.stderr, flush=True)
-        uvicorn.run(app, workers=workers, **options)
+        uvicorn.run(app, workers=workers, timeout_worker_healthcheck=START_S, http=Draining, **options)
 
 
-class Wanted(NamedTuple):
-    generation: int
-    model_dir: str | None
-    variant: str | None
+class Draining(HttpToolsProtocol):
+    """uvicorn's HTTP, but a stopping process closes no idle connection: uvicorn does at once (its issue #2757), so a
+    request sent on one meanwhile is lost, though the other processes serve on. Here the next response on each says
+    ``Connection: close``; one left idle closes at its keep-alive timeout, as it would have anyway."""
+
+    stopping = False  # this process's server is stopping (one server a process)
+
+    def shutdown(self) -> None:
+        Draining.stopping = True
+        if self.cycle is not None and not self.cycle.response_complete:  # unless its headers are out, they say close
+            self.cycle.keep_alive = self.cycle.keep_alive and self.cycle.response_started
+        elif self.timeout_keep_alive_task is None:  # accepted, nothing read yet: idle from now on
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if Draining.stopping and self.cycle is not None:
+            self.cycle.keep_alive = False
 
 
 class Siblings:
     """This child's view of the folder it shares with the service's other processes."""
 
     def __init__(self, folder: Path, expected: int):
-        self.folder, self.expected = folder, expected
+        self.folder, self.expected, self.supervisor = folder, expected, os.getppid()  # uvicorn's, which started it
 
     @classmethod
     def here(cls) -> "Siblings | None":
@@ -157,6 +173,7 @@ class Siblings:
 
     def leave(self) -> None:
         (self.folder / f"worker-{os.getpid()}.json").unlink(missing_ok=True)
+        _forget_metrics(os.getpid())  # its live gauges (the version it served) go with it
 
     def serving(self) -> dict[int, str]:
         """Warm processes alive now, and the version each serves; a dead one's files are cleared."""
@@ -175,25 +192,23 @@ class Siblings:
                 continue  # left or being replaced meanwhile
         return found
 
-    def wanted(self) -> Wanted | None:
-        """The model the last reload asked every process to serve (None: the one each was started with)."""
+    def wanted(self) -> dict[str, str] | None:
+        """The model (``model_dir``, ``variant``) the last reload asked for (None: the one each process started on)."""
         try:
-            return Wanted(**json.loads((self.folder / WANTED).read_text()))
+            return json.loads((self.folder / WANTED).read_text())
         except FileNotFoundError:
             return None
 
-    def want(self, model_dir: str | None, variant: str | None) -> Wanted:
-        """Ask every process to serve this model; the caller holds ``reloading``."""
-        wanted = Wanted((self.wanted() or Wanted(0, None, None)).generation + 1, model_dir, variant)
-        self._write(WANTED, wanted._asdict())
-        return wanted
+    def want(self, model_dir: Path, variant: str) -> None:
+        """The model every process loads as it starts, from now on."""
+        self._write(WANTED, {"model_dir": str(model_dir), "variant": variant})
 
-    @contextmanager
-    def reloading(self) -> Iterator[None]:
-        """One reload at a time across the processes; BlockingIOError where another is under way."""
-        with open(self.folder / "reload.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            yield
+    def restart(self) -> None:
+        """Every process replaced by one started afresh (on ``wanted``), one at a time: uvicorn's supervisor
+        does that on SIGHUP, bringing each replacement up before it stops the process replaced."""
+        if os.getppid() != self.supervisor:  # never a signal to a process that is not ours
+            raise RuntimeError(f"the supervisor (pid {self.supervisor}) is gone: restart the service")
+        os.kill(self.supervisor, signal.SIGHUP)
 
 
 def _forget_metrics(pid: int) -> None:
