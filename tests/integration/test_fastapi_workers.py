@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 
+from checkout_guard import in_dev_shm, named_shm
 from fastapi_service import b64, metric_samples
 from load_cases import rollout
 from servelab.core.catalogue import SERVICES
@@ -68,11 +69,6 @@ def batcher_of(server: ServerProcess) -> psutil.Process:
     return batcher
 
 
-def named_shm(processes: list[psutil.Process]) -> set[str]:
-    """What the processes map from /dev/shm, by name: what a SIGKILL would leave there."""
-    return {Path(m.path).name for p in processes for m in p.memory_maps() if m.path.startswith("/dev/shm/")}
-
-
 def arenas(process: psutil.Process) -> int:
     """Arenas (shared.Arena) the process holds open: nameless files (memfd), in no folder; by inode, as a
     mapping holds a descriptor of its own."""
@@ -90,10 +86,6 @@ def frameworks(process: psutil.Process) -> set[str]:
     """The model frameworks the process has loaded (their native libraries are mapped)."""
     names = {"onnxruntime": "onnxruntime_pybind11_state", "torch": "libtorch_cpu"}
     return {name for name, lib in names.items() if any(lib in m.path for m in process.memory_maps())}
-
-
-def in_dev_shm() -> set[str]:
-    return set(os.listdir("/dev/shm"))
 
 
 def whole(server: ServerProcess, url: str) -> bool:
