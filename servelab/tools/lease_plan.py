@@ -114,13 +114,16 @@ def sections(text: str) -> list[tuple[bool, str]]:
     return parts
 
 
-def _words(text: str) -> int:
+def _prose(text: str) -> str:
+    """The author's prose: no Jupytext header, code, shell or generated blocks (excerpts of code, the plan itself,
+    figures from records) or comments."""
     prose = re.sub(r"\A---\n.*?^---$", " ", text, flags=re.DOTALL | re.MULTILINE)  # Jupytext's header
     prose = re.sub(r"^```.*?^```", " ", prose, flags=re.DOTALL | re.MULTILINE)
-    # Generated blocks (excerpts of code, the plan itself, figures from records) are not the author's prose.
-    prose = re.sub(r"<!-- generated:.*?<!-- end generated -->", " ", prose, flags=re.DOTALL)
-    prose = re.sub(r"<!--.*?-->", " ", prose, flags=re.DOTALL)
-    return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", prose))
+    return re.sub(r"<!-- generated:.*?<!-- end generated -->|<!--.*?-->", " ", prose, flags=re.DOTALL)
+
+
+def _words(text: str) -> int:
+    return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", _prose(text)))
 
 
 @cache
@@ -141,9 +144,7 @@ def count_text(section: str, part: Part) -> None:
                 part.tasks["ssh_line" if line.startswith("ssh ") else "shell_line"] += 1
                 waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
         part.shell_waits.update(waits)
-    prose = re.sub(r"^```.*?^```", " ", section, flags=re.DOTALL | re.MULTILINE)
-    prose = re.sub(r"<!-- generated:.*?<!-- end generated -->|<!--.*?-->", " ", prose, flags=re.DOTALL)  # not the plan's own words
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", prose)]
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", _prose(section))]
     part.tasks["question"] += sum(1 for p in paragraphs if QUESTION.match(p))
     part.tasks["browser_step"] += sum(1 for p in paragraphs if BROWSER.search(p) and not p.startswith("#"))
     part.tasks["excerpt_line"] += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
