@@ -192,8 +192,11 @@ def test_a_reload_under_16_senders_replaces_every_process_and_fails_nothing(serv
     victim.wait(START_S + 10)
     wait_until(lambda: whole(server, url), "a replacement", 120)
     assert httpx.get(f"{url}/ready").json()["workers"]["versions"] == [reloaded["model_version"]]
-    # Back to the model the service started with, for the tests after this one.
+    # Back to the model the service started with, for the tests after this one; they start once uvicorn has
+    # replaced every process (one still starting would read the wanted model under the next test).
+    pids = {p.pid for p in workers_of(server)}
     assert asyncio.run(reload(url, variant="fp32"))["model_version"] == before
+    wait_until(lambda: not pids & {p.pid for p in workers_of(server)} and whole(server, url), "all replaced", 120)
 
 
 def test_no_process_follows_the_wanted_model_until_uvicorn_restarts_them(service, artifacts):
