@@ -125,6 +125,9 @@ class RawRun:
     errors: Counter = field(default_factory=Counter)
     shed: Counter = field(default_factory=Counter)  # reason -> requests the server shed
     send_lag_s: list[float] = field(default_factory=list)
+    # open loop: each success's latency from its actual send, perf_analyzer's rule (``latency_s`` counts from the
+    # scheduled send, which the lessons use); the cross-check with perf_analyzer compares like with like
+    from_send_s: list[float] = field(default_factory=list)
     loop_late: int = 0  # open loop: sends whose task the client's own event loop started late (not a slot's wait)
     loop_cpu_s: list[float] = field(default_factory=list)  # each sender process's event-loop thread: CPU s in the window
     timing: TimingSums = field(default_factory=TimingSums)
@@ -168,7 +171,8 @@ class RawRun:
                      shed=dict(sorted(self.shed.items())), wall_s=self.wall_s, throughput_rps=throughput,
                      items_per_s=throughput * batch, latency=latency_summary(self.latency_s),
                      late_sends=int((lags > LATE_AFTER_S).sum()), offered_rps=self.offered_rps,
-                     max_send_lag_ms=float(lags.max() * 1000) if lags.size else None)
+                     max_send_lag_ms=float(lags.max() * 1000) if lags.size else None,
+                     p50_from_send_ms=float(np.median(self.from_send_s) * 1000) if self.from_send_s else None)
 
     def ordered_latencies_s(self) -> np.ndarray:
         """Latencies of successful requests in the order they were issued (or scheduled)."""
@@ -338,6 +342,8 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
             outcome = await client.send()
         done = clock()
         run.add(i, outcome, done - due, done)  # from the scheduled time: no coordinated omission
+        if outcome.ok:
+            run.from_send_s.append(done - sent)
 
     tasks = []
     for i in range(k, len(times), n_parts):
@@ -399,7 +405,7 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
                     window_s=max(r.window_s for r in runs), offered_rps=first.offered_rps)
     scheduled = []
     for run in runs:
-        for name in ("index", "latency_s", "send_lag_s", "loop_cpu_s"):
+        for name in ("index", "latency_s", "send_lag_s", "from_send_s", "loop_cpu_s"):
             getattr(merged, name).extend(getattr(run, name))
         for counts in ("errors", "shed"):
             getattr(merged, counts).update(getattr(run, counts))

@@ -141,6 +141,7 @@ class Stats(BaseModel):
     latency: Latency
     late_sends: int = 0  # open loop: sends that started behind their scheduled time
     max_send_lag_ms: float | None = None
+    p50_from_send_ms: float | None = None  # open loop: the median from the actual send (perf_analyzer's rule)
 
     @property
     def error_count(self) -> int:

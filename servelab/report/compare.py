@@ -5,6 +5,13 @@ disagree by more than ``TOLERANCE`` it is the clients (or the machine's noise), 
 the row is flagged. Throughput and median latency are compared (the aim of the cross-check); the tail
 percentiles are shown, not flagged, because a few hundred requests make them noisy.
 
+An open loop is compared by each client's own rules where they differ, like with like:
+- latency: perf_analyzer counts from the moment it sends, so servelab's p50 in the comparison is its median from the
+  actual send too (``Stats.p50_from_send_ms``). The lessons use servelab's latency from the scheduled send,
+  which also counts the time a late send waited (no coordinated omission); the table shows both.
+- throughput: below capacity an open loop's throughput is the rate its client sent. perf_analyzer draws its
+  own Poisson arrivals over windows of a second, so it sends a rate of its own (about ±7 % over 200 requests);
+  each client's throughput is compared as a share of what it sent.
 An open-loop rate is a fraction of capacity only against the capacity the same client measured (``own_capacity``):
 where the two clients measured different capacities, one rate is a different fraction for each, and the row
 shows both.
@@ -36,12 +43,21 @@ class Pair:
 
     @property
     def throughput_ratio(self) -> float | None:
-        """perf_analyzer ÷ servelab requests/s."""
-        return self._ratio(self.perf_analyzer.stats.throughput_rps, self.servelab.stats.throughput_rps)
+        """perf_analyzer ÷ servelab requests/s; in an open loop, each as a share of the rate its client sent."""
+        a, s = self.perf_analyzer.stats, self.servelab.stats
+        if a.offered_rps and s.offered_rps:
+            return self._ratio(a.throughput_rps / a.offered_rps, s.throughput_rps / s.offered_rps)
+        return self._ratio(a.throughput_rps, s.throughput_rps)
+
+    @property
+    def servelab_p50_ms(self) -> float | None:
+        """servelab's p50 counted as perf_analyzer counts it: in an open loop, from the actual send."""
+        s = self.servelab.stats
+        return s.latency.p50_ms if s.p50_from_send_ms is None else s.p50_from_send_ms
 
     @property
     def p50_ratio(self) -> float | None:
-        return self._ratio(self.perf_analyzer.stats.latency.p50_ms, self.servelab.stats.latency.p50_ms)
+        return self._ratio(self.perf_analyzer.stats.latency.p50_ms, self.servelab_p50_ms)
 
     @property
     def verdict(self) -> str:
@@ -86,8 +102,9 @@ def pairs(records: list[Record]) -> list[Pair]:
     return found
 
 
-COLUMNS = ("stage", "load", "batch", "req/s servelab", "req/s perf_analyzer", "req/s ratio", "p50 ms servelab",
-           "p50 ms perf_analyzer", "p50 ratio", "p99 ms servelab", "p99 ms perf_analyzer",
+COLUMNS = ("stage", "load", "batch", "req/s servelab", "req/s perf_analyzer", "req/s ratio", "sent req/s servelab",
+           "sent req/s perf_analyzer", "p50 ms servelab from schedule", "p50 ms servelab", "p50 ms perf_analyzer",
+           "p50 ratio", "p99 ms servelab", "p99 ms perf_analyzer",
            "rate ÷ own capacity (servelab, perf_analyzer)", "verdict")
 
 
@@ -98,14 +115,16 @@ def rows(found: list[Pair]) -> list[tuple[str, ...]]:
         a = None if p.perf_analyzer.failed else p.perf_analyzer.stats
         out.append((p.stage, p.load, str(p.batch),
                     num(s.throughput_rps), num(a and a.throughput_rps), num(a and p.throughput_ratio, 2),
-                    num(s.latency.p50_ms), num(a and a.latency.p50_ms), num(a and p.p50_ratio, 2),
+                    num(s.offered_rps), num(a and a.offered_rps),
+                    num(s.latency.p50_ms if s.p50_from_send_ms is not None else None), num(p.servelab_p50_ms),
+                    num(a and a.latency.p50_ms), num(a and p.p50_ratio, 2),
                     num(s.latency.p99_ms), num(a and a.latency.p99_ms),
                     " / ".join(num(f, 2) for f in p.fractions) if any(p.fractions) else "-", p.verdict))
     return out
 
 
 def markdown(found: list[Pair]) -> str:
-    lines = [tables.markdown(COLUMNS, rows(found), align="llr" + "r" * 9 + "l")]
+    lines = [tables.markdown(COLUMNS, rows(found), align="llr" + "r" * 12 + "l")]
     failures = [f"- {p.stage} [{p.load}, batch {p.batch}]: {p.perf_analyzer.failed}" for p in found
                 if p.perf_analyzer.failed]
     return "\n".join(lines + ([""] + failures if failures else []))

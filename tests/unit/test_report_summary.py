@@ -297,3 +297,24 @@ def test_an_open_loop_rate_is_a_fraction_of_the_capacity_its_own_client_measured
     assert pair.fractions == pytest.approx((17.2 / closed["stats"]["throughput_rps"], 17.2 / 43.0))
     assert "| 0.50 / 0.40 |" in compare.markdown(compare.pairs(records))
     assert closed_pair.load == "concurrency 8" and closed_pair.fractions == (None, None)  # a closed loop offers no rate
+
+
+def test_an_open_loop_is_compared_with_perf_analyzer_by_its_rules() -> None:
+    """perf_analyzer times from its actual send and draws its own Poisson arrivals, so it sent 41.2 of 45.9 req/s
+    (lab1 at ae03b57): servelab's p50 from the actual send and each client's throughput as a share of what it
+    sent are compared; servelab's p50 from the scheduled send (the lessons') is shown beside them."""
+    from servelab.report import compare
+
+    ours = Record.model_validate(_ours(_raw(), "onnx-dyn", "open"))
+    stats = {"offered_rps": 45.9, "throughput_rps": 45.8, "p50_from_send_ms": 13.6}
+    ours = ours.model_copy(update={"stats": ours.stats.model_copy(update=stats | {
+        "latency": ours.stats.latency.model_copy(update={"p50_ms": 15.37})})})
+    theirs = ours.model_copy(update={"tool": "perf_analyzer", "stats": ours.stats.model_copy(update={
+        "offered_rps": 41.25, "throughput_rps": 40.72, "p50_from_send_ms": None,
+        "latency": ours.stats.latency.model_copy(update={"p50_ms": 12.78})})})
+    [pair] = compare.pairs([ours, theirs])
+    assert pair.verdict == "agree" and pair.p50_ratio == pytest.approx(12.78 / 13.6)
+    assert pair.throughput_ratio == pytest.approx((40.72 / 41.25) / (45.8 / 45.9))
+    assert "| 45.9 | 41.2 | 15.4 | 13.6 | 12.8 |" in compare.markdown([pair])
+    slow = ours.model_copy(update={"stats": ours.stats.model_copy(update={"p50_from_send_ms": 15.0})})
+    assert compare.pairs([slow, theirs])[0].verdict.startswith("DISAGREE")  # 12.78 ÷ 15.0 = 0.85
