@@ -31,7 +31,8 @@ Load modes (``Load``):
   ``requests / rate`` seconds, so the offered rate is the labelled one; throughput counts over that
   window, or until the last response when that is later); latency is measured from the
   *scheduled* send time, so time a request spent waiting for the client (at most
-  ``max_inflight`` outstanding) or for the server counts (no coordinated omission). When more than
+  ``max_inflight`` outstanding) or for the server counts (no coordinated omission); the median from the actual
+  send, perf_analyzer's rule, is kept beside it for the cross-check (``Stats.p50_from_send_ms``). When more than
   1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
 
 The client itself (``record.client``; ``servelab.measure.senders`` says how): every run measures what it costs, its
