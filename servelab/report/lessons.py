@@ -50,7 +50,7 @@ from servelab.report import TEMPLATES, compare
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
 ROLLOUT_SWITCH_AIM_S = 1.0  # from the new version ready to its first answer in the records (issue 35's aim)
-NOISE = 0.10  # without windows, a ratio within 10 % of what the notebooks expect is not a contradiction
+NOISE = 0.10  # a ratio within 10 % of 1 is no change; without windows, within 10 % of what is expected, no contradiction
 NO_CHANGE = "no measurable change"
 Spread = tuple[float, float]  # the least and the most a ratio took over its runs' windows
 
@@ -178,11 +178,17 @@ def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
     return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
 
 
+def unchanged(ratio: float | None, spread: Spread | None) -> bool:
+    """No measurable change: the spread includes 1, or the ratio is within ``NOISE`` of 1 (the two clients differ
+    by as much on one run, and two tours by more: what two shared CPUs cannot resolve flips from tour to tour)."""
+    return spread is not None and (spread[0] <= 1 <= spread[1] or (ratio is not None and abs(ratio - 1) <= NOISE))
+
+
 def judge(e: Expect, ratio: float | None, spread: Spread | None = None, stage: str = "") -> str:
-    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where its spread includes 1 (neither a
-    gain, a loss nor a contradiction, whatever the ratio), a contradiction where it lies beyond what they expect
+    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where it is ``unchanged`` (neither a
+    gain, a loss nor a contradiction), a contradiction where it lies beyond what they expect
     (``Expect.contradicted``), else ""."""
-    if spread and spread[0] <= 1 <= spread[1]:
+    if unchanged(ratio, spread):
         return NO_CHANGE
     if ratio is None or not e.contradicted(ratio, spread):
         return ""
@@ -402,17 +408,16 @@ def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
 
 
 def _line(f: Finding) -> str:
-    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({_spread_words(f.spread)})"
+    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({_spread_words(f.ratio, f.spread)})"
     extra = f"; {f.extra}" if f.extra else ""
     flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
     return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
 
 
-def _spread_words(found: Spread | None) -> str:
+def _spread_words(ratio: float, found: Spread | None) -> str:
     if found is None:
         return "no windows recorded: spread unknown"
-    low, high = found
-    return f"windows {low:.2f}–{high:.2f}×" + (f": {NO_CHANGE}" if low <= 1 <= high else "")
+    return f"windows {found[0]:.2f}–{found[1]:.2f}×" + (f": {NO_CHANGE}" if unchanged(ratio, found) else "")
 
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:

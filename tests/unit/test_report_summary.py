@@ -134,6 +134,10 @@ def test_a_ratio_whose_spread_over_its_windows_includes_1_is_no_measurable_chang
     steady = _windowed(_windowed(raw, "ray-1", [14.3, 14.5, 14.7]), "ray-2", [11.4, 11.6, 11.8])
     line = _ray_line(steady)
     assert "= **0.80×** (windows 0.78–0.83×);" in line and line.endswith("⚠ **contradicts 10_ray, which expects ≥ 1×**")
+    # Windows that agree, but a ratio within NOISE of 1 (tours at dd579fe: onnx-dyn ÷ onnx-1 1.04×, windows
+    # 1.01–1.09×, then 0.97×, 0.91–1.00×): no measurable change either, so both tours say the same.
+    barely = _windowed(_windowed(raw, "ray-1", [14.3, 14.5, 14.7]), "ray-2", [14.9, 15.1, 15.3])
+    assert "= **1.04×** (windows 1.01–1.07×: no measurable change);" in _ray_line(barely)
     # Without windows the ratio alone is judged, with NOISE for the spread it did not record: 0.89× contradicts.
     assert UNKNOWN in _ray_line(_raw()) and "⚠" in _ray_line(_raw())
 
