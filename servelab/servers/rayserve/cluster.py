@@ -61,7 +61,7 @@ class LocalCluster:
     cpus_per_node: int = 2
     log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
     env: dict[str, str] = field(default_factory=dict)
-    dashboard: bool = True  # its REST API reports replicas and their nodes (`replicas()`)
+    dashboard: bool = True  # its REST API reports replicas and their nodes (`serve_state`)
     port: int = 0
     temp_dir: Path | None = None  # Ray's session folder; short, for its unix sockets (≤ 107 bytes)
     head: ServerProcess | None = None

@@ -173,12 +173,3 @@ def wait_running(timeout_s: float) -> None:
             message = status.message if status else ""
             raise RuntimeError(f"Serve application {APP_NAME}: {state} after {timeout_s:.0f} s or less: {message}")
         time.sleep(0.5)
-
-
-def replicas() -> list[dict[str, Any]]:
-    """Every replica of the deployment: id, state, Ray node id (from Ray's state API)."""
-    from ray.util.state import list_actors  # deferred: an optional extra (ray), loaded only when this runs
-
-    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP_NAME}:{DEPLOYMENT_NAME}")],
-                         detail=False, limit=1000, raise_on_missing_output=False)
-    return [{"actor_id": a.actor_id, "state": a.state, "node_id": a.node_id, "pid": a.pid} for a in actors]
