@@ -132,18 +132,6 @@ def log_tail(log: Path | None, lines: int = 20) -> str:
     return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
 
 
-def _group_gone(pgid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
 class ServerProcess:
     """A child server process in its own process group, logging to a file.
 
@@ -193,29 +181,24 @@ class ServerProcess:
         return self
 
     def stop(self) -> None:
-        """SIGTERM the process group we created, then SIGKILL it if it lingers.
-
-        The whole group, even when its leader has already exited: its children (Triton's
-        Python-backend stubs, uvicorn's workers) may still be there.
-        """
+        """SIGTERM the process group we created; once its leader has gone (and its children, or 3 s more: Triton's
+        Python-backend stubs, uvicorn's workers) or after ``stop_timeout``, SIGKILL what is left of the session."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
-            for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)  # the group id is our child's PID (start_new_session)
-                except ProcessLookupError:
-                    return  # nothing of the group is left
-                try:
-                    proc.wait(wait)
-                    if sig == signal.SIGTERM and not _group_gone(proc.pid, 3.0):
-                        continue  # the leader went, stragglers stay: SIGKILL them
-                    return
-                except subprocess.TimeoutExpired:
-                    continue
+            os.killpg(proc.pid, signal.SIGTERM)  # the group id is our child's PID (start_new_session)
+            proc.wait(self.stop_timeout)
+            children_end = time.monotonic() + 3.0
+            while time.monotonic() < children_end:  # until killpg finds none of the group (ProcessLookupError)
+                os.killpg(proc.pid, 0)
+                time.sleep(0.05)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass  # nothing of the group is left, or it lingers
         finally:
             self.kill_session(proc.pid)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
 
     @staticmethod
     def kill_session(sid: int) -> None:
