@@ -100,13 +100,10 @@ def tensor_outputs(protocol: Protocol) -> list[Any]:
 
 def predictions(result) -> list[Prediction]:
     """FOOD_LABEL and PROBABILITY of an image-model result, one Prediction per image."""
-    labels = result.as_numpy(LABEL_OUTPUT).reshape(-1)
+    names = [label.decode() if isinstance(label, bytes) else str(label)
+             for label in result.as_numpy(LABEL_OUTPUT).reshape(-1)]
     probabilities = result.as_numpy(PROBABILITY_OUTPUT).reshape(-1)
-    out = []
-    for label, probability in zip(labels, probabilities):
-        name = label.decode() if isinstance(label, bytes) else str(label)
-        out.append(Prediction(name, float(probability), CLASSES.index(name)))
-    return out
+    return [Prediction(name, float(p), CLASSES.index(name)) for name, p in zip(names, probabilities)]
 
 
 def tensor_predictions(result, classes: Sequence[str] = CLASSES) -> list[Prediction]:

@@ -57,7 +57,7 @@ from servelab.core import procs
 from servelab.core.artifacts import ArtifactPaths, copy_atomic
 from servelab.core.catalogue import MODELS
 from servelab.core.paths import REPO_ROOT
-from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok
+from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok, wait_until
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import variant_path
 from servelab.servers.triton.client import server_address
@@ -307,23 +307,12 @@ def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, reposi
     unload = [m for m in reversed(ALL_MODELS) if m in loaded and m not in stage.triton.models]
     for model in unload:
         _call(url, "POST", f"/v2/repository/models/{model}/unload", {}, timeout_s, key)
-    _wait_unloaded(url, unload, timeout_s, key)
+    if unload:  # unload returns at once: the instances go first, so they take no CPU or GPU from the next stage
+        wait_until(lambda: not any(e["name"] in unload and e.get("state") in ("READY", "UNLOADING")
+                                   for e in repository_index(url, key=key)), f"unloaded {', '.join(unload)}", timeout_s)
     for model in stage.triton.models:
         _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s, key)
     return model_config(url, stage.triton.model)
-
-
-def _wait_unloaded(url: str, models: list[str], timeout_s: float, key: str | None) -> None:
-    """Unload returns at once; wait until the instances are gone, so they no longer use the CPU
-    or GPU while the next stage is measured."""
-    deadline = time.monotonic() + timeout_s
-    while models and time.monotonic() < deadline:
-        index = repository_index(url, key=key)
-        if not any(e["name"] in models and e.get("state") in ("READY", "UNLOADING") for e in index):
-            return
-        time.sleep(0.2)
-    if models:
-        raise TimeoutError(f"{', '.join(models)} still unloading after {timeout_s:.0f} s")
 
 
 def stage_version(repository: Path, model: str, version: int, model_dir: Path) -> Path:
