@@ -23,6 +23,7 @@ largest batch the service can hand them, and the warm-up runs each session's bat
 import logging
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -223,10 +224,8 @@ def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
     paths, manifest = model_manifest(settings)
     threads = intra_op_threads(settings)
     torch.set_num_threads(threads)
-    try:
+    with suppress(RuntimeError):  # already set in this process (only possible once)
         torch.set_num_interop_threads(settings.inter_op_threads)
-    except RuntimeError:  # already set in this process (only possible once)
-        pass
     # Benchmark mode would time cuDNN algorithms again for every new input shape, which a dynamic
     # batcher's sizes keep producing; off, PyTorch's heuristics pick at once (pt-dyn/pt-1: 0.97 on an H100).
     torch.backends.cudnn.benchmark = False

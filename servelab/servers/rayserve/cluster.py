@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,12 +152,9 @@ class LocalCluster:
         return pid
 
     def stop(self) -> None:
-        for node in [self.head, *self.nodes]:  # all wind down at once; each stop() then waits
-            if node is not None and node.pid:
-                try:
-                    os.killpg(node.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        for pid in self.pids():  # all wind down at once; each stop() then waits
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
         for node in reversed(self.nodes):
             node.stop()
         self.nodes.clear()
