@@ -103,13 +103,19 @@ class ModelService(Protocol):
     def about(self) -> About: ...
 
 
-def _detail(response: requests.Response) -> str:
-    """The backend's own error message (FastAPI's ``detail``, Triton's ``error``), shortened."""
+def _body(response: requests.Response) -> dict[str, Any]:
+    """The backend's JSON object; empty where it sent none."""
     try:
         body = response.json()
     except ValueError:
-        body = None
-    text = (body.get("detail") or body.get("error")) if isinstance(body, dict) else None
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _detail(response: requests.Response) -> str:
+    """The backend's own error message (FastAPI's ``detail``, Triton's ``error``), shortened."""
+    body = _body(response)
+    text = body.get("detail") or body.get("error")
     if not isinstance(text, str):
         text = response.reason or "no details"
     return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "…"
@@ -118,12 +124,8 @@ def _detail(response: requests.Response) -> str:
 def _shed_retry_after(response: requests.Response) -> int | None:
     """Seconds to wait where the backend shed this request (FastAPI's ``shed`` body, Triton's queue-policy
     message), from its ``Retry-After`` (1 where it names none, as Triton never does); None otherwise."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    shed = isinstance(body, dict) and (isinstance(body.get("shed"), str)
-                                       or triton.shed_reason(str(body.get("error", ""))) is not None)
+    body = _body(response)
+    shed = isinstance(body.get("shed"), str) or triton.shed_reason(str(body.get("error", ""))) is not None
     if not shed:
         return None
     header = response.headers.get("Retry-After", "")
@@ -170,14 +172,13 @@ class _Http:
             raise self._refused(response)
         return response
 
-    def get_json(self, url: str) -> dict[str, Any] | None:
-        """A JSON object, or None on any failure (for information that is nice to have)."""
+    def get_json(self, url: str) -> dict[str, Any]:
+        """A JSON object, empty on any failure (for information that is nice to have)."""
         try:
             response = self.session.get(url, timeout=min(self.timeout, ABOUT_TIMEOUT_S))
-            body = response.json() if response.status_code == 200 else None
-        except (requests.RequestException, ValueError):
-            return None
-        return body if isinstance(body, dict) else None
+        except requests.RequestException:
+            return {}
+        return _body(response) if response.status_code == 200 else {}
 
     def _timed_out(self, url: str) -> BackendError:
         return BackendError(504, f"The {self.service} at {url} did not answer within {self.timeout:g} s.")
@@ -227,7 +228,7 @@ class FastAPIBackend:
 
     def about(self) -> About:
         """From ``GET /ready``: the service, its runtime, and whether the model is the stand-in."""
-        ready = self.http.get_json(self.base + "/ready") or {}
+        ready = self.http.get_json(self.base + "/ready")
         runtime = ready.get("runtime") if isinstance(ready.get("runtime"), dict) else {}
         where = runtime.get("providers") or runtime.get("device")
         stage = ready.get("service")
@@ -274,7 +275,7 @@ class _TritonBackend:
     def about(self) -> About:
         """The stage from the config's ``servelab_stage`` parameter (written by ``servelab triton``);
         whether the model is the stand-in from the manifest on this host, if there is one."""
-        config = self.http.get_json(self.base + "/config") or {}
+        config = self.http.get_json(self.base + "/config")
         parameters = config.get("parameters") if isinstance(config.get("parameters"), dict) else {}
 
         def parameter(key: str) -> str | None:
