@@ -113,13 +113,10 @@ class MicroBatcher:
         self._arrived.set()
         return await future
 
-    def _waiting_images(self) -> int:
-        return sum(len(p.x) for p in self._pending)
-
     async def _fill(self) -> None:
         """Wait for more requests until a full batch is waiting or the oldest has waited long enough."""
         deadline = self._pending[0].submitted + self.timeout_s
-        while self._waiting_images() < self.max_batch_size:
+        while sum(len(p.x) for p in self._pending) < self.max_batch_size:
             remaining = deadline - perf_counter()
             if remaining <= 0:
                 return

@@ -132,11 +132,6 @@ def _shed_retry_after(response: requests.Response) -> int | None:
     return max(1, min(int(header), 60)) if header.isdigit() else 1
 
 
-def _is_read_timeout(exc: requests.ConnectionError) -> bool:
-    # requests reports a timeout while reading the body as a ConnectionError wrapping urllib3's.
-    return any(isinstance(arg, ReadTimeoutError) for arg in exc.args)
-
-
 def _check_probability(value: Any) -> float:
     probability = float(value)
     if not (math.isfinite(probability) and 0.0 <= probability <= 1.0):
@@ -162,7 +157,8 @@ class _Http:
         except requests.Timeout:
             raise self._timed_out(url) from None
         except requests.ConnectionError as exc:
-            if _is_read_timeout(exc):
+            # requests reports a timeout while reading the body as a ConnectionError wrapping urllib3's.
+            if any(isinstance(arg, ReadTimeoutError) for arg in exc.args):
                 raise self._timed_out(url) from None
             raise BackendError(502, f"The {self.service} at {url} cannot be reached: it may be stopped or "
                                     "still starting. Try again in a moment.") from None
@@ -313,12 +309,6 @@ class TritonTensorBackend(_TritonBackend):
         return self._predict(triton.tensor_inputs("http", x), triton.tensor_outputs("http"), read)
 
 
-def _local_manifest(settings: Settings) -> Manifest | None:
-    """The manifest `servelab models build` wrote for the models Triton serves, if this host has it."""
-    path = ArtifactPaths.in_dir(settings.model_dir).manifest
-    return load_manifest(path) if path.is_file() else None
-
-
 def in_canary(share: float, seed: int, number: int) -> bool:
     """Whether request ``number`` goes to the canary: a hash of the seed and the number, read as a fraction
     in [0, 1), below ``share``. Reproducible (the same seed picks the same request numbers), and over N
@@ -354,7 +344,9 @@ def _make(settings: Settings, url: str) -> ModelService:
     if settings.backend == "fastapi":
         return FastAPIBackend(url, settings.backend_timeout)
     model = settings.food11_model_name or DEFAULT_MODELS[settings.backend]
-    manifest = _local_manifest(settings)
+    # The manifest `servelab models build` wrote for the models Triton serves, if this host has it.
+    path = ArtifactPaths.in_dir(settings.model_dir).manifest
+    manifest = load_manifest(path) if path.is_file() else None
     if settings.backend == "triton_onnx":
         return TritonTensorBackend(url, model, settings.backend_timeout, manifest)
     return TritonImageBackend(settings.backend, url, model, settings.backend_timeout, manifest)

@@ -95,10 +95,6 @@ def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
                              for n in range(1, max_batch + 1)]}
 
 
-def _on_cpu(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"count": instance_count(groups), "kind": "KIND_CPU"}]
-
-
 def on_gpus(groups: list[dict[str, Any]], gpus: int) -> tuple[list[dict[str, Any]], str | None]:
     """``KIND_GPU`` groups placed on the ``gpus`` GPUs there are: a group naming a GPU that is not
     there moves to GPU ``id % gpus``, with the same instance count, and the note says so (the lab
@@ -142,7 +138,7 @@ def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
         parameters["cudnn_conv_algo_search"] = {
             "string_value": CUDNN_CONV_ALGO_SEARCH[get_settings().ort_cudnn_conv_algo_search]}
     if kind == "cpu" and fields.get("instance_group"):
-        fields["instance_group"] = _on_cpu(fields["instance_group"])
+        fields["instance_group"] = [{"count": instance_count(fields["instance_group"]), "kind": "KIND_CPU"}]
     if kind == "gpu" and gpus and fields.get("instance_group"):
         fields["instance_group"], note = on_gpus(fields["instance_group"], gpus)
         if note:

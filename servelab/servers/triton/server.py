@@ -111,10 +111,6 @@ def install(dest: Path = INSTALL_DIR) -> Path:
     return dest
 
 
-def onnxruntime_backend(install_dir: Path) -> bool:
-    return (install_dir / "backends" / "onnxruntime").is_dir()
-
-
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the bundled server and its Python stubs (see the module docstring)."""
     env = dict(os.environ if base is None else base)
@@ -245,7 +241,7 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     install_dir = install()
     ports = ports or Ports.pick()
     resolved = resolve_kind(kind)
-    onnxruntime = onnxruntime_backend(install_dir)
+    onnxruntime = (install_dir / "backends" / "onnxruntime").is_dir()
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
     shm_prefix = f"{SHM_PREFIX}servelab_{secrets.token_hex(4)}_"
     cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
