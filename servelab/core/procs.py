@@ -204,10 +204,8 @@ class ServerProcess:
     def kill_session(sid: int) -> None:
         """SIGKILL what is left of the session we created (processes that left our process group)."""
         for pid in session_members(sid):
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
