@@ -10,11 +10,9 @@ the environment's ``bin`` first on ``PATH``. ``PYTHONPATH`` is the checkout root
 import ``servelab``, and no folder named ``triton`` may be on ``sys.path`` (torch would take it for
 OpenAI Triton).
 
-The server binds 127.0.0.1, runs in explicit model-control mode with ``--model-config-name=stage``
-(so it reads the effective configs ``servelab.servers.triton.configs`` writes) and is started and stopped
-through ``servelab.core.procs.ServerProcess``, with the wheel's local response cache (``cache_flags``).
-``apply_stage`` switches any running Triton (this one or
-the lab's container) to another stage through the model-control API; no image is rebuilt.
+It reads the effective configs ``servelab.servers.triton.configs`` writes (``--model-config-name=stage``), so
+``apply_stage`` switches any running Triton (this one or the lab's container) to another stage through the
+model-control API; no image is rebuilt.
 
 A new version of a model, rolled out while it serves (``stage_version``, then ``roll_out_version``): the version
 folder ``<model>/<N>/`` goes into the repository, then one load of the model through the model-control
