@@ -105,20 +105,11 @@ def model_version(weights: Path) -> str:
     return sha256_file(weights)[:VERSION_CHARS]
 
 
-
-
 def intra_op_threads(settings: ServeSettings) -> int:
     """INTRA_OP_THREADS, else the CPUs shared out among the instances that may infer at once (with
     MODEL_INSTANCES left to the machine: one thread each, where one inference per core costs the least
     CPU per image; on a GPU the CPU threads only run what the GPU does not)."""
     return settings.intra_op_threads or max(1, cpu_count() // (settings.model_instances or cpu_count()))
-
-
-def worker_threads(settings: ServeSettings) -> int:
-    """Preprocessing threads: WORKER_THREADS, else one per CPU. On the CPU they share the cores with the
-    inferences; the scheduler gives each what the other leaves (keeping the two apart left cores idle
-    whenever one side waited on the other)."""
-    return settings.worker_threads or cpu_count()
 
 
 PreprocessMode = Literal["threads", "processes"]
@@ -127,11 +118,12 @@ PreprocessMode = Literal["threads", "processes"]
 def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[PreprocessMode, int]:
     """How images are decoded and preprocessed, and by how many workers. On a GPU, worker processes
     on every CPU but one (the server's event loop and the thread driving the GPU keep that one); on
-    the CPU, threads in what inference leaves free, as before."""
+    the CPU, WORKER_THREADS threads, else one per CPU, sharing the cores with the inferences: the scheduler
+    gives each what the other leaves (keeping the two apart left cores idle whenever one side waited)."""
     processes = settings.preprocess_processes
     if processes == "auto":  # a server process beside a batcher process has one core of its own: threads
         processes = max(1, cpu_count() - 1) if backend.on_gpu and backend.remote is None else 0
-    return ("processes", processes) if processes else ("threads", worker_threads(settings))
+    return ("processes", processes) if processes else ("threads", settings.worker_threads or cpu_count())
 
 
 # Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (where one image
