@@ -34,7 +34,7 @@ def _run_flask(args: argparse.Namespace) -> int:
     # Deferred: gunicorn and Flask (the flask extra) are absent from the FastAPI images.
     from gunicorn.app.base import BaseApplication
 
-    from servelab.servers.gourmetgram.web import create_app
+    from servelab.servers.gourmetgram.web import create_app  # deferred: Flask, only for this command
 
     settings = Settings(**({"backend": args.backend} if args.backend else {}))
     # Built once before forking, so a bad setting fails here with its message; the backend's
