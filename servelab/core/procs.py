@@ -251,8 +251,8 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     path.chmod(0o600)
 
 
-def _running(state: dict[str, Any]) -> list[int]:
-    return [pid for pid, started in zip(state["pids"], state["started"])
+def _running(state: dict[str, Any]) -> list[int]:  # none where a state file of an older form has no "started"
+    return [pid for pid, started in zip(state.get("pids", []), state.get("started", []))
             if (fields := _stat(pid)) and fields[19] == started and fields[0] != "Z"]
 
 

@@ -128,6 +128,8 @@ def test_a_saved_server_is_found_and_stopped_by_a_later_command(tmp_path):
         assert path.stat().st_mode & 0o777 == 0o600 and load_state(path)["key"] == "k"
         save_state(path, {"pids": [os.getpid()], "started": ["0"]})  # this PID, but not the process saved
         assert load_state(path) is None and not path.exists()
+        path.write_text('{"pid": 1, "binary": "tritonserver"}')  # what `servelab triton up` wrote before
+        assert load_state(path) is None and not path.exists()
         save_state(path, {"pids": [server.pid], "key": "k"})
         assert stop_saved(path, 10)["key"] == "k"
         assert _gone(server.pid, 10) and _gone(helper, 10) and not path.exists()
