@@ -6,6 +6,7 @@ from typing import Any
 
 from servelab.core.catalogue import default_stage
 from servelab.core.paths import REPO_ROOT
+from servelab.core.procs import save_state
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import VARIANTS
 from servelab.servers.rayserve.cluster import LocalCluster
@@ -14,7 +15,6 @@ from servelab.servers.rayserve.control import (
     deploy_stage,
     load_state,
     roll_out,
-    save_state,
     status,
     stop_saved,
 )
@@ -48,8 +48,8 @@ def _up(args) -> int:
     settings = get_settings()
     cluster = LocalCluster(workers=args.workers, cpus_per_node=settings.ray_node_cpus, detach=True,
                            log_dir=REPO_ROOT / ".servelab" / "ray-logs").start()
-    save_state({"address": cluster.address, "dashboard": cluster.dashboard_url, "pids": cluster.pids(),
-                "temp_dir": str(cluster.temp_dir), "client_env": cluster.client_env()})
+    save_state(STATE_FILE, {"address": cluster.address, "dashboard": cluster.dashboard_url, "pids": cluster.pids(),
+                            "temp_dir": str(cluster.temp_dir), "client_env": cluster.client_env()})
     os.environ.update(cluster.client_env())
     print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
           f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")

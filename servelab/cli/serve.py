@@ -1,16 +1,22 @@
 """``servelab serve``: run one of the lab's services in the foreground (Ctrl-C stops it).
 
-Each stage adds its subcommands through a registrar in ``SERVICE_REGISTRARS``.
+``servelab serve flask`` is GourmetGram under gunicorn with the options its container's command gives too:
+``gunicorn --worker-class gthread --workers 2 --threads 8 --no-control-socket --bind 0.0.0.0:5000 flask_app.app:app``.
 """
 
 import argparse
 from functools import partial
+from typing import get_args
 
-from servelab.cli.serve_flask import register_flask
 from servelab.core.catalogue import SERVICES
-from servelab.core.settings import get_settings
+from servelab.core.settings import FlaskSettings, Settings, get_settings
 
 RUNTIMES = {"pytorch": "PyTorch", "onnx": "ONNX Runtime"}
+# Threads, not more processes: a request mostly waits on the backend, and each process holds one
+# connection pool that its threads share.
+GUNICORN_OPTIONS = {"worker_class": "gthread", "threads": 8, "graceful_timeout": 10, "accesslog": "-",
+                    # no runtime-control socket in $HOME: several servers may run side by side
+                    "control_socket_disable": True}
 
 
 def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
@@ -24,20 +30,43 @@ def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def register_fastapi(sub) -> None:
+def _run_flask(args: argparse.Namespace) -> int:
+    # Deferred: gunicorn and Flask (the flask extra) are absent from the FastAPI images.
+    from gunicorn.app.base import BaseApplication
+
+    from servelab.servers.gourmetgram.web import create_app  # deferred: Flask, only for this command
+
+    settings = Settings(**({"backend": args.backend} if args.backend else {}))
+    # Built once before forking, so a bad setting fails here with its message; the backend's
+    # connection pool is still empty then, so no worker inherits another's sockets.
+    app = create_app(settings)
+    options = {**GUNICORN_OPTIONS, "bind": f"{args.host}:{args.port}", "workers": args.workers}
+
+    class GourmetGram(BaseApplication):
+        def load_config(self) -> None:
+            for key, value in options.items():
+                self.cfg.set(key, value)
+
+        def load(self):
+            return app
+
+    print(f"GourmetGram on http://{args.host}:{args.port} asking {settings.backend}", flush=True)
+    GourmetGram().run()
+    return 0
+
+
+def register(subparsers) -> None:
+    sub = subparsers.add_parser("serve", help="run a service in the foreground").add_subparsers(
+        dest="serve_command", required=True)
     for name, kind in SERVICES.items():
         p = sub.add_parser(name, help=f"the FastAPI service on {RUNTIMES[kind]} (settings: docs/configuration.md)")
         p.add_argument("--host", help="address to bind (default: HOST, 127.0.0.1)")
         p.add_argument("--port", type=int, help="port (default: PORT, 8000)")
         p.set_defaults(func=partial(_run_fastapi, kind))
-
-
-# One function per stage; each adds its own subcommands to `servelab serve` (flask: servelab.cli.serve_flask).
-SERVICE_REGISTRARS = [register_fastapi, register_flask]
-
-
-def register(subparsers) -> None:
-    serve = subparsers.add_parser("serve", help="run a service in the foreground")
-    sub = serve.add_subparsers(dest="serve_command", required=True)
-    for register_stage in SERVICE_REGISTRARS:
-        register_stage(sub)
+    p = sub.add_parser("flask", help="GourmetGram, the web front end, under gunicorn")
+    p.add_argument("--backend", choices=get_args(FlaskSettings.model_fields["backend"].annotation),
+                   help="the service to ask (default: $BACKEND, else fastapi)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5000, help="port to bind (default: 5000)")
+    p.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (default: 1)")
+    p.set_defaults(func=_run_flask)

@@ -67,7 +67,7 @@ def _render(args) -> int:
 def _up(args) -> int:
     running = server.load_state()
     if running:
-        print(f"triton: already running (pid {running['pid']}, {running['url']}, stage {running['stage']}); "
+        print(f"triton: already running (pid {running['pids'][0]}, {running['url']}, stage {running['stage']}); "
               "`servelab triton stage NAME` switches it, `servelab triton down` stops it")
         return 1
     settings = get_settings()
@@ -75,10 +75,9 @@ def _up(args) -> int:
     ports = server.Ports(http, args.grpc_port or http + 1, args.metrics_port or http + 2)
     stage = stages.STAGES[args.stage]
     print(f"triton: starting tritonserver with stage {stage.name} ({stage.about}) ...", flush=True)
-    try:
+    try:  # detached: it runs on after `up` returns, until `down`
         local = server.start_local(stage, ports=ports, kind=args.kind or settings.triton_instance_kind,
-                                   repository=settings.triton_model_repository, exit_timeout_s=10,
-                                   detach=True)  # it runs on after `up` returns, until `down`
+                                   repository=settings.triton_model_repository, detach=True)
     except (RuntimeError, TimeoutError) as exc:  # the message ends with the server log's last lines
         print(f"triton: tritonserver did not become ready: {exc}")
         return 1
@@ -126,5 +125,5 @@ def _down(args) -> int:
     if state is None:
         print("triton: no tritonserver started by `servelab triton up` is running")
     else:
-        print(f"triton: stopped pid {state['pid']} ({state['url']}, stage {state['stage']})")
+        print(f"triton: stopped pid {state['pids'][0]} ({state['url']}, stage {state['stage']})")
     return 0

@@ -6,6 +6,7 @@ and none is left running after Ctrl-C or a failure.
 
 import ctypes
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -15,9 +16,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 _PR_SET_PDEATHSIG = 1
 try:  # looked up once here: between fork and exec the child may only make the C call
@@ -108,19 +110,18 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float, proc: subpr
         time.sleep(0.2)
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the name (state, ppid, pgrp, session, ..., [19] starttime); [] once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def session_members(sid: int) -> list[int]:
     """PIDs in session ``sid``: a child started with ``start_new_session`` and everything it started,
     also those that moved to process groups of their own (Ray's worker processes do)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-                pids.append(int(entry.name))
-    return pids
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _stat(e.name)[3:4] == [str(sid)]]
 
 
 def log_tail(log: Path | None, lines: int = 20) -> str:
@@ -129,18 +130,6 @@ def log_tail(log: Path | None, lines: int = 20) -> str:
         return ""
     text = Path(log).read_text(errors="replace").splitlines()[-lines:]
     return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
-
-
-def _group_gone(pgid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
 
 
 class ServerProcess:
@@ -192,38 +181,31 @@ class ServerProcess:
         return self
 
     def stop(self) -> None:
-        """SIGTERM the process group we created, then SIGKILL it if it lingers.
-
-        The whole group, even when its leader has already exited: its children (Triton's
-        Python-backend stubs, uvicorn's workers) may still be there.
-        """
+        """SIGTERM the process group we created; once its leader has gone (and its children, or 3 s more: Triton's
+        Python-backend stubs, uvicorn's workers) or after ``stop_timeout``, SIGKILL what is left of the session."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
-            for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)  # the group id is our child's PID (start_new_session)
-                except ProcessLookupError:
-                    return  # nothing of the group is left
-                try:
-                    proc.wait(wait)
-                    if sig == signal.SIGTERM and not _group_gone(proc.pid, 3.0):
-                        continue  # the leader went, stragglers stay: SIGKILL them
-                    return
-                except subprocess.TimeoutExpired:
-                    continue
+            os.killpg(proc.pid, signal.SIGTERM)  # the group id is our child's PID (start_new_session)
+            proc.wait(self.stop_timeout)
+            children_end = time.monotonic() + 3.0
+            while time.monotonic() < children_end:  # until killpg finds none of the group (ProcessLookupError)
+                os.killpg(proc.pid, 0)
+                time.sleep(0.05)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass  # nothing of the group is left, or it lingers
         finally:
             self.kill_session(proc.pid)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
 
     @staticmethod
     def kill_session(sid: int) -> None:
         """SIGKILL what is left of the session we created (processes that left our process group)."""
         for pid in session_members(sid):
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
@@ -254,3 +236,49 @@ class ChildServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# --- servers an `up` command leaves running (detached), for later commands to find and stop ---
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` for later commands, readable by this user only (it may hold a server's key). Its ``pids``:
+    the servers, each leading a session of its own; ``started`` keeps when each started (from the first save), so
+    that a PID the system gives another process later is not taken for one of them."""
+    state.setdefault("started", [_stat(pid)[19] for pid in state["pids"]])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(json.dumps(state, indent=2) + "\n")
+    path.chmod(0o600)
+
+
+def _running(state: dict[str, Any]) -> list[int]:  # none where a state file of an older form has no "started"
+    return [pid for pid, started in zip(state.get("pids", []), state.get("started", []))
+            if (fields := _stat(pid)) and fields[19] == started and fields[0] != "Z"]
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    """The state saved at ``path`` while one of its servers still runs (a stale file is removed)."""
+    if not path.exists():
+        return None
+    if not _running(state := json.loads(path.read_text())):
+        path.unlink()
+        return None
+    return state
+
+
+def stop_saved(path: Path, timeout_s: float) -> dict[str, Any] | None:
+    """Stop the servers saved at ``path``: SIGTERM to their process groups, then, once they have ended or after
+    ``timeout_s``, SIGKILL to what is left of their sessions (a server's children too). Their state, else None."""
+    if (state := load_state(path)) is None:
+        return None
+    pids = _running(state)
+    for pid in pids:
+        with suppress(ProcessLookupError):  # it ended a moment ago
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _running(state) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in pids:
+        ServerProcess.kill_session(pid)
+    path.unlink(missing_ok=True)
+    return state

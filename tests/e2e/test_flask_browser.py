@@ -9,14 +9,14 @@ import sys
 import requests
 from playwright.sync_api import Page, sync_playwright
 
-from servelab.cli.serve_flask import GUNICORN_OPTIONS
+from servelab.cli.serve import GUNICORN_OPTIONS
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import ServerProcess, free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-sync", "--disable-quic"]
-# What flask_app's container runs (see servelab/cli/serve_flask.py).
+# What flask_app's container runs (see servelab/cli/serve.py).
 GUNICORN = [sys.executable, "-m", "gunicorn", "--worker-class", GUNICORN_OPTIONS["worker_class"],
             "--workers", "2", "--threads", str(GUNICORN_OPTIONS["threads"]), "--no-control-socket"]
 

@@ -8,11 +8,11 @@ import time
 import psutil
 import pytest
 
-from servelab.core.procs import ServerProcess, free_port
+from servelab.core.procs import ServerProcess, free_port, load_state, save_state, stop_saved
 
 PARENT = """
 import sys, time
-from servelab.core.procs import ServerProcess, free_port
+from servelab.core.procs import ServerProcess, free_port, load_state, save_state, stop_saved
 port = free_port()
 server = ServerProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                        f"http://127.0.0.1:{port}/", sys.argv[1], detach=sys.argv[2] == "detach").start()
@@ -114,3 +114,25 @@ def test_ready_check_instead_of_a_url(tmp_path):
     with server:
         assert marker.exists()
     assert server.proc is None
+
+
+def test_a_saved_server_is_found_and_stopped_by_a_later_command(tmp_path):
+    """`up` saves a detached server (`servelab triton up`, `servelab ray up`), `down` stops it by its PID with what
+    it started; a PID that another process holds now, or no process at all, is a stale state."""
+    port, pid_file, path = free_port(), tmp_path / "helper.pid", tmp_path / "state" / "up.json"
+    server = ServerProcess([sys.executable, "-c", LEAVES_GROUP, str(port), str(pid_file)],
+                           f"http://127.0.0.1:{port}/", tmp_path / "log", detach=True).start()
+    helper = int(pid_file.read_text())
+    try:
+        save_state(path, {"pids": [server.pid], "key": "k"})
+        assert path.stat().st_mode & 0o777 == 0o600 and load_state(path)["key"] == "k"
+        save_state(path, {"pids": [os.getpid()], "started": ["0"]})  # this PID, but not the process saved
+        assert load_state(path) is None and not path.exists()
+        path.write_text('{"pid": 1, "binary": "tritonserver"}')  # what `servelab triton up` wrote before
+        assert load_state(path) is None and not path.exists()
+        save_state(path, {"pids": [server.pid], "key": "k"})
+        assert stop_saved(path, 10)["key"] == "k"
+        assert _gone(server.pid, 10) and _gone(helper, 10) and not path.exists()
+        assert load_state(path) is None and stop_saved(path, 10) is None
+    finally:
+        server.stop()

@@ -113,13 +113,10 @@ class MicroBatcher:
         self._arrived.set()
         return await future
 
-    def _waiting_images(self) -> int:
-        return sum(len(p.x) for p in self._pending)
-
     async def _fill(self) -> None:
         """Wait for more requests until a full batch is waiting or the oldest has waited long enough."""
         deadline = self._pending[0].submitted + self.timeout_s
-        while self._waiting_images() < self.max_batch_size:
+        while sum(len(p.x) for p in self._pending) < self.max_batch_size:
             remaining = deadline - perf_counter()
             if remaining <= 0:
                 return
@@ -167,23 +164,27 @@ class MicroBatcher:
 
     async def _infer(self, batch: list[_Pending]) -> None:
         try:
-            x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
-            started = perf_counter()
-            try:
-                logits = await asyncio.get_running_loop().run_in_executor(self._executor, self.infer, x)
-            except Exception as exc:  # noqa: BLE001 - every caller of this batch gets the error
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                return
-            infer_s = perf_counter() - started
-            if self.on_batch is not None:
-                self.on_batch(len(x), infer_s)
-            offset = 0
-            for item in batch:
-                rows = logits[offset:offset + len(item.x)]
-                offset += len(item.x)
-                if not item.future.done():
-                    item.future.set_result(BatchResult(rows, started - item.submitted, infer_s, len(x)))
+            results = await infer_batch(self._executor, self.infer, [(p.x, p.submitted) for p in batch], self.on_batch)
+        except Exception as exc:  # noqa: BLE001 - every caller of this batch gets the error
+            results = [exc] * len(batch)
         finally:
             self._free.release()
+        for item, result in zip(batch, results):
+            if not item.future.done():
+                (item.future.set_exception if isinstance(result, Exception) else item.future.set_result)(result)
+
+
+async def infer_batch(executor: ThreadPoolExecutor, infer: Callable[[np.ndarray], np.ndarray],
+                      items: list[tuple[np.ndarray, float]], on_batch: Callable[[int, float], None] | None = None
+                      ) -> list[BatchResult]:
+    """One inference in ``executor`` over requests' images ``items`` (each with when it was submitted); each
+    request's rows of the logits. ``on_batch(images, seconds)`` after it."""
+    x = items[0][0] if len(items) == 1 else np.concatenate([x for x, _ in items])
+    started = perf_counter()
+    logits = await asyncio.get_running_loop().run_in_executor(executor, infer, x)
+    infer_s = perf_counter() - started
+    if on_batch is not None:
+        on_batch(len(x), infer_s)
+    ends = np.cumsum([len(part) for part, _ in items])
+    return [BatchResult(logits[end - len(part):end], started - submitted, infer_s, len(x))
+            for (part, submitted), end in zip(items, ends)]

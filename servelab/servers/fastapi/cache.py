@@ -48,10 +48,6 @@ def cache_version(backend: Backend) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cache_key(version: str, image: bytes) -> str:
-    return f"servelab:predict:{version}:{hashlib.sha256(image).hexdigest()}"
-
-
 @dataclass
 class Lookup:
     """One request's visit to the cache: its key, and the answer found (None: ask the model)."""
@@ -109,17 +105,12 @@ class ResponseCache:
             log.warning("response cache: Redis at %s failed a %s (%s: %s); the model answers until it is back",
                         self.url, what, type(exc).__name__, exc)
 
-    def _answered(self) -> None:
-        if self._down:
-            self._down = False
-            log.info("response cache: Redis at %s answers again", self.url)
-
     async def lookup(self, image: str, response: Response) -> Lookup:
         """The cached answer for the base64 ``image``, if any; raises ImageError (400) on bad base64."""
         if not self.enabled:
             return Lookup(None)
         # The request's own model (a reload may swap another in while it runs): its answers, its keys.
-        key = cache_key(cache_version(SERVING.get()), decode_base64(image))
+        key = f"servelab:predict:{cache_version(SERVING.get())}:{hashlib.sha256(decode_base64(image)).hexdigest()}"
         if time.monotonic() < self._down_until:
             self._note(response, "error")
             return Lookup(None)
@@ -129,7 +120,9 @@ class ResponseCache:
             self._failed("lookup", exc)
             self._note(response, "error")
             return Lookup(None)
-        self._answered()
+        if self._down:
+            self._down = False
+            log.info("response cache: Redis at %s answers again", self.url)
         if value is None:
             self._note(response, "miss")
             return Lookup(key)

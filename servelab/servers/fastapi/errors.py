@@ -33,7 +33,7 @@ from servelab.servers.fastapi.schemas import ErrorResponse, Reloaded, ShedRespon
 # within its bound times the service time, well under a second on the lab's stages.
 SHED_RETRY_AFTER_S = 1
 SHED_KEY = "servelab.shed"  # scope key: why the request was shed, for the metrics middleware to count
-PREDICT_ROUTES = frozenset({"/predict", "/predict/batch"})  # what MAX_QUEUE_REQUESTS bounds
+PREDICT_ROUTES = frozenset({"/predict", "/predict/batch"})  # what MAX_QUEUE_REQUESTS bounds, and reloads drain
 
 ERROR_RESPONSES = {
     400: {"model": ErrorResponse, "description": "Invalid base64, not an image, a truncated or corrupt image, or empty input."},

@@ -17,17 +17,9 @@ where the model runs on a GPU and the CPUs would otherwise idle. On the CPU, inf
 cores and the server process would take one from the workers (on that VM, 2 worker processes
 preprocessed 0.72-0.77x as fast as 2 threads in this pipeline), so threads stay.
 
-**Why not uvicorn's worker processes** (``--workers N``): each would load its own model and run
-its own batcher, so N CUDA contexts and model copies would share the GPU and each batcher would
-see 1/N of the traffic, forming batches N times smaller — undoing dynamic batching, the lever that
-pays on a GPU. One server process per GPU keeps ONE model and ONE batcher (as Triton keeps one
-scheduler per model) and spreads only the CPU work over cores.
-
-A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new pool
-replaces it at once, and every request that was waiting for the old one runs again, once, on the new
-one (preprocessing is a pure function of the request). A request whose second pool dies too gets
-``WorkerLost`` (503, retry): an image that crashes the decoder kills two pools, not pool
-after pool.
+A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new one replaces
+it and the requests waiting run again on it, once (``prepare_in_worker``): an image that crashes the decoder
+kills two pools, not pool after pool.
 """
 
 import asyncio

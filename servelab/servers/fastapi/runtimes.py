@@ -23,6 +23,7 @@ largest batch the service can hand them, and the warm-up runs each session's bat
 import logging
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -104,20 +105,11 @@ def model_version(weights: Path) -> str:
     return sha256_file(weights)[:VERSION_CHARS]
 
 
-
-
 def intra_op_threads(settings: ServeSettings) -> int:
     """INTRA_OP_THREADS, else the CPUs shared out among the instances that may infer at once (with
     MODEL_INSTANCES left to the machine: one thread each, where one inference per core costs the least
     CPU per image; on a GPU the CPU threads only run what the GPU does not)."""
     return settings.intra_op_threads or max(1, cpu_count() // (settings.model_instances or cpu_count()))
-
-
-def worker_threads(settings: ServeSettings) -> int:
-    """Preprocessing threads: WORKER_THREADS, else one per CPU. On the CPU they share the cores with the
-    inferences; the scheduler gives each what the other leaves (keeping the two apart left cores idle
-    whenever one side waited on the other)."""
-    return settings.worker_threads or cpu_count()
 
 
 PreprocessMode = Literal["threads", "processes"]
@@ -126,11 +118,12 @@ PreprocessMode = Literal["threads", "processes"]
 def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[PreprocessMode, int]:
     """How images are decoded and preprocessed, and by how many workers. On a GPU, worker processes
     on every CPU but one (the server's event loop and the thread driving the GPU keep that one); on
-    the CPU, threads in what inference leaves free, as before."""
+    the CPU, WORKER_THREADS threads, else one per CPU, sharing the cores with the inferences: the scheduler
+    gives each what the other leaves (keeping the two apart left cores idle whenever one side waited)."""
     processes = settings.preprocess_processes
     if processes == "auto":  # a server process beside a batcher process has one core of its own: threads
         processes = max(1, cpu_count() - 1) if backend.on_gpu and backend.remote is None else 0
-    return ("processes", processes) if processes else ("threads", worker_threads(settings))
+    return ("processes", processes) if processes else ("threads", settings.worker_threads or cpu_count())
 
 
 # Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (where one image
@@ -223,10 +216,8 @@ def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
     paths, manifest = model_manifest(settings)
     threads = intra_op_threads(settings)
     torch.set_num_threads(threads)
-    try:
+    with suppress(RuntimeError):  # already set in this process (only possible once)
         torch.set_num_interop_threads(settings.inter_op_threads)
-    except RuntimeError:  # already set in this process (only possible once)
-        pass
     # Benchmark mode would time cuDNN algorithms again for every new input shape, which a dynamic
     # batcher's sizes keep producing; off, PyTorch's heuristics pick at once (pt-dyn/pt-1: 0.97 on an H100).
     torch.backends.cudnn.benchmark = False

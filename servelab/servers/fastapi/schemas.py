@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import OnnxVariant
@@ -155,21 +155,13 @@ class Ready(BaseModel):
                                                              "(PREPROCESS_PROCESSES).")
     preprocess_workers: int = Field(description="How many threads or worker processes.")
     warnings: list[str]
-    stage: str | None = Field(None, description="Ray Serve stages: the stage this replica serves (ray-2, ...), "
-                                        "so a client can tell a finished redeploy.")
-    placement: dict[str, Any] | None = Field(None, description="Ray Serve stages: where this replica runs "
-                                                   "(Ray node id, replica id, deployment).")
+    # Left out, not null, off Ray: clients (10_ray) read the absence of `stage` as "not a Ray stage".
+    stage: str | None = Field(None, exclude_if=lambda v: v is None, description="Ray Serve stages: the stage this "
+                              "replica serves (ray-2, ...), so a client can tell a finished redeploy.")
+    placement: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None, description="Ray Serve stages: "
+                                             "where this replica runs (Ray node id, replica id, deployment).")
     workers: Workers | None = Field(None, description="`servelab serve` with several server processes (`WORKERS`): "
                                    "how many, how many are warm, what they serve. None: one process.")
-
-    @model_serializer(mode="wrap")
-    def _ray_fields_only_on_ray(self, handler):
-        # A FastAPI stage's /ready has no `stage`: clients (10_ray) read its absence as "not a Ray stage".
-        data = handler(self)
-        for key in ("stage", "placement"):
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
 
 
 class ErrorResponse(BaseModel):

@@ -50,7 +50,7 @@ from servelab.core.wire import VERSION_HEADER
 from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS
 from servelab.servers.fastapi.cache import ResponseCache
-from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
+from servelab.servers.fastapi.errors import ERROR_RESPONSES, PREDICT_ROUTES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline, warm
 from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
@@ -71,7 +71,6 @@ from servelab.servers.fastapi.workers import Siblings
 
 log = logging.getLogger("servelab.servers.fastapi")
 
-PREDICTION_ROUTES = frozenset({"/predict", "/predict/batch"})
 # A replaced model closes once the requests that may use it have answered, or after this long regardless
 # (above any client's timeout: a request still open by then has been given up on).
 DRAIN_TIMEOUT_S, DRAIN_POLL_S = 120.0, 0.01
@@ -371,7 +370,7 @@ class InFlightMiddleware:
         self.app, self.generations = app, generations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in PREDICTION_ROUTES:
+        if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
             await self.app(scope, receive, send)
             return
         generation = self.generations.enter()

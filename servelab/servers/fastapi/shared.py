@@ -103,17 +103,15 @@ def hello(path: str, settings: ServeSettings, arena: int | None = None,
                 send_handle(conn, arena, None)
             described = json.loads(conn.recv_bytes())
             break
-        # Not started yet, or a killed one's socket: refused, or accepted into its backlog and reset as it closes.
-        except (FileNotFoundError, ConnectionError, EOFError):
+        except BaseException as exc:
             if conn is not None:
                 conn.close()
+            # Not started yet, or a killed one's socket: refused, or accepted into its backlog and reset as it closes.
+            if not isinstance(exc, (FileNotFoundError, ConnectionError, EOFError)):
+                raise
             if time.monotonic() > deadline:
                 raise WorkerLost(f"no batcher process answers at {path} after {timeout_s:g} s") from None
             time.sleep(RETRY_S)
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            raise
     if error := described.get("error"):
         conn.close()
         raise (FileNotFoundError if error == "FileNotFoundError" else RuntimeError)(described["detail"])

@@ -40,6 +40,7 @@ import uvicorn
 from prometheus_client import multiprocess
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from servelab.core.artifacts import write_atomic
 from servelab.core.hardware import gpu_count, visible_gpus
 from servelab.core.procs import SHARE_ENV, cpu_count, take_place
 from servelab.core.settings import ServeSettings
@@ -163,9 +164,7 @@ class Siblings:
         return cls(Path(folder), int(os.environ[COUNT_ENV])) if folder else None
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
-        tmp = self.folder / f".{name}.{os.getpid()}"
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.folder / name)  # atomic: a reader sees the old file or the new one, whole
+        write_atomic(self.folder / name, lambda tmp: tmp.write_text(json.dumps(data)))  # read whole, old or new
 
     def announce(self, version: str) -> None:
         """This process is warm and serves ``version``."""

@@ -103,13 +103,19 @@ class ModelService(Protocol):
     def about(self) -> About: ...
 
 
-def _detail(response: requests.Response) -> str:
-    """The backend's own error message (FastAPI's ``detail``, Triton's ``error``), shortened."""
+def _body(response: requests.Response) -> dict[str, Any]:
+    """The backend's JSON object; empty where it sent none."""
     try:
         body = response.json()
     except ValueError:
-        body = None
-    text = (body.get("detail") or body.get("error")) if isinstance(body, dict) else None
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _detail(response: requests.Response) -> str:
+    """The backend's own error message (FastAPI's ``detail``, Triton's ``error``), shortened."""
+    body = _body(response)
+    text = body.get("detail") or body.get("error")
     if not isinstance(text, str):
         text = response.reason or "no details"
     return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "…"
@@ -118,21 +124,12 @@ def _detail(response: requests.Response) -> str:
 def _shed_retry_after(response: requests.Response) -> int | None:
     """Seconds to wait where the backend shed this request (FastAPI's ``shed`` body, Triton's queue-policy
     message), from its ``Retry-After`` (1 where it names none, as Triton never does); None otherwise."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    shed = isinstance(body, dict) and (isinstance(body.get("shed"), str)
-                                       or triton.shed_reason(str(body.get("error", ""))) is not None)
+    body = _body(response)
+    shed = isinstance(body.get("shed"), str) or triton.shed_reason(str(body.get("error", ""))) is not None
     if not shed:
         return None
     header = response.headers.get("Retry-After", "")
     return max(1, min(int(header), 60)) if header.isdigit() else 1
-
-
-def _is_read_timeout(exc: requests.ConnectionError) -> bool:
-    # requests reports a timeout while reading the body as a ConnectionError wrapping urllib3's.
-    return any(isinstance(arg, ReadTimeoutError) for arg in exc.args)
 
 
 def _check_probability(value: Any) -> float:
@@ -160,7 +157,8 @@ class _Http:
         except requests.Timeout:
             raise self._timed_out(url) from None
         except requests.ConnectionError as exc:
-            if _is_read_timeout(exc):
+            # requests reports a timeout while reading the body as a ConnectionError wrapping urllib3's.
+            if any(isinstance(arg, ReadTimeoutError) for arg in exc.args):
                 raise self._timed_out(url) from None
             raise BackendError(502, f"The {self.service} at {url} cannot be reached: it may be stopped or "
                                     "still starting. Try again in a moment.") from None
@@ -170,14 +168,13 @@ class _Http:
             raise self._refused(response)
         return response
 
-    def get_json(self, url: str) -> dict[str, Any] | None:
-        """A JSON object, or None on any failure (for information that is nice to have)."""
+    def get_json(self, url: str) -> dict[str, Any]:
+        """A JSON object, empty on any failure (for information that is nice to have)."""
         try:
             response = self.session.get(url, timeout=min(self.timeout, ABOUT_TIMEOUT_S))
-            body = response.json() if response.status_code == 200 else None
-        except (requests.RequestException, ValueError):
-            return None
-        return body if isinstance(body, dict) else None
+        except requests.RequestException:
+            return {}
+        return _body(response) if response.status_code == 200 else {}
 
     def _timed_out(self, url: str) -> BackendError:
         return BackendError(504, f"The {self.service} at {url} did not answer within {self.timeout:g} s.")
@@ -227,7 +224,7 @@ class FastAPIBackend:
 
     def about(self) -> About:
         """From ``GET /ready``: the service, its runtime, and whether the model is the stand-in."""
-        ready = self.http.get_json(self.base + "/ready") or {}
+        ready = self.http.get_json(self.base + "/ready")
         runtime = ready.get("runtime") if isinstance(ready.get("runtime"), dict) else {}
         where = runtime.get("providers") or runtime.get("device")
         stage = ready.get("service")
@@ -274,7 +271,7 @@ class _TritonBackend:
     def about(self) -> About:
         """The stage from the config's ``servelab_stage`` parameter (written by ``servelab triton``);
         whether the model is the stand-in from the manifest on this host, if there is one."""
-        config = self.http.get_json(self.base + "/config") or {}
+        config = self.http.get_json(self.base + "/config")
         parameters = config.get("parameters") if isinstance(config.get("parameters"), dict) else {}
 
         def parameter(key: str) -> str | None:
@@ -312,12 +309,6 @@ class TritonTensorBackend(_TritonBackend):
         return self._predict(triton.tensor_inputs("http", x), triton.tensor_outputs("http"), read)
 
 
-def _local_manifest(settings: Settings) -> Manifest | None:
-    """The manifest `servelab models build` wrote for the models Triton serves, if this host has it."""
-    path = ArtifactPaths.in_dir(settings.model_dir).manifest
-    return load_manifest(path) if path.is_file() else None
-
-
 def in_canary(share: float, seed: int, number: int) -> bool:
     """Whether request ``number`` goes to the canary: a hash of the seed and the number, read as a fraction
     in [0, 1), below ``share``. Reproducible (the same seed picks the same request numbers), and over N
@@ -353,7 +344,9 @@ def _make(settings: Settings, url: str) -> ModelService:
     if settings.backend == "fastapi":
         return FastAPIBackend(url, settings.backend_timeout)
     model = settings.food11_model_name or DEFAULT_MODELS[settings.backend]
-    manifest = _local_manifest(settings)
+    # The manifest `servelab models build` wrote for the models Triton serves, if this host has it.
+    path = ArtifactPaths.in_dir(settings.model_dir).manifest
+    manifest = load_manifest(path) if path.is_file() else None
     if settings.backend == "triton_onnx":
         return TritonTensorBackend(url, model, settings.backend_timeout, manifest)
     return TritonImageBackend(settings.backend, url, model, settings.backend_timeout, manifest)

@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class LocalCluster:
     cpus_per_node: int = 2
     log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
     env: dict[str, str] = field(default_factory=dict)
-    dashboard: bool = True  # its REST API reports replicas and their nodes (`replicas()`)
+    dashboard: bool = True  # its REST API reports replicas and their nodes (`serve_state`)
     port: int = 0
     temp_dir: Path | None = None  # Ray's session folder; short, for its unix sockets (≤ 107 bytes)
     head: ServerProcess | None = None
@@ -151,12 +152,9 @@ class LocalCluster:
         return pid
 
     def stop(self) -> None:
-        for node in [self.head, *self.nodes]:  # all wind down at once; each stop() then waits
-            if node is not None and node.pid:
-                try:
-                    os.killpg(node.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        for pid in self.pids():  # all wind down at once; each stop() then waits
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
         for node in reversed(self.nodes):
             node.stop()
         self.nodes.clear()

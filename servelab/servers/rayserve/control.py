@@ -15,19 +15,18 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from servelab.core import procs
 from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import REPO_ROOT
-from servelab.core.procs import session_members
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import variant_path
-from servelab.servers.rayserve.cluster import alive_nodes, connect, disconnect
+from servelab.servers.rayserve.cluster import STOP_TIMEOUT_S, alive_nodes, connect, disconnect
 from servelab.servers.rayserve.options import STAGES
 from servelab.servers.rayserve.serve_state import placement, replica_rows, serve_details
 
@@ -141,45 +140,12 @@ def status(address: str) -> dict[str, Any]:
 
 # --- the cluster `up` leaves running ---------------------------------------------------------
 
-def save_state(state: dict[str, Any]) -> None:
-    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
-
-
-def _is_ray_node(pid: int) -> bool:
-    """True if ``pid`` runs a `ray start` we started (a reused PID is someone else's)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"start" in cmdline and b"--block" in cmdline and any(part.endswith(b"/ray") for part in cmdline[:2])
-
-
 def load_state() -> dict[str, Any] | None:
-    if not STATE_FILE.exists():
-        return None
-    state = json.loads(STATE_FILE.read_text())
-    if not any(_is_ray_node(pid) for pid in state["pids"]):
-        STATE_FILE.unlink()
-        return None
-    return state
+    return procs.load_state(STATE_FILE)
 
 
-def stop_saved(timeout_s: float = 10.0) -> dict[str, Any] | None:
-    """SIGTERM each node `up` started, then SIGKILL what is left of their sessions."""
-    state = load_state()
-    if state is None:
-        return None
-    pids = [pid for pid in state["pids"] if _is_ray_node(pid)]
-    for pid in pids:
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_is_ray_node(pid) for pid in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        for member in session_members(pid):
-            os.kill(member, signal.SIGKILL)
-    if Path(state["temp_dir"]).name.startswith("slray-"):
+def stop_saved() -> dict[str, Any] | None:
+    """Stop the nodes `up` started and remove the temporary folder it made for them."""
+    if (state := procs.stop_saved(STATE_FILE, STOP_TIMEOUT_S)) and Path(state["temp_dir"]).name.startswith("slray-"):
         shutil.rmtree(state["temp_dir"], ignore_errors=True)
-    STATE_FILE.unlink(missing_ok=True)
     return state

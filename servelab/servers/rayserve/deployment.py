@@ -15,7 +15,6 @@ The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally ev
 127.0.0.1, and two proxies would want the same port.
 """
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -30,7 +29,7 @@ from ray import serve
 
 from servelab.core.catalogue import Stage
 from servelab.core.settings import RaySettings, Settings
-from servelab.servers.fastapi.batcher import BatchResult, in_threads
+from servelab.servers.fastapi.batcher import BatchResult, in_threads, infer_batch
 from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
 
 log = logging.getLogger("servelab.servers.rayserve")
@@ -70,17 +69,7 @@ class ServeBatcher:
         return await self._batched((x, time.perf_counter()))
 
     async def _infer_batch(self, items: list[tuple[np.ndarray, float]]) -> list[BatchResult]:
-        x = items[0][0] if len(items) == 1 else np.concatenate([x for x, _ in items])
-        started = time.perf_counter()
-        logits = await asyncio.get_running_loop().run_in_executor(self._executor, self.infer, x)
-        infer_s = time.perf_counter() - started
-        if self.on_batch is not None:
-            self.on_batch(len(x), infer_s)
-        results, offset = [], 0
-        for part, submitted in items:
-            results.append(BatchResult(logits[offset:offset + len(part)], started - submitted, infer_s, len(x)))
-            offset += len(part)
-        return results
+        return await infer_batch(self._executor, self.infer, items, self.on_batch)
 
 
 def _placement(stage: str) -> dict[str, Any]:
@@ -173,12 +162,3 @@ def wait_running(timeout_s: float) -> None:
             message = status.message if status else ""
             raise RuntimeError(f"Serve application {APP_NAME}: {state} after {timeout_s:.0f} s or less: {message}")
         time.sleep(0.5)
-
-
-def replicas() -> list[dict[str, Any]]:
-    """Every replica of the deployment: id, state, Ray node id (from Ray's state API)."""
-    from ray.util.state import list_actors  # deferred: an optional extra (ray), loaded only when this runs
-
-    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP_NAME}:{DEPLOYMENT_NAME}")],
-                         detail=False, limit=1000, raise_on_missing_output=False)
-    return [{"actor_id": a.actor_id, "state": a.state, "node_id": a.node_id, "pid": a.pid} for a in actors]

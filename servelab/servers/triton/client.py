@@ -62,18 +62,11 @@ def _module(protocol: Protocol):
     return importlib.import_module(f"tritonclient.{protocol}")
 
 
-def image_array(images: Sequence[bytes], encoding: Literal["base64", "raw"] = "base64") -> np.ndarray:
-    """Encoded images -> the BYTES array [N, 1] for INPUT_IMAGE."""
-    items = [base64.b64encode(im).decode("ascii") if encoding == "base64" else im for im in images]
-    array = np.empty((len(items), 1), dtype=np.object_)
-    array[:, 0] = items
-    return array
-
-
 def image_inputs(protocol: Protocol, images: Sequence[bytes],
                  encoding: Literal["base64", "raw"] = "base64") -> list[Any]:
     """INPUT_IMAGE carrying ``images`` (one element per image)."""
-    array = image_array(images, encoding)
+    array = np.empty((len(images), 1), dtype=np.object_)  # BYTES [N, 1]
+    array[:, 0] = [base64.b64encode(im).decode("ascii") if encoding == "base64" else im for im in images]
     infer_input = _module(protocol).InferInput(IMAGE_INPUT, list(array.shape), "BYTES")
     infer_input.set_data_from_numpy(array)
     return [infer_input]
@@ -100,13 +93,10 @@ def tensor_outputs(protocol: Protocol) -> list[Any]:
 
 def predictions(result) -> list[Prediction]:
     """FOOD_LABEL and PROBABILITY of an image-model result, one Prediction per image."""
-    labels = result.as_numpy(LABEL_OUTPUT).reshape(-1)
+    names = [label.decode() if isinstance(label, bytes) else str(label)
+             for label in result.as_numpy(LABEL_OUTPUT).reshape(-1)]
     probabilities = result.as_numpy(PROBABILITY_OUTPUT).reshape(-1)
-    out = []
-    for label, probability in zip(labels, probabilities):
-        name = label.decode() if isinstance(label, bytes) else str(label)
-        out.append(Prediction(name, float(probability), CLASSES.index(name)))
-    return out
+    return [Prediction(name, float(p), CLASSES.index(name)) for name, p in zip(names, probabilities)]
 
 
 def tensor_predictions(result, classes: Sequence[str] = CLASSES) -> list[Prediction]:

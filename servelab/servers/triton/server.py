@@ -10,11 +10,9 @@ the environment's ``bin`` first on ``PATH``. ``PYTHONPATH`` is the checkout root
 import ``servelab``, and no folder named ``triton`` may be on ``sys.path`` (torch would take it for
 OpenAI Triton).
 
-The server binds 127.0.0.1, runs in explicit model-control mode with ``--model-config-name=stage``
-(so it reads the effective configs ``servelab.servers.triton.configs`` writes) and is started and stopped
-through ``servelab.core.procs.ServerProcess``, with the wheel's local response cache (``cache_flags``).
-``apply_stage`` switches any running Triton (this one or
-the lab's container) to another stage through the model-control API; no image is rebuilt.
+It reads the effective configs ``servelab.servers.triton.configs`` writes (``--model-config-name=stage``), so
+``apply_stage`` switches any running Triton (this one or the lab's container) to another stage through the
+model-control API; no image is rebuilt.
 
 A new version of a model, rolled out while it serves (``stage_version``, then ``roll_out_version``): the version
 folder ``<model>/<N>/`` goes into the repository, then one load of the model through the model-control
@@ -44,7 +42,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import sys
 import sysconfig
 import time
@@ -54,10 +51,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from servelab.core import procs
 from servelab.core.artifacts import ArtifactPaths, copy_atomic
 from servelab.core.catalogue import MODELS
 from servelab.core.paths import REPO_ROOT
-from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok
+from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok, wait_until
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import variant_path
 from servelab.servers.triton.client import server_address
@@ -68,6 +66,8 @@ INSTALL_DIR = CACHE_DIR / "tritonserver"
 STATE_FILE = CACHE_DIR / "tritonserver-up.json"
 # Loading many PyTorch instances on a small CPU takes a while; the load call blocks until done.
 LOAD_TIMEOUT_S = 600.0
+# Triton's own exit timeout, which every server started here keeps (see the module docstring).
+EXIT_TIMEOUT_S = 30
 # Every model any stage loads, dependencies first (reversed, it is a safe unload order).
 ALL_MODELS = tuple(dict.fromkeys(m for stage in STAGES.values() for m in stage.triton.models))
 # Triton's name for a stub's segment in /dev/shm; a server started here adds a name of its own.
@@ -107,10 +107,6 @@ def install(dest: Path = INSTALL_DIR) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
-
-
-def onnxruntime_backend(install_dir: Path) -> bool:
-    return (install_dir / "backends" / "onnxruntime").is_dir()
 
 
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -163,7 +159,7 @@ def control_headers(url: str, protocol: Literal["http", "grpc"] = "http") -> dic
 
 
 def server_command(install_dir: Path, repository: Path, ports: Ports, models: tuple[str, ...],
-                   *, gpu_metrics: bool, exit_timeout_s: int, key: str, shm_prefix: str) -> list[str]:
+                   *, gpu_metrics: bool, key: str, shm_prefix: str) -> list[str]:
     return [
         str(install_dir / "bin" / "tritonserver"),
         f"--model-repository={repository}",
@@ -175,7 +171,7 @@ def server_command(install_dir: Path, repository: Path, ports: Ports, models: tu
         "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
         "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
         f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
-        f"--exit-timeout-secs={exit_timeout_s}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         *control_flags(key),
         *cache_flags(install_dir, get_settings().triton_cache_bytes),
@@ -235,7 +231,7 @@ class LocalTriton:
 
 
 def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
-                log: Path | None = None, exit_timeout_s: int = 30, ready_timeout_s: float = LOAD_TIMEOUT_S,
+                log: Path | None = None, ready_timeout_s: float = LOAD_TIMEOUT_S,
                 detach: bool = False, key: str = "") -> LocalTriton:
     """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY. Model control
     asks for ``key`` (default: ADMIN_TOKEN, else a new key for this server)."""
@@ -243,15 +239,15 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     install_dir = install()
     ports = ports or Ports.pick()
     resolved = resolve_kind(kind)
-    onnxruntime = onnxruntime_backend(install_dir)
+    onnxruntime = (install_dir / "backends" / "onnxruntime").is_dir()
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
     shm_prefix = f"{SHM_PREFIX}servelab_{secrets.token_hex(4)}_"
     cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
-                         gpu_metrics=resolved == "gpu", exit_timeout_s=exit_timeout_s, key=key, shm_prefix=shm_prefix)
+                         gpu_metrics=resolved == "gpu", key=key, shm_prefix=shm_prefix)
     process = ServerProcess(
         cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
-        ready_timeout=ready_timeout_s, stop_timeout=exit_timeout_s + 15, detach=detach)
+        ready_timeout=ready_timeout_s, stop_timeout=EXIT_TIMEOUT_S + 15, detach=detach)
     local = LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository), key, shm_prefix)
     try:  # tritonserver opens its metrics port after HTTP (~40 ms): ready means every endpoint answers
         process.start()
@@ -305,23 +301,12 @@ def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, reposi
     unload = [m for m in reversed(ALL_MODELS) if m in loaded and m not in stage.triton.models]
     for model in unload:
         _call(url, "POST", f"/v2/repository/models/{model}/unload", {}, timeout_s, key)
-    _wait_unloaded(url, unload, timeout_s, key)
+    if unload:  # unload returns at once: the instances go first, so they take no CPU or GPU from the next stage
+        wait_until(lambda: not any(e["name"] in unload and e.get("state") in ("READY", "UNLOADING")
+                                   for e in repository_index(url, key=key)), f"unloaded {', '.join(unload)}", timeout_s)
     for model in stage.triton.models:
         _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s, key)
     return model_config(url, stage.triton.model)
-
-
-def _wait_unloaded(url: str, models: list[str], timeout_s: float, key: str | None) -> None:
-    """Unload returns at once; wait until the instances are gone, so they no longer use the CPU
-    or GPU while the next stage is measured."""
-    deadline = time.monotonic() + timeout_s
-    while models and time.monotonic() < deadline:
-        index = repository_index(url, key=key)
-        if not any(e["name"] in models and e.get("state") in ("READY", "UNLOADING") for e in index):
-            return
-        time.sleep(0.2)
-    if models:
-        raise TimeoutError(f"{', '.join(models)} still unloading after {timeout_s:.0f} s")
 
 
 def stage_version(repository: Path, model: str, version: int, model_dir: Path) -> Path:
@@ -394,18 +379,13 @@ def model_config(url: str, model: str) -> dict[str, Any]:
 
 def state_of(server: LocalTriton) -> dict[str, Any]:
     """What `down` needs to stop the server and `stage` needs to render for it and to switch it (its key)."""
-    return {"pid": server.process.pid, "binary": server.process.cmd[0], "url": server.url, "key": server.key,
-            "shm_prefix": server.shm_prefix, "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind,
-            "onnxruntime": server.onnxruntime, "repository": str(server.repository),
-            "log": str(server.process.log)}
+    return {"pids": [server.process.pid], "url": server.url, "key": server.key, "shm_prefix": server.shm_prefix,
+            "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind, "onnxruntime": server.onnxruntime,
+            "repository": str(server.repository), "log": str(server.process.log)}
 
 
 def save_state(state: dict[str, Any]) -> None:
-    """Readable by this user only: it holds the server's model-control key."""
-    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(os.open(STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        out.write(json.dumps(state, indent=2) + "\n")
-    STATE_FILE.chmod(0o600)
+    procs.save_state(STATE_FILE, state)
 
 
 @dataclass(frozen=True)
@@ -434,43 +414,14 @@ def switch_target(url: str | None = None, kind: str | None = None) -> SwitchTarg
 
 
 def load_state() -> dict[str, Any] | None:
-    """The server `up` started, if it is still running (a stale state file is removed)."""
-    if not STATE_FILE.exists():
-        return None
-    state = json.loads(STATE_FILE.read_text())
-    if not _is_our_server(state["pid"], state["binary"]):
-        STATE_FILE.unlink()
-        return None
-    return state
+    """The server `up` started, if it is still running."""
+    return procs.load_state(STATE_FILE)
 
 
-def _is_our_server(pid: int, binary: str) -> bool:
-    """True if ``pid`` is alive and runs our tritonserver (a reused PID is someone else's)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return cmdline[0].decode(errors="replace") == binary
-
-
-def stop_saved(timeout_s: float = 30.0) -> dict[str, Any] | None:
-    """Stop the server `up` started (SIGTERM to its process group, SIGKILL if it lingers; its segments in /dev/shm)."""
-    state = load_state()
-    if state is None:
-        return None
-    pid = state["pid"]
-    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pid, sig)  # its own group: the server and its Python stubs
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _is_our_server(pid, state["binary"]):
-            time.sleep(0.2)
-        if not _is_our_server(pid, state["binary"]):
-            break
-    remove_segments(state.get("shm_prefix", ""))
-    STATE_FILE.unlink(missing_ok=True)
+def stop_saved() -> dict[str, Any] | None:
+    """Stop the server `up` started (its process group, its segments in /dev/shm)."""
+    if state := procs.stop_saved(STATE_FILE, EXIT_TIMEOUT_S + 15):
+        remove_segments(state["shm_prefix"])
     return state
 
 
