@@ -1,23 +1,11 @@
-"""Leases for a whole class (``1_create_lease``, instructors' section), with python-chi.
+"""Leases for a whole class (``1_create_lease``, instructors' section, and ``servelab class status``), with
+python-chi: the budget, one lease per student planned from Blazar's reservations of every node of the types,
+deleting them, and where each student stands.
 
-* ``daytime``: the windows a class's leases may fall in: the hours the instructor sets, on the days chosen.
-* ``budget``: what a part of the lab costs a class: leases, node-hours, SUs, and how many consecutive blocks
-  of one lease's length the site's nodes need to hold them all.
-* ``earliest``: the first hour from which the nodes of one lease are free (a student's Ray lease).
-* ``book_class``: one lease per student within the windows, each on nodes that are free for the whole lease,
-  planned from Blazar's reservations of every node of the types; ``node_types`` is one type (the lab's
-  lease, ``serve_system_<netID>``) or two (the Ray part's head and worker, ``serve_ray_<netID>``, booked as
-  ``9_ray_setup`` books it). Students who have a lease keep it, unless ``replace`` names a bad node of it
-  (netID -> node): that lease is deleted and a new one booked on other nodes, from now; run again, the new
-  lease is kept. One refused lease does not stop the others. Returns a ``Row`` per student; a kept lease's
-  row has its nodes and Chameleon's status (PENDING, ACTIVE...).
-* ``parts`` / ``prepare``: the leases each part of the lab needs, and what the instructor reads before booking:
-  each part's budget, and the class's security groups, made once here (students only check them).
-* ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and only those.
-* ``status``: where each student stands, from what Chameleon reports (``servelab class status``, and the
-  instructors' status cell): each lease's nodes, its servers with their state and floating IP, and one of no
-  lease, pending, active, server building, server active, error, expired.
-* ``table(rows)``: the summary (student, lease, nodes, start, end, servers where any, status) as text.
+A lease holds one node type (the lab's, ``serve_system_<netID>``) or two (the Ray part's head and worker,
+``serve_ray_<netID>``, booked as ``9_ray_setup`` books it). Students who have a lease keep it, unless
+``replace`` names a bad node of it: that lease is deleted and a new one booked on other nodes, from now.
+One refused lease does not stop the others.
 
 Runs in Chameleon Jupyter, from the ``notebooks`` folder of a clone: it needs python-chi and the
 standard library only. Every value (node types, lease length, name prefix, windows) comes from the notebook.
