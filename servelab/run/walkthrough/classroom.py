@@ -21,6 +21,7 @@ from datetime import date, datetime, timedelta, timezone
 
 from chi import clients, hardware, lease, network, server
 
+from servelab.core.tables import text
 from servelab.run.walkthrough import ray_nodes
 
 Interval = tuple[datetime, datetime]
@@ -391,8 +392,7 @@ def table(rows: Sequence[Row]) -> str:
         return f"{moment:%Y-%m-%d %H:%M}" if moment else "-"
 
     servers = any(r.servers for r in rows)  # only the status has them
-    cells = [("student", "lease", "node", "start (UTC)", "end (UTC)", *(["servers"] if servers else []), "status")]
-    cells += [(r.student, r.lease, r.node or "-", when(r.start), when(r.end), *([r.servers or "-"] if servers else []),
-               r.status) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells)
+    columns = ("student", "lease", "node", "start (UTC)", "end (UTC)", *(["servers"] if servers else []), "status")
+    cells = [(r.student, r.lease, r.node or "-", when(r.start), when(r.end), *([r.servers or "-"] if servers else []),
+              r.status) for r in rows]
+    return "\n".join(line.rstrip() for line in text(columns, cells).splitlines())

@@ -115,14 +115,23 @@ def _comparable(key: str, value: Any) -> Any:
     return sorted(placed.items(), key=str)
 
 
+def pbtxt(values: dict[str, Any]) -> str:
+    """Config fields (None: not set) as config.pbtxt writes them."""
+    # Deferred: tritonclient and its protobuf, an optional extra (bench), loaded only when this runs.
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    present = {k: v for k, v in values.items() if v is not None}
+    return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
+                                       use_short_repeated_primitives=True)
+
+
 def check_block(name: str, text: str, repository: Path | None = None) -> str:
     """A config block a student wrote for stage ``name`` (its ``instance_group`` or ``dynamic_batching``),
     read with Triton's own ``ModelConfig`` protobuf, as the server reads config.pbtxt, and compared
     with what the catalogue's stage renders for the lab node. Returns what matched; raises ValueError
     saying what Triton could not read or, as a diff, what differs."""
-    # Deferred: optional extras, loaded only when this runs.
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
+    from google.protobuf import text_format  # deferred: an optional extra (bench), loaded only when this runs
 
     expected = stage_fields(name, repository)
     wanted = " and ".join(f"`{key}`" for key in expected)
@@ -137,11 +146,7 @@ def check_block(name: str, text: str, repository: Path | None = None) -> str:
         raise ValueError(f"write only {wanted} here; this also sets {', '.join(extra)}")
     got = {key: fields.get(key) for key in expected}
     if {k: _comparable(k, v) for k, v in got.items()} != {k: _comparable(k, v) for k, v in expected.items()}:
-        def pbtxt(values: dict[str, Any]) -> list[str]:
-            present = {k: v for k, v in values.items() if v is not None}
-            return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
-                                               use_short_repeated_primitives=True).splitlines()
-        diff = difflib.unified_diff(pbtxt(got), pbtxt(expected), "yours", name, lineterm="")
+        diff = difflib.unified_diff(pbtxt(got).splitlines(), pbtxt(expected).splitlines(), "yours", name, lineterm="")
         raise ValueError(f"not {name}'s {wanted} yet (as Triton reads them; - yours, + {name}'s):\n" + "\n".join(diff))
     return f"correct: Triton reads this as {name}'s {wanted}"
 
@@ -255,16 +260,9 @@ class TritonWalkthrough:
         """``check_block`` for a block written for stage ``name``: raises with the diff where it is not the
         stage's; where it is, remembers that (``measure`` then measures the catalogue's stage) and returns
         what matched with the stage's fields as Triton reads them, the answer, shown only now."""
-        # Deferred: tritonclient and its protobuf, an optional extra (bench), loaded only when this runs.
-        from google.protobuf import json_format, text_format
-        from tritonclient.grpc import model_config_pb2
-
         said = check_block(name, block, self.repository)
         self.passed.add(name)
-        expected = {k: v for k, v in stage_fields(name, self.repository).items() if v is not None}
-        answer = text_format.MessageToString(json_format.ParseDict(expected, model_config_pb2.ModelConfig()),
-                                             use_short_repeated_primitives=True)
-        return f"{said}; the catalogue's, as Triton reads them:\n{answer}"
+        return f"{said}; the catalogue's, as Triton reads them:\n{pbtxt(stage_fields(name, self.repository))}"
 
     def triton_log(self) -> str:
         """The end of Triton's log, where it says why it refused a config (its HTTP answer says only that the
