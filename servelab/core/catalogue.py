@@ -1,27 +1,13 @@
 """The stage catalogue: every stage of the lab, once.
 
 A stage is one serving set-up the lab measures: a name, what it is, and the part that says how its
-family runs it (the part's ``family`` names the family's adapter, ``servelab.run.families``):
+family runs it (``FastAPIPart``, ``TritonPart``, ``RayPart``; the part's ``family`` names the family's adapter,
+``servelab.run.families``). It also says what it teaches: its ``lesson`` and its ``baseline``, the stage it is
+measured against (the report's ratio is this stage ÷ its baseline; ``servelab.measure.fractions`` reads the
+same pairs). ``MODELS`` holds each Triton model once.
 
-* ``FastAPIPart``: the ``servelab serve`` service and the settings it runs with;
-* ``TritonPart``: the model clients call and the few config fields that replace its base
-  ``models_staging/<model>/config.pbtxt`` fields (``servelab.servers.triton.configs`` renders them);
-* ``RayPart``: replicas, ``@serve.batch`` and autoscaling (``servelab.servers.rayserve.options`` turns them
-  into deployment options).
-
-A stage also says what it teaches: its ``lesson`` (one of ``Lesson``, the lab's lessons, each of which the
-report's ``servelab.report.lessons.LESSONS`` writes up) and its ``baseline``, the stage it is measured against (the
-report's ratio is this stage ÷ its baseline; the ceiling's ratios and aims, ``servelab.measure.fractions``,
-read the same pairs). ``MODELS`` holds each Triton model once: its name, what a client sends it, the
-ONNX variant it serves and the artifacts it needs.
-
-Everything that runs stages reads these tables: the lab, the benchmark, the report, the notebooks'
-generated lists, ``servelab triton``, ``servelab ray``, the containers runner, GourmetGram and the
-walkthroughs; no other file of ``servelab/`` spells a stage's or a model's name (tests/unit/test_catalogue.py).
-
-Adding a stage that enters a lesson is one entry here, with its ``lesson`` and ``baseline``, plus its
-pair in ``PAIRS`` of tests/unit/test_catalogue.py (a new lesson also needs its row in the report's
-``LESSONS`` and ``EXPECT``; a new model, its entry in ``MODELS`` and its folder in ``models_staging/``).
+Everything that runs stages reads these tables; no other file of ``servelab/`` spells a stage's or a model's
+name (tests/unit/test_catalogue.py). docs/architecture.md ("Adding things") says what a new stage needs.
 """
 
 from collections.abc import Mapping
