@@ -46,11 +46,8 @@ def canonical(name: str) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, "sha256").hexdigest()
 
 
 # --- on the GPU machine: what its Python already has --------------------------------------------------
