@@ -351,8 +351,7 @@ class TritonWalkthrough:
 
     def check_steps(self, config: dict[str, Any]) -> str:
         """A student's ensemble config, against Triton's own: the steps, in order."""
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/food_classifier_ensemble/config", timeout=10) as r:
-            want = json.load(r)
+        want = self.config("food_classifier_ensemble")
         if config != want:
             return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
         return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
@@ -479,8 +478,7 @@ class TritonWalkthrough:
     def check_statistics(self, stats: dict[str, Any]) -> str:
         """A student's reading of food_classifier's ``inference_stats``: right where it is the entry Triton's
         statistics hold for it now (none sent since), with successes and times to divide."""
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{PT}/stats", timeout=10) as response:
-            now = json.load(response)["model_stats"][0]["inference_stats"]
+        now = self._stats(PT)["inference_stats"]
         if not isinstance(stats, dict) or {k: stats.get(k) for k in now} != now:
             return ("wrong: not food_classifier's inference_stats as Triton holds them now: take "
                     "get_inference_statistics('food_classifier')['model_stats'][0]['inference_stats']")
