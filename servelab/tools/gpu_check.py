@@ -1,23 +1,15 @@
 """``servelab gpu-check`` (``make gpu-check``): prove the GPU paths on the machine at hand, and record it.
 
-On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m gpu``: PyTorch on
-CUDA, ONNX Runtime's CUDA provider, fp16, Triton ``KIND_GPU``, NVML, ``REQUIRE_GPU``), then a short
-lab on the GPU (``servelab lab --plan gpu-check --device gpu``: the catalogue's ``gpu_check`` stages,
-each GPU lesson once), and writes ``docs/gpu/<gpu-name>.md``: the
-hardware and versions, each test's outcome, the stage table (sequential, each level of the capacity sweep,
-``-b 16`` where the stage batches, where each stage really ran, GPU utilization and memory from
-NVML), the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one,
-and the model's own ceiling (ONNX Runtime alone at batch 1 to 128, fp32 and fp16, measured in the
-same run) with every stage as a fraction of it and the issue's aims met or missed. What cannot run
-here (perf_analyzer, Ray, Prometheus) is named before the run starts and skipped. Where there is no GPU it says so and exits 0: there is nothing to check.
+On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m gpu``), a short lab on the
+GPU (``servelab lab --plan gpu-check --device gpu``: each GPU lesson once), FastAPI's two designs and the
+model's own ceiling (ONNX Runtime alone, fp32 and fp16), and writes ``docs/gpu/<gpu-name>.md``. What cannot
+run here (perf_analyzer, Ray, Prometheus) is named before the run starts and skipped. Where there is no GPU
+it says so and exits 0: there is nothing to check.
 
-It fits a lent GPU machine's minutes: by default the whole check (tests, lab, ceiling, record) has
-``DEFAULT_BUDGET_S``; ``--stages`` and ``--full`` choose more, with no limit unless ``--budget`` sets
-one. Whatever the budget cuts (tests stopped, stages not started, the ceiling) is named in the
-record as not run, never counted as passed.
-
-The record is built from the lab's own records (``record_markdown``), so it can be checked on a
-CPU lab's records too; it names the GPU it was measured on in its title and every table.
+It fits a lent GPU machine's minutes: by default the whole check has ``DEFAULT_BUDGET_S``; ``--stages`` and
+``--full`` choose more, with no limit unless ``--budget`` sets one. Whatever the budget cuts is named in the
+record as not run, never counted as passed. The record is built from the lab's own records
+(``record_markdown``), so it can be checked on a CPU lab's records too.
 """
 
 import datetime as dt
