@@ -93,12 +93,6 @@ def _stanzas(text: str):
         yield fields
 
 
-def _licence_name(value: str) -> str:
-    # "CC-BY-SA 4.0" and "Public Domain" (GCompris's README) as debian/copyright spells them.
-    value = value.strip()
-    return "public-domain" if value.lower() == "public domain" else value.replace(" ", "-")
-
-
 def licence_of(copyright_file: Path, path: str) -> tuple[str, str]:
     """(licence, copyright holder) that a machine-readable debian/copyright gives ``path``: the last
     ``Files:`` stanza whose pattern matches wins. Patterns name upstream source paths, which a
@@ -117,7 +111,10 @@ def readme_licence(readme: str, name: str) -> tuple[str, str]:
     relative to the README's folder), or ("", "") where no stanza names it."""
     for fields in _stanzas(readme):
         if name in fields.get("Files", "").split() and "License" in fields:
-            return _licence_name(fields["License"]), fields.get("Copyright", "")
+            # "CC-BY-SA 4.0" and "Public Domain" as debian/copyright spells them.
+            licence = fields["License"].strip()
+            licence = "public-domain" if licence.lower() == "public domain" else licence.replace(" ", "-")
+            return licence, fields.get("Copyright", "")
     return "", ""
 
 
