@@ -58,11 +58,9 @@ def reservation_id(found: lease.Lease, node_type: str) -> str:
     reservation's ``resource_properties``)."""
     reservations = found.node_reservations
     matching = [r for r in reservations if f'"{node_type}"' in (r.get("resource_properties") or "")]
-    if len(reservations) == 1 or not matching:
-        if len(reservations) != 1:
-            raise ValueError(f"lease {found.name} has no reservation for {node_type}")
-        return reservations[0]["id"]
-    return matching[0]["id"]
+    if not matching and len(reservations) != 1:
+        raise ValueError(f"lease {found.name} has no reservation for {node_type}")
+    return (matching or reservations)[0]["id"]
 
 
 def start_servers(found: lease.Lease, nodes: RayNodes, head_type: str, worker_type: str,
