@@ -64,11 +64,6 @@ def to_notebook(source: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def to_ipynb_text(nb: nbformat.NotebookNode) -> str:
-    nbformat.validate(nb)
-    return nbformat.writes(nb, version=4) + "\n"
-
-
 def _expand_file(path: Path, name: str, check: bool) -> str:
     """Rewrite the generated parts of one file (with ``check``, only tell); what was (or would be) done."""
     text = path.read_text(encoding="utf-8")
@@ -96,7 +91,8 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     for source in sources(directory):
         target = source.with_suffix(".ipynb")
         targets.add(target)
-        text = to_ipynb_text(to_notebook(source))
+        nbformat.validate(nb := to_notebook(source))
+        text = nbformat.writes(nb, version=4) + "\n"
         if target.exists() and target.read_text(encoding="utf-8") == text:
             continue
         if check:
