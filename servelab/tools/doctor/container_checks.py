@@ -5,6 +5,7 @@ runs without Docker, so the same findings are only reported (skip).
 """
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -93,16 +94,8 @@ def compose_shm_size(compose_text: str) -> int | None:
 
 def item_bytes(tensors: Sequence[Mapping[str, Any]]) -> int:
     """Bytes one batch item takes in these config inputs or outputs."""
-    total = 0
-    for tensor in tensors:
-        if tensor["data_type"] == "TYPE_STRING":
-            total += PHOTO_BYTES
-        else:
-            count = 1
-            for dim in tensor.get("dims", []):
-                count *= int(dim)
-            total += count * DTYPE_BYTES.get(tensor["data_type"], 8)
-    return total
+    return sum(PHOTO_BYTES if t["data_type"] == "TYPE_STRING"
+               else math.prod(int(d) for d in t.get("dims", [])) * DTYPE_BYTES.get(t["data_type"], 8) for t in tensors)
 
 
 def shm_needed(repository: Path) -> tuple[int, str, int]:
