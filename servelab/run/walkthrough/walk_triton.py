@@ -72,21 +72,16 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
     import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
     batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
-    client = http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300)
+    with http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300) as client:
+        def ms(n: int) -> float:
+            started = time.perf_counter()
+            client.infer(model, tensor_inputs("http", batches[n]))
+            return (time.perf_counter() - started) * 1000
 
-    def ms(n: int) -> float:
-        started = time.perf_counter()
-        client.infer(model, tensor_inputs("http", batches[n]))
-        return (time.perf_counter() - started) * 1000
-
-    try:
         for n in sizes:
             ms(n)
         found = {f"alternating {sizes[0]}/{sizes[1]}": median(ms(sizes[i % 2]) for i in range(2 * repeats))}
-        found |= {f"repeated {n}": median(ms(n) for _ in range(repeats)) for n in sizes}
-    finally:
-        client.close()
-    return found
+        return found | {f"repeated {n}": median(ms(n) for _ in range(repeats)) for n in sizes}
 
 
 def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
@@ -323,12 +318,9 @@ class TritonWalkthrough:
         if len(labels) != stage.triton.images:
             raise ValueError(f"wrong count: {len(labels)} classes; a request of {stage.triton.images} images gets "
                              f"{stage.triton.images} rows back, one class each")
-        client = http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300)
-        try:
-            tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
+        tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
+        with http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300) as client:
             logits = client.infer(model, tensor_inputs("http", tensor), outputs=tensor_outputs("http")).as_numpy("output")[0]
-        finally:
-            client.close()
         (ours,) = top1(logits)  # the pipeline's own postprocessing: softmax, then the largest
         want, chance = ours.label, ours.probability
         if wrong := [one for one in labels if one != want]:
@@ -463,12 +455,9 @@ class TritonWalkthrough:
                     f"client.infer's answer as `result` and send the photo as INPUT_IMAGE, BYTES, shape [{images}, 1]")
         if len(yours) != images:
             return f"wrong: {len(yours)} answers for {images} photos: send INPUT_IMAGE of shape [{images}, 1]"
-        client = http.InferenceServerClient(server_address(self.url), network_timeout=300)
-        try:
+        with http.InferenceServerClient(server_address(self.url), network_timeout=300) as client:
             (ours,) = predictions(client.infer(PT, image_inputs("http", [self.photo.read_bytes()], "raw"),
                                                outputs=label_outputs("http")))
-        finally:
-            client.close()
         for p in yours:
             if p.label != ours.label or abs(p.probability - ours.probability) > 1e-3:
                 return f"wrong: yours says {p.label} ({p.probability:.3f}), Triton {ours.label} ({ours.probability:.3f}) for the photo"
