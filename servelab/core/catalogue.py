@@ -83,7 +83,7 @@ def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:
             | ({"default_timeout_microseconds": timeout_us} if timeout_us else {}))
 
 
-def _limits(max_queue_size: int, timeout_ms: float) -> str:
+def queue_limits(max_queue_size: int, timeout_ms: float) -> str:
     """A queue bound in words: "8 requests", "100 ms", "2 requests, 20 ms"; "none" without one."""
     return ", ".join([f"{max_queue_size} requests"] * bool(max_queue_size) + [f"{timeout_ms:g} ms"] * bool(timeout_ms)
                      ) or "none"
@@ -341,7 +341,7 @@ def bounded(stage: Stage, max_queue_size: int | None = None, timeout_us: int | N
     max_queue_size, timeout_us = max_queue_size or 0, timeout_us or 0
     tag = "" if (max_queue_size, timeout_us) == default else f"-q{max_queue_size}" + (
         f"-{timeout_us}us" if timeout_us else "")
-    words = _limits(max_queue_size, timeout_us / 1000)
+    words = queue_limits(max_queue_size, timeout_us / 1000)
     if isinstance(stage.part, FastAPIPart):
         env = {**stage.part.env, "MAX_QUEUE_REQUESTS": str(max_queue_size),
                **({"MAX_QUEUE_DELAY_MS": f"{timeout_us / 1000:g}"} if timeout_us else {})}
@@ -363,10 +363,10 @@ def queue_bound(stage: Stage) -> str:
     """The stage's queue bound, in words ("none": requests queue without limit)."""
     if isinstance(stage.part, FastAPIPart):
         env = stage.part.env
-        return _limits(int(env.get("MAX_QUEUE_REQUESTS", 0)), float(env.get("MAX_QUEUE_DELAY_MS", 0)))
+        return queue_limits(int(env.get("MAX_QUEUE_REQUESTS", 0)), float(env.get("MAX_QUEUE_DELAY_MS", 0)))
     if isinstance(stage.part, TritonPart):
         policy = stage.part.changes.get(stage.part.model, {}).get("dynamic_batching", {}).get("default_queue_policy", {})
-        return _limits(policy.get("max_queue_size", 0), policy.get("default_timeout_microseconds", 0) / 1000)
+        return queue_limits(policy.get("max_queue_size", 0), policy.get("default_timeout_microseconds", 0) / 1000)
     return "none"
 
 

@@ -16,7 +16,7 @@ from typing import Any, get_args
 import numpy as np
 
 from servelab.core.artifacts import load_manifest
-from servelab.core.catalogue import ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
+from servelab.core.catalogue import ENSEMBLE, ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
 from servelab.core.postprocess import top1
 from servelab.core.procs import DIRECT
 from servelab.core.settings import get_settings
@@ -343,7 +343,7 @@ class TritonWalkthrough:
 
     def check_steps(self, config: dict[str, Any]) -> str:
         """A student's ensemble config, against Triton's own: the steps, in order."""
-        want = self.config("food_classifier_ensemble")
+        want = self.config(ENSEMBLE)
         if config != want:
             return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
         return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
