@@ -47,21 +47,13 @@ def copy_atomic(src: Path, dest: Path) -> None:
     write_atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
-def verify_git_blob(path: Path, expected_sha1: str) -> None:
-    actual = git_blob_sha1(Path(path).read_bytes())
-    if actual != expected_sha1:
-        raise FetchError(f"{path}: git blob SHA-1 is {actual}, expected {expected_sha1}")
-
-
 def fetch(url: str, dest: Path, expected_git_sha1: str, timeout: float = 60.0) -> Path:
     """Download ``url`` to ``dest`` unless ``dest`` already holds the expected content."""
     dest = Path(dest)
     if dest.exists():
-        try:
-            verify_git_blob(dest, expected_git_sha1)
+        if git_blob_sha1(dest.read_bytes()) == expected_git_sha1:
             return dest
-        except FetchError:
-            dest.unlink()  # a stale or corrupted cache entry: fetch again
+        dest.unlink()  # a stale or corrupted cache entry: fetch again
     what = f"{url} (expected git blob SHA-1 {expected_git_sha1})"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:

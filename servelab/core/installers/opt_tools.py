@@ -129,16 +129,11 @@ def place(source: Path, target: Path) -> None:
     part.replace(target)
 
 
-def system_has_library(library: str) -> bool:
-    """Whether the dynamic loader finds ``library`` (``libb64.so.0d``) without help."""
-    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
-    return bool(done and library in done.stdout)
-
-
 def add_library(library: str, package: str, lib: Path, scratch: Path, fix: str) -> Path | None:
     """``library`` copied into ``lib`` from Debian's ``package`` (``unpack_deb``) unless the system has it: the
     .deb it came from, None where the system's is used."""
-    if system_has_library(library):
+    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
+    if done and library in done.stdout:  # the dynamic loader finds it without help
         return None
     root, deb = unpack_deb(package, scratch, fix)
     [found] = root.rglob(library)
