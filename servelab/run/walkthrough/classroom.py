@@ -113,16 +113,13 @@ def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collectio
     return windows
 
 
-def blocks_needed(leases: int, node_types: Sequence[str], free: Mapping[str, int]) -> int | None:
-    """Consecutive blocks in which the site's ``free`` nodes (by type) hold ``leases`` leases of ``node_types``
-    each; None where they cannot hold even one."""
-    at_once = min(free.get(t, 0) // count for t, count in Counter(node_types).items())
-    return None if at_once == 0 else math.ceil(leases / at_once)
-
-
 def budget(part: str, students: int, node_types: Sequence[str], length: timedelta, free: Mapping[str, int],
            su_per_node_hour: float = SU_PER_NODE_HOUR) -> Budget:
-    return Budget(part, students, len(node_types), length, blocks_needed(students, node_types, free), su_per_node_hour)
+    """With its blocks: consecutive blocks in which the site's ``free`` nodes (by type) hold a lease of
+    ``node_types`` for each student; None where they cannot hold even one."""
+    at_once = min(free.get(t, 0) // count for t, count in Counter(node_types).items())
+    blocks = math.ceil(students / at_once) if at_once else None
+    return Budget(part, students, len(node_types), length, blocks, su_per_node_hour)
 
 
 def parts(node_type: str, ray_worker_type: str | None = None) -> dict[str, list[str]]:
