@@ -140,7 +140,10 @@ class Engine:
         # Unix socket paths are limited to 108 bytes: keep the run folder short.
         run_dir = self.cache / "run" / token
         run_dir.mkdir(parents=True)
-        owns_cache = not (owner_file(self.cache).exists() and self._owner_alive())
+        try:  # the cache's data root is ours unless the engine its owner file names still runs
+            owns_cache = not _alive(json.loads(owner_file(self.cache).read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            owns_cache = True
         data_root = self.cache / "engine" / "data" if owns_cache else run_dir / "data"
         data_root.mkdir(parents=True, exist_ok=True)
         octet = next((o for o in range(231, 255) if o not in _used_second_octets()), None)
@@ -177,12 +180,6 @@ class Engine:
         self.log(f"engine: dockerd PID {state.pid}, socket {sock}, bridge {bridge} (10.{octet}.0.0/16)"
                  + ("" if owns_cache else ", throwaway data root: the cache's is in use"))
         return state
-
-    def _owner_alive(self) -> bool:
-        try:
-            return _alive(json.loads(owner_file(self.cache).read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            return False
 
     def _clean_stale(self) -> None:
         """Leftovers of engines of ours whose dockerd is gone (killed with us, or the machine stopped)."""
