@@ -100,15 +100,6 @@ def _cell(r: Record | None, images: bool = False) -> str:
     return f"{num(r.stats.items_per_s if images else r.stats.throughput_rps)} / {num(r.stats.latency.p50_ms)}"
 
 
-def _gpu(records: list[Record]) -> str:
-    """Mean NVML utilization and peak memory over a stage's servelab runs."""
-    util = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.util_pct]
-    mem = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
-    if not util:
-        return "no NVML samples"
-    return f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB"
-
-
 def stage_table(records: list[Record]) -> str:
     ours = [r for r in records if r.tool == "servelab"]
     # The lab's closed-loop levels, not those of a run made for another purpose (a rollout's 16 senders).
@@ -118,9 +109,13 @@ def stage_table(records: list[Record]) -> str:
     rows = []
     for stage in dict.fromkeys(r.stage for r in ours):
         runs = [r for r in ours if r.stage == stage]
+        # NVML's mean utilization and peak memory over the stage's runs.
+        util = [v for r in runs if r.monitors for g in r.monitors.gpus for v in g.util_pct]
+        mem = [v for r in runs if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
+        gpu = f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB" if util else "no NVML samples"
         rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(closed_run(ours, stage, 1)),
                      *(_cell(closed_run(ours, stage, c)) for c in levels),
-                     _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)])
+                     _cell(next((r for r in runs if r.batch > 1), None), images=True), gpu])
     return markdown(head, rows)
 
 
