@@ -220,11 +220,6 @@ def _slug(path: str) -> str:
     return parts[-4] if parts[-2:-1] == ("images",) else Path(path).stem
 
 
-def quadrants(im: Image.Image) -> list[Image.Image]:
-    w, h = im.size
-    return [im.crop((x, y, x + w // 2, y + h // 2)) for y in (0, h // 2) for x in (0, w // 2)]
-
-
 def collect(debs: Path, dest: Path = PHOTO_DIR) -> list[Photo]:
     photos = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,7 +232,8 @@ def collect(debs: Path, dest: Path = PHOTO_DIR) -> list[Photo]:
             for _, path in (s for s in SOURCES if s[0] == package):
                 data, licence, holder = source_of(root, package, path)
                 im = Image.open(io.BytesIO(data)).convert("RGB")
-                for q, part in enumerate(quadrants(im)):
+                w, h = im.size
+                for q, part in enumerate(im.crop((x, y, x + w // 2, y + h // 2)) for y in (0, h // 2) for x in (0, w // 2)):
                     scale = SHORTER_SIDE / min(part.size)
                     part = part.resize((round(part.width * scale), round(part.height * scale)), Image.LANCZOS)
                     name = f"{package}-{_slug(path)}-q{q}.jpg"
