@@ -232,8 +232,8 @@ def collect(debs: Path, dest: Path = PHOTO_DIR) -> list[Photo]:
             for _, path in (s for s in SOURCES if s[0] == package):
                 data, licence, holder = source_of(root, package, path)
                 im = Image.open(io.BytesIO(data)).convert("RGB")
-                w, h = im.size
-                for q, part in enumerate(im.crop((x, y, x + w // 2, y + h // 2)) for y in (0, h // 2) for x in (0, w // 2)):
+                w, h = (side // 2 for side in im.size)  # its four quadrants
+                for q, part in enumerate(im.crop((x, y, x + w, y + h)) for y in (0, h) for x in (0, w)):
                     scale = SHORTER_SIDE / min(part.size)
                     part = part.resize((round(part.width * scale), round(part.height * scale)), Image.LANCZOS)
                     name = f"{package}-{_slug(path)}-q{q}.jpg"
