@@ -146,10 +146,10 @@ def check_app(url: str, service_url: str, photo: Path) -> str:
 def check_response(answer: requests.Response, status: int = 200, **headers: str) -> str:
     """A student's last response: right where it has ``status`` and each of ``headers`` (``X_Cache="hit"`` is the
     X-Cache header) says what it should."""
-    said = [f"HTTP {answer.status_code}"] + [f"{name.replace('_', '-')}: {answer.headers.get(name.replace('_', '-'))}"
-                                             for name in headers]
-    wrong = answer.status_code != status or any(answer.headers.get(n.replace("_", "-")) != v for n, v in headers.items())
-    want = ", ".join([f"HTTP {status}"] + [f"{n.replace('_', '-')}: {v}" for n, v in headers.items()])
+    wanted = {name.replace("_", "-"): value for name, value in headers.items()}
+    said = [f"HTTP {answer.status_code}"] + [f"{name}: {answer.headers.get(name)}" for name in wanted]
+    wrong = answer.status_code != status or any(answer.headers.get(n) != v for n, v in wanted.items())
+    want = ", ".join([f"HTTP {status}"] + [f"{n}: {v}" for n, v in wanted.items()])
     return f"{'wrong' if wrong else 'right'}: {', '.join(said)}" + (f"; expected {want}" if wrong else "")
 
 
