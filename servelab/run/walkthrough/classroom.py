@@ -104,13 +104,9 @@ def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collectio
     start, end = hours
     if not 0 <= start < end <= 24:
         raise ValueError(f"class hours {hours}: give (from, until) with 0 <= from < until <= 24")
-    windows, day = [], first
-    while day <= last:
-        if day.weekday() in weekdays:
-            midnight = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
-            windows.append((midnight + timedelta(hours=start), midnight + timedelta(hours=end)))
-        day += timedelta(days=1)
-    return windows
+    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
+    midnights = [datetime(d.year, d.month, d.day, tzinfo=timezone.utc) for d in days if d.weekday() in weekdays]
+    return [(midnight + timedelta(hours=start), midnight + timedelta(hours=end)) for midnight in midnights]
 
 
 def budget(part: str, students: int, node_types: Sequence[str], length: timedelta, free: Mapping[str, int],
@@ -349,9 +345,8 @@ def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) ->
     students = list(dict.fromkeys(students))
     if not students:
         return []
-    leases: dict[str, lease.Lease] = {}
-    for found in sorted(lease.list_leases(), key=lambda found: found.status not in ENDED):  # the live ones last: they win
-        leases[found.name] = found
+    # The live ones last: they win.
+    leases = {found.name: found for found in sorted(lease.list_leases(), key=lambda found: found.status not in ENDED)}
     servers = {s.name: s for s in server.list_servers()}
     nodes_of_lease = site({t for types in class_parts.values() for t in types}).nodes_of_lease
     rows = []
