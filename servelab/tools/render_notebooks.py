@@ -26,16 +26,11 @@ from servelab.tools.notebook_blocks import expand
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
-def number(source: Path) -> int:
-    """The number a source's name starts with: ``11`` for ``11_delete_resources.md``."""
-    return int(source.name.split("_", 1)[0])
-
-
 def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     """The numbered Markdown sources, in the order students run them, by number (``10_`` after ``9_``,
     not after ``1_``); README.md is not one."""
-    return sorted((p for p in directory.glob("[0-9]*_*.md") if p.name.split("_", 1)[0].isdigit()),
-                  key=lambda p: (number(p), p.name))
+    found = [p for p in directory.glob("[0-9]*_*.md") if p.name.split("_", 1)[0].isdigit()]
+    return sorted(found, key=lambda p: (int(p.name.split("_", 1)[0]), p.name))
 
 
 def pages(directory: Path = NOTEBOOK_DIR) -> list[Path]:
