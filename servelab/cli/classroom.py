@@ -1,8 +1,6 @@
 """``servelab class status NETID [NETID ...]``: where each student of a class stands, from what Chameleon reports
 (``servelab.run.walkthrough.classroom.status``, the instructors' status cell of ``1_create_lease`` too): each
-lease ``serve_system_<netID>`` (and ``serve_ray_<netID>`` with ``--ray-worker``), its nodes, its servers with
-their state and floating IP, and one of: no lease, pending, active, server building, server active, error,
-expired.
+lease ``serve_system_<netID>`` (and ``serve_ray_<netID>`` with ``--ray-worker``), its nodes and its servers.
 
 It needs python-chi and your Chameleon credentials in the environment (an OpenStack RC file, sourced).
 """

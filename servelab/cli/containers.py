@@ -22,13 +22,6 @@ def _cache() -> Path:
     return get_settings().servelab_containers_cache.expanduser()
 
 
-def _engine(start: bool) -> EngineState | None:
-    state = Engine.attach(_cache())
-    if state is None and start:
-        state = Engine(_cache(), detach=True).start()
-    return state
-
-
 def _runner(state: EngineState, free_ports: bool = False) -> StageRunner:
     cache = _cache()
     docker = compose_tool.docker(state.env, cache)
@@ -59,7 +52,7 @@ def register(subparsers) -> None:
 
 
 def _cmd_up(args) -> int:
-    runner = _runner(_engine(start=True), args.free_ports)
+    runner = _runner(Engine.attach(_cache()) or Engine(_cache(), detach=True).start(), args.free_ports)
     running = runner.up(STAGES[args.stage])
     for service, ports in running.ports.items():
         for target, host in ports.items():
@@ -68,7 +61,7 @@ def _cmd_up(args) -> int:
 
 
 def _running() -> EngineState | None:
-    state = _engine(start=False)
+    state = Engine.attach(_cache())
     if state is None:
         print("# no engine of ours is running: `servelab containers up --stage ...` starts one")
     return state

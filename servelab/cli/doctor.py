@@ -3,6 +3,7 @@
 
 import argparse
 import json
+from dataclasses import asdict
 
 from servelab.tools.doctor import image_checks
 from servelab.tools.doctor.checks import CHECKS
@@ -24,7 +25,7 @@ def register(subparsers) -> None:
 def _cli(args: argparse.Namespace) -> int:
     results = run_checks(image_checks.CHECKS if args.images else CHECKS, Context(node=args.node))
     if args.json:
-        print(json.dumps([r.as_dict() for r in results], indent=2))
+        print(json.dumps([asdict(r) for r in results], indent=2))
     else:
         print(f"servelab doctor ({'images' if args.images else 'lab node' if args.node else 'local'})")
         print("\n".join(r.line() for r in results))

@@ -14,10 +14,7 @@ web app read manifests without it.
 
 import hashlib
 import json
-import os
 import platform
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +24,7 @@ from pydantic import BaseModel
 
 from servelab import __version__
 from servelab.core.catalogue import MODELS
-from servelab.core.fetch import FetchError, fetch, git_blob_sha1, sha256_file
+from servelab.core.fetch import FetchError, copy_atomic, fetch, git_blob_sha1, sha256_file, write_atomic
 from servelab.core.labels import CLASSES
 from servelab.core.models import build_model
 from servelab.core.paths import DEFAULT_IMAGE
@@ -121,25 +118,6 @@ class ModelSource:
 
 def load_manifest(path: Path) -> Manifest:
     return Manifest.model_validate_json(Path(path).read_text())
-
-
-def write_atomic(dest: Path, write) -> None:
-    """Write through a temporary file in the same folder, so readers never see half a file."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; containers run as other users
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def copy_atomic(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` the way ``write_atomic`` writes."""
-    write_atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def _versions() -> dict[str, str]:

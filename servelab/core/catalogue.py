@@ -1,27 +1,13 @@
 """The stage catalogue: every stage of the lab, once.
 
 A stage is one serving set-up the lab measures: a name, what it is, and the part that says how its
-family runs it (the part's ``family`` names the family's adapter, ``servelab.run.families``):
+family runs it (``FastAPIPart``, ``TritonPart``, ``RayPart``; the part's ``family`` names the family's adapter,
+``servelab.run.families``). It also says what it teaches: its ``lesson`` and its ``baseline``, the stage it is
+measured against (the report's ratio is this stage ÷ its baseline; ``servelab.measure.fractions`` reads the
+same pairs). ``MODELS`` holds each Triton model once.
 
-* ``FastAPIPart``: the ``servelab serve`` service and the settings it runs with;
-* ``TritonPart``: the model clients call and the few config fields that replace its base
-  ``models_staging/<model>/config.pbtxt`` fields (``servelab.servers.triton.configs`` renders them);
-* ``RayPart``: replicas, ``@serve.batch`` and autoscaling (``servelab.servers.rayserve.options`` turns them
-  into deployment options).
-
-A stage also says what it teaches: its ``lesson`` (one of ``Lesson``, the lab's lessons, each of which the
-report's ``servelab.report.lessons.LESSONS`` writes up) and its ``baseline``, the stage it is measured against (the
-report's ratio is this stage ÷ its baseline; the ceiling's ratios and aims, ``servelab.measure.fractions``,
-read the same pairs). ``MODELS`` holds each Triton model once: its name, what a client sends it, the
-ONNX variant it serves and the artifacts it needs.
-
-Everything that runs stages reads these tables: the lab, the benchmark, the report, the notebooks'
-generated lists, ``servelab triton``, ``servelab ray``, the containers runner, GourmetGram and the
-walkthroughs; no other file of ``servelab/`` spells a stage's or a model's name (tests/unit/test_catalogue.py).
-
-Adding a stage that enters a lesson is one entry here, with its ``lesson`` and ``baseline``, plus its
-pair in ``PAIRS`` of tests/unit/test_catalogue.py (a new lesson also needs its row in the report's
-``LESSONS`` and ``EXPECT``; a new model, its entry in ``MODELS`` and its folder in ``models_staging/``).
+Everything that runs stages reads these tables; no other file of ``servelab/`` spells a stage's or a model's
+name (tests/unit/test_catalogue.py). docs/architecture.md ("Adding things") says what a new stage needs.
 """
 
 from collections.abc import Mapping
@@ -97,7 +83,7 @@ def queue_policy(max_queue_size: int, timeout_us: int = 0) -> dict[str, Any]:
             | ({"default_timeout_microseconds": timeout_us} if timeout_us else {}))
 
 
-def _limits(max_queue_size: int, timeout_ms: float) -> str:
+def queue_limits(max_queue_size: int, timeout_ms: float) -> str:
     """A queue bound in words: "8 requests", "100 ms", "2 requests, 20 ms"; "none" without one."""
     return ", ".join([f"{max_queue_size} requests"] * bool(max_queue_size) + [f"{timeout_ms:g} ms"] * bool(timeout_ms)
                      ) or "none"
@@ -355,7 +341,7 @@ def bounded(stage: Stage, max_queue_size: int | None = None, timeout_us: int | N
     max_queue_size, timeout_us = max_queue_size or 0, timeout_us or 0
     tag = "" if (max_queue_size, timeout_us) == default else f"-q{max_queue_size}" + (
         f"-{timeout_us}us" if timeout_us else "")
-    words = _limits(max_queue_size, timeout_us / 1000)
+    words = queue_limits(max_queue_size, timeout_us / 1000)
     if isinstance(stage.part, FastAPIPart):
         env = {**stage.part.env, "MAX_QUEUE_REQUESTS": str(max_queue_size),
                **({"MAX_QUEUE_DELAY_MS": f"{timeout_us / 1000:g}"} if timeout_us else {})}
@@ -377,10 +363,10 @@ def queue_bound(stage: Stage) -> str:
     """The stage's queue bound, in words ("none": requests queue without limit)."""
     if isinstance(stage.part, FastAPIPart):
         env = stage.part.env
-        return _limits(int(env.get("MAX_QUEUE_REQUESTS", 0)), float(env.get("MAX_QUEUE_DELAY_MS", 0)))
+        return queue_limits(int(env.get("MAX_QUEUE_REQUESTS", 0)), float(env.get("MAX_QUEUE_DELAY_MS", 0)))
     if isinstance(stage.part, TritonPart):
         policy = stage.part.changes.get(stage.part.model, {}).get("dynamic_batching", {}).get("default_queue_policy", {})
-        return _limits(policy.get("max_queue_size", 0), policy.get("default_timeout_microseconds", 0) / 1000)
+        return queue_limits(policy.get("max_queue_size", 0), policy.get("default_timeout_microseconds", 0) / 1000)
     return "none"
 
 

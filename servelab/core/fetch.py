@@ -7,12 +7,11 @@ every byte has arrived and matched.
 
 import hashlib
 import os
+import shutil
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-
-CHUNK = 1 << 20
 
 
 class FetchError(RuntimeError):
@@ -25,29 +24,36 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def verify_git_blob(path: Path, expected_sha1: str) -> None:
-    actual = git_blob_sha1(Path(path).read_bytes())
-    if actual != expected_sha1:
-        raise FetchError(f"{path}: git blob SHA-1 is {actual}, expected {expected_sha1}")
+def write_atomic(dest: Path, write) -> None:
+    """Write through a temporary file in the same folder, so readers never see half a file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; containers run as other users
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def copy_atomic(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` the way ``write_atomic`` writes."""
+    write_atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def fetch(url: str, dest: Path, expected_git_sha1: str, timeout: float = 60.0) -> Path:
     """Download ``url`` to ``dest`` unless ``dest`` already holds the expected content."""
     dest = Path(dest)
     if dest.exists():
-        try:
-            verify_git_blob(dest, expected_git_sha1)
+        if git_blob_sha1(dest.read_bytes()) == expected_git_sha1:
             return dest
-        except FetchError:
-            dest.unlink()  # a stale or corrupted cache entry: fetch again
-    dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.unlink()  # a stale or corrupted cache entry: fetch again
     what = f"{url} (expected git blob SHA-1 {expected_git_sha1})"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -59,12 +65,5 @@ def fetch(url: str, dest: Path, expected_git_sha1: str, timeout: float = 60.0) -
     actual = git_blob_sha1(data)
     if actual != expected_git_sha1:
         raise FetchError(f"download of {what} got {len(data)} bytes with git blob SHA-1 {actual}; refusing it")
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(dest, lambda tmp: tmp.write_bytes(data))
     return dest

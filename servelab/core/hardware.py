@@ -1,27 +1,16 @@
 """The hardware facts: the GPUs here, and where the lab runs: ``--device cpu|gpu|auto`` (``LAB_DEVICE``), the
-one switch for every stage.
+one switch for every stage, which decides each server's settings (``stage_env``) and the Triton instance kind.
 
-The device decides each server's settings (``stage_env``: PyTorch on CUDA, ONNX Runtime's TensorRT
-and CUDA providers, ``REQUIRE_GPU=1`` so a stage that would silently run on the CPU refuses to start
-instead) and the Triton instance kind. Nothing here assumes a GPU works: ``nvidia-smi`` says whether
-there is one, and each server reports what really became active.
+Nothing here assumes a GPU works: ``nvidia-smi`` says whether there is one, each server reports what really
+became active, and every probe of ``stack()`` (the hardware and library header of every record and report) is
+bounded and optional: a missing part is named as missing, never guessed.
 
-``stack()`` is the hardware and library header of every record and report: the GPUs and driver
-(``nvidia-smi``), PyTorch and the CUDA and cuDNN it was built with, the ONNX Runtime package (CPU or
-GPU build, and the CUDA it was built for), its providers, and TensorRT where it is installed. Every
-probe is bounded and optional: a missing part is named as missing, never guessed. The GPU list read from
-``nvidia-smi`` (``parse_gpus``) is the one the doctor checks too.
+INT8 pays on a CPU only where it has fast 8-bit instructions (``cpu_int8``); every record keeps the flags it
+needs (``CPU_FLAGS``), so a report says it of the machine that ran, wherever it is read.
 
-``cpu_int8()`` says, from the CPU's own flags (``/proc/cpuinfo``), whether it has fast 8-bit instructions:
-INT8 pays on a CPU only where it has them (x86: VNNI, AMX-INT8; ARM: the dot products). Every record
-keeps the flags it needs (``CPU_FLAGS``), so a report says it of the machine that ran, wherever it is read.
-
-``NODE_TYPES``: the Chameleon GPU node types the lab knows, each with its site, the GPU ``nvidia-smi`` names
-there and its compute capability. ``1_create_lease`` and ``2_create_server_nvidia`` offer them as ``NODE_TYPE``
-(this module needs the standard library only, as Chameleon Jupyter has it); ``servelab doctor --node`` names
-the one it runs on (``node_type_of``). The same images run on each (docker/VERSIONS.md says what changes on the
-newer ones); only ``gpu_p100`` is the original lab's node, and no run of this lab on the others is recorded
-here, so what is said of them is a prediction.
+``NODE_TYPES`` needs the standard library only, as Chameleon Jupyter has it. The same images run on each
+(docker/VERSIONS.md says what changes on the newer ones); only ``gpu_p100`` is the original lab's node, and
+no run of this lab on the others is recorded here, so what is said of them is a prediction.
 """
 
 import os

@@ -155,18 +155,13 @@ def tensorrt_load_error() -> str | None:
     return library_load_error([capi / "libonnxruntime_providers_shared.so", capi / "libonnxruntime_providers_tensorrt.so"])
 
 
-def provider_name(provider: str | tuple[str, dict]) -> str:
-    """A provider as ONNX Runtime takes it (a name, or a name and its options) -> its name."""
-    return provider[0] if isinstance(provider, tuple) else provider
-
-
 def onnx_session(model: Path | bytes, providers: Sequence, session_options=None):
     """An ONNX Runtime session over ``model`` (a file or its bytes). Every session that may ask for a GPU
     provider is opened here (serving, the Triton stand-in, the ceiling, the doctor), so CUDA's libraries
     are loaded first in whatever process opens it."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
-    if any(provider_name(p) != "CPUExecutionProvider" for p in providers):
+    if any((p[0] if isinstance(p, tuple) else p) != "CPUExecutionProvider" for p in providers):  # (name, options)
         preload_cuda_libraries()
     return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=session_options,
                                 providers=list(providers))

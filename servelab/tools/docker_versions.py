@@ -2,17 +2,13 @@
 
 from pathlib import Path
 
+from dotenv import dotenv_values  # python-dotenv, pydantic-settings' own .env reader
+
 from servelab.core.paths import REPO_ROOT
 
 VERSIONS_FILE = REPO_ROOT / "docker" / ".env"
 
 
 def read_env_file(path: Path = VERSIONS_FILE) -> dict[str, str]:
-    """KEY=VALUE lines of a Compose .env file (comments and blank lines skipped)."""
-    env = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    return env
+    """KEY=VALUE lines of a Compose .env file."""
+    return {key: value or "" for key, value in dotenv_values(path).items()}

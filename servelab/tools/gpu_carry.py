@@ -46,11 +46,8 @@ def canonical(name: str) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, "sha256").hexdigest()
 
 
 # --- on the GPU machine: what its Python already has --------------------------------------------------
@@ -108,12 +105,6 @@ class Piece:
     offset: int
     length: int
     folder: str = ""
-
-
-def wheel_name_version(filename: str) -> tuple[str, str] | None:
-    """(canonical name, version) of a wheel file's name; None for anything else (a .deb)."""
-    fields = filename[:-len(".whl")].split("-") if filename.endswith(".whl") else []
-    return (canonical(fields[0]), fields[1]) if len(fields) in (5, 6) else None
 
 
 def read_sums(house: Path) -> dict[str, str]:
@@ -219,7 +210,8 @@ def choose(sums: dict[str, str], have: dict[str, str], keep: list[str], have_pat
     keep_specs = [(canonical(s.partition("==")[0]), s.partition("==")[2]) for s in keep]
     carried, left_out, kept = [], {}, {}
     for name in sorted(sums):
-        wheel = wheel_name_version(name)
+        fields = name.removesuffix(".whl").split("-") if name.endswith(".whl") else []  # not a .deb
+        wheel = (canonical(fields[0]), fields[1]) if len(fields) in (5, 6) else None
         if wheel is None or have.get(wheel[0]) != wheel[1]:
             carried.append(name)
             continue

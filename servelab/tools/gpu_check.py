@@ -1,23 +1,15 @@
 """``servelab gpu-check`` (``make gpu-check``): prove the GPU paths on the machine at hand, and record it.
 
-On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m gpu``: PyTorch on
-CUDA, ONNX Runtime's CUDA provider, fp16, Triton ``KIND_GPU``, NVML, ``REQUIRE_GPU``), then a short
-lab on the GPU (``servelab lab --plan gpu-check --device gpu``: the catalogue's ``gpu_check`` stages,
-each GPU lesson once), and writes ``docs/gpu/<gpu-name>.md``: the
-hardware and versions, each test's outcome, the stage table (sequential, each level of the capacity sweep,
-``-b 16`` where the stage batches, where each stage really ran, GPU utilization and memory from
-NVML), the two ratios the lab is about, dynamic batching ÷ no batching and two instances ÷ one,
-and the model's own ceiling (ONNX Runtime alone at batch 1 to 128, fp32 and fp16, measured in the
-same run) with every stage as a fraction of it and the issue's aims met or missed. What cannot run
-here (perf_analyzer, Ray, Prometheus) is named before the run starts and skipped. Where there is no GPU it says so and exits 0: there is nothing to check.
+On a machine where ``nvidia-smi`` lists a GPU it runs the GPU tests (``pytest -m gpu``), a short lab on the
+GPU (``servelab lab --plan gpu-check --device gpu``: each GPU lesson once), FastAPI's two designs and the
+model's own ceiling (ONNX Runtime alone, fp32 and fp16), and writes ``docs/gpu/<gpu-name>.md``. What cannot
+run here (perf_analyzer, Ray, Prometheus) is named before the run starts and skipped. Where there is no GPU
+it says so and exits 0: there is nothing to check.
 
-It fits a lent GPU machine's minutes: by default the whole check (tests, lab, ceiling, record) has
-``DEFAULT_BUDGET_S``; ``--stages`` and ``--full`` choose more, with no limit unless ``--budget`` sets
-one. Whatever the budget cuts (tests stopped, stages not started, the ceiling) is named in the
-record as not run, never counted as passed.
-
-The record is built from the lab's own records (``record_markdown``), so it can be checked on a
-CPU lab's records too; it names the GPU it was measured on in its title and every table.
+It fits a lent GPU machine's minutes: by default the whole check has ``DEFAULT_BUDGET_S``; ``--stages`` and
+``--full`` choose more, with no limit unless ``--budget`` sets one. Whatever the budget cuts is named in the
+record as not run, never counted as passed. The record is built from the lab's own records
+(``record_markdown``), so it can be checked on a CPU lab's records too.
 """
 
 import datetime as dt
@@ -108,15 +100,6 @@ def _cell(r: Record | None, images: bool = False) -> str:
     return f"{num(r.stats.items_per_s if images else r.stats.throughput_rps)} / {num(r.stats.latency.p50_ms)}"
 
 
-def _gpu(records: list[Record]) -> str:
-    """Mean NVML utilization and peak memory over a stage's servelab runs."""
-    util = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.util_pct]
-    mem = [v for r in records if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
-    if not util:
-        return "no NVML samples"
-    return f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB"
-
-
 def stage_table(records: list[Record]) -> str:
     ours = [r for r in records if r.tool == "servelab"]
     # The lab's closed-loop levels, not those of a run made for another purpose (a rollout's 16 senders).
@@ -126,9 +109,13 @@ def stage_table(records: list[Record]) -> str:
     rows = []
     for stage in dict.fromkeys(r.stage for r in ours):
         runs = [r for r in ours if r.stage == stage]
+        # NVML's mean utilization and peak memory over the stage's runs.
+        util = [v for r in runs if r.monitors for g in r.monitors.gpus for v in g.util_pct]
+        mem = [v for r in runs if r.monitors for g in r.monitors.gpus for v in g.mem_used_mib]
+        gpu = f"{num(sum(util) / len(util), 0)} % / {num(max(mem), 0)} MiB" if util else "no NVML samples"
         rows.append([stage, runs[0].config.get("runs_on", "-"), _cell(closed_run(ours, stage, 1)),
                      *(_cell(closed_run(ours, stage, c)) for c in levels),
-                     _cell(next((r for r in runs if r.batch > 1), None), images=True), _gpu(runs)])
+                     _cell(next((r for r in runs if r.batch > 1), None), images=True), gpu])
     return markdown(head, rows)
 
 

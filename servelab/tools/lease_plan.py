@@ -122,10 +122,6 @@ def _prose(text: str) -> str:
     return re.sub(r"<!-- generated:.*?<!-- end generated -->|<!--.*?-->", " ", prose, flags=re.DOTALL)
 
 
-def _words(text: str) -> int:
-    return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", _prose(text)))
-
-
 @cache
 def answers() -> dict[str, str]:
     """docs/instructors.md's answer to each cell students write, by the name in its first line."""
@@ -136,7 +132,7 @@ def answers() -> dict[str, str]:
 
 def count_text(section: str, part: Part) -> None:
     """A section's prose and the student's tasks its text shows (the code cells: ``count_cell``)."""
-    part.words += _words(section)
+    part.words += len(re.findall(r"[A-Za-z0-9][\w'’.-]*", _prose(section)))
     for block in SHELL.findall(section):
         waits: Counter[str] = Counter()
         for line in (line.strip() for line in block.splitlines()):

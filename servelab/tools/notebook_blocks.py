@@ -295,10 +295,6 @@ def simulated_gpu() -> str:
                          markdown(("ratio of req/s", "each round", "median", "aim"), ratios, "llrr")])
 
 
-def original(key: str) -> str:
-    return original_lab.step(key).sentence()
-
-
 def original_figure(key: str, *measures: str) -> str:
     """One figure of the original lab, as it is written in a sentence (``18.7 ms``): ``measures`` is what
     servelab/data/original_lab.toml says it measures."""
@@ -319,7 +315,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "lab-time": lab_time,
     "lab-summary": lab_summary,
     "lab-plans": lab_plans,
-    "original-lab": original,
+    "original-lab": lambda key: original_lab.step(key).sentence(),
     "original-figure": original_figure,
     "family-stages": family_stages,
     "lease-plan": lease_plan,

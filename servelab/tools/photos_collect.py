@@ -93,12 +93,6 @@ def _stanzas(text: str):
         yield fields
 
 
-def _licence_name(value: str) -> str:
-    # "CC-BY-SA 4.0" and "Public Domain" (GCompris's README) as debian/copyright spells them.
-    value = value.strip()
-    return "public-domain" if value.lower() == "public domain" else value.replace(" ", "-")
-
-
 def licence_of(copyright_file: Path, path: str) -> tuple[str, str]:
     """(licence, copyright holder) that a machine-readable debian/copyright gives ``path``: the last
     ``Files:`` stanza whose pattern matches wins. Patterns name upstream source paths, which a
@@ -117,7 +111,10 @@ def readme_licence(readme: str, name: str) -> tuple[str, str]:
     relative to the README's folder), or ("", "") where no stanza names it."""
     for fields in _stanzas(readme):
         if name in fields.get("Files", "").split() and "License" in fields:
-            return _licence_name(fields["License"]), fields.get("Copyright", "")
+            # "CC-BY-SA 4.0" and "Public Domain" as debian/copyright spells them.
+            licence = fields["License"].strip()
+            licence = "public-domain" if licence.lower() == "public domain" else licence.replace(" ", "-")
+            return licence, fields.get("Copyright", "")
     return "", ""
 
 
@@ -223,11 +220,6 @@ def _slug(path: str) -> str:
     return parts[-4] if parts[-2:-1] == ("images",) else Path(path).stem
 
 
-def quadrants(im: Image.Image) -> list[Image.Image]:
-    w, h = im.size
-    return [im.crop((x, y, x + w // 2, y + h // 2)) for y in (0, h // 2) for x in (0, w // 2)]
-
-
 def collect(debs: Path, dest: Path = PHOTO_DIR) -> list[Photo]:
     photos = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -240,7 +232,8 @@ def collect(debs: Path, dest: Path = PHOTO_DIR) -> list[Photo]:
             for _, path in (s for s in SOURCES if s[0] == package):
                 data, licence, holder = source_of(root, package, path)
                 im = Image.open(io.BytesIO(data)).convert("RGB")
-                for q, part in enumerate(quadrants(im)):
+                w, h = (side // 2 for side in im.size)  # its four quadrants
+                for q, part in enumerate(im.crop((x, y, x + w, y + h)) for y in (0, h) for x in (0, w)):
                     scale = SHORTER_SIDE / min(part.size)
                     part = part.resize((round(part.width * scale), round(part.height * scale)), Image.LANCZOS)
                     name = f"{package}-{_slug(path)}-q{q}.jpg"

@@ -26,16 +26,11 @@ from servelab.tools.notebook_blocks import expand
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
-def number(source: Path) -> int:
-    """The number a source's name starts with: ``11`` for ``11_delete_resources.md``."""
-    return int(source.name.split("_", 1)[0])
-
-
 def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     """The numbered Markdown sources, in the order students run them, by number (``10_`` after ``9_``,
     not after ``1_``); README.md is not one."""
-    return sorted((p for p in directory.glob("[0-9]*_*.md") if p.name.split("_", 1)[0].isdigit()),
-                  key=lambda p: (number(p), p.name))
+    found = [p for p in directory.glob("[0-9]*_*.md") if p.name.split("_", 1)[0].isdigit()]
+    return sorted(found, key=lambda p: (int(p.name.split("_", 1)[0]), p.name))
 
 
 def pages(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -62,11 +57,6 @@ def to_notebook(source: Path) -> nbformat.NotebookNode:
             raise ValueError(f"{source.name}, cell {index}: a generated part is split over cells; "
                              "wrap it in <!-- #region --> ... <!-- #endregion -->")
     return nb
-
-
-def to_ipynb_text(nb: nbformat.NotebookNode) -> str:
-    nbformat.validate(nb)
-    return nbformat.writes(nb, version=4) + "\n"
 
 
 def _expand_file(path: Path, name: str, check: bool) -> str:
@@ -96,7 +86,8 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     for source in sources(directory):
         target = source.with_suffix(".ipynb")
         targets.add(target)
-        text = to_ipynb_text(to_notebook(source))
+        nbformat.validate(nb := to_notebook(source))
+        text = nbformat.writes(nb, version=4) + "\n"
         if target.exists() and target.read_text(encoding="utf-8") == text:
             continue
         if check:

@@ -59,15 +59,6 @@ def choose_binary(named: str | None, variable: str, project: Path, command: str,
     return ToolBinary(Path(on_path), "PATH") if on_path else None
 
 
-def is_installed(tool: str, version_line: str, binary: str) -> bool:
-    """Whether ``opt_dir(tool)`` holds ``bin/<binary>`` and the stamp its install wrote last says ``version_line``."""
-    try:
-        stamp = json.loads((opt_dir(tool) / "installed.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp.get("version", "").startswith(version_line) and (opt_dir(tool) / "bin" / binary).exists()
-
-
 def binary_version(path: Path, pattern: str, not_found: type[Exception], env: dict[str, str] | None = None) -> str:
     """What ``pattern``'s group finds in the output of ``path --version`` (run in ``env``, else this
     environment); ``not_found`` where it does not run."""
@@ -129,16 +120,11 @@ def place(source: Path, target: Path) -> None:
     part.replace(target)
 
 
-def system_has_library(library: str) -> bool:
-    """Whether the dynamic loader finds ``library`` (``libb64.so.0d``) without help."""
-    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
-    return bool(done and library in done.stdout)
-
-
 def add_library(library: str, package: str, lib: Path, scratch: Path, fix: str) -> Path | None:
     """``library`` copied into ``lib`` from Debian's ``package`` (``unpack_deb``) unless the system has it: the
     .deb it came from, None where the system's is used."""
-    if system_has_library(library):
+    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
+    if done and library in done.stdout:  # the dynamic loader finds it without help
         return None
     root, deb = unpack_deb(package, scratch, fix)
     [found] = root.rglob(library)
@@ -184,7 +170,12 @@ class DebianTool:
         return self.checked(binary)
 
     def installed(self) -> bool:
-        return is_installed(self.tool, self.version_line, self.command)
+        """Whether ``home`` holds the binary and the stamp its install wrote last says ``version_line``."""
+        try:
+            stamp = json.loads((self.home / "installed.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return stamp.get("version", "").startswith(self.version_line) and (self.home / "bin" / self.command).exists()
 
     def install(self, log=print) -> ToolBinary:
         """The package (and the libraries the system lacks) unpacked; checked to start and be on the version line."""

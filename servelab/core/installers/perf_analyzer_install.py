@@ -110,14 +110,6 @@ def _download(pin: Pin, into: Path) -> Path:
     return wheels[0]
 
 
-def _extract(wheel: Path, member: str, dest: Path) -> Path:
-    with zipfile.ZipFile(wheel) as zf:
-        taken = Path(zf.extract(member, wheel.parent))
-    taken.chmod(0o755)
-    place(taken, dest / taken.name)
-    return dest / taken.name
-
-
 def _manifest() -> dict:
     return {pin.package: f"{pin.version} sha256:{pin.sha256}" for pin in PINS}
 
@@ -137,7 +129,11 @@ def extract_pinned(home: Path, scratch: Path, log=print) -> None:
     for pin in PINS:
         (home / pin.dest).mkdir(parents=True, exist_ok=True)
         wheel = _download(pin, scratch)
-        log(f"perf_analyzer: {_extract(wheel, pin.member, home / pin.dest)} from {wheel.name} (sha256 verified)")
+        with zipfile.ZipFile(wheel) as zf:
+            taken = Path(zf.extract(pin.member, wheel.parent))
+        taken.chmod(0o755)
+        place(taken, home / pin.dest / taken.name)
+        log(f"perf_analyzer: {home / pin.dest / taken.name} from {wheel.name} (sha256 verified)")
 
 
 def install(log=print) -> ToolBinary:

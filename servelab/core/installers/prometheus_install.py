@@ -6,8 +6,6 @@ installed: taken from ``SERVELAB_WHEELHOUSE`` where that folder holds it (a GPU 
 then ``dpkg -x`` into ``<environment>/opt/prometheus``; only ``usr/bin/prometheus`` is kept (a Go binary that needs
 nothing but libc), so the package's many web-asset dependencies are not needed. The version is pinned
 to the 2.42 line the code is tested against, and the .deb's sha256 is recorded beside the binary.
-
-``locate()`` picks: the binary named by ``PROMETHEUS``; the project's copy; a ``prometheus`` on PATH.
 """
 
 from servelab.core.installers.opt_tools import DebianTool

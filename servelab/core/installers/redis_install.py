@@ -6,8 +6,6 @@ into ``<environment>/opt/redis``. The server binary is in ``redis-tools`` (Debia
 only adds a symlink to it, and an init script); it links two libraries a minimal system may lack,
 ``liblzf.so.1`` (``liblzf1``) and ``libjemalloc.so.2`` (``libjemalloc2``): those missing are unpacked into
 ``opt/redis/lib`` and found through ``LD_LIBRARY_PATH``. The .debs' sha256 are recorded beside the binary.
-
-``locate()`` picks: the binary named by ``REDIS_SERVER``; the project's copy; a ``redis-server`` on PATH.
 """
 
 from servelab.core.installers.opt_tools import DebianTool

@@ -1,12 +1,8 @@
 """The cheaper variants of the fp32 ONNX model, built next to it, and the facts about each.
 
-| name | file | what |
-|---|---|---|
-| fp32 | food11.onnx | the exported model: float32 NCHW ``input`` |
-| u8 | food11_u8.onnx | fp32 with preprocessing in the graph: uint8 NHWC ``image`` |
-| int8 | food11_u8_int8.onnx | INT8 static quantization (QDQ) of u8, calibrated on real photos: the chosen format |
-| int8dyn | food11_u8_int8dyn.onnx | INT8 dynamic quantization of u8, for comparison |
-| fp16 | food11_u8_fp16.onnx | fp16 weights and compute, uint8 in and float32 out (for a GPU) |
+``VARIANTS``: fp32 (the exported model, float32 NCHW ``input``), u8 (the same with preprocessing in the graph:
+uint8 NHWC ``image``), and three conversions of u8 (``quantize``): int8 (static, the chosen format), int8dyn
+(dynamic, for comparison) and fp16 (for a GPU).
 
 ``food11_variants.json`` records each file's size, sha256, precision, input, quantization options
 and its agreement with fp32 on the evaluation photos (``servelab.core.photos``). Reading it needs only

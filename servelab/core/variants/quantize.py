@@ -6,24 +6,11 @@ would add a rounding step on top of the pixels' own) and everything after the cl
 Gemm (the stand-in's Softmax -> class-mapping MatMul -> Clip -> Log: quantized, the Log sees zeros
 and agreement collapses to 45 %, measured).
 
-Which INT8 format, measured side by side on this project's 2-CPU VM (AMD EPYC with AVX2,
-AVX512-VNNI and AVX-VNNI; ONNX Runtime 1.31.1, 2 intra-op threads; offline stand-in; 28 calibration
-and 168 evaluation pictures from the earlier ``servelab.core.photos`` set of 49 photographs, not re-measured
-since it grew to 139; agreement = top-1 equal to the fp32 model's; ms/image medians of 5
-interleaved rounds; ``FORMAT_MEASUREMENTS`` holds the same rows):
+Which INT8 format: ``FORMAT_MEASUREMENTS``, each format measured side by side on the machine
+``FORMAT_MEASUREMENTS_MACHINE`` names (agreement = top-1 equal to the fp32 model's; ms/image medians of 5
+interleaved rounds), not re-measured since the photo set grew to 139 photographs.
 
-| format | activations/weights | per-channel | reduce_range | agreement | ms/img b1 | ms/img b16 |
-|---|---|---|---|---:|---:|---:|
-| fp32 (uint8 input) | - | - | - | 100.0 % | 7.5 | 9.4 |
-| **QDQ** | **U8/S8** | **yes** | **no** | **98.2 %** | **6.2** | **5.1** |
-| QDQ | U8/S8 | yes | yes | 97.0 % | 6.9 | 5.3 |
-| QDQ | S8/S8 | yes | no | 98.2 % | 13.7 | 8.6 |
-| QOperator | U8/S8 | yes | no | 98.2 % | 6.8 | 5.6 |
-| QDQ | U8/S8 | no | no | 95.8 % | 6.2 | 4.9 |
-| dynamic | U8 weights | no | - | 99.4 % | 32.3 | 20.3 |
-| dynamic | S8 weights | yes | - | 97.0 % | 70.1 | 73.1 |
-
-Why U8/S8 QDQ per-channel without reduce_range: this CPU has VNNI, whose u8 x s8 dot product does
+Why U8/S8 QDQ per-channel without reduce_range: that CPU has VNNI, whose u8 x s8 dot product does
 not saturate, so reduce_range (the AVX2-without-VNNI workaround) only loses a bit of precision;
 ONNX Runtime's x86 kernels are built for U8S8, and S8S8 runs ~2x slower here; QOperator agrees
 exactly as much and is no faster; per-tensor weights cost 2.4 points of agreement for nothing
@@ -47,8 +34,8 @@ def has_vnni(cpuinfo: Path = CPUINFO) -> bool:
 
 
 # The options each variant is made with; recorded in food11_variants.json (and part of its build key,
-# so a checkout moved to a CPU of the other kind builds again). Weights: S8 where the CPU has VNNI (the
-# table above); without it, AVX2's u8 x s8 multiply-add saturates in 16 bits and top-1 agreement fell
+# so a checkout moved to a CPU of the other kind builds again). Weights: S8 where the CPU has VNNI
+# (``FORMAT_MEASUREMENTS``); without it, AVX2's u8 x s8 multiply-add saturates in 16 bits and top-1 agreement fell
 # to 95.5 % (reduce_range: 96.6 %) on an AMD EPYC with AVX2 alone, where U8 weights gave 98.9 %.
 STATIC_OPTIONS = {"quant_format": "QDQ", "activation_type": "QUInt8", "weight_type": "QInt8" if has_vnni() else "QUInt8",
                   "per_channel": True, "reduce_range": False, "calibrate_method": "MinMax"}

@@ -1,14 +1,6 @@
 """Small steps the provisioning notebooks share (``2_create_server_nvidia``, ``9_ray_setup``,
-``11_delete_resources``), with python-chi.
-
-* ``origin_url()``: the repository this checkout was cloned from, as an https URL a node can clone
-  without a key.
-* ``wait_active(s)``, ``reach(s)``, ``run(s, commands)``: wait for a server, give it a floating IP and wait for
-  SSH, run commands on it; each prints the runbook's advice when it fails (``servelab.run.walkthrough.runbook``).
-* ``release(servers, lease_name)``: delete the servers (their floating IPs with them) and the lease,
-  whichever still exist, and say what happened to each.
-
-Runs in Chameleon Jupyter (python-chi and the standard library only).
+``11_delete_resources``), with python-chi: each prints the runbook's advice when it fails
+(``servelab.run.walkthrough.runbook``). Runs in Chameleon Jupyter (python-chi and the standard library only).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
-"""Leases for a whole class (``1_create_lease``, instructors' section), with python-chi.
+"""Leases for a whole class (``1_create_lease``, instructors' section, and ``servelab class status``), with
+python-chi: the budget, one lease per student planned from Blazar's reservations of every node of the types,
+deleting them, and where each student stands.
 
-* ``daytime``: the windows a class's leases may fall in: the hours the instructor sets, on the days chosen.
-* ``budget``: what a part of the lab costs a class: leases, node-hours, SUs, and how many consecutive blocks
-  of one lease's length the site's nodes need to hold them all.
-* ``earliest``: the first hour from which the nodes of one lease are free (a student's Ray lease).
-* ``book_class``: one lease per student within the windows, each on nodes that are free for the whole lease,
-  planned from Blazar's reservations of every node of the types; ``node_types`` is one type (the lab's
-  lease, ``serve_system_<netID>``) or two (the Ray part's head and worker, ``serve_ray_<netID>``, booked as
-  ``9_ray_setup`` books it). Students who have a lease keep it, unless ``replace`` names a bad node of it
-  (netID -> node): that lease is deleted and a new one booked on other nodes, from now; run again, the new
-  lease is kept. One refused lease does not stop the others. Returns a ``Row`` per student; a kept lease's
-  row has its nodes and Chameleon's status (PENDING, ACTIVE...).
-* ``parts`` / ``prepare``: the leases each part of the lab needs, and what the instructor reads before booking:
-  each part's budget, and the class's security groups, made once here (students only check them).
-* ``delete_class_leases``: deletes the leases named ``<prefix><netID>`` of the given students, and only those.
-* ``status``: where each student stands, from what Chameleon reports (``servelab class status``, and the
-  instructors' status cell): each lease's nodes, its servers with their state and floating IP, and one of no
-  lease, pending, active, server building, server active, error, expired.
-* ``table(rows)``: the summary (student, lease, nodes, start, end, servers where any, status) as text.
+A lease holds one node type (the lab's, ``serve_system_<netID>``) or two (the Ray part's head and worker,
+``serve_ray_<netID>``, booked as ``9_ray_setup`` books it). Students who have a lease keep it, unless
+``replace`` names a bad node of it: that lease is deleted and a new one booked on other nodes, from now.
+One refused lease does not stop the others.
 
 Runs in Chameleon Jupyter, from the ``notebooks`` folder of a clone: it needs python-chi and the
 standard library only. Every value (node types, lease length, name prefix, windows) comes from the notebook.
@@ -33,6 +21,7 @@ from datetime import date, datetime, timedelta, timezone
 
 from chi import clients, hardware, lease, network, server
 
+from servelab.core.tables import text
 from servelab.run.walkthrough import ray_nodes
 
 Interval = tuple[datetime, datetime]
@@ -115,25 +104,18 @@ def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collectio
     start, end = hours
     if not 0 <= start < end <= 24:
         raise ValueError(f"class hours {hours}: give (from, until) with 0 <= from < until <= 24")
-    windows, day = [], first
-    while day <= last:
-        if day.weekday() in weekdays:
-            midnight = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
-            windows.append((midnight + timedelta(hours=start), midnight + timedelta(hours=end)))
-        day += timedelta(days=1)
-    return windows
-
-
-def blocks_needed(leases: int, node_types: Sequence[str], free: Mapping[str, int]) -> int | None:
-    """Consecutive blocks in which the site's ``free`` nodes (by type) hold ``leases`` leases of ``node_types``
-    each; None where they cannot hold even one."""
-    at_once = min(free.get(t, 0) // count for t, count in Counter(node_types).items())
-    return None if at_once == 0 else math.ceil(leases / at_once)
+    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
+    midnights = [datetime(d.year, d.month, d.day, tzinfo=timezone.utc) for d in days if d.weekday() in weekdays]
+    return [(midnight + timedelta(hours=start), midnight + timedelta(hours=end)) for midnight in midnights]
 
 
 def budget(part: str, students: int, node_types: Sequence[str], length: timedelta, free: Mapping[str, int],
            su_per_node_hour: float = SU_PER_NODE_HOUR) -> Budget:
-    return Budget(part, students, len(node_types), length, blocks_needed(students, node_types, free), su_per_node_hour)
+    """With its blocks: consecutive blocks in which the site's ``free`` nodes (by type) hold a lease of
+    ``node_types`` for each student; None where they cannot hold even one."""
+    at_once = min(free.get(t, 0) // count for t, count in Counter(node_types).items())
+    blocks = math.ceil(students / at_once) if at_once else None
+    return Budget(part, students, len(node_types), length, blocks, su_per_node_hour)
 
 
 def parts(node_type: str, ray_worker_type: str | None = None) -> dict[str, list[str]]:
@@ -363,9 +345,8 @@ def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) ->
     students = list(dict.fromkeys(students))
     if not students:
         return []
-    leases: dict[str, lease.Lease] = {}
-    for found in sorted(lease.list_leases(), key=lambda found: found.status not in ENDED):  # the live ones last: they win
-        leases[found.name] = found
+    # The live ones last: they win.
+    leases = {found.name: found for found in sorted(lease.list_leases(), key=lambda found: found.status not in ENDED)}
     servers = {s.name: s for s in server.list_servers()}
     nodes_of_lease = site({t for types in class_parts.values() for t in types}).nodes_of_lease
     rows = []
@@ -403,8 +384,7 @@ def table(rows: Sequence[Row]) -> str:
         return f"{moment:%Y-%m-%d %H:%M}" if moment else "-"
 
     servers = any(r.servers for r in rows)  # only the status has them
-    cells = [("student", "lease", "node", "start (UTC)", "end (UTC)", *(["servers"] if servers else []), "status")]
-    cells += [(r.student, r.lease, r.node or "-", when(r.start), when(r.end), *([r.servers or "-"] if servers else []),
-               r.status) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells)
+    columns = ("student", "lease", "node", "start (UTC)", "end (UTC)", *(["servers"] if servers else []), "status")
+    cells = [(r.student, r.lease, r.node or "-", when(r.start), when(r.end), *([r.servers or "-"] if servers else []),
+              r.status) for r in rows]
+    return "\n".join(line.rstrip() for line in text(columns, cells).splitlines())

@@ -5,6 +5,7 @@ by the model version that gave them."""
 from collections import Counter
 from typing import Any
 
+from servelab.core.catalogue import queue_limits
 from servelab.core.tables import num, text
 from servelab.measure.loadgen import OK, SHED
 from servelab.measure.records import Record
@@ -13,9 +14,7 @@ from servelab.measure.records import Record
 def queue_words(ready: dict[str, Any]) -> str:
     """The service's queue bound as its /ready says, in the words of ``catalogue.queue_bound``."""
     b = ready["batching"]
-    limits = [f"{b['max_queue_requests']} requests" if b.get("max_queue_requests") else "",
-              f"{b['max_queue_delay_ms']:g} ms" if b.get("max_queue_delay_ms") else ""]
-    return ", ".join(filter(None, limits)) or "none"
+    return queue_limits(b.get("max_queue_requests") or 0, b.get("max_queue_delay_ms") or 0)
 
 
 def over_time(record: Record) -> str:

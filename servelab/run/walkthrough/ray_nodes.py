@@ -1,16 +1,7 @@
 """Two Chameleon nodes for the Ray Serve stages (``9_ray_setup``; ``11_delete_resources`` releases them),
-with python-chi.
-
-* ``RayNodes.for_student(net_id)``: the names of the lease and the two servers.
-* ``reserve``: one lease holding a head node and a worker node (two GPU nodes of the lab's ``NODE_TYPE``, or
-  its GPU head and a worker of another type); ``classroom.earliest`` finds when both are free.
-* ``start_servers``: both servers in the lease, each on its own reservation, with a floating IP for SSH.
-* ``private_address``: a server's fixed address on the shared network, the one Ray advertises.
-* ``prepare``: a checkout, Docker with the NVIDIA toolkit (GPU nodes), servelab and the model on a node.
-* ``cluster_files`` / ``firewall``: the shell commands that give a node its addresses and the cluster's
-  shared token, and keep every port except SSH (and GourmetGram on the head) to the two nodes.
-* ``bring_up``: the head's compose file, then the worker's, and wait until Ray counts both nodes.
-* ``release``: delete both servers and the lease, whichever still exist.
+with python-chi: a head and a worker in one lease (two GPU nodes of the lab's ``NODE_TYPE``, or its GPU head
+and a worker of another type), started, prepared, given the cluster's token and a firewall that keeps every
+port but SSH (and GourmetGram on the head) to the two nodes, then brought up head first.
 
 Runs in Chameleon Jupyter (python-chi and the standard library only); every value comes from the notebook.
 """
@@ -67,11 +58,9 @@ def reservation_id(found: lease.Lease, node_type: str) -> str:
     reservation's ``resource_properties``)."""
     reservations = found.node_reservations
     matching = [r for r in reservations if f'"{node_type}"' in (r.get("resource_properties") or "")]
-    if len(reservations) == 1 or not matching:
-        if len(reservations) != 1:
-            raise ValueError(f"lease {found.name} has no reservation for {node_type}")
-        return reservations[0]["id"]
-    return matching[0]["id"]
+    if not matching and len(reservations) != 1:
+        raise ValueError(f"lease {found.name} has no reservation for {node_type}")
+    return (matching or reservations)[0]["id"]
 
 
 def start_servers(found: lease.Lease, nodes: RayNodes, head_type: str, worker_type: str,

@@ -18,20 +18,15 @@ from servelab.servers.triton.server import load_state, repository_index, server_
 COMPOSE_LOG = "docker compose -f docker/docker-compose-triton.yaml logs triton_server | tail -n 40"
 
 
-def model_states(url: str) -> dict[str, str]:
-    """Each model Triton at ``url`` knows of -> its state, with its reason when it has one
-    (e.g. ``UNAVAILABLE: failed to load ...``)."""
-    index = repository_index(url, timeout=10)
-    return {e["name"]: e.get("state", "?") + (f": {e['reason']}" if e.get("reason") else "") for e in index}
-
-
 def _states_line(url: str, models: tuple[str, ...]) -> str:
+    """Each model's state in Triton's repository index, with its reason (``UNAVAILABLE: failed to load ...``)."""
     try:
-        states = model_states(url)
+        index = repository_index(url, timeout=10)
     except OSError as exc:
         return f"Triton does not answer ({type(exc).__name__})"
     except RuntimeError as exc:  # Triton's own refusal, e.g. a model-control key that is not its own
         return f"Triton refused its repository index: {exc}"
+    states = {e["name"]: e.get("state", "?") + (f": {e['reason']}" if e.get("reason") else "") for e in index}
     return ", ".join(f"{m} {states.get(m, 'not in the repository index')}" for m in models)
 
 

@@ -146,10 +146,10 @@ def check_app(url: str, service_url: str, photo: Path) -> str:
 def check_response(answer: requests.Response, status: int = 200, **headers: str) -> str:
     """A student's last response: right where it has ``status`` and each of ``headers`` (``X_Cache="hit"`` is the
     X-Cache header) says what it should."""
-    said = [f"HTTP {answer.status_code}"] + [f"{name.replace('_', '-')}: {answer.headers.get(name.replace('_', '-'))}"
-                                             for name in headers]
-    wrong = answer.status_code != status or any(answer.headers.get(n.replace("_", "-")) != v for n, v in headers.items())
-    want = ", ".join([f"HTTP {status}"] + [f"{n.replace('_', '-')}: {v}" for n, v in headers.items()])
+    wanted = {name.replace("_", "-"): value for name, value in headers.items()}
+    said = [f"HTTP {answer.status_code}"] + [f"{name}: {answer.headers.get(name)}" for name in wanted]
+    wrong = answer.status_code != status or any(answer.headers.get(n) != v for n, v in wanted.items())
+    want = ", ".join([f"HTTP {status}"] + [f"{n}: {v}" for n, v in wanted.items()])
     return f"{'wrong' if wrong else 'right'}: {', '.join(said)}" + (f"; expected {want}" if wrong else "")
 
 
@@ -254,14 +254,11 @@ class FastAPIWalkthrough:
         print("runtime:", json.dumps(ready["runtime"]))
         return ServingStage(stage, url, ready)
 
-    async def measure(self, service: ServingStage, load: Load) -> Record:
-        """Measure ``service`` under ``load``, record it, and print its table row and utilization."""
-        return await self._measure(service, load)
-
-    async def _measure(self, service: ServingStage, load: Load, config: dict[str, Any] | None = None,
-                       mix: PhotoMix | None = None, **options: Any) -> Record:
-        """``measure``, the record's config with ``config`` too (which case it is), each request's photo from
-        ``mix`` where given; ``options``: the load generator's (``run_bench``)."""
+    async def measure(self, service: ServingStage, load: Load, config: dict[str, Any] | None = None,
+                      mix: PhotoMix | None = None, **options: Any) -> Record:
+        """Measure ``service`` under ``load``, record it, and print its table row and utilization. The cases
+        pass the record's ``config`` (which case it is), ``mix`` (each request's photo) and the load
+        generator's ``options`` (``run_bench``)."""
         target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name, mix=mix)
         labels = Labels(service.stage, {**service.config, **(config or {})}, service.stand_in)
         print(load_command("fastapi", ["--url", service.url], load, service.stage))
@@ -276,7 +273,7 @@ class FastAPIWalkthrough:
         busy all the time) for ``seconds``, as ``servelab lab`` offers it (``overload_load``), every request
         kept; prints the run second by second."""
         load, config = overload_load(capacity.stats.throughput_rps, seconds)
-        record = await self._measure(service, load, {**config, "bound": queue_words(service.ready)},
+        record = await self.measure(service, load, {**config, "bound": queue_words(service.ready)},
                                      timeline_bin_s=1.0, keep_requests=True)
         print(over_time(record))
         return record
@@ -284,7 +281,7 @@ class FastAPIWalkthrough:
     async def photo_mix(self, service: ServingStage, load: Load, mix: PhotoMix) -> Record:
         """``load`` with each request's photo drawn from ``mix`` (recorded as the cache case); the record's
         ``cache`` holds the hits and misses of the service's response cache, where it has one."""
-        return await self._measure(service, load, {"run": RunKind.CACHE}, mix=mix)
+        return await self.measure(service, load, {"run": RunKind.CACHE}, mix=mix)
 
     async def rollout(self, service: ServingStage, variant: str, load: Load, at_s: float) -> Record:
         """``load`` (a closed loop for ``duration_s``, and on for a few seconds after the swap) during which,
@@ -292,7 +289,7 @@ class FastAPIWalkthrough:
         request kept with the model version that answered it, printed per half second."""
         load, config, trigger = rollout_load(lambda: reload(service.url, variant=variant), at_s, load.duration_s,
                                              concurrency=load.concurrency, warmup=load.warmup)
-        record = await self._measure(service, load, {**config, "to_variant": variant}, timeline_bin_s=0.5,
+        record = await self.measure(service, load, {**config, "to_variant": variant}, timeline_bin_s=0.5,
                                      keep_requests=True, trigger=trigger)
         print(by_version(record))
         return record

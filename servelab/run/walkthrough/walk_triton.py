@@ -16,7 +16,7 @@ from typing import Any, get_args
 import numpy as np
 
 from servelab.core.artifacts import load_manifest
-from servelab.core.catalogue import ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
+from servelab.core.catalogue import ENSEMBLE, ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
 from servelab.core.postprocess import top1
 from servelab.core.procs import DIRECT
 from servelab.core.settings import get_settings
@@ -72,21 +72,16 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
     import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
     batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
-    client = http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300)
+    with http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300) as client:
+        def ms(n: int) -> float:
+            started = time.perf_counter()
+            client.infer(model, tensor_inputs("http", batches[n]))
+            return (time.perf_counter() - started) * 1000
 
-    def ms(n: int) -> float:
-        started = time.perf_counter()
-        client.infer(model, tensor_inputs("http", batches[n]))
-        return (time.perf_counter() - started) * 1000
-
-    try:
         for n in sizes:
             ms(n)
         found = {f"alternating {sizes[0]}/{sizes[1]}": median(ms(sizes[i % 2]) for i in range(2 * repeats))}
-        found |= {f"repeated {n}": median(ms(n) for _ in range(repeats)) for n in sizes}
-    finally:
-        client.close()
-    return found
+        return found | {f"repeated {n}": median(ms(n) for _ in range(repeats)) for n in sizes}
 
 
 def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
@@ -115,14 +110,23 @@ def _comparable(key: str, value: Any) -> Any:
     return sorted(placed.items(), key=str)
 
 
+def pbtxt(values: dict[str, Any]) -> str:
+    """Config fields (None: not set) as config.pbtxt writes them."""
+    # Deferred: tritonclient and its protobuf, an optional extra (bench), loaded only when this runs.
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    present = {k: v for k, v in values.items() if v is not None}
+    return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
+                                       use_short_repeated_primitives=True)
+
+
 def check_block(name: str, text: str, repository: Path | None = None) -> str:
     """A config block a student wrote for stage ``name`` (its ``instance_group`` or ``dynamic_batching``),
     read with Triton's own ``ModelConfig`` protobuf, as the server reads config.pbtxt, and compared
     with what the catalogue's stage renders for the lab node. Returns what matched; raises ValueError
     saying what Triton could not read or, as a diff, what differs."""
-    # Deferred: optional extras, loaded only when this runs.
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
+    from google.protobuf import text_format  # deferred: an optional extra (bench), loaded only when this runs
 
     expected = stage_fields(name, repository)
     wanted = " and ".join(f"`{key}`" for key in expected)
@@ -137,11 +141,7 @@ def check_block(name: str, text: str, repository: Path | None = None) -> str:
         raise ValueError(f"write only {wanted} here; this also sets {', '.join(extra)}")
     got = {key: fields.get(key) for key in expected}
     if {k: _comparable(k, v) for k, v in got.items()} != {k: _comparable(k, v) for k, v in expected.items()}:
-        def pbtxt(values: dict[str, Any]) -> list[str]:
-            present = {k: v for k, v in values.items() if v is not None}
-            return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
-                                               use_short_repeated_primitives=True).splitlines()
-        diff = difflib.unified_diff(pbtxt(got), pbtxt(expected), "yours", name, lineterm="")
+        diff = difflib.unified_diff(pbtxt(got).splitlines(), pbtxt(expected).splitlines(), "yours", name, lineterm="")
         raise ValueError(f"not {name}'s {wanted} yet (as Triton reads them; - yours, + {name}'s):\n" + "\n".join(diff))
     return f"correct: Triton reads this as {name}'s {wanted}"
 
@@ -255,16 +255,9 @@ class TritonWalkthrough:
         """``check_block`` for a block written for stage ``name``: raises with the diff where it is not the
         stage's; where it is, remembers that (``measure`` then measures the catalogue's stage) and returns
         what matched with the stage's fields as Triton reads them, the answer, shown only now."""
-        # Deferred: tritonclient and its protobuf, an optional extra (bench), loaded only when this runs.
-        from google.protobuf import json_format, text_format
-        from tritonclient.grpc import model_config_pb2
-
         said = check_block(name, block, self.repository)
         self.passed.add(name)
-        expected = {k: v for k, v in stage_fields(name, self.repository).items() if v is not None}
-        answer = text_format.MessageToString(json_format.ParseDict(expected, model_config_pb2.ModelConfig()),
-                                             use_short_repeated_primitives=True)
-        return f"{said}; the catalogue's, as Triton reads them:\n{answer}"
+        return f"{said}; the catalogue's, as Triton reads them:\n{pbtxt(stage_fields(name, self.repository))}"
 
     def triton_log(self) -> str:
         """The end of Triton's log, where it says why it refused a config (its HTTP answer says only that the
@@ -325,12 +318,9 @@ class TritonWalkthrough:
         if len(labels) != stage.triton.images:
             raise ValueError(f"wrong count: {len(labels)} classes; a request of {stage.triton.images} images gets "
                              f"{stage.triton.images} rows back, one class each")
-        client = http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300)
-        try:
-            tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
+        tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
+        with http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300) as client:
             logits = client.infer(model, tensor_inputs("http", tensor), outputs=tensor_outputs("http")).as_numpy("output")[0]
-        finally:
-            client.close()
         (ours,) = top1(logits)  # the pipeline's own postprocessing: softmax, then the largest
         want, chance = ours.label, ours.probability
         if wrong := [one for one in labels if one != want]:
@@ -353,8 +343,7 @@ class TritonWalkthrough:
 
     def check_steps(self, config: dict[str, Any]) -> str:
         """A student's ensemble config, against Triton's own: the steps, in order."""
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/food_classifier_ensemble/config", timeout=10) as r:
-            want = json.load(r)
+        want = self.config(ENSEMBLE)
         if config != want:
             return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
         return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
@@ -466,12 +455,9 @@ class TritonWalkthrough:
                     f"client.infer's answer as `result` and send the photo as INPUT_IMAGE, BYTES, shape [{images}, 1]")
         if len(yours) != images:
             return f"wrong: {len(yours)} answers for {images} photos: send INPUT_IMAGE of shape [{images}, 1]"
-        client = http.InferenceServerClient(server_address(self.url), network_timeout=300)
-        try:
+        with http.InferenceServerClient(server_address(self.url), network_timeout=300) as client:
             (ours,) = predictions(client.infer(PT, image_inputs("http", [self.photo.read_bytes()], "raw"),
                                                outputs=label_outputs("http")))
-        finally:
-            client.close()
         for p in yours:
             if p.label != ours.label or abs(p.probability - ours.probability) > 1e-3:
                 return f"wrong: yours says {p.label} ({p.probability:.3f}), Triton {ours.label} ({ours.probability:.3f}) for the photo"
@@ -481,8 +467,7 @@ class TritonWalkthrough:
     def check_statistics(self, stats: dict[str, Any]) -> str:
         """A student's reading of food_classifier's ``inference_stats``: right where it is the entry Triton's
         statistics hold for it now (none sent since), with successes and times to divide."""
-        with DIRECT.open(f"http://{server_address(self.url)}/v2/models/{PT}/stats", timeout=10) as response:
-            now = json.load(response)["model_stats"][0]["inference_stats"]
+        now = self._stats(PT)["inference_stats"]
         if not isinstance(stats, dict) or {k: stats.get(k) for k in now} != now:
             return ("wrong: not food_classifier's inference_stats as Triton holds them now: take "
                     "get_inference_statistics('food_classifier')['model_stats'][0]['inference_stats']")

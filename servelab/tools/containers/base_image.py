@@ -59,7 +59,7 @@ def make_tarball(cache: Path, log=print) -> Path:
 def ensure(docker: Docker, cache: Path, log=print) -> str:
     """The base image's name:tag in the engine (imported from the cached tarball when missing)."""
     tag = f"{IMAGE}:{key()}"
-    if docker.has_image(tag):
+    if docker.run("image", "inspect", tag, check=False).returncode == 0:
         return tag
     tar = make_tarball(cache, log)
     docker.run("import", "--change", 'CMD ["/bin/bash"]',

@@ -40,13 +40,9 @@ def docker_config(cache: Path) -> Path:
     return Path(cache).expanduser() / "compose"
 
 
-def plugin_path(cache: Path, plugin: Plugin = COMPOSE) -> Path:
-    return docker_config(cache) / "cli-plugins" / plugin.package
-
-
 def ensure(cache: Path, log=print, plugin: Plugin = COMPOSE) -> Path:
     """The pinned plugin's binary (fetched on first use)."""
-    target = plugin_path(cache, plugin)
+    target = docker_config(cache) / "cli-plugins" / plugin.package
     stamp = target.with_name(f"{plugin.package}.installed")
     pin = f"{plugin.package} {plugin.version} {plugin.sha256}\n"
     if target.exists() and stamp.exists() and stamp.read_text() == pin:

@@ -57,9 +57,6 @@ class Docker:
                               + (done.stdout[-2000:] + done.stderr[-4000:]))
         return done
 
-    def has_image(self, ref: str) -> bool:
-        return self.run("image", "inspect", ref, check=False).returncode == 0
-
     def image_label(self, ref: str, label: str) -> str:
         done = self.run("image", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}', ref, check=False)
         return done.stdout.strip() if done.returncode == 0 else ""

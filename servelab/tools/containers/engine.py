@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from servelab.core.procs import ServerProcess
+from servelab.core.procs import ServerProcess, log_tail
 from servelab.tools.containers.docker import Docker
 
 START_TIMEOUT_S = 60.0
@@ -65,6 +65,11 @@ def _used_second_octets() -> set[int]:
     return used
 
 
+def owner_file(cache: Path) -> Path:
+    """Names the engine that uses the cache's data root (one at a time)."""
+    return Path(cache).expanduser() / "engine" / "owner.json"
+
+
 @dataclass
 class EngineState:
     """What `servelab containers` needs to find, reuse and stop a running engine."""
@@ -94,11 +99,6 @@ class Engine:
 
     # --- where things are ---------------------------------------------------------------------
 
-    @property
-    def owner_file(self) -> Path:
-        """Names the engine that uses the cache's data root (one at a time)."""
-        return self.cache / "engine" / "owner.json"
-
     @staticmethod
     def dockerd() -> str:
         found = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
@@ -122,9 +122,8 @@ class Engine:
     @classmethod
     def attach(cls, cache: Path) -> EngineState | None:
         """The engine a detached `servelab containers up` left running, if it still answers."""
-        owner = Path(cache).expanduser() / "engine" / "owner.json"
         try:
-            state = EngineState(**json.loads(owner.read_text()))
+            state = EngineState(**json.loads(owner_file(cache).read_text()))
         except (OSError, ValueError, TypeError):
             return None
         return state if _alive(state.pid) and ping(Path(state.socket)) else None
@@ -141,7 +140,10 @@ class Engine:
         # Unix socket paths are limited to 108 bytes: keep the run folder short.
         run_dir = self.cache / "run" / token
         run_dir.mkdir(parents=True)
-        owns_cache = not (self.owner_file.exists() and self._owner_alive())
+        try:  # the cache's data root is ours unless the engine its owner file names still runs
+            owns_cache = not _alive(json.loads(owner_file(self.cache).read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            owns_cache = True
         data_root = self.cache / "engine" / "data" if owns_cache else run_dir / "data"
         data_root.mkdir(parents=True, exist_ok=True)
         octet = next((o for o in range(231, 255) if o not in _used_second_octets()), None)
@@ -167,24 +169,17 @@ class Engine:
             deadline = time.monotonic() + START_TIMEOUT_S
             while not ping(sock):
                 if self._server.proc.poll() is not None or time.monotonic() > deadline:
-                    raise EngineError(f"dockerd did not start (see {run_dir / 'dockerd.log'}):\n"
-                                      + _tail(run_dir / "dockerd.log"))
+                    raise EngineError(f"dockerd did not start{log_tail(run_dir / 'dockerd.log', 15)}")
                 time.sleep(0.2)
         except BaseException:
             self.stop()
             raise
         (run_dir / "engine.json").write_text(json.dumps(asdict(state)))
         if owns_cache:
-            self.owner_file.write_text(json.dumps(asdict(state)))
+            owner_file(self.cache).write_text(json.dumps(asdict(state)))
         self.log(f"engine: dockerd PID {state.pid}, socket {sock}, bridge {bridge} (10.{octet}.0.0/16)"
                  + ("" if owns_cache else ", throwaway data root: the cache's is in use"))
         return state
-
-    def _owner_alive(self) -> bool:
-        try:
-            return _alive(json.loads(self.owner_file.read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            return False
 
     def _clean_stale(self) -> None:
         """Leftovers of engines of ours whose dockerd is gone (killed with us, or the machine stopped)."""
@@ -235,9 +230,8 @@ def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
 def stop_detached(cache: Path, log=print) -> bool:
     """Stop the engine a detached `servelab containers up` started; False if none runs."""
     state = Engine.attach(cache)
-    owner = Path(cache).expanduser() / "engine" / "owner.json"
     if state is None:
-        owner.unlink(missing_ok=True)
+        owner_file(cache).unlink(missing_ok=True)
         return False
     remove_containers(state)
     stop_pid(state.pid)
@@ -254,13 +248,6 @@ def remove_containers(state: EngineState) -> None:
         docker.run("rm", "--force", "--volumes", *ids, check=False)
     docker.run("network", "prune", "--force", check=False)
     docker.run("volume", "prune", "--force", check=False)
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _cleanup(state: EngineState, log) -> None:

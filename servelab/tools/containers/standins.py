@@ -2,13 +2,9 @@
 
 The lab's Dockerfiles keep their real ``FROM`` lines; docker-bake.hcl takes every base from a variable,
 so other values for ``UBUNTU_IMAGE``, ``TRITON_IMAGE`` and ``TORCH_VERSION`` make the same images build
-on local ones. docker-bake.hcl's ``standins`` group defines them (docker/standin/):
-
-* ``servelab-standin/debian12-py311`` for ubuntu:22.04: the debootstrap base plus the wheelhouse;
-* ``servelab-standin/tritonserver:<release>-py3``: the tritonserver bundled in the pinned
-  nvidia-pytriton wheel, Python backend only;
-* ``servelab-standin/tritonserver:<release>-py3-sdk``: perf_analyzer from the tritonclient 2.50.0 wheel;
-* torch: the CPU build of the pinned release instead of its CUDA 12.6 build.
+on local ones. docker-bake.hcl's ``standins`` group defines them (docker/standin/): the debootstrap base
+plus the wheelhouse for ubuntu, the tritonserver bundled in the pinned nvidia-pytriton wheel (Python backend
+only) and perf_analyzer from the tritonclient wheel for Triton's images, and torch's CPU build.
 
 Every stand-in carries a ``servelab.standin`` label with its content key; an image whose key matches
 is not rebuilt.

@@ -5,6 +5,7 @@ runs without Docker, so the same findings are only reported (skip).
 """
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -85,24 +86,10 @@ def compose_bytes(text: str) -> int:
     return int(found[1]) * 1024 ** " kmg".index(found[2] or " ")
 
 
-def compose_shm_size(compose_text: str) -> int | None:
-    """The ``shm_size`` of the Triton compose file (its only service with one), None where unset."""
-    found = re.search(r"^\s+shm_size:\s*(\S+)\s*$", compose_text, re.MULTILINE)
-    return compose_bytes(found[1]) if found else None
-
-
 def item_bytes(tensors: Sequence[Mapping[str, Any]]) -> int:
     """Bytes one batch item takes in these config inputs or outputs."""
-    total = 0
-    for tensor in tensors:
-        if tensor["data_type"] == "TYPE_STRING":
-            total += PHOTO_BYTES
-        else:
-            count = 1
-            for dim in tensor.get("dims", []):
-                count *= int(dim)
-            total += count * DTYPE_BYTES.get(tensor["data_type"], 8)
-    return total
+    return sum(PHOTO_BYTES if t["data_type"] == "TYPE_STRING"
+               else math.prod(int(d) for d in t.get("dims", [])) * DTYPE_BYTES.get(t["data_type"], 8) for t in tensors)
 
 
 def shm_needed(repository: Path) -> tuple[int, str, int]:
@@ -143,7 +130,8 @@ def triton_shm(ctx: Context) -> Result:
         need, stage, instances = shm_needed(ctx.repo / "models_staging")
     except ImportError as exc:
         return Result(name, "skip", f"{exc.name} is not installed, so the stages cannot be read")
-    size = compose_shm_size(compose.read_text())
+    found = re.search(r"^\s+shm_size:\s*(\S+)\s*$", compose.read_text(), re.MULTILINE)  # its only service with one
+    size = compose_bytes(found[1]) if found else None
     have = f"shm_size {mib(size)}" if size else f"no shm_size (Docker's default {mib(DOCKER_DEFAULT_SHM)})"
     estimate = f"about {mib(need)} for stage {stage} ({instances} Python-backend instances, a full batch each)"
     if (size or DOCKER_DEFAULT_SHM) < need:

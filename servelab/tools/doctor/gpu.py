@@ -102,20 +102,18 @@ def has_kernels(arch_list: Sequence[str], capability: Capability) -> bool:
     return False
 
 
-def _install_pinned_torch(versions: Mapping[str, str]) -> str:
-    version = versions.get("TORCH_VERSION", "2.13.0+cu126")
-    index = versions.get("TORCH_INDEX_URL", "https://download.pytorch.org/whl/cu126")
-    return f"install PyTorch's CUDA 12.6 build (cu126), which has sm_60: pip install 'torch=={version}' --index-url {index}"
-
-
 def torch_kernels_result(found: Sequence[Gpu], arch_list: Sequence[str], version: str,
                          versions: Mapping[str, str]) -> Result:
     name = "torch-kernels"
     missing = [g for g in found if not has_kernels(arch_list, g.capability)]
     if missing:
         sms = sorted({f"sm_{g.capability[0]}{g.capability[1]}" for g in missing})
+        pinned = versions.get("TORCH_VERSION", "2.13.0+cu126")
+        index = versions.get("TORCH_INDEX_URL", "https://download.pytorch.org/whl/cu126")
         return Result(name, "fail", f"PyTorch {version} has no kernels for {', '.join(sms)} "
-                      f"({missing[0].name}); it has: {', '.join(arch_list) or 'none'}", _install_pinned_torch(versions))
+                      f"({missing[0].name}); it has: {', '.join(arch_list) or 'none'}",
+                      f"install PyTorch's CUDA 12.6 build (cu126), which has sm_60: pip install 'torch=={pinned}' "
+                      f"--index-url {index}")
     return Result(name, "pass", f"PyTorch {version} has kernels for every GPU here ({', '.join(arch_list)})")
 
 

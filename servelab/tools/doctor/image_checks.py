@@ -59,12 +59,6 @@ IMAGES = {
 }
 
 
-def probe_command(ref: str, name: str) -> tuple[str, ...]:
-    modules, extra = IMAGES[name]
-    return ("docker", "run", "--rm", "--pull", "never", "--entrypoint", "python", ref, "-c",
-            PROBE.format(modules=modules, extra=extra, stub=STUB))
-
-
 def image_result(name: str, ref: str, pulled: str, out: Output) -> Result:
     name = f"image {name}"
     if not out.ok:
@@ -90,7 +84,10 @@ def lab_image(name: str):
         elif not ctx.output(("docker", "image", "inspect", "--format", "{{.Id}}", ref)).ok:
             return Result(label, "fail", f"{ref} is not here and docker/.env names no registry",
                           "build them: make images, or `docker load -i` the class's archive")
-        return image_result(name, ref, pulled, ctx.output(probe_command(ref, name), timeout_s=300))
+        modules, extra = IMAGES[name]
+        probe = PROBE.format(modules=modules, extra=extra, stub=STUB)
+        return image_result(name, ref, pulled, ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint",
+                                                            "python", ref, "-c", probe), timeout_s=300))
     return check
 
 

@@ -9,7 +9,7 @@ answer, so several checks can read one ``nvidia-smi`` or ``docker info`` call.
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -29,9 +29,6 @@ class Result:
     def line(self) -> str:
         text = f"{self.status.upper():4}  {self.name}: {self.detail}"
         return f"{text}  Fix: {self.fix}" if self.fix else text
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
