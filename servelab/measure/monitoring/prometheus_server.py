@@ -115,25 +115,12 @@ class PrometheusClient:
         deadline = time.monotonic() + timeout
         while True:
             found = {t["labels"].get("instance"): t for t in self.targets()}
-            wanted = [found.get(i) for i in instances] if instances is not None else list(found.values())
-            if wanted and all(t is not None and t["health"] == "up" and _unix(t["lastScrape"]) > after
-                              for t in wanted):
+            wanted = instances if instances is not None else set(found)
+            # lastScrape is RFC 3339 in nanoseconds: fromisoformat keeps the microseconds.
+            stale = sorted(map(str, (i for i in wanted if (t := found.get(i)) is None or t["health"] != "up"
+                                     or datetime.fromisoformat(t["lastScrape"]).timestamp() <= after)))
+            if wanted and not stale:
                 return time.time()
             if time.monotonic() > deadline:
-                missing = sorted(i for i, t in zip(instances or found, wanted)
-                                 if t is None or t["health"] != "up" or _unix(t["lastScrape"]) <= after)
-                raise PrometheusError(f"no fresh scrape of {', '.join(map(str, missing))} within {timeout:.0f} s")
+                raise PrometheusError(f"no fresh scrape of {', '.join(stale)} within {timeout:.0f} s")
             time.sleep(0.05)
-
-
-def _unix(rfc3339: str) -> float:
-    """Prometheus' lastScrape (RFC 3339, nanoseconds, maybe a zone offset) as Unix seconds."""
-
-    head, _, rest = rfc3339.partition(".")
-    frac, zone = rest, ""
-    for sign in ("Z", "+", "-"):
-        if sign in rest:
-            frac, zone = rest.split(sign, 1)[0], sign + rest.split(sign, 1)[1]
-            break
-    zone = "+00:00" if zone in ("Z", "") else zone
-    return datetime.fromisoformat(head + zone).timestamp() + (float(f"0.{frac}") if frac else 0.0)
