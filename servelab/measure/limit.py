@@ -1,46 +1,29 @@
 """This machine's end-to-end limit for an image-in stage: the most requests/s it could serve if nothing
-were wasted, built from what each part of a request DELIVERS with every core busy (wall-clock
-throughput), measured in the same run:
+were wasted, from what each part of a request DELIVERS with every core on it (wall-clock throughput),
+measured in the same run:
 
-* **the model alone**: ONNX Runtime, NumPy in and out, at each batch size and intra-op thread count
-  of ``BATCHES`` × ``thread_counts()``, as many sessions at once as fill the cores; its best point (the
-  most images/s) is what the model delivers, ``r_model``;
-* **preprocessing**: base64 → the model's input (``servelab.core.preprocess``) for the photo in use,
-  one worker process per core at once (processes, so that no lock of Python's holds it back): ``r_pre``
-  images/s;
-* **HTTP and JSON**: a route that takes the same body and answers the same shape without any work
-  (``benchmarks/simple_app.py``'s ``/noop/predict``, one server process per core), driven by the lab's
-  own closed-loop client on the same machine, as in the lab: ``r_http`` requests/s.
+* **the model alone**: ONNX Runtime at each batch size of ``BATCHES`` and intra-op thread count of
+  ``thread_counts()``, as many sessions at once as fill the cores; its best point is ``r_model`` images/s;
+* **preprocessing**: base64 → the model's input for the photo in use, one worker process per core (no lock
+  of Python's holds it back): ``r_pre`` images/s;
+* **HTTP and JSON**: ``benchmarks/simple_app.py``'s ``/noop/predict`` (the same body and answer, no work; one
+  server process per core), driven by the lab's own closed-loop client on this machine: ``r_http`` req/s.
 
-The parts share the same cores, one after another for each request, so a request costs the machine
-the sum of what each part takes of it with every core on that part, and
+The parts share the cores, one after another for each request, so limit = 1 / (1/r_model + 1/r_pre + 1/r_http).
+On a GPU the model is not on the CPUs: the limit is the smaller of its fp32 ceiling there
+(``servelab.measure.ceiling``) and 1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` measures it
+for ``servelab benchmark --measure limit`` and the lab's report alike, in rounds that alternate with the servers
+set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
 
-    limit = 1 / (1/r_model + 1/r_pre + 1/r_http).
-
-On a GPU the model is not on the CPUs: the limit is the smaller of the model's own images/s there
-(its fp32 ceiling, ``servelab.measure.ceiling``) and what the CPUs can feed it,
-1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` is the one function that measures it:
-``servelab benchmark --measure limit`` and the lab's report both call it, in rounds that alternate with the
-servers they set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
-
-**Why throughput, not CPU time.** A limit of cores ÷ (CPU ms per request) assumes that every core gives
-a whole second of work each second. Where cores share execution units (SMT siblings) or a hypervisor
-takes its share, they do not, and CPU time overstates what the machine can do. On a fresh 2-CPU VM (AMD
-EPYC, AVX2; issue 43) the model alone gave 75 img/s with both cores loaded at 13.2 CPU ms per image: a
-second of the machine turned into one core's worth of CPU time, not two. The CPU-time limit said 103
-req/s while fastapi-onnx served 70.6 (68 % of that limit, 94 % of the model alone): a limit no server
-could reach. Where others load the machine it is worse: on this project's 2-CPU VM beside others' tests
-(docs/records/benchmark-limit-2cpu.log) the CPU-time limit stayed near 140-156 req/s while fastapi-onnx
-served 15-45 % of it. Throughput measured with every core busy carries those losses in; CPU ms per image
-and per request are still measured and shown, as information (``cpu_time_rps``: what CPU time alone
-would say).
-
-Each part is measured with every core working, as a busy server's are: a core whose neighbours idle
-runs faster (shared caches and memory bandwidth to itself, a higher clock) than any server can count on.
-
-A stage's best throughput over the limit says how much of the machine it turns into answers; the
-rest went to waiting, to threads that got in each other's way, or to work the limit does not count.
-A stage above the limit (a cheaper model variant, a client that preprocesses) is doing less work.
+**Why throughput, not CPU time.** cores ÷ (CPU ms per request) assumes each core gives a whole second of work
+each second; SMT siblings and a hypervisor's share break that. On a fresh 2-CPU VM (AMD EPYC, AVX2; issue 43)
+the model alone gave 75 img/s at 13.2 CPU ms per image: a second of the machine was one core's CPU time, not
+two. CPU time said 103 req/s where fastapi-onnx served 70.6 (94 % of the model alone); beside others' tests
+(docs/records/benchmark-limit-2cpu.log) it said 140-156 req/s where fastapi-onnx served 15-45 % of it.
+Throughput with every core busy carries those losses in (a core whose neighbours idle runs faster than a busy
+server's can); CPU ms are still shown, as information (``cpu_time_rps``). A stage's best run over the limit is
+the share of the machine it turns into answers; a stage above it (a cheaper variant, a client that preprocesses)
+is doing less work.
 """
 
 import base64
@@ -50,6 +33,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import psutil
@@ -235,11 +219,9 @@ def tree_cpu_s(pid: int) -> dict[int, float]:
         return {}
     spent = {}
     for proc in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):  # ended since it was listed
             times = proc.cpu_times()
-        except psutil.NoSuchProcess:  # ended since it was listed
-            continue
-        spent[proc.pid] = times.user + times.system
+            spent[proc.pid] = times.user + times.system
     return spent
 
 
