@@ -1,31 +1,19 @@
 """The report's first screen: each lesson of the lab as "what changed → what it did", from the records.
 
-A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic batching, more instances,
-a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
-failure, queueing under open-loop load, shedding above capacity, a response cache, a rollout under load), measured as a ratio of two of this run's records, with the
-figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
-change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way is said
-plainly ("contradicts 4_fastapi: ..."), never hidden.
+A lesson is one change the notebooks teach, measured as a ratio of two of this run's records, with the figures
+it rests on. ``EXPECT`` holds, in one place, what the notebooks say each change does (on a CPU and on a GPU,
+where they differ); a measurement that goes the other way is said plainly ("contradicts 4_fastapi: ..."), never
+hidden. Which stages a lesson compares is the catalogue's to say (``servelab.core.catalogue.compared``).
 
-A ratio comes with its spread over the windows its two runs were measured in (``spread``: the least and the
-most of any window of one over any window of the other, from ``config["windows"]``), so that a lesson reads
-the same from one run of the lab to the next: a spread that includes 1 is no measurable change, neither a
-gain, a loss nor a contradiction, whatever the ratio (``judge``); a spread wholly beyond what the notebooks
-expect contradicts them. Runs that kept no windows are judged on the ratio alone, with ``NOISE`` for the spread
-they did not record, and their line says so. A lesson whose stages were
-not both measured says so in one line. Which stages a lesson compares is the catalogue's to say: each
-stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.core.catalogue.compared``).
+A ratio comes with its spread over the windows its runs were measured in (``spread``), so that a lesson reads the
+same from one run of the lab to the next: a spread that includes 1 is no measurable change, whatever the ratio;
+a spread wholly beyond what the notebooks expect contradicts them (``judge``). Runs that kept no windows are
+judged on the ratio alone, within ``NOISE``, and their line says so. INT8 on a CPU is judged beside what that
+CPU can do (``int8_on_cpu``): faster than fp32 with VNNI, slower with AVX2 alone, no direction elsewhere.
 
-INT8 on a CPU is a lesson only beside what the CPU that ran it can do: each of its lines says whether that CPU
-has fast 8-bit instructions (``servelab.core.hardware.int8_compute`` on the flags its record kept), and what is
-expected of INT8 follows from it: faster than fp32 on x86 with VNNI, slower on x86 with AVX2 alone, no
-direction elsewhere or where the record did not keep the flags.
-
-A throughput lesson is a ratio of capacities, as ``servelab.measure.fractions`` computes them
-(``capacity_ratio``): each stage at the top of its own concurrency sweep, wherever its knee was, so a stage
-is never held to another's number of senders. Latency is a separate figure beside it, at one stated
-concurrency both stages were measured at (``ratio_runs``: 16 senders, else the most both have). The
-open-loop lessons use the stage's capacity (``fractions.capacity``) as the lab does.
+A throughput lesson is a ratio of capacities (``fractions.capacity_ratio``: each stage at the top of its own
+sweep), never one stage held to another's number of senders; latency stands beside it at one stated concurrency
+both were measured at (``fractions.ratio_runs``).
 """
 
 from collections.abc import Callable, Iterator
@@ -286,14 +274,16 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
                        _expect(Lesson.QUEUEING, device), top, alone, "p50_ms")
 
 
-def _overload_run(records: list[Record], stage: str) -> Record | None:
-    return next((r for r in records if r.stage == stage and r.config.get("run") == RunKind.OVERLOAD and not r.failed
-                 and r.stats.latency.p99_ms), None)
+def _runs(records: list[Record], stages: tuple[str, str], kind: RunKind, measured: Callable[[Record], object]):
+    """Each of ``stages``' first run made for ``kind`` that measured what ``measured`` reads (else None)."""
+    return (next((r for r in records if r.stage == stage and r.config.get("run") == kind and not r.failed
+                  and measured(r)), None) for stage in stages)
 
 
 def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.SHEDDING):
-        a, b, alone = _overload_run(records, top), _overload_run(records, bottom), closed_run(records, top, 1)
+        a, b = _runs(records, (top, bottom), RunKind.OVERLOAD, lambda r: r.stats.latency.p99_ms)
+        alone = closed_run(records, top, 1)
         if not (a and b):
             continue
         ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect(Lesson.SHEDDING, device)
@@ -312,8 +302,7 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
 
 def _cached(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.CACHE):
-        a, b = (next((r for r in records if r.stage == name and r.config.get("run") == RunKind.CACHE and not r.failed
-                      and r.stats.throughput_rps), None) for name in (top, bottom))
+        a, b = _runs(records, (top, bottom), RunKind.CACHE, lambda r: r.stats.throughput_rps)
         if not (a and b):
             continue
         ratio = a.stats.throughput_rps / b.stats.throughput_rps
