@@ -1,31 +1,21 @@
-"""One routine that measures a stage, for every runner: ``servelab lab`` (``servelab.run.lab``,
-``servelab.run.lab_ray``), the notebooks' walkthrough (``servelab.run.walkthrough``) and ``servelab benchmark``
-(``servelab.run.side_by_side``, ``servelab.run.side_by_side_ray``).
+"""One routine that measures a stage, for every runner: ``servelab lab``, the notebooks' walkthrough and
+``servelab benchmark``.
 
-``measure_stage(target, loads, labels, clients, keep)`` runs each load with each client in turn
-(servelab's load generator first, perf_analyzer after it on the same server state) and hands every
-record to ``keep``, the runner's own way of keeping it (write it, attach the server's series, print a
-line). What the runners differ in, how a family's server is started or switched to a stage and what
-it reports, stays with them; what every record of a stage carries is a ``Labels``, with its stand-in
-note from ``stand_in_note``, the one place that note is put together.
+``measure_stage(target, loads, labels, clients, keep)`` runs each load with each client in turn (servelab's
+load generator first, perf_analyzer after it on the same server state) and hands every record to ``keep``, the
+runner's own way of keeping it (write it, attach the server's series, print a line). How a family's server is
+started or switched to a stage stays with the runners; what every record of a stage carries is a ``Labels``,
+its stand-in note from ``stand_in_note``, the one place that note is put together.
 
-Windows and capacity (``servelab lab``'s plans):
-
-* ``windowed(windows)``: servelab's client measuring a load in windows of seconds (``Windows``, perf_analyzer's
-  own, so both clients measure alike): after the load's warm-up (discarded), three windows in one run, each
-  window's throughput, p50 and p99 kept in the record's ``config["windows"]``; where the windows must agree
-  (``Windows.tested``, the full plan) a run whose three windows spread more than ``stability_pct`` is measured
-  again, up to ``max_trials`` windows in all, and the record says whether they agreed.
-* ``sweep_capacity(...)``: a stage's *capacity*, found by saturation: one request at a time, then closed loops
-  at doubling concurrency (``Sweep``: from its ``start`` to a cap of ``CAP_PER_CORE`` × the cores) until a step
-  adds less than ``growth`` to the throughput (the knee). The record of the step that ended the sweep keeps
-  the curve (concurrency -> throughput, p50, p99), the capacity (the curve's highest throughput) and why it
-  stopped, in ``config["capacity"]`` (``servelab.measure.fractions.CAPACITY``), which the report reads.
+``windowed`` measures a load in windows of seconds, as perf_analyzer does (``Windows``), so that both clients
+measure alike; ``sweep_capacity`` finds a stage's capacity by saturation (``Sweep``: doubling the senders to
+the knee) and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
 """
 
 import asyncio
 import json
 import os
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -114,7 +104,7 @@ def _spread(values: list[float | None]) -> float | None:
     """The largest distance of any value from their mean, as a fraction of it (perf_analyzer's test)."""
     if not values or any(v is None for v in values):
         return None
-    mean = sum(values) / len(values)
+    mean = statistics.fmean(values)
     return max(abs(v - mean) for v in values) / mean if mean else None
 
 
@@ -140,10 +130,8 @@ def windowed(windows: Windows, **options: Any) -> Client:
             again = load if attempt == 0 else load.model_copy(update={"warmup": 0, "warmup_s": None})
             record = run_bench(target, again, labels, replace(client, timeline_bin_s=size))
             timeline, record.timeline = record.timeline, None  # per window, kept below; no plot over time
-            count = min(Windows.COUNT, len(timeline.t_s)) if timeline else 0
-            rps = timeline.throughput_rps[:count] if timeline else []
-            p50 = timeline.p50_ms[:count] if timeline else []
-            p99 = timeline.p99_ms[:count] if timeline else []
+            rps, p50, p99 = ([values[:Windows.COUNT] for values in (timeline.throughput_rps, timeline.p50_ms,
+                                                                    timeline.p99_ms)] if timeline else ([], [], []))
             seen += rps
             spread = max((x for x in (_spread(rps), _spread(p50)) if x is not None), default=None)
             stable = spread is not None and spread <= windows.stability_pct / 100
