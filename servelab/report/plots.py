@@ -74,11 +74,15 @@ def _log_ms(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _legend(ax) -> None:
-    """The stages' legend beside the row's last panel, outside the data."""
-    handles, labels = ax.get_legend_handles_labels()
+def _legend(*axes) -> None:
+    """The stages' legend beside the last of ``axes`` (a row's panels), outside the data: each label once."""
+    handles = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
     if handles:
-        ax.legend(handles, labels, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        axes[-1].legend(handles.values(), handles.keys(), fontsize="x-small", loc="upper left",
+                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
 
 def sweep_concurrency(records: list[Record], out: Path) -> bool:
@@ -206,14 +210,7 @@ def cdf(records: list[Record], out: Path) -> bool:
             _log_ms(ax.xaxis)
             ax.grid(alpha=0.3)
         row[0].set_ylabel("fraction of requests")
-        # Every stage of the family, once, beside the row (a stage may be missing from a panel).
-        handles = {}
-        for ax in row:
-            for h, label in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(label, h)
-        if handles:
-            row[-1].legend(handles.values(), handles.keys(), fontsize="x-small", loc="upper left",
-                           bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        _legend(*row)  # every stage of the family, once, beside the row (a stage may be missing from a panel)
     for ax in axes[-1]:
         ax.set_xlabel("latency (ms, log)")
     fig.savefig(out, dpi=100)
