@@ -23,6 +23,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import dropwhile, takewhile
 from pathlib import Path
 
 from servelab.measure.records import DEFAULT_RECORDS, Record
@@ -158,9 +159,8 @@ def _percentiles(r: Record) -> list[str]:
         elif ok:
             # The load generator's own summary of the kept latencies (``latency_summary``), not a second one.
             again = latency_summary([ms / 1e3 for ms in ok])
-            values = {name: getattr(again, name) for name in ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms")}
-            off = [f"{name} {getattr(lat, name):.4g} (requests {v:.4g})" for name, v in values.items()
-                   if not _close(getattr(lat, name), float(v), 1e-4, KEPT_MS)]
+            off = [f"{name} {getattr(lat, name):.4g} (requests {getattr(again, name):.4g})" for name, _ in PERCENTILES
+                   if not _close(getattr(lat, name), getattr(again, name), 1e-4, KEPT_MS)]
             if off:
                 found.append("percentiles do not match the requests kept (per_request): " + ", ".join(off))
     return found
@@ -244,17 +244,11 @@ def _copies(placed: Sequence[Placed]) -> tuple[dict[tuple[float, float], str], l
 
 def _table_rows(text: str) -> list[str]:
     """The rows of the first Markdown table after ``## Comparison`` (the report's table of every run)."""
-    rows, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            if inside:
-                break
-            inside = line.strip() == "## Comparison"
-        elif inside and line.startswith("|"):
-            rows.append(line.strip())
-        elif inside and rows:
-            break
-    return rows[2:]  # the header and its rule
+    lines = text.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.strip() == "## Comparison"), len(lines))
+    table = takewhile(lambda line: line.startswith("|"),
+                      dropwhile(lambda line: not line.startswith(("|", "## ")), lines[at + 1:]))
+    return [line.strip() for line in table][2:]  # the header and its rule
 
 
 def report_findings(folder: Path, records: list[Record]) -> list[str]:
@@ -288,15 +282,9 @@ def check(path: Path, now: float | None = None) -> Verdict:
     """Check one submission: a ``results`` folder (records.jsonl and the report), or one JSONL file (records only)."""
     path = Path(path)
     verdict = Verdict(path)
-    if path.is_dir():
-        records_file, folder = path / DEFAULT_RECORDS.name, path
-    elif path.is_file():
-        records_file, folder = path, None
-    else:
-        verdict.findings = ["no such folder or file"]
-        return verdict
+    records_file, folder = (path / DEFAULT_RECORDS.name, path) if path.is_dir() else (path, None)
     if not records_file.is_file():
-        verdict.findings = [f"no {records_file.name} in it"]
+        verdict.findings = [f"no {records_file.name} in it" if folder else "no such folder or file"]
         return verdict
     placed, verdict.findings = read(records_file)
     if not placed:
