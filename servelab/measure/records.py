@@ -1,17 +1,14 @@
-"""The run record: one JSON line per measured run, the same for every stage and both tools.
-
-A ``Record`` holds what was measured (``target``, ``config``, ``load``), the client-side
-``stats``, the server-side ``breakdown`` (and ``cache``, where a response cache answered), the ``monitors`` time series, ``machine`` and version
-information, any ``warnings``, and a ``stand_in`` note (set when the model is a stand-in, e.g. the
-zero-shot EfficientNet-Lite0 or the local Python-backend stand-in for Triton's ONNX backend).
-Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps`` requests per
-second, ``_mib`` MiB.
+"""The run record: one JSON line per measured run, the same for every stage and both tools (``Record``: what was
+measured, the client's ``stats``, the server's ``breakdown``, the ``monitors``, the machine, a ``stand_in`` note
+where the model is not the lab's). Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps``
+requests per second, ``_mib`` MiB.
 """
 
 import datetime as dt
 import platform
 import socket
 from collections.abc import Iterable
+from contextlib import suppress
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
@@ -384,10 +381,8 @@ def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
     """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
     versions = {}
     for name in _VERSIONED:
-        try:
+        with suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
