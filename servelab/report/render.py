@@ -1,16 +1,9 @@
 """The report (``servelab report``): records (JSON lines from ``servelab load`` / ``servelab lab``) ->
-``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
-notebooks teach, its measured ratio, and a flag where it contradicts them), each stage's capacity and the
-curve its concurrency sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
-the servers' own counts, the warnings). Their prose and the order of their sections are Jinja2 templates
-(``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections' tables and lines come from here.
-
-Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
-``servelab load`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
-the records hold its data): small multiples per stage family (``servelab.report.plots``) of latency
-and throughput vs concurrency and vs offered load as a fraction of capacity, and latency CDFs at
-comparable loads; the server's batch-size histogram, CPU/GPU/memory utilization timelines, and the
-servers' own metrics read back from Prometheus (servelab.report.server_view) where the lab ran it.
+``results/report.md``, which opens with the lessons (``servelab.report.lessons``), each stage's capacity and the
+curve its sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long
+tables (a row per run, the two clients, the servers' own counts, the warnings). Their prose and the order of
+their sections are Jinja2 templates (``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections'
+tables, lines and plots (matplotlib, Agg; each only where the records hold its data) come from here.
 """
 
 import datetime as dt
