@@ -54,10 +54,6 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="images per request (default 1)")
 
 
-def _add_fastapi_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
-
-
 def _add_triton_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
     p.add_argument("--model", default=PT, help="model name (default %(default)s)")
@@ -105,7 +101,8 @@ def register(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     for name, help_text, add_target_args in (
-        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service", _add_fastapi_args),
+        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service",
+         lambda p: p.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (default %(default)s)")),
         ("triton", "infer through tritonclient's asyncio HTTP or gRPC client", _add_triton_args),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -140,10 +137,9 @@ def loads_from_args(args: argparse.Namespace) -> list[Load]:
     window: dict[str, Any] = {"warmup": args.warmup, "seed": args.seed}
     if args.requests is not None or args.duration is not None:
         window |= {"requests": args.requests, "duration_s": args.duration}
-    if getattr(args, "max_inflight", None):
-        window["max_inflight"] = args.max_inflight
-    if getattr(args, "warmup_seconds", None):
-        window["warmup_s"] = args.warmup_seconds
+    # servelab's own client only (perf_analyzer takes neither)
+    window |= {key: value for key, value in (("max_inflight", getattr(args, "max_inflight", None)),
+                                             ("warmup_s", getattr(args, "warmup_seconds", None))) if value}
     if args.rate:
         return [Load.open(rate, args.arrivals, **window) for rate in args.rate]
     if args.concurrency:
