@@ -267,16 +267,9 @@ def gpu_ceiling(model_dir: Path, seconds: float) -> float:
     return best.images_per_s
 
 
-def _mean_points(rounds: list[list[ModelPoint]]) -> list[ModelPoint]:
-    """Each configuration's mean over the rounds (windows of the same length)."""
-    return [same[0].model_copy(update={"images_per_s": statistics.fmean(p.images_per_s for p in same),
-                                       "cpu_ms_per_image": statistics.fmean(p.cpu_ms_per_image for p in same)})
-            for same in zip(*rounds)]
-
-
-def _mean_part(rounds: list[Part]) -> Part:
-    return rounds[0].model_copy(update={"per_s": statistics.fmean(p.per_s for p in rounds),
-                                        "cpu_ms": statistics.fmean(p.cpu_ms or 0.0 for p in rounds)})
+def _mean(rounds: list, *fields: str):
+    """The first round's measurement with each of ``fields`` its mean over the rounds (windows of the same length)."""
+    return rounds[0].model_copy(update={f: statistics.fmean(getattr(p, f) or 0.0 for p in rounds) for f in fields})
 
 
 def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: Device, *, seconds: float,
@@ -292,19 +285,19 @@ def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: D
     server process per core, started by the caller (measurement starts no server)."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
-    window = seconds / rounds
+    window, (url, pid) = seconds / rounds, noop
     points: list[list[ModelPoint]] = []
     preprocess: list[Part] = []
     http: list[Part] = []
-    url, pid = noop
     for i in range(rounds):
         if device != "gpu":
             points.append(model_points(paths.onnx, cores, window))
         preprocess.append(preprocess_part(image, paths.manifest, window, cores))
         http.append(http_part(f"{url}/noop", pid, image, concurrency, window, cores))
         between(i)
-    return Limit(cores=cores, photo=photo.name, device=device, model=_mean_points(points) if points else [],
-                 preprocess=_mean_part(preprocess), http=_mean_part(http), gpu_images_per_s=gpu)
+    return Limit(cores=cores, photo=photo.name, device=device, gpu_images_per_s=gpu,
+                 model=[_mean(same, "images_per_s", "cpu_ms_per_image") for same in zip(*points)],
+                 preprocess=_mean(preprocess, "per_s", "cpu_ms"), http=_mean(http, "per_s", "cpu_ms"))
 
 
 def _rate(per_s: float | None, unit: str) -> str:
