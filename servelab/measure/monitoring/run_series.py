@@ -10,7 +10,6 @@ of request rate, latency percentiles, queue versus compute time, batch size and 
 
 import math
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from string import Template
 from typing import Any
@@ -191,18 +190,15 @@ class PromWatch:
         durations = self.client.query(f'scrape_duration_seconds{{instance="{labels["instance"]}"}}[{span}s]', end)
         took = {float(t): float(v) for s in durations for t, v in s["values"]}
         times = sorted({float(t) for s in result for t, _ in s["values"] if start <= float(t) <= end})
-        by_time: dict[float, float] = defaultdict(float)
-        for s in result:
-            values = {float(t): float(v) for t, v in s["values"]}
-            for t in times:
-                # A labelled series appears at its first increment: before that it counted 0.
-                earlier = [u for u in values if u <= t]
-                by_time[t] += values[max(earlier)] if earlier else 0.0
         if len(times) < 2:
             return None, None
+
+        def counted(at: float) -> float:  # a labelled series appears at its first increment: before that it counted 0
+            return sum(max(((float(t), float(v)) for t, v in s["values"] if float(t) <= at), default=(at, 0.0))[1]
+                       for s in result)
         first, last = times[0], times[-1]
         elapsed = (last + took.get(last, 0.0)) - (first + took.get(first, 0.0))
-        return (by_time[last] - by_time[first]) / elapsed, elapsed
+        return (counted(last) - counted(first)) / elapsed, elapsed
 
     def _range(self, expr: str, start: float, end: float) -> list[list[float]]:
         result = self.client.query_range(expr, start, end, self.step_s)
