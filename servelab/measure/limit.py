@@ -231,11 +231,6 @@ def cpu_since(before: dict[int, float], pid: int) -> float:
     return sum(s - before.get(p, 0.0) for p, s in tree_cpu_s(pid).items())
 
 
-def own_cpu_s() -> float:
-    """This process's CPU seconds, with those of its children it has waited for (a client's sender processes)."""
-    return sum(os.times()[:4])  # user, system, children's user, children's system
-
-
 def closed_window(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> Record:
     """One closed-loop window of ``seconds`` on the service at ``url``; a failed request fails the benchmark."""
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)
@@ -249,9 +244,10 @@ def http_part(url: str, server_pid: int, image: bytes, concurrency: int, seconds
     """Requests/s of the no-op route at ``url`` (its servers the tree of ``server_pid``) with the lab's
     client on this machine, and their CPU ms per request, servers and client."""
     closed_window(url, image, concurrency, min(seconds, 1.0), "noop warm-up", 2 * concurrency)
-    server, client = tree_cpu_s(server_pid), own_cpu_s()
+    # The client's CPU: this process's and its children's it has waited for (the sender processes), os.times()[:4].
+    server, client = tree_cpu_s(server_pid), sum(os.times()[:4])
     stats = closed_window(url, image, concurrency, seconds, "noop", 0).stats
-    spent = cpu_since(server, server_pid) + own_cpu_s() - client
+    spent = cpu_since(server, server_pid) + sum(os.times()[:4]) - client
     if not stats.successes or not stats.wall_s:
         raise RuntimeError("the no-op route answered no request")
     return Part(per_s=stats.successes / stats.wall_s, cpu_ms=spent * 1e3 / stats.successes, processes=processes)
@@ -274,15 +270,11 @@ def _mean(rounds: list, *fields: str):
 
 def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: Device, *, seconds: float,
                   concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
-    """This machine's limit for ``photo`` with the fp32 model in ``model_dir``, where the model runs on
-    ``device`` (on "gpu": its ceiling there; the model's CPU points are not measured). The one function
-    behind every limit servelab shows: ``servelab benchmark --measure limit`` and the lab's report.
-
-    ``seconds``: of each part's measurement in all, in ``rounds`` windows; ``between(i)`` runs after the
-    parts' ``i``-th windows (the servers measured against the limit, each in its window of the round),
-    so that a neighbour's load hits the limit and the servers alike; each part is its windows' mean.
-    ``concurrency``: the client's senders on the no-op route; ``noop``: (URL, PID) of the simple app with one
-    server process per core, started by the caller (measurement starts no server)."""
+    """This machine's limit for ``photo`` with the fp32 model in ``model_dir`` where the model runs on ``device``
+    (on "gpu": its ceiling there, no CPU points). ``seconds`` of each part in all, in ``rounds`` windows;
+    ``between(i)`` runs after the ``i``-th (the servers set against the limit, each in its window of the round);
+    each part is its windows' mean. ``noop``: (URL, PID) of the simple app, one server process per core, started
+    by the caller; ``concurrency``: the client's senders on it."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
     window, (url, pid) = seconds / rounds, noop
