@@ -6,6 +6,7 @@ description is a number (``batch;desc=4``) is read as the server's batch size fo
 """
 
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from servelab.measure.records import Breakdown
@@ -29,10 +30,8 @@ def parse_server_timing(header: str | None) -> ServerTiming:
             key, _, value = param.partition("=")
             key, value = key.strip().lower(), value.strip().strip('"')
             if key == "dur":
-                try:
+                with suppress(ValueError):
                     durations[name] = float(value)
-                except ValueError:
-                    pass
             elif key == "desc":
                 descriptions[name] = value
     return ServerTiming(durations, descriptions)
