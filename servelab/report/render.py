@@ -104,9 +104,14 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
         return False
     have_gpu = any(r.monitors.gpus for r in runs)
     have_rss = any(r.monitors.rss_mib for r in runs)
-    panels = ["cpu"] + ["gpu", "gpu_mem"] * have_gpu + ["rss"] * have_rss
+    panels = {"cpu": "CPU %", **({"gpu": "GPU util %", "gpu_mem": "GPU memory (MiB)"} if have_gpu else {}),
+              **({"rss": "server RSS (MiB)"} if have_rss else {})}  # name -> its y label
     fig, axes = plots.figure(len(panels), 1, width=11.0, height=2.6, legend_room=0)
     ax_of = {name: axes[i][0] for i, name in enumerate(panels)}
+    for name, label in panels.items():
+        ax_of[name].set_ylabel(label)
+        if name in ("cpu", "gpu"):  # percentages
+            ax_of[name].set_ylim(0, 105)
     offset = 0.0
     for r in runs:
         m = r.monitors
@@ -124,16 +129,8 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
             ax.axvline(offset, color="grey", lw=0.5)
         ax_of["cpu"].text(offset, 102, f" {r.stage}: {r.load.label()}", fontsize=6, va="top", ha="left", rotation=90)
         offset = t[-1] + m.interval_s
-    ax_of["cpu"].set_ylabel("CPU %")
-    ax_of["cpu"].set_ylim(0, 105)
     note = "" if have_gpu else f"; no GPU samples: {runs[0].monitors.gpu_note or 'no GPU'}"
     ax_of["cpu"].set_title(f"CPU utilization, mean of cores (dark) and busiest core (light){note}", fontsize=9)
-    if have_gpu:
-        ax_of["gpu"].set_ylabel("GPU util %")
-        ax_of["gpu"].set_ylim(0, 105)
-        ax_of["gpu_mem"].set_ylabel("GPU memory (MiB)")
-    if have_rss:
-        ax_of["rss"].set_ylabel("server RSS (MiB)")
     axes[-1][0].set_xlabel("time across runs (s; runs placed end to end)")
     fig.savefig(out, dpi=110)
     return True
