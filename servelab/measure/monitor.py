@@ -1,12 +1,7 @@
-"""Utilization recorded with every run, from a background thread (so a busy event loop cannot
-delay the samples): per-core CPU (psutil; the whole machine, client included), the server
-process's resident memory with its children (Triton's backend stubs, uvicorn workers), and
-per-GPU utilization and memory through NVML (nvidia-ml-py). Without a GPU or driver the GPU
-series are simply empty and ``gpu_note`` says why.
-
-    with Monitor(interval_s=0.5, server_pid=pid) as mon:
-        ...  # the measured window
-    monitors = mon.result()
+"""Utilization recorded with every run, from a background thread (so a busy event loop cannot delay the
+samples): per-core CPU (psutil; the whole machine, client included), the server process's resident memory with
+its children, and per-GPU utilization and memory through NVML; without a GPU the GPU series are empty and
+``gpu_note`` says why. ``with Monitor(interval_s, server_pid) as mon: ...`` around the window, then ``mon.result()``.
 """
 
 import threading

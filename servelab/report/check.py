@@ -1,17 +1,11 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
-A grader's check, not proof. Each record must have run on a GPU node (its GPUs and NVIDIA driver recorded;
-``servelab lab``'s runs with ``--device gpu``) with the lab's model (no ``stand_in``); every time must fall inside one
-lease (``LEASE``: all records within three hours, none in the future, each run's start beside its measured
-window); the records must agree with each other (one machine, no run twice) and with the report written from
-them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check looks
-for: a throughput that is not the successes over the measured time, items per second that are not throughput
-x batch, counts that do not add up, percentiles that are not those of the latencies the record kept (its
-0..100 curve, and every request where it kept them).
-
-``check(path) -> Verdict``: the submission's summary and its findings, one line each (a finding that repeats
-over many records is one line that names them). Bad input (no folder, unreadable files, lines that are not
-records) is a finding too, never an exception.
+A grader's check, not proof. Each record must have run on a GPU node with the lab's model (no ``stand_in``),
+within one lease (``LEASE``), agreeing with the others (one machine, no run twice) and with the report written
+from them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check
+looks for: figures the record derives from others that do not follow (throughput, items per second, counts),
+percentiles that are not those of the latencies it kept. ``check(path) -> Verdict``: one line per finding (one
+that repeats over many records names them); bad input is a finding too, never an exception.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI,
-Triton, Ray Serve; stages outside the catalogue in a last row), each stage in one colour in every plot
-and every run (its place in its family in the catalogue), legends beside the panels, never over them.
-
-* ``sweep_concurrency``: latency (p50 solid, p99 dotted) and throughput against closed-loop senders;
-* ``sweep_rate``: open loop, with the offered rate as a fraction of the stage's own capacity (the top of
-  its concurrency sweep, ``servelab.measure.fractions.capacity``),
-  so stages of very different speed share one axis; throughput as the same fraction, with the
-  diagonal a server keeps to while it keeps up;
-* ``cdf``: latency CDFs per family at comparable loads: one at a time, the highest closed-loop
-  concurrency, and Poisson arrivals at the highest fraction of capacity offered.
-
-servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the
-tables (``report-tables.md``).
+"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI, Triton, Ray
+Serve; stages outside the catalogue in a last row), each stage in one colour in every plot and every run (its
+place in its family in the catalogue), legends beside the panels, never over them. Open-loop rates are drawn as a
+fraction of each stage's own capacity (``fractions.capacity``), so that stages of very different speed share one
+axis. servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the tables.
 """
 
 from collections import defaultdict

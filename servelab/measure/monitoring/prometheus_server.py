@@ -1,14 +1,9 @@
 """What the local lab's Prometheus scrapes and how it is read back (``servelab.run.lab_metrics`` starts it).
 
-Scrape targets are data: each server the lab starts registers its metrics URL with a ``Targets``
-file (Prometheus' ``file_sd_configs``, rewritten atomically; Prometheus watches it), under a job
-named for its family (``fastapi``, ``triton``, ``machine``; a Ray Serve stage adds ``ray``) and
-labelled with its stage. Prometheus listens on 127.0.0.1 only and keeps its data, with bounded
-retention, in the folder it is given (the lab's ``results/prometheus``; tests: a tmp folder).
-
-``PrometheusClient`` is the HTTP API the lab and the tests read back: instant and range queries,
-and ``settle()``, which waits until every target has been scraped after a given moment, so a counter
-read afterwards includes everything that happened before it.
+Each server the lab starts registers its metrics URL in a ``Targets`` file (Prometheus' ``file_sd_configs``,
+rewritten atomically), under a job named for its family and labelled with its stage. ``PrometheusClient`` is the
+HTTP API read back: instant and range queries, and ``settle()``, which waits until every target has been scraped
+after a given moment, so that a counter read afterwards includes everything that happened before it.
 """
 
 import json
