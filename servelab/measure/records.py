@@ -37,14 +37,10 @@ class RunKind(StrEnum):
 
 
 class Load(BaseModel):
-    """The load a run applies and its measurement window.
-
-    ``requests`` measured requests and/or ``duration_s`` seconds of sending (whichever ends
-    first); a warm-up goes first and is never measured: at least ``warmup`` requests and, where
-    ``warmup_s`` is set, at least ``warmup_s`` seconds of sending (``warmup=0, warmup_s=S``: a warm-up
-    window alone); ``max_duration_s`` bounds every run. Open loop sends at times fixed in advance
-    (``rate``, ``arrivals``, ``seed``) with at most ``max_inflight`` requests outstanding; a send that waits for a free slot is *late*.
-    """
+    """The load a run applies and its measurement window: ``requests`` measured requests and/or ``duration_s``
+    seconds of sending, whichever ends first, after a warm-up that is never measured (at least ``warmup`` requests
+    and, where set, ``warmup_s`` seconds); ``max_duration_s`` bounds every run. Open loop sends at times fixed in
+    advance (``rate``, ``arrivals``, ``seed``), at most ``max_inflight`` outstanding: a send that waits is *late*."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -208,14 +204,11 @@ class Monitors(BaseModel):
 
 
 class ServerSeries(BaseModel):
-    """The server's own metrics over one run, read back from Prometheus (servelab.measure.monitoring.run_series).
-
-    ``requests`` is what the server counted between a scrape just before the run and one just after
-    it (warm-up included); ``client_requests`` what the client sent in that span. ``rate_rps`` is the
-    server's successful requests per second between the first and last scrape inside the measured
-    window (``rate_span_s`` apart). ``series``: name -> [[seconds from the window's start, value], ...]
-    from range queries, one point per ``step_s``. ``note`` says what could not be read, and why.
-    """
+    """The server's own metrics over one run, read back from Prometheus (``servelab.measure.monitoring.run_series``):
+    ``requests`` it counted between a scrape just before the run and one just after (warm-up included), beside the
+    ``client_requests`` sent then; ``rate_rps``, its successes per second between the first and last scrape inside
+    the measured window (``rate_span_s`` apart); ``series``, name -> [[seconds from the window's start, value], ...]
+    (range queries, a point per ``step_s``); ``note``: what could not be read, and why."""
 
     source: str = ""
     start_unix: float | None = None
