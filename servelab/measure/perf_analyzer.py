@@ -150,17 +150,15 @@ def records_from_csv(
     return records
 
 
-async def _stats(target: TritonTarget) -> dict[str, Any]:
-    client = await target.connect(1, 10.0)
-    try:
-        return await client.server_stats()
-    finally:
-        await client.close()
-
-
 def _try_stats(target: TritonTarget, warnings: list[str]) -> dict[str, Any] | None:
+    async def stats() -> dict[str, Any]:
+        client = await target.connect(1, 10.0)
+        try:
+            return await client.server_stats()
+        finally:
+            await client.close()
     try:
-        return asyncio.run(_stats(target))
+        return asyncio.run(stats())
     except Exception as exc:  # the breakdown loses its batch histogram, the run goes on
         warnings.append(f"Triton statistics unavailable ({type(exc).__name__}: {exc})")
         return None

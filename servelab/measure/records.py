@@ -293,17 +293,14 @@ class ClientSide(BaseModel):
     the client rather than by the server (``bound``: then its throughput is the client's, not a capacity)."""
 
     processes: int = 1
-    # the rate planned for: an open loop's offered rate; a closed loop's in its warm-up (Little's law), else the
-    # last run's of the same target and senders in this process
+    # the rate planned for: an open loop's offered rate, a closed loop's in its warm-up (Little's law) or last run
     expected_rps: float | None = None
     chosen: str = ""  # how ``processes`` was chosen (from the client's cost, asked for, held to one and why)
-    # the warm-up's requests per CPU-second of this client itself (tritonclient included), what the processes are
-    # planned with; None where the warm-up was too short to tell
+    # the warm-up's requests per CPU-second of this client, what the processes are planned with (None: too short)
     warmup_rps_per_cpu: float | None = None
     # the busiest sender's event-loop thread: CPU seconds per second of the window (over half: client-bound)
     busy: float | None = None
-    # the sender processes' event-loop threads (where tritonclient and aiohttp do their work): CPU ms per request
-    # answered in the window, the client's own cost beside the server on a shared machine
+    # the sender processes' event-loop threads (tritonclient and aiohttp's work): CPU ms per request answered
     cpu_ms_per_request: float | None = None
     loop_late: int = 0  # open loop: sends the client's own event loop started over 10 ms late (not a slot's wait)
     bound: bool = False
