@@ -204,6 +204,12 @@ class Aim:
     figures: str
 
 
+def device_of(records: list[Record]) -> str:
+    """"gpu" where every servelab record ran with ``--device gpu``; "cpu" otherwise."""
+    ours = [r for r in records if r.tool == "servelab"]
+    return "gpu" if ours and all(r.config.get("device") == "gpu" for r in ours) else "cpu"
+
+
 def _judge(value: float | None, ok: bool, gpu: bool) -> str:
     return NOT_MEASURED if value is None else ON_CPU if not gpu else MET if ok else MISSED
 
@@ -215,8 +221,7 @@ def _use(f: StageFraction) -> str:
 def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[Aim]:
     """The issue's aims (``BATCHING_AIM``, ``IMAGE_IN_AIM``, ``TENSOR_IN_AIM``, ``FIRST_REQUEST_AIM``) against this
     run's records and ceiling; beside a fraction aim, the CPU and GPU use during the run it rests on."""
-    ours = [r for r in records if r.tool == "servelab"]
-    stages_gpu = bool(ours) and all(r.config.get("device") == "gpu" for r in ours)
+    stages_gpu = device_of(records) == "gpu"
     found = []
     for top, bottom in BATCHING_AIM_PAIRS:
         got = capacity_ratio(records, top, bottom)

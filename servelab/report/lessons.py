@@ -30,6 +30,7 @@ from servelab.measure.fractions import (
     capacity_ratio,
     client_bound_note,
     closed_run,
+    device_of,
     ratio_runs,
     where,
 )
@@ -375,12 +376,6 @@ LESSONS: tuple[LessonReport, ...] = (
     LessonReport(Lesson.CACHE, "A response cache under a skewed mix of photos", _cached),
     LessonReport(Lesson.ROLLOUT, "A new model version rolled out under load", _rollout),
 )
-
-
-def device_of(records: list[Record]) -> str:
-    """"gpu" where every servelab record ran with ``--device gpu``; "cpu" otherwise."""
-    ours = [r for r in records if r.tool == "servelab"]
-    return "gpu" if ours and all(r.config.get("device") == "gpu" for r in ours) else "cpu"
 
 
 def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
