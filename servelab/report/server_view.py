@@ -1,9 +1,6 @@
-"""The report's Prometheus section: the servers' own view of each run beside the load generator's.
-
-A table per run (requests counted by the client and by the server, which must be equal; rates, which
-must agree within 5 % where the run is long enough to compare), and one figure of the range-query
-series, every run end to end, with the client's own throughput and median drawn over each run.
-"""
+"""The report's Prometheus section: the servers' own view of each run beside the load generator's: a table of
+the two counts and rates per run (``run_series.agreements``), and one figure of the range-query series, every run
+end to end, the client's own throughput and median drawn over each."""
 
 from typing import Any
 

@@ -1,11 +1,8 @@
 """Prometheus read back over each run: what the servers counted, beside what the client measured.
 
-For each run the lab asks Prometheus (``PromWatch``) for a fresh scrape just before and just after
-it, so the difference of the server's request counter is exact (``requests``, against the client's
-warm-up + measured requests), then for the measured window: the server's success rate between the
-first and last scrape inside it (``rate_rps``, against the client's throughput), and range queries
-of request rate, latency percentiles, queue versus compute time, batch size and machine utilization
-(``series``). Queries are data per stage family (``FAMILIES``): a Ray Serve stage adds its own.
+For each run the lab asks Prometheus (``PromWatch``) for a fresh scrape just before and just after it, so the
+difference of the server's request counter is exact; then, over the measured window, the server's success rate and
+range queries of its own series (``ServerSeries``). Queries are data per stage family (``FAMILIES``).
 """
 
 import math
