@@ -153,11 +153,9 @@ CAP_PER_CORE = 8
 
 @dataclass(frozen=True)
 class Sweep:
-    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a
-    step adds less than ``growth`` to the throughput (the knee), the cap (``cap`` senders; None:
-    ``CAP_PER_CORE`` × this machine's cores) or ``max_levels`` levels in all (one at a time included) is
-    reached; or at a step servelab's client could not keep up with (client-bound: more senders would measure the
-    client). The capacity is the highest throughput on the curve."""
+    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a step adds
+    less than ``growth`` to the throughput (the knee), the cap (``cap``, else ``CAP_PER_CORE`` × the cores),
+    ``max_levels`` levels in all, or a client-bound step. The capacity is the highest throughput on the curve."""
 
     start: int = 2
     cap: int | None = None
@@ -203,10 +201,9 @@ class Sweep:
 def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
                    ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
                    others: Sequence[Client] = ()) -> list[Record]:
-    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each (a sequential load at 1),
-    until it stops; the record of the last step keeps the curve and the capacity in ``config["capacity"]``.
-    ``others`` (perf_analyzer) then measure the sequential load and the capacity's, right after ours there.
-    Every record, in the order made."""
+    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each, until it stops; the last record
+    keeps the curve and the capacity in ``config["capacity"]``. ``others`` (perf_analyzer) then measure the
+    sequential load and the capacity's. Every record, in the order made."""
     ours = ours or servelab_client()
     curve: list[dict[str, Any]] = []
     records: list[Record] = []

@@ -208,11 +208,8 @@ def run_perf_analyzer(
     extra: list[str] | tuple[str, ...] = (), windows: Windows = Windows(), server_pid: int | None = None,
     monitor_interval_s: float = 0.5, timeout_s: float = DEFAULT_TIMEOUT_S, stand_in: str | None = None, out: Path | None = None,
 ) -> Record:
-    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record.
-
-    A run that cannot measure (perf_analyzer missing, exiting non-zero, past ``timeout_s``) is a
-    record with ``failed`` set to perf_analyzer's own message, never an exception: a lab goes on.
-    """
+    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record (one that could
+    not measure, perf_analyzer missing, failing or past ``timeout_s``, with ``failed`` set: never an exception)."""
     fail = partial(failed_record, target, load, stage=stage, stand_in=stand_in, out=out)
     try:
         pa = locate()

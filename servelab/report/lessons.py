@@ -168,9 +168,8 @@ def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
 
 
 def judge(e: Expect, ratio: float | None, spread: Spread | None = None, stage: str = "") -> str:
-    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where its spread includes 1 (neither a
-    gain, a loss nor a contradiction, whatever the ratio), a contradiction where it lies beyond what they expect
-    (``Expect.contradicted``), else ""."""
+    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where its spread includes 1 (whatever the
+    ratio), a contradiction where it lies beyond what they expect (``Expect.contradicted``), else ""."""
     if spread and spread[0] <= 1 <= spread[1]:
         return NO_CHANGE
     if ratio is None or not e.contradicted(ratio, spread):
@@ -191,9 +190,8 @@ def _finding(key: Lesson, pair: str, figures: str, ratio: float, extra: str, e: 
 
 def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, b: "",
                 expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
-    """Findings of capacity ratios of the lesson's pairs (``capacity_ratio``: each stage at the top of its own
-    sweep), with the p50 of both at one stated concurrency beside them (``ratio_runs``); ``expect`` (the top
-    record, the device -> the bound and what to say of it) where the bound is the record's."""
+    """Findings of the capacity ratios of the lesson's pairs, with both p50s at one stated concurrency beside them;
+    ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
             got = capacity_ratio(records, top, bottom)
