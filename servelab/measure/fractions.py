@@ -214,10 +214,6 @@ def _judge(value: float | None, ok: bool, gpu: bool) -> str:
     return NOT_MEASURED if value is None else ON_CPU if not gpu else MET if ok else MISSED
 
 
-def _use(f: StageFraction) -> str:
-    return f"CPU {num(f.cpu_pct, 0)} %, GPU {num(f.gpu_pct, 0)} % during that run"
-
-
 def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[Aim]:
     """The issue's aims (``BATCHING_AIM``, ``IMAGE_IN_AIM``, ``TENSOR_IN_AIM``, ``FIRST_REQUEST_AIM``) against this
     run's records and ceiling; beside a fraction aim, the CPU and GPU use during the run it rests on."""
@@ -243,7 +239,8 @@ def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> 
         verdict = NOT_MEASURED if top.client_bound else _judge(top.fraction, top.fraction >= aim,
                                                                  stages_gpu and ceiling.on_gpu)
         found.append(Aim(what, verdict, f"{top.stage} ({top.load}) {num(top.images_per_s)} img/s = {top.fraction:.1%} of "
-                         f"{num(best.images_per_s, 0)} (batch {best.batch}); {_use(top)}"
+                         f"{num(best.images_per_s, 0)} (batch {best.batch}); "
+                         f"CPU {num(top.cpu_pct, 0)} %, GPU {num(top.gpu_pct, 0)} % during that run"
                          + (f"; {CLIENT_BOUND}: the client's limit, not the stage's" if top.client_bound else "")))
     firsts = first_requests(records)
     worst = max(firsts, key=lambda f: f[1] / f[2], default=None)

@@ -177,15 +177,6 @@ def _times(r: Record) -> list[str]:
     return found
 
 
-def _grouped(per_record: dict[str, list[str]]) -> list[str]:
-    """One line per finding, naming the records it holds for (the first few, then how many more)."""
-    lines = []
-    for what, places in per_record.items():
-        more = f" and {len(places) - SHOWN} more" if len(places) > SHOWN else ""
-        lines.append(f"{'; '.join(places[:SHOWN])}{more}: {what}")
-    return lines
-
-
 def _span(placed: Sequence[Placed], now: float) -> tuple[str, list[str]]:
     """When the records ran, in a phrase, and whether that fits one lease."""
     times = [t for p in placed for t in (_unix(p.record.started_at), *(p.record.window_unix or ())) if t is not None]
@@ -291,7 +282,9 @@ def check(path: Path, now: float | None = None) -> Verdict:
     when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
     machine, machines = _machines(placed)
     verdict.windows, copies = _copies(placed)
-    verdict.findings += _grouped(per_record) + span + machines + copies
+    # One line per finding, naming the records it holds for (the first few, then how many more).
+    verdict.findings += [f"{'; '.join(places[:SHOWN])}{f' and {len(places) - SHOWN} more' * (len(places) > SHOWN)}: "
+                         f"{what}" for what, places in per_record.items()] + span + machines + copies
     if folder is not None:
         verdict.findings += report_findings(folder, [p.record for p in placed])
     verdict.about = f"{len(placed)} records of {len({p.record.stage for p in placed})} stages on {machine}, {when}"

@@ -155,15 +155,11 @@ def notebook_of(stage: str) -> str:
     return STAGES[stage].notebook if stage in STAGES else "the notebooks"
 
 
-def _windows(record: Record, figure: str) -> list[float]:
-    return [v for v in record.config.get(WINDOWS, {}).get(figure) or [] if v is not None]
-
-
 def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
     """The least and the most ``top``'s ``figure`` (``throughput_rps``, ``p50_ms`` or ``p99_ms``) ÷ ``bottom``'s took
     over the windows both runs were measured in: any window of one over any window of the other. None where
     either kept fewer than two windows, or ``bottom`` had a window with none (nothing served: no ratio)."""
-    a, b = _windows(top, figure), _windows(bottom, figure)
+    a, b = ([v for v in r.config.get(WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
     return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
 
 

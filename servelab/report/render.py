@@ -67,11 +67,6 @@ def markdown_table(records: list[Record]) -> str:
     return tables.markdown(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
 
 
-def _series_key(r: Record) -> str:
-    tool = " (perf_analyzer)" if r.tool == "perf_analyzer" else ""
-    return f"{r.stage}{tool}" + (f" b={r.batch}" if r.batch > 1 else "")
-
-
 def _plot_batches(records: list[Record], out: Path) -> bool:
     runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
     # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
@@ -83,10 +78,11 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
     ax = axes[0][0]
     width = 0.8 / len(runs)
     for i, r in enumerate(runs):
-        hist = r.breakdown.batch_sizes
+        hist, tool = r.breakdown.batch_sizes, " (perf_analyzer)" * (r.tool == "perf_analyzer")
         total = sum(hist.values())
         ax.bar([s + (i - (len(runs) - 1) / 2) * width for s in sizes], [hist.get(s, 0) / total for s in sizes],
-               width, label=f"{_series_key(r)}, {r.load.label()} (mean {num(r.breakdown.mean_batch_size, 2)})")
+               width, label=f"{r.stage}{tool}{f' b={r.batch}' * (r.batch > 1)}, {r.load.label()} "
+                            f"(mean {num(r.breakdown.mean_batch_size, 2)})")
     ax.set_xticks(sizes)
     ax.set_xlabel("batch size formed on the server")
     ax.set_ylabel("fraction of executions")

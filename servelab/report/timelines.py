@@ -12,10 +12,6 @@ from servelab.measure.records import Record, RunKind
 from servelab.report.plots import figure
 
 
-def _short(node_id: str | None) -> str:
-    return (node_id or "?")[:8]
-
-
 def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
     seen, rows = set(), []
     for r in records:
@@ -24,7 +20,7 @@ def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
             continue
         seen.add(r.stage)
         proxy = r.config.get("proxy_node_id")
-        nodes = ", ".join(f"`{_short(n)}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
+        nodes = ", ".join(f"`{(n or '?')[:8]}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
         rows.append((r.stage, str(sum(per_node.values())), str(len(per_node)), nodes))
     return rows
 
