@@ -212,10 +212,6 @@ def _latency_at(records: list[Record], top: str, bottom: str) -> str:
     return f"p50 at {at} {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms"
 
 
-def _mean_batch(a: Record, b: Record) -> str:
-    return f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""
-
-
 # The variants the catalogue's stages serve against fp32, in its order (each its own lesson).
 VARIANTS = tuple(dict.fromkeys(s.variant for s in CATALOGUE if s.variant and s.lesson == f"variant {s.variant}"))
 
@@ -357,7 +353,8 @@ def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
 # The report's lessons, in its order: every one of the catalogue's (a test holds it).
 LESSONS: tuple[LessonReport, ...] = (
     LessonReport(Lesson.ONNX, "PyTorch → ONNX Runtime", _throughput(Lesson.ONNX)),
-    LessonReport(Lesson.BATCHING, "Dynamic batching", _throughput(Lesson.BATCHING, _mean_batch)),
+    LessonReport(Lesson.BATCHING, "Dynamic batching", _throughput(Lesson.BATCHING, lambda a, b: (
+        f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""))),
     LessonReport(Lesson.INSTANCES, "More instances (Triton)", _throughput(Lesson.INSTANCES)),
     *(LessonReport(Lesson.of_variant(v), f"Model variant {v} instead of fp32", _variant(v)) for v in VARIANTS),
     LessonReport(Lesson.SERVER_PREPROCESSING, "Preprocessing on the server (ensemble)", _throughput(Lesson.SERVER_PREPROCESSING)),
@@ -380,17 +377,13 @@ def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
 
 
 def _line(f: Finding) -> str:
-    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({_spread_words(f.spread)})"
+    (low, high), spread = f.spread or (0, 0), "no windows recorded: spread unknown"
+    if f.spread:
+        spread = f"windows {low:.2f}–{high:.2f}×" + (f": {NO_CHANGE}" if low <= 1 <= high else "")
+    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({spread})"
     extra = f"; {f.extra}" if f.extra else ""
     flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
     return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
-
-
-def _spread_words(found: Spread | None) -> str:
-    if found is None:
-        return "no windows recorded: spread unknown"
-    low, high = found
-    return f"windows {low:.2f}–{high:.2f}×" + (f": {NO_CHANGE}" if low <= 1 <= high else "")
 
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
