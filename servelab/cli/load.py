@@ -182,13 +182,6 @@ def _finish(records: list[Record], out: Path | None) -> int:
     return 0 if all(measured) else 1
 
 
-def _progress(i: int, n: int, r: Record) -> None:
-    s = r.stats
-    p50 = "-" if s.latency.p50_ms is None else f"{s.latency.p50_ms:.1f}"
-    print(f"[{i}/{n}] {r.stage} {r.load.label()}: {s.successes} ok, {s.error_count} errors, "
-          f"p50 {p50} ms, {s.throughput_rps:.1f} req/s", file=sys.stderr, flush=True)
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     target, loads, records = _target(args), loads_from_args(args), []
     labels = Labels(_default_stage(args), dict(args.config), args.stand_in, args.server_pid)
@@ -196,7 +189,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            max_processes=args.max_processes)
     for i, load in enumerate(loads, 1):
         records.append(run_bench(target, load, labels, client))
-        _progress(i, len(loads), records[-1])
+        r, s = records[-1], records[-1].stats
+        p50 = "-" if s.latency.p50_ms is None else f"{s.latency.p50_ms:.1f}"
+        print(f"[{i}/{len(loads)}] {r.stage} {r.load.label()}: {s.successes} ok, {s.error_count} errors, "
+              f"p50 {p50} ms, {s.throughput_rps:.1f} req/s", file=sys.stderr, flush=True)
     return _finish(records, args.out)
 
 

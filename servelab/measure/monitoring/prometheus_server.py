@@ -23,14 +23,6 @@ from servelab.core.procs import DIRECT
 TARGETS_FILE = "targets.json"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Prometheus may read the file at any moment: it must never see half of it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
-
-
 class Targets:
     """The scrape targets, one entry per metrics endpoint, in a ``file_sd_configs`` JSON file."""
 
@@ -51,7 +43,11 @@ class Targets:
         self._write()
 
     def _write(self) -> None:
-        _atomic_write(self.path, json.dumps(list(self._entries.values()), indent=1) + "\n")
+        # Prometheus may read the file at any moment: it must never see half of it.
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(json.dumps(list(self._entries.values()), indent=1) + "\n")
+        os.replace(tmp, self.path)
 
 
 def config_yaml(targets: Path, scrape_interval_s: float) -> str:

@@ -148,8 +148,10 @@ class PromWatch:
         if isinstance(before, str):
             return ServerSeries(source=source, note=before)
         start, end = window
-        out = ServerSeries(source=source, start_unix=start, end_unix=end, step_s=self.step_s,
-                           client_requests=_client_requests(record))
+        # What servelab's client sent between the two scrapes, warm-up included (perf_analyzer does not say).
+        sent = None if record.tool != "servelab" or record.stats.requests is None else record.stats.requests + (
+            record.load.warmup if record.warmup_requests is None else record.warmup_requests)
+        out = ServerSeries(source=source, start_unix=start, end_unix=end, step_s=self.step_s, client_requests=sent)
         notes = [FAMILIES[family].note]
         try:
             time.sleep(FAMILIES[family].lag_s)
@@ -203,14 +205,6 @@ class PromWatch:
             return []
         return [[round(float(t) - start, 3), round(float(v), 4)] for t, v in result[0]["values"]
                 if math.isfinite(float(v))]
-
-
-def _client_requests(record: Record) -> int | None:
-    """What servelab's client sent between the two scrapes: warm-up + measured requests."""
-    if record.tool != "servelab" or record.stats.requests is None:
-        return None  # perf_analyzer does not say how many it sent in all
-    warmup = record.warmup_requests if record.warmup_requests is not None else record.load.warmup
-    return warmup + record.stats.requests
 
 
 @dataclass(frozen=True)
