@@ -18,6 +18,7 @@ import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import count, islice, takewhile
 from typing import Any
 
 from servelab.core.artifacts import Manifest
@@ -170,11 +171,8 @@ class Sweep:
         """Every level the sweep may try, in order."""
         if self.fixed:
             return [1, *sorted(c for c in set(self.fixed) if c > 1)]
-        found, c = [1], max(2, self.start)
-        while c <= self.most() and (self.max_levels is None or len(found) < self.max_levels):
-            found.append(c)
-            c *= 2
-        return found
+        doubling = takewhile(lambda c: c <= self.most(), (max(2, self.start) * 2**i for i in count()))
+        return [1, *islice(doubling, None if self.max_levels is None else max(0, self.max_levels - 1))]
 
     def stop(self, curve: list[dict[str, Any]]) -> str | None:
         """Why the sweep ends after the last point of ``curve`` (``fractions.curve_point``s), or None to go on."""
