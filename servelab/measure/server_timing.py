@@ -59,12 +59,8 @@ class TimingSums:
         if not self.sums:
             return None
         mean = {name: self.sums[name] / self.counts[name] for name in self.sums}
-        if "preprocess" in mean or "infer" in mean:
-            service = mean.get("preprocess", 0.0) + mean.get("infer", 0.0)
-        elif "total" in mean:
-            service = mean["total"] - mean.get("queue", 0.0)
-        else:
-            service = None
+        service = (mean.get("preprocess", 0.0) + mean.get("infer", 0.0) if "preprocess" in mean or "infer" in mean
+                   else mean["total"] - mean.get("queue", 0.0) if "total" in mean else None)
         # A batch of b images is seen once per image it served, so it executed images / b times.
         executions = {b: n / b for b, n in self.images_by_batch.items()}
         served = sum(self.images_by_batch.values())
