@@ -253,16 +253,6 @@ def http_part(url: str, server_pid: int, image: bytes, concurrency: int, seconds
     return Part(per_s=stats.successes / stats.wall_s, cpu_ms=spent * 1e3 / stats.successes, processes=processes)
 
 
-def gpu_ceiling(model_dir: Path, seconds: float) -> float:
-    """The fp32 model's own images/s on the GPU (its best batch size, ``servelab.measure.ceiling``)."""
-    ceiling = measure_ceiling(model_dir, precisions=("fp32",), max_seconds=seconds, log=lambda *_: None)
-    best = ceiling.best("fp32")
-    if not ceiling.on_gpu or best is None or not best.images_per_s:
-        ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
-        raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
-    return best.images_per_s
-
-
 def _mean(rounds: list, *fields: str):
     """The first round's measurement with each of ``fields`` its mean over the rounds (windows of the same length)."""
     return rounds[0].model_copy(update={f: statistics.fmean(getattr(p, f) or 0.0 for p in rounds) for f in fields})
@@ -276,7 +266,13 @@ def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: D
     each part is its windows' mean. ``noop``: (URL, PID) of the simple app, one server process per core, started
     by the caller; ``concurrency``: the client's senders on it."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
-    gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
+    gpu = None
+    if device == "gpu":  # the fp32 model's own images/s there (its best batch size, servelab.measure.ceiling)
+        ceiling = measure_ceiling(model_dir, precisions=("fp32",), max_seconds=seconds, log=lambda *_: None)
+        gpu = getattr(ceiling.best("fp32"), "images_per_s", None)
+        if not ceiling.on_gpu or not gpu:
+            ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
+            raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
     window, (url, pid) = seconds / rounds, noop
     points: list[list[ModelPoint]] = []
     preprocess: list[Part] = []
