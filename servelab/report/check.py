@@ -219,11 +219,8 @@ def _copies(placed: Sequence[Placed]) -> tuple[dict[tuple[float, float], str], l
     found = []
     for p in placed:
         if p.record.window_unix and len(p.record.window_unix) == 2:
-            key = tuple(p.record.window_unix)
-            if key in windows:
-                found.append(f"{p.where} is a copy of {windows[key]} (the same measured window)")
-            else:
-                windows[key] = p.where
+            if (first := windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
+                found.append(f"{where} is a copy of {first} (the same measured window)")
     return windows, found
 
 
