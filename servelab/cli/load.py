@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 from servelab.core.catalogue import PT
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.tables import num
 from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.measure.records import Load, Record
@@ -190,9 +191,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for i, load in enumerate(loads, 1):
         records.append(run_bench(target, load, labels, client))
         r, s = records[-1], records[-1].stats
-        p50 = "-" if s.latency.p50_ms is None else f"{s.latency.p50_ms:.1f}"
         print(f"[{i}/{len(loads)}] {r.stage} {r.load.label()}: {s.successes} ok, {s.error_count} errors, "
-              f"p50 {p50} ms, {s.throughput_rps:.1f} req/s", file=sys.stderr, flush=True)
+              f"p50 {num(s.latency.p50_ms)} ms, {s.throughput_rps:.1f} req/s", file=sys.stderr, flush=True)
     return _finish(records, args.out)
 
 

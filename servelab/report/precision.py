@@ -54,8 +54,7 @@ def markdown(found: list[Row], model_dir: Path) -> str:
         agreement = "-" if agreement is None else f"{100 * agreement:.1f} %"
         rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
         ratio = f"{rps / base:.2f}" if base else "-"
-        cpu = cpu_ms_per_request(row.record)
         cells.append((row.stage, row.variant, size, agreement, row.record.load.label(), f"{rps:.1f}", ratio,
-                      "-" if cpu is None else f"{cpu:.1f}"))
+                      tables.num(cpu_ms_per_request(row.record))))
     return tables.markdown(("stage", "variant", "model MB", "top-1 agreement with fp32", "load", "req/s", "× fp32",
                             "CPU ms / request"), cells, "llrrlrrr")

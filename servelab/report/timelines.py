@@ -1,7 +1,6 @@
-"""Runs over time, for the report's Ray Serve section (replica placement by node id, and the runs with a timeline:
-step load, node failure) and its overload section (open loops above a stage's capacity, with and without a bound
-on its queue: accepted p99 against the service time, shed and failed requests): their tables (``sections``, which
-``report.md.j2`` sets in prose) and a plot of throughput, latency, errors and replicas over time."""
+"""Runs over time: the report's Ray Serve section (replica placement by node id; step load and node failure) and
+its overload section (open loops above a stage's capacity, with and without a bound on its queue): their tables
+(``sections``, set in prose by ``report.md.j2``) and plots of throughput, latency, errors and replicas over time."""
 
 from pathlib import Path
 from typing import Any
