@@ -1,9 +1,13 @@
 """The two clients side by side: perf_analyzer against servelab's load generator, same stage and load.
 
-Both measure the same server with the same photo at the same load, back to back, so where they disagree by more
-than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and the row is flagged. Throughput
-and median latency are compared; the tail percentiles are shown, not flagged: a few hundred requests make them
-noisy. An open-loop rate is a fraction of the capacity each client measured itself (``own_capacity``).
+Both measure the same server with the same photo at the same load, back to back, so where they
+disagree by more than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and
+the row is flagged. Throughput and median latency are compared (the aim of the cross-check); the tail
+percentiles are shown, not flagged, because a few hundred requests make them noisy.
+
+An open-loop rate is a fraction of capacity only against the capacity the same client measured (``own_capacity``):
+where the two clients measured different capacities, one rate is a different fraction for each, and the row
+shows both.
 """
 
 from dataclasses import dataclass

@@ -164,8 +164,9 @@ def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
 
 
 def judge(e: Expect, ratio: float | None, spread: Spread | None = None, stage: str = "") -> str:
-    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where its spread includes 1 (whatever the
-    ratio), a contradiction where it lies beyond what they expect (``Expect.contradicted``), else ""."""
+    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where its spread includes 1 (neither a
+    gain, a loss nor a contradiction, whatever the ratio), a contradiction where it lies beyond what they expect
+    (``Expect.contradicted``), else ""."""
     if spread and spread[0] <= 1 <= spread[1]:
         return NO_CHANGE
     if ratio is None or not e.contradicted(ratio, spread):
@@ -377,13 +378,17 @@ def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
 
 
 def _line(f: Finding) -> str:
-    (low, high), spread = f.spread or (0, 0), "no windows recorded: spread unknown"
-    if f.spread:
-        spread = f"windows {low:.2f}–{high:.2f}×" + (f": {NO_CHANGE}" if low <= 1 <= high else "")
-    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({spread})"
+    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({_spread_words(f.spread)})"
     extra = f"; {f.extra}" if f.extra else ""
     flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
     return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
+
+
+def _spread_words(found: Spread | None) -> str:
+    if found is None:
+        return "no windows recorded: spread unknown"
+    low, high = found
+    return f"windows {low:.2f}–{high:.2f}×" + (f": {NO_CHANGE}" if low <= 1 <= high else "")
 
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
