@@ -33,13 +33,6 @@ def gpu_name(nvml: Any, handle: Any) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _rss(process: psutil.Process) -> int:
-    try:
-        return process.memory_info().rss
-    except (psutil.NoSuchProcess, psutil.AccessDenied):  # a child that just exited
-        return 0
-
-
 class Monitor:
     def __init__(self, interval_s: float = 0.5, server_pid: int | None = None) -> None:
         self.interval_s, self.server_pid, self.gpu_note = interval_s, server_pid, None
@@ -86,7 +79,11 @@ class Monitor:
             except psutil.NoSuchProcess:
                 self._process = None  # the server went away: its series simply ends here
             else:
-                m.rss_mib.append(sum(_rss(p) for p in procs) / 2**20)
+                rss = 0
+                for p in procs:
+                    with suppress(psutil.NoSuchProcess, psutil.AccessDenied):  # a child that just exited
+                        rss += p.memory_info().rss
+                m.rss_mib.append(rss / 2**20)
         for series, h in zip(m.gpus, self._handles):
             series.util_pct.append(float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu))
             series.mem_used_mib.append(self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20)
