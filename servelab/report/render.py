@@ -30,11 +30,9 @@ TABLES = "report-tables.md"  # the long tables, beside report.md
 def _errors(record: Record) -> str:
     if record.failed:
         return "FAILED"
-    errors = record.stats.errors
-    if not errors:
+    if not record.stats.errors:
         return "0" if record.stats.requests is not None else "-"
-    kinds = ", ".join(f"{kind} {n}" for kind, n in errors.items())
-    return f"{record.stats.error_count} ({kinds})"
+    return f"{record.stats.error_count} ({', '.join(f'{kind} {n}' for kind, n in record.stats.errors.items())})"
 
 
 def summary_rows(records: list[Record]) -> list[dict[str, str]]:
