@@ -53,8 +53,7 @@ Client = Callable[[Any, Load, Labels, list[Record]], Record]
 
 
 def servelab_client(**options: Any) -> Client:
-    """servelab's load generator (``run_bench``), its ``ClientOptions`` built once from ``options`` (``timeout_s``,
-    ``sampler``, ``out``, ...)."""
+    """servelab's load generator (``run_bench``), its ``ClientOptions`` built once from ``options``."""
     client = ClientOptions(**options)
 
     def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
@@ -63,9 +62,8 @@ def servelab_client(**options: Any) -> Client:
 
 
 def perf_analyzer_client(**options: Any) -> Client:
-    """perf_analyzer on a Triton target; ``options``: its own (``windows``, ``timeout_s``, ``out``, ...).
-    It records no config: what it measured is in its command. Time windows (``Windows.window_s``) are
-    stretched to hold a few requests at the rate servelab's client just measured of the same load."""
+    """perf_analyzer on a Triton target (``options``: ``run_perf_analyzer``'s), its time windows stretched to hold
+    a few requests at the rate servelab's client just measured of the same load. What it ran is in its command."""
     def run(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
         kwargs = dict(options)
         ours = next((r for r in reversed(earlier) if r.tool == "servelab" and not r.failed), None)

@@ -243,10 +243,9 @@ class Timeline(BaseModel):
 
 
 class PerRequest(BaseModel):
-    """Every measured request of a run, in the order they completed: when it was sent (its scheduled time in
-    an open loop), seconds from the start of the measured window; its latency; its outcome: ``ok``, ``shed:``
-    and the reason, or the error kind; the model version that answered, where the response said (else None).
-    Kept where asked (overload and rollout runs), for latency against time."""
+    """Every measured request of a run (overload and rollout runs), in the order they completed: when it was sent
+    (scheduled, in an open loop; seconds from the window's start), its latency, its outcome (``ok``, ``shed:`` and
+    the reason, or the error kind) and the model version that answered, where the response said."""
 
     sent_s: list[float] = []
     latency_ms: list[float] = []
@@ -255,10 +254,9 @@ class PerRequest(BaseModel):
 
 
 class Rollout(BaseModel):
-    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout_load``). Times are
-    seconds from the start of the measured window; *during* is from the trigger to the later of the rollout
-    call's return and the first answer of the new version; *before* and *after* are the rest of the run.
-    A request counts in the window it completed in."""
+    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout_load``), in seconds from
+    the window's start: *during* runs from the trigger to the later of the rollout call's return and the new
+    version's first answer; *before* and *after* are the rest. A request counts where it completed."""
 
     trigger_s: float  # the rollout call started
     done_s: float | None = None  # it returned (None: it failed, see ``error``)
