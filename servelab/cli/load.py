@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 from servelab.core.catalogue import PT
 from servelab.core.paths import DEFAULT_IMAGE
+from servelab.core.tables import num
 from servelab.measure.loadgen import ClientOptions, Labels, run_bench
 from servelab.measure.perf_analyzer import run_perf_analyzer, write_input_data
 from servelab.measure.records import Load, Record
@@ -52,10 +53,6 @@ def _key_value(text: str) -> tuple[str, str]:
 def _add_image_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", type=Path, help="photo to send (default: the bundled real photo)")
     p.add_argument("--batch", type=int, default=1, help="images per request (default 1)")
-
-
-def _add_fastapi_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
 
 
 def _add_triton_args(p: argparse.ArgumentParser) -> None:
@@ -105,7 +102,8 @@ def register(subparsers: Any) -> None:
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     for name, help_text, add_target_args in (
-        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service", _add_fastapi_args),
+        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service",
+         lambda p: p.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (default %(default)s)")),
         ("triton", "infer through tritonclient's asyncio HTTP or gRPC client", _add_triton_args),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -140,10 +138,9 @@ def loads_from_args(args: argparse.Namespace) -> list[Load]:
     window: dict[str, Any] = {"warmup": args.warmup, "seed": args.seed}
     if args.requests is not None or args.duration is not None:
         window |= {"requests": args.requests, "duration_s": args.duration}
-    if getattr(args, "max_inflight", None):
-        window["max_inflight"] = args.max_inflight
-    if getattr(args, "warmup_seconds", None):
-        window["warmup_s"] = args.warmup_seconds
+    # servelab's own client only (perf_analyzer takes neither)
+    window |= {key: value for key, value in (("max_inflight", getattr(args, "max_inflight", None)),
+                                             ("warmup_s", getattr(args, "warmup_seconds", None))) if value}
     if args.rate:
         return [Load.open(rate, args.arrivals, **window) for rate in args.rate]
     if args.concurrency:
@@ -186,13 +183,6 @@ def _finish(records: list[Record], out: Path | None) -> int:
     return 0 if all(measured) else 1
 
 
-def _progress(i: int, n: int, r: Record) -> None:
-    s = r.stats
-    p50 = "-" if s.latency.p50_ms is None else f"{s.latency.p50_ms:.1f}"
-    print(f"[{i}/{n}] {r.stage} {r.load.label()}: {s.successes} ok, {s.error_count} errors, "
-          f"p50 {p50} ms, {s.throughput_rps:.1f} req/s", file=sys.stderr, flush=True)
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     target, loads, records = _target(args), loads_from_args(args), []
     labels = Labels(_default_stage(args), dict(args.config), args.stand_in, args.server_pid)
@@ -200,7 +190,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            max_processes=args.max_processes)
     for i, load in enumerate(loads, 1):
         records.append(run_bench(target, load, labels, client))
-        _progress(i, len(loads), records[-1])
+        r, s = records[-1], records[-1].stats
+        print(f"[{i}/{len(loads)}] {r.stage} {r.load.label()}: {s.successes} ok, {s.error_count} errors, "
+              f"p50 {num(s.latency.p50_ms)} ms, {s.throughput_rps:.1f} req/s", file=sys.stderr, flush=True)
     return _finish(records, args.out)
 
 

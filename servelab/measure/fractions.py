@@ -1,32 +1,16 @@
-"""The lab's stages against the model's own ceiling, and the issue's aims checked as data.
+"""The lab's stages against the model's own ceiling, and the issue's aims checked as data: pure functions over
+a run's records (``servelab.measure.records``) and a ``Ceiling`` (``servelab.measure.ceiling``).
 
-Pure functions over a run's records (``servelab.measure.records``) and a ``Ceiling``
-(``servelab.measure.ceiling``):
+A stage's *capacity* is the top of its concurrency sweep (``measure_stage.sweep_capacity`` keeps the curve in the
+last record's ``config["capacity"]``; in records made before the sweep, the run at the most senders); ratios are
+capacity ÷ capacity, so that no stage is held to another's number of senders. A run servelab's client could not
+keep up with (``Record.client_bound``) measured the client: its throughput carries a note
+(``client_bound_note``) wherever it is read here, and an aim that rests on it is not measured, never met or missed.
 
-* ``stage_fractions``: each stage's best throughput (images/s, servelab's client, closed loop or
-  sequential, one image per request) as a fraction of the fp32 ceiling;
-* ``capacity``: a stage's capacity, the highest throughput of its concurrency sweep (the lab's
-  ``servelab.measure.measure_stage.sweep_capacity``, whose last record keeps the curve in
-  ``config["capacity"]``: ``curve``); in records made before the sweep, the run at the most senders;
-* ``ratios``: dynamic batching ÷ no batching and instances ÷ one instance (``RATIOS``), capacity ÷ capacity;
-  ``ratio_runs``: the two stages at one stated concurrency, for latency at the same load;
-* ``aims``: dynamic batching ≥ 2× no batching at saturation (capacity ÷ capacity) for the ONNX stages; the best image-in
-  stage ≥ 40 % and the best tensor-in stage ≥ 60 % of the fp32 ceiling; the first request after
-  ready ≤ 3× the sequential median (``first_requests``), for every stage whose records hold it.
-  Each is met, missed or not measured, with its figures; beside a fraction aim, the CPU and GPU use
-  during the run it rests on (what bounds it).
-
-A run servelab's client could not keep up with (``Record.client_bound``, ``servelab.measure.senders``) measured
-the client, not the stage: wherever its throughput is read here it carries a client-bound note
-(``client_bound_note``), and an aim that rests on it is not measured, never met or missed.
-
-These are GPU aims: judged only where every servelab record says it ran with ``--device gpu``
-(and, for the fractions, the fp32 ceiling ran on a GPU provider); elsewhere every measured aim is
-shown as information only, never as met or missed.
-
-Which stages take an image and which a tensor is the stage catalogue's to say (``inputs``: stage
--> what its client sends, ``"bytes"`` for an encoded photo, ``"tensor"`` or ``"uint8"`` for a
-client-preprocessed crop); the orchestration layer passes it (``servelab.run.side_by_side.stage_inputs``).
+The aims (``aims``) are GPU aims: judged only where every servelab record ran with ``--device gpu`` (and, for
+the fractions, the fp32 ceiling ran on a GPU provider); elsewhere information only. Which stages take an image
+and which a tensor is the catalogue's to say (``inputs``: stage -> what its client sends); the orchestration
+layer passes it (``servelab.run.side_by_side.stage_inputs``).
 """
 
 from collections.abc import Mapping
@@ -220,18 +204,20 @@ class Aim:
     figures: str
 
 
+def device_of(records: list[Record]) -> str:
+    """"gpu" where every servelab record ran with ``--device gpu``; "cpu" otherwise."""
+    ours = [r for r in records if r.tool == "servelab"]
+    return "gpu" if ours and all(r.config.get("device") == "gpu" for r in ours) else "cpu"
+
+
 def _judge(value: float | None, ok: bool, gpu: bool) -> str:
     return NOT_MEASURED if value is None else ON_CPU if not gpu else MET if ok else MISSED
 
 
-def _use(f: StageFraction) -> str:
-    return f"CPU {num(f.cpu_pct, 0)} %, GPU {num(f.gpu_pct, 0)} % during that run"
-
-
 def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[Aim]:
-    """The issue's aims against this run's records and ceiling (see the module's docstring)."""
-    ours = [r for r in records if r.tool == "servelab"]
-    stages_gpu = bool(ours) and all(r.config.get("device") == "gpu" for r in ours)
+    """The issue's aims (``BATCHING_AIM``, ``IMAGE_IN_AIM``, ``TENSOR_IN_AIM``, ``FIRST_REQUEST_AIM``) against this
+    run's records and ceiling; beside a fraction aim, the CPU and GPU use during the run it rests on."""
+    stages_gpu = device_of(records) == "gpu"
     found = []
     for top, bottom in BATCHING_AIM_PAIRS:
         got = capacity_ratio(records, top, bottom)
@@ -253,7 +239,8 @@ def aims(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> 
         verdict = NOT_MEASURED if top.client_bound else _judge(top.fraction, top.fraction >= aim,
                                                                  stages_gpu and ceiling.on_gpu)
         found.append(Aim(what, verdict, f"{top.stage} ({top.load}) {num(top.images_per_s)} img/s = {top.fraction:.1%} of "
-                         f"{num(best.images_per_s, 0)} (batch {best.batch}); {_use(top)}"
+                         f"{num(best.images_per_s, 0)} (batch {best.batch}); "
+                         f"CPU {num(top.cpu_pct, 0)} %, GPU {num(top.gpu_pct, 0)} % during that run"
                          + (f"; {CLIENT_BOUND}: the client's limit, not the stage's" if top.client_bound else "")))
     firsts = first_requests(records)
     worst = max(firsts, key=lambda f: f[1] / f[2], default=None)

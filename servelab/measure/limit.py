@@ -1,46 +1,29 @@
 """This machine's end-to-end limit for an image-in stage: the most requests/s it could serve if nothing
-were wasted, built from what each part of a request DELIVERS with every core busy (wall-clock
-throughput), measured in the same run:
+were wasted, from what each part of a request DELIVERS with every core on it (wall-clock throughput),
+measured in the same run:
 
-* **the model alone**: ONNX Runtime, NumPy in and out, at each batch size and intra-op thread count
-  of ``BATCHES`` × ``thread_counts()``, as many sessions at once as fill the cores; its best point (the
-  most images/s) is what the model delivers, ``r_model``;
-* **preprocessing**: base64 → the model's input (``servelab.core.preprocess``) for the photo in use,
-  one worker process per core at once (processes, so that no lock of Python's holds it back): ``r_pre``
-  images/s;
-* **HTTP and JSON**: a route that takes the same body and answers the same shape without any work
-  (``benchmarks/simple_app.py``'s ``/noop/predict``, one server process per core), driven by the lab's
-  own closed-loop client on the same machine, as in the lab: ``r_http`` requests/s.
+* **the model alone**: ONNX Runtime at each batch size of ``BATCHES`` and intra-op thread count of
+  ``thread_counts()``, as many sessions at once as fill the cores; its best point is ``r_model`` images/s;
+* **preprocessing**: base64 → the model's input for the photo in use, one worker process per core (no lock
+  of Python's holds it back): ``r_pre`` images/s;
+* **HTTP and JSON**: ``benchmarks/simple_app.py``'s ``/noop/predict`` (the same body and answer, no work; one
+  server process per core), driven by the lab's own closed-loop client on this machine: ``r_http`` req/s.
 
-The parts share the same cores, one after another for each request, so a request costs the machine
-the sum of what each part takes of it with every core on that part, and
+The parts share the cores, one after another for each request, so limit = 1 / (1/r_model + 1/r_pre + 1/r_http).
+On a GPU the model is not on the CPUs: the limit is the smaller of its fp32 ceiling there
+(``servelab.measure.ceiling``) and 1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` measures it
+for ``servelab benchmark --measure limit`` and the lab's report alike, in rounds that alternate with the servers
+set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
 
-    limit = 1 / (1/r_model + 1/r_pre + 1/r_http).
-
-On a GPU the model is not on the CPUs: the limit is the smaller of the model's own images/s there
-(its fp32 ceiling, ``servelab.measure.ceiling``) and what the CPUs can feed it,
-1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` is the one function that measures it:
-``servelab benchmark --measure limit`` and the lab's report both call it, in rounds that alternate with the
-servers they set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
-
-**Why throughput, not CPU time.** A limit of cores ÷ (CPU ms per request) assumes that every core gives
-a whole second of work each second. Where cores share execution units (SMT siblings) or a hypervisor
-takes its share, they do not, and CPU time overstates what the machine can do. On a fresh 2-CPU VM (AMD
-EPYC, AVX2; issue 43) the model alone gave 75 img/s with both cores loaded at 13.2 CPU ms per image: a
-second of the machine turned into one core's worth of CPU time, not two. The CPU-time limit said 103
-req/s while fastapi-onnx served 70.6 (68 % of that limit, 94 % of the model alone): a limit no server
-could reach. Where others load the machine it is worse: on this project's 2-CPU VM beside others' tests
-(docs/records/benchmark-limit-2cpu.log) the CPU-time limit stayed near 140-156 req/s while fastapi-onnx
-served 15-45 % of it. Throughput measured with every core busy carries those losses in; CPU ms per image
-and per request are still measured and shown, as information (``cpu_time_rps``: what CPU time alone
-would say).
-
-Each part is measured with every core working, as a busy server's are: a core whose neighbours idle
-runs faster (shared caches and memory bandwidth to itself, a higher clock) than any server can count on.
-
-A stage's best throughput over the limit says how much of the machine it turns into answers; the
-rest went to waiting, to threads that got in each other's way, or to work the limit does not count.
-A stage above the limit (a cheaper model variant, a client that preprocesses) is doing less work.
+**Why throughput, not CPU time.** cores ÷ (CPU ms per request) assumes each core gives a whole second of work
+each second; SMT siblings and a hypervisor's share break that. On a fresh 2-CPU VM (AMD EPYC, AVX2; issue 43)
+the model alone gave 75 img/s at 13.2 CPU ms per image: a second of the machine was one core's CPU time, not
+two. CPU time said 103 req/s where fastapi-onnx served 70.6 (94 % of the model alone); beside others' tests
+(docs/records/benchmark-limit-2cpu.log) it said 140-156 req/s where fastapi-onnx served 15-45 % of it.
+Throughput with every core busy carries those losses in (a core whose neighbours idle runs faster than a busy
+server's can); CPU ms are still shown, as information (``cpu_time_rps``). A stage's best run over the limit is
+the share of the machine it turns into answers; a stage above it (a cheaper variant, a client that preprocesses)
+is doing less work.
 """
 
 import base64
@@ -50,6 +33,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import psutil
@@ -235,11 +219,9 @@ def tree_cpu_s(pid: int) -> dict[int, float]:
         return {}
     spent = {}
     for proc in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):  # ended since it was listed
             times = proc.cpu_times()
-        except psutil.NoSuchProcess:  # ended since it was listed
-            continue
-        spent[proc.pid] = times.user + times.system
+            spent[proc.pid] = times.user + times.system
     return spent
 
 
@@ -247,11 +229,6 @@ def cpu_since(before: dict[int, float], pid: int) -> float:
     """CPU seconds the tree of ``pid`` spent since ``before`` (``tree_cpu_s``): a process started since
     counts all of its time; one that ended since, none of it."""
     return sum(s - before.get(p, 0.0) for p, s in tree_cpu_s(pid).items())
-
-
-def own_cpu_s() -> float:
-    """This process's CPU seconds, with those of its children it has waited for (a client's sender processes)."""
-    return sum(os.times()[:4])  # user, system, children's user, children's system
 
 
 def closed_window(url: str, image: bytes, concurrency: int, seconds: float, what: str, warmup: int) -> Record:
@@ -267,62 +244,48 @@ def http_part(url: str, server_pid: int, image: bytes, concurrency: int, seconds
     """Requests/s of the no-op route at ``url`` (its servers the tree of ``server_pid``) with the lab's
     client on this machine, and their CPU ms per request, servers and client."""
     closed_window(url, image, concurrency, min(seconds, 1.0), "noop warm-up", 2 * concurrency)
-    server, client = tree_cpu_s(server_pid), own_cpu_s()
+    # The client's CPU: this process's and its children's it has waited for (the sender processes), os.times()[:4].
+    server, client = tree_cpu_s(server_pid), sum(os.times()[:4])
     stats = closed_window(url, image, concurrency, seconds, "noop", 0).stats
-    spent = cpu_since(server, server_pid) + own_cpu_s() - client
+    spent = cpu_since(server, server_pid) + sum(os.times()[:4]) - client
     if not stats.successes or not stats.wall_s:
         raise RuntimeError("the no-op route answered no request")
     return Part(per_s=stats.successes / stats.wall_s, cpu_ms=spent * 1e3 / stats.successes, processes=processes)
 
 
-def gpu_ceiling(model_dir: Path, seconds: float) -> float:
-    """The fp32 model's own images/s on the GPU (its best batch size, ``servelab.measure.ceiling``)."""
-    ceiling = measure_ceiling(model_dir, precisions=("fp32",), max_seconds=seconds, log=lambda *_: None)
-    best = ceiling.best("fp32")
-    if not ceiling.on_gpu or best is None or not best.images_per_s:
-        ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
-        raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
-    return best.images_per_s
-
-
-def _mean_points(rounds: list[list[ModelPoint]]) -> list[ModelPoint]:
-    """Each configuration's mean over the rounds (windows of the same length)."""
-    return [same[0].model_copy(update={"images_per_s": statistics.fmean(p.images_per_s for p in same),
-                                       "cpu_ms_per_image": statistics.fmean(p.cpu_ms_per_image for p in same)})
-            for same in zip(*rounds)]
-
-
-def _mean_part(rounds: list[Part]) -> Part:
-    return rounds[0].model_copy(update={"per_s": statistics.fmean(p.per_s for p in rounds),
-                                        "cpu_ms": statistics.fmean(p.cpu_ms or 0.0 for p in rounds)})
+def _mean(rounds: list, *fields: str):
+    """The first round's measurement with each of ``fields`` its mean over the rounds (windows of the same length)."""
+    return rounds[0].model_copy(update={f: statistics.fmean(getattr(p, f) or 0.0 for p in rounds) for f in fields})
 
 
 def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: Device, *, seconds: float,
                   concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
-    """This machine's limit for ``photo`` with the fp32 model in ``model_dir``, where the model runs on
-    ``device`` (on "gpu": its ceiling there; the model's CPU points are not measured). The one function
-    behind every limit servelab shows: ``servelab benchmark --measure limit`` and the lab's report.
-
-    ``seconds``: of each part's measurement in all, in ``rounds`` windows; ``between(i)`` runs after the
-    parts' ``i``-th windows (the servers measured against the limit, each in its window of the round),
-    so that a neighbour's load hits the limit and the servers alike; each part is its windows' mean.
-    ``concurrency``: the client's senders on the no-op route; ``noop``: (URL, PID) of the simple app with one
-    server process per core, started by the caller (measurement starts no server)."""
+    """This machine's limit for ``photo`` with the fp32 model in ``model_dir`` where the model runs on ``device``
+    (on "gpu": its ceiling there, no CPU points). ``seconds`` of each part in all, in ``rounds`` windows;
+    ``between(i)`` runs after the ``i``-th (the servers set against the limit, each in its window of the round);
+    each part is its windows' mean. ``noop``: (URL, PID) of the simple app, one server process per core, started
+    by the caller; ``concurrency``: the client's senders on it."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
-    gpu = gpu_ceiling(model_dir, seconds) if device == "gpu" else None
-    window = seconds / rounds
+    gpu = None
+    if device == "gpu":  # the fp32 model's own images/s there (its best batch size, servelab.measure.ceiling)
+        ceiling = measure_ceiling(model_dir, precisions=("fp32",), max_seconds=seconds, log=lambda *_: None)
+        gpu = getattr(ceiling.best("fp32"), "images_per_s", None)
+        if not ceiling.on_gpu or not gpu:
+            ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
+            raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
+    window, (url, pid) = seconds / rounds, noop
     points: list[list[ModelPoint]] = []
     preprocess: list[Part] = []
     http: list[Part] = []
-    url, pid = noop
     for i in range(rounds):
         if device != "gpu":
             points.append(model_points(paths.onnx, cores, window))
         preprocess.append(preprocess_part(image, paths.manifest, window, cores))
         http.append(http_part(f"{url}/noop", pid, image, concurrency, window, cores))
         between(i)
-    return Limit(cores=cores, photo=photo.name, device=device, model=_mean_points(points) if points else [],
-                 preprocess=_mean_part(preprocess), http=_mean_part(http), gpu_images_per_s=gpu)
+    return Limit(cores=cores, photo=photo.name, device=device, gpu_images_per_s=gpu,
+                 model=[_mean(same, "images_per_s", "cpu_ms_per_image") for same in zip(*points)],
+                 preprocess=_mean(preprocess, "per_s", "cpu_ms"), http=_mean(http, "per_s", "cpu_ms"))
 
 
 def _rate(per_s: float | None, unit: str) -> str:

@@ -1,33 +1,24 @@
-"""One routine that measures a stage, for every runner: ``servelab lab`` (``servelab.run.lab``,
-``servelab.run.lab_ray``), the notebooks' walkthrough (``servelab.run.walkthrough``) and ``servelab benchmark``
-(``servelab.run.side_by_side``, ``servelab.run.side_by_side_ray``).
+"""One routine that measures a stage, for every runner: ``servelab lab``, the notebooks' walkthrough and
+``servelab benchmark``.
 
-``measure_stage(target, loads, labels, clients, keep)`` runs each load with each client in turn
-(servelab's load generator first, perf_analyzer after it on the same server state) and hands every
-record to ``keep``, the runner's own way of keeping it (write it, attach the server's series, print a
-line). What the runners differ in, how a family's server is started or switched to a stage and what
-it reports, stays with them; what every record of a stage carries is a ``Labels``, with its stand-in
-note from ``stand_in_note``, the one place that note is put together.
+``measure_stage(target, loads, labels, clients, keep)`` runs each load with each client in turn (servelab's
+load generator first, perf_analyzer after it on the same server state) and hands every record to ``keep``, the
+runner's own way of keeping it (write it, attach the server's series, print a line). How a family's server is
+started or switched to a stage stays with the runners; what every record of a stage carries is a ``Labels``,
+its stand-in note from ``stand_in_note``, the one place that note is put together.
 
-Windows and capacity (``servelab lab``'s plans):
-
-* ``windowed(windows)``: servelab's client measuring a load in windows of seconds (``Windows``, perf_analyzer's
-  own, so both clients measure alike): after the load's warm-up (discarded), three windows in one run, each
-  window's throughput, p50 and p99 kept in the record's ``config["windows"]``; where the windows must agree
-  (``Windows.tested``, the full plan) a run whose three windows spread more than ``stability_pct`` is measured
-  again, up to ``max_trials`` windows in all, and the record says whether they agreed.
-* ``sweep_capacity(...)``: a stage's *capacity*, found by saturation: one request at a time, then closed loops
-  at doubling concurrency (``Sweep``: from its ``start`` to a cap of ``CAP_PER_CORE`` × the cores) until a step
-  adds less than ``growth`` to the throughput (the knee). The record of the step that ended the sweep keeps
-  the curve (concurrency -> throughput, p50, p99), the capacity (the curve's highest throughput) and why it
-  stopped, in ``config["capacity"]`` (``servelab.measure.fractions.CAPACITY``), which the report reads.
+``windowed`` measures a load in windows of seconds, as perf_analyzer does (``Windows``), so that both clients
+measure alike; ``sweep_capacity`` finds a stage's capacity by saturation (``Sweep``: doubling the senders to
+the knee) and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
 """
 
 import asyncio
 import json
 import os
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import count, islice, takewhile
 from typing import Any
 
 from servelab.core.artifacts import Manifest
@@ -62,8 +53,7 @@ Client = Callable[[Any, Load, Labels, list[Record]], Record]
 
 
 def servelab_client(**options: Any) -> Client:
-    """servelab's load generator (``run_bench``), its ``ClientOptions`` built once from ``options`` (``timeout_s``,
-    ``sampler``, ``out``, ...)."""
+    """servelab's load generator (``run_bench``), its ``ClientOptions`` built once from ``options``."""
     client = ClientOptions(**options)
 
     def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
@@ -72,9 +62,8 @@ def servelab_client(**options: Any) -> Client:
 
 
 def perf_analyzer_client(**options: Any) -> Client:
-    """perf_analyzer on a Triton target; ``options``: its own (``windows``, ``timeout_s``, ``out``, ...).
-    It records no config: what it measured is in its command. Time windows (``Windows.window_s``) are
-    stretched to hold a few requests at the rate servelab's client just measured of the same load."""
+    """perf_analyzer on a Triton target (``options``: ``run_perf_analyzer``'s), its time windows stretched to hold
+    a few requests at the rate servelab's client just measured of the same load. What it ran is in its command."""
     def run(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
         kwargs = dict(options)
         ours = next((r for r in reversed(earlier) if r.tool == "servelab" and not r.failed), None)
@@ -114,7 +103,7 @@ def _spread(values: list[float | None]) -> float | None:
     """The largest distance of any value from their mean, as a fraction of it (perf_analyzer's test)."""
     if not values or any(v is None for v in values):
         return None
-    mean = sum(values) / len(values)
+    mean = statistics.fmean(values)
     return max(abs(v - mean) for v in values) / mean if mean else None
 
 
@@ -140,10 +129,8 @@ def windowed(windows: Windows, **options: Any) -> Client:
             again = load if attempt == 0 else load.model_copy(update={"warmup": 0, "warmup_s": None})
             record = run_bench(target, again, labels, replace(client, timeline_bin_s=size))
             timeline, record.timeline = record.timeline, None  # per window, kept below; no plot over time
-            count = min(Windows.COUNT, len(timeline.t_s)) if timeline else 0
-            rps = timeline.throughput_rps[:count] if timeline else []
-            p50 = timeline.p50_ms[:count] if timeline else []
-            p99 = timeline.p99_ms[:count] if timeline else []
+            rps, p50, p99 = ([values[:Windows.COUNT] for values in (timeline.throughput_rps, timeline.p50_ms,
+                                                                    timeline.p99_ms)] if timeline else ([], [], []))
             seen += rps
             spread = max((x for x in (_spread(rps), _spread(p50)) if x is not None), default=None)
             stable = spread is not None and spread <= windows.stability_pct / 100
@@ -165,11 +152,9 @@ CAP_PER_CORE = 8
 
 @dataclass(frozen=True)
 class Sweep:
-    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a
-    step adds less than ``growth`` to the throughput (the knee), the cap (``cap`` senders; None:
-    ``CAP_PER_CORE`` × this machine's cores) or ``max_levels`` levels in all (one at a time included) is
-    reached; or at a step servelab's client could not keep up with (client-bound: more senders would measure the
-    client). The capacity is the highest throughput on the curve."""
+    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a step adds
+    less than ``growth`` to the throughput (the knee), the cap (``cap``, else ``CAP_PER_CORE`` × the cores),
+    ``max_levels`` levels in all, or a client-bound step. The capacity is the highest throughput on the curve."""
 
     start: int = 2
     cap: int | None = None
@@ -184,11 +169,8 @@ class Sweep:
         """Every level the sweep may try, in order."""
         if self.fixed:
             return [1, *sorted(c for c in set(self.fixed) if c > 1)]
-        found, c = [1], max(2, self.start)
-        while c <= self.most() and (self.max_levels is None or len(found) < self.max_levels):
-            found.append(c)
-            c *= 2
-        return found
+        doubling = takewhile(lambda c: c <= self.most(), (max(2, self.start) * 2**i for i in count()))
+        return [1, *islice(doubling, None if self.max_levels is None else max(0, self.max_levels - 1))]
 
     def stop(self, curve: list[dict[str, Any]]) -> str | None:
         """Why the sweep ends after the last point of ``curve`` (``fractions.curve_point``s), or None to go on."""
@@ -215,10 +197,9 @@ class Sweep:
 def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
                    ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
                    others: Sequence[Client] = ()) -> list[Record]:
-    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each (a sequential load at 1),
-    until it stops; the record of the last step keeps the curve and the capacity in ``config["capacity"]``.
-    ``others`` (perf_analyzer) then measure the sequential load and the capacity's, right after ours there.
-    Every record, in the order made."""
+    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each, until it stops; the last record
+    keeps the curve and the capacity in ``config["capacity"]``. ``others`` (perf_analyzer) then measure the
+    sequential load and the capacity's. Every record, in the order made."""
     ours = ours or servelab_client()
     curve: list[dict[str, Any]] = []
     records: list[Record] = []

@@ -1,16 +1,12 @@
-"""Utilization recorded with every run, from a background thread (so a busy event loop cannot
-delay the samples): per-core CPU (psutil; the whole machine, client included), the server
-process's resident memory with its children (Triton's backend stubs, uvicorn workers), and
-per-GPU utilization and memory through NVML (nvidia-ml-py). Without a GPU or driver the GPU
-series are simply empty and ``gpu_note`` says why.
-
-    with Monitor(interval_s=0.5, server_pid=pid) as mon:
-        ...  # the measured window
-    monitors = mon.result()
+"""Utilization recorded with every run, from a background thread (so a busy event loop cannot delay the
+samples): per-core CPU (psutil; the whole machine, client included), the server process's resident memory with
+its children, and per-GPU utilization and memory through NVML; without a GPU the GPU series are empty and
+``gpu_note`` says why. ``with Monitor(interval_s, server_pid) as mon: ...`` around the window, then ``mon.result()``.
 """
 
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 import psutil
@@ -37,33 +33,22 @@ def gpu_name(nvml: Any, handle: Any) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _rss(process: psutil.Process) -> int:
-    try:
-        return process.memory_info().rss
-    except (psutil.NoSuchProcess, psutil.AccessDenied):  # a child that just exited
-        return 0
-
-
 class Monitor:
     def __init__(self, interval_s: float = 0.5, server_pid: int | None = None) -> None:
-        self.interval_s = interval_s
-        self.server_pid = server_pid
+        self.interval_s, self.server_pid, self.gpu_note = interval_s, server_pid, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="servelab-monitor", daemon=True)
-        self._t: list[float] = []
-        self._cpu: list[list[float]] = []
-        self._rss: list[float] = []
-        self._gpus: list[GpuSeries] = []
-        self._nvml: Any = None
-        self._handles: list[Any] = []
-        self.gpu_note: str | None = None
+        self._series = Monitors(interval_s=interval_s, server_pid=server_pid)  # the samples, as recorded
 
     def __enter__(self) -> "Monitor":
         self._nvml, self._handles, self.gpu_note = open_nvml()
-        for i, h in enumerate(self._handles):
-            total = self._nvml.nvmlDeviceGetMemoryInfo(h).total / 2**20
-            self._gpus.append(GpuSeries(index=i, name=gpu_name(self._nvml, h), mem_total_mib=total))
-        self._process = self._find_process()
+        self._series.gpus = [GpuSeries(index=i, name=gpu_name(self._nvml, h),
+                                       mem_total_mib=self._nvml.nvmlDeviceGetMemoryInfo(h).total / 2**20)
+                             for i, h in enumerate(self._handles)]
+        self._process = None
+        if self.server_pid is not None:
+            with suppress(psutil.NoSuchProcess):
+                self._process = psutil.Process(self.server_pid)
         psutil.cpu_percent(percpu=True)  # the first reading only sets the baseline
         self._t0 = time.perf_counter()
         self._thread.start()
@@ -75,39 +60,33 @@ class Monitor:
         if self._nvml:
             self._nvml.nvmlShutdown()
 
-    def _find_process(self) -> psutil.Process | None:
-        if self.server_pid is None:
-            return None
-        try:
-            return psutil.Process(self.server_pid)
-        except psutil.NoSuchProcess:
-            return None
-
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s) and len(self._t) < MAX_SAMPLES:
+        t = self._series.t_s
+        while not self._stop.wait(self.interval_s) and len(t) < MAX_SAMPLES:
             self._sample()
         # The partial interval at the end is a sample too (a run shorter than one interval gets one),
         # unless it is too short for a CPU percentage to mean anything.
-        last = self._t[-1] if self._t else 0.0
-        if time.perf_counter() - self._t0 - last > min(0.1, self.interval_s / 2):
+        if time.perf_counter() - self._t0 - (t[-1] if t else 0.0) > min(0.1, self.interval_s / 2):
             self._sample()
 
     def _sample(self) -> None:
-        self._t.append(round(time.perf_counter() - self._t0, 4))
-        self._cpu.append(psutil.cpu_percent(percpu=True))
+        m = self._series
+        m.t_s.append(round(time.perf_counter() - self._t0, 4))
+        m.cpu_pct.append(psutil.cpu_percent(percpu=True))
         if self._process is not None:
             try:
                 procs = [self._process, *self._process.children(recursive=True)]
             except psutil.NoSuchProcess:
                 self._process = None  # the server went away: its series simply ends here
             else:
-                self._rss.append(sum(_rss(p) for p in procs) / 2**20)
-        for series, h in zip(self._gpus, self._handles):
+                rss = 0
+                for p in procs:
+                    with suppress(psutil.NoSuchProcess, psutil.AccessDenied):  # a child that just exited
+                        rss += p.memory_info().rss
+                m.rss_mib.append(rss / 2**20)
+        for series, h in zip(m.gpus, self._handles):
             series.util_pct.append(float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu))
             series.mem_used_mib.append(self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20)
 
     def result(self) -> Monitors:
-        return Monitors(
-            interval_s=self.interval_s, t_s=self._t, cpu_pct=self._cpu, server_pid=self.server_pid,
-            rss_mib=self._rss, gpus=self._gpus, gpu_note=self.gpu_note,
-        )
+        return self._series.model_copy(update={"gpu_note": self.gpu_note})

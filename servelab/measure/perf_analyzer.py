@@ -1,20 +1,10 @@
-"""perf_analyzer interop: real input data for it, and its CSV turned into servelab records.
+"""perf_analyzer interop: real input data for it, its command line, and its CSV turned into servelab records.
 
-* ``input_data(image, input)`` / ``write_input_data(path, image, input)``: the ``--input-data``
-  JSON. ``bytes``: ``{"data": [{"INPUT_IMAGE": ["<base64 of the image>"]}]}`` (one BYTES element,
-  base64 text, as the lab's clients send it); ``tensor``: ``{"data": [{"input": {"b64": ...}}]}``,
-  the real preprocessed float32 [3, 224, 224] tensor, little-endian, instead of perf_analyzer's
-  random default; ``uint8``: ``{"data": [{"image": {"b64": ...}}]}``, the photo's uint8 center
-  crop [224, 224, 3].
-* ``perf_analyzer_command(...)``: the argument list for one load (``-f`` CSV, ``--verbose-csv``,
-  a bounded stability search over time windows of the plan's seconds, or count windows sized by the
-  load's requests where no window is given: ``Windows``).
-* ``run_perf_analyzer(...)``: runs the binary ``perf_analyzer_binary.locate()`` finds (the project's
-  copy, or NVIDIA's Triton SDK image on the node), diffing Triton's statistics around it for the
-  batch-size histogram, and returns the record; a run that measured nothing is a record too, with
-  ``failed`` set to perf_analyzer's own message.
-* ``records_from_csv(text, ...)``: perf_analyzer's CSV (microseconds; rows sorted by throughput;
-  first column ``Concurrency`` or ``Request Rate``) -> ``Record``s, so both tools share one table.
+The ``--input-data`` is the real photo, never perf_analyzer's random default: for ``bytes`` its base64 text in
+one BYTES element, as the lab's clients send it; for ``tensor`` the preprocessed float32 [3, 224, 224] tensor
+(little-endian), for ``uint8`` the photo's [224, 224, 3] center crop, each as ``{"b64": ...}``. Its CSV is in
+microseconds, one row per load (first column ``Concurrency`` or ``Request Rate``). A run that measured nothing
+is a record too, with ``failed`` set to perf_analyzer's own message: a lab goes on.
 """
 
 import asyncio
@@ -68,15 +58,12 @@ DEFAULT_TIMEOUT_S = 300.0  # a perf_analyzer run past this is killed and recorde
 
 @dataclass(frozen=True)
 class Windows:
-    """How a closed-loop run is measured, by both clients: windows of ``window_s`` seconds, three of them
-    reported together (perf_analyzer's count), until the last three agree within ``stability_pct``
-    (throughput and latency) or ``max_trials`` windows have run. perf_analyzer measures in time windows of
-    ``window_s`` (``--measurement-interval``); servelab's client measures the same three windows in one run
-    after its warm-up window (``servelab.measure.measure_stage.windowed``). An open loop (its rate times its
-    seconds of requests) keeps count windows: perf_analyzer 2.50 in request-rate mode with time windows of a
-    fraction of a second failed to find three stable ones even with no stability test (the quick lab). A ``stability_pct`` of 100 or more
-    is no test: three windows, whatever their spread. ``window_s=None``: windows sized by the load's own
-    requests (count windows, the notebooks' runs) or its duration. Its own defaults: 10 % and 10 trials."""
+    """How a run is measured, by both clients: three windows of ``window_s`` seconds reported together
+    (perf_analyzer's count), until the last three agree within ``stability_pct`` (throughput and latency) or
+    ``max_trials`` windows have run; ``stability_pct`` ≥ 100 is no test. servelab's client measures the same
+    windows in one run after its warm-up (``measure_stage.windowed``). An open loop keeps count windows:
+    perf_analyzer 2.50 in request-rate mode found no three stable time windows of a fraction of a second, even
+    untested (the quick lab). ``window_s=None``: windows sized by the load's requests, or its duration."""
 
     stability_pct: float = 10.0
     max_trials: int = 10
@@ -128,10 +115,9 @@ def perf_analyzer_command(
     return cmd + list(extra)
 
 
-def _float(row: dict[str, str], column: str) -> float | None:
-    value = (row.get(column) or "").strip()
+def _float(row: dict[str, str], column: str, per: float = 1.0) -> float | None:
     try:
-        return float(value)
+        return float((row.get(column) or "").strip()) / per
     except ValueError:
         return None
 
@@ -142,45 +128,37 @@ def records_from_csv(
 ) -> list[Record]:
     """One record per CSV row. Throughput is converted from inferences/s to requests/s (÷ batch)."""
     records = []
+    window = (template or Load.sequential()).model_dump(include={"requests", "duration_s", "warmup", "seed"})
     for row in csv.DictReader(io.StringIO(text.strip())):
         row = {k.strip(): v for k, v in row.items() if k is not None}
-        window = (template or Load.sequential()).model_dump(include={"requests", "duration_s", "warmup", "seed"})
         if "Request Rate" in row:
             load = Load(mode="open", rate=_float(row, "Request Rate"), arrivals=arrivals, **window)
         else:
             c = int(_float(row, "Concurrency") or 1)
             load = Load(mode="sequential" if c == 1 else "closed", concurrency=c, **window)
-        us = {name: _float(row, column) for column, name in _PARTS.items()}
-        parts = {name: v / 1000 for name, v in us.items() if v is not None}
+        parts = {name: v for column, name in _PARTS.items() if (v := _float(row, column, 1000)) is not None}
         infer_per_s = _float(row, "Inferences/Second") or 0.0
-        pct = {p: _float(row, f"p{p} latency") for p in (50, 90, 95, 99)}
-        ms = {p: v / 1000 if v is not None else None for p, v in pct.items()}
-        mean = _float(row, "Avg latency")
+        ms = {f"p{p}_ms": _float(row, f"p{p} latency", 1000) for p in (50, 90, 95, 99)}
         compute = [parts[p] for p in _COMPUTE if p in parts]
         records.append(Record(
             tool="perf_analyzer", stage=stage, target=target, load=load, batch=batch,
-            stats=Stats(
-                throughput_rps=infer_per_s / batch, items_per_s=infer_per_s,
-                latency=Latency(mean_ms=mean / 1000 if mean is not None else None,
-                                p50_ms=ms[50], p90_ms=ms[90], p95_ms=ms[95], p99_ms=ms[99]),
-            ),
+            stats=Stats(throughput_rps=infer_per_s / batch, items_per_s=infer_per_s,
+                        latency=Latency(mean_ms=_float(row, "Avg latency", 1000), **ms)),
             breakdown=Breakdown(source="perf_analyzer", queue_ms=parts.get("queue"),
                                 service_ms=sum(compute) if compute else None, parts_ms=parts),
         ))
     return records
 
 
-async def _stats(target: TritonTarget) -> dict[str, Any]:
-    client = await target.connect(1, 10.0)
-    try:
-        return await client.server_stats()
-    finally:
-        await client.close()
-
-
 def _try_stats(target: TritonTarget, warnings: list[str]) -> dict[str, Any] | None:
+    async def stats() -> dict[str, Any]:
+        client = await target.connect(1, 10.0)
+        try:
+            return await client.server_stats()
+        finally:
+            await client.close()
     try:
-        return asyncio.run(_stats(target))
+        return asyncio.run(stats())
     except Exception as exc:  # the breakdown loses its batch histogram, the run goes on
         warnings.append(f"Triton statistics unavailable ({type(exc).__name__}: {exc})")
         return None
@@ -230,11 +208,8 @@ def run_perf_analyzer(
     extra: list[str] | tuple[str, ...] = (), windows: Windows = Windows(), server_pid: int | None = None,
     monitor_interval_s: float = 0.5, timeout_s: float = DEFAULT_TIMEOUT_S, stand_in: str | None = None, out: Path | None = None,
 ) -> Record:
-    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record.
-
-    A run that cannot measure (perf_analyzer missing, exiting non-zero, past ``timeout_s``) is a
-    record with ``failed`` set to perf_analyzer's own message, never an exception: a lab goes on.
-    """
+    """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record (one that could
+    not measure, perf_analyzer missing, failing or past ``timeout_s``, with ``failed`` set: never an exception)."""
     fail = partial(failed_record, target, load, stage=stage, stand_in=stand_in, out=out)
     try:
         pa = locate()

@@ -1,17 +1,14 @@
-"""The run record: one JSON line per measured run, the same for every stage and both tools.
-
-A ``Record`` holds what was measured (``target``, ``config``, ``load``), the client-side
-``stats``, the server-side ``breakdown`` (and ``cache``, where a response cache answered), the ``monitors`` time series, ``machine`` and version
-information, any ``warnings``, and a ``stand_in`` note (set when the model is a stand-in, e.g. the
-zero-shot EfficientNet-Lite0 or the local Python-backend stand-in for Triton's ONNX backend).
-Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps`` requests per
-second, ``_mib`` MiB.
+"""The run record: one JSON line per measured run, the same for every stage and both tools (``Record``: what was
+measured, the client's ``stats``, the server's ``breakdown``, the ``monitors``, the machine, a ``stand_in`` note
+where the model is not the lab's). Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps``
+requests per second, ``_mib`` MiB.
 """
 
 import datetime as dt
 import platform
 import socket
 from collections.abc import Iterable
+from contextlib import suppress
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
@@ -40,14 +37,10 @@ class RunKind(StrEnum):
 
 
 class Load(BaseModel):
-    """The load a run applies and its measurement window.
-
-    ``requests`` measured requests and/or ``duration_s`` seconds of sending (whichever ends
-    first); a warm-up goes first and is never measured: at least ``warmup`` requests and, where
-    ``warmup_s`` is set, at least ``warmup_s`` seconds of sending (``warmup=0, warmup_s=S``: a warm-up
-    window alone); ``max_duration_s`` bounds every run. Open loop sends at times fixed in advance
-    (``rate``, ``arrivals``, ``seed``) with at most ``max_inflight`` requests outstanding; a send that waits for a free slot is *late*.
-    """
+    """The load a run applies and its measurement window: ``requests`` measured requests and/or ``duration_s``
+    seconds of sending, whichever ends first, after a warm-up that is never measured (at least ``warmup`` requests
+    and, where set, ``warmup_s`` seconds); ``max_duration_s`` bounds every run. Open loop sends at times fixed in
+    advance (``rate``, ``arrivals``, ``seed``), at most ``max_inflight`` outstanding: a send that waits is *late*."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -212,14 +205,11 @@ class Monitors(BaseModel):
 
 
 class ServerSeries(BaseModel):
-    """The server's own metrics over one run, read back from Prometheus (servelab.measure.monitoring.run_series).
-
-    ``requests`` is what the server counted between a scrape just before the run and one just after
-    it (warm-up included); ``client_requests`` what the client sent in that span. ``rate_rps`` is the
-    server's successful requests per second between the first and last scrape inside the measured
-    window (``rate_span_s`` apart). ``series``: name -> [[seconds from the window's start, value], ...]
-    from range queries, one point per ``step_s``. ``note`` says what could not be read, and why.
-    """
+    """The server's own metrics over one run, read back from Prometheus (``servelab.measure.monitoring.run_series``):
+    ``requests`` it counted between a scrape just before the run and one just after (warm-up included), beside the
+    ``client_requests`` sent then; ``rate_rps``, its successes per second between the first and last scrape inside
+    the measured window (``rate_span_s`` apart); ``series``, name -> [[seconds from the window's start, value], ...]
+    (range queries, a point per ``step_s``); ``note``: what could not be read, and why."""
 
     source: str = ""
     start_unix: float | None = None
@@ -254,10 +244,9 @@ class Timeline(BaseModel):
 
 
 class PerRequest(BaseModel):
-    """Every measured request of a run, in the order they completed: when it was sent (its scheduled time in
-    an open loop), seconds from the start of the measured window; its latency; its outcome: ``ok``, ``shed:``
-    and the reason, or the error kind; the model version that answered, where the response said (else None).
-    Kept where asked (overload and rollout runs), for latency against time."""
+    """Every measured request of a run (overload and rollout runs), in the order they completed: when it was sent
+    (scheduled, in an open loop; seconds from the window's start), its latency, its outcome (``ok``, ``shed:`` and
+    the reason, or the error kind) and the model version that answered, where the response said."""
 
     sent_s: list[float] = []
     latency_ms: list[float] = []
@@ -266,10 +255,9 @@ class PerRequest(BaseModel):
 
 
 class Rollout(BaseModel):
-    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout_load``). Times are
-    seconds from the start of the measured window; *during* is from the trigger to the later of the rollout
-    call's return and the first answer of the new version; *before* and *after* are the rest of the run.
-    A request counts in the window it completed in."""
+    """A new model version rolled out while the load ran (``servelab.measure.loadgen.rollout_load``), in seconds from
+    the window's start: *during* runs from the trigger to the later of the rollout call's return and the new
+    version's first answer; *before* and *after* are the rest. A request counts where it completed."""
 
     trigger_s: float  # the rollout call started
     done_s: float | None = None  # it returned (None: it failed, see ``error``)
@@ -304,17 +292,14 @@ class ClientSide(BaseModel):
     the client rather than by the server (``bound``: then its throughput is the client's, not a capacity)."""
 
     processes: int = 1
-    # the rate planned for: an open loop's offered rate; a closed loop's in its warm-up (Little's law), else the
-    # last run's of the same target and senders in this process
+    # the rate planned for: an open loop's offered rate, a closed loop's in its warm-up (Little's law) or last run
     expected_rps: float | None = None
     chosen: str = ""  # how ``processes`` was chosen (from the client's cost, asked for, held to one and why)
-    # the warm-up's requests per CPU-second of this client itself (tritonclient included), what the processes are
-    # planned with; None where the warm-up was too short to tell
+    # the warm-up's requests per CPU-second of this client, what the processes are planned with (None: too short)
     warmup_rps_per_cpu: float | None = None
     # the busiest sender's event-loop thread: CPU seconds per second of the window (over half: client-bound)
     busy: float | None = None
-    # the sender processes' event-loop threads (where tritonclient and aiohttp do their work): CPU ms per request
-    # answered in the window, the client's own cost beside the server on a shared machine
+    # the sender processes' event-loop threads (tritonclient and aiohttp's work): CPU ms per request answered
     cpu_ms_per_request: float | None = None
     loop_late: int = 0  # open loop: sends the client's own event loop started over 10 ms late (not a slot's wait)
     bound: bool = False
@@ -385,10 +370,8 @@ def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
     """Host, CPU, memory, Python and package versions: what a number depends on besides the code."""
     versions = {}
     for name in _VERSIONED:
-        try:
+        with suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -6,6 +6,7 @@ description is a number (``batch;desc=4``) is read as the server's batch size fo
 """
 
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from servelab.measure.records import Breakdown
@@ -29,10 +30,8 @@ def parse_server_timing(header: str | None) -> ServerTiming:
             key, _, value = param.partition("=")
             key, value = key.strip().lower(), value.strip().strip('"')
             if key == "dur":
-                try:
+                with suppress(ValueError):
                     durations[name] = float(value)
-                except ValueError:
-                    pass
             elif key == "desc":
                 descriptions[name] = value
     return ServerTiming(durations, descriptions)
@@ -60,12 +59,8 @@ class TimingSums:
         if not self.sums:
             return None
         mean = {name: self.sums[name] / self.counts[name] for name in self.sums}
-        if "preprocess" in mean or "infer" in mean:
-            service = mean.get("preprocess", 0.0) + mean.get("infer", 0.0)
-        elif "total" in mean:
-            service = mean["total"] - mean.get("queue", 0.0)
-        else:
-            service = None
+        service = (mean.get("preprocess", 0.0) + mean.get("infer", 0.0) if "preprocess" in mean or "infer" in mean
+                   else mean["total"] - mean.get("queue", 0.0) if "total" in mean else None)
         # A batch of b images is seen once per image it served, so it executed images / b times.
         executions = {b: n / b for b, n in self.images_by_batch.items()}
         served = sum(self.images_by_batch.values())

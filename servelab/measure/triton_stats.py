@@ -1,12 +1,9 @@
 """Triton's statistics extension (``GET /v2/models/<model>/stats``), diffed across a run.
 
-Triton's counters are cumulative since the model loaded, so a run's server-side view is
-``after - before``: per-request means of queue, compute input, compute infer and compute output,
-and the histogram of batch sizes the scheduler formed (``batch_stats``: one entry per batch size,
-``compute_infer.count`` = executions of that size). Works with the HTTP JSON (integers) and the
-gRPC ``as_json`` form (64-bit integers as strings). For an ensemble the snapshot also carries
-``ensemble_steps`` (its composing models), whose queue times make up the ensemble's queueing.
-A model with ``response_cache { enable: true }`` counts its hits and misses (``cache_counts``).
+Triton's counters are cumulative since the model loaded, so a run's server-side view is ``after - before``:
+per-request means of each phase and the batch sizes the scheduler formed. Works with the HTTP JSON (integers) and
+the gRPC ``as_json`` form (64-bit integers as strings). An ensemble's snapshot also carries ``ensemble_steps``
+(its composing models), whose queue times make up the ensemble's queueing.
 """
 
 from typing import Any

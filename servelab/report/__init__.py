@@ -1,15 +1,9 @@
-"""The report: run records -> ``results/report.md`` (lessons, plots), ``report-tables.md`` (the long tables), every section in one place.
+"""The report: run records -> ``results/report.md`` (lessons, plots) and ``report-tables.md`` (the long tables).
 
-* ``render`` — the report itself: ``render_report(records, out_dir)``, ``summary_table(records)`` (what
-  ``servelab load`` prints), ``markdown_table(records)``, the hardware header, the plots;
-* ``lessons`` — the first screen: each change the notebooks teach, its measured ratio, contradictions flagged;
-* ``plots`` — small multiples per stage family, one colour per stage;
-* ``compare`` — the two clients side by side: perf_analyzer against servelab's load generator;
-* ``precision`` — the model variants side by side;
-* ``timelines`` — the Ray Serve section: replica placement, step load and node failure over time;
-* ``server_view`` — the servers' own view from Prometheus beside the load generator's.
-
-The command front is ``servelab.cli.report``."""
+``render`` writes both; ``lessons`` is the first screen (each change the notebooks teach, its measured ratio,
+contradictions flagged); ``plots`` draws small multiples per stage family; ``compare`` sets perf_analyzer beside
+servelab's load generator; ``precision`` the model variants; ``timelines`` the Ray Serve and overload runs over
+time; ``server_view`` the servers' own view from Prometheus. The command front is ``servelab.cli.report``."""
 
 
 import jinja2

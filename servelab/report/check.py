@@ -1,17 +1,11 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
-A grader's check, not proof. Each record must have run on a GPU node (its GPUs and NVIDIA driver recorded;
-``servelab lab``'s runs with ``--device gpu``) with the lab's model (no ``stand_in``); every time must fall inside one
-lease (``LEASE``: all records within three hours, none in the future, each run's start beside its measured
-window); the records must agree with each other (one machine, no run twice) and with the report written from
-them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check looks
-for: a throughput that is not the successes over the measured time, items per second that are not throughput
-x batch, counts that do not add up, percentiles that are not those of the latencies the record kept (its
-0..100 curve, and every request where it kept them).
-
-``check(path) -> Verdict``: the submission's summary and its findings, one line each (a finding that repeats
-over many records is one line that names them). Bad input (no folder, unreadable files, lines that are not
-records) is a finding too, never an exception.
+A grader's check, not proof. Each record must have run on a GPU node with the lab's model (no ``stand_in``),
+within one lease (``LEASE``), agreeing with the others (one machine, no run twice) and with the report written
+from them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check
+looks for: figures the record derives from others that do not follow (throughput, items per second, counts),
+percentiles that are not those of the latencies it kept. ``check(path) -> Verdict``: one line per finding (one
+that repeats over many records names them); bad input is a finding too, never an exception.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import dropwhile, takewhile
 from pathlib import Path
 
 from servelab.measure.records import DEFAULT_RECORDS, Record
@@ -158,9 +153,8 @@ def _percentiles(r: Record) -> list[str]:
         elif ok:
             # The load generator's own summary of the kept latencies (``latency_summary``), not a second one.
             again = latency_summary([ms / 1e3 for ms in ok])
-            values = {name: getattr(again, name) for name in ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms")}
-            off = [f"{name} {getattr(lat, name):.4g} (requests {v:.4g})" for name, v in values.items()
-                   if not _close(getattr(lat, name), float(v), 1e-4, KEPT_MS)]
+            off = [f"{name} {getattr(lat, name):.4g} (requests {getattr(again, name):.4g})" for name, _ in PERCENTILES
+                   if not _close(getattr(lat, name), getattr(again, name), 1e-4, KEPT_MS)]
             if off:
                 found.append("percentiles do not match the requests kept (per_request): " + ", ".join(off))
     return found
@@ -181,15 +175,6 @@ def _times(r: Record) -> list[str]:
     if r.stats.wall_s is not None and r.stats.wall_s > (w[1] - w[0]) * 1.05 + 1.0:
         found.append(f"wall time {r.stats.wall_s:.4g} s is longer than its measured window ({w[1] - w[0]:.4g} s)")
     return found
-
-
-def _grouped(per_record: dict[str, list[str]]) -> list[str]:
-    """One line per finding, naming the records it holds for (the first few, then how many more)."""
-    lines = []
-    for what, places in per_record.items():
-        more = f" and {len(places) - SHOWN} more" if len(places) > SHOWN else ""
-        lines.append(f"{'; '.join(places[:SHOWN])}{more}: {what}")
-    return lines
 
 
 def _span(placed: Sequence[Placed], now: float) -> tuple[str, list[str]]:
@@ -234,27 +219,18 @@ def _copies(placed: Sequence[Placed]) -> tuple[dict[tuple[float, float], str], l
     found = []
     for p in placed:
         if p.record.window_unix and len(p.record.window_unix) == 2:
-            key = tuple(p.record.window_unix)
-            if key in windows:
-                found.append(f"{p.where} is a copy of {windows[key]} (the same measured window)")
-            else:
-                windows[key] = p.where
+            if (first := windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
+                found.append(f"{where} is a copy of {first} (the same measured window)")
     return windows, found
 
 
 def _table_rows(text: str) -> list[str]:
     """The rows of the first Markdown table after ``## Comparison`` (the report's table of every run)."""
-    rows, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            if inside:
-                break
-            inside = line.strip() == "## Comparison"
-        elif inside and line.startswith("|"):
-            rows.append(line.strip())
-        elif inside and rows:
-            break
-    return rows[2:]  # the header and its rule
+    lines = text.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.strip() == "## Comparison"), len(lines))
+    table = takewhile(lambda line: line.startswith("|"),
+                      dropwhile(lambda line: not line.startswith(("|", "## ")), lines[at + 1:]))
+    return [line.strip() for line in table][2:]  # the header and its rule
 
 
 def report_findings(folder: Path, records: list[Record]) -> list[str]:
@@ -288,15 +264,9 @@ def check(path: Path, now: float | None = None) -> Verdict:
     """Check one submission: a ``results`` folder (records.jsonl and the report), or one JSONL file (records only)."""
     path = Path(path)
     verdict = Verdict(path)
-    if path.is_dir():
-        records_file, folder = path / DEFAULT_RECORDS.name, path
-    elif path.is_file():
-        records_file, folder = path, None
-    else:
-        verdict.findings = ["no such folder or file"]
-        return verdict
+    records_file, folder = (path / DEFAULT_RECORDS.name, path) if path.is_dir() else (path, None)
     if not records_file.is_file():
-        verdict.findings = [f"no {records_file.name} in it"]
+        verdict.findings = [f"no {records_file.name} in it" if folder else "no such folder or file"]
         return verdict
     placed, verdict.findings = read(records_file)
     if not placed:
@@ -309,7 +279,9 @@ def check(path: Path, now: float | None = None) -> Verdict:
     when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
     machine, machines = _machines(placed)
     verdict.windows, copies = _copies(placed)
-    verdict.findings += _grouped(per_record) + span + machines + copies
+    # One line per finding, naming the records it holds for (the first few, then how many more).
+    verdict.findings += [f"{'; '.join(places[:SHOWN])}{f' and {len(places) - SHOWN} more' * (len(places) > SHOWN)}: "
+                         f"{what}" for what, places in per_record.items()] + span + machines + copies
     if folder is not None:
         verdict.findings += report_findings(folder, [p.record for p in placed])
     verdict.about = f"{len(placed)} records of {len({p.record.stage for p in placed})} stages on {machine}, {when}"

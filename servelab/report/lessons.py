@@ -1,31 +1,19 @@
 """The report's first screen: each lesson of the lab as "what changed → what it did", from the records.
 
-A lesson is one change the notebooks teach (PyTorch → ONNX Runtime, dynamic batching, more instances,
-a model variant, preprocessing on the server, Ray Serve's replicas and proxy, autoscaling, a node's
-failure, queueing under open-loop load, shedding above capacity, a response cache, a rollout under load), measured as a ratio of two of this run's records, with the
-figures it rests on and a one-line reason. ``EXPECT`` holds, in one place, what the notebooks say each
-change does (on a CPU and on a GPU, where they differ); a measurement that goes the other way is said
-plainly ("contradicts 4_fastapi: ..."), never hidden.
+A lesson is one change the notebooks teach, measured as a ratio of two of this run's records, with the figures
+it rests on. ``EXPECT`` holds, in one place, what the notebooks say each change does (on a CPU and on a GPU,
+where they differ); a measurement that goes the other way is said plainly ("contradicts 4_fastapi: ..."), never
+hidden. Which stages a lesson compares is the catalogue's to say (``servelab.core.catalogue.compared``).
 
-A ratio comes with its spread over the windows its two runs were measured in (``spread``: the least and the
-most of any window of one over any window of the other, from ``config["windows"]``), so that a lesson reads
-the same from one run of the lab to the next: a spread that includes 1 is no measurable change, neither a
-gain, a loss nor a contradiction, whatever the ratio (``judge``); a spread wholly beyond what the notebooks
-expect contradicts them. Runs that kept no windows are judged on the ratio alone, with ``NOISE`` for the spread
-they did not record, and their line says so. A lesson whose stages were
-not both measured says so in one line. Which stages a lesson compares is the catalogue's to say: each
-stage names its ``lesson`` (a key of ``LESSONS``) and its ``baseline`` (``servelab.core.catalogue.compared``).
+A ratio comes with its spread over the windows its runs were measured in (``spread``), so that a lesson reads the
+same from one run of the lab to the next: a spread that includes 1 is no measurable change, whatever the ratio;
+a spread wholly beyond what the notebooks expect contradicts them (``judge``). Runs that kept no windows are
+judged on the ratio alone, within ``NOISE``, and their line says so. INT8 on a CPU is judged beside what that
+CPU can do (``int8_on_cpu``): faster than fp32 with VNNI, slower with AVX2 alone, no direction elsewhere.
 
-INT8 on a CPU is a lesson only beside what the CPU that ran it can do: each of its lines says whether that CPU
-has fast 8-bit instructions (``servelab.core.hardware.int8_compute`` on the flags its record kept), and what is
-expected of INT8 follows from it: faster than fp32 on x86 with VNNI, slower on x86 with AVX2 alone, no
-direction elsewhere or where the record did not keep the flags.
-
-A throughput lesson is a ratio of capacities, as ``servelab.measure.fractions`` computes them
-(``capacity_ratio``): each stage at the top of its own concurrency sweep, wherever its knee was, so a stage
-is never held to another's number of senders. Latency is a separate figure beside it, at one stated
-concurrency both stages were measured at (``ratio_runs``: 16 senders, else the most both have). The
-open-loop lessons use the stage's capacity (``fractions.capacity``) as the lab does.
+A throughput lesson is a ratio of capacities (``fractions.capacity_ratio``: each stage at the top of its own
+sweep), never one stage held to another's number of senders; latency stands beside it at one stated concurrency
+both were measured at (``fractions.ratio_runs``).
 """
 
 from collections.abc import Callable, Iterator
@@ -42,6 +30,7 @@ from servelab.measure.fractions import (
     capacity_ratio,
     client_bound_note,
     closed_run,
+    device_of,
     ratio_runs,
     where,
 )
@@ -166,15 +155,11 @@ def notebook_of(stage: str) -> str:
     return STAGES[stage].notebook if stage in STAGES else "the notebooks"
 
 
-def _windows(record: Record, figure: str) -> list[float]:
-    return [v for v in record.config.get(WINDOWS, {}).get(figure) or [] if v is not None]
-
-
 def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
     """The least and the most ``top``'s ``figure`` (``throughput_rps``, ``p50_ms`` or ``p99_ms``) ÷ ``bottom``'s took
     over the windows both runs were measured in: any window of one over any window of the other. None where
     either kept fewer than two windows, or ``bottom`` had a window with none (nothing served: no ratio)."""
-    a, b = _windows(top, figure), _windows(bottom, figure)
+    a, b = ([v for v in r.config.get(WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
     return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
 
 
@@ -208,9 +193,8 @@ def _finding(key: Lesson, pair: str, figures: str, ratio: float, extra: str, e: 
 
 def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, b: "",
                 expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
-    """Findings of capacity ratios of the lesson's pairs (``capacity_ratio``: each stage at the top of its own
-    sweep), with the p50 of both at one stated concurrency beside them (``ratio_runs``); ``expect`` (the top
-    record, the device -> the bound and what to say of it) where the bound is the record's."""
+    """Findings of the capacity ratios of the lesson's pairs, with both p50s at one stated concurrency beside them;
+    ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
             got = capacity_ratio(records, top, bottom)
@@ -233,10 +217,6 @@ def _latency_at(records: list[Record], top: str, bottom: str) -> str:
     level, a, b = runs
     at = "one at a time" if level == 1 else f"{level} senders"
     return f"p50 at {at} {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms"
-
-
-def _mean_batch(a: Record, b: Record) -> str:
-    return f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""
 
 
 # The variants the catalogue's stages serve against fp32, in its order (each its own lesson).
@@ -292,14 +272,16 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
                        _expect(Lesson.QUEUEING, device), top, alone, "p50_ms")
 
 
-def _overload_run(records: list[Record], stage: str) -> Record | None:
-    return next((r for r in records if r.stage == stage and r.config.get("run") == RunKind.OVERLOAD and not r.failed
-                 and r.stats.latency.p99_ms), None)
+def _runs(records: list[Record], stages: tuple[str, str], kind: RunKind, measured: Callable[[Record], object]):
+    """Each of ``stages``' first run made for ``kind`` that measured what ``measured`` reads (else None)."""
+    return (next((r for r in records if r.stage == stage and r.config.get("run") == kind and not r.failed
+                  and measured(r)), None) for stage in stages)
 
 
 def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.SHEDDING):
-        a, b, alone = _overload_run(records, top), _overload_run(records, bottom), closed_run(records, top, 1)
+        a, b = _runs(records, (top, bottom), RunKind.OVERLOAD, lambda r: r.stats.latency.p99_ms)
+        alone = closed_run(records, top, 1)
         if not (a and b):
             continue
         ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect(Lesson.SHEDDING, device)
@@ -318,8 +300,7 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
 
 def _cached(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.CACHE):
-        a, b = (next((r for r in records if r.stage == name and r.config.get("run") == RunKind.CACHE and not r.failed
-                      and r.stats.throughput_rps), None) for name in (top, bottom))
+        a, b = _runs(records, (top, bottom), RunKind.CACHE, lambda r: r.stats.throughput_rps)
         if not (a and b):
             continue
         ratio = a.stats.throughput_rps / b.stats.throughput_rps
@@ -379,7 +360,8 @@ def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
 # The report's lessons, in its order: every one of the catalogue's (a test holds it).
 LESSONS: tuple[LessonReport, ...] = (
     LessonReport(Lesson.ONNX, "PyTorch → ONNX Runtime", _throughput(Lesson.ONNX)),
-    LessonReport(Lesson.BATCHING, "Dynamic batching", _throughput(Lesson.BATCHING, _mean_batch)),
+    LessonReport(Lesson.BATCHING, "Dynamic batching", _throughput(Lesson.BATCHING, lambda a, b: (
+        f"mean batch {num(a.breakdown.mean_batch_size, 1)}" if a.breakdown and a.breakdown.mean_batch_size else ""))),
     LessonReport(Lesson.INSTANCES, "More instances (Triton)", _throughput(Lesson.INSTANCES)),
     *(LessonReport(Lesson.of_variant(v), f"Model variant {v} instead of fp32", _variant(v)) for v in VARIANTS),
     LessonReport(Lesson.SERVER_PREPROCESSING, "Preprocessing on the server (ensemble)", _throughput(Lesson.SERVER_PREPROCESSING)),
@@ -392,12 +374,6 @@ LESSONS: tuple[LessonReport, ...] = (
     LessonReport(Lesson.CACHE, "A response cache under a skewed mix of photos", _cached),
     LessonReport(Lesson.ROLLOUT, "A new model version rolled out under load", _rollout),
 )
-
-
-def device_of(records: list[Record]) -> str:
-    """"gpu" where every servelab record ran with ``--device gpu``; "cpu" otherwise."""
-    ours = [r for r in records if r.tool == "servelab"]
-    return "gpu" if ours and all(r.config.get("device") == "gpu" for r in ours) else "cpu"
 
 
 def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:

@@ -1,17 +1,8 @@
-"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI,
-Triton, Ray Serve; stages outside the catalogue in a last row), each stage in one colour in every plot
-and every run (its place in its family in the catalogue), legends beside the panels, never over them.
-
-* ``sweep_concurrency``: latency (p50 solid, p99 dotted) and throughput against closed-loop senders;
-* ``sweep_rate``: open loop, with the offered rate as a fraction of the stage's own capacity (the top of
-  its concurrency sweep, ``servelab.measure.fractions.capacity``),
-  so stages of very different speed share one axis; throughput as the same fraction, with the
-  diagonal a server keeps to while it keeps up;
-* ``cdf``: latency CDFs per family at comparable loads: one at a time, the highest closed-loop
-  concurrency, and Poisson arrivals at the highest fraction of capacity offered.
-
-servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the
-tables (``report-tables.md``).
+"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI, Triton, Ray
+Serve; stages outside the catalogue in a last row), each stage in one colour in every plot and every run (its
+place in its family in the catalogue), legends beside the panels, never over them. Open-loop rates are drawn as a
+fraction of each stage's own capacity (``fractions.capacity``), so that stages of very different speed share one
+axis. servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the tables.
 """
 
 from collections import defaultdict
@@ -74,11 +65,15 @@ def _log_ms(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _legend(ax) -> None:
-    """The stages' legend beside the row's last panel, outside the data."""
-    handles, labels = ax.get_legend_handles_labels()
+def _legend(*axes) -> None:
+    """The stages' legend beside the last of ``axes`` (a row's panels), outside the data: each label once."""
+    handles = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
     if handles:
-        ax.legend(handles, labels, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        axes[-1].legend(handles.values(), handles.keys(), fontsize="x-small", loc="upper left",
+                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
 
 def sweep_concurrency(records: list[Record], out: Path) -> bool:
@@ -206,14 +201,7 @@ def cdf(records: list[Record], out: Path) -> bool:
             _log_ms(ax.xaxis)
             ax.grid(alpha=0.3)
         row[0].set_ylabel("fraction of requests")
-        # Every stage of the family, once, beside the row (a stage may be missing from a panel).
-        handles = {}
-        for ax in row:
-            for h, label in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(label, h)
-        if handles:
-            row[-1].legend(handles.values(), handles.keys(), fontsize="x-small", loc="upper left",
-                           bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        _legend(*row)  # every stage of the family, once, beside the row (a stage may be missing from a panel)
     for ax in axes[-1]:
         ax.set_xlabel("latency (ms, log)")
     fig.savefig(out, dpi=100)

@@ -1,13 +1,10 @@
 """The model variants side by side: what each costs and what it gives up, from the lab's records.
 
-A run of ``servelab lab`` names each variant stage's model in its records (``config["variant"]``).
-Per stage, its run at capacity (``servelab.measure.fractions.capacity``: the top of its concurrency sweep;
-in records made before the sweep, the closed-loop run at its highest concurrency; servelab's client) gives throughput,
-and the monitor's samples give CPU time per request: mean CPU % x cores x wall time / successes.
-That is the whole machine's CPU, client included, so it compares variants measured alike, not
-the model alone. Size is the model file's; agreement with fp32 (top-1 on the evaluation photos) is
-what ``servelab models build`` recorded in ``food11_variants.json`` (``servelab.core.variants.build``),
-where it is there.
+Per variant stage (``config["variant"]``), its run at capacity (``servelab.measure.fractions.capacity``) gives
+throughput, and the monitor's samples CPU time per request: mean CPU % x cores x wall time / successes. That is
+the whole machine's CPU, client included, so it compares variants measured alike, not the model alone. Size is
+the model file's; agreement with fp32 (top-1 on the evaluation photos) is what ``servelab models build`` recorded
+(``servelab.core.variants.build``), where it is there.
 """
 
 from dataclasses import dataclass
@@ -57,8 +54,7 @@ def markdown(found: list[Row], model_dir: Path) -> str:
         agreement = "-" if agreement is None else f"{100 * agreement:.1f} %"
         rps, base = row.record.stats.throughput_rps, baseline.get(row.family)
         ratio = f"{rps / base:.2f}" if base else "-"
-        cpu = cpu_ms_per_request(row.record)
         cells.append((row.stage, row.variant, size, agreement, row.record.load.label(), f"{rps:.1f}", ratio,
-                      "-" if cpu is None else f"{cpu:.1f}"))
+                      tables.num(cpu_ms_per_request(row.record))))
     return tables.markdown(("stage", "variant", "model MB", "top-1 agreement with fp32", "load", "req/s", "× fp32",
                             "CPU ms / request"), cells, "llrrlrrr")

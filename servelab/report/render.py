@@ -1,16 +1,9 @@
 """The report (``servelab report``): records (JSON lines from ``servelab load`` / ``servelab lab``) ->
-``results/report.md``, which opens with the lessons (``servelab.report.lessons``: each change the
-notebooks teach, its measured ratio, and a flag where it contradicts them), each stage's capacity and the
-curve its concurrency sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long tables (a row per run, the two clients,
-the servers' own counts, the warnings). Their prose and the order of their sections are Jinja2 templates
-(``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections' tables and lines come from here.
-
-Library: ``render_report(records, out_dir) -> Path``; ``summary_table(records)`` (plain text, what
-``servelab load`` prints) and ``markdown_table(records)``. Plots (matplotlib, Agg; each only when
-the records hold its data): small multiples per stage family (``servelab.report.plots``) of latency
-and throughput vs concurrency and vs offered load as a fraction of capacity, and latency CDFs at
-comparable loads; the server's batch-size histogram, CPU/GPU/memory utilization timelines, and the
-servers' own metrics read back from Prometheus (servelab.report.server_view) where the lab ran it.
+``results/report.md``, which opens with the lessons (``servelab.report.lessons``), each stage's capacity and the
+curve its sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long
+tables (a row per run, the two clients, the servers' own counts, the warnings). Their prose and the order of
+their sections are Jinja2 templates (``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections'
+tables, lines and plots (matplotlib, Agg; each only where the records hold its data) come from here.
 """
 
 import datetime as dt
@@ -37,11 +30,9 @@ TABLES = "report-tables.md"  # the long tables, beside report.md
 def _errors(record: Record) -> str:
     if record.failed:
         return "FAILED"
-    errors = record.stats.errors
-    if not errors:
+    if not record.stats.errors:
         return "0" if record.stats.requests is not None else "-"
-    kinds = ", ".join(f"{kind} {n}" for kind, n in errors.items())
-    return f"{record.stats.error_count} ({kinds})"
+    return f"{record.stats.error_count} ({', '.join(f'{kind} {n}' for kind, n in record.stats.errors.items())})"
 
 
 def summary_rows(records: list[Record]) -> list[dict[str, str]]:
@@ -74,11 +65,6 @@ def markdown_table(records: list[Record]) -> str:
     return tables.markdown(COLUMNS, [[row[c] for c in COLUMNS] for row in summary_rows(records)])
 
 
-def _series_key(r: Record) -> str:
-    tool = " (perf_analyzer)" if r.tool == "perf_analyzer" else ""
-    return f"{r.stage}{tool}" + (f" b={r.batch}" if r.batch > 1 else "")
-
-
 def _plot_batches(records: list[Record], out: Path) -> bool:
     runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
     # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
@@ -90,10 +76,11 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
     ax = axes[0][0]
     width = 0.8 / len(runs)
     for i, r in enumerate(runs):
-        hist = r.breakdown.batch_sizes
+        hist, tool = r.breakdown.batch_sizes, " (perf_analyzer)" * (r.tool == "perf_analyzer")
         total = sum(hist.values())
         ax.bar([s + (i - (len(runs) - 1) / 2) * width for s in sizes], [hist.get(s, 0) / total for s in sizes],
-               width, label=f"{_series_key(r)}, {r.load.label()} (mean {num(r.breakdown.mean_batch_size, 2)})")
+               width, label=f"{r.stage}{tool}{f' b={r.batch}' * (r.batch > 1)}, {r.load.label()} "
+                            f"(mean {num(r.breakdown.mean_batch_size, 2)})")
     ax.set_xticks(sizes)
     ax.set_xlabel("batch size formed on the server")
     ax.set_ylabel("fraction of executions")
@@ -111,9 +98,14 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
         return False
     have_gpu = any(r.monitors.gpus for r in runs)
     have_rss = any(r.monitors.rss_mib for r in runs)
-    panels = ["cpu"] + ["gpu", "gpu_mem"] * have_gpu + ["rss"] * have_rss
+    panels = {"cpu": "CPU %", **({"gpu": "GPU util %", "gpu_mem": "GPU memory (MiB)"} if have_gpu else {}),
+              **({"rss": "server RSS (MiB)"} if have_rss else {})}  # name -> its y label
     fig, axes = plots.figure(len(panels), 1, width=11.0, height=2.6, legend_room=0)
     ax_of = {name: axes[i][0] for i, name in enumerate(panels)}
+    for name, label in panels.items():
+        ax_of[name].set_ylabel(label)
+        if name in ("cpu", "gpu"):  # percentages
+            ax_of[name].set_ylim(0, 105)
     offset = 0.0
     for r in runs:
         m = r.monitors
@@ -131,16 +123,8 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
             ax.axvline(offset, color="grey", lw=0.5)
         ax_of["cpu"].text(offset, 102, f" {r.stage}: {r.load.label()}", fontsize=6, va="top", ha="left", rotation=90)
         offset = t[-1] + m.interval_s
-    ax_of["cpu"].set_ylabel("CPU %")
-    ax_of["cpu"].set_ylim(0, 105)
     note = "" if have_gpu else f"; no GPU samples: {runs[0].monitors.gpu_note or 'no GPU'}"
     ax_of["cpu"].set_title(f"CPU utilization, mean of cores (dark) and busiest core (light){note}", fontsize=9)
-    if have_gpu:
-        ax_of["gpu"].set_ylabel("GPU util %")
-        ax_of["gpu"].set_ylim(0, 105)
-        ax_of["gpu_mem"].set_ylabel("GPU memory (MiB)")
-    if have_rss:
-        ax_of["rss"].set_ylabel("server RSS (MiB)")
     axes[-1][0].set_xlabel("time across runs (s; runs placed end to end)")
     fig.savefig(out, dpi=110)
     return True

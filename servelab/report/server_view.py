@@ -1,9 +1,6 @@
-"""The report's Prometheus section: the servers' own view of each run beside the load generator's.
-
-A table per run (requests counted by the client and by the server, which must be equal; rates, which
-must agree within 5 % where the run is long enough to compare), and one figure of the range-query
-series, every run end to end, with the client's own throughput and median drawn over each run.
-"""
+"""The report's Prometheus section: the servers' own view of each run beside the load generator's: a table of
+the two counts and rates per run (``run_series.agreements``), and one figure of the range-query series, every run
+end to end, the client's own throughput and median drawn over each."""
 
 from typing import Any
 
@@ -25,11 +22,6 @@ PANELS = (  # panel title, the series drawn in it (by name, as run_series names 
 )
 
 
-def _notes(records: list[Record]) -> list[str]:
-    """The distinct notes of the runs' queries (each record's note joins several with "; ")."""
-    return sorted({part for r in records if r.prometheus.note for part in r.prometheus.note.split("; ")})
-
-
 def section(records: list[Record]) -> dict[str, Any] | None:
     """The Prometheus section of ``report-tables.md.j2``: None where no run had Prometheus; else the queries'
     notes and, where it answered, each run's agreement as a table and how many disagree."""
@@ -41,7 +33,9 @@ def section(records: list[Record]) -> dict[str, Any] | None:
     rows = [[a.stage, a.tool, a.load, num(a.client_requests, 0), num(a.server_requests, 0), verdict[a.counts_agree],
              num(a.client_rps), num(a.server_rps), num(a.server_span_s), num(a.rate_ratio, 3), verdict[a.rates_agree]]
             for a in found]
-    return {"notes": "; ".join(_notes(with_prom)), "runs": len(found), "tolerance": RATE_TOLERANCE,
+    # The distinct notes of the runs' queries (each record's note joins several with "; ").
+    notes = sorted({part for r in with_prom if r.prometheus.note for part in r.prometheus.note.split("; ")})
+    return {"notes": "; ".join(notes), "runs": len(found), "tolerance": RATE_TOLERANCE,
             "min_requests": MIN_RATE_REQUESTS, "table": found and markdown_table(COLUMNS, rows, "lllrrlrrrrl"),
             "disagree": sum(a.counts_agree is False or a.rates_agree is False for a in found)}
 

@@ -1,7 +1,6 @@
-"""Runs over time, for the report's Ray Serve section (replica placement by node id, and the runs with a timeline:
-step load, node failure) and its overload section (open loops above a stage's capacity, with and without a bound
-on its queue: accepted p99 against the service time, shed and failed requests): their tables (``sections``, which
-``report.md.j2`` sets in prose) and a plot of throughput, latency, errors and replicas over time."""
+"""Runs over time: the report's Ray Serve section (replica placement by node id; step load and node failure) and
+its overload section (open loops above a stage's capacity, with and without a bound on its queue): their tables
+(``sections``, set in prose by ``report.md.j2``) and plots of throughput, latency, errors and replicas over time."""
 
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,6 @@ from servelab.measure.records import Record, RunKind
 from servelab.report.plots import figure
 
 
-def _short(node_id: str | None) -> str:
-    return (node_id or "?")[:8]
-
-
 def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
     seen, rows = set(), []
     for r in records:
@@ -24,7 +19,7 @@ def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
             continue
         seen.add(r.stage)
         proxy = r.config.get("proxy_node_id")
-        nodes = ", ".join(f"`{_short(n)}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
+        nodes = ", ".join(f"`{(n or '?')[:8]}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
         rows.append((r.stage, str(sum(per_node.values())), str(len(per_node)), nodes))
     return rows
 

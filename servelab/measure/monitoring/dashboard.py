@@ -1,11 +1,9 @@
 """The Grafana dashboard, as code: built with Grafana's own Foundation SDK (``grafana-foundation-sdk``).
 
-One row per stage family (FastAPI, Triton, Ray Serve, the machine),
-each panel one PromQL expression, the same expressions the lab reads back after each run where one
-exists (servelab.measure.monitoring.run_series), here over Grafana's own rate window. ``python -m
-servelab.measure.monitoring.dashboard`` (``make dashboard``) writes ``docker/grafana/dashboards/servelab.json``
-and the provisioning files that point Grafana at it and at Prometheus; a test keeps the committed
-files equal to what this module generates and parses them back with the SDK.
+One row per stage family (FastAPI, Triton, Ray Serve, the machine), each panel one PromQL expression, the same the
+lab reads back after each run where one exists (``servelab.measure.monitoring.run_series``), over Grafana's rate
+window. ``python -m servelab.measure.monitoring.dashboard`` (``make dashboard``) writes
+``docker/grafana/dashboards/servelab.json`` and the provisioning files; a test keeps them equal to what this writes.
 """
 
 import json

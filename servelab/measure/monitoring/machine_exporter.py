@@ -1,11 +1,8 @@
 """The machine's CPU, memory and GPUs as Prometheus metrics (``servelab.run.lab_metrics`` serves them from a thread).
 
-Locally this replaces node exporter and NVIDIA's dcgm-exporter (which run as containers on the lab
-node, docker/docker-compose-monitoring.yaml): psutil and NVML read the same counters the run records'
-monitors sample, so Prometheus' view and the records can be compared, and nothing else has to be
-installed. Metric names follow node exporter's where they mean the same thing (``node_cpu_seconds_total``,
-``node_memory_MemTotal_bytes``, ``node_memory_MemAvailable_bytes``), so one dashboard reads both;
-GPU figures use dcgm-exporter's names (``DCGM_FI_DEV_GPU_UTIL``, ``DCGM_FI_DEV_FB_USED`` in MiB).
+Locally this replaces node exporter and dcgm-exporter (containers on the lab node): psutil and NVML read the same
+counters the records' monitors sample, so Prometheus' view and the records can be compared, with nothing else to
+install. The metrics keep node exporter's and dcgm-exporter's names, so that one dashboard reads both.
 """
 
 from collections.abc import Iterator

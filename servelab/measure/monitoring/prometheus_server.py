@@ -1,14 +1,9 @@
 """What the local lab's Prometheus scrapes and how it is read back (``servelab.run.lab_metrics`` starts it).
 
-Scrape targets are data: each server the lab starts registers its metrics URL with a ``Targets``
-file (Prometheus' ``file_sd_configs``, rewritten atomically; Prometheus watches it), under a job
-named for its family (``fastapi``, ``triton``, ``machine``; a Ray Serve stage adds ``ray``) and
-labelled with its stage. Prometheus listens on 127.0.0.1 only and keeps its data, with bounded
-retention, in the folder it is given (the lab's ``results/prometheus``; tests: a tmp folder).
-
-``PrometheusClient`` is the HTTP API the lab and the tests read back: instant and range queries,
-and ``settle()``, which waits until every target has been scraped after a given moment, so a counter
-read afterwards includes everything that happened before it.
+Each server the lab starts registers its metrics URL in a ``Targets`` file (Prometheus' ``file_sd_configs``,
+rewritten atomically), under a job named for its family and labelled with its stage. ``PrometheusClient`` is the
+HTTP API read back: instant and range queries, and ``settle()``, which waits until every target has been scraped
+after a given moment, so that a counter read afterwards includes everything that happened before it.
 """
 
 import json
@@ -26,14 +21,6 @@ from typing import Any
 from servelab.core.procs import DIRECT
 
 TARGETS_FILE = "targets.json"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Prometheus may read the file at any moment: it must never see half of it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
 
 
 class Targets:
@@ -56,7 +43,11 @@ class Targets:
         self._write()
 
     def _write(self) -> None:
-        _atomic_write(self.path, json.dumps(list(self._entries.values()), indent=1) + "\n")
+        # Prometheus may read the file at any moment: it must never see half of it.
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(json.dumps(list(self._entries.values()), indent=1) + "\n")
+        os.replace(tmp, self.path)
 
 
 def config_yaml(targets: Path, scrape_interval_s: float) -> str:
@@ -115,25 +106,12 @@ class PrometheusClient:
         deadline = time.monotonic() + timeout
         while True:
             found = {t["labels"].get("instance"): t for t in self.targets()}
-            wanted = [found.get(i) for i in instances] if instances is not None else list(found.values())
-            if wanted and all(t is not None and t["health"] == "up" and _unix(t["lastScrape"]) > after
-                              for t in wanted):
+            wanted = instances if instances is not None else set(found)
+            # lastScrape is RFC 3339 in nanoseconds: fromisoformat keeps the microseconds.
+            stale = sorted(map(str, (i for i in wanted if (t := found.get(i)) is None or t["health"] != "up"
+                                     or datetime.fromisoformat(t["lastScrape"]).timestamp() <= after)))
+            if wanted and not stale:
                 return time.time()
             if time.monotonic() > deadline:
-                missing = sorted(i for i, t in zip(instances or found, wanted)
-                                 if t is None or t["health"] != "up" or _unix(t["lastScrape"]) <= after)
-                raise PrometheusError(f"no fresh scrape of {', '.join(map(str, missing))} within {timeout:.0f} s")
+                raise PrometheusError(f"no fresh scrape of {', '.join(stale)} within {timeout:.0f} s")
             time.sleep(0.05)
-
-
-def _unix(rfc3339: str) -> float:
-    """Prometheus' lastScrape (RFC 3339, nanoseconds, maybe a zone offset) as Unix seconds."""
-
-    head, _, rest = rfc3339.partition(".")
-    frac, zone = rest, ""
-    for sign in ("Z", "+", "-"):
-        if sign in rest:
-            frac, zone = rest.split(sign, 1)[0], sign + rest.split(sign, 1)[1]
-            break
-    zone = "+00:00" if zone in ("Z", "") else zone
-    return datetime.fromisoformat(head + zone).timestamp() + (float(f"0.{frac}") if frac else 0.0)

@@ -1,16 +1,12 @@
 """Prometheus read back over each run: what the servers counted, beside what the client measured.
 
-For each run the lab asks Prometheus (``PromWatch``) for a fresh scrape just before and just after
-it, so the difference of the server's request counter is exact (``requests``, against the client's
-warm-up + measured requests), then for the measured window: the server's success rate between the
-first and last scrape inside it (``rate_rps``, against the client's throughput), and range queries
-of request rate, latency percentiles, queue versus compute time, batch size and machine utilization
-(``series``). Queries are data per stage family (``FAMILIES``): a Ray Serve stage adds its own.
+For each run the lab asks Prometheus (``PromWatch``) for a fresh scrape just before and just after it, so the
+difference of the server's request counter is exact; then, over the measured window, the server's success rate and
+range queries of its own series (``ServerSeries``). Queries are data per stage family (``FAMILIES``).
 """
 
 import math
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from string import Template
 from typing import Any
@@ -152,8 +148,10 @@ class PromWatch:
         if isinstance(before, str):
             return ServerSeries(source=source, note=before)
         start, end = window
-        out = ServerSeries(source=source, start_unix=start, end_unix=end, step_s=self.step_s,
-                           client_requests=_client_requests(record))
+        # What servelab's client sent between the two scrapes, warm-up included (perf_analyzer does not say).
+        sent = None if record.tool != "servelab" or record.stats.requests is None else record.stats.requests + (
+            record.load.warmup if record.warmup_requests is None else record.warmup_requests)
+        out = ServerSeries(source=source, start_unix=start, end_unix=end, step_s=self.step_s, client_requests=sent)
         notes = [FAMILIES[family].note]
         try:
             time.sleep(FAMILIES[family].lag_s)
@@ -191,18 +189,15 @@ class PromWatch:
         durations = self.client.query(f'scrape_duration_seconds{{instance="{labels["instance"]}"}}[{span}s]', end)
         took = {float(t): float(v) for s in durations for t, v in s["values"]}
         times = sorted({float(t) for s in result for t, _ in s["values"] if start <= float(t) <= end})
-        by_time: dict[float, float] = defaultdict(float)
-        for s in result:
-            values = {float(t): float(v) for t, v in s["values"]}
-            for t in times:
-                # A labelled series appears at its first increment: before that it counted 0.
-                earlier = [u for u in values if u <= t]
-                by_time[t] += values[max(earlier)] if earlier else 0.0
         if len(times) < 2:
             return None, None
+
+        def counted(at: float) -> float:  # a labelled series appears at its first increment: before that it counted 0
+            return sum(max(((float(t), float(v)) for t, v in s["values"] if float(t) <= at), default=(at, 0.0))[1]
+                       for s in result)
         first, last = times[0], times[-1]
         elapsed = (last + took.get(last, 0.0)) - (first + took.get(first, 0.0))
-        return (by_time[last] - by_time[first]) / elapsed, elapsed
+        return (counted(last) - counted(first)) / elapsed, elapsed
 
     def _range(self, expr: str, start: float, end: float) -> list[list[float]]:
         result = self.client.query_range(expr, start, end, self.step_s)
@@ -210,14 +205,6 @@ class PromWatch:
             return []
         return [[round(float(t) - start, 3), round(float(v), 4)] for t, v in result[0]["values"]
                 if math.isfinite(float(v))]
-
-
-def _client_requests(record: Record) -> int | None:
-    """What servelab's client sent between the two scrapes: warm-up + measured requests."""
-    if record.tool != "servelab" or record.stats.requests is None:
-        return None  # perf_analyzer does not say how many it sent in all
-    warmup = record.warmup_requests if record.warmup_requests is not None else record.load.warmup
-    return warmup + record.stats.requests
 
 
 @dataclass(frozen=True)
