@@ -6,8 +6,8 @@ where they differ); a measurement that goes the other way is said plainly ("cont
 hidden. Which stages a lesson compares is the catalogue's to say (``servelab.core.catalogue.compared``).
 
 A ratio comes with its spread over the windows its runs were measured in (``spread``), so that a lesson reads the
-same from one run of the lab to the next: a spread that includes 1 is no measurable change, whatever the ratio;
-a spread wholly beyond what the notebooks expect contradicts them (``judge``). Runs that kept no windows are
+same from one run of the lab to the next: a spread that includes 1, or a ratio within ``NOISE`` of 1, is no
+measurable change (``unchanged``); a spread wholly beyond what the notebooks expect contradicts them (``judge``). Runs that kept no windows are
 judged on the ratio alone, within ``NOISE``, and their line says so. INT8 on a CPU is judged beside what that
 CPU can do (``int8_on_cpu``): faster than fp32 with VNNI, slower with AVX2 alone, no direction elsewhere.
 
