@@ -1,8 +1,7 @@
 """base64 text -> prediction, with the event loop only ever waiting.
 
-Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's own
-thread, so the event loop keeps accepting requests while the CPU works. The service uses one
-``Pipeline``; ``servelab benchmark`` drives the same one in-process to measure what HTTP adds.
+Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's thread.
+``servelab benchmark`` drives the same ``Pipeline`` in-process to measure what HTTP adds.
 
 **Threads or processes** (``PREPROCESS_PROCESSES``). The workers run one picklable call,
 ``servelab.core.preprocess.prepare_timed``, either in threads of the server process or in worker
