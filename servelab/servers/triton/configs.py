@@ -1,31 +1,25 @@
 """The Triton stages of the catalogue (``servelab.core.catalogue``) rendered as model configs.
 
-The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs: the lab's first
-configuration of each model on its GPU node, readable as plain Triton configs. A stage's
-``TritonPart`` names the model clients call and, per model, the few top-level fields that replace
-the base's fields (``instance_group``, ``dynamic_batching``); nothing else is ever copied or edited by hand.
+The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs, readable as plain
+Triton configs. A stage's ``TritonPart`` names the model clients call and, per model, the few top-level
+fields that replace the base's (``instance_group``, ``dynamic_batching``); nothing is edited by hand.
 
-Rendering a stage for a server (``render``) parses the base with Triton's own ``ModelConfig``
-protobuf (so a misspelt field fails here, not in the server), applies the stage's fields, then
-adapts it to the machine:
+``render`` parses the base with Triton's own ``ModelConfig`` protobuf (so a misspelt field fails here, not
+in the server), applies the stage's fields, then adapts it to the machine:
 
-* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count
-  (``count`` x number of GPUs), for machines without a GPU;
-* ``kind="gpu"`` on a machine with fewer GPUs than a stage names (``pt-2x2`` puts instances on GPUs
-  0 and 1, as on the P100 node): the instances of a missing GPU move to one that is there, with a
-  ``servelab_gpu_placement`` parameter saying so;
-* every ``backend: "onnxruntime"`` model gets Triton's own ``model_warmup``, a zero-filled batch of
-  every size from 1 to ``max_batch_size`` (``onnx_warm_up`` says why; Triton reports the model ready
-  only after them),
-  and the backend's ``cudnn_conv_algo_search`` parameter from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
-* ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
-  ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
-  (``food_classifier_onnx/1/model.py``, named by ``default_model_filename``), labelled by the
-  ``servelab_stand_in`` parameter, which ``GET /v2/models/<model>/config`` shows.
+* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count;
+* ``kind="gpu"`` with fewer GPUs than a stage names (``pt-2x2`` uses GPUs 0 and 1, as on the P100 node):
+  a missing GPU's instances move to one that is there, said by a ``servelab_gpu_placement`` parameter;
+* every ``backend: "onnxruntime"`` model gets Triton's ``model_warmup`` (``onnx_warm_up`` says why) and
+  ``cudnn_conv_algo_search`` from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
+* ``onnxruntime=False``: such a model becomes the local stand-in, a Python-backend model running ONNX
+  Runtime on its own ``model.onnx`` (``food_classifier_onnx/1/model.py``, named by
+  ``default_model_filename``), labelled by the ``servelab_stand_in`` parameter.
 
 Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
-stage it runs; one with a block a student wrote says ``(yours, kind)``, so that it is never taken for the stage. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
-server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
+stage it runs; one with a block a student wrote says ``(yours, kind)``, never taken for the stage. The
+result goes to ``<model>/configs/stage.pbtxt`` (git-ignored), read by a server started with
+``--model-config-name=stage``.
 """
 
 from functools import partial
