@@ -1,15 +1,13 @@
 """The Serve deployment: the ``fastapi-onnx`` stage's FastAPI app in every replica, deployed by stage.
 
-Each replica builds ``fastapi_onnx/app.py``'s app with its ``build_app`` (``replica_app``: the same routes,
-handlers, error contract, Server-Timing and metrics as ``fastapi-onnx``) and hands it to ``@serve.ingress``; Ray
-runs its lifespan, so the model loads and warms up in the replica. Two things differ:
+Each replica builds ``fastapi_onnx/app.py``'s app (``replica_app``: the same routes, error contract,
+Server-Timing and metrics) behind ``@serve.ingress``; Ray runs its lifespan, so the model loads and warms
+up in the replica. What differs:
 
-* ``ServeBatcher`` replaces the service's micro-batcher by Ray Serve's own ``@serve.batch`` (the
-  ``ray-dyn`` stage); with batching off it forwards each request alone, like the service does;
-* ``/ready`` names the stage (``stage``) and the replica's Ray node id and replica id
-  (``placement``), so placement shows through the HTTP API;
-* a new model is rolled out through Ray: ``reconfigure`` changes the deployment's ``user_config`` and each
-  replica's ``reconfigure`` reloads (the service's ``POST /admin/reload`` would reach one replica only).
+* ``ServeBatcher`` replaces the micro-batcher by Ray Serve's own ``@serve.batch`` (the ``ray-dyn`` stage);
+* ``/ready`` names the stage and the replica's Ray node and replica ids (``placement``);
+* a new model rolls out through the deployment's ``user_config`` (``reconfigure``): the service's
+  ``POST /admin/reload`` would reach one replica only.
 
 The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally every node shares
 127.0.0.1, and two proxies would want the same port.
@@ -103,11 +101,10 @@ def application(stage: Stage, settings: RaySettings, model: dict[str, str] | Non
             return self.fastapi
 
         async def reconfigure(self, model: dict[str, str]) -> None:
-            """Ray calls it with the ``user_config`` after startup and on every change of it. The service's
-            reload loads and warms up the new model beside the one serving, then swaps it in in one step
-            (``Service.reload``): a request sees either model whole. A model that is there but cannot load
-            or warm up raises: Ray then replaces the replica, whose replacement fails the same way, so the
-            driver refuses a missing one first (``control.roll_out``)."""
+            """Ray calls it with the ``user_config`` after startup and on every change of it (``Service.reload``
+            swaps the model in one step). A model that is there but cannot load or warm up raises: Ray then
+            replaces the replica, whose replacement fails the same way, so the driver refuses a missing one
+            first (``control.roll_out``)."""
             reloaded = await self.fastapi.state.service.reload(Path(model["model_dir"]), model["variant"])
             log.info("reconfigured: version %s (was %s)", reloaded.model_version, reloaded.previous_version)
 
