@@ -3,18 +3,15 @@
 Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's thread.
 ``servelab benchmark`` drives the same ``Pipeline`` in-process to measure what HTTP adds.
 
-**Threads or processes** (``PREPROCESS_PROCESSES``). The workers run one picklable call,
-``servelab.core.preprocess.prepare_timed``, either in threads of the server process or in worker
-processes. Pillow releases the GIL while it decodes and resamples, NumPy while it computes, but
-the rest of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the
-lab's 2-CPU VM; about a tenth in all), which caps threads near ten cores' worth before the event
-loop (HTTP, JSON) takes its share of the GIL; and a thread back from C code waits up to the 5 ms
-switch interval for a thread busy in Python (on that VM a preprocessing thread next to one ran at
-7-36 % of its speed alone, a worker process at 49-63 %). Worker processes have a GIL each; the
-server process only pickles the text out and the tensor back (~0.1 ms). Processes are the default
-where the model runs on a GPU and the CPUs would otherwise idle. On the CPU, inference needs the
-cores and the server process would take one from the workers (on that VM, 2 worker processes
-preprocessed 0.72-0.77x as fast as 2 threads in this pipeline), so threads stay.
+**Threads or processes** (``PREPROCESS_PROCESSES``): the workers run ``servelab.core.preprocess.prepare_timed``
+in threads of the server process or in worker processes. Pillow and NumPy release the GIL, but the rest
+of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the lab's 2-CPU VM;
+about a tenth in all), which caps threads near ten cores' worth less the event loop's share; and a thread
+back from C code waits up to the 5 ms switch interval for one busy in Python (on that VM a preprocessing
+thread next to one ran at 7-36 % of its speed alone, a worker process at 49-63 %). A worker process has
+its own GIL for ~0.1 ms of pickling: the default where the model runs on a GPU and the CPUs would
+otherwise idle. On the CPU, inference needs the cores and the server process would take one from the
+workers (on that VM 2 worker processes preprocessed 0.72-0.77x as fast as 2 threads), so threads stay.
 
 A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new one replaces
 it and the requests waiting run again on it, once (``prepare_in_worker``): an image that crashes the decoder
@@ -61,12 +58,11 @@ class Prepared:
 
 PROBE_RUNS = 3  # after the warm-up, each cost's fastest of a few: the start-up log's measured "why"
 # Runtimes that keep what a shape needs in the calling thread. PyTorch on a GPU caches its cuDNN execution plans
-# per thread (thread-local in ATen: cuDNN's plans are not thread-safe) and gives each thread its own cuBLAS handle
-# and workspace, so a thread's first inferences are slow however warm another thread is: on an H200 on 2026-11-28
-# fastapi-pt's first request after ready took 4.42x its sequential median, its warm-up having run in a thread
-# that then served nothing. So the warm-up runs in the batcher's inference threads (with PyTorch on a GPU in every
-# one of them, in turns) and, for these runtimes, runs single images until their times settle. ONNX Runtime keeps
-# that state in its sessions (one per shape under buckets), and on the CPU one thread warms what all share.
+# per thread (thread-local in ATen: they are not thread-safe) and gives each thread its own cuBLAS handle and
+# workspace: on an H200 on 2026-11-28 fastapi-pt's first request after ready took 4.42x its sequential median, its
+# warm-up having run in a thread that then served nothing. So the warm-up runs in the batcher's inference threads
+# (on a GPU in every one, in turns) and, for these runtimes, runs single images until their times settle. ONNX
+# Runtime keeps that state in its sessions, and on the CPU one thread warms what all share.
 PER_THREAD_RUNTIMES = ("pytorch",)
 SETTLE_TOLERANCE = 0.25  # settled: the last PROBE_RUNS single images each within 25 % of the fastest so far
 SETTLE_MAX_RUNS = 40  # bounds on settling, per thread: at most this many single images ...

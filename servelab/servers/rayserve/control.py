@@ -73,11 +73,10 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
 
 def roll_out(name: str, address: str, model_dir: Path | str | None = None, variant: str | None = None) -> dict[str, Any]:
     """Connect as a driver and roll the running stage ``name`` over to the model in ``model_dir`` (default
-    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.reconfigure``). Returns once every
-    replica serves it, with the seconds that took from the connection (``rollout_s``; not a ``ready_s``, which
-    counts from the caller's trigger) and the replicas before and after: the same ones, unless ``name`` or the
-    serving settings differ from what runs, when Ray restarts the replicas instead. A missing model raises
-    ``FileNotFoundError`` before Ray changes anything."""
+    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.reconfigure``). Returns the seconds
+    from the connection until every replica served it (``rollout_s``, not the caller's ``ready_s``) and the
+    replicas before and after: the same ones, unless the stage or its settings differ from what runs (Ray
+    restarts them then). A missing model raises ``FileNotFoundError`` before Ray changes anything."""
     # Deferred: the deployment imports Ray and the FastAPI app (optional extras).
     from servelab.servers.rayserve.deployment import reconfigure
 

@@ -108,23 +108,19 @@ def application(stage: Stage, settings: RaySettings, model: dict[str, str] | Non
             reloaded = await self.fastapi.state.service.reload(Path(model["model_dir"]), model["variant"])
             log.info("reconfigured: version %s (was %s)", reloaded.model_version, reloaded.previous_version)
 
-    # Serve's imperative API gives every serve.run a random code version, and a new code version restarts
-    # every replica; only a change confined to lightweight options (user_config) is applied in place, by
-    # reconfigure. So the code version is what the replicas are built from besides Serve's own options:
-    # the stage and its serving settings. The same stage and settings again -> in place; else restarted.
-    # (Serve took `version` out of its public options; `_internal=True` is how its own code still sets it.)
+    # Serve's imperative API gives every serve.run a random code version, which restarts every replica;
+    # only a change confined to user_config is applied in place. So the code version is the stage and its
+    # serving settings: the same again -> in place (``reconfigure``); else restarted. (Serve took `version`
+    # out of its public options; `_internal=True` is how its own code still sets it.)
     code_version = hashlib.sha256(json.dumps([stage.name, overrides], sort_keys=True).encode()).hexdigest()[:16]
     options = deployment_options(stage, settings) | ({"user_config": model} if model else {})
     return Food11.options(**options).options(version=code_version, _internal=True).bind()
 
 
 def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> None:
-    """Deploy a stage onto the cluster this driver is connected to, replacing the one running;
-    returns once every replica is ready.
-
-    A stage switch, not a rolling update: the old replicas go first. Serve would start the new ones
-    beside them, and on a small cluster (ray-2 -> ray-4 on two 2-CPU nodes) they never fit: the
-    deploy waited out its 300 s timeout."""
+    """Deploy a stage onto the cluster this driver is connected to, replacing the one running; returns once
+    every replica is ready. The old replicas go first: Serve would start the new ones beside them, and on a
+    small cluster (ray-2 -> ray-4 on two 2-CPU nodes) they never fit (the deploy waited out its 300 s)."""
     serve.start(http_options={"host": settings.ray_serve_host, "port": settings.ray_serve_port},
                 proxy_location="HeadOnly")
     if APP_NAME in serve.status().applications:
@@ -134,14 +130,11 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
 
 
 def reconfigure(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
-    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place: the same
-    application again with ``model`` as its ``user_config``, so Ray calls each replica's ``reconfigure``,
-    a few at a time (``rolling_update_percentage``), while every replica keeps serving. Returns once every
-    replica serves it.
-
-    In place rather than Ray's rolling replacement of replicas: a reload needs no spare CPUs for new
-    replicas beside the old ones (a small cluster has none, see ``deploy``), no cold start of a process,
-    and requests keep reaching a replica while it loads, so none waits for one or fails."""
+    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place, as its
+    ``user_config``: Ray calls each replica's ``reconfigure``, a few at a time, and returns once every
+    replica serves it. In place rather than Ray's rolling replacement of replicas: a reload needs no spare
+    CPUs for new replicas (a small cluster has none, see ``deploy``) and no cold start, and requests keep
+    reaching a replica while it loads."""
     if APP_NAME not in serve.status().applications:
         raise RuntimeError(f"no Serve application {APP_NAME} to roll out: deploy a stage first")
     serve.run(application(stage, settings, model), name=APP_NAME, route_prefix="/", blocking=False)

@@ -70,17 +70,15 @@ CUDNN_CONV_ALGO_SEARCH = {"EXHAUSTIVE": "0", "HEURISTIC": "1", "DEFAULT": "2"}
 
 def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
     """``model_warmup`` for an ONNX model's config fields: one zero-filled batch of *every* size from 1 to
-    ``max_batch_size``, so each shape the model can be handed has run once before it is ready (a model
-    that Triton does not batch, ``max_batch_size`` 0, gets none).
+    ``max_batch_size``, so each shape the model can be handed has run once before Triton says it is ready
+    (``max_batch_size`` 0, a model Triton does not batch, gets none).
 
-    Every size, not a few: Triton hands the model any size up to ``max_batch_size``. Without a dynamic
-    batcher each request runs as the client sent it; with one, ``preferred_batch_size`` is only a
-    preference and the batcher sends whatever has queued when ``max_queue_delay_microseconds`` runs out.
-    No config field narrows that set, and the ONNX Runtime backend has one session per instance, which on
-    a GPU chooses cuDNN algorithms for a new shape (ONNX Runtime 1.19.2, the node's backend, once per
-    shape; from 1.20 on every change of shape, which no warm-up avoids: stage ``onnx-b16`` keeps one).
-    The cost: ``max_batch_size`` runs per instance (16 runs, 136 images, for the lab's models), paid
-    while the model loads instead of during a measurement."""
+    Every size, not a few: Triton hands the model any size up to ``max_batch_size`` (``preferred_batch_size``
+    is only a preference; the batcher sends whatever has queued when the delay runs out), and the ONNX
+    Runtime backend's one session per instance chooses cuDNN algorithms for a new shape on a GPU (ONNX
+    Runtime 1.19.2, the node's backend, once per shape; from 1.20 on every change of shape, which no warm-up
+    avoids: stage ``onnx-b16`` keeps one). The cost: ``max_batch_size`` runs per instance (16 runs, 136
+    images, for the lab's models), paid while the model loads instead of during a measurement."""
     max_batch = int(fields.get("max_batch_size", 0))
     if not max_batch:
         return {}
