@@ -78,14 +78,12 @@ class QueueBoundMiddleware:
     (MAX_QUEUE_REQUESTS): held from arrival to answer, so the bound covers the wait for a preprocessing worker
     as well as for a batch (on the CPU either queue can be the one that grows).
 
-    A refusal is answered ``hold_s`` after it was decided (SHED_HOLD_MS), at no cost while it waits. A client
+    A refusal is answered ``hold_s`` after it was decided (SHED_HOLD_MS), at no cost while it waits: a client
     that ignores ``Retry-After`` and sends again at once would otherwise make refusals as fast as the service
-    can answer them, and on a machine it shares with its clients those refusals take the CPU the accepted
-    requests need (benchmarks/retry_storm.py). At most ``max_holding`` refusals wait at once; past that one is
-    answered at once, so a flood of connections cannot pile up in memory.
-
-    Beside other server processes (``shared``: a file in the folder they share) the bound is the service's, not
-    each process's: a request holds one of its ``limit`` places (``procs.take_place``)."""
+    can answer them, taking the CPU the accepted requests need on a machine shared with its clients
+    (benchmarks/retry_storm.py). Past ``max_holding`` waiting, one is answered at once, so a flood of
+    connections cannot pile up in memory. Beside other server processes (``shared``: a file they share) the
+    bound is the service's: a request holds one of its ``limit`` places (``procs.take_place``)."""
 
     def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024,
                  shared: Path | None = None):

@@ -76,10 +76,9 @@ def settled(ms: list[float], runs: int = PROBE_RUNS, tolerance: float = SETTLE_T
 
 
 def warm_thread(infer, x: np.ndarray, batch_sizes: list[int], settle: bool, turn: threading.Lock) -> list[float]:
-    """In the calling thread (one of the batcher's), holding ``turn`` (the threads warm one at a time, each
-    timing its own runs): one inference at each batch size, then single images, ``PROBE_RUNS`` of them or,
-    with ``settle``, until they have settled (``settled``; bounded by ``SETTLE_MAX_RUNS`` and ``SETTLE_MAX_S``).
-    The single images' ms, in order."""
+    """In one of the batcher's threads, holding ``turn`` (one thread at a time, each timing its own runs):
+    one inference at each batch size, then single images, ``PROBE_RUNS`` or, with ``settle``, until
+    ``settled`` (within ``SETTLE_MAX_RUNS`` and ``SETTLE_MAX_S``). Returns the single images' ms, in order."""
     with turn:
         for size in batch_sizes:
             infer(np.stack([x] * size))
@@ -153,9 +152,8 @@ class Pipeline:
 
     async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
         """``prepare`` in a worker: (model input, when the worker started, when it ended). Where a worker
-        process dies with this request in its pool (before it ran or while it ran), the request runs again,
-        once, on a new pool: preprocessing is a pure function of the request, so nothing is done twice that
-        matters. A second death is a 503 (WorkerLost)."""
+        process dies with this request in its pool, the request runs again, once, on a new pool (preprocessing
+        is a pure function of the request); a second death is a 503 (WorkerLost)."""
         loop = asyncio.get_running_loop()
         for _ in range(2):
             pool = self._pool

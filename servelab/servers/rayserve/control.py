@@ -102,10 +102,9 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
 
 async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = None, variant: str | None = None,
                             timeout_s: float = 300.0) -> dict[str, Any]:
-    """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (a rollout under
-    load: ``servelab.measure.loadgen.rollout_load``'s action); its answer, or ``RuntimeError`` with its output.
-    The answer's ``ready_s`` counts from this call to the moment every replica served the new model (the child
-    spends seconds connecting to the cluster before, and leaving it after)."""
+    """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (``rollout_load``'s
+    action); its answer, or ``RuntimeError`` with its output. ``ready_s`` counts from this call (the child's
+    seconds connecting to the cluster included, leaving it not) until every replica served the new model."""
 
     called = time.time()
 

@@ -34,12 +34,10 @@ log = logging.getLogger("servelab.servers.rayserve")
 
 
 class ServeBatcher:
-    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue,
-    counted in images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``).
-
-    Load shedding: MAX_QUEUE_REQUESTS holds in a replica as in the service (the app's middleware), but not
-    MAX_QUEUE_DELAY_MS: ``max_queue_delay_s`` is taken for the interface and not used, since the batch
-    waits in Serve's own queue, where this class cannot refuse a request."""
+    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue, counted in
+    images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``).
+    MAX_QUEUE_REQUESTS holds in a replica as in the service, but ``max_queue_delay_s`` is taken and not
+    used: the batch waits in Serve's own queue, where this class cannot refuse a request."""
 
     def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None, instances: int = 1,
                  max_queue_delay_s: float = 0.0):

@@ -329,11 +329,10 @@ def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -
 
 def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S,
              since: float | None = None) -> dict[str, Any]:
-    """Serve ``version`` of ``model`` (staged: ``stage_version``) instead of the version serving now, with no
-    request refused (the module docstring says why gRPC): one load over gRPC (``grpc_url``), then a wait until the old
-    versions are gone. Returns the versions before, and the seconds from ``since`` (``time.monotonic()``; by
-    default this call: a caller that triggered it earlier, in another thread, passes its own moment) until the
-    load returned (``ready_s``: the new version answers) and until the old ones were unloaded."""
+    """Serve ``version`` of ``model`` (``stage_version``) instead of the one serving, with no request refused:
+    one load over gRPC (the module docstring says why), then a wait until the old versions are gone. Returns
+    the versions before and the seconds from ``since`` (``time.monotonic()``: when a caller in another thread
+    triggered it; default this call) until the load returned (``ready_s``) and the old ones were unloaded."""
     import tritonclient.grpc as grpcclient  # deferred: an optional extra (bench), loaded only when this runs
 
     started = time.monotonic() if since is None else since
