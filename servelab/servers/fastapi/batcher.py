@@ -43,10 +43,9 @@ THREADS_START_S = 30.0  # how long the calls of ``in_threads`` wait for each oth
 
 
 async def in_threads(executor: ThreadPoolExecutor, threads: int, fn: Callable[[], T]) -> list[T]:
-    """``fn()`` once in each of ``threads`` threads of ``executor``, at once: every call waits until all have
-    started, so no thread runs two of them (the executor starts a thread for each, up to its maximum). The
-    warm-up runs where requests run: a runtime that keeps per-thread state (PyTorch) is warm only in the
-    threads that ran it."""
+    """``fn()`` once in each of ``threads`` threads of ``executor``: every call waits until all have started,
+    so no thread runs two. The warm-up runs where requests run: a runtime that keeps per-thread state
+    (PyTorch) is warm only in the threads that ran it."""
     started = threading.Barrier(threads)
 
     def call() -> T:

@@ -121,10 +121,9 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
     return ("processes", processes) if processes else ("threads", settings.worker_threads or cpu_count())
 
 
-# Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (where one image
-# costs the least CPU). Two, not one: a core whose inference thread waits (for the GIL on the way out, for a
-# batch to be handed over) runs the other while preprocessing threads take their share; on the lab's 2-CPU VM
-# two per CPU served more than one per CPU in every side-by-side round, more than two no more
+# Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (the least CPU per
+# image). Two, not one: a core whose inference thread waits (for the GIL, for a batch) runs the other; on the
+# lab's 2-CPU VM two per CPU beat one in every side-by-side round, more than two did no better
 # (docs/records/benchmark-limit-2cpu.log; `servelab benchmark --measure limit` measures it on a machine).
 INFERENCES_PER_CPU = 2
 
