@@ -24,9 +24,8 @@ def admin_headers(token: str | None = None) -> dict[str, str]:
 async def reload(url: str, model_dir: Path | str | None = None, variant: str | None = None,
                  timeout_s: float = 300.0, token: str | None = None) -> dict[str, Any]:
     """Ask the service at ``url`` to swap in the model in ``model_dir`` (else its own folder) as ``variant``
-    (fastapi_onnx); returns its answer once the new version serves (``schemas.Reloaded``: the new and
-    previous versions, load and warm-up seconds); beside other server processes, once uvicorn has replaced each
-    by one serving it. ``token``: the service's ADMIN_TOKEN (default: this process's own ADMIN_TOKEN setting)."""
+    (fastapi_onnx); returns its ``schemas.Reloaded`` once every server process serves the new version.
+    ``token``: the service's ADMIN_TOKEN (default: this process's own ADMIN_TOKEN setting)."""
     body = {key: str(value) for key, value in (("model_dir", model_dir), ("variant", variant)) if value is not None}
     url, headers = url.rstrip("/"), admin_headers(token)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:

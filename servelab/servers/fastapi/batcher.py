@@ -1,22 +1,18 @@
 """An async micro-batcher: FastAPI's counterpart of Triton's dynamic batcher.
 
-Requests put their preprocessed images in a queue; one loop takes them in arrival order, stacks
-as many as fit in ``max_batch_size`` images into one inference call (run in its own thread, off
-the event loop) and hands each request its own rows of the result. When fewer than
-``max_batch_size`` images are waiting, it waits for more until the oldest has waited ``timeout_s``
-(Triton's ``max_queue_delay``); while an inference runs, new requests simply queue, so a busy
-server forms full batches with no added delay. ``max_batch_size=1`` is the baseline: one request
-per inference. A request's images always stay together, so a batched request larger than
-``max_batch_size`` runs alone.
+One loop takes queued requests in arrival order, stacks up to ``max_batch_size`` images into one
+inference (in its own thread, off the event loop) and hands each request its rows. With fewer waiting, it
+waits until the oldest has waited ``timeout_s`` (Triton's ``max_queue_delay``); while an inference runs, new
+requests queue, so a busy server forms full batches with no added delay. A request's images stay
+together, so one larger than ``max_batch_size`` runs alone.
 
-``instances`` inferences may run at once (Triton's instance count), each in its own thread: on a CPU
-two inferences on one intra-op thread each cost less CPU per image than one on two threads, and a
-batch forms only while every instance is busy, as Triton's scheduler forms one for a free instance.
+``instances`` inferences may run at once (Triton's instance count): on a CPU two inferences on one
+intra-op thread each cost less CPU per image than one on two threads, and a batch forms only while every
+instance is busy, as Triton's scheduler forms one for a free instance.
 
-``max_queue_delay_s`` (MAX_QUEUE_DELAY_MS; 0 = none): a request that would have waited longer than that
-here when its inference starts is refused with ``Overloaded("queue_timeout")`` instead of being served
-late, as Triton's queue policy rejects with ``timeout_action: REJECT``; the bound on the requests the
-service holds (MAX_QUEUE_REQUESTS) is ``errors.QueueBoundMiddleware``'s.
+``max_queue_delay_s`` (MAX_QUEUE_DELAY_MS; 0 = none): a request that would have waited longer when its
+inference starts is refused (``Overloaded("queue_timeout")``) rather than served late, as Triton's
+``timeout_action: REJECT``; MAX_QUEUE_REQUESTS is ``errors.QueueBoundMiddleware``'s.
 """
 
 import asyncio
@@ -47,10 +43,9 @@ THREADS_START_S = 30.0  # how long the calls of ``in_threads`` wait for each oth
 
 
 async def in_threads(executor: ThreadPoolExecutor, threads: int, fn: Callable[[], T]) -> list[T]:
-    """``fn()`` once in each of ``threads`` threads of ``executor``, at once: every call waits until all have
-    started, so no thread runs two of them (the executor starts a thread for each, up to its maximum). The
-    warm-up runs where requests run: a runtime that keeps per-thread state (PyTorch) is warm only in the
-    threads that ran it."""
+    """``fn()`` once in each of ``threads`` threads of ``executor``: every call waits until all have started,
+    so no thread runs two. The warm-up runs where requests run: a runtime that keeps per-thread state
+    (PyTorch) is warm only in the threads that ran it."""
     started = threading.Barrier(threads)
 
     def call() -> T:

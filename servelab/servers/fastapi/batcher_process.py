@@ -1,6 +1,5 @@
-"""The batcher process of a service whose server processes share one model (``servelab.servers.fastapi.shared``
-says how they use it): it loads each model a connection asks for, warms it up, batches every connection's
-requests together and answers each with its rows of the logits.
+"""The batcher process of a service whose server processes share one model (``shared`` says how): it loads
+each model a connection asks for, warms it up and batches every connection's requests together.
 
 ``python -m servelab.servers.fastapi.batcher_process <app> <socket> <parent pid>``, started by
 ``shared.BatcherProcess``; ``<app>`` is the app whose ``load`` opens the model (``fastapi_onnx.app:app``).

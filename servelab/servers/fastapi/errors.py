@@ -1,12 +1,5 @@
-"""Every error is a JSON ``{"detail": "..."}`` with a 4xx/5xx status, never an HTTP 200.
-
-| status | when |
-|---|---|
-| 400 | invalid base64, bytes that are not an image, a truncated or corrupt image, empty input, a tiny image |
-| 413 | a body over ``MAX_BODY_BYTES`` (refused while it is read), more than ``MAX_REQUEST_IMAGES`` images, or an image whose header declares more than ``MAX_IMAGE_PIXELS`` pixels (refused before decoding) |
-| 422 | malformed JSON or a body that does not match the schema (``errors`` lists each problem) |
-| 503 | the model is not loaded and warmed up yet, a preprocessing worker process died under the request, or the request was shed: the service held ``MAX_QUEUE_REQUESTS`` already or the request waited past ``MAX_QUEUE_DELAY_MS``; always with ``Retry-After``, and a shed one says why in ``shed`` |
-| 500 | a bug; the traceback goes to the log, not to the client |
+"""Every error is a JSON ``{"detail": "..."}`` with a 4xx/5xx status, never an HTTP 200: which status when
+is ``ERROR_RESPONSES`` (shown in ``/docs``); a 500 is a bug, its traceback in the log, not sent to the client.
 
 Shedding answers 503, not 429: 429 says *this client* sent too many requests (a quota it can keep to
 by itself), while a full queue is the *server's* state, whoever sent the requests; 503 with
@@ -36,7 +29,7 @@ SHED_KEY = "servelab.shed"  # scope key: why the request was shed, for the metri
 PREDICT_ROUTES = frozenset({"/predict", "/predict/batch"})  # what MAX_QUEUE_REQUESTS bounds, and reloads drain
 
 ERROR_RESPONSES = {
-    400: {"model": ErrorResponse, "description": "Invalid base64, not an image, a truncated or corrupt image, or empty input."},
+    400: {"model": ErrorResponse, "description": "Invalid base64, not an image, a truncated, corrupt or tiny image, or empty input."},
     413: {"model": ErrorResponse, "description": "Body over MAX_BODY_BYTES, too many images, or an image declaring more "
                                                  "than MAX_IMAGE_PIXELS pixels."},
     422: {"model": ValidationErrorResponse, "description": "Malformed JSON or a body that does not match the schema."},
@@ -81,19 +74,16 @@ def _shed(scope: Scope, exc: Overloaded) -> JSONResponse:
 
 
 class QueueBoundMiddleware:
-    """Refuses a prediction request while ``limit`` others are in the service (MAX_QUEUE_REQUESTS): held from
-    arrival to answer, so the bound covers the wait for a preprocessing worker as well as for a batch (on the
-    CPU either queue can be the one that grows) and the body's reading. Before any work is spent on it: its
-    body is never read.
+    """Refuses a prediction request, its body unread, while ``limit`` others are in the service
+    (MAX_QUEUE_REQUESTS): held from arrival to answer, so the bound covers the wait for a preprocessing worker
+    as well as for a batch (on the CPU either queue can be the one that grows).
 
-    A refusal is answered ``hold_s`` after it was decided (SHED_HOLD_MS), at no cost while it waits. A client
+    A refusal is answered ``hold_s`` after it was decided (SHED_HOLD_MS), at no cost while it waits: a client
     that ignores ``Retry-After`` and sends again at once would otherwise make refusals as fast as the service
-    can answer them, and on a machine it shares with its clients those refusals take the CPU the accepted
-    requests need (benchmarks/retry_storm.py). At most ``max_holding`` refusals wait at once; past that one is
-    answered at once, so a flood of connections cannot pile up in memory.
-
-    Beside other server processes (``shared``: a file in the folder they share) the bound is the service's, not
-    each process's: a request holds one of its ``limit`` places (``procs.take_place``)."""
+    can answer them, taking the CPU the accepted requests need on a machine shared with its clients
+    (benchmarks/retry_storm.py). Past ``max_holding`` waiting, one is answered at once, so a flood of
+    connections cannot pile up in memory. Beside other server processes (``shared``: a file they share) the
+    bound is the service's: a request holds one of its ``limit`` places (``procs.take_place``)."""
 
     def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024,
                  shared: Path | None = None):

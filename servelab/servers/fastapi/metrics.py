@@ -1,10 +1,6 @@
-"""Prometheus metrics of one service, served at ``GET /metrics``.
-
-Requests by route and status, request latency, the time requests wait (queue) versus are worked
-on (preprocess, inference), and the sizes of the batches inference really ran: what Triton's
-statistics show for Triton, so the stages can be compared. Each app has its own registry.
-ONNX Runtime's sessions add their runs and shape changes (``ORT_SHAPE_POLICY``), read at each scrape; a
-service with a response cache (``CACHE_URL``) its hits, misses and errors.
+"""Prometheus metrics of one service, served at ``GET /metrics``: what Triton's statistics show for Triton
+(queue versus work time, the batch sizes inference really ran), so the stages can be compared, plus ONNX
+Runtime's session runs and shape changes (read at each scrape) and the response cache's results.
 
 Where several server processes share a port (``servelab.servers.fastapi.workers``), prometheus_client's
 multiprocess mode adds up every process's counters and histograms at each scrape (a gauge says how it

@@ -1,21 +1,17 @@
 """base64 text -> prediction, with the event loop only ever waiting.
 
-Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's own
-thread, so the event loop keeps accepting requests while the CPU works. The service uses one
-``Pipeline``; ``servelab benchmark`` drives the same one in-process to measure what HTTP adds.
+Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's thread.
+``servelab benchmark`` drives the same ``Pipeline`` in-process to measure what HTTP adds.
 
-**Threads or processes** (``PREPROCESS_PROCESSES``). The workers run one picklable call,
-``servelab.core.preprocess.prepare_timed``, either in threads of the server process or in worker
-processes. Pillow releases the GIL while it decodes and resamples, NumPy while it computes, but
-the rest of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the
-lab's 2-CPU VM; about a tenth in all), which caps threads near ten cores' worth before the event
-loop (HTTP, JSON) takes its share of the GIL; and a thread back from C code waits up to the 5 ms
-switch interval for a thread busy in Python (on that VM a preprocessing thread next to one ran at
-7-36 % of its speed alone, a worker process at 49-63 %). Worker processes have a GIL each; the
-server process only pickles the text out and the tensor back (~0.1 ms). Processes are the default
-where the model runs on a GPU and the CPUs would otherwise idle. On the CPU, inference needs the
-cores and the server process would take one from the workers (on that VM, 2 worker processes
-preprocessed 0.72-0.77x as fast as 2 threads in this pipeline), so threads stay.
+**Threads or processes** (``PREPROCESS_PROCESSES``): the workers run ``servelab.core.preprocess.prepare_timed``
+in threads of the server process or in worker processes. Pillow and NumPy release the GIL, but the rest
+of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the lab's 2-CPU VM;
+about a tenth in all), which caps threads near ten cores' worth less the event loop's share; and a thread
+back from C code waits up to the 5 ms switch interval for one busy in Python (on that VM a preprocessing
+thread next to one ran at 7-36 % of its speed alone, a worker process at 49-63 %). A worker process has
+its own GIL for ~0.1 ms of pickling: the default where the model runs on a GPU and the CPUs would
+otherwise idle. On the CPU, inference needs the cores and the server process would take one from the
+workers (on that VM 2 worker processes preprocessed 0.72-0.77x as fast as 2 threads), so threads stay.
 
 A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new one replaces
 it and the requests waiting run again on it, once (``prepare_in_worker``): an image that crashes the decoder
@@ -62,12 +58,11 @@ class Prepared:
 
 PROBE_RUNS = 3  # after the warm-up, each cost's fastest of a few: the start-up log's measured "why"
 # Runtimes that keep what a shape needs in the calling thread. PyTorch on a GPU caches its cuDNN execution plans
-# per thread (thread-local in ATen: cuDNN's plans are not thread-safe) and gives each thread its own cuBLAS handle
-# and workspace, so a thread's first inferences are slow however warm another thread is: on an H200 on 2026-11-28
-# fastapi-pt's first request after ready took 4.42x its sequential median, its warm-up having run in a thread
-# that then served nothing. So the warm-up runs in the batcher's inference threads (with PyTorch on a GPU in every
-# one of them, in turns) and, for these runtimes, runs single images until their times settle. ONNX Runtime keeps
-# that state in its sessions (one per shape under buckets), and on the CPU one thread warms what all share.
+# per thread (thread-local in ATen: they are not thread-safe) and gives each thread its own cuBLAS handle and
+# workspace: on an H200 on 2026-11-28 fastapi-pt's first request after ready took 4.42x its sequential median, its
+# warm-up having run in a thread that then served nothing. So the warm-up runs in the batcher's inference threads
+# (on a GPU in every one, in turns) and, for these runtimes, runs single images until their times settle. ONNX
+# Runtime keeps that state in its sessions, and on the CPU one thread warms what all share.
 PER_THREAD_RUNTIMES = ("pytorch",)
 SETTLE_TOLERANCE = 0.25  # settled: the last PROBE_RUNS single images each within 25 % of the fastest so far
 SETTLE_MAX_RUNS = 40  # bounds on settling, per thread: at most this many single images ...
@@ -81,10 +76,9 @@ def settled(ms: list[float], runs: int = PROBE_RUNS, tolerance: float = SETTLE_T
 
 
 def warm_thread(infer, x: np.ndarray, batch_sizes: list[int], settle: bool, turn: threading.Lock) -> list[float]:
-    """In the calling thread (one of the batcher's), holding ``turn`` (the threads warm one at a time, each
-    timing its own runs): one inference at each batch size, then single images, ``PROBE_RUNS`` of them or,
-    with ``settle``, until they have settled (``settled``; bounded by ``SETTLE_MAX_RUNS`` and ``SETTLE_MAX_S``).
-    The single images' ms, in order."""
+    """In one of the batcher's threads, holding ``turn`` (one thread at a time, each timing its own runs):
+    one inference at each batch size, then single images, ``PROBE_RUNS`` or, with ``settle``, until
+    ``settled`` (within ``SETTLE_MAX_RUNS`` and ``SETTLE_MAX_S``). Returns the single images' ms, in order."""
     with turn:
         for size in batch_sizes:
             infer(np.stack([x] * size))
@@ -158,9 +152,8 @@ class Pipeline:
 
     async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
         """``prepare`` in a worker: (model input, when the worker started, when it ended). Where a worker
-        process dies with this request in its pool (before it ran or while it ran), the request runs again,
-        once, on a new pool: preprocessing is a pure function of the request, so nothing is done twice that
-        matters. A second death is a 503 (WorkerLost)."""
+        process dies with this request in its pool, the request runs again, once, on a new pool (preprocessing
+        is a pure function of the request); a second death is a 503 (WorkerLost)."""
         loop = asyncio.get_running_loop()
         for _ in range(2):
             pool = self._pool

@@ -1,23 +1,18 @@
-"""The model behind a service: what the settings and the GPU checks add around each app's own loading.
+"""The model behind a service: where each app's own loading (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``)
+runs, with how many threads, and what is *actually* active.
 
-The apps load their models themselves (``fastapi_pt/app.py`` in PyTorch, ``fastapi_onnx/app.py``
-opening ONNX Runtime sessions); this module decides where they run and with how many threads, and
-reports what is *actually* active. ONNX Runtime silently falls back to the CPU when a
-GPU execution provider cannot start (missing CUDA/cuDNN/TensorRT libraries), so the active
-providers are read back from the session, a requested-but-inactive GPU provider is a loud
-warning, and ``REQUIRE_GPU=1`` turns it into a refusal to start. Where a session fails to start,
-ONNX Runtime retries it with fallback providers and drops every provider's options: TensorRT is asked
-for only where its libraries load, the options each active provider runs with are read back too
-(``provider_options`` in the details), and one asked for but not in force is a warning, or under
-``REQUIRE_GPU=1`` a refusal to start.
+ONNX Runtime silently falls back to the CPU when a GPU execution provider cannot start (missing
+CUDA/cuDNN/TensorRT libraries), and where a session fails to start it retries with fallback providers and
+drops every provider's options. So TensorRT is asked for only where its libraries load, the active providers
+and their options are read back from the session (``provider_options``), and one asked for but not in force
+is a loud warning, or under ``REQUIRE_GPU=1`` a refusal to start.
 
-The ONNX service serves one of the model variants (``ONNX_VARIANT``); a variant with preprocessing
-in its graph takes uint8 pixels, which the classifier reads from the model's own input type. The
-fp16 variant has no fast path on a CPU (ONNX Runtime would insert casts around every operator), so
-it refuses to start there unless a caller allows it to check its answers.
+A variant (``ONNX_VARIANT``) with preprocessing in its graph takes uint8 pixels, read from the model's own
+input type. The fp16 variant has no fast path on a CPU (ONNX Runtime would insert casts around every
+operator), so it refuses to start there unless a caller allows it to check its answers.
 
-ONNX Runtime runs under ``ORT_SHAPE_POLICY`` (``core.inference.OnnxClassifier``): its sessions are set up for the
-largest batch the service can hand them, and the warm-up runs each session's batch size once.
+Sessions are set up for the largest batch the service can hand them (``ORT_SHAPE_POLICY``,
+``core.inference.OnnxClassifier``), and the warm-up runs each session's batch size once.
 """
 
 import logging
@@ -126,10 +121,9 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
     return ("processes", processes) if processes else ("threads", settings.worker_threads or cpu_count())
 
 
-# Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (where one image
-# costs the least CPU). Two, not one: a core whose inference thread waits (for the GIL on the way out, for a
-# batch to be handed over) runs the other while preprocessing threads take their share; on the lab's 2-CPU VM
-# two per CPU served more than one per CPU in every side-by-side round, more than two no more
+# Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (the least CPU per
+# image). Two, not one: a core whose inference thread waits (for the GIL, for a batch) runs the other; on the
+# lab's 2-CPU VM two per CPU beat one in every side-by-side round, more than two did no better
 # (docs/records/benchmark-limit-2cpu.log; `servelab benchmark --measure limit` measures it on a machine).
 INFERENCES_PER_CPU = 2
 

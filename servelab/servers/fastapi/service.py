@@ -1,31 +1,16 @@
-"""What both FastAPI apps (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``) share around their own code.
+"""What both FastAPI apps (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``) share: each loads its model in its
+lifespan, defines ``POST /predict`` and calls ``add_service_routes(app, service)`` for the rest of the API.
 
-Each app loads its model in its lifespan, defines ``POST /predict`` and then calls
-``add_service_routes(app, service)`` for the rest of one API:
+The model loads before the port opens, so a fatal problem (no artifacts, ``REQUIRE_GPU=1`` without a GPU)
+ends the process; the warm-up (every batch size its ONNX Runtime sessions take) runs while ``/health``
+answers and ``/ready`` says 503. Handlers only parse, await and answer: the work runs in ``pipeline``'s
+workers and batcher. ``CACHE_URL`` puts Redis before ``POST /predict`` (``cache``), not before the batch route.
 
-* ``POST /predict`` ``{"image": "<base64>"}`` -> ``{"prediction", "probability", "class_index", "model"}`` (the app's)
-* ``POST /predict/batch`` ``{"images": [...]}`` -> ``{"predictions": [...], "model"}``, in order
-* ``GET /health`` (the process is up), ``GET /ready`` (503 until the model is loaded *and* a warm-up
-  inference succeeded, at every batch size its ONNX Runtime sessions take; then what runs where),
-  ``GET /metrics`` (Prometheus), ``GET /docs``
-
-Startup: the model loads before the port opens, so a fatal problem (no artifacts, ``REQUIRE_GPU=1``
-without an active GPU) ends the process with an error; the warm-up then runs while ``/health``
-answers and ``/ready`` says 503. Handlers only parse, await and answer: the work runs in
-``servelab.servers.fastapi.pipeline``'s workers (threads, or processes: ``PREPROCESS_PROCESSES``) and its
-batcher's thread. Every prediction response carries ``Server-Timing`` and the model version that
-answered (``model_version``, the ``X-Model-Version`` header: ``runtimes.model_version``).
-
-With ``CACHE_URL`` set, ``POST /predict`` looks the photo up in Redis first (``servelab.servers.fastapi.cache``)
-and answers a hit from there, saying so (``X-Cache``); ``/predict/batch`` always asks the model.
-
-``POST /admin/reload`` ``{"model_dir": ..., "variant": ...}`` (both optional) swaps the model without
-stopping: the new one loads and warms up beside the old one serving, then one assignment makes it answer
-every request that arrives after; the requests that arrived before finish on the old one, which is closed
-once they have all answered (``Generations``). A missing model is a 404, one that fails to load or warm
-up a 422, a reload while another runs a 409: the old model keeps serving each time. The admin routes are
-there only with ``ADMIN_TOKEN`` set, for a request that carries it (``AdminGuardMiddleware``, before the
-body is read), and a reload loads only a ``model_dir`` that resolves inside ``MODEL_ROOT`` (403 otherwise).
+``POST /admin/reload`` swaps the model without stopping (docs/production.md): requests that arrived before
+finish on the old one (``Generations``); 404 for a missing model, 422 for one that fails to load or warm
+up, 409 for a reload while another runs, and the old model keeps serving each time. Admin routes exist only
+with ``ADMIN_TOKEN`` set and check it before the body is read (``AdminGuardMiddleware``); a reload loads
+only a ``model_dir`` inside ``MODEL_ROOT`` (403 otherwise).
 """
 
 import asyncio

@@ -1,28 +1,22 @@
 """One model and one batcher behind all of a service's server processes (``SHARED_BATCHER``): how ``servelab
 serve`` runs where the model is on a GPU.
 
-Several server processes (``servelab.servers.fastapi.workers``) carry HTTP, JSON, base64 and preprocessing, each
-on its own core and GIL; one *batcher process* holds the model and the micro-batcher, so every request waits in
-one queue and batches fill as behind a single process (Triton keeps one scheduler per model behind its HTTP
-front ends the same way). Each model copy would otherwise take a CUDA context and see 1/N of the traffic, in
-batches N times smaller.
+The server processes (``workers``) carry HTTP, JSON, base64 and preprocessing; one *batcher process* holds
+the model, so every request waits in one queue and batches fill as behind a single process (as Triton keeps
+one scheduler per model). Each model copy would otherwise take a CUDA context and see 1/N of the traffic.
 
 A server process writes a request's images into shared memory of its own (``Arena``: a slot per image) and
-sends the batcher a few bytes over a Unix socket (``multiprocessing.connection``, with a key): which slots. The arena is a file without a name
-(``memfd_create``) whose descriptor goes to the batcher over the socket: nothing of it is in /dev/shm, and the
-kernel frees it once both processes have closed it, however they end (a SIGKILL too). The batcher
-(``servelab.servers.fastapi.batcher_process``) copies them out, runs them in its batches and answers with
-the logits (a few floats per image). No image crosses the socket. This module is the server processes' side.
+sends the batcher which slots over a Unix socket (``multiprocessing.connection``, with a key). The arena has
+no name (``memfd_create``); its descriptor goes over the socket, so nothing is in /dev/shm and the kernel
+frees it once both processes close it, however they end (SIGKILL too). The batcher (``batcher_process``)
+answers with the logits: no image crosses the socket. This module is the server processes' side.
 
-* The batcher loads a model when a connection first asks for it (its *hello*: the model folder and variant)
-  and keeps it while a connection uses it or it is the newest asked for. After a reload the replaced model
-  serves, here too, the requests that arrived before the swap, then closes.
-* A batcher process that dies is started again by ``serve``'s parent (``BatcherProcess``); one stopped (SIGTERM)
-  ends once every server process has gone, and is not. Each server
-  process reconnects and sends again, once, every request it was waiting on: their images are still in its
-  shared memory. Nothing is lost; they wait for the new batcher's warm-up, and ``/ready`` says 503 meanwhile.
-* The batcher's batch sizes and inference times add up with the server processes' figures in ``/metrics``
-  (prometheus_client's multiprocess folder, as between server processes).
+* The batcher loads a model when a connection first asks for it (its *hello*: folder and variant) and keeps
+  it while a connection uses it or it is the newest asked for, so a replaced model finishes its requests.
+* A batcher process that dies is started again by ``serve``'s parent (``BatcherProcess``); one stopped
+  (SIGTERM) is not. Each server process reconnects and sends again, once, every request it was waiting on
+  (their images are still in its shared memory): nothing is lost, and ``/ready`` says 503 meanwhile.
+* The batcher's figures add up with the server processes' in ``/metrics`` (the multiprocess folder).
 """
 
 import asyncio

@@ -1,10 +1,9 @@
 """Where one request's time went, as a standard ``Server-Timing`` header (milliseconds).
 
-``queue`` is time spent waiting (for a preprocessing worker, then for a place in an inference
-batch), ``preprocess`` decoding and preprocessing, ``infer`` the inference call that served the
-request, ``total`` the whole request inside the service; ``batch;desc=N`` says how many images
-that inference held. The load generator (``servelab.measure.server_timing``) splits client-side
-latency into queueing and service time with it, as perf_analyzer does for Triton.
+``queue`` is time waiting (for a preprocessing worker, then for a place in a batch), ``preprocess``
+decoding and preprocessing, ``infer`` the inference call, ``total`` the whole request inside the service;
+``batch;desc=N`` how many images that inference held. ``servelab.measure.server_timing`` splits
+client-side latency with it, as perf_analyzer does for Triton.
 """
 
 from dataclasses import dataclass

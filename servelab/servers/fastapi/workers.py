@@ -1,27 +1,22 @@
 """Several server processes on one port: how ``servelab serve fastapi-onnx|fastapi-pt`` runs by default.
 
-One process carries every request's HTTP, JSON and base64 on one event loop and one GIL. On 16 cores
-without a GPU that turned 40 % of the machine's limit into answers (docs/gpu/nvidia-h200.md). Where the
-model runs on the CPU, batching buys nothing (docs/variants.md), so ``serve`` starts ``WORKERS`` copies of
-the same app with uvicorn's supervisor: the parent binds the port, each child accepts from it, and the
-parent replaces a child that dies. Each child runs on its share of the CPUs (``SHARE_ENV``, read by
-``servelab.core.procs.cpu_count``), so its threads are sized as one process's would be on that many cores.
-With ``SHARED_BATCHER`` the children load no model: one batcher process per visible GPU holds it and batches
-the requests of its share of the children, so batches fill as behind one process per GPU
-(``servelab.servers.fastapi.shared``); each child takes a place (``claim``), and place i goes to batcher
-i modulo their number.
+One process carries every request's HTTP, JSON and base64 on one event loop and one GIL: on 16 cores
+without a GPU that turned 40 % of the machine's limit into answers (docs/gpu/nvidia-h200.md). So ``serve``
+starts ``WORKERS`` copies of the app under uvicorn's supervisor (the parent binds the port and replaces a
+child that dies), each on its share of the CPUs (``SHARE_ENV``, read by ``servelab.core.procs.cpu_count``).
+With ``SHARED_BATCHER`` the children load no model (``servelab.servers.fastapi.shared``); each takes a place
+(``claim``), and place i goes to batcher i modulo their number.
 
 The children share a folder (``Siblings``), so the service still answers as one:
 
-* a child takes connections only once its model is warm (``warm_up_first``), so a restarted child never
-  answers 503; ``/ready`` says 200 only while every child is warm;
-* Prometheus counters and histograms add up over the children (prometheus_client's multiprocess mode,
-  ``PROMETHEUS_MULTIPROC_DIR`` under the folder, set before any child starts);
-* ``POST /admin/reload`` reaches one child: it swaps its own model (refusing, as one process does, a model that
-  cannot serve), writes it to the folder as the model every child loads as it starts (``want``), then sends
-  SIGHUP to the supervisor (``restart``). uvicorn replaces the children one at a time, each replacement warm
-  before the child it replaces stops taking connections and finishes its requests. Nothing polls: a child
-  reads the folder once, as it starts, and ``/ready`` says when no child serves the old model.
+* a child takes connections only once warm (``warm_up_first``), so a restarted child never answers 503;
+  ``/ready`` says 200 only while every child is warm;
+* Prometheus figures add up over the children (multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR`` under the
+  folder, set before any child starts);
+* ``POST /admin/reload`` reaches one child: it swaps its own model (refusing one that cannot serve), writes
+  it as the model every child loads as it starts (``want``), then sends SIGHUP to the supervisor
+  (``restart``), which replaces the children one at a time, each replacement warm first. Nothing polls: a
+  child reads the folder once, as it starts.
 
 ``uvicorn fastapi_onnx.app:app``, the app file students read, stays one process: none of this is set there.
 """

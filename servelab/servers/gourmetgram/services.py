@@ -3,22 +3,18 @@
 Every call goes through ``_Http``: one ``requests.Session`` per process (urllib3's pool is
 thread-safe, so gunicorn's threads share its keep-alive connections, and a connection the server
 closed is dropped from the pool, so a restarted backend is picked up by itself), a timeout on
-every call, and failures turned into a ``BackendError`` that carries the status the page answers
-with: unreachable → 502, timeout → 504, not ready or overloaded (503/429) → 503, the FastAPI
-service refusing the image (400/413) → 400/413, anything else → 502. A request the backend *shed*
-under load (the FastAPI service's 503 + ``Retry-After`` with a ``shed`` body, Triton's queue-policy
-rejection) is no failure of the app: its ``BackendError`` carries ``retry_after`` (seconds) and the page
-says "busy, try again in N s"; nothing is kept, so the next request after the load drops goes through.
+every call, and failures turned into a ``BackendError`` carrying the status the page answers with.
+A request the backend *shed* under load (the FastAPI service's 503 + ``Retry-After`` with a ``shed``
+body, Triton's queue-policy rejection) is no failure of the app: the page says "busy, try again in N s";
+nothing is kept, so the next request after the load drops goes through.
 
-Triton is spoken to over its HTTP/REST protocol: requests are built and results read with
-``servelab.servers.triton.client`` and tritonclient's own body codecs (``generate_request_body`` /
-``parse_response_body``); tritonclient's HTTP client itself is not thread-safe and would need one
-connection pool per thread.
+Triton is spoken to over HTTP/REST with ``servelab.servers.triton.client`` and tritonclient's own body
+codecs (``generate_request_body`` / ``parse_response_body``): tritonclient's HTTP client itself is not
+thread-safe and would need one connection pool per thread.
 
-A canary (``CANARY_URL``, ``CANARY_SHARE``): ``CanaryBackend`` sends that share of the predictions to a
-second backend of the same kind (the new model version) and the rest to ``BACKEND``'s; every answer says
-which route served it and the model version that answered (the FastAPI service's ``X-Model-Version``,
-Triton's ``model_version``), which the app's ``GET /metrics`` counts.
+A canary (``CANARY_URL``, ``CANARY_SHARE``; docs/production.md): ``CanaryBackend`` sends that share of the
+predictions to a second backend of the same kind; every answer says which route served it and the model
+version that answered, which the app's ``GET /metrics`` counts.
 """
 
 import base64

@@ -1,10 +1,9 @@
 """The GourmetGram Flask app: an upload form, the prediction, and failures in plain words.
 
-Routes: ``GET /`` the form; ``POST /classify`` an uploaded photo (field ``photo``) or a bundled
-sample (field ``sample``); ``GET /samples/<name>`` a bundled photo; ``GET /health`` liveness of
-the app itself (it never calls the backend, so a stopped backend does not restart the front end);
-``GET /metrics`` (Prometheus) its predictions by route (stable, or the canary: ``CANARY_SHARE``), the model
-version that answered and outcome, and how long the backend took.
+``POST /classify`` takes an uploaded photo (field ``photo``) or a bundled sample (field ``sample``).
+``GET /health`` is the app's own liveness: it never calls the backend, so a stopped backend does not
+restart the front end. ``GET /metrics`` counts predictions by route (stable or canary), model version and
+outcome, and how long the backend took.
 """
 
 import base64

@@ -1,18 +1,15 @@
-"""A real multi-node Ray cluster on this machine: a head and worker nodes as child processes.
+"""A real multi-node Ray cluster on this machine: a head and worker nodes as child processes (docs/ray.md).
 
-Each node is its own ``ray start --block`` process (raylet, object store, agents; the head also
-GCS), started on 127.0.0.1 in a session of its own and stopped by its PID: ``ServerProcess`` ends
-the process group and then whatever is left of the session (Ray's worker processes leave the
-group). Each node announces ``RAY_NODE_CPUS`` logical CPUs and a ``servelab_node`` resource: a CPU
-stand-in for a lab node's capacity, on the same 2 real cores. Killing a worker node
-(``kill_worker``) is the node-failure run: SIGKILL to its whole session, as a lost machine.
+Each node is its own ``ray start --block`` process on 127.0.0.1, in a session of its own, stopped by its
+PID: ``ServerProcess`` ends the process group and then whatever is left of the session (Ray's worker
+processes leave the group). ``RAY_NODE_CPUS`` logical CPUs and a ``servelab_node`` resource per node are a
+CPU stand-in for a lab node's capacity. ``kill_worker`` is the node-failure run: SIGKILL to a worker's
+whole session, as a lost machine.
 
-Ray's own gRPC servers (GCS, raylets, agents) listen on every interface; Ray has no option to
-bind them to 127.0.0.1. So the cluster uses Ray's token authentication with a token of its own (in
-its temp folder; ``client_env()`` is what a driver needs to join), and what this module chooses is
-on 127.0.0.1: the node address, the dashboard, and (``deployment.deploy``) Serve's HTTP proxy. An
-explicit token also keeps the nodes consistent: Ray 2.60's head turns token auth on by itself when
-``~/.ray/auth_token`` exists, its workers do not, and they then cannot join.
+Ray's own gRPC servers listen on every interface (Ray has no option to bind them to 127.0.0.1), so the
+cluster uses token authentication with a token of its own (``client_env()`` is what a driver needs to
+join). An explicit token also keeps the nodes consistent: Ray 2.60's head turns token auth on by itself
+when ``~/.ray/auth_token`` exists, its workers do not, and they then cannot join.
 """
 
 import json

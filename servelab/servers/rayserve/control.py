@@ -73,11 +73,10 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
 
 def roll_out(name: str, address: str, model_dir: Path | str | None = None, variant: str | None = None) -> dict[str, Any]:
     """Connect as a driver and roll the running stage ``name`` over to the model in ``model_dir`` (default
-    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.reconfigure``). Returns once every
-    replica serves it, with the seconds that took from the connection (``rollout_s``; not a ``ready_s``, which
-    counts from the caller's trigger) and the replicas before and after: the same ones, unless ``name`` or the
-    serving settings differ from what runs, when Ray restarts the replicas instead. A missing model raises
-    ``FileNotFoundError`` before Ray changes anything."""
+    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.reconfigure``). Returns the seconds
+    from the connection until every replica served it (``rollout_s``, not the caller's ``ready_s``) and the
+    replicas before and after: the same ones, unless the stage or its settings differ from what runs (Ray
+    restarts them then). A missing model raises ``FileNotFoundError`` before Ray changes anything."""
     # Deferred: the deployment imports Ray and the FastAPI app (optional extras).
     from servelab.servers.rayserve.deployment import reconfigure
 
@@ -103,10 +102,9 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
 
 async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = None, variant: str | None = None,
                             timeout_s: float = 300.0) -> dict[str, Any]:
-    """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (a rollout under
-    load: ``servelab.measure.loadgen.rollout_load``'s action); its answer, or ``RuntimeError`` with its output.
-    The answer's ``ready_s`` counts from this call to the moment every replica served the new model (the child
-    spends seconds connecting to the cluster before, and leaving it after)."""
+    """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (``rollout_load``'s
+    action); its answer, or ``RuntimeError`` with its output. ``ready_s`` counts from this call (the child's
+    seconds connecting to the cluster included, leaving it not) until every replica served the new model."""
 
     called = time.time()
 

@@ -1,15 +1,13 @@
 """The Serve deployment: the ``fastapi-onnx`` stage's FastAPI app in every replica, deployed by stage.
 
-Each replica builds ``fastapi_onnx/app.py``'s app with its ``build_app`` (``replica_app``: the same routes,
-handlers, error contract, Server-Timing and metrics as ``fastapi-onnx``) and hands it to ``@serve.ingress``; Ray
-runs its lifespan, so the model loads and warms up in the replica. Two things differ:
+Each replica builds ``fastapi_onnx/app.py``'s app (``replica_app``: the same routes, error contract,
+Server-Timing and metrics) behind ``@serve.ingress``; Ray runs its lifespan, so the model loads and warms
+up in the replica. What differs:
 
-* ``ServeBatcher`` replaces the service's micro-batcher by Ray Serve's own ``@serve.batch`` (the
-  ``ray-dyn`` stage); with batching off it forwards each request alone, like the service does;
-* ``/ready`` names the stage (``stage``) and the replica's Ray node id and replica id
-  (``placement``), so placement shows through the HTTP API;
-* a new model is rolled out through Ray: ``reconfigure`` changes the deployment's ``user_config`` and each
-  replica's ``reconfigure`` reloads (the service's ``POST /admin/reload`` would reach one replica only).
+* ``ServeBatcher`` replaces the micro-batcher by Ray Serve's own ``@serve.batch`` (the ``ray-dyn`` stage);
+* ``/ready`` names the stage and the replica's Ray node and replica ids (``placement``);
+* a new model rolls out through the deployment's ``user_config`` (``reconfigure``): the service's
+  ``POST /admin/reload`` would reach one replica only.
 
 The proxy runs on the head node only (``proxy_location="HeadOnly"``): locally every node shares
 127.0.0.1, and two proxies would want the same port.
@@ -36,12 +34,10 @@ log = logging.getLogger("servelab.servers.rayserve")
 
 
 class ServeBatcher:
-    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue,
-    counted in images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``).
-
-    Load shedding: MAX_QUEUE_REQUESTS holds in a replica as in the service (the app's middleware), but not
-    MAX_QUEUE_DELAY_MS: ``max_queue_delay_s`` is taken for the interface and not used, since the batch
-    waits in Serve's own queue, where this class cannot refuse a request."""
+    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue, counted in
+    images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``).
+    MAX_QUEUE_REQUESTS holds in a replica as in the service, but ``max_queue_delay_s`` is taken and not
+    used: the batch waits in Serve's own queue, where this class cannot refuse a request."""
 
     def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None, instances: int = 1,
                  max_queue_delay_s: float = 0.0):
@@ -103,31 +99,26 @@ def application(stage: Stage, settings: RaySettings, model: dict[str, str] | Non
             return self.fastapi
 
         async def reconfigure(self, model: dict[str, str]) -> None:
-            """Ray calls it with the ``user_config`` after startup and on every change of it. The service's
-            reload loads and warms up the new model beside the one serving, then swaps it in in one step
-            (``Service.reload``): a request sees either model whole. A model that is there but cannot load
-            or warm up raises: Ray then replaces the replica, whose replacement fails the same way, so the
-            driver refuses a missing one first (``control.roll_out``)."""
+            """Ray calls it with the ``user_config`` after startup and on every change of it (``Service.reload``
+            swaps the model in one step). A model that is there but cannot load or warm up raises: Ray then
+            replaces the replica, whose replacement fails the same way, so the driver refuses a missing one
+            first (``control.roll_out``)."""
             reloaded = await self.fastapi.state.service.reload(Path(model["model_dir"]), model["variant"])
             log.info("reconfigured: version %s (was %s)", reloaded.model_version, reloaded.previous_version)
 
-    # Serve's imperative API gives every serve.run a random code version, and a new code version restarts
-    # every replica; only a change confined to lightweight options (user_config) is applied in place, by
-    # reconfigure. So the code version is what the replicas are built from besides Serve's own options:
-    # the stage and its serving settings. The same stage and settings again -> in place; else restarted.
-    # (Serve took `version` out of its public options; `_internal=True` is how its own code still sets it.)
+    # Serve's imperative API gives every serve.run a random code version, which restarts every replica;
+    # only a change confined to user_config is applied in place. So the code version is the stage and its
+    # serving settings: the same again -> in place (``reconfigure``); else restarted. (Serve took `version`
+    # out of its public options; `_internal=True` is how its own code still sets it.)
     code_version = hashlib.sha256(json.dumps([stage.name, overrides], sort_keys=True).encode()).hexdigest()[:16]
     options = deployment_options(stage, settings) | ({"user_config": model} if model else {})
     return Food11.options(**options).options(version=code_version, _internal=True).bind()
 
 
 def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> None:
-    """Deploy a stage onto the cluster this driver is connected to, replacing the one running;
-    returns once every replica is ready.
-
-    A stage switch, not a rolling update: the old replicas go first. Serve would start the new ones
-    beside them, and on a small cluster (ray-2 -> ray-4 on two 2-CPU nodes) they never fit: the
-    deploy waited out its 300 s timeout."""
+    """Deploy a stage onto the cluster this driver is connected to, replacing the one running; returns once
+    every replica is ready. The old replicas go first: Serve would start the new ones beside them, and on a
+    small cluster (ray-2 -> ray-4 on two 2-CPU nodes) they never fit (the deploy waited out its 300 s)."""
     serve.start(http_options={"host": settings.ray_serve_host, "port": settings.ray_serve_port},
                 proxy_location="HeadOnly")
     if APP_NAME in serve.status().applications:
@@ -137,14 +128,11 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
 
 
 def reconfigure(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
-    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place: the same
-    application again with ``model`` as its ``user_config``, so Ray calls each replica's ``reconfigure``,
-    a few at a time (``rolling_update_percentage``), while every replica keeps serving. Returns once every
-    replica serves it.
-
-    In place rather than Ray's rolling replacement of replicas: a reload needs no spare CPUs for new
-    replicas beside the old ones (a small cluster has none, see ``deploy``), no cold start of a process,
-    and requests keep reaching a replica while it loads, so none waits for one or fails."""
+    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place, as its
+    ``user_config``: Ray calls each replica's ``reconfigure``, a few at a time, and returns once every
+    replica serves it. In place rather than Ray's rolling replacement of replicas: a reload needs no spare
+    CPUs for new replicas (a small cluster has none, see ``deploy``) and no cold start, and requests keep
+    reaching a replica while it loads."""
     if APP_NAME not in serve.status().applications:
         raise RuntimeError(f"no Serve application {APP_NAME} to roll out: deploy a stage first")
     serve.run(application(stage, settings, model), name=APP_NAME, route_prefix="/", blocking=False)

@@ -1,8 +1,6 @@
-"""What Ray Serve is running, read from the head's dashboard REST API (no Ray driver needed).
-
-``serve_details(dashboard)`` is ``GET /api/serve/applications/``; ``replica_rows`` lists the
-deployment's replicas with their state and Ray node id; ``ReplicaSampler`` samples the number of
-running replicas in a thread while a load runs (the step-load and node-failure runs).
+"""What Ray Serve is running, read from the head's dashboard REST API (no Ray driver needed): the
+deployment's replicas, and ``ReplicaSampler``, which samples the running ones while a load runs (the
+step-load and node-failure runs).
 """
 
 import json

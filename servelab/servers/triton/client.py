@@ -1,11 +1,8 @@
-"""Build Triton requests and read their results: one place for the tests, the web front end and
+"""Build Triton requests and read their results, for every tritonclient flavour (``"http"`` or ``"grpc"``;
+the asyncio clients use the same input and output classes): one place for the tests, the web front end and
 the load generator.
 
-The functions only build ``InferInput``/``InferRequestedOutput`` objects and read result arrays,
-so they serve every tritonclient flavour: pass ``"http"`` or ``"grpc"``; the asyncio clients
-(``tritonclient.http.aio``, ``tritonclient.grpc.aio``) use the same input and output classes.
-
-Which a model takes is the catalogue's to say (``servelab.core.catalogue.MODELS``, ``input_kind``):
+Which input a model takes is the catalogue's to say (``servelab.core.catalogue.MODELS``, ``input_kind``):
 
 * Image models (``food_classifier``, ``food_classifier_ensemble``): ``INPUT_IMAGE`` BYTES [N, 1],
   each element one encoded image as base64 text (what the lab's client sends) or raw bytes

@@ -1,31 +1,25 @@
 """The Triton stages of the catalogue (``servelab.core.catalogue``) rendered as model configs.
 
-The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs: the lab's first
-configuration of each model on its GPU node, readable as plain Triton configs. A stage's
-``TritonPart`` names the model clients call and, per model, the few top-level fields that replace
-the base's fields (``instance_group``, ``dynamic_batching``); nothing else is ever copied or edited by hand.
+The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs, readable as plain
+Triton configs. A stage's ``TritonPart`` names the model clients call and, per model, the few top-level
+fields that replace the base's (``instance_group``, ``dynamic_batching``); nothing is edited by hand.
 
-Rendering a stage for a server (``render``) parses the base with Triton's own ``ModelConfig``
-protobuf (so a misspelt field fails here, not in the server), applies the stage's fields, then
-adapts it to the machine:
+``render`` parses the base with Triton's own ``ModelConfig`` protobuf (so a misspelt field fails here, not
+in the server), applies the stage's fields, then adapts it to the machine:
 
-* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count
-  (``count`` x number of GPUs), for machines without a GPU;
-* ``kind="gpu"`` on a machine with fewer GPUs than a stage names (``pt-2x2`` puts instances on GPUs
-  0 and 1, as on the P100 node): the instances of a missing GPU move to one that is there, with a
-  ``servelab_gpu_placement`` parameter saying so;
-* every ``backend: "onnxruntime"`` model gets Triton's own ``model_warmup``, a zero-filled batch of
-  every size from 1 to ``max_batch_size`` (``onnx_warm_up`` says why; Triton reports the model ready
-  only after them),
-  and the backend's ``cudnn_conv_algo_search`` parameter from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
-* ``onnxruntime=False``: a ``backend: "onnxruntime"`` model becomes a Python-backend model running
-  ONNX Runtime on its own ``model.onnx`` through one shared file, the local stand-in
-  (``food_classifier_onnx/1/model.py``, named by ``default_model_filename``), labelled by the
-  ``servelab_stand_in`` parameter, which ``GET /v2/models/<model>/config`` shows.
+* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count;
+* ``kind="gpu"`` with fewer GPUs than a stage names (``pt-2x2`` uses GPUs 0 and 1, as on the P100 node):
+  a missing GPU's instances move to one that is there, said by a ``servelab_gpu_placement`` parameter;
+* every ``backend: "onnxruntime"`` model gets Triton's ``model_warmup`` (``onnx_warm_up`` says why) and
+  ``cudnn_conv_algo_search`` from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
+* ``onnxruntime=False``: such a model becomes the local stand-in, a Python-backend model running ONNX
+  Runtime on its own ``model.onnx`` (``food_classifier_onnx/1/model.py``, named by
+  ``default_model_filename``), labelled by the ``servelab_stand_in`` parameter.
 
 Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
-stage it runs; one with a block a student wrote says ``(yours, kind)``, so that it is never taken for the stage. The effective config goes to ``<model>/configs/stage.pbtxt`` (git-ignored), which a
-server started with ``--model-config-name=stage`` reads instead of the base ``config.pbtxt``.
+stage it runs; one with a block a student wrote says ``(yours, kind)``, never taken for the stage. The
+result goes to ``<model>/configs/stage.pbtxt`` (git-ignored), read by a server started with
+``--model-config-name=stage``.
 """
 
 from functools import partial
@@ -76,17 +70,15 @@ CUDNN_CONV_ALGO_SEARCH = {"EXHAUSTIVE": "0", "HEURISTIC": "1", "DEFAULT": "2"}
 
 def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
     """``model_warmup`` for an ONNX model's config fields: one zero-filled batch of *every* size from 1 to
-    ``max_batch_size``, so each shape the model can be handed has run once before it is ready (a model
-    that Triton does not batch, ``max_batch_size`` 0, gets none).
+    ``max_batch_size``, so each shape the model can be handed has run once before Triton says it is ready
+    (``max_batch_size`` 0, a model Triton does not batch, gets none).
 
-    Every size, not a few: Triton hands the model any size up to ``max_batch_size``. Without a dynamic
-    batcher each request runs as the client sent it; with one, ``preferred_batch_size`` is only a
-    preference and the batcher sends whatever has queued when ``max_queue_delay_microseconds`` runs out.
-    No config field narrows that set, and the ONNX Runtime backend has one session per instance, which on
-    a GPU chooses cuDNN algorithms for a new shape (ONNX Runtime 1.19.2, the node's backend, once per
-    shape; from 1.20 on every change of shape, which no warm-up avoids: stage ``onnx-b16`` keeps one).
-    The cost: ``max_batch_size`` runs per instance (16 runs, 136 images, for the lab's models), paid
-    while the model loads instead of during a measurement."""
+    Every size, not a few: Triton hands the model any size up to ``max_batch_size`` (``preferred_batch_size``
+    is only a preference; the batcher sends whatever has queued when the delay runs out), and the ONNX
+    Runtime backend's one session per instance chooses cuDNN algorithms for a new shape on a GPU (ONNX
+    Runtime 1.19.2, the node's backend, once per shape; from 1.20 on every change of shape, which no warm-up
+    avoids: stage ``onnx-b16`` keeps one). The cost: ``max_batch_size`` runs per instance (16 runs, 136
+    images, for the lab's models), paid while the model loads instead of during a measurement."""
     max_batch = int(fields.get("max_batch_size", 0))
     if not max_batch:
         return {}

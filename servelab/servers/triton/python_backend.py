@@ -61,13 +61,10 @@ def prediction_outputs(logits: np.ndarray, classes: Sequence[str]) -> dict[str, 
 
 
 def threads_per_instance(model_config: dict) -> int:
-    """CPU threads for one instance: TRITON_THREADS_PER_INSTANCE, or all cores but one shared out.
-
-    Every Python-backend instance is its own process; left alone, each would start one thread
-    per core and N instances would oversubscribe the CPU N times. One core stays free for the
-    server's own threads (HTTP/gRPC, scheduling, tensor copies): on a 2-core machine two PyTorch
-    threads competing with them made p95 latency 20x the median.
-    """
+    """CPU threads for one instance: TRITON_THREADS_PER_INSTANCE, or all cores but one shared out. Each
+    Python-backend instance is its own process that would start one thread per core, oversubscribing the
+    CPU N times. One core stays free for the server's own threads (HTTP/gRPC, scheduling, tensor copies):
+    on a 2-core machine two PyTorch threads competing with them made p95 latency 20x the median."""
     configured = get_settings().triton_threads_per_instance
     if configured:
         return configured

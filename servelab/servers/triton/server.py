@@ -10,19 +10,16 @@ the environment's ``bin`` first on ``PATH``. ``PYTHONPATH`` is the checkout root
 import ``servelab``, and no folder named ``triton`` may be on ``sys.path`` (torch would take it for
 OpenAI Triton).
 
-It reads the effective configs ``servelab.servers.triton.configs`` writes (``--model-config-name=stage``), so
-``apply_stage`` switches any running Triton (this one or the lab's container) to another stage through the
-model-control API; no image is rebuilt.
+The server reads the configs ``configs`` writes (``--model-config-name=stage``), so ``apply_stage``
+switches any running Triton (this one or the lab's container) through the model-control API; no image is
+rebuilt.
 
-A new version of a model, rolled out while it serves (``stage_version``, then ``roll_out_version``): the version
-folder ``<model>/<N>/`` goes into the repository, then one load of the model through the model-control
-API. Under the ``version_policy`` every config here has, Triton's default ``latest { num_versions: 1 }``,
-that load loads N beside the version serving, sends it every request that names no version once it is
-ready, and unloads the old one once its requests in flight have answered. Two things measured on the
-bundled tritonserver 2.51 (Python backend, 2 CPUs, 16 senders) shape it: a load with a config override
-(``version_policy: { specific: { versions: [1, 2] } }``, then ``[2]``) loads *every* version again, the
-one serving too, since the config changed; and a load over HTTP stalled every HTTP inference for as long
-as it ran (about 4 s without one answer; Triton issues #8117, #8958: the load blocks its HTTP worker
+A new version rolls out while serving (``stage_version``, then ``roll_out_version``; docs/production.md):
+under Triton's default ``version_policy`` (``latest { num_versions: 1 }``) one load serves the new version
+beside the old, which unloads once its requests have answered. Measured on the bundled 2.51 (Python
+backend, 2 CPUs, 16 senders): a load with a config override (``specific: { versions: [1, 2] }``, then
+``[2]``) loads *every* version again, the one serving too; and a load over HTTP stalled every HTTP
+inference for as long as it ran (about 4 s; Triton issues #8117, #8958: the load blocks its HTTP worker
 thread), where the same load over gRPC cost none.
 
 Each Python-backend stub shares a segment of /dev/shm (10-16 MB) with tritonserver, which unlinks it as it unloads
@@ -30,10 +27,10 @@ the model, or the stub does where tritonserver died first; a SIGKILL of both lea
 names its stubs' segments (``SHM_PREFIX`` and a name of its own) and its stop removes what is left of them. Its exit
 timeout is Triton's default, 30 s: 5 s made it exit with the eight stubs of pt-4x4 still loaded, on 2 CPUs.
 
-Model control (load, unload, the repository index) answers only a request that carries the server's key in
-an ``admin-token`` header (over gRPC ``triton-grpc-protocol-admin-token``): Triton's own
-``--http-restricted-api`` and ``--grpc-restricted-protocol`` (``control_flags``). The key is the node's
-ADMIN_TOKEN; a server started here without one gets a new key, which ``control_key`` finds again.
+Model control (load, unload, the repository index) answers only a request carrying the server's key in an
+``admin-token`` header (Triton's ``--http-restricted-api``, ``--grpc-restricted-protocol``: ``control_flags``;
+docs/security.md). The key is the node's ADMIN_TOKEN; a server started here without one gets a new key,
+which ``control_key`` finds again.
 """
 
 import importlib.metadata
@@ -287,14 +284,10 @@ def repository_index(url: str, ready: bool = False, timeout: float = 30.0, key: 
 
 def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path,
                 timeout_s: float = LOAD_TIMEOUT_S, key: str | None = None) -> dict[str, Any]:
-    """Make a running Triton (explicit model control, ``--model-config-name=stage``) serve ``stage``.
-
-    Writes the stage's effective configs into the model repository the server reads, unloads the
-    models the stage does not use (so they neither hold memory nor compete for cores), then loads
-    the stage's models in order; a load of a loaded model reloads it with the new config while
-    in-flight requests finish on the old instances. Returns the config as the server reports it.
-    ``key``: model control's (default: ``control_key(url)``).
-    """
+    """Make a running Triton (explicit model control, ``--model-config-name=stage``) serve ``stage``; returns
+    the config it reports. Unloads the models the stage does not use (so they neither hold memory nor compete
+    for cores), then loads the stage's in order: a loaded model reloads with the new config while in-flight
+    requests finish on the old instances. ``key``: model control's (default: ``control_key(url)``)."""
     index = repository_index(url, ready=True, key=key)  # fails early if unreachable, or with no key
     write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
@@ -336,11 +329,10 @@ def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -
 
 def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S,
              since: float | None = None) -> dict[str, Any]:
-    """Serve ``version`` of ``model`` (staged: ``stage_version``) instead of the version serving now, with no
-    request refused (see the module docstring): one load over gRPC (``grpc_url``), then a wait until the old
-    versions are gone. Returns the versions before, and the seconds from ``since`` (``time.monotonic()``; by
-    default this call: a caller that triggered it earlier, in another thread, passes its own moment) until the
-    load returned (``ready_s``: the new version answers) and until the old ones were unloaded."""
+    """Serve ``version`` of ``model`` (``stage_version``) instead of the one serving, with no request refused:
+    one load over gRPC (the module docstring says why), then a wait until the old versions are gone. Returns
+    the versions before and the seconds from ``since`` (``time.monotonic()``: when a caller in another thread
+    triggered it; default this call) until the load returned (``ready_s``) and the old ones were unloaded."""
     import tritonclient.grpc as grpcclient  # deferred: an optional extra (bench), loaded only when this runs
 
     started = time.monotonic() if since is None else since
