@@ -245,19 +245,15 @@ class _FastAPIClient:
         await self.session.close()
 
 
-CACHE_METRIC = "servelab_response_cache_total"
 CACHE_KEYS = {"hit": "hits", "miss": "misses", "error": "errors"}
 
 
 def response_cache_counts(metrics: str) -> dict[str, int] | None:
     """The FastAPI services' cache counters in Prometheus text (``servelab.servers.fastapi.metrics``)."""
-    counts = {}
-    for line in metrics.splitlines():
-        if line.startswith(CACHE_METRIC + "{"):
-            labels, _, value = line.rpartition(" ")
-            result = labels.split('result="', 1)[1].split('"', 1)[0]
-            if result in CACHE_KEYS:
-                counts[CACHE_KEYS[result]] = int(float(value))
+    from prometheus_client.parser import text_string_to_metric_families  # deferred: an optional extra (serve)
+
+    counts = {CACHE_KEYS[s.labels["result"]]: int(s.value) for family in text_string_to_metric_families(metrics)
+              for s in family.samples if s.name == "servelab_response_cache_total" and s.labels.get("result") in CACHE_KEYS}
     return counts or None
 
 
