@@ -427,11 +427,13 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
     return merged
 
 
-async def _snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
+async def _extra(read: Callable[[], Awaitable[Any]], what: str, warnings: list[str]) -> Any:
+    """``read()``, else None and a warning: the server's statistics and cache counters are extra, and a failure
+    costs the breakdown or the hit ratio, not the run."""
     try:
-        return await client.server_stats()
-    except Exception as exc:  # statistics are extra: a failure costs the breakdown, not the run
-        warnings.append(f"server statistics unavailable ({type(exc).__name__}: {exc})")
+        return await read()
+    except Exception as exc:
+        warnings.append(f"{what} unavailable ({type(exc).__name__}: {exc})")
         return None
 
 
@@ -453,7 +455,7 @@ async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any]
     seen: list[dict[str, Any] | None] = []
 
     async def read() -> dict[str, Any] | None:
-        seen.append(await _snapshot(client, warnings))
+        seen.append(await _extra(client.server_stats, "server statistics", warnings))
         return seen[-1]
     return await _settled(read, lambda now: len(seen) > 1 and now == seen[-2])
 
@@ -463,21 +465,13 @@ async def _server_breakdown(
 ) -> Breakdown | None:
     """Triton's statistics diffed, once they count every success the client saw."""
     async def read() -> Breakdown | None:
-        after = await _snapshot(client, warnings)
+        after = await _extra(client.server_stats, "server statistics", warnings)
         try:
             return None if after is None else stats_delta(before, after, model)
         except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
             warnings.append(f"no server breakdown: {exc}")
             return None
     return await _settled(read, lambda delta: (delta.server_requests or 0) >= successes)
-
-
-async def _cache_counts(client: Client, warnings: list[str]) -> dict[str, int] | None:
-    try:
-        return await client.cache_counts()
-    except Exception as exc:  # like the statistics: a failure costs the hit ratio, not the run
-        warnings.append(f"response-cache counters unavailable ({type(exc).__name__}: {exc})")
-        return None
 
 
 def cache_delta(before: dict[str, int], after: dict[str, int], source: str) -> CacheStats | None:
@@ -496,7 +490,7 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     source = "triton-stats" if client.has_server_stats else "servelab_response_cache"
 
     async def read() -> CacheStats | None:
-        after = await _cache_counts(client, warnings)
+        after = await _extra(client.cache_counts, "response-cache counters", warnings)
         return None if after is None else cache_delta(before, after, source)  # None too: nothing looked up
     return await _settled(read, lambda delta: delta.hits + delta.misses + delta.errors >= successes)
 
@@ -660,7 +654,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
             if failed:
                 warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
-        cache_before = await _cache_counts(client, warnings)
+        cache_before = await _extra(client.cache_counts, "response-cache counters", warnings)
         with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await (run_load(client, load, trigger) if n == 1 else _senders_run(senders, load, timeout_s))
