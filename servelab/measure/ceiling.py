@@ -31,8 +31,7 @@ from servelab.core.variants.build import machine, variant_path
 from servelab.servers.fastapi.runtimes import CPU, CUDA, GPU_PROVIDERS
 
 BATCHES = (1, 8, 16, 32, 64, 128)
-# precision -> the variant measured for it (servelab.core.variants.build)
-VARIANT = {"fp32": "fp32", "fp16": "fp16", "int8": "int8"}
+# Each precision is measured on the variant of that name (servelab.core.variants.build).
 PRECISIONS = {"gpu": ("fp32", "fp16"), "cpu": ("fp32", "int8")}
 
 
@@ -75,13 +74,6 @@ class Ceiling(BaseModel):
         return max(measured, key=lambda p: p.images_per_s or 0.0, default=None)
 
 
-def default_provider() -> str:
-    """ONNX Runtime's CUDA provider where it is built in and nvidia-smi lists a GPU, else the CPU's."""
-    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
-
-    return CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU
-
-
 def model_feed(sess, batch: int) -> dict[str, np.ndarray]:
     """A batch of the session's input: float32 N(0, 1) (the fp32 model's normalised NCHW tensor) or
     uint8 pixels (the variants' NHWC crops); the values do not change the time."""
@@ -93,12 +85,6 @@ def model_feed(sess, batch: int) -> dict[str, np.ndarray]:
     if first.type == "tensor(uint8)":
         return {first.name: rng.integers(0, 256, (batch, *shape), dtype=np.uint8)}
     return {first.name: rng.standard_normal((batch, *shape), dtype=np.float32)}
-
-
-def _session(path: Path, provider: str):
-    if not Path(path).exists():
-        raise FileNotFoundError(f"no model at {path}: run `servelab models build` first")
-    return onnx_session(path, [provider, CPU] if provider != CPU else [CPU])
 
 
 def _time(sess, batch: int, repeats: int, max_seconds: float) -> tuple[int, float]:
@@ -121,19 +107,21 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
                     repeats: int = 20, max_seconds: float = 5.0, provider: str | None = None, log=print) -> Ceiling:
     """The model alone at each batch size and precision (default: the machine's pair, ``PRECISIONS``).
 
-    ``provider``: an ONNX Runtime execution provider (default ``default_provider()``); ``repeats``
-    and ``max_seconds`` bound each point's timed runs. Never raises for a point: it is recorded
-    with the reason it failed."""
+    ``provider``: an ONNX Runtime execution provider (default: CUDA where it is built in and nvidia-smi lists a
+    GPU, else the CPU's); ``repeats`` and ``max_seconds`` bound each point's timed runs. Never raises for a
+    point: it is recorded with the reason it failed."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
-    provider = provider or default_provider()
+    provider = provider or (CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU)
     on_gpu = provider in GPU_PROVIDERS
     gpus = stack().get("gpus") if on_gpu else None
     result = Ceiling(provider=provider, machine=machine(), gpu=gpus[0].split(": ", 1)[-1] if gpus else None,
                      onnxruntime=ort.__version__, repeats=repeats, max_seconds=max_seconds)
     for precision in precisions or PRECISIONS["gpu" if on_gpu else "cpu"]:
         try:
-            sess = _session(variant_path(model_dir, VARIANT[precision]), provider)
+            if not (path := variant_path(model_dir, precision)).exists():
+                raise FileNotFoundError(f"no model at {path}: run `servelab models build` first")
+            sess = onnx_session(path, [provider, CPU] if provider != CPU else [CPU])
             active, why = sess.get_providers()[0], None
         except Exception as exc:  # noqa: BLE001 (recorded: every batch of this precision fails the same way)
             sess, active, why = None, None, f"{type(exc).__name__}: {exc}"
