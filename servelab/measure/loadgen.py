@@ -90,7 +90,7 @@ from servelab.measure.records import (
     append_record,
     machine_info,
 )
-from servelab.measure.schedule import send_times, window_s
+from servelab.measure.schedule import send_times
 from servelab.measure.senders import (
     bound_reason,
     default_max_processes,
@@ -326,7 +326,7 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
         n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
     times = _schedule(load, int(n))
     started = (await _start(start_at)) + OPEN_LOOP_LEAD_S
-    run = RawRun(timing=TimingSums(client.batch), started=started, window_s=window_s(len(times), load.rate),
+    run = RawRun(timing=TimingSums(client.batch), started=started, window_s=len(times) / load.rate,
                  offered_rps=load.rate, scheduled_s=times[k::n_parts])
     give_up = run.started + load.max_duration_s
     slots = asyncio.Semaphore(load.max_inflight)
