@@ -14,48 +14,26 @@ Library use (``servelab lab`` and notebooks)::
     record = run_bench(target, load, Labels("fastapi-pt", config),
                        ClientOptions(timeline_bin_s=1.0, keep_requests=True))
 
-``Labels`` are what the record carries (the stage, its config, a stand-in, the server's PID); ``ClientOptions``
-how the client runs, built once and passed to every run of a measurement. ``run_bench`` runs in its own event
-loop; inside a running loop (Jupyter) ``await run_bench_async(...)`` instead. Each run: connect (one persistent
-client), send unmeasured warm-up requests (at least ``load.warmup``, and for at least ``load.warmup_s`` seconds
-where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot the
-server's statistics (and its response-cache counters, where it has a cache), start the monitors, run the measured
-window, snapshot again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given;
-``record.cache`` holds the window's hits, misses and hit ratio).
+``Labels`` are what the record carries, ``ClientOptions`` how the client runs (built once per measurement).
+``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await run_bench_async(...)``. Each
+run: connect (one persistent client), send unmeasured warm-up requests (``load.warmup``, and ``load.warmup_s``
+seconds where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot
+the server's statistics and response-cache counters, start the monitors, run the measured window, snapshot
+again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given).
 
-Load modes (``Load``):
+Load modes (``Load``): sequential; closed loop (``concurrency`` senders, each sending its next request when its
+response arrives); open loop, send times fixed in advance (``schedule.send_times``: the labelled rate exactly;
+throughput counts over that window at least), latency measured from the *scheduled* send time, so time a
+request waited for the client (at most ``max_inflight`` outstanding) or the server counts (no coordinated
+omission); the median from the actual send, perf_analyzer's rule, is kept beside it
+(``Stats.p50_from_send_ms``). When over 1% of sends start 10 ms late, the record warns that the client fell
+behind its schedule.
 
-* sequential: one request at a time;
-* closed loop: ``concurrency`` senders, each sending its next request when its response arrives;
-* open loop: send times fixed in advance (``schedule.send_times``: exactly ``requests`` in a window of
-  ``requests / rate`` seconds, so the offered rate is the labelled one; throughput counts over that
-  window, or until the last response when that is later); latency is measured from the
-  *scheduled* send time, so time a request spent waiting for the client (at most
-  ``max_inflight`` outstanding) or for the server counts (no coordinated omission); the median from the actual
-  send, perf_analyzer's rule, is kept beside it for the cross-check (``Stats.p50_from_send_ms``). When more than
-  1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
-
-The client itself (``record.client``; ``servelab.measure.senders`` says how): every run measures what it costs, its
-sender processes' event-loop CPU per request, and runs on as many **sender processes** as keep it 2x above the rate
-it expects (an open loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the
-same target and senders in this process), from what one process sent per second of its CPU in the warm-up (else in
-that last run), at most half the CPUs: each process runs
-this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
-all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
-into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
-uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``ClientOptions.processes`` fixes
-the count. A run whose busiest sender's event loop was on the CPU over half the window is marked **client-bound**
-(``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
-
-Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
-counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
-the run kept over time: its ``timeline`` (p50/p99, throughput, errors and shed per second) and every
-request (``per_request``: sent, latency, outcome).
-
-``rollout`` is a closed loop (16 senders) during which a ``Trigger`` (the server's own rollout call: a
-FastAPI reload, Triton's model-control load and unload) runs at a set second: every request keeps the
-model version that answered it, and the record's ``rollout`` says what the swap cost (failures, p99
-before, during and after it) and when the new version first answered.
+The client runs on as many sender processes as its warm-up says it needs, and a run its own CPU held is marked
+client-bound (``servelab.measure.senders`` says how): each process runs this same engine on its share, from one
+start time on one clock, merged into one ``RawRun`` (``merge_runs``). Requests the server sheds
+(``Outcome.shed``) are counted apart from errors (``Stats.shed``). ``overload_load`` and ``rollout_load`` build
+the overload and rollout cases (a ``Trigger`` runs the rollout at a set second, in this process).
 """
 
 import asyncio
