@@ -1,28 +1,22 @@
 """What the load generator sends requests to.
 
-A target is a small, reusable description (URL, model, image, batch); ``await target.connect()``
-opens one client per run (one aiohttp session, or one tritonclient asyncio client, so every request
-reuses persistent connections) whose ``send()`` performs one request and returns an ``Outcome``.
-A response counts as a success only if it has the expected status *and* content: an HTTP 200
-carrying an error body is an error (``bad_response``), as are error statuses (``http_500``),
-refused connections (``connection_refused``, ``grpc_unavailable``) and timeouts (``timeout``).
-A request the server *shed* under load is neither: ``Outcome.shed`` is set and its kind is the reason
-(``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or Triton's
-rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
+A target is a small, reusable description (URL, model, image, batch); ``await target.connect()`` opens one
+client per run (one aiohttp session, or one tritonclient asyncio client: every request reuses persistent
+connections) whose ``send()`` performs one request and returns an ``Outcome``. A response counts as a success
+only with the expected status *and* content: an HTTP 200 carrying an error body is an error (``bad_response``),
+as are error statuses (``http_500``), refused connections (``connection_refused``, ``grpc_unavailable``) and
+timeouts (``timeout``). A request the server *shed* under load is neither: ``Outcome.shed`` is set and its kind
+is the reason (``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or
+Triton's rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
 
-Either target may send a ``PhotoMix`` instead of one image: request i sends photo ``order[i]`` (cycled; the
-warm-up draws the first ones), e.g. ``PhotoMix.zipf()``, the bundled photos with a seeded Zipf-like
-popularity, the load of a response cache. ``cache_counts()`` reads the server's own cache counters (the
-FastAPI services' ``servelab_response_cache_total``, Triton's ``cache_hit``/``cache_miss``) for the record.
+* ``FastAPITarget``: ``POST {url}/predict`` with ``{"image": "<base64>"}`` (``/predict/batch``, ``{"images":
+  [...]}`` when ``batch > 1``); reads ``Server-Timing``.
+* ``TritonTarget``: ``input="bytes"`` sends the photo's base64 text (model ``food_classifier``), ``"tensor"`` the
+  preprocessed float32 tensor (``food_classifier_onnx``), ``"uint8"`` the uint8 center crop (the variants with
+  preprocessing in the graph); ``server_stats()`` returns Triton's statistics for the model.
 
-* ``FastAPITarget(url, image, batch)``: ``POST {url}/predict`` with ``{"image": "<base64>"}``, or
-  ``POST {url}/predict/batch`` with ``{"images": [...]}`` when ``batch > 1``; reads ``Server-Timing``.
-* ``TritonTarget(url, model, image, protocol="http"|"grpc", input="bytes"|"tensor", batch)``:
-  ``bytes`` sends the base64 text of the image as ``INPUT_IMAGE`` (BYTES, shape [batch, 1]) and
-  reads ``FOOD_LABEL`` and ``PROBABILITY`` (model ``food_classifier``); ``tensor`` sends the
-  preprocessed float32 ``input`` [batch, 3, 224, 224] and reads the ``output`` logits
-  (``food_classifier_onnx``); ``uint8`` sends the photo's uint8 center crop as ``image``
-  [batch, 224, 224, 3] (the variants with preprocessing in the graph, ``food_classifier_onnx_u8``...). ``server_stats()`` returns Triton's statistics for the model.
+Either may send a ``PhotoMix`` instead of one image (e.g. ``PhotoMix.zipf()``: a response cache's load);
+``cache_counts()`` reads the server's own cache counters for the record.
 """
 
 import asyncio
