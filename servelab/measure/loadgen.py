@@ -650,7 +650,8 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         await client.close()
     warnings += run.warnings
     stats = run.stats(target.batch)
-    busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
+    # Rounded as the record keeps it, so that the reason it gives says the record's own figure.
+    busy = round(max(run.loop_cpu_s) / run.wall_s, 3) if run.loop_cpu_s and run.wall_s > 0 else None
     cpu_ms = 1000 * sum(run.loop_cpu_s) / stats.requests if run.loop_cpu_s and stats.requests else None
     if stats.throughput_rps > 0:
         _SEEN[_seen_key(target, load)] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
@@ -682,7 +683,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
                           warmup_rps_per_cpu=round(own, 1) if own else None,
-                          busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
+                          busy=busy, loop_late=run.loop_late,
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )
