@@ -153,11 +153,6 @@ class RawRun:
                      max_send_lag_ms=float(lags.max() * 1000) if lags.size else None,
                      p50_from_send_ms=float(np.median(self.from_send_s) * 1000) if self.from_send_s else None)
 
-    def ordered_latencies_s(self) -> np.ndarray:
-        """Latencies of successful requests in the order they were issued (or scheduled)."""
-        order = np.argsort(self.index, kind="stable")
-        return np.asarray(self.latency_s)[order]
-
 
 @dataclass(frozen=True)
 class Trigger:
