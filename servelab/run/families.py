@@ -281,7 +281,9 @@ class TritonFamily(Family):
 
             for model in rolled:
                 only_version(self.server.url, model, 1, time.monotonic() + LOAD_TIMEOUT_S)
-        self.scraped = self._scraped.narrowed(model=stage.triton.model) if self._scraped else None
+        # The same server, one model's series.
+        self.scraped = (replace(self._scraped, labels={**self._scraped.labels, "model": stage.triton.model})
+                        if self._scraped else None)
         if self.prometheus:
             self.prometheus.switched(self.scraped)  # the model's load ran Triton's warm-up requests
 

@@ -76,10 +76,6 @@ class Scraped:
     family: str
     labels: dict[str, str]  # at least "instance" (host:port of its metrics endpoint)
 
-    def narrowed(self, **labels: str) -> "Scraped":
-        """The same server, fewer series (Triton: one model's)."""
-        return Scraped(self.family, {**self.labels, **labels})
-
 
 class LabPrometheus:
     def __init__(self, home: Path, log: Callable[[str], None] = print):
