@@ -139,14 +139,6 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
     return result
 
 
-def where(result: Ceiling) -> str:
-    """The provider and the machine, as a figure's caption names them."""
-    ran = sorted({p.provider for p in result.points if p.provider})
-    device = ("GPU" + (f" {result.gpu}" if result.gpu else "")) if result.on_gpu else "CPU"
-    return (f"onnxruntime {result.onnxruntime}, {', '.join(ran) or result.provider} ({device} figures); "
-            f"{result.machine}")
-
-
 def ceiling_markdown(result: Ceiling) -> str:
     """The ceiling table (batch × precision: ms per batch, images/s), each precision's ceiling, and
     every failed point with its reason."""
@@ -160,9 +152,12 @@ def ceiling_markdown(result: Ceiling) -> str:
             point = by.get((precision, batch))
             cells += [num(point.ms if point else None, 2), num(point.images_per_s if point else None, 0)]
         rows.append(cells)
+    ran = sorted({p.provider for p in result.points if p.provider})  # the caption names them, and the machine
+    device = ("GPU" + (f" {result.gpu}" if result.gpu else "")) if result.on_gpu else "CPU"
+    where = f"onnxruntime {result.onnxruntime}, {', '.join(ran) or result.provider} ({device} figures); {result.machine}"
     best = [f"{p} {num(b.images_per_s, 0)} img/s at batch {b.batch}" if (b := result.best(p)) else f"{p} not measured"
             for p in precisions]
-    lines = [(f"The model alone (ONNX Runtime, NumPy in and out, no server): {where(result)}. Median of up to "
+    lines = [(f"The model alone (ONNX Runtime, NumPy in and out, no server): {where}. Median of up to "
               f"{result.repeats} timed runs per batch size (at most {result.max_seconds:g} s), each after one "
               "untimed run of the same shape."), "", markdown(head, rows, "r" * len(head)), "",
              f"Ceiling (best img/s): {'; '.join(best)}."]
