@@ -579,23 +579,20 @@ class Labels(NamedTuple):
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How servelab's client runs a load, beside the load itself: built once, passed to every run of a measurement.
-
-    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events`` on the
-    perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per ``timeline_bin_s``
-    (default 1 s), with the sampler's replicas and events where there is one; ``keep_requests``: every request in
-    ``per_request``; a ``trigger`` runs during the measured window (a rollout), and the record's ``rollout`` says how
-    the requests saw it. ``processes`` fixes the sender processes (``servelab.measure.senders``; default: planned
-    from what the client cost in its warm-up, at most ``max_processes``, default half the CPUs; one with a
-    ``trigger``, which runs in this process)."""
+    """How servelab's client runs a load, beside the load itself: built once, passed to every run of a measurement."""
 
     timeout_s: float = 30.0  # per request
     monitor_interval_s: float = 0.5  # between the monitors' samples
     out: Path | None = None  # each record appended here, one JSON line
+    # A ReplicaSampler (servelab.servers.rayserve.serve_state: samples and events on the perf_counter clock) or a
+    # timeline_bin_s: the record gets a timeline, per timeline_bin_s (default 1 s), with the sampler's replicas
+    # and events where there is one.
     sampler: Any = None
     timeline_bin_s: float | None = None
-    keep_requests: bool = False
-    trigger: Trigger | None = None
+    keep_requests: bool = False  # every request in the record's per_request
+    trigger: Trigger | None = None  # runs during the measured window (a rollout); the record's rollout says how it went
+    # Sender processes (servelab.measure.senders): default planned from the client's cost in its warm-up, at most
+    # max_processes (default half the CPUs); one with a trigger, which runs in this process.
     processes: int | None = None
     max_processes: int | None = None
 
