@@ -2,20 +2,15 @@
 
 The load generator (``servelab.measure.loadgen``) is one asyncio event loop: on a machine with many cores one
 process can send fewer requests per second than a fast server answers (on a 16-core H200 it read 13-19 % below
-perf_analyzer at ~1,000 req/s). So every run:
+perf_analyzer at ~1,000 req/s). So every run plans its **sender processes** (``plan_processes``: enough to stay
+``HEADROOM`` above the rate it expects, at most half the CPUs, the server needing the others; on a 2-CPU machine
+always one), and is marked **client-bound** (``bound_reason``) where its busiest sender's event loop was on the
+CPU more than ``BOUND_FRACTION`` of the window: then the figure is the client's, and the report never shows it
+as a server's capacity.
 
-* plans its **sender processes** (``plan_processes``) from what one process sends per second of its own CPU, as
-  its warm-up measured it (else the last run of the same target and senders in this process): enough that
-  together they stay ``HEADROOM`` (2x) above the rate it expects (an open loop's offered rate; a closed loop's
-  rate in its warm-up, by Little's law), at most ``default_max_processes()`` (half the CPUs: the server needs the
-  others). One process unless more are needed: on a 2-CPU machine always one;
-* is marked **client-bound** (``bound_reason``) where its busiest sender's event loop was on the CPU more than
-  ``BOUND_FRACTION`` of the measured window: then the figure is the client's, and the report never shows it as a
-  server's capacity.
-
-The processes (``SenderPool``) are started with ``spawn`` (the parent may run threads: monitors, Ray), kept for the
-life of this process, and each runs the same asyncio engine on its share of the load. They share the parent's
-clock: ``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine
+The processes (``SenderPool``) are started with ``spawn`` (the parent may run threads: monitors, Ray), kept for
+the life of this process, and each runs the same asyncio engine on its share of the load. They share the
+parent's clock: ``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine
 (``SHARED_CLOCK``); where it is not, every run keeps to one process.
 """
 
