@@ -37,6 +37,7 @@ the overload and rollout cases (a ``Trigger`` runs the rollout at a set second, 
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
@@ -498,17 +499,12 @@ def share(load: Load, k: int, n: int) -> Load:
 def _sender_main(conn: Connection, parent: int) -> None:
     """A sender process (``senders.SenderPool``): runs the jobs its pipe brings until it reads None."""
     die_with_parent(parent)
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        if job is None:
-            return
-        try:
-            asyncio.run(_sender_job(conn, *job))
-        except Exception as exc:  # the parent fails the run with this, and ends the pool
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+    with contextlib.suppress(EOFError):  # the parent's end of the pipe closed
+        for job in iter(conn.recv, None):
+            try:
+                asyncio.run(_sender_job(conn, *job))
+            except Exception as exc:  # the parent fails the run with this, and ends the pool
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
 
 
 def _mix_share(target: Target, k: int, n: int) -> Target:
