@@ -336,9 +336,8 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
                         Row(f"{name}, in-process, {c} callers"), Row(f"{name}, HTTP, {c} senders"))
             for name in backends]
     with ExitStack() as stack:
-        urls = {}
-        for row in rows:
-            urls[row.variant] = serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant}).url
+        urls = {row.variant: serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant}).url
+                for row in rows}
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for row in rows:
