@@ -1,19 +1,14 @@
 """The model's own ceiling: ONNX Runtime alone, on this machine, at batch 1 to 128.
 
-No server, no HTTP, no image decoding: a session, a NumPy batch in and NumPy logits out (so the
-host↔device copies are in every figure on a GPU). Each precision gets one session; its batch sizes
-are measured one block after another, each block on one stable shape: one untimed run (ONNX Runtime
-picks its kernels, and on a GPU cuDNN its algorithms, the first time it meets a shape), then up to
-``repeats`` timed runs, stopped early after ``max_seconds``. A figure is the median of its block.
-
-On a GPU (ONNX Runtime's CUDA provider) the precisions are fp32 (the float model) and fp16 (the fp16
-variant, uint8 crops in); on a CPU fp32 and the static INT8 variant, since fp16 has no fast CPU path
-(``servelab.servers.fastapi.runtimes`` refuses it there). The ceiling of a precision is its best images/s
-over the batch sizes: what the serving stages are measured against (``servelab.measure.fractions``).
-Every point names the provider its session really ran on (ONNX Runtime falls back to the CPU
-silently); a point that fails is recorded with its reason and the rest go on.
-
-``Ceiling`` is a pydantic model: ``result.model_dump_json()`` saves it next to a run's records.
+No server, no HTTP, no image decoding: a session, a NumPy batch in and NumPy logits out (so the host↔device
+copies are in every figure on a GPU). Each precision gets one session, its batch sizes measured one block after
+another on one stable shape: one untimed run (ONNX Runtime picks its kernels, and on a GPU cuDNN its algorithms,
+the first time it meets a shape), then up to ``repeats`` timed runs, stopped early after ``max_seconds``; a
+figure is the median of its block. On a GPU the precisions are fp32 and fp16 (uint8 crops in); on a CPU fp32
+and the static INT8 variant, fp16 having no fast CPU path. A precision's ceiling is its best images/s over the
+batch sizes, what the serving stages are measured against (``servelab.measure.fractions``). Every point names
+the provider its session really ran on (ONNX Runtime falls back to the CPU silently); a point that fails is
+recorded with its reason. ``Ceiling`` is a pydantic model, saved next to a run's records.
 """
 
 import datetime as dt
