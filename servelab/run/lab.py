@@ -70,7 +70,7 @@ from servelab.report.render import render_report, summary_table
 from servelab.run.families import FAMILIES, Family, Runs, family_of
 from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
-from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
+from servelab.run.plan import BATCH, CACHE_CONCURRENCY, PLANS, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 
@@ -342,7 +342,7 @@ def run_lab(args) -> int:
     """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
     started = time.monotonic()
     budget = Budget(args.budget)  # from the command's start: building the model counts too
-    plan = Plan.named(args.plan or ("full" if args.full else "quick" if args.quick else "tour"))
+    plan = PLANS[args.plan or ("full" if args.full else "quick" if args.quick else "tour")]()
     if args.concurrency:  # these levels instead of the sweep to the knee
         plan = replace(plan, sweep=replace(plan.sweep, fixed=tuple(int(c) for c in args.concurrency.split(","))))
     stages = select_stages(args.stages, plan)
