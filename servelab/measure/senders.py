@@ -57,12 +57,8 @@ def most_processes(load: Load, limit: int) -> int:
     """The most processes ``load`` can be split across: each needs a sender (closed) and a request to send."""
     if load.mode == "sequential":
         return 1
-    most = limit
-    if load.mode == "closed":
-        most = min(most, load.concurrency)
-    if load.requests is not None:
-        most = min(most, load.requests)
-    return max(1, most)
+    senders = load.concurrency if load.mode == "closed" else limit
+    return max(1, min(limit, senders, limit if load.requests is None else load.requests))
 
 
 def plan_processes(load: Load, per_process_rps: float | None, expected_rps: float | None, max_processes: int,
