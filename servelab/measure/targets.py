@@ -295,7 +295,8 @@ class _TritonClient:
 
             self.client = tc.InferenceServerClient(target.url, conn_limit=connections, conn_timeout=timeout_s)
             self.infer_kwargs = {}
-        self.model, self.batch, self.protocol, self.errors = target.model, target.batch, target.protocol, _errors()
+        self.model, self.batch, self.errors = target.model, target.batch, _errors()
+        self.as_json = {"as_json": True} if target.protocol == "grpc" else {}  # gRPC's answers as HTTP's JSON
         images = _photos(target.image, target.mix)
         if target.input == "bytes":
             # Base64 text, as the lab's own clients send it; the model accepts raw bytes too.
@@ -323,19 +324,17 @@ class _TritonClient:
     async def server_stats(self) -> dict[str, Any]:
         # An ensemble's own statistics leave out the time its requests wait in the queues of its
         # steps, so those models' statistics come along (all models: one call).
-        grpc = {"as_json": True} if self.protocol == "grpc" else {}
         if self.steps is None:
-            config = await self.client.get_model_config(self.model, **grpc)
+            config = await self.client.get_model_config(self.model, **self.as_json)
             config = config.get("config", config)  # gRPC wraps it
             steps = config.get("ensemble_scheduling", {}).get("step", [])
             self.steps = [step["model_name"] for step in steps]
-        stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **grpc)
+        stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **self.as_json)
         return {**stats, "ensemble_steps": {self.model: self.steps}} if self.steps else stats
 
     async def cache_counts(self) -> dict[str, int] | None:
         """Triton's response-cache counters of the model (None where it does not use the cache)."""
-        grpc = {"as_json": True} if self.protocol == "grpc" else {}
-        return cache_counts(await self.client.get_inference_statistics(model_name=self.model, **grpc), self.model)
+        return cache_counts(await self.client.get_inference_statistics(model_name=self.model, **self.as_json), self.model)
 
     async def close(self) -> None:
         await self.client.close()
