@@ -55,10 +55,6 @@ class Ceiling(BaseModel):
     points: list[Point] = []
 
     @property
-    def precisions(self) -> list[str]:
-        return list(dict.fromkeys(p.precision for p in self.points))
-
-    @property
     def on_gpu(self) -> bool:
         """Whether the fp32 model really ran on a GPU provider."""
         return any(p.provider in GPU_PROVIDERS for p in self.points if p.precision == "fp32" and not p.failed)
@@ -137,7 +133,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
 def ceiling_markdown(result: Ceiling) -> str:
     """The ceiling table (batch × precision: ms per batch, images/s), each precision's ceiling, and
     every failed point with its reason."""
-    precisions = result.precisions
+    precisions = list(dict.fromkeys(p.precision for p in result.points))
     by = {(p.precision, p.batch): p for p in result.points}
     head = ["batch", *(f"{p} {unit}" for p in precisions for unit in ("ms", "img/s"))]
     rows = []
