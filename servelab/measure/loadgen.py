@@ -72,7 +72,6 @@ from servelab.measure.records import (
 from servelab.measure.schedule import send_times
 from servelab.measure.senders import (
     bound_reason,
-    default_max_processes,
     little_rate,
     plan_processes,
     planned_rate,
@@ -610,8 +609,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         expected = planned_rate(load) or little_rate(load, warm.latencies_s) or seen_rps
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
         own = warm.own_rps()
-        n, chosen = plan_processes(load, own or seen_own, expected,
-                                   options.max_processes or default_max_processes(), options.processes, held)
+        n, chosen = plan_processes(load, own or seen_own, expected, options.max_processes, options.processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)

@@ -33,11 +33,6 @@ SATURATED = 0.75  # a one-process warm-up above this share of what it can send m
 SHARED_CLOCK = time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
 
 
-def default_max_processes() -> int:
-    """Sender processes a run may use: half the CPUs (the server runs on the rest), at least one."""
-    return max(1, cpu_count() // 2)
-
-
 def planned_rate(load: Load) -> float | None:
     """An open loop's highest offered rate (its top step); None for the others (their warm-up says)."""
     if load.mode != "open" or load.rate is None:
@@ -61,13 +56,15 @@ def most_processes(load: Load, limit: int) -> int:
     return max(1, min(limit, senders, limit if load.requests is None else load.requests))
 
 
-def plan_processes(load: Load, per_process_rps: float | None, expected_rps: float | None, max_processes: int,
+def plan_processes(load: Load, per_process_rps: float | None, expected_rps: float | None, max_processes: int | None,
                    asked: int | None = None, held: str | None = None) -> tuple[int, str]:
     """(sender processes, how they were chosen) for ``load``: ``asked`` where given; one where ``held`` says why
     (a trigger runs in this process), for one request at a time, or with nothing to plan from; else enough that
     ``HEADROOM`` x ``expected_rps`` fits under processes x ``per_process_rps`` (what one process sends per second of
     its CPU), all ``max_processes`` where a one-process warm-up came near that (it may itself have been held by the
-    client); never more than the load splits into."""
+    client); never more than the load splits into. ``max_processes`` by default: half the CPUs (the server runs on
+    the rest), at least one."""
+    max_processes = max_processes or max(1, cpu_count() // 2)
     if held:
         return 1, f"one process: {held}"
     if asked is not None:
