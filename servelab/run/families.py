@@ -195,7 +195,6 @@ class TritonFamily(Family):
         self.logs, self.repository, self.kind, self.prometheus = logs, repository, kind, prometheus
         self.manifest = manifest  # preprocessing parameters, for a client that sends crops
         self.server: Any = None  # servelab.servers.triton.server.LocalTriton, while started
-        self.pid, self.scraped = None, None
         self.config: dict[str, Any] = {}
         self._scraped: Scraped | None = None
         self._staged: list[Path] = []  # the version folders ``roll_out`` wrote, removed at the next switch
