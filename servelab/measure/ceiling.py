@@ -1,19 +1,14 @@
 """The model's own ceiling: ONNX Runtime alone, on this machine, at batch 1 to 128.
 
-No server, no HTTP, no image decoding: a session, a NumPy batch in and NumPy logits out (so the
-host↔device copies are in every figure on a GPU). Each precision gets one session; its batch sizes
-are measured one block after another, each block on one stable shape: one untimed run (ONNX Runtime
-picks its kernels, and on a GPU cuDNN its algorithms, the first time it meets a shape), then up to
-``repeats`` timed runs, stopped early after ``max_seconds``. A figure is the median of its block.
-
-On a GPU (ONNX Runtime's CUDA provider) the precisions are fp32 (the float model) and fp16 (the fp16
-variant, uint8 crops in); on a CPU fp32 and the static INT8 variant, since fp16 has no fast CPU path
-(``servelab.servers.fastapi.runtimes`` refuses it there). The ceiling of a precision is its best images/s
-over the batch sizes: what the serving stages are measured against (``servelab.measure.fractions``).
-Every point names the provider its session really ran on (ONNX Runtime falls back to the CPU
-silently); a point that fails is recorded with its reason and the rest go on.
-
-``Ceiling`` is a pydantic model: ``result.model_dump_json()`` saves it next to a run's records.
+No server, no HTTP, no image decoding: a session, a NumPy batch in and NumPy logits out (so the host↔device
+copies are in every figure on a GPU). Each precision gets one session, its batch sizes measured one block after
+another on one stable shape: one untimed run (ONNX Runtime picks its kernels, and on a GPU cuDNN its algorithms,
+the first time it meets a shape), then up to ``repeats`` timed runs, stopped early after ``max_seconds``; a
+figure is the median of its block. On a GPU the precisions are fp32 and fp16 (uint8 crops in); on a CPU fp32
+and the static INT8 variant, fp16 having no fast CPU path. A precision's ceiling is its best images/s over the
+batch sizes, what the serving stages are measured against (``servelab.measure.fractions``). Every point names
+the provider its session really ran on (ONNX Runtime falls back to the CPU silently); a point that fails is
+recorded with its reason. ``Ceiling`` is a pydantic model, saved next to a run's records.
 """
 
 import datetime as dt
@@ -31,8 +26,7 @@ from servelab.core.variants.build import machine, variant_path
 from servelab.servers.fastapi.runtimes import CPU, CUDA, GPU_PROVIDERS
 
 BATCHES = (1, 8, 16, 32, 64, 128)
-# precision -> the variant measured for it (servelab.core.variants.build)
-VARIANT = {"fp32": "fp32", "fp16": "fp16", "int8": "int8"}
+# Each precision is measured on the variant of that name (servelab.core.variants.build).
 PRECISIONS = {"gpu": ("fp32", "fp16"), "cpu": ("fp32", "int8")}
 
 
@@ -61,10 +55,6 @@ class Ceiling(BaseModel):
     points: list[Point] = []
 
     @property
-    def precisions(self) -> list[str]:
-        return list(dict.fromkeys(p.precision for p in self.points))
-
-    @property
     def on_gpu(self) -> bool:
         """Whether the fp32 model really ran on a GPU provider."""
         return any(p.provider in GPU_PROVIDERS for p in self.points if p.precision == "fp32" and not p.failed)
@@ -73,13 +63,6 @@ class Ceiling(BaseModel):
         """The batch size with the most images/s: the precision's ceiling (None: nothing measured)."""
         measured = [p for p in self.points if p.precision == precision and p.images_per_s]
         return max(measured, key=lambda p: p.images_per_s or 0.0, default=None)
-
-
-def default_provider() -> str:
-    """ONNX Runtime's CUDA provider where it is built in and nvidia-smi lists a GPU, else the CPU's."""
-    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
-
-    return CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU
 
 
 def model_feed(sess, batch: int) -> dict[str, np.ndarray]:
@@ -93,12 +76,6 @@ def model_feed(sess, batch: int) -> dict[str, np.ndarray]:
     if first.type == "tensor(uint8)":
         return {first.name: rng.integers(0, 256, (batch, *shape), dtype=np.uint8)}
     return {first.name: rng.standard_normal((batch, *shape), dtype=np.float32)}
-
-
-def _session(path: Path, provider: str):
-    if not Path(path).exists():
-        raise FileNotFoundError(f"no model at {path}: run `servelab models build` first")
-    return onnx_session(path, [provider, CPU] if provider != CPU else [CPU])
 
 
 def _time(sess, batch: int, repeats: int, max_seconds: float) -> tuple[int, float]:
@@ -121,19 +98,21 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
                     repeats: int = 20, max_seconds: float = 5.0, provider: str | None = None, log=print) -> Ceiling:
     """The model alone at each batch size and precision (default: the machine's pair, ``PRECISIONS``).
 
-    ``provider``: an ONNX Runtime execution provider (default ``default_provider()``); ``repeats``
-    and ``max_seconds`` bound each point's timed runs. Never raises for a point: it is recorded
-    with the reason it failed."""
+    ``provider``: an ONNX Runtime execution provider (default: CUDA where it is built in and nvidia-smi lists a
+    GPU, else the CPU's); ``repeats`` and ``max_seconds`` bound each point's timed runs. Never raises for a
+    point: it is recorded with the reason it failed."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
-    provider = provider or default_provider()
+    provider = provider or (CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU)
     on_gpu = provider in GPU_PROVIDERS
     gpus = stack().get("gpus") if on_gpu else None
     result = Ceiling(provider=provider, machine=machine(), gpu=gpus[0].split(": ", 1)[-1] if gpus else None,
                      onnxruntime=ort.__version__, repeats=repeats, max_seconds=max_seconds)
     for precision in precisions or PRECISIONS["gpu" if on_gpu else "cpu"]:
         try:
-            sess = _session(variant_path(model_dir, VARIANT[precision]), provider)
+            if not (path := variant_path(model_dir, precision)).exists():
+                raise FileNotFoundError(f"no model at {path}: run `servelab models build` first")
+            sess = onnx_session(path, [provider, CPU] if provider != CPU else [CPU])
             active, why = sess.get_providers()[0], None
         except Exception as exc:  # noqa: BLE001 (recorded: every batch of this precision fails the same way)
             sess, active, why = None, None, f"{type(exc).__name__}: {exc}"
@@ -151,18 +130,10 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
     return result
 
 
-def where(result: Ceiling) -> str:
-    """The provider and the machine, as a figure's caption names them."""
-    ran = sorted({p.provider for p in result.points if p.provider})
-    device = ("GPU" + (f" {result.gpu}" if result.gpu else "")) if result.on_gpu else "CPU"
-    return (f"onnxruntime {result.onnxruntime}, {', '.join(ran) or result.provider} ({device} figures); "
-            f"{result.machine}")
-
-
 def ceiling_markdown(result: Ceiling) -> str:
     """The ceiling table (batch × precision: ms per batch, images/s), each precision's ceiling, and
     every failed point with its reason."""
-    precisions = result.precisions
+    precisions = list(dict.fromkeys(p.precision for p in result.points))
     by = {(p.precision, p.batch): p for p in result.points}
     head = ["batch", *(f"{p} {unit}" for p in precisions for unit in ("ms", "img/s"))]
     rows = []
@@ -172,9 +143,12 @@ def ceiling_markdown(result: Ceiling) -> str:
             point = by.get((precision, batch))
             cells += [num(point.ms if point else None, 2), num(point.images_per_s if point else None, 0)]
         rows.append(cells)
+    ran = sorted({p.provider for p in result.points if p.provider})  # the caption names them, and the machine
+    device = ("GPU" + (f" {result.gpu}" if result.gpu else "")) if result.on_gpu else "CPU"
+    where = f"onnxruntime {result.onnxruntime}, {', '.join(ran) or result.provider} ({device} figures); {result.machine}"
     best = [f"{p} {num(b.images_per_s, 0)} img/s at batch {b.batch}" if (b := result.best(p)) else f"{p} not measured"
             for p in precisions]
-    lines = [(f"The model alone (ONNX Runtime, NumPy in and out, no server): {where(result)}. Median of up to "
+    lines = [(f"The model alone (ONNX Runtime, NumPy in and out, no server): {where}. Median of up to "
               f"{result.repeats} timed runs per batch size (at most {result.max_seconds:g} s), each after one "
               "untimed run of the same shape."), "", markdown(head, rows, "r" * len(head)), "",
              f"Ceiling (best img/s): {'; '.join(best)}."]

@@ -14,51 +14,30 @@ Library use (``servelab lab`` and notebooks)::
     record = run_bench(target, load, Labels("fastapi-pt", config),
                        ClientOptions(timeline_bin_s=1.0, keep_requests=True))
 
-``Labels`` are what the record carries (the stage, its config, a stand-in, the server's PID); ``ClientOptions``
-how the client runs, built once and passed to every run of a measurement. ``run_bench`` runs in its own event
-loop; inside a running loop (Jupyter) ``await run_bench_async(...)`` instead. Each run: connect (one persistent
-client), send unmeasured warm-up requests (at least ``load.warmup``, and for at least ``load.warmup_s`` seconds
-where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot the
-server's statistics (and its response-cache counters, where it has a cache), start the monitors, run the measured
-window, snapshot again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given;
-``record.cache`` holds the window's hits, misses and hit ratio).
+``Labels`` are what the record carries, ``ClientOptions`` how the client runs (built once per measurement).
+``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await run_bench_async(...)``. Each
+run: connect (one persistent client), send unmeasured warm-up requests (``load.warmup``, and ``load.warmup_s``
+seconds where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot
+the server's statistics and response-cache counters, start the monitors, run the measured window, snapshot
+again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given).
 
-Load modes (``Load``):
+Load modes (``Load``): sequential; closed loop (``concurrency`` senders, each sending its next request when its
+response arrives); open loop, send times fixed in advance (``schedule.send_times``: the labelled rate exactly;
+throughput counts over that window at least), latency measured from the *scheduled* send time, so time a
+request waited for the client (at most ``max_inflight`` outstanding) or the server counts (no coordinated
+omission); the median from the actual send, perf_analyzer's rule, is kept beside it
+(``Stats.p50_from_send_ms``). When over 1% of sends start 10 ms late, the record warns that the client fell
+behind its schedule.
 
-* sequential: one request at a time;
-* closed loop: ``concurrency`` senders, each sending its next request when its response arrives;
-* open loop: send times fixed in advance (``schedule.send_times``: exactly ``requests`` in a window of
-  ``requests / rate`` seconds, so the offered rate is the labelled one; throughput counts over that
-  window, or until the last response when that is later); latency is measured from the
-  *scheduled* send time, so time a request spent waiting for the client (at most
-  ``max_inflight`` outstanding) or for the server counts (no coordinated omission); the median from the actual
-  send, perf_analyzer's rule, is kept beside it for the cross-check (``Stats.p50_from_send_ms``). When more than
-  1% of sends start over 10 ms late, the record warns that the client fell behind its schedule.
-
-The client itself (``record.client``; ``servelab.measure.senders`` says how): every run measures what it costs, its
-sender processes' event-loop CPU per request, and runs on as many **sender processes** as keep it 2x above the rate
-it expects (an open loop's offered rate; a closed loop's, from its warm-up by Little's law, else the last run of the
-same target and senders in this process), from what one process sent per second of its CPU in the warm-up (else in
-that last run), at most half the CPUs: each process runs
-this same engine on its share (a closed loop's senders and requests, every n-th send of an open loop's schedule),
-all from one start time on one clock (perf_counter is CLOCK_MONOTONIC on Linux, shared by every process), merged
-into one ``RawRun`` (``merge_runs``); one process is the general case with n = 1, and what a 2-CPU machine always
-uses. A run with a ``trigger`` stays in one process (the trigger acts in it); ``ClientOptions.processes`` fixes
-the count. A run whose busiest sender's event loop was on the CPU over half the window is marked **client-bound**
-(``record.client.bound``, a warning): its throughput is the client's, never a server's capacity.
-
-Requests the server sheds under load (``Outcome.shed``: 503 + Retry-After, Triton's queue policy) are
-counted apart from errors (``Stats.shed``). ``overload`` is an open loop above a measured capacity with
-the run kept over time: its ``timeline`` (p50/p99, throughput, errors and shed per second) and every
-request (``per_request``: sent, latency, outcome).
-
-``rollout`` is a closed loop (16 senders) during which a ``Trigger`` (the server's own rollout call: a
-FastAPI reload, Triton's model-control load and unload) runs at a set second: every request keeps the
-model version that answered it, and the record's ``rollout`` says what the swap cost (failures, p99
-before, during and after it) and when the new version first answered.
+The client runs on as many sender processes as its warm-up says it needs, and a run its own CPU held is marked
+client-bound (``servelab.measure.senders`` says how): each process runs this same engine on its share, from one
+start time on one clock, merged into one ``RawRun`` (``merge_runs``). Requests the server sheds
+(``Outcome.shed``) are counted apart from errors (``Stats.shed``). ``overload_load`` and ``rollout_load`` build
+the overload and rollout cases (a ``Trigger`` runs the rollout at a set second, in this process).
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
@@ -90,10 +69,9 @@ from servelab.measure.records import (
     append_record,
     machine_info,
 )
-from servelab.measure.schedule import send_times, window_s
+from servelab.measure.schedule import send_times
 from servelab.measure.senders import (
     bound_reason,
-    default_max_processes,
     little_rate,
     plan_processes,
     planned_rate,
@@ -174,11 +152,6 @@ class RawRun:
                      late_sends=int((lags > LATE_AFTER_S).sum()), offered_rps=self.offered_rps,
                      max_send_lag_ms=float(lags.max() * 1000) if lags.size else None,
                      p50_from_send_ms=float(np.median(self.from_send_s) * 1000) if self.from_send_s else None)
-
-    def ordered_latencies_s(self) -> np.ndarray:
-        """Latencies of successful requests in the order they were issued (or scheduled)."""
-        order = np.argsort(self.index, kind="stable")
-        return np.asarray(self.latency_s)[order]
 
 
 @dataclass(frozen=True)
@@ -326,7 +299,7 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
         n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
     times = _schedule(load, int(n))
     started = (await _start(start_at)) + OPEN_LOOP_LEAD_S
-    run = RawRun(timing=TimingSums(client.batch), started=started, window_s=window_s(len(times), load.rate),
+    run = RawRun(timing=TimingSums(client.batch), started=started, window_s=len(times) / load.rate,
                  offered_rps=load.rate, scheduled_s=times[k::n_parts])
     give_up = run.started + load.max_duration_s
     slots = asyncio.Semaphore(load.max_inflight)
@@ -427,11 +400,13 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
     return merged
 
 
-async def _snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
+async def _extra(read: Callable[[], Awaitable[Any]], what: str, warnings: list[str]) -> Any:
+    """``read()``, else None and a warning: the server's statistics and cache counters are extra, and a failure
+    costs the breakdown or the hit ratio, not the run."""
     try:
-        return await client.server_stats()
-    except Exception as exc:  # statistics are extra: a failure costs the breakdown, not the run
-        warnings.append(f"server statistics unavailable ({type(exc).__name__}: {exc})")
+        return await read()
+    except Exception as exc:
+        warnings.append(f"{what} unavailable ({type(exc).__name__}: {exc})")
         return None
 
 
@@ -453,7 +428,7 @@ async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any]
     seen: list[dict[str, Any] | None] = []
 
     async def read() -> dict[str, Any] | None:
-        seen.append(await _snapshot(client, warnings))
+        seen.append(await _extra(client.server_stats, "server statistics", warnings))
         return seen[-1]
     return await _settled(read, lambda now: len(seen) > 1 and now == seen[-2])
 
@@ -463,21 +438,13 @@ async def _server_breakdown(
 ) -> Breakdown | None:
     """Triton's statistics diffed, once they count every success the client saw."""
     async def read() -> Breakdown | None:
-        after = await _snapshot(client, warnings)
+        after = await _extra(client.server_stats, "server statistics", warnings)
         try:
             return None if after is None else stats_delta(before, after, model)
         except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
             warnings.append(f"no server breakdown: {exc}")
             return None
     return await _settled(read, lambda delta: (delta.server_requests or 0) >= successes)
-
-
-async def _cache_counts(client: Client, warnings: list[str]) -> dict[str, int] | None:
-    try:
-        return await client.cache_counts()
-    except Exception as exc:  # like the statistics: a failure costs the hit ratio, not the run
-        warnings.append(f"response-cache counters unavailable ({type(exc).__name__}: {exc})")
-        return None
 
 
 def cache_delta(before: dict[str, int], after: dict[str, int], source: str) -> CacheStats | None:
@@ -496,7 +463,7 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     source = "triton-stats" if client.has_server_stats else "servelab_response_cache"
 
     async def read() -> CacheStats | None:
-        after = await _cache_counts(client, warnings)
+        after = await _extra(client.cache_counts, "response-cache counters", warnings)
         return None if after is None else cache_delta(before, after, source)  # None too: nothing looked up
     return await _settled(read, lambda delta: delta.hits + delta.misses + delta.errors >= successes)
 
@@ -531,17 +498,12 @@ def share(load: Load, k: int, n: int) -> Load:
 def _sender_main(conn: Connection, parent: int) -> None:
     """A sender process (``senders.SenderPool``): runs the jobs its pipe brings until it reads None."""
     die_with_parent(parent)
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        if job is None:
-            return
-        try:
-            asyncio.run(_sender_job(conn, *job))
-        except Exception as exc:  # the parent fails the run with this, and ends the pool
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+    with contextlib.suppress(EOFError):  # the parent's end of the pipe closed
+        for job in iter(conn.recv, None):
+            try:
+                asyncio.run(_sender_job(conn, *job))
+            except Exception as exc:  # the parent fails the run with this, and ends the pool
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
 
 
 def _mix_share(target: Target, k: int, n: int) -> Target:
@@ -612,23 +574,20 @@ class Labels(NamedTuple):
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How servelab's client runs a load, beside the load itself: built once, passed to every run of a measurement.
-
-    With a ``sampler`` (``servelab.servers.rayserve.serve_state.ReplicaSampler``: ``samples`` and ``events`` on the
-    perf_counter clock) or a ``timeline_bin_s`` the record gets a ``timeline`` of the run, per ``timeline_bin_s``
-    (default 1 s), with the sampler's replicas and events where there is one; ``keep_requests``: every request in
-    ``per_request``; a ``trigger`` runs during the measured window (a rollout), and the record's ``rollout`` says how
-    the requests saw it. ``processes`` fixes the sender processes (``servelab.measure.senders``; default: planned
-    from what the client cost in its warm-up, at most ``max_processes``, default half the CPUs; one with a
-    ``trigger``, which runs in this process)."""
+    """How servelab's client runs a load, beside the load itself: built once, passed to every run of a measurement."""
 
     timeout_s: float = 30.0  # per request
     monitor_interval_s: float = 0.5  # between the monitors' samples
     out: Path | None = None  # each record appended here, one JSON line
+    # A ReplicaSampler (servelab.servers.rayserve.serve_state: samples and events on the perf_counter clock) or a
+    # timeline_bin_s: the record gets a timeline, per timeline_bin_s (default 1 s), with the sampler's replicas
+    # and events where there is one.
     sampler: Any = None
     timeline_bin_s: float | None = None
-    keep_requests: bool = False
-    trigger: Trigger | None = None
+    keep_requests: bool = False  # every request in the record's per_request
+    trigger: Trigger | None = None  # runs during the measured window (a rollout); the record's rollout says how it went
+    # Sender processes (servelab.measure.senders): default planned from the client's cost in its warm-up, at most
+    # max_processes (default half the CPUs); one with a trigger, which runs in this process.
     processes: int | None = None
     max_processes: int | None = None
 
@@ -650,8 +609,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         expected = planned_rate(load) or little_rate(load, warm.latencies_s) or seen_rps
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
         own = warm.own_rps()
-        n, chosen = plan_processes(load, own or seen_own, expected,
-                                   options.max_processes or default_max_processes(), options.processes, held)
+        n, chosen = plan_processes(load, own or seen_own, expected, options.max_processes, options.processes, held)
         warm_sent = warm.sent
         if n > 1:
             senders = pool(_sender_main).take(n)
@@ -660,7 +618,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
             if failed:
                 warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
         before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
-        cache_before = await _cache_counts(client, warnings)
+        cache_before = await _extra(client.cache_counts, "response-cache counters", warnings)
         with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await (run_load(client, load, trigger) if n == 1 else _senders_run(senders, load, timeout_s))
@@ -678,7 +636,8 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         await client.close()
     warnings += run.warnings
     stats = run.stats(target.batch)
-    busy = max(run.loop_cpu_s) / run.wall_s if run.loop_cpu_s and run.wall_s > 0 else None
+    # Rounded as the record keeps it, so that the reason it gives says the record's own figure.
+    busy = round(max(run.loop_cpu_s) / run.wall_s, 3) if run.loop_cpu_s and run.wall_s > 0 else None
     cpu_ms = 1000 * sum(run.loop_cpu_s) / stats.requests if run.loop_cpu_s and stats.requests else None
     if stats.throughput_rps > 0:
         _SEEN[_seen_key(target, load)] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
@@ -710,7 +669,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
                           warmup_rps_per_cpu=round(own, 1) if own else None,
-                          busy=round(busy, 3) if busy is not None else None, loop_late=run.loop_late,
+                          busy=busy, loop_late=run.loop_late,
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )

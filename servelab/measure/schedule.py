@@ -14,11 +14,6 @@ from typing import Literal
 import numpy as np
 
 
-def window_s(n: int, rate: float) -> float:
-    """Seconds a schedule of ``n`` requests at ``rate`` spans (the offered rate is ``n / window``)."""
-    return n / rate
-
-
 def send_times(n: int, rate: float, arrivals: Literal["constant", "poisson"], seed: int = 0) -> np.ndarray:
     """Seconds from the start of the window at which each of ``n`` requests is due, in order."""
     if n < 1 or rate <= 0:
@@ -26,5 +21,5 @@ def send_times(n: int, rate: float, arrivals: Literal["constant", "poisson"], se
     if arrivals == "constant":
         return np.arange(n, dtype=np.float64) / rate
     if arrivals == "poisson":
-        return np.sort(np.random.default_rng(seed).uniform(0.0, window_s(n, rate), size=n))
+        return np.sort(np.random.default_rng(seed).uniform(0.0, n / rate, size=n))
     raise ValueError(f"unknown arrival process {arrivals!r} (constant or poisson)")

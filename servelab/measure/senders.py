@@ -2,20 +2,15 @@
 
 The load generator (``servelab.measure.loadgen``) is one asyncio event loop: on a machine with many cores one
 process can send fewer requests per second than a fast server answers (on a 16-core H200 it read 13-19 % below
-perf_analyzer at ~1,000 req/s). So every run:
+perf_analyzer at ~1,000 req/s). So every run plans its **sender processes** (``plan_processes``: enough to stay
+``HEADROOM`` above the rate it expects, at most half the CPUs, the server needing the others; on a 2-CPU machine
+always one), and is marked **client-bound** (``bound_reason``) where its busiest sender's event loop was on the
+CPU more than ``BOUND_FRACTION`` of the window: then the figure is the client's, and the report never shows it
+as a server's capacity.
 
-* plans its **sender processes** (``plan_processes``) from what one process sends per second of its own CPU, as
-  its warm-up measured it (else the last run of the same target and senders in this process): enough that
-  together they stay ``HEADROOM`` (2x) above the rate it expects (an open loop's offered rate; a closed loop's
-  rate in its warm-up, by Little's law), at most ``default_max_processes()`` (half the CPUs: the server needs the
-  others). One process unless more are needed: on a 2-CPU machine always one;
-* is marked **client-bound** (``bound_reason``) where its busiest sender's event loop was on the CPU more than
-  ``BOUND_FRACTION`` of the measured window: then the figure is the client's, and the report never shows it as a
-  server's capacity.
-
-The processes (``SenderPool``) are started with ``spawn`` (the parent may run threads: monitors, Ray), kept for the
-life of this process, and each runs the same asyncio engine on its share of the load. They share the parent's
-clock: ``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine
+The processes (``SenderPool``) are started with ``spawn`` (the parent may run threads: monitors, Ray), kept for
+the life of this process, and each runs the same asyncio engine on its share of the load. They share the
+parent's clock: ``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine
 (``SHARED_CLOCK``); where it is not, every run keeps to one process.
 """
 
@@ -38,11 +33,6 @@ SATURATED = 0.75  # a one-process warm-up above this share of what it can send m
 SHARED_CLOCK = time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
 
 
-def default_max_processes() -> int:
-    """Sender processes a run may use: half the CPUs (the server runs on the rest), at least one."""
-    return max(1, cpu_count() // 2)
-
-
 def planned_rate(load: Load) -> float | None:
     """An open loop's highest offered rate (its top step); None for the others (their warm-up says)."""
     if load.mode != "open" or load.rate is None:
@@ -62,21 +52,19 @@ def most_processes(load: Load, limit: int) -> int:
     """The most processes ``load`` can be split across: each needs a sender (closed) and a request to send."""
     if load.mode == "sequential":
         return 1
-    most = limit
-    if load.mode == "closed":
-        most = min(most, load.concurrency)
-    if load.requests is not None:
-        most = min(most, load.requests)
-    return max(1, most)
+    senders = load.concurrency if load.mode == "closed" else limit
+    return max(1, min(limit, senders, limit if load.requests is None else load.requests))
 
 
-def plan_processes(load: Load, per_process_rps: float | None, expected_rps: float | None, max_processes: int,
+def plan_processes(load: Load, per_process_rps: float | None, expected_rps: float | None, max_processes: int | None,
                    asked: int | None = None, held: str | None = None) -> tuple[int, str]:
     """(sender processes, how they were chosen) for ``load``: ``asked`` where given; one where ``held`` says why
     (a trigger runs in this process), for one request at a time, or with nothing to plan from; else enough that
     ``HEADROOM`` x ``expected_rps`` fits under processes x ``per_process_rps`` (what one process sends per second of
     its CPU), all ``max_processes`` where a one-process warm-up came near that (it may itself have been held by the
-    client); never more than the load splits into."""
+    client); never more than the load splits into. ``max_processes`` by default: half the CPUs (the server runs on
+    the rest), at least one."""
+    max_processes = max_processes or max(1, cpu_count() // 2)
     if held:
         return 1, f"one process: {held}"
     if asked is not None:

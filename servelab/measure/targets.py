@@ -1,28 +1,22 @@
 """What the load generator sends requests to.
 
-A target is a small, reusable description (URL, model, image, batch); ``await target.connect()``
-opens one client per run (one aiohttp session, or one tritonclient asyncio client, so every request
-reuses persistent connections) whose ``send()`` performs one request and returns an ``Outcome``.
-A response counts as a success only if it has the expected status *and* content: an HTTP 200
-carrying an error body is an error (``bad_response``), as are error statuses (``http_500``),
-refused connections (``connection_refused``, ``grpc_unavailable``) and timeouts (``timeout``).
-A request the server *shed* under load is neither: ``Outcome.shed`` is set and its kind is the reason
-(``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or Triton's
-rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
+A target is a small, reusable description (URL, model, image, batch); ``await target.connect()`` opens one
+client per run (one aiohttp session, or one tritonclient asyncio client: every request reuses persistent
+connections) whose ``send()`` performs one request and returns an ``Outcome``. A response counts as a success
+only with the expected status *and* content: an HTTP 200 carrying an error body is an error (``bad_response``),
+as are error statuses (``http_500``), refused connections (``connection_refused``, ``grpc_unavailable``) and
+timeouts (``timeout``). A request the server *shed* under load is neither: ``Outcome.shed`` is set and its kind
+is the reason (``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or
+Triton's rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
 
-Either target may send a ``PhotoMix`` instead of one image: request i sends photo ``order[i]`` (cycled; the
-warm-up draws the first ones), e.g. ``PhotoMix.zipf()``, the bundled photos with a seeded Zipf-like
-popularity, the load of a response cache. ``cache_counts()`` reads the server's own cache counters (the
-FastAPI services' ``servelab_response_cache_total``, Triton's ``cache_hit``/``cache_miss``) for the record.
+* ``FastAPITarget``: ``POST {url}/predict`` with ``{"image": "<base64>"}`` (``/predict/batch``, ``{"images":
+  [...]}`` when ``batch > 1``); reads ``Server-Timing``.
+* ``TritonTarget``: ``input="bytes"`` sends the photo's base64 text (model ``food_classifier``), ``"tensor"`` the
+  preprocessed float32 tensor (``food_classifier_onnx``), ``"uint8"`` the uint8 center crop (the variants with
+  preprocessing in the graph); ``server_stats()`` returns Triton's statistics for the model.
 
-* ``FastAPITarget(url, image, batch)``: ``POST {url}/predict`` with ``{"image": "<base64>"}``, or
-  ``POST {url}/predict/batch`` with ``{"images": [...]}`` when ``batch > 1``; reads ``Server-Timing``.
-* ``TritonTarget(url, model, image, protocol="http"|"grpc", input="bytes"|"tensor", batch)``:
-  ``bytes`` sends the base64 text of the image as ``INPUT_IMAGE`` (BYTES, shape [batch, 1]) and
-  reads ``FOOD_LABEL`` and ``PROBABILITY`` (model ``food_classifier``); ``tensor`` sends the
-  preprocessed float32 ``input`` [batch, 3, 224, 224] and reads the ``output`` logits
-  (``food_classifier_onnx``); ``uint8`` sends the photo's uint8 center crop as ``image``
-  [batch, 224, 224, 3] (the variants with preprocessing in the graph, ``food_classifier_onnx_u8``...). ``server_stats()`` returns Triton's statistics for the model.
+Either may send a ``PhotoMix`` instead of one image (e.g. ``PhotoMix.zipf()``: a response cache's load);
+``cache_counts()`` reads the server's own cache counters for the record.
 """
 
 import asyncio
@@ -245,19 +239,15 @@ class _FastAPIClient:
         await self.session.close()
 
 
-CACHE_METRIC = "servelab_response_cache_total"
 CACHE_KEYS = {"hit": "hits", "miss": "misses", "error": "errors"}
 
 
 def response_cache_counts(metrics: str) -> dict[str, int] | None:
     """The FastAPI services' cache counters in Prometheus text (``servelab.servers.fastapi.metrics``)."""
-    counts = {}
-    for line in metrics.splitlines():
-        if line.startswith(CACHE_METRIC + "{"):
-            labels, _, value = line.rpartition(" ")
-            result = labels.split('result="', 1)[1].split('"', 1)[0]
-            if result in CACHE_KEYS:
-                counts[CACHE_KEYS[result]] = int(float(value))
+    from prometheus_client.parser import text_string_to_metric_families  # deferred: an optional extra (serve)
+
+    counts = {CACHE_KEYS[s.labels["result"]]: int(s.value) for family in text_string_to_metric_families(metrics)
+              for s in family.samples if s.name == "servelab_response_cache_total" and s.labels.get("result") in CACHE_KEYS}
     return counts or None
 
 
@@ -305,7 +295,8 @@ class _TritonClient:
 
             self.client = tc.InferenceServerClient(target.url, conn_limit=connections, conn_timeout=timeout_s)
             self.infer_kwargs = {}
-        self.model, self.batch, self.protocol, self.errors = target.model, target.batch, target.protocol, _errors()
+        self.model, self.batch, self.errors = target.model, target.batch, _errors()
+        self.as_json = {"as_json": True} if target.protocol == "grpc" else {}  # gRPC's answers as HTTP's JSON
         images = _photos(target.image, target.mix)
         if target.input == "bytes":
             # Base64 text, as the lab's own clients send it; the model accepts raw bytes too.
@@ -333,19 +324,17 @@ class _TritonClient:
     async def server_stats(self) -> dict[str, Any]:
         # An ensemble's own statistics leave out the time its requests wait in the queues of its
         # steps, so those models' statistics come along (all models: one call).
-        grpc = {"as_json": True} if self.protocol == "grpc" else {}
         if self.steps is None:
-            config = await self.client.get_model_config(self.model, **grpc)
+            config = await self.client.get_model_config(self.model, **self.as_json)
             config = config.get("config", config)  # gRPC wraps it
             steps = config.get("ensemble_scheduling", {}).get("step", [])
             self.steps = [step["model_name"] for step in steps]
-        stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **grpc)
+        stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **self.as_json)
         return {**stats, "ensemble_steps": {self.model: self.steps}} if self.steps else stats
 
     async def cache_counts(self) -> dict[str, int] | None:
         """Triton's response-cache counters of the model (None where it does not use the cache)."""
-        grpc = {"as_json": True} if self.protocol == "grpc" else {}
-        return cache_counts(await self.client.get_inference_statistics(model_name=self.model, **grpc), self.model)
+        return cache_counts(await self.client.get_inference_statistics(model_name=self.model, **self.as_json), self.model)
 
     async def close(self) -> None:
         await self.client.close()

@@ -2,23 +2,19 @@
 where a load goes, and what the lab does differently for its stages. A new family is one ``Family`` in
 ``FAMILIES`` (and its stages' part in the catalogue). The serving parts each adapter writes:
 
-* ``start(first)``: a context in which the family's server can serve its stages, at ``first``;
-  everything it started is stopped on exit, by PID;
-* ``switch(stage)``: from now on the server serves ``stage`` (FastAPI: the stage's own ``servelab
-  serve`` process; Triton: its models reloaded with the stage's config; Ray Serve: the stage deployed);
+* ``start(first)``: a context in which its server serves its stages, at ``first``; all it started is
+  stopped on exit, by PID;
+* ``switch(stage)``: from now on the server serves ``stage`` (FastAPI: the stage's own ``servelab serve``
+  process; Triton: its models reloaded with the stage's config; Ray Serve: the stage deployed);
 * ``target(stage, image)``: where the load generator and perf_analyzer send that stage's requests;
-* ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really
-  holds (ONNX Runtime's provider options, Ray's placement), for its records;
-* ``roll_out(stage, variant)``: a new version of the stage's model, serving ``variant``,
-  takes over while requests keep coming; what the server said of the swap;
+* ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really holds;
+* ``roll_out(stage, variant)``: a new version of the stage's model, serving ``variant``, takes over while
+  requests keep coming; what the server said of the swap;
 * ``in_lab(...)``: the adapter ``servelab lab`` runs on;
 
-and what differs from ``Family``'s defaults, what the lab does for the family's stages besides.
-
-``pid`` is the server measured (its CPU time goes into the records) and ``scraped`` its series in
-Prometheus, where the adapter was given a ``LabPrometheus``. ``servelab lab`` runs every family of
-``FAMILIES``, ``servelab benchmark`` the FastAPI and Ray adapters. The notebooks' walkthroughs
-(``servelab.run.walkthrough``) measure the node's servers, which students start and switch from their
+and what differs from ``Family``'s defaults. ``pid`` is the server measured (its CPU time goes into the
+records) and ``scraped`` its series in Prometheus, where the adapter has a ``LabPrometheus``. The notebooks'
+walkthroughs (``servelab.run.walkthrough``) measure the node's servers, which students switch from their
 shell: they wait for the switch instead, and call the same ``measure_stage``.
 """
 
@@ -199,7 +195,6 @@ class TritonFamily(Family):
         self.logs, self.repository, self.kind, self.prometheus = logs, repository, kind, prometheus
         self.manifest = manifest  # preprocessing parameters, for a client that sends crops
         self.server: Any = None  # servelab.servers.triton.server.LocalTriton, while started
-        self.pid, self.scraped = None, None
         self.config: dict[str, Any] = {}
         self._scraped: Scraped | None = None
         self._staged: list[Path] = []  # the version folders ``roll_out`` wrote, removed at the next switch
@@ -281,7 +276,9 @@ class TritonFamily(Family):
 
             for model in rolled:
                 only_version(self.server.url, model, 1, time.monotonic() + LOAD_TIMEOUT_S)
-        self.scraped = self._scraped.narrowed(model=stage.triton.model) if self._scraped else None
+        # The same server, one model's series.
+        self.scraped = (replace(self._scraped, labels={**self._scraped.labels, "model": stage.triton.model})
+                        if self._scraped else None)
         if self.prometheus:
             self.prometheus.switched(self.scraped)  # the model's load ran Triton's warm-up requests
 

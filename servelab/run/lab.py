@@ -1,37 +1,24 @@
 """``servelab lab``: the whole lab, locally, one stage after another, on the CPU or on the GPU.
 
-For each stage it starts the server, runs the lab's measurements with the one load generator,
-stops the server, and at the end prints the comparison table and writes ``results/``. Every
-server is a child process stopped by PID, also on Ctrl-C or failure.
+For each stage it starts the server (each family on its adapter, ``servelab.run.families``), runs the lab's
+measurements with the one load generator, stops the server, and at the end prints the comparison table and
+writes ``results/`` (``run.json``: ``LabRun``). Every server is a child process stopped by PID, also on Ctrl-C
+or failure. Which stages, how much of each and for how long is a ``Plan`` and a ``Budget``
+(``servelab.run.plan``); a stage the budget cuts is named in ``run.json`` and the report as not run, with why.
 
-Which stages, how much of each and for how long is a ``Plan`` and a ``Budget`` (``servelab.run.plan``): the
-tour (the default, `make lab`), ``--full``, ``--quick`` (the tests' smoke run) or ``gpu-check``; a stage the
-budget cuts is named in ``run.json`` and the report as not run, with why. Each family's stages run on its
-adapter (``servelab.run.families``). The measurements per stage: its *capacity*, found by saturation
-(``servelab.measure.measure_stage.sweep_capacity``), then Poisson arrivals at fractions of that capacity, where
-queueing delay appears well before the server is saturated. The lessons compare capacities
-(``servelab.report.lessons``), never two stages held to one number of senders. A Triton load (a family
-perf_analyzer can feed) is measured twice, back to back (every one with ``--full``): by the load generator and by
-perf_analyzer over the same windows (``--measurement-interval``: the plan's window seconds), the tool the lab's
-students use on the node, with the same photo: one at a time and at the capacity's senders; requests of 16
-images at concurrency 1 where the stage batches, and both arrival processes at the same rates where its family
-offers them (the dynamic-batching ONNX stage). A stage fed fixed batches by its client (``TritonPart.images``)
-gets every load in requests of that many images. A perf_analyzer run that fails is recorded with its message
-and the lab goes on. What this environment cannot run at all (perf_analyzer or Ray not installed) is decided
-before the first run (``preflight``): those parts are skipped, each with its reason in the log and the report,
-instead of failing run after run.
+The measurements per stage: its *capacity*, found by saturation (``servelab.measure.measure_stage.sweep_capacity``),
+then Poisson arrivals at fractions of it, where queueing delay appears well before the server is saturated; the
+lessons compare capacities (``servelab.report.lessons``), never two stages held to one number of senders. Where
+perf_analyzer can feed a stage (Triton), it measures the same loads over the same windows right after the load
+generator: one at a time and at the capacity's senders; requests of ``BATCH`` images where the stage batches, and
+both arrival processes where its family offers them. What this environment cannot run at all (perf_analyzer or
+Ray not installed) is decided before the first run (``preflight``) and skipped, with its reason in the log and the
+report. The ONNX variants run beside fp32 (fp16 only on a GPU), each record naming its variant.
 
-The ONNX model variants (preprocessing in the graph, INT8, fp16) run side by side with fp32, behind
-FastAPI and in Triton; each record names its variant, so the report can set size, agreement and CPU
-time per request next to the latencies. fp16 stages run only on a GPU.
-
-What the run was and how long it took goes to ``results/run.json`` (``LabRun``), printed at its end.
-
-``--device gpu|cpu|auto`` (``servelab.core.hardware``) is the one switch: on the GPU every FastAPI server
-runs with PyTorch on CUDA or ONNX Runtime's TensorRT/CUDA providers and ``REQUIRE_GPU=1``, and Triton
-with ``KIND_GPU`` instances on the GPUs present. Each record names the device and where the stage
-really ran (``runs_on``: the providers the service read back from its session, or the instance groups
-Triton reports), never what was asked for.
+``--device gpu|cpu|auto`` (``servelab.core.hardware``) is the one switch: on the GPU every FastAPI server runs on
+CUDA (PyTorch, or ONNX Runtime's TensorRT/CUDA providers) with ``REQUIRE_GPU=1``, and Triton with ``KIND_GPU``
+instances. Each record names the device and where the stage really ran (``runs_on``, as the server reports it),
+never what was asked for.
 """
 
 import sys
@@ -83,7 +70,7 @@ from servelab.report.render import render_report, summary_table
 from servelab.run.families import FAMILIES, Family, Runs, family_of
 from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
-from servelab.run.plan import BATCH, CACHE_CONCURRENCY, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
+from servelab.run.plan import BATCH, CACHE_CONCURRENCY, PLANS, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
 from servelab.run.reference import limit_here
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 
@@ -355,7 +342,7 @@ def run_lab(args) -> int:
     """``servelab lab``: the model, every selected stage on the chosen device, the report; 1 if a stage failed."""
     started = time.monotonic()
     budget = Budget(args.budget)  # from the command's start: building the model counts too
-    plan = Plan.named(args.plan or ("full" if args.full else "quick" if args.quick else "tour"))
+    plan = PLANS[args.plan or ("full" if args.full else "quick" if args.quick else "tour")]()
     if args.concurrency:  # these levels instead of the sweep to the knee
         plan = replace(plan, sweep=replace(plan.sweep, fixed=tuple(int(c) for c in args.concurrency.split(","))))
     stages = select_stages(args.stages, plan)

@@ -37,31 +37,24 @@ class LocalPrometheus(ChildServer):
         self.targets = Targets(self.home / TARGETS_FILE)
         config = self.home / "prometheus.yml"
         config.write_text(config_yaml(self.targets.path, scrape_interval_s))
-        self.client = PrometheusClient(f"http://127.0.0.1:{self.port}")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = PrometheusClient(self.url)
         self.process = ServerProcess(
             [str(binary.path), f"--config.file={config}", f"--storage.tsdb.path={self.home / 'data'}",
              f"--storage.tsdb.retention.time={retention_time}", f"--storage.tsdb.retention.size={retention_size}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            f"{self.client.url}/-/ready", self.home / "prometheus.log", ready_timeout=60, stop_timeout=20)
-
-    @property
-    def url(self) -> str:
-        return self.client.url
+            f"{self.url}/-/ready", self.home / "prometheus.log", ready_timeout=60, stop_timeout=20)
 
 
 class MachineExporter:
     """``GET /metrics`` on 127.0.0.1:``port``, from a daemon thread of this process."""
 
     def __init__(self, port: int):
-        self.port = port
+        self.address = f"127.0.0.1:{port}"
         self.collector = MachineCollector()
         registry = CollectorRegistry()
         registry.register(self.collector)
         self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -75,10 +68,6 @@ class Scraped:
 
     family: str
     labels: dict[str, str]  # at least "instance" (host:port of its metrics endpoint)
-
-    def narrowed(self, **labels: str) -> "Scraped":
-        """The same server, fewer series (Triton: one model's)."""
-        return Scraped(self.family, {**self.labels, **labels})
 
 
 class LabPrometheus:

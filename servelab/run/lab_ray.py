@@ -1,19 +1,14 @@
-"""The Ray Serve stages' own runs in ``servelab lab``, beside the loads every stage gets.
+"""The Ray Serve stages' own runs in ``servelab lab``, beside the loads every stage gets (through
+``servelab.run.families.RayFamily``, each record's config with its replicas' placement by Ray node id):
 
-The lab measures each Ray stage as it measures the others, through ``servelab.run.families.RayFamily``
-(one local cluster, a head and one worker node; each stage deployed by ``servelab ray deploy``, the
-command the lab node's notebook runs), with its replicas' placement by Ray node id in each record's
-config. Then:
+* step load (the autoscaling stage): Poisson arrivals at a low, a high and again the low rate (15 % and 90 % of
+  the capacity its sweep found), with the running replicas sampled over time;
+* node failure (last, on the stage that has one replica per node): closed loop at concurrency 8, the worker
+  node SIGKILLed a third of the way in; every failed request is counted by its kind (``http_500``,
+  ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
 
-* step load (the autoscaling stage): Poisson arrivals at a low, a high and again the low rate
-  (15 % and 90 % of the capacity its sweep found, ``servelab.run.lab``), with the running replicas
-  sampled over time;
-* node failure (last, on the stage that has one replica per node): closed loop at concurrency 8,
-  the worker node SIGKILLed a third of the way in; every failed request is counted by its kind
-  (``http_500``, ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
-
-``RayFamily.runs`` hands the lab's ``Lab`` over; what is used of it is the ``Measurer`` protocol below (this
-module imports neither the lab nor the adapters, which import it).
+``RayFamily.runs`` hands the lab's ``Lab`` over as a ``Measurer`` (this module imports neither the lab nor the
+adapters, which import it).
 """
 
 import threading

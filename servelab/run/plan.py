@@ -104,10 +104,6 @@ class Plan:
                    poisson_fractions=(0.5,), poisson_seconds=1.5, pa_timeout_s=60.0,
                    perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES)
 
-    @classmethod
-    def named(cls, name: str) -> "Plan":
-        return PLANS[name]()
-
     def with_perf_analyzer(self, stage: Stage) -> bool:
         return family_of(stage).fed(stage) is not None and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 

@@ -1,19 +1,17 @@
 """``servelab benchmark --measure limit``: the FastAPI stages against this machine's limit and against the
 simplest app a newcomer would write, in one run.
 
-The limit (``servelab.measure.limit.machine_limit``, the one function the lab's report calls too, through
-``limit_here``): what the model alone, preprocessing and HTTP each deliver with every core busy, and on a
-GPU the model's ceiling there. Against it, in the limit's ``--rounds`` (each round the limit's parts, then
-each server's window, so a neighbour's load hits all alike), with the same photo and client at
-``--concurrency`` closed-loop senders: the simple
-app (``benchmarks/simple_app.py``: a sync route, one ONNX Runtime session with its own thread defaults),
-``fastapi-onnx``'s service with no settings at all (its defaults, as `servelab serve fastapi-onnx` starts
-it), the same with one inference per CPU instead of two (``MODEL_INSTANCES``: the one default the limit
-cannot show), and the stages ``fastapi-onnx`` (one request per inference) and ``fastapi-onnx-dyn``. Each
-row: req/s, its ratio to the simple app's, its fraction of the limit, and the CPU ms per request of the
-server's processes (its PID and their children, ``psutil``), so that a run on a few cores says where one
-process of it saturates on more. Aims for ``fastapi-onnx`` with its defaults: at least the simple app's
-throughput and 90 % of the limit.
+The limit (``servelab.measure.limit.machine_limit``, which the lab's report calls too, through ``limit_here``):
+what the model alone, preprocessing and HTTP each deliver with every core busy, and on a GPU the model's ceiling
+there. Against it, a window each in every one of the limit's ``--rounds`` (so a neighbour's load hits all alike),
+with the same photo at ``--concurrency`` closed-loop senders: the simple app (``benchmarks/simple_app.py``: a
+sync route, one ONNX Runtime session with its own thread defaults), ``fastapi-onnx`` with no settings at all (as
+`servelab serve fastapi-onnx` starts it), the same with one inference per CPU instead of two
+(``MODEL_INSTANCES``: the one default the limit cannot show), and the stages ``fastapi-onnx`` and
+``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, its fraction of the limit, and the CPU ms
+per request of the server's processes (``psutil``), so that a run on a few cores says where one process of it
+saturates on more. Aims for ``fastapi-onnx`` with its defaults: at least the simple app's throughput and 90 %
+of the limit.
 """
 
 import argparse

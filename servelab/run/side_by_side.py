@@ -2,47 +2,33 @@
 
 For each stage, on this machine, with the same model, photo, threads and settings:
 
-* **sequential**: the in-process pipeline (base64 decode + image decode/preprocess + inference +
-  top-1 on one thread, no server) and the same photo through the service (batching off, one
-  request at a time over a persistent connection), *alternating request by request*, so both see
-  the same machine; compared by median latency (aim: HTTP at most 1.15x in-process);
-* **throughput at ``--concurrency``**: the in-process batched ceiling (the service's own pipeline,
-  worker pool + micro-batcher with ``--max-batch-size``, driven by that many callers in the same
-  process, no HTTP) and closed-loop HTTP senders (``servelab.measure``) against the service with
-  batching off and on; the three alternate in ``--rounds`` short windows, so a neighbour's load
-  or a slow drift hits all three alike (aim with batching: at least 0.9x the ceiling).
+* **sequential**: the in-process pipeline (base64 decode + decode/preprocess + inference + top-1 on one
+  thread, no server) and the same photo through the service (batching off, one request at a time over a
+  persistent connection), *alternating*, so both see the same machine; compared by median latency (aim: HTTP
+  at most 1.15x in-process);
+* **throughput at ``--concurrency``**: the in-process batched ceiling (the service's own pipeline with
+  ``--max-batch-size``, driven by that many callers, no HTTP) and closed-loop HTTP senders against the service
+  with batching off and on, alternating in ``--rounds`` short windows so a neighbour's load or a drift hits all
+  three alike (aim with batching: at least 0.9x the ceiling).
 
-``--measure preprocess`` measures decoding and preprocessing alone (no inference) through the
-service's own pipeline, with as many threads as worker processes (``PREPROCESS_PROCESSES``), one per
-CPU, and one thread for reference, alternating in ``--rounds`` windows; the ratio is each one's
-images/s over the threads', and the table names the CPU. A second table times the same photo's decoding
-+ preprocessing on one thread, in process CPU time per image: servelab's ``preprocess`` against
-torchvision's ``Resize``, ``CenterCrop``, ``ToTensor``, ``Normalize`` after ``Image.open`` + RGB (or,
-where torchvision does not import, those steps written out with Pillow and torch; the table says which).
-Aim: servelab's time at most torchvision's.
+``--measure preprocess``: decoding and preprocessing alone through the service's pipeline, in one thread, one
+per CPU, and as many worker processes (``PREPROCESS_PROCESSES``), alternating in ``--rounds`` windows (ratio:
+images/s over the threads'); then the same photo on one thread, in process CPU time per image, servelab's
+``preprocess`` against torchvision's ``Resize``, ``CenterCrop``, ``ToTensor``, ``Normalize`` (or those steps in
+Pillow and torch where torchvision does not import; the table says which). Aim: at most torchvision's time.
 
-``--measure ray`` measures Ray Serve (``ray-dyn``: 2 replicas on a local two-node cluster,
-``@serve.batch``) against ``fastapi-onnx-dyn`` at ``--concurrency`` senders, alternating, and splits
-each one's latency into time inside the app and outside it (``servelab.run.side_by_side_ray``).
+``--measure variants``: fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, alternating in each round,
+in-process (``--concurrency`` callers, batching off as in the lab) and over HTTP, each divided by fp32's (aims:
+the uint8-input model at least 1.15x; the best INT8 model at least 1.5x with top-1 agreement of at least 98 %, as
+``servelab models build`` recorded it; INT8 pays only with fast 8-bit instructions, which the header says, from
+``servelab.core.hardware.cpu_int8``). A missed aim is explained by the in-process split of each request's time
+into preprocessing and inference, and the ceiling that split allows (fp32's CPU time per request over the
+variant's).
 
-``--measure variants`` measures fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, with the
-same photo, alternating variant by variant in each round: the in-process throughput of the service's
-own pipeline driven by ``--concurrency`` callers (batching off, as the lab's stages run) and the HTTP
-throughput at that concurrency, each divided by fp32's (aims: the uint8-input model at least 1.15x;
-the best INT8 model at least 1.5x with top-1 agreement of at least 98 % with fp32, as
-``servelab models build`` recorded it; INT8 pays only where the CPU has fast 8-bit instructions, and
-the header says whether this one has, from ``servelab.core.hardware.cpu_int8``). Where an aim is
-missed the table says what bounds it: the in-process split of each request's time into preprocessing
-and inference, and the ceiling that split allows (the whole machine's CPU does both, so throughput is
-at most fp32's CPU time per request over the variant's).
-
-``--measure limit`` measures this machine's end-to-end limit and the FastAPI stages against it and
-against the simplest FastAPI + ONNX Runtime app (``servelab.run.reference``).
-
-``--measure ceiling`` measures the model alone (``servelab.measure.ceiling``: ONNX Runtime, no server, at
-batch 1 to 128; fp32 and fp16 on a GPU, fp32 and INT8 on a CPU) and, given a lab's records
-(``--records``), every stage's best throughput as a fraction of the fp32 ceiling, the batching and
-instance ratios and the GPU aims (``servelab.measure.fractions``).
+``--measure ray``: Ray Serve against FastAPI (``servelab.run.side_by_side_ray``); ``--measure limit``: this
+machine's limit, and the FastAPI stages against it and the simplest app (``servelab.run.reference``);
+``--measure ceiling``: the model alone (``servelab.measure.ceiling``) and, with ``--records``, every stage as a
+fraction of it (``servelab.measure.fractions``).
 
 The client shares the CPU with the server, as it does in the lab.
 """
@@ -350,9 +336,8 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
                         Row(f"{name}, in-process, {c} callers"), Row(f"{name}, HTTP, {c} senders"))
             for name in backends]
     with ExitStack() as stack:
-        urls = {}
-        for row in rows:
-            urls[row.variant] = serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant}).url
+        urls = {row.variant: serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant}).url
+                for row in rows}
         window = args.duration / args.rounds
         for _ in range(args.rounds):
             for row in rows:

@@ -2,14 +2,10 @@
 
 Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
 ≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
-≤ 16 / 5 ms), both serving the same ONNX Runtime pipeline, measured at ``--concurrency`` closed-loop
-senders, alternating in ``--rounds`` windows. Where the difference goes: each response's
-``Server-Timing`` says how long the request spent inside the app (queue, preprocess, infer, total);
-the rest of the client's latency is outside it: for FastAPI the loopback hop and uvicorn, for Ray
-Serve also the proxy (HTTP parsing, routing to a replica) and the hop from proxy to replica and back
-(a Ray actor call: the request and response serialized).
-
-``servelab.run.side_by_side`` calls ``benchmark_ray``.
+≤ 16 / 5 ms), both serving the same ONNX Runtime pipeline, at ``--concurrency`` closed-loop senders,
+alternating in ``--rounds`` windows. Each response's ``Server-Timing`` says how long the request spent inside
+the app; the rest of the client's latency is outside it: for FastAPI the loopback hop and uvicorn, for Ray Serve
+also the proxy (HTTP parsing, routing) and the hop from proxy to replica and back (a Ray actor call).
 """
 
 import argparse

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 
 from servelab.measure.records import Load
-from servelab.measure.schedule import send_times, window_s
+from servelab.measure.schedule import send_times
 
 
 def test_poisson_inter_arrivals_are_exponential() -> None:
@@ -27,7 +27,7 @@ def test_every_schedule_offers_the_rate_it_is_labelled_with(n: int, seed: int) -
     rate = 33.3
     for arrivals in ("poisson", "constant"):
         times = send_times(n, rate, arrivals, seed)
-        assert len(times) == n and times.max() < window_s(n, rate) == pytest.approx(n / rate)
+        assert len(times) == n and times.max() < n / rate
     # Still Poisson-like inside the window: bursty, not evenly spaced.
     gaps = np.diff(send_times(n, rate, "poisson", seed))
     assert 0.7 < gaps.std() / gaps.mean() < 1.3
