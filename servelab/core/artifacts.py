@@ -1,15 +1,9 @@
-"""Model artifacts: a state_dict, its JSON manifest and a single-file ONNX model.
+"""Model artifacts: a state_dict, its JSON manifest and a single-file ONNX model, which ``servelab models build``
+makes from the zero-shot stand-in whose weights ship in a package (``offline``: nothing is downloaded) or from the
+lab's MobileNetV2 Food-11 weights (``lab``: pinned by commit and git blob SHA-1; ``ModelSource``).
 
-``servelab models build`` makes them from one of two sources:
-
-* ``offline`` (default): the zero-shot EfficientNet-Lite0 stand-in whose weights ship in a package;
-  nothing is downloaded.
-* ``lab``: the lab's real MobileNetV2 Food-11 weights from the GourmetGram repository, pinned by
-  commit and verified by git blob SHA-1 (or a local copy of that file).
-
-Every stage reads the manifest to know the architecture, the classes and the preprocessing sizes,
-so a stage never guesses how its model was built. Torch is imported lazily: the ONNX service and the
-web app read manifests without it.
+Every stage reads the manifest for the architecture, classes and preprocessing sizes, so none guesses how its
+model was built. Torch is imported lazily: the ONNX service and the web app read manifests without it.
 """
 
 import hashlib
@@ -24,7 +18,7 @@ from pydantic import BaseModel
 
 from servelab import __version__
 from servelab.core.catalogue import MODELS
-from servelab.core.fetch import FetchError, copy_atomic, fetch, git_blob_sha1, sha256_file, write_atomic
+from servelab.core.fetch import FetchError, copy_atomic, fetch, git_blob_sha1, holds, sha256_file, write_atomic
 from servelab.core.labels import CLASSES
 from servelab.core.models import build_model
 from servelab.core.paths import DEFAULT_IMAGE
@@ -145,20 +139,6 @@ def _weights_file(source: ModelSource, cache_dir: Path) -> Path:
     return path
 
 
-def _load_model(source: ModelSource, weights: Path):
-    """The model in eval mode, weights loaded with weights_only=True and strict key matching."""
-    import torch  # deferred: an optional extra (torch), loaded only when this runs
-
-    state = torch.load(weights, map_location="cpu", weights_only=True)
-    if source.kind == "offline":
-        model = build_model("efficientnet_lite0_food11")
-        model.backbone.load_state_dict(state, strict=True)
-        return model, "efficientnet_lite0_food11"
-    model = build_model("mobilenet_v2")
-    model.load_state_dict(state, strict=True)
-    return model, "mobilenet_v2"
-
-
 def _export_onnx(model, dest: Path) -> None:
     import torch  # deferred: an optional extra (torch), loaded only when this runs
 
@@ -191,13 +171,8 @@ def _check_parity(model, onnx_path: Path) -> float:
     return float(np.abs(actual - expected).max())
 
 
-def build_artifacts(
-    source: ModelSource,
-    model_dir: Path,
-    staging: Path | None,
-    force: bool = False,
-    log=print,
-) -> Manifest:
+def build_artifacts(source: ModelSource, model_dir: Path, staging: Path | None, force: bool = False,
+                    log=print) -> Manifest:
     """Build (or reuse, when the inputs are unchanged) the state_dict, manifest and ONNX model, and copy
     them into the Triton model repository ``staging`` (None: nowhere)."""
     paths = ArtifactPaths.in_dir(model_dir)
@@ -218,23 +193,24 @@ def build_artifacts(
 
 
 def _reusable(paths: ArtifactPaths, key: str) -> Manifest | None:
-    if not all(p.exists() for p in (paths.manifest, paths.state_dict, paths.onnx)):
-        return None
     try:
         manifest = load_manifest(paths.manifest)
-    except ValueError:
+    except (OSError, ValueError):
         return None
-    if (manifest.build_key != key or sha256_file(paths.state_dict) != manifest.state_dict_sha256
-            or sha256_file(paths.onnx) != manifest.onnx_sha256):
-        return None
-    return manifest
+    built = {paths.state_dict: manifest.state_dict_sha256, paths.onnx: manifest.onnx_sha256}
+    return manifest if manifest.build_key == key and holds(built) else None
 
 
 def _build(source, weights, paths, key, versions, log) -> Manifest:
     import torch  # deferred: an optional extra (torch), loaded only when this runs
 
     log(f"models: loading weights from {source.location or weights} ({source.kind})")
-    model, architecture = _load_model(source, weights)
+    stand_in = source.kind == "offline"
+    architecture = "efficientnet_lite0_food11" if stand_in else "mobilenet_v2"
+    model = build_model(architecture)
+    # weights_only=True and strict keys; the stand-in's packaged weights are its ImageNet backbone's.
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    (model.backbone if stand_in else model).load_state_dict(state, strict=True)
     write_atomic(paths.state_dict, lambda tmp: torch.save(model.state_dict(), tmp))
     log("models: exporting ONNX")
     write_atomic(paths.onnx, lambda tmp: _export_onnx(model, tmp))
@@ -243,23 +219,15 @@ def _build(source, weights, paths, key, versions, log) -> Manifest:
         paths.onnx.unlink()
         raise RuntimeError(f"ONNX Runtime differs from PyTorch by {diff:.2e} (> {PARITY_TOLERANCE})")
     log(f"models: ONNX Runtime matches PyTorch (max abs diff {diff:.1e})")
-    stand_in = source.kind == "offline"
     manifest = Manifest(
-        name="food11-efficientnet-lite0-zeroshot" if stand_in else "food11-mobilenet_v2",
-        architecture=architecture,
-        classes=list(CLASSES),
-        stand_in=stand_in,
+        name="food11-efficientnet-lite0-zeroshot" if stand_in else "food11-mobilenet_v2", architecture=architecture,
+        classes=list(CLASSES), stand_in=stand_in,
         description=STAND_IN_NOTE if stand_in else "the lab's MobileNetV2 fine-tuned on Food-11 (GourmetGram)",
         source={"kind": source.kind, "location": source.location or str(weights),
                 "git_blob_sha1": source.git_sha1 or git_blob_sha1(Path(weights).read_bytes())},
-        state_dict_file=paths.state_dict.name,
-        state_dict_sha256=sha256_file(paths.state_dict),
-        onnx_file=paths.onnx.name,
-        onnx_sha256=sha256_file(paths.onnx),
-        onnx_opset=ONNX_OPSET,
-        build_key=key,
-        versions=versions,
-    )
+        state_dict_file=paths.state_dict.name, state_dict_sha256=sha256_file(paths.state_dict),
+        onnx_file=paths.onnx.name, onnx_sha256=sha256_file(paths.onnx), onnx_opset=ONNX_OPSET, build_key=key,
+        versions=versions)
     write_atomic(paths.manifest, lambda tmp: tmp.write_text(manifest.model_dump_json(indent=2) + "\n"))
     log(f"models: wrote {paths.state_dict}, {paths.manifest}, {paths.onnx}")
     return manifest
@@ -274,5 +242,5 @@ def _stage(paths: ArtifactPaths, staging: Path) -> None:
     targets += [(paths.onnx, staging / model.name / "1" / "model.onnx") for model in MODELS.values()
                 if model.variant == "fp32"]
     for src, dest in targets:
-        if not dest.exists() or sha256_file(dest) != sha256_file(src):
+        if not holds({dest: sha256_file(src)}):
             copy_atomic(src, dest)

@@ -28,6 +28,11 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def holds(files: dict[Path, str]) -> bool:
+    """Whether each file is there with the sha256 given (a build's outputs, a staged copy)."""
+    return all(path.exists() and sha256_file(path) == sha for path, sha in files.items())
+
+
 def write_atomic(dest: Path, write) -> None:
     """Write through a temporary file in the same folder, so readers never see half a file."""
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,16 +1,11 @@
 """The hardware facts: the GPUs here, and where the lab runs: ``--device cpu|gpu|auto`` (``LAB_DEVICE``), the
 one switch for every stage, which decides each server's settings (``stage_env``) and the Triton instance kind.
 
-Nothing here assumes a GPU works: ``nvidia-smi`` says whether there is one, each server reports what really
-became active, and every probe of ``stack()`` (the hardware and library header of every record and report) is
-bounded and optional: a missing part is named as missing, never guessed.
-
-INT8 pays on a CPU only where it has fast 8-bit instructions (``cpu_int8``); every record keeps the flags it
-needs (``CPU_FLAGS``), so a report says it of the machine that ran, wherever it is read.
-
-``NODE_TYPES`` needs the standard library only, as Chameleon Jupyter has it. The same images run on each
-(docker/VERSIONS.md says what changes on the newer ones); only ``gpu_p100`` is the original lab's node, and
-no run of this lab on the others is recorded here, so what is said of them is a prediction.
+Nothing here assumes a GPU works: every probe of ``stack()`` (the header of every record and report) is bounded
+and optional, a missing part named as missing. INT8 pays on a CPU only with fast 8-bit instructions
+(``cpu_int8``): every record keeps its CPU's flags (``CPU_FLAGS``), so a report says it of the machine that ran.
+``NODE_TYPES`` needs the standard library only, as Chameleon Jupyter has it; only ``gpu_p100`` is the original
+lab's node, and no run on the others is recorded here, so what is said of them is a prediction.
 """
 
 import os
@@ -241,12 +236,9 @@ def recorded_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
 
 
 def stage_env(device: Device) -> dict[str, str]:
-    """Settings for every server of a lab on ``device`` (a stage's own settings come on top).
-
-    On the GPU each server must really use it (``REQUIRE_GPU=1``): ONNX Runtime would otherwise fall
-    back to the CPU and the lab would record CPU numbers under a GPU label. A FastAPI service there is one
-    server process with its model, the design that has run on a GPU (an H200), until one shows the shared
-    batcher ahead (``make gpu-check`` measures both)."""
+    """Settings for every server of a lab on ``device`` (a stage's own come on top). On the GPU each server must
+    really use it (``REQUIRE_GPU=1``), or ONNX Runtime would fall back to the CPU under a GPU label; a FastAPI
+    service there is one server process, the design that has run on a GPU (an H200; ``make gpu-check``)."""
     if device == "gpu":
         return {"TORCH_DEVICE": "cuda", "ORT_PROVIDERS": "auto", "REQUIRE_GPU": "1", "WORKERS": "1"}
     return {"TORCH_DEVICE": "cpu", "ORT_PROVIDERS": "cpu", "REQUIRE_GPU": "0"}

@@ -1,13 +1,9 @@
-"""Real photographs for calibrating and checking the quantized models, available offline.
+"""Real photographs for calibrating and checking the quantized models, available offline: ~560 small JPEGs cut
+from ~140 freely licensed photographs that Debian packages ship (``photos_collect``; ``manifest.json``).
 
-``data/photos/`` holds ~560 small JPEGs cut from ~140 freely licensed photographs that Debian
-packages ship (see ``photos_collect`` for how, and ``manifest.json`` for each picture's package,
-path, licence and hashes). The split is fixed by the hash of the *source photograph*, never by
-order or a random draw: the four quadrants of one photograph land on the same side, so the
-evaluation set never sees a scene the calibration saw. They are not food: they are the variety of
-colour and texture that INT8 calibration needs and an agreement check should cover.
-
-``zipf_draws`` picks photos the way users ask for them: a few often, most rarely (the response cache's load).
+The split is fixed by the hash of the *source photograph*, never by order or a random draw, so the evaluation set
+never sees a scene the calibration saw. They are not food: they are the variety of colour and texture that INT8
+calibration needs and an agreement check should cover.
 """
 
 import hashlib
@@ -72,10 +68,8 @@ def set_digest(photos: list[Photo]) -> str:
 
 
 def zipf_draws(n: int, draws: int, s: float = 1.0, seed: int = 0) -> np.ndarray:
-    """``draws`` indices into ``n`` items with a Zipf-like popularity: the item of rank k (1 = the most
-    popular) is drawn with probability proportional to 1 / k**s. Which item gets which rank is a seeded
-    permutation, so the popular photos are not simply the first files. The same arguments give the same
-    sequence. ``zipf_ranks`` gives the order of popularity."""
+    """``draws`` indices into ``n`` items the way users ask for photos (the response cache's load): rank k drawn in
+    proportion to 1 / k**s, the ranks a seeded permutation (``zipf_ranks``), so the popular are not the first files."""
     if n < 1 or draws < 0 or s < 0:
         raise ValueError(f"zipf_draws needs n >= 1, draws >= 0 and s >= 0 (got n={n}, draws={draws}, s={s})")
     rng = np.random.default_rng(seed)

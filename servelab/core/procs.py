@@ -1,8 +1,5 @@
-"""Start a server as a child process, wait until it answers, and always stop it by its PID.
-
-Used by the local stage runner, the CLI and the tests, so every server we start is ours to end
-and none is left running after Ctrl-C or a failure.
-"""
+"""Start a server as a child process, wait until it answers, and always stop it by its PID, so every server we
+start is ours to end and none is left running after Ctrl-C or a failure."""
 
 import ctypes
 import fcntl

@@ -1,12 +1,9 @@
 """A GPU-shaped stand-in for the CPU (``SIMULATED_GPU_MS``), so that batching is proven before a GPU.
 
-On a GPU a batch of the lab's model costs about as much as one image, up to the largest batch the server sends,
-and one batch runs at a time while the CPU that launched it waits; on a CPU an image costs the same alone or in a
-batch, so a design that fills its batches looks no better there than one that does not. Turned on, every
-inference of the FastAPI services and of Triton's local ONNX stand-in costs a fixed wait per batch whatever its
-size (``time.sleep``, which releases the GIL), one batch at a time on the whole machine (a lock file: processes
-take turns on the one simulated GPU, as separate CUDA contexts take turns on a real one). Its answers are the
-model's own: the real model runs on the CPU once per distinct input, whose logits are then kept.
+On a GPU a batch costs about as much as one image, one batch at a time; on a CPU an image costs the same alone or
+in a batch, so a design that fills its batches looks no better there. Turned on, every inference costs a fixed wait
+per batch (``time.sleep``, which releases the GIL), one batch at a time on the whole machine (a lock file, as CUDA
+contexts take turns on a real GPU); its answers are the model's own, computed on the CPU once per distinct input.
 """
 
 import fcntl
@@ -30,7 +27,6 @@ def label(ms: float, max_batch: int) -> str:
 
 
 class SimulatedGPU:
-    """``infer`` (a batch of model inputs -> logits) as a GPU-shaped stand-in: see the module's docstring."""
 
     def __init__(self, infer: Callable[[np.ndarray], np.ndarray], ms: float, max_batch: int):
         self.model, self.seconds, self.max_batch, self.label = infer, ms / 1000, max_batch, label(ms, max_batch)

@@ -79,11 +79,8 @@ def wheelhouse() -> Path | None:
 
 
 def unpack_deb(package: str, scratch: Path, fix: str) -> tuple[Path, Path]:
-    """Debian's ``package`` unpacked (``dpkg -x``, no root) under ``scratch``: (its root, the .deb).
-
-    The .deb comes from the wheelhouse where it holds one (a machine without network), else from
-    ``apt-get download`` (apt checks it against the signed archive). ``fix`` ends every error message.
-    """
+    """Debian's ``package`` unpacked (``dpkg -x``, no root) under ``scratch``: (its root, the .deb), from the
+    wheelhouse where it holds one, else ``apt-get download`` (which checks it against the signed archive)."""
     if not shutil.which("dpkg"):
         raise InstallError(f"{package}: no dpkg here (not Debian/Ubuntu): {fix}")
     local = wheelhouse()

@@ -1,16 +1,7 @@
-"""perf_analyzer itself: the project installs it, finds it, and runs it with its libraries.
-
-Locally the binary comes out of the ``tritonclient==2.50.0`` wheel (the last one that carries it;
-later releases moved it to a package that needs glibc 2.38). It is *extracted*, never pip-installed,
-so the project's own ``tritonclient`` pin stays as it is. It needs two libraries beyond the system's:
-``libcudart.so.12`` (even for HTTP and gRPC, which need no GPU; from the ``nvidia-cuda-runtime-cu12``
-wheel) and ``libb64.so.0d`` (Debian's and Ubuntu's ``libb64-0d``). Both wheels are pinned by version
-and sha256; everything lands in ``<environment>/opt/perf_analyzer/{bin,lib}``.
-
-``locate()`` picks, in order: the binary named by ``PERF_ANALYZER``; the project's installed one; a
-``perf_analyzer`` on PATH (NVIDIA's Triton SDK image on the lab node). It checks the binary really
-starts (``--version``) and otherwise raises ``PerfAnalyzerNotFound`` saying how to fix it.
-"""
+"""perf_analyzer, *extracted* from the pinned ``tritonclient==2.50.0`` wheel (the last that carries it; later
+ones need glibc 2.38), never pip-installed, so the project's own ``tritonclient`` pin stays as it is. It needs
+``libcudart.so.12`` even for HTTP and gRPC (from a pinned wheel) and Debian's ``libb64-0d``; all of it lands in
+``<environment>/opt/perf_analyzer/{bin,lib}``."""
 
 import json
 import platform
@@ -76,8 +67,8 @@ def _version(pa: ToolBinary) -> str:
 
 @lru_cache
 def locate() -> ToolBinary:
-    """The perf_analyzer to use, checked to start; see the module docstring for the order."""
-    # The first that exists decides: a broken PERF_ANALYZER is an error, not skipped.
+    """The one ``PERF_ANALYZER`` names, else the project's, else PATH's (NVIDIA's Triton SDK image on the lab
+    node), checked to start. The first that exists decides: a broken PERF_ANALYZER is an error, not skipped."""
     pa = choose_binary(get_settings().perf_analyzer, "PERF_ANALYZER", install_dir() / "bin" / "perf_analyzer",
                        "perf_analyzer", library_path=str(install_dir() / "lib"))
     if pa is None:
@@ -142,13 +133,10 @@ def install(log=print) -> ToolBinary:
         raise InstallError(f"the pinned perf_analyzer is an x86_64 Linux binary; this is {platform.system()} "
                            f"{platform.machine()}: {SDK_IMAGE_HINT}")
     home = install_dir()
-    (home / "bin").mkdir(parents=True, exist_ok=True)
-    (home / "lib").mkdir(exist_ok=True)
     (home / "installed.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servelab-pa-install-") as tmp:
-        scratch = Path(tmp)
-        extract_pinned(home, scratch, log)
-        deb = add_library(LIBB64, LIBB64_PACKAGE, home / "lib", scratch, f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
+        extract_pinned(home, Path(tmp), log)  # it makes bin/ and lib/
+        deb = add_library(LIBB64, LIBB64_PACKAGE, home / "lib", Path(tmp), f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
         log(f"perf_analyzer: {LIBB64} from {f'{deb.name} (unpacked)' if deb else 'system'}")
     locate.cache_clear()
     pa = ToolBinary(home / "bin" / "perf_analyzer", "project", library_path=str(home / "lib"))

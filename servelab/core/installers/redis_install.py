@@ -1,12 +1,6 @@
-"""redis-server for the response cache: the project installs it without root, finds it, and says how to get it.
-
-As for Prometheus (``prometheus_install``), Debian's package (7.0 in Debian 12) is *unpacked*, never
-installed: from ``SERVELAB_WHEELHOUSE`` where it holds the .debs, else ``apt-get download``, then ``dpkg -x``
-into ``<environment>/opt/redis``. The server binary is in ``redis-tools`` (Debian's ``redis-server`` package
-only adds a symlink to it, and an init script); it links two libraries a minimal system may lack,
-``liblzf.so.1`` (``liblzf1``) and ``libjemalloc.so.2`` (``libjemalloc2``): those missing are unpacked into
-``opt/redis/lib`` and found through ``LD_LIBRARY_PATH``. The .debs' sha256 are recorded beside the binary.
-"""
+"""redis-server for the response cache, from Debian's ``redis-tools`` (7.0 in Debian 12; its ``redis-server``
+package only adds a symlink and an init script), unpacked without root (``DebianTool``), with the two libraries
+a minimal system may lack."""
 
 from servelab.core.installers.opt_tools import DebianTool
 

@@ -1,12 +1,9 @@
-"""The cheaper variants of the fp32 ONNX model, built next to it, and the facts about each.
+"""The cheaper variants of the fp32 ONNX model, built next to it, and their record (``food11_variants.json``:
+each file, its input and its agreement with fp32 on the evaluation photos).
 
-``VARIANTS``: fp32 (the exported model, float32 NCHW ``input``), u8 (the same with preprocessing in the graph:
-uint8 NHWC ``image``), and three conversions of u8 (``quantize``): int8 (static, the chosen format), int8dyn
-(dynamic, for comparison) and fp16 (for a GPU).
-
-``food11_variants.json`` records each file's size, sha256, precision, input, quantization options
-and its agreement with fp32 on the evaluation photos (``servelab.core.photos``). Reading it needs only
-pydantic: the build imports onnx and ONNX Runtime lazily. Why these formats: ``quantize``.
+``VARIANTS``: fp32 (the exported model), u8 (the same with preprocessing in the graph: ``uint8_input``), and three
+conversions of u8 (``quantize``, which says why these formats): int8 (static, the chosen format), int8dyn (dynamic,
+for comparison) and fp16 (for a GPU). Reading the record needs only pydantic: onnx and ONNX Runtime load lazily.
 """
 
 import hashlib
@@ -24,7 +21,7 @@ from servelab import __version__
 from servelab.core import photos
 from servelab.core.artifacts import Manifest, copy_atomic, write_atomic
 from servelab.core.catalogue import MODELS
-from servelab.core.fetch import sha256_file
+from servelab.core.fetch import holds, sha256_file
 from servelab.core.hardware import CPUINFO, cpu_flags
 from servelab.core.postprocess import softmax
 from servelab.core.preprocess import to_tensor
@@ -150,13 +147,8 @@ def reusable_record(model_dir: Path, key: str) -> VariantsRecord | None:
         record = load_variants(model_dir)
     except (OSError, ValueError):
         return None
-    if record.build_key != key:
-        return None
-    for v in record.variants:
-        path = Path(model_dir) / v.file
-        if not path.exists() or sha256_file(path) != v.sha256:
-            return None
-    return record
+    built = {Path(model_dir) / v.file: v.sha256 for v in record.variants}
+    return record if record.build_key == key and holds(built) else None
 
 
 def session(path: Path, threads: int = 0):
@@ -247,6 +239,6 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
     if staging is not None:
         for name, folder in STAGED.items():
             src, dest = variant_path(model_dir, name), Path(staging) / folder / "1" / "model.onnx"
-            if not dest.exists() or sha256_file(dest) != sha256_file(src):
+            if not holds({dest: sha256_file(src)}):
                 copy_atomic(src, dest)
     return record
