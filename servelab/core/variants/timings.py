@@ -1,10 +1,6 @@
-"""``servelab models variants``: the variants side by side — size, precision, agreement with fp32
-(from food11_variants.json), in-process ms/image at batch 1 and 16 on this machine, and, given a
-Food-11 evaluation folder, each variant's accuracy on it.
-
-Timings interleave the variants round by round, so a neighbour's load on a shared machine falls on
-all of them alike; each figure is the median over the rounds.
-"""
+"""``servelab models variants``: the variants side by side, with their ms/image here and (given a Food-11
+folder) their accuracy. Timings interleave the variants round by round, so a neighbour's load on a shared machine
+falls on all of them alike; each figure is the median over the rounds."""
 
 import re
 import statistics
