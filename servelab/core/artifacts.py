@@ -92,16 +92,12 @@ class ModelSource:
     git_sha1: str = ""
 
     @classmethod
-    def lab(cls) -> "ModelSource":
-        return cls("url", LAB_MODEL_URL, LAB_MODEL_GIT_SHA1)
-
-    @classmethod
     def parse(cls, text: str, git_sha1: str | None = None) -> "ModelSource":
         """``offline``, ``lab``, an http(s) URL (needs ``git_sha1``) or a local path."""
         if text == "offline":
             return cls("offline")
         if text == "lab":
-            return cls.lab()
+            return cls("url", LAB_MODEL_URL, LAB_MODEL_GIT_SHA1)
         if text.startswith(("http://", "https://")):
             if not git_sha1:
                 raise ValueError("a URL source needs the expected git blob SHA-1 (--sha1)")

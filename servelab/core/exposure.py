@@ -1,12 +1,9 @@
 """Who can reach what on the lab node: the one list of ports open to the internet, and why.
 
-A node with a floating IP is on the public internet, and a university testbed's nodes are scanned within
-minutes. So on the node a compose service publishes a port on every address only where a student opens
-it from a browser that is not on the node; everything else is published on 127.0.0.1 (or listens there,
-on the host's network) and is reached through the SSH tunnel the notebooks print. The security groups
-``2_create_server_nvidia`` attaches open SSH and this list, nothing else. ``tests/unit/test_compose.py``
-holds every compose file to it and ``tests/unit/test_exposure.py`` the security groups; docs/security.md
-says what each guard protects.
+A node with a floating IP is on the public internet, and a testbed's nodes are scanned within minutes. So a
+compose service publishes a port on every address only where a student opens it from a browser off the node;
+everything else is on 127.0.0.1, reached through the SSH tunnel the notebooks print, and the security groups
+open SSH and this list, nothing else (tests/unit/test_compose.py, test_exposure.py; docs/security.md).
 """
 
 SSH_PORT = 22

@@ -1,9 +1,5 @@
-"""Download a file and verify it against a pinned git blob SHA-1, all or nothing.
-
-GitHub raw URLs are pinned by commit, and a file's git blob SHA-1 can be read from the repository
-(``git ls-tree``), so it is the natural hash to pin. Nothing is written under the final name until
-every byte has arrived and matched.
-"""
+"""Download a file and verify it against a pinned git blob SHA-1 (what ``git ls-tree`` shows of a file of a
+commit-pinned GitHub URL), all or nothing: nothing is written under its name until every byte has matched."""
 
 import hashlib
 import os

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -69,13 +69,6 @@ CUDA_LIBRARIES = (
 CUDA_VERSIONED = {"cudart", "nvJitLink", "nvrtc", "nvrtc-builtins", "cublasLt", "cublas"}
 
 
-def nvidia_library_folders(search: Iterable[str]) -> list[Path]:
-    """The ``nvidia/*/lib`` folders under each folder of ``search``, in its order: CUDA 13's wheels share
-    ``nvidia/cu13/lib``, CUDA 12's have one each (``nvidia/cublas/lib``), cuDNN has ``nvidia/cudnn/lib``."""
-    return [lib for folder in dict.fromkeys(filter(None, search)) for lib in sorted(Path(folder).glob("nvidia/*/lib"))
-            if lib.is_dir()]
-
-
 def load_cuda_libraries(folders: Sequence[Path], cuda_major: str | None = None) -> dict[str, Path]:
     """Load each of ``CUDA_LIBRARIES`` from the first of ``folders`` that has it, in that order, with
     RTLD_GLOBAL; ``cuda_major``: only that CUDA version's runtime, cuBLAS and NVRTC. Returns {file name:
@@ -116,7 +109,10 @@ def preload_cuda_libraries() -> dict[str, Path]:
     reach ``sys.path`` through a ``.pth`` (the Makefile's ``.venv-gpu``), so all of ``sys.path`` is searched."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
-    loaded = load_cuda_libraries(nvidia_library_folders(sys.path), ort.cuda_version.split(".")[0] or None)
+    # CUDA 13's wheels share nvidia/cu13/lib, CUDA 12's have one each (nvidia/cublas/lib), cuDNN nvidia/cudnn/lib.
+    folders = [lib for folder in dict.fromkeys(filter(None, sys.path))
+               for lib in sorted(Path(folder).glob("nvidia/*/lib")) if lib.is_dir()]
+    loaded = load_cuda_libraries(folders, ort.cuda_version.split(".")[0] or None)
     # ONNX Runtime's own pass now finds each library already loaded under its name, and in a build whose
     # CUDA provider is a plugin it registers that plugin again (at import, without the libraries, it failed).
     ort.preload_dlls()

@@ -1,9 +1,5 @@
-"""The original lab's published figures (``servelab/data/original_lab.toml``), the one place the
-notebooks take them from.
-
-Each step is one measurement the original reported on its 2x P100 node: what was measured, where
-our notebooks measure the same thing, and its figures with their units.
-"""
+"""The original lab's published figures (``servelab/data/original_lab.toml``), the one place the notebooks take
+them from: each step one measurement it reported on its 2x P100 node, and where ours measure the same thing."""
 
 import tomllib
 from dataclasses import dataclass

@@ -15,10 +15,8 @@ class Prediction:
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, row by row (never across the batch).
-
-    Subtracting each row's maximum keeps exp() from overflowing on large logits.
-    """
+    """Softmax over the last axis, row by row (never across the batch); each row's maximum subtracted first, so
+    exp() cannot overflow."""
     z = np.asarray(logits, dtype=np.float64)
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)

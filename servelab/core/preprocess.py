@@ -175,9 +175,8 @@ def preprocess_batch(images: list[bytes], **kwargs) -> np.ndarray:
 
 def prepare_timed(text: str, step: Callable[..., np.ndarray] = preprocess,
                   **kwargs) -> tuple[np.ndarray, float, float]:
-    """base64 text -> (``step``'s output, when it started, when it ended): a request's whole CPU side
-    in one picklable call, so the service runs it the same way in a thread or in a worker process
-    (``perf_counter`` is the system's monotonic clock there, comparable across processes).
-    ``step``: ``preprocess``, or ``crop_pixels`` for a model that normalizes in its graph."""
+    """base64 text -> (``step``'s output: ``preprocess`` or ``crop_pixels``, when it started, when it ended): a
+    request's whole CPU side in one picklable call, the same in a thread or a worker process (``perf_counter``
+    is the system's monotonic clock, comparable across processes)."""
     started = perf_counter()
     return step(decode_base64(text), **kwargs), started, perf_counter()

@@ -130,11 +130,8 @@ def log_tail(log: Path | None, lines: int = 20) -> str:
 
 
 class ServerProcess:
-    """A child server process in its own process group, logging to a file.
-
-    Use as a context manager, or call ``start()``/``stop()``; ``stop()`` is idempotent. Unless
-    ``detach`` is set, the server also ends when our process dies, however it dies.
-    """
+    """A child server process in its own process group, logging to a file, as a context manager or through
+    ``start()``/``stop()`` (idempotent). Unless ``detach`` is set, it also ends when our process dies, however."""
 
     def __init__(self, cmd: list[str], ready_url: str | None, log: Path, env: dict[str, str] | None = None,
                  cwd: Path | None = None, ready_timeout: float = 120.0, stop_timeout: float = 40.0,

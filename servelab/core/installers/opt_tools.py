@@ -132,10 +132,7 @@ def add_library(library: str, package: str, lib: Path, scratch: Path, fix: str) 
 @dataclass(frozen=True)
 class DebianTool:
     """A server binary the lab starts (Prometheus, redis-server), unpacked from Debian's packages into
-    ``opt_dir(tool)``, never installed (no root): ``unpack_pinned``, the binary taken out, the libraries the system
-    lacks beside it in ``lib`` (found through ``LD_LIBRARY_PATH``), the .debs' sha256 recorded in ``installed.json``.
-    ``locate`` picks the binary the setting ``variable`` names, else the project's copy, else ``command`` on PATH,
-    and checks that it starts."""
+    ``opt_dir(tool)`` without root, the libraries the system lacks beside it in ``lib`` (``LD_LIBRARY_PATH``)."""
 
     tool: str  # its folder under opt/
     command: str  # the binary's name in bin/ and on PATH

@@ -39,15 +39,6 @@ IMAGENET_TO_FOOD11: dict[str, dict[int, str]] = {
 _FLOOR = 1e-9
 
 
-def food11_mapping_matrix() -> torch.Tensor:
-    """[1000, 11] 0/1 matrix: column j sums the ImageNet probabilities of Food-11 class j."""
-    matrix = torch.zeros(1000, len(CLASSES))
-    for j, name in enumerate(CLASSES):
-        for i in IMAGENET_TO_FOOD11[name]:
-            matrix[i, j] = 1.0
-    return matrix
-
-
 class EfficientNetLite0Food11(nn.Module):
     """EfficientNet-Lite0 (ImageNet) followed by a fixed ImageNet -> Food-11 aggregation."""
 
@@ -56,8 +47,11 @@ class EfficientNetLite0Food11(nn.Module):
         from efficientnet_lite_pytorch import EfficientNet  # only this stand-in needs the package
 
         self.backbone = EfficientNet.from_name("efficientnet-lite0")
-        # A buffer, so the mapping travels inside the state_dict and the ONNX graph.
-        self.register_buffer("food11_map", food11_mapping_matrix())
+        # [1000, 11], 0/1: column j sums the ImageNet probabilities of Food-11 class j. A buffer, so the mapping
+        # travels inside the state_dict and the ONNX graph.
+        self.register_buffer("food11_map", torch.zeros(1000, len(CLASSES)))
+        for j, name in enumerate(CLASSES):
+            self.food11_map[list(IMAGENET_TO_FOOD11[name]), j] = 1.0
 
     def forward(self, x):
         probs = torch.softmax(self.backbone(x), dim=1) @ self.food11_map

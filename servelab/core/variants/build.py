@@ -132,16 +132,6 @@ def _versions() -> dict[str, str]:
     return {"servelab": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
 
 
-def _build_key(manifest: Manifest, versions: dict[str, str]) -> str:
-    # Deferred, not a circle: importing it loads onnx (an optional extra) only when this runs.
-    from servelab.core.variants.quantize import DYNAMIC_OPTIONS, FP16_OPTIONS, STATIC_OPTIONS
-
-    return hashlib.sha256(json.dumps(
-        [RECIPE, manifest.onnx_sha256, manifest.crop, manifest.mean, manifest.std, versions, STATIC_OPTIONS,
-         DYNAMIC_OPTIONS, FP16_OPTIONS, photos.set_digest(photos.calibration_set()),
-         photos.set_digest(photos.evaluation_set())], sort_keys=True).encode()).hexdigest()
-
-
 def reusable_record(model_dir: Path, key: str) -> VariantsRecord | None:
     try:
         record = load_variants(model_dir)
@@ -208,7 +198,10 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
 
     model_dir = Path(model_dir)
     versions = _versions()
-    key = _build_key(manifest, versions)
+    key = hashlib.sha256(json.dumps(
+        [RECIPE, manifest.onnx_sha256, manifest.crop, manifest.mean, manifest.std, versions, quantize.STATIC_OPTIONS,
+         quantize.DYNAMIC_OPTIONS, quantize.FP16_OPTIONS, photos.set_digest(photos.calibration_set()),
+         photos.set_digest(photos.evaluation_set())], sort_keys=True).encode()).hexdigest()
     record = None if force else reusable_record(model_dir, key)
     if record is not None:
         log(f"models: variants up to date in {model_dir}")
