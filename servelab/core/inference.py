@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Literal
 
@@ -220,12 +220,8 @@ class OnnxClassifier:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         providers = providers or ["CPUExecutionProvider"]
         self.requested_options = {p[0]: dict(p[1]) for p in providers if isinstance(p, tuple)}
-
-        def new_session():
-            if open_session is not None:
-                return open_session(onnx_path, providers)
-            return onnx_session(onnx_path, providers, session_options)
-
+        open_session = open_session or partial(onnx_session, session_options=session_options)
+        new_session = partial(open_session, onnx_path, providers)
         first = new_session()
         if shape_policy == "auto":
             shape_policy = "buckets" if any(p in GPU_PROVIDERS for p in first.get_providers()) else "off"

@@ -136,7 +136,8 @@ def install(log=print) -> ToolBinary:
     (home / "installed.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servelab-pa-install-") as tmp:
         extract_pinned(home, Path(tmp), log)  # it makes bin/ and lib/
-        deb = add_library(LIBB64, LIBB64_PACKAGE, home / "lib", Path(tmp), f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
+        deb = add_library(LIBB64, LIBB64_PACKAGE, home / "lib", Path(tmp),
+                          f"install {LIBB64_PACKAGE} (the b64 library, {LIBB64})")
         log(f"perf_analyzer: {LIBB64} from {f'{deb.name} (unpacked)' if deb else 'system'}")
     locate.cache_clear()
     pa = ToolBinary(home / "bin" / "perf_analyzer", "project", library_path=str(home / "lib"))
