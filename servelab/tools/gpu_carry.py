@@ -1,14 +1,9 @@
 """The GPU wheelhouse carried to a machine without network in calls of limited size (docs/gpu/README.md).
 
-A call to the lent GPU machine carries the working tree and at most 64 MiB in all, and that machine has no
-network. So, on a networked machine, ``pack`` turns the wheelhouse of ``make gpu-wheelhouse`` into numbered
-folders (``00``, ``01``, ...) of at most a given size each, splitting every file that does not fit, and leaves
-out the wheels the GPU machine already has (``preflight``'s list). On the GPU machine ``check`` proves a copied
-folder right at once, and ``join`` checks every part, joins the parts into the whole files and checks those.
-
-Every folder holds the same ``carry.json``: for each file its size, sha256 and parts (name, folder, size,
-sha256), and the files left out with the reason. The module runs as a script on the GPU machine
-(``python3 servelab/tools/gpu_carry.py ...``), so it imports nothing but the standard library.
+A call to the lent GPU machine carries at most 64 MiB, and it has no network: ``pack`` turns the wheelhouse into
+numbered folders of at most a given size, each holding the same ``carry.json``, splitting files that do not fit
+and leaving out the wheels the machine has (``preflight``'s list); there ``check`` proves a copied folder and
+``join`` the whole. It runs there as a script, so it imports nothing but the standard library.
 """
 
 import argparse
@@ -59,8 +54,7 @@ def site_folders() -> list[str]:
 
 
 def installed() -> dict[str, tuple[str, str]]:
-    """{canonical name: (name, version)} of every distribution in those folders; the first one on the path wins,
-    as it does for import and for pip."""
+    """{canonical name: (name, version)} in those folders; the first on the path wins, as for import and pip."""
     found: dict[str, tuple[str, str]] = {}
     for dist in importlib.metadata.distributions(path=site_folders()):
         name = dist.metadata["Name"]

@@ -1,15 +1,9 @@
 """A private Docker engine: our own dockerd, started as a child process and stopped by its PID.
 
-Nothing is shared with another engine on the machine: the socket, exec root (where the managed
-containerd and the containers' runtime state live), pid file and log are in a run folder of their
-own; the default bridge is a bridge interface we create with a name and a 10.X.0.0/16 range no other
-interface or route uses (``--bridge``; compose networks get /24s from the same range), and
-containerd's namespace is ours. The data root (images and the layer cache) lives in the per-user
-cache so a second run is quick; while an engine uses it, a second engine gets a throwaway one.
-
-``stop`` ends the dockerd by PID (it stops its containers and containerd), then removes what a
-dockerd leaves behind: mounts under its folders, the bridges in its range, and the iptables rules
-that name them.
+Nothing is shared with another engine: socket, exec root, pid file and log are in a run folder of their own, the
+bridge is ours with a 10.X.0.0/16 range nothing else uses, and so is containerd's namespace. The data root lives
+in the per-user cache, so a second run is quick; while an engine uses it, another gets a throwaway one. ``stop``
+ends the dockerd, then removes what it leaves behind: mounts, its bridges, the iptables rules naming them.
 """
 
 import json
@@ -88,8 +82,7 @@ class EngineState:
 
 
 class Engine:
-    """``start()`` / ``stop()``, or a context manager. ``detach`` leaves it running after we exit
-    (`servelab containers up`); the state file lets ``attach`` find it again."""
+    """``start()`` / ``stop()``, or a context manager. ``detach`` leaves it running (`servelab containers up`)."""
 
     def __init__(self, cache: Path, detach: bool = False, log=print):
         self.cache = Path(cache).expanduser()
@@ -101,10 +94,9 @@ class Engine:
 
     @staticmethod
     def dockerd() -> str:
-        found = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
-        if not found:
-            raise EngineError("no dockerd: install Docker (`apt-get install docker.io`)")
-        return found
+        if found := shutil.which("dockerd", path=f"{os.environ.get('PATH', os.defpath)}:/usr/sbin"):
+            return found
+        raise EngineError("no dockerd: install Docker (`apt-get install docker.io`)")
 
     @classmethod
     def available(cls) -> str:
@@ -240,8 +232,8 @@ def stop_detached(cache: Path, log=print) -> bool:
 
 
 def remove_containers(state: EngineState) -> None:
-    """Every container, network and volume of the engine (all ours): none may come back when the
-    cached data root is used again (`restart: unless-stopped` would start them with the daemon)."""
+    """Every container, network and volume of the engine (all ours): `restart: unless-stopped` would start them
+    again with the next daemon on the cached data root."""
     docker = Docker(state.env, timeout=120)
     ids = docker.run("ps", "--all", "--quiet", check=False).stdout.split()
     if ids:

@@ -1,13 +1,8 @@
 """Stand-ins for the images no registry can give us here, and the build arguments that pick them.
 
-The lab's Dockerfiles keep their real ``FROM`` lines; docker-bake.hcl takes every base from a variable,
-so other values for ``UBUNTU_IMAGE``, ``TRITON_IMAGE`` and ``TORCH_VERSION`` make the same images build
-on local ones. docker-bake.hcl's ``standins`` group defines them (docker/standin/): the debootstrap base
-plus the wheelhouse for ubuntu, the tritonserver bundled in the pinned nvidia-pytriton wheel (Python backend
-only) and perf_analyzer from the tritonclient wheel for Triton's images, and torch's CPU build.
-
-Every stand-in carries a ``servelab.standin`` label with its content key; an image whose key matches
-is not rebuilt.
+The Dockerfiles keep their real ``FROM`` lines; other values for bake's ``UBUNTU_IMAGE``, ``TRITON_IMAGE`` and
+``TORCH_VERSION`` build the same images on local bases (bake's ``standins`` group, docker/standin/): Debian with
+the wheelhouse, the tritonserver of the pinned nvidia-pytriton wheel with perf_analyzer, torch's CPU build.
 """
 
 import shutil

@@ -1,8 +1,5 @@
 """Container checks: Docker and its NVIDIA runtime, the Triton container's /dev/shm, and the Triton image itself.
-
-On the lab node every stage runs in Docker, so a missing piece is a failure there; locally the lab
-runs without Docker, so the same findings are only reported (skip).
-"""
+A missing piece fails on the node, where every stage runs in Docker; locally, where none does, it is a skip."""
 
 import json
 import math

@@ -1,10 +1,6 @@
-"""``servelab doctor --images``: every lab image of this commit, pulled where a registry is named, and run once.
-
-What an instructor runs after ``make images-push`` (or a student before the first ``up``): each image
-starts, imports what its service imports, and shows what only a build on the real bases can show:
-PyTorch's compiled kernel list with ``sm_60`` (the P100s; read from the build, so no GPU is needed),
-ONNX Runtime's CUDA provider, Triton's Python-backend stub, perf_analyzer. A stand-in build (CPU torch)
-says so instead of passing for the real one.
+"""``servelab doctor --images``: every lab image of this commit, pulled where a registry is named, run once to
+show what only a build on the real bases can (torch's ``sm_60`` kernels, read without a GPU; ONNX Runtime's CUDA
+provider; Triton's stub; perf_analyzer). A stand-in build says so instead of passing for the real one.
 """
 
 import json
