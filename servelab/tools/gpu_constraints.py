@@ -38,7 +38,6 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def checked_torch(path: Path) -> dict[str, list[str]]:
-    """The header's torch releases and their requirements."""
     return {m["version"]: [r.strip() for r in m["requires"].split(" | ")]
             for m in map(HEADER.match, path.read_text().splitlines()) if m}
 

@@ -54,9 +54,7 @@ def _times(n: float, span: Span) -> Span:
 
 
 @dataclass
-class Part:
-    """The core part or the optional part of one notebook."""
-
+class Part:  # the core or the optional part of one notebook
     words: int = 0
     tasks: Counter[str] = field(default_factory=Counter)  # [allowance.NAME]: how many
     cells_s: float = 0.0  # the record's seconds of its code cells

@@ -323,5 +323,4 @@ def expand(text: str) -> str:
 
 
 def specs(text: str) -> list[str]:
-    """The generated parts ``text`` asks for, in order."""
     return [m["spec"] for m in BLOCK.finditer(text)]

@@ -167,7 +167,6 @@ class StageRunner:
         return Running(stage, ports)
 
     def down(self, stage: ComposeStage) -> None:
-        """Stop and remove the stage's containers, networks and volumes."""
         self.compose(stage, "down", "--volumes", "--remove-orphans", "--timeout", "10", timeout=300)
         self.ports.pop(stage.project, None)
         # Images a rebuild replaced (untagged): without this the cached data root grows with every change.

@@ -32,7 +32,6 @@ class EngineError(RuntimeError):
 
 
 def ping(sock: Path) -> bool:
-    """Whether a Docker API answers on the unix socket ``sock``."""
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=2.0) as client:
             return client.get("http://docker/_ping").status_code == 200
@@ -57,6 +56,13 @@ def _used_second_octets() -> set[int]:
             if word.startswith("10."):
                 used.add(int(word.split(".")[1]))
     return used
+
+
+def _read_state(path: Path) -> "EngineState | None":
+    try:
+        return EngineState(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def owner_file(cache: Path) -> Path:
@@ -114,11 +120,8 @@ class Engine:
     @classmethod
     def attach(cls, cache: Path) -> EngineState | None:
         """The engine a detached `servelab containers up` left running, if it still answers."""
-        try:
-            state = EngineState(**json.loads(owner_file(cache).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        return state if _alive(state.pid) and ping(Path(state.socket)) else None
+        state = _read_state(owner_file(cache))
+        return state if state and _alive(state.pid) and ping(Path(state.socket)) else None
 
     # --- start --------------------------------------------------------------------------------
 
@@ -132,10 +135,8 @@ class Engine:
         # Unix socket paths are limited to 108 bytes: keep the run folder short.
         run_dir = self.cache / "run" / token
         run_dir.mkdir(parents=True)
-        try:  # the cache's data root is ours unless the engine its owner file names still runs
-            owns_cache = not _alive(json.loads(owner_file(self.cache).read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            owns_cache = True
+        owner = _read_state(owner_file(self.cache))  # the cache's data root is ours unless its owner still runs
+        owns_cache = owner is None or not _alive(owner.pid)
         data_root = self.cache / "engine" / "data" if owns_cache else run_dir / "data"
         data_root.mkdir(parents=True, exist_ok=True)
         octet = next((o for o in range(231, 255) if o not in _used_second_octets()), None)
@@ -176,11 +177,7 @@ class Engine:
     def _clean_stale(self) -> None:
         """Leftovers of engines of ours whose dockerd is gone (killed with us, or the machine stopped)."""
         for state_file in (self.cache / "run").glob("*/engine.json"):
-            try:
-                state = EngineState(**json.loads(state_file.read_text()))
-            except (OSError, ValueError, TypeError):
-                continue
-            if not _alive(state.pid):
+            if (state := _read_state(state_file)) and not _alive(state.pid):
                 _cleanup(state, self.log)
 
     # --- stop ---------------------------------------------------------------------------------
@@ -257,11 +254,8 @@ def _cleanup(state: EngineState, log) -> None:
         subprocess.run(["ip", "link", "del", name], capture_output=True)
     _remove_iptables_rules(bridges, prefix)
     owner = Path(state.data_root).parent / "owner.json"
-    try:
-        if json.loads(owner.read_text()).get("pid") == state.pid:
-            owner.unlink()
-    except (OSError, ValueError):
-        pass
+    if (found := _read_state(owner)) and found.pid == state.pid:
+        owner.unlink(missing_ok=True)
     shutil.rmtree(run_dir, ignore_errors=True)
     log(f"engine: stopped PID {state.pid}, removed bridge(s) {', '.join(sorted(bridges))}")
 

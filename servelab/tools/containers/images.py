@@ -58,7 +58,6 @@ def compose_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def variables(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    """bake's variables: docker/.env, then ``overrides``."""
     return {**read_env_file(), **(overrides or {})}
 
 
@@ -70,7 +69,6 @@ def plan(docker: Docker, targets: tuple[str, ...], env: Mapping[str, str]) -> di
 
 
 def for_images(targets: Mapping[str, dict], refs: set[str]) -> tuple[str, ...]:
-    """The targets that build these image references."""
     return tuple(name for name, target in targets.items() if refs & set(target.get("tags", [])))
 
 

@@ -19,7 +19,6 @@ from servelab.tools.containers.docker import Docker
 STANDIN_DIR = REPO_ROOT / "docker" / "standin"
 PYTHON_BASE = "servelab-standin/debian12-py311"
 TRITON = "servelab-standin/tritonserver"
-LABEL = images.LABEL
 
 
 def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
@@ -59,9 +58,9 @@ def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print)
                                 "STANDIN_WHEELHOUSE": str(wheels), "STANDIN_WORK": str(work)})
         targets = images.plan(docker, ("standins",), env)
         release = versions["TRITON_RELEASE"]
-        if docker.image_label(f"{TRITON}:{release}-py3", LABEL) != key:
+        if docker.image_label(f"{TRITON}:{release}-py3", images.LABEL) != key:
             _triton_context(wheels, work / "triton")
-        if docker.image_label(f"{TRITON}:{release}-py3-sdk", LABEL) != key:
+        if docker.image_label(f"{TRITON}:{release}-py3-sdk", images.LABEL) != key:
             extract_pinned(work / "sdk", work, log)
         images.build(docker, targets, log=log)
     return args

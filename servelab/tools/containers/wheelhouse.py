@@ -24,7 +24,6 @@ IMAGE_PYTHON = "3.11.2"
 
 
 def pinned(package: str) -> str:
-    """The version constraints.txt pins for ``package``."""
     return pins(CONSTRAINTS)[canonicalize_name(package)]
 
 

@@ -7,7 +7,7 @@ import json
 
 from servelab.tools.containers import images
 from servelab.tools.doctor.container_checks import STUB
-from servelab.tools.doctor.runner import Check, Context, Output, Result
+from servelab.tools.doctor.runner import Check, Context, Result
 
 # Python run in each image: the modules it must import, then what else it checks; prints one JSON line.
 PROBE = """
@@ -55,16 +55,6 @@ IMAGES = {
 }
 
 
-def image_result(name: str, ref: str, pulled: str, out: Output) -> Result:
-    name = f"image {name}"
-    if not out.ok:
-        return Result(name, "fail", f"{ref} did not run: {out.why()}", "rebuild it: make images (docs/instructors.md)")
-    said = json.loads(out.stdout.strip().splitlines()[-1])
-    if said["problems"]:
-        return Result(name, "fail", f"{ref}: {'; '.join(said['problems'])}", "rebuild it: make images")
-    return Result(name, "pass", f"{ref}{pulled}: " + "; ".join(["imports load", *said["seen"]]))
-
-
 def lab_image(name: str):
     def check(ctx: Context) -> Result:
         label = f"image {name}"
@@ -82,8 +72,14 @@ def lab_image(name: str):
                           "build them: make images, or `docker load -i` the class's archive")
         modules, extra = IMAGES[name]
         probe = PROBE.format(modules=modules, extra=extra, stub=STUB)
-        return image_result(name, ref, pulled, ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint",
-                                                            "python", ref, "-c", probe), timeout_s=300))
+        out = ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint", "python", ref, "-c", probe),
+                         timeout_s=300)
+        if not out.ok:
+            return Result(label, "fail", f"{ref} did not run: {out.why()}", "rebuild it: make images (docs/instructors.md)")
+        said = json.loads(out.stdout.strip().splitlines()[-1])
+        if said["problems"]:
+            return Result(label, "fail", f"{ref}: {'; '.join(said['problems'])}", "rebuild it: make images")
+        return Result(label, "pass", f"{ref}{pulled}: " + "; ".join(["imports load", *said["seen"]]))
     return check
 
 
