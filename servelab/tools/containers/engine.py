@@ -11,7 +11,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -204,16 +203,14 @@ class Engine:
 
 def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM a detached dockerd of ours (it stops its containers first), SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.2)
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        for lingering in psutil.wait_procs([proc], timeout)[1]:
+            lingering.kill()
+            lingering.wait(10.0)
+    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+        pass
 
 
 def stop_detached(cache: Path, log=print) -> bool:
