@@ -114,17 +114,6 @@ def read_sums(house: Path) -> dict[str, str]:
     return sums
 
 
-def wheelhouse_files(house: Path) -> dict[str, str]:
-    """{file name: sha256} of the wheelhouse, each file checked against its SHA256SUMS."""
-    sums = read_sums(house)
-    present = {p.name for p in house.iterdir() if p.is_file() and p.name != SUMS}
-    problems = sums_problems(house, sums)
-    problems += [f"{name}: in the folder, not in {SUMS} (a part of an older split?)" for name in sorted(present - sums.keys())]
-    if problems:
-        raise CarryError(f"{house} does not check; run `make gpu-wheelhouse` again:\n  " + "\n  ".join(problems))
-    return sums
-
-
 def sums_problems(folder: Path, sums: dict[str, str]) -> list[str]:
     """The files of ``sums`` (a SHA256SUMS) missing from ``folder``, or there with other bytes."""
     return [f"missing: {name}" if not (folder / name).is_file() else f"corrupt: {name}: sha256 differs from {SUMS}"
@@ -258,7 +247,12 @@ def replace_folder(staging: Path, target: Path) -> None:
 
 
 def pack(house: Path, out: Path, limit: int, have_path: Path | None = None, keep: tuple[str, ...] = ()) -> dict:
-    sums = wheelhouse_files(house)
+    sums = read_sums(house)  # every file checked against it, and none beside it
+    present = {p.name for p in house.iterdir() if p.is_file() and p.name != SUMS}
+    problems = sums_problems(house, sums)
+    problems += [f"{name}: in the folder, not in {SUMS} (a part of an older split?)" for name in sorted(present - sums.keys())]
+    if problems:
+        raise CarryError(f"{house} does not check; run `make gpu-wheelhouse` again:\n  " + "\n  ".join(problems))
     have = read_have(have_path) if have_path else {}
     carried, left_out, kept = choose(sums, have, list(keep), str(have_path))
     if not carried:
@@ -325,8 +319,7 @@ def check_folder(folder: Path) -> str:
     manifest = load_manifest(folder)
     if folder.name not in manifest["folders"]:
         raise CarryError(f"{folder}: its name is none of the manifest's folders {manifest['folders']}")
-    problems = part_problems(folder.parent, manifest, {folder.name})
-    if problems:
+    if problems := part_problems(folder.parent, manifest, {folder.name}):
         raise CarryError(f"{folder}:\n  " + "\n  ".join(problems))
     count = sum(p["folder"] == folder.name for f in manifest["files"] for p in f["parts"])
     return f"{folder}: its {count} pieces check (folder {folder.name} of {len(manifest['folders'])})"

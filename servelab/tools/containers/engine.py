@@ -239,7 +239,11 @@ def remove_containers(state: EngineState) -> None:
 def _cleanup(state: EngineState, log) -> None:
     """What a stopped dockerd may leave: mounts, its bridges, iptables rules naming them or its range."""
     run_dir = Path(state.run_dir)
-    _kill_shims(f"servelab-{state.bridge.removeprefix('slab')}")
+    namespace = f"servelab-{state.bridge.removeprefix('slab')}"
+    for proc in psutil.process_iter(["cmdline"]):  # containerd shims that outlived a killed dockerd hold containers
+        args = proc.info["cmdline"] or []
+        if args and args[0].endswith("containerd-shim-runc-v2") and namespace in args:
+            stop_pid(proc.pid, timeout=5.0)
     roots = (str(run_dir), state.data_root)
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     for target in sorted((m for m in mounts if m.startswith(roots)), key=len, reverse=True):
@@ -255,14 +259,6 @@ def _cleanup(state: EngineState, log) -> None:
         owner.unlink(missing_ok=True)
     shutil.rmtree(run_dir, ignore_errors=True)
     log(f"engine: stopped PID {state.pid}, removed bridge(s) {', '.join(sorted(bridges))}")
-
-
-def _kill_shims(namespace: str) -> None:
-    """containerd shims of our namespace that outlived a killed dockerd (they hold containers)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        args = proc.info["cmdline"] or []
-        if args and args[0].endswith("containerd-shim-runc-v2") and namespace in args:
-            stop_pid(proc.pid, timeout=5.0)
 
 
 def _remove_iptables_rules(bridges: set[str], prefix: str) -> None:

@@ -20,17 +20,13 @@ LOCAL = "servelab"  # SERVELAB_REGISTRY when no registry is named: local names, 
 LABEL = "servelab.standin"  # stand-ins carry their inputs' key: one with the same key is not rebuilt
 
 
-def built_from(root: Path = REPO_ROOT) -> list[str]:
-    """What the images are made of: .dockerignore's allowlist, docker/, the bake file."""
-    allowed = [line[1:] for line in (root / ".dockerignore").read_text().splitlines() if line.startswith("!")]
-    return [*allowed, "docker/", BAKE_FILE.name, ".dockerignore"]
-
-
 def tag(root: Path = REPO_ROOT) -> str:
     """servelab's version and commit, so a node never runs another commit's images unawares: "-dirty" where what
     they are made of differs from it (saved notebooks do not count), "local" where git cannot say."""
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
-    if (found := checkout(*built_from(root), root=root, digits=12)) is None:
+    # What the images are made of: .dockerignore's allowlist, docker/, the bake file.
+    allowed = [line[1:] for line in (root / ".dockerignore").read_text().splitlines() if line.startswith("!")]
+    if (found := checkout(*allowed, "docker/", BAKE_FILE.name, ".dockerignore", root=root, digits=12)) is None:
         return f"{version}-local"
     return f"{version}-{found[0]}" + ("-dirty" if found[1] else "")
 

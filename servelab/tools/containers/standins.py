@@ -35,15 +35,6 @@ def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
             target.chmod(0o755 if mode & stat.S_IXUSR else 0o644)
 
 
-def _triton_context(wheels: Path, into: Path) -> None:
-    [wheel] = wheels.glob("nvidia_pytriton-*.whl")
-    server = into / "tritonserver"
-    _unzip(wheel, "pytriton/tritonserver/", server)
-    _unzip(wheel, "nvidia_pytriton.libs/", server / "lib")
-    # The image's Dockerfile links the stub for its own Python from the pytriton it installs.
-    shutil.rmtree(server / "python_backend_stubs", ignore_errors=True)
-
-
 def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print) -> dict[str, str]:
     """Build the stand-ins (once) and return the bake variables that select them."""
     wheels = wheelhouse.ensure(cache, versions, log)
@@ -59,7 +50,11 @@ def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print)
         targets = images.plan(docker, ("standins",), env)
         release = versions["TRITON_RELEASE"]
         if docker.image_label(f"{TRITON}:{release}-py3", images.LABEL) != key:
-            _triton_context(wheels, work / "triton")
+            [wheel], server = wheels.glob("nvidia_pytriton-*.whl"), work / "triton" / "tritonserver"
+            _unzip(wheel, "pytriton/tritonserver/", server)
+            _unzip(wheel, "nvidia_pytriton.libs/", server / "lib")
+            # The image's Dockerfile links the stub for its own Python from the pytriton it installs.
+            shutil.rmtree(server / "python_backend_stubs", ignore_errors=True)
         if docker.image_label(f"{TRITON}:{release}-py3-sdk", images.LABEL) != key:
             extract_pinned(work / "sdk", work, log)
         images.build(docker, targets, log=log)

@@ -55,8 +55,7 @@ def docker(ctx: Context) -> Result:
                if denied else "start it: sudo systemctl start docker")
         detail = f"the Docker daemon is not reachable: {out.why()}" + ("" if ctx.node else " (the local lab needs none)")
         return Result(name, _needed(ctx), detail, fix if ctx.node else "")
-    info = json.loads(out.stdout)
-    return Result(name, "pass", f"Docker {info.get('ServerVersion', '?')}, daemon reachable")
+    return Result(name, "pass", f"Docker {json.loads(out.stdout).get('ServerVersion', '?')}, daemon reachable")
 
 
 def nvidia_runtime(ctx: Context) -> Result:
