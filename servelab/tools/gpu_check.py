@@ -118,16 +118,6 @@ def checkout_commit(root: Path = REPO_ROOT) -> str | None:
     return found and found[0] + (" with local changes" if found[1] else "")
 
 
-def skipped_parts() -> dict[str, str]:
-    """What gpu-check will not run here and why, decided before it starts: the lab's preflight, and Prometheus."""
-    skipped = preflight(list(LAB_STAGES))
-    try:
-        locate()
-    except PrometheusNotFound as exc:
-        skipped["prometheus"] = f"{exc}: the lab's servers are not scraped, so no server-side series"
-    return skipped
-
-
 def compare_designs(out: Path, log=print) -> dict[str, float]:
     """req/s of ``DESIGN_SERVICE`` on the GPU in each of ``DESIGNS`` in turn, at ``DESIGN_SENDERS`` senders."""
     served = {}
@@ -218,7 +208,11 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
         return None if not budget_s else max(budget_s - (time.monotonic() - started) - keep, 0.0)
 
     out.mkdir(parents=True, exist_ok=True)
-    skipped = skipped_parts()
+    skipped = preflight(list(LAB_STAGES))  # what will not run here and why, named before it starts
+    try:
+        locate()
+    except PrometheusNotFound as exc:
+        skipped["prometheus"] = f"{exc}: the lab's servers are not scraped, so no server-side series"
     for part, why in skipped.items():
         log(f"gpu-check: skips {part}: {why}")
     not_run: dict[str, str] = {}
