@@ -57,13 +57,6 @@ def _used_second_octets() -> set[int]:
     return used
 
 
-def _read_state(path: Path) -> "EngineState | None":
-    try:
-        return EngineState(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
 def owner_file(cache: Path) -> Path:
     """Names the engine that uses the cache's data root (one at a time)."""
     return Path(cache).expanduser() / "engine" / "owner.json"
@@ -84,6 +77,13 @@ class EngineState:
     @property
     def env(self) -> dict[str, str]:
         return {"DOCKER_HOST": f"unix://{self.socket}"}
+
+
+def _read_state(path: Path) -> EngineState | None:
+    try:
+        return EngineState(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 class Engine:
