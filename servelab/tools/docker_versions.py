@@ -10,5 +10,4 @@ VERSIONS_FILE = REPO_ROOT / "docker" / ".env"
 
 
 def read_env_file(path: Path = VERSIONS_FILE) -> dict[str, str]:
-    """KEY=VALUE lines of a Compose .env file."""
     return {key: value or "" for key, value in dotenv_values(path).items()}

@@ -1,14 +1,9 @@
 """The GPU wheelhouse carried to a machine without network in calls of limited size (docs/gpu/README.md).
 
-A call to the lent GPU machine carries the working tree and at most 64 MiB in all, and that machine has no
-network. So, on a networked machine, ``pack`` turns the wheelhouse of ``make gpu-wheelhouse`` into numbered
-folders (``00``, ``01``, ...) of at most a given size each, splitting every file that does not fit, and leaves
-out the wheels the GPU machine already has (``preflight``'s list). On the GPU machine ``check`` proves a copied
-folder right at once, and ``join`` checks every part, joins the parts into the whole files and checks those.
-
-Every folder holds the same ``carry.json``: for each file its size, sha256 and parts (name, folder, size,
-sha256), and the files left out with the reason. The module runs as a script on the GPU machine
-(``python3 servelab/tools/gpu_carry.py ...``), so it imports nothing but the standard library.
+A call to the lent GPU machine carries at most 64 MiB, and it has no network: ``pack`` turns the wheelhouse into
+numbered folders of at most a given size, each holding the same ``carry.json``, splitting files that do not fit
+and leaving out the wheels the machine has (``preflight``'s list); there ``check`` proves a copied folder and
+``join`` the whole. It runs there as a script, so it imports nothing but the standard library.
 """
 
 import argparse
@@ -59,8 +54,7 @@ def site_folders() -> list[str]:
 
 
 def installed() -> dict[str, tuple[str, str]]:
-    """{canonical name: (name, version)} of every distribution in those folders; the first one on the path wins,
-    as it does for import and for pip."""
+    """{canonical name: (name, version)} in those folders; the first on the path wins, as for import and pip."""
     found: dict[str, tuple[str, str]] = {}
     for dist in importlib.metadata.distributions(path=site_folders()):
         name = dist.metadata["Name"]
@@ -117,17 +111,6 @@ def read_sums(house: Path) -> dict[str, str]:
         if not match:
             raise CarryError(f"{sums_file} line {number}: {line!r} is not `sha256  name`")
         sums[match[2]] = match[1]
-    return sums
-
-
-def wheelhouse_files(house: Path) -> dict[str, str]:
-    """{file name: sha256} of the wheelhouse, each file checked against its SHA256SUMS."""
-    sums = read_sums(house)
-    present = {p.name for p in house.iterdir() if p.is_file() and p.name != SUMS}
-    problems = sums_problems(house, sums)
-    problems += [f"{name}: in the folder, not in {SUMS} (a part of an older split?)" for name in sorted(present - sums.keys())]
-    if problems:
-        raise CarryError(f"{house} does not check; run `make gpu-wheelhouse` again:\n  " + "\n  ".join(problems))
     return sums
 
 
@@ -264,7 +247,12 @@ def replace_folder(staging: Path, target: Path) -> None:
 
 
 def pack(house: Path, out: Path, limit: int, have_path: Path | None = None, keep: tuple[str, ...] = ()) -> dict:
-    sums = wheelhouse_files(house)
+    sums = read_sums(house)  # every file checked against it, and none beside it
+    present = {p.name for p in house.iterdir() if p.is_file() and p.name != SUMS}
+    problems = sums_problems(house, sums)
+    problems += [f"{name}: in the folder, not in {SUMS} (a part of an older split?)" for name in sorted(present - sums.keys())]
+    if problems:
+        raise CarryError(f"{house} does not check; run `make gpu-wheelhouse` again:\n  " + "\n  ".join(problems))
     have = read_have(have_path) if have_path else {}
     carried, left_out, kept = choose(sums, have, list(keep), str(have_path))
     if not carried:
@@ -331,8 +319,7 @@ def check_folder(folder: Path) -> str:
     manifest = load_manifest(folder)
     if folder.name not in manifest["folders"]:
         raise CarryError(f"{folder}: its name is none of the manifest's folders {manifest['folders']}")
-    problems = part_problems(folder.parent, manifest, {folder.name})
-    if problems:
+    if problems := part_problems(folder.parent, manifest, {folder.name}):
         raise CarryError(f"{folder}:\n  " + "\n  ".join(problems))
     count = sum(p["folder"] == folder.name for f in manifest["files"] for p in f["parts"])
     return f"{folder}: its {count} pieces check (folder {folder.name} of {len(manifest['folders'])})"

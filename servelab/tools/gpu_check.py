@@ -63,30 +63,23 @@ FIT_BATCHES = (1, 16, 64, 128)  # the ceiling's batch sizes in a budgeted check 
 
 @dataclass
 class PytestOutcome:
-    """What ``pytest -m gpu`` reported (its JUnit XML): counts and each test's result."""
+    """What ``pytest -m gpu`` reported (its JUnit XML): each test's result, and their counts."""
 
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    results: list[tuple[str, str, str]] = field(default_factory=list)  # (test, outcome, message)
+    results: list[tuple[str, str, str]] = field(default_factory=list)  # (test, "pass" | "FAIL" | "skip", message)
+    passed = property(lambda self: sum(r[1] == "pass" for r in self.results))
+    failed = property(lambda self: sum(r[1] == "FAIL" for r in self.results))
+    skipped = property(lambda self: sum(r[1] == "skip" for r in self.results))
 
     @classmethod
     def from_junit(cls, path: Path) -> "PytestOutcome":
-        outcome = cls()
+        results = []
         for case in ET.parse(path).getroot().iter("testcase"):
             name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            skip = case.find("skipped")
-            if bad is not None:
-                outcome.failed += 1
-                outcome.results.append((name, "FAIL", (bad.get("message") or "").splitlines()[0][:200]))
-            elif skip is not None:
-                outcome.skipped += 1
-                outcome.results.append((name, "skip", (skip.get("message") or "")[:200]))
-            else:
-                outcome.passed += 1
-                outcome.results.append((name, "pass", ""))
-        return outcome
+            said = {e.tag: e.get("message") or "" for e in reversed(case) if e.tag in ("failure", "error", "skipped")}
+            bad = said.get("failure", said.get("error"))
+            results.append((name, "FAIL", bad.partition("\n")[0][:200]) if bad is not None else
+                           (name, "skip", said["skipped"][:200]) if "skipped" in said else (name, "pass", ""))
+        return cls(results)
 
 
 def slug(name: str) -> str:
@@ -120,26 +113,13 @@ def stage_table(records: list[Record]) -> str:
 
 
 def checkout_commit(root: Path = REPO_ROOT) -> str | None:
-    """The checkout's commit (short), "with local changes" where tracked files differ from it; None where
-    git cannot say (a copy of the tree without .git)."""
+    """The checkout's short commit, "with local changes" where tracked files differ; None without .git."""
     found = checkout(root=root)
     return found and found[0] + (" with local changes" if found[1] else "")
 
 
-def skipped_parts() -> dict[str, str]:
-    """What gpu-check will not run here, each with the reason, decided before it starts: the lab's own
-    preflight over every stage (perf_analyzer, Ray) and Prometheus (without it the lab runs unscraped)."""
-    skipped = preflight(list(LAB_STAGES))
-    try:
-        locate()
-    except PrometheusNotFound as exc:
-        skipped["prometheus"] = f"{exc}: the lab's servers are not scraped, so no server-side series"
-    return skipped
-
-
 def compare_designs(out: Path, log=print) -> dict[str, float]:
-    """req/s of ``DESIGN_SERVICE`` on the GPU in each of ``DESIGNS``, one after the other: a closed loop of
-    ``DESIGN_SENDERS`` for ``DESIGN_WINDOW_S``."""
+    """req/s of ``DESIGN_SERVICE`` on the GPU in each of ``DESIGNS`` in turn, at ``DESIGN_SENDERS`` senders."""
     served = {}
     env = {**stage_env("gpu"), "MODEL_DIR": str(get_settings().model_dir)}
     for name, design in DESIGNS.items():
@@ -157,10 +137,7 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
                     when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None,
                     not_run: dict[str, str] | None = None, commit: str | None = None,
                     designs: dict[str, float] | None = None) -> str:
-    """The GPU record: hardware and versions, what was skipped and why, what the time budget cut, test
-    outcomes, the stage table, the ratios and, with ``ceiling``, the model's own ceiling with every stage
-    and aim against it. ``commit``: the checkout's (``checkout_commit``), where known; ``designs``: req/s of
-    each of FastAPI's two designs (``compare_designs``)."""
+    """The GPU record (servelab/data/gpu-record.md.j2); ``designs``: what ``compare_designs`` measured."""
     best = max(designs, key=designs.get) if designs else ""
     ratio_rows = [(what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")]
     return TEMPLATES.get_template("gpu-record.md.j2").render(
@@ -180,9 +157,8 @@ TESTS, CEILING, DESIGNS_PART = "GPU tests", "ceiling", "FastAPI's two designs"
 
 
 def run_within(cmd: list[str], timeout: float | None, log: Path) -> int | None:
-    """Run ``cmd`` (its output to ``log``) for at most ``timeout`` seconds; None when it was stopped
-    then. Stopped as our servers are: its whole process group, then what is left of its session
-    (a test's or a lab's servers with it)."""
+    """``cmd``'s exit status (its output to ``log``), or None where it was stopped after ``timeout`` seconds, as our
+    servers are stopped: its process group, then what is left of its session (a test's or a lab's servers)."""
     server = ServerProcess(cmd, None, log, cwd=REPO_ROOT)
     proc = server.start().proc
     try:
@@ -199,11 +175,9 @@ TESTS_LOG, TESTS_JUNIT = "gpu-tests.log", "gpu-tests.xml"
 
 def run_tests(out: Path, timeout: float | None, target: str = GPU_TESTS,
               log=print) -> tuple[int | None, PytestOutcome | None]:
-    """``pytest -m gpu`` on ``target`` for at most ``timeout`` seconds: its exit status (None: stopped then)
-    and its outcome (None without a JUnit report). Its log and JUnit report are written outside the
-    checkout while it runs and moved into ``out`` once it has ended: the tests' session fails if the checkout's
-    results/ (where ``out`` is by default) changed while they ran (tests/conftest.py's ``own_folders``), and a
-    log growing there would be such a change."""
+    """``pytest -m gpu`` on ``target`` for at most ``timeout`` seconds: its exit status (None: stopped) and outcome
+    (None without a JUnit report). Its files go to ``out`` only once it has ended: the tests' session fails where
+    the checkout's results/ changed while they ran (tests/conftest.py's ``own_folders``)."""
     out.mkdir(parents=True, exist_ok=True)
     for name in (TESTS_LOG, TESTS_JUNIT):
         (out / name).unlink(missing_ok=True)  # an earlier run's, before the tests start
@@ -222,9 +196,7 @@ def run_tests(out: Path, timeout: float | None, target: str = GPU_TESTS,
 def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, budget_s: float | None = None,
           log=print) -> int:
     """Run the GPU tests and the GPU lab; write the record. 0 when everything that ran passed, 1 otherwise.
-
-    ``budget_s``: seconds for the whole check (default ``DEFAULT_BUDGET_S`` for the default stages, no
-    limit with ``full`` or ``stages``; 0: no limit)."""
+    ``budget_s``: the whole check's seconds (``DEFAULT_BUDGET_S`` unless ``full`` or ``stages``; 0: no limit)."""
     if gpu_count() == 0:
         log(f"gpu-check: {NO_GPU}: nothing to check on this machine")
         return 0
@@ -236,7 +208,11 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
         return None if not budget_s else max(budget_s - (time.monotonic() - started) - keep, 0.0)
 
     out.mkdir(parents=True, exist_ok=True)
-    skipped = skipped_parts()
+    skipped = preflight(list(LAB_STAGES))  # what will not run here and why, named before it starts
+    try:
+        locate()
+    except PrometheusNotFound as exc:
+        skipped["prometheus"] = f"{exc}: the lab's servers are not scraped, so no server-side series"
     for part, why in skipped.items():
         log(f"gpu-check: skips {part}: {why}")
     not_run: dict[str, str] = {}

@@ -1,17 +1,9 @@
 """The GPU constraints file against the torch it will meet (``make gpu-constraints-check``).
 
-``make gpu-check`` installs ``.venv-gpu`` beside a CUDA PyTorch that is already on the machine, so pip
-takes that torch as installed and holds its requirements against ``constraints-gpu-cu13.txt``: a pin
-that one of them excludes stops the install (torch 2.11 requires ``setuptools<82``). The file's header
-names the torch releases it was checked against and their requirements, one line each::
-
-    # torch==2.11.0 requires: filelock | typing-extensions>=4.10.0 | setuptools<82 | ...
-
-``conflicts`` holds the pins against those lines (a test runs it offline); ``python -m
-servelab.tools.gpu_constraints FILE`` reads each named release's requirements from the package index
-(metadata only, for CPython 3.12 on x86-64 Linux) and fails where they differ from the header or
-conflict with a pin. Requirements on packages that are not pinned (torch's CUDA libraries, sympy) are
-the machine's to satisfy, and are already, with its torch.
+``.venv-gpu`` is installed beside the machine's own CUDA torch, so a pin that one of its requirements excludes
+stops the install (torch 2.11 requires ``setuptools<82``). The file's header names each torch release it was
+checked against and its requirements (``# torch==2.11.0 requires: filelock | setuptools<82 | ...``); ``main``
+reads them again from the package index. Requirements on packages not pinned are the machine's, met with its torch.
 """
 
 import json
@@ -46,7 +38,6 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def checked_torch(path: Path) -> dict[str, list[str]]:
-    """The header's torch releases and their requirements."""
     return {m["version"]: [r.strip() for r in m["requires"].split(" | ")]
             for m in map(HEADER.match, path.read_text().splitlines()) if m}
 

@@ -1,14 +1,9 @@
 """The lease plan: how long each notebook takes a student on the lab node, low, median and high.
 
-* **the machine**: each code cell's seconds in the e2e notebook run (``CELL_TIMES``, written by
-  tests/notebook_harness.py) times one node factor; the waits a line of a ```shell block starts (an image
-  build or pull, a container start, the model build, an install); the waits no cell shows (the node's boot);
-* **the students**: the prose's words at ``reading_wpm``, and each task counted in the text at its allowance:
-  a shell line typed, a browser step, a question paragraph, a cell written, a line of shown code.
-
-Every figure is in ``servelab/data/node_rates.toml`` with where it comes from. The cells the record lacks
-(or holds with another first line) are named in the plan's notes, not silently counted as no time. A section whose heading ends in "(optional)" is counted apart.
-The table is written into ``notebooks/0_intro.md`` and ``docs/instructors.md`` (``make notebooks``).
+The machine: each code cell's seconds in the e2e notebook run (``CELL_TIMES``) times one node factor, and the
+waits a ```shell line starts or no cell shows. The students: the prose's words, and each task counted in the
+text at its allowance. Every figure is in ``servelab/data/node_rates.toml`` with its source; the cells the record
+lacks are named in the plan's notes, never counted as no time silently.
 """
 
 import json
@@ -59,9 +54,7 @@ def _times(n: float, span: Span) -> Span:
 
 
 @dataclass
-class Part:
-    """The core part or the optional part of one notebook."""
-
+class Part:  # the core or the optional part of one notebook
     words: int = 0
     tasks: Counter[str] = field(default_factory=Counter)  # [allowance.NAME]: how many
     cells_s: float = 0.0  # the record's seconds of its code cells
@@ -115,8 +108,7 @@ def sections(text: str) -> list[tuple[bool, str]]:
 
 
 def _prose(text: str) -> str:
-    """The author's prose: no Jupytext header, code, shell or generated blocks (excerpts of code, the plan itself,
-    figures from records) or comments."""
+    """The author's prose: no Jupytext header, code, shell or generated blocks, or comments."""
     prose = re.sub(r"\A---\n.*?^---$", " ", text, flags=re.DOTALL | re.MULTILINE)  # Jupytext's header
     prose = re.sub(r"^```.*?^```", " ", prose, flags=re.DOTALL | re.MULTILINE)
     return re.sub(r"<!-- generated:.*?<!-- end generated -->|<!--.*?-->", " ", prose, flags=re.DOTALL)
@@ -214,8 +206,7 @@ def _clock(minutes: float) -> str:
 
 
 def plan_table() -> str:
-    """The plan as Markdown, lines of at most 200 characters: per notebook, minutes reading, at the students'
-    tasks, on the machine, the core's low / median / high and its median clock; then each figure's source."""
+    """The plan as Markdown, lines of at most 200 characters: a row per notebook, then each figure's source."""
     plans = lease_plan()
     lines = ["| notebook | reading | students' tasks | machine | core: low / median / high | core path, by | optional |",
              "|---|---:|---:|---:|---:|---:|---:|"]

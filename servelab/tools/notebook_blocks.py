@@ -1,18 +1,9 @@
 """The parts of the notebooks generated from the project itself, so that they cannot drift from it.
 
-A notebook source marks such a part with a pair of HTML comments (invisible in Jupyter)::
-
-    <!-- generated: excerpt servelab/servers/fastapi/batcher.py MicroBatcher._run -->
-    ... (written by `make notebooks`) ...
-    <!-- end generated -->
-
-A figure inside a sentence is generated in place, on one line: ``answered in <!-- generated: original-figure
-pt-1-concurrency-1 average latency -->18.7 ms<!-- end generated --> alone``.
-
-The first word after ``generated:`` names one of ``GENERATORS``, the rest are its arguments.
-``servelab.tools.render_notebooks`` rewrites every such part when it renders, and ``--check`` fails where one is
-out of date, e.g. after a change to the function it quotes. A name that no longer exists fails the
-rendering.
+A source marks such a part with a pair of HTML comments (invisible in Jupyter), on lines of their own or, for a
+figure inside a sentence, on one line: ``answered in <!-- generated: original-figure pt-1-concurrency-1 average
+latency -->18.7 ms<!-- end generated --> alone``. The first word after ``generated:`` names one of ``GENERATORS``,
+the rest are its arguments; ``make notebooks`` rewrites every part, and a name that no longer exists fails it.
 """
 
 import ast
@@ -47,8 +38,7 @@ BLOCKS = TEMPLATES.get_template("notebook-blocks.md.j2").module
 # --- code ----------------------------------------------------------------------------------------
 
 def definition_source(path: Path, qualname: str) -> str:
-    """The source of the function or class ``qualname`` (``Class.method``, ``outer.inner``) in
-    ``path``, decorators included, dedented."""
+    """The source of ``qualname`` (``Class.method``, ``outer.inner``) in ``path``, decorators included, dedented."""
     text = path.read_text(encoding="utf-8")
     scope: list[ast.stmt] = ast.parse(text).body
     node = None
@@ -70,8 +60,7 @@ def excerpt(path: str, qualname: str) -> str:
 # --- Triton stage configs ------------------------------------------------------------------------
 
 def node_config(stage_name: str) -> str:
-    """The config of the stage's model as the lab node's Triton runs it (GPUs, onnxruntime backend),
-    without the ``servelab_stage`` label every stage carries."""
+    """The stage model's config as the node's Triton runs it (GPUs, onnxruntime), less every stage's label."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.servers.triton.configs import STAGES, effective_config, render
 
@@ -82,8 +71,7 @@ def node_config(stage_name: str) -> str:
 
 
 def stage_config(name: str, previous: str = "") -> str:
-    """A stage's config on the node; with ``previous``, as a diff from that stage's. A stage that
-    changes nothing is shown as its committed base file, comments and all."""
+    """A stage's config on the node, as a diff from ``previous``'s, or without one as its committed base file."""
     # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
     from servelab.servers.triton.configs import STAGES
 
@@ -148,8 +136,7 @@ def triton_models() -> str:
 # --- what `make lab` runs ------------------------------------------------------------------------
 
 def lab_stages() -> str:
-    """The stages `servelab lab --full` measures, those the default `make lab` (the tour) measures, and the
-    node's stages both leave out."""
+    """The stages `servelab lab --full` measures, those the tour (`make lab`) does, and those only the node runs."""
     # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
     from servelab.run.families import RayFamily, TritonFamily, family_of
     from servelab.run.plan import LAB_STAGES
@@ -163,8 +150,7 @@ def lab_stages() -> str:
 
 
 def lab_requirements() -> str:
-    """What a computer needs for `make lab`: our Python requirement, and the platform and Python
-    versions the tritonserver bundled in the nvidia-pytriton wheel runs on."""
+    """What `make lab` needs: our Python, and the platform and Pythons nvidia-pytriton's tritonserver runs on."""
 
     # Deferred: pip's, not a declared dependency; only this check needs it.
     from packaging.specifiers import SpecifierSet
@@ -188,7 +174,6 @@ LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's
 
 def lab_time() -> str:
     """How long the default `make lab` took, from the run recorded in docs/records/make-lab.json."""
-
     return prose(BLOCKS.lab_time(LabRun.read(LAB_RUN), minutes))
 
 
@@ -233,7 +218,6 @@ def lab_plans() -> str:
 
 def lab_summary() -> str:
     """What the recorded `make lab` showed: its report's first screen."""
-
     run = LabRun.read(LAB_RUN)
     return "\n".join(line for line in run.summary if not line.startswith("## ")).strip()
 
@@ -244,13 +228,6 @@ def family_stages(family: str) -> str:
     names = list(of_family(family))  # type: ignore[arg-type]
     title = {"fastapi": "FastAPI", "triton": "Triton", "ray": "Ray Serve"}[family]
     return f"The catalogue (`servelab/core/catalogue.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
-
-
-def lease_plan() -> str:
-    # Deferred, not a circle: lease_plan reads the notebooks this module writes into.
-    from servelab.tools.lease_plan import plan_table
-
-    return plan_table()
 
 
 GPU_RECORD = REPO_ROOT / "docs" / "records" / "gpu-h100-2026-11-24.toml"  # the first GPU run's figures
@@ -275,8 +252,7 @@ GPU_H200_RECORD = REPO_ROOT / "docs" / "records" / "gpu-h200-2026-11-28.toml"  #
 
 
 def simulated_gpu() -> str:
-    """What batching did behind the GPU-shaped stand-in, from its record: the run, each service's median over the
-    rounds, and each ratio in every round."""
+    """What batching did behind the GPU-shaped stand-in: each service's median over its record's rounds, the ratios."""
     run = json.loads(SIMULATED_GPU_RECORD.read_text(encoding="utf-8"))
     h200 = tomllib.loads(GPU_H200_RECORD.read_text(encoding="utf-8"))
     batch_1 = next(f["value"] for f in h200["fp16-vs-fp32"]["figures"] if f["measures"] == "fp32, batch 1")
@@ -296,8 +272,7 @@ def simulated_gpu() -> str:
 
 
 def original_figure(key: str, *measures: str) -> str:
-    """One figure of the original lab, as it is written in a sentence (``18.7 ms``): ``measures`` is what
-    servelab/data/original_lab.toml says it measures."""
+    """One figure of servelab/data/original_lab.toml, as a sentence writes it (``18.7 ms``)."""
     step = original_lab.step(key)
     wanted = " ".join(measures)
     found = [f for f in step.figures if f.measures == wanted]
@@ -318,7 +293,8 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "original-lab": lambda key: original_lab.step(key).sentence(),
     "original-figure": original_figure,
     "family-stages": family_stages,
-    "lease-plan": lease_plan,
+    # Deferred, not a circle: lease_plan reads the notebooks this module writes into.
+    "lease-plan": lambda: importlib.import_module("servelab.tools.lease_plan").plan_table(),
     "gpu-record": gpu_record,
     "simulated-gpu": simulated_gpu,
 }
@@ -347,5 +323,4 @@ def expand(text: str) -> str:
 
 
 def specs(text: str) -> list[str]:
-    """The generated parts ``text`` asks for, in order."""
     return [m["spec"] for m in BLOCK.finditer(text)]

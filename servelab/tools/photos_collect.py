@@ -1,17 +1,10 @@
 """How ``servelab/data/photos/`` was made (maintainers only; nothing runs this at lab or test time).
 
-Debian's desktop-background, jigsaw and children's-game packages ship real photographs under free
-licences, but installing them costs ~650 MB of downloads for ~140 photos, so a small, downscaled copy
-is committed instead, with each picture's package, version, path, licence and hashes in
-``manifest.json``. Each photo gives four pictures, its quadrants, so ~140 photographs make ~560
-distinct images; the calibration/evaluation split (``servelab.core.photos``) keeps all quadrants of one
-photo on one side.
-
-Some photographs sit inside a container file: GCompris packs each activity's pictures into a Qt
-resource file (``.rcc``; the path is then ``FILE.rcc:/member``, and the licence is that of the
-upstream README stanza beside the member, which names each picture's author, licence and source,
-before debian/copyright), and Enlightenment's backgrounds are Edje files (``.edj``) holding the
-photograph as an embedded JPEG (the largest one is taken).
+Debian's desktop-background, jigsaw and children's-game packages ship real photographs under free licences, but
+~650 MB of downloads for ~140 photos, so a downscaled copy is committed with each one's source, licence and
+hashes in ``manifest.json``; each photo's four quadrants are four images (``servelab.core.photos`` keeps them on
+one side of its split). GCompris packs its pictures into Qt resource files (``FILE.rcc:/member``, licensed by
+the README stanza beside the member first); Enlightenment's backgrounds are Edje files with an embedded JPEG.
 
     apt-get download mate-backgrounds ...   # the packages named in SOURCES, into DEBS
     python -m servelab.tools.photos_collect DEBS
@@ -99,16 +92,17 @@ def licence_of(copyright_file: Path, path: str) -> tuple[str, str]:
     package may install elsewhere: a pattern matches the installed path's tail, or its file name."""
     found = ("", "")
     for fields in _stanzas(copyright_file.read_text()):
-        patterns = fields.get("Files", "").split()
-        if "License" in fields and any(fnmatch.fnmatch("/" + path, "*/" + p) or Path(p).name == Path(path).name
-                                       for p in patterns):
+        if "License" in fields and any(_names(p, path) for p in fields.get("Files", "").split()):
             found = (fields["License"].split()[0], fields.get("Copyright", ""))
     return found
 
 
+def _names(pattern: str, path: str) -> bool:
+    return fnmatch.fnmatch("/" + path, "*/" + pattern) or Path(pattern).name == Path(path).name
+
+
 def readme_licence(readme: str, name: str) -> tuple[str, str]:
-    """(licence, copyright holder) that a GCompris resource README gives the file ``name`` (its path
-    relative to the README's folder), or ("", "") where no stanza names it."""
+    """(licence, copyright holder) a GCompris README gives ``name`` (relative to its folder); ("", "") if none."""
     for fields in _stanzas(readme):
         if name in fields.get("Files", "").split() and "License" in fields:
             # "CC-BY-SA 4.0" and "Public Domain" as debian/copyright spells them.
@@ -192,8 +186,10 @@ def source_of(root: Path, package: str, path: str) -> tuple[bytes, str, str]:
             folder = folder.rsplit("/", 1)[0]
         if not licence:
             upstream = member.replace("/gcompris/", "", 1)
-            licence, holder = licence_of(root / f"usr/share/doc/{package}/copyright", upstream)
-            if licence and _only_catch_all(root / f"usr/share/doc/{package}/copyright", upstream):
+            copyright_file = root / f"usr/share/doc/{package}/copyright"
+            licence, holder = licence_of(copyright_file, upstream)
+            if not any(_names(p, upstream) for fields in _stanzas(copyright_file.read_text()) if "License" in fields
+                       for p in fields.get("Files", "").split() if p != "*"):
                 licence = ""  # "Files: *" alone says nothing about a picture taken from elsewhere
     else:
         if container.endswith(".edj"):
@@ -202,12 +198,6 @@ def source_of(root: Path, package: str, path: str) -> tuple[bytes, str, str]:
     if not licence.startswith(FREE_LICENCES):
         raise ValueError(f"{package}: no free licence for {path} ({licence or 'none found'})")
     return data, licence, holder
-
-
-def _only_catch_all(copyright_file: Path, path: str) -> bool:
-    return not any(fnmatch.fnmatch("/" + path, "*/" + p) or Path(p).name == Path(path).name
-                   for fields in _stanzas(copyright_file.read_text()) if "License" in fields
-                   for p in fields.get("Files", "").split() if p != "*")
 
 
 def _slug(path: str) -> str:

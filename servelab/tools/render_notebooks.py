@@ -1,14 +1,8 @@
 """Render the lab notebooks from their Jupytext Markdown sources, and the generated parts of the docs.
 
-The numbered ``notebooks/N_name.md`` files are the source of truth; the ``.ipynb`` beside
-each one is generated (no outputs, stable cell ids) so that rendering twice gives the same
-bytes and ``--check`` can compare files exactly. The parts of a source marked as generated
-(code excerpts, stage configs, the original lab's figures: ``servelab.tools.notebook_blocks``) are
-rewritten from the project first, in the source too; so are such parts of README.md and docs/ (e.g. how
-long `make lab` takes, from the run recorded in docs/records/make-lab.json).
-
-    python -m servelab.tools.render_notebooks          # write every .md part and .ipynb that is out of date
-    python -m servelab.tools.render_notebooks --check  # only report; exit 1 if anything is out of sync
+Each ``notebooks/N_name.md`` is the source of truth; its ``.ipynb`` is generated with no outputs and stable cell
+ids, so rendering twice gives the same bytes and ``--check`` compares files exactly. The generated parts of the
+sources, README.md and docs/ (``servelab.tools.notebook_blocks``) are rewritten from the project first.
 """
 
 from __future__ import annotations
@@ -27,15 +21,13 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
 def sources(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The numbered Markdown sources, in the order students run them, by number (``10_`` after ``9_``,
-    not after ``1_``); README.md is not one."""
+    """The numbered Markdown sources, in the order students run them (``10_`` after ``9_``, not after ``1_``)."""
     found = [p for p in directory.glob("[0-9]*_*.md") if p.name.split("_", 1)[0].isdigit()]
     return sorted(found, key=lambda p: (int(p.name.split("_", 1)[0]), p.name))
 
 
 def pages(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The Markdown pages beside the notebooks that hold generated parts too (README, docs/); none when
-    rendering another folder of notebooks."""
+    """README and docs/ pages with generated parts; none when rendering another folder of notebooks."""
     if directory != NOTEBOOK_DIR:
         return []
     candidates = [REPO_ROOT / "README.md", NOTEBOOK_DIR / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
@@ -43,8 +35,7 @@ def pages(directory: Path = NOTEBOOK_DIR) -> list[Path]:
 
 
 def to_notebook(source: Path) -> nbformat.NotebookNode:
-    """Read one Markdown source, its generated parts brought up to date, into the notebook that is
-    committed beside it."""
+    """One Markdown source, its generated parts brought up to date, as the notebook committed beside it."""
     nb = jupytext.reads(expand(source.read_text(encoding="utf-8")), fmt="md")
     # jupytext's own bookkeeping would pair the .ipynb with the .md in Jupyter; students
     # edit the .ipynb freely, so leave it out.
@@ -71,12 +62,7 @@ def _expand_file(path: Path, name: str, check: bool) -> str:
 
 
 def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
-    """Bring the sources' generated parts up to date and make the .ipynb files mirror the sources;
-    with ``check`` change nothing.
-
-    Returns one line per file that was (or, with ``check``, would be) written or removed; an empty
-    list means everything is in sync.
-    """
+    """One line per file written or removed (with ``check``: that would be, and nothing changes); none: in sync."""
     files = [(page, str(page.relative_to(REPO_ROOT))) for page in pages(directory)]
     files += [(source, source.name) for source in sources(directory)]
     messages = [said for path, name in files if (said := _expand_file(path, name, check))]
@@ -90,17 +76,14 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
         text = nbformat.writes(nb, version=4) + "\n"
         if target.exists() and target.read_text(encoding="utf-8") == text:
             continue
-        if check:
-            messages.append(f"{target.name} is out of sync with {source.name}")
-        else:
+        if not check:
             target.write_text(text, encoding="utf-8")
-            messages.append(f"rendered {target.name}")
+        messages.append(f"{target.name} is out of sync with {source.name}" if check else f"rendered {target.name}")
     for orphan in sorted(set(directory.glob("*.ipynb")) - targets):
-        if check:
-            messages.append(f"{orphan.name} has no Markdown source")
-        else:
+        if not check:
             orphan.unlink()
-            messages.append(f"removed {orphan.name} (no Markdown source)")
+        messages.append(f"{orphan.name} has no Markdown source" if check
+                        else f"removed {orphan.name} (no Markdown source)")
     return messages
 
 

@@ -1,9 +1,6 @@
-"""The local base image: Debian 12 made with debootstrap, because no registry can be reached here.
-
-Made once per content key (suite, variant, packages, mirror) into a tarball in the cache, then
-imported into the engine; a later run finds the image (same data root) or re-imports the tarball
-(fresh data root) without running debootstrap again. Plain minbase: the Dockerfiles install their
-Python with apt themselves (`--include=python3.11-venv` fails to configure inside debootstrap).
+"""The local base image: Debian 12 made with debootstrap, because no registry can be reached here; a tarball in
+the cache per content key, imported into the engine. Plain minbase: the Dockerfiles install their Python with apt
+themselves (`--include=python3.11-venv` fails to configure inside debootstrap).
 """
 
 import hashlib

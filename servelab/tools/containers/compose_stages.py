@@ -1,12 +1,7 @@
 """The lab's compose stages as data, and bringing one up or down on an engine.
 
-A stage is a compose file of docker/ plus the shell variables the notebooks set for it; the files
-are used unchanged, followed by the no-GPU override of the same name in docker/no-gpu/ (where there
-is one) and a generated local override that (1) binds every published port to 127.0.0.1 (on a
-chosen free port when asked, so parallel runs do not collide), (2) mounts other host folders in
-place of the checkout's models/, models_staging/, results/ or notebooks/ when asked (the tests use
-temporary ones), (3) runs the images' health checks more often, so a stage is up sooner, and (4) caps
-``ulimits`` at this machine's hard limits where they are lower (Triton's `memlock: -1`). A FastAPI stage of the catalogue (``servelab.core.catalogue``) with ``compose=True`` is one more compose stage.
+A stage is a compose file of docker/ and the shell variables the notebooks set, used unchanged, then the no-GPU
+override of docker/no-gpu/ (where there is one) and a local one (``StageRunner._write_local_override``).
 """
 
 import json
@@ -51,8 +46,7 @@ class ComposeStage:
 
 
 def _compose_stages() -> dict[str, ComposeStage]:
-    """Each catalogue stage the node runs from a compose file of its own settings, and one Triton
-    stage (its server switches between the catalogue's Triton stages with `servelab triton stage`)."""
+    """The catalogue's FastAPI stages with ``compose=True``, and one Triton stage (`servelab triton stage` switches)."""
     fastapi = {s.name: ComposeStage(s.name, "docker-compose-fastapi.yaml",
                                     {"FASTAPI_STAGE": s.fastapi.service.replace("-", "_"), **s.fastapi.env},
                                     f"{s.about}; GourmetGram, Jupyter")
@@ -111,7 +105,10 @@ class StageRunner:
         return images.build(self.docker, targets, wanted, log=self.log)
 
     def _write_local_override(self, stage: ComposeStage, extra: Mapping[str, str] | None) -> tuple[dict, dict]:
-        """The local override; returns the stage's resolved config and its published ports."""
+        """The local override, which binds every published port to 127.0.0.1 (a free one with ``free_ports``, so
+        parallel runs do not collide), mounts ``mounts`` (the tests' folders) in place of the checkout's, checks
+        health more often (a stage is up sooner), and caps ``ulimits`` at this machine's hard limits (Triton's
+        `memlock: -1`). Returns the stage's resolved config and its published ports."""
         local = self.work_dir / f"{stage.project}.local.yaml"
         local.unlink(missing_ok=True)
         config = json.loads(self.compose(stage, "config", "--format", "json", extra=extra).stdout)
@@ -159,8 +156,7 @@ class StageRunner:
 
     def up(self, stage: ComposeStage, services: tuple[str, ...] = (), extra: Mapping[str, str] | None = None,
            wait_timeout: int = WAIT_TIMEOUT_S, build: bool = True) -> Running:
-        """Build what the stage needs (unless ``build`` is false: compose pulls it), start it and wait until
-        every started service is healthy."""
+        """Build what the stage needs (else compose pulls it), start it and wait until every service is healthy."""
         config, ports = self._write_local_override(stage, extra)
         if build:
             self.build(config)
@@ -171,7 +167,6 @@ class StageRunner:
         return Running(stage, ports)
 
     def down(self, stage: ComposeStage) -> None:
-        """Stop and remove the stage's containers, networks and volumes."""
         self.compose(stage, "down", "--volumes", "--remove-orphans", "--timeout", "10", timeout=300)
         self.ports.pop(stage.project, None)
         # Images a rebuild replaced (untagged): without this the cached data root grows with every change.

@@ -1,10 +1,5 @@
-"""Docker's CLI plugins for the runner, Compose v2 and buildx: pinned, in the cache, fetched once from Debian.
-
-Debian 12 has only the old Python docker-compose 1.29 and no buildx; Debian 13 (trixie) packages both
-as one static binary each. We fetch a package with apt-get against a trixie source list kept in a
-folder of our own (the machine's apt configuration is untouched), check its sha256, and take the
-binary out with ``dpkg -x``. Elsewhere (a student's Docker Desktop) ``docker compose`` itself is used.
-"""
+"""Docker's CLI plugins for the runner, Compose v2 and buildx: pinned, in the cache, fetched once from Debian 13
+(Debian 12 has only docker-compose 1.29 and no buildx) with a source list of our own, and checked by sha256."""
 
 import shutil
 import subprocess
@@ -75,9 +70,4 @@ def ensure(cache: Path, log=print, plugin: Plugin = COMPOSE) -> Path:
 def docker(env: dict[str, str], cache: Path, log=print) -> Docker:
     """docker, with our Compose and buildx, against the engine whose variables are in ``env``."""
     return Docker(env, ensure(cache, log), ensure(cache, log, BUILDX))
-
-
-def version(binary: Path) -> str:
-    done = subprocess.run([str(binary), "version", "--short"], capture_output=True, text=True, timeout=30)
-    return done.stdout.strip()
 

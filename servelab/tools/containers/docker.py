@@ -32,24 +32,22 @@ class Docker:
     def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.env, **(extra or {})}
 
-    def run(self, *args: str, check: bool = True, timeout: float | None = None,
-            extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        return self._run([client(), *args], check, timeout, extra_env, cwd)
+    def run(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self._run([client(), *args], **kw)
 
-    def compose(self, *args: str, check: bool = True, timeout: float | None = None,
-                extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    def compose(self, *args: str, **kw) -> subprocess.CompletedProcess:
         if self.compose_binary is None:
             raise DockerError("no Docker Compose")
         # The plugin binary run by itself acts as `docker-compose`, same commands as `docker compose`.
-        return self._run([str(self.compose_binary), *args], check, timeout, extra_env, cwd)
+        return self._run([str(self.compose_binary), *args], **kw)
 
-    def buildx(self, *args: str, check: bool = True, timeout: float | None = None,
-               extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    def buildx(self, *args: str, **kw) -> subprocess.CompletedProcess:
         if self.buildx_binary is None:
             raise DockerError("no docker buildx")
-        return self._run([str(self.buildx_binary), *args], check, timeout, extra_env, cwd)
+        return self._run([str(self.buildx_binary), *args], **kw)
 
-    def _run(self, cmd, check, timeout, extra_env, cwd) -> subprocess.CompletedProcess:
+    def _run(self, cmd: list[str], check: bool = True, timeout: float | None = None,
+             extra_env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
         done = subprocess.run(cmd, env=self.environ(extra_env), capture_output=True, text=True,
                               timeout=timeout or self.timeout, cwd=cwd)
         if check and done.returncode != 0:

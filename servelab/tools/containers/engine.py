@@ -1,15 +1,9 @@
 """A private Docker engine: our own dockerd, started as a child process and stopped by its PID.
 
-Nothing is shared with another engine on the machine: the socket, exec root (where the managed
-containerd and the containers' runtime state live), pid file and log are in a run folder of their
-own; the default bridge is a bridge interface we create with a name and a 10.X.0.0/16 range no other
-interface or route uses (``--bridge``; compose networks get /24s from the same range), and
-containerd's namespace is ours. The data root (images and the layer cache) lives in the per-user
-cache so a second run is quick; while an engine uses it, a second engine gets a throwaway one.
-
-``stop`` ends the dockerd by PID (it stops its containers and containerd), then removes what a
-dockerd leaves behind: mounts under its folders, the bridges in its range, and the iptables rules
-that name them.
+Nothing is shared with another engine: socket, exec root, pid file and log are in a run folder of their own, the
+bridge is ours with a 10.X.0.0/16 range nothing else uses, and so is containerd's namespace. The data root lives
+in the per-user cache, so a second run is quick; while an engine uses it, another gets a throwaway one. ``stop``
+ends the dockerd, then removes what it leaves behind: mounts, its bridges, the iptables rules naming them.
 """
 
 import json
@@ -17,7 +11,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +31,6 @@ class EngineError(RuntimeError):
 
 
 def ping(sock: Path) -> bool:
-    """Whether a Docker API answers on the unix socket ``sock``."""
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=2.0) as client:
             return client.get("http://docker/_ping").status_code == 200
@@ -87,9 +79,15 @@ class EngineState:
         return {"DOCKER_HOST": f"unix://{self.socket}"}
 
 
+def _read_state(path: Path) -> EngineState | None:
+    try:
+        return EngineState(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 class Engine:
-    """``start()`` / ``stop()``, or a context manager. ``detach`` leaves it running after we exit
-    (`servelab containers up`); the state file lets ``attach`` find it again."""
+    """``start()`` / ``stop()``, or a context manager. ``detach`` leaves it running (`servelab containers up`)."""
 
     def __init__(self, cache: Path, detach: bool = False, log=print):
         self.cache = Path(cache).expanduser()
@@ -101,10 +99,9 @@ class Engine:
 
     @staticmethod
     def dockerd() -> str:
-        found = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
-        if not found:
-            raise EngineError("no dockerd: install Docker (`apt-get install docker.io`)")
-        return found
+        if found := shutil.which("dockerd", path=f"{os.environ.get('PATH', os.defpath)}:/usr/sbin"):
+            return found
+        raise EngineError("no dockerd: install Docker (`apt-get install docker.io`)")
 
     @classmethod
     def available(cls) -> str:
@@ -122,11 +119,8 @@ class Engine:
     @classmethod
     def attach(cls, cache: Path) -> EngineState | None:
         """The engine a detached `servelab containers up` left running, if it still answers."""
-        try:
-            state = EngineState(**json.loads(owner_file(cache).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        return state if _alive(state.pid) and ping(Path(state.socket)) else None
+        state = _read_state(owner_file(cache))
+        return state if state and _alive(state.pid) and ping(Path(state.socket)) else None
 
     # --- start --------------------------------------------------------------------------------
 
@@ -140,10 +134,8 @@ class Engine:
         # Unix socket paths are limited to 108 bytes: keep the run folder short.
         run_dir = self.cache / "run" / token
         run_dir.mkdir(parents=True)
-        try:  # the cache's data root is ours unless the engine its owner file names still runs
-            owns_cache = not _alive(json.loads(owner_file(self.cache).read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            owns_cache = True
+        owner = _read_state(owner_file(self.cache))  # the cache's data root is ours unless its owner still runs
+        owns_cache = owner is None or not _alive(owner.pid)
         data_root = self.cache / "engine" / "data" if owns_cache else run_dir / "data"
         data_root.mkdir(parents=True, exist_ok=True)
         octet = next((o for o in range(231, 255) if o not in _used_second_octets()), None)
@@ -184,11 +176,7 @@ class Engine:
     def _clean_stale(self) -> None:
         """Leftovers of engines of ours whose dockerd is gone (killed with us, or the machine stopped)."""
         for state_file in (self.cache / "run").glob("*/engine.json"):
-            try:
-                state = EngineState(**json.loads(state_file.read_text()))
-            except (OSError, ValueError, TypeError):
-                continue
-            if not _alive(state.pid):
+            if (state := _read_state(state_file)) and not _alive(state.pid):
                 _cleanup(state, self.log)
 
     # --- stop ---------------------------------------------------------------------------------
@@ -215,16 +203,14 @@ class Engine:
 
 def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM a detached dockerd of ours (it stops its containers first), SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.2)
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        for lingering in psutil.wait_procs([proc], timeout)[1]:
+            lingering.kill()
+            lingering.wait(10.0)
+    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+        pass
 
 
 def stop_detached(cache: Path, log=print) -> bool:
@@ -240,8 +226,8 @@ def stop_detached(cache: Path, log=print) -> bool:
 
 
 def remove_containers(state: EngineState) -> None:
-    """Every container, network and volume of the engine (all ours): none may come back when the
-    cached data root is used again (`restart: unless-stopped` would start them with the daemon)."""
+    """Every container, network and volume of the engine (all ours): `restart: unless-stopped` would start them
+    again with the next daemon on the cached data root."""
     docker = Docker(state.env, timeout=120)
     ids = docker.run("ps", "--all", "--quiet", check=False).stdout.split()
     if ids:
@@ -253,7 +239,11 @@ def remove_containers(state: EngineState) -> None:
 def _cleanup(state: EngineState, log) -> None:
     """What a stopped dockerd may leave: mounts, its bridges, iptables rules naming them or its range."""
     run_dir = Path(state.run_dir)
-    _kill_shims(f"servelab-{state.bridge.removeprefix('slab')}")
+    namespace = f"servelab-{state.bridge.removeprefix('slab')}"
+    for proc in psutil.process_iter(["cmdline"]):  # containerd shims that outlived a killed dockerd hold containers
+        args = proc.info["cmdline"] or []
+        if args and args[0].endswith("containerd-shim-runc-v2") and namespace in args:
+            stop_pid(proc.pid, timeout=5.0)
     roots = (str(run_dir), state.data_root)
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     for target in sorted((m for m in mounts if m.startswith(roots)), key=len, reverse=True):
@@ -265,21 +255,10 @@ def _cleanup(state: EngineState, log) -> None:
         subprocess.run(["ip", "link", "del", name], capture_output=True)
     _remove_iptables_rules(bridges, prefix)
     owner = Path(state.data_root).parent / "owner.json"
-    try:
-        if json.loads(owner.read_text()).get("pid") == state.pid:
-            owner.unlink()
-    except (OSError, ValueError):
-        pass
+    if (found := _read_state(owner)) and found.pid == state.pid:
+        owner.unlink(missing_ok=True)
     shutil.rmtree(run_dir, ignore_errors=True)
     log(f"engine: stopped PID {state.pid}, removed bridge(s) {', '.join(sorted(bridges))}")
-
-
-def _kill_shims(namespace: str) -> None:
-    """containerd shims of our namespace that outlived a killed dockerd (they hold containers)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        args = proc.info["cmdline"] or []
-        if args and args[0].endswith("containerd-shim-runc-v2") and namespace in args:
-            stop_pid(proc.pid, timeout=5.0)
 
 
 def _remove_iptables_rules(bridges: set[str], prefix: str) -> None:

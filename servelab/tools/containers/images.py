@@ -1,13 +1,8 @@
 """The lab's images as docker-bake.hcl defines them: their names, and building them where bake cannot.
 
-``variables`` are bake's inputs: docker/.env, the tag (servelab's version and commit, so a node never
-runs another commit's images unawares) and whatever the caller overrides (a registry, the stand-ins'
-bases). ``plan`` asks ``docker buildx bake --print`` for the targets; ``build`` builds them one by one,
-each after the targets its ``contexts`` name, with the legacy builder and the same Dockerfiles,
-arguments and tags. That is for Debian 12's dockerd 20.10, whose built-in BuildKit (v0.8) refuses bake's
-``target:`` contexts ("unsupported frontend capability moby.buildkit.frontend.contexts") and can only get
-a newer frontend through the Dockerfiles' ``# syntax=`` line, from Docker Hub. A machine with a current
-Docker runs ``docker buildx bake`` itself (``make images``).
+``build`` builds bake's targets one by one with the legacy builder, for Debian 12's dockerd 20.10: its BuildKit
+(v0.8) refuses bake's ``target:`` contexts and could get a newer frontend only from Docker Hub. A current Docker
+runs ``docker buildx bake`` itself (``make images``).
 """
 
 import json
@@ -25,19 +20,13 @@ LOCAL = "servelab"  # SERVELAB_REGISTRY when no registry is named: local names, 
 LABEL = "servelab.standin"  # stand-ins carry their inputs' key: one with the same key is not rebuilt
 
 
-def built_from(root: Path = REPO_ROOT) -> list[str]:
-    """What the images are made of: the build context's allowlist (.dockerignore), the Dockerfiles and
-    versions in docker/, this file's bake definition."""
-    allowed = [line[1:] for line in (root / ".dockerignore").read_text().splitlines() if line.startswith("!")]
-    return [*allowed, "docker/", BAKE_FILE.name, ".dockerignore"]
-
-
 def tag(root: Path = REPO_ROOT) -> str:
-    """servelab's version and the checkout's commit, "-dirty" where what the images are made of differs
-    from it (a student's saved notebooks do not count), so such images never pass for the commit's;
-    "local" where git cannot say."""
+    """servelab's version and commit, so a node never runs another commit's images unawares: "-dirty" where what
+    they are made of differs from it (saved notebooks do not count), "local" where git cannot say."""
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
-    if (found := checkout(*built_from(root), root=root, digits=12)) is None:
+    # What the images are made of: .dockerignore's allowlist, docker/, the bake file.
+    allowed = [line[1:] for line in (root / ".dockerignore").read_text().splitlines() if line.startswith("!")]
+    if (found := checkout(*allowed, "docker/", BAKE_FILE.name, ".dockerignore", root=root, digits=12)) is None:
         return f"{version}-local"
     return f"{version}-{found[0]}" + ("-dirty" if found[1] else "")
 
@@ -59,14 +48,12 @@ def compose_ref(name: str) -> str:
 
 
 def compose_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What `docker compose` needs to run this commit's images: its tag, and with a registry named, pull
-    (a missing image is pulled, and built only where the pull fails); without one, build."""
+    """What `docker compose` needs to run this commit's images: its tag, and pull where a registry is named."""
     pulls = registry(env) != LOCAL
     return {"SERVELAB_TAG": tag(), "SERVELAB_PULL_POLICY": "missing" if pulls else "build"}
 
 
 def variables(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    """bake's variables: docker/.env, then ``overrides``."""
     return {**read_env_file(), **(overrides or {})}
 
 
@@ -78,7 +65,6 @@ def plan(docker: Docker, targets: tuple[str, ...], env: Mapping[str, str]) -> di
 
 
 def for_images(targets: Mapping[str, dict], refs: set[str]) -> tuple[str, ...]:
-    """The targets that build these image references."""
     return tuple(name for name, target in targets.items() if refs & set(target.get("tags", [])))
 
 
@@ -100,9 +86,8 @@ def order(targets: Mapping[str, dict], names: tuple[str, ...] = ()) -> list[str]
 
 
 def build(docker: Docker, targets: Mapping[str, dict], names: tuple[str, ...] = (), log=print) -> list[str]:
-    """Build ``names`` (all without) with the legacy builder, in order; a context named after an image is
-    that target's tag, which the next FROM finds in the engine. A stand-in whose label holds its inputs'
-    key is kept. Returns the tags."""
+    """Build ``names`` (all without) in order, a context named after an image being that target's tag (the next
+    FROM finds it in the engine); a stand-in whose label holds its inputs' key is kept. Returns the tags."""
     built = []
     for name in order(targets, names):
         target = targets[name]

@@ -1,14 +1,8 @@
-"""The compose files' generated secrets: ``servelab secrets`` writes them once per checkout, on the node.
+"""The compose files' generated secrets (their ``env_file``), written once per checkout by ``servelab secrets``.
 
-* ``.secrets/lab.env``: ``ADMIN_TOKEN``, read by ``fastapi_server`` (its ``/admin/*`` routes answer only a
-  request with ``Authorization: Bearer <ADMIN_TOKEN>``) and by Jupyter (``4_fastapi``'s rollback cell sends it);
-* ``.secrets/grafana.env``: ``GF_SECURITY_ADMIN_PASSWORD``, Grafana's admin password, never its default.
-
-The folder is git-ignored and outside every image's build context (.dockerignore is an allowlist); the
-folder is readable by its owner only, the files too. The compose files name them in ``env_file``, so a
-stage does not start without them. A file that exists is kept (a running container keeps the token it
-started with); ``--rotate`` writes new values, which take effect when the containers are recreated.
-Nothing here prints a secret.
+``ADMIN_TOKEN`` guards fastapi_server's ``/admin/*`` routes (Jupyter's rollback cell sends it); Grafana's admin
+password is never its default. .secrets/ is git-ignored, outside every build context and its owner's only. A
+file that exists is kept, as a running container keeps its token; nothing here prints a secret.
 """
 
 import os

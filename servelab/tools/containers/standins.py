@@ -1,13 +1,8 @@
 """Stand-ins for the images no registry can give us here, and the build arguments that pick them.
 
-The lab's Dockerfiles keep their real ``FROM`` lines; docker-bake.hcl takes every base from a variable,
-so other values for ``UBUNTU_IMAGE``, ``TRITON_IMAGE`` and ``TORCH_VERSION`` make the same images build
-on local ones. docker-bake.hcl's ``standins`` group defines them (docker/standin/): the debootstrap base
-plus the wheelhouse for ubuntu, the tritonserver bundled in the pinned nvidia-pytriton wheel (Python backend
-only) and perf_analyzer from the tritonclient wheel for Triton's images, and torch's CPU build.
-
-Every stand-in carries a ``servelab.standin`` label with its content key; an image whose key matches
-is not rebuilt.
+The Dockerfiles keep their real ``FROM`` lines; other values for bake's ``UBUNTU_IMAGE``, ``TRITON_IMAGE`` and
+``TORCH_VERSION`` build the same images on local bases (bake's ``standins`` group, docker/standin/): Debian with
+the wheelhouse, the tritonserver of the pinned nvidia-pytriton wheel with perf_analyzer, torch's CPU build.
 """
 
 import shutil
@@ -24,7 +19,6 @@ from servelab.tools.containers.docker import Docker
 STANDIN_DIR = REPO_ROOT / "docker" / "standin"
 PYTHON_BASE = "servelab-standin/debian12-py311"
 TRITON = "servelab-standin/tritonserver"
-LABEL = images.LABEL
 
 
 def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
@@ -41,15 +35,6 @@ def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
             target.chmod(0o755 if mode & stat.S_IXUSR else 0o644)
 
 
-def _triton_context(wheels: Path, into: Path) -> None:
-    [wheel] = wheels.glob("nvidia_pytriton-*.whl")
-    server = into / "tritonserver"
-    _unzip(wheel, "pytriton/tritonserver/", server)
-    _unzip(wheel, "nvidia_pytriton.libs/", server / "lib")
-    # The image's Dockerfile links the stub for its own Python from the pytriton it installs.
-    shutil.rmtree(server / "python_backend_stubs", ignore_errors=True)
-
-
 def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print) -> dict[str, str]:
     """Build the stand-ins (once) and return the bake variables that select them."""
     wheels = wheelhouse.ensure(cache, versions, log)
@@ -64,9 +49,13 @@ def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print)
                                 "STANDIN_WHEELHOUSE": str(wheels), "STANDIN_WORK": str(work)})
         targets = images.plan(docker, ("standins",), env)
         release = versions["TRITON_RELEASE"]
-        if docker.image_label(f"{TRITON}:{release}-py3", LABEL) != key:
-            _triton_context(wheels, work / "triton")
-        if docker.image_label(f"{TRITON}:{release}-py3-sdk", LABEL) != key:
+        if docker.image_label(f"{TRITON}:{release}-py3", images.LABEL) != key:
+            [wheel], server = wheels.glob("nvidia_pytriton-*.whl"), work / "triton" / "tritonserver"
+            _unzip(wheel, "pytriton/tritonserver/", server)
+            _unzip(wheel, "nvidia_pytriton.libs/", server / "lib")
+            # The image's Dockerfile links the stub for its own Python from the pytriton it installs.
+            shutil.rmtree(server / "python_backend_stubs", ignore_errors=True)
+        if docker.image_label(f"{TRITON}:{release}-py3-sdk", images.LABEL) != key:
             extract_pinned(work / "sdk", work, log)
         images.build(docker, targets, log=log)
     return args

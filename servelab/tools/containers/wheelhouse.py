@@ -1,10 +1,7 @@
 """The wheelhouse the local images install from: HTTPS from inside containers does not verify here.
 
-The host downloads, with constraints.txt, every package the Dockerfiles install (the extras they
-name, their build backend, pip, the versions docker/.env pins, and the CPU build of the pinned torch
-in place of its CUDA build) into a folder keyed by those inputs; the stand-in base image carries it
-and points pip at it (``PIP_NO_INDEX``, ``PIP_FIND_LINKS``), so the Dockerfiles' own ``pip install``
-lines run unchanged.
+The host downloads every package the Dockerfiles install, with constraints.txt and torch's CPU build, into a
+folder keyed by those inputs; the stand-in base points pip at it, so the Dockerfiles' ``pip install`` run unchanged.
 """
 
 import hashlib
@@ -27,7 +24,6 @@ IMAGE_PYTHON = "3.11.2"
 
 
 def pinned(package: str) -> str:
-    """The version constraints.txt pins for ``package``."""
     return pins(CONSTRAINTS)[canonicalize_name(package)]
 
 
@@ -37,8 +33,7 @@ def cpu_torch() -> str:
 
 
 def image_extras() -> list[str]:
-    """The servelab extras the local images install: their Dockerfiles' ``pip install ".[...]"`` lines (the
-    apps' and docker/'s; Ray's image is built on the node only)."""
+    """The extras the Dockerfiles' ``pip install ".[...]"`` lines name (Ray's image is built on the node only)."""
     found: set[str] = set()
     for path in [*REPO_ROOT.glob("*/Dockerfile"), *(REPO_ROOT / "docker").glob("Dockerfile.*")]:
         if path.name != "Dockerfile.ray":

@@ -1,8 +1,5 @@
 """Container checks: Docker and its NVIDIA runtime, the Triton container's /dev/shm, and the Triton image itself.
-
-On the lab node every stage runs in Docker, so a missing piece is a failure there; locally the lab
-runs without Docker, so the same findings are only reported (skip).
-"""
+A missing piece fails on the node, where every stage runs in Docker; locally, where none does, it is a skip."""
 
 import json
 import math
@@ -58,8 +55,7 @@ def docker(ctx: Context) -> Result:
                if denied else "start it: sudo systemctl start docker")
         detail = f"the Docker daemon is not reachable: {out.why()}" + ("" if ctx.node else " (the local lab needs none)")
         return Result(name, _needed(ctx), detail, fix if ctx.node else "")
-    info = json.loads(out.stdout)
-    return Result(name, "pass", f"Docker {info.get('ServerVersion', '?')}, daemon reachable")
+    return Result(name, "pass", f"Docker {json.loads(out.stdout).get('ServerVersion', '?')}, daemon reachable")
 
 
 def nvidia_runtime(ctx: Context) -> Result:

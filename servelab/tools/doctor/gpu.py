@@ -1,9 +1,5 @@
 """GPU checks: the GPUs and their driver, PyTorch kernels for them, ONNX Runtime's active providers, TensorRT.
-
-Each check reads the machine (``nvidia-smi`` through the context's runner, the installed torch and
-onnxruntime) and hands what it read to a pure ``*_result`` function that decides, so the decisions
-can be tested with recorded outputs of a P100 node on a machine without a GPU.
-"""
+Each hands what it read to a pure ``*_result`` function, so a P100 node's recorded outputs test the decisions."""
 
 import re
 from collections.abc import Mapping, Sequence
@@ -170,10 +166,8 @@ def tiny_model() -> bytes:
 
 
 def active_providers(model: bytes, provider: str, device_id: int | None = None) -> list[str] | str:
-    """The providers a session asked for ``provider`` (on GPU ``device_id``) really runs with, or the error.
-
-    ``get_available_providers()`` only says what the build contains; a GPU provider whose libraries do
-    not load is dropped at session creation and the session silently runs on the CPU."""
+    """The providers a session asked for ``provider`` (on GPU ``device_id``) really runs with, or the error: a GPU
+    provider whose libraries do not load is silently dropped, though ``get_available_providers()`` lists it."""
     providers = [provider] if device_id is None else [(provider, {"device_id": device_id}), CPU]
     try:
         return onnx_session(model, providers).get_providers()

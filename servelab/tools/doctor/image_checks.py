@@ -1,17 +1,13 @@
-"""``servelab doctor --images``: every lab image of this commit, pulled where a registry is named, and run once.
-
-What an instructor runs after ``make images-push`` (or a student before the first ``up``): each image
-starts, imports what its service imports, and shows what only a build on the real bases can show:
-PyTorch's compiled kernel list with ``sm_60`` (the P100s; read from the build, so no GPU is needed),
-ONNX Runtime's CUDA provider, Triton's Python-backend stub, perf_analyzer. A stand-in build (CPU torch)
-says so instead of passing for the real one.
+"""``servelab doctor --images``: every lab image of this commit, pulled where a registry is named, run once to
+show what only a build on the real bases can (torch's ``sm_60`` kernels, read without a GPU; ONNX Runtime's CUDA
+provider; Triton's stub; perf_analyzer). A stand-in build says so instead of passing for the real one.
 """
 
 import json
 
 from servelab.tools.containers import images
 from servelab.tools.doctor.container_checks import STUB
-from servelab.tools.doctor.runner import Check, Context, Output, Result
+from servelab.tools.doctor.runner import Check, Context, Result
 
 # Python run in each image: the modules it must import, then what else it checks; prints one JSON line.
 PROBE = """
@@ -59,16 +55,6 @@ IMAGES = {
 }
 
 
-def image_result(name: str, ref: str, pulled: str, out: Output) -> Result:
-    name = f"image {name}"
-    if not out.ok:
-        return Result(name, "fail", f"{ref} did not run: {out.why()}", "rebuild it: make images (docs/instructors.md)")
-    said = json.loads(out.stdout.strip().splitlines()[-1])
-    if said["problems"]:
-        return Result(name, "fail", f"{ref}: {'; '.join(said['problems'])}", "rebuild it: make images")
-    return Result(name, "pass", f"{ref}{pulled}: " + "; ".join(["imports load", *said["seen"]]))
-
-
 def lab_image(name: str):
     def check(ctx: Context) -> Result:
         label = f"image {name}"
@@ -86,8 +72,14 @@ def lab_image(name: str):
                           "build them: make images, or `docker load -i` the class's archive")
         modules, extra = IMAGES[name]
         probe = PROBE.format(modules=modules, extra=extra, stub=STUB)
-        return image_result(name, ref, pulled, ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint",
-                                                            "python", ref, "-c", probe), timeout_s=300))
+        out = ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint", "python", ref, "-c", probe),
+                         timeout_s=300)
+        if not out.ok:
+            return Result(label, "fail", f"{ref} did not run: {out.why()}", "rebuild it: make images (docs/instructors.md)")
+        said = json.loads(out.stdout.strip().splitlines()[-1])
+        if said["problems"]:
+            return Result(label, "fail", f"{ref}: {'; '.join(said['problems'])}", "rebuild it: make images")
+        return Result(label, "pass", f"{ref}{pulled}: " + "; ".join(["imports load", *said["seen"]]))
     return check
 
 

@@ -34,8 +34,7 @@ def linux(ctx: Context) -> Result:
 
 
 def int8_instructions(ctx: Context) -> Result:
-    """Whether this CPU has fast 8-bit instructions, from its own flags: whether the INT8 stages can be faster
-    than fp32 here (a fact of the machine, never a failure)."""
+    """Whether the INT8 stages can beat fp32 here, from the CPU's flags (a fact of the machine, never a failure)."""
     found = cpu_int8()
     return Result("cpu-int8", "pass" if found.known else "skip", found.sentence())
 

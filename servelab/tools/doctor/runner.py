@@ -1,10 +1,6 @@
-"""What every check shares: its result, the machine it looks at, and how external tools are run.
-
-A check is a small function ``Context -> Result``. External programs (``nvidia-smi``, ``docker``) are
-only ever run through ``Context.output``, which goes through the context's runner (a real subprocess
-with a timeout, or in tests a runner that answers with a tool's recorded output) and remembers each
-answer, so several checks can read one ``nvidia-smi`` or ``docker info`` call.
-"""
+"""What every check (``Context -> Result``) shares. Programs run only through ``Context.output``: its runner is a
+subprocess with a timeout, or in tests one that answers with a tool's recorded output, and each answer is kept,
+so several checks read one ``nvidia-smi`` or ``docker info`` call."""
 
 import shutil
 import subprocess
