@@ -1,14 +1,9 @@
-"""The model's own ceiling: ONNX Runtime alone, on this machine, at batch 1 to 128.
-
-No server, no HTTP, no image decoding: a session, a NumPy batch in and NumPy logits out (so the host↔device
-copies are in every figure on a GPU). Each precision gets one session, its batch sizes measured one block after
-another on one stable shape: one untimed run (ONNX Runtime picks its kernels, and on a GPU cuDNN its algorithms,
-the first time it meets a shape), then up to ``repeats`` timed runs, stopped early after ``max_seconds``; a
-figure is the median of its block. On a GPU the precisions are fp32 and fp16 (uint8 crops in); on a CPU fp32
-and the static INT8 variant, fp16 having no fast CPU path. A precision's ceiling is its best images/s over the
-batch sizes, what the serving stages are measured against (``servelab.measure.fractions``). Every point names
-the provider its session really ran on (ONNX Runtime falls back to the CPU silently); a point that fails is
-recorded with its reason. ``Ceiling`` is a pydantic model, saved next to a run's records.
+"""The model's own ceiling: ONNX Runtime alone, on this machine, at batch 1 to 128, what the serving stages are
+measured against (``servelab.measure.fractions``). No server, no HTTP, no image decoding: NumPy in and out (so the
+host↔device copies are in every figure on a GPU). Each batch size gets one untimed run (ONNX Runtime picks its
+kernels, and cuDNN its algorithms, the first time it meets a shape), then timed runs; a figure is their median.
+On a GPU the precisions are fp32 and fp16; on a CPU fp32 and the static INT8 variant, fp16 having no fast CPU
+path. Every point names the provider its session really ran on (ONNX Runtime falls back to the CPU silently).
 """
 
 import datetime as dt

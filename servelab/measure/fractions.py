@@ -1,16 +1,9 @@
-"""The lab's stages against the model's own ceiling, and the issue's aims checked as data: pure functions over
-a run's records (``servelab.measure.records``) and a ``Ceiling`` (``servelab.measure.ceiling``).
-
-A stage's *capacity* is the top of its concurrency sweep (``measure_stage.sweep_capacity`` keeps the curve in the
-last record's ``config["capacity"]``; in records made before the sweep, the run at the most senders); ratios are
-capacity ÷ capacity, so that no stage is held to another's number of senders. A run servelab's client could not
-keep up with (``Record.client_bound``) measured the client: its throughput carries a note
-(``client_bound_note``) wherever it is read here, and an aim that rests on it is not measured, never met or missed.
-
-The aims (``aims``) are GPU aims: judged only where every servelab record ran with ``--device gpu`` (and, for
-the fractions, the fp32 ceiling ran on a GPU provider); elsewhere information only. Which stages take an image
-and which a tensor is the catalogue's to say (``inputs``: stage -> what its client sends); the orchestration
-layer passes it (``servelab.run.side_by_side.stage_inputs``).
+"""The lab's stages against the model's own ceiling, and the issue's aims checked as data: pure functions over a
+run's records and a ``Ceiling``. A stage's *capacity* is the top of its concurrency sweep, and ratios are capacity ÷
+capacity, so that no stage is held to another's number of senders. A run servelab's client could not keep up with
+(``Record.client_bound``) measured the client: it carries a note wherever it is read here, and an aim resting on it
+is not measured, never met or missed. The aims are GPU aims: judged only where every servelab record ran with
+``--device gpu``; elsewhere information only.
 """
 
 from collections.abc import Mapping
@@ -46,12 +39,9 @@ ON_CPU = "information only (GPU aims; this ran on the CPU)"
 def closed_run(records: list[Record], stage: str, concurrency: int, batch: int = 1) -> Record | None:
     """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential); a run the lab
     made for another purpose (``config["run"]``: a node failure) is never it."""
-    for r in records:
-        if (r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
-                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency
-                and not r.config.get("run")):
-            return r
-    return None
+    return next((r for r in records if r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
+                 and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency
+                 and not r.config.get("run")), None)
 
 
 # config keys: the record that ended a stage's concurrency sweep (its curve and capacity), and a run's windows.

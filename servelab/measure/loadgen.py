@@ -1,39 +1,13 @@
-"""The load generator: one asyncio engine for every stage.
+"""The load generator: one asyncio engine for every stage (``run_bench``; ``await run_bench_async`` inside a
+running loop, as in Jupyter). ``Labels`` are what a record carries, ``ClientOptions`` how the client runs.
 
-Library use (``servelab lab`` and notebooks)::
-
-    from servelab.measure.targets import FastAPITarget
-    from servelab.measure.records import Load
-    from servelab.measure.loadgen import ClientOptions, Labels, run_bench, overload_load
-    target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
-    record = run_bench(target, Load.sequential(100), Labels("fastapi-pt"))
-    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10),
-                         Labels("fastapi-pt")) for c in (1, 2, 4, 8, 16)]
-    record = run_bench(target, Load.open(120, "poisson", requests=1200), Labels("fastapi-pt"), ClientOptions(out=path))
-    load, config = overload_load(records[-1].stats.throughput_rps, seconds=10)  # 1.5x the capacity, 10 s
-    record = run_bench(target, load, Labels("fastapi-pt", config),
-                       ClientOptions(timeline_bin_s=1.0, keep_requests=True))
-
-``Labels`` are what the record carries, ``ClientOptions`` how the client runs (built once per measurement).
-``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await run_bench_async(...)``. Each
-run: connect (one persistent client), send unmeasured warm-up requests (``load.warmup``, and ``load.warmup_s``
-seconds where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot
-the server's statistics and response-cache counters, start the monitors, run the measured window, snapshot
-again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given).
-
-Load modes (``Load``): sequential; closed loop (``concurrency`` senders, each sending its next request when its
-response arrives); open loop, send times fixed in advance (``schedule.send_times``: the labelled rate exactly;
-throughput counts over that window at least), latency measured from the *scheduled* send time, so time a
-request waited for the client (at most ``max_inflight`` outstanding) or the server counts (no coordinated
-omission); the median from the actual send, perf_analyzer's rule, is kept beside it
-(``Stats.p50_from_send_ms``). When over 1% of sends start 10 ms late, the record warns that the client fell
-behind its schedule.
-
-The client runs on as many sender processes as its warm-up says it needs, and a run its own CPU held is marked
-client-bound (``servelab.measure.senders`` says how): each process runs this same engine on its share, from one
-start time on one clock, merged into one ``RawRun`` (``merge_runs``). Requests the server sheds
-(``Outcome.shed``) are counted apart from errors (``Stats.shed``). ``overload_load`` and ``rollout_load`` build
-the overload and rollout cases (a ``Trigger`` runs the rollout at a set second, in this process).
+Each run connects one persistent client, sends unmeasured warm-up requests (the first one's latency kept: on a
+fresh server, the first request after ready), snapshots the server's statistics and cache counters, runs the
+measured window under the monitors, snapshots again and builds a ``Record``. An open loop's send times are fixed
+in advance (``schedule.send_times``) and its latency counts from the *scheduled* send, so time a request waited
+for the client (at most ``max_inflight`` outstanding) or the server counts: no coordinated omission. The median
+from the actual send, perf_analyzer's rule, is kept beside it. The client runs on as many sender processes as its
+warm-up says it needs (``servelab.measure.senders``), each this engine on its share, merged into one ``RawRun``.
 """
 
 import asyncio
@@ -43,10 +17,12 @@ import gc
 import json
 import logging
 import math
+import operator
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -410,27 +386,18 @@ async def _extra(read: Callable[[], Awaitable[Any]], what: str, warnings: list[s
         return None
 
 
-async def _settled(read: Callable[[], Awaitable[Any]], enough: Callable[[Any], bool]) -> Any:
-    """``read()``'s first value that ``enough`` accepts, reading every ``STATS_SETTLE_S`` (at most
-    ``STATS_SETTLE_TRIES`` times: else the last); None once a read fails. A server updates its counters just
-    after it answers."""
+async def _settled(read: Callable[[], Awaitable[Any]], enough: Callable[[Any, Any], bool]) -> Any:
+    """``read()``'s first value that ``enough(value, the read before)`` accepts, reading every ``STATS_SETTLE_S``
+    (at most ``STATS_SETTLE_TRIES`` times: else the last); None once a read fails. A server updates its counters
+    just after it answers."""
     value = None
     for attempt in range(STATS_SETTLE_TRIES):
         if attempt:
             await asyncio.sleep(STATS_SETTLE_S)
-        if (value := await read()) is None or enough(value):
+        previous, value = value, await read()
+        if value is None or enough(value, previous):
             break
     return value
-
-
-async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
-    """Statistics once the warm-up has reached them: two reads in a row that agree."""
-    seen: list[dict[str, Any] | None] = []
-
-    async def read() -> dict[str, Any] | None:
-        seen.append(await _extra(client.server_stats, "server statistics", warnings))
-        return seen[-1]
-    return await _settled(read, lambda now: len(seen) > 1 and now == seen[-2])
 
 
 async def _server_breakdown(
@@ -444,7 +411,7 @@ async def _server_breakdown(
         except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
             warnings.append(f"no server breakdown: {exc}")
             return None
-    return await _settled(read, lambda delta: (delta.server_requests or 0) >= successes)
+    return await _settled(read, lambda delta, _: (delta.server_requests or 0) >= successes)
 
 
 def cache_delta(before: dict[str, int], after: dict[str, int], source: str) -> CacheStats | None:
@@ -465,7 +432,7 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     async def read() -> CacheStats | None:
         after = await _extra(client.cache_counts, "response-cache counters", warnings)
         return None if after is None else cache_delta(before, after, source)  # None too: nothing looked up
-    return await _settled(read, lambda delta: delta.hits + delta.misses + delta.errors >= successes)
+    return await _settled(read, lambda delta, _: delta.hits + delta.misses + delta.errors >= successes)
 
 
 # The last run of each (target, mode, senders) in this process: its throughput and the requests one process sent per
@@ -617,7 +584,9 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
             warm_sent += sent
             if failed:
                 warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
-        before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
+        # Statistics once the warm-up has reached them: two reads in a row that agree.
+        before = (await _settled(partial(_extra, client.server_stats, "server statistics", warnings), operator.eq)
+                  if client.has_server_stats else None)
         cache_before = await _extra(client.cache_counts, "response-cache counters", warnings)
         with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)

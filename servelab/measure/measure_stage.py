@@ -1,15 +1,8 @@
-"""One routine that measures a stage, for every runner: ``servelab lab``, the notebooks' walkthrough and
-``servelab benchmark``.
-
-``measure_stage(target, loads, labels, clients, keep)`` runs each load with each client in turn (servelab's
-load generator first, perf_analyzer after it on the same server state) and hands every record to ``keep``, the
-runner's own way of keeping it (write it, attach the server's series, print a line). How a family's server is
-started or switched to a stage stays with the runners; what every record of a stage carries is a ``Labels``,
-its stand-in note from ``stand_in_note``, the one place that note is put together.
-
-``windowed`` measures a load in windows of seconds, as perf_analyzer does (``Windows``), so that both clients
-measure alike; ``sweep_capacity`` finds a stage's capacity by saturation (``Sweep``: doubling the senders to
-the knee) and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
+"""One routine that measures a stage, for every runner (``servelab lab``, the notebooks' walkthrough, ``servelab
+benchmark``): ``measure_stage`` runs each load with each client in turn (servelab's first, perf_analyzer after it
+on the same server state) and hands every record to the runner's ``keep``. ``windowed`` measures in windows of
+seconds, as perf_analyzer does, so that both clients measure alike; ``sweep_capacity`` finds a stage's capacity
+by saturation and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
 """
 
 import asyncio

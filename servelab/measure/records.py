@@ -307,7 +307,7 @@ class ClientSide(BaseModel):
 
 
 class Record(BaseModel):
-    """One measured run; serializes to one JSON line (``to_json``)."""
+    """One measured run; serializes to one JSON line."""
 
     schema_version: int = SCHEMA_VERSION
     tool: Literal["servelab", "perf_analyzer"] = "servelab"
@@ -341,16 +341,13 @@ class Record(BaseModel):
         """The client, not the server, set this run's throughput: never a server's capacity."""
         return self.client is not None and self.client.bound
 
-    def to_json(self) -> str:
-        return self.model_dump_json()
-
 
 def append_record(path: Path, record: Record) -> None:
     """Append one JSON line (the file and its folder are created when missing)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
-        fh.write(record.to_json() + "\n")
+        fh.write(record.model_dump_json() + "\n")
 
 
 def read_records(paths: Path | Iterable[Path]) -> list[Record]:

@@ -15,11 +15,11 @@ from grafana_foundation_sdk.models import common as models
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
 from servelab.core.paths import REPO_ROOT
+from servelab.measure.monitoring.run_series import FASTAPI_PREDICT
 
 GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
 DASHBOARD_UID = "servelab"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="prometheus")
-FASTAPI_PREDICT = 'route=~"/predict|/predict/batch"'
 W = "$__rate_interval"
 
 # Row title -> panels: (title, unit, [(PromQL, legend)]). Panels that compare stages split by stage/model.
