@@ -125,12 +125,8 @@ def capacity_ratio(records: list[Record], top: str, bottom: str) -> tuple[Record
 def ratios(records: list[Record]) -> list[tuple[str, str, float]]:
     """(what, "a ÷ b, capacity at N and M senders", ratio of req/s): each stage's capacity (the top of its
     sweep) over its baseline's."""
-    found = []
-    for what, top, bottom in RATIOS:
-        if got := capacity_ratio(records, top, bottom):
-            a, b, ratio = got
-            found.append((what, f"{top} ÷ {bottom}, capacity {where(a, b)}{client_bound_note(a, b)}", ratio))
-    return found
+    return [(what, f"{top} ÷ {bottom}, capacity {where(a, b)}{client_bound_note(a, b)}", ratio)
+            for what, top, bottom in RATIOS if (got := capacity_ratio(records, top, bottom)) for a, b, ratio in [got]]
 
 
 @dataclass(frozen=True)
@@ -165,14 +161,11 @@ def best_runs(records: list[Record]) -> dict[str, Record]:
 def stage_fractions(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[StageFraction]:
     """Every stage's best servelab closed-loop or sequential run, in the records' order of stages."""
     best = ceiling.best("fp32")
-    found = []
-    for stage, top in best_runs(records).items():
-        found.append(StageFraction(
-            stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
-            top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,
-            top.monitors.cpu_mean_pct if top.monitors else None,
-            top.monitors.gpu_util_mean_pct if top.monitors else None, top.client_bound))
-    return found
+    return [StageFraction(stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
+                          top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,
+                          top.monitors.cpu_mean_pct if top.monitors else None,
+                          top.monitors.gpu_util_mean_pct if top.monitors else None, top.client_bound)
+            for stage, top in best_runs(records).items()]
 
 
 def first_requests(records: list[Record]) -> list[tuple[str, float, float]]:

@@ -143,33 +143,27 @@ class Trigger:
 
 
 @dataclass
-class _Hold:
-    """A closed loop's senders go on until ``until`` (perf_counter) at least: infinity while a trigger runs."""
-
-    until: float = 0.0
-
-
-@dataclass
 class Fired:
-    """When a trigger ran (perf_counter), and what it returned or why it failed."""
+    """When a trigger ran (perf_counter), and what it returned or why it failed; a closed loop's senders go on
+    until ``hold_until`` at least (infinity while it runs)."""
 
-    started: float
+    started: float = 0.0
     done: float | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
+    hold_until: float = 0.0
 
 
-async def _fire(trigger: Trigger, due: float, hold: _Hold) -> Fired:
+async def _fire(trigger: Trigger, due: float, fired: Fired) -> Fired:
     await asyncio.sleep(max(0.0, due - clock()))
-    fired = Fired(clock())
-    hold.until = math.inf
+    fired.started, fired.hold_until = clock(), math.inf
     try:
         fired.result = await trigger.action()
         fired.done = clock()
     except Exception as exc:  # the run goes on, and its record says the rollout failed
         fired.error = f"{type(exc).__name__}: {exc}"
         log.warning("%s failed: %s", trigger.name, fired.error)
-    hold.until = clock() + trigger.hold_s
+    fired.hold_until = clock() + trigger.hold_s
     return fired
 
 
@@ -228,7 +222,7 @@ async def _start(start_at: float | None) -> float:
     return start_at
 
 
-async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None, start_at: float | None = None,
+async def _closed_loop(client: Client, load: Load, hold: Fired | None = None, start_at: float | None = None,
                        part: tuple[int, int] = (0, 1)) -> RawRun:
     k, n = part
     started = await _start(start_at)
@@ -236,12 +230,12 @@ async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None, st
     stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
     give_up = run.started + load.max_duration_s
     limit = load.requests if load.requests is not None else math.inf
-    hold = hold or _Hold()
+    hold = hold or Fired()
     issued = 0
 
     async def sender() -> None:
         nonlocal issued
-        while issued < limit and clock() < min(give_up, max(stop_at, hold.until)):
+        while issued < limit and clock() < min(give_up, max(stop_at, hold.hold_until)):
             i, issued = issued, issued + 1
             t0 = clock()
             outcome = await client.send()
@@ -310,14 +304,14 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
     return run
 
 
-def _late_warning(run: RawRun, load: Load) -> str | None:
+def _warn_late(run: RawRun, load: Load) -> None:
     lags = np.asarray(run.send_lag_s)
     late = int((lags > LATE_AFTER_S).sum())
     if lags.size and late > LATE_WARN_FRACTION * lags.size:
-        return (f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
-                f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
-                f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time")
-    return None
+        run.warnings.append(
+            f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
+            f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
+            f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time")
 
 
 async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *, start_at: float | None = None,
@@ -331,7 +325,7 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *
     gc.collect()
     gc.freeze()
     try:
-        hold = _Hold()
+        hold = Fired()
         fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
         cpu = time.thread_time()  # this event loop's thread only: how busy the sender was, not the machine
         if load.mode == "open":
@@ -341,8 +335,8 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *
         run.loop_cpu_s.append(time.thread_time() - cpu)
         if fired is not None:
             run.fired = await fired
-        if part[1] == 1 and (late := _late_warning(run, load)):
-            run.warnings.append(late)
+        if part[1] == 1:
+            _warn_late(run, load)
         return run
     finally:
         gc.unfreeze()
@@ -371,8 +365,7 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
             merged.offered_rps = min(merged.offered_rps, run.offered_rps)  # a schedule cut short offered less
     merged.outcomes.sort(key=lambda outcome: outcome[0])
     merged.scheduled_s = np.sort(np.concatenate(scheduled)) if scheduled else None
-    if late := _late_warning(merged, load):
-        merged.warnings.append(late)
+    _warn_late(merged, load)
     return merged
 
 
@@ -617,28 +610,16 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         log.warning("%s [%s]: %s", labels.stage, load.label(), text)
     monitors = monitor.result()
     record = Record(
-        stage=labels.stage,
-        target=target.describe(),
-        config=labels.config or {},
-        load=load,
-        batch=target.batch,
-        stats=stats,
-        breakdown=breakdown,
-        monitors=monitors,
-        machine=machine_info([g.name for g in monitors.gpus] or None),
-        warnings=warnings,
-        stand_in=labels.stand_in,
-        first_request_ms=warm.first_ms,
-        warmup_requests=warm_sent,
-        window_unix=[window_start, window_end],
+        stage=labels.stage, target=target.describe(), config=labels.config or {}, load=load, batch=target.batch,
+        stats=stats, breakdown=breakdown, monitors=monitors, warnings=warnings, stand_in=labels.stand_in,
+        machine=machine_info([g.name for g in monitors.gpus] or None), first_request_ms=warm.first_ms,
+        warmup_requests=warm_sent, window_unix=[window_start, window_end], cache=cache,
         timeline=(build_timeline(run, options.sampler, options.timeline_bin_s or 1.0)
                   if options.sampler or options.timeline_bin_s else None),
         per_request=per_request(run) if options.keep_requests else None,
-        cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
-                          warmup_rps_per_cpu=round(own, 1) if own else None,
-                          busy=busy, loop_late=run.loop_late,
+                          warmup_rps_per_cpu=round(own, 1) if own else None, busy=busy, loop_late=run.loop_late,
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )
@@ -723,11 +704,9 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
         if fired.done is not None:
             events["rollout_done"] = round(fired.done - run.started, 3)
     failed_at = sorted(done for done, _, kind, _ in run.outcomes if kind != OK and not kind.startswith(SHED))
-    recovery = None
-    if events:
-        first_event = min(events.values())
-        after = [t for t in failed_at if t >= first_event]
-        recovery = round(after[-1] - first_event, 3) if after else 0.0
+    first_event = min(events.values(), default=None)  # recovery: from it to the last failure after it (0: none)
+    after = [t for t in failed_at if first_event is not None and t >= first_event]
+    recovery = None if first_event is None else round(after[-1] - first_event, 3) if after else 0.0
     return Timeline(
         bin_s=bin_s, t_s=[b * bin_s for b in range(bins)], throughput_rps=[len(v) / bin_s for v in ok], errors=errors,
         shed=shed,

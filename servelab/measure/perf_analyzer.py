@@ -241,12 +241,9 @@ def run_perf_analyzer(
     stats = record.stats.model_copy(update=_printed_stats(done.stdout, load, target.batch, warnings))
     breakdown = record.breakdown
     if before is not None and after is not None and breakdown is not None:
-        server = stats_delta(before, after, target.model)
-        breakdown = breakdown.model_copy(update={
-            "source": "perf_analyzer+triton-stats", "batch_sizes": server.batch_sizes,
-            "mean_batch_size": server.mean_batch_size, "server_requests": server.server_requests,
-            "server_failures": server.server_failures,
-        })
+        server = stats_delta(before, after, target.model).model_dump(
+            include={"batch_sizes", "mean_batch_size", "server_requests", "server_failures"})
+        breakdown = breakdown.model_copy(update={"source": "perf_analyzer+triton-stats", **server})
     monitors = monitor.result()
     record = record.model_copy(update={
         "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,

@@ -21,6 +21,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from functools import cache
 from multiprocessing.connection import Connection
 
@@ -124,10 +125,8 @@ class SenderPool:
         failed, and they may be mid-job: at once), by their PID."""
         senders, self.senders = self.senders, []
         for _, conn in senders:
-            try:
+            with suppress(OSError):  # its end of the pipe is gone already
                 conn.send(None)
-            except OSError:
-                pass
         for process, conn in senders:
             process.join(wait_s)
             if process.is_alive():

@@ -1,9 +1,6 @@
-"""What the local lab's Prometheus scrapes and how it is read back (``servelab.run.lab_metrics`` starts it).
-
-Each server the lab starts registers its metrics URL in a ``Targets`` file (Prometheus' ``file_sd_configs``,
-rewritten atomically), under a job named for its family and labelled with its stage. ``PrometheusClient`` is the
-HTTP API read back: instant and range queries, and ``settle()``, which waits until every target has been scraped
-after a given moment, so that a counter read afterwards includes everything that happened before it.
+"""What the local lab's Prometheus scrapes (a ``Targets`` file of ``file_sd_configs``, rewritten atomically) and
+how it is read back (``PrometheusClient``, whose ``settle()`` waits until every target was scraped after a given
+moment, so that a counter read afterwards includes everything that happened before it).
 """
 
 import json

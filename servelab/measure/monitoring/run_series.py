@@ -227,15 +227,12 @@ class Agreement:
 
     @property
     def counts_agree(self) -> bool | None:
-        if self.client_requests is None or self.server_requests is None:
-            return None
-        return self.client_requests == self.server_requests
+        known = self.client_requests is not None and self.server_requests is not None
+        return self.client_requests == self.server_requests if known else None
 
     @property
     def rate_ratio(self) -> float | None:
-        if not self.client_rps or not self.rate_comparable:
-            return None
-        return self.server_rps / self.client_rps
+        return self.server_rps / self.client_rps if self.client_rps and self.rate_comparable else None
 
     @property
     def rates_agree(self) -> bool | None:
