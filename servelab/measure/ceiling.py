@@ -91,11 +91,8 @@ def _time(sess, batch: int, repeats: int, max_seconds: float) -> tuple[int, floa
 
 def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, precisions: tuple[str, ...] | None = None,
                     repeats: int = 20, max_seconds: float = 5.0, provider: str | None = None, log=print) -> Ceiling:
-    """The model alone at each batch size and precision (default: the machine's pair, ``PRECISIONS``).
-
-    ``provider``: an ONNX Runtime execution provider (default: CUDA where it is built in and nvidia-smi lists a
-    GPU, else the CPU's); ``repeats`` and ``max_seconds`` bound each point's timed runs. Never raises for a
-    point: it is recorded with the reason it failed."""
+    """The model alone at each batch size and precision (default: the machine's pair), on ``provider`` (default: CUDA
+    where it is built in and nvidia-smi lists a GPU); a point that fails is recorded with its reason, never raised."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     provider = provider or (CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU)

@@ -171,13 +171,12 @@ def stage_fractions(records: list[Record], ceiling: Ceiling, inputs: Mapping[str
 def first_requests(records: list[Record]) -> list[tuple[str, float, float]]:
     """(stage, first request ms, sequential p50 ms) for each stage whose first servelab run kept its
     first request: in the lab, the first request the stage's server saw after it said it was ready."""
-    found = []
-    for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
-        first = next(r for r in records if r.tool == "servelab" and r.stage == stage)
-        steady = closed_run(records, stage, 1)
-        if first.first_request_ms is not None and steady and steady.stats.latency.p50_ms:
-            found.append((stage, first.first_request_ms, steady.stats.latency.p50_ms))
-    return found
+    firsts: dict[str, Record] = {}
+    for r in (r for r in records if r.tool == "servelab"):
+        firsts.setdefault(r.stage, r)
+    return [(stage, first.first_request_ms, steady.stats.latency.p50_ms) for stage, first in firsts.items()
+            if first.first_request_ms is not None and (steady := closed_run(records, stage, 1))
+            and steady.stats.latency.p50_ms]
 
 
 @dataclass(frozen=True)

@@ -250,11 +250,9 @@ def _mean(rounds: list, *fields: str):
 
 def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: Device, *, seconds: float,
                   concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
-    """This machine's limit for ``photo`` with the fp32 model in ``model_dir`` where the model runs on ``device``
-    (on "gpu": its ceiling there, no CPU points). ``seconds`` of each part in all, in ``rounds`` windows;
-    ``between(i)`` runs after the ``i``-th (the servers set against the limit, each in its window of the round);
-    each part is its windows' mean. ``noop``: (URL, PID) of the simple app, one server process per core, started
-    by the caller; ``concurrency``: the client's senders on it."""
+    """This machine's limit for ``photo`` with the fp32 model in ``model_dir`` on ``device``: ``seconds`` of each part
+    in ``rounds`` windows, each part its windows' mean, ``between(i)`` run after the ``i``-th (the servers set against
+    the limit). ``noop``: (URL, PID) of the simple app, a server process per core, started by the caller."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     gpu = None
     if device == "gpu":  # the fp32 model's own images/s there (its best batch size, servelab.measure.ceiling)
@@ -264,9 +262,7 @@ def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: D
             ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
             raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
     window, (url, pid) = seconds / rounds, noop
-    points: list[list[ModelPoint]] = []
-    preprocess: list[Part] = []
-    http: list[Part] = []
+    points, preprocess, http = [], [], []  # per round
     for i in range(rounds):
         if device != "gpu":
             points.append(model_points(paths.onnx, cores, window))

@@ -182,9 +182,8 @@ class WarmUp:
     def own_rps(self) -> float | None:
         """Requests per CPU-second of this client itself (tritonclient included), where the warm-up sent enough
         (four per sender) that opening its connections weighs little; None where it did not."""
-        if self.cpu_s <= 0 or self.senders == 0 or self.sent < OWN_RATE_MIN_PER_SENDER * self.senders:
-            return None
-        return self.sent / self.cpu_s
+        enough = self.cpu_s > 0 and self.sent >= OWN_RATE_MIN_PER_SENDER * self.senders > 0
+        return self.sent / self.cpu_s if enough else None
 
 
 async def warm_up(client: Client, load: Load) -> WarmUp:
@@ -316,10 +315,8 @@ def _warn_late(run: RawRun, load: Load) -> None:
 
 async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *, start_at: float | None = None,
                    part: tuple[int, int] = (0, 1)) -> RawRun:
-    """The measured window only (no warm-up); see the module docstring for the modes. ``trigger`` runs
-    ``trigger.at_s`` seconds into it, beside the load. A sender process of several runs ``part`` = (k, n), its share,
-    from ``start_at`` (perf_counter, one clock for them all); the warning that the schedule fell behind is then the
-    merged run's (``merge_runs``)."""
+    """The measured window only (no warm-up), ``trigger`` run ``trigger.at_s`` seconds into it. A sender process of
+    several runs ``part`` = (k, n), its share, from ``start_at`` (perf_counter, one clock for them all)."""
     # Full garbage collections scan every long-lived object (all imported modules) and stall the
     # event loop for tens of ms; frozen objects are skipped, so the client keeps its schedule.
     gc.collect()
@@ -440,8 +437,7 @@ def _seen_key(target: Target, load: Load) -> str:
 
 def share(load: Load, k: int, n: int) -> Load:
     """Sender process ``k``'s share of ``load`` split across ``n``: a closed loop's senders and requests, an open loop's
-    requests in flight (its sends are every ``n``-th of the schedule: ``run_load``'s ``part``); a warm-up that only
-    opens its connections (the parent's warm-up warmed the server; none where the load has none)."""
+    requests in flight; a warm-up that only opens its connections (the parent's warmed the server)."""
     if n == 1:
         return load
     if load.mode == "closed":
@@ -539,9 +535,8 @@ class ClientOptions:
     timeout_s: float = 30.0  # per request
     monitor_interval_s: float = 0.5  # between the monitors' samples
     out: Path | None = None  # each record appended here, one JSON line
-    # A ReplicaSampler (servelab.servers.rayserve.serve_state: samples and events on the perf_counter clock) or a
-    # timeline_bin_s: the record gets a timeline, per timeline_bin_s (default 1 s), with the sampler's replicas
-    # and events where there is one.
+    # A ReplicaSampler (servelab.servers.rayserve.serve_state) or a timeline_bin_s: the record gets a timeline,
+    # per timeline_bin_s (default 1 s), with the sampler's replicas and events where there is one.
     sampler: Any = None
     timeline_bin_s: float | None = None
     keep_requests: bool = False  # every request in the record's per_request
@@ -725,11 +720,8 @@ def run_bench(target: Target, load: Load, labels: Labels, options: ClientOptions
 
 def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOAD_MULTIPLE, arrivals: str = "poisson",
                   warmup: int = 10, max_inflight: int = 512) -> tuple[Load, dict[str, Any]]:
-    """The overload case's load, an open loop at ``multiple`` x ``capacity_rps`` (a closed-loop run's
-    ``stats.throughput_rps``: what the stage served at saturation) for ``seconds``, long enough for an
-    unbounded queue to grow, and what its record's ``config`` says of it (``run: overload``, the capacity,
-    the multiple). Latency counts from each scheduled send, so a client held up by ``max_inflight``
-    outstanding requests still counts the wait."""
+    """The overload case: an open loop at ``multiple`` x the stage's capacity for ``seconds``, long enough for an
+    unbounded queue to grow, and its record's ``config``."""
     load = Load.open(multiple * capacity_rps, arrivals, requests=None, duration_s=seconds, warmup=warmup,
                      max_inflight=max_inflight)
     return load, {"run": RunKind.OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
@@ -738,11 +730,10 @@ def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOA
 def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: float = 3.0, seconds: float = 10.0,
                  after_s: float = 3.0, concurrency: int = 16, warmup: int = 32,
                  name: str = "rollout") -> tuple[Load, dict[str, Any], Trigger]:
-    """The rollout case's load: a closed loop of ``concurrency`` senders for ``seconds``, and on until ``after_s``
-    after the rollout returned, however long it took (a steady state after the swap to compare with the one
-    before), with ``action`` (the rollout: it loads the new version and retires the old one, and returns what
-    it did, with ``ready_s`` where the new version answered before the call returned) started ``at_s`` seconds
-    in; what its record's ``config`` says of it (``run: rollout``); and the trigger for ``run_bench``."""
+    """The rollout case: a closed loop for ``seconds`` and on until ``after_s`` after ``action`` (the rollout,
+    started ``at_s`` in; it returns what it did, with ``ready_s`` where the new version answered before it returned)
+    returned, for a steady state after the swap to compare with the one before; its record's ``config``; the
+    trigger for ``run_bench``."""
     if not 0 < at_s < seconds:
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)

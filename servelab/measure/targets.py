@@ -178,11 +178,9 @@ class _FastAPIClient:
     has_server_stats = False
 
     def __init__(self, target: FastAPITarget, connections: int, timeout_s: float) -> None:
-        bodies = []
-        for image in _photos(target.image, target.mix):  # encoded once, not per request
-            text = base64.b64encode(image).decode()
-            payload = {"image": text} if target.batch == 1 else {"images": [text] * target.batch}
-            bodies.append(json.dumps(payload).encode())
+        texts = [base64.b64encode(image).decode() for image in _photos(target.image, target.mix)]  # not per request
+        bodies = [json.dumps({"image": t} if target.batch == 1 else {"images": [t] * target.batch}).encode()
+                  for t in texts]
         self.next_body = _sequence(bodies, target.mix, target.batch)
         self.metrics_url = target.url.rstrip("/") + "/metrics"
         # The URL parsed once and no cookie jar: per-request client work is part of every latency.

@@ -1,8 +1,6 @@
-"""Prometheus read back over each run: what the servers counted, beside what the client measured.
-
-For each run the lab asks Prometheus (``PromWatch``) for a fresh scrape just before and just after it, so the
-difference of the server's request counter is exact; then, over the measured window, the server's success rate and
-range queries of its own series (``ServerSeries``). Queries are data per stage family (``FAMILIES``).
+"""Prometheus read back over each run: what the servers counted, beside what the client measured. A fresh scrape
+just before and just after each run makes the difference of the server's request counter exact; over the measured
+window come its success rate and range queries of its own series. Queries are data per stage family.
 """
 
 import math
@@ -177,11 +175,9 @@ class PromWatch:
 
     def _rate(self, selector: str, labels: dict[str, str], start: float, end: float
               ) -> tuple[float | None, float | None]:
-        """Successes per second between the first and last scrape inside [start, end] (raw samples).
-
-        A sample is stamped when its scrape began; a busy server reads its counters only when it gets
-        to the request, up to ``scrape_duration_seconds`` later, so that is taken as the sample's time.
-        """
+        """Successes per second between the first and last scrape inside [start, end] (raw samples). A sample is
+        stamped when its scrape began, but a busy server reads its counters up to ``scrape_duration_seconds``
+        later: that is taken as the sample's time."""
         span = max(1, math.ceil(end - start + self.step_s))
         result = self.client.query(f"{self._fill(selector, labels)}[{span}s]", end)
         durations = self.client.query(f'scrape_duration_seconds{{instance="{labels["instance"]}"}}[{span}s]', end)
