@@ -132,9 +132,8 @@ class RawRun:
 
 @dataclass(frozen=True)
 class Trigger:
-    """Something done to the server ``at_s`` seconds into the measured window, while the load runs (a
-    rollout: ``servelab.servers.fastapi.admin.reload``, ``servelab.servers.triton.rollout.roll``); what
-    ``action`` returns is kept in the record."""
+    """Something done to the server ``at_s`` seconds into the measured window, while the load runs (a rollout);
+    what ``action`` returns is kept in the record."""
 
     name: str
     at_s: float
@@ -425,9 +424,8 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     return await _settled(read, lambda delta, _: delta.hits + delta.misses + delta.errors >= successes)
 
 
-# The last run of each (target, mode, senders) in this process: its throughput and the requests one process sent per
-# second of its CPU, what a closed-loop run without a warm-up to estimate from plans with (a window measured again
-# right after the one before, as measure_stage.windowed does).
+# The last run of each (target, mode, senders) in this process: its throughput and requests per CPU-second, what a
+# closed-loop run without a warm-up plans with (measure_stage.windowed measures a window again right after one).
 _SEEN: dict[str, tuple[float, float | None]] = {}
 
 
