@@ -1,14 +1,9 @@
-"""The model's own ceiling: ONNX Runtime alone, on this machine, at batch 1 to 128.
-
-No server, no HTTP, no image decoding: a session, a NumPy batch in and NumPy logits out (so the host↔device
-copies are in every figure on a GPU). Each precision gets one session, its batch sizes measured one block after
-another on one stable shape: one untimed run (ONNX Runtime picks its kernels, and on a GPU cuDNN its algorithms,
-the first time it meets a shape), then up to ``repeats`` timed runs, stopped early after ``max_seconds``; a
-figure is the median of its block. On a GPU the precisions are fp32 and fp16 (uint8 crops in); on a CPU fp32
-and the static INT8 variant, fp16 having no fast CPU path. A precision's ceiling is its best images/s over the
-batch sizes, what the serving stages are measured against (``servelab.measure.fractions``). Every point names
-the provider its session really ran on (ONNX Runtime falls back to the CPU silently); a point that fails is
-recorded with its reason. ``Ceiling`` is a pydantic model, saved next to a run's records.
+"""The model's own ceiling: ONNX Runtime alone, on this machine, at batch 1 to 128, what the serving stages are
+measured against (``servelab.measure.fractions``). No server, no HTTP, no image decoding: NumPy in and out (so the
+host↔device copies are in every figure on a GPU). Each batch size gets one untimed run (ONNX Runtime picks its
+kernels, and cuDNN its algorithms, the first time it meets a shape), then timed runs; a figure is their median.
+On a GPU the precisions are fp32 and fp16; on a CPU fp32 and the static INT8 variant, fp16 having no fast CPU
+path. Every point names the provider its session really ran on (ONNX Runtime falls back to the CPU silently).
 """
 
 import datetime as dt
@@ -96,11 +91,8 @@ def _time(sess, batch: int, repeats: int, max_seconds: float) -> tuple[int, floa
 
 def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, precisions: tuple[str, ...] | None = None,
                     repeats: int = 20, max_seconds: float = 5.0, provider: str | None = None, log=print) -> Ceiling:
-    """The model alone at each batch size and precision (default: the machine's pair, ``PRECISIONS``).
-
-    ``provider``: an ONNX Runtime execution provider (default: CUDA where it is built in and nvidia-smi lists a
-    GPU, else the CPU's); ``repeats`` and ``max_seconds`` bound each point's timed runs. Never raises for a
-    point: it is recorded with the reason it failed."""
+    """The model alone at each batch size and precision (default: the machine's pair), on ``provider`` (default: CUDA
+    where it is built in and nvidia-smi lists a GPU); a point that fails is recorded with its reason, never raised."""
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
     provider = provider or (CUDA if CUDA in ort.get_available_providers() and gpu_count() > 0 else CPU)

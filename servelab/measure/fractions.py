@@ -1,16 +1,9 @@
-"""The lab's stages against the model's own ceiling, and the issue's aims checked as data: pure functions over
-a run's records (``servelab.measure.records``) and a ``Ceiling`` (``servelab.measure.ceiling``).
-
-A stage's *capacity* is the top of its concurrency sweep (``measure_stage.sweep_capacity`` keeps the curve in the
-last record's ``config["capacity"]``; in records made before the sweep, the run at the most senders); ratios are
-capacity ÷ capacity, so that no stage is held to another's number of senders. A run servelab's client could not
-keep up with (``Record.client_bound``) measured the client: its throughput carries a note
-(``client_bound_note``) wherever it is read here, and an aim that rests on it is not measured, never met or missed.
-
-The aims (``aims``) are GPU aims: judged only where every servelab record ran with ``--device gpu`` (and, for
-the fractions, the fp32 ceiling ran on a GPU provider); elsewhere information only. Which stages take an image
-and which a tensor is the catalogue's to say (``inputs``: stage -> what its client sends); the orchestration
-layer passes it (``servelab.run.side_by_side.stage_inputs``).
+"""The lab's stages against the model's own ceiling, and the issue's aims checked as data: pure functions over a
+run's records and a ``Ceiling``. A stage's *capacity* is the top of its concurrency sweep, and ratios are capacity ÷
+capacity, so that no stage is held to another's number of senders. A run servelab's client could not keep up with
+(``Record.client_bound``) measured the client: it carries a note wherever it is read here, and an aim resting on it
+is not measured, never met or missed. The aims are GPU aims: judged only where every servelab record ran with
+``--device gpu``; elsewhere information only.
 """
 
 from collections.abc import Mapping
@@ -46,12 +39,9 @@ ON_CPU = "information only (GPU aims; this ran on the CPU)"
 def closed_run(records: list[Record], stage: str, concurrency: int, batch: int = 1) -> Record | None:
     """servelab's own run of ``stage`` at that closed-loop concurrency (1 = sequential); a run the lab
     made for another purpose (``config["run"]``: a node failure) is never it."""
-    for r in records:
-        if (r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
-                and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency
-                and not r.config.get("run")):
-            return r
-    return None
+    return next((r for r in records if r.tool == "servelab" and r.stage == stage and not r.failed and r.batch == batch
+                 and r.load.mode in ("sequential", "closed") and r.load.concurrency == concurrency
+                 and not r.config.get("run")), None)
 
 
 # config keys: the record that ended a stage's concurrency sweep (its curve and capacity), and a run's windows.
@@ -135,12 +125,8 @@ def capacity_ratio(records: list[Record], top: str, bottom: str) -> tuple[Record
 def ratios(records: list[Record]) -> list[tuple[str, str, float]]:
     """(what, "a ÷ b, capacity at N and M senders", ratio of req/s): each stage's capacity (the top of its
     sweep) over its baseline's."""
-    found = []
-    for what, top, bottom in RATIOS:
-        if got := capacity_ratio(records, top, bottom):
-            a, b, ratio = got
-            found.append((what, f"{top} ÷ {bottom}, capacity {where(a, b)}{client_bound_note(a, b)}", ratio))
-    return found
+    return [(what, f"{top} ÷ {bottom}, capacity {where(a, b)}{client_bound_note(a, b)}", ratio)
+            for what, top, bottom in RATIOS if (got := capacity_ratio(records, top, bottom)) for a, b, ratio in [got]]
 
 
 @dataclass(frozen=True)
@@ -175,26 +161,22 @@ def best_runs(records: list[Record]) -> dict[str, Record]:
 def stage_fractions(records: list[Record], ceiling: Ceiling, inputs: Mapping[str, str]) -> list[StageFraction]:
     """Every stage's best servelab closed-loop or sequential run, in the records' order of stages."""
     best = ceiling.best("fp32")
-    found = []
-    for stage, top in best_runs(records).items():
-        found.append(StageFraction(
-            stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
-            top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,
-            top.monitors.cpu_mean_pct if top.monitors else None,
-            top.monitors.gpu_util_mean_pct if top.monitors else None, top.client_bound))
-    return found
+    return [StageFraction(stage, input_kind(stage, inputs), top.load.label(), top.stats.items_per_s,
+                          top.stats.items_per_s / best.images_per_s if best and best.images_per_s else None,
+                          top.monitors.cpu_mean_pct if top.monitors else None,
+                          top.monitors.gpu_util_mean_pct if top.monitors else None, top.client_bound)
+            for stage, top in best_runs(records).items()]
 
 
 def first_requests(records: list[Record]) -> list[tuple[str, float, float]]:
     """(stage, first request ms, sequential p50 ms) for each stage whose first servelab run kept its
     first request: in the lab, the first request the stage's server saw after it said it was ready."""
-    found = []
-    for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
-        first = next(r for r in records if r.tool == "servelab" and r.stage == stage)
-        steady = closed_run(records, stage, 1)
-        if first.first_request_ms is not None and steady and steady.stats.latency.p50_ms:
-            found.append((stage, first.first_request_ms, steady.stats.latency.p50_ms))
-    return found
+    firsts: dict[str, Record] = {}
+    for r in (r for r in records if r.tool == "servelab"):
+        firsts.setdefault(r.stage, r)
+    return [(stage, first.first_request_ms, steady.stats.latency.p50_ms) for stage, first in firsts.items()
+            if first.first_request_ms is not None and (steady := closed_run(records, stage, 1))
+            and steady.stats.latency.p50_ms]
 
 
 @dataclass(frozen=True)

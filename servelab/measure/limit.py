@@ -1,19 +1,10 @@
-"""This machine's end-to-end limit for an image-in stage: the most requests/s it could serve if nothing
-were wasted, from what each part of a request DELIVERS with every core on it (wall-clock throughput),
-measured in the same run:
-
-* **the model alone**: ONNX Runtime at each batch size of ``BATCHES`` and intra-op thread count of
-  ``thread_counts()``, as many sessions at once as fill the cores; its best point is ``r_model`` images/s;
-* **preprocessing**: base64 → the model's input for the photo in use, one worker process per core (no lock
-  of Python's holds it back): ``r_pre`` images/s;
-* **HTTP and JSON**: ``benchmarks/simple_app.py``'s ``/noop/predict`` (the same body and answer, no work; one
-  server process per core), driven by the lab's own closed-loop client on this machine: ``r_http`` req/s.
-
-The parts share the cores, one after another for each request, so limit = 1 / (1/r_model + 1/r_pre + 1/r_http).
-On a GPU the model is not on the CPUs: the limit is the smaller of its fp32 ceiling there
-(``servelab.measure.ceiling``) and 1 / (1/r_pre + 1/r_http); ``binds`` says which. ``machine_limit`` measures it
-for ``servelab benchmark --measure limit`` and the lab's report alike, in rounds that alternate with the servers
-set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
+"""This machine's end-to-end limit for an image-in stage: the most requests/s it could serve if nothing were
+wasted, from what each part of a request DELIVERS with every core on it, measured in the same run: the model
+alone (``model_points``), preprocessing (``preprocess_part``, a worker process per core) and HTTP + JSON
+(``http_part``: ``benchmarks/simple_app.py``'s no-op route, driven by the lab's own client). The parts share the
+cores one after another, so limit = 1 / (1/r_model + 1/r_pre + 1/r_http); on a GPU, the smaller of the model's
+fp32 ceiling there and 1 / (1/r_pre + 1/r_http). ``machine_limit`` measures it in rounds that alternate with the
+servers set against it, so that a neighbour's load (a shared VM) hits the limit and the servers alike.
 
 **Why throughput, not CPU time.** cores ÷ (CPU ms per request) assumes each core gives a whole second of work
 each second; SMT siblings and a hypervisor's share break that. On a fresh 2-CPU VM (AMD EPYC, AVX2; issue 43)
@@ -220,8 +211,7 @@ def tree_cpu_s(pid: int) -> dict[int, float]:
     spent = {}
     for proc in procs:
         with suppress(psutil.NoSuchProcess):  # ended since it was listed
-            times = proc.cpu_times()
-            spent[proc.pid] = times.user + times.system
+            spent[proc.pid] = sum(proc.cpu_times()[:2])  # user + system
     return spent
 
 
@@ -260,11 +250,9 @@ def _mean(rounds: list, *fields: str):
 
 def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: Device, *, seconds: float,
                   concurrency: int = 16, rounds: int = 1, between: Callable[[int], object] = lambda _: None) -> Limit:
-    """This machine's limit for ``photo`` with the fp32 model in ``model_dir`` where the model runs on ``device``
-    (on "gpu": its ceiling there, no CPU points). ``seconds`` of each part in all, in ``rounds`` windows;
-    ``between(i)`` runs after the ``i``-th (the servers set against the limit, each in its window of the round);
-    each part is its windows' mean. ``noop``: (URL, PID) of the simple app, one server process per core, started
-    by the caller; ``concurrency``: the client's senders on it."""
+    """This machine's limit for ``photo`` with the fp32 model in ``model_dir`` on ``device``: ``seconds`` of each part
+    in ``rounds`` windows, each part its windows' mean, ``between(i)`` run after the ``i``-th (the servers set against
+    the limit). ``noop``: (URL, PID) of the simple app, a server process per core, started by the caller."""
     cores, paths, image = cpu_count(), ArtifactPaths.in_dir(model_dir), photo.read_bytes()
     gpu = None
     if device == "gpu":  # the fp32 model's own images/s there (its best batch size, servelab.measure.ceiling)
@@ -274,9 +262,7 @@ def machine_limit(model_dir: Path, photo: Path, noop: tuple[str, int], device: D
             ran = sorted({p.provider or p.failed or "?" for p in ceiling.points})
             raise RuntimeError(f"the model did not run on the GPU (ran on: {', '.join(ran)})")
     window, (url, pid) = seconds / rounds, noop
-    points: list[list[ModelPoint]] = []
-    preprocess: list[Part] = []
-    http: list[Part] = []
+    points, preprocess, http = [], [], []  # per round
     for i in range(rounds):
         if device != "gpu":
             points.append(model_points(paths.onnx, cores, window))

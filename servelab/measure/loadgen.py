@@ -1,39 +1,13 @@
-"""The load generator: one asyncio engine for every stage.
+"""The load generator: one asyncio engine for every stage (``run_bench``; ``await run_bench_async`` inside a
+running loop, as in Jupyter). ``Labels`` are what a record carries, ``ClientOptions`` how the client runs.
 
-Library use (``servelab lab`` and notebooks)::
-
-    from servelab.measure.targets import FastAPITarget
-    from servelab.measure.records import Load
-    from servelab.measure.loadgen import ClientOptions, Labels, run_bench, overload_load
-    target = FastAPITarget("http://127.0.0.1:8000", image=photo_bytes)
-    record = run_bench(target, Load.sequential(100), Labels("fastapi-pt"))
-    records = [run_bench(target, Load.closed(c, requests=None, duration_s=10),
-                         Labels("fastapi-pt")) for c in (1, 2, 4, 8, 16)]
-    record = run_bench(target, Load.open(120, "poisson", requests=1200), Labels("fastapi-pt"), ClientOptions(out=path))
-    load, config = overload_load(records[-1].stats.throughput_rps, seconds=10)  # 1.5x the capacity, 10 s
-    record = run_bench(target, load, Labels("fastapi-pt", config),
-                       ClientOptions(timeline_bin_s=1.0, keep_requests=True))
-
-``Labels`` are what the record carries, ``ClientOptions`` how the client runs (built once per measurement).
-``run_bench`` runs in its own event loop; inside a running loop (Jupyter) ``await run_bench_async(...)``. Each
-run: connect (one persistent client), send unmeasured warm-up requests (``load.warmup``, and ``load.warmup_s``
-seconds where set; the first one's latency is kept: on a fresh server, the first request after ready), snapshot
-the server's statistics and response-cache counters, start the monitors, run the measured window, snapshot
-again, and build a ``Record`` (appended to ``options.out`` as one JSON line if given).
-
-Load modes (``Load``): sequential; closed loop (``concurrency`` senders, each sending its next request when its
-response arrives); open loop, send times fixed in advance (``schedule.send_times``: the labelled rate exactly;
-throughput counts over that window at least), latency measured from the *scheduled* send time, so time a
-request waited for the client (at most ``max_inflight`` outstanding) or the server counts (no coordinated
-omission); the median from the actual send, perf_analyzer's rule, is kept beside it
-(``Stats.p50_from_send_ms``). When over 1% of sends start 10 ms late, the record warns that the client fell
-behind its schedule.
-
-The client runs on as many sender processes as its warm-up says it needs, and a run its own CPU held is marked
-client-bound (``servelab.measure.senders`` says how): each process runs this same engine on its share, from one
-start time on one clock, merged into one ``RawRun`` (``merge_runs``). Requests the server sheds
-(``Outcome.shed``) are counted apart from errors (``Stats.shed``). ``overload_load`` and ``rollout_load`` build
-the overload and rollout cases (a ``Trigger`` runs the rollout at a set second, in this process).
+Each run connects one persistent client, sends unmeasured warm-up requests (the first one's latency kept: on a
+fresh server, the first request after ready), snapshots the server's statistics and cache counters, runs the
+measured window under the monitors, snapshots again and builds a ``Record``. An open loop's send times are fixed
+in advance (``schedule.send_times``) and its latency counts from the *scheduled* send, so time a request waited
+for the client (at most ``max_inflight`` outstanding) or the server counts: no coordinated omission. The median
+from the actual send, perf_analyzer's rule, is kept beside it. The client runs on as many sender processes as its
+warm-up says it needs (``servelab.measure.senders``), each this engine on its share, merged into one ``RawRun``.
 """
 
 import asyncio
@@ -43,10 +17,12 @@ import gc
 import json
 import logging
 import math
+import operator
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -156,9 +132,8 @@ class RawRun:
 
 @dataclass(frozen=True)
 class Trigger:
-    """Something done to the server ``at_s`` seconds into the measured window, while the load runs (a
-    rollout: ``servelab.servers.fastapi.admin.reload``, ``servelab.servers.triton.rollout.roll``); what
-    ``action`` returns is kept in the record."""
+    """Something done to the server ``at_s`` seconds into the measured window, while the load runs (a rollout);
+    what ``action`` returns is kept in the record."""
 
     name: str
     at_s: float
@@ -167,33 +142,27 @@ class Trigger:
 
 
 @dataclass
-class _Hold:
-    """A closed loop's senders go on until ``until`` (perf_counter) at least: infinity while a trigger runs."""
-
-    until: float = 0.0
-
-
-@dataclass
 class Fired:
-    """When a trigger ran (perf_counter), and what it returned or why it failed."""
+    """When a trigger ran (perf_counter), and what it returned or why it failed; a closed loop's senders go on
+    until ``hold_until`` at least (infinity while it runs)."""
 
-    started: float
+    started: float = 0.0
     done: float | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
+    hold_until: float = 0.0
 
 
-async def _fire(trigger: Trigger, due: float, hold: _Hold) -> Fired:
+async def _fire(trigger: Trigger, due: float, fired: Fired) -> Fired:
     await asyncio.sleep(max(0.0, due - clock()))
-    fired = Fired(clock())
-    hold.until = math.inf
+    fired.started, fired.hold_until = clock(), math.inf
     try:
         fired.result = await trigger.action()
         fired.done = clock()
     except Exception as exc:  # the run goes on, and its record says the rollout failed
         fired.error = f"{type(exc).__name__}: {exc}"
         log.warning("%s failed: %s", trigger.name, fired.error)
-    hold.until = clock() + trigger.hold_s
+    fired.hold_until = clock() + trigger.hold_s
     return fired
 
 
@@ -212,9 +181,8 @@ class WarmUp:
     def own_rps(self) -> float | None:
         """Requests per CPU-second of this client itself (tritonclient included), where the warm-up sent enough
         (four per sender) that opening its connections weighs little; None where it did not."""
-        if self.cpu_s <= 0 or self.senders == 0 or self.sent < OWN_RATE_MIN_PER_SENDER * self.senders:
-            return None
-        return self.sent / self.cpu_s
+        enough = self.cpu_s > 0 and self.sent >= OWN_RATE_MIN_PER_SENDER * self.senders > 0
+        return self.sent / self.cpu_s if enough else None
 
 
 async def warm_up(client: Client, load: Load) -> WarmUp:
@@ -252,7 +220,7 @@ async def _start(start_at: float | None) -> float:
     return start_at
 
 
-async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None, start_at: float | None = None,
+async def _closed_loop(client: Client, load: Load, hold: Fired | None = None, start_at: float | None = None,
                        part: tuple[int, int] = (0, 1)) -> RawRun:
     k, n = part
     started = await _start(start_at)
@@ -260,12 +228,12 @@ async def _closed_loop(client: Client, load: Load, hold: _Hold | None = None, st
     stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
     give_up = run.started + load.max_duration_s
     limit = load.requests if load.requests is not None else math.inf
-    hold = hold or _Hold()
+    hold = hold or Fired()
     issued = 0
 
     async def sender() -> None:
         nonlocal issued
-        while issued < limit and clock() < min(give_up, max(stop_at, hold.until)):
+        while issued < limit and clock() < min(give_up, max(stop_at, hold.hold_until)):
             i, issued = issued, issued + 1
             t0 = clock()
             outcome = await client.send()
@@ -334,28 +302,26 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
     return run
 
 
-def _late_warning(run: RawRun, load: Load) -> str | None:
+def _warn_late(run: RawRun, load: Load) -> None:
     lags = np.asarray(run.send_lag_s)
     late = int((lags > LATE_AFTER_S).sum())
     if lags.size and late > LATE_WARN_FRACTION * lags.size:
-        return (f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
-                f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
-                f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time")
-    return None
+        run.warnings.append(
+            f"client fell behind its schedule: {late} of {lags.size} sends ({100 * late / lags.size:.0f}%) started "
+            f"more than {LATE_AFTER_S * 1000:g} ms late (max {lags.max() * 1000:.1f} ms; at most "
+            f"{load.max_inflight} requests in flight); latency still counts from the scheduled send time")
 
 
 async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *, start_at: float | None = None,
                    part: tuple[int, int] = (0, 1)) -> RawRun:
-    """The measured window only (no warm-up); see the module docstring for the modes. ``trigger`` runs
-    ``trigger.at_s`` seconds into it, beside the load. A sender process of several runs ``part`` = (k, n), its share,
-    from ``start_at`` (perf_counter, one clock for them all); the warning that the schedule fell behind is then the
-    merged run's (``merge_runs``)."""
+    """The measured window only (no warm-up), ``trigger`` run ``trigger.at_s`` seconds into it. A sender process of
+    several runs ``part`` = (k, n), its share, from ``start_at`` (perf_counter, one clock for them all)."""
     # Full garbage collections scan every long-lived object (all imported modules) and stall the
     # event loop for tens of ms; frozen objects are skipped, so the client keeps its schedule.
     gc.collect()
     gc.freeze()
     try:
-        hold = _Hold()
+        hold = Fired()
         fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
         cpu = time.thread_time()  # this event loop's thread only: how busy the sender was, not the machine
         if load.mode == "open":
@@ -365,8 +331,8 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *
         run.loop_cpu_s.append(time.thread_time() - cpu)
         if fired is not None:
             run.fired = await fired
-        if part[1] == 1 and (late := _late_warning(run, load)):
-            run.warnings.append(late)
+        if part[1] == 1:
+            _warn_late(run, load)
         return run
     finally:
         gc.unfreeze()
@@ -395,8 +361,7 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
             merged.offered_rps = min(merged.offered_rps, run.offered_rps)  # a schedule cut short offered less
     merged.outcomes.sort(key=lambda outcome: outcome[0])
     merged.scheduled_s = np.sort(np.concatenate(scheduled)) if scheduled else None
-    if late := _late_warning(merged, load):
-        merged.warnings.append(late)
+    _warn_late(merged, load)
     return merged
 
 
@@ -410,27 +375,18 @@ async def _extra(read: Callable[[], Awaitable[Any]], what: str, warnings: list[s
         return None
 
 
-async def _settled(read: Callable[[], Awaitable[Any]], enough: Callable[[Any], bool]) -> Any:
-    """``read()``'s first value that ``enough`` accepts, reading every ``STATS_SETTLE_S`` (at most
-    ``STATS_SETTLE_TRIES`` times: else the last); None once a read fails. A server updates its counters just
-    after it answers."""
+async def _settled(read: Callable[[], Awaitable[Any]], enough: Callable[[Any, Any], bool]) -> Any:
+    """``read()``'s first value that ``enough(value, the read before)`` accepts, reading every ``STATS_SETTLE_S``
+    (at most ``STATS_SETTLE_TRIES`` times: else the last); None once a read fails. A server updates its counters
+    just after it answers."""
     value = None
     for attempt in range(STATS_SETTLE_TRIES):
         if attempt:
             await asyncio.sleep(STATS_SETTLE_S)
-        if (value := await read()) is None or enough(value):
+        previous, value = value, await read()
+        if value is None or enough(value, previous):
             break
     return value
-
-
-async def _quiet_snapshot(client: Client, warnings: list[str]) -> dict[str, Any] | None:
-    """Statistics once the warm-up has reached them: two reads in a row that agree."""
-    seen: list[dict[str, Any] | None] = []
-
-    async def read() -> dict[str, Any] | None:
-        seen.append(await _extra(client.server_stats, "server statistics", warnings))
-        return seen[-1]
-    return await _settled(read, lambda now: len(seen) > 1 and now == seen[-2])
 
 
 async def _server_breakdown(
@@ -444,7 +400,7 @@ async def _server_breakdown(
         except ValueError as exc:  # a rollout: the version answering changed; statistics are extra
             warnings.append(f"no server breakdown: {exc}")
             return None
-    return await _settled(read, lambda delta: (delta.server_requests or 0) >= successes)
+    return await _settled(read, lambda delta, _: (delta.server_requests or 0) >= successes)
 
 
 def cache_delta(before: dict[str, int], after: dict[str, int], source: str) -> CacheStats | None:
@@ -465,12 +421,11 @@ async def _cache_stats(client: Client, before: dict[str, int] | None, successes:
     async def read() -> CacheStats | None:
         after = await _extra(client.cache_counts, "response-cache counters", warnings)
         return None if after is None else cache_delta(before, after, source)  # None too: nothing looked up
-    return await _settled(read, lambda delta: delta.hits + delta.misses + delta.errors >= successes)
+    return await _settled(read, lambda delta, _: delta.hits + delta.misses + delta.errors >= successes)
 
 
-# The last run of each (target, mode, senders) in this process: its throughput and the requests one process sent per
-# second of its CPU, what a closed-loop run without a warm-up to estimate from plans with (a window measured again
-# right after the one before, as measure_stage.windowed does).
+# The last run of each (target, mode, senders) in this process: its throughput and requests per CPU-second, what a
+# closed-loop run without a warm-up plans with (measure_stage.windowed measures a window again right after one).
 _SEEN: dict[str, tuple[float, float | None]] = {}
 
 
@@ -480,8 +435,7 @@ def _seen_key(target: Target, load: Load) -> str:
 
 def share(load: Load, k: int, n: int) -> Load:
     """Sender process ``k``'s share of ``load`` split across ``n``: a closed loop's senders and requests, an open loop's
-    requests in flight (its sends are every ``n``-th of the schedule: ``run_load``'s ``part``); a warm-up that only
-    opens its connections (the parent's warm-up warmed the server; none where the load has none)."""
+    requests in flight; a warm-up that only opens its connections (the parent's warmed the server)."""
     if n == 1:
         return load
     if load.mode == "closed":
@@ -579,9 +533,8 @@ class ClientOptions:
     timeout_s: float = 30.0  # per request
     monitor_interval_s: float = 0.5  # between the monitors' samples
     out: Path | None = None  # each record appended here, one JSON line
-    # A ReplicaSampler (servelab.servers.rayserve.serve_state: samples and events on the perf_counter clock) or a
-    # timeline_bin_s: the record gets a timeline, per timeline_bin_s (default 1 s), with the sampler's replicas
-    # and events where there is one.
+    # A ReplicaSampler (servelab.servers.rayserve.serve_state) or a timeline_bin_s: the record gets a timeline,
+    # per timeline_bin_s (default 1 s), with the sampler's replicas and events where there is one.
     sampler: Any = None
     timeline_bin_s: float | None = None
     keep_requests: bool = False  # every request in the record's per_request
@@ -617,7 +570,9 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
             warm_sent += sent
             if failed:
                 warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
-        before = await _quiet_snapshot(client, warnings) if client.has_server_stats else None
+        # Statistics once the warm-up has reached them: two reads in a row that agree.
+        before = (await _settled(partial(_extra, client.server_stats, "server statistics", warnings), operator.eq)
+                  if client.has_server_stats else None)
         cache_before = await _extra(client.cache_counts, "response-cache counters", warnings)
         with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
@@ -648,28 +603,16 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         log.warning("%s [%s]: %s", labels.stage, load.label(), text)
     monitors = monitor.result()
     record = Record(
-        stage=labels.stage,
-        target=target.describe(),
-        config=labels.config or {},
-        load=load,
-        batch=target.batch,
-        stats=stats,
-        breakdown=breakdown,
-        monitors=monitors,
-        machine=machine_info([g.name for g in monitors.gpus] or None),
-        warnings=warnings,
-        stand_in=labels.stand_in,
-        first_request_ms=warm.first_ms,
-        warmup_requests=warm_sent,
-        window_unix=[window_start, window_end],
+        stage=labels.stage, target=target.describe(), config=labels.config or {}, load=load, batch=target.batch,
+        stats=stats, breakdown=breakdown, monitors=monitors, warnings=warnings, stand_in=labels.stand_in,
+        machine=machine_info([g.name for g in monitors.gpus] or None), first_request_ms=warm.first_ms,
+        warmup_requests=warm_sent, window_unix=[window_start, window_end], cache=cache,
         timeline=(build_timeline(run, options.sampler, options.timeline_bin_s or 1.0)
                   if options.sampler or options.timeline_bin_s else None),
         per_request=per_request(run) if options.keep_requests else None,
-        cache=cache,
         rollout=rollout_summary(run) if run.fired else None,
         client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
-                          warmup_rps_per_cpu=round(own, 1) if own else None,
-                          busy=busy, loop_late=run.loop_late,
+                          warmup_rps_per_cpu=round(own, 1) if own else None, busy=busy, loop_late=run.loop_late,
                           cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
                           bound=why is not None, why=why),
     )
@@ -754,11 +697,9 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
         if fired.done is not None:
             events["rollout_done"] = round(fired.done - run.started, 3)
     failed_at = sorted(done for done, _, kind, _ in run.outcomes if kind != OK and not kind.startswith(SHED))
-    recovery = None
-    if events:
-        first_event = min(events.values())
-        after = [t for t in failed_at if t >= first_event]
-        recovery = round(after[-1] - first_event, 3) if after else 0.0
+    first_event = min(events.values(), default=None)  # recovery: from it to the last failure after it (0: none)
+    after = [t for t in failed_at if first_event is not None and t >= first_event]
+    recovery = None if first_event is None else round(after[-1] - first_event, 3) if after else 0.0
     return Timeline(
         bin_s=bin_s, t_s=[b * bin_s for b in range(bins)], throughput_rps=[len(v) / bin_s for v in ok], errors=errors,
         shed=shed,
@@ -777,11 +718,8 @@ def run_bench(target: Target, load: Load, labels: Labels, options: ClientOptions
 
 def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOAD_MULTIPLE, arrivals: str = "poisson",
                   warmup: int = 10, max_inflight: int = 512) -> tuple[Load, dict[str, Any]]:
-    """The overload case's load, an open loop at ``multiple`` x ``capacity_rps`` (a closed-loop run's
-    ``stats.throughput_rps``: what the stage served at saturation) for ``seconds``, long enough for an
-    unbounded queue to grow, and what its record's ``config`` says of it (``run: overload``, the capacity,
-    the multiple). Latency counts from each scheduled send, so a client held up by ``max_inflight``
-    outstanding requests still counts the wait."""
+    """The overload case: an open loop at ``multiple`` x the stage's capacity for ``seconds``, long enough for an
+    unbounded queue to grow, and its record's ``config``."""
     load = Load.open(multiple * capacity_rps, arrivals, requests=None, duration_s=seconds, warmup=warmup,
                      max_inflight=max_inflight)
     return load, {"run": RunKind.OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
@@ -790,11 +728,10 @@ def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOA
 def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: float = 3.0, seconds: float = 10.0,
                  after_s: float = 3.0, concurrency: int = 16, warmup: int = 32,
                  name: str = "rollout") -> tuple[Load, dict[str, Any], Trigger]:
-    """The rollout case's load: a closed loop of ``concurrency`` senders for ``seconds``, and on until ``after_s``
-    after the rollout returned, however long it took (a steady state after the swap to compare with the one
-    before), with ``action`` (the rollout: it loads the new version and retires the old one, and returns what
-    it did, with ``ready_s`` where the new version answered before the call returned) started ``at_s`` seconds
-    in; what its record's ``config`` says of it (``run: rollout``); and the trigger for ``run_bench``."""
+    """The rollout case: a closed loop for ``seconds`` and on until ``after_s`` after ``action`` (the rollout,
+    started ``at_s`` in; it returns what it did, with ``ready_s`` where the new version answered before it returned)
+    returned, for a steady state after the swap to compare with the one before; its record's ``config``; the
+    trigger for ``run_bench``."""
     if not 0 < at_s < seconds:
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)

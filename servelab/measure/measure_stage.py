@@ -1,15 +1,8 @@
-"""One routine that measures a stage, for every runner: ``servelab lab``, the notebooks' walkthrough and
-``servelab benchmark``.
-
-``measure_stage(target, loads, labels, clients, keep)`` runs each load with each client in turn (servelab's
-load generator first, perf_analyzer after it on the same server state) and hands every record to ``keep``, the
-runner's own way of keeping it (write it, attach the server's series, print a line). How a family's server is
-started or switched to a stage stays with the runners; what every record of a stage carries is a ``Labels``,
-its stand-in note from ``stand_in_note``, the one place that note is put together.
-
-``windowed`` measures a load in windows of seconds, as perf_analyzer does (``Windows``), so that both clients
-measure alike; ``sweep_capacity`` finds a stage's capacity by saturation (``Sweep``: doubling the senders to
-the knee) and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
+"""One routine that measures a stage, for every runner (``servelab lab``, the notebooks' walkthrough, ``servelab
+benchmark``): ``measure_stage`` runs each load with each client in turn (servelab's first, perf_analyzer after it
+on the same server state) and hands every record to the runner's ``keep``. ``windowed`` measures in windows of
+seconds, as perf_analyzer does, so that both clients measure alike; ``sweep_capacity`` finds a stage's capacity
+by saturation and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
 """
 
 import asyncio
@@ -108,11 +101,9 @@ def _spread(values: list[float | None]) -> float | None:
 
 
 def windowed(windows: Windows, **options: Any) -> Client:
-    """servelab's client over a load given in seconds (``duration_s``: ``Windows.COUNT`` windows of
-    ``windows.window_s``): one run after the load's warm-up, each window's throughput, p50 and p99 in the
-    record's ``config["windows"]``. Where the windows must agree (``windows.tested``) and they do not, the
-    run is measured again without a warm-up (the run before was one), up to ``max_trials`` windows in all;
-    the record kept is the last run's, and says whether its windows agreed."""
+    """servelab's client over ``Windows.COUNT`` windows of ``windows.window_s`` in one run after the warm-up, each
+    window's throughput, p50 and p99 in the record's ``config["windows"]``. Where they must agree and do not, the
+    run is measured again without a warm-up (the run before was one), up to ``max_trials`` windows in all."""
     client = ClientOptions(**options)
 
     def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
@@ -197,9 +188,8 @@ class Sweep:
 def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
                    ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
                    others: Sequence[Client] = ()) -> list[Record]:
-    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each, until it stops; the last record
-    keeps the curve and the capacity in ``config["capacity"]``. ``others`` (perf_analyzer) then measure the
-    sequential load and the capacity's. Every record, in the order made."""
+    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each, until it stops (the last record
+    keeps the curve in ``config["capacity"]``); then ``others`` measure the sequential load and the capacity's."""
     ours = ours or servelab_client()
     curve: list[dict[str, Any]] = []
     records: list[Record] = []

@@ -1,7 +1,6 @@
-"""Utilization recorded with every run, from a background thread (so a busy event loop cannot delay the
-samples): per-core CPU (psutil; the whole machine, client included), the server process's resident memory with
-its children, and per-GPU utilization and memory through NVML; without a GPU the GPU series are empty and
-``gpu_note`` says why. ``with Monitor(interval_s, server_pid) as mon: ...`` around the window, then ``mon.result()``.
+"""Utilization recorded with every run, from a background thread (so a busy event loop cannot delay the samples):
+per-core CPU, the server process's resident memory with its children, and each GPU's utilization and memory
+through NVML (without one, ``gpu_note`` says why).
 """
 
 import threading

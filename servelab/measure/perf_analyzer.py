@@ -1,10 +1,6 @@
-"""perf_analyzer interop: real input data for it, its command line, and its CSV turned into servelab records.
-
-The ``--input-data`` is the real photo, never perf_analyzer's random default: for ``bytes`` its base64 text in
-one BYTES element, as the lab's clients send it; for ``tensor`` the preprocessed float32 [3, 224, 224] tensor
-(little-endian), for ``uint8`` the photo's [224, 224, 3] center crop, each as ``{"b64": ...}``. Its CSV is in
-microseconds, one row per load (first column ``Concurrency`` or ``Request Rate``). A run that measured nothing
-is a record too, with ``failed`` set to perf_analyzer's own message: a lab goes on.
+"""perf_analyzer interop: its input data (the real photo, never its random default: base64 text for ``bytes``, the
+little-endian tensor or crop as ``{"b64": ...}`` otherwise), its command line, and its CSV (microseconds, a row
+per load) as servelab records. A run that measured nothing is a record too, ``failed`` its own message.
 """
 
 import asyncio
@@ -58,12 +54,10 @@ DEFAULT_TIMEOUT_S = 300.0  # a perf_analyzer run past this is killed and recorde
 
 @dataclass(frozen=True)
 class Windows:
-    """How a run is measured, by both clients: three windows of ``window_s`` seconds reported together
-    (perf_analyzer's count), until the last three agree within ``stability_pct`` (throughput and latency) or
-    ``max_trials`` windows have run; ``stability_pct`` ≥ 100 is no test. servelab's client measures the same
-    windows in one run after its warm-up (``measure_stage.windowed``). An open loop keeps count windows:
-    perf_analyzer 2.50 in request-rate mode found no three stable time windows of a fraction of a second, even
-    untested (the quick lab). ``window_s=None``: windows sized by the load's requests, or its duration."""
+    """How a run is measured, by both clients (servelab's: ``measure_stage.windowed``): three windows of
+    ``window_s`` seconds, until the last three agree within ``stability_pct`` or ``max_trials`` windows have run
+    (``stability_pct`` ≥ 100: no test). An open loop keeps count windows: perf_analyzer 2.50 in request-rate mode
+    found no three stable time windows of a fraction of a second, even untested (the quick lab)."""
 
     stability_pct: float = 10.0
     max_trials: int = 10
@@ -241,12 +235,9 @@ def run_perf_analyzer(
     stats = record.stats.model_copy(update=_printed_stats(done.stdout, load, target.batch, warnings))
     breakdown = record.breakdown
     if before is not None and after is not None and breakdown is not None:
-        server = stats_delta(before, after, target.model)
-        breakdown = breakdown.model_copy(update={
-            "source": "perf_analyzer+triton-stats", "batch_sizes": server.batch_sizes,
-            "mean_batch_size": server.mean_batch_size, "server_requests": server.server_requests,
-            "server_failures": server.server_failures,
-        })
+        server = stats_delta(before, after, target.model).model_dump(
+            include={"batch_sizes", "mean_batch_size", "server_requests", "server_failures"})
+        breakdown = breakdown.model_copy(update={"source": "perf_analyzer+triton-stats", **server})
     monitors = monitor.result()
     record = record.model_copy(update={
         "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,

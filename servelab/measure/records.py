@@ -1,7 +1,5 @@
-"""The run record: one JSON line per measured run, the same for every stage and both tools (``Record``: what was
-measured, the client's ``stats``, the server's ``breakdown``, the ``monitors``, the machine, a ``stand_in`` note
-where the model is not the lab's). Units are in the field names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps``
-requests per second, ``_mib`` MiB.
+"""The run record: one JSON line per measured run, the same for every stage and both tools. Units are in the field
+names: ``_ms`` milliseconds, ``_s`` seconds, ``_rps`` requests per second, ``_mib`` MiB.
 """
 
 import datetime as dt
@@ -205,11 +203,10 @@ class Monitors(BaseModel):
 
 
 class ServerSeries(BaseModel):
-    """The server's own metrics over one run, read back from Prometheus (``servelab.measure.monitoring.run_series``):
-    ``requests`` it counted between a scrape just before the run and one just after (warm-up included), beside the
-    ``client_requests`` sent then; ``rate_rps``, its successes per second between the first and last scrape inside
-    the measured window (``rate_span_s`` apart); ``series``, name -> [[seconds from the window's start, value], ...]
-    (range queries, a point per ``step_s``); ``note``: what could not be read, and why."""
+    """The server's own metrics over one run, read back from Prometheus: ``requests`` it counted between scrapes just
+    before and after the run (warm-up included), beside the ``client_requests`` sent then; ``rate_rps``, its successes
+    per second between the first and last scrape in the window (``rate_span_s`` apart); ``series``, name -> [[seconds
+    from the window's start, value], ...] (a point per ``step_s``); ``note``: what could not be read, and why."""
 
     source: str = ""
     start_unix: float | None = None
@@ -307,7 +304,7 @@ class ClientSide(BaseModel):
 
 
 class Record(BaseModel):
-    """One measured run; serializes to one JSON line (``to_json``)."""
+    """One measured run; serializes to one JSON line."""
 
     schema_version: int = SCHEMA_VERSION
     tool: Literal["servelab", "perf_analyzer"] = "servelab"
@@ -341,16 +338,13 @@ class Record(BaseModel):
         """The client, not the server, set this run's throughput: never a server's capacity."""
         return self.client is not None and self.client.bound
 
-    def to_json(self) -> str:
-        return self.model_dump_json()
-
 
 def append_record(path: Path, record: Record) -> None:
     """Append one JSON line (the file and its folder are created when missing)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
-        fh.write(record.to_json() + "\n")
+        fh.write(record.model_dump_json() + "\n")
 
 
 def read_records(paths: Path | Iterable[Path]) -> list[Record]:

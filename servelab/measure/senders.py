@@ -1,17 +1,11 @@
 """servelab's client on more than one process, and when a run was bound by the client.
 
-The load generator (``servelab.measure.loadgen``) is one asyncio event loop: on a machine with many cores one
-process can send fewer requests per second than a fast server answers (on a 16-core H200 it read 13-19 % below
-perf_analyzer at ~1,000 req/s). So every run plans its **sender processes** (``plan_processes``: enough to stay
-``HEADROOM`` above the rate it expects, at most half the CPUs, the server needing the others; on a 2-CPU machine
-always one), and is marked **client-bound** (``bound_reason``) where its busiest sender's event loop was on the
-CPU more than ``BOUND_FRACTION`` of the window: then the figure is the client's, and the report never shows it
-as a server's capacity.
-
-The processes (``SenderPool``) are started with ``spawn`` (the parent may run threads: monitors, Ray), kept for
-the life of this process, and each runs the same asyncio engine on its share of the load. They share the
-parent's clock: ``time.perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine
-(``SHARED_CLOCK``); where it is not, every run keeps to one process.
+The load generator is one asyncio event loop: on a machine with many cores one process can send fewer requests
+per second than a fast server answers (on a 16-core H200 it read 13-19 % below perf_analyzer at ~1,000 req/s). So
+every run plans its sender processes (``plan_processes``), and is marked client-bound (``bound_reason``) where its
+busiest sender's event loop was on the CPU more than ``BOUND_FRACTION`` of the window: the figure is then the
+client's, never a server's capacity. The processes are started with ``spawn`` (the parent may run threads) and
+share the parent's clock, ``time.perf_counter`` (CLOCK_MONOTONIC on Linux; elsewhere a run keeps to one process).
 """
 
 import atexit
@@ -21,6 +15,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from functools import cache
 from multiprocessing.connection import Connection
 
@@ -58,12 +53,10 @@ def most_processes(load: Load, limit: int) -> int:
 
 def plan_processes(load: Load, per_process_rps: float | None, expected_rps: float | None, max_processes: int | None,
                    asked: int | None = None, held: str | None = None) -> tuple[int, str]:
-    """(sender processes, how they were chosen) for ``load``: ``asked`` where given; one where ``held`` says why
-    (a trigger runs in this process), for one request at a time, or with nothing to plan from; else enough that
-    ``HEADROOM`` x ``expected_rps`` fits under processes x ``per_process_rps`` (what one process sends per second of
-    its CPU), all ``max_processes`` where a one-process warm-up came near that (it may itself have been held by the
-    client); never more than the load splits into. ``max_processes`` by default: half the CPUs (the server runs on
-    the rest), at least one."""
+    """(sender processes, how they were chosen): ``asked`` where given; one where ``held`` says why, for one request
+    at a time, or with nothing to plan from; else enough that ``HEADROOM`` x ``expected_rps`` fits under processes x
+    ``per_process_rps`` (requests per CPU-second), all ``max_processes`` (default: half the CPUs, the server has the
+    rest) where a one-process warm-up came near that (the client may have held it)."""
     max_processes = max_processes or max(1, cpu_count() // 2)
     if held:
         return 1, f"one process: {held}"
@@ -124,10 +117,8 @@ class SenderPool:
         failed, and they may be mid-job: at once), by their PID."""
         senders, self.senders = self.senders, []
         for _, conn in senders:
-            try:
+            with suppress(OSError):  # its end of the pipe is gone already
                 conn.send(None)
-            except OSError:
-                pass
         for process, conn in senders:
             process.join(wait_s)
             if process.is_alive():

@@ -1,8 +1,5 @@
-"""The standard ``Server-Timing`` response header, e.g. ``queue;dur=1.2, preprocess;dur=3.4,
-infer;dur=8.0, total;dur=12.9`` (durations in milliseconds), and its mean over a run.
-
-The FastAPI services report ``queue``, ``preprocess``, ``infer`` and ``total``; a metric whose
-description is a number (``batch;desc=4``) is read as the server's batch size for that request.
+"""The standard ``Server-Timing`` response header (``queue;dur=1.2, preprocess;dur=3.4, infer;dur=8.0``, in
+milliseconds), and its mean over a run; ``batch;desc=4`` is the server's batch size for that request.
 """
 
 from collections import Counter
@@ -64,12 +61,7 @@ class TimingSums:
         # A batch of b images is seen once per image it served, so it executed images / b times.
         executions = {b: n / b for b, n in self.images_by_batch.items()}
         served = sum(self.images_by_batch.values())
-        return Breakdown(
-            source="server-timing",
-            queue_ms=mean.get("queue"),
-            service_ms=service,
-            parts_ms=mean,
-            batch_sizes={b: round(n) for b, n in executions.items()},
-            mean_batch_size=served / sum(executions.values()) if executions else None,
-            server_requests=max(self.counts.values()),
-        )
+        return Breakdown(source="server-timing", queue_ms=mean.get("queue"), service_ms=service, parts_ms=mean,
+                         batch_sizes={b: round(n) for b, n in executions.items()},
+                         mean_batch_size=served / sum(executions.values()) if executions else None,
+                         server_requests=max(self.counts.values()))

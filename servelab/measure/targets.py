@@ -1,22 +1,10 @@
-"""What the load generator sends requests to.
-
-A target is a small, reusable description (URL, model, image, batch); ``await target.connect()`` opens one
-client per run (one aiohttp session, or one tritonclient asyncio client: every request reuses persistent
-connections) whose ``send()`` performs one request and returns an ``Outcome``. A response counts as a success
-only with the expected status *and* content: an HTTP 200 carrying an error body is an error (``bad_response``),
-as are error statuses (``http_500``), refused connections (``connection_refused``, ``grpc_unavailable``) and
-timeouts (``timeout``). A request the server *shed* under load is neither: ``Outcome.shed`` is set and its kind
-is the reason (``queue_full``, ``queue_timeout``): the FastAPI service's 503 (or 429) with a ``shed`` body, or
-Triton's rejection by a queue policy (``servelab.servers.triton.client.shed_reason``).
-
-* ``FastAPITarget``: ``POST {url}/predict`` with ``{"image": "<base64>"}`` (``/predict/batch``, ``{"images":
-  [...]}`` when ``batch > 1``); reads ``Server-Timing``.
-* ``TritonTarget``: ``input="bytes"`` sends the photo's base64 text (model ``food_classifier``), ``"tensor"`` the
-  preprocessed float32 tensor (``food_classifier_onnx``), ``"uint8"`` the uint8 center crop (the variants with
-  preprocessing in the graph); ``server_stats()`` returns Triton's statistics for the model.
-
-Either may send a ``PhotoMix`` instead of one image (e.g. ``PhotoMix.zipf()``: a response cache's load);
-``cache_counts()`` reads the server's own cache counters for the record.
+"""What the load generator sends requests to: a reusable description (URL, model, image or ``PhotoMix``, batch)
+whose ``connect()`` opens one client per run (one aiohttp session, or one tritonclient asyncio client) whose
+``send()`` performs one request and returns an ``Outcome``. A success needs the expected status *and* content (an
+HTTP 200 with an error body is ``bad_response``); a request the server *shed* under load (the FastAPI service's
+503 or 429 with a ``shed`` body, Triton's queue policy) is neither success nor error: ``Outcome.shed``, its kind
+the reason. ``TritonTarget``'s ``input`` is ``"bytes"`` (the photo's base64 text), ``"tensor"`` (the preprocessed
+float32 tensor) or ``"uint8"`` (the center crop, for variants that preprocess in the graph).
 """
 
 import asyncio
@@ -25,6 +13,7 @@ import errno
 import itertools
 import json
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -107,12 +96,9 @@ def _errors() -> tuple[type[BaseException], ...]:
 def _refused(status: int, content: bytes) -> Outcome:
     """A FastAPI error response: shed (503/429 with the ``shed`` body of servelab.servers.fastapi.errors) or an error."""
     if status in (429, 503):
-        try:
-            reason = json.loads(content).get("shed")
-        except (ValueError, AttributeError):
-            reason = None
-        if isinstance(reason, str):
-            return Outcome(False, reason, shed=True)
+        with suppress(ValueError, AttributeError):  # not JSON, or not the shed body: an error
+            if isinstance(reason := json.loads(content).get("shed"), str):
+                return Outcome(False, reason, shed=True)
     return Outcome(False, f"http_{status}")
 
 
@@ -192,11 +178,9 @@ class _FastAPIClient:
     has_server_stats = False
 
     def __init__(self, target: FastAPITarget, connections: int, timeout_s: float) -> None:
-        bodies = []
-        for image in _photos(target.image, target.mix):  # encoded once, not per request
-            text = base64.b64encode(image).decode()
-            payload = {"image": text} if target.batch == 1 else {"images": [text] * target.batch}
-            bodies.append(json.dumps(payload).encode())
+        texts = [base64.b64encode(image).decode() for image in _photos(target.image, target.mix)]  # not per request
+        bodies = [json.dumps({"image": t} if target.batch == 1 else {"images": [t] * target.batch}).encode()
+                  for t in texts]
         self.next_body = _sequence(bodies, target.mix, target.batch)
         self.metrics_url = target.url.rstrip("/") + "/metrics"
         # The URL parsed once and no cookie jar: per-request client work is part of every latency.
@@ -216,12 +200,10 @@ class _FastAPIClient:
                 timing, version = resp.headers.get("Server-Timing"), resp.headers.get(VERSION_HEADER)
         except self.errors as exc:
             return Outcome(False, classify(exc))
-        try:
-            if _result_count(json.loads(content)) != self.batch:
-                return Outcome(False, "bad_response")
-        except ValueError:
-            return Outcome(False, "bad_response")
-        return Outcome(True, None, parse_server_timing(timing) if timing else None, version=version)
+        with suppress(ValueError):  # not JSON: a bad response
+            if _result_count(json.loads(content)) == self.batch:
+                return Outcome(True, None, parse_server_timing(timing) if timing else None, version=version)
+        return Outcome(False, "bad_response")
 
     async def server_stats(self) -> None:
         return None

@@ -1,11 +1,9 @@
-"""Triton's statistics extension (``GET /v2/models/<model>/stats``), diffed across a run.
-
-Triton's counters are cumulative since the model loaded, so a run's server-side view is ``after - before``:
-per-request means of each phase and the batch sizes the scheduler formed. Works with the HTTP JSON (integers) and
-the gRPC ``as_json`` form (64-bit integers as strings). An ensemble's snapshot also carries ``ensemble_steps``
-(its composing models), whose queue times make up the ensemble's queueing.
+"""Triton's statistics extension (``GET /v2/models/<model>/stats``), diffed across a run: its counters are
+cumulative since the model loaded, so a run's server-side view is ``after - before``. Reads the HTTP JSON and the
+gRPC ``as_json`` form (64-bit integers as strings).
 """
 
+from collections import Counter
 from typing import Any
 
 from servelab.measure.records import Breakdown
@@ -46,9 +44,7 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Br
             parts[phase] = (ns1 - ns0) / (c1 - c0) / 1e6
     if succeeded < 0:
         raise ValueError("statistics went backwards: was the model reloaded during the run?")
-    before_batches = _batch_counts(old)
-    batches = {b: n - before_batches.get(b, 0) for b, n in sorted(_batch_counts(new).items())}
-    batches = {b: n for b, n in batches.items() if n > 0}
+    batches = dict(sorted((Counter(_batch_counts(new)) - Counter(_batch_counts(old))).items()))  # those that grew
     inferences = int(new.get("inference_count", 0)) - int(old.get("inference_count", 0))
     executions = int(new.get("execution_count", 0)) - int(old.get("execution_count", 0))
     failed = _counter(new, "inference_stats", "fail")[0] - _counter(old, "inference_stats", "fail")[0]
@@ -59,16 +55,9 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Br
                         - _counter(_model_entry(before, m), "inference_stats", "queue")[1] for m in steps)
         parts["queue"] = waited_ns / succeeded / 1e6
     compute = [parts[p] for p in PHASES[1:] if p in parts]
-    return Breakdown(
-        source="triton-stats",
-        queue_ms=parts.get("queue"),
-        service_ms=sum(compute) if compute else None,
-        parts_ms=parts,
-        batch_sizes=batches,
-        mean_batch_size=inferences / executions if executions > 0 else None,
-        server_requests=succeeded,
-        server_failures=failed,
-    )
+    return Breakdown(source="triton-stats", queue_ms=parts.get("queue"), service_ms=sum(compute) if compute else None,
+                     parts_ms=parts, batch_sizes=batches, server_requests=succeeded, server_failures=failed,
+                     mean_batch_size=inferences / executions if executions > 0 else None)
 
 
 def cache_counts(stats: dict[str, Any], model: str) -> dict[str, int] | None:

@@ -1,9 +1,6 @@
-"""The Grafana dashboard, as code: built with Grafana's own Foundation SDK (``grafana-foundation-sdk``).
-
-One row per stage family (FastAPI, Triton, Ray Serve, the machine), each panel one PromQL expression, the same the
-lab reads back after each run where one exists (``servelab.measure.monitoring.run_series``), over Grafana's rate
-window. ``python -m servelab.measure.monitoring.dashboard`` (``make dashboard``) writes
-``docker/grafana/dashboards/servelab.json`` and the provisioning files; a test keeps them equal to what this writes.
+"""The Grafana dashboard, as code (Grafana's Foundation SDK): a row per stage family, each panel one PromQL
+expression. ``python -m servelab.measure.monitoring.dashboard`` (``make dashboard``) writes ``docker/grafana``'s
+files; a test keeps them equal to what this writes.
 """
 
 import json
@@ -15,12 +12,18 @@ from grafana_foundation_sdk.models import common as models
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
 from servelab.core.paths import REPO_ROOT
+from servelab.measure.monitoring.run_series import FASTAPI_PREDICT
 
 GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
 DASHBOARD_UID = "servelab"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="prometheus")
-FASTAPI_PREDICT = 'route=~"/predict|/predict/batch"'
 W = "$__rate_interval"
+
+
+def _per(job: str, by: str, num: str, den: str | None = None) -> str:
+    """A counter's rate over another's (by default a ``_sum`` over its ``_count``: a mean per request), per ``by``."""
+    num, den = (num, den) if den else (f"{num}_sum", f"{num}_count")
+    return f'sum by ({by}) (rate({num}{{job="{job}"}}[{W}])) / sum by ({by}) (rate({den}{{job="{job}"}}[{W}]))'
 
 # Row title -> panels: (title, unit, [(PromQL, legend)]). Panels that compare stages split by stage/model.
 ROWS: dict[str, list[tuple[str, str, list[tuple[str, str]]]]] = {
@@ -34,15 +37,11 @@ ROWS: dict[str, list[tuple[str, str, list[tuple[str, str]]]]] = {
             (f'histogram_quantile(0.99, sum by (stage, le) (rate(servelab_http_request_duration_seconds_bucket'
              f'{{job="fastapi",{FASTAPI_PREDICT}}}[{W}])))', "{{stage}} p99")]),
         ("Queue vs compute per request", "s", [
-            (f'sum by (stage) (rate(servelab_queue_seconds_sum{{job="fastapi"}}[{W}])) / '
-             f'sum by (stage) (rate(servelab_queue_seconds_count{{job="fastapi"}}[{W}]))', "{{stage}} queue"),
-            (f'sum by (stage) (rate(servelab_preprocess_seconds_sum{{job="fastapi"}}[{W}])) / '
-             f'sum by (stage) (rate(servelab_preprocess_seconds_count{{job="fastapi"}}[{W}]))', "{{stage}} preprocess"),
-            (f'sum by (stage) (rate(servelab_inference_seconds_sum{{job="fastapi"}}[{W}])) / '
-             f'sum by (stage) (rate(servelab_inference_seconds_count{{job="fastapi"}}[{W}]))', "{{stage}} inference call")]),
+            (_per("fastapi", "stage", "servelab_queue_seconds"), "{{stage}} queue"),
+            (_per("fastapi", "stage", "servelab_preprocess_seconds"), "{{stage}} preprocess"),
+            (_per("fastapi", "stage", "servelab_inference_seconds"), "{{stage}} inference call")]),
         ("Mean batch size / requests in progress", "short", [
-            (f'sum by (stage) (rate(servelab_batch_size_sum{{job="fastapi"}}[{W}])) / '
-             f'sum by (stage) (rate(servelab_batch_size_count{{job="fastapi"}}[{W}]))', "{{stage}} mean batch"),
+            (_per("fastapi", "stage", "servelab_batch_size"), "{{stage}} mean batch"),
             ('sum by (stage) (servelab_http_requests_in_progress{job="fastapi"})', "{{stage}} in progress")]),
     ],
     "Triton stages (pt-*, onnx-*, ensemble)": [
@@ -50,18 +49,17 @@ ROWS: dict[str, list[tuple[str, str, list[tuple[str, str]]]]] = {
             (f'sum by (model) (rate(nv_inference_request_success{{job="triton"}}[{W}]))', "{{model}} ok"),
             (f'sum by (model) (rate(nv_inference_request_failure{{job="triton"}}[{W}]))', "{{model}} failed")]),
         ("Mean request latency (Triton exports sums, not histograms)", "µs", [
-            (f'sum by (model) (rate(nv_inference_request_duration_us{{job="triton"}}[{W}])) / '
-             f'sum by (model) (rate(nv_inference_request_success{{job="triton"}}[{W}]))', "{{model}}")]),
+            (_per("triton", "model", "nv_inference_request_duration_us", "nv_inference_request_success"),
+             "{{model}}")]),
         ("Queue vs compute per request", "µs", [
-            (f'sum by (model) (rate(nv_inference_queue_duration_us{{job="triton"}}[{W}])) / '
-             f'sum by (model) (rate(nv_inference_request_success{{job="triton"}}[{W}]))', "{{model}} queue"),
+            (_per("triton", "model", "nv_inference_queue_duration_us", "nv_inference_request_success"),
+             "{{model}} queue"),
             (f'(sum by (model) (rate(nv_inference_compute_input_duration_us{{job="triton"}}[{W}])) + '
              f'sum by (model) (rate(nv_inference_compute_infer_duration_us{{job="triton"}}[{W}])) + '
              f'sum by (model) (rate(nv_inference_compute_output_duration_us{{job="triton"}}[{W}]))) / '
              f'sum by (model) (rate(nv_inference_request_success{{job="triton"}}[{W}]))', "{{model}} compute")]),
         ("Mean batch size (images per execution)", "short", [
-            (f'sum by (model) (rate(nv_inference_count{{job="triton"}}[{W}])) / '
-             f'sum by (model) (rate(nv_inference_exec_count{{job="triton"}}[{W}]))', "{{model}}")]),
+            (_per("triton", "model", "nv_inference_count", "nv_inference_exec_count"), "{{model}}")]),
     ],
     "Ray Serve stages (ray-*; each node's metrics agent)": [
         ("HTTP requests per second (proxy)", "reqps", [
@@ -73,9 +71,7 @@ ROWS: dict[str, list[tuple[str, str, list[tuple[str, str]]]]] = {
             (f'histogram_quantile(0.99, sum by (le) (rate(ray_serve_http_request_latency_ms_bucket'
              f'{{job="ray",{FASTAPI_PREDICT}}}[{W}])))', "p99")]),
         ("Replica processing time per request", "ms", [
-            (f'sum by (replica) (rate(ray_serve_deployment_processing_latency_ms_sum{{job="ray"}}[{W}])) / '
-             f'sum by (replica) (rate(ray_serve_deployment_processing_latency_ms_count{{job="ray"}}[{W}]))',
-             "{{replica}}")]),
+            (_per("ray", "replica", "ray_serve_deployment_processing_latency_ms"), "{{replica}}")]),
         ("Healthy replicas / mean @serve.batch size", "short", [
             ('sum(ray_serve_deployment_replica_healthy{job="ray"})', "healthy replicas"),
             (f'sum(rate(ray_serve_actual_batch_size_sum{{job="ray"}}[{W}])) / '

@@ -1,8 +1,5 @@
-"""The machine's CPU, memory and GPUs as Prometheus metrics (``servelab.run.lab_metrics`` serves them from a thread).
-
-Locally this replaces node exporter and dcgm-exporter (containers on the lab node): psutil and NVML read the same
-counters the records' monitors sample, so Prometheus' view and the records can be compared, with nothing else to
-install. The metrics keep node exporter's and dcgm-exporter's names, so that one dashboard reads both.
+"""The machine's CPU, memory and GPUs as Prometheus metrics, under node exporter's and dcgm-exporter's names (one
+dashboard reads both): locally they replace those exporters, reading the counters the records' monitors sample.
 """
 
 from collections.abc import Iterator

@@ -1,9 +1,6 @@
-"""What the local lab's Prometheus scrapes and how it is read back (``servelab.run.lab_metrics`` starts it).
-
-Each server the lab starts registers its metrics URL in a ``Targets`` file (Prometheus' ``file_sd_configs``,
-rewritten atomically), under a job named for its family and labelled with its stage. ``PrometheusClient`` is the
-HTTP API read back: instant and range queries, and ``settle()``, which waits until every target has been scraped
-after a given moment, so that a counter read afterwards includes everything that happened before it.
+"""What the local lab's Prometheus scrapes (a ``Targets`` file of ``file_sd_configs``, rewritten atomically) and
+how it is read back (``PrometheusClient``, whose ``settle()`` waits until every target was scraped after a given
+moment, so that a counter read afterwards includes everything that happened before it).
 """
 
 import json
@@ -54,17 +51,16 @@ def config_yaml(targets: Path, scrape_interval_s: float) -> str:
     """One scrape job for every target; each target's job label comes from the targets file."""
     # Timeout below the interval (Prometheus requires it); a slow /metrics is a failed scrape, seen in `up`.
     interval_ms = max(100, round(scrape_interval_s * 1000))
-    return (
-        "global:\n"
-        f"  scrape_interval: {interval_ms}ms\n"
-        f"  scrape_timeout: {max(100, interval_ms * 4 // 5)}ms\n"
-        f"  evaluation_interval: {interval_ms}ms\n"
-        "scrape_configs:\n"
-        "  - job_name: servelab\n"
-        "    file_sd_configs:\n"
-        f"      - files: [{json.dumps(str(targets))}]\n"
-        "        refresh_interval: 5s\n"
-    )
+    return f"""global:
+  scrape_interval: {interval_ms}ms
+  scrape_timeout: {max(100, interval_ms * 4 // 5)}ms
+  evaluation_interval: {interval_ms}ms
+scrape_configs:
+  - job_name: servelab
+    file_sd_configs:
+      - files: [{json.dumps(str(targets))}]
+        refresh_interval: 5s
+"""
 
 
 class PrometheusError(RuntimeError):

@@ -1,8 +1,6 @@
-"""Prometheus read back over each run: what the servers counted, beside what the client measured.
-
-For each run the lab asks Prometheus (``PromWatch``) for a fresh scrape just before and just after it, so the
-difference of the server's request counter is exact; then, over the measured window, the server's success rate and
-range queries of its own series (``ServerSeries``). Queries are data per stage family (``FAMILIES``).
+"""Prometheus read back over each run: what the servers counted, beside what the client measured. A fresh scrape
+just before and just after each run makes the difference of the server's request counter exact; over the measured
+window come its success rate and range queries of its own series. Queries are data per stage family.
 """
 
 import math
@@ -33,7 +31,7 @@ class Family:
     per_version: bool = False  # counters per model version: a run that changed the version cannot be counted
 
 
-# Request routes of the FastAPI services (not /metrics, /ready, ...).
+# Request routes of the FastAPI services and Ray Serve's proxy (not /metrics, /ready, ...): ``$predict``.
 FASTAPI_PREDICT = 'route=~"/predict|/predict/batch"'
 FASTAPI = Family(
     all_requests="sum(servelab_http_requests_total{$sel,$predict})",
@@ -75,16 +73,15 @@ TRITON = Family(
 )
 # Ray Serve, from each node's metrics agent: the HTTP proxy (on the head, `$sel`) counts requests and
 # their latency; the replicas, on every node of the job, their processing time and @serve.batch sizes.
-RAY_ROUTES = 'route=~"/predict|/predict/batch"'
 RAY = Family(
-    all_requests=f"sum(ray_serve_num_http_requests_total{{$sel,{RAY_ROUTES}}})",
-    successes=f'ray_serve_num_http_requests_total{{$sel,{RAY_ROUTES},status_code=~"2.."}}',
+    all_requests="sum(ray_serve_num_http_requests_total{$sel,$predict})",
+    successes='ray_serve_num_http_requests_total{$sel,$predict,status_code=~"2.."}',
     series={
-        "request rate (req/s)": f'sum(rate(ray_serve_num_http_requests_total{{$sel,{RAY_ROUTES},status_code=~"2.."}}[$w]))',
+        "request rate (req/s)": 'sum(rate(ray_serve_num_http_requests_total{$sel,$predict,status_code=~"2.."}[$w]))',
         "p50 (ms)": "histogram_quantile(0.5, sum by (le) "
-                    f"(rate(ray_serve_http_request_latency_ms_bucket{{$sel,{RAY_ROUTES}}}[$w])))",
+                    "(rate(ray_serve_http_request_latency_ms_bucket{$sel,$predict}[$w])))",
         "p99 (ms)": "histogram_quantile(0.99, sum by (le) "
-                    f"(rate(ray_serve_http_request_latency_ms_bucket{{$sel,{RAY_ROUTES}}}[$w])))",
+                    "(rate(ray_serve_http_request_latency_ms_bucket{$sel,$predict}[$w])))",
         "compute (ms)": 'sum(rate(ray_serve_deployment_processing_latency_ms_sum{job="ray"}[$w])) '
                         '/ sum(rate(ray_serve_deployment_processing_latency_ms_count{job="ray"}[$w]))',
         "mean batch": 'sum(rate(ray_serve_actual_batch_size_sum{job="ray"}[$w])) '
@@ -164,8 +161,7 @@ class PromWatch:
             out.rate_rps, out.rate_span_s = self._rate(FAMILIES[family].successes, labels, start, end)
             if out.rate_rps is None:
                 notes.append(f"fewer than two scrapes inside the {end - start:.1f} s window: no server-side rate")
-            queries = {**FAMILIES[family].series, **MACHINE}
-            for name, expr in queries.items():
+            for name, expr in {**FAMILIES[family].series, **MACHINE}.items():
                 points = self._range(self._fill(expr, labels), start, end)
                 if points:
                     out.series[name] = points
@@ -179,11 +175,9 @@ class PromWatch:
 
     def _rate(self, selector: str, labels: dict[str, str], start: float, end: float
               ) -> tuple[float | None, float | None]:
-        """Successes per second between the first and last scrape inside [start, end] (raw samples).
-
-        A sample is stamped when its scrape began; a busy server reads its counters only when it gets
-        to the request, up to ``scrape_duration_seconds`` later, so that is taken as the sample's time.
-        """
+        """Successes per second between the first and last scrape inside [start, end] (raw samples). A sample is
+        stamped when its scrape began, but a busy server reads its counters up to ``scrape_duration_seconds``
+        later: that is taken as the sample's time."""
         span = max(1, math.ceil(end - start + self.step_s))
         result = self.client.query(f"{self._fill(selector, labels)}[{span}s]", end)
         durations = self.client.query(f'scrape_duration_seconds{{instance="{labels["instance"]}"}}[{span}s]', end)
@@ -201,9 +195,7 @@ class PromWatch:
 
     def _range(self, expr: str, start: float, end: float) -> list[list[float]]:
         result = self.client.query_range(expr, start, end, self.step_s)
-        if not result:
-            return []
-        return [[round(float(t) - start, 3), round(float(v), 4)] for t, v in result[0]["values"]
+        return [[round(float(t) - start, 3), round(float(v), 4)] for t, v in (result[0]["values"] if result else [])
                 if math.isfinite(float(v))]
 
 
@@ -231,15 +223,12 @@ class Agreement:
 
     @property
     def counts_agree(self) -> bool | None:
-        if self.client_requests is None or self.server_requests is None:
-            return None
-        return self.client_requests == self.server_requests
+        known = self.client_requests is not None and self.server_requests is not None
+        return self.client_requests == self.server_requests if known else None
 
     @property
     def rate_ratio(self) -> float | None:
-        if not self.client_rps or not self.rate_comparable:
-            return None
-        return self.server_rps / self.client_rps
+        return self.server_rps / self.client_rps if self.client_rps and self.rate_comparable else None
 
     @property
     def rates_agree(self) -> bool | None:
