@@ -1,11 +1,8 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
-A grader's check, not proof. Each record must have run on a GPU node with the lab's model (no ``stand_in``),
-within one lease (``LEASE``), agreeing with the others (one machine, no run twice) and with the report written
-from them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check
-looks for: figures the record derives from others that do not follow (throughput, items per second, counts),
-percentiles that are not those of the latencies it kept. ``check(path) -> Verdict``: one line per finding (one
-that repeats over many records names them); bad input is a finding too, never an exception.
+A grader's check, not proof: a hand edit leaves traces (derived figures that do not follow, percentiles that are
+not those of the latencies kept, records from two machines or two leases, a report not written from them). Each
+finding is one line; bad input is a finding too, never an exception.
 """
 
 from __future__ import annotations
@@ -37,8 +34,6 @@ SHOWN = 3  # places named in a finding that repeats
 
 @dataclass(frozen=True)
 class Placed:
-    """A record and where it was read: ``line`` of ``file``."""
-
     record: Record
     line: int
 
@@ -49,8 +44,6 @@ class Placed:
 
 @dataclass
 class Verdict:
-    """What ``check`` found about one submission."""
-
     path: Path
     about: str = "nothing to check"  # the records, their machine and their times, in a phrase
     findings: list[str] = field(default_factory=list)

@@ -1,20 +1,12 @@
 """The two clients side by side: perf_analyzer against servelab's load generator, same stage and load.
 
-Both measure the same server with the same photo at the same load, back to back, so where they
-disagree by more than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and
-the row is flagged. Throughput and median latency are compared (the aim of the cross-check); the tail
-percentiles are shown, not flagged, because a few hundred requests make them noisy.
-
-An open loop is compared by each client's own rules where they differ, like with like:
-- latency: perf_analyzer counts from the moment it sends, so servelab's p50 in the comparison is its median from the
-  actual send too (``Stats.p50_from_send_ms``). The lessons use servelab's latency from the scheduled send,
-  which also counts the time a late send waited (no coordinated omission); the table shows both.
-- throughput: below capacity an open loop's throughput is the rate its client sent. perf_analyzer draws its
-  own Poisson arrivals over windows of a second, so it sends a rate of its own (about ±7 % over 200 requests);
-  each client's throughput is compared as a share of what it sent.
-An open-loop rate is a fraction of capacity only against the capacity the same client measured (``own_capacity``):
-where the two clients measured different capacities, one rate is a different fraction for each, and the row
-shows both.
+Both measure the same server with the same photo at the same load, back to back, so where they disagree by more
+than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and the row is flagged. Throughput
+and median latency are compared; the tail is shown, not flagged: a few hundred requests make it noisy.
+An open loop is compared by each client's own rules, like with like: perf_analyzer counts latency from the actual
+send, so servelab's p50 here does too (``Stats.p50_from_send_ms``; the lessons count from the scheduled send, with
+no coordinated omission); perf_analyzer draws its own Poisson arrivals, so each client's throughput is a share of
+the rate it sent, and a rate a fraction of the capacity the same client measured (``own_capacity``).
 """
 
 from dataclasses import dataclass

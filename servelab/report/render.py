@@ -145,10 +145,8 @@ PLOTS = (
 
 def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = (),
                   skipped: Mapping[str, str] | None = None, limit: Limit | None = None) -> Path:
-    """Write ``out_dir/report.md`` (the lessons on the first screen, then the plots and the short sections),
-    ``out_dir/report-tables.md`` (every run's row, the two clients, the servers' own counts, the warnings)
-    and the PNG plots; returns the report's path. ``skipped``: parts of the lab this environment could not
-    run (``servelab.run.lab.preflight``), with the reason; ``limit``: this machine's, measured by the lab."""
+    """Write ``out_dir/report.md``, ``report-tables.md`` and the plots; returns the report's path. ``skipped``: parts
+    of the lab this environment could not run (``servelab.run.lab.preflight``); ``limit``: this machine's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
