@@ -40,8 +40,6 @@ def _print_placement(info: dict[str, Any]) -> None:
               f"{info.get('replicas_per_node', {}).get(node['node_id'], 0)} running replica(s)")
 
 
-# --- commands --------------------------------------------------------------------------------
-
 def _up(args) -> int:
     if load_state() is not None:
         raise SystemExit(f"a cluster from `servelab ray up` is running ({STATE_FILE}); `servelab ray down` first")

@@ -207,25 +207,6 @@ def _machines(placed: Sequence[Placed]) -> tuple[str, list[str]]:
     return "several machines", ["the records name more than one machine: " + "; ".join(parts)]
 
 
-def _copies(placed: Sequence[Placed]) -> tuple[dict[tuple[float, float], str], list[str]]:
-    windows: dict[tuple[float, float], str] = {}
-    found = []
-    for p in placed:
-        if p.record.window_unix and len(p.record.window_unix) == 2:
-            if (first := windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
-                found.append(f"{where} is a copy of {first} (the same measured window)")
-    return windows, found
-
-
-def _table_rows(text: str) -> list[str]:
-    """The rows of the first Markdown table after ``## Comparison`` (the report's table of every run)."""
-    lines = text.splitlines()
-    at = next((i for i, line in enumerate(lines) if line.strip() == "## Comparison"), len(lines))
-    table = takewhile(lambda line: line.startswith("|"),
-                      dropwhile(lambda line: not line.startswith(("|", "## ")), lines[at + 1:]))
-    return [line.strip() for line in table][2:]  # the header and its rule
-
-
 def report_findings(folder: Path, records: list[Record]) -> list[str]:
     """Whether the report in ``folder`` was written from these records: its count and its table of every run."""
     found = []
@@ -242,8 +223,12 @@ def report_findings(folder: Path, records: list[Record]) -> list[str]:
             found.append(f"{name} does not say how many records it was written from")
         elif int(m[1]) != len(records):
             found.append(f"{name} was written from {m[1]} records; there are {len(records)}")
-        if name == TABLES:
-            shown, made = _table_rows(text), markdown_table(records).splitlines()[2:]
+        if name == TABLES:  # the rows of the first table after ``## Comparison``, less its header and rule
+            lines = text.splitlines()
+            at = next((i for i, line in enumerate(lines) if line.strip() == "## Comparison"), len(lines))
+            table = takewhile(lambda line: line.startswith("|"),
+                              dropwhile(lambda line: not line.startswith(("|", "## ")), lines[at + 1:]))
+            shown, made = [line.strip() for line in table][2:], markdown_table(records).splitlines()[2:]
             extra = [row for row in shown if row not in made]
             absent = [row for row in made if row not in shown]
             for rows, what in ((extra, "matches no record"), (absent, "is missing from it")):
@@ -271,7 +256,11 @@ def check(path: Path, now: float | None = None) -> Verdict:
             per_record[what].append(p.where)
     when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
     machine, machines = _machines(placed)
-    verdict.windows, copies = _copies(placed)
+    copies = []
+    for p in placed:  # a measured window twice: a copied record
+        if p.record.window_unix and len(p.record.window_unix) == 2:
+            if (first := verdict.windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
+                copies.append(f"{where} is a copy of {first} (the same measured window)")
     # One line per finding, naming the records it holds for (the first few, then how many more).
     verdict.findings += [f"{'; '.join(places[:SHOWN])}{f' and {len(places) - SHOWN} more' * (len(places) > SHOWN)}: "
                          f"{what}" for what, places in per_record.items()] + span + machines + copies
