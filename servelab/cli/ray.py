@@ -9,21 +9,14 @@ from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import save_state
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import VARIANTS
+from servelab.servers.rayserve import control
 from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import (
-    STATE_FILE,
-    deploy_stage,
-    load_state,
-    roll_out,
-    status,
-    stop_saved,
-)
 from servelab.servers.rayserve.options import STAGES
 
 
 def _address(args) -> str:
     address = getattr(args, "address", None) or get_settings().ray_address
-    if not address and (state := load_state()):
+    if not address and (state := control.load_state()):
         address = state["address"]
         for name, value in state["client_env"].items():  # its token
             os.environ.setdefault(name, value)
@@ -41,25 +34,27 @@ def _print_placement(info: dict[str, Any]) -> None:
 
 
 def _up(args) -> int:
-    if load_state() is not None:
-        raise SystemExit(f"a cluster from `servelab ray up` is running ({STATE_FILE}); `servelab ray down` first")
+    if control.load_state() is not None:
+        raise SystemExit(f"a cluster from `servelab ray up` is running ({control.STATE_FILE}); "
+                         "`servelab ray down` first")
     settings = get_settings()
     cluster = LocalCluster(workers=args.workers, cpus_per_node=settings.ray_node_cpus, detach=True,
                            log_dir=REPO_ROOT / ".servelab" / "ray-logs").start()
-    save_state(STATE_FILE, {"address": cluster.address, "dashboard": cluster.dashboard_url, "pids": cluster.pids(),
-                            "temp_dir": str(cluster.temp_dir), "client_env": cluster.client_env()})
+    save_state(control.STATE_FILE, {"address": cluster.address, "dashboard": cluster.dashboard_url,
+                                    "pids": cluster.pids(), "temp_dir": str(cluster.temp_dir),
+                                    "client_env": cluster.client_env()})
     os.environ.update(cluster.client_env())
     print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
           f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")
     try:
         return _deploy(args, cluster.address)
     except BaseException:
-        stop_saved()
+        control.stop_saved()
         raise
 
 
 def _deploy(args, address: str | None = None) -> int:
-    settings, info = get_settings(), deploy_stage(args.stage, address or _address(args))
+    settings, info = get_settings(), control.deploy_stage(args.stage, address or _address(args))
     print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
     _print_placement(info)
     return 0
@@ -67,7 +62,7 @@ def _deploy(args, address: str | None = None) -> int:
 
 def _rollout(args) -> int:
     try:
-        info = roll_out(args.stage, _address(args), args.model_dir, args.variant)
+        info = control.roll_out(args.stage, _address(args), args.model_dir, args.variant)
     except FileNotFoundError as exc:
         raise SystemExit(f"servelab ray rollout: {exc}") from None
     if args.json:
@@ -81,7 +76,7 @@ def _rollout(args) -> int:
 
 
 def _status(args) -> int:
-    info = status(_address(args))
+    info = control.status(_address(args))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -95,7 +90,7 @@ def _status(args) -> int:
 
 
 def _down(args) -> int:
-    state = stop_saved()
+    state = control.stop_saved()
     print("no cluster from `servelab ray up` is running" if state is None
           else f"stopped the Ray cluster at {state['address']} (PIDs {', '.join(map(str, state['pids']))})")
     return 0

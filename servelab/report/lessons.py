@@ -14,16 +14,7 @@ from servelab.core.hardware import int8_compute
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.core.variants.build import agreements
-from servelab.measure.fractions import (
-    WINDOWS,
-    capacity,
-    capacity_ratio,
-    client_bound_note,
-    closed_run,
-    device_of,
-    ratio_runs,
-    where,
-)
+from servelab.measure import fractions
 from servelab.measure.records import Record, RunKind
 from servelab.report import TEMPLATES, compare
 
@@ -146,7 +137,7 @@ def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
     """The least and the most ``top``'s ``figure`` (``throughput_rps``, ``p50_ms`` or ``p99_ms``) ÷ ``bottom``'s took
     over the windows both runs were measured in: any window of one over any window of the other. None where
     either kept fewer than two windows, or ``bottom`` had a window with none (nothing served: no ratio)."""
-    a, b = ([v for v in r.config.get(WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
+    a, b = ([v for v in r.config.get(fractions.WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
     return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
 
 
@@ -182,12 +173,12 @@ def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, 
     ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
-            got = capacity_ratio(records, top, bottom)
+            got = fractions.capacity_ratio(records, top, bottom)
             if got:
                 a, b, ratio = got
                 e, said = expect(a, device) if expect else (_expect(key, device), "")
-                bound = client_bound_note(a, b)  # the client's limit: no lesson is read from it
-                yield _finding(f"{top} ÷ {bottom}, capacity {where(a, b)}{bound}",
+                bound = fractions.client_bound_note(a, b)  # the client's limit: no lesson is read from it
+                yield _finding(f"{top} ÷ {bottom}, capacity {fractions.where(a, b)}{bound}",
                                f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
                                "; ".join(filter(None, (_latency_at(records, top, bottom), extra(a, b), said))),
                                e, a, b, "throughput_rps", top, judged=not bound)
@@ -196,7 +187,7 @@ def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, 
 
 def _latency_at(records: list[Record], top: str, bottom: str) -> str:
     """Both stages' p50 at one stated concurrency (16 senders, else the most both were measured at)."""
-    runs = ratio_runs(records, top, bottom)
+    runs = fractions.ratio_runs(records, top, bottom)
     if not runs:
         return ""
     level, a, b = runs
@@ -228,7 +219,7 @@ def _variant(variant: str):
 
 def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.PROXY):
-        a, b = closed_run(records, top, 1), closed_run(records, bottom, 1)
+        a, b = fractions.closed_run(records, top, 1), fractions.closed_run(records, bottom, 1)
         if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
             ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
             yield _finding(f"{top} ÷ {bottom}, one request at a time",
@@ -241,7 +232,7 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
     # The stage the lab offers both arrival processes, and its baseline: batching on and off, the same load.
     queued = [n for s in CATALOGUE if s.family == "triton" and s.triton.both_arrivals for n in (s.baseline, s.name)]
     for stage in queued:
-        cap, alone = capacity(records, stage), closed_run(records, stage, 1)
+        cap, alone = fractions.capacity(records, stage), fractions.closed_run(records, stage, 1)
         runs = [r for r in records if r.stage == stage and r.tool == "servelab" and r.load.mode == "open"
                 and r.load.arrivals == "poisson" and not r.load.phases and not r.failed and r.batch == 1
                 and r.stats.latency.p50_ms and not r.config.get("run")]  # not the overload case: above capacity
@@ -251,7 +242,8 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
         ratio = top.stats.latency.p50_ms / alone.stats.latency.p50_ms
         share = top.breakdown.queue_share if top.breakdown else None
         yield _finding(f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
-                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{client_bound_note(cap)}) ÷ one at a time",
+                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{fractions.client_bound_note(cap)}) "
+                       "÷ one at a time",
                        f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
                        "" if share is None else f"queue share {100 * share:.0f} %",
                        _expect(Lesson.QUEUEING, device), top, alone, "p50_ms")
@@ -266,7 +258,7 @@ def _runs(records: list[Record], stages: tuple[str, str], kind: RunKind, measure
 def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.SHEDDING):
         a, b = _runs(records, (top, bottom), RunKind.OVERLOAD, lambda r: r.stats.latency.p99_ms)
-        alone = closed_run(records, top, 1)
+        alone = fractions.closed_run(records, top, 1)
         if not (a and b):
             continue
         ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect(Lesson.SHEDDING, device)
@@ -363,7 +355,7 @@ LESSONS: tuple[LessonReport, ...] = (
 
 def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
     """Every lesson with what this run measured of it ([]: not measured); a CPU run leaves out the GPU's."""
-    device = device_of(records)
+    device = fractions.device_of(records)
     return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS
             if not (device == "cpu" and lesson.pairs and all(_needs_gpu(t, b) for t, b in lesson.pairs))]
 
@@ -379,7 +371,7 @@ def _line(f: Finding) -> str:
 
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
     """The report's first section (``lessons.md.j2``) as Markdown lines."""
-    device, found, pairs = device_of(records), findings(records), compare.pairs(records)
+    device, found, pairs = fractions.device_of(records), findings(records), compare.pairs(records)
     measured, unmeasured, missing = [], [], []
     for lesson, fs in found:
         e = _expect(lesson.key, device)
