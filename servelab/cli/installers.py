@@ -1,5 +1,4 @@
-"""``servelab perf-analyzer install | check | run``, ``servelab prometheus install | check`` and ``servelab redis
-install | check``: the fronts of ``servelab.core.installers`` (the pinned third-party binaries the lab runs)."""
+"""The fronts of ``servelab.core.installers``: the pinned third-party binaries the lab runs."""
 
 import os
 import subprocess

@@ -1,5 +1,4 @@
-"""``servelab report [RECORDS ...] [--out-dir results]``: the front of ``servelab.report``; with ``--check``,
-the grader's check of each RESULTS folder (``servelab.report.check``) instead."""
+"""``servelab report``: the front of ``servelab.report``; with ``--check``, of ``servelab.report.check``."""
 
 import argparse
 from pathlib import Path

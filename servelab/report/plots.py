@@ -1,8 +1,7 @@
-"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI, Triton, Ray
-Serve; stages outside the catalogue in a last row), each stage in one colour in every plot and every run (its
-place in its family in the catalogue), legends beside the panels, never over them. Open-loop rates are drawn as a
-fraction of each stage's own capacity (``fractions.capacity``), so that stages of very different speed share one
-axis. servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the tables.
+"""The report's comparison plots as small multiples: a row of panels per stage family, each stage in one colour in
+every plot and every run, legends beside the panels, never over them. Open-loop rates are a fraction of each stage's
+own capacity, so that stages of very different speed share one axis. servelab's client only, one image per request:
+perf_analyzer's runs and batched requests are in the tables.
 """
 
 from collections import defaultdict

@@ -1,6 +1,4 @@
-"""The report's Prometheus section: the servers' own view of each run beside the load generator's: a table of
-the two counts and rates per run (``run_series.agreements``), and one figure of the range-query series, every run
-end to end, the client's own throughput and median drawn over each."""
+"""The report's Prometheus section: the servers' own view of each run beside the load generator's."""
 
 from typing import Any
 

@@ -1,6 +1,4 @@
-"""Runs over time: the report's Ray Serve section (replica placement by node id; step load and node failure) and
-its overload section (open loops above a stage's capacity, with and without a bound on its queue): their tables
-(``sections``, set in prose by ``report.md.j2``) and plots of throughput, latency, errors and replicas over time."""
+"""Runs over time: the report's Ray Serve section (placement, step load, node failure) and its overload section."""
 
 from pathlib import Path
 from typing import Any
