@@ -96,31 +96,23 @@ def _down(args) -> int:
     return 0
 
 
-def _add_address(p) -> None:
-    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
-
-
 def register(subparsers) -> None:
     ray = subparsers.add_parser("ray", help="Ray Serve stages on a (local, multi-node) Ray cluster")
     sub = ray.add_subparsers(dest="ray_command", required=True)
-    p = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
-    p.add_argument("--stage", choices=list(STAGES), default=default_stage("ray"))
-    p.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
-    p.set_defaults(func=_up)
-    p = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")
-    p.add_argument("--stage", choices=list(STAGES), required=True)
-    _add_address(p)
-    p.set_defaults(func=_deploy)
-    p = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
-    p.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
-    p.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
-    p.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
-    _add_address(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_rollout)
-    p = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
-    _add_address(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_status)
-    p = sub.add_parser("down", help="stop the cluster `servelab ray up` started")
-    p.set_defaults(func=_down)
+    up = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
+    up.add_argument("--stage", choices=list(STAGES), default=default_stage("ray"))
+    up.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
+    up.set_defaults(func=_up)
+    deploy = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")
+    deploy.add_argument("--stage", choices=list(STAGES), required=True)
+    rollout = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
+    rollout.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
+    rollout.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
+    rollout.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
+    status = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
+    for p, func in ((deploy, _deploy), (rollout, _rollout), (status, _status)):  # the options they share, last
+        p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+        if p is not deploy:
+            p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+    sub.add_parser("down", help="stop the cluster `servelab ray up` started").set_defaults(func=_down)

@@ -13,7 +13,6 @@ def register(subparsers) -> None:
     triton = subparsers.add_parser("triton", help="Triton stages and a local tritonserver without Docker")
     sub = triton.add_subparsers(dest="triton_command", required=True)
     sub.add_parser("stages", help="list the named stages").set_defaults(func=_stages)
-
     render = sub.add_parser("render", help="print a stage's effective configs without touching a server")
     render.add_argument("name", choices=list(stages.STAGES))
     render.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")

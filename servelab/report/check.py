@@ -102,24 +102,17 @@ def record_findings(p: Placed) -> list[str]:
         found.append(f"servelab ran with device {r.config.get('device')!r}, not 'gpu'")
     if r.stand_in:
         found.append(f"a stand-in, not the lab's model: {r.stand_in}")
-    found += _arithmetic(r) + _percentiles(r) + _times(r)
-    return found
-
-
-def _arithmetic(r: Record) -> list[str]:
-    s, found = r.stats, []
-    if r.failed:
-        return found
-    if s.requests is not None and s.successes is not None and s.requests != s.successes + s.error_count + sum(s.shed.values()):
-        found.append(f"requests {s.requests} != successes {s.successes} + errors {s.error_count} + shed {sum(s.shed.values())}")
-    if r.tool == "servelab" and s.successes is not None and s.wall_s:
+    s, shed = r.stats, sum(r.stats.shed.values())
+    if not r.failed and None not in (s.requests, s.successes) and s.requests != s.successes + s.error_count + shed:
+        found.append(f"requests {s.requests} != successes {s.successes} + errors {s.error_count} + shed {shed}")
+    if not r.failed and r.tool == "servelab" and s.successes is not None and s.wall_s:
         expected = s.successes / s.wall_s
         if not _close(s.throughput_rps, expected):
             found.append(f"throughput {s.throughput_rps:.4g} req/s is not its {s.successes} successes / {s.wall_s:.4g} s "
                          f"= {expected:.4g} req/s")
-    if s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
+    if not r.failed and s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
         found.append(f"{s.items_per_s:.4g} img/s is not throughput {s.throughput_rps:.4g} req/s x batch {r.batch}")
-    return found
+    return found + _percentiles(r) + _times(r)
 
 
 def _percentiles(r: Record) -> list[str]:
