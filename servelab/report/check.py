@@ -204,9 +204,8 @@ def report_findings(folder: Path, records: list[Record]) -> list[str]:
     """Whether the report in ``folder`` was written from these records: its count and its table of every run."""
     found = []
     for name in (REPORT, TABLES):
-        path = folder / name
         try:
-            text = path.read_text(encoding="utf-8")
+            text = (folder / name).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             found.append(f"no readable {name} beside the records ({type(exc).__name__}); run `servelab report {folder}` "
                          "on the node")

@@ -113,8 +113,7 @@ class LessonReport:
     find: Callable[[list[Record], str], Iterator[Finding]]  # (records, device) -> findings
 
     @property
-    def pairs(self) -> tuple[tuple[str, str], ...]:
-        """The stages compared, top ÷ bottom (what "not measured" names): the catalogue's stages of this lesson."""
+    def pairs(self) -> tuple[tuple[str, str], ...]:  # top ÷ bottom: what "not measured" names
         return compared(self.key)
 
 
@@ -206,7 +205,7 @@ def int8_on_cpu(record: Record, device: str) -> tuple[Expect, str]:
     if device != "cpu":
         return _expect(key, device), ""
     int8 = int8_compute(record.machine.get("cpu_flags"))
-    e = _expect(key, f"cpu, INT8 {int8.expect}") if int8.expect else _expect(key, "cpu")
+    e = _expect(key, f"cpu, INT8 {int8.expect}" if int8.expect else "cpu")
     return e, int8.sentence("the CPU that ran it", "there")
 
 
@@ -264,9 +263,8 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
         ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect(Lesson.SHEDDING, device)
         shed, asked = sum(a.stats.shed.values()), a.stats.successes + sum(a.stats.shed.values()) + a.stats.error_count
         times = a.stats.latency.p99_ms / alone.stats.latency.p50_ms if alone and alone.stats.latency.p50_ms else None
-        extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed"]
-        if times is not None:
-            extra.append(f"accepted p99 = {times:.1f}× the service time")
+        extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed",
+                 *([] if times is None else [f"accepted p99 = {times:.1f}× the service time"])]
         # The stated multiple holds where the bound counts every request inside the server: FastAPI's.
         beyond = (f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
                   if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")

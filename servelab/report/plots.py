@@ -97,8 +97,7 @@ def sweep_concurrency(records: list[Record], out: Path) -> bool:
         tput_ax.set_title(f"{title}: throughput", fontsize=9)
         lat_ax.set_ylabel("latency (ms, log)")
         _log_ms(lat_ax.yaxis)
-        tput_ax.set_ylabel("successful requests/s")
-        tput_ax.set_ylim(bottom=0)
+        tput_ax.set(ylabel="successful requests/s", ylim=(0, None))
         for ax in (lat_ax, tput_ax):
             ax.set_xscale("log", base=2)
             ax.grid(alpha=0.3)

@@ -11,8 +11,6 @@ from servelab.core.variants.build import agreements, variant_path
 from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
 
-BASELINE = "fp32"
-
 
 def cpu_ms_per_request(record: Record) -> float | None:
     """The machine's CPU time per successful request: mean CPU % x cores x wall time / successes."""
@@ -32,7 +30,7 @@ def markdown(found: list[Record], model_dir: Path) -> str:
     top1 = agreements(model_dir)
     baseline: dict[str, float] = {}  # the first fp32 stage of each server (fastapi-onnx, onnx-1)
     for r in found:
-        if r.config["variant"] == BASELINE:
+        if r.config["variant"] == "fp32":
             baseline.setdefault(r.target.get("kind", "?"), r.stats.throughput_rps)
     cells = []
     for r in found:

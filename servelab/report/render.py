@@ -81,10 +81,8 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
         ax.bar([s + (i - (len(runs) - 1) / 2) * width for s in sizes], [hist.get(s, 0) / total for s in sizes],
                width, label=f"{r.stage}{tool}{f' b={r.batch}' * (r.batch > 1)}, {r.load.label()} "
                             f"(mean {num(r.breakdown.mean_batch_size, 2)})")
-    ax.set_xticks(sizes)
-    ax.set_xlabel("batch size formed on the server")
-    ax.set_ylabel("fraction of executions")
-    ax.set_title("Server-side batch sizes")
+    ax.set(xticks=sizes, xlabel="batch size formed on the server", ylabel="fraction of executions",
+           title="Server-side batch sizes")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="x-small")
     fig.savefig(out, dpi=110)
@@ -210,12 +208,10 @@ def hardware_section(records: list[Record]) -> list[str]:
 
 def _machines(records: list[Record]) -> list[str]:
     seen: dict[str, Any] = {}
-    for r in records:
-        m = r.machine
-        if m:
-            versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
-            gpus = ", ".join(m.get("gpus") or []) or "no GPU"
-            seen.setdefault(m.get("hostname", "?"), f"`{m.get('hostname', '?')}`: {m.get('processor', '?')}, "
-                            f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
-                            f"Python {m.get('python', '?')}; {versions}")
+    for m in (r.machine for r in records if r.machine):
+        versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+        gpus = ", ".join(m.get("gpus") or []) or "no GPU"
+        seen.setdefault(m.get("hostname", "?"), f"`{m.get('hostname', '?')}`: {m.get('processor', '?')}, "
+                        f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
+                        f"Python {m.get('python', '?')}; {versions}")
     return list(seen.values()) or ["not recorded"]

@@ -36,8 +36,7 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
         middle.legend(fontsize=7)
         if rows == 3:
             bottom.step(t.replicas_t_s, t.replicas, where="post", color="tab:green")
-            bottom.set_ylabel("running replicas")
-            bottom.set_ylim(0, max(t.replicas or [1]) + 1)
+            bottom.set(ylabel="running replicas", ylim=(0, max(t.replicas or [1]) + 1))
         bottom.set_xlabel("seconds from the start of the run")
         for ax in dict.fromkeys((top, middle, bottom)):
             for name, at in t.events.items():
