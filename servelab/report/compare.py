@@ -64,9 +64,8 @@ class Pair:
 
 
 def own_capacity(records: list[Record], tool: str, stage: str) -> float | None:
-    """The capacity of ``stage`` that the client ``tool`` measured: servelab's, the top of its sweep
-    (``fractions.capacity``); perf_analyzer's, the most requests/s of its closed-loop runs of the stage (it runs
-    at the sweep's levels right after servelab's client)."""
+    """The capacity of ``stage`` that the client ``tool`` measured: servelab's, the top of its sweep; perf_analyzer's,
+    the most requests/s of its closed-loop runs (it runs at the sweep's levels right after servelab's client)."""
     if tool == "servelab":
         return run.stats.throughput_rps if (run := capacity(records, stage)) else None
     return max((r.stats.throughput_rps for r in records if r.tool == tool and r.stage == stage and r.batch == 1

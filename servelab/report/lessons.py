@@ -133,9 +133,8 @@ def notebook_of(stage: str) -> str:
 
 
 def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
-    """The least and the most ``top``'s ``figure`` (``throughput_rps``, ``p50_ms`` or ``p99_ms``) ÷ ``bottom``'s took
-    over the windows both runs were measured in: any window of one over any window of the other. None where
-    either kept fewer than two windows, or ``bottom`` had a window with none (nothing served: no ratio)."""
+    """The least and the most ``top``'s ``figure`` ÷ ``bottom``'s took over any window of one and any of the other;
+    None where either kept fewer than two windows, or ``bottom`` had a window with none (nothing served)."""
     a, b = ([v for v in r.config.get(fractions.WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
     return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
 
@@ -168,8 +167,7 @@ def _finding(pair: str, figures: str, ratio: float, extra: str, e: Expect, top: 
 
 def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, b: "",
                 expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
-    """Findings of the capacity ratios of the lesson's pairs, with both p50s at one stated concurrency beside them;
-    ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
+    """Findings of the capacity ratios of the lesson's pairs; ``expect``: where the bound is the top record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
             got = fractions.capacity_ratio(records, top, bottom)

@@ -46,8 +46,7 @@ def _rows(records: list[Record]) -> list[tuple[str, str, list[Record]]]:
 
 
 def figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2, legend_room: float = 2.2, **subplots):
-    """A figure of ``rows`` x ``cols`` panels (always a 2-D array), ``legend_room`` inches wider for legends
-    beside them; every plot of the report is drawn on one."""
+    """``rows`` x ``cols`` panels (always a 2-D array), ``legend_room`` inches wider for legends beside them."""
     from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
 
     fig = Figure(figsize=(width * cols + legend_room, height * rows), layout="constrained")
@@ -157,9 +156,8 @@ def sweep_rate(records: list[Record], out: Path) -> bool:
 
 
 def _cdf_columns(runs: list[Record], caps: dict[str, float]) -> list[tuple[str, dict[str, Record]]]:
-    """(title, stage -> its run) for: one at a time; each stage at its capacity (``fractions.capacity``: the top of
-    its sweep; in records made before the sweep, its run at the most senders); Poisson at the highest fraction of
-    capacity offered (each stage's own run nearest it)."""
+    """(title, stage -> its run) for: one at a time; each stage at its capacity; Poisson at the highest fraction
+    of capacity offered (each stage's own run nearest it)."""
     columns = [("one request at a time", {r.stage: r for r in runs if r.load.mode == "sequential"})]
     at_capacity = {s: run for s in dict.fromkeys(r.stage for r in runs)
                    if (run := capacity(runs, s)) and run.load.mode == "closed" and run.stats.latency.cdf_ms}

@@ -171,8 +171,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
 
 
 def capacity_section(records: list[Record]) -> list[str]:
-    """The table of each stage's capacity and the curve its sweep measured (``fractions.curve``), where the
-    records hold one ([]: none); ``report.md.j2`` says what it is."""
+    """The table of each stage's capacity and the curve its sweep measured, where the records hold one ([]: none)."""
     rows = []
     for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
         if not (found := swept(records, stage)):
@@ -188,8 +187,7 @@ def capacity_section(records: list[Record]) -> list[str]:
 
 
 def hardware_section(records: list[Record]) -> list[str]:
-    """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
-    where each stage really ran: the header every report and GPU record starts with."""
+    """The hardware and library versions the runs had, and where each stage really ran: every report's header."""
     stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
     devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
     md = ["## Hardware and versions", ""]

@@ -21,8 +21,7 @@ PANELS = (  # panel title, the series drawn in it (by name, as run_series names 
 
 
 def section(records: list[Record]) -> dict[str, Any] | None:
-    """The Prometheus section of ``report-tables.md.j2``: None where no run had Prometheus; else the queries'
-    notes and, where it answered, each run's agreement as a table and how many disagree."""
+    """The Prometheus section of ``report-tables.md.j2``; None where no run had Prometheus."""
     with_prom = [r for r in records if r.prometheus is not None]
     if not with_prom:
         return None

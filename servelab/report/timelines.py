@@ -77,8 +77,7 @@ def _timed_row(r: Record) -> tuple[str, ...]:
 
 
 def sections(records: list[Record], out_dir: Path) -> dict[str, Any]:
-    """The report's Ray Serve and overload sections (``report.md.j2``): their tables ("": none), and whether each
-    plot over time was drawn."""
+    """The tables of the report's Ray Serve and overload sections, and whether each plot over time was drawn."""
     overloaded = [r for r in records if r.config.get("run") == RunKind.OVERLOAD and r.timeline is not None]
     timed = [r for r in records if r.timeline is not None and r.config.get("run") != RunKind.OVERLOAD]
     placed: dict[str, Record] = {}  # each stage's first record of where its replicas ran
