@@ -120,8 +120,7 @@ def _percentiles(r: Record) -> list[str]:
     shown = [(name, getattr(lat, name)) for name, _ in PERCENTILES if getattr(lat, name) is not None]
     if any(a[1] > b[1] + MS for a, b in zip(shown, shown[1:])):
         found.append("percentiles out of order: " + ", ".join(f"{n} {v:.4g}" for n, v in shown))
-    cdf = lat.cdf_ms
-    if cdf:
+    if cdf := lat.cdf_ms:
         if len(cdf) != 101 or any(b < a for a, b in zip(cdf, cdf[1:])):
             found.append("the latency curve (cdf_ms) is not 101 rising percentiles")
         else:
@@ -131,8 +130,7 @@ def _percentiles(r: Record) -> list[str]:
                 found.append("percentiles do not match the latencies kept (cdf_ms): " + ", ".join(off))
             if lat.mean_ms is not None and not cdf[0] - MS <= lat.mean_ms <= cdf[100] + MS:
                 found.append(f"mean {lat.mean_ms:.4g} ms lies outside its latencies ({cdf[0]:.4g} to {cdf[100]:.4g} ms)")
-    kept = r.per_request
-    if kept and kept.latency_ms and r.stats.successes is not None:
+    if (kept := r.per_request) and kept.latency_ms and r.stats.successes is not None:
         ok = [ms for ms, outcome in zip(kept.latency_ms, kept.outcome) if outcome == "ok"]
         if len(ok) != r.stats.successes:
             found.append(f"{r.stats.successes} successes, but {len(ok)} successful requests kept (per_request)")
@@ -150,8 +148,7 @@ def _times(r: Record) -> list[str]:
     start = _unix(r.started_at)
     if start is None:
         return [f"started_at {r.started_at!r} is not a time"]
-    w = r.window_unix
-    if not w:
+    if not (w := r.window_unix):
         return []
     if len(w) != 2 or w[1] < w[0]:
         return [f"measured window {w} is not [start, end]"]

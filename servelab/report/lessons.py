@@ -184,8 +184,7 @@ def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, 
 
 def _latency_at(records: list[Record], top: str, bottom: str) -> str:
     """Both stages' p50 at one stated concurrency (16 senders, else the most both were measured at)."""
-    runs = fractions.ratio_runs(records, top, bottom)
-    if not runs:
+    if not (runs := fractions.ratio_runs(records, top, bottom)):
         return ""
     level, a, b = runs
     at = "one at a time" if level == 1 else f"{level} senders"
@@ -310,8 +309,7 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
         if r.config.get("run") == RunKind.STEP_LOAD and r.timeline and r.timeline.replicas:
-            low, high = min(r.timeline.replicas), max(r.timeline.replicas)
-            said = _expect(Lesson.AUTOSCALING, device)
+            low, high, said = min(r.timeline.replicas), max(r.timeline.replicas), _expect(Lesson.AUTOSCALING, device)
             yield Finding(f"{r.stage}, {r.load.label()}", f"running replicas min {low}, max {high}", None,
                           f"p99 {num(r.stats.latency.p99_ms)} ms",
                           "" if high > low else f"contradicts {said.notebook}, which expects more replicas at the "

@@ -108,10 +108,8 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
     for r in runs:
         m = r.monitors
         t = [offset + x for x in m.t_s]
-        mean = [sum(s) / len(s) for s in m.cpu_pct]
-        top = [max(s) for s in m.cpu_pct]
-        ax_of["cpu"].plot(t, mean, ".-", color="tab:blue", lw=1, ms=3)
-        ax_of["cpu"].plot(t, top, ".-", color="tab:blue", lw=0.6, ms=2, alpha=0.4)
+        ax_of["cpu"].plot(t, [sum(s) / len(s) for s in m.cpu_pct], ".-", color="tab:blue", lw=1, ms=3)  # mean
+        ax_of["cpu"].plot(t, [max(s) for s in m.cpu_pct], ".-", color="tab:blue", lw=0.6, ms=2, alpha=0.4)  # busiest
         for g in m.gpus:
             ax_of["gpu"].plot(t[:len(g.util_pct)], g.util_pct, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
             ax_of["gpu_mem"].plot(t[:len(g.mem_used_mib)], g.mem_used_mib, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
@@ -147,9 +145,8 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     of the lab this environment could not run (``servelab.run.lab.preflight``); ``limit``: this machine's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    where = ", ".join(f"`{p}`" for p in sources) or "the given records"
-    generated = f"Generated {now} from {len(records)} run records ({where})."
+    now, where = dt.datetime.now(dt.timezone.utc), ", ".join(f"`{p}`" for p in sources) or "the given records"
+    generated = f"Generated {now.isoformat(timespec='seconds')} from {len(records)} run records ({where})."
     warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
     found, model_dir = precision.rows(records), get_settings().model_dir
     path = out_dir / "report.md"
