@@ -86,8 +86,7 @@ def _cmd_env(args) -> int:
         return 1
     variables = {**state.env, "DOCKER_CONFIG": str(compose_tool.docker_config(_cache())), "DOCKER_BUILDKIT": "0",
                  **_runner(state).build_args}
-    for name, value in variables.items():
-        print(f"export {name}={shlex.quote(value)}")
+    print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in variables.items()))
     print("# then, e.g.: docker compose -f docker/docker-compose-fastapi.yaml -f docker/no-gpu/docker-compose-fastapi.yaml up -d")
     return 0
 

@@ -25,10 +25,8 @@ def family(stage: str) -> str:
 def colour(stage: str, others: list[str] = ()) -> str:
     """The stage's colour: its place in its family in the catalogue (a stage outside it: its place among
     ``others``, the records' other such stages, sorted)."""
-    if stage in _FAMILY:
-        place = [s.name for s in CATALOGUE if s.family == _FAMILY[stage]].index(stage)
-    else:
-        place = sorted(set(others) | {stage}).index(stage)
+    place = ([s.name for s in CATALOGUE if s.family == _FAMILY[stage]] if stage in _FAMILY
+             else sorted(set(others) | {stage})).index(stage)
     return PALETTE[place % len(PALETTE)]
 
 
