@@ -8,23 +8,11 @@ import argparse
 import importlib
 import sys
 
-# Subcommand modules, imported only when present so each role installs only what it needs.
-COMMAND_MODULES = (
-    "servelab.cli.models",  # models build | variants
-    "servelab.cli.serve",  # serve fastapi-pt | fastapi-onnx | flask
-    "servelab.cli.triton",  # triton up | down | stage
-    "servelab.cli.ray",  # ray up | deploy | status | down
-    "servelab.cli.load",  # load fastapi | triton | perf-analyzer | input-data
-    "servelab.cli.installers",  # perf-analyzer install | check | run; prometheus install | check
-    "servelab.cli.report",  # report
-    "servelab.cli.benchmark",  # benchmark (in-process vs HTTP ratios for the FastAPI services)
-    "servelab.cli.lab",  # lab
-    "servelab.cli.doctor",  # doctor
-    "servelab.cli.gpu_check",  # gpu-check
-    "servelab.cli.containers",  # containers up | down | stop | env
-    "servelab.cli.node_secrets",  # secrets (the node's generated ADMIN_TOKEN and Grafana password)
-    "servelab.cli.classroom",  # class status (where each student of a class stands on Chameleon)
-)
+# Subcommand modules (in the order `servelab --help` lists them), imported only when present so each role
+# installs only what it needs.
+COMMAND_MODULES = tuple(f"servelab.cli.{name}" for name in (
+    "models", "serve", "triton", "ray", "load", "installers", "report", "benchmark", "lab", "doctor", "gpu_check",
+    "containers", "node_secrets", "classroom"))
 
 # servelab packages that .dockerignore keeps out of every image: the local container runner runs on
 # the host only (`servelab containers` is simply absent inside a container).

@@ -84,12 +84,9 @@ def _cmd_env(args) -> int:
     state = _running()
     if state is None:
         return 1
-    cache = _cache()
-    docker = compose_tool.docker(state.env, cache)
-    variables = {**state.env, "DOCKER_CONFIG": str(compose_tool.docker_config(cache)), "DOCKER_BUILDKIT": "0",
-                 **standins.build_args(docker, cache, read_env_file())}
-    for name, value in variables.items():
-        print(f"export {name}={shlex.quote(value)}")
+    variables = {**state.env, "DOCKER_CONFIG": str(compose_tool.docker_config(_cache())), "DOCKER_BUILDKIT": "0",
+                 **_runner(state).build_args}
+    print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in variables.items()))
     print("# then, e.g.: docker compose -f docker/docker-compose-fastapi.yaml -f docker/no-gpu/docker-compose-fastapi.yaml up -d")
     return 0
 

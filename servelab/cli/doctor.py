@@ -1,5 +1,4 @@
-"""``servelab doctor [--node] [--images] [--json]``: the front of ``servelab.tools.doctor`` (its checks:
-``checks.CHECKS``; with ``--images``, ``image_checks.CHECKS``)."""
+"""``servelab doctor [--node] [--images] [--json]``: the front of ``servelab.tools.doctor``."""
 
 import argparse
 import json

@@ -1,5 +1,4 @@
-"""``servelab perf-analyzer install | check | run``, ``servelab prometheus install | check`` and ``servelab redis
-install | check``: the fronts of ``servelab.core.installers`` (the pinned third-party binaries the lab runs)."""
+"""The fronts of ``servelab.core.installers``: the pinned third-party binaries the lab runs."""
 
 import os
 import subprocess
@@ -30,8 +29,7 @@ def register(subparsers) -> None:
 
 
 def register_tool(subparsers, command: str, module, not_found: type[Exception], tool: str, what: str, **parser):
-    """``servelab <command> install | check`` for a binary the project installs into this environment (``module``:
-    its installer, with ``installed``, ``install`` and ``locate``); its subcommands, for more."""
+    """``servelab <command> install | check`` for a binary ``module`` installs into this environment."""
     sub = subparsers.add_parser(command, **parser).add_subparsers(dest="tool_command", required=True)
     inst = sub.add_parser("install", help=f"install {what}")
     inst.add_argument("--if-missing", action="store_true", help="do nothing when it is already installed")

@@ -29,6 +29,8 @@ from servelab.measure.targets import FastAPITarget, Target, TritonTarget
 from servelab.report.render import summary_table
 from servelab.servers.triton.client import InputKind, input_kind
 
+MANIFEST = "model manifest with the preprocessing sizes (tensor or uint8 input)"
+
 
 def _numbers(kind: type):
     def parse(text: str) -> list:
@@ -50,83 +52,65 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _add_image_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--image", type=Path, help="photo to send (default: the bundled real photo)")
-    p.add_argument("--batch", type=int, default=1, help="images per request (default 1)")
-
-
-def _add_triton_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
-    p.add_argument("--model", default=PT, help="model name (default %(default)s)")
-    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--input", choices=get_args(InputKind),
-                   help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop (default: what "
-                        "the catalogue's model takes, servelab.core.catalogue.MODELS)")
-    p.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
-
-
-def _add_load_args(p: argparse.ArgumentParser, open_loop_extras: bool = True) -> None:
-    g = p.add_argument_group("load (latency in ms, throughput in requests/s)")
-    g.add_argument("--requests", type=int, help="measured requests per run (alone: a sequential run)")
-    g.add_argument("--duration", type=float, help="measure for this many seconds instead (or as well)")
-    g.add_argument("--warmup", type=int, default=10, help="unmeasured requests first (default %(default)s)")
-    g.add_argument("--concurrency", type=_numbers(int), help="closed loop: senders, e.g. 8 or 1,2,4,8,16")
-    g.add_argument("--rate", type=_numbers(float), help="open loop: requests/s, e.g. 120 or 120,180,240")
-    g.add_argument("--arrivals", choices=("constant", "poisson"), default="poisson", help="open-loop arrivals")
-    g.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule")
-    if open_loop_extras:
-        g.add_argument("--max-inflight", type=int, default=128, help="open loop: most requests outstanding")
-        g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
-        g.add_argument("--warmup-seconds", type=float,
-                       help="a warm-up window too: unmeasured requests until both it and --warmup are done")
-        c = p.add_argument_group("client (servelab.measure.senders: its sender processes)")
-        c.add_argument("--processes", type=int,
-                       help="sender processes (default: as many as keep the client 2x above the rate it expects)")
-        c.add_argument("--max-processes", type=int, help="the most sender processes it may plan (default: half the CPUs)")
-
-
-def _add_record_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("record")
-    g.add_argument("--stage", help="stage name for the record (default: from the target)")
-    g.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="stage configuration to record (repeatable)")
-    g.add_argument("--server-pid", type=int, help="server process whose memory (with children) to record")
-    g.add_argument("--monitor-interval", type=float, default=0.5, help="seconds between utilization samples")
-    g.add_argument("--stand-in", help="note that the model is a stand-in, shown in every report")
-    g.add_argument("--out", type=Path, help="append one JSON record per run to this file")
-
-
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser("load", help="measure latency and throughput of a stage",
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = bench.add_subparsers(dest="bench_command", required=True)
-
-    for name, help_text, add_target_args in (
-        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service",
-         lambda p: p.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (default %(default)s)")),
-        ("triton", "infer through tritonclient's asyncio HTTP or gRPC client", _add_triton_args),
+    for name, help_text, func in (
+        ("fastapi", "POST /predict (base64 JSON) to a FastAPI service", _cmd_bench),
+        ("triton", "infer through tritonclient's asyncio HTTP or gRPC client", _cmd_bench),
+        ("perf-analyzer", "run perf_analyzer (see `servelab perf-analyzer check`) and record its results",
+         _cmd_perf_analyzer),
     ):
         p = sub.add_parser(name, help=help_text)
-        add_target_args(p)
-        _add_image_args(p)
-        _add_load_args(p)
-        _add_record_args(p)
-        p.set_defaults(func=_cmd_bench)
-
-    pa = sub.add_parser("perf-analyzer", help="run perf_analyzer (see `servelab perf-analyzer check`) and record its results")
-    _add_triton_args(pa)
-    _add_image_args(pa)
-    _add_load_args(pa, open_loop_extras=False)
-    _add_record_args(pa)
-    pa.add_argument("--input-data", type=Path, help="existing --input-data JSON (default: written from --image)")
-    pa.add_argument("--extra", default="", help="more perf_analyzer arguments, e.g. '--async'")
-    pa.set_defaults(func=_cmd_perf_analyzer)
+        if name == "fastapi":
+            p.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (default %(default)s)")
+        else:
+            p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
+            p.add_argument("--model", default=PT, help="model name (default %(default)s)")
+            p.add_argument("--protocol", choices=("http", "grpc"), default="http")
+            p.add_argument("--input", choices=get_args(InputKind),
+                           help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop "
+                                "(default: what the catalogue's model takes, servelab.core.catalogue.MODELS)")
+            p.add_argument("--manifest", type=Path, help=MANIFEST)
+        p.add_argument("--image", type=Path, help="photo to send (default: the bundled real photo)")
+        p.add_argument("--batch", type=int, default=1, help="images per request (default 1)")
+        g = p.add_argument_group("load (latency in ms, throughput in requests/s)")
+        g.add_argument("--requests", type=int, help="measured requests per run (alone: a sequential run)")
+        g.add_argument("--duration", type=float, help="measure for this many seconds instead (or as well)")
+        g.add_argument("--warmup", type=int, default=10, help="unmeasured requests first (default %(default)s)")
+        g.add_argument("--concurrency", type=_numbers(int), help="closed loop: senders, e.g. 8 or 1,2,4,8,16")
+        g.add_argument("--rate", type=_numbers(float), help="open loop: requests/s, e.g. 120 or 120,180,240")
+        g.add_argument("--arrivals", choices=("constant", "poisson"), default="poisson", help="open-loop arrivals")
+        g.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule")
+        if func is _cmd_bench:  # servelab's own client (perf_analyzer has its own)
+            g.add_argument("--max-inflight", type=int, default=128, help="open loop: most requests outstanding")
+            g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
+            g.add_argument("--warmup-seconds", type=float,
+                           help="a warm-up window too: unmeasured requests until both it and --warmup are done")
+            c = p.add_argument_group("client (servelab.measure.senders: its sender processes)")
+            c.add_argument("--processes", type=int,
+                           help="sender processes (default: as many as keep the client 2x above the rate it expects)")
+            c.add_argument("--max-processes", type=int,
+                           help="the most sender processes it may plan (default: half the CPUs)")
+        g = p.add_argument_group("record")
+        g.add_argument("--stage", help="stage name for the record (default: from the target)")
+        g.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                       help="stage configuration to record (repeatable)")
+        g.add_argument("--server-pid", type=int, help="server process whose memory (with children) to record")
+        g.add_argument("--monitor-interval", type=float, default=0.5, help="seconds between utilization samples")
+        g.add_argument("--stand-in", help="note that the model is a stand-in, shown in every report")
+        g.add_argument("--out", type=Path, help="append one JSON record per run to this file")
+        p.set_defaults(func=func)
+    # perf-analyzer's own, on the last of them
+    p.add_argument("--input-data", type=Path, help="existing --input-data JSON (default: written from --image)")
+    p.add_argument("--extra", default="", help="more perf_analyzer arguments, e.g. '--async'")
 
     data = sub.add_parser("input-data", help="write perf_analyzer --input-data JSON from a real photo")
     data.add_argument("--model", default=PT, help="model the data is for (default %(default)s)")
     data.add_argument("--input", choices=get_args(InputKind), help="default: by model, as for `bench triton`")
     data.add_argument("--image", type=Path, help="photo (default: the bundled real photo)")
-    data.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
+    data.add_argument("--manifest", type=Path, help=MANIFEST)
     data.add_argument("--out", type=Path, default=Path("input.json"), help="where to write (default %(default)s)")
     data.set_defaults(func=_cmd_input_data)
 

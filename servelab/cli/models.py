@@ -1,5 +1,4 @@
-"""``servelab models build | variants``: the model artifacts (``servelab.core.artifacts``) and their variants
-(``servelab.core.variants.build``, timed side by side by ``servelab.core.variants.timings``)."""
+"""``servelab models build | variants``: the model artifacts and their variants, timed side by side."""
 
 from pathlib import Path
 

@@ -9,21 +9,14 @@ from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import save_state
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import VARIANTS
+from servelab.servers.rayserve import control
 from servelab.servers.rayserve.cluster import LocalCluster
-from servelab.servers.rayserve.control import (
-    STATE_FILE,
-    deploy_stage,
-    load_state,
-    roll_out,
-    status,
-    stop_saved,
-)
 from servelab.servers.rayserve.options import STAGES
 
 
 def _address(args) -> str:
     address = getattr(args, "address", None) or get_settings().ray_address
-    if not address and (state := load_state()):
+    if not address and (state := control.load_state()):
         address = state["address"]
         for name, value in state["client_env"].items():  # its token
             os.environ.setdefault(name, value)
@@ -40,28 +33,28 @@ def _print_placement(info: dict[str, Any]) -> None:
               f"{info.get('replicas_per_node', {}).get(node['node_id'], 0)} running replica(s)")
 
 
-# --- commands --------------------------------------------------------------------------------
-
 def _up(args) -> int:
-    if load_state() is not None:
-        raise SystemExit(f"a cluster from `servelab ray up` is running ({STATE_FILE}); `servelab ray down` first")
+    if control.load_state() is not None:
+        raise SystemExit(f"a cluster from `servelab ray up` is running ({control.STATE_FILE}); "
+                         "`servelab ray down` first")
     settings = get_settings()
     cluster = LocalCluster(workers=args.workers, cpus_per_node=settings.ray_node_cpus, detach=True,
                            log_dir=REPO_ROOT / ".servelab" / "ray-logs").start()
-    save_state(STATE_FILE, {"address": cluster.address, "dashboard": cluster.dashboard_url, "pids": cluster.pids(),
-                            "temp_dir": str(cluster.temp_dir), "client_env": cluster.client_env()})
+    save_state(control.STATE_FILE, {"address": cluster.address, "dashboard": cluster.dashboard_url,
+                                    "pids": cluster.pids(), "temp_dir": str(cluster.temp_dir),
+                                    "client_env": cluster.client_env()})
     os.environ.update(cluster.client_env())
     print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
           f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")
     try:
         return _deploy(args, cluster.address)
     except BaseException:
-        stop_saved()
+        control.stop_saved()
         raise
 
 
 def _deploy(args, address: str | None = None) -> int:
-    settings, info = get_settings(), deploy_stage(args.stage, address or _address(args))
+    settings, info = get_settings(), control.deploy_stage(args.stage, address or _address(args))
     print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
     _print_placement(info)
     return 0
@@ -69,7 +62,7 @@ def _deploy(args, address: str | None = None) -> int:
 
 def _rollout(args) -> int:
     try:
-        info = roll_out(args.stage, _address(args), args.model_dir, args.variant)
+        info = control.roll_out(args.stage, _address(args), args.model_dir, args.variant)
     except FileNotFoundError as exc:
         raise SystemExit(f"servelab ray rollout: {exc}") from None
     if args.json:
@@ -83,7 +76,7 @@ def _rollout(args) -> int:
 
 
 def _status(args) -> int:
-    info = status(_address(args))
+    info = control.status(_address(args))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -97,37 +90,29 @@ def _status(args) -> int:
 
 
 def _down(args) -> int:
-    state = stop_saved()
+    state = control.stop_saved()
     print("no cluster from `servelab ray up` is running" if state is None
           else f"stopped the Ray cluster at {state['address']} (PIDs {', '.join(map(str, state['pids']))})")
     return 0
 
 
-def _add_address(p) -> None:
-    p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
-
-
 def register(subparsers) -> None:
     ray = subparsers.add_parser("ray", help="Ray Serve stages on a (local, multi-node) Ray cluster")
     sub = ray.add_subparsers(dest="ray_command", required=True)
-    p = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
-    p.add_argument("--stage", choices=list(STAGES), default=default_stage("ray"))
-    p.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
-    p.set_defaults(func=_up)
-    p = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")
-    p.add_argument("--stage", choices=list(STAGES), required=True)
-    _add_address(p)
-    p.set_defaults(func=_deploy)
-    p = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
-    p.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
-    p.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
-    p.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
-    _add_address(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_rollout)
-    p = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
-    _add_address(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_status)
-    p = sub.add_parser("down", help="stop the cluster `servelab ray up` started")
-    p.set_defaults(func=_down)
+    up = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
+    up.add_argument("--stage", choices=list(STAGES), default=default_stage("ray"))
+    up.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
+    up.set_defaults(func=_up)
+    deploy = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")
+    deploy.add_argument("--stage", choices=list(STAGES), required=True)
+    rollout = sub.add_parser("rollout", help="serve another model on the running stage, in place, while it serves")
+    rollout.add_argument("--stage", choices=list(STAGES), required=True, help="the stage running (as deployed)")
+    rollout.add_argument("--model-dir", help="a folder laid out as MODEL_DIR (default: MODEL_DIR)")
+    rollout.add_argument("--variant", choices=list(VARIANTS), help="its ONNX model (default: ONNX_VARIANT)")
+    status = sub.add_parser("status", help="nodes and replicas per node (Ray node ids)")
+    for p, func in ((deploy, _deploy), (rollout, _rollout), (status, _status)):  # the options they share, last
+        p.add_argument("--address", help="the head's HOST:PORT (default: RAY_ADDRESS, else the `up` cluster)")
+        if p is not deploy:
+            p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+    sub.add_parser("down", help="stop the cluster `servelab ray up` started").set_defaults(func=_down)

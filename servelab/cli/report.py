@@ -1,5 +1,4 @@
-"""``servelab report [RECORDS ...] [--out-dir results]``: the front of ``servelab.report``; with ``--check``,
-the grader's check of each RESULTS folder (``servelab.report.check``) instead."""
+"""``servelab report``: the front of ``servelab.report``; with ``--check``, of ``servelab.report.check``."""
 
 import argparse
 from pathlib import Path
@@ -26,12 +25,12 @@ def register(subparsers: Any) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    given = [*args.records, *args.more_records]
     if args.check:
-        verdicts = check.check_all([*args.records, *args.more_records] or [DEFAULT_RECORDS.parent])
-        for verdict in verdicts:
-            print("\n".join(verdict.lines()))
+        verdicts = check.check_all(given or [DEFAULT_RECORDS.parent])
+        print("\n".join(line for verdict in verdicts for line in verdict.lines()))
         return 1 if any(v.findings for v in verdicts) else 0
-    files = [*args.records, *args.more_records] or [DEFAULT_RECORDS]
+    files = given or [DEFAULT_RECORDS]
     missing = [p for p in files if not p.exists()]
     if missing:
         print(f"error: no records at {', '.join(map(str, missing))}; run `servelab load ... --out FILE` first")

@@ -1,8 +1,5 @@
-"""``servelab serve``: run one of the lab's services in the foreground (Ctrl-C stops it).
-
-``servelab serve flask`` is GourmetGram under gunicorn with the options its container's command gives too:
-``gunicorn --worker-class gthread --workers 2 --threads 8 --no-control-socket --bind 0.0.0.0:5000 flask_app.app:app``.
-"""
+"""``servelab serve``: run one of the lab's services in the foreground (Ctrl-C stops it); ``serve flask`` runs
+GourmetGram under gunicorn with the options its container's command gives too."""
 
 import argparse
 from functools import partial

@@ -1,11 +1,4 @@
-"""`servelab triton`: stages, a local tritonserver without Docker, and stage switching.
-
-    servelab triton stages                 list the named stages
-    servelab triton render NAME            print a stage's effective config.pbtxt files
-    servelab triton up --stage NAME        start the bundled tritonserver on 127.0.0.1, wait until READY
-    servelab triton stage NAME [--url U]   switch a running Triton to NAME (no rebuild, no restart)
-    servelab triton down                   stop the server `up` started
-"""
+"""`servelab triton`: stages, a local tritonserver without Docker, and stage switching."""
 
 import json
 from urllib.parse import urlsplit
@@ -19,16 +12,13 @@ from servelab.servers.triton import server
 def register(subparsers) -> None:
     triton = subparsers.add_parser("triton", help="Triton stages and a local tritonserver without Docker")
     sub = triton.add_subparsers(dest="triton_command", required=True)
-
     sub.add_parser("stages", help="list the named stages").set_defaults(func=_stages)
-
     render = sub.add_parser("render", help="print a stage's effective configs without touching a server")
     render.add_argument("name", choices=list(stages.STAGES))
     render.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")
     render.add_argument("--stand-in", action="store_true",
                         help="render the ONNX model as the local Python-backend stand-in")
     render.set_defaults(func=_render)
-
     up = sub.add_parser("up", help="start the bundled tritonserver (127.0.0.1) and wait until the stage is READY")
     up.add_argument("--stage", default=default_stage("triton"), choices=list(stages.STAGES))
     up.add_argument("--port", type=int, help="HTTP port (default: the port of TRITON_SERVER_URL)")
@@ -36,14 +26,12 @@ def register(subparsers) -> None:
     up.add_argument("--metrics-port", type=int, help="default: HTTP port + 2")
     up.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")
     up.set_defaults(func=_up)
-
     stage = sub.add_parser("stage", help="write a stage's configs into the model repository and (re)load it")
     stage.add_argument("name", choices=list(stages.STAGES))
     stage.add_argument("--url", help="Triton HTTP host:port (default: the server `up` started, else TRITON_SERVER_URL)")
     stage.add_argument("--kind", choices=["auto", "gpu", "cpu"],
                        help="default: the kind `up` started with, else TRITON_INSTANCE_KIND")
     stage.set_defaults(func=_stage)
-
     sub.add_parser("down", help="stop the tritonserver `up` started").set_defaults(func=_down)
 
 
@@ -122,8 +110,6 @@ def _control_key(url: str) -> str:
 
 def _down(args) -> int:
     state = server.stop_saved()
-    if state is None:
-        print("triton: no tritonserver started by `servelab triton up` is running")
-    else:
-        print(f"triton: stopped pid {state['pids'][0]} ({state['url']}, stage {state['stage']})")
+    print("triton: no tritonserver started by `servelab triton up` is running" if state is None
+          else f"triton: stopped pid {state['pids'][0]} ({state['url']}, stage {state['stage']})")
     return 0

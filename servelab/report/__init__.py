@@ -1,10 +1,4 @@
-"""The report: run records -> ``results/report.md`` (lessons, plots) and ``report-tables.md`` (the long tables).
-
-``render`` writes both; ``lessons`` is the first screen (each change the notebooks teach, its measured ratio,
-contradictions flagged); ``plots`` draws small multiples per stage family; ``compare`` sets perf_analyzer beside
-servelab's load generator; ``precision`` the model variants; ``timelines`` the Ray Serve and overload runs over
-time; ``server_view`` the servers' own view from Prometheus. The command front is ``servelab.cli.report``."""
-
+"""The report: run records -> ``results/report.md`` (lessons, plots) and ``report-tables.md`` (the long tables)."""
 
 import jinja2
 

@@ -1,11 +1,8 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
-A grader's check, not proof. Each record must have run on a GPU node with the lab's model (no ``stand_in``),
-within one lease (``LEASE``), agreeing with the others (one machine, no run twice) and with the report written
-from them (``report.md`` / ``report-tables.md``: the count and every row). A hand edit leaves traces the check
-looks for: figures the record derives from others that do not follow (throughput, items per second, counts),
-percentiles that are not those of the latencies it kept. ``check(path) -> Verdict``: one line per finding (one
-that repeats over many records names them); bad input is a finding too, never an exception.
+A grader's check, not proof: a hand edit leaves traces (derived figures that do not follow, percentiles that are
+not those of the latencies kept, records from two machines or two leases, a report not written from them). Each
+finding is one line; bad input is a finding too, never an exception.
 """
 
 from __future__ import annotations
@@ -37,8 +34,6 @@ SHOWN = 3  # places named in a finding that repeats
 
 @dataclass(frozen=True)
 class Placed:
-    """A record and where it was read: ``line`` of ``file``."""
-
     record: Record
     line: int
 
@@ -49,8 +44,6 @@ class Placed:
 
 @dataclass
 class Verdict:
-    """What ``check`` found about one submission."""
-
     path: Path
     about: str = "nothing to check"  # the records, their machine and their times, in a phrase
     findings: list[str] = field(default_factory=list)
@@ -109,24 +102,17 @@ def record_findings(p: Placed) -> list[str]:
         found.append(f"servelab ran with device {r.config.get('device')!r}, not 'gpu'")
     if r.stand_in:
         found.append(f"a stand-in, not the lab's model: {r.stand_in}")
-    found += _arithmetic(r) + _percentiles(r) + _times(r)
-    return found
-
-
-def _arithmetic(r: Record) -> list[str]:
-    s, found = r.stats, []
-    if r.failed:
-        return found
-    if s.requests is not None and s.successes is not None and s.requests != s.successes + s.error_count + sum(s.shed.values()):
-        found.append(f"requests {s.requests} != successes {s.successes} + errors {s.error_count} + shed {sum(s.shed.values())}")
-    if r.tool == "servelab" and s.successes is not None and s.wall_s:
+    s, shed = r.stats, sum(r.stats.shed.values())
+    if not r.failed and None not in (s.requests, s.successes) and s.requests != s.successes + s.error_count + shed:
+        found.append(f"requests {s.requests} != successes {s.successes} + errors {s.error_count} + shed {shed}")
+    if not r.failed and r.tool == "servelab" and s.successes is not None and s.wall_s:
         expected = s.successes / s.wall_s
         if not _close(s.throughput_rps, expected):
             found.append(f"throughput {s.throughput_rps:.4g} req/s is not its {s.successes} successes / {s.wall_s:.4g} s "
                          f"= {expected:.4g} req/s")
-    if s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
+    if not r.failed and s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
         found.append(f"{s.items_per_s:.4g} img/s is not throughput {s.throughput_rps:.4g} req/s x batch {r.batch}")
-    return found
+    return found + _percentiles(r) + _times(r)
 
 
 def _percentiles(r: Record) -> list[str]:
@@ -134,8 +120,7 @@ def _percentiles(r: Record) -> list[str]:
     shown = [(name, getattr(lat, name)) for name, _ in PERCENTILES if getattr(lat, name) is not None]
     if any(a[1] > b[1] + MS for a, b in zip(shown, shown[1:])):
         found.append("percentiles out of order: " + ", ".join(f"{n} {v:.4g}" for n, v in shown))
-    cdf = lat.cdf_ms
-    if cdf:
+    if cdf := lat.cdf_ms:
         if len(cdf) != 101 or any(b < a for a, b in zip(cdf, cdf[1:])):
             found.append("the latency curve (cdf_ms) is not 101 rising percentiles")
         else:
@@ -145,8 +130,7 @@ def _percentiles(r: Record) -> list[str]:
                 found.append("percentiles do not match the latencies kept (cdf_ms): " + ", ".join(off))
             if lat.mean_ms is not None and not cdf[0] - MS <= lat.mean_ms <= cdf[100] + MS:
                 found.append(f"mean {lat.mean_ms:.4g} ms lies outside its latencies ({cdf[0]:.4g} to {cdf[100]:.4g} ms)")
-    kept = r.per_request
-    if kept and kept.latency_ms and r.stats.successes is not None:
+    if (kept := r.per_request) and kept.latency_ms and r.stats.successes is not None:
         ok = [ms for ms, outcome in zip(kept.latency_ms, kept.outcome) if outcome == "ok"]
         if len(ok) != r.stats.successes:
             found.append(f"{r.stats.successes} successes, but {len(ok)} successful requests kept (per_request)")
@@ -164,8 +148,7 @@ def _times(r: Record) -> list[str]:
     start = _unix(r.started_at)
     if start is None:
         return [f"started_at {r.started_at!r} is not a time"]
-    w = r.window_unix
-    if not w:
+    if not (w := r.window_unix):
         return []
     if len(w) != 2 or w[1] < w[0]:
         return [f"measured window {w} is not [start, end]"]
@@ -214,32 +197,12 @@ def _machines(placed: Sequence[Placed]) -> tuple[str, list[str]]:
     return "several machines", ["the records name more than one machine: " + "; ".join(parts)]
 
 
-def _copies(placed: Sequence[Placed]) -> tuple[dict[tuple[float, float], str], list[str]]:
-    windows: dict[tuple[float, float], str] = {}
-    found = []
-    for p in placed:
-        if p.record.window_unix and len(p.record.window_unix) == 2:
-            if (first := windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
-                found.append(f"{where} is a copy of {first} (the same measured window)")
-    return windows, found
-
-
-def _table_rows(text: str) -> list[str]:
-    """The rows of the first Markdown table after ``## Comparison`` (the report's table of every run)."""
-    lines = text.splitlines()
-    at = next((i for i, line in enumerate(lines) if line.strip() == "## Comparison"), len(lines))
-    table = takewhile(lambda line: line.startswith("|"),
-                      dropwhile(lambda line: not line.startswith(("|", "## ")), lines[at + 1:]))
-    return [line.strip() for line in table][2:]  # the header and its rule
-
-
 def report_findings(folder: Path, records: list[Record]) -> list[str]:
     """Whether the report in ``folder`` was written from these records: its count and its table of every run."""
     found = []
     for name in (REPORT, TABLES):
-        path = folder / name
         try:
-            text = path.read_text(encoding="utf-8")
+            text = (folder / name).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             found.append(f"no readable {name} beside the records ({type(exc).__name__}); run `servelab report {folder}` "
                          "on the node")
@@ -249,8 +212,12 @@ def report_findings(folder: Path, records: list[Record]) -> list[str]:
             found.append(f"{name} does not say how many records it was written from")
         elif int(m[1]) != len(records):
             found.append(f"{name} was written from {m[1]} records; there are {len(records)}")
-        if name == TABLES:
-            shown, made = _table_rows(text), markdown_table(records).splitlines()[2:]
+        if name == TABLES:  # the rows of the first table after ``## Comparison``, less its header and rule
+            lines = text.splitlines()
+            at = next((i for i, line in enumerate(lines) if line.strip() == "## Comparison"), len(lines))
+            table = takewhile(lambda line: line.startswith("|"),
+                              dropwhile(lambda line: not line.startswith(("|", "## ")), lines[at + 1:]))
+            shown, made = [line.strip() for line in table][2:], markdown_table(records).splitlines()[2:]
             extra = [row for row in shown if row not in made]
             absent = [row for row in made if row not in shown]
             for rows, what in ((extra, "matches no record"), (absent, "is missing from it")):
@@ -278,7 +245,11 @@ def check(path: Path, now: float | None = None) -> Verdict:
             per_record[what].append(p.where)
     when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
     machine, machines = _machines(placed)
-    verdict.windows, copies = _copies(placed)
+    copies = []
+    for p in placed:  # a measured window twice: a copied record
+        if p.record.window_unix and len(p.record.window_unix) == 2:
+            if (first := verdict.windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
+                copies.append(f"{where} is a copy of {first} (the same measured window)")
     # One line per finding, naming the records it holds for (the first few, then how many more).
     verdict.findings += [f"{'; '.join(places[:SHOWN])}{f' and {len(places) - SHOWN} more' * (len(places) > SHOWN)}: "
                          f"{what}" for what, places in per_record.items()] + span + machines + copies

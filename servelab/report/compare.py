@@ -1,20 +1,11 @@
 """The two clients side by side: perf_analyzer against servelab's load generator, same stage and load.
 
-Both measure the same server with the same photo at the same load, back to back, so where they
-disagree by more than ``TOLERANCE`` it is the clients (or the machine's noise), not the server, and
-the row is flagged. Throughput and median latency are compared (the aim of the cross-check); the tail
-percentiles are shown, not flagged, because a few hundred requests make them noisy.
-
-An open loop is compared by each client's own rules where they differ, like with like:
-- latency: perf_analyzer counts from the moment it sends, so servelab's p50 in the comparison is its median from the
-  actual send too (``Stats.p50_from_send_ms``). The lessons use servelab's latency from the scheduled send,
-  which also counts the time a late send waited (no coordinated omission); the table shows both.
-- throughput: below capacity an open loop's throughput is the rate its client sent. perf_analyzer draws its
-  own Poisson arrivals over windows of a second, so it sends a rate of its own (about ±7 % over 200 requests);
-  each client's throughput is compared as a share of what it sent.
-An open-loop rate is a fraction of capacity only against the capacity the same client measured (``own_capacity``):
-where the two clients measured different capacities, one rate is a different fraction for each, and the row
-shows both.
+Both measure the same server with the same photo at the same load, back to back, so where their throughput or
+median differ by more than ``TOLERANCE`` it is the clients (or the machine's noise), not the server: the row is
+flagged (the tail is shown, not flagged: a few hundred requests make it noisy). An open loop is compared like with
+like: servelab's p50 from the actual send, as perf_analyzer counts it (``Stats.p50_from_send_ms``; the lessons
+count from the scheduled send), each client's throughput as a share of the rate it sent (perf_analyzer draws its
+own Poisson arrivals), and a rate as a fraction of the capacity the same client measured (``own_capacity``).
 """
 
 from dataclasses import dataclass
@@ -73,9 +64,8 @@ class Pair:
 
 
 def own_capacity(records: list[Record], tool: str, stage: str) -> float | None:
-    """The capacity of ``stage`` that the client ``tool`` measured: servelab's, the top of its sweep
-    (``fractions.capacity``); perf_analyzer's, the most requests/s of its closed-loop runs of the stage (it runs
-    at the sweep's levels right after servelab's client)."""
+    """The capacity of ``stage`` that the client ``tool`` measured: servelab's, the top of its sweep; perf_analyzer's,
+    the most requests/s of its closed-loop runs (it runs at the sweep's levels right after servelab's client)."""
     if tool == "servelab":
         return run.stats.throughput_rps if (run := capacity(records, stage)) else None
     return max((r.stats.throughput_rps for r in records if r.tool == tool and r.stage == stage and r.batch == 1

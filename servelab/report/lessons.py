@@ -1,19 +1,9 @@
 """The report's first screen: each lesson of the lab as "what changed → what it did", from the records.
 
-A lesson is one change the notebooks teach, measured as a ratio of two of this run's records, with the figures
-it rests on. ``EXPECT`` holds, in one place, what the notebooks say each change does (on a CPU and on a GPU,
-where they differ); a measurement that goes the other way is said plainly ("contradicts 4_fastapi: ..."), never
-hidden. Which stages a lesson compares is the catalogue's to say (``servelab.core.catalogue.compared``).
-
-A ratio comes with its spread over the windows its runs were measured in (``spread``), so that a lesson reads the
-same from one run of the lab to the next: a spread that includes 1, or a ratio within ``NOISE`` of 1, is no
-measurable change (``unchanged``); a spread wholly beyond what the notebooks expect contradicts them (``judge``). Runs that kept no windows are
-judged on the ratio alone, within ``NOISE``, and their line says so. INT8 on a CPU is judged beside what that
-CPU can do (``int8_on_cpu``): faster than fp32 with VNNI, slower with AVX2 alone, no direction elsewhere.
-
-A throughput lesson is a ratio of capacities (``fractions.capacity_ratio``: each stage at the top of its own
-sweep), never one stage held to another's number of senders; latency stands beside it at one stated concurrency
-both were measured at (``fractions.ratio_runs``).
+A lesson is one change the notebooks teach, measured as a ratio of two of this run's records; ``EXPECT`` says in
+one place what the notebooks expect of it, and a measurement that goes the other way is said plainly, never hidden.
+Each ratio comes with its spread over its runs' windows, so that a lesson reads the same from one run of the lab
+to the next; a throughput ratio is one of capacities, never one stage held to another's number of senders.
 """
 
 from collections.abc import Callable, Iterator
@@ -24,16 +14,7 @@ from servelab.core.hardware import int8_compute
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.core.variants.build import agreements
-from servelab.measure.fractions import (
-    WINDOWS,
-    capacity,
-    capacity_ratio,
-    client_bound_note,
-    closed_run,
-    device_of,
-    ratio_runs,
-    where,
-)
+from servelab.measure import fractions
 from servelab.measure.records import Record, RunKind
 from servelab.report import TEMPLATES, compare
 
@@ -113,16 +94,13 @@ EXPECT: dict[Lesson, Expect | dict[str, Expect]] = {
 
 @dataclass(frozen=True)
 class Finding:
-    """One measured comparison: ``top`` against ``bottom`` (records), the ratio shown and what it says."""
+    """One measured comparison: the stages or runs compared, the figures shown, their ratio and what it says."""
 
-    lesson: Lesson
     pair: str  # "a ÷ b, 16 senders"
     figures: str  # "98.7 vs 77.2 req/s"
     ratio: float | None
     extra: str = ""  # mean batch, agreement, queue share...
     contradicts: str = ""  # "contradicts 4_fastapi: ..." where the measurement goes the other way
-    top: Record | None = None
-    bottom: Record | None = None
     spread: Spread | None = None  # the ratio over the runs' windows (``spread``); None: they kept none
 
 
@@ -135,8 +113,7 @@ class LessonReport:
     find: Callable[[list[Record], str], Iterator[Finding]]  # (records, device) -> findings
 
     @property
-    def pairs(self) -> tuple[tuple[str, str], ...]:
-        """The stages compared, top ÷ bottom (what "not measured" names): the catalogue's stages of this lesson."""
+    def pairs(self) -> tuple[tuple[str, str], ...]:  # top ÷ bottom: what "not measured" names
         return compared(self.key)
 
 
@@ -156,10 +133,9 @@ def notebook_of(stage: str) -> str:
 
 
 def spread(top: Record, bottom: Record, figure: str) -> Spread | None:
-    """The least and the most ``top``'s ``figure`` (``throughput_rps``, ``p50_ms`` or ``p99_ms``) ÷ ``bottom``'s took
-    over the windows both runs were measured in: any window of one over any window of the other. None where
-    either kept fewer than two windows, or ``bottom`` had a window with none (nothing served: no ratio)."""
-    a, b = ([v for v in r.config.get(WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
+    """The least and the most ``top``'s ``figure`` ÷ ``bottom``'s took over any window of one and any of the other;
+    None where either kept fewer than two windows, or ``bottom`` had a window with none (nothing served)."""
+    a, b = ([v for v in r.config.get(fractions.WINDOWS, {}).get(figure) or [] if v is not None] for r in (top, bottom))
     return (min(a) / max(b), max(a) / min(b)) if len(a) > 1 and len(b) > 1 and min(b) > 0 else None
 
 
@@ -170,9 +146,7 @@ def unchanged(ratio: float | None, spread: Spread | None) -> bool:
 
 
 def judge(e: Expect, ratio: float | None, spread: Spread | None = None, stage: str = "") -> str:
-    """What a lesson's ratio says against the notebooks: ``NO_CHANGE`` where it is ``unchanged`` (neither a
-    gain, a loss nor a contradiction), a contradiction where it lies beyond what they expect
-    (``Expect.contradicted``), else ""."""
+    """What a lesson's ratio says against the notebooks: ``NO_CHANGE``, a contradiction, or "" (a gain or a loss)."""
     if unchanged(ratio, spread):
         return NO_CHANGE
     if ratio is None or not e.contradicted(ratio, spread):
@@ -182,27 +156,26 @@ def judge(e: Expect, ratio: float | None, spread: Spread | None = None, stage: s
     return f"contradicts {e.notebook or notebook_of(stage)}, which expects {bounds}"
 
 
-def _finding(key: Lesson, pair: str, figures: str, ratio: float, extra: str, e: Expect, top: Record, bottom: Record,
-             figure: str, stage: str = "", judged: bool = True, also: str = "") -> Finding:
+def _finding(pair: str, figures: str, ratio: float, extra: str, e: Expect, top: Record, bottom: Record, figure: str,
+             stage: str = "", judged: bool = True, also: str = "") -> Finding:
     """A finding whose ratio is ``top``'s ``figure`` ÷ ``bottom``'s, judged with its spread unless ``judged`` is
     false (a client-bound run's); ``also``: a contradiction of the caller's own, whatever the ratio."""
     found = spread(top, bottom, figure)
     said = judge(e, ratio, found, stage) if judged else ""
-    return Finding(key, pair, figures, ratio, extra, ("" if said == NO_CHANGE else said) or also, top, bottom, found)
+    return Finding(pair, figures, ratio, extra, ("" if said == NO_CHANGE else said) or also, found)
 
 
 def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, b: "",
                 expect: Callable[[Record, str], tuple[Expect, str]] | None = None):
-    """Findings of the capacity ratios of the lesson's pairs, with both p50s at one stated concurrency beside them;
-    ``expect`` (the top record, the device -> the bound and what to say of it) where the bound is the record's."""
+    """Findings of the capacity ratios of the lesson's pairs; ``expect``: where the bound is the top record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
-            got = capacity_ratio(records, top, bottom)
+            got = fractions.capacity_ratio(records, top, bottom)
             if got:
                 a, b, ratio = got
                 e, said = expect(a, device) if expect else (_expect(key, device), "")
-                bound = client_bound_note(a, b)  # the client's limit: no lesson is read from it
-                yield _finding(key, f"{top} ÷ {bottom}, capacity {where(a, b)}{bound}",
+                bound = fractions.client_bound_note(a, b)  # the client's limit: no lesson is read from it
+                yield _finding(f"{top} ÷ {bottom}, capacity {fractions.where(a, b)}{bound}",
                                f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
                                "; ".join(filter(None, (_latency_at(records, top, bottom), extra(a, b), said))),
                                e, a, b, "throughput_rps", top, judged=not bound)
@@ -211,8 +184,7 @@ def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, 
 
 def _latency_at(records: list[Record], top: str, bottom: str) -> str:
     """Both stages' p50 at one stated concurrency (16 senders, else the most both were measured at)."""
-    runs = ratio_runs(records, top, bottom)
-    if not runs:
+    if not (runs := fractions.ratio_runs(records, top, bottom)):
         return ""
     level, a, b = runs
     at = "one at a time" if level == 1 else f"{level} senders"
@@ -230,7 +202,7 @@ def int8_on_cpu(record: Record, device: str) -> tuple[Expect, str]:
     if device != "cpu":
         return _expect(key, device), ""
     int8 = int8_compute(record.machine.get("cpu_flags"))
-    e = _expect(key, f"cpu, INT8 {int8.expect}") if int8.expect else _expect(key, "cpu")
+    e = _expect(key, f"cpu, INT8 {int8.expect}" if int8.expect else "cpu")
     return e, int8.sentence("the CPU that ran it", "there")
 
 
@@ -243,10 +215,10 @@ def _variant(variant: str):
 
 def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.PROXY):
-        a, b = closed_run(records, top, 1), closed_run(records, bottom, 1)
+        a, b = fractions.closed_run(records, top, 1), fractions.closed_run(records, bottom, 1)
         if a and b and a.stats.latency.p50_ms and b.stats.latency.p50_ms:
             ratio = a.stats.latency.p50_ms / b.stats.latency.p50_ms
-            yield _finding(Lesson.PROXY, f"{top} ÷ {bottom}, one request at a time",
+            yield _finding(f"{top} ÷ {bottom}, one request at a time",
                            f"p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms", ratio,
                            f"{a.stats.latency.p50_ms - b.stats.latency.p50_ms:+.1f} ms through the proxy",
                            _expect(Lesson.PROXY, device), a, b, "p50_ms")
@@ -256,7 +228,7 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
     # The stage the lab offers both arrival processes, and its baseline: batching on and off, the same load.
     queued = [n for s in CATALOGUE if s.family == "triton" and s.triton.both_arrivals for n in (s.baseline, s.name)]
     for stage in queued:
-        cap, alone = capacity(records, stage), closed_run(records, stage, 1)
+        cap, alone = fractions.capacity(records, stage), fractions.closed_run(records, stage, 1)
         runs = [r for r in records if r.stage == stage and r.tool == "servelab" and r.load.mode == "open"
                 and r.load.arrivals == "poisson" and not r.load.phases and not r.failed and r.batch == 1
                 and r.stats.latency.p50_ms and not r.config.get("run")]  # not the overload case: above capacity
@@ -265,8 +237,9 @@ def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
         top = max(runs, key=lambda r: r.load.rate)
         ratio = top.stats.latency.p50_ms / alone.stats.latency.p50_ms
         share = top.breakdown.queue_share if top.breakdown else None
-        yield _finding(Lesson.QUEUEING, f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
-                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{client_bound_note(cap)}) ÷ one at a time",
+        yield _finding(f"{stage}, Poisson at {top.load.rate / cap.stats.throughput_rps:.2f} × capacity "
+                       f"({top.load.rate:g} of {num(cap.stats.throughput_rps)} req/s{fractions.client_bound_note(cap)}) "
+                       "÷ one at a time",
                        f"p50 {num(top.stats.latency.p50_ms)} vs {num(alone.stats.latency.p50_ms)} ms", ratio,
                        "" if share is None else f"queue share {100 * share:.0f} %",
                        _expect(Lesson.QUEUEING, device), top, alone, "p50_ms")
@@ -281,19 +254,18 @@ def _runs(records: list[Record], stages: tuple[str, str], kind: RunKind, measure
 def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
     for top, bottom in compared(Lesson.SHEDDING):
         a, b = _runs(records, (top, bottom), RunKind.OVERLOAD, lambda r: r.stats.latency.p99_ms)
-        alone = closed_run(records, top, 1)
+        alone = fractions.closed_run(records, top, 1)
         if not (a and b):
             continue
         ratio, said = a.stats.latency.p99_ms / b.stats.latency.p99_ms, _expect(Lesson.SHEDDING, device)
         shed, asked = sum(a.stats.shed.values()), a.stats.successes + sum(a.stats.shed.values()) + a.stats.error_count
         times = a.stats.latency.p99_ms / alone.stats.latency.p50_ms if alone and alone.stats.latency.p50_ms else None
-        extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed"]
-        if times is not None:
-            extra.append(f"accepted p99 = {times:.1f}× the service time")
+        extra = [f"{shed} of {asked} shed ({shed / max(asked, 1):.0%}), {a.stats.error_count} failed",
+                 *([] if times is None else [f"accepted p99 = {times:.1f}× the service time"])]
         # The stated multiple holds where the bound counts every request inside the server: FastAPI's.
         beyond = (f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
                   if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
-        yield _finding(Lesson.SHEDDING, f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
+        yield _finding(f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
                        f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
                        "; ".join(extra), said, a, b, "p99_ms", top, also=beyond)
 
@@ -306,7 +278,7 @@ def _cached(records: list[Record], device: str) -> Iterator[Finding]:
         ratio = a.stats.throughput_rps / b.stats.throughput_rps
         mix = a.target.get("mix", {})
         hits = f"hit ratio {a.cache.hit_ratio:.0%}" if a.cache and a.cache.hit_ratio is not None else "hit ratio unknown"
-        yield _finding(Lesson.CACHE, f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
+        yield _finding(f"{top} ÷ {bottom}, {a.stats.successes} requests drawn from {mix.get('photos', '?')} "
                        f"photos (Zipf, s={mix.get('s', '?')}), {a.load.concurrency} senders",
                        f"{num(a.stats.throughput_rps)} vs {num(b.stats.throughput_rps)} req/s", ratio,
                        f"{hits}; p50 {num(a.stats.latency.p50_ms)} vs {num(b.stats.latency.p50_ms)} ms",
@@ -327,22 +299,21 @@ def _rollout(records: list[Record], device: str) -> Iterator[Finding]:
                    else f"contradicts {said.notebook}, which expects the new version in the answers within "
                         f"{ROLLOUT_SWITCH_AIM_S:g} s of being ready" if late
                    else judge(said, o.p99_ratio, stage=r.stage))
-        yield Finding(Lesson.ROLLOUT, f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
+        yield Finding(f"{r.stage}, {', '.join(o.old_versions) or '?'} → {o.new_version or '?'} "
                       f"({r.config.get('to_variant', '')}), {r.load.label()}",
                       f"p99 {num(o.p99_during_ms)} during the swap vs {num(o.p99_before_ms)} ms before", o.p99_ratio,
                       "; ".join(filter(None, (f"{o.failed} of {r.stats.successes + o.failed} failed", first,
-                                              o.error and f"the rollout failed: {o.error}"))), verdict, r)
+                                              o.error and f"the rollout failed: {o.error}"))), verdict)
 
 
 def _autoscaling(records: list[Record], device: str) -> Iterator[Finding]:
     for r in records:
         if r.config.get("run") == RunKind.STEP_LOAD and r.timeline and r.timeline.replicas:
-            low, high = min(r.timeline.replicas), max(r.timeline.replicas)
-            said = _expect(Lesson.AUTOSCALING, device)
-            yield Finding(Lesson.AUTOSCALING, f"{r.stage}, {r.load.label()}", f"running replicas min {low}, max {high}", None,
+            low, high, said = min(r.timeline.replicas), max(r.timeline.replicas), _expect(Lesson.AUTOSCALING, device)
+            yield Finding(f"{r.stage}, {r.load.label()}", f"running replicas min {low}, max {high}", None,
                           f"p99 {num(r.stats.latency.p99_ms)} ms",
                           "" if high > low else f"contradicts {said.notebook}, which expects more replicas at the "
-                          "high step", r)
+                          "high step")
 
 
 def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
@@ -350,11 +321,11 @@ def _node_failure(records: list[Record], device: str) -> Iterator[Finding]:
         if r.config.get("run") == RunKind.NODE_FAILURE and r.timeline:
             t, said = r.timeline, _expect(Lesson.NODE_FAILURE, device)
             recovered = t.recovery_s is not None and bool(r.stats.successes)
-            yield Finding(Lesson.NODE_FAILURE, f"{r.stage}, {r.load.label()}, a worker node killed",
+            yield Finding(f"{r.stage}, {r.load.label()}, a worker node killed",
                           f"{r.stats.error_count} failed, {r.stats.successes} ok", None,
                           f"recovered in {t.recovery_s:.1f} s" if recovered else "",
                           "" if recovered else f"contradicts {said.notebook}, which expects the requests to "
-                          "succeed again", r)
+                          "succeed again")
 
 
 # The report's lessons, in its order: every one of the catalogue's (a test holds it).
@@ -377,30 +348,24 @@ LESSONS: tuple[LessonReport, ...] = (
 
 
 def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
-    """Every lesson with what this run measured of it (an empty list: not measured)."""
-    device = device_of(records)
+    """Every lesson with what this run measured of it ([]: not measured); a CPU run leaves out the GPU's."""
+    device = fractions.device_of(records)
     return [(lesson, list(lesson.find(records, device))) for lesson in LESSONS
             if not (device == "cpu" and lesson.pairs and all(_needs_gpu(t, b) for t, b in lesson.pairs))]
 
 
 def _line(f: Finding) -> str:
-    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({_spread_words(f.ratio, f.spread)})"
+    spread = "no windows recorded: spread unknown" if f.spread is None else (
+        f"windows {f.spread[0]:.2f}–{f.spread[1]:.2f}×" + (f": {NO_CHANGE}" if unchanged(f.ratio, f.spread) else ""))
+    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({spread})"
     extra = f"; {f.extra}" if f.extra else ""
     flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
     return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
 
 
-def _spread_words(ratio: float, found: Spread | None) -> str:
-    if found is None:
-        return "no windows recorded: spread unknown"
-    return f"windows {found[0]:.2f}–{found[1]:.2f}×" + (f": {NO_CHANGE}" if unchanged(ratio, found) else "")
-
-
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
-    """The report's first section (``lessons.md.j2``), as Markdown lines: the lessons, each with its measured
-    figures, contradictions flagged; then how far to trust them (stand-ins, failed runs, the two clients'
-    agreement)."""
-    device, found, pairs = device_of(records), findings(records), compare.pairs(records)
+    """The report's first section (``lessons.md.j2``) as Markdown lines."""
+    device, found, pairs = fractions.device_of(records), findings(records), compare.pairs(records)
     measured, unmeasured, missing = [], [], []
     for lesson, fs in found:
         e = _expect(lesson.key, device)

@@ -1,8 +1,7 @@
-"""The report's comparison plots as small multiples: one row of panels per stage family (FastAPI, Triton, Ray
-Serve; stages outside the catalogue in a last row), each stage in one colour in every plot and every run (its
-place in its family in the catalogue), legends beside the panels, never over them. Open-loop rates are drawn as a
-fraction of each stage's own capacity (``fractions.capacity``), so that stages of very different speed share one
-axis. servelab's client only, one image per request; perf_analyzer's runs and batched requests are in the tables.
+"""The report's comparison plots as small multiples: a row of panels per stage family, each stage in one colour in
+every plot and every run, legends beside the panels, never over them. Open-loop rates are a fraction of each stage's
+own capacity, so that stages of very different speed share one axis. servelab's client only, one image per request:
+perf_analyzer's runs and batched requests are in the tables.
 """
 
 from collections import defaultdict
@@ -26,10 +25,8 @@ def family(stage: str) -> str:
 def colour(stage: str, others: list[str] = ()) -> str:
     """The stage's colour: its place in its family in the catalogue (a stage outside it: its place among
     ``others``, the records' other such stages, sorted)."""
-    if stage in _FAMILY:
-        place = [s.name for s in CATALOGUE if s.family == _FAMILY[stage]].index(stage)
-    else:
-        place = sorted(set(others) | {stage}).index(stage)
+    place = ([s.name for s in CATALOGUE if s.family == _FAMILY[stage]] if stage in _FAMILY
+             else sorted(set(others) | {stage})).index(stage)
     return PALETTE[place % len(PALETTE)]
 
 
@@ -47,8 +44,7 @@ def _rows(records: list[Record]) -> list[tuple[str, str, list[Record]]]:
 
 
 def figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2, legend_room: float = 2.2, **subplots):
-    """A figure of ``rows`` x ``cols`` panels (always a 2-D array), ``legend_room`` inches wider for legends
-    beside them; every plot of the report is drawn on one."""
+    """``rows`` x ``cols`` panels (always a 2-D array), ``legend_room`` inches wider for legends beside them."""
     from matplotlib.figure import Figure  # the Agg canvas is used by savefig; no GUI, no pyplot state
 
     fig = Figure(figsize=(width * cols + legend_room, height * rows), layout="constrained")
@@ -98,8 +94,7 @@ def sweep_concurrency(records: list[Record], out: Path) -> bool:
         tput_ax.set_title(f"{title}: throughput", fontsize=9)
         lat_ax.set_ylabel("latency (ms, log)")
         _log_ms(lat_ax.yaxis)
-        tput_ax.set_ylabel("successful requests/s")
-        tput_ax.set_ylim(bottom=0)
+        tput_ax.set(ylabel="successful requests/s", ylim=(0, None))
         for ax in (lat_ax, tput_ax):
             ax.set_xscale("log", base=2)
             ax.grid(alpha=0.3)
@@ -159,9 +154,8 @@ def sweep_rate(records: list[Record], out: Path) -> bool:
 
 
 def _cdf_columns(runs: list[Record], caps: dict[str, float]) -> list[tuple[str, dict[str, Record]]]:
-    """(title, stage -> its run) for: one at a time; each stage at its capacity (``fractions.capacity``: the top of
-    its sweep; in records made before the sweep, its run at the most senders); Poisson at the highest fraction of
-    capacity offered (each stage's own run nearest it)."""
+    """(title, stage -> its run) for: one at a time; each stage at its capacity; Poisson at the highest fraction
+    of capacity offered (each stage's own run nearest it)."""
     columns = [("one request at a time", {r.stage: r for r in runs if r.load.mode == "sequential"})]
     at_capacity = {s: run for s in dict.fromkeys(r.stage for r in runs)
                    if (run := capacity(runs, s)) and run.load.mode == "closed" and run.stats.latency.cdf_ms}

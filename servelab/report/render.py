@@ -81,10 +81,8 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
         ax.bar([s + (i - (len(runs) - 1) / 2) * width for s in sizes], [hist.get(s, 0) / total for s in sizes],
                width, label=f"{r.stage}{tool}{f' b={r.batch}' * (r.batch > 1)}, {r.load.label()} "
                             f"(mean {num(r.breakdown.mean_batch_size, 2)})")
-    ax.set_xticks(sizes)
-    ax.set_xlabel("batch size formed on the server")
-    ax.set_ylabel("fraction of executions")
-    ax.set_title("Server-side batch sizes")
+    ax.set(xticks=sizes, xlabel="batch size formed on the server", ylabel="fraction of executions",
+           title="Server-side batch sizes")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="x-small")
     fig.savefig(out, dpi=110)
@@ -110,10 +108,8 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
     for r in runs:
         m = r.monitors
         t = [offset + x for x in m.t_s]
-        mean = [sum(s) / len(s) for s in m.cpu_pct]
-        top = [max(s) for s in m.cpu_pct]
-        ax_of["cpu"].plot(t, mean, ".-", color="tab:blue", lw=1, ms=3)
-        ax_of["cpu"].plot(t, top, ".-", color="tab:blue", lw=0.6, ms=2, alpha=0.4)
+        ax_of["cpu"].plot(t, [sum(s) / len(s) for s in m.cpu_pct], ".-", color="tab:blue", lw=1, ms=3)  # mean
+        ax_of["cpu"].plot(t, [max(s) for s in m.cpu_pct], ".-", color="tab:blue", lw=0.6, ms=2, alpha=0.4)  # busiest
         for g in m.gpus:
             ax_of["gpu"].plot(t[:len(g.util_pct)], g.util_pct, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
             ax_of["gpu_mem"].plot(t[:len(g.mem_used_mib)], g.mem_used_mib, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
@@ -145,15 +141,12 @@ PLOTS = (
 
 def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent, sources: Sequence[Path] = (),
                   skipped: Mapping[str, str] | None = None, limit: Limit | None = None) -> Path:
-    """Write ``out_dir/report.md`` (the lessons on the first screen, then the plots and the short sections),
-    ``out_dir/report-tables.md`` (every run's row, the two clients, the servers' own counts, the warnings)
-    and the PNG plots; returns the report's path. ``skipped``: parts of the lab this environment could not
-    run (``servelab.run.lab.preflight``), with the reason; ``limit``: this machine's, measured by the lab."""
+    """Write ``out_dir/report.md``, ``report-tables.md`` and the plots; returns the report's path. ``skipped``: parts
+    of the lab this environment could not run (``servelab.run.lab.preflight``); ``limit``: this machine's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    where = ", ".join(f"`{p}`" for p in sources) or "the given records"
-    generated = f"Generated {now} from {len(records)} run records ({where})."
+    now, where = dt.datetime.now(dt.timezone.utc), ", ".join(f"`{p}`" for p in sources) or "the given records"
+    generated = f"Generated {now.isoformat(timespec='seconds')} from {len(records)} run records ({where})."
     warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
     found, model_dir = precision.rows(records), get_settings().model_dir
     path = out_dir / "report.md"
@@ -175,8 +168,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
 
 
 def capacity_section(records: list[Record]) -> list[str]:
-    """The table of each stage's capacity and the curve its sweep measured (``fractions.curve``), where the
-    records hold one ([]: none); ``report.md.j2`` says what it is."""
+    """The table of each stage's capacity and the curve its sweep measured, where the records hold one ([]: none)."""
     rows = []
     for stage in dict.fromkeys(r.stage for r in records if r.tool == "servelab"):
         if not (found := swept(records, stage)):
@@ -192,8 +184,7 @@ def capacity_section(records: list[Record]) -> list[str]:
 
 
 def hardware_section(records: list[Record]) -> list[str]:
-    """The hardware and library versions the runs had (GPUs, driver, CUDA, ONNX Runtime build), and
-    where each stage really ran: the header every report and GPU record starts with."""
+    """The hardware and library versions the runs had, and where each stage really ran: every report's header."""
     stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
     devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
     md = ["## Hardware and versions", ""]
@@ -212,12 +203,10 @@ def hardware_section(records: list[Record]) -> list[str]:
 
 def _machines(records: list[Record]) -> list[str]:
     seen: dict[str, Any] = {}
-    for r in records:
-        m = r.machine
-        if m:
-            versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
-            gpus = ", ".join(m.get("gpus") or []) or "no GPU"
-            seen.setdefault(m.get("hostname", "?"), f"`{m.get('hostname', '?')}`: {m.get('processor', '?')}, "
-                            f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
-                            f"Python {m.get('python', '?')}; {versions}")
+    for m in (r.machine for r in records if r.machine):
+        versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+        gpus = ", ".join(m.get("gpus") or []) or "no GPU"
+        seen.setdefault(m.get("hostname", "?"), f"`{m.get('hostname', '?')}`: {m.get('processor', '?')}, "
+                        f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
+                        f"Python {m.get('python', '?')}; {versions}")
     return list(seen.values()) or ["not recorded"]

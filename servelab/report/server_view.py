@@ -1,6 +1,4 @@
-"""The report's Prometheus section: the servers' own view of each run beside the load generator's: a table of
-the two counts and rates per run (``run_series.agreements``), and one figure of the range-query series, every run
-end to end, the client's own throughput and median drawn over each."""
+"""The report's Prometheus section: the servers' own view of each run beside the load generator's."""
 
 from typing import Any
 
@@ -23,8 +21,7 @@ PANELS = (  # panel title, the series drawn in it (by name, as run_series names 
 
 
 def section(records: list[Record]) -> dict[str, Any] | None:
-    """The Prometheus section of ``report-tables.md.j2``: None where no run had Prometheus; else the queries'
-    notes and, where it answered, each run's agreement as a table and how many disagree."""
+    """The Prometheus section of ``report-tables.md.j2``; None where no run had Prometheus."""
     with_prom = [r for r in records if r.prometheus is not None]
     if not with_prom:
         return None

@@ -1,6 +1,4 @@
-"""Runs over time: the report's Ray Serve section (replica placement by node id; step load and node failure) and
-its overload section (open loops above a stage's capacity, with and without a bound on its queue): their tables
-(``sections``, set in prose by ``report.md.j2``) and plots of throughput, latency, errors and replicas over time."""
+"""Runs over time: the report's Ray Serve section (placement, step load, node failure) and its overload section."""
 
 from pathlib import Path
 from typing import Any
@@ -9,34 +7,6 @@ from servelab.core.tables import markdown, num
 from servelab.measure.fractions import closed_run
 from servelab.measure.records import Record, RunKind
 from servelab.report.plots import figure
-
-
-def placement_rows(records: list[Record]) -> list[tuple[str, ...]]:
-    seen, rows = set(), []
-    for r in records:
-        per_node = r.config.get("replicas_per_node")
-        if per_node is None or r.stage in seen:
-            continue
-        seen.add(r.stage)
-        proxy = r.config.get("proxy_node_id")
-        nodes = ", ".join(f"`{(n or '?')[:8]}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
-        rows.append((r.stage, str(sum(per_node.values())), str(len(per_node)), nodes))
-    return rows
-
-
-def _ray_timed(records: list[Record]) -> list[Record]:
-    return [r for r in records if r.timeline is not None and r.config.get("run") != RunKind.OVERLOAD]
-
-
-def timeline_rows(records: list[Record]) -> list[tuple[str, ...]]:
-    rows = []
-    for r in _ray_timed(records):
-        t = r.timeline
-        errors = ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0"
-        replicas = f"{min(t.replicas)}–{max(t.replicas)}" if t.replicas else "-"
-        rows.append((r.stage, r.config.get("run", ""), r.load.label(), str(r.stats.successes), errors,
-                     num(t.recovery_s), f"{r.stats.latency.max_ms or 0:.0f}", replicas))
-    return rows
 
 
 def plot_timelines(records: list[Record], out: Path) -> bool:
@@ -66,8 +36,7 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
         middle.legend(fontsize=7)
         if rows == 3:
             bottom.step(t.replicas_t_s, t.replicas, where="post", color="tab:green")
-            bottom.set_ylabel("running replicas")
-            bottom.set_ylim(0, max(t.replicas or [1]) + 1)
+            bottom.set(ylabel="running replicas", ylim=(0, max(t.replicas or [1]) + 1))
         bottom.set_xlabel("seconds from the start of the run")
         for ax in dict.fromkeys((top, middle, bottom)):
             for name, at in t.events.items():
@@ -78,36 +47,49 @@ def plot_timelines(records: list[Record], out: Path) -> bool:
     return True
 
 
-def overload_rows(records: list[Record]) -> list[list[str]]:
-    """One row per overload run, its accepted requests' p99 also as a multiple of the stage's service time
-    (its sequential median)."""
-    rows = []
-    for r in records:
-        if r.config.get("run") != RunKind.OVERLOAD or r.timeline is None:
-            continue
-        alone = closed_run(records, r.stage, 1)
-        p99, service = r.stats.latency.p99_ms, alone.stats.latency.p50_ms if alone else None
-        first = next((v for v in r.timeline.p99_ms if v is not None), None)
-        last = next((v for v in reversed(r.timeline.p99_ms) if v is not None), None)
-        rows.append([r.stage, r.config.get("bound", ""),
-                     f"{r.load.label()} ({r.config.get('multiple', '')}× {r.config.get('capacity_rps', 0):.1f})",
-                     str(r.stats.successes), ", ".join(f"{kind} {n}" for kind, n in r.stats.shed.items()) or "0",
-                     ", ".join(f"{kind} {n}" for kind, n in r.stats.errors.items()) or "0",
-                     f"{num(first, 0)} → {num(last, 0)}", num(p99, 0),
-                     f"{p99 / service:.1f}×" if p99 is not None and service else "-"])
-    return rows
+def _counts(by_kind: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in by_kind.items()) or "0"
+
+
+def _overload_row(records: list[Record], r: Record) -> list[str]:
+    """Its accepted requests' p99 also as a multiple of the stage's service time (its sequential median)."""
+    alone = closed_run(records, r.stage, 1)
+    p99, service = r.stats.latency.p99_ms, alone.stats.latency.p50_ms if alone else None
+    first = next((v for v in r.timeline.p99_ms if v is not None), None)
+    last = next((v for v in reversed(r.timeline.p99_ms) if v is not None), None)
+    return [r.stage, r.config.get("bound", ""),
+            f"{r.load.label()} ({r.config.get('multiple', '')}× {r.config.get('capacity_rps', 0):.1f})",
+            str(r.stats.successes), _counts(r.stats.shed), _counts(r.stats.errors), f"{num(first, 0)} → {num(last, 0)}",
+            num(p99, 0), f"{p99 / service:.1f}×" if p99 is not None and service else "-"]
+
+
+def _placement_row(r: Record) -> tuple[str, ...]:
+    per_node, proxy = r.config["replicas_per_node"], r.config.get("proxy_node_id")
+    nodes = ", ".join(f"`{(n or '?')[:8]}`{' (head)' if n == proxy else ''}: {k}" for n, k in sorted(per_node.items()))
+    return r.stage, str(sum(per_node.values())), str(len(per_node)), nodes
+
+
+def _timed_row(r: Record) -> tuple[str, ...]:
+    t = r.timeline
+    return (r.stage, r.config.get("run", ""), r.load.label(), str(r.stats.successes), _counts(r.stats.errors),
+            num(t.recovery_s), f"{r.stats.latency.max_ms or 0:.0f}",
+            f"{min(t.replicas)}–{max(t.replicas)}" if t.replicas else "-")
 
 
 def sections(records: list[Record], out_dir: Path) -> dict[str, Any]:
-    """The report's Ray Serve and overload sections (``report.md.j2``): their tables ("": none), and whether each
-    plot over time was drawn."""
-    overload, placement, timed = overload_rows(records), placement_rows(records), timeline_rows(records)
+    """The tables of the report's Ray Serve and overload sections, and whether each plot over time was drawn."""
     overloaded = [r for r in records if r.config.get("run") == RunKind.OVERLOAD and r.timeline is not None]
-    return {"overload": overload and markdown(["stage", "bound", "load", "ok", "shed", "failed",
-                                               "p99 first → last second ms", "accepted p99 ms", "p99 ÷ service time"],
-                                              overload, "lllrllrrr"),
-            "overload_plot": bool(overload) and plot_timelines(overloaded, out_dir / "overload_timelines.png"),
-            "placement": placement and markdown(("stage", "replicas", "nodes", "replicas per node id"), placement, "lrrl"),
+    timed = [r for r in records if r.timeline is not None and r.config.get("run") != RunKind.OVERLOAD]
+    placed: dict[str, Record] = {}  # each stage's first record of where its replicas ran
+    for r in records:
+        if r.config.get("replicas_per_node") is not None:
+            placed.setdefault(r.stage, r)
+    return {"overload": overloaded and markdown(["stage", "bound", "load", "ok", "shed", "failed",
+                                                 "p99 first → last second ms", "accepted p99 ms", "p99 ÷ service time"],
+                                                [_overload_row(records, r) for r in overloaded], "lllrllrrr"),
+            "overload_plot": bool(overloaded) and plot_timelines(overloaded, out_dir / "overload_timelines.png"),
+            "placement": placed and markdown(("stage", "replicas", "nodes", "replicas per node id"),
+                                             [_placement_row(r) for r in placed.values()], "lrrl"),
             "timed": timed and markdown(("stage", "run", "load", "ok", "errors", "recovery s", "max latency ms",
-                                         "running replicas"), timed, "lllrlrrl"),
-            "ray_plot": bool(timed) and plot_timelines(_ray_timed(records), out_dir / "ray_timelines.png")}
+                                         "running replicas"), [_timed_row(r) for r in timed], "lllrlrrl"),
+            "ray_plot": bool(timed) and plot_timelines(timed, out_dir / "ray_timelines.png")}
