@@ -58,9 +58,11 @@ class ResponseCache:
     """The cache as the handlers use it: ``lookup`` before the model, ``keep`` after it. With no
     ``url`` every lookup is a miss that sets no header and touches nothing."""
 
-    def __init__(self, url: str, ttl_s: float, count=None):
+    def __init__(self, url: str, ttl_s: float, counter):
         self.url, self.ttl_s = url, ttl_s
-        self.count = count  # result -> None: the metric (servelab.servers.fastapi.metrics)
+        self.counter = counter  # Metrics.cache, by result
+        for result in RESULTS if self.enabled else ():  # at 0 from the start: a reader's first delta counts them all
+            counter.labels(result)
         self._client = None
         self._down_until = 0.0
         self._down = False
@@ -93,8 +95,7 @@ class ResponseCache:
 
     def _note(self, response: Response, result: str) -> None:
         response.headers[HEADER] = result
-        if self.count is not None:
-            self.count(result)
+        self.counter.labels(result).inc()
 
     def _failed(self, what: str, exc: Exception) -> None:
         self._down_until = time.monotonic() + RETRY_AFTER_S
@@ -141,8 +142,7 @@ class ResponseCache:
             await self._client.set(lookup.key, answer.model_dump_json(), ex=max(1, round(self.ttl_s)))
         except Exception as exc:  # the answer is already made: a failed store costs only a later hit
             self._failed("store", exc)
-            if self.count is not None:
-                self.count("error")
+            self.counter.labels("error").inc()
 
 
 def find_redis(log=print) -> ToolBinary | None:

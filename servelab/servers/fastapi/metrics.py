@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from servelab.core.wire import SECONDS_BUCKETS, VERSION_HEADER
 from servelab.servers.fastapi.errors import SHED_KEY
 from servelab.servers.fastapi.schemas import ShedReason
-from servelab.servers.fastapi.timing import Timing
 from servelab.servers.fastapi.workers import METRICS_ENV
 
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
@@ -74,9 +73,6 @@ class Metrics:
         self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
                                                 "process died and its pool was replaced.", registry=r)
 
-    def count_cache(self, result: str) -> None:
-        self.cache.labels(result).inc()
-
     def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
         """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""
         self.sessions = SessionCollector(counts)
@@ -85,11 +81,6 @@ class Metrics:
     def observe_batch(self, images: int, seconds: float) -> None:
         self.batch_size.observe(images)
         self.infer.observe(seconds)
-
-    def observe_request(self, timing: Timing, images: int) -> None:
-        self.queue.observe(timing.queue_s)
-        self.preprocess.observe(timing.preprocess_s)
-        self.images.inc(images)
 
     def render(self) -> tuple[bytes, str]:
         if not os.environ.get(METRICS_ENV):

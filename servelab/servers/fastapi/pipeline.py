@@ -216,7 +216,9 @@ class Pipeline:
         timing = Timing(queue_s=(prepared.started - prepared.submitted) + done.queue_s,
                         preprocess_s=prepared.ended - prepared.started, infer_s=done.infer_s, batch_size=done.batch_size)
         if self.metrics is not None:
-            self.metrics.observe_request(timing, len(prepared.x))
+            self.metrics.queue.observe(timing.queue_s)
+            self.metrics.preprocess.observe(timing.preprocess_s)
+            self.metrics.images.inc(len(prepared.x))
         return top1(done.logits, self.backend.manifest.classes), timing
 
     async def predict(self, images: list[str]) -> tuple[list[Prediction], Timing]:

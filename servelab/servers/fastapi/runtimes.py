@@ -41,8 +41,6 @@ BackendKind = Literal["pytorch", "onnx"]
 TENSORRT, CUDA = GPU_PROVIDERS
 CPU = "CPUExecutionProvider"
 PROVIDER_ALIASES = {"tensorrt": TENSORRT, "trt": TENSORRT, "cuda": CUDA, "cpu": CPU}
-
-
 GPU_ONLY_VARIANTS = ("fp16",)
 
 
@@ -256,9 +254,15 @@ def requested_providers(spec: str, available: list[str]) -> tuple[list[str], lis
     return wanted, warnings
 
 
-def tensorrt_options(settings: ServeSettings, input_name: str, image_shape: list[int]) -> dict[str, Any]:
-    """The optimization guide's TensorRT options; the profile covers every batch we may send
-    (``image_shape``: one image as the model takes it, CHW float or HWC uint8)."""
+def tensorrt_options(settings: ServeSettings, path: Path) -> dict[str, Any]:
+    """The optimization guide's TensorRT options; the profile covers every batch we may send, of images as
+    the model at ``path`` takes them (CHW float or HWC uint8; read without building a session)."""
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model_input = ort.InferenceSession(str(path), options, providers=[CPU]).get_inputs()[0]
+    input_name, image_shape = model_input.name, model_input.shape[1:]
     cache = settings.trt_cache_path.expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     shape = "x".join(map(str, image_shape))
@@ -303,7 +307,7 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
                         "Runtime would fail the session and retry it without the options of every provider")
     options = {CUDA: {"cudnn_conv_algo_search": settings.ort_cudnn_conv_algo_search}}
     if TENSORRT in wanted:
-        options[TENSORRT] = tensorrt_options(settings, *_onnx_input(path))
+        options[TENSORRT] = tensorrt_options(settings, path)
     threads = intra_op_threads(settings)
     if any(p in GPU_PROVIDERS for p in wanted):
         preload_cuda_libraries()  # CUDA's libraries, from the nvidia-* wheels, before a session asks for them
@@ -340,13 +344,3 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
                             classifier, model_version(path), classifier.input_dtype == np.uint8),
                     settings, allow_gpu_only_on_cpu)
 
-
-def _onnx_input(path: Path) -> tuple[str, list[int]]:
-    """The graph's input name and one image's shape, for TensorRT's profile shapes (read without
-    building a session)."""
-    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    model_input = ort.InferenceSession(str(path), options, providers=[CPU]).get_inputs()[0]
-    return model_input.name, model_input.shape[1:]

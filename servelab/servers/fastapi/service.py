@@ -33,9 +33,8 @@ from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.core.wire import VERSION_HEADER
 from servelab.servers.fastapi.batcher import MicroBatcher
-from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS
 from servelab.servers.fastapi.cache import ResponseCache
-from servelab.servers.fastapi.errors import ERROR_RESPONSES, PREDICT_ROUTES, RELOAD_RESPONSES, install_error_handlers
+from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline, warm
 from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
@@ -82,10 +81,7 @@ class Service:
                  placement: Callable[[], dict] | None = None, load: Callable[[ServeSettings], Backend] | None = None):
         _configure_logging()
         self.name, self.settings, self.metrics = name, settings, Metrics(max_infer_batch(settings))
-        self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.count_cache)
-        if self.cache.enabled:  # the counters exist from the start, so a reader's first delta counts them all
-            for result in CACHE_RESULTS:
-                self.metrics.cache.labels(result)
+        self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.cache)
         self.batcher, self.placement, self.load = batcher, placement, load  # load: the app's, for reloads
         # One of several server processes on a port (servelab.servers.fastapi.workers): a process started after
         # a reload serves the model the reload asked for.
@@ -199,9 +195,12 @@ class Service:
             raise HTTPException(409, "a reload is already in progress; the model it replaces is still serving")
         if not self.ready:
             raise HTTPException(409, f"not ready yet ({self.not_ready_reason}); reload once it is")
-        if model_dir is not None:
-            model_dir = self._confined(model_dir)
-        reloaded = await self._swap(self._settings_for(model_dir, variant))
+        try:
+            confined = None if model_dir is None else self._confined(model_dir)
+            reloaded = await self._swap(self._settings_for(confined, variant))
+        except HTTPException:  # the model is missing, broken or not allowed: the old one still serves
+            self.metrics.reloads.labels("refused").inc()
+            raise
         if self.siblings:  # this process proved the model serves; the others start on it
             self.siblings.announce(reloaded.model_version)
             self.siblings.want(self.settings.model_dir, self.settings.onnx_variant)
@@ -215,7 +214,6 @@ class Service:
         root = (self.settings.model_root or Path(self.settings.model_dir).resolve().parent).resolve()
         resolved = Path(model_dir).resolve()
         if not resolved.is_relative_to(root):
-            self.metrics.reloads.labels("refused").inc()
             raise HTTPException(403, f"model_dir {model_dir} resolves to {resolved}, outside MODEL_ROOT ({root}); "
                                      f"nothing was loaded, version {self.backend.version} still serves")
         return resolved
@@ -225,8 +223,29 @@ class Service:
         return self.settings.model_copy(update={k: v for k, v in update.items() if v is not None})
 
     async def _swap(self, settings: ServeSettings) -> Reloaded:
+        """Load and warm up the new model beside the old, then swap; an HTTP error where it is missing or broken."""
         async with self._reloading:
-            backend, pipeline, load_s, warm_up_s = await self._load_and_warm(settings)
+            started = perf_counter()
+            try:
+                backend = await asyncio.to_thread(self.load, settings)
+            except FileNotFoundError as exc:
+                raise HTTPException(404, f"cannot reload: {exc}; still serving version {self.backend.version}") \
+                    from None
+            except Exception as exc:  # a broken file or manifest, a GPU-only variant here: all the caller's to fix
+                log.warning("%s: reload refused: %s: %s", self.name, type(exc).__name__, exc)
+                raise HTTPException(422, f"cannot load the model in {settings.model_dir} ({type(exc).__name__}: "
+                                         f"{exc}); still serving version {self.backend.version}") from None
+            load_s = perf_counter() - started
+            pipeline = Pipeline(backend, settings, self.metrics, self.batcher)
+            pipeline.start()
+            try:
+                await warm(pipeline, settings)
+            except Exception as exc:
+                await pipeline.close()
+                raise HTTPException(422, f"the model in {settings.model_dir} loaded but its warm-up failed ("
+                                         f"{type(exc).__name__}: {exc}); still serving version "
+                                         f"{self.backend.version}") from None
+            warm_up_s = perf_counter() - started - load_s
             old, previous = self.pipeline, self.backend
             # The swap: one step of the event loop, so every request sees either model, whole.
             self.backend, self.pipeline, self.settings = backend, pipeline, settings
@@ -241,33 +260,6 @@ class Service:
                             previous_version=previous.version, model_dir=str(settings.model_dir),
                             variant=settings.onnx_variant if backend.kind == "onnx" else None,
                             load_s=round(load_s, 3), warm_up_s=round(warm_up_s, 3))
-
-    async def _load_and_warm(self, settings: ServeSettings) -> tuple[Backend, Pipeline, float, float]:
-        """A new backend and its pipeline, warmed up, and the seconds loading and warming up took; an HTTP
-        error (the old model still serving) where it is missing or broken."""
-        started = perf_counter()
-        try:
-            backend = await asyncio.to_thread(self.load, settings)
-        except FileNotFoundError as exc:
-            self.metrics.reloads.labels("refused").inc()
-            raise HTTPException(404, f"cannot reload: {exc}; still serving version {self.backend.version}") from None
-        except Exception as exc:  # a broken file or manifest, a GPU-only variant here: all the caller's to fix
-            self.metrics.reloads.labels("refused").inc()
-            log.warning("%s: reload refused: %s: %s", self.name, type(exc).__name__, exc)
-            raise HTTPException(422, f"cannot load the model in {settings.model_dir} ({type(exc).__name__}: {exc}); "
-                                     f"still serving version {self.backend.version}") from None
-        load_s = perf_counter() - started
-        pipeline = Pipeline(backend, settings, self.metrics, self.batcher)
-        pipeline.start()
-        try:
-            await warm(pipeline, settings)
-        except Exception as exc:
-            await pipeline.close()
-            self.metrics.reloads.labels("refused").inc()
-            raise HTTPException(422, f"the model in {settings.model_dir} loaded but its warm-up failed "
-                                     f"({type(exc).__name__}: {exc}); still serving version {self.backend.version}") \
-                from None
-        return backend, pipeline, load_s, perf_counter() - started - load_s
 
     def _retire(self, old: Pipeline, generation: int) -> None:
         """Close ``old`` once every request that arrived before ``generation`` has answered."""
@@ -348,23 +340,6 @@ class Generations:
         return True
 
 
-class InFlightMiddleware:
-    """Counts prediction requests in flight, by generation (``Generations``), from arrival to response."""
-
-    def __init__(self, app: ASGIApp, generations: Generations):
-        self.app, self.generations = app, generations
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
-            await self.app(scope, receive, send)
-            return
-        generation = self.generations.enter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.generations.leave(generation)
-
-
 class AdminGuardMiddleware:
     """What ``/admin/*`` asks of a request, before its body is read: nothing is there without ADMIN_TOKEN
     (404, as for any unknown path), and with it ``Authorization: Bearer <ADMIN_TOKEN>`` (401 without a
@@ -405,8 +380,8 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
     contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
     settings = service.settings
     # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, through a file they share.
-    install_error_handlers(app, settings.max_body_bytes, settings.max_queue_requests, settings.shed_hold_ms / 1000,
-                           service.siblings.folder / "queue.places" if service.siblings else None)
+    install_error_handlers(app, service.generations, settings.max_body_bytes, settings.max_queue_requests,
+                           settings.shed_hold_ms / 1000, service.siblings.folder / "queue.places" if service.siblings else None)
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")
@@ -445,6 +420,5 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
         return Response(body, media_type=content_type)
 
     app.add_middleware(AdminGuardMiddleware, token=settings.admin_token)
-    app.add_middleware(InFlightMiddleware, generations=service.generations)
     # Added last, so it is outermost and also counts what the body limit refuses.
     app.add_middleware(MetricsMiddleware, metrics=service.metrics, routes={route.path for route in app.routes})

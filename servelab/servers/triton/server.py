@@ -155,26 +155,6 @@ def control_headers(url: str, protocol: Literal["http", "grpc"] = "http") -> dic
     return {CONTROL_HEADER if protocol == "http" else GRPC_CONTROL_HEADER: control_key(url)}
 
 
-def server_command(install_dir: Path, repository: Path, ports: Ports, models: tuple[str, ...],
-                   *, gpu_metrics: bool, key: str, shm_prefix: str) -> list[str]:
-    return [
-        str(install_dir / "bin" / "tritonserver"),
-        f"--model-repository={repository}",
-        f"--backend-directory={install_dir / 'backends'}",
-        "--model-control-mode=explicit",
-        *(f"--load-model={m}" for m in models),
-        f"--model-config-name={CONFIG_NAME}",
-        "--http-address=127.0.0.1", f"--http-port={ports.http}",
-        "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
-        "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
-        f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
-        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        *control_flags(key),
-        *cache_flags(install_dir, get_settings().triton_cache_bytes),
-    ]
-
-
 def cache_flags(install_dir: Path, size_bytes: int) -> list[str]:
     """Triton's local response cache (TRITON_CACHE_BYTES), in server memory, from the wheel's ``caches/local``
     (Triton looks in /opt/tritonserver/caches unless told). It costs nothing until a model's config says
@@ -239,8 +219,22 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     onnxruntime = (install_dir / "backends" / "onnxruntime").is_dir()
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
     shm_prefix = f"{SHM_PREFIX}servelab_{secrets.token_hex(4)}_"
-    cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
-                         gpu_metrics=resolved == "gpu", key=key, shm_prefix=shm_prefix)
+    cmd = [
+        str(install_dir / "bin" / "tritonserver"),
+        f"--model-repository={Path(repository).resolve()}",
+        f"--backend-directory={install_dir / 'backends'}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in stage.triton.models),
+        f"--model-config-name={CONFIG_NAME}",
+        "--http-address=127.0.0.1", f"--http-port={ports.http}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
+        "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
+        f"--allow-gpu-metrics={str(resolved == 'gpu').lower()}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        *control_flags(key),
+        *cache_flags(install_dir, get_settings().triton_cache_bytes),
+    ]
     process = ServerProcess(
         cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
