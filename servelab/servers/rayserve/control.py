@@ -54,7 +54,6 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
     """``servelab ray deploy`` onto a ``LocalCluster`` as a child process (the lab, the benchmark): this
     process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1. A failed deploy raises
     ``RuntimeError`` with the end of the child's log."""
-
     log.parent.mkdir(parents=True, exist_ok=True)
     start = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
@@ -105,9 +104,7 @@ async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = N
     """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (``rollout_load``'s
     action); its answer, or ``RuntimeError`` with its output. ``ready_s`` counts from this call (the child's
     seconds connecting to the cluster included, leaving it not) until every replica served the new model."""
-
     called = time.time()
-
     args = ["--model-dir", str(model_dir)] if model_dir else []
     args += ["--variant", variant] if variant else []
     child = await asyncio.create_subprocess_exec(
