@@ -39,8 +39,7 @@ RETRY_AFTER_S = 1.0  # after a failure, requests skip Redis this long (counted a
 
 
 def cache_version(backend: Backend) -> str:
-    """What the answers depend on besides the image: the model file served (``Backend.version``), its manifest
-    (classes, preprocessing), and where and in which precision it runs (a GPU's kernels round differently)."""
+    """What the answers depend on besides the image (a GPU's kernels round differently)."""
     parts = {"runtime": backend.kind, "model": backend.version, "manifest": backend.manifest.sha256(),
              "gpu": backend.on_gpu, "dtype": backend.details.get("dtype", "")}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -48,15 +47,12 @@ def cache_version(backend: Backend) -> str:
 
 @dataclass
 class Lookup:
-    """One request's visit to the cache: its key, and the answer found (None: ask the model)."""
-
     key: str | None
     answer: PredictResponse | None = None
 
 
 class ResponseCache:
-    """The cache as the handlers use it: ``lookup`` before the model, ``keep`` after it. With no
-    ``url`` every lookup is a miss that sets no header and touches nothing."""
+    """``lookup`` before the model, ``keep`` after it; with no ``url``, a miss that sets no header."""
 
     def __init__(self, url: str, ttl_s: float, counter):
         self.url, self.ttl_s = url, ttl_s
@@ -72,7 +68,7 @@ class ResponseCache:
         return bool(self.url)
 
     def start(self, backend: Backend) -> None:
-        """Open the client (it connects on first use); ``backend``: the model served first, for the log."""
+        """Open the client (it connects on first use); ``backend``: for the log."""
         if not self.enabled:
             return
         # Deferred: an optional extra (serve), only with a response cache.
@@ -105,7 +101,6 @@ class ResponseCache:
                         self.url, what, type(exc).__name__, exc)
 
     async def lookup(self, image: str, response: Response) -> Lookup:
-        """The cached answer for the base64 ``image``, if any; raises ImageError (400) on bad base64."""
         if not self.enabled:
             return Lookup(None)
         # The request's own model (a reload may swap another in while it runs): its answers, its keys.
@@ -135,7 +130,6 @@ class ResponseCache:
         return Lookup(key, answer)
 
     async def keep(self, lookup: Lookup, answer: PredictResponse) -> None:
-        """Store the model's ``answer`` under the lookup's key (nothing where the lookup had none)."""
         if lookup.key is None or time.monotonic() < self._down_until:
             return
         try:
@@ -155,8 +149,7 @@ def find_redis(log=print) -> ToolBinary | None:
 
 
 class LocalRedis(ChildServer):
-    """redis-server as a child process on 127.0.0.1: a free port, no snapshots (``--save ''``), no
-    append-only file, stopped by its PID. ``url`` is what ``CACHE_URL`` takes."""
+    """redis-server on 127.0.0.1, without persistence, stopped by its PID; ``url`` is what ``CACHE_URL`` takes."""
 
     def __init__(self, binary: ToolBinary, home: Path, port: int = 0, max_memory: str = "256mb"):
         self.home, self.port = Path(home), port or free_port()
@@ -172,8 +165,7 @@ class LocalRedis(ChildServer):
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def client(self):
-        """A synchronous client, for reading the cache back (tests, the lab)."""
+    def client(self):  # for reading the cache back (tests, the lab)
         import redis  # deferred: an optional extra (serve), only with a response cache
 
         return redis.Redis.from_url(self.url, socket_timeout=5)

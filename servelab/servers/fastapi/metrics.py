@@ -73,8 +73,7 @@ class Metrics:
         self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
                                                 "process died and its pool was replaced.", registry=r)
 
-    def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
-        """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""
+    def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:  # read at every scrape
         self.sessions = SessionCollector(counts)
         self.registry.register(self.sessions)
 
@@ -113,8 +112,7 @@ class SessionCollector(Collector):
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request, including those refused before reaching a handler (413, 422, 404, a shed
-    request), and the shed ones by reason."""
+    """Counts every HTTP request, those refused before a handler too (413, 422, 404, shed)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: set[str]):
         self.app, self.metrics, self.routes = app, metrics, routes

@@ -60,26 +60,19 @@ log = logging.getLogger("servelab.servers.fastapi")
 DRAIN_TIMEOUT_S, DRAIN_POLL_S = 120.0, 0.01
 
 
-def _configure_logging() -> None:
-    """Our INFO lines next to uvicorn's (uvicorn configures only its own loggers)."""
-    logger = logging.getLogger("servelab")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 class Service:
-    """What the handlers share: the backend and pipeline once loaded, and whether they are ready.
-
-    ``batcher``: the micro-batcher class (Ray Serve's stages pass their ``@serve.batch`` one);
-    ``placement``: where this replica runs, for ``/ready`` (Ray Serve's stages)."""
+    """What the handlers share. Ray Serve's stages pass their ``@serve.batch`` ``batcher`` and ``placement``,
+    where the replica runs, for ``/ready``."""
 
     def __init__(self, name: str, settings: ServeSettings, batcher: type[MicroBatcher] = MicroBatcher,
                  placement: Callable[[], dict] | None = None, load: Callable[[ServeSettings], Backend] | None = None):
-        _configure_logging()
+        logger = logging.getLogger("servelab")  # our INFO lines next to uvicorn's, which configures only its own
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
         self.name, self.settings, self.metrics = name, settings, Metrics(max_infer_batch(settings))
         self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.cache)
         self.batcher, self.placement, self.load = batcher, placement, load  # load: the app's, for reloads
@@ -98,14 +91,12 @@ class Service:
 
     @property
     def model_name(self) -> str:
-        """The name of the model serving the current request (a request that began before a reload keeps its own)."""
         return SERVING.get(self.backend).manifest.name
 
     @asynccontextmanager
     async def serving(self, backend: Backend, warm_up_first: bool = False) -> AsyncIterator[None]:
-        """Serve ``backend`` (its workers and batcher started), warming it up in the background, or first
-        (``warm_up_first``: Ray Serve routes requests to a replica as soon as its startup returns, with
-        no /ready check, so it would otherwise get 503s); stopped on the way out."""
+        """Serve ``backend``, warming it up in the background, or first (``warm_up_first``: Ray Serve routes
+        requests to a replica as soon as its startup returns, with no /ready check)."""
         self.backend = backend
         self.pipeline = Pipeline(backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
@@ -177,16 +168,14 @@ class Service:
         log.info("%s: start-up probe, %s: %s", self.name, DEFAULT_IMAGE.name, probe.describe(cpu_count(), self.backend.on_gpu))
 
     def ready_pipeline(self) -> Pipeline:
-        """The pipeline, or HTTP 503 (``Retry-After``) until the model is loaded and warmed up."""
         if not self.ready:
             raise HTTPException(503, f"not ready: {self.not_ready_reason}", headers={"Retry-After": "5"})
         SERVING.set(self.backend)  # this request's model, whatever a reload swaps in meanwhile
         return self.pipeline
 
     async def reload(self, model_dir: Path | None, variant: str | None) -> Reloaded:
-        """Load the model in ``model_dir`` (else the one served now's folder), as ``variant`` (fastapi_onnx),
-        warm it up beside the model serving, then swap: see the module's docstring. Beside other server
-        processes, uvicorn then replaces each with one that starts on the new model (``Siblings.restart``)."""
+        """See the module's docstring. Beside other server processes, uvicorn then replaces each with one that
+        starts on the new model (``Siblings.restart``)."""
         if self.load is None:
             raise HTTPException(501, f"{self.name} cannot reload its model")
         if variant is not None and self.backend.kind != "onnx":
@@ -209,8 +198,7 @@ class Service:
         return reloaded
 
     def _confined(self, model_dir: Path) -> Path:
-        """``model_dir`` as it resolves (symlinks, ``..``), or 403 where that is outside MODEL_ROOT: a reload
-        loads only models the operator put there."""
+        """``model_dir`` resolved (symlinks, ``..``); 403 outside MODEL_ROOT, where the operator puts models."""
         root = (self.settings.model_root or Path(self.settings.model_dir).resolve().parent).resolve()
         resolved = Path(model_dir).resolve()
         if not resolved.is_relative_to(root):
@@ -249,7 +237,8 @@ class Service:
             old, previous = self.pipeline, self.backend
             # The swap: one step of the event loop, so every request sees either model, whole.
             self.backend, self.pipeline, self.settings = backend, pipeline, settings
-            self._retire(old, self.generations.advance())
+            self.generations.current += 1
+            self._retire(old, self.generations.current)
             self.metrics.serving.labels(previous.version, previous.manifest.name).set(0)
             self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
             self.metrics.reloads.labels("swapped").inc()
@@ -262,7 +251,6 @@ class Service:
                             load_s=round(load_s, 3), warm_up_s=round(warm_up_s, 3))
 
     def _retire(self, old: Pipeline, generation: int) -> None:
-        """Close ``old`` once every request that arrived before ``generation`` has answered."""
         async def drain_then_close() -> None:
             try:
                 if not await self.generations.drained(generation, DRAIN_TIMEOUT_S):
@@ -292,9 +280,7 @@ class Service:
             service=self.name, model=m.name, stand_in=m.stand_in, description=m.description, source=m.source,
             manifest_sha256=m.sha256(), model_version=backend.version, variant=backend.variant,
             runtime={**backend.details, "on_gpu": backend.on_gpu, "session_counts": backend.session_counts()},
-            batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
-                              batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images,
-                              max_queue_requests=s.max_queue_requests, max_queue_delay_ms=s.max_queue_delay_ms),
+            batching=Batching(enabled=s.max_batch_size > 1, **s.model_dump(include=Batching.model_fields.keys())),
             preprocess_mode=self.pipeline.mode, preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
             workers=workers,
             **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
@@ -302,8 +288,7 @@ class Service:
 
 
 def server_timing(request: Request, response: Response, timing: Timing) -> None:
-    """Where the request's time went, as the ``Server-Timing`` header (its total from the metrics middleware),
-    and which model version answered."""
+    """``Server-Timing`` (its total from the metrics middleware) and the model version that answered."""
     response.headers["Server-Timing"] = timing.header(perf_counter() - request.scope[START_KEY])
     response.headers[VERSION_HEADER] = SERVING.get().version
 
@@ -326,12 +311,7 @@ class Generations:
         if not self.open[generation]:
             del self.open[generation]
 
-    def advance(self) -> int:
-        self.current += 1
-        return self.current
-
     async def drained(self, generation: int, timeout_s: float) -> bool:
-        """Whether every request that arrived before ``generation`` answered within ``timeout_s``."""
         deadline = perf_counter() + timeout_s
         while any(g < generation for g in self.open):
             if perf_counter() > deadline:
@@ -370,14 +350,13 @@ class AdminGuardMiddleware:
 
 
 def cache_hit_timing(request: Request, response: Response) -> None:
-    """A cache hit's ``Server-Timing``: its total only, and that it was a hit (no queue, no inference)."""
+    """A cache hit's ``Server-Timing``: its total only (no queue, no inference)."""
     total_s = perf_counter() - request.scope[START_KEY]
     response.headers["Server-Timing"] = f"cache;desc=hit, total;dur={total_s * 1000:.3f}"
 
 
 def add_service_routes(app: FastAPI, service: Service) -> None:
-    """Everything but ``POST /predict``: ``/predict/batch``, ``/health``, ``/ready``, ``/metrics``, the error
-    contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
+    """Everything but ``POST /predict``; called last, so the metrics middleware knows every route."""
     settings = service.settings
     # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, through a file they share.
     install_error_handlers(app, service.generations, settings.max_body_bytes, settings.max_queue_requests,

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class Metrics:
-    """The app's Prometheus metrics (a registry per app): its predictions, by route and model version."""
+    """A registry per app."""
 
     def __init__(self, canary_share: float) -> None:
         self.registry = r = CollectorRegistry()
@@ -79,7 +79,6 @@ def _preview(image: Image.Image) -> str:
 
 
 def _upload(samples: dict[str, Path], max_bytes: int) -> bytes:
-    """The bytes to classify: the chosen sample photo, else the uploaded file (never saved)."""
     name = request.form.get("sample", "")
     if name:
         if name not in samples:
@@ -130,7 +129,6 @@ class _CloseWhenAsked:
 
 
 def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flask:
-    """The app for ``settings.backend``; its one backend client is shared by all requests."""
     settings = settings or get_settings()
     app = Flask("gourmetgram", root_path=str(root))
     app.request_class = _InMemoryRequest

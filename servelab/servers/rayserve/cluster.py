@@ -52,8 +52,6 @@ RAY_ENV = {
 
 @dataclass
 class LocalCluster:
-    """``with LocalCluster(workers=1) as cluster:``; ``cluster.address`` is the head's GCS address."""
-
     workers: int = 1
     cpus_per_node: int = 2
     log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
@@ -77,7 +75,6 @@ class LocalCluster:
         return self.temp_dir / "auth_token"
 
     def client_env(self) -> dict[str, str]:
-        """What a driver (``servelab ray deploy``) needs in its environment to join this cluster."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
 
     @property
@@ -162,7 +159,7 @@ class LocalCluster:
 
 
 def connect(address: str) -> str | None:
-    """Make this process a Ray driver on the cluster at ``address``; returns the dashboard's URL."""
+    """This process a Ray driver on the cluster at ``address``; the dashboard's URL."""
     import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -179,7 +176,6 @@ def disconnect() -> None:
 
 
 def alive_nodes() -> list[dict]:
-    """The cluster's live nodes: node id, whether it is the head, its resources."""
     import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     return [{"node_id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"],
