@@ -1,16 +1,13 @@
 """A response cache in front of ``POST /predict`` (``CACHE_URL``, ``CACHE_TTL_S``), and the redis-server it uses.
 
-The key is the sha256 of the *decoded* image bytes (so a ``data:`` prefix or line breaks in the base64 do
-not matter) and ``cache_version`` (file served, manifest, device, precision: anything that changes an
-answer changes the key, a reload included); the value is the response's JSON. Each response says
-``X-Cache: hit``, ``miss`` or ``error``, counted in ``servelab_response_cache_total{result}`` so a load
-generator reads the hit ratio from the server.
+The key is the sha256 of the *decoded* image bytes (a ``data:`` prefix or line breaks in the base64 do not
+matter) and ``cache_version`` (anything that changes an answer changes the key, a reload included). Each
+response says ``X-Cache: hit``, ``miss`` or ``error``, also counted, so a load generator reads the hit ratio
+from the server.
 
 Redis is an optimisation, never a dependency: when it does not answer (down, slow, refused) the model
-answers, the failure is logged once (and once more when Redis is back) and counted as ``error``, and
-Redis is left alone for ``RETRY_AFTER_S``, so an outage costs no request a timeout.
-
-``LocalRedis``: redis-server as a child process on 127.0.0.1 (no persistence), for the tests and the lab.
+answers, the failure is logged once (and once more when Redis is back), and Redis is left alone for
+``RETRY_AFTER_S``, so an outage costs no request a timeout.
 """
 
 import hashlib

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,34 +26,27 @@ from ray import serve
 
 from servelab.core.catalogue import Stage
 from servelab.core.settings import RaySettings, Settings
-from servelab.servers.fastapi.batcher import BatchResult, in_threads, infer_batch
+from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher, infer_batch
 from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
 
 log = logging.getLogger("servelab.servers.rayserve")
 
 
-class ServeBatcher:
-    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue, counted in
+class ServeBatcher(MicroBatcher):
+    """``MicroBatcher`` over ``@serve.batch``: the batch forms in Ray Serve's queue, counted in
     images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``).
     MAX_QUEUE_REQUESTS holds in a replica as in the service, but ``max_queue_delay_s`` is taken and not
     used: the batch waits in Serve's own queue, where this class cannot refuse a request."""
 
     def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None, instances: int = 1,
                  max_queue_delay_s: float = 0.0):
-        self.infer, self.on_batch, self.max_batch_size, self.instances = infer, on_batch, max_batch_size, instances
-        self._executor = ThreadPoolExecutor(instances, thread_name_prefix="infer")
+        super().__init__(infer, max_batch_size, timeout_s, on_batch, instances)  # its threads, warm-up and close
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s,
                                     max_concurrent_batches=instances,
                                     batch_size_fn=lambda items: sum(len(x) for x, _ in items))(self._infer_batch)
 
     def start(self) -> None:
         pass  # Serve starts its batching task on the first request
-
-    async def close(self) -> None:
-        self._executor.shutdown(wait=True)
-
-    async def warm_up(self, fn, threads: int | None = None) -> list:
-        return await in_threads(self._executor, threads or self.instances, fn)  # as MicroBatcher's
 
     async def submit(self, x: np.ndarray) -> BatchResult:
         if len(x) > self.max_batch_size:
