@@ -228,7 +228,7 @@ class _TritonBackend:
         # the image): a configuration problem, not the user's.
         self.http = _Http("Triton server", timeout, image_errors=())
 
-    def _predict(self, inputs: list, outputs: list, read) -> Answer:
+    def _infer(self, inputs: list, outputs: list) -> tuple[triton_http.InferResult, str, str]:
         body, json_size = triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
         headers = {} if json_size is None else {"Inference-Header-Content-Length": str(json_size)}
         response = self.http.post(self.endpoint, data=body, headers=headers)
@@ -240,7 +240,10 @@ class _TritonBackend:
         except Exception as exc:  # tritonclient raises assorted types for a malformed body
             raise self.http.not_a_prediction(exc) from None
         version = str(meta.get("model_version") or "")
-        model = str(meta.get("model_name", self.model)) + (f" (version {version})" if version else "")
+        return result, str(meta.get("model_name", self.model)) + (f" (version {version})" if version else ""), version
+
+    def _predict(self, inputs: list, outputs: list, read) -> Answer:
+        result, model, version = self._infer(inputs, outputs)
         try:
             (prediction,) = read(result)
             return Answer(prediction.label, _check_probability(prediction.probability), model, version)
