@@ -79,8 +79,7 @@ def replica_app(stage: str, overrides: dict[str, str]):
 
 
 def application(stage: Stage, settings: RaySettings, model: dict[str, str] | None = None):
-    """The bound Serve application for ``stage`` (``serve.run`` it); ``model``: its ``user_config``, the
-    model to serve instead of the replica's MODEL_DIR (``{"model_dir": ..., "variant": ...}``, ``reconfigure``)."""
+    """``model``: the ``user_config``, the model to serve instead of the replica's MODEL_DIR (``reconfigure``)."""
     overrides = serve_env(stage, settings)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
@@ -120,11 +119,9 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
 
 
 def reconfigure(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
-    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place, as its
-    ``user_config``: Ray calls each replica's ``reconfigure``, a few at a time, and returns once every
-    replica serves it. In place rather than Ray's rolling replacement of replicas: a reload needs no spare
-    CPUs for new replicas (a small cluster has none, see ``deploy``) and no cold start, and requests keep
-    reaching a replica while it loads."""
+    """Serve ``model`` on the running ``stage`` in place, as its ``user_config`` (Ray calls each replica's
+    ``reconfigure``), rather than by Ray's rolling replacement of replicas: no spare CPUs for new replicas (a
+    small cluster has none, see ``deploy``), no cold start, and requests keep reaching a replica while it loads."""
     if APP_NAME not in serve.status().applications:
         raise RuntimeError(f"no Serve application {APP_NAME} to roll out: deploy a stage first")
     serve.run(application(stage, settings, model), name=APP_NAME, route_prefix="/", blocking=False)

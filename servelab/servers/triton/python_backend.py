@@ -70,8 +70,7 @@ def threads_per_instance(model_config: dict) -> int:
     return max(1, (cpu_count() - 1) // max(1, instances))
 
 
-def instance_count(groups: Sequence[dict]) -> int:
-    """Instances an ``instance_group`` list starts: ``count`` per GPU listed (or once, without GPUs)."""
+def instance_count(groups: Sequence[dict]) -> int:  # ``count`` per GPU listed (or once, without GPUs)
     return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus", []))) for g in groups)
 
 
