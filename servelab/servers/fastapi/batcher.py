@@ -43,9 +43,8 @@ THREADS_START_S = 30.0  # how long the calls of ``in_threads`` wait for each oth
 
 
 async def in_threads(executor: ThreadPoolExecutor, threads: int, fn: Callable[[], T]) -> list[T]:
-    """``fn()`` once in each of ``threads`` threads of ``executor``: every call waits until all have started,
-    so no thread runs two. The warm-up runs where requests run: a runtime that keeps per-thread state
-    (PyTorch) is warm only in the threads that ran it."""
+    """``fn()`` once in each of ``threads`` threads (each waits for all to start, so no thread runs two): a
+    runtime that keeps per-thread state (PyTorch) is warm only in the threads that ran it."""
     started = threading.Barrier(threads)
 
     def call() -> T:
@@ -93,12 +92,10 @@ class MicroBatcher:
                 item.future.set_exception(RuntimeError("the service is shutting down"))
         self._executor.shutdown(wait=True)
 
-    async def warm_up(self, fn: Callable[[], T], threads: int | None = None) -> list[T]:
-        """``fn()`` in ``threads`` of the inference threads (default: every one), at once (``in_threads``)."""
+    async def warm_up(self, fn: Callable[[], T], threads: int | None = None) -> list[T]:  # default: every thread
         return await in_threads(self._executor, threads or self.instances, fn)
 
     async def submit(self, x: np.ndarray) -> BatchResult:
-        """Infer ``x`` [k, ...] (k images) as part of a batch; returns this request's k rows of logits."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
         future = asyncio.get_running_loop().create_future()
@@ -109,7 +106,6 @@ class MicroBatcher:
         return await future
 
     async def _fill(self) -> None:
-        """Wait for more requests until a full batch is waiting or the oldest has waited long enough."""
         deadline = self._pending[0].submitted + self.timeout_s
         while sum(len(p.x) for p in self._pending) < self.max_batch_size:
             remaining = deadline - perf_counter()
@@ -172,8 +168,7 @@ class MicroBatcher:
 async def infer_batch(executor: ThreadPoolExecutor, infer: Callable[[np.ndarray], np.ndarray],
                       items: list[tuple[np.ndarray, float]], on_batch: Callable[[int, float], None] | None = None
                       ) -> list[BatchResult]:
-    """One inference in ``executor`` over requests' images ``items`` (each with when it was submitted); each
-    request's rows of the logits. ``on_batch(images, seconds)`` after it."""
+    """One inference over requests' images ``items`` (each with when it was submitted); each request's rows."""
     x = items[0][0] if len(items) == 1 else np.concatenate([x for x, _ in items])
     started = perf_counter()
     logits = await asyncio.get_running_loop().run_in_executor(executor, infer, x)

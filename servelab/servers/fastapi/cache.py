@@ -1,16 +1,13 @@
 """A response cache in front of ``POST /predict`` (``CACHE_URL``, ``CACHE_TTL_S``), and the redis-server it uses.
 
-The key is the sha256 of the *decoded* image bytes (so a ``data:`` prefix or line breaks in the base64 do
-not matter) and ``cache_version`` (file served, manifest, device, precision: anything that changes an
-answer changes the key, a reload included); the value is the response's JSON. Each response says
-``X-Cache: hit``, ``miss`` or ``error``, counted in ``servelab_response_cache_total{result}`` so a load
-generator reads the hit ratio from the server.
+The key is the sha256 of the *decoded* image bytes (a ``data:`` prefix or line breaks in the base64 do not
+matter) and ``cache_version`` (anything that changes an answer changes the key, a reload included). Each
+response says ``X-Cache: hit``, ``miss`` or ``error``, also counted, so a load generator reads the hit ratio
+from the server.
 
 Redis is an optimisation, never a dependency: when it does not answer (down, slow, refused) the model
-answers, the failure is logged once (and once more when Redis is back) and counted as ``error``, and
-Redis is left alone for ``RETRY_AFTER_S``, so an outage costs no request a timeout.
-
-``LocalRedis``: redis-server as a child process on 127.0.0.1 (no persistence), for the tests and the lab.
+answers, the failure is logged once (and once more when Redis is back), and Redis is left alone for
+``RETRY_AFTER_S``, so an outage costs no request a timeout.
 """
 
 import hashlib
@@ -39,8 +36,7 @@ RETRY_AFTER_S = 1.0  # after a failure, requests skip Redis this long (counted a
 
 
 def cache_version(backend: Backend) -> str:
-    """What the answers depend on besides the image: the model file served (``Backend.version``), its manifest
-    (classes, preprocessing), and where and in which precision it runs (a GPU's kernels round differently)."""
+    """What the answers depend on besides the image (a GPU's kernels round differently)."""
     parts = {"runtime": backend.kind, "model": backend.version, "manifest": backend.manifest.sha256(),
              "gpu": backend.on_gpu, "dtype": backend.details.get("dtype", "")}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -48,19 +44,18 @@ def cache_version(backend: Backend) -> str:
 
 @dataclass
 class Lookup:
-    """One request's visit to the cache: its key, and the answer found (None: ask the model)."""
-
     key: str | None
     answer: PredictResponse | None = None
 
 
 class ResponseCache:
-    """The cache as the handlers use it: ``lookup`` before the model, ``keep`` after it. With no
-    ``url`` every lookup is a miss that sets no header and touches nothing."""
+    """``lookup`` before the model, ``keep`` after it; with no ``url``, a miss that sets no header."""
 
-    def __init__(self, url: str, ttl_s: float, count=None):
+    def __init__(self, url: str, ttl_s: float, counter):
         self.url, self.ttl_s = url, ttl_s
-        self.count = count  # result -> None: the metric (servelab.servers.fastapi.metrics)
+        self.counter = counter  # Metrics.cache, by result
+        for result in RESULTS if self.enabled else ():  # at 0 from the start: a reader's first delta counts them all
+            counter.labels(result)
         self._client = None
         self._down_until = 0.0
         self._down = False
@@ -70,7 +65,7 @@ class ResponseCache:
         return bool(self.url)
 
     def start(self, backend: Backend) -> None:
-        """Open the client (it connects on first use); ``backend``: the model served first, for the log."""
+        """Open the client (it connects on first use); ``backend``: for the log."""
         if not self.enabled:
             return
         # Deferred: an optional extra (serve), only with a response cache.
@@ -93,8 +88,7 @@ class ResponseCache:
 
     def _note(self, response: Response, result: str) -> None:
         response.headers[HEADER] = result
-        if self.count is not None:
-            self.count(result)
+        self.counter.labels(result).inc()
 
     def _failed(self, what: str, exc: Exception) -> None:
         self._down_until = time.monotonic() + RETRY_AFTER_S
@@ -104,7 +98,6 @@ class ResponseCache:
                         self.url, what, type(exc).__name__, exc)
 
     async def lookup(self, image: str, response: Response) -> Lookup:
-        """The cached answer for the base64 ``image``, if any; raises ImageError (400) on bad base64."""
         if not self.enabled:
             return Lookup(None)
         # The request's own model (a reload may swap another in while it runs): its answers, its keys.
@@ -134,15 +127,13 @@ class ResponseCache:
         return Lookup(key, answer)
 
     async def keep(self, lookup: Lookup, answer: PredictResponse) -> None:
-        """Store the model's ``answer`` under the lookup's key (nothing where the lookup had none)."""
         if lookup.key is None or time.monotonic() < self._down_until:
             return
         try:
             await self._client.set(lookup.key, answer.model_dump_json(), ex=max(1, round(self.ttl_s)))
         except Exception as exc:  # the answer is already made: a failed store costs only a later hit
             self._failed("store", exc)
-            if self.count is not None:
-                self.count("error")
+            self.counter.labels("error").inc()
 
 
 def find_redis(log=print) -> ToolBinary | None:
@@ -155,8 +146,7 @@ def find_redis(log=print) -> ToolBinary | None:
 
 
 class LocalRedis(ChildServer):
-    """redis-server as a child process on 127.0.0.1: a free port, no snapshots (``--save ''``), no
-    append-only file, stopped by its PID. ``url`` is what ``CACHE_URL`` takes."""
+    """redis-server on 127.0.0.1, without persistence, stopped by its PID; ``url`` is what ``CACHE_URL`` takes."""
 
     def __init__(self, binary: ToolBinary, home: Path, port: int = 0, max_memory: str = "256mb"):
         self.home, self.port = Path(home), port or free_port()
@@ -172,8 +162,7 @@ class LocalRedis(ChildServer):
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def client(self):
-        """A synchronous client, for reading the cache back (tests, the lab)."""
+    def client(self):  # for reading the cache back (tests, the lab)
         import redis  # deferred: an optional extra (serve), only with a response cache
 
         return redis.Redis.from_url(self.url, socket_timeout=5)

@@ -74,9 +74,10 @@ def _shed(scope: Scope, exc: Overloaded) -> JSONResponse:
 
 
 class QueueBoundMiddleware:
-    """Refuses a prediction request, its body unread, while ``limit`` others are in the service
-    (MAX_QUEUE_REQUESTS): held from arrival to answer, so the bound covers the wait for a preprocessing worker
-    as well as for a batch (on the CPU either queue can be the one that grows).
+    """Counts prediction requests in flight by generation (``service.Generations``: a replaced model closes
+    once those before the swap have answered) and, with a ``limit`` (MAX_QUEUE_REQUESTS), refuses one, its
+    body unread, while ``limit`` others are in the service: held from arrival to answer, so the bound covers
+    the wait for a preprocessing worker as well as for a batch (on the CPU either queue can be the one that grows).
 
     A refusal is answered ``hold_s`` after it was decided (SHED_HOLD_MS), at no cost while it waits: a client
     that ignores ``Retry-After`` and sends again at once would otherwise make refusals as fast as the service
@@ -85,23 +86,18 @@ class QueueBoundMiddleware:
     connections cannot pile up in memory. Beside other server processes (``shared``: a file they share) the
     bound is the service's: a request holds one of its ``limit`` places (``procs.take_place``)."""
 
-    def __init__(self, app: ASGIApp, limit: int, hold_s: float = 0.0, max_holding: int = 1024,
+    def __init__(self, app: ASGIApp, generations, limit: int = 0, hold_s: float = 0.0, max_holding: int = 1024,
                  shared: Path | None = None):
-        self.app, self.limit, self.held = app, limit, 0
+        self.app, self.generations, self.limit, self.held = app, generations, limit, 0
         self.hold_s, self.max_holding, self.holding = hold_s, max_holding, 0
-        self.places = None if shared is None else os.open(shared, os.O_RDWR | os.O_CREAT, 0o600)
+        self.places = None if shared is None or not limit else os.open(shared, os.O_RDWR | os.O_CREAT, 0o600)
         self.mine: set[int] = set()
 
     def _take(self) -> int | None:
-        """A place for one more request, or None where the service holds ``limit`` already."""
+        """A place for one more request (-1: no shared file), or None where the service holds ``limit`` already."""
         if self.places is None:
-            return None if self.held >= self.limit else -1
+            return None if self.limit and self.held >= self.limit else -1
         return take_place(self.places, self.limit, self.mine)
-
-    def _give(self, place: int) -> None:
-        if place >= 0:
-            fcntl.lockf(self.places, fcntl.LOCK_UN, 1, place)
-            self.mine.discard(place)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
@@ -119,11 +115,15 @@ class QueueBoundMiddleware:
             await _shed(scope, full)(scope, receive, send)
             return
         self.held += 1
+        generation = self.generations.enter()
         try:
             await self.app(scope, receive, send)
         finally:
             self.held -= 1
-            self._give(place)
+            self.generations.leave(generation)
+            if place >= 0:
+                fcntl.lockf(self.places, fcntl.LOCK_UN, 1, place)
+                self.mine.discard(place)
 
 
 class BodyLimitMiddleware:
@@ -157,22 +157,18 @@ class BodyLimitMiddleware:
         await self.app(scope, receive_counted, send)
 
 
-async def _image_error(request: Request, exc: ImageError) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=413 if isinstance(exc, ImageTooLarge) else 400)
-
-
 def _describe(error: dict) -> str:
     where = ".".join(str(part) for part in error["loc"])
     reason = error.get("ctx", {}).get("error")
     return f"{where}: {error['msg']}" + (f" ({reason})" if reason else "")
 
 
-async def _worker_lost(request: Request, exc: WorkerLost) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
-
-
-async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
-    return _shed(request.scope, exc)
+async def _known_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, Overloaded):
+        return _shed(request.scope, exc)
+    if isinstance(exc, WorkerLost):
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+    return JSONResponse({"detail": str(exc)}, status_code=413 if isinstance(exc, ImageTooLarge) else 400)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -190,13 +186,13 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)
 
 
-def install_error_handlers(app: FastAPI, max_body_bytes: int, max_queue_requests: int = 0,
+def install_error_handlers(app: FastAPI, generations, max_body_bytes: int, max_queue_requests: int = 0,
                            shed_hold_s: float = 0.0, shared_queue: Path | None = None) -> None:
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
-    if max_queue_requests:  # outside the body limit: a shed request's body is never read
-        app.add_middleware(QueueBoundMiddleware, limit=max_queue_requests, hold_s=shed_hold_s, shared=shared_queue)
-    app.add_exception_handler(ImageError, _image_error)
-    app.add_exception_handler(WorkerLost, _worker_lost)
-    app.add_exception_handler(Overloaded, _overloaded)
+    # Outside the body limit: a shed request's body is never read.
+    app.add_middleware(QueueBoundMiddleware, generations=generations, limit=max_queue_requests, hold_s=shed_hold_s,
+                       shared=shared_queue)
+    for known in (ImageError, WorkerLost, Overloaded):
+        app.add_exception_handler(known, _known_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)

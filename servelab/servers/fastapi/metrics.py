@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from servelab.core.wire import SECONDS_BUCKETS, VERSION_HEADER
 from servelab.servers.fastapi.errors import SHED_KEY
 from servelab.servers.fastapi.schemas import ShedReason
-from servelab.servers.fastapi.timing import Timing
 from servelab.servers.fastapi.workers import METRICS_ENV
 
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
@@ -74,22 +73,13 @@ class Metrics:
         self.preprocess_pool_restarts = Counter("servelab_preprocess_pool_restarts", "Times a preprocessing worker "
                                                 "process died and its pool was replaced.", registry=r)
 
-    def count_cache(self, result: str) -> None:
-        self.cache.labels(result).inc()
-
-    def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:
-        """Export ``counts()`` (the backend's ``session_counts``) at every scrape."""
+    def watch_sessions(self, counts: Callable[[], list[dict]]) -> None:  # read at every scrape
         self.sessions = SessionCollector(counts)
         self.registry.register(self.sessions)
 
     def observe_batch(self, images: int, seconds: float) -> None:
         self.batch_size.observe(images)
         self.infer.observe(seconds)
-
-    def observe_request(self, timing: Timing, images: int) -> None:
-        self.queue.observe(timing.queue_s)
-        self.preprocess.observe(timing.preprocess_s)
-        self.images.inc(images)
 
     def render(self) -> tuple[bytes, str]:
         if not os.environ.get(METRICS_ENV):
@@ -122,8 +112,7 @@ class SessionCollector(Collector):
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request, including those refused before reaching a handler (413, 422, 404, a shed
-    request), and the shed ones by reason."""
+    """Counts every HTTP request, those refused before a handler too (413, 422, 404, shed)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: set[str]):
         self.app, self.metrics, self.routes = app, metrics, routes

@@ -48,8 +48,6 @@ log = logging.getLogger("servelab.servers.fastapi")
 
 @dataclass(frozen=True)
 class Prepared:
-    """One request's images as the model takes them, and when their preprocessing waited and ran."""
-
     x: np.ndarray  # [k, ...]: the request's k images, stacked
     submitted: float  # perf_counter() when the request asked for its workers
     started: float  # when the first worker started on it
@@ -70,15 +68,12 @@ SETTLE_MAX_S = 1.0  # ... and this many seconds
 
 
 def settled(ms: list[float], runs: int = PROBE_RUNS, tolerance: float = SETTLE_TOLERANCE) -> bool:
-    """Whether a thread's single-image inference times (in order) have settled: at least ``runs`` of them,
-    and the last ``runs`` each within ``tolerance`` of the fastest so far."""
     return len(ms) >= runs and max(ms[-runs:]) <= min(ms) * (1 + tolerance)
 
 
 def warm_thread(infer, x: np.ndarray, batch_sizes: list[int], settle: bool, turn: threading.Lock) -> list[float]:
-    """In one of the batcher's threads, holding ``turn`` (one thread at a time, each timing its own runs):
-    one inference at each batch size, then single images, ``PROBE_RUNS`` or, with ``settle``, until
-    ``settled`` (within ``SETTLE_MAX_RUNS`` and ``SETTLE_MAX_S``). Returns the single images' ms, in order."""
+    """In one of the batcher's threads, holding ``turn`` (each thread times its own runs): each batch size
+    once, then single images until ``settled`` (with ``settle``); the single images' ms, in order."""
     with turn:
         for size in batch_sizes:
             infer(np.stack([x] * size))
@@ -94,8 +89,7 @@ def warm_thread(infer, x: np.ndarray, batch_sizes: list[int], settle: bool, turn
 
 @dataclass(frozen=True)
 class Probe:
-    """What one image cost this server at start-up, alone and warm: its preprocessing in a worker and one
-    inference of it (on the intra-op threads one inference gets)."""
+    """What one image cost this server at start-up, alone and warm: the start-up log's measured "why"."""
 
     preprocess_ms: float
     infer_ms: float
@@ -146,14 +140,12 @@ class Pipeline:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def prepare(self, text: str) -> np.ndarray:
-        """base64 text -> model input (float32 [3, H, W] or uint8 [H, W, 3]), in the calling thread;
-        raises ImageError (400) or ImageTooLarge (413)."""
+        """base64 text -> model input, in the calling thread."""
         return self._prepare(text)[0]
 
     async def prepare_in_worker(self, text: str) -> tuple[np.ndarray, float, float]:
-        """``prepare`` in a worker: (model input, when the worker started, when it ended). Where a worker
-        process dies with this request in its pool, the request runs again, once, on a new pool (preprocessing
-        is a pure function of the request); a second death is a 503 (WorkerLost)."""
+        """``prepare`` in a worker: (model input, when the worker started, when it ended). Preprocessing is a
+        pure function of the request, so one whose worker process died runs again, once, on a new pool."""
         loop = asyncio.get_running_loop()
         for _ in range(2):
             pool = self._pool
@@ -178,10 +170,9 @@ class Pipeline:
         return self._pool
 
     async def warm_up(self, text: str, batch_sizes: list[int]) -> Probe:
-        """Preprocess a real photo once per worker (worker processes start and import here, not on the
-        first requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape) in the
-        inference threads that will serve (``warm_thread``), without touching the metrics; then probe what
-        one image costs, warm (``Probe``)."""
+        """Preprocess a real photo once per worker (worker processes start and import here, not on the first
+        requests) and infer it at each batch size (CUDA/TensorRT set up kernels per shape) in the inference
+        threads that will serve, without touching the metrics; then probe what one image costs, warm."""
         (x, *_), *_ = await asyncio.gather(*(self.prepare_in_worker(text) for _ in range(self.workers)))
         # In the batcher's own inference threads, where requests will run (PER_THREAD_RUNTIMES).
         settle = self.backend.kind in PER_THREAD_RUNTIMES
@@ -200,7 +191,7 @@ class Pipeline:
 
     async def preprocess(self, images: list[str]) -> Prepared:
         """One request's images -> model input, in workers. The first bad image (by position) fails the
-        request; it never reaches the batcher, so it cannot fail anyone else's."""
+        request before the batcher, so it cannot fail anyone else's."""
         submitted = perf_counter()
         results = await asyncio.gather(*(self.prepare_in_worker(text) for text in images), return_exceptions=True)
         for i, result in enumerate(results):
@@ -212,25 +203,23 @@ class Pipeline:
                         max(r[2] for r in results))
 
     def postprocess(self, prepared: Prepared, done: BatchResult) -> tuple[list[Prediction], Timing]:
-        """The batcher's logits -> one top-1 prediction per image, and where the request's time went (metrics too)."""
         timing = Timing(queue_s=(prepared.started - prepared.submitted) + done.queue_s,
                         preprocess_s=prepared.ended - prepared.started, infer_s=done.infer_s, batch_size=done.batch_size)
         if self.metrics is not None:
-            self.metrics.observe_request(timing, len(prepared.x))
+            self.metrics.queue.observe(timing.queue_s)
+            self.metrics.preprocess.observe(timing.preprocess_s)
+            self.metrics.images.inc(len(prepared.x))
         return top1(done.logits, self.backend.manifest.classes), timing
 
     async def predict(self, images: list[str]) -> tuple[list[Prediction], Timing]:
-        """One request's images -> one prediction each, in order: the three steps a handler takes."""
         prepared = await self.preprocess(images)
         return self.postprocess(prepared, await self.batcher.submit(prepared.x))
 
 
 async def warm(pipeline: Pipeline, settings: ServeSettings) -> tuple[list[int], Probe]:
-    """``Pipeline.warm_up`` with the bundled photo at the batch sizes the backend's sessions take."""
     sizes = pipeline.backend.warm_up_sizes(settings)
     return sizes, await pipeline.warm_up(photo_text(), sizes)
 
 
-def photo_text() -> str:
-    """The bundled photo as a request carries it (base64): what warm-ups run."""
+def photo_text() -> str:  # the bundled photo as a request carries it
     return base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()

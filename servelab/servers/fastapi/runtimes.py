@@ -5,14 +5,8 @@ ONNX Runtime silently falls back to the CPU when a GPU execution provider cannot
 CUDA/cuDNN/TensorRT libraries), and where a session fails to start it retries with fallback providers and
 drops every provider's options. So TensorRT is asked for only where its libraries load, the active providers
 and their options are read back from the session (``provider_options``), and one asked for but not in force
-is a loud warning, or under ``REQUIRE_GPU=1`` a refusal to start.
-
-A variant (``ONNX_VARIANT``) with preprocessing in its graph takes uint8 pixels, read from the model's own
-input type. The fp16 variant has no fast path on a CPU (ONNX Runtime would insert casts around every
-operator), so it refuses to start there unless a caller allows it to check its answers.
-
-Sessions are set up for the largest batch the service can hand them (``ORT_SHAPE_POLICY``,
-``core.inference.OnnxClassifier``), and the warm-up runs each session's batch size once.
+is a loud warning, or under ``REQUIRE_GPU=1`` a refusal to start. The fp16 variant has no fast path on a CPU
+(ONNX Runtime would insert casts around every operator), so it refuses to start there.
 """
 
 import logging
@@ -41,8 +35,6 @@ BackendKind = Literal["pytorch", "onnx"]
 TENSORRT, CUDA = GPU_PROVIDERS
 CPU = "CPUExecutionProvider"
 PROVIDER_ALIASES = {"tensorrt": TENSORRT, "trt": TENSORRT, "cuda": CUDA, "cpu": CPU}
-
-
 GPU_ONLY_VARIANTS = ("fp16",)
 
 
@@ -57,7 +49,6 @@ class OptionsNotInForce(RuntimeError):
 @dataclass
 class Backend:
     """A loaded classifier and what /ready and the startup log say about it."""
-
     kind: BackendKind
     infer: Callable[[np.ndarray], np.ndarray]  # a batch of model inputs -> logits, in the calling thread
     manifest: Manifest
@@ -72,17 +63,14 @@ class Backend:
     remote: Any = None  # beside a batcher process: ``shared.SharedBatcher``, which infers there
 
     def warm_up_sizes(self, settings: ServeSettings) -> list[int]:
-        """Batch sizes to run before the service is ready: every ONNX Runtime session's own (buckets,
-        pad), else one image, a full dynamic batch and the largest request."""
+        """Every ONNX Runtime session's own batch size, else one image, a full dynamic batch, the largest request."""
         sizes = self.classifier.batch_sizes if self.classifier else []
         return sizes or sorted({1, settings.max_batch_size, max_infer_batch(settings)})
 
     def session_counts(self) -> list[dict[str, Any]]:
-        """ONNX Runtime: runs and shape changes of each session (none for PyTorch)."""
         return self.classifier.session_counts() if self.classifier else []
 
     def where(self) -> str:
-        """Where the model runs, in a few words, for logs and errors."""
         d = self.details
         if self.kind == "onnx":
             return (f"onnxruntime {d['onnxruntime']}, providers active: {', '.join(d['providers'])} "
@@ -94,8 +82,7 @@ VERSION_CHARS = 12
 
 
 def model_version(weights: Path) -> str:
-    """The version of the model in ``weights`` (the file the runtime loaded): the start of its sha256.
-    Content-addressed, so loading the same bytes again is the same version and any other bytes (another
+    """The start of the loaded file's sha256: the same bytes are the same version, any other bytes (another
     variant, a re-export, new weights) a new one, with no version number to keep in step by hand."""
     return sha256_file(weights)[:VERSION_CHARS]
 
@@ -150,13 +137,11 @@ def why_threads(settings: ServeSettings, backend: Backend) -> str:
             "take the cores in between")
 
 
-def max_infer_batch(settings: ServeSettings) -> int:
-    """The largest batch one inference may see: a batched request, or a dynamic batch."""
+def max_infer_batch(settings: ServeSettings) -> int:  # a batched request, or a dynamic batch
     return max(settings.max_batch_size, settings.max_request_images)
 
 
 def model_manifest(settings: ServeSettings) -> tuple[ArtifactPaths, Manifest]:
-    """MODEL_DIR's files and its manifest (what the model is, its classes and preprocessing)."""
     paths = ArtifactPaths.in_dir(settings.model_dir)
     if not paths.manifest.exists():
         raise FileNotFoundError(f"no model manifest at {paths.manifest}; run `servelab models build` first")
@@ -165,7 +150,7 @@ def model_manifest(settings: ServeSettings) -> tuple[ArtifactPaths, Manifest]:
 
 def _checked(backend: Backend, settings: ServeSettings, allow_gpu_only_on_cpu: bool = False) -> Backend:
     """The backend, its warnings logged, unless it would run on the CPU where it must not; behind the
-    GPU-shaped stand-in where SIMULATED_GPU_MS asks for it (named in the details and the warnings)."""
+    GPU-shaped stand-in where SIMULATED_GPU_MS asks for it."""
     if settings.simulated_gpu_ms:
         backend.infer = SimulatedGPU(backend.infer, settings.simulated_gpu_ms, max_infer_batch(settings))
         backend.details["stand_in"] = backend.infer.label
@@ -201,8 +186,7 @@ TorchLoader = Callable[[Path, str, Any, Any], Callable[[np.ndarray], np.ndarray]
 
 
 def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
-    """fastapi_pt's model: the device and threads from the settings, then ``load_model(weights file,
-    architecture, torch device, torch dtype)`` (the app's), which returns its inference function."""
+    """fastapi_pt's model: ``load_model(weights, architecture, device, dtype)`` is the app's."""
     if remote := _batchers_model(settings):
         return remote
     import torch  # deferred: an optional extra (torch), loaded only when this runs
@@ -240,7 +224,6 @@ def torch_backend(settings: ServeSettings, load_model: TorchLoader) -> Backend:
 
 
 def requested_providers(spec: str, available: list[str]) -> tuple[list[str], list[str]]:
-    """(providers to ask ONNX Runtime for, warnings) from ORT_PROVIDERS."""
     if spec.strip().lower() == "auto":
         return [p for p in (TENSORRT, CUDA, CPU) if p in available], []
     wanted, warnings = [], []
@@ -256,9 +239,15 @@ def requested_providers(spec: str, available: list[str]) -> tuple[list[str], lis
     return wanted, warnings
 
 
-def tensorrt_options(settings: ServeSettings, input_name: str, image_shape: list[int]) -> dict[str, Any]:
-    """The optimization guide's TensorRT options; the profile covers every batch we may send
-    (``image_shape``: one image as the model takes it, CHW float or HWC uint8)."""
+def tensorrt_options(settings: ServeSettings, path: Path) -> dict[str, Any]:
+    """The optimization guide's TensorRT options; the profile covers every batch we may send, of images as
+    the model at ``path`` takes them (CHW float or HWC uint8; read without building a session)."""
+    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model_input = ort.InferenceSession(str(path), options, providers=[CPU]).get_inputs()[0]
+    input_name, image_shape = model_input.name, model_input.shape[1:]
     cache = settings.trt_cache_path.expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     shape = "x".join(map(str, image_shape))
@@ -282,10 +271,8 @@ SessionOpener = Callable[[Path, list], Any]
 
 
 def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_gpu_only_on_cpu: bool = False) -> Backend:
-    """fastapi_onnx's model: ONNX_VARIANT's file, the providers ORT_PROVIDERS asks for (with their options),
-    sessions opened by ``open_session(path, providers)`` (the app's; one per batch size under
-    ORT_SHAPE_POLICY), then what is really active read back. ``allow_gpu_only_on_cpu``: run a GPU-only
-    variant (fp16) on the CPU anyway, to check its answers."""
+    """fastapi_onnx's model, sessions opened by ``open_session(path, providers)`` (the app's), then what is
+    really active read back. ``allow_gpu_only_on_cpu``: run fp16 on the CPU anyway, to check its answers."""
     if remote := _batchers_model(settings):
         return remote
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
@@ -303,7 +290,7 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
                         "Runtime would fail the session and retry it without the options of every provider")
     options = {CUDA: {"cudnn_conv_algo_search": settings.ort_cudnn_conv_algo_search}}
     if TENSORRT in wanted:
-        options[TENSORRT] = tensorrt_options(settings, *_onnx_input(path))
+        options[TENSORRT] = tensorrt_options(settings, path)
     threads = intra_op_threads(settings)
     if any(p in GPU_PROVIDERS for p in wanted):
         preload_cuda_libraries()  # CUDA's libraries, from the nvidia-* wheels, before a session asks for them
@@ -340,13 +327,3 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
                             classifier, model_version(path), classifier.input_dtype == np.uint8),
                     settings, allow_gpu_only_on_cpu)
 
-
-def _onnx_input(path: Path) -> tuple[str, list[int]]:
-    """The graph's input name and one image's shape, for TensorRT's profile shapes (read without
-    building a session)."""
-    import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    model_input = ort.InferenceSession(str(path), options, providers=[CPU]).get_inputs()[0]
-    return model_input.name, model_input.shape[1:]

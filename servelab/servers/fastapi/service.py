@@ -33,9 +33,8 @@ from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.core.wire import VERSION_HEADER
 from servelab.servers.fastapi.batcher import MicroBatcher
-from servelab.servers.fastapi.cache import RESULTS as CACHE_RESULTS
 from servelab.servers.fastapi.cache import ResponseCache
-from servelab.servers.fastapi.errors import ERROR_RESPONSES, PREDICT_ROUTES, RELOAD_RESPONSES, install_error_handlers
+from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
 from servelab.servers.fastapi.pipeline import Pipeline, warm
 from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
@@ -61,31 +60,21 @@ log = logging.getLogger("servelab.servers.fastapi")
 DRAIN_TIMEOUT_S, DRAIN_POLL_S = 120.0, 0.01
 
 
-def _configure_logging() -> None:
-    """Our INFO lines next to uvicorn's (uvicorn configures only its own loggers)."""
-    logger = logging.getLogger("servelab")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 class Service:
-    """What the handlers share: the backend and pipeline once loaded, and whether they are ready.
-
-    ``batcher``: the micro-batcher class (Ray Serve's stages pass their ``@serve.batch`` one);
-    ``placement``: where this replica runs, for ``/ready`` (Ray Serve's stages)."""
+    """What the handlers share. Ray Serve's stages pass their ``@serve.batch`` ``batcher`` and ``placement``,
+    where the replica runs, for ``/ready``."""
 
     def __init__(self, name: str, settings: ServeSettings, batcher: type[MicroBatcher] = MicroBatcher,
                  placement: Callable[[], dict] | None = None, load: Callable[[ServeSettings], Backend] | None = None):
-        _configure_logging()
+        logger = logging.getLogger("servelab")  # our INFO lines next to uvicorn's, which configures only its own
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
         self.name, self.settings, self.metrics = name, settings, Metrics(max_infer_batch(settings))
-        self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.count_cache)
-        if self.cache.enabled:  # the counters exist from the start, so a reader's first delta counts them all
-            for result in CACHE_RESULTS:
-                self.metrics.cache.labels(result)
+        self.cache = ResponseCache(settings.cache_url, settings.cache_ttl_s, self.metrics.cache)
         self.batcher, self.placement, self.load = batcher, placement, load  # load: the app's, for reloads
         # One of several server processes on a port (servelab.servers.fastapi.workers): a process started after
         # a reload serves the model the reload asked for.
@@ -102,14 +91,12 @@ class Service:
 
     @property
     def model_name(self) -> str:
-        """The name of the model serving the current request (a request that began before a reload keeps its own)."""
         return SERVING.get(self.backend).manifest.name
 
     @asynccontextmanager
     async def serving(self, backend: Backend, warm_up_first: bool = False) -> AsyncIterator[None]:
-        """Serve ``backend`` (its workers and batcher started), warming it up in the background, or first
-        (``warm_up_first``: Ray Serve routes requests to a replica as soon as its startup returns, with
-        no /ready check, so it would otherwise get 503s); stopped on the way out."""
+        """Serve ``backend``, warming it up in the background, or first (``warm_up_first``: Ray Serve routes
+        requests to a replica as soon as its startup returns, with no /ready check)."""
         self.backend = backend
         self.pipeline = Pipeline(backend, self.settings, self.metrics, self.batcher)
         self.pipeline.start()
@@ -181,16 +168,14 @@ class Service:
         log.info("%s: start-up probe, %s: %s", self.name, DEFAULT_IMAGE.name, probe.describe(cpu_count(), self.backend.on_gpu))
 
     def ready_pipeline(self) -> Pipeline:
-        """The pipeline, or HTTP 503 (``Retry-After``) until the model is loaded and warmed up."""
         if not self.ready:
             raise HTTPException(503, f"not ready: {self.not_ready_reason}", headers={"Retry-After": "5"})
         SERVING.set(self.backend)  # this request's model, whatever a reload swaps in meanwhile
         return self.pipeline
 
     async def reload(self, model_dir: Path | None, variant: str | None) -> Reloaded:
-        """Load the model in ``model_dir`` (else the one served now's folder), as ``variant`` (fastapi_onnx),
-        warm it up beside the model serving, then swap: see the module's docstring. Beside other server
-        processes, uvicorn then replaces each with one that starts on the new model (``Siblings.restart``)."""
+        """See the module's docstring. Beside other server processes, uvicorn then replaces each with one that
+        starts on the new model (``Siblings.restart``)."""
         if self.load is None:
             raise HTTPException(501, f"{self.name} cannot reload its model")
         if variant is not None and self.backend.kind != "onnx":
@@ -199,9 +184,12 @@ class Service:
             raise HTTPException(409, "a reload is already in progress; the model it replaces is still serving")
         if not self.ready:
             raise HTTPException(409, f"not ready yet ({self.not_ready_reason}); reload once it is")
-        if model_dir is not None:
-            model_dir = self._confined(model_dir)
-        reloaded = await self._swap(self._settings_for(model_dir, variant))
+        try:
+            confined = None if model_dir is None else self._confined(model_dir)
+            reloaded = await self._swap(self._settings_for(confined, variant))
+        except HTTPException:  # the model is missing, broken or not allowed: the old one still serves
+            self.metrics.reloads.labels("refused").inc()
+            raise
         if self.siblings:  # this process proved the model serves; the others start on it
             self.siblings.announce(reloaded.model_version)
             self.siblings.want(self.settings.model_dir, self.settings.onnx_variant)
@@ -210,12 +198,10 @@ class Service:
         return reloaded
 
     def _confined(self, model_dir: Path) -> Path:
-        """``model_dir`` as it resolves (symlinks, ``..``), or 403 where that is outside MODEL_ROOT: a reload
-        loads only models the operator put there."""
+        """``model_dir`` resolved (symlinks, ``..``); 403 outside MODEL_ROOT, where the operator puts models."""
         root = (self.settings.model_root or Path(self.settings.model_dir).resolve().parent).resolve()
         resolved = Path(model_dir).resolve()
         if not resolved.is_relative_to(root):
-            self.metrics.reloads.labels("refused").inc()
             raise HTTPException(403, f"model_dir {model_dir} resolves to {resolved}, outside MODEL_ROOT ({root}); "
                                      f"nothing was loaded, version {self.backend.version} still serves")
         return resolved
@@ -225,12 +211,34 @@ class Service:
         return self.settings.model_copy(update={k: v for k, v in update.items() if v is not None})
 
     async def _swap(self, settings: ServeSettings) -> Reloaded:
+        """Load and warm up the new model beside the old, then swap; an HTTP error where it is missing or broken."""
         async with self._reloading:
-            backend, pipeline, load_s, warm_up_s = await self._load_and_warm(settings)
+            started = perf_counter()
+            try:
+                backend = await asyncio.to_thread(self.load, settings)
+            except FileNotFoundError as exc:
+                raise HTTPException(404, f"cannot reload: {exc}; still serving version {self.backend.version}") \
+                    from None
+            except Exception as exc:  # a broken file or manifest, a GPU-only variant here: all the caller's to fix
+                log.warning("%s: reload refused: %s: %s", self.name, type(exc).__name__, exc)
+                raise HTTPException(422, f"cannot load the model in {settings.model_dir} ({type(exc).__name__}: "
+                                         f"{exc}); still serving version {self.backend.version}") from None
+            load_s = perf_counter() - started
+            pipeline = Pipeline(backend, settings, self.metrics, self.batcher)
+            pipeline.start()
+            try:
+                await warm(pipeline, settings)
+            except Exception as exc:
+                await pipeline.close()
+                raise HTTPException(422, f"the model in {settings.model_dir} loaded but its warm-up failed ("
+                                         f"{type(exc).__name__}: {exc}); still serving version "
+                                         f"{self.backend.version}") from None
+            warm_up_s = perf_counter() - started - load_s
             old, previous = self.pipeline, self.backend
             # The swap: one step of the event loop, so every request sees either model, whole.
             self.backend, self.pipeline, self.settings = backend, pipeline, settings
-            self._retire(old, self.generations.advance())
+            self.generations.current += 1
+            self._retire(old, self.generations.current)
             self.metrics.serving.labels(previous.version, previous.manifest.name).set(0)
             self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
             self.metrics.reloads.labels("swapped").inc()
@@ -242,35 +250,7 @@ class Service:
                             variant=settings.onnx_variant if backend.kind == "onnx" else None,
                             load_s=round(load_s, 3), warm_up_s=round(warm_up_s, 3))
 
-    async def _load_and_warm(self, settings: ServeSettings) -> tuple[Backend, Pipeline, float, float]:
-        """A new backend and its pipeline, warmed up, and the seconds loading and warming up took; an HTTP
-        error (the old model still serving) where it is missing or broken."""
-        started = perf_counter()
-        try:
-            backend = await asyncio.to_thread(self.load, settings)
-        except FileNotFoundError as exc:
-            self.metrics.reloads.labels("refused").inc()
-            raise HTTPException(404, f"cannot reload: {exc}; still serving version {self.backend.version}") from None
-        except Exception as exc:  # a broken file or manifest, a GPU-only variant here: all the caller's to fix
-            self.metrics.reloads.labels("refused").inc()
-            log.warning("%s: reload refused: %s: %s", self.name, type(exc).__name__, exc)
-            raise HTTPException(422, f"cannot load the model in {settings.model_dir} ({type(exc).__name__}: {exc}); "
-                                     f"still serving version {self.backend.version}") from None
-        load_s = perf_counter() - started
-        pipeline = Pipeline(backend, settings, self.metrics, self.batcher)
-        pipeline.start()
-        try:
-            await warm(pipeline, settings)
-        except Exception as exc:
-            await pipeline.close()
-            self.metrics.reloads.labels("refused").inc()
-            raise HTTPException(422, f"the model in {settings.model_dir} loaded but its warm-up failed "
-                                     f"({type(exc).__name__}: {exc}); still serving version {self.backend.version}") \
-                from None
-        return backend, pipeline, load_s, perf_counter() - started - load_s
-
     def _retire(self, old: Pipeline, generation: int) -> None:
-        """Close ``old`` once every request that arrived before ``generation`` has answered."""
         async def drain_then_close() -> None:
             try:
                 if not await self.generations.drained(generation, DRAIN_TIMEOUT_S):
@@ -300,9 +280,7 @@ class Service:
             service=self.name, model=m.name, stand_in=m.stand_in, description=m.description, source=m.source,
             manifest_sha256=m.sha256(), model_version=backend.version, variant=backend.variant,
             runtime={**backend.details, "on_gpu": backend.on_gpu, "session_counts": backend.session_counts()},
-            batching=Batching(enabled=s.max_batch_size > 1, max_batch_size=s.max_batch_size,
-                              batch_timeout_ms=s.batch_timeout_ms, max_request_images=s.max_request_images,
-                              max_queue_requests=s.max_queue_requests, max_queue_delay_ms=s.max_queue_delay_ms),
+            batching=Batching(enabled=s.max_batch_size > 1, **s.model_dump(include=Batching.model_fields.keys())),
             preprocess_mode=self.pipeline.mode, preprocess_workers=self.pipeline.workers, warnings=backend.warnings,
             workers=workers,
             **({"placement": (where := self.placement()), "stage": where.get("stage")} if self.placement else {}),
@@ -310,8 +288,7 @@ class Service:
 
 
 def server_timing(request: Request, response: Response, timing: Timing) -> None:
-    """Where the request's time went, as the ``Server-Timing`` header (its total from the metrics middleware),
-    and which model version answered."""
+    """``Server-Timing`` (its total from the metrics middleware) and the model version that answered."""
     response.headers["Server-Timing"] = timing.header(perf_counter() - request.scope[START_KEY])
     response.headers[VERSION_HEADER] = SERVING.get().version
 
@@ -334,35 +311,13 @@ class Generations:
         if not self.open[generation]:
             del self.open[generation]
 
-    def advance(self) -> int:
-        self.current += 1
-        return self.current
-
     async def drained(self, generation: int, timeout_s: float) -> bool:
-        """Whether every request that arrived before ``generation`` answered within ``timeout_s``."""
         deadline = perf_counter() + timeout_s
         while any(g < generation for g in self.open):
             if perf_counter() > deadline:
                 return False
             await asyncio.sleep(DRAIN_POLL_S)
         return True
-
-
-class InFlightMiddleware:
-    """Counts prediction requests in flight, by generation (``Generations``), from arrival to response."""
-
-    def __init__(self, app: ASGIApp, generations: Generations):
-        self.app, self.generations = app, generations
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in PREDICT_ROUTES:
-            await self.app(scope, receive, send)
-            return
-        generation = self.generations.enter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.generations.leave(generation)
 
 
 class AdminGuardMiddleware:
@@ -395,18 +350,17 @@ class AdminGuardMiddleware:
 
 
 def cache_hit_timing(request: Request, response: Response) -> None:
-    """A cache hit's ``Server-Timing``: its total only, and that it was a hit (no queue, no inference)."""
+    """A cache hit's ``Server-Timing``: its total only (no queue, no inference)."""
     total_s = perf_counter() - request.scope[START_KEY]
     response.headers["Server-Timing"] = f"cache;desc=hit, total;dur={total_s * 1000:.3f}"
 
 
 def add_service_routes(app: FastAPI, service: Service) -> None:
-    """Everything but ``POST /predict``: ``/predict/batch``, ``/health``, ``/ready``, ``/metrics``, the error
-    contract (``errors``) and the metrics middleware. Called last, so the middleware knows every route."""
+    """Everything but ``POST /predict``; called last, so the metrics middleware knows every route."""
     settings = service.settings
     # MAX_QUEUE_REQUESTS bounds the service: beside other server processes, through a file they share.
-    install_error_handlers(app, settings.max_body_bytes, settings.max_queue_requests, settings.shed_hold_ms / 1000,
-                           service.siblings.folder / "queue.places" if service.siblings else None)
+    install_error_handlers(app, service.generations, settings.max_body_bytes, settings.max_queue_requests,
+                           settings.shed_hold_ms / 1000, service.siblings.folder / "queue.places" if service.siblings else None)
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERROR_RESPONSES,
               summary="Classify several images in one request (one inference)")
@@ -445,6 +399,5 @@ def add_service_routes(app: FastAPI, service: Service) -> None:
         return Response(body, media_type=content_type)
 
     app.add_middleware(AdminGuardMiddleware, token=settings.admin_token)
-    app.add_middleware(InFlightMiddleware, generations=service.generations)
     # Added last, so it is outermost and also counts what the body limit refuses.
     app.add_middleware(MetricsMiddleware, metrics=service.metrics, routes={route.path for route in app.routes})

@@ -52,8 +52,7 @@ RETRY_S = 0.1
 RESTART_DELAY_S = 0.5
 
 
-def authkey(path: str) -> bytes:
-    """The key every connection to the batcher at ``path`` proves it holds (``BatcherProcess`` writes it)."""
+def authkey(path: str) -> bytes:  # every connection proves it holds it; ``BatcherProcess`` writes it
     return Path(f"{path}.key").read_bytes()
 
 
@@ -68,8 +67,8 @@ def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 async def received(conn: Connection) -> bytes:
-    """``conn``'s next message, read once it arrives, without blocking the event loop; EOFError once the other end
-    has gone. Sends stay blocking: each side reads all the time, and a server process's slots bound its answers."""
+    """``conn``'s next message, without blocking the event loop. Sends stay blocking: each side reads all the
+    time, and a server process's slots bound its answers."""
     loop = asyncio.get_running_loop()
     arrived = loop.create_future()
     loop.add_reader(conn.fileno(), lambda: arrived.done() or arrived.set_result(None))
@@ -82,10 +81,9 @@ async def received(conn: Connection) -> bytes:
 
 def hello(path: str, settings: ServeSettings, arena: int | None = None,
           timeout_s: float = CONNECT_S) -> tuple[Connection, dict[str, Any]]:
-    """A blocking connection to the batcher at ``path`` serving ``settings``' model, and the model's description
-    (the batcher loads and warms it first, where no connection has asked for it yet). ``arena``: the descriptor
-    of this process's arena, passed after the hello (SCM_RIGHTS). Retries while the batcher starts; a model it
-    cannot load raises what the batcher raised (FileNotFoundError, else RuntimeError)."""
+    """A blocking connection to the batcher at ``path`` serving ``settings``' model (loaded and warmed first),
+    and the model's description; ``arena``'s descriptor goes after the hello (SCM_RIGHTS). Retries while the
+    batcher starts; a model it cannot load raises FileNotFoundError, else RuntimeError."""
     deadline = time.monotonic() + timeout_s
     while True:
         conn = None
@@ -112,8 +110,7 @@ def hello(path: str, settings: ServeSettings, arena: int | None = None,
     return conn, described
 
 
-def slots_of(fd: int, shape: list[int], dtype: str) -> tuple[mmap.mmap, np.ndarray]:
-    """An arena's file mapped, and its slots: as many images of ``shape`` as the file holds."""
+def slots_of(fd: int, shape: list[int], dtype: str) -> tuple[mmap.mmap, np.ndarray]:  # as many as the file holds
     memory = mmap.mmap(fd, os.fstat(fd).st_size)
     return memory, np.ndarray((len(memory) // (int(np.prod(shape)) * np.dtype(dtype).itemsize), *shape), dtype,
                               buffer=memory)
@@ -131,7 +128,6 @@ class Arena:
         self.freed = asyncio.Condition()
 
     async def put(self, x: np.ndarray) -> list[int]:
-        """Slots holding ``x``'s images, once enough are free."""
         async with self.freed:
             await self.freed.wait_for(lambda: len(self.free) >= len(x))
             slots = [self.free.pop() for _ in range(len(x))]
@@ -218,7 +214,7 @@ class SharedBatcher:
             self._conn = await self._reconnect()
 
     async def _reconnect(self) -> Connection:
-        """A connection to the batcher started again, serving this model; meanwhile, requests wait for it."""
+        """A connection to the batcher started again, serving this model; requests wait meanwhile."""
         while True:
             try:
                 conn, described = await asyncio.to_thread(hello, self.path, self.settings, self.arena.fd)
@@ -267,8 +263,7 @@ class SharedBatcher:
         finally:
             await self.arena.release(slots)
 
-    def infer(self, x: np.ndarray) -> np.ndarray:
-        """``submit`` from a thread other than the event loop's (the warm-up's)."""
+    def infer(self, x: np.ndarray) -> np.ndarray:  # from a thread other than the event loop's (the warm-up's)
         return asyncio.run_coroutine_threadsafe(self.submit(x), self._loop).result().logits
 
     async def warm_up(self, fn, threads: int | None = None) -> list:

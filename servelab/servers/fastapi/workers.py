@@ -51,23 +51,21 @@ START_S = 60
 AUTO_WORKERS_MAX = 8
 
 
-def on_gpu(settings: ServeSettings, runtime: str) -> bool:
-    """Whether the model will run on a GPU, decided before any process loads it."""
+def on_gpu(settings: ServeSettings, runtime: str) -> bool:  # decided before any process loads the model
     asked_cpu = settings.ort_providers == "cpu" if runtime == "onnx" else settings.torch_device == "cpu"
     return not asked_cpu and gpu_count() > 0
 
 
 def worker_count(settings: ServeSettings, runtime: str) -> int:
-    """WORKERS, else one process per CPU up to ``AUTO_WORKERS_MAX``, but one where the model runs on a GPU without
-    a shared batcher (each process would load a model of its own there)."""
+    """WORKERS, else one process per CPU, but one on a GPU without a shared batcher (each process would load a
+    model of its own there)."""
     if settings.workers != "auto":
         return settings.workers
     return 1 if on_gpu(settings, runtime) and settings.shared_batcher is False else min(cpu_count(), AUTO_WORKERS_MAX)
 
 
 def batcher_devices(settings: ServeSettings, runtime: str) -> list[str | None]:
-    """Where each batcher process runs: a visible GPU each (its CUDA_VISIBLE_DEVICES), or on the CPU (None)
-    as many as BATCHERS says (1 unless set)."""
+    """Each batcher process's CUDA_VISIBLE_DEVICES: a visible GPU each, or None (the CPU) BATCHERS times."""
     gpus = visible_gpus() if on_gpu(settings, runtime) else []
     count = settings.batchers if settings.batchers != "auto" else max(1, len(gpus))
     return [gpus[i % len(gpus)] if gpus else None for i in range(count)]
@@ -82,13 +80,11 @@ def claim(folder: Path, count: int) -> int:
     return os.getpid() % count if place is None else place  # one more for a moment (a replacement): any will do
 
 
-def shares_batcher(settings: ServeSettings, runtime: str, workers: int) -> bool:
-    """Whether ``workers`` server processes send their images to one batcher process (SHARED_BATCHER)."""
+def shares_batcher(settings: ServeSettings, runtime: str, workers: int) -> bool:  # SHARED_BATCHER
     return workers > 1 and (on_gpu(settings, runtime) if settings.shared_batcher == "auto" else settings.shared_batcher)
 
 
 def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int) -> None:
-    """Run ``app`` (an import string, ``fastapi_onnx.app:app``) until stopped, in ``worker_count`` processes."""
     workers = worker_count(settings, runtime)
     options = dict(host=host, port=port, access_log=settings.access_log, timeout_graceful_shutdown=10)
     if workers == 1:  # a reload swaps the model in this process (Service.reload): no supervisor to restart it
@@ -147,22 +143,18 @@ class Draining(HttpToolsProtocol):
 
 
 class Siblings:
-    """This child's view of the folder it shares with the service's other processes."""
-
     def __init__(self, folder: Path, expected: int):
         self.folder, self.expected, self.supervisor = folder, expected, os.getppid()  # uvicorn's, which started it
 
     @classmethod
-    def here(cls) -> "Siblings | None":
-        """The folder ``serve`` made for this process's service; None in a process of its own."""
+    def here(cls) -> "Siblings | None":  # None: a process of its own
         folder = os.environ.get(FOLDER_ENV)
         return cls(Path(folder), int(os.environ[COUNT_ENV])) if folder else None
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
         write_atomic(self.folder / name, lambda tmp: tmp.write_text(json.dumps(data)))  # read whole, old or new
 
-    def announce(self, version: str) -> None:
-        """This process is warm and serves ``version``."""
+    def announce(self, version: str) -> None:  # this process is warm
         self._write(f"worker-{os.getpid()}.json", {"version": version})
 
     def leave(self) -> None:
@@ -170,7 +162,7 @@ class Siblings:
         _forget_metrics(os.getpid())  # its live gauges (the version it served) go with it
 
     def serving(self) -> dict[int, str]:
-        """Warm processes alive now, and the version each serves; a dead one's files are cleared."""
+        """Warm processes alive now and the version each serves; a dead one's files are cleared."""
         found = {}
         for path in self.folder.glob("worker-*.json"):
             pid = int(path.stem.removeprefix("worker-"))
@@ -187,19 +179,18 @@ class Siblings:
         return found
 
     def wanted(self) -> dict[str, str] | None:
-        """The model (``model_dir``, ``variant``) the last reload asked for (None: the one each process started on)."""
+        """The model the last reload asked for (None: the one each process started on)."""
         try:
             return json.loads((self.folder / WANTED).read_text())
         except FileNotFoundError:
             return None
 
     def want(self, model_dir: Path, variant: str) -> None:
-        """The model every process loads as it starts, from now on."""
         self._write(WANTED, {"model_dir": str(model_dir), "variant": variant})
 
     def restart(self) -> None:
-        """Every process replaced by one started afresh (on ``wanted``), one at a time: uvicorn's supervisor
-        does that on SIGHUP, bringing each replacement up before it stops the process replaced."""
+        """uvicorn's supervisor, on SIGHUP, replaces every process by one started afresh (on ``wanted``), one
+        at a time, each replacement up before it stops the one it replaces."""
         if os.getppid() != self.supervisor:  # never a signal to a process that is not ours
             raise RuntimeError(f"the supervisor (pid {self.supervisor}) is gone: restart the service")
         os.kill(self.supervisor, signal.SIGHUP)

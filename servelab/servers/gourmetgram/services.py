@@ -1,12 +1,10 @@
 """The services GourmetGram asks for a prediction: one class per ``BACKEND``.
 
-Every call goes through ``_Http``: one ``requests.Session`` per process (urllib3's pool is
-thread-safe, so gunicorn's threads share its keep-alive connections, and a connection the server
-closed is dropped from the pool, so a restarted backend is picked up by itself), a timeout on
-every call, and failures turned into a ``BackendError`` carrying the status the page answers with.
-A request the backend *shed* under load (the FastAPI service's 503 + ``Retry-After`` with a ``shed``
-body, Triton's queue-policy rejection) is no failure of the app: the page says "busy, try again in N s";
-nothing is kept, so the next request after the load drops goes through.
+Every call goes through ``_Http``: one ``requests.Session`` per process (urllib3's pool is thread-safe, so
+gunicorn's threads share its keep-alive connections, and a restarted backend is picked up by itself), a
+timeout on every call, and failures turned into a ``BackendError`` carrying the status the page answers
+with. A request the backend *shed* under load is no failure of the app: the page says "busy, try again in
+N s".
 
 Triton is spoken to over HTTP/REST with ``servelab.servers.triton.client`` and tritonclient's own body
 codecs (``generate_request_body`` / ``parse_response_body``): tritonclient's HTTP client itself is not
@@ -86,21 +84,16 @@ class BackendError(Exception):
 
 
 class ModelService(Protocol):
-    """The serving stage GourmetGram asks for a class (its BACKEND): FastAPI, Triton or Ray Serve."""
-
     name: str  # the BACKEND value
     description: str  # the kind of stage, in words
     endpoint: str  # where predictions are asked for
 
-    def classify(self, data: bytes, image: Image.Image) -> Answer:
-        """``data``: the uploaded file; ``image``: the same, already decoded and checked."""
-        ...
+    def classify(self, data: bytes, image: Image.Image) -> Answer: ...  # ``image``: ``data`` decoded and checked
 
     def about(self) -> About: ...
 
 
 def _body(response: requests.Response) -> dict[str, Any]:
-    """The backend's JSON object; empty where it sent none."""
     try:
         body = response.json()
     except ValueError:
@@ -109,9 +102,8 @@ def _body(response: requests.Response) -> dict[str, Any]:
 
 
 def _detail(response: requests.Response) -> str:
-    """The backend's own error message (FastAPI's ``detail``, Triton's ``error``), shortened."""
     body = _body(response)
-    text = body.get("detail") or body.get("error")
+    text = body.get("detail") or body.get("error")  # FastAPI's, Triton's
     if not isinstance(text, str):
         text = response.reason or "no details"
     return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "…"
@@ -119,7 +111,7 @@ def _detail(response: requests.Response) -> str:
 
 def _shed_retry_after(response: requests.Response) -> int | None:
     """Seconds to wait where the backend shed this request (FastAPI's ``shed`` body, Triton's queue-policy
-    message), from its ``Retry-After`` (1 where it names none, as Triton never does); None otherwise."""
+    message): its ``Retry-After``, 1 where it names none (Triton never does)."""
     body = _body(response)
     shed = isinstance(body.get("shed"), str) or triton.shed_reason(str(body.get("error", ""))) is not None
     if not shed:
@@ -136,8 +128,6 @@ def _check_probability(value: Any) -> float:
 
 
 class _Http:
-    """One service's connection pool, its timeout, and what its error statuses mean for the page."""
-
     def __init__(self, service: str, timeout: float, image_errors: tuple[int, ...], pool_size: int = 16) -> None:
         self.service, self.timeout, self.image_errors = service, timeout, image_errors
         self.session = requests.Session()
@@ -164,8 +154,7 @@ class _Http:
             raise self._refused(response)
         return response
 
-    def get_json(self, url: str) -> dict[str, Any]:
-        """A JSON object, empty on any failure (for information that is nice to have)."""
+    def get_json(self, url: str) -> dict[str, Any]:  # empty on any failure: for what is nice to have
         try:
             response = self.session.get(url, timeout=min(self.timeout, ABOUT_TIMEOUT_S))
         except requests.RequestException:
@@ -218,8 +207,7 @@ class FastAPIBackend:
         return Answer(label, probability, model if isinstance(model, str) else "unnamed model",
                       response.headers.get(VERSION_HEADER, ""))
 
-    def about(self) -> About:
-        """From ``GET /ready``: the service, its runtime, and whether the model is the stand-in."""
+    def about(self) -> About:  # from GET /ready
         ready = self.http.get_json(self.base + "/ready")
         runtime = ready.get("runtime") if isinstance(ready.get("runtime"), dict) else {}
         where = runtime.get("providers") or runtime.get("device")
@@ -231,8 +219,6 @@ class FastAPIBackend:
 
 
 class _TritonBackend:
-    """One model behind Triton's KServe v2 HTTP endpoint."""
-
     def __init__(self, name: str, url: str, model: str, timeout: float, manifest: Manifest | None) -> None:
         self.name, self.model, self.description = name, model, TRITON_DESCRIPTIONS[name]
         self.base = f"http://{triton.server_address(url)}/v2/models/{quote(model, safe='')}"
@@ -265,8 +251,7 @@ class _TritonBackend:
             raise self.http.not_a_prediction(exc) from None
 
     def about(self) -> About:
-        """The stage from the config's ``servelab_stage`` parameter (written by ``servelab triton``);
-        whether the model is the stand-in from the manifest on this host, if there is one."""
+        """The stage from the config (``servelab triton`` wrote it); the stand-in from the manifest here, if any."""
         config = self.http.get_json(self.base + "/config")
         parameters = config.get("parameters") if isinstance(config.get("parameters"), dict) else {}
 
@@ -306,9 +291,8 @@ class TritonTensorBackend(_TritonBackend):
 
 
 def in_canary(share: float, seed: int, number: int) -> bool:
-    """Whether request ``number`` goes to the canary: a hash of the seed and the number, read as a fraction
-    in [0, 1), below ``share``. Reproducible (the same seed picks the same request numbers), and over N
-    requests the share is that of N independent draws, whichever threads send them."""
+    """A hash of the seed and the number, read as a fraction in [0, 1), below ``share``: reproducible, and over
+    N requests the share is that of N independent draws, whichever threads send them."""
     digest = hashlib.sha256(f"{seed}:{number}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
 
@@ -349,8 +333,8 @@ def _make(settings: Settings, url: str) -> ModelService:
 
 
 def make_backend(settings: Settings) -> ModelService:
-    """The backend ``settings.backend`` names, with its own connection pool; with ``CANARY_URL`` and a
-    ``CANARY_SHARE`` above 0, a ``CanaryBackend`` over it and the same kind of backend at that URL."""
+    """The backend ``settings.backend`` names; with ``CANARY_URL`` and a ``CANARY_SHARE`` above 0, a
+    ``CanaryBackend`` over it and the same kind of backend at that URL."""
     stable = _make(settings, settings.fastapi_server_url if settings.backend == "fastapi" else settings.triton_server_url)
     if settings.canary_url and settings.canary_share > 0:
         return CanaryBackend(stable, _make(settings, settings.canary_url), settings.canary_share, settings.canary_seed)

@@ -41,27 +41,6 @@ SECURITY_HEADERS = {
 log = logging.getLogger(__name__)
 
 
-class Metrics:
-    """The app's Prometheus metrics (a registry per app): its predictions, by route and model version."""
-
-    def __init__(self, canary_share: float) -> None:
-        self.registry = r = CollectorRegistry()
-        self.predictions = Counter("gourmetgram_predictions", "Predictions asked of the backends, by route (stable, "
-                                   "canary), the model version that answered (empty where none did) and outcome "
-                                   "(ok, busy: shed by the backend, error).", ["route", "model_version", "outcome"],
-                                   registry=r)
-        self.latency = Histogram("gourmetgram_prediction_duration_seconds", "Time the backend took to answer a "
-                                 "prediction, by route and the model version that answered.",
-                                 ["route", "model_version"], buckets=SECONDS_BUCKETS, registry=r)
-        Gauge("gourmetgram_canary_share", "The share of predictions sent to the canary (CANARY_SHARE; 0: none).",
-              registry=r).set(canary_share)
-        for route in (STABLE, CANARY) if canary_share else (STABLE,):  # at 0 from the start, so rates are defined
-            self.predictions.labels(route, "", "error")
-
-    def render(self) -> Response:
-        return Response(generate_latest(self.registry), mimetype=CONTENT_TYPE_LATEST)
-
-
 class _InMemoryRequest(Request):
     """Uploads stay in memory (MAX_CONTENT_LENGTH bounds them): no file is ever written."""
 
@@ -79,7 +58,6 @@ def _preview(image: Image.Image) -> str:
 
 
 def _upload(samples: dict[str, Path], max_bytes: int) -> bytes:
-    """The bytes to classify: the chosen sample photo, else the uploaded file (never saved)."""
     name = request.form.get("sample", "")
     if name:
         if name not in samples:
@@ -130,14 +108,23 @@ class _CloseWhenAsked:
 
 
 def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flask:
-    """The app for ``settings.backend``; its one backend client is shared by all requests."""
     settings = settings or get_settings()
     app = Flask("gourmetgram", root_path=str(root))
     app.request_class = _InMemoryRequest
     app.wsgi_app = _CloseWhenAsked(app.wsgi_app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
     backend = make_backend(settings)
-    metrics = Metrics(settings.canary_share if settings.canary_url else 0.0)
+    registry, canary_share = CollectorRegistry(), settings.canary_share if settings.canary_url else 0.0
+    predictions = Counter("gourmetgram_predictions", "Predictions asked of the backends, by route (stable, canary), "
+                          "the model version that answered (empty where none did) and outcome (ok, busy: shed by "
+                          "the backend, error).", ["route", "model_version", "outcome"], registry=registry)
+    latency = Histogram("gourmetgram_prediction_duration_seconds", "Time the backend took to answer a prediction, "
+                        "by route and the model version that answered.", ["route", "model_version"],
+                        buckets=SECONDS_BUCKETS, registry=registry)
+    Gauge("gourmetgram_canary_share", "The share of predictions sent to the canary (CANARY_SHARE; 0: none).",
+          registry=registry).set(canary_share)
+    for route in (STABLE, CANARY) if canary_share else (STABLE,):  # at 0 from the start, so rates are defined
+        predictions.labels(route, "", "error")
     samples = {path.name: path for path in sample_images()}
     max_mb = settings.max_upload_bytes / 1024 / 1024
     page = partial(render_template, "index.html", backend=backend, samples=samples, max_mb=max_mb,
@@ -156,15 +143,15 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
         try:
             answer = backend.classify(data, image)
         except BackendError as exc:
-            metrics.predictions.labels(exc.route, "", "busy" if exc.retry_after is not None else "error").inc()
+            predictions.labels(exc.route, "", "busy" if exc.retry_after is not None else "error").inc()
             if exc.retry_after is not None:  # shed under load: a friendly "busy", not an error page
                 log.info("backend %s is busy (shed the request); retry after %d s", backend.name, exc.retry_after)
                 return page(busy=exc.message, preview=preview), exc.status, {"Retry-After": str(exc.retry_after)}
             log.warning("backend %s failed with %d: %s", backend.name, exc.status, exc.message)
             return page(error=exc.message, preview=preview), exc.status
         elapsed_ms = (time.perf_counter() - started) * 1000
-        metrics.predictions.labels(answer.route, answer.version, "ok").inc()
-        metrics.latency.labels(answer.route, answer.version).observe(elapsed_ms / 1000)
+        predictions.labels(answer.route, answer.version, "ok").inc()
+        latency.labels(answer.route, answer.version).observe(elapsed_ms / 1000)
         return page(answer=answer, elapsed_ms=elapsed_ms, about=backend.about(), preview=preview)
 
     @app.get("/samples/<name>")
@@ -179,7 +166,7 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
 
     @app.get("/metrics")
     def prometheus():
-        return metrics.render()
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
     @app.errorhandler(ImageError)
     def bad_image(exc: ImageError):

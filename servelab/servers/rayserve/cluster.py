@@ -39,22 +39,19 @@ def ray_binary() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
-def ray_env() -> dict[str, str]:
-    """The environment of every node (and so of its Serve proxy and replicas)."""
-    return {
-        "RAY_USAGE_STATS_ENABLED": "0",  # no usage reports: nothing leaves the machine
-        # The one proxy runs on the head; by default it sends requests to the head's own replicas
-        # while they keep up, which leaves a worker node idle under light load. Spread them instead.
-        "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
-        # Each node's metrics agent publishes every 10 s by default; the lab reads counts back after each run.
-        "RAY_metrics_report_interval_ms": "500",
-    }
+# The environment of every node (and so of its Serve proxy and replicas).
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage reports: nothing leaves the machine
+    # The one proxy runs on the head; by default it sends requests to the head's own replicas
+    # while they keep up, which leaves a worker node idle under light load. Spread them instead.
+    "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+    # Each node's metrics agent publishes every 10 s by default; the lab reads counts back after each run.
+    "RAY_metrics_report_interval_ms": "500",
+}
 
 
 @dataclass
 class LocalCluster:
-    """``with LocalCluster(workers=1) as cluster:``; ``cluster.address`` is the head's GCS address."""
-
     workers: int = 1
     cpus_per_node: int = 2
     log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
@@ -78,7 +75,6 @@ class LocalCluster:
         return self.temp_dir / "auth_token"
 
     def client_env(self) -> dict[str, str]:
-        """What a driver (``servelab ray deploy``) needs in its environment to join this cluster."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
 
     @property
@@ -95,7 +91,7 @@ class LocalCluster:
                "--resources", json.dumps({"servelab_node": 1}), "--object-store-memory", str(OBJECT_STORE_BYTES),
                "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(metrics_port),
                "--disable-usage-stats", *args]
-        return ServerProcess(cmd, None, log, env={**ray_env(), **self.client_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
+        return ServerProcess(cmd, None, log, env={**RAY_ENV, **self.client_env(), **self.env}, ready_timeout=START_TIMEOUT_S,
                              stop_timeout=STOP_TIMEOUT_S, detach=self.detach, ready_check=lambda: READY_LINE in log.read_text(errors="replace"))
 
     def _start_node(self, name: str, args: list[str]) -> ServerProcess:
@@ -109,15 +105,6 @@ class LocalCluster:
                 print(f"ray: the {name} node missed Ray's fixed 30 s to register with the GCS "
                       f"(a busy machine); starting it once more", file=sys.stderr, flush=True)
 
-    def _head_args(self) -> list[str]:
-        args = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
-                "--ray-client-server-port", str(free_port()), "--include-dashboard", str(self.dashboard).lower(),
-                "--dashboard-host", "127.0.0.1"]
-        if self.dashboard:
-            self.dashboard_port = free_port()
-            args += ["--dashboard-port", str(self.dashboard_port)]
-        return args
-
     def start(self) -> "LocalCluster":
         self.port = self.port or free_port()
         if self.temp_dir is None:
@@ -125,19 +112,19 @@ class LocalCluster:
         self.token = secrets.token_hex(32)  # 256 bits, as `ray get-auth-token --generate` makes
         self.token_path.touch(mode=0o600)
         self.token_path.write_text(self.token)
+        head = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir), "--ray-client-server-port",
+                str(free_port()), "--include-dashboard", str(self.dashboard).lower(), "--dashboard-host", "127.0.0.1"]
+        if self.dashboard:
+            self.dashboard_port = free_port()
+            head += ["--dashboard-port", str(self.dashboard_port)]
         try:
-            self.head = self._start_node("head", self._head_args())
-            for _ in range(self.workers):
-                self.add_worker()
+            self.head = self._start_node("head", head)
+            for i in range(self.workers):
+                self.nodes.append(self._start_node(f"worker{i + 1}", ["--address", self.address]))
         except BaseException:
             self.stop()
             raise
         return self
-
-    def add_worker(self) -> ServerProcess:
-        node = self._start_node(f"worker{len(self.nodes) + 1}", ["--address", self.address])
-        self.nodes.append(node)
-        return node
 
     def kill_worker(self, index: int = -1) -> int:
         """SIGKILL a worker node's whole session, as when a machine is lost; returns its PID."""
@@ -172,7 +159,7 @@ class LocalCluster:
 
 
 def connect(address: str) -> str | None:
-    """Make this process a Ray driver on the cluster at ``address``; returns the dashboard's URL."""
+    """This process a Ray driver on the cluster at ``address``; the dashboard's URL."""
     import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -189,7 +176,6 @@ def disconnect() -> None:
 
 
 def alive_nodes() -> list[dict]:
-    """The cluster's live nodes: node id, whether it is the head, its resources."""
     import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     return [{"node_id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"],

@@ -1,15 +1,6 @@
 """Controlling a local multi-node Ray cluster and the Ray Serve stages on it (``servelab ray``, whose front
-is ``servelab.cli.ray``).
-
-    servelab ray up --stage ray-2 [--workers 1]     # a head + workers on 127.0.0.1 (by PID), then deploy
-    servelab ray deploy --stage ray-dyn [--address HOST:PORT]   # (re)deploy onto a running cluster
-    servelab ray rollout --stage ray-2 --model-dir DIR [--variant V]   # a new model, in place, while it serves
-    servelab ray status [--address HOST:PORT]       # nodes, replicas per node (Ray node ids)
-    servelab ray down                               # stop what `up` started
-
-The cluster to deploy to: ``--address``, else ``RAY_ADDRESS``, else the one ``up`` started. Serve's
-HTTP proxy listens on ``RAY_SERVE_HOST:RAY_SERVE_PORT`` with the FastAPI services' API.
-"""
+is ``servelab.cli.ray``). Serve's HTTP proxy listens on ``RAY_SERVE_HOST:RAY_SERVE_PORT`` with the FastAPI
+services' API."""
 
 import asyncio
 import json
@@ -34,7 +25,6 @@ STATE_FILE = REPO_ROOT / ".servelab" / "ray-up.json"
 
 
 def deploy_stage(name: str, address: str) -> dict[str, Any]:
-    """Connect as a driver, deploy the stage, and return where its replicas run."""
     # Deferred, not a circle: importing it loads ray (an optional extra) only when this runs.
     from servelab.servers.rayserve.deployment import deploy
 
@@ -54,7 +44,6 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
     """``servelab ray deploy`` onto a ``LocalCluster`` as a child process (the lab, the benchmark): this
     process never becomes a Ray driver. Serve's proxy gets ``port`` on 127.0.0.1. A failed deploy raises
     ``RuntimeError`` with the end of the child's log."""
-
     log.parent.mkdir(parents=True, exist_ok=True)
     start = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
@@ -72,11 +61,10 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
 
 
 def roll_out(name: str, address: str, model_dir: Path | str | None = None, variant: str | None = None) -> dict[str, Any]:
-    """Connect as a driver and roll the running stage ``name`` over to the model in ``model_dir`` (default
-    MODEL_DIR) as ``variant`` (default ONNX_VARIANT) in place (``deployment.reconfigure``). Returns the seconds
-    from the connection until every replica served it (``rollout_s``, not the caller's ``ready_s``) and the
-    replicas before and after: the same ones, unless the stage or its settings differ from what runs (Ray
-    restarts them then). A missing model raises ``FileNotFoundError`` before Ray changes anything."""
+    """Roll the running stage ``name`` over to the model in ``model_dir`` as ``variant`` in place
+    (``deployment.reconfigure``); the seconds from the connection until every replica served it (``rollout_s``,
+    not the caller's ``ready_s``) and the replicas before and after: the same ones, unless the stage or its
+    settings differ from what runs (Ray restarts them then)."""
     # Deferred: the deployment imports Ray and the FastAPI app (optional extras).
     from servelab.servers.rayserve.deployment import reconfigure
 
@@ -105,9 +93,7 @@ async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = N
     """``servelab ray rollout --json`` onto a ``LocalCluster`` as a child process, awaited (``rollout_load``'s
     action); its answer, or ``RuntimeError`` with its output. ``ready_s`` counts from this call (the child's
     seconds connecting to the cluster included, leaving it not) until every replica served the new model."""
-
     called = time.time()
-
     args = ["--model-dir", str(model_dir)] if model_dir else []
     args += ["--variant", variant] if variant else []
     child = await asyncio.create_subprocess_exec(
@@ -143,7 +129,6 @@ def load_state() -> dict[str, Any] | None:
 
 
 def stop_saved() -> dict[str, Any] | None:
-    """Stop the nodes `up` started and remove the temporary folder it made for them."""
     if (state := procs.stop_saved(STATE_FILE, STOP_TIMEOUT_S)) and Path(state["temp_dir"]).name.startswith("slray-"):
         shutil.rmtree(state["temp_dir"], ignore_errors=True)
     return state

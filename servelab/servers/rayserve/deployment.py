@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,34 +26,27 @@ from ray import serve
 
 from servelab.core.catalogue import Stage
 from servelab.core.settings import RaySettings, Settings
-from servelab.servers.fastapi.batcher import BatchResult, in_threads, infer_batch
+from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher, infer_batch
 from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME, deployment_options, serve_env
 
 log = logging.getLogger("servelab.servers.rayserve")
 
 
-class ServeBatcher:
-    """``MicroBatcher``'s interface over ``@serve.batch``: the batch forms in Ray Serve's queue, counted in
+class ServeBatcher(MicroBatcher):
+    """``MicroBatcher`` over ``@serve.batch``: the batch forms in Ray Serve's queue, counted in
     images (``batch_size_fn``), and runs in ``instances`` inference threads (``max_concurrent_batches``).
     MAX_QUEUE_REQUESTS holds in a replica as in the service, but ``max_queue_delay_s`` is taken and not
     used: the batch waits in Serve's own queue, where this class cannot refuse a request."""
 
     def __init__(self, infer, max_batch_size: int = 1, timeout_s: float = 0.0, on_batch=None, instances: int = 1,
                  max_queue_delay_s: float = 0.0):
-        self.infer, self.on_batch, self.max_batch_size, self.instances = infer, on_batch, max_batch_size, instances
-        self._executor = ThreadPoolExecutor(instances, thread_name_prefix="infer")
+        super().__init__(infer, max_batch_size, timeout_s, on_batch, instances)  # its threads, warm-up and close
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s,
                                     max_concurrent_batches=instances,
                                     batch_size_fn=lambda items: sum(len(x) for x, _ in items))(self._infer_batch)
 
     def start(self) -> None:
         pass  # Serve starts its batching task on the first request
-
-    async def close(self) -> None:
-        self._executor.shutdown(wait=True)
-
-    async def warm_up(self, fn, threads: int | None = None) -> list:
-        return await in_threads(self._executor, threads or self.instances, fn)  # as MicroBatcher's
 
     async def submit(self, x: np.ndarray) -> BatchResult:
         if len(x) > self.max_batch_size:
@@ -87,8 +79,7 @@ def replica_app(stage: str, overrides: dict[str, str]):
 
 
 def application(stage: Stage, settings: RaySettings, model: dict[str, str] | None = None):
-    """The bound Serve application for ``stage`` (``serve.run`` it); ``model``: its ``user_config``, the
-    model to serve instead of the replica's MODEL_DIR (``{"model_dir": ..., "variant": ...}``, ``reconfigure``)."""
+    """``model``: the ``user_config``, the model to serve instead of the replica's MODEL_DIR (``reconfigure``)."""
     overrides = serve_env(stage, settings)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
@@ -128,11 +119,9 @@ def deploy(stage: Stage, settings: RaySettings, timeout_s: float = 300.0) -> Non
 
 
 def reconfigure(stage: Stage, settings: RaySettings, model: dict[str, str], timeout_s: float = 300.0) -> None:
-    """Serve ``model`` (``{"model_dir": ..., "variant": ...}``) on the running ``stage`` in place, as its
-    ``user_config``: Ray calls each replica's ``reconfigure``, a few at a time, and returns once every
-    replica serves it. In place rather than Ray's rolling replacement of replicas: a reload needs no spare
-    CPUs for new replicas (a small cluster has none, see ``deploy``) and no cold start, and requests keep
-    reaching a replica while it loads."""
+    """Serve ``model`` on the running ``stage`` in place, as its ``user_config`` (Ray calls each replica's
+    ``reconfigure``), rather than by Ray's rolling replacement of replicas: no spare CPUs for new replicas (a
+    small cluster has none, see ``deploy``), no cold start, and requests keep reaching a replica while it loads."""
     if APP_NAME not in serve.status().applications:
         raise RuntimeError(f"no Serve application {APP_NAME} to roll out: deploy a stage first")
     serve.run(application(stage, settings, model), name=APP_NAME, route_prefix="/", blocking=False)

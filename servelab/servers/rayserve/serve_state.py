@@ -16,21 +16,14 @@ from servelab.core.procs import DIRECT
 from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME
 
 
-def token_from_env() -> str | None:
-    """The cluster's token as a driver finds it (Ray's own variables), for the dashboard's REST API."""
-    if token := os.environ.get("RAY_AUTH_TOKEN"):
-        return token.strip()
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    if path and Path(path).is_file():
-        return Path(path).read_text().strip()
-    return None
-
-
 def serve_details(dashboard: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
-    """``token``: the cluster's, when it uses token authentication (default: from the environment)."""
+    """``token``: the cluster's, when it uses token authentication (default: Ray's own variables, as a driver
+    finds it)."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "")
+    token = token or os.environ.get("RAY_AUTH_TOKEN") or (path.read_text() if path.name and path.is_file() else None)
     request = urllib.request.Request(f"{dashboard.rstrip('/')}/api/serve/applications/")
-    if token := token or token_from_env():
-        request.add_header("Authorization", f"Bearer {token}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token.strip()}")
     with DIRECT.open(request, timeout=timeout_s) as response:
         return json.load(response)
 

@@ -37,12 +37,10 @@ SHED_MESSAGES = {"Exceeds maximum queue size": "queue_full", "Request timeout ex
 
 
 def shed_reason(message: str) -> str | None:
-    """``queue_full`` or ``queue_timeout`` where ``message`` is Triton's rejection by a queue policy, else None."""
     return next((reason for text, reason in SHED_MESSAGES.items() if text in message), None)
 
 
 def input_kind(model: str) -> InputKind:
-    """What ``model`` takes, as the catalogue says; a ValueError for a model it does not hold."""
     try:
         return MODELS[model].input
     except KeyError:
@@ -51,7 +49,7 @@ def input_kind(model: str) -> InputKind:
 
 
 def server_address(url: str) -> str:
-    """``host:port`` from ``host:port`` or ``http://host:port`` (tritonclient takes no scheme)."""
+    """``host:port``, with no scheme, as tritonclient takes it."""
     return url.split("://", 1)[-1].rstrip("/")
 
 
@@ -61,7 +59,6 @@ def _module(protocol: Protocol):
 
 def image_inputs(protocol: Protocol, images: Sequence[bytes],
                  encoding: Literal["base64", "raw"] = "base64") -> list[Any]:
-    """INPUT_IMAGE carrying ``images`` (one element per image)."""
     array = np.empty((len(images), 1), dtype=np.object_)  # BYTES [N, 1]
     array[:, 0] = [base64.b64encode(im).decode("ascii") if encoding == "base64" else im for im in images]
     infer_input = _module(protocol).InferInput(IMAGE_INPUT, list(array.shape), "BYTES")
@@ -70,8 +67,6 @@ def image_inputs(protocol: Protocol, images: Sequence[bytes],
 
 
 def tensor_inputs(protocol: Protocol, batch: np.ndarray) -> list[Any]:
-    """``input`` carrying a preprocessed float32 batch [N, 3, 224, 224], or ``image`` carrying uint8
-    crops [N, 224, 224, 3] (the variants with preprocessing in the graph)."""
     name, datatype, dtype = (PIXELS_INPUT, "UINT8", np.uint8) if batch.dtype == np.uint8 else (TENSOR_INPUT, "FP32", np.float32)
     batch = np.ascontiguousarray(batch, dtype=dtype)
     infer_input = _module(protocol).InferInput(name, list(batch.shape), datatype)
@@ -89,7 +84,6 @@ def tensor_outputs(protocol: Protocol) -> list[Any]:
 
 
 def predictions(result) -> list[Prediction]:
-    """FOOD_LABEL and PROBABILITY of an image-model result, one Prediction per image."""
     names = [label.decode() if isinstance(label, bytes) else str(label)
              for label in result.as_numpy(LABEL_OUTPUT).reshape(-1)]
     probabilities = result.as_numpy(PROBABILITY_OUTPUT).reshape(-1)
@@ -97,12 +91,10 @@ def predictions(result) -> list[Prediction]:
 
 
 def tensor_predictions(result, classes: Sequence[str] = CLASSES) -> list[Prediction]:
-    """The logits of a tensor-model result, turned into predictions with servelab's softmax."""
     return top1(result.as_numpy(TENSOR_OUTPUT), classes)
 
 
 def answered_version(result) -> str | None:
-    """The model version that answered (Triton's ``model_version`` in every response), from an HTTP or gRPC result."""
     response = result.get_response()
     version = response.get("model_version") if isinstance(response, dict) else getattr(response, "model_version", None)
     return str(version) if version else None

@@ -1,25 +1,11 @@
 """The Triton stages of the catalogue (``servelab.core.catalogue``) rendered as model configs.
 
 The committed ``models_staging/<model>/config.pbtxt`` files are the *base* configs, readable as plain
-Triton configs. A stage's ``TritonPart`` names the model clients call and, per model, the few top-level
-fields that replace the base's (``instance_group``, ``dynamic_batching``); nothing is edited by hand.
-
-``render`` parses the base with Triton's own ``ModelConfig`` protobuf (so a misspelt field fails here, not
-in the server), applies the stage's fields, then adapts it to the machine:
-
-* ``kind="cpu"``: every ``KIND_GPU`` group becomes ``KIND_CPU`` with the same total instance count;
-* ``kind="gpu"`` with fewer GPUs than a stage names (``pt-2x2`` uses GPUs 0 and 1, as on the P100 node):
-  a missing GPU's instances move to one that is there, said by a ``servelab_gpu_placement`` parameter;
-* every ``backend: "onnxruntime"`` model gets Triton's ``model_warmup`` (``onnx_warm_up`` says why) and
-  ``cudnn_conv_algo_search`` from ``ORT_CUDNN_CONV_ALGO_SEARCH``;
-* ``onnxruntime=False``: such a model becomes the local stand-in, a Python-backend model running ONNX
-  Runtime on its own ``model.onnx`` (``food_classifier_onnx/1/model.py``, named by
-  ``default_model_filename``), labelled by the ``servelab_stand_in`` parameter.
-
-Every rendering carries a ``servelab_stage`` parameter (stage and kind), so the server reports which
-stage it runs; one with a block a student wrote says ``(yours, kind)``, never taken for the stage. The
-result goes to ``<model>/configs/stage.pbtxt`` (git-ignored), read by a server started with
-``--model-config-name=stage``.
+Triton configs; a stage replaces a few top-level fields (``instance_group``, ``dynamic_batching``), so
+nothing is edited by hand. The base is parsed with Triton's own ``ModelConfig`` protobuf (a misspelt field
+fails here, not in the server), then adapted to the machine (``effective_config``). Every rendering says
+its stage in a ``servelab_stage`` parameter, so the server reports which stage it runs; the result goes to
+``<model>/configs/stage.pbtxt`` (git-ignored), read by a server started with ``--model-config-name=stage``.
 """
 
 from functools import partial
@@ -52,7 +38,6 @@ def get_stage(name: str) -> Stage:
 
 
 def resolve_kind(kind: str) -> Kind:
-    """``auto`` -> ``gpu`` where an NVIDIA GPU is visible, else ``cpu``."""
     if kind == "auto":
         return "gpu" if gpu_count() > 0 else "cpu"
     if kind not in ("gpu", "cpu"):
@@ -69,16 +54,13 @@ CUDNN_CONV_ALGO_SEARCH = {"EXHAUSTIVE": "0", "HEURISTIC": "1", "DEFAULT": "2"}
 
 
 def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
-    """``model_warmup`` for an ONNX model's config fields: one zero-filled batch of *every* size from 1 to
-    ``max_batch_size``, so each shape the model can be handed has run once before Triton says it is ready
-    (``max_batch_size`` 0, a model Triton does not batch, gets none).
+    """``model_warmup``: one zero-filled batch of *every* size up to ``max_batch_size`` (none where it is 0).
 
-    Every size, not a few: Triton hands the model any size up to ``max_batch_size`` (``preferred_batch_size``
-    is only a preference; the batcher sends whatever has queued when the delay runs out), and the ONNX
-    Runtime backend's one session per instance chooses cuDNN algorithms for a new shape on a GPU (ONNX
-    Runtime 1.19.2, the node's backend, once per shape; from 1.20 on every change of shape, which no warm-up
-    avoids: stage ``onnx-b16`` keeps one). The cost: ``max_batch_size`` runs per instance (16 runs, 136
-    images, for the lab's models), paid while the model loads instead of during a measurement."""
+    Every size, not a few: Triton's batcher hands the model whatever has queued when the delay runs out
+    (``preferred_batch_size`` is only a preference), and the ONNX Runtime backend chooses cuDNN algorithms for
+    each new shape on a GPU (1.19.2, the node's, once per shape; from 1.20 on every change of shape, which no
+    warm-up avoids: stage ``onnx-b16`` keeps one). The cost, 16 runs of 136 images per instance for the lab's
+    models, is paid while the model loads instead of during a measurement."""
     max_batch = int(fields.get("max_batch_size", 0))
     if not max_batch:
         return {}
@@ -88,9 +70,8 @@ def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def on_gpus(groups: list[dict[str, Any]], gpus: int) -> tuple[list[dict[str, Any]], str | None]:
-    """``KIND_GPU`` groups placed on the ``gpus`` GPUs there are: a group naming a GPU that is not
-    there moves to GPU ``id % gpus``, with the same instance count, and the note says so (the lab
-    node's stages spread instances over its two P100s; a one-GPU machine holds them all)."""
+    """``KIND_GPU`` groups on the ``gpus`` GPUs there are: a GPU that is not there gives its instances to GPU
+    ``id % gpus``, and the note says so (the stages spread instances over the lab node's two P100s)."""
     moved, placed = [], []
     for group in groups:
         ids = [int(i) for i in group.get("gpus", [])]
@@ -108,8 +89,7 @@ def on_gpus(groups: list[dict[str, Any]], gpus: int) -> tuple[list[dict[str, Any
 
 
 def block_fields(block: str) -> dict[str, Any]:
-    """The fields a block of config.pbtxt sets (a student's ``instance_group`` or ``dynamic_batching``), read
-    with Triton's ``ModelConfig`` protobuf; raises ``text_format.ParseError`` where it cannot read them."""
+    """The fields a block of config.pbtxt a student wrote sets; ``text_format.ParseError`` where unreadable."""
     return json_format.MessageToDict(text_format.Parse(block, model_config_pb2.ModelConfig()),
                                      preserving_proto_field_name=True)
 
@@ -117,9 +97,10 @@ def block_fields(block: str) -> dict[str, Any]:
 def effective_config(stage: Stage, model: str, *, kind: Kind, onnxruntime: bool,
                      repository: Path, gpus: int = 0, changes: dict[str, Any] | None = None
                      ) -> model_config_pb2.ModelConfig:
-    """The config ``model`` runs with in ``stage`` on a server of that kind; ``gpus``: the GPUs of
-    the machine that server runs on (0 = not known here: the GPU ids stay as written). ``changes``: fields
-    to set on the base config instead of the stage's own (``block_fields`` of a block a student wrote)."""
+    """The config ``model`` runs with in ``stage`` on a server of that kind with ``gpus`` GPUs (0: not known
+    here, the ids stay as written); ``changes``: fields to set instead of the stage's (a student's block).
+    A model for the onnxruntime backend becomes, on a server without it, the local stand-in (a Python-backend
+    model running ONNX Runtime, labelled ``servelab_stand_in``)."""
     fields = json_format.MessageToDict(base_config(repository, model), preserving_proto_field_name=True)
     fields.update(stage.triton.changes.get(model, {}) if changes is None else changes)
     parameters = fields.setdefault("parameters", {})

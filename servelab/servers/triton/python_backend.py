@@ -34,7 +34,6 @@ def image_bytes(element: bytes | str) -> bytes:
 
 
 def split_rows(counts: Sequence[int]) -> list[slice]:
-    """Rows of a concatenated batch that belong to each request, given each request's row count."""
     ends = np.cumsum(counts).tolist()
     return [slice(end - n, end) for n, end in zip(counts, ends)]
 
@@ -53,7 +52,6 @@ def request_images(request: np.ndarray, **preprocess_kwargs) -> list[np.ndarray]
 
 
 def prediction_outputs(logits: np.ndarray, classes: Sequence[str]) -> dict[str, np.ndarray]:
-    """Logits [N, classes] -> FOOD_LABEL (BYTES [N,1]) and PROBABILITY (softmax, FP32 [N,1])."""
     predictions = top1(logits, classes) if len(logits) else []
     labels = np.array([p.label.encode() for p in predictions], dtype=np.object_).reshape(-1, 1)
     probabilities = np.array([p.probability for p in predictions], dtype=np.float32).reshape(-1, 1)
@@ -72,20 +70,16 @@ def threads_per_instance(model_config: dict) -> int:
     return max(1, (cpu_count() - 1) // max(1, instances))
 
 
-def instance_count(groups: Sequence[dict]) -> int:
-    """Instances an ``instance_group`` list starts: ``count`` per GPU listed (or once, without GPUs)."""
+def instance_count(groups: Sequence[dict]) -> int:  # ``count`` per GPU listed (or once, without GPUs)
     return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus", []))) for g in groups)
 
 
 def parameter(model_config: dict, key: str, default: str | None = None) -> str | None:
-    """A string from the config's ``parameters`` section."""
     value = model_config.get("parameters", {}).get(key)
     return value["string_value"] if value else default
 
 
 def manifest_path(args: dict, model_config: dict) -> Path:
-    """The manifest named by the ``manifest`` parameter (relative to the model's folder),
-    by default ``<version>/food11.json``."""
     relative = parameter(model_config, "manifest", f"{args['model_version']}/food11.json")
     return (Path(args["model_repository"]) / relative).resolve()
 
@@ -122,7 +116,6 @@ class SessionMetrics:
 
 
 def responses(outputs: dict[str, np.ndarray], rows: list[slice]) -> list:
-    """One response per request: its rows of every output."""
     import triton_python_backend_utils as pb_utils  # deferred: exists only inside Triton's Python-backend stub
 
     return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v[r]) for k, v in outputs.items()])

@@ -1,18 +1,13 @@
 """A real tritonserver without Docker, and stage switching on any running Triton.
 
-The ``nvidia-pytriton`` wheel bundles ``tritonserver`` (2.51) with the Python backend only. To run
-it directly (``install`` + ``server_env``): copy its server folder to a writable cache
-(``.servelab/tritonserver``, reused across runs) with the ``triton_python_backend_stub`` built for
-this Python in ``backends/python/``; the stub embeds ``libpython3.X.so``, found through
-``LD_LIBRARY_PATH`` (the wheel's ``nvidia_pytriton.libs``, then this interpreter's ``LIBDIR``, so a
-shared pyenv/uv Python works without a system libpython package), and finds our packages through
-the environment's ``bin`` first on ``PATH``. ``PYTHONPATH`` is the checkout root only: the models
-import ``servelab``, and no folder named ``triton`` may be on ``sys.path`` (torch would take it for
-OpenAI Triton).
+The ``nvidia-pytriton`` wheel bundles ``tritonserver`` (2.51) with the Python backend only; ``install`` copies
+it to a writable cache with the backend stub built for this Python. The stub embeds ``libpython3.X.so``, found
+through ``LD_LIBRARY_PATH`` (``server_env``: so a shared pyenv/uv Python needs no system libpython).
+``PYTHONPATH`` is the checkout root only: no folder named ``triton`` may be on ``sys.path`` (torch would take
+it for OpenAI Triton).
 
-The server reads the configs ``configs`` writes (``--model-config-name=stage``), so ``apply_stage``
-switches any running Triton (this one or the lab's container) through the model-control API; no image is
-rebuilt.
+The server reads the configs ``configs`` writes (``--model-config-name=stage``), so ``apply_stage`` switches
+any running Triton (this one or the lab's container) through the model-control API; no image is rebuilt.
 
 A new version rolls out while serving (``stage_version``, then ``roll_out_version``; docs/production.md):
 under Triton's default ``version_policy`` (``latest { num_versions: 1 }``) one load serves the new version
@@ -77,7 +72,7 @@ _started_keys: dict[str, str] = {}
 
 
 def wheel_dirs() -> tuple[Path, Path]:
-    """(the wheel's tritonserver folder, its bundled shared libraries) without importing pytriton."""
+    """(the wheel's tritonserver folder, its shared libraries), found without importing pytriton."""
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("nvidia-pytriton is not installed (pip install 'servelab[triton]')")
@@ -107,7 +102,6 @@ def install(dest: Path = INSTALL_DIR) -> Path:
 
 
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the bundled server and its Python stubs (see the module docstring)."""
     env = dict(os.environ if base is None else base)
     _, libs = wheel_dirs()
     library_path = [str(libs), sysconfig.get_config_var("LIBDIR") or "", env.get("LD_LIBRARY_PATH", "")]
@@ -124,8 +118,7 @@ class Ports:
     metrics: int
 
     @classmethod
-    def pick(cls, http: int = 0, grpc: int = 0, metrics: int = 0) -> "Ports":
-        """The given ports; 0 means a free one."""
+    def pick(cls, http: int = 0, grpc: int = 0, metrics: int = 0) -> "Ports":  # 0: a free one
         return cls(http or free_port(), grpc or free_port(), metrics or free_port())
 
 
@@ -151,28 +144,8 @@ def control_key(url: str) -> str:
 
 
 def control_headers(url: str, protocol: Literal["http", "grpc"] = "http") -> dict[str, str]:
-    """The header model control at ``url`` asks for, as tritonclient's ``load_model(..., headers=)`` takes it."""
+    """As tritonclient's ``load_model(..., headers=)`` takes it."""
     return {CONTROL_HEADER if protocol == "http" else GRPC_CONTROL_HEADER: control_key(url)}
-
-
-def server_command(install_dir: Path, repository: Path, ports: Ports, models: tuple[str, ...],
-                   *, gpu_metrics: bool, key: str, shm_prefix: str) -> list[str]:
-    return [
-        str(install_dir / "bin" / "tritonserver"),
-        f"--model-repository={repository}",
-        f"--backend-directory={install_dir / 'backends'}",
-        "--model-control-mode=explicit",
-        *(f"--load-model={m}" for m in models),
-        f"--model-config-name={CONFIG_NAME}",
-        "--http-address=127.0.0.1", f"--http-port={ports.http}",
-        "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
-        "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
-        f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
-        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        *control_flags(key),
-        *cache_flags(install_dir, get_settings().triton_cache_bytes),
-    ]
 
 
 def cache_flags(install_dir: Path, size_bytes: int) -> list[str]:
@@ -206,8 +179,7 @@ class LocalTriton:
         return f"127.0.0.1:{self.ports.grpc}"
 
     def apply_stage(self, stage: Stage) -> dict[str, Any]:
-        """Switch this server to ``stage``; returns the config the server reports. The stage it serves
-        already is not loaded again (a load reloads a loaded model)."""
+        """``apply_stage``, but not for the stage it serves already (a load reloads a loaded model)."""
         if stage.name == self.stage:
             return model_config(self.url, stage.triton.model)
         config = apply_stage(self.url, stage, kind=self.kind, onnxruntime=self.onnxruntime,
@@ -230,8 +202,8 @@ class LocalTriton:
 def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
                 log: Path | None = None, ready_timeout_s: float = LOAD_TIMEOUT_S,
                 detach: bool = False, key: str = "") -> LocalTriton:
-    """Start the bundled tritonserver with ``stage`` loaded and wait until its model is READY. Model control
-    asks for ``key`` (default: ADMIN_TOKEN, else a new key for this server)."""
+    """The bundled tritonserver, its ``stage``'s model READY. Model control asks for ``key`` (default:
+    ADMIN_TOKEN, else a new key for this server)."""
     key = key or get_settings().admin_token or secrets.token_urlsafe(24)
     install_dir = install()
     ports = ports or Ports.pick()
@@ -239,8 +211,22 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     onnxruntime = (install_dir / "backends" / "onnxruntime").is_dir()
     write_effective(stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
     shm_prefix = f"{SHM_PREFIX}servelab_{secrets.token_hex(4)}_"
-    cmd = server_command(install_dir, Path(repository).resolve(), ports, stage.triton.models,
-                         gpu_metrics=resolved == "gpu", key=key, shm_prefix=shm_prefix)
+    cmd = [
+        str(install_dir / "bin" / "tritonserver"),
+        f"--model-repository={Path(repository).resolve()}",
+        f"--backend-directory={install_dir / 'backends'}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in stage.triton.models),
+        f"--model-config-name={CONFIG_NAME}",
+        "--http-address=127.0.0.1", f"--http-port={ports.http}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
+        "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
+        f"--allow-gpu-metrics={str(resolved == 'gpu').lower()}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        *control_flags(key),
+        *cache_flags(install_dir, get_settings().triton_cache_bytes),
+    ]
     process = ServerProcess(
         cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
@@ -259,8 +245,7 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
 
 def _call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0,
           key: str | None = None) -> Any:
-    """One JSON call to Triton's HTTP API; Triton's error message becomes a RuntimeError. A model-control call
-    (``/v2/repository``) carries ``key`` (default: ``control_key(url)``)."""
+    """Triton's error message becomes a RuntimeError; model control (``/v2/repository``) carries ``key``."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"}
     if path.startswith("/v2/repository"):
@@ -278,16 +263,14 @@ def _call(url: str, method: str, path: str, body: dict | None = None, timeout: f
 
 
 def repository_index(url: str, ready: bool = False, timeout: float = 30.0, key: str | None = None) -> list[dict]:
-    """Triton's repository index: each model (and version) it knows of, with its state and reason."""
     return _call(url, "POST", "/v2/repository/index", {"ready": True} if ready else {}, timeout, key)
 
 
 def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path,
                 timeout_s: float = LOAD_TIMEOUT_S, key: str | None = None) -> dict[str, Any]:
-    """Make a running Triton (explicit model control, ``--model-config-name=stage``) serve ``stage``; returns
-    the config it reports. Unloads the models the stage does not use (so they neither hold memory nor compete
-    for cores), then loads the stage's in order: a loaded model reloads with the new config while in-flight
-    requests finish on the old instances. ``key``: model control's (default: ``control_key(url)``)."""
+    """Make a running Triton serve ``stage``; returns the config it reports. Models the stage does not use
+    unload first (they would hold memory and compete for cores); a loaded model reloads with the new config
+    while in-flight requests finish on the old instances."""
     index = repository_index(url, ready=True, key=key)  # fails early if unreachable, or with no key
     write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
@@ -322,7 +305,7 @@ def stage_version(repository: Path, model: str, version: int, model_dir: Path) -
 
 
 def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -> list[int]:
-    """The versions of ``model`` the server holds in ``states`` (READY; UNLOADING while requests drain)."""
+    """``model``'s versions in ``states`` (READY; UNLOADING while requests drain)."""
     index = repository_index(url)
     return sorted(int(e["version"]) for e in index if e["name"] == model and e.get("state") in states)
 
@@ -370,7 +353,7 @@ def model_config(url: str, model: str) -> dict[str, Any]:
 # --- the server `servelab triton up` leaves running, stopped by `servelab triton down` ---
 
 def state_of(server: LocalTriton) -> dict[str, Any]:
-    """What `down` needs to stop the server and `stage` needs to render for it and to switch it (its key)."""
+    """What `down` needs to stop the server, and `stage` to render for it and switch it (its key)."""
     return {"pids": [server.process.pid], "url": server.url, "key": server.key, "shm_prefix": server.shm_prefix,
             "ports": asdict(server.ports), "stage": server.stage, "kind": server.kind, "onnxruntime": server.onnxruntime,
             "repository": str(server.repository), "log": str(server.process.log)}
@@ -382,8 +365,7 @@ def save_state(state: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class SwitchTarget:
-    """A running Triton as `servelab triton stage` switches it: where, with which instance kind and backend,
-    and the model repository it reads; ``saved``: the state of the server `up` started, if it is that one."""
+    """A running Triton as `servelab triton stage` switches it; ``saved``: `up`'s state, if it started it."""
 
     url: str
     kind: Kind
@@ -406,7 +388,6 @@ def switch_target(url: str | None = None, kind: str | None = None) -> SwitchTarg
 
 
 def load_state() -> dict[str, Any] | None:
-    """The server `up` started, if it is still running."""
     return procs.load_state(STATE_FILE)
 
 
