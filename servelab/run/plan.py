@@ -101,14 +101,9 @@ class Plan:
     def with_perf_analyzer(self, stage: Stage) -> bool:
         return family_of(stage).fed(stage) is not None and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
-    @property
-    def measured_s(self) -> float:
-        """The measured seconds of one closed-loop run: its windows, after the warm-up."""
-        return Windows.COUNT * self.windows.window_s
-
     def load(self, concurrency: int) -> Load:
         """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows."""
-        window = dict(duration_s=self.measured_s, **warm_up(self.warmup_s))
+        window = dict(duration_s=Windows.COUNT * self.windows.window_s, **warm_up(self.warmup_s))
         if concurrency == 1:
             return Load.sequential(None, **window)
         return Load.closed(concurrency, None, **window)

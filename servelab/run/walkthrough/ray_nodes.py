@@ -81,9 +81,7 @@ def private_address(s: server.Server) -> str:
     return fixed[0]
 
 
-def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
-    """Everything a node needs before its compose file starts (``node_setup``)."""
-    return node_setup.node_commands(repo_url, gpu=gpu, servelab=True)
+prepare_commands = node_setup.node_commands  # everything a node needs before its compose file starts
 
 
 def prepare(s: server.Server, repo_url: str, *, gpu: bool) -> None:

@@ -282,14 +282,6 @@ class FastAPIWalkthrough:
         plot_timelines(list(runs), out)
         return out
 
-    def sessions(self, service: ServingStage) -> list[dict[str, Any]]:
-        """The service's ONNX Runtime sessions now (its /ready): batch size, runs and shape changes of each."""
-        runtime = requests.get(f"{service.url}/ready", timeout=5).json()["runtime"]
-        print(f"shape policy {runtime.get('shape_policy', '-')}:")
-        for s in runtime.get("session_counts", []):
-            print(f"  session for batch {s['session_batch']:>3}: {s['runs']:5} runs, {s['shape_changes']:5} shape changes")
-        return runtime.get("session_counts", [])
-
     async def measure_variant(self, variant: str, load: Load, fp32: tuple[ServingStage, Record]) -> None:
         """Measure the ONNX service on ``variant`` under ``load``, kept beside fp32's for ``compare_variants``."""
         if variant not in self.variants:

@@ -195,9 +195,6 @@ class TritonWalkthrough:
         image = self.photo.read_bytes()
         self.inputs = {kind: write_input_data(Path(self.results) / f"input-{kind}.json", image, kind) for kind in INPUTS}
 
-    def config(self, model: str) -> dict[str, Any]:
-        return model_config(self.url, model)
-
     def use_stage(self, name: str) -> dict[str, Any]:
         """Wait (``wait_s`` at most; on timeout Triton's own account) until Triton runs stage ``name``, show its
         instances and batching, and return the config of the model clients call."""
@@ -211,7 +208,7 @@ class TritonWalkthrough:
                        name, wait_s=max(0.0, deadline - time.monotonic()))
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}{diagnosis(self.url, stage.triton.models)}") from None
-        config = self.config(stage.triton.model)
+        config = model_config(self.url, stage.triton.model)
         print(describe_config(name, config))
         return config
 
@@ -244,7 +241,7 @@ class TritonWalkthrough:
 
     def stand_in(self, name: str) -> str | None:
         """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
-        notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
+        notes = [model_config(self.url, m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
                  for m in STAGES[name].triton.models]
         manifest = Path(self.repository or "") / PT / "1" / "food11.json"
         return stand_in_note(*notes, model_stand_in(load_manifest(manifest)) if manifest.exists() else None)
@@ -317,7 +314,7 @@ class TritonWalkthrough:
 
     def check_steps(self, config: dict[str, Any]) -> str:
         """A student's ensemble config, against Triton's own: the steps, in order."""
-        want = self.config(ENSEMBLE)
+        want = model_config(self.url, ENSEMBLE)
         if config != want:
             return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
         return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
