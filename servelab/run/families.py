@@ -1,21 +1,9 @@
-"""One adapter per family, between a runner and ``measure_stage``: how a stage of that family is served,
-where a load goes, and what the lab does differently for its stages. A new family is one ``Family`` in
-``FAMILIES`` (and its stages' part in the catalogue). The serving parts each adapter writes:
-
-* ``start(first)``: a context in which its server serves its stages, at ``first``; all it started is
-  stopped on exit, by PID;
-* ``switch(stage)``: from now on the server serves ``stage`` (FastAPI: the stage's own ``servelab serve``
-  process; Triton: its models reloaded with the stage's config; Ray Serve: the stage deployed);
-* ``target(stage, image)``: where the load generator and perf_analyzer send that stage's requests;
-* ``runs_on(stage)``: where the stage really runs, as its server says, and the settings it really holds;
-* ``roll_out(stage, variant)``: a new version of the stage's model, serving ``variant``, takes over while
-  requests keep coming; what the server said of the swap;
-* ``in_lab(...)``: the adapter ``servelab lab`` runs on;
-
-and what differs from ``Family``'s defaults. ``pid`` is the server measured (its CPU time goes into the
-records) and ``scraped`` its series in Prometheus, where the adapter has a ``LabPrometheus``. The notebooks'
-walkthroughs (``servelab.run.walkthrough``) measure the node's servers, which students switch from their
-shell: they wait for the switch instead, and call the same ``measure_stage``.
+"""One adapter per family, between a runner and ``measure_stage``: how a stage of that family is served
+(``start``, ``switch``, ``roll_out``: all it started is stopped by PID), where a load goes (``target``), where
+the stage really runs (``runs_on``), and what the lab does differently for its stages. A new family is one
+``Family`` in ``FAMILIES``. ``pid`` is the server measured (its CPU time goes into the records), ``scraped`` its
+series in Prometheus. The notebooks' walkthroughs wait for a student's switch instead, then call the same
+``measure_stage``.
 """
 
 import asyncio
@@ -48,8 +36,7 @@ from servelab.servers.triton.python_backend import instance_count
 
 
 class Runs:
-    """What a family runs beside every stage's loads, at three moments of the lab's pass over its stages;
-    here nothing (Ray Serve's: ``servelab.run.lab_ray.RayRuns``)."""
+    """What a family runs beside its stages' loads (here nothing; Ray Serve's: ``lab_ray.RayRuns``)."""
 
     def started(self) -> None:
         """Its server (cluster) is up."""
@@ -66,6 +53,8 @@ class Family:
 
     name: ClassVar[str]  # its stages' ``part.family``
     redis: ClassVar[bool] = False  # the cache case puts the lab's Redis in front (else: the server's own cache)
+    STAND_IN: ClassVar[str] = ""  # what stands in here for the node's set-up, named in each of its records
+    url: str = ""
     pid: int | None = None
     scraped: Scraped | None = None
 
@@ -89,12 +78,18 @@ class Family:
     def fed(stage: Stage) -> tuple | None:  # how perf_analyzer feeds it (fed alike: one command); None: it does not
         return None
 
-    @staticmethod
-    def stand_in(stage: Stage) -> str:  # what stands in here for the node's set-up, named in each of its records
-        return ""
+    @classmethod
+    def stand_in(cls, stage: Stage) -> str:
+        return cls.STAND_IN
 
     def runs(self, lab: Measurer, manifest: Manifest) -> Runs:
         return Runs()
+
+    def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget | TritonTarget:
+        return FastAPITarget(self.url, image, image_name=image_name)  # the HTTP API FastAPI and Ray Serve share
+
+    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
+        return served_runtime(self.url)
 
 
 def _scrape(prometheus: LabPrometheus | None, address: str, family: str, **labels: str):
@@ -112,7 +107,6 @@ class FastAPIFamily(Family):
         self.logs, self.env, self.prometheus, self.ready_timeout = logs, env or {}, prometheus, ready_timeout
         # Its servers' admin routes answer this token only (a new one per run: nothing else can reload them).
         self.admin_token = secrets.token_urlsafe(24)
-        self.url, self.pid, self.scraped = "", None, None
         self._serving: ExitStack | None = None
         self.serving: Stage | None = None  # the stage its server runs as started (None after a rollout)
 
@@ -158,16 +152,10 @@ class FastAPIFamily(Family):
             raise
         self.url, self.pid, self.serving = f"http://127.0.0.1:{port}", server.pid, stage
 
-    def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
-        return FastAPITarget(self.url, image, image_name=image_name)
-
     async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
         """``POST /admin/reload``: the service loads and warms up ``variant`` beside its model, then swaps."""
         self.serving = None  # no longer as the stage starts it: the next switch starts it afresh
         return await reload(self.url, variant=variant, token=self.admin_token)
-
-    def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
-        return served_runtime(self.url)
 
 
 def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> "FastAPIFamily":
@@ -300,16 +288,11 @@ class RayFamily(Family):
     STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its CPUs (logical CPUs per node), "
                 "not separate machines (local stand-in)")
 
-    @classmethod
-    def stand_in(cls, stage: Stage) -> str:
-        return cls.STAND_IN
-
     def __init__(self, logs: Path, cpus_per_node: int, env: dict[str, str] | None = None,
                  prometheus: LabPrometheus | None = None, workers: int = 1):
         self.logs, self.cpus_per_node, self.env, self.prometheus = logs, cpus_per_node, env or {}, prometheus
         self.workers = workers
         self.cluster: Any = None  # servelab.servers.rayserve.cluster.LocalCluster, while started
-        self.url, self.pid, self.scraped = "", None, None
         self.where: dict[str, Any] = {}  # the running replicas per Ray node id, after a switch
         self.deployed: Stage | None = None  # the stage deployed as it starts (None after a rollout)
 
@@ -357,16 +340,13 @@ class RayFamily(Family):
         if self.prometheus:
             self.prometheus.switched(self.scraped)  # a deploy's health checks reach the proxy too
 
-    def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
-        return FastAPITarget(self.url, image, image_name=image_name)
-
     async def roll_out(self, stage: Stage, variant: str) -> dict[str, Any]:
         """``servelab ray rollout``: the running stage's replicas reload ``variant`` in place (``reconfigure``)."""
         self.deployed = None
         return await roll_out_in_child(stage.name, self.cluster, variant=variant)
 
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
-        runs_on, options = served_runtime(self.url)  # one replica's
+        runs_on, options = super().runs_on(stage)  # one replica's
         return runs_on, {**self.where, **options}
 
 

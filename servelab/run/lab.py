@@ -1,24 +1,11 @@
-"""``servelab lab``: the whole lab, locally, one stage after another, on the CPU or on the GPU.
+"""``servelab lab``: the whole lab, locally, one stage after another, on the CPU or the GPU (``--device``), each
+server a child process stopped by PID (also on Ctrl-C); a ``Plan`` and a ``Budget`` say how much and how long.
 
-For each stage it starts the server (each family on its adapter, ``servelab.run.families``), runs the lab's
-measurements with the one load generator, stops the server, and at the end prints the comparison table and
-writes ``results/`` (``run.json``: ``LabRun``). Every server is a child process stopped by PID, also on Ctrl-C
-or failure. Which stages, how much of each and for how long is a ``Plan`` and a ``Budget``
-(``servelab.run.plan``); a stage the budget cuts is named in ``run.json`` and the report as not run, with why.
-
-The measurements per stage: its *capacity*, found by saturation (``servelab.measure.measure_stage.sweep_capacity``),
-then Poisson arrivals at fractions of it, where queueing delay appears well before the server is saturated; the
-lessons compare capacities (``servelab.report.lessons``), never two stages held to one number of senders. Where
-perf_analyzer can feed a stage (Triton), it measures the same loads over the same windows right after the load
-generator: one at a time and at the capacity's senders; requests of ``BATCH`` images where the stage batches, and
-both arrival processes where its family offers them. What this environment cannot run at all (perf_analyzer or
-Ray not installed) is decided before the first run (``preflight``) and skipped, with its reason in the log and the
-report. The ONNX variants run beside fp32 (fp16 only on a GPU), each record naming its variant.
-
-``--device gpu|cpu|auto`` (``servelab.core.hardware``) is the one switch: on the GPU every FastAPI server runs on
-CUDA (PyTorch, or ONNX Runtime's TensorRT/CUDA providers) with ``REQUIRE_GPU=1``, and Triton with ``KIND_GPU``
-instances. Each record names the device and where the stage really ran (``runs_on``, as the server reports it),
-never what was asked for.
+Per stage: its *capacity*, found by saturation (``sweep_capacity``), then Poisson arrivals at fractions of it,
+where queueing delay appears well before saturation; the lessons compare capacities, never two stages held to
+one number of senders. perf_analyzer, where it can feed a stage, measures the same loads right after ours. What
+this environment cannot run (``preflight``) is skipped, saying why. Each record names the device and where the
+stage really ran (``runs_on``, as the server reports it), never what was asked for.
 """
 
 import sys
@@ -102,8 +89,7 @@ class Lab:
     # --- measurements ----------------------------------------------------------------------------
 
     def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
-        """What each of the stage's records carries: its name, settings and where it ran, its server,
-        its stand-ins."""
+        """What each of the stage's records carries: its settings, where it ran, its server, its stand-ins."""
         config = {"about": stage.about, **family_of(stage).settings(stage),
                   **({"variant": stage.variant} if stage.variant else {}),
                   "device": self.device, "runs_on": runs_on, **(extra or {})}
@@ -115,8 +101,8 @@ class Lab:
     @contextmanager
     def on(self, adapter: Family, stage: Stage, manifest: Manifest, extra: dict | None = None,
            switch: bool = True) -> Iterator[tuple[Any, Labels]]:
-        """``adapter``'s server at ``stage`` (switched to it, unless it is there already), its series scraped while
-        the block runs: yields the stage's target and the labels its records carry (``extra`` in their config)."""
+        """``adapter``'s server at ``stage``, its series scraped while the block runs: yields the stage's target and
+        its records' labels (``extra`` in their config)."""
         if switch:
             adapter.switch(stage)
         self.scraped = adapter.scraped
@@ -169,8 +155,7 @@ class Lab:
         return capacity
 
     def overload(self, stage: Stage, target, labels: Labels, capacity: Record | None) -> None:
-        """The overload case: ``capacity``'s throughput × 1.5, open loop, followed over time (every request kept);
-        without a bound on an ``OVERLOADED`` stage, with one on its ``bounded`` twin."""
+        """The overload case (``overload_load``), unbounded on an ``OVERLOADED`` stage, bounded on its twin."""
         if capacity is None or not capacity.stats.throughput_rps:
             self.log(f"    overload: not run: no capacity measured for {stage.baseline or stage.name} in this run")
             return
@@ -243,8 +228,8 @@ class Lab:
                 self._run_family(adapter, ours, manifest, adapter.runs(self, manifest))
 
     def _run_family(self, adapter: Family, stages: list[Stage], manifest: Manifest, runs: Runs) -> None:
-        """Every stage of one family on one adapter, each started only if it fits the time budget; a stage
-        that fails is reported and the others go on, a server that does not start fails the family."""
+        """One family's stages on one adapter, each if it fits the budget; a failed stage is reported and the
+        others go on, a server that does not start fails the family."""
         if not stages or not self._fits(stages[0]):
             for stage in stages[1:]:
                 self._fits(stage)  # none fits either, and each is named
@@ -276,8 +261,7 @@ class Lab:
             self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
 
     def cache_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
-        """The same skewed mix of photos (``PhotoMix.zipf``, seeded) on ``stage`` as it is, on the server that just
-        measured it, then ``with_cache``: Triton's own response cache, or Redis in front of a FastAPI stage."""
+        """The same skewed mix of photos on ``stage``, then ``with_cache`` (Triton's own cache, or Redis)."""
         if adapter.redis and self.redis is None:
             self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
             return
@@ -295,9 +279,7 @@ class Lab:
                 measure_stage(replace(target, mix=mix), [load], labels, [servelab_client()], self.keep)
 
     def rollout_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
-        """A new version under 16 closed-loop senders: ``rollout_s[0]`` seconds in, the stage's server, switched
-        to it afresh, loads a new version of its model serving the ``ROLLED`` variant and retires the old one
-        (``roll_out``); every request kept with the version that answered it."""
+        """A new version of the stage's model (the ``ROLLED`` variant) rolled out under 16 closed-loop senders."""
         variant = ROLLED[stage.name]
         self.log(f"[{stage.name}] rollout under load: a new version serving {variant}")
         at_s, seconds, after_s = self.plan.rollout_s
@@ -320,14 +302,12 @@ class Lab:
 
 
 def preflight(stages: list[Stage]) -> dict[str, str]:
-    """The parts of these stages this environment cannot run, each with the reason, before any run (each
-    family's ``missing``: perf_analyzer, Triton's second client; Ray Serve, its family)."""
+    """The parts of these stages this environment cannot run (each family's ``missing``), with why."""
     return {part: why for family in dict.fromkeys(map(family_of, stages)) for part, why in family.missing().items()}
 
 
 def _model(paths: ArtifactPaths) -> Manifest:
-    """The model already built from the lab's weights, or else the offline stand-in (built if needed),
-    with its cheaper variants (built if needed)."""
+    """The model built from the lab's weights, else the offline stand-in, with its variants (built if needed)."""
     staging = get_settings().triton_model_repository
     manifest = load_manifest(paths.manifest) if paths.manifest.exists() else None
     if manifest is not None and not manifest.stand_in:
@@ -392,9 +372,7 @@ def run_lab(args) -> int:
 
 
 def measure_limit(paths: ArtifactPaths, photo: Path, logs: Path, device: Device) -> Limit | None:
-    """This machine's limit for the report (``servelab.measure.limit.machine_limit``, as `servelab benchmark
-    --measure limit` measures it), a few seconds; on a GPU with the fp32 model's ceiling there. A limit that
-    cannot be measured is said, never fatal."""
+    """This machine's limit for the report (``limit_here``), a few seconds; one not measured is said, never fatal."""
     try:
         limit = limit_here(paths.onnx.parent, photo, logs, LIMIT_SECONDS, device)
     except Exception as exc:  # noqa: BLE001 (a measurement that fails is recorded, never fatal)

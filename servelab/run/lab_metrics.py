@@ -1,11 +1,6 @@
-"""The lab's Prometheus: started beside the lab's servers if it can be, and read back after each run.
-
-``LabPrometheus`` starts Prometheus (``LocalPrometheus``: a child process, 127.0.0.1, data under
-``<results>/prometheus``) and the machine exporter (``MachineExporter``), and each server the lab starts
-registers itself with ``scrape()`` while it runs; what is scraped and read back is ``servelab.measure.monitoring``'s,
-which starts nothing. When Prometheus cannot be started, or stops answering, the lab goes on: every record then
-carries a ``prometheus`` entry whose ``note`` says why there are no server-side series, and the log says it once.
-"""
+"""The lab's Prometheus and machine exporter, started beside its servers if they can be, each server registered
+while it runs (``scrape``) and read back after each run. Without Prometheus the lab goes on: each record's
+``prometheus`` entry then says why it has no server-side series."""
 
 import time
 from collections.abc import Callable, Iterator

@@ -1,14 +1,7 @@
-"""The Ray Serve stages' own runs in ``servelab lab``, beside the loads every stage gets (through
-``servelab.run.families.RayFamily``, each record's config with its replicas' placement by Ray node id):
-
-* step load (the autoscaling stage): Poisson arrivals at a low, a high and again the low rate (15 % and 90 % of
-  the capacity its sweep found), with the running replicas sampled over time;
-* node failure (last, on the stage that has one replica per node): closed loop at concurrency 8, the worker
-  node SIGKILLed a third of the way in; every failed request is counted by its kind (``http_500``,
-  ``timeout``, ...) and no request waits past ``FAILURE_TIMEOUT_S``.
-
-``RayFamily.runs`` hands the lab's ``Lab`` over as a ``Measurer`` (this module imports neither the lab nor the
-adapters, which import it).
+"""The Ray Serve stages' own runs in ``servelab lab``: a step load on the autoscaling stage (Poisson arrivals at
+15 %, 90 %, 15 % of its capacity, the replicas sampled), and last a node failure (the worker SIGKILLed a third of
+the way in; failed requests counted by kind, none waiting past ``FAILURE_TIMEOUT_S``). The lab comes in as a
+``Measurer``: this module imports neither the lab nor the adapters, which import it.
 """
 
 import threading
@@ -30,8 +23,7 @@ FAILURE_CONCURRENCY = 8
 
 
 class Measurer(Protocol):
-    """What the Ray runs use of ``servelab.run.lab.Lab``: its plan, its log, its way of measuring on an
-    adapter's stage (the target and the labels of its records) and of keeping one load's record."""
+    """What the Ray runs use of ``servelab.run.lab.Lab``."""
 
     plan: Any  # servelab.run.plan.Plan: steps_s, failure_s
 
@@ -45,8 +37,7 @@ class Measurer(Protocol):
 
 @dataclass
 class RayRuns:
-    """Ray Serve's ``servelab.run.families.Runs``: its cluster described, each stage's placement and step
-    load, the node failures last."""
+    """Ray Serve's ``families.Runs``: its cluster, each stage's placement and step load, the node failures last."""
 
     lab: Measurer
     ray: Any  # servelab.run.families.RayFamily

@@ -21,9 +21,7 @@ def machine_line() -> str:
 
 @dataclass(frozen=True)
 class LabRun:
-    """One `servelab lab` run as a whole: which plan and stages, on what, how long, and what it showed
-    (the report's first screen). docs/records/make-lab.json is a copy of a tour's, from which the
-    docs and notebooks write how long `make lab` takes."""
+    """One `servelab lab` run as a whole; docs/records/make-lab.json, a tour's, is where the docs take its time."""
 
     plan: str
     stages: list[str]

@@ -1,6 +1,4 @@
-"""What a lab run measures, and for how long: the stages it may run, its ``Plan`` (the tour, ``--full``,
-``--quick``, ``gpu-check``: windows of seconds, the capacity sweep) and its ``Budget`` (``--budget``).
-"""
+"""What a lab run measures, and for how long: its stages, its ``Plan`` and its ``Budget`` (``--budget``)."""
 
 import time
 from dataclasses import dataclass
@@ -18,8 +16,7 @@ GPU_CHECK_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.gpu_check
 
 
 def _each_way_in(stages: tuple[Stage, ...]) -> tuple[str, ...]:
-    """One stage per way perf_analyzer is fed (``Family.fed``), the first in the catalogue's order, and every
-    stage that offers both arrival processes: where the second client's own paths run."""
+    """The first stage per way perf_analyzer is fed, and every stage with both arrival processes: each of its paths."""
     firsts: dict[tuple, str] = {}
     for s in stages:
         if (way := family_of(s).fed(s)) is not None:
@@ -39,11 +36,8 @@ def warm_up(seconds: float) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Plan:
-    """How much each stage is measured, in seconds: every closed-loop run (one request at a time, each
-    level of the capacity sweep, the batched requests, the cache case) is a warm-up window of ``warmup_s``,
-    discarded, then ``Windows.COUNT`` measured windows of ``windows.window_s`` (both clients alike), never a
-    count of requests alone; where ``windows.stability_pct`` is under 100 the windows must agree (the full
-    plan). A stage's capacity is found by ``sweep`` (doubling senders to the knee)."""
+    """How much each stage is measured, in seconds: every closed-loop run is a discarded warm-up of ``warmup_s``,
+    then ``Windows.COUNT`` windows (both clients alike), never a count of requests alone."""
 
     name: str  # "tour", "full", "quick" or "gpu-check", named in the run's record (run.json)
     warmup_s: float = 1.0
@@ -107,14 +101,9 @@ class Plan:
     def with_perf_analyzer(self, stage: Stage) -> bool:
         return family_of(stage).fed(stage) is not None and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
-    @property
-    def measured_s(self) -> float:
-        """The measured seconds of one closed-loop run: its windows, after the warm-up."""
-        return Windows.COUNT * self.windows.window_s
-
     def load(self, concurrency: int) -> Load:
         """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows."""
-        window = dict(duration_s=self.measured_s, **warm_up(self.warmup_s))
+        window = dict(duration_s=Windows.COUNT * self.windows.window_s, **warm_up(self.warmup_s))
         if concurrency == 1:
             return Load.sequential(None, **window)
         return Load.closed(concurrency, None, **window)
@@ -127,9 +116,8 @@ CACHE_CONCURRENCY = 8  # the cache case's senders where the stage has no capacit
 
 
 class Budget:
-    """How long a run may take. A stage starts only if the longest stage so far (server start-up
-    included), or ``first_guess_s`` before any, still fits in what is left; one that does not is not
-    run, never half-measured. ``seconds=None``: no limit."""
+    """How long a run may take (None: no limit): a stage starts only if the longest so far (or ``first_guess_s``)
+    still fits, so that none is half-measured."""
 
     def __init__(self, seconds: float | None, first_guess_s: float = 30.0, clock=time.monotonic):
         self.seconds, self.first_guess_s, self.clock = seconds, first_guess_s, clock

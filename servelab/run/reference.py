@@ -1,17 +1,7 @@
-"""``servelab benchmark --measure limit``: the FastAPI stages against this machine's limit and against the
-simplest app a newcomer would write, in one run.
-
-The limit (``servelab.measure.limit.machine_limit``, which the lab's report calls too, through ``limit_here``):
-what the model alone, preprocessing and HTTP each deliver with every core busy, and on a GPU the model's ceiling
-there. Against it, a window each in every one of the limit's ``--rounds`` (so a neighbour's load hits all alike),
-with the same photo at ``--concurrency`` closed-loop senders: the simple app (``benchmarks/simple_app.py``: a
-sync route, one ONNX Runtime session with its own thread defaults), ``fastapi-onnx`` with no settings at all (as
-`servelab serve fastapi-onnx` starts it), the same with one inference per CPU instead of two
-(``MODEL_INSTANCES``: the one default the limit cannot show), and the stages ``fastapi-onnx`` and
-``fastapi-onnx-dyn``. Each row: req/s, its ratio to the simple app's, its fraction of the limit, and the CPU ms
-per request of the server's processes (``psutil``), so that a run on a few cores says where one process of it
-saturates on more. Aims for ``fastapi-onnx`` with its defaults: at least the simple app's throughput and 90 %
-of the limit.
+"""``servelab benchmark --measure limit``: the FastAPI stages against this machine's limit (``machine_limit``,
+which the lab's report calls too) and against the simplest app a newcomer would write (``benchmarks/simple_app.py``),
+a window each in every one of the limit's rounds, so that a neighbour's load hits all alike. Each row's CPU ms per
+request of the server's processes says where one process saturates on more cores than this run had.
 """
 
 import argparse
@@ -56,8 +46,7 @@ class Served:
 
 
 def serve_simple_app(stack: ExitStack, logs: Path, model_dir: Path, workers: int = 1) -> tuple[str, int]:
-    """The simple app under uvicorn (its defaults; ``workers`` processes on one port) until ``stack``
-    closes: (URL, PID of uvicorn's first process)."""
+    """The simple app under uvicorn (``workers`` processes on one port) until ``stack`` closes: (URL, PID)."""
     port = free_port()
     cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(SIMPLE_APP.parent), f"{SIMPLE_APP.stem}:app",
            "--host", "127.0.0.1", "--port", str(port), "--no-access-log", *(["--workers", str(workers)] * (workers > 1))]
@@ -79,8 +68,7 @@ def defaults(stage: Stage) -> Stage:
 
 
 class SideBySide:
-    """Servers (name -> URL, PID) measured in alternating closed-loop windows, a round at a time
-    (``machine_limit`` runs a round after each of its own, so a neighbour's load hits all alike)."""
+    """Servers (name -> URL, PID) measured in alternating closed-loop windows, a round at a time."""
 
     def __init__(self, servers: dict[str, tuple[str, int]], image: bytes, concurrency: int, window: float):
         self.servers, self.image, self.concurrency, self.window = servers, image, concurrency, window
@@ -103,8 +91,7 @@ class SideBySide:
 
 
 def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, device: Device, concurrency: int = 16) -> Limit:
-    """``machine_limit``, and the simple app against ``fastapi-onnx`` with no settings but the device's
-    (``Limit.simple_app``), both started for it and stopped after, measured in the limit's rounds (the lab's)."""
+    """``machine_limit``, with the simple app against ``fastapi-onnx``'s defaults in its rounds (the lab's)."""
     with ExitStack() as stack:
         servers = {SIMPLE: serve_simple_app(stack, logs, model_dir),
                    DEFAULTS: serve(stack, defaults(FP32_STAGE), logs,
@@ -119,8 +106,7 @@ def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, device:
 
 
 def device_here() -> Device:
-    """Where the model runs on this machine, as `servelab lab` decides with no ``--device``: the GPU where
-    there is one this environment can use."""
+    """Where the model runs here, as `servelab lab` decides with no ``--device``."""
     gpus = gpu_count()
     return resolve("auto", gpus, environment_gaps() if gpus else [])
 

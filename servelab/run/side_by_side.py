@@ -36,6 +36,7 @@ The client shares the CPU with the server, as it does in the lab.
 import argparse
 import asyncio
 import base64
+import importlib
 import io
 import statistics
 import tempfile
@@ -183,13 +184,9 @@ def _http_window(row: Row, url: str, image: bytes, concurrency: int, seconds: fl
 
 
 def load_backend(kind: str, settings):
-    """The service's model as its app loads it (``fastapi_pt/app.py``, ``fastapi_onnx/app.py``), without HTTP."""
-    # Deferred: each app imports FastAPI and its runtime (optional extras) only when this runs.
-    if kind == "pytorch":  # torch's app
-        from fastapi_pt.app import load  # deferred: the app module loads its framework on import
-    else:  # ONNX Runtime's app
-        from fastapi_onnx.app import load  # deferred: the app module loads its framework on import
-    return load(settings)
+    """The service's model as its app loads it, without HTTP."""
+    # Deferred: each app imports FastAPI and its runtime (optional extras) on import.
+    return importlib.import_module("fastapi_pt.app" if kind == "pytorch" else "fastapi_onnx.app").load(settings)
 
 
 def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Row]:
@@ -221,9 +218,8 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
 
 
 def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str, str]:
-    """One thread, then as many threads and as many worker processes as there are CPUs; how far each of
-    those scales (its images/s over the CPUs times one thread's); and the core's CPU time per image
-    against torchvision's steps (``core_time_table``)."""
+    """One thread, then one thread and one worker process per CPU, how far each scales, and
+    ``core_time_table``."""
     n, c, image = cpu_count(), args.concurrency, DEFAULT_IMAGE.read_bytes()
     text = base64.b64encode(image).decode()
     settings = get_settings()
@@ -249,10 +245,8 @@ def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str, str]
 
 def torchvision_steps(resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP, mean=IMAGENET_MEAN,
                       std=IMAGENET_STD) -> tuple[str, Callable[[bytes], object]]:
-    """(name, bytes -> tensor): torchvision's ``Compose([Resize, CenterCrop, ToTensor, Normalize])`` after
-    ``Image.open`` + ``convert("RGB")``; where torchvision does not import (next to a torch it was not
-    built for it fails with ``operator torchvision::nms does not exist``), the same steps in Pillow and
-    torch ops, as torchvision's functional code does them: the whole image resized, then cropped."""
+    """(name, bytes -> tensor): torchvision's ``Resize, CenterCrop, ToTensor, Normalize``; where it does not import
+    (beside a torch it was not built for), the same steps in Pillow and torch, as its functional code does them."""
     import torch  # deferred, with torchvision: they load only for this comparison
 
     def decoded(data: bytes) -> Image.Image:
@@ -282,8 +276,7 @@ def torchvision_steps(resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP, me
 
 def core_time_table(image: bytes, kwargs: dict, photo: str, iterations: int = CORE_ITERATIONS,
                     rounds: int = CORE_ROUNDS) -> str:
-    """servelab's ``preprocess`` against torchvision's steps on the same encoded photo: process CPU time
-    per image on one thread (torch's intra-op threads set to 1), alternating in ``rounds``."""
+    """servelab's ``preprocess`` against torchvision's steps: CPU time per image on one thread, in ``rounds``."""
     import torch  # deferred, as in torchvision_steps
 
     name, theirs = torchvision_steps(**kwargs)
@@ -376,8 +369,7 @@ def variants_table(rows: list[VariantRows]) -> str:
 
 
 def _verdict(r: VariantRows, aim: float, fp32: VariantRows) -> str:
-    """The aim, in-process and over HTTP; where it is missed, what bounds it: the CPU time per request
-    it saves against fp32, part by part."""
+    """The aim, in-process and over HTTP; where missed, the CPU time per request saved against fp32, by part."""
     if min(r.http.ratio, r.in_process.ratio) >= aim:
         return f"≥ {aim} (met)"
     (pre, infer), (pre0, infer0) = _split(r.in_process), _split(fp32.in_process)
@@ -393,8 +385,7 @@ def table(stage: str, rows: list[Row]) -> str:
 
 
 def stage_inputs() -> dict[str, str]:
-    """stage -> what its client sends, from the stage catalogue: "bytes" (an encoded photo),
-    "tensor" or "uint8" (a crop preprocessed by the client)."""
+    """stage -> what its client sends: "bytes" (a photo), "tensor" or "uint8" (a crop it preprocessed)."""
     return {s.name: s.input for s in CATALOGUE}
 
 

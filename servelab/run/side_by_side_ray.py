@@ -1,11 +1,6 @@
-"""``servelab benchmark --measure ray``: Ray Serve against FastAPI, same machine, photo and run.
-
-Ray Serve's ``ray-dyn`` stage (2 replicas, one per node of a local two-node cluster, ``@serve.batch``
-≤ RAY_BATCH_MAX_SIZE / RAY_BATCH_WAIT_MS) and ``fastapi-onnx-dyn`` (one uvicorn process, micro-batching
-≤ 16 / 5 ms), both serving the same ONNX Runtime pipeline, at ``--concurrency`` closed-loop senders,
-alternating in ``--rounds`` windows. Each response's ``Server-Timing`` says how long the request spent inside
-the app; the rest of the client's latency is outside it: for FastAPI the loopback hop and uvicorn, for Ray Serve
-also the proxy (HTTP parsing, routing) and the hop from proxy to replica and back (a Ray actor call).
+"""``servelab benchmark --measure ray``: Ray Serve's batching stage against FastAPI's, same pipeline, machine and
+photo, alternating in ``--rounds`` windows. ``Server-Timing`` gives the time inside the app; the rest is outside
+it: for FastAPI the loopback hop and uvicorn, for Ray Serve also its proxy and the hop to the replica and back.
 """
 
 import argparse

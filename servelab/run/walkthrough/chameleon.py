@@ -1,7 +1,5 @@
-"""Small steps the provisioning notebooks share (``2_create_server_nvidia``, ``9_ray_setup``,
-``11_delete_resources``), with python-chi: each prints the runbook's advice when it fails
-(``servelab.run.walkthrough.runbook``). Runs in Chameleon Jupyter (python-chi and the standard library only).
-"""
+"""Steps the provisioning notebooks share, with python-chi, each printing the runbook's advice when it fails.
+Runs in Chameleon Jupyter (python-chi and the standard library only)."""
 
 from __future__ import annotations
 
@@ -55,8 +53,7 @@ def run(s: server.Server, commands: Iterable[str], failure: runbook.Failure = ru
 
 
 def release(servers: Iterable[str], lease_name: str) -> list[str]:
-    """Delete each named server, then the lease; what is already gone is reported, not raised, so the
-    cell can run again and a student who skipped a part of the lab can run it too."""
+    """Delete each named server, then the lease; what is gone is said, not raised, so the cell can run again."""
     done = []
     for name in servers:
         try:

@@ -1,15 +1,8 @@
-"""Leases for a whole class (``1_create_lease``, instructors' section, and ``servelab class status``), with
-python-chi: the budget, one lease per student planned from Blazar's reservations of every node of the types,
-deleting them, and where each student stands.
-
-A lease holds one node type (the lab's, ``serve_system_<netID>``) or two (the Ray part's head and worker,
-``serve_ray_<netID>``, booked as ``9_ray_setup`` books it). Students who have a lease keep it, unless
-``replace`` names a bad node of it: that lease is deleted and a new one booked on other nodes, from now.
-One refused lease does not stop the others.
-
-Runs in Chameleon Jupyter, from the ``notebooks`` folder of a clone: it needs python-chi and the
-standard library only. Every value (node types, lease length, name prefix, windows) comes from the notebook.
-"""
+"""A class's leases with python-chi (``1_create_lease``, ``servelab class status``): the budget, one lease per
+student (``serve_system_<netID>``, or the Ray part's ``serve_ray_<netID>`` with a head and a worker) planned
+from Blazar's reservations, deleting them, and where each student stands. A kept lease is replaced only where
+``replace`` names a bad node of it; one refused lease does not stop the others. Runs in Chameleon Jupyter
+(python-chi and the standard library only); every value comes from the notebook."""
 
 from __future__ import annotations
 
@@ -51,8 +44,7 @@ class Row:
 
 @dataclass
 class Site:
-    """Every reservable node of the types asked for, by type, with the times it is reserved, and which
-    lease holds which nodes (a bad node is found through its lease)."""
+    """Every reservable node of the types asked for, with its reserved times, and each lease's nodes."""
 
     busy: dict[str, dict[str, list[Interval]]] = field(default_factory=dict)  # type -> node -> intervals
     nodes_of_lease: dict[str, set[str]] = field(default_factory=dict)
@@ -99,8 +91,7 @@ def utc(moment: datetime) -> datetime:
 
 
 def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collection[int] = range(7)) -> list[Interval]:
-    """One window per day from ``first`` to ``last`` whose weekday (0 Monday) is allowed, from ``hours[0]`` to
-    ``hours[1]`` o'clock UTC (24: midnight at the day's end)."""
+    """A window per allowed weekday (0: Monday) from ``first`` to ``last``, ``hours`` o'clock UTC (24: midnight)."""
     start, end = hours
     if not 0 <= start < end <= 24:
         raise ValueError(f"class hours {hours}: give (from, until) with 0 <= from < until <= 24")
@@ -111,16 +102,14 @@ def daytime(first: date, last: date, hours: tuple[int, int], weekdays: Collectio
 
 def budget(part: str, students: int, node_types: Sequence[str], length: timedelta, free: Mapping[str, int],
            su_per_node_hour: float = SU_PER_NODE_HOUR) -> Budget:
-    """With its blocks: consecutive blocks in which the site's ``free`` nodes (by type) hold a lease of
-    ``node_types`` for each student; None where they cannot hold even one."""
+    """With its blocks: how many in a row the ``free`` nodes need to hold every student's lease (None: not one)."""
     at_once = min(free.get(t, 0) // count for t, count in Counter(node_types).items())
     blocks = math.ceil(students / at_once) if at_once else None
     return Budget(part, students, len(node_types), length, blocks, su_per_node_hour)
 
 
 def parts(node_type: str, ray_worker_type: str | None = None) -> dict[str, list[str]]:
-    """Each part's lease name prefix and the node types one lease holds: the lab's, and the Ray part's where
-    its worker's type is given (its head is a ``node_type`` node, as ``9_ray_setup`` books it)."""
+    """Each part's lease name prefix and node types: the lab's, and the Ray part's where a worker type is given."""
     found = {"serve_system_": [node_type]}
     if ray_worker_type:
         found["serve_ray_"] = [node_type, ray_worker_type]
@@ -140,8 +129,7 @@ def make_security_groups(groups: Iterable[tuple[str, int, str]]) -> list[str]:
 
 def prepare(students: Sequence[str], *, delete: bool, class_parts: Mapping[str, Sequence[str]], length: timedelta,
             su_per_node_hour: float, groups: Iterable[tuple[str, int, str]]) -> list[str]:
-    """What the instructor reads before booking: the nodes of each type the site has, each part's budget, and the
-    security groups, made. Nothing without students (Chameleon is not asked) or when deleting."""
+    """Before booking: the site's nodes, each part's budget, the security groups made; nothing without students."""
     if not students or delete:
         return []
     free = site({t for types in class_parts.values() for t in types}).free()
@@ -152,10 +140,8 @@ def prepare(students: Sequence[str], *, delete: bool, class_parts: Mapping[str, 
 
 
 def site(node_types: Iterable[str]) -> Site:
-    """Every reservable node of ``node_types`` at the chosen site, with the times it is reserved.
-
-    ``Node.next_free_timeslot`` only gives a node's first gap from now, which says nothing about a
-    class next week; Blazar's host allocations (one call for all hosts) give every reservation."""
+    """Every reservable node of ``node_types`` with its reserved times, from Blazar's host allocations:
+    ``Node.next_free_timeslot`` gives only a node's first gap from now, which says nothing of next week."""
     found = Site()
     type_of: dict[str, tuple[str, str]] = {}  # uid -> (type, name)
     for node_type in dict.fromkeys(node_types):
@@ -177,8 +163,7 @@ def site(node_types: Iterable[str]) -> Site:
 
 
 def starts(windows: Sequence[Interval], length: timedelta, now: datetime, right_away: bool = False) -> list[datetime]:
-    """Whole hours from which a lease of ``length`` fits in a window and starts in the future; with
-    ``right_away``, the next minute first (a replaced node should not wait for the hour)."""
+    """Whole hours from which a lease of ``length`` fits in a window; ``right_away``: the next minute too."""
     found = []
     for window_start, window_end in windows:
         earliest = max(utc(window_start), utc(now))
@@ -198,12 +183,9 @@ def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Inter
          length: timedelta, now: datetime, node_types: Sequence[str], *, avoid: Collection[str] = (),
          right_away: Collection[str] = (), not_before: Mapping[str, datetime | None] | None = None
          ) -> dict[str, Slot | None]:
-    """A slot per student: the earliest start (not before the student's ``not_before``: the end of their other
-    lease, so that no student holds two at once), then the first nodes by name (one per entry of ``node_types``),
-    free for the whole lease and not in ``avoid``; students in ``right_away`` may start at the next minute.
-
-    Each slot is taken before the next student is placed, so a class fills the free nodes first and
-    then the following hours. None: no nodes are free long enough anywhere in the windows."""
+    """A slot per student: the earliest start (not before ``not_before``, so that no one holds two leases at once),
+    then the first free nodes by name not in ``avoid``. Each slot is taken before the next student is placed,
+    so a class fills the free nodes first, then the next hours. None: no nodes free long enough."""
     taken = {t: {n: list(intervals) for n, intervals in nodes.items()} for t, nodes in busy.items()}
     slots: dict[str, Slot | None] = {}
     for student in students:
@@ -226,8 +208,7 @@ def plan(students: Sequence[str], busy: Mapping[str, Mapping[str, Sequence[Inter
 
 
 def earliest(node_types: Sequence[str], length: timedelta, now: datetime | None = None) -> datetime:
-    """The first whole hour from which the site has a node of each of ``node_types`` free for ``length``
-    (``9_ray_setup``'s lease, planned as the class's are), within 30 days."""
+    """The first hour within 30 days with a node of each of ``node_types`` free for ``length``, as ``plan``s."""
     now = now or datetime.now(timezone.utc)
     slot = plan([""], site(node_types).busy, [(now, now + timedelta(days=30))], length, now, node_types)[""]
     if slot is None:
@@ -340,8 +321,7 @@ def standing(found: lease.Lease, servers: Sequence[server.Server]) -> str:
 
 
 def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) -> list[Row]:
-    """A Row per student and part, from Chameleon's leases (a live one before an ended one of the same name), its
-    reservation's nodes (Blazar's allocations) and the project's servers; nothing without students."""
+    """A Row per student and part, from the leases (a live one before an ended one), their nodes and servers."""
     students = list(dict.fromkeys(students))
     if not students:
         return []
@@ -367,8 +347,7 @@ def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) ->
 def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool, node_types: Sequence[str],
            length: timedelta, prefix: str, replace: Mapping[str, str] | None = None,
            not_before: Mapping[str, datetime | None] | None = None) -> list[Row]:
-    """The instructor's one cell: book the class's leases, or with ``delete`` only delete them (so a
-    notebook run top to bottom never books and deletes); nothing at all without students."""
+    """Book the class's leases, or with ``delete`` only delete them (a notebook run never does both)."""
     students = list(students)
     if not students:
         return []

@@ -18,9 +18,8 @@ _TITLE = re.compile(r"<title>(.+?) · GourmetGram</title>")
 
 
 def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float, interval_s: float = 2.0) -> None:
-    """Call ``probe()`` every ``interval_s`` until it returns ``want``; print each new thing it sees
-    meanwhile, so a student knows what the step is waiting for. TimeoutError after ``wait_s``, with the
-    runbook's advice for a service that never turns healthy."""
+    """Call ``probe()`` until it returns ``want``, printing each new thing it sees (a student knows what the step
+    waits for); TimeoutError after ``wait_s``, with the runbook's advice."""
     deadline, shown = time.monotonic() + wait_s, None
     while (now := probe()) != want:
         if time.monotonic() > deadline:
@@ -58,12 +57,8 @@ def check_gourmetgram(page: requests.Response) -> str:
 
 
 def try_gourmetgram(url: str, photo: Path, *, backend: str | None = None, wait_s: float = 0) -> None:
-    """Classify ``photo`` through GourmetGram at ``url`` and print what it answered.
-
-    With ``backend``, first wait (up to ``wait_s``) until GourmetGram says it uses that backend
-    (its ``BACKEND`` setting), since switching it restarts the container. An empty ``url`` only
-    says to use the browser instead.
-    """
+    """Classify ``photo`` through GourmetGram at ``url`` (empty: use the browser) and print its answer; with
+    ``backend``, first wait until it uses that one (switching it restarts the container)."""
     if not url:
         print("no GourmetGram URL (FLASK_URL is empty): try GourmetGram in your browser instead")
         return
@@ -81,8 +76,7 @@ def try_gourmetgram(url: str, photo: Path, *, backend: str | None = None, wait_s
 
 
 def latest(records: Iterable[Record]) -> list[Record]:
-    """The newest record of each measurement (stage, tool, load, batch), in first-run order: a step
-    run twice counts once, with its last numbers."""
+    """The newest record of each measurement, in first-run order: a step run twice counts once."""
     newest = {(r.stage, r.tool, r.load.label(), r.batch): r for r in records}
     return list(newest.values())
 
@@ -102,14 +96,13 @@ def check_best(best: dict[str, float], records: Iterable[Record]) -> str:
 
 
 def drawn(folder: Path, plots: Iterable[str]) -> list[Path]:
-    """The plots among ``plots`` that the report drew in ``folder``: it draws one only where the
-    records hold data of its kind (e.g. no rate plot without open-loop runs)."""
+    """The plots among ``plots`` that the report drew (only where the records hold data of their kind)."""
     return [folder / name for name in plots if (folder / name).exists()]
 
 
 def load_command(kind: str, where: list[str], load: Load, stage: str, batch: int = 1) -> str:
-    """The `servelab load` command line a helper's run of ``load`` stands for (``kind``: fastapi or triton;
-    ``where``: its target's options), printed beside the helper's table so that a student can type it."""
+    """The `servelab load` command a helper's run of ``load`` stands for (``where``: its target's options),
+    printed so that a student can type it."""
     argv = ["servelab", "load", kind, *where, "--stage", stage]
     if batch > 1:
         argv += ["--batch", str(batch)]

@@ -51,9 +51,8 @@ def clone(repo_url: str) -> str:
     return f"test -d {CHECKOUT}/.git || git clone {shlex.quote(repo_url)} {CHECKOUT}"
 
 
-def node_commands(repo_url: str, *, gpu: bool, servelab: bool) -> list[str]:
-    """Every command, in order: a GPU node also gets the toolkit, the cgroupfs driver, nvtop and the
-    GPU checks; ``servelab`` adds the environment and the model."""
+def node_commands(repo_url: str, *, gpu: bool) -> list[str]:
+    """Every command, in order: a GPU node also gets the toolkit, the cgroupfs driver, nvtop and the GPU checks."""
     gpu_setup = [*NVIDIA_TOOLKIT, CGROUPFS] if gpu else []
-    return [clone(repo_url), *DOCKER, *gpu_setup, RESTART_DOCKER, *([NVTOP] if gpu else []),
-            *(SERVELAB if servelab else []), *(GPU_CHECKS if gpu else [])]
+    return [clone(repo_url), *DOCKER, *gpu_setup, RESTART_DOCKER, *([NVTOP] if gpu else []), *SERVELAB,
+            *(GPU_CHECKS if gpu else [])]

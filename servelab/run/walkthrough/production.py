@@ -1,6 +1,4 @@
-"""``4_fastapi``'s "Serving in production" section, in words: an overload run second by second, overload runs
-with and without a queue bound side by side, a photo mix with and without a cache, and a rollout's answers
-by the model version that gave them."""
+"""``4_fastapi``'s "Serving in production" section, in words: overload, queue bounds, a cache, a rollout."""
 
 from collections import Counter
 from typing import Any
@@ -18,8 +16,7 @@ def queue_words(ready: dict[str, Any]) -> str:
 
 
 def over_time(record: Record) -> str:
-    """The run second by second (its timeline's bins): offered and completed requests per second, the
-    requests shed (503) and failed, counted apart, and the p50 and p99 of the bin's successes."""
+    """The run second by second: offered and completed per second, shed and failed apart, p50 and p99."""
     t = record.timeline
     rows = [[f"{start:g}", num(offered, 0) if t.offered_rps else "-", num(done, 0), str(shed), str(failed),
              num(p50, 0), num(p99, 0)]
@@ -30,8 +27,7 @@ def over_time(record: Record) -> str:
 
 
 def shedding(alone: Record, *runs: Record) -> str:
-    """Overload runs side by side: what each shed and what failed, counted apart, and its accepted
-    requests' p99 against the service time (``alone``'s median, one request at a time)."""
+    """Overload runs side by side: shed and failed apart, accepted p99 against ``alone``'s median."""
     service = alone.stats.latency.p50_ms
     lines = []
     for r in runs:
@@ -46,8 +42,7 @@ def shedding(alone: Record, *runs: Record) -> str:
 
 
 def caching(uncached: Record, cached: Record) -> str:
-    """The same photo mix without a cache and with one: the cache's hits and misses by the server's own
-    counters, throughput and median against the run without it."""
+    """The same photo mix without a cache and with one: its hits and misses, throughput and median."""
     c, a, b = cached.cache, cached.stats, uncached.stats
     hits = "no cache counters" if c is None else (
         f"hits {c.hits}, misses {c.misses}, errors {c.errors}: hit ratio {num(c.hit_ratio and 100 * c.hit_ratio, 0)} %")
@@ -61,8 +56,7 @@ def caching(uncached: Record, cached: Record) -> str:
 
 
 def by_version(record: Record) -> str:
-    """A rollout run's answers per timeline bin (by when they completed), counted by the model version
-    that gave them, with the failed ones; then what the record's ``rollout`` says of the swap."""
+    """A rollout run's answers per bin by the model version that gave them, then what ``rollout`` says of it."""
     per, bin_s = record.per_request, record.timeline.bin_s
     versions = list(dict.fromkeys(v for v in per.version if v))
     counts: Counter[tuple[int, str]] = Counter()

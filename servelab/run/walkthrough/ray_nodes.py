@@ -1,10 +1,6 @@
-"""Two Chameleon nodes for the Ray Serve stages (``9_ray_setup``; ``11_delete_resources`` releases them),
-with python-chi: a head and a worker in one lease (two GPU nodes of the lab's ``NODE_TYPE``, or its GPU head
-and a worker of another type), started, prepared, given the cluster's token and a firewall that keeps every
-port but SSH (and GourmetGram on the head) to the two nodes, then brought up head first.
-
-Runs in Chameleon Jupyter (python-chi and the standard library only); every value comes from the notebook.
-"""
+"""The Ray part's two Chameleon nodes (``9_ray_setup``), with python-chi: a head and a worker in one lease,
+started, prepared, given the cluster's token and a firewall, then brought up head first. Runs in Chameleon
+Jupyter (python-chi and the standard library only); every value comes from the notebook."""
 
 from __future__ import annotations
 
@@ -54,8 +50,7 @@ def reserve(name: str, start: datetime, length: timedelta, head_type: str, worke
 
 
 def reservation_id(found: lease.Lease, node_type: str) -> str:
-    """The id of the lease's node reservation for ``node_type`` (Blazar keeps the type in the
-    reservation's ``resource_properties``)."""
+    """The lease's node reservation for ``node_type`` (in its ``resource_properties``)."""
     reservations = found.node_reservations
     matching = [r for r in reservations if f'"{node_type}"' in (r.get("resource_properties") or "")]
     if not matching and len(reservations) != 1:
@@ -86,10 +81,7 @@ def private_address(s: server.Server) -> str:
     return fixed[0]
 
 
-def prepare_commands(repo_url: str, *, gpu: bool) -> list[str]:
-    """Everything a node needs before its compose file starts (``servelab.run.walkthrough.node_setup``):
-    the checkout, Docker (and the NVIDIA toolkit on a GPU node), servelab and the lab's model."""
-    return node_setup.node_commands(repo_url, gpu=gpu, servelab=True)
+prepare_commands = node_setup.node_commands  # everything a node needs before its compose file starts
 
 
 def prepare(s: server.Server, repo_url: str, *, gpu: bool) -> None:
@@ -102,8 +94,7 @@ def new_token() -> str:
 
 
 def cluster_files(token: str, node_address: str, head_address: str) -> str:
-    """One command that writes the node's ``node.env`` (its own and the head's private address) and the
-    cluster's token, readable by the node's user only. The token is never printed."""
+    """A command writing the node's ``node.env`` and the token, readable by its user only, never printed."""
     env = f"NODE_PRIVATE_IP={node_address}\nHEAD_PRIVATE_IP={head_address}\n"
     return (f"umask 077 && mkdir -p {CLUSTER_DIR}"
             f" && printf %s {shlex.quote(env)} > {CLUSTER_DIR}/node.env"
@@ -111,10 +102,8 @@ def cluster_files(token: str, node_address: str, head_address: str) -> str:
 
 
 def firewall(peers: Sequence[str], public_ports: Iterable[int]) -> str:
-    """One idempotent command: new TCP connections reach this node only from itself, the ``peers``
-    (the other node's private address) and on ``public_ports``. Bare-metal sites have no security
-    groups and a floating IP forwards every port, while Ray listens on many (GCS, raylet, object
-    manager, one per worker process)."""
+    """One idempotent command: new TCP connections only from this node, ``peers`` and on ``public_ports``.
+    Bare metal has no security groups and a floating IP forwards every port, while Ray listens on many."""
     rules = ["-i lo -j ACCEPT", "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
              *(f"-s {peer} -j ACCEPT" for peer in peers),
              *(f"-p tcp --dport {port} -j ACCEPT" for port in sorted(set(public_ports))),
@@ -131,8 +120,7 @@ def _compose(file: str, arguments: str) -> str:
 
 
 def alive_nodes_check(count: int, wait_s: int) -> str:
-    """A command that waits (at most ``wait_s``) until the head's Ray counts ``count`` live nodes, and
-    fails with the count it saw."""
+    """A command waiting (``wait_s`` at most) for ``count`` live Ray nodes; it fails with the count it saw."""
     probe = "\n".join([
         "import time, ray",
         "ray.init(address='auto', logging_level='ERROR')",
@@ -146,9 +134,7 @@ def alive_nodes_check(count: int, wait_s: int) -> str:
 
 
 def bring_up(head: server.Server, worker: server.Server, *, worker_gpu: bool, wait_s: int = 900) -> None:
-    """Start the head (Ray, then GourmetGram and Jupyter), then the worker, and wait for both in Ray.
-
-    ``--force-recreate``: a container started earlier would keep an older token file."""
+    """The head, then the worker, then both in Ray (``--force-recreate``: an old container keeps an old token)."""
     # The first start builds the images; a build that fails or a container that never turns healthy says what to do.
     chameleon.run(head, [_compose(HEAD_COMPOSE, "up -d --wait --force-recreate ray_head")], runbook.UNHEALTHY)
     # A worker without a GPU runs the compose file's CPU variant (profile `cpu`).

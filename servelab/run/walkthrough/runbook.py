@@ -1,12 +1,5 @@
-"""What fails in class, what the student sees, and what to do: the runbook of docs/class.md ("When something
-fails"), whose table holds these words (tests/unit/test_runbook.py keeps the two the same).
-
-``step(failure, *kinds)`` wraps a notebook step: when it raises one of ``kinds``, it prints the advice for
-what the error's output shows (a registry's rate limit, a full disk: ``SYMPTOMS``) or else for ``failure``,
-then lets the error go on, so the cell still stops.
-
-Standard library only: it runs in Chameleon Jupyter and on the node.
-"""
+"""What fails in class, what the student sees, what to do: docs/class.md's runbook ("When something fails"; a
+test keeps the two the same). Standard library only: it runs in Chameleon Jupyter and on the node."""
 
 from __future__ import annotations
 
@@ -76,7 +69,7 @@ def diagnose(exc: BaseException, failure: Failure) -> Failure:
 
 @contextmanager
 def step(failure: Failure, *kinds: type[BaseException]) -> Iterator[None]:
-    """Print the runbook's advice when the step raises one of ``kinds``, then re-raise."""
+    """Print the runbook's advice when the step raises one of ``kinds``, then re-raise: the cell still stops."""
     try:
         yield
     except kinds as exc:

@@ -1,11 +1,5 @@
-"""Switching Triton to a stage from a notebook: show progress, give up in time, and say why.
-
-Loading a stage can take minutes (eight PyTorch instances on a small CPU) or never finish (a model
-that fails to load). While the switch runs, the step prints each new state of the models as Triton's
-repository index reports them; past its deadline, or when the command fails, it raises with Triton's
-own account: each model's state and reason from the index, and the last lines of the server's log
-where this machine can read it (a server `servelab triton up` started), else where to find them.
-"""
+"""Switching Triton to a stage from a notebook: show progress, give up in time, and say why. A stage can take
+minutes to load (eight PyTorch instances on a small CPU) or never load: a failure says Triton's own account."""
 
 import shlex
 import subprocess
@@ -31,8 +25,7 @@ def _states_line(url: str, models: tuple[str, ...]) -> str:
 
 
 def server_log(url: str) -> str:
-    """The end of the log of the server at ``url`` if `servelab triton up` started it here, else how
-    to read the log on the node."""
+    """The end of the server's log where `servelab triton up` started it here, else how to read it on the node."""
     state = load_state()
     if state is not None and server_address(state["url"]) == server_address(url):
         return log_tail(state["log"], 30)
@@ -44,9 +37,8 @@ def diagnosis(url: str, models: tuple[str, ...]) -> str:
 
 
 def run_switch(command: str, url: str, models: tuple[str, ...], *, wait_s: float, interval_s: float = 1.0) -> float:
-    """Run ``command`` (e.g. ``servelab triton stage pt-2x2``), printing each new state of ``models``
-    until it exits; returns the seconds it took. Raises RuntimeError when it fails and TimeoutError
-    (after stopping it) when it runs past ``wait_s``, both with :func:`diagnosis`."""
+    """Run ``command``, printing each new state of ``models`` until it exits; its seconds. RuntimeError when it
+    fails, TimeoutError past ``wait_s``, both with :func:`diagnosis`."""
     argv = shlex.split(command)
     print(f"$ {command}", flush=True)
     started, shown = time.monotonic(), None

@@ -74,9 +74,8 @@ def serving(url: str) -> Serving | str:
 
 
 def compare_variants(runs: dict[str, tuple[ServingStage, Record]]) -> str:
-    """Busy runs of the model variants (fp32 first) side by side: the file, its size and precision,
-    throughput against fp32's, the service's own split of a request into preprocessing and
-    inference, and the machine's CPU time per request."""
+    """Busy runs of the model variants (fp32 first) side by side: file, size, precision, throughput against
+    fp32's, the service's split into preprocessing and inference, and CPU time per request."""
     fp32 = runs["fp32"][1].stats.throughput_rps
     lines = []
     for name, (service, record) in runs.items():
@@ -89,9 +88,8 @@ def compare_variants(runs: dict[str, tuple[ServingStage, Record]]) -> str:
 
 
 def queueing(alone: Record, busy: Record) -> str:
-    """A run one request at a time beside a run with several senders: how much longer requests took,
-    what Little's law predicts from the outside, the service's own account of the time, and the most
-    its one-at-a-time inference allows (decoding and HTTP overlap with it; inference does not)."""
+    """A run one request at a time beside a busy one: the slowdown, Little's law, the service's own account,
+    and the most its one-at-a-time inference allows (decoding and HTTP overlap with it; inference does not)."""
     n, x, w = busy.load.concurrency, busy.stats.throughput_rps, busy.stats.latency.mean_ms
     service, x_alone = alone.stats.latency.mean_ms, alone.stats.throughput_rps
     lines = [
@@ -111,8 +109,7 @@ def queueing(alone: Record, busy: Record) -> str:
 
 
 def check_timing(latencies_ms: list[float], wall_s: float, record: Record, slack: float = 3.0) -> str:
-    """A student's timing loop beside the helper's run of the same load: right where it timed the load's requests
-    (no warm-up) and its median and throughput are within ``slack`` times servelab's (two runs differ; a wrong
+    """A student's timing loop beside servelab's run of the load: right within ``slack`` x (two runs differ; a wrong
     unit or a timed warm-up differs by far more)."""
     want, n = record.load.requests, len(latencies_ms)
     if n != want:
@@ -128,8 +125,7 @@ def check_timing(latencies_ms: list[float], wall_s: float, record: Record, slack
 
 
 def check_app(url: str, service_url: str, photo: Path) -> str:
-    """A student's app beside the service: right where both give the photo the same class, probabilities equal to
-    the third decimal place, and the student's answers a body that is not a photo with 400."""
+    """A student's app beside the service: the same class and probability (to 1e-3), and 400 for a non-photo."""
     body = {"image": base64.b64encode(photo.read_bytes()).decode()}
     yours, theirs = (requests.post(f"{u}/predict", json=body, timeout=30) for u in (url, service_url))
     if yours.status_code != 200:
@@ -144,8 +140,7 @@ def check_app(url: str, service_url: str, photo: Path) -> str:
 
 
 def check_response(answer: requests.Response, status: int = 200, **headers: str) -> str:
-    """A student's last response: right where it has ``status`` and each of ``headers`` (``X_Cache="hit"`` is the
-    X-Cache header) says what it should."""
+    """A student's last response: ``status`` and ``headers`` (``X_Cache="hit"``: the X-Cache header) as wanted."""
     wanted = {name.replace("_", "-"): value for name, value in headers.items()}
     said = [f"HTTP {answer.status_code}"] + [f"{name}: {answer.headers.get(name)}" for name in wanted]
     wrong = answer.status_code != status or any(answer.headers.get(n) != v for n, v in wanted.items())
@@ -154,8 +149,7 @@ def check_response(answer: requests.Response, status: int = 200, **headers: str)
 
 
 def check_mean_batch(mean: float, url: str) -> str:
-    """A student's mean batch from the service's histogram: right where it is the sum over the count that
-    ``url``/metrics says now."""
+    """A student's mean batch: right where it is the histogram's sum over its count in ``url``/metrics now."""
     found = {line.split()[0]: float(line.split()[-1]) for line in requests.get(f"{url}/metrics", timeout=5).text.splitlines()
              if line.startswith(("servelab_batch_size_sum", "servelab_batch_size_count"))}
     want = found["servelab_batch_size_sum"] / found["servelab_batch_size_count"]
@@ -173,8 +167,7 @@ def check_sessions(runtime: dict[str, Any], url: str) -> str:
 
 
 def check_int8(same: float, photos: list[bytes], model_dir: Path) -> str:
-    """A student's share of ``photos`` on which INT8's top class is fp32's, against the variants' own measure
-    (``servelab models build`` records the same on its evaluation photos)."""
+    """A student's share of ``photos`` where INT8's top class is fp32's, against ``agreement``'s."""
     pixels = np.stack([crop_pixels(b) for b in photos])
     manifest = load_manifest(model_dir / "food11.json")
     fp32, int8 = (run_batches(session(variant_path(model_dir, name)), pixels, name == "fp32", manifest)
@@ -197,13 +190,8 @@ def check_shed(metrics: list[str], url: str, run: Record) -> str:
 
 @dataclass
 class FastAPIWalkthrough:
-    """The notebook's steps, with its parameters.
-
-    Every stage is the same service at ``url``, switched from the node's shell; ``stage_urls`` gives a
-    stage its own URL instead (stages side by side, locally or in tests). ``runs`` collects every
-    measurement in order; each is also appended to ``records_file``. ``flask_url`` is GourmetGram's,
-    in front of the service; empty: the student uses a browser instead.
-    """
+    """The notebook's steps. Every stage is the service at ``url``, switched from the node's shell, or at
+    ``stage_urls[stage]`` (side by side, in tests). ``flask_url``: GourmetGram's; empty: a browser instead."""
 
     url: str
     photo: Path
@@ -217,9 +205,8 @@ class FastAPIWalkthrough:
     app_server: tuple[uvicorn.Server, threading.Thread] | None = None  # the student's app, while it serves
 
     def serve_app(self, app: Any, port: int) -> str:
-        """Serve the student's ``app`` with uvicorn in a thread of this kernel (its own event loop) on
-        127.0.0.1:``port``, once it listens; the app this started before stops first, so a student runs it
-        again after changing the app. Its URL."""
+        """Serve a student's ``app`` with uvicorn in a thread of this kernel on 127.0.0.1:``port`` (the one
+        started before stops first, so a changed app runs again); its URL once it listens."""
         if self.app_server is not None:
             server, thread = self.app_server
             server.should_exit = True
@@ -238,10 +225,8 @@ class FastAPIWalkthrough:
 
     def wait_for(self, stage: str, service: str, batching: bool, variant: str | None = None,
                  max_queue_requests: int = 0, cache: bool = False) -> ServingStage:
-        """Wait until the stage's URL runs ``service`` with batching on or off (and the ONNX service,
-        ``variant``: fp32 unless said), its queue bounded at ``max_queue_requests`` (0: not bounded) and a
-        response cache or none, and show what it runs on, so that a measurement is never labelled with
-        the wrong stage."""
+        """Wait until the stage's URL serves as asked (``Serving``; ONNX: fp32 unless said), so that a
+        measurement is never labelled with the wrong stage, and show what it runs on."""
         url = self.stage_urls.get(stage, self.url)
         on_off = "on" if batching else "off"
         variant = variant or ("fp32" if service == "fastapi_onnx" else None)
@@ -256,9 +241,8 @@ class FastAPIWalkthrough:
 
     async def measure(self, service: ServingStage, load: Load, config: dict[str, Any] | None = None,
                       mix: PhotoMix | None = None, **options: Any) -> Record:
-        """Measure ``service`` under ``load``, record it, and print its table row and utilization. The cases
-        pass the record's ``config`` (which case it is), ``mix`` (each request's photo) and the load
-        generator's ``options`` (``run_bench``)."""
+        """Measure ``service`` under ``load`` (``config``: the case's; ``options``: ``run_bench``'s), record it
+        and print it."""
         target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name, mix=mix)
         labels = Labels(service.stage, {**service.config, **(config or {})}, service.stand_in)
         print(load_command("fastapi", ["--url", service.url], load, service.stage))
@@ -269,9 +253,8 @@ class FastAPIWalkthrough:
         return record
 
     async def overload(self, service: ServingStage, capacity: Record, seconds: float) -> Record:
-        """An open loop (Poisson arrivals) at 1.5 x what ``capacity`` served (a closed-loop run: the model
-        busy all the time) for ``seconds``, as ``servelab lab`` offers it (``overload_load``), every request
-        kept; prints the run second by second."""
+        """``overload_load`` over ``capacity`` (a closed-loop run) for ``seconds``, as ``servelab lab`` offers
+        it, printed second by second."""
         load, config = overload_load(capacity.stats.throughput_rps, seconds)
         record = await self.measure(service, load, {**config, "bound": queue_words(service.ready)},
                                      timeline_bin_s=1.0, keep_requests=True)
@@ -279,14 +262,12 @@ class FastAPIWalkthrough:
         return record
 
     async def photo_mix(self, service: ServingStage, load: Load, mix: PhotoMix) -> Record:
-        """``load`` with each request's photo drawn from ``mix`` (recorded as the cache case); the record's
-        ``cache`` holds the hits and misses of the service's response cache, where it has one."""
+        """``load`` with each request's photo drawn from ``mix``: the cache case."""
         return await self.measure(service, load, {"run": RunKind.CACHE}, mix=mix)
 
     async def rollout(self, service: ServingStage, variant: str, load: Load, at_s: float) -> Record:
-        """``load`` (a closed loop for ``duration_s``, and on for a few seconds after the swap) during which,
-        ``at_s`` seconds in, the service is asked to serve model ``variant`` (``POST /admin/reload``); every
-        request kept with the model version that answered it, printed per half second."""
+        """``load`` during which, ``at_s`` seconds in, the service is asked to serve ``variant`` (``POST
+        /admin/reload``); printed per half second by the version that answered."""
         load, config, trigger = rollout_load(lambda: reload(service.url, variant=variant), at_s, load.duration_s,
                                              concurrency=load.concurrency, warmup=load.warmup)
         record = await self.measure(service, load, {**config, "to_variant": variant}, timeline_bin_s=0.5,
@@ -295,25 +276,14 @@ class FastAPIWalkthrough:
         return record
 
     def plot_over_time(self, name: str, *runs: Record) -> Path:
-        """The report's plot of runs over time (throughput, shed and failed requests, p50 and p99 per bin, a
-        rollout's start and return as lines), drawn into ``name``.png beside the FastAPI report."""
+        """The report's plot of runs over time, drawn into ``name``.png beside the FastAPI report."""
         out = self.records_file.parent / "fastapi" / f"{name}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         plot_timelines(list(runs), out)
         return out
 
-    def sessions(self, service: ServingStage) -> list[dict[str, Any]]:
-        """The service's ONNX Runtime sessions now, as its /ready says: the batch size each takes, its runs
-        and its shape changes (runs whose input shape differed from that session's previous run)."""
-        runtime = requests.get(f"{service.url}/ready", timeout=5).json()["runtime"]
-        print(f"shape policy {runtime.get('shape_policy', '-')}:")
-        for s in runtime.get("session_counts", []):
-            print(f"  session for batch {s['session_batch']:>3}: {s['runs']:5} runs, {s['shape_changes']:5} shape changes")
-        return runtime.get("session_counts", [])
-
     async def measure_variant(self, variant: str, load: Load, fp32: tuple[ServingStage, Record]) -> None:
-        """Wait until the ONNX service runs model ``variant``, measure it under ``load`` and keep the
-        run beside fp32's (for ``compare_variants``); skipped for a variant not in ``variants``."""
+        """Measure the ONNX service on ``variant`` under ``load``, kept beside fp32's for ``compare_variants``."""
         if variant not in self.variants:
             print(f"skipped: {variant} is not in VARIANTS")
             return

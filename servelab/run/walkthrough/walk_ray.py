@@ -1,10 +1,6 @@
-"""``10_ray``: the Ray Serve stages (``servelab.servers.rayserve``), deployed onto the two-node cluster one at a
-time from the head's shell, each measured with ``servelab load`` exactly as ``4_fastapi`` measures
-the FastAPI stages: the Ray Serve app answers the same HTTP API.
-
-The Ray Serve app says which stage it runs in its ``/ready`` answer (``STAGE_KEY``), so a measurement
-is never recorded under the wrong stage while a deployment is still rolling out.
-"""
+"""``10_ray``: the Ray Serve stages, deployed from the head's shell, measured as ``4_fastapi`` measures FastAPI's
+(the app answers the same HTTP API). Its ``/ready`` names the stage (``STAGE_KEY``), so that a measurement is
+never recorded under the wrong stage while a deployment still rolls out."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +32,7 @@ def deployed_stage(url: str) -> str:
 
 @dataclass
 class RayWalkthrough(FastAPIWalkthrough):
-    """``4_fastapi``'s steps (``measure``, ``try_gourmetgram``) for the Ray Serve stages in ``stages``;
-    a stage left out of it is skipped with a line saying so."""
+    """``4_fastapi``'s steps for the Ray Serve stages in ``stages`` (the others skipped, saying so)."""
 
     stages: list[str] = field(default_factory=list)
     by_stage: dict[str, list[Record]] = field(default_factory=dict)

@@ -1,7 +1,5 @@
-"""``6_triton_python``, ``7_triton_onnx`` and ``8_triton_more``: Triton walked through the stages of
-``servelab.servers.triton.configs``, each measured with ``servelab load`` and, as a second opinion, ``perf_analyzer``.
-Each notebook passes its own stages as ``stages``; all three append to the same records file, which the
-last one reports on."""
+"""``6_triton_python``, ``7_triton_onnx``, ``8_triton_more``: Triton's stages, each measured with ``servelab load``
+and ``perf_analyzer``; all three append to one records file, which the last reports on."""
 
 import difflib
 import json
@@ -53,8 +51,7 @@ INPUTS: tuple[InputKind, ...] = get_args(InputKind)
 
 
 def open_loads(rates: list[float], seconds: float, warmup: int) -> list[Load]:
-    """The bursty-arrival loads: at each rate, ``seconds`` of evenly spaced requests, then as many
-    seconds at random (Poisson) moments."""
+    """At each rate, ``seconds`` of evenly spaced requests, then as many at Poisson moments."""
     return [Load.open(rate, arrivals, duration_s=seconds, warmup=warmup)
             for rate in rates for arrivals in ("constant", "poisson")]
 
@@ -66,9 +63,8 @@ def batch_count_change(before: dict[int, int], after: dict[int, int]) -> dict[in
 
 def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int] = (6, 10),
                   repeats: int = 8) -> dict[str, float]:
-    """Median ms per request when ``model`` is called one request at a time with batch sizes that
-    alternate (as a dynamic batcher's do) and with each size repeated. ``image``: one model input,
-    stacked into batches. Each size runs once first, untimed: a first run is slow everywhere."""
+    """Median ms per request of ``model`` with batch sizes that alternate (as a dynamic batcher's do) and
+    repeated; each size runs once first, untimed: a first run is slow everywhere."""
     import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
     batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
@@ -85,8 +81,7 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
 
 
 def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
-    """The fields stage ``name`` changes in its model's base config (``instance_group``,
-    ``dynamic_batching``), as `servelab triton stage` renders them for the lab node (GPUs as written)."""
+    """The fields stage ``name`` changes, as `servelab triton stage` renders them for the lab node."""
     from google.protobuf import json_format  # deferred: tritonclient's, an optional extra (bench)
 
     stage = STAGES[name]
@@ -98,8 +93,7 @@ def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
 
 
 def _comparable(key: str, value: Any) -> Any:
-    """A field in a form where equivalent spellings agree: an ``instance_group`` as the instances it
-    starts of each kind on each GPU (``count: 2, gpus: [0, 1]`` is two on GPU 0 and two on GPU 1)."""
+    """A field where equivalent spellings agree: an ``instance_group`` as its instances per kind and GPU."""
     if key != "instance_group" or not value:
         return value
     placed: dict[tuple[str, int | None], int] = {}
@@ -122,10 +116,8 @@ def pbtxt(values: dict[str, Any]) -> str:
 
 
 def check_block(name: str, text: str, repository: Path | None = None) -> str:
-    """A config block a student wrote for stage ``name`` (its ``instance_group`` or ``dynamic_batching``),
-    read with Triton's own ``ModelConfig`` protobuf, as the server reads config.pbtxt, and compared
-    with what the catalogue's stage renders for the lab node. Returns what matched; raises ValueError
-    saying what Triton could not read or, as a diff, what differs."""
+    """A student's block for stage ``name``, read as Triton reads config.pbtxt, against the catalogue's
+    (``stage_fields``); ValueError says what Triton could not read or, as a diff, what differs."""
     from google.protobuf import text_format  # deferred: an optional extra (bench), loaded only when this runs
 
     expected = stage_fields(name, repository)
@@ -154,8 +146,7 @@ def stage_label(label: str) -> str:
 
 
 def running_stage(url: str, model: str) -> str:
-    """The stage Triton at ``url`` runs ``model`` for (its ``servelab_stage`` parameter), or why
-    that cannot be told yet."""
+    """The stage Triton runs ``model`` for (its ``servelab_stage`` parameter), or why it cannot tell yet."""
     try:
         return stage_label(model_config(url, model)["parameters"]["servelab_stage"]["string_value"])
     except (OSError, RuntimeError, KeyError, ValueError) as exc:
@@ -171,18 +162,11 @@ def describe_config(name: str, config: dict[str, Any]) -> str:
 
 @dataclass
 class TritonWalkthrough:
-    """The notebook's steps, with its parameters.
-
-    ``url`` is Triton's HTTP endpoint as host:port. Each step waits until Triton runs its stage, which
-    a student switches from the node's shell; with ``stage_command`` (``{name}`` for the stage) the
-    step switches it itself. Steps whose stage is not in ``stages`` are skipped; perf_analyzer measures
-    only the stages in ``pa_stages`` (None: all), the others ``servelab load`` alone. Every measurement is
-    appended to ``results``/records.jsonl and collected in ``runs``. ``repository`` is where this
-    machine sees Triton's model repository, if it does (default: the ``triton_model_repository``
-    setting), to tell whether the model is a stand-in. GourmetGram is at ``flask_url``, or at
-    ``flask_urls[backend]`` where its modes run side by side (locally, in tests); empty: the student
-    uses a browser instead.
-    """
+    """The notebook's steps. Each waits until Triton (``url``: host:port) runs its stage, which a student
+    switches from the node's shell (or ``stage_command``, ``{name}`` for the stage); stages not in ``stages``
+    are skipped, and perf_analyzer runs only on ``pa_stages`` (None: all). ``repository``: where this machine
+    sees Triton's models, to tell a stand-in. GourmetGram: ``flask_url``, or ``flask_urls[backend]`` where
+    its modes run side by side (tests); empty: the student uses a browser."""
 
     url: str
     photo: Path
@@ -211,14 +195,9 @@ class TritonWalkthrough:
         image = self.photo.read_bytes()
         self.inputs = {kind: write_input_data(Path(self.results) / f"input-{kind}.json", image, kind) for kind in INPUTS}
 
-    def config(self, model: str) -> dict[str, Any]:
-        return model_config(self.url, model)
-
     def use_stage(self, name: str) -> dict[str, Any]:
-        """Wait until Triton runs stage ``name`` (switching it first with ``stage_command`` unless it
-        runs it already), show its instances and batching, and return the config of the model clients
-        call. Gives up after ``wait_s`` in all, with Triton's own account of its models and the end of
-        its log."""
+        """Wait (``wait_s`` at most; on timeout Triton's own account) until Triton runs stage ``name``, show its
+        instances and batching, and return the config of the model clients call."""
         stage = STAGES[name]
         deadline = time.monotonic() + self.wait_s
         if self.stage_command and running_stage(self.url, stage.triton.model) != name:
@@ -229,15 +208,13 @@ class TritonWalkthrough:
                        name, wait_s=max(0.0, deadline - time.monotonic()))
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}{diagnosis(self.url, stage.triton.models)}") from None
-        config = self.config(stage.triton.model)
+        config = model_config(self.url, stage.triton.model)
         print(describe_config(name, config))
         return config
 
     def write_config(self, name: str, block: str) -> Path | None:
-        """Write stage ``name``'s config with ``block`` (the fields you wrote, as in config.pbtxt) in place of the
-        stage's own into the model repository the server reads, as `servelab triton stage` writes the stage's;
-        the next load of the model (Triton's model-control API: ``client.load_model``, with the server's key,
-        ``control_headers``) runs it."""
+        """Write stage ``name``'s config with a student's ``block`` in place of its own, as `servelab triton stage`
+        writes it; the model's next load (``client.load_model``) runs it."""
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return None
@@ -252,35 +229,31 @@ class TritonWalkthrough:
         return path
 
     def check_block(self, name: str, block: str) -> str:
-        """``check_block`` for a block written for stage ``name``: raises with the diff where it is not the
-        stage's; where it is, remembers that (``measure`` then measures the catalogue's stage) and returns
-        what matched with the stage's fields as Triton reads them, the answer, shown only now."""
+        """``check_block``; once it passes, ``measure`` may run the catalogue's stage, whose fields (the answer)
+        are shown only now."""
         said = check_block(name, block, self.repository)
         self.passed.add(name)
         return f"{said}; the catalogue's, as Triton reads them:\n{pbtxt(stage_fields(name, self.repository))}"
 
     def triton_log(self) -> str:
-        """The end of Triton's log, where it says why it refused a config (its HTTP answer says only that the
-        load failed), or how to read it on the node."""
+        """The end of Triton's log, which says why it refused a config (its HTTP answer does not)."""
         return server_log(self.url)
 
     def stand_in(self, name: str) -> str | None:
         """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
-        notes = [self.config(m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
+        notes = [model_config(self.url, m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
                  for m in STAGES[name].triton.models]
         manifest = Path(self.repository or "") / PT / "1" / "food11.json"
         return stand_in_note(*notes, model_stand_in(load_manifest(manifest)) if manifest.exists() else None)
 
     def _checked(self, name: str) -> None:
-        """Refuse to switch Triton to the catalogue's stage ``name`` while the block a student wrote for it has
-        not passed ``check_block``: it would run the answer in place of theirs."""
+        """Refuse the catalogue's stage while a student's block for it has not passed: it would run the answer."""
         if name in self.written and name not in self.passed:
             raise RuntimeError(f"your block for {name} has not passed lab.check_block yet: run the check cell "
                                f"(its diff says what differs); nothing runs as {name} before it passes")
 
     def batch_counts(self, name: str) -> dict[int, int]:
-        """Executions per batch size of stage ``name``'s model since it was loaded (Triton's statistics),
-        once Triton runs that stage; nothing for a stage left out of ``stages``."""
+        """Executions per batch size of stage ``name``'s model since it was loaded (Triton's statistics)."""
         if name not in self.stages:
             return {}
         self._checked(name)
@@ -293,8 +266,7 @@ class TritonWalkthrough:
             return json.load(response)["model_stats"][0]
 
     def shape_changes(self, name: str, sizes: tuple[int, int] = (6, 10), repeats: int = 8) -> dict[str, float]:
-        """``shape_timings`` on stage ``name``'s model with the photo, printed: does a change of batch
-        shape cost this server more than a repeat of the last one?"""
+        """``shape_timings`` at stage ``name``: does a change of batch shape cost more than a repeat?"""
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return {}
@@ -307,9 +279,8 @@ class TritonWalkthrough:
         return found
 
     def check_answer(self, name: str, label: str | list[str], probability: float | None = None) -> str:
-        """A student's client's class (a list: one per image of the stage's request) and softmax probability for
-        the photo, against the logits the stage's ONNX model (an ensemble's too) gives servelab's own request:
-        raises ValueError saying what is wrong and why."""
+        """A student's class (a list: one per image) and softmax probability, against the logits the stage's ONNX
+        model gives servelab's own request; ValueError says what is wrong and why."""
         import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
         stage = STAGES[name]
@@ -343,7 +314,7 @@ class TritonWalkthrough:
 
     def check_steps(self, config: dict[str, Any]) -> str:
         """A student's ensemble config, against Triton's own: the steps, in order."""
-        want = self.config(ENSEMBLE)
+        want = model_config(self.url, ENSEMBLE)
         if config != want:
             return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
         return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
@@ -357,10 +328,8 @@ class TritonWalkthrough:
         return f"correct: {want} requests, as Triton counts them"
 
     def check_perf_analyzer(self, name: str, csv: str | Path, ours: list[Record], arrivals: str = "constant") -> str:
-        """The CSV a student's perf_analyzer line wrote (its ``-f``) at stage ``name``, against the loads of
-        ``ours`` (servelab load's runs of the step; open loops: those of ``arrivals``, which a CSV does not
-        say): wrong where it is missing or measured other loads; else its rows join this notebook's records
-        (and the report), and the table shows every run of this notebook at those loads, theirs included."""
+        """A student's perf_analyzer CSV (``-f``) against the loads of ``ours`` (open loops: of ``arrivals``, which
+        a CSV does not say); where they match, its rows join the records and the table."""
         path, stage = Path(csv), STAGES[name]
         if not path.exists() or not path.read_text().strip():
             return (f"wrong: no CSV at {path}: end your line with -f {path}; if perf_analyzer stopped, its last "
@@ -382,8 +351,7 @@ class TritonWalkthrough:
                           summary_table([r for r in self.runs if r.load.label() in want])])
 
     def try_gourmetgram(self, backend: str) -> None:
-        """Wait until GourmetGram uses ``backend`` (its BACKEND setting), then classify the photo
-        through it and print its answer; skipped when no stage in ``stages`` serves its model."""
+        """Classify the photo through GourmetGram once it uses ``backend``; skipped where no stage serves it."""
         model = DEFAULT_MODELS[backend]
         if not any(STAGES[name].triton.model == model for name in self.stages):
             print(f"skipped: no stage in STAGES serves {model} (GourmetGram's BACKEND={backend})")
@@ -401,9 +369,7 @@ class TritonWalkthrough:
         return [ours, self.run_perf_analyzer]
 
     def run_perf_analyzer(self, target: TritonTarget, load: Load, labels: Labels, earlier: list[Record]) -> Record:
-        """The same load with perf_analyzer, which measures in windows of ``pa_window_s`` until they
-        agree. A run that fails (not installed, server gone, rate not reachable) is recorded with
-        perf_analyzer's own message, and the step goes on."""
+        """The same load with perf_analyzer; a run that fails is recorded with its message, and the step goes on."""
         ours = earlier[0]
         # perf_analyzer needs several completed requests per window: where servelab's run of the same
         # load just took longer than that (a batch of 16 on a CPU), the window grows to about four of them.
@@ -421,8 +387,7 @@ class TritonWalkthrough:
         return result
 
     async def measure(self, name: str, loads: list[Load], batch: int | None = None) -> list[Record]:
-        """Measure stage ``name`` under each load with both tools (``batch`` images per request; None:
-        the stage's own, ``TritonPart.images``), record every run, and print the table and the utilization seen."""
+        """Measure stage ``name`` under each load with both tools (``batch``: images per request) and print it."""
         if name not in self.stages:
             print(f"skipped: {name} is not in STAGES")
             return []
@@ -443,9 +408,8 @@ class TritonWalkthrough:
         return done
 
     def check_client(self, result: Any, images: int = 1) -> str:
-        """A student's tritonclient answer for ``images`` copies of the photo (HTTP or gRPC, from food_classifier):
-        right where it holds one Food-11 FOOD_LABEL with its PROBABILITY per image, each the one servelab's own
-        HTTP request for the photo gets."""
+        """A student's tritonclient answer for ``images`` photos: right where each is what servelab's own request
+        gets."""
         import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
         try:
@@ -465,8 +429,7 @@ class TritonWalkthrough:
             f", for each of the {images} photos" if images > 1 else "")
 
     def check_statistics(self, stats: dict[str, Any]) -> str:
-        """A student's reading of food_classifier's ``inference_stats``: right where it is the entry Triton's
-        statistics hold for it now (none sent since), with successes and times to divide."""
+        """A student's food_classifier ``inference_stats``: right where Triton holds the same now."""
         now = self._stats(PT)["inference_stats"]
         if not isinstance(stats, dict) or {k: stats.get(k) for k in now} != now:
             return ("wrong: not food_classifier's inference_stats as Triton holds them now: take "
@@ -474,9 +437,8 @@ class TritonWalkthrough:
         return f"right: {now['success']['count']} successful requests since the model was loaded"
 
     def check_printed_run(self, printed: list[str], stage: str) -> str:
-        """What a perf_analyzer line a student typed printed (``out = !perf_analyzer ...``) beside the step's own
-        runs of ``stage``: right where it measured a concurrency the step measured, with the step's batch size,
-        window and percentile; its summary lines are shown with the step's figures at the same concurrency."""
+        """What a student's perf_analyzer line printed, beside the step's runs of ``stage``: right where it used
+        the step's batch size, window, percentile and one of its concurrencies."""
         text = "\n".join(printed)
         summary = re.findall(r"^(Concurrency: (\d+), throughput: [\d.]+ infer/sec, latency \d+ usec)$", text, re.MULTILINE)
         if not summary:
