@@ -194,7 +194,9 @@ def test_quick_lab_runs_are_windows_and_each_stage_s_sweep_keeps_its_curve(quick
               and r.config.get("run") not in ("rollout", "node failure")]
     assert closed and all(r.load.requests is None and r.load.duration_s for r in closed)
     swept = [r for r in closed if r.config.get("run") != "cache"]
-    assert all(r.load.warmup_s == plan.warmup_s and r.load.duration_s == plan.measured_s for r in swept)
+    window = plan.load(1)  # the plan's warm-up window, then its measured windows
+    assert all(r.load.warmup_s == window.warmup_s == plan.warmup_s and r.load.duration_s == window.duration_s
+               for r in swept)
     assert all(len(r.config["windows"]["throughput_rps"]) <= 3 for r in swept)
     curves = {r.stage: r.config["capacity"]["curve"] for r in swept if "capacity" in r.config}
     assert set(curves) == {s.name for s in RUN}  # every stage's sweep (a bounded twin only has its service time)
