@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from itertools import dropwhile, takewhile
 from pathlib import Path
 
+from servelab.core.catalogue import STAGES
+from servelab.core.paths import MODELS_STAGING
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.measure.stats import latency_summary
 from servelab.report.render import TABLES, markdown_table
+from servelab.servers.triton.configs import differences, meant
 
 LEASE = dt.timedelta(hours=3)  # a student's lease: 2 h 55 min (1_create_lease), and no record outside one
 REL = 1e-3  # relative tolerance of figures the record derives from others (floats, written in full)
@@ -112,7 +115,23 @@ def record_findings(p: Placed) -> list[str]:
                          f"= {expected:.4g} req/s")
     if not r.failed and s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
         found.append(f"{s.items_per_s:.4g} img/s is not throughput {s.throughput_rps:.4g} req/s x batch {r.batch}")
-    return found + _percentiles(r) + _times(r)
+    return found + _percentiles(r) + _times(r) + _triton_config(r)
+
+
+def _triton_config(r: Record) -> list[str]:
+    """A Triton stage's record carries the config Triton reported running (``triton_config``): the catalogue's stage
+    as rendered for the record's GPUs, or Triton ran something else under the stage's name."""
+    stage = STAGES.get(r.stage)
+    if stage is None or stage.family != "triton":  # derived stages (a bound, a cache) are checked as they load
+        return []
+    running = r.config.get("triton_config")
+    if not isinstance(running, dict) or not running:
+        return ["no config read back from Triton (config.triton_config): run it with this commit's servelab"]
+    gpus = r.machine.get("gpus")
+    wanted = meant(stage, kind="cpu" if r.config.get("device") == "cpu" else "gpu", onnxruntime=True,
+                   repository=MODELS_STAGING, gpus=len(gpus) if isinstance(gpus, list) else 0)
+    return [f"Triton did not run {r.stage}'s config: {model}: {said}" for model in wanted
+            for said in differences(wanted[model], running.get(model) if isinstance(running.get(model), dict) else {})]
 
 
 def _percentiles(r: Record) -> list[str]:

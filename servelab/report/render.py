@@ -20,6 +20,7 @@ from servelab.measure.fractions import CAPACITY, CLIENT_BOUND, capacity, client_
 from servelab.measure.limit import Limit, against_limit, limit_markdown, simple_app_line
 from servelab.measure.records import DEFAULT_RECORDS, Record
 from servelab.report import TEMPLATES, compare, lessons, plots, precision, server_view, timelines
+from servelab.servers.triton.configs import served_line
 
 COLUMNS = ("stage", "tool", "load", "offered req/s", "batch", "ok", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
            "img/s", "queue ms", "service ms", "queue share", "mean batch", "stand-in", "runs on", "client CPU ms/req")
@@ -198,6 +199,12 @@ def hardware_section(records: list[Record]) -> list[str]:
     runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
     if runs_on:
         md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
+    # What Triton ran, as it reported after each load: a stage whose config was not its own was never measured.
+    ran = {(r.stage, model): served_line(view) for r in records
+           for model, view in (r.config.get("triton_config") or {}).items() if isinstance(view, dict)}
+    if ran:
+        md += ["", tables.markdown(("stage", "model", "config Triton ran (GET /v2/models/<model>/config)"),
+                                   [(stage, model, line) for (stage, model), line in ran.items()])]
     return md + [""]
 
 

@@ -277,7 +277,8 @@ class TritonFamily(Family):
     def runs_on(self, stage: Stage) -> tuple[str, dict[str, Any]]:
         said = instances_say(self.log.read_text(errors="replace"), stage.triton.model,
                              instance_count(self.config.get("instance_group", [])))
-        return runs_on_triton(self.config, said), {}
+        # What Triton reported running after the switch (``check_running`` found it the stage's): every record says it.
+        return runs_on_triton(self.config, said), {"triton_config": self.server.running}
 
 
 class RayFamily(Family):

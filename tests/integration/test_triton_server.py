@@ -37,7 +37,7 @@ from servelab.core.procs import free_port
 from servelab.core.settings import get_settings
 from servelab.run.walkthrough.walk_triton import TritonWalkthrough, running_stage
 from servelab.servers.triton import client, server
-from servelab.servers.triton.configs import STAGES
+from servelab.servers.triton.configs import STAGES, meant
 from triton_repo import make_repository
 
 PHOTOS = variants()
@@ -251,6 +251,41 @@ def test_each_kind_of_stage_loads_and_serves(triton, name):
         assert result.as_numpy("output").shape == (stage.triton.images, 11)
     else:
         assert len(infer_images(triton, stage.triton.model, FOUR[:1])) == 1
+
+
+def test_every_stage_runs_its_own_config_with_auto_complete_off(triton):
+    """Each stage this machine can run loads with auto-complete off (its configs say everything), and the config
+    Triton reports after the load is the stage's: what ``check_running`` compares is really compared here."""
+    for name, stage in STAGES.items():
+        if stage.needs_gpu:
+            continue
+        triton.apply_stage(stage)
+        assert triton.running == meant(stage, kind="cpu", onnxruntime=False, repository=triton.repository), name
+    assert '"auto-complete-config":"false"' in triton.process.log.read_text()  # the python backend's cmdline
+
+
+@pytest.mark.parametrize("plant, says", [
+    ({"dynamic_batching": {}}, "scheduler: the stage's config has 'none', Triton runs 'dynamic_batching { "
+                               "preferred_batch_size: [16] }'"),
+    ({"instance_group": [{"count": 2, "kind": "KIND_CPU"}]}, "instances: the stage's config has '1x KIND_CPU', "
+                                                              "Triton runs '2x KIND_CPU'"),
+    ({"max_batch_size": 8}, "max_batch_size: the stage's config has 16, Triton runs 8")])
+def test_a_config_that_is_not_the_stages_is_refused_under_its_name(triton, plant, says):
+    """A config Triton loaded other than the stage's (planted through the load API's config override, as Triton's
+    auto-complete would add a batcher on the node) is refused, naming the difference, before anything measures it."""
+    triton.apply_stage(get_stage("pt-1"))
+    planted = {**server.model_config(triton.url, "food_classifier"), **plant}
+    connection = http(triton)
+    try:
+        connection.load_model("food_classifier", headers=server.control_headers(triton.url), config=json.dumps(planted))
+        with pytest.raises(server.ConfigDiffers, match="nothing is measured as pt-1") as refused:
+            triton.apply_stage(get_stage("pt-1"))
+        assert f"food_classifier: {says}" in str(refused.value)
+    finally:
+        connection.close()
+        triton.stage = ""  # loaded behind the shared server's object: the next apply_stage loads pt-1 again
+    triton.apply_stage(get_stage("pt-1"))
+    assert triton.running["food_classifier"]["scheduler"] == "none"
 
 
 # --- preprocessing on the server ---

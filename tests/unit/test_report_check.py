@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from servelab.cli import main
-from servelab.core.paths import REPO_ROOT
+from servelab.core.catalogue import STAGES
+from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.measure.records import read_records
 from servelab.report.check import check, check_all
 from servelab.report.render import render_report
+from servelab.servers.triton.configs import meant
 
 H200 = REPO_ROOT / "docs/records/gpu-h200-2026-11-28"
 QUICK_LAB = REPO_ROOT / "tests/data/quick_lab_records.jsonl"
@@ -43,13 +45,38 @@ def write(path: Path, records: list[dict]) -> None:
 def test_the_h200_run_as_written_is_flagged_only_for_its_stand_ins(results: Path) -> None:
     verdict = check(results, NOW)
     assert verdict.lines()[0].startswith(f"{results}: 32 records of 6 stages on 1x NVIDIA H200, driver 580.159.04")
-    assert len(verdict.findings) == 2  # the zero-shot model in FastAPI's stages, and with Triton's stand-in too
-    assert all("a stand-in, not the lab's model: zero-shot stand-in" in f for f in verdict.findings)
-    assert "and 17 more" in verdict.findings[1]  # one line for the 20 Triton records
+    # The zero-shot model in FastAPI's stages, and with Triton's stand-in too; and that run (at 2c4a03a) predates
+    # the config read back from Triton after each load, which a student's run now records.
+    stand_ins, unread = verdict.findings[:2], verdict.findings[2:]
+    assert all("a stand-in, not the lab's model: zero-shot stand-in" in f for f in stand_ins)
+    assert "and 17 more" in stand_ins[1]  # one line for the 20 Triton records
+    assert len(unread) == 1 and "and 17 more: no config read back from Triton (config.triton_config)" in unread[0]
+
+
+def read_back(record: dict) -> dict:
+    """``record`` as a run now writes it: with the config Triton reported running, which ``check_running`` found to
+    be the stage's (tests/integration/test_triton_server.py holds that on a real server)."""
+    if (stage := STAGES.get(record["stage"])) and stage.family == "triton":
+        record["config"]["triton_config"] = meant(stage, kind="gpu", onnxruntime=True, repository=MODELS_STAGING,
+                                                  gpus=len(record["machine"]["gpus"]))
+    return record
+
+
+def test_a_triton_stage_run_under_another_config_is_found(tmp_path: Path) -> None:
+    """onnx-1 as Triton's auto-complete would have run it on the node (a default batcher): not onnx-1."""
+    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
+    onnx1 = next(i for i, r in enumerate(records) if r["stage"] == "onnx-1")
+    records[onnx1]["config"]["triton_config"]["food_classifier_onnx"]["scheduler"] = (
+        "dynamic_batching { preferred_batch_size: [16] }")
+    write(tmp_path / "records.jsonl", records)
+    found = [f for f in check(tmp_path / "records.jsonl", NOW).findings if "Triton did not run" in f]
+    assert found == [f"line {onnx1 + 1} (onnx-1, sequential): Triton did not run onnx-1's config: food_classifier_onnx: "
+                     "scheduler: the stage's config has 'none', Triton runs 'dynamic_batching { preferred_batch_size: "
+                     "[16] }'"]
 
 
 def test_records_of_the_lab_s_own_model_on_a_gpu_pass(tmp_path: Path) -> None:
-    records = lines_of(H200 / "records.jsonl")
+    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
     for r in records:
         r["stand_in"] = None
         r["config"].pop("device", None)  # as the notebooks' runs record it: their GPUs say where they ran
@@ -138,7 +165,7 @@ def test_bad_input_is_a_finding_never_a_crash(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_the_command_passes_a_clean_submission(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    records = lines_of(H200 / "records.jsonl")
+    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
     for r in records:
         r["stand_in"] = None
     write(tmp_path / "records.jsonl", records)
@@ -148,7 +175,7 @@ def test_the_command_passes_a_clean_submission(tmp_path: Path, capsys: pytest.Ca
 
 def test_a_report_written_now_from_the_records_agrees_with_them(tmp_path: Path) -> None:
     """The report this checkout writes (servelab report), not only the one the H200 run wrote, is what the check reads."""
-    records = lines_of(H200 / "records.jsonl")
+    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
     for r in records:
         r["stand_in"] = None
     write(tmp_path / "records.jsonl", records)

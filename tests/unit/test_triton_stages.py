@@ -68,6 +68,41 @@ def test_dynamic_batching_only_where_the_lab_adds_it():
         assert not config(name).HasField("dynamic_batching"), name
 
 
+def test_every_stage_config_is_complete_without_triton_auto_complete():
+    """The servers run with --disable-auto-complete-config: each model's rendered config must say for itself
+    what a backend would otherwise fill in (its inputs, outputs and batch bound; where its instances run)."""
+    for stage in stages.STAGES.values():
+        for model in stage.triton.models:
+            cfg = config(stage.name, model)
+            assert (cfg.backend or cfg.platform) and cfg.input and cfg.output, (stage.name, model)
+            assert cfg.max_batch_size > 0 and all(list(t.dims) for t in (*cfg.input, *cfg.output)), (stage.name, model)
+            assert cfg.platform == "ensemble" or cfg.instance_group, (stage.name, model)
+
+
+def test_what_triton_runs_reads_as_the_stage_says():
+    """``served``: what a lesson varies, in the form Triton's load gives it (an empty batcher prefers the batch bound)."""
+    one, dyn = stages.served(config("onnx-1")), stages.served(config("onnx-dyn"))
+    assert (one["scheduler"], one["max_batch_size"], one["instances"]) == ("none", 16, "1x KIND_GPU on GPU 0")
+    assert one["warmup_batch_sizes"] == list(range(1, 17)) and one["response_cache"] is False
+    assert dyn["scheduler"] == "dynamic_batching { preferred_batch_size: [4, 6, 8] max_queue_delay_microseconds: 100 }"
+    assert stages.served(config("pt-dyn"))["scheduler"] == "dynamic_batching { preferred_batch_size: [16] }"
+    assert stages.served(config("onnx-2", kind="cpu"))["instances"] == "4x KIND_CPU"
+
+
+def test_a_default_batcher_triton_added_to_onnx_1_is_a_named_difference():
+    """What auto-complete does to onnx-1 on the node's ONNX Runtime backend, as Triton would report it:
+    a ``dynamic_batching {}`` completed to the batch bound, which the check names with both values."""
+    meant = stages.meant(stages.get_stage("onnx-1"), kind="gpu", onnxruntime=True, repository=MODELS_STAGING, gpus=2)
+    completed = stages.json_format.MessageToDict(config("onnx-1"), preserving_proto_field_name=True)
+    completed["dynamic_batching"] = {"preferred_batch_size": [16], "max_queue_delay_microseconds": "0"}
+    completed["instance_group"][0]["count"] = 2
+    running = stages.served(completed)
+    assert stages.differences(meant["food_classifier_onnx"], running) == [
+        "scheduler: the stage's config has 'none', Triton runs 'dynamic_batching { preferred_batch_size: [16] }'",
+        "instances: the stage's config has '1x KIND_GPU on GPU 0', Triton runs '2x KIND_GPU on GPU 0'"]
+    assert stages.differences(meant["food_classifier_onnx"], stages.served(config("onnx-1"))) == []
+
+
 def batching_onnx_configs() -> list[tuple[str, str, stages.model_config_pb2.ModelConfig]]:
     """(stage, model, config as the node runs it) for every ONNX Runtime model of every stage that Triton
     batches: the ensemble's ONNX step too."""

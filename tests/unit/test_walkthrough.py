@@ -153,13 +153,16 @@ def test_batch_count_change_keeps_only_what_grew() -> None:
 
 
 def test_describe_config_shows_instances_and_batching() -> None:
-    config = {"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_CPU"}],
+    config = {"name": "food_classifier_onnx", "max_batch_size": 16,
+              "instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}, {"count": 2, "kind": "KIND_CPU"}],
               "dynamic_batching": {"max_queue_delay_microseconds": "100"}}
     assert describe_config("onnx-dyn", config).splitlines() == [
         f"Triton runs onnx-dyn: {STAGES['onnx-dyn'].about}",
-        '  instances: 2 x KIND_GPU [0], 2 x KIND_CPU; dynamic_batching: {"max_queue_delay_microseconds": "100"}',
+        "  food_classifier_onnx: max_batch_size 16 | scheduler: dynamic_batching { preferred_batch_size: [16] "
+        "max_queue_delay_microseconds: 100 } | instances: 2x KIND_GPU on GPU 0 + 2x KIND_CPU | no warm-up | "
+        "response cache off",
     ]
-    assert describe_config("pt-1", {}).endswith("instances: -; dynamic_batching: \"off\"")
+    assert "scheduler: none | instances: none" in describe_config("pt-1", {"name": "food_classifier"})
 
 
 # --- waiting, and what a probe says when nothing answers -------------------------------------

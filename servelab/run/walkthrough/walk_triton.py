@@ -42,8 +42,8 @@ from servelab.servers.triton.client import (
     tensor_inputs,
     tensor_outputs,
 )
-from servelab.servers.triton.configs import STAGES, block_fields, effective_config, write_effective
-from servelab.servers.triton.server import model_config, server_address, switch_target
+from servelab.servers.triton.configs import STAGES, block_fields, effective_config, served, served_line, write_effective
+from servelab.servers.triton.server import check_running, model_config, server_address, switch_target
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
 CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
@@ -154,10 +154,8 @@ def running_stage(url: str, model: str) -> str:
 
 
 def describe_config(name: str, config: dict[str, Any]) -> str:
-    """What a stage's model config says about instances and batching, in two lines."""
-    groups = [f"{g['count']} x {g['kind']} {g.get('gpus') or ''}".strip() for g in config.get("instance_group", [])]
-    return (f"Triton runs {name}: {STAGES[name].about}\n"
-            f"  instances: {', '.join(groups) or '-'}; dynamic_batching: {json.dumps(config.get('dynamic_batching', 'off'))}")
+    """The stage, and what its model's config as Triton reports it says of batching and instances, in two lines."""
+    return f"Triton runs {name}: {STAGES[name].about}\n  {config['name']}: {served_line(served(config))}"
 
 
 @dataclass
@@ -186,6 +184,7 @@ class TritonWalkthrough:
     # ``check_block``: the catalogue's stage is measured only once its block has passed.
     written: set[str] = field(default_factory=set)
     passed: set[str] = field(default_factory=set)
+    running: dict[str, dict[str, Any]] = field(default_factory=dict)  # ``served``, per model of the stage in use
 
     def __post_init__(self) -> None:
         self.records_file = Path(self.results) / "records.jsonl"
@@ -208,6 +207,9 @@ class TritonWalkthrough:
                        name, wait_s=max(0.0, deadline - time.monotonic()))
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}{diagnosis(self.url, stage.triton.models)}") from None
+        target = switch_target(self.url)  # read back what Triton loaded: a config it runs otherwise is refused
+        self.running = check_running(self.url, stage, kind=target.kind, onnxruntime=target.onnxruntime,
+                                     repository=target.repository)
         config = model_config(self.url, stage.triton.model)
         print(describe_config(name, config))
         return config
@@ -396,7 +398,8 @@ class TritonWalkthrough:
         model = STAGES[name].triton.model
         target = TritonTarget(self.url, model, self.photo.read_bytes(), input=STAGES[name].input,
                               batch=batch or STAGES[name].triton.images, image_name=self.photo.name)
-        labels = Labels(name, {key: config.get(key) for key in CONFIG_KEYS}, self.stand_in(name))
+        labels = Labels(name, {**{key: config.get(key) for key in CONFIG_KEYS}, "triton_config": self.running},
+                        self.stand_in(name))
         where = ["--url", server_address(self.url), "--model", model, "--input", STAGES[name].input]
         for load in loads:  # perf_analyzer prints its own command beside its run
             print(load_command("triton", where, load, name, target.batch))

@@ -45,6 +45,11 @@ def resolve_kind(kind: str) -> Kind:
     return kind  # type: ignore[return-value]
 
 
+def placed_on(kind: Kind) -> int:
+    """The GPUs a config rendered here places instances on (0 for CPU instances: the ids stay as written)."""
+    return gpu_count() if kind == "gpu" else 0
+
+
 def base_config(repository: Path, model: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse((Path(repository) / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
 
@@ -132,8 +137,7 @@ def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: 
     """Write ``<model>/configs/stage.pbtxt`` for every model of the stage; returns the paths. ``block``: config
     fields a student wrote for the stage's model, in place of the stage's own changes; one Triton's protobuf
     cannot read is written as it stands, for Triton to refuse with its own message when it loads."""
-    written = []
-    gpus = gpu_count() if kind == "gpu" else 0
+    written, gpus = [], placed_on(kind)
     for model in stage.triton.models:
         config = partial(effective_config, stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository,
                          gpus=gpus)
@@ -151,3 +155,58 @@ def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: 
         write_atomic(dest, lambda tmp: tmp.write_text(header + text))  # a server (re)loading never reads half a file
         written.append(dest)
     return written
+
+
+# --- what Triton runs: a config read back after a load, against the stage's ---------------------------------
+
+SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
+
+
+def served(config: dict[str, Any] | model_config_pb2.ModelConfig) -> dict[str, Any]:
+    """What decides how a model serves, from a config as Triton reports it (``GET /v2/models/<m>/config``) or as
+    servelab renders it: max_batch_size, the scheduler with its settings (one pbtxt line; "none": each instance
+    runs one request at a time), the instances, the warm-up batch sizes, the response cache.
+
+    Both sides go through Triton's protobuf, so fields left at their defaults read alike. Triton's own completion
+    at load (``NormalizeModelConfig``, which ``--disable-auto-complete-config`` leaves on) is applied to a
+    rendered config as Triton applies it: a dynamic batcher with no preferred size prefers max_batch_size."""
+    if isinstance(config, dict):
+        config = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+    which = config.WhichOneof("scheduling_choice")
+    scheduler = "none"
+    if which == "dynamic_batching":
+        batcher = model_config_pb2.ModelDynamicBatching()
+        batcher.CopyFrom(config.dynamic_batching)
+        if not batcher.preferred_batch_size and config.max_batch_size:
+            batcher.preferred_batch_size.append(config.max_batch_size)
+        scheduler = f"dynamic_batching {{ {text_format.MessageToString(batcher, as_one_line=True, use_short_repeated_primitives=True)} }}"
+    elif which:
+        scheduler = which  # an ensemble's steps, a sequence batcher's settings: not what a lesson varies
+    groups = [f"{g.count}x {model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)}"
+              + (f" on GPU {','.join(map(str, g.gpus))}" if g.gpus else "") for g in config.instance_group]
+    return {"max_batch_size": config.max_batch_size, "scheduler": scheduler, "instances": " + ".join(groups) or "none",
+            "warmup_batch_sizes": [w.batch_size for w in config.model_warmup],
+            "response_cache": config.response_cache.enable}
+
+
+def served_line(view: dict[str, Any]) -> str:
+    """``served`` in one line, as a student compares two."""
+    sizes = view["warmup_batch_sizes"]
+    warm = f"warm-up batches {min(sizes)}-{max(sizes)}" if sizes else "no warm-up"
+    return (f"max_batch_size {view['max_batch_size']} | scheduler: {view['scheduler']} | instances: "
+            f"{view['instances']} | {warm} | response cache {'on' if view['response_cache'] else 'off'}")
+
+
+def differences(meant: dict[str, Any], running: dict[str, Any]) -> list[str]:
+    """Each field of ``served`` where the running config is not the one meant, both values named."""
+    return [f"{key}: the stage's config has {meant.get(key)!r}, Triton runs {running.get(key)!r}"
+            for key in dict.fromkeys([*meant, *running]) if meant.get(key) != running.get(key)]
+
+
+def meant(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path,
+          gpus: int | None = None) -> dict[str, dict[str, Any]]:
+    """``served`` for each model of ``stage``, as the catalogue renders it for a server of ``kind`` with ``gpus``
+    (None: this machine's, as ``write_effective`` renders it)."""
+    gpus = placed_on(kind) if gpus is None else gpus
+    return {model: served(effective_config(stage, model, kind=kind, onnxruntime=onnxruntime, repository=repository,
+                                           gpus=gpus)) for model in stage.triton.models}

@@ -39,7 +39,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,7 +51,17 @@ from servelab.core.procs import DIRECT, ServerProcess, free_port, wait_http_ok, 
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import variant_path
 from servelab.servers.triton.client import server_address
-from servelab.servers.triton.configs import CONFIG_NAME, STAGES, Kind, Stage, resolve_kind, write_effective
+from servelab.servers.triton.configs import (
+    CONFIG_NAME,
+    STAGES,
+    Kind,
+    Stage,
+    differences,
+    meant,
+    resolve_kind,
+    served,
+    write_effective,
+)
 
 CACHE_DIR = REPO_ROOT / ".servelab"
 INSTALL_DIR = CACHE_DIR / "tritonserver"
@@ -169,6 +179,7 @@ class LocalTriton:
     repository: Path
     key: str  # what model control asks for (``control_flags``)
     shm_prefix: str  # its stubs' segments in /dev/shm
+    running: dict[str, dict[str, Any]] = field(default_factory=dict)  # ``check_running``'s, after each load
 
     @property
     def url(self) -> str:
@@ -179,13 +190,15 @@ class LocalTriton:
         return f"127.0.0.1:{self.ports.grpc}"
 
     def apply_stage(self, stage: Stage) -> dict[str, Any]:
-        """``apply_stage``, but not for the stage it serves already (a load reloads a loaded model)."""
-        if stage.name == self.stage:
-            return model_config(self.url, stage.triton.model)
-        config = apply_stage(self.url, stage, kind=self.kind, onnxruntime=self.onnxruntime,
-                             repository=self.repository)
-        self.stage = stage.name
-        return config
+        """``apply_stage``, but not for the stage it serves already (a load reloads a loaded model); either way
+        what Triton runs is read back and checked (``check_running``)."""
+        if stage.name != self.stage:
+            apply_stage(self.url, stage, kind=self.kind, onnxruntime=self.onnxruntime, repository=self.repository,
+                        check=False)
+            self.stage = stage.name
+        self.running = check_running(self.url, stage, kind=self.kind, onnxruntime=self.onnxruntime,
+                                     repository=self.repository)
+        return model_config(self.url, stage.triton.model)
 
     def stop(self) -> None:
         self.process.stop()
@@ -218,6 +231,9 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
         "--model-control-mode=explicit",
         *(f"--load-model={m}" for m in stage.triton.models),
         f"--model-config-name={CONFIG_NAME}",
+        # The stage's config is the one Triton runs: auto-complete would add a default dynamic batcher to an ONNX
+        # Runtime model that names no scheduler (onnx-1), behind the lesson's back. check_running holds it.
+        "--disable-auto-complete-config",
         "--http-address=127.0.0.1", f"--http-port={ports.http}",
         "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
         "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
@@ -235,6 +251,7 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     try:  # tritonserver opens its metrics port after HTTP (~40 ms): ready means every endpoint answers
         process.start()
         wait_http_ok(f"http://127.0.0.1:{ports.metrics}/metrics", 30.0, process.proc, process.log)
+        local.running = check_running(local.url, stage, kind=resolved, onnxruntime=onnxruntime, repository=repository)
     except BaseException:
         local.stop()
         raise
@@ -267,10 +284,11 @@ def repository_index(url: str, ready: bool = False, timeout: float = 30.0, key: 
 
 
 def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path,
-                timeout_s: float = LOAD_TIMEOUT_S, key: str | None = None) -> dict[str, Any]:
-    """Make a running Triton serve ``stage``; returns the config it reports. Models the stage does not use
-    unload first (they would hold memory and compete for cores); a loaded model reloads with the new config
-    while in-flight requests finish on the old instances."""
+                timeout_s: float = LOAD_TIMEOUT_S, key: str | None = None, check: bool = True) -> dict[str, Any]:
+    """Make a running Triton serve ``stage``; returns the config it reports, once ``check_running`` (unless
+    ``check`` is False) found it the stage's. Models the stage does not use unload first (they would hold memory
+    and compete for cores); a loaded model reloads with the new config while in-flight requests finish on the
+    old instances."""
     index = repository_index(url, ready=True, key=key)  # fails early if unreachable, or with no key
     write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
@@ -282,7 +300,25 @@ def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, reposi
                                    for e in repository_index(url, key=key)), f"unloaded {', '.join(unload)}", timeout_s)
     for model in stage.triton.models:
         _call(url, "POST", f"/v2/repository/models/{model}/load", {}, timeout_s, key)
+    if check:
+        check_running(url, stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     return model_config(url, stage.triton.model)
+
+
+class ConfigDiffers(RuntimeError):
+    """Triton runs a model of a stage with another config than the stage's: it is never measured as that stage."""
+
+
+def check_running(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path) -> dict[str, dict]:
+    """What Triton runs for each model of ``stage`` (``served``, from the config it reports after the load);
+    ConfigDiffers naming each field where that is not the catalogue's stage as rendered for this server: a
+    batcher where none is meant, another instance count, another batch bound, no warm-up, a cache."""
+    wanted = meant(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
+    running = {model: served(model_config(url, model)) for model in wanted}
+    if found := [f"{model}: {said}" for model in wanted for said in differences(wanted[model], running[model])]:
+        raise ConfigDiffers(f"Triton does not run stage {stage.name} as its config says, so nothing is measured "
+                            f"as {stage.name}: " + "; ".join(found))
+    return running
 
 
 def stage_version(repository: Path, model: str, version: int, model_dir: Path) -> Path:
