@@ -90,6 +90,11 @@ def _stage(args) -> int:
     if target.saved:
         server.save_state({**target.saved, "stage": stage.name})
     print(f"# stage {stage.name} ({target.kind}) on {target.url}: {stage.about}; loaded {', '.join(stage.triton.models)}")
+    # Read back and checked before this prints (a config Triton runs otherwise fails the switch): one line each.
+    wanted = stages.meant(stage, kind=target.kind, onnxruntime=target.onnxruntime, repository=target.repository)
+    for model, view in wanted.items():
+        print(f"# {model}, the stage's config: {stages.served_line(view)}")
+        print(f"# {model}, as Triton runs it: {stages.served_line(stages.served(server.model_config(target.url, model)))}")
     print(f"# GET /v2/models/{stage.triton.model}/config:")
     print(json.dumps(config, indent=2))
     return 0

@@ -199,13 +199,18 @@ def hardware_section(records: list[Record]) -> list[str]:
     runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
     if runs_on:
         md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
-    # What Triton ran, as it reported after each load: a stage whose config was not its own was never measured.
+    if ran := triton_config_table(records):
+        md += ["", ran]
+    return md + [""]
+
+
+def triton_config_table(records: list[Record]) -> str:
+    """What Triton ran for each Triton stage, as it reported after the load (the records' ``triton_config``): a
+    stage whose config was not its own was refused, never measured; "" where no record says."""
     ran = {(r.stage, model): served_line(view) for r in records
            for model, view in (r.config.get("triton_config") or {}).items() if isinstance(view, dict)}
-    if ran:
-        md += ["", tables.markdown(("stage", "model", "config Triton ran (GET /v2/models/<model>/config)"),
-                                   [(stage, model, line) for (stage, model), line in ran.items()])]
-    return md + [""]
+    return ran and tables.markdown(("stage", "model", "config Triton ran (GET /v2/models/<model>/config)"),
+                                   [(stage, model, line) for (stage, model), line in ran.items()])
 
 
 def _machines(records: list[Record]) -> list[str]:

@@ -38,6 +38,7 @@ from servelab.measure.loadgen import Labels, run_bench
 from servelab.measure.records import Load, Record, read_records
 from servelab.measure.targets import FastAPITarget
 from servelab.report import TEMPLATES
+from servelab.report.render import triton_config_table
 from servelab.run.lab import preflight
 from servelab.run.lab_run import RUN_FILE
 from servelab.run.plan import LAB_STAGES
@@ -136,8 +137,9 @@ def compare_designs(out: Path, log=print) -> dict[str, float]:
 def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestOutcome | None, lab: str,
                     when: str, skipped: dict[str, str] | None = None, ceiling: Ceiling | None = None,
                     not_run: dict[str, str] | None = None, commit: str | None = None,
-                    designs: dict[str, float] | None = None) -> str:
-    """The GPU record (servelab/data/gpu-record.md.j2); ``designs``: what ``compare_designs`` measured."""
+                    designs: dict[str, float] | None = None, failures: list[str] | None = None) -> str:
+    """The GPU record (servelab/data/gpu-record.md.j2); ``designs``: what ``compare_designs`` measured; ``failures``:
+    the lab's stages that failed before a run (run.json's), a Triton config that was not the stage's among them."""
     best = max(designs, key=designs.get) if designs else ""
     ratio_rows = [(what, which, num(value, 2)) for what, which, value in ratios(records)] or [("-", "-", "-")]
     return TEMPLATES.get_template("gpu-record.md.j2").render(
@@ -145,7 +147,9 @@ def record_markdown(records: list[Record], found: dict[str, Any], tests: PytestO
         hardware=describe(found), skipped=skipped or {}, not_run=not_run or {}, tests=tests, tests_part=TESTS,
         test_table=tests and markdown(("test", "outcome", "message"), tests.results), lab=lab,
         stages=records and stage_table(records),
-        failed=sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed}),
+        failed=sorted({f"{r.stage}: {r.failed.splitlines()[0][:200]}" for r in records if r.failed}
+                      | {line.splitlines()[0][:600] for line in failures or ()}),
+        triton_configs=triton_config_table(records),
         ratios=markdown(("what", "stages", "ratio"), ratio_rows, "llr"), ceiling=ceiling and ceiling_markdown(ceiling),
         fractions=ceiling and fractions_markdown(records, ceiling, stage_inputs()),
         designs=designs and markdown(("design", "req/s"), [(name, num(rps, 1)) for name, rps in designs.items()], "lr"),
@@ -231,10 +235,13 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
                           None if lab_budget is None else lab_budget + CEILING_S, out / "lab.log")
     records_path, run_path = out / "lab" / "records.jsonl", out / "lab" / RUN_FILE
     records = read_records(records_path) if records_path.exists() else []
+    failures: list[str] = []
     if lab_code is None:
         not_run["lab"] = f"stopped by the time budget ({budget_s:g} s) while a stage ran"
     elif run_path.exists():
-        not_run.update(json.loads(run_path.read_text(encoding="utf-8")).get("not_run", {}))
+        run = json.loads(run_path.read_text(encoding="utf-8"))
+        not_run.update(run.get("not_run", {}))
+        failures = run.get("failures", [])
     designs = None
     if left(CEILING_S) == 0:
         not_run[DESIGNS_PART] = f"no time left of the budget ({budget_s:g} s)"
@@ -256,7 +263,7 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     label = f"`servelab lab {' '.join(lab_args)}`, " + (f"exit {lab_code}" if lab_code is not None else "stopped")
     path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run, checkout_commit(),
-                                    designs),
+                                    designs, failures),
                     encoding="utf-8")
     ok = code == 0 and lab_code == 0 and tests is not None and tests.failed == 0
     for part, why in not_run.items():

@@ -240,6 +240,11 @@ def _check_gpu_record(records, model_dir):
     assert "pt-dyn ÷ pt-1, capacity " in md and "## GPU tests (`pytest -m gpu`)" in md
     assert "## Skipped before the run\n\n- **ray**: not installed here\n" in md
     # The ceiling measured on this CPU, and the stages against it: aims shown, never judged on a CPU.
+    # What Triton ran, read back after each load: onnx-1 with no batcher (auto-complete would have added one).
+    ran = md.split("## What Triton ran")[1]
+    assert "| onnx-1 | food_classifier_onnx | max_batch_size 16; scheduler: none; instances: 1x KIND_CPU;" in ran
+    assert "| onnx-dyn | food_classifier_onnx | max_batch_size 16; scheduler: dynamic_batching { preferred_batch_size: " \
+           "[4, 6, 8] max_queue_delay_microseconds: 100 };" in ran
     assert "## The model's own ceiling" in md and "CPU figures" in md
     assert "## Every stage, ratio and aim against the ceiling" in md and "information only" in md and "| met |" not in md
 

@@ -158,11 +158,11 @@ def test_describe_config_shows_instances_and_batching() -> None:
               "dynamic_batching": {"max_queue_delay_microseconds": "100"}}
     assert describe_config("onnx-dyn", config).splitlines() == [
         f"Triton runs onnx-dyn: {STAGES['onnx-dyn'].about}",
-        "  food_classifier_onnx: max_batch_size 16 | scheduler: dynamic_batching { preferred_batch_size: [16] "
-        "max_queue_delay_microseconds: 100 } | instances: 2x KIND_GPU on GPU 0 + 2x KIND_CPU | no warm-up | "
+        "  food_classifier_onnx: max_batch_size 16; scheduler: dynamic_batching { preferred_batch_size: [16] "
+        "max_queue_delay_microseconds: 100 }; instances: 2x KIND_GPU on GPU 0 + 2x KIND_CPU; no warm-up; "
         "response cache off",
     ]
-    assert "scheduler: none | instances: none" in describe_config("pt-1", {"name": "food_classifier"})
+    assert "scheduler: none; instances: none" in describe_config("pt-1", {"name": "food_classifier"})
 
 
 # --- waiting, and what a probe says when nothing answers -------------------------------------

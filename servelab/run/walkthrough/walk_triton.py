@@ -12,6 +12,7 @@ from statistics import median
 from typing import Any, get_args
 
 import numpy as np
+from google.protobuf import text_format
 
 from servelab.core.artifacts import load_manifest
 from servelab.core.catalogue import ENSEMBLE, ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
@@ -42,7 +43,16 @@ from servelab.servers.triton.client import (
     tensor_inputs,
     tensor_outputs,
 )
-from servelab.servers.triton.configs import STAGES, block_fields, effective_config, served, served_line, write_effective
+from servelab.servers.triton.configs import (
+    CONFIG_NAME,
+    STAGES,
+    block_fields,
+    effective_config,
+    model_config_pb2,
+    served,
+    served_line,
+    write_effective,
+)
 from servelab.servers.triton.server import check_running, model_config, server_address, switch_target
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
@@ -229,6 +239,17 @@ class TritonWalkthrough:
         print(f"wrote {path}: {name} with your block ({target.kind} instances here); Triton reports it as "
               f"'{name} (yours)', and nothing is measured as {name} until lab.check_block passes")
         return path
+
+    def beside_file(self, name: str, running: dict[str, Any]) -> str:
+        """The config file written for stage ``name``'s model beside ``running``, the config Triton reports
+        (``client.get_model_config``), one line each: what they say of batching and instances must agree."""
+        path = Path(self.repository or "") / STAGES[name].triton.model / "configs" / f"{CONFIG_NAME}.pbtxt"
+        try:
+            written = served_line(served(text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())))
+        except (OSError, text_format.ParseError) as exc:
+            written = f"unreadable ({type(exc).__name__}), so Triton cannot load it either"
+        where = path.relative_to(path.parents[2]) if len(path.parents) > 2 else path
+        return f"the file ({where}): {written}\nTriton runs (get_model_config): {served_line(served(running))}"
 
     def check_block(self, name: str, block: str) -> str:
         """``check_block``; once it passes, ``measure`` may run the catalogue's stage, whose fields (the answer)

@@ -193,8 +193,8 @@ def served_line(view: dict[str, Any]) -> str:
     """``served`` in one line, as a student compares two."""
     sizes = view["warmup_batch_sizes"]
     warm = f"warm-up batches {min(sizes)}-{max(sizes)}" if sizes else "no warm-up"
-    return (f"max_batch_size {view['max_batch_size']} | scheduler: {view['scheduler']} | instances: "
-            f"{view['instances']} | {warm} | response cache {'on' if view['response_cache'] else 'off'}")
+    return (f"max_batch_size {view['max_batch_size']}; scheduler: {view['scheduler']}; instances: "
+            f"{view['instances']}; {warm}; response cache {'on' if view['response_cache'] else 'off'}")
 
 
 def differences(meant: dict[str, Any], running: dict[str, Any]) -> list[str]:
