@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import dropwhile, takewhile
 from pathlib import Path
 
-from servelab.measure.records import DEFAULT_RECORDS, Record
+from servelab.measure.records import DEFAULT_RECORDS, Record, why_not
 from servelab.measure.stats import latency_summary
 from servelab.report.render import TABLES, markdown_table
 
@@ -84,8 +84,7 @@ def read(path: Path) -> tuple[list[Placed], list[str]]:
         try:
             placed.append(Placed(Record.model_validate(json.loads(line)), number))
         except (ValueError, TypeError) as exc:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
-            first = str(exc).splitlines()[0][:120]
-            bad.append(f"{path.name} line {number} is not a servelab record ({type(exc).__name__}: {first})")
+            bad.append(f"{path.name} line {number} is not a servelab record ({why_not(exc)})")
     return placed, bad
 
 

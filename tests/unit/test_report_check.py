@@ -159,3 +159,28 @@ def test_a_report_written_now_from_the_records_agrees_with_them(tmp_path: Path) 
     assert edited.startswith("report-tables.md: a row of the runs' table matches no record: | fastapi-onnx |")
     assert "| 587.4 | 487.4 |" in edited  # req/s edited, img/s not
     assert absent.startswith("report-tables.md: a row of the runs' table is missing from it: | fastapi-onnx |")
+
+
+def test_malformed_records_and_a_folder_get_one_line_never_a_traceback(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    objects = lines_of(H200 / "records.jsonl")[:1]
+    objects[0]["machine"]["gpus"] = [{"name": "Tesla P100-PCIE-16GB"}]  # objects, not names
+    write(tmp_path / "objects.jsonl", objects)
+    assert main(["report", "--check", str(tmp_path / "objects.jsonl")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert ("objects.jsonl line 1 is not a servelab record (ValidationError: machine: Value error, machine.gpus must "
+            "be a list of GPU names") in out[1]
+
+    assert main(["report", str(tmp_path / "objects.jsonl"), "--out-dir", str(tmp_path / "out")]) == 2
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"error: {tmp_path / 'objects.jsonl'}:1: not a servelab record (ValidationError: machine")
+
+    assert main(["report", str(tmp_path)]) == 2  # a folder without records
+    assert capsys.readouterr().out.splitlines() == [f"error: no records at {tmp_path / 'records.jsonl'}; run "
+                                                    "`servelab load ... --out FILE` first"]
+
+    (tmp_path / "results").mkdir()  # what the check tells a student to run: `servelab report results`
+    shutil.copy(H200 / "records.jsonl", tmp_path / "results" / "records.jsonl")
+    assert main(["report", str(tmp_path / "results")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"wrote {tmp_path / 'results' / 'report.md'}")
+    assert "report-tables.md: " not in " ".join(check(tmp_path / "results", NOW).findings)
