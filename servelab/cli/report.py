@@ -13,11 +13,12 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("report", help="render run records into results/report.md with plots",
                               description=render.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("records", type=Path, nargs="*", metavar="RECORDS",
-                   help=f"JSONL record files (default {DEFAULT_RECORDS})")
+                   help=f"JSONL record files, or folders holding a {DEFAULT_RECORDS.name} (default {DEFAULT_RECORDS})")
     # The option form came first; scripts may still use it.
     p.add_argument("--records", dest="more_records", type=Path, nargs="+", default=[], metavar="RECORDS",
                    help="JSONL record files, as an option")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_RECORDS.parent, help="where report.md and plots go")
+    p.add_argument("--out-dir", type=Path, help=f"where report.md and plots go (default: the one folder given, else "
+                                                 f"{DEFAULT_RECORDS.parent})")
     p.add_argument("--check", action="store_true",
                    help="check instead of render: each RECORDS is a student's results folder (records.jsonl and the "
                         "report) or a records file; one line per finding, exit 1 where there is any")
@@ -30,16 +31,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
         verdicts = check.check_all(given or [DEFAULT_RECORDS.parent])
         print("\n".join(line for verdict in verdicts for line in verdict.lines()))
         return 1 if any(v.findings for v in verdicts) else 0
-    files = given or [DEFAULT_RECORDS]
-    missing = [p for p in files if not p.exists()]
+    # A folder stands for its records file: `servelab report results` is what the check tells a student to run.
+    files = [p / DEFAULT_RECORDS.name if p.is_dir() else p for p in given] or [DEFAULT_RECORDS]
+    missing = [p for p in files if not p.is_file()]
     if missing:
         print(f"error: no records at {', '.join(map(str, missing))}; run `servelab load ... --out FILE` first")
         return 2
-    records = read_records(files)
+    try:
+        records = read_records(files)
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8 or not a record: one line, not a traceback
+        print(f"error: {exc}")
+        return 2
     if not records:
         print("error: the record files are empty")
         return 2
-    path = render_report(records, args.out_dir, files)
+    folders = [p for p in given if p.is_dir()]
+    out_dir = args.out_dir or (folders[0] if len(given) == 1 and folders else DEFAULT_RECORDS.parent)
+    path = render_report(records, out_dir, files)
     print(summary_table(records))
     print(f"wrote {path}")
     return 0

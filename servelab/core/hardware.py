@@ -45,10 +45,15 @@ class NodeType:
     site: str
     gpu: str  # what nvidia-smi's name of its GPUs holds
     capability: Capability
+    gpus: int | None = None  # GPUs a node of the type has (None: not recorded here, so not checked)
+    # Logical CPUs a node shows at least: two server sockets of 12 or more cores, even with hyper-threading off.
+    # A laptop or a small VM shows fewer (the grader's check, servelab.report.check).
+    cpus: int = 24
 
 
 NODE_TYPES = {t.name: t for t in (
-    NodeType("gpu_p100", "CHI@TACC", "P100", (6, 0)),  # Pascal: the original lab's node
+    # Pascal: the original lab's node, 2x Tesla P100-PCIE-16GB and 2x 12-core Xeon E5-2670 v3 (48 threads).
+    NodeType("gpu_p100", "CHI@TACC", "P100", (6, 0), gpus=2),
     NodeType("gpu_v100", "CHI@UC", "V100", (7, 0)),  # Volta: tensor cores for fp16
     NodeType("gpu_rtx_6000", "CHI@UC", "RTX 6000", (7, 5)),  # Turing: TensorRT's oldest, int8 tensor cores
     NodeType("gpu_a100_pcie", "CHI@UC", "A100", (8, 0)),  # Ampere
@@ -326,6 +331,21 @@ def options_in_force(runtime: dict[str, Any]) -> dict[str, Any]:
     """For a record's config: the options each active ONNX Runtime provider of a FastAPI service really ran
     with (read back from its session), from its ``/ready`` ``runtime``; nothing for PyTorch."""
     return {"provider_options": runtime["provider_options"]} if "provider_options" in runtime else {}
+
+
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def runs_on_cpu(runs_on: str) -> bool:
+    """Whether a record's ``runs_on`` (as ``runs_on_fastapi`` and ``runs_on_triton`` write it) says the model ran
+    on the CPU: ONNX Runtime with no GPU provider active, PyTorch on cpu, or Triton instances of KIND_CPU or that
+    say they run on cpu. An ensemble's (no instance group of its own) says nothing: False."""
+    kind, _, rest = runs_on.partition(" ")
+    if kind == "onnxruntime":
+        return not any(provider in rest for provider in GPU_PROVIDERS)
+    if kind == "torch":
+        return rest.split(" ", 1)[0] == "cpu"
+    return kind == "triton" and ("KIND_CPU" in rest or bool(re.search(r" on cpu\b", rest)))
 
 
 def runs_on_triton(config: dict[str, Any], instances: str = "") -> str:

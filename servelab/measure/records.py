@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servelab.core.hardware import recorded_flags, stack
 
@@ -333,6 +333,20 @@ class Record(BaseModel):
     rollout: Rollout | None = None  # rollout runs: the swap, as the requests saw it
     client: ClientSide | None = None  # servelab's client: its sender processes, its cost, whether it bound the run
 
+    @field_validator("machine")
+    @classmethod
+    def _machine_as_written(cls, machine: dict[str, Any]) -> dict[str, Any]:
+        """The fields of ``machine`` that reports and the grader's check read, in the types ``machine_info`` writes
+        them: a hand-made record fails here, with its field named, not in the code that reads it."""
+        gpus, cpus, stack_ = machine.get("gpus"), machine.get("cpu_logical"), machine.get("stack")
+        if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, str) for g in gpus)):
+            raise ValueError(f"machine.gpus must be a list of GPU names, not {str(gpus)[:80]}")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int)):
+            raise ValueError(f"machine.cpu_logical must be a whole number, not {cpus!r}")
+        if stack_ is not None and not isinstance(stack_, dict):
+            raise ValueError(f"machine.stack must be an object, not {str(stack_)[:80]}")
+        return machine
+
     @property
     def client_bound(self) -> bool:
         """The client, not the server, set this run's throughput: never a server's capacity."""
@@ -347,8 +361,16 @@ def append_record(path: Path, record: Record) -> None:
         fh.write(record.model_dump_json() + "\n")
 
 
+def why_not(exc: ValueError | TypeError) -> str:
+    """Why a line is not a record, in one line: pydantic's first error with its field, or the exception's first line."""
+    if isinstance(exc, ValidationError) and (errors := exc.errors()):
+        where = ".".join(map(str, errors[0]["loc"]))
+        return f"ValidationError: {where + ': ' if where else ''}{errors[0]['msg']}"[:160]
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
+
+
 def read_records(paths: Path | Iterable[Path]) -> list[Record]:
-    """Every record in one or more JSONL files, in order; a bad line fails loudly with its place."""
+    """Every record in one or more JSONL files, in order; a bad line fails loudly, in one line, with its place."""
     records = []
     for path in [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -356,7 +378,7 @@ def read_records(paths: Path | Iterable[Path]) -> list[Record]:
                 try:
                     records.append(Record.model_validate_json(line))
                 except ValueError as exc:
-                    raise ValueError(f"{path}:{number}: not a servelab record ({exc})") from None
+                    raise ValueError(f"{path}:{number}: not a servelab record ({why_not(exc)})") from None
     return records
 
 

@@ -1,8 +1,16 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
 A grader's check, not proof: a hand edit leaves traces (derived figures that do not follow, percentiles that are
-not those of the latencies kept, records from two machines or two leases, a report not written from them). Each
-finding is one line; bad input is a finding too, never an exception.
+not those of the latencies kept, records from two machines or two leases, a report not written from them), and a
+CPU run edited to claim a GPU node leaves fields that still say CPU (a record's execution provider against its
+device, the machine's CPUs and GPUs against the node type its GPUs name). A submission must also hold the core
+path: every run of ``CORE_PATH`` (the catalogue's; notebooks 4, 6 and 7, and 8's report). Each finding is one
+line; bad input is a finding too, never an exception.
+
+What it cannot prove: that a submission whose every field agrees was run by its student. It does not yet read
+the student's lease (its window, its instance), so records from a classmate's node, or a laptop run edited in
+every field the checks read, pass; perf_analyzer's records keep no measured window, so a copied one goes unseen;
+and only ``gpu_p100``'s GPU count is recorded (``servelab.core.hardware.NODE_TYPES``).
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ from dataclasses import dataclass, field
 from itertools import dropwhile, takewhile
 from pathlib import Path
 
-from servelab.core.catalogue import STAGES
+from servelab.core.catalogue import CORE_PATH, STAGES
+from servelab.core.hardware import NODE_TYPES, node_type_of, runs_on_cpu
 from servelab.core.paths import MODELS_STAGING
-from servelab.measure.records import DEFAULT_RECORDS, Record
+from servelab.measure.records import DEFAULT_RECORDS, Record, why_not
 from servelab.measure.stats import latency_summary
 from servelab.report.render import TABLES, markdown_table
 from servelab.servers.triton.configs import differences, meant
@@ -87,8 +96,7 @@ def read(path: Path) -> tuple[list[Placed], list[str]]:
         try:
             placed.append(Placed(Record.model_validate(json.loads(line)), number))
         except (ValueError, TypeError) as exc:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
-            first = str(exc).splitlines()[0][:120]
-            bad.append(f"{path.name} line {number} is not a servelab record ({type(exc).__name__}: {first})")
+            bad.append(f"{path.name} line {number} is not a servelab record ({why_not(exc)})")
     return placed, bad
 
 
@@ -103,6 +111,8 @@ def record_findings(p: Placed) -> list[str]:
     # `servelab lab` records its --device; the notebooks' runs leave it out (their GPUs say where they ran).
     if r.tool == "servelab" and r.config.get("device", "gpu") != "gpu":
         found.append(f"servelab ran with device {r.config.get('device')!r}, not 'gpu'")
+    elif r.machine.get("gpus") and runs_on_cpu(runs_on := str(r.config.get("runs_on") or "")):
+        found.append(f"its model ran on the CPU ({runs_on}), not on the GPU the record claims")
     if r.stand_in:
         found.append(f"a stand-in, not the lab's model: {r.stand_in}")
     s, shed = r.stats, sum(r.stats.shed.values())
@@ -196,24 +206,52 @@ def _span(placed: Sequence[Placed], now: float) -> tuple[str, list[str]]:
     return said, found
 
 
+def _node(gpus: tuple[str, ...], cpus: int | None) -> list[str]:
+    """What a machine's GPUs and CPUs say against the node type its GPUs name (no GPU: found per record)."""
+    if not gpus:
+        return []
+    kind = node_type_of(gpus)
+    if kind is None:
+        return [f"{', '.join(sorted(set(gpus)))} is not the GPU of a node type the lab runs on ({', '.join(NODE_TYPES)})"]
+    found = []
+    if kind.gpus is not None and len(gpus) != kind.gpus:
+        found.append(f"{len(gpus)} GPUs, but a {kind.name} node has {kind.gpus}")
+    if cpus is None or cpus < kind.cpus:
+        found.append(f"{cpus if cpus is not None else 'no count of'} CPUs, but a {kind.name} node has at least {kind.cpus}")
+    return found
+
+
+def _core_path(placed: Sequence[Placed]) -> list[str]:
+    """A finding naming the runs of the core path that no record (but a failed one) holds."""
+    have = {(p.record.stage, p.record.load.mode) for p in placed if not p.record.failed}
+    missing = []
+    for stage, modes in CORE_PATH.items():
+        absent = [mode for mode in modes if (stage, mode) not in have]
+        if absent:
+            missing.append(stage if len(absent) == len(modes) else f"{stage} ({', '.join(absent)})")
+    return [f"the core path (notebooks 4, 6 and 7) is missing runs of {len(missing)} of its {len(CORE_PATH)} stages: "
+            f"{', '.join(missing)}"] if missing else []
+
+
 def _machines(placed: Sequence[Placed]) -> tuple[str, list[str]]:
-    """The machine the records ran on, in a phrase, and a finding where they name more than one."""
+    """The machine the records ran on, in a phrase, and a finding where they name more than one or where it is
+    not the node type its GPUs name (``Record`` has checked the fields' types)."""
     seen: dict[tuple, list[int]] = defaultdict(list)
     for p in placed:
         m = p.record.machine
-        stack = m.get("stack") if isinstance(m.get("stack"), dict) else {}
-        seen[(tuple(m.get("gpus") or ()), stack.get("driver"), m.get("cpu_logical"))].append(p.line)
+        seen[(tuple(m.get("gpus") or ()), (m.get("stack") or {}).get("driver"), m.get("cpu_logical"))].append(p.line)
 
     def said(key: tuple) -> str:
         gpus, driver, cpus = key
         names = ", ".join(f"{n}x {g}" for g, n in sorted({g: gpus.count(g) for g in gpus}.items())) or "no GPU"
         return f"{names}, driver {driver or '-'}, {cpus} CPUs"
 
+    node = [f"{said(key)}: {what}" for key in seen for what in _node(key[0], key[2])]
     if len(seen) <= 1:
-        return (said(next(iter(seen))) if seen else "no machine"), []
+        return (said(next(iter(seen))) if seen else "no machine"), node
     parts = [f"{said(key)} (lines {', '.join(map(str, lines[:SHOWN]))}{' ...' if len(lines) > SHOWN else ''})"
              for key, lines in seen.items()]
-    return "several machines", ["the records name more than one machine: " + "; ".join(parts)]
+    return "several machines", ["the records name more than one machine: " + "; ".join(parts), *node]
 
 
 def report_findings(folder: Path, records: list[Record]) -> list[str]:
@@ -271,7 +309,7 @@ def check(path: Path, now: float | None = None) -> Verdict:
                 copies.append(f"{where} is a copy of {first} (the same measured window)")
     # One line per finding, naming the records it holds for (the first few, then how many more).
     verdict.findings += [f"{'; '.join(places[:SHOWN])}{f' and {len(places) - SHOWN} more' * (len(places) > SHOWN)}: "
-                         f"{what}" for what, places in per_record.items()] + span + machines + copies
+                         f"{what}" for what, places in per_record.items()] + span + machines + copies + _core_path(placed)
     if folder is not None:
         verdict.findings += report_findings(folder, [p.record for p in placed])
     verdict.about = f"{len(placed)} records of {len({p.record.stage for p in placed})} stages on {machine}, {when}"

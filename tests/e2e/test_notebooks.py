@@ -352,13 +352,34 @@ assert [r.status for r in rows] == ["replaced (not on P3-GPU-009)", "reserved"],
     assert "the Ray part: 1 lease x 2 nodes = 5.8 node-hours = 11.7 SUs; 1 consecutive 3-hour block" in printed
 
 
+# Chameleon Jupyter's user: a federated name that holds the student's netID.
+AS_STUDENT = f"\nimport os\nos.environ['JUPYTERHUB_USER'] = '{NET_ID}_nyu_edu'\n"
+
+
 def test_delete_resources(kernel_dir: Path, tmp_path: Path) -> None:
-    execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE, epilogue=CHECK_DELETE)
+    execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID}, prologue=PROLOGUE + AS_STUDENT,
+            epilogue=CHECK_DELETE)
+
+
+def test_delete_resources_at_the_site_of_the_node_type(kernel_dir: Path, tmp_path: Path) -> None:
+    """A CHI@UC student's node is deleted at CHI@UC, not at the CHI@TACC default."""
+    execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID, "NODE_TYPE": "gpu_v100"},
+            prologue=PROLOGUE + AS_STUDENT, epilogue=CHECK_DELETE.replace('"CHI@TACC"', '"CHI@UC"'))
+
+
+def test_a_mistyped_net_id_deletes_nothing_without_a_second_yes(kernel_dir: Path, tmp_path: Path) -> None:
+    """A classmate's netID (ab1235) is refused before python-chi is asked anything; typed again, it is deleted."""
+    refused = "Not deleted: node-serve-system-ab1235, serve_system_ab1235, serve_ray_ab1235, node-ray-head-ab1235"
+    with pytest.raises(CellExecutionError, match=refused):
+        execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": "ab1235"},
+                prologue=PROLOGUE + AS_STUDENT)
+    execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": "ab1235", "CONFIRM_NET_ID": "ab1235"},
+            prologue=PROLOGUE + AS_STUDENT, epilogue=CHECK_DELETE.replace("ab1234", "ab1235"))
 
 
 def test_delete_resources_without_the_ray_part(kernel_dir: Path, tmp_path: Path) -> None:
     nb = execute("11_delete_resources", kernel_dir, tmp_path, parameters={"NET_ID": NET_ID},
-                 prologue=PROLOGUE + WITHOUT_RAY_NODES,
+                 prologue=PROLOGUE + AS_STUDENT + WITHOUT_RAY_NODES,
                  epilogue="doubles.get_server.return_value.delete.assert_called_once_with()")
     printed = "".join(output.get("text", "") for cell in nb.cells for output in cell.get("outputs", []))
     assert "deleted server node-serve-system-ab1234" in printed

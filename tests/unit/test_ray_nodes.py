@@ -10,6 +10,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import astuple
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from unittest import mock
@@ -21,7 +22,7 @@ import pytest
 
 from chi_doubles import arguments, fixed_address, server_per_name
 from dockerspec import REPO, load_compose
-from servelab.run.walkthrough import ray_nodes
+from servelab.run.walkthrough import chameleon, ray_nodes
 from servelab.run.walkthrough.ray_nodes import RayNodes
 
 UTC = timezone.utc
@@ -202,3 +203,19 @@ def test_release_deletes_what_exists_and_goes_on(chi_api) -> None:
     found.delete.assert_called_once_with()
     assert done == ["deleted server node-ray-head-ab1234", "no server node-ray-worker-ab1234 (CHIValueError: no server)",
                     "deleted lease serve_ray_ab1234"]
+
+
+@pytest.mark.parametrize(("user", "net_id", "confirm", "refused"), [
+    ("ab1234", "ab1234", "", False), ("AB1234@nyu.edu", "ab1234", "", False), ("ab1234_nyu_edu", "ab1234", "", False),
+    ("ab1234_nyu_edu", "ab1235", "", True), ("ab1234_nyu_edu", "ab1235", "ab1235", False),
+    ("", "ab1234", "", True),  # no user name known: only a second yes deletes
+    ("ab123", "ab1234", "", True),  # a part of the name is not enough: the name must end in it
+])
+def test_only_names_that_end_in_the_jupyter_user_s_are_deleted_without_a_second_yes(user, net_id, confirm, refused) -> None:
+    names = [f"node-serve-system-{net_id}", f"serve_system_{net_id}", *astuple(RayNodes.for_student(net_id))]
+    if refused:
+        with pytest.raises(ValueError, match=f"Not deleted: node-serve-system-{net_id}, serve_system_{net_id}, "
+                                             f"serve_ray_{net_id}, .* set CONFIRM_NET_ID = '{net_id}'"):
+            chameleon.not_yours(names, net_id, confirm, user=user)
+    else:
+        chameleon.not_yours(names, net_id, confirm, user=user)

@@ -1,9 +1,11 @@
 """The grader's check (``servelab report --check``) on records this project made: the H200 run of 2026-11-28
 (docs/records/gpu-h200-2026-11-28: its records, and the report this servelab writes from them), copies of it
-edited by hand, the CPU records of a quick lab (tests/data), and input that is no record at all."""
+edited by hand, the same run made the shape of a student's on a P100 node (``p100_records``), the CPU records of
+a quick lab (tests/data) edited to claim one, and input that is no record at all."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
@@ -34,6 +36,29 @@ def results(tmp_path: Path) -> Path:
     return folder
 
 
+P100 = ["Tesla P100-PCIE-16GB"] * 2
+# The Triton Python-backend stages of 6_triton_python, which the H200 run did not measure: (stage, load) per run.
+PYTHON_BACKEND = (("pt-1", "sequential"), ("pt-1", "closed"), ("pt-dyn", "closed"), ("pt-2x2", "closed"))
+
+
+def p100_records() -> list[dict]:
+    """The H200 run as a student's core path on a gpu_p100 node: the lab's model, the node's 2 GPUs and 48 CPUs,
+    and the Python-backend runs it lacks, each a copy of onnx-1's run at the same load, moved on by a minute each
+    (its own window) and said to run PyTorch on the GPU. Every figure is still one a run wrote."""
+    records = lines_of(H200 / "records.jsonl")
+    onnx1 = {r["load"]["mode"]: r for r in records if r["stage"] == "onnx-1"}
+    for n, (stage, mode) in enumerate(PYTHON_BACKEND, 1):
+        run = json.loads(json.dumps(onnx1[mode]))
+        run["stage"], run["window_unix"] = stage, [w + 60 * n for w in run["window_unix"]]
+        run["started_at"] = (dt.datetime.fromisoformat(run["started_at"]) + dt.timedelta(minutes=n)).isoformat()
+        run["config"]["runs_on"] = "triton python: 1x KIND_GPU on GPU 0; instances say: 1x PyTorch on cuda:0"
+        records.append(run)
+    for r in records:
+        r["stand_in"] = None
+        r["machine"].update(gpus=P100, cpu_logical=48, cpu_physical=24)
+    return [read_back(r) for r in records]
+
+
 def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -42,15 +67,20 @@ def write(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_the_h200_run_as_written_is_flagged_only_for_its_stand_ins(results: Path) -> None:
+def test_the_h200_run_as_written_is_flagged_for_its_stand_ins_its_machine_and_the_stages_it_lacks(results: Path) -> None:
     verdict = check(results, NOW)
     assert verdict.lines()[0].startswith(f"{results}: 32 records of 6 stages on 1x NVIDIA H200, driver 580.159.04")
-    # The zero-shot model in FastAPI's stages, and with Triton's stand-in too; and that run (at 2c4a03a) predates
-    # the config read back from Triton after each load, which a student's run now records.
-    stand_ins, unread = verdict.findings[:2], verdict.findings[2:]
-    assert all("a stand-in, not the lab's model: zero-shot stand-in" in f for f in stand_ins)
-    assert "and 17 more" in stand_ins[1]  # one line for the 20 Triton records
-    assert len(unread) == 1 and "and 17 more: no config read back from Triton (config.triton_config)" in unread[0]
+    stand_ins = [f for f in verdict.findings if "a stand-in, not the lab's model: zero-shot stand-in" in f]
+    # The zero-shot model in FastAPI's stages, and with Triton's stand-in too: one line for the 20 Triton records.
+    assert len(stand_ins) == 2 and "and 17 more" in stand_ins[1]
+    # That run (at 2c4a03a) predates the config read back from Triton after each load, which a run now records.
+    (unread,) = [f for f in verdict.findings if "no config read back from Triton" in f]
+    assert "and 17 more: no config read back from Triton (config.triton_config)" in unread
+    assert ("1x NVIDIA H200, driver 580.159.04, 16 CPUs: NVIDIA H200 is not the GPU of a node type the lab "
+            "runs on (gpu_p100, gpu_v100, gpu_rtx_6000, gpu_a100_pcie)") in verdict.findings
+    assert verdict.findings[-1] == ("the core path (notebooks 4, 6 and 7) is missing runs of 3 of its 8 stages: "
+                                    "pt-1, pt-dyn, pt-2x2")
+    assert len(verdict.findings) == 5
 
 
 def read_back(record: dict) -> dict:
@@ -64,25 +94,83 @@ def read_back(record: dict) -> dict:
 
 def test_a_triton_stage_run_under_another_config_is_found(tmp_path: Path) -> None:
     """onnx-1 as Triton's auto-complete would have run it on the node (a default batcher): not onnx-1."""
-    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
+    records = p100_records()
     onnx1 = next(i for i, r in enumerate(records) if r["stage"] == "onnx-1")
     records[onnx1]["config"]["triton_config"]["food_classifier_onnx"]["scheduler"] = (
         "dynamic_batching { preferred_batch_size: [16] }")
     write(tmp_path / "records.jsonl", records)
-    found = [f for f in check(tmp_path / "records.jsonl", NOW).findings if "Triton did not run" in f]
+    found = check(tmp_path / "records.jsonl", NOW).findings
     assert found == [f"line {onnx1 + 1} (onnx-1, sequential): Triton did not run onnx-1's config: food_classifier_onnx: "
                      "scheduler: the stage's config has 'none', Triton runs 'dynamic_batching { preferred_batch_size: "
                      "[16] }'"]
 
 
-def test_records_of_the_lab_s_own_model_on_a_gpu_pass(tmp_path: Path) -> None:
-    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
+def test_a_run_of_the_core_path_on_a_p100_node_passes(tmp_path: Path) -> None:
+    records = p100_records()
     for r in records:
-        r["stand_in"] = None
         r["config"].pop("device", None)  # as the notebooks' runs record it: their GPUs say where they ran
     write(tmp_path / "records.jsonl", records)
     verdict = check(tmp_path / "records.jsonl", NOW)
-    assert verdict.findings == [] and verdict.lines()[0].endswith("(0 h 02 min): no finding")
+    assert verdict.findings == [] and verdict.lines()[0].endswith("(0 h 05 min): no finding")
+    assert "36 records of 9 stages on 2x Tesla P100-PCIE-16GB, driver 580.159.04, 48 CPUs" in verdict.lines()[0]
+
+
+def forged_quick_lab() -> list[dict]:
+    """Issue #64's forgery: a CPU quick lab of fastapi-onnx with four fields edited to claim a P100 node."""
+    records = [r for r in lines_of(QUICK_LAB) if r["stage"] == "fastapi-onnx"]
+    for r in records:
+        r["machine"]["gpus"], r["machine"]["stack"]["driver"] = P100, "550.54.15"
+        r["config"]["device"], r["stand_in"] = "gpu", None
+    return records
+
+
+def test_a_cpu_run_edited_to_claim_a_p100_node_is_refused(tmp_path: Path) -> None:
+    write(tmp_path / "records.jsonl", forged_quick_lab())
+    found = check(tmp_path / "records.jsonl", NOW).findings
+    assert found == [
+        "line 1 (fastapi-onnx, sequential); line 2 (fastapi-onnx, concurrency 8): its model ran on the CPU "
+        "(onnxruntime CPUExecutionProvider), not on the GPU the record claims",
+        "2x Tesla P100-PCIE-16GB, driver 550.54.15, 2 CPUs: 2 CPUs, but a gpu_p100 node has at least 24",
+        "the core path (notebooks 4, 6 and 7) is missing runs of 7 of its 8 stages: fastapi-pt, fastapi-onnx-dyn, "
+        "pt-1, pt-dyn, pt-2x2, onnx-1, onnx-dyn"]
+
+
+def _runs_on(records: list[dict], stage: str, runs_on: str) -> None:
+    for r in records:
+        if r["stage"] == stage:
+            r["config"]["runs_on"] = runs_on
+
+
+@pytest.mark.parametrize(("forge", "finding"), [
+    (lambda rs: _runs_on(rs, "fastapi-pt", "torch cpu float32"), "its model ran on the CPU (torch cpu float32)"),
+    (lambda rs: _runs_on(rs, "pt-dyn", "triton python: 1x KIND_CPU; instances say: 1x PyTorch on cpu"),
+     "its model ran on the CPU (triton python: 1x KIND_CPU"),
+    (lambda rs: _runs_on(rs, "onnx-1", "triton python: 1x KIND_GPU on GPU 0; instances say: 1x CPUExecutionProvider "
+                                       "on cpu"), "its model ran on the CPU (triton python: 1x KIND_GPU"),
+    (lambda rs: [r["machine"].update(gpus=P100[:1]) for r in rs], "1 GPUs, but a gpu_p100 node has 2"),
+    (lambda rs: [r["machine"].update(cpu_logical=8) for r in rs], "8 CPUs, but a gpu_p100 node has at least 24"),
+    (lambda rs: [r["machine"].update(gpus=["NVIDIA GeForce RTX 4090"]) for r in rs],
+     "NVIDIA GeForce RTX 4090 is not the GPU of a node type the lab runs on"),
+    (lambda rs: rs.__setitem__(slice(None), [r for r in rs if (r["stage"], r["load"]["mode"]) != ("fastapi-pt", "sequential")]),
+     "missing runs of 1 of its 8 stages: fastapi-pt (sequential)"),
+    (lambda rs: rs.__setitem__(slice(None), [r for r in rs if r["stage"] != "onnx-dyn" or r["tool"] != "servelab"]),
+     None),  # perf_analyzer's runs of onnx-dyn hold its open loads too
+    (lambda rs: rs.__setitem__(slice(None), [r for r in rs if r["stage"] != "onnx-dyn"]), "stages: onnx-dyn"),
+], ids=["torch-cpu", "triton-kind-cpu", "triton-instances-on-cpu", "one-gpu", "eight-cpus", "not-a-lab-gpu",
+        "no-sequential-pt", "pa-only-onnx-dyn", "no-onnx-dyn"])
+def test_each_forgery_of_a_p100_run_is_refused(tmp_path: Path, forge, finding: str | None) -> None:
+    records = p100_records()
+    forge(records)
+    write(tmp_path / "records.jsonl", records)
+    found = check(tmp_path / "records.jsonl", NOW).findings
+    if finding is None:
+        assert found == []
+        return
+    assert [f for f in found if finding in f], found
+    # A GPU list edited to fewer GPUs also contradicts the GPUs Triton reported placing pt-2x2's instances on.
+    placement = "Triton did not run pt-2x2's config: food_classifier: instances: the stage's config has"
+    assert all(placement in f for f in found if finding not in f), found
+    assert len(found) == 1 + finding.startswith(("1 GPUs", "NVIDIA GeForce")), found
 
 
 def test_a_hand_edited_copy_leaves_traces(results: Path) -> None:
@@ -165,20 +253,14 @@ def test_bad_input_is_a_finding_never_a_crash(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_the_command_passes_a_clean_submission(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
-    for r in records:
-        r["stand_in"] = None
-    write(tmp_path / "records.jsonl", records)
+    write(tmp_path / "records.jsonl", p100_records())
     assert main(["report", "--check", str(tmp_path / "records.jsonl")]) == 0
     assert capsys.readouterr().out.strip().endswith("no finding")
 
 
 def test_a_report_written_now_from_the_records_agrees_with_them(tmp_path: Path) -> None:
     """The report this checkout writes (servelab report), not only the one the H200 run wrote, is what the check reads."""
-    records = [read_back(r) for r in lines_of(H200 / "records.jsonl")]
-    for r in records:
-        r["stand_in"] = None
-    write(tmp_path / "records.jsonl", records)
+    write(tmp_path / "records.jsonl", p100_records())
     render_report(read_records(tmp_path / "records.jsonl"), tmp_path, [tmp_path / "records.jsonl"])
     assert check(tmp_path, NOW).findings == []
     (tmp_path / "report-tables.md").write_text((tmp_path / "report-tables.md").read_text().replace("| 487.4 |", "| 587.4 |"))
@@ -186,3 +268,28 @@ def test_a_report_written_now_from_the_records_agrees_with_them(tmp_path: Path) 
     assert edited.startswith("report-tables.md: a row of the runs' table matches no record: | fastapi-onnx |")
     assert "| 587.4 | 487.4 |" in edited  # req/s edited, img/s not
     assert absent.startswith("report-tables.md: a row of the runs' table is missing from it: | fastapi-onnx |")
+
+
+def test_malformed_records_and_a_folder_get_one_line_never_a_traceback(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    objects = lines_of(H200 / "records.jsonl")[:1]
+    objects[0]["machine"]["gpus"] = [{"name": "Tesla P100-PCIE-16GB"}]  # objects, not names
+    write(tmp_path / "objects.jsonl", objects)
+    assert main(["report", "--check", str(tmp_path / "objects.jsonl")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert ("objects.jsonl line 1 is not a servelab record (ValidationError: machine: Value error, machine.gpus must "
+            "be a list of GPU names") in out[1]
+
+    assert main(["report", str(tmp_path / "objects.jsonl"), "--out-dir", str(tmp_path / "out")]) == 2
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"error: {tmp_path / 'objects.jsonl'}:1: not a servelab record (ValidationError: machine")
+
+    assert main(["report", str(tmp_path)]) == 2  # a folder without records
+    assert capsys.readouterr().out.splitlines() == [f"error: no records at {tmp_path / 'records.jsonl'}; run "
+                                                    "`servelab load ... --out FILE` first"]
+
+    (tmp_path / "results").mkdir()  # what the check tells a student to run: `servelab report results`
+    shutil.copy(H200 / "records.jsonl", tmp_path / "results" / "records.jsonl")
+    assert main(["report", str(tmp_path / "results")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"wrote {tmp_path / 'results' / 'report.md'}")
+    assert "report-tables.md: " not in " ".join(check(tmp_path / "results", NOW).findings)

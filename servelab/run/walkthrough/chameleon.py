@@ -3,8 +3,10 @@ Runs in Chameleon Jupyter (python-chi and the standard library only)."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from chi import lease, server
 from chi.exception import ResourceError, ServiceError
@@ -50,6 +52,24 @@ def run(s: server.Server, commands: Iterable[str], failure: runbook.Failure = ru
     for command in commands:
         with runbook.step(failure, UnexpectedExit):
             s.execute(command)
+
+
+def jupyter_user() -> str:
+    """Who runs this Jupyter: Chameleon Jupyter's user name (JUPYTERHUB_USER, else USER); "" where neither is set."""
+    return os.environ.get("JUPYTERHUB_USER") or os.environ.get("USER") or ""
+
+
+def not_yours(names: Sequence[str], net_id: str, confirm: str = "", user: str | None = None) -> None:
+    """Refuse, naming them, to delete servers or leases whose name does not end in a part of this Jupyter's user
+    name (``jupyter_user``): a mistyped NET_ID names a classmate's node. ``confirm`` equal to ``net_id`` is the
+    student's second, explicit yes (their Chameleon user name may not hold their netID)."""
+    user = (jupyter_user() if user is None else user).lower()
+    parts = {user, *re.split(r"[^a-z0-9]+", user)} - {""}
+    foreign = [n for n in names if not any(n.lower().endswith(sep + part) for part in parts for sep in "_-")]
+    if foreign and confirm != net_id:
+        raise ValueError(f"Not deleted: {', '.join(foreign)} do not carry your Jupyter user name "
+                         f"({user or 'not set'}). Check NET_ID ({net_id!r}): a mistyped one deletes a classmate's "
+                         f"node. If they are yours, set CONFIRM_NET_ID = {net_id!r} and run the notebook again.")
 
 
 def release(servers: Iterable[str], lease_name: str) -> list[str]:
