@@ -7,7 +7,8 @@ through ``LD_LIBRARY_PATH`` (``server_env``: so a shared pyenv/uv Python needs n
 it for OpenAI Triton).
 
 The server reads the configs ``configs`` writes (``--model-config-name=stage``), so ``apply_stage`` switches
-any running Triton (this one or the lab's container) through the model-control API; no image is rebuilt.
+any running Triton (this one or the lab's container) through the model-control API; no image is rebuilt. Every
+server runs with auto-complete off, and ``check_running`` reads back what each load made Triton run.
 
 A new version rolls out while serving (``stage_version``, then ``roll_out_version``; docs/production.md):
 under Triton's default ``version_policy`` (``latest { num_versions: 1 }``) one load serves the new version
