@@ -11,11 +11,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from servelab.core.paths import REPO_ROOT
+from servelab.run.walkthrough import runbook
 from servelab.tools.containers import images
 
 # A stand-in for Docker: `compose ... config --images` lists the images, `image inspect` finds those in
@@ -48,6 +50,7 @@ def checkout(tmp_path_factory) -> Path:
     if (REPO_ROOT / "models" / "food11.json").is_file():  # built already: the first setup finds it up to date
         shutil.copytree(REPO_ROOT / "models", root / "models")
     (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "python").symlink_to(sys.executable)
     (root / ".venv" / "bin" / "servelab").write_text(f'#!/bin/sh\nexec {sys.executable} -m servelab "$@"\n')
     (root / ".venv" / "bin" / "servelab").chmod(0o755)
     (root / "bin" / "docker").write_text(DOCKER)
@@ -108,11 +111,31 @@ def test_without_a_registry_the_images_are_built_under_the_tag_compose_runs(chec
     assert calls == [f"buildx bake core  # servelab/*:{images.tag(checkout)}"]
 
 
-def test_a_failed_fetch_says_so_and_fails(checkout: Path, tmp_path: Path):
-    done, _ = setup(checkout, tmp_path, "--wait", registry="registry.example.edu/servelab", fails=True)
+def test_a_failed_pull_says_what_to_do_and_the_build_it_names_takes_the_registry_s_names(checkout: Path,
+                                                                                          tmp_path: Path):
+    registry = "registry.example.edu/servelab"
+    done, _ = setup(checkout, tmp_path, registry=registry, fails=True)
+    assert done.returncode == 0, done.stderr  # in the background: the log says the rest
+    for _ in range(600):  # the background pull and its advice, within a minute
+        log = (tmp_path / "images.log").read_text()
+        if "docs/class.md" in log:
+            break
+        time.sleep(0.1)
+    assert "images: FAILED" in log and "images: done" not in log.splitlines()
+    assert runbook.REGISTRY.advice() in log and "`bin/node-setup --build`" in runbook.REGISTRY.todo
+    done, calls = setup(checkout, tmp_path / "again", "--build", "--wait", registry=registry)
+    assert done.returncode == 0, done.stderr
+    assert "--build: building every image on this node" in done.stdout
+    # compose, with the pull policy `missing`, runs what is here under the registry's names: none is pulled.
+    assert calls == [f"buildx bake core  # {registry}/*:{images.tag(checkout)}"]
+    assert (tmp_path / "again" / "images.log").read_text().endswith("images: done\n")
+
+
+def test_a_failed_build_says_so_and_fails(checkout: Path, tmp_path: Path):
+    done, _ = setup(checkout, tmp_path, "--wait", fails=True)
     assert done.returncode != 0
     log = (tmp_path / "images.log").read_text()
-    assert "images: FAILED" in log and "images: done" not in log
+    assert "images: FAILED" in log and "images: done" not in log.splitlines() and runbook.REGISTRY.name not in log
 
 
 def test_an_unknown_option_is_refused(checkout: Path, tmp_path: Path):
