@@ -92,7 +92,8 @@ containers-down: $(STAMP)
 # Every image of docker-bake.hcl, on a machine with Docker and buildx (no GPU needed), before the term
 # (docs/instructors.md): `make images`, `make images-push REGISTRY=registry.example.edu/servelab`, or
 # `make images-save` for a class without a registry (one archive; students `docker load -i` it). The tag is
-# this commit's (`servelab containers tag`): students of the same commit pull exactly these images.
+# this commit's (`servelab containers tag`, a hash of what the images are made of): students of any commit with
+# the same image inputs pull exactly these images.
 REGISTRY ?=
 IMAGES_ARCHIVE ?= servelab-images.tar
 IMAGES_ENV = set -a && . docker/.env && set +a && eval "$$($(BIN)/servelab containers tag)" \

@@ -2,7 +2,7 @@
 # sends them to a registry (`make images-push REGISTRY=...`). docker/.env sets every variable below
 # (`make images` exports it; a variable set in the shell wins, which is how `servelab containers` points
 # the bases at its local stand-ins). Each image is <SERVELAB_REGISTRY>/<name>:<SERVELAB_TAG>, the names
-# the compose files in docker/ run; SERVELAB_TAG is servelab's version and commit (`servelab containers tag`).
+# the compose files in docker/ run; SERVELAB_TAG is servelab's version and a hash of the images' inputs (`servelab containers tag`).
 #
 # docker/Dockerfile.python's shared stage is built once per base (python-ubuntu, python-triton, python-sdk;
 # python-torch adds PyTorch's CUDA 12.6 build), and each image's FROM names one of them: `contexts` hands

@@ -16,14 +16,13 @@ def sample_images() -> list[Path]:
     return sorted(p for p in DATA_DIR.iterdir() if p.suffix.lower() in {".jpg", ".jpeg", ".png"})
 
 
-def checkout(*paths: str, root: Path = REPO_ROOT, digits: int = 7) -> tuple[str, bool] | None:
-    """The checkout's commit (``digits`` hex digits at least) and whether tracked files (of ``paths``; none:
-    all) differ from it; None where git cannot say (a copy of the tree without .git)."""
+def checkout(root: Path = REPO_ROOT) -> tuple[str, bool] | None:
+    """The checkout's short commit and whether tracked files differ from it; None where git cannot say (a copy
+    of the tree without .git)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
                               check=True).stdout.strip()
     try:
-        return (git("rev-parse", f"--short={digits}", "HEAD"),
-                bool(git("status", "--porcelain", "--untracked-files=no", "--", *paths)))
+        return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return None

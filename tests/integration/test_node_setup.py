@@ -3,21 +3,26 @@ instructor's image holds: the environment, the model, every image) each step say
 fetched; where images are missing they are pulled from a named registry or built, and a failed fetch says so.
 
 servelab's own environment and model steps run for real (this machine's .venv, the packaged stand-in model);
-Docker is a recording double on PATH, the one part a test machine does not have with the node's images."""
+Docker is a recording double on PATH, the one part a test machine does not have with the node's images: it records
+each call with the registry and tag its environment gives (bake reads only that; compose reads docker/.env too)."""
 
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from servelab.core.paths import REPO_ROOT
+from servelab.run.walkthrough import runbook
+from servelab.tools.containers import images
 
 # A stand-in for Docker: `compose ... config --images` lists the images, `image inspect` finds those in
-# $DOCKER_HAS, and every other call is recorded in $DOCKER_CALLS (it fails where $DOCKER_FAILS is set).
+# $DOCKER_HAS, and every other call is recorded in $DOCKER_CALLS with the images its environment names (it fails
+# where $DOCKER_FAILS is set).
 DOCKER = textwrap.dedent("""\
     #!/usr/bin/env bash
     case "$*" in
@@ -25,23 +30,27 @@ DOCKER = textwrap.dedent("""\
                           echo "$registry/${FASTAPI_STAGE:-fastapi_pt}:$SERVELAB_TAG"
                           echo "$registry/triton_server:$SERVELAB_TAG" ;;
       "image inspect "*) grep -qxF "$3" "$DOCKER_HAS" ;;
-      *) echo "$*" >> "$DOCKER_CALLS"; [ -z "$DOCKER_FAILS" ] ;;
+      *) echo "$*  # ${SERVELAB_REGISTRY:-}/*:${SERVELAB_TAG:-}" >> "$DOCKER_CALLS"; [ -z "$DOCKER_FAILS" ] ;;
     esac
     """)
 
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    """What the node's checkout holds after its first setup: this repository's files, .venv (this machine's
-    environment) and models/ (the packaged stand-in, built once here)."""
+    """What the node's checkout holds after its first setup: this repository's files, committed (the tag is that
+    commit's), .venv (this machine's environment) and models/ (the packaged stand-in, built once here)."""
     root = tmp_path_factory.mktemp("node") / "servelab"
     for name in ("bin", "docker", "servelab"):
         shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", ".dockerignore", "docker-bake.hcl"):
         shutil.copy(REPO_ROOT / name, root / name)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "the node's commit"]):
+        subprocess.run([*git, *args], check=True)
     if (REPO_ROOT / "models" / "food11.json").is_file():  # built already: the first setup finds it up to date
         shutil.copytree(REPO_ROOT / "models", root / "models")
     (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "python").symlink_to(sys.executable)
     (root / ".venv" / "bin" / "servelab").write_text(f'#!/bin/sh\nexec {sys.executable} -m servelab "$@"\n')
     (root / ".venv" / "bin" / "servelab").chmod(0o755)
     (root / "bin" / "docker").write_text(DOCKER)
@@ -72,36 +81,61 @@ def refs(tag: str, registry: str = "servelab") -> list[str]:
 def test_a_prepared_node_skips_every_step_and_fetches_nothing(checkout: Path, tmp_path: Path):
     first, _ = setup(checkout, tmp_path / "first", "--no-images")  # the instructor's node: the model built
     assert first.returncode == 0, first.stderr
-    done, calls = setup(checkout, tmp_path / "home", has=refs("0.1.0-local"))
+    tag = images.tag(checkout)
+    done, calls = setup(checkout, tmp_path / "home", has=refs(tag))
     assert done.returncode == 0, done.stderr
     assert "servelab's environment: ready in .venv (skipped)" in done.stdout
     assert "models: up to date" in done.stdout
-    assert "images: all 3 of this commit (0.1.0-local) on this node (skipped)" in done.stdout
+    assert f"images: all 3 of this commit ({tag}) on this node (skipped)" in done.stdout
     assert calls == [] and (tmp_path / "home" / "images.log").read_text() == "images: done\n"
     assert (checkout / ".secrets" / "lab.env").is_file()  # each node's own, made at its first setup
 
 
 def test_missing_images_are_pulled_from_the_class_registry(checkout: Path, tmp_path: Path):
-    registry = "registry.example.edu/servelab"
-    done, calls = setup(checkout, tmp_path, "--wait", has=refs("0.1.0-local", registry)[:1], registry=registry)
+    registry, tag = "registry.example.edu/servelab", images.tag(checkout)
+    done, calls = setup(checkout, tmp_path, "--wait", has=refs(tag, registry)[:1], registry=registry)
     assert done.returncode == 0, done.stderr
-    assert "pulling this commit's images (0.1.0-local) from the class registry" in done.stdout
-    assert [c.split()[-1] for c in calls] == ["pull", "fastapi_server", "pull"]
+    assert f"pulling this commit's images ({tag}) from the class registry" in done.stdout
+    assert calls == [f"{call}  # {registry}/*:{tag}" for call in (
+        "compose -f docker/docker-compose-fastapi.yaml pull",
+        "compose -f docker/docker-compose-fastapi.yaml pull fastapi_server",
+        "compose -f docker/docker-compose-triton.yaml pull")]
     assert (tmp_path / "images.log").read_text().endswith("images: done\n")
 
 
-def test_without_a_registry_the_images_are_built(checkout: Path, tmp_path: Path):
+def test_without_a_registry_the_images_are_built_under_the_tag_compose_runs(checkout: Path, tmp_path: Path):
+    """docker/.env says SERVELAB_TAG=local: bake must still tag what compose, run with this commit's tag, looks for."""
     done, calls = setup(checkout, tmp_path, "--wait")
     assert done.returncode == 0, done.stderr
     assert "names no registry: building every image on this node" in done.stdout
-    assert calls == ["buildx bake core"]
+    assert calls == [f"buildx bake core  # servelab/*:{images.tag(checkout)}"]
 
 
-def test_a_failed_fetch_says_so_and_fails(checkout: Path, tmp_path: Path):
-    done, _ = setup(checkout, tmp_path, "--wait", registry="registry.example.edu/servelab", fails=True)
+def test_a_failed_pull_says_what_to_do_and_the_build_it_names_takes_the_registry_s_names(checkout: Path,
+                                                                                          tmp_path: Path):
+    registry = "registry.example.edu/servelab"
+    done, _ = setup(checkout, tmp_path, registry=registry, fails=True)
+    assert done.returncode == 0, done.stderr  # in the background: the log says the rest
+    for _ in range(600):  # the background pull and its advice, within a minute
+        log = (tmp_path / "images.log").read_text()
+        if "docs/class.md" in log:
+            break
+        time.sleep(0.1)
+    assert "images: FAILED" in log and "images: done" not in log.splitlines()
+    assert runbook.REGISTRY.advice() in log and "`bin/node-setup --build`" in runbook.REGISTRY.todo
+    done, calls = setup(checkout, tmp_path / "again", "--build", "--wait", registry=registry)
+    assert done.returncode == 0, done.stderr
+    assert "--build: building every image on this node" in done.stdout
+    # compose, with the pull policy `missing`, runs what is here under the registry's names: none is pulled.
+    assert calls == [f"buildx bake core  # {registry}/*:{images.tag(checkout)}"]
+    assert (tmp_path / "again" / "images.log").read_text().endswith("images: done\n")
+
+
+def test_a_failed_build_says_so_and_fails(checkout: Path, tmp_path: Path):
+    done, _ = setup(checkout, tmp_path, "--wait", fails=True)
     assert done.returncode != 0
     log = (tmp_path / "images.log").read_text()
-    assert "images: FAILED" in log and "images: done" not in log
+    assert "images: FAILED" in log and "images: done" not in log.splitlines() and runbook.REGISTRY.name not in log
 
 
 def test_an_unknown_option_is_refused(checkout: Path, tmp_path: Path):

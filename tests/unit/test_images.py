@@ -63,27 +63,52 @@ def test_targets_build_after_the_ones_their_contexts_name():
 
 
 def _repo(tmp_path: Path) -> Path:
-    for name in ("pyproject.toml", ".dockerignore"):
+    for name in ("pyproject.toml", ".dockerignore", "docker-bake.hcl"):
         shutil.copy(REPO / name, tmp_path / name)
-    for path in ("servelab/x.py", "notebooks/n.ipynb", "docker/.env"):
+    for path in ("servelab/x.py", "servelab/tools/containers/runner.py", "notebooks/n.md", "docker/.env",
+                 "fastapi_pt/Dockerfile"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("1\n")
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    _git(tmp_path, "init", "-q")
+    _commit(tmp_path)
     return tmp_path
 
 
-def test_the_tag_is_the_version_and_commit_and_says_when_the_images_differ(tmp_path):
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True)
+
+
+def _commit(root: Path) -> None:
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "c", "--allow-empty")
+
+
+def test_the_tag_changes_with_what_the_images_are_made_of_and_only_with_that(tmp_path):
     root = _repo(tmp_path)
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    assert images.tag(root) == f"0.1.0-{commit}"
-    (root / "notebooks/n.ipynb").write_text("a student's saved notebook\n")
-    assert images.tag(root) == f"0.1.0-{commit}", "notebooks are mounted, not built in"
+    first = images.tag(root)
+    assert re.fullmatch(r"0\.1\.0-[0-9a-f]{12}", first), first
+    for path in ("notebooks/n.md", "servelab/tools/containers/runner.py", "docs/new.md"):
+        (root / path).parent.mkdir(exist_ok=True)
+        (root / path).write_text("edited\n")
+        _commit(root)
+        assert images.tag(root) == first, f"{path} is in no image: the images pushed before it still serve"
+    seen = {first}
+    for path in ("fastapi_pt/Dockerfile", "docker-bake.hcl", "servelab/x.py", "docker/.env", "servelab/new.py"):
+        (root / path).write_text("edited\n")
+        _commit(root)
+        assert images.tag(root) not in seen, f"{path} is built into the images"
+        seen.add(images.tag(root))
+
+
+def test_the_tag_says_dirty_where_tracked_inputs_differ_and_local_without_git(tmp_path):
+    root = _repo(tmp_path)
+    clean = images.tag(root)
+    (root / "notebooks/n.md").write_text("a student's saved notebook\n")
+    assert images.tag(root) == clean, "notebooks are mounted, not built in"
     (root / "servelab/x.py").write_text("2\n")
-    assert images.tag(root) == f"0.1.0-{commit}-dirty"
+    assert images.tag(root) == f"{clean}-dirty"
+    shutil.rmtree(root / ".git")
+    assert images.tag(root) == "0.1.0-local"
 
 
 def test_a_named_registry_pulls_and_none_builds():

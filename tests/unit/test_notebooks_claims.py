@@ -127,6 +127,35 @@ def test_giving_the_node_back_comes_last() -> None:
     assert "last" in row and "`9`" in row and "`10`" in row
 
 
+
+# A pointer in prose to a notebook's section: `3_fastapi_setup`'s *Every SSH session*, `4_fastapi`, *Serving in
+# production* (a quoted line's "> " may come between).
+SECTION_POINTER = re.compile(r"`(\d+_\w+)`(?:'s|,)\s+(?:>\s*)?\*([^*]+)\*")
+
+
+def _headings(path: Path) -> set[str]:
+    """Its headings, without a trailing "(optional)" (prose names the section, not its mark)."""
+    text = re.sub(r"^```.*?^```", "", _text(path), flags=re.DOTALL | re.MULTILINE)
+    return {re.sub(r"\s*\(optional\)$", "", h) for h in re.findall(r"^#{1,6}\s+(.*?)\s*$", text, re.MULTILINE)}
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: p.name)
+def test_every_pointer_to_a_notebook_s_section_names_a_heading_it_has(path: Path) -> None:
+    for stem, section in SECTION_POINTER.findall(_text(path)):
+        section = " ".join(section.replace(">", " ").split())  # a pointer wrapped over lines of a quote
+        assert section in _headings(NOTEBOOK_DIR / f"{stem}.md"), f"{path.name}: `{stem}` has no section {section!r}"
+
+
+def test_every_ssh_session_starts_in_the_checkout_with_its_environment_and_tag() -> None:
+    """The notebooks after 3_fastapi_setup run `docker compose -f docker/...` and `servelab` in the session: a later
+    SSH session needs the checkout as its folder, the environment and this commit's tag, and its block says all."""
+    setup = _text(NOTEBOOK_DIR / "3_fastapi_setup.md")
+    section = setup[setup.index("\n## Every SSH session\n"):]
+    section = section[:section.index("\n## ", 1)]
+    (block,) = SHELL_BLOCK.findall(section)
+    assert block.splitlines() == ["cd ~/servelab", "source .venv/bin/activate", 'eval "$(servelab containers tag)"']
+    assert "three lines" in section
+
 # --- claims --------------------------------------------------------------------------------------
 
 COUNT_WORDS = {w: i for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight",

@@ -28,6 +28,13 @@ DISK_FULL = Failure(
     "A build fails: the disk is full", "`no space left on device`",
     "`docker system df` shows what holds the disk; `docker builder prune -f` frees the build cache. "
     "Then run the cell again.")
+REGISTRY = Failure(
+    "The class registry fails",
+    "`~/images.log` says `images: FAILED` after `pulling this commit's images` (the registry does not answer, "
+    "asks for a login, or lacks this tag: `not found`, `manifest unknown`)",
+    "`bin/node-setup --build` builds every image on the node under the tag compose runs (slow: about half an hour); "
+    "or, given the instructor's `make images-save` archive, `docker load -i servelab-images.tar` and "
+    "`bin/node-setup` again. Either way, start the services once `~/images.log` ends with `images: done`.")
 CHI_TIMEOUT = Failure(
     "python-chi times out", "`Timeout waiting for server to reach ACTIVE status` (`2_create_server_nvidia`, `9_ray_setup`)",
     "Run the cell again: it finds the same server and waits again. If it times out twice, look at the server in "
@@ -55,7 +62,7 @@ NO_VIEW = Failure(
     "No view of where the class stands", "—",
     "`servelab class status NETID...` (or the status cell of `1_create_lease`): each student's lease, node, "
     "server, floating IP and where they stand.")
-RUNBOOK = (RATE_LIMIT, DISK_FULL, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, UNHEALTHY, NO_VIEW)
+RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, UNHEALTHY, NO_VIEW)
 # Words in a failed command's output that name its cause better than the step that failed.
 SYMPTOMS = {"toomanyrequests": RATE_LIMIT, "no space left on device": DISK_FULL}
 

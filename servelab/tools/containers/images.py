@@ -5,13 +5,16 @@
 runs ``docker buildx bake`` itself (``make images``).
 """
 
+import hashlib
 import json
 import os
+import subprocess
 import tomllib
 from collections.abc import Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 
-from servelab.core.paths import REPO_ROOT, checkout
+from servelab.core.paths import REPO_ROOT
 from servelab.tools.containers.docker import Docker
 from servelab.tools.docker_versions import read_env_file
 
@@ -20,15 +23,41 @@ LOCAL = "servelab"  # SERVELAB_REGISTRY when no registry is named: local names, 
 LABEL = "servelab.standin"  # stand-ins carry their inputs' key: one with the same key is not rebuilt
 
 
+def _inputs(root: Path = REPO_ROOT) -> tuple[list[str], list[str]]:
+    """What the images are made of: .dockerignore's allowlist with what builds it (docker/, the bake file,
+    .dockerignore), and its exclusions (the host-only runner, build leftovers)."""
+    rules = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()]
+    allowed = [rule[1:] for rule in rules if rule.startswith("!")]
+    excluded = [rule for rule in rules if rule and rule != "*" and not rule.startswith(("!", "#"))]
+    return [*allowed, "docker/", BAKE_FILE.name, ".dockerignore"], excluded
+
+
+def _excluded(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore's ``patterns`` leave ``path`` out: a pattern names it or a folder above it."""
+    parts = path.split("/")
+    aboves = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    # fnmatch's * crosses "/", so "**/x" matches x in any folder but the top one: that one is "x".
+    return any(fnmatchcase(above, p) or fnmatchcase(above, p.removeprefix("**/")) for above in aboves for p in patterns)
+
+
 def tag(root: Path = REPO_ROOT) -> str:
-    """servelab's version and commit, so a node never runs another commit's images unawares: "-dirty" where what
-    they are made of differs from it (saved notebooks do not count), "local" where git cannot say."""
+    """servelab's version and a hash of the image inputs at HEAD, so a node never runs images of other inputs
+    unawares, and a commit that changes none (a notebook, a doc) keeps the images pushed before it. "-dirty"
+    where tracked inputs differ from HEAD (saved notebooks do not count), "local" where git cannot say."""
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
-    # What the images are made of: .dockerignore's allowlist, docker/, the bake file.
-    allowed = [line[1:] for line in (root / ".dockerignore").read_text().splitlines() if line.startswith("!")]
-    if (found := checkout(*allowed, "docker/", BAKE_FILE.name, ".dockerignore", root=root, digits=12)) is None:
+    paths, excluded = _inputs(root)
+
+    def git(*args: str) -> list[str]:
+        return subprocess.run(["git", "-C", str(root), *args, "--", *paths], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.splitlines()
+    try:
+        # "mode type blob<TAB>path": every input's content and name at HEAD.
+        tree = [line for line in git("ls-tree", "-r", "HEAD") if not _excluded(line.split("\t", 1)[1], excluded)]
+        changed = [path for path in git("diff", "--name-only", "--no-renames", "HEAD") if not _excluded(path, excluded)]
+    except (OSError, subprocess.SubprocessError):
         return f"{version}-local"
-    return f"{version}-{found[0]}" + ("-dirty" if found[1] else "")
+    digest = hashlib.sha256("\n".join(tree).encode()).hexdigest()[:12]
+    return f"{version}-{digest}" + ("-dirty" if changed else "")
 
 
 def lab_env() -> dict[str, str]:

@@ -179,6 +179,7 @@ def triton_container(ctx: Context) -> Result:
         return Result(name, "skip", f"no {TRITON_COMPOSE} here (servelab runs outside its checkout)")
     image = images.compose_ref("triton_server")
     if not ctx.output(("docker", "image", "inspect", "--format", "{{.Id}}", image)).ok:
-        return Result(name, "skip", f"the Triton image {image} is not built yet (5_triton_setup's `docker compose up` builds it); "
-                                    "run the doctor again after that to check it")
+        # bin/node-setup fetches every core-path image in 3_fastapi_setup, in the background: its log says how far.
+        return Result(name, "skip", f"the Triton image {image} is not on this node yet: `bin/node-setup` fetches it "
+                                    "(`tail ~/images.log`); run the doctor again once that log ends with `images: done`")
     return triton_container_result(ctx.output(container_probe_command(image), timeout_s=180), found)
