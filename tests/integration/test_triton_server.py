@@ -439,8 +439,12 @@ def test_cli_up_stage_down(repository, tmp_path, monkeypatch, capsys):
         capsys.readouterr()
         assert cli.main(["triton", "stage", "onnx-dyn"]) == 0
         printed = capsys.readouterr().out
-        reported = json.loads(printed[printed.index("{"):])
+        reported = json.loads(printed[printed.index("\n{") + 1:])
         assert reported["dynamic_batching"]["preferred_batch_size"] == [4, 6, 8]
+        # The stage's config and the one Triton runs, one line each: the same, read back after the load.
+        lines = [line for line in printed.splitlines() if line.startswith("# food_classifier_onnx, ")]
+        assert [line.partition(": ")[2] for line in lines] == [lines[0].partition(": ")[2]] * 2 and len(lines) == 2
+        assert "scheduler: dynamic_batching { preferred_batch_size: [4, 6, 8] max_queue_delay_microseconds: 100 }" in lines[1]
         assert reported["parameters"]["servelab_stage"]["string_value"] == "onnx-dyn (cpu)"
         assert "onnx-dyn (cpu)" in (repository / "food_classifier_onnx" / "configs" / "stage.pbtxt").read_text()
     finally:
