@@ -2,7 +2,12 @@
 lab and the notebooks' walkthrough measuring the same stage through it."""
 
 import asyncio
+import contextlib
+import sys
+import threading
+import time
 
+import psutil
 import pytest
 
 from servelab.core.artifacts import load_manifest
@@ -14,6 +19,7 @@ from servelab.measure.measure_stage import (
     Sweep,
     measure_stage,
     model_stand_in,
+    perf_analyzer_client,
     servelab_client,
     stand_in_note,
     sweep_capacity,
@@ -21,7 +27,7 @@ from servelab.measure.measure_stage import (
 )
 from servelab.measure.perf_analyzer import Windows
 from servelab.measure.records import Load, read_records
-from servelab.measure.targets import FastAPITarget
+from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.run.lab import Lab
 from servelab.run.plan import Plan
 from servelab.run.walkthrough.walk_fastapi import FastAPIWalkthrough, ServingStage
@@ -178,3 +184,48 @@ def test_the_second_client_measures_one_at_a_time_and_the_capacity_s_load_after_
     top = capacity(swept, "tiny")
     assert [r.load for r in after] == [swept[0].load] + ([top.load] if top is not swept[0] else [])
     assert seen == [[r.load.label()] for r in after]  # each told what ours measured of that load
+
+
+def test_measuring_binds_no_socket_and_starts_only_its_senders_and_perf_analyzer():
+    """measure/ starts no server, held by what its entry points do against a stub target (test_layers holds it by
+    their imports): no socket bound here, no child that listens, no process but the client's own senders (and
+    multiprocessing's helper) and perf_analyzer. A failed perf_analyzer run is still a run that started it."""
+    seen = {"binds": [], "commands": [], "listening": set()}
+    watching = threading.Event()
+    me = psutil.Process()
+
+    def audit(event, args):  # a hook cannot be removed: it records only while this test watches
+        if watching.is_set() and event == "socket.bind":
+            seen["binds"].append(args[1])
+
+    def sample(before: set[int]) -> None:
+        while watching.is_set():
+            for child in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in before:
+                        seen["commands"].append(" ".join(child.cmdline()))
+                        if any(c.status == psutil.CONN_LISTEN for c in child.net_connections("inet")):
+                            seen["listening"].add(child.pid)
+            time.sleep(0.05)
+
+    sys.addaudithook(audit)
+    plan = Plan.quick()
+    with running(service_ms=5, slots=2) as url:
+        before = {c.pid for c in me.children(recursive=True)}  # the stub target itself listens: it is not measure/'s
+        watching.set()
+        sampler = threading.Thread(target=sample, args=(before,), daemon=True)
+        sampler.start()
+        try:
+            labels = Labels("tiny")
+            swept = sweep_capacity(FastAPITarget(url, b"photo"), plan.load, labels, Sweep(start=2, max_levels=2),
+                                   windowed(plan.windows))
+            pa = measure_stage(TritonTarget(url.split("//")[-1], "food_classifier", b"photo"),
+                               [Load.sequential(2, warmup=0)], labels, [perf_analyzer_client(timeout_s=30)])
+        finally:
+            watching.clear()
+            sampler.join()
+    assert swept and not swept[0].failed and pa[0].tool == "perf_analyzer"
+    assert seen["binds"] == [] and seen["listening"] == set(), seen
+    assert seen["commands"], "the sampler saw no sender process: it watched nothing"
+    others = {c for c in seen["commands"] if "multiprocessing" not in c and "perf_analyzer" not in c}
+    assert others == set(), others

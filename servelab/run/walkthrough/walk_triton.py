@@ -243,7 +243,8 @@ class TritonWalkthrough:
     def beside_file(self, name: str, running: dict[str, Any]) -> str:
         """The config file written for stage ``name``'s model beside ``running``, the config Triton reports
         (``client.get_model_config``), one line each: what they say of batching and instances must agree."""
-        path = Path(self.repository or "") / STAGES[name].triton.model / "configs" / f"{CONFIG_NAME}.pbtxt"
+        # Where write_config and `servelab triton stage` write it: the repository of the server at self.url.
+        path = Path(switch_target(self.url).repository) / STAGES[name].triton.model / "configs" / f"{CONFIG_NAME}.pbtxt"
         try:
             written = served_line(served(text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())))
         except (OSError, text_format.ParseError) as exc:
