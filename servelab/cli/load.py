@@ -52,6 +52,17 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _record_options(g: Any) -> None:
+    """What every client's record carries beside its numbers: the stage, its config, the server, the stand-in."""
+    g.add_argument("--stage", help="stage name for the record (default: from the target)")
+    g.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="stage configuration to record (repeatable)")
+    g.add_argument("--server-pid", type=int, help="server process whose memory (with children) to record")
+    g.add_argument("--monitor-interval", type=float, default=0.5, help="seconds between utilization samples")
+    g.add_argument("--stand-in", help="note that the model is a stand-in, shown in every report")
+    g.add_argument("--out", type=Path, help="append one JSON record per run to this file")
+
+
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser("load", help="measure latency and throughput of a stage",
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,14 +104,7 @@ def register(subparsers: Any) -> None:
                            help="sender processes (default: as many as keep the client 2x above the rate it expects)")
             c.add_argument("--max-processes", type=int,
                            help="the most sender processes it may plan (default: half the CPUs)")
-        g = p.add_argument_group("record")
-        g.add_argument("--stage", help="stage name for the record (default: from the target)")
-        g.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                       help="stage configuration to record (repeatable)")
-        g.add_argument("--server-pid", type=int, help="server process whose memory (with children) to record")
-        g.add_argument("--monitor-interval", type=float, default=0.5, help="seconds between utilization samples")
-        g.add_argument("--stand-in", help="note that the model is a stand-in, shown in every report")
-        g.add_argument("--out", type=Path, help="append one JSON record per run to this file")
+        _record_options(p.add_argument_group("record"))
         p.set_defaults(func=func)
     # perf-analyzer's own, on the last of them
     p.add_argument("--input-data", type=Path, help="existing --input-data JSON (default: written from --image)")

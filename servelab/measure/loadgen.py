@@ -545,6 +545,39 @@ class ClientOptions:
     max_processes: int | None = None
 
 
+async def _more_senders(n: int, target: Target, load: Load, timeout_s: float,
+                        warnings: list[str]) -> tuple[list[Connection], int]:
+    """``n`` sender processes (none where one, this one, sends alone), each warmed up: them and the warm-up requests
+    they sent. None is left running if their warm-up fails."""
+    if n <= 1:
+        return [], 0
+    senders = pool(_sender_main).take(n)
+    try:
+        sent, failed = await _senders_warm(senders, target, load, timeout_s)
+    except BaseException:
+        pool(_sender_main).close(wait_s=0)
+        raise
+    if failed:
+        warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
+    return senders, sent
+
+
+def _client_side(run: RawRun, stats: Any, seen_key: Any, n: int, chosen: str, expected: float | None,
+                 own: float | None) -> ClientSide:
+    """How the client fared in ``run``: its processes, how busy its busiest loop was, its CPU per request and
+    whether it, not the server, bound the throughput. What it served is remembered for the next run's plan."""
+    # Rounded as the record keeps it, so that the reason it gives says the record's own figure.
+    busy = round(max(run.loop_cpu_s) / run.wall_s, 3) if run.loop_cpu_s and run.wall_s > 0 else None
+    cpu_ms = 1000 * sum(run.loop_cpu_s) / stats.requests if run.loop_cpu_s and stats.requests else None
+    if stats.throughput_rps > 0:
+        _SEEN[seen_key] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
+    why = bound_reason(stats.throughput_rps, busy)
+    return ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
+                      warmup_rps_per_cpu=round(own, 1) if own else None, busy=busy, loop_late=run.loop_late,
+                      cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
+                      bound=why is not None, why=why)
+
+
 async def run_bench_async(target: Target, load: Load, labels: Labels,
                           options: ClientOptions = ClientOptions()) -> Record:
     """One measured run against ``target`` under ``load``, run as ``options`` say; returns (and, with
@@ -563,13 +596,8 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
         own = warm.own_rps()
         n, chosen = plan_processes(load, own or seen_own, expected, options.max_processes, options.processes, held)
-        warm_sent = warm.sent
-        if n > 1:
-            senders = pool(_sender_main).take(n)
-            sent, failed = await _senders_warm(senders, target, load, timeout_s)
-            warm_sent += sent
-            if failed:
-                warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
+        senders, warm_sent = await _more_senders(n, target, load, timeout_s, warnings)
+        warm_sent += warm.sent
         # Statistics once the warm-up has reached them: two reads in a row that agree.
         before = (await _settled(partial(_extra, client.server_stats, "server statistics", warnings), operator.eq)
                   if client.has_server_stats else None)
@@ -578,10 +606,8 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
             window_start = time.time()  # wall clock, to match server-side time series (Prometheus)
             run = await (run_load(client, load, trigger) if n == 1 else _senders_run(senders, load, timeout_s))
             window_end = time.time()
-        breakdown = run.timing.breakdown()
-        if before is not None:
-            model = getattr(target, "model", "")
-            breakdown = await _server_breakdown(client, before, model, len(run.latency_s), warnings)
+        breakdown = (run.timing.breakdown() if before is None else
+                     await _server_breakdown(client, before, getattr(target, "model", ""), len(run.latency_s), warnings))
         cache = await _cache_stats(client, cache_before, len(run.latency_s), warnings)
     except BaseException:
         if senders:  # no sender process is left mid-job: the next run starts fresh ones
@@ -591,14 +617,9 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         await client.close()
     warnings += run.warnings
     stats = run.stats(target.batch)
-    # Rounded as the record keeps it, so that the reason it gives says the record's own figure.
-    busy = round(max(run.loop_cpu_s) / run.wall_s, 3) if run.loop_cpu_s and run.wall_s > 0 else None
-    cpu_ms = 1000 * sum(run.loop_cpu_s) / stats.requests if run.loop_cpu_s and stats.requests else None
-    if stats.throughput_rps > 0:
-        _SEEN[_seen_key(target, load)] = (stats.throughput_rps, 1000 / cpu_ms if cpu_ms else None)
-    why = bound_reason(stats.throughput_rps, busy)
-    if why:
-        warnings.append(f"client-bound: {why}; the throughput is the client's limit, not the server's")
+    client_side = _client_side(run, stats, _seen_key(target, load), n, chosen, expected, own)
+    if client_side.why:
+        warnings.append(f"client-bound: {client_side.why}; the throughput is the client's limit, not the server's")
     for text in warnings:
         log.warning("%s [%s]: %s", labels.stage, load.label(), text)
     monitors = monitor.result()
@@ -610,11 +631,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         timeline=(build_timeline(run, options.sampler, options.timeline_bin_s or 1.0)
                   if options.sampler or options.timeline_bin_s else None),
         per_request=per_request(run) if options.keep_requests else None,
-        rollout=rollout_summary(run) if run.fired else None,
-        client=ClientSide(processes=n, expected_rps=round(expected, 1) if expected else None, chosen=chosen,
-                          warmup_rps_per_cpu=round(own, 1) if own else None, busy=busy, loop_late=run.loop_late,
-                          cpu_ms_per_request=round(cpu_ms, 3) if cpu_ms is not None else None,
-                          bound=why is not None, why=why),
+        rollout=rollout_summary(run) if run.fired else None, client=client_side,
     )
     if options.out is not None:
         append_record(options.out, record)

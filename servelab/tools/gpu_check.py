@@ -197,6 +197,31 @@ def run_tests(out: Path, timeout: float | None, target: str = GPU_TESTS,
     return code, PytestOutcome.from_junit(junit) if code is not None and junit.exists() else None
 
 
+def run_lab(out: Path, full: bool, stages: str | None, budget_s: float | None,
+            log=print) -> tuple[int | None, str, list[Record], dict[str, str], list[str]]:
+    """The GPU lab within ``budget_s`` (None: no limit): its exit status (None: stopped), its label for the record,
+    its records, the parts it did not run and the failures before a run that run.json names."""
+    lab_args = ["--device", "gpu"] + (["--full"] if full else ["--quick"] if stages else ["--plan", "gpu-check"])
+    lab_args += ["--stages", stages] if stages else []
+    lab_args += ["--budget", f"{budget_s:.0f}"] if budget_s is not None else []
+    log(f"gpu-check: servelab lab {' '.join(lab_args)} (its output: {out / 'lab.log'})")
+    # The lab keeps to its budget stage by stage; the margin is for a stage that overruns its guess.
+    lab_code = run_within([sys.executable, "-m", "servelab", "lab", *lab_args, "--out", str(out / "lab")],
+                          None if budget_s is None else budget_s + CEILING_S, out / "lab.log")
+    records_path, run_path = out / "lab" / "records.jsonl", out / "lab" / RUN_FILE
+    records = read_records(records_path) if records_path.exists() else []
+    not_run: dict[str, str] = {}
+    failures: list[str] = []
+    if lab_code is None:
+        not_run["lab"] = f"stopped by the time budget ({budget_s:.0f} s for it) while a stage ran"
+    elif run_path.exists():
+        run = json.loads(run_path.read_text(encoding="utf-8"))
+        not_run.update(run.get("not_run", {}))
+        failures = run.get("failures", [])
+    label = f"`servelab lab {' '.join(lab_args)}`, " + (f"exit {lab_code}" if lab_code is not None else "stopped")
+    return lab_code, label, records, not_run, failures
+
+
 def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, budget_s: float | None = None,
           log=print) -> int:
     """Run the GPU tests and the GPU lab; write the record. 0 when everything that ran passed, 1 otherwise.
@@ -225,23 +250,8 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     code, tests = run_tests(out, left(CEILING_S), log=log)
     if code is None:
         not_run[TESTS] = f"stopped by the time budget ({budget_s:g} s) before they ended"
-    lab_args = ["--device", "gpu"] + (["--full"] if full else ["--quick"] if stages else ["--plan", "gpu-check"])
-    lab_args += ["--stages", stages] if stages else []
-    lab_budget = left(CEILING_S + DESIGNS_S)
-    lab_args += ["--budget", f"{lab_budget:.0f}"] if lab_budget is not None else []
-    log(f"gpu-check: servelab lab {' '.join(lab_args)} (its output: {out / 'lab.log'})")
-    # The lab keeps to its budget stage by stage; the margin is for a stage that overruns its guess.
-    lab_code = run_within([sys.executable, "-m", "servelab", "lab", *lab_args, "--out", str(out / "lab")],
-                          None if lab_budget is None else lab_budget + CEILING_S, out / "lab.log")
-    records_path, run_path = out / "lab" / "records.jsonl", out / "lab" / RUN_FILE
-    records = read_records(records_path) if records_path.exists() else []
-    failures: list[str] = []
-    if lab_code is None:
-        not_run["lab"] = f"stopped by the time budget ({budget_s:g} s) while a stage ran"
-    elif run_path.exists():
-        run = json.loads(run_path.read_text(encoding="utf-8"))
-        not_run.update(run.get("not_run", {}))
-        failures = run.get("failures", [])
+    lab_code, label, records, lab_not_run, failures = run_lab(out, full, stages, left(CEILING_S + DESIGNS_S), log)
+    not_run.update(lab_not_run)
     designs = None
     if left(CEILING_S) == 0:
         not_run[DESIGNS_PART] = f"no time left of the budget ({budget_s:g} s)"
@@ -261,7 +271,6 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     docs.mkdir(parents=True, exist_ok=True)
     path = docs / f"{slug(name)}.md"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    label = f"`servelab lab {' '.join(lab_args)}`, " + (f"exit {lab_code}" if lab_code is not None else "stopped")
     path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run, checkout_commit(),
                                     designs, failures),
                     encoding="utf-8")

@@ -10,6 +10,7 @@ import base64
 import io
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -107,14 +108,10 @@ class _CloseWhenAsked:
         return self.app(environ, start)
 
 
-def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flask:
-    settings = settings or get_settings()
-    app = Flask("gourmetgram", root_path=str(root))
-    app.request_class = _InMemoryRequest
-    app.wsgi_app = _CloseWhenAsked(app.wsgi_app)
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
-    backend = make_backend(settings)
-    registry, canary_share = CollectorRegistry(), settings.canary_share if settings.canary_url else 0.0
+def _metrics(canary_share: float) -> tuple[CollectorRegistry, Counter, Histogram]:
+    """GourmetGram's own Prometheus series (its registry, not the process's): predictions by route, version and
+    outcome, their latency, the canary's share."""
+    registry = CollectorRegistry()
     predictions = Counter("gourmetgram_predictions", "Predictions asked of the backends, by route (stable, canary), "
                           "the model version that answered (empty where none did) and outcome (ok, busy: shed by "
                           "the backend, error).", ["route", "model_version", "outcome"], registry=registry)
@@ -125,10 +122,49 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
           registry=registry).set(canary_share)
     for route in (STABLE, CANARY) if canary_share else (STABLE,):  # at 0 from the start, so rates are defined
         predictions.labels(route, "", "error")
+    return registry, predictions, latency
+
+
+def _answer_errors(app: Flask, page: Callable[..., str], max_mb: float) -> None:
+    """Every failure answers with our page and its status, never Werkzeug's page or a traceback."""
+    @app.errorhandler(ImageError)
+    def bad_image(exc: ImageError):
+        if isinstance(exc, ImageTooLarge):
+            return page(error=f"This photo is too large to classify: {exc}."), 413
+        return page(error=f"This file cannot be classified: {exc}."), 400
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge):
+        return page(error=f"The file is larger than the {max_mb:g} MB upload limit."), 413
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        # Keep headers such as Allow (405); the body is our page, not Werkzeug's.
+        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+        return page(error=f"{exc.code} {exc.name}."), exc.code, headers
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception):
+        # Logged with its traceback for the operator; the user gets plain words only.
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return page(error="Something went wrong inside GourmetGram. Try again; if it persists, "
+                          "the operator will find the details in the app's log."), 500
+
+
+def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flask:
+    """GourmetGram: an upload page that asks the configured backend for a class and shows the answer."""
+    settings = settings or get_settings()
+    app = Flask("gourmetgram", root_path=str(root))
+    app.request_class = _InMemoryRequest
+    app.wsgi_app = _CloseWhenAsked(app.wsgi_app)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
+    backend = make_backend(settings)
+    registry, predictions, latency = _metrics(settings.canary_share if settings.canary_url else 0.0)
     samples = {path.name: path for path in sample_images()}
     max_mb = settings.max_upload_bytes / 1024 / 1024
     page = partial(render_template, "index.html", backend=backend, samples=samples, max_mb=max_mb,
                    stand_in_note=STAND_IN_NOTE)
+    _answer_errors(app, page, max_mb)
 
     @app.get("/")
     def index():
@@ -167,29 +203,6 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
     @app.get("/metrics")
     def prometheus():
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
-
-    @app.errorhandler(ImageError)
-    def bad_image(exc: ImageError):
-        if isinstance(exc, ImageTooLarge):
-            return page(error=f"This photo is too large to classify: {exc}."), 413
-        return page(error=f"This file cannot be classified: {exc}."), 400
-
-    @app.errorhandler(RequestEntityTooLarge)
-    def too_large(exc: RequestEntityTooLarge):
-        return page(error=f"The file is larger than the {max_mb:g} MB upload limit."), 413
-
-    @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException):
-        # Keep headers such as Allow (405); the body is our page, not Werkzeug's.
-        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
-        return page(error=f"{exc.code} {exc.name}."), exc.code, headers
-
-    @app.errorhandler(Exception)
-    def unexpected(exc: Exception):
-        # Logged with its traceback for the operator; the user gets plain words only.
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return page(error="Something went wrong inside GourmetGram. Try again; if it persists, "
-                          "the operator will find the details in the app's log."), 500
 
     @app.after_request
     def secure(response):
