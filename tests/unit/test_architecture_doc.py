@@ -27,7 +27,7 @@ def words() -> frozenset[str]:
     return frozenset(WORD.findall("\n".join(text)))
 
 
-SUFFIXES = (".py", ".md", ".toml", ".pbtxt", ".json", ".txt", ".yml", ".yaml", ".log", ".ipynb", ".jpg", ".cfg")
+SUFFIXES = (".py", ".md", ".toml", ".pbtxt", ".json", ".txt", ".yml", ".yaml", ".log", ".ipynb", ".jpg", ".cfg", ".j2")
 GENERATED = ("results/", ".venv/", "models/")  # what a run writes: not in a checkout
 
 
