@@ -421,10 +421,11 @@ class Graded:
 
     def points_for(self, ratio: float | None) -> float:
         """All its points in its range; half on the side the notebooks teach (a prediction may be off); else none."""
-        low, high = self.bounds()
+        (low, high), e = self.bounds(), _expect(self.lesson, "gpu")
         if ratio is None:
             return 0.0
-        return self.points * (1.0 if low <= ratio <= high else 0.5 * (not _expect(self.lesson, "gpu").contradicted(ratio)))
+        return self.points * (1.0 if low <= ratio <= high else 0.5 * (not e.contradicted(ratio)))
+
 
 @cache
 def _h200() -> list[tuple[LessonReport, list[Finding]]]:
