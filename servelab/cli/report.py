@@ -1,6 +1,7 @@
 """``servelab report``: the front of ``servelab.report``; with ``--check``, of ``servelab.report.check``."""
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--check", action="store_true",
                    help="check instead of render: each RECORDS is a student's results folder (records.jsonl and the "
                         "report) or a records file; one line per finding, exit 1 where there is any")
+    p.add_argument("--lease", type=Path, metavar="FILE", help='with --check: the student\'s leases, JSON: {"start": '
+                   'ISO, "end": ISO, "servers": [server id, ...]} or a list (a student of servelab class status --leases)')
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     given = [*args.records, *args.more_records]
     if args.check:
-        verdicts = check.check_all(given or [DEFAULT_RECORDS.parent])
+        try:
+            leases = check.leases_of(json.loads(args.lease.read_text(encoding="utf-8"))) if args.lease else []
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # one line, not a traceback
+            print(f"error: {exc}")
+            return 2
+        verdicts = check.check_all(paths := given or [DEFAULT_RECORDS.parent], leases={p: leases for p in paths})
         print("\n".join(line for verdict in verdicts for line in verdict.lines()))
         return 1 if any(v.findings for v in verdicts) else 0
     # A folder stands for its records file: `servelab report results` is what the check tells a student to run.
@@ -51,3 +59,4 @@ def _cmd_report(args: argparse.Namespace) -> int:
     print(summary_table(records))
     print(f"wrote {path}")
     return 0
+

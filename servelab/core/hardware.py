@@ -8,12 +8,15 @@ and optional, a missing part named as missing. INT8 pays on a CPU only with fast
 lab's node, and no run on the others is recorded here, so what is said of them is a prediction.
 """
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -73,6 +76,27 @@ def node_type_of(gpu_names: Iterable[str]) -> NodeType | None:
     names = list(gpu_names)
     found = [t for t in NODE_TYPES.values() if names and all(t.gpu in n for n in names)]
     return found[0] if len(found) == 1 else None
+
+
+CLOUD_INIT_ID = Path("/var/lib/cloud/data/instance-id")
+METADATA_URL = "http://169.254.169.254/openstack/latest/meta_data.json"
+METADATA_TIMEOUT_S = 0.5  # off a cloud nothing answers there: a run waits this long once per process
+UNKNOWN_INSTANCE = "unknown"
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@cache
+def instance_id(cloud_init: Path = CLOUD_INIT_ID, url: str = METADATA_URL) -> str:
+    """The node's own instance UUID (Nova's server id): cloud-init's copy, else OpenStack's metadata service; so a
+    record says which server ran it (``servelab class`` reads the student's from Chameleon). Off a cloud: unknown."""
+    found = ""
+    with suppress(OSError, UnicodeDecodeError):
+        found = cloud_init.read_text(encoding="utf-8").strip()  # "iid-datasource-none" where no cloud is
+    if not UUID.fullmatch(found):
+        with suppress(OSError, ValueError, AttributeError):  # no service, a slow one, or not OpenStack's JSON
+            with urllib.request.urlopen(url, timeout=METADATA_TIMEOUT_S) as answer:
+                found = str(json.load(answer).get("uuid") or "")
+    return found if UUID.fullmatch(found) else UNKNOWN_INSTANCE
 
 
 def cc(capability: Capability) -> str:

@@ -46,13 +46,7 @@ from servelab.measure.records import (
     machine_info,
 )
 from servelab.measure.schedule import send_times
-from servelab.measure.senders import (
-    bound_reason,
-    little_rate,
-    plan_processes,
-    planned_rate,
-    pool,
-)
+from servelab.measure.senders import bound_reason, little_rate, plan_processes, planned_rate, pool
 from servelab.measure.server_timing import TimingSums
 from servelab.measure.stats import latency_summary
 from servelab.measure.targets import Client, Outcome, Target

@@ -12,6 +12,7 @@ import math
 import re
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -218,12 +219,14 @@ def run_perf_analyzer(
                                     binary=str(pa.path))
         before = _try_stats(target, warnings)
         with Monitor(monitor_interval_s, server_pid) as monitor:
+            started = time.time()  # its window: perf_analyzer's own trials lie within this run of it
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=pa.env())
             except subprocess.TimeoutExpired as exc:  # subprocess.run has killed it
                 printed = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
                 return fail(message=f"timed out after {timeout_s:g} s (killed); last output: {_message(printed, '')}",
                             command=cmd)
+        window = [started, time.time()]
         after = _try_stats(target, warnings) if before is not None else None
         text = csv_path.read_text() if csv_path.exists() else ""
     if done.returncode != 0 or not text.strip():
@@ -242,6 +245,7 @@ def run_perf_analyzer(
     record = record.model_copy(update={
         "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,
         "warnings": warnings, "stand_in": stand_in, "machine": machine_info([g.name for g in monitors.gpus] or None),
+        "window_unix": window,
         "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
                    "max_trials": windows.max_trials, "window_s": windows.window_s},
     })

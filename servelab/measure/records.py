@@ -15,7 +15,7 @@ from typing import Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from servelab.core.hardware import recorded_flags, stack
+from servelab.core.hardware import instance_id, recorded_flags, stack
 
 SCHEMA_VERSION = 1
 DEFAULT_RECORDS = Path("results") / "records.jsonl"
@@ -390,6 +390,7 @@ def machine_info(gpu_names: list[str] | None = None) -> dict[str, Any]:
             versions[name] = metadata.version(name)
     return {
         "hostname": socket.gethostname(),
+        "instance_id": instance_id(),  # the server that ran it, which the grader's check holds to the student's
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_logical": psutil.cpu_count(logical=True),

@@ -1,16 +1,15 @@
 """``servelab report --check RESULTS``: does a student's ``results/`` hold what the lab itself wrote on a GPU node?
 
-A grader's check, not proof: a hand edit leaves traces (derived figures that do not follow, percentiles that are
-not those of the latencies kept, records from two machines or two leases, a report not written from them), and a
-CPU run edited to claim a GPU node leaves fields that still say CPU (a record's execution provider against its
-device, the machine's CPUs and GPUs against the node type its GPUs name). A submission must also hold the core
-path: every run of ``CORE_PATH`` (the catalogue's; notebooks 4, 6 and 7, and 8's report). Each finding is one
-line; bad input is a finding too, never an exception.
+A grader's check, not proof: a hand edit leaves traces (derived figures that do not follow, percentiles not those
+of the latencies kept, records from two machines, a report not written from them); a CPU run edited to claim a GPU
+node leaves fields that still say CPU (the execution provider, the CPUs and GPUs against the node type); records
+outside the student's leases (``--lease``, which ``servelab class`` reads from Chameleon) or from another server
+(``machine.instance_id``, read by the run from the node's metadata) are named. The core path (``CORE_PATH``) must be
+there. Each finding is one line; bad input is a finding too, never an exception.
 
-What it cannot prove: that a submission whose every field agrees was run by its student. It does not yet read
-the student's lease (its window, its instance), so records from a classmate's node, or a laptop run edited in
-every field the checks read, pass; perf_analyzer's records keep no measured window, so a copied one goes unseen;
-and only ``gpu_p100``'s GPU count is recorded (``servelab.core.hardware.NODE_TYPES``).
+What it cannot prove: that a submission whose every field agrees was run by its student. Without the leases, a
+classmate's records, or a laptop run edited in every field read, pass; with them, a laptop run must also be given
+the student's server id and times by hand. Only ``gpu_p100``'s GPU count is recorded (``hardware.NODE_TYPES``).
 """
 
 from __future__ import annotations
@@ -20,16 +19,18 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import dropwhile, takewhile
 from pathlib import Path
 
 from servelab.core.catalogue import CORE_PATH, STAGES
-from servelab.core.hardware import NODE_TYPES, node_type_of, runs_on_cpu
+from servelab.core.hardware import NODE_TYPES, UNKNOWN_INSTANCE, node_type_of, runs_on_cpu
 from servelab.core.paths import MODELS_STAGING
+from servelab.core.tables import text
 from servelab.measure.records import DEFAULT_RECORDS, Record, why_not
 from servelab.measure.stats import latency_summary
+from servelab.report.lessons import RUBRIC, findings
 from servelab.report.render import TABLES, markdown_table
 from servelab.servers.triton.configs import differences, meant
 
@@ -42,6 +43,8 @@ PERCENTILES = (("p50_ms", 50), ("p90_ms", 90), ("p95_ms", 95), ("p99_ms", 99), (
 REPORT = "report.md"
 GENERATED = re.compile(r"^Generated \S+ from (\d+) run records", re.MULTILINE)
 SHOWN = 3  # places named in a finding that repeats
+CHECK_POINTS, STAGE_POINTS = 24, 2  # the class rubric's (docs/class.md): no finding; each stage of the core path
+CLOCK_S = 60.0  # a node's clock against Chameleon's: a record this close to its lease's edge is inside it
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,54 @@ class Verdict:
     about: str = "nothing to check"  # the records, their machine and their times, in a phrase
     findings: list[str] = field(default_factory=list)
     windows: dict[tuple[float, float], str] = field(default_factory=dict)  # measured window -> where (copies)
+    records: list[Record] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         n = len(self.findings)
         summary = f"{self.about}: " + (f"{n} finding{'s' if n != 1 else ''}" if n else "no finding")
         return [f"{self.path}: {summary}", *(f"{self.path}: {f}" for f in self.findings)]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One of a student's leases, as Chameleon holds it: its window (Unix s) and its servers' ids (none: unchecked)."""
+
+    start: float
+    end: float
+    servers: tuple[str, ...] = ()
+
+
+def leases_of(given: object) -> list[Lease]:
+    """Leases from JSON (a lease file: ``servelab class status --leases``): one ``{"start", "end", "servers"}``, times ISO 8601
+    or Unix seconds, or a list of them; a ValueError in one line where it is not that."""
+    found = []
+    for lease in given if isinstance(given, list) else [given]:
+        try:
+            start, end = (float(t) if isinstance(t, (int, float)) else _unix(t) for t in (lease["start"], lease["end"]))
+            servers = tuple(lease.get("servers") or ())
+        except (TypeError, KeyError, AttributeError):
+            start = end = None
+        if start is None or end is None or not all(isinstance(s, str) for s in servers):
+            raise ValueError(f'a lease is {{"start": ISO 8601, "end": ISO 8601, "servers": [server id, ...]}}, '
+                             f"not {str(lease)[:80]}")
+        found.append(Lease(start, end, servers))
+    return found
+
+
+def _leased(r: Record, leases: Sequence[Lease]) -> list[str]:
+    """A record against the student's leases: run within one, on a server it held (its instance's UUID)."""
+    times = [t for t in (_unix(r.started_at), *(r.window_unix or ())) if t is not None]
+    inside = [lease for lease in leases if all(lease.start - CLOCK_S <= t <= lease.end + CLOCK_S for t in times)]
+    if leases and not inside:
+        return [f"ran outside the student's leases ({'; '.join(f'{_when(a.start)} to {_when(a.end)}' for a in leases)})"]
+    servers = sorted({s for lease in inside for s in lease.servers})
+    ran_on = str(r.machine.get("instance_id") or UNKNOWN_INSTANCE)
+    if not servers or ran_on in servers:
+        return []
+    if ran_on == UNKNOWN_INSTANCE:
+        return ["no instance recorded (machine.instance_id), so not the student's server "
+                f"({', '.join(servers)}): run it with this commit's servelab on the node"]
+    return [f"ran on instance {ran_on}, not on the student's server in that lease ({', '.join(servers)})"]
 
 
 def _close(a: float | None, b: float | None, rel: float = REL, abs_: float = 0.0) -> bool:
@@ -177,8 +223,9 @@ def _times(r: Record) -> list[str]:
     start = _unix(r.started_at)
     if start is None:
         return [f"started_at {r.started_at!r} is not a time"]
-    if not (w := r.window_unix):
-        return []
+    if not (w := r.window_unix):  # perf_analyzer's runs record theirs since #64: else a copy would go unseen
+        return ["perf_analyzer's run has no measured window (window_unix): run it with this commit's servelab"] * (
+            r.tool == "perf_analyzer" and not r.failed)
     if len(w) != 2 or w[1] < w[0]:
         return [f"measured window {w} is not [start, end]"]
     found = []
@@ -239,12 +286,13 @@ def _machines(placed: Sequence[Placed]) -> tuple[str, list[str]]:
     seen: dict[tuple, list[int]] = defaultdict(list)
     for p in placed:
         m = p.record.machine
-        seen[(tuple(m.get("gpus") or ()), (m.get("stack") or {}).get("driver"), m.get("cpu_logical"))].append(p.line)
+        seen[(tuple(m.get("gpus") or ()), (m.get("stack") or {}).get("driver"), m.get("cpu_logical"),
+              m.get("instance_id"))].append(p.line)
 
     def said(key: tuple) -> str:
-        gpus, driver, cpus = key
+        gpus, driver, cpus, instance = key
         names = ", ".join(f"{n}x {g}" for g, n in sorted({g: gpus.count(g) for g in gpus}.items())) or "no GPU"
-        return f"{names}, driver {driver or '-'}, {cpus} CPUs"
+        return f"{names}, driver {driver or '-'}, {cpus} CPUs" + (f", instance {instance}" if instance else "")
 
     node = [f"{said(key)}: {what}" for key in seen for what in _node(key[0], key[2])]
     if len(seen) <= 1:
@@ -284,8 +332,9 @@ def report_findings(folder: Path, records: list[Record]) -> list[str]:
     return found
 
 
-def check(path: Path, now: float | None = None) -> Verdict:
-    """Check one submission: a ``results`` folder (records.jsonl and the report), or one JSONL file (records only)."""
+def check(path: Path, now: float | None = None, leases: Sequence[Lease] = ()) -> Verdict:
+    """Check one submission: a ``results`` folder (records.jsonl and the report), or one JSONL file (records only);
+    with the student's ``leases``, each record against them too."""
     path = Path(path)
     verdict = Verdict(path)
     records_file, folder = (path / DEFAULT_RECORDS.name, path) if path.is_dir() else (path, None)
@@ -293,12 +342,13 @@ def check(path: Path, now: float | None = None) -> Verdict:
         verdict.findings = [f"no {records_file.name} in it" if folder else "no such folder or file"]
         return verdict
     placed, verdict.findings = read(records_file)
+    verdict.records = [p.record for p in placed]
     if not placed:
         verdict.findings.append(f"{records_file.name} holds no record")
         return verdict
     per_record: dict[str, list[str]] = defaultdict(list)
     for p in placed:
-        for what in record_findings(p):
+        for what in record_findings(p) + _leased(p.record, leases):
             per_record[what].append(p.where)
     when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
     machine, machines = _machines(placed)
@@ -316,9 +366,10 @@ def check(path: Path, now: float | None = None) -> Verdict:
     return verdict
 
 
-def check_all(paths: Sequence[Path], now: float | None = None) -> list[Verdict]:
-    """Each submission, and the runs one shares with another (the same measured window: a copied record)."""
-    verdicts = [check(p, now) for p in paths]
+def check_all(paths: Sequence[Path], now: float | None = None,
+              leases: Mapping[Path, Sequence[Lease]] | None = None) -> list[Verdict]:
+    """Each submission (with its student's ``leases``), and any run two share (the same measured window: a copy)."""
+    verdicts = [check(p, now, (leases or {}).get(p, ())) for p in paths]
     owner: dict[tuple[float, float], tuple[Verdict, str]] = {}
     for v in verdicts:
         for window, where in v.windows.items():
@@ -328,3 +379,27 @@ def check_all(paths: Sequence[Path], now: float | None = None) -> list[Verdict]:
             else:
                 owner.setdefault(window, (v, where))
     return verdicts
+
+
+def core_stages(records: Sequence[Record]) -> list[str]:
+    """The stages of the core path whose every run is in ``records`` (a failed run is none)."""
+    have = {(r.stage, r.load.mode) for r in records if not r.failed}
+    return [stage for stage, modes in CORE_PATH.items() if all((stage, mode) in have for mode in modes)]
+
+
+def grade(verdicts: Mapping[str, Verdict]) -> str:
+    """One row per student (``servelab class grade``): findings, the core path's stages, each rubric ratio against
+    its range (``in`` or ``out``; ``-``: not measured) and their points out of the rubric's automatic ones. A finding
+    holds the check's points back for the instructor (``review``): a run the check doubts earns nothing on its own."""
+    most = CHECK_POINTS + STAGE_POINTS * len(CORE_PATH) + sum(g.points for g in RUBRIC)
+    rows = []
+    for student, v in verdicts.items():
+        measured = [f for _, fs in findings(v.records) for f in fs if f.ratio is not None]
+        stages = core_stages(v.records)
+        ratios = [(g, next((f.ratio for f in measured if f.pair.startswith(g.pair)), None)) for g in RUBRIC]
+        points = STAGE_POINTS * len(stages) + sum(g.points_for(x) for g, x in ratios)
+        shown = ["-" if x is None else f"{x:.2f} {'in' if g.points_for(x) == g.points else 'out'}" for g, x in ratios]
+        rows.append((student, str(len(v.findings)), f"{len(stages)}/{len(CORE_PATH)}", *shown,
+                     f"review: {points:g} + ?" if v.findings else f"{points + CHECK_POINTS:g}/{most}"))
+    columns = ("student", "findings", "core stages", *(g.pair.rstrip(",") for g in RUBRIC), "points")
+    return text(columns, rows)

@@ -8,14 +8,17 @@ to the next; a throughput ratio is one of capacities, never one stage held to an
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cache
 
+from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, Lesson, compared
 from servelab.core.hardware import int8_compute
+from servelab.core.paths import REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.tables import num
 from servelab.core.variants.build import agreements
 from servelab.measure import fractions
-from servelab.measure.records import Record, RunKind
+from servelab.measure.records import Record, RunKind, read_records
 from servelab.report import TEMPLATES, compare
 
 ROLLOUT_P99_AIM = 3.0  # p99 during a rollout ÷ the steady p99 before it (issue 35's aim)
@@ -382,3 +385,57 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
         pairs=len(pairs), agree=sum(p.verdict == "agree" for p in pairs), tolerance=compare.TOLERANCE,
         failed=sum(bool(r.failed) for r in records), runs=len(records),
         stand_ins=len({r.stage for r in records if r.stand_in}), tables_file=tables_file).split("\n")[:-1]
+
+
+
+H200_RUN = REPO_ROOT / "docs/records/gpu-h200-2026-11-28/records.jsonl"  # the one GPU run of the lab's stages here
+SLACK = 1.25  # a graded ratio may stray this far beyond its predictions: none was measured on a P100 yet
+
+
+@dataclass(frozen=True)
+class Graded:
+    """A ratio of the core path the class rubric grades (docs/class.md): the start of its ``Finding.pair``, its
+    lesson, and the original lab's two steps whose throughputs give the P100's figure (``original_lab``), if any."""
+
+    pair: str
+    lesson: Lesson
+    p100: tuple[str, str] | None = None
+    points: int = 6
+
+    def predictions(self) -> dict[str, float]:
+        """Its ratio on the original lab's P100 and in the H200 run, where they have it: a P100 run's predictions."""
+        said = {}
+        if self.p100:
+            top, bottom = ([f.value for f in original_lab.step(k).figures if f.measures == "throughput"][0]
+                           for k in self.p100)
+            said["P100, original lab"] = top / bottom
+        if h200 := [f.ratio for _, fs in _h200() for f in fs if f.pair.startswith(self.pair)]:
+            said["H200 run"] = h200[0]
+        return said
+
+    def bounds(self) -> tuple[float, float]:
+        """Its range: the predictions widened by ``SLACK``, never past what the notebooks teach."""
+        e, said = _expect(self.lesson, "gpu"), list(self.predictions().values())
+        low, high = e.at_least * (1 - NOISE) if e.at_least else 0.0, e.at_most * (1 + NOISE) if e.at_most else 9e9
+        return (max(min(said) / SLACK, low), min(max(said) * SLACK, high)) if said else (low, high)
+
+    def points_for(self, ratio: float | None) -> float:
+        """All its points in its range; half on the side the notebooks teach (a prediction may be off); else none."""
+        (low, high), e = self.bounds(), _expect(self.lesson, "gpu")
+        if ratio is None:
+            return 0.0
+        return self.points * (1.0 if low <= ratio <= high else 0.5 * (not e.contradicted(ratio)))
+
+
+@cache
+def _h200() -> list[tuple[LessonReport, list[Finding]]]:
+    return findings(read_records(H200_RUN)) if H200_RUN.is_file() else []
+
+
+RUBRIC = (
+    Graded("fastapi-onnx ÷ fastapi-pt,", Lesson.ONNX, ("fastapi-onnx-sequential", "fastapi-pt-sequential")),
+    Graded("fastapi-onnx-dyn ÷ fastapi-onnx,", Lesson.BATCHING),
+    Graded("pt-dyn ÷ pt-1,", Lesson.BATCHING, ("pt-dyn-concurrency-8", "pt-1-concurrency-8")),
+    Graded("pt-2x2 ÷ pt-1,", Lesson.INSTANCES, ("pt-2x2-concurrency-8", "pt-1-concurrency-8")),
+    Graded("onnx-1, Poisson", Lesson.QUEUEING),
+)

@@ -16,14 +16,7 @@ from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import ServerProcess, cpu_count, free_port
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
-from servelab.measure.limit import (
-    Limit,
-    closed_window,
-    cpu_since,
-    limit_markdown,
-    machine_limit,
-    tree_cpu_s,
-)
+from servelab.measure.limit import Limit, closed_window, cpu_since, limit_markdown, machine_limit, tree_cpu_s
 from servelab.run.families import serve_fastapi
 
 __all__ = ["FP32_STAGE", "benchmark_limit", "closed_window", "limit_here"]  # closed_window: side_by_side's too

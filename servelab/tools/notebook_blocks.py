@@ -23,6 +23,8 @@ from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.tables import markdown, prose
 from servelab.report import TEMPLATES
+from servelab.report.check import CHECK_POINTS, STAGE_POINTS
+from servelab.report.lessons import RUBRIC
 from servelab.run.lab_run import LabRun, minutes
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
@@ -281,7 +283,21 @@ def original_figure(key: str, *measures: str) -> str:
     return f"{found[0].value:g} {found[0].unit}"
 
 
+def class_rubric() -> str:
+    """The rubric's points (``servelab class grade``) and each graded ratio's predictions and range, from the records."""
+    rows = [("no finding from the check, held to the student's leases", "—", "—", "—", str(CHECK_POINTS)),
+            ("each of the core path's 8 stages with all its runs", "—", "—", "—", f"{STAGE_POINTS} each")]
+    for g in RUBRIC:
+        (low, high), said = g.bounds(), g.predictions()
+        p100 = f"{said['P100, original lab']:.2f}× ({' ÷ '.join(g.p100)})" if g.p100 else "—"
+        h200 = f"{said['H200 run']:.2f}×" if "H200 run" in said else "—"
+        rows.append((f"`{g.pair.rstrip(',')}` ({g.lesson})", p100, h200, f"{low:.2f}–{high:.2f}×", f"{g.points}, half "
+                     "outside the range on the side the notebooks teach"))
+    return markdown(("what", "P100: the original lab's figures", "H200 run", "range (a prediction)", "points"), rows)
+
+
 GENERATORS: dict[str, Callable[..., str]] = {
+    "class-rubric": class_rubric,
     "excerpt": excerpt,
     "stage-config": stage_config,
     "triton-models": triton_models,

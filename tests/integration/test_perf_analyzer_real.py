@@ -47,6 +47,8 @@ def measured(record, requests: int) -> None:
     assert 0 < lat.p50_ms <= lat.p95_ms <= lat.p99_ms
     assert record.stats.successes >= requests and record.stats.throughput_rps > 0
     assert record.tool == "perf_analyzer" and record.config["perf_analyzer"].endswith(")")
+    start, end = record.window_unix  # its window, which the grader's check holds to the lease and other submissions
+    assert start < end and record.machine["instance_id"]
 
 
 def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ a call the real library would refuse (a wrong keyword, a method it does not have
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import date, datetime, timedelta, timezone
@@ -23,6 +24,7 @@ from servelab.run.walkthrough.classroom import (
     daytime,
     delete_class_leases,
     earliest,
+    leases_held,
     manage,
     parts,
     plan,
@@ -354,3 +356,22 @@ def test_servelab_class_status_asks_the_node_type_s_site(the_class_on_the_day, c
     the_class_on_the_day.list_leases.side_effect = MissingRequiredOptions([])
     assert main(["class", "status", "ij5"]) == 2
     assert "source your project's OpenStack RC file" in capsys.readouterr().out
+
+
+def test_the_lease_file_keeps_each_student_s_windows_and_every_server_seen(the_class_on_the_day, tmp_path) -> None:
+    """What the grader's check holds a submission to (servelab report --check --lease): read while the servers are
+    up, and kept once Nova has forgotten them."""
+    for s in chi.server.list_servers.return_value:
+        s.id = f"uuid-{s.name}"  # an instance attribute, which autospec cannot see
+    held = leases_held(["ij5", "mn7", "ab1"])
+    window = {"start": at(13).isoformat(), "end": at(15, 55).isoformat()}
+    assert held == {"ij5": [{**window, "servers": ["uuid-node-serve-system-ij5"]},
+                            {"start": at(10).isoformat(), "end": at(12, 55).isoformat(), "servers": []}],
+                    "mn7": [{**window, "servers": []}], "ab1": []}
+    out = tmp_path / "leases.json"
+    assert main(["class", "status", "ij5", "--leases", str(out)]) == 0
+    chi.server.list_servers.return_value = []  # the lease has ended: its server is gone
+    assert main(["class", "status", "ij5", "mn7", "--leases", str(out)]) == 0
+    assert json.loads(out.read_text())["ij5"][0] == {**window, "servers": ["uuid-node-serve-system-ij5"]}
+    out.write_text("[1, 2]")
+    assert main(["class", "status", "ij5", "--leases", str(out)]) == 2

@@ -286,3 +286,11 @@ def test_compose_sizes_and_shm_need(tmp_path: Path) -> None:
     result = containers.triton_shm(Context(repo=tmp_path))
     assert result.status == "fail" and "Docker's default 64 MiB" in result.detail and "pt-4x4" in result.detail
     assert containers.triton_shm(Context()).status == "pass"
+
+
+def test_a_p100_node_missing_a_gpu_fails() -> None:
+    one = parse_gpus("0, Tesla P100-PCIE-16GB, 550.54.15, 6.0, 16384 MiB\n")
+    result = gpu.gpu_list_result(one, node=True)
+    assert result.status == "fail" and result.detail.endswith("; a gpu_p100 node has 2")
+    assert "ask your instructor for another" in result.fix
+    assert gpu.gpu_list_result(one * 2, node=True).status == "pass"

@@ -6,17 +6,21 @@ a quick lab (tests/data) edited to claim one, and input that is no record at all
 from __future__ import annotations
 
 import datetime as dt
+import http.server
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from servelab.cli import main
 from servelab.core.catalogue import STAGES
+from servelab.core.hardware import instance_id
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.measure.records import read_records
-from servelab.report.check import check, check_all
+from servelab.report.check import check, check_all, leases_of
 from servelab.report.render import render_report
 from servelab.servers.triton.configs import meant
 
@@ -37,6 +41,7 @@ def results(tmp_path: Path) -> Path:
 
 
 P100 = ["Tesla P100-PCIE-16GB"] * 2
+SERVER = "3f1c2a9e-5b7d-4c1e-9a2f-6d8e0b4c7a15"  # the student's server, as Nova names it (a UUID)
 # The Triton Python-backend stages of 6_triton_python, which the H200 run did not measure: (stage, load) per run.
 PYTHON_BACKEND = (("pt-1", "sequential"), ("pt-1", "closed"), ("pt-dyn", "closed"), ("pt-2x2", "closed"))
 
@@ -44,7 +49,9 @@ PYTHON_BACKEND = (("pt-1", "sequential"), ("pt-1", "closed"), ("pt-dyn", "closed
 def p100_records() -> list[dict]:
     """The H200 run as a student's core path on a gpu_p100 node: the lab's model, the node's 2 GPUs and 48 CPUs,
     and the Python-backend runs it lacks, each a copy of onnx-1's run at the same load, moved on by a minute each
-    (its own window) and said to run PyTorch on the GPU. Every figure is still one a run wrote."""
+    (its own window) and said to run PyTorch on the GPU; every record names the node's instance (``SERVER``) and
+    perf_analyzer's runs the window they now record (the 3 s before each was written). Every figure is still one a
+    run wrote."""
     records = lines_of(H200 / "records.jsonl")
     onnx1 = {r["load"]["mode"]: r for r in records if r["stage"] == "onnx-1"}
     for n, (stage, mode) in enumerate(PYTHON_BACKEND, 1):
@@ -55,7 +62,10 @@ def p100_records() -> list[dict]:
         records.append(run)
     for r in records:
         r["stand_in"] = None
-        r["machine"].update(gpus=P100, cpu_logical=48, cpu_physical=24)
+        r["machine"].update(gpus=P100, cpu_logical=48, cpu_physical=24, instance_id=SERVER)
+        if r["tool"] == "perf_analyzer":
+            written = dt.datetime.fromisoformat(r["started_at"]).timestamp()
+            r["window_unix"] = [written - 3.0, written - 0.5]
     return [read_back(r) for r in records]
 
 
@@ -80,7 +90,10 @@ def test_the_h200_run_as_written_is_flagged_for_its_stand_ins_its_machine_and_th
             "runs on (gpu_p100, gpu_v100, gpu_rtx_6000, gpu_a100_pcie)") in verdict.findings
     assert verdict.findings[-1] == ("the core path (notebooks 4, 6 and 7) is missing runs of 3 of its 8 stages: "
                                     "pt-1, pt-dyn, pt-2x2")
-    assert len(verdict.findings) == 5
+    # It also predates the window perf_analyzer's runs now record.
+    assert any(f.endswith("and 3 more: perf_analyzer's run has no measured window (window_unix): run it with this "
+                          "commit's servelab") for f in verdict.findings)
+    assert len(verdict.findings) == 6
 
 
 def read_back(record: dict) -> dict:
@@ -293,3 +306,115 @@ def test_malformed_records_and_a_folder_get_one_line_never_a_traceback(tmp_path:
     assert main(["report", str(tmp_path / "results")]) == 0
     assert capsys.readouterr().out.rstrip().endswith(f"wrote {tmp_path / 'results' / 'report.md'}")
     assert "report-tables.md: " not in " ".join(check(tmp_path / "results", NOW).findings)
+
+
+LEASE = {"start": "2026-11-28T06:00:00+00:00", "end": "2026-11-28T08:55:00+00:00", "servers": [SERVER]}
+CLASSMATE = "9b0e7d42-1c3a-4f6b-8e5d-2a7c9f1b3e60"
+
+
+def _moved(records: list[dict], days: int) -> None:
+    """The run made on another day (another lease), every time in it moved as one."""
+    for r in records:
+        r["started_at"] = (dt.datetime.fromisoformat(r["started_at"]) + dt.timedelta(days=days)).isoformat()
+        r["window_unix"] = [w + days * 86400 for w in r["window_unix"]]
+
+
+@pytest.mark.parametrize(("forge", "finding"), [
+    (lambda rs: None, None),
+    (lambda rs: _moved(rs, -1), "ran outside the student's leases (2026-11-28 06:00 UTC to 2026-11-28 08:55 UTC)"),
+    (lambda rs: _moved(rs[:1], -1), "line 1 (fastapi-pt, sequential): ran outside the student's leases"),
+    (lambda rs: [r["machine"].update(instance_id=CLASSMATE) for r in rs],
+     f"ran on instance {CLASSMATE}, not on the student's server in that lease ({SERVER})"),
+    (lambda rs: [r["machine"].update(instance_id="unknown") for r in rs],
+     f"no instance recorded (machine.instance_id), so not the student's server ({SERVER})"),
+    (lambda rs: [r["machine"].pop("instance_id") for r in rs], "no instance recorded (machine.instance_id)"),
+    (lambda rs: rs[-1].pop("window_unix"), "perf_analyzer's run has no measured window (window_unix)"),
+], ids=["real-shaped", "another-day", "one-record-from-another-day", "classmate-node", "laptop", "older-servelab",
+        "pa-without-window"])
+def test_records_are_held_to_the_student_s_lease_and_server(tmp_path: Path, forge, finding: str | None) -> None:
+    records = [r for r in p100_records() if r["stage"] in ("fastapi-pt", "onnx-dyn")]
+    assert records[-1]["tool"] == "perf_analyzer"
+    forge(records)
+    write(tmp_path / "records.jsonl", records)
+    found = check(tmp_path / "records.jsonl", NOW, leases_of(LEASE)).findings
+    found = [f for f in found if "the core path" not in f]  # two stages of it only
+    if finding is None:
+        assert found == []
+        return
+    # A record from another lease also stretches the records beyond one lease's length.
+    assert finding in found[0] and all("more than one lease" in f for f in found[1:]), found
+
+
+def test_the_command_reads_the_lease_from_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path / "records.jsonl", p100_records())
+    (tmp_path / "lease.json").write_text(json.dumps([LEASE]))
+    assert main(["report", "--check", str(tmp_path / "records.jsonl"), "--lease", str(tmp_path / "lease.json")]) == 0
+    assert capsys.readouterr().out.strip().endswith("no finding")
+    (tmp_path / "later.json").write_text(json.dumps({**LEASE, "start": 1795849200, "end": "2026-11-28T09:55"}))
+    assert main(["report", "--check", str(tmp_path / "records.jsonl"), "--lease", str(tmp_path / "later.json")]) == 1
+    assert "and 32 more: ran outside the student's leases (2026-11-28 07:00 UTC" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text('{"start": "yesterday", "end": 1}')
+    for bad, said in (("bad.json", 'a lease is {"start": ISO 8601'), ("none.json", "No such file")):
+        assert main(["report", "--check", str(tmp_path / "records.jsonl"), "--lease", str(tmp_path / bad)]) == 2
+        (line,) = capsys.readouterr().out.splitlines()
+        assert line.startswith("error: ") and said in line
+
+
+def test_a_perf_analyzer_run_copied_into_another_submission_is_named(tmp_path: Path) -> None:
+    records = p100_records()
+    copied = next(r for r in records if r["tool"] == "perf_analyzer")
+    for name, held in (("a", records), ("b", [copied])):
+        (tmp_path / name).mkdir()
+        write(tmp_path / name / "records.jsonl", held)
+    _, b = check_all([tmp_path / "a" / "records.jsonl", tmp_path / "b" / "records.jsonl"], NOW)
+    assert any("the same run in two submissions" in f for f in b.findings), b.findings
+
+
+def test_the_instance_comes_from_cloud_init_else_the_metadata_service_else_unknown(tmp_path: Path) -> None:
+    (tmp_path / "instance-id").write_text(SERVER + "\n")
+    assert instance_id(tmp_path / "instance-id", "http://127.0.0.1:9/") == SERVER
+
+    class Metadata(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # OpenStack's meta_data.json, in the fields read
+            body = json.dumps({"uuid": CLASSMATE, "name": "node-serve-system-ab1234"}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    service = http.server.HTTPServer(("127.0.0.1", 0), Metadata)
+    threading.Thread(target=service.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "no-cloud").write_text("iid-datasource-none\n")
+        url = f"http://127.0.0.1:{service.server_port}/openstack/latest/meta_data.json"
+        assert instance_id(tmp_path / "no-cloud", url) == CLASSMATE
+    finally:
+        service.shutdown()
+    began = time.monotonic()
+    assert instance_id(tmp_path / "absent", url) == "unknown"  # no cloud-init, no service: a record all the same
+    assert time.monotonic() - began < 2.0
+
+
+def test_a_class_is_graded_in_one_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ab1 handed in a real-shaped P100 run and its report; cd2 the CPU quick lab edited to claim a P100 node."""
+    (tmp_path / "ab1" / "results").mkdir(parents=True)
+    write(tmp_path / "ab1" / "results" / "records.jsonl", p100_records())
+    render_report(read_records(tmp_path / "ab1/results/records.jsonl"), tmp_path / "ab1/results",
+                  [tmp_path / "ab1/results/records.jsonl"])
+    (tmp_path / "cd2").mkdir()
+    write(tmp_path / "cd2" / "records.jsonl", forged_quick_lab())
+    (tmp_path / "leases.json").write_text(json.dumps({"ab1": [LEASE], "cd2": LEASE}))
+    assert main(["class", "grade", str(tmp_path), "--leases", str(tmp_path / "leases.json")]) == 1
+    head, ab1, cd2, *findings = capsys.readouterr().out.splitlines()
+    assert head.split()[:5] == ["student", "findings", "core", "stages", "fastapi-onnx"]
+    # pt-dyn's and pt-2x2's runs are copies of onnx-1's (p100_records): 1.00, below their P100 range but not below 1.
+    assert ab1.split() == ["ab1", "0", "8/8", "3.04", "in", "1.03", "in", "1.00", "out", "1.00", "out", "1.63", "in",
+                           "64/70"]
+    assert cd2.split()[:3] == ["cd2", "6", "1/8"] and cd2.endswith("review: 2 + ?")
+    cd2_said = [f for f in findings if f.startswith(f"{tmp_path / 'cd2'}: ")]
+    assert len(cd2_said) == 6 and len(findings) == 6
+    assert [f for f in cd2_said if "ran outside the student's leases" in f] and [f for f in cd2_said if "CPUExec" in f]
+    assert main(["class", "grade", str(tmp_path / "nobody")]) == 2
+    assert capsys.readouterr().out.startswith("error: ")

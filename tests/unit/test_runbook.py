@@ -97,3 +97,29 @@ def test_a_service_that_never_answers_says_how_to_find_out_why(capsys) -> None:
     with pytest.raises(TimeoutError, match="waited 0 s for the FastAPI server; still: connection refused"):
         wait_until("the FastAPI server", lambda: "connection refused", "ready", wait_s=0, interval_s=0.01)
     assert f"What to do: {runbook.UNHEALTHY.todo}" in capsys.readouterr().out
+
+
+def test_a_floating_ip_refused_says_so(capsys) -> None:
+    s = a_server()
+    s.get_floating_ip.return_value = None
+    s.associate_floating_ip.side_effect = RuntimeError("Quota exceeded for resources: ['floatingip'].")
+    with pytest.raises(RuntimeError):
+        chameleon.reach(s)
+    assert capsys.readouterr().out.startswith(f"What went wrong: {runbook.FLOATING_IP.name} ")
+    s.check_connectivity.assert_not_called()
+
+
+def test_a_node_lost_mid_command_says_the_lease_may_have_ended(capsys) -> None:
+    s = a_server()
+    s.execute.side_effect = ConnectionResetError("Connection reset by peer")
+    with pytest.raises(ConnectionResetError):
+        chameleon.run(s, ["docker compose up -d"])
+    assert capsys.readouterr().out.startswith(f"What went wrong: {runbook.LEASE_ENDED.name} ")
+
+
+def test_two_leases_of_one_name_say_which_to_delete(capsys) -> None:
+    with mock.patch("chi.lease.get_lease", autospec=True,
+                    side_effect=chi.exception.ResourceError("Multiple leases found for name serve_system_ab1234")):
+        with pytest.raises(chi.exception.ResourceError):
+            chameleon.the_lease("serve_system_ab1234")
+    assert runbook.TWO_LEASES.todo in capsys.readouterr().out

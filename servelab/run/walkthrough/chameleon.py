@@ -41,7 +41,8 @@ def reach(s: server.Server) -> str:
     """The server's floating IP (one is associated only where it has none, so a second run takes no other
     address), once SSH answers there."""
     if s.get_floating_ip() is None:
-        s.associate_floating_ip()
+        with runbook.step(runbook.FLOATING_IP, Exception):  # neutron's quota or conflict, through python-chi
+            s.associate_floating_ip()
     with runbook.step(runbook.BAD_NODE, ResourceError):
         s.check_connectivity()
     return s.get_floating_ip()
@@ -50,8 +51,14 @@ def reach(s: server.Server) -> str:
 def run(s: server.Server, commands: Iterable[str], failure: runbook.Failure = runbook.INSTALL) -> None:
     """Each command on the server over SSH (as ``cc``), in order; the first that fails stops the rest."""
     for command in commands:
-        with runbook.step(failure, UnexpectedExit):
-            s.execute(command)
+        with runbook.step(failure, UnexpectedExit), runbook.step(runbook.LEASE_ENDED, OSError, EOFError):
+            s.execute(command)  # paramiko's lost connection is an OSError (or EOFError): the node went away
+
+
+def the_lease(name: str) -> lease.Lease:
+    """The lease of that name; two of one name (python-chi refuses to choose) print the runbook's row."""
+    with runbook.step(runbook.TWO_LEASES, ResourceError):
+        return lease.get_lease(name)
 
 
 def jupyter_user() -> str:

@@ -344,6 +344,27 @@ def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) ->
     return rows
 
 
+def leases_held(students: Iterable[str], known: Mapping[str, list[dict]] | None = None,
+                prefix: str = "serve_system_") -> dict[str, list[dict]]:
+    """Each student's leases as the grader's check reads them (``servelab report --check --lease``): every lease
+    Chameleon lists under their name, its window, and the ids of its servers (Nova lists a server only while it
+    exists: an active lease's), added to what ``known`` (an earlier reading) holds."""
+    servers = server.list_servers()
+    found = {s: [dict(held) for held in (known or {}).get(s, [])] for s in dict.fromkeys(students)}
+    for held in lease.list_leases():
+        student = held.name.removeprefix(prefix)
+        if not held.name.startswith(prefix) or student not in found:
+            continue
+        window = {"start": utc(held.start_date).isoformat(), "end": utc(held.end_date).isoformat()}
+        ids = [s.id for s in servers if s.name in server_names(prefix, student)] if held.status == "ACTIVE" else []
+        same = next((old for old in found[student] if window.items() <= old.items()), None)
+        if same is None:
+            found[student].append({**window, "servers": ids})
+        else:
+            same["servers"] = sorted({*same.get("servers", []), *ids})
+    return found
+
+
 def manage(students: Iterable[str], windows: Sequence[Interval], *, delete: bool, node_types: Sequence[str],
            length: timedelta, prefix: str, replace: Mapping[str, str] | None = None,
            not_before: Mapping[str, datetime | None] | None = None) -> list[Row]:

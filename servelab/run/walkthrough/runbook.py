@@ -53,6 +53,25 @@ BAD_NODE = Failure(
     "Put the student's netID and the node `servelab class status` shows for them in `REPLACE` in `1_create_lease` "
     "and run the instructors' cells: their lease is deleted and a new one booked on another node, from the next "
     "minute if one is free. The student runs `2_create_server_nvidia` again from the top.")
+FLOATING_IP = Failure(
+    "No floating IP for the server",
+    "`associate_floating_ip` fails in `2_create_server_nvidia` or `9_ray_setup`: `Quota exceeded for resources: "
+    "['floatingip']`, or a conflict where two students' servers took the same free address at once",
+    "Run the cell again: it associates an address only where the server has none, and takes a new one. A quota "
+    "error: the instructor releases the project's unused addresses (Horizon: Network > Floating IPs) or asks "
+    "Chameleon's help desk for a quota of the servers that run at once.")
+LEASE_ENDED = Failure(
+    "The lease ends mid-lab",
+    "SSH to the node stops answering (`NoValidConnectionsError`, `Connection reset`); `servelab class status` "
+    "shows the lease `TERMINATED`",
+    "Before it ends: extend it in Horizon (Reservations > Leases > Update Lease) where no lease holds the node next, "
+    "or copy `results/` off the node (`11_delete_resources`). After: book a new lease, run `2_create_server_nvidia` "
+    "and go on; hand in the records of both leases (the check holds them to both).")
+TWO_LEASES = Failure(
+    "Two leases with one name",
+    "`Multiple leases found for name serve_system_<netID>` from `lease.get_lease`",
+    "Delete the one you do not use in Horizon (Reservations > Leases: the one without your server) and run the cell "
+    "again; the booking cell makes a lease only where none of that name is live.")
 UNHEALTHY = Failure(
     "A container never turns healthy",
     "The wait for a service gives up; `docker compose ps` shows it `(unhealthy)` or restarting",
@@ -62,9 +81,10 @@ NO_VIEW = Failure(
     "No view of where the class stands", "—",
     "`servelab class status NETID...` (or the status cell of `1_create_lease`): each student's lease, node, "
     "server, floating IP and where they stand.")
-RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, UNHEALTHY, NO_VIEW)
+RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, FLOATING_IP, LEASE_ENDED,
+           TWO_LEASES, UNHEALTHY, NO_VIEW)
 # Words in a failed command's output that name its cause better than the step that failed.
-SYMPTOMS = {"toomanyrequests": RATE_LIMIT, "no space left on device": DISK_FULL}
+SYMPTOMS = {"toomanyrequests": RATE_LIMIT, "no space left on device": DISK_FULL, "multiple leases found": TWO_LEASES}
 
 
 def diagnose(exc: BaseException, failure: Failure) -> Failure:

@@ -74,6 +74,9 @@ def gpu_list_result(found: Sequence[Gpu], *, node: bool) -> Result:
                       "the oldest documented for CUDA 12.6 containers", "use a newer node image (CC-Ubuntu24.04-CUDA)")
     if node:
         kind = node_type_of(g.name for g in found)
+        if kind and kind.gpus is not None and len(found) != kind.gpus:  # a lost GPU: the lab's placements differ
+            return Result(name, "fail", detail + f"; a {kind.name} node has {kind.gpus}",
+                          "a bad node: ask your instructor for another (docs/class.md, When something fails)")
         detail += (f"; a {kind.name} node ({kind.site})" if kind else
                    f"; not one of the GPU node types the lab knows ({', '.join(NODE_TYPES)}): the same images run "
                    "from compute capability 6.0 on")
