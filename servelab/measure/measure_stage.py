@@ -1,9 +1,7 @@
-"""One routine that measures a stage, for every runner (``servelab lab``, the notebooks' walkthrough, ``servelab
-benchmark``): ``measure_stage`` runs each load with each client in turn (servelab's first, perf_analyzer after it
-on the same server state) and hands every record to the runner's ``keep``. ``windowed`` measures in windows of
-seconds, as perf_analyzer does, so that both clients measure alike; ``sweep_capacity`` finds a stage's capacity
-by saturation and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
-"""
+"""One routine that measures a stage, for every runner (``servelab lab``, the notebooks, ``servelab benchmark``):
+``measure_stage`` runs each load with each client in turn (servelab's, then perf_analyzer on the same server state),
+each record kept by the runner's ``keep``; ``alternate`` runs it on two stages in rounds; ``windowed`` measures in
+windows of seconds, as perf_analyzer does; ``sweep_capacity`` finds a capacity, its curve in ``config["capacity"]``."""
 
 import asyncio
 import json
@@ -86,6 +84,16 @@ def measure_stage(target: Any, loads: Iterable[Load], labels: Labels, clients: S
     return records
 
 
+def alternate(sides: Sequence[Callable[[int], list[Record]]], rounds: int) -> list[Record]:
+    """Two stages side by side in time (``side(round)`` measures one): A B, B A, A B… so that a shared machine's drift
+    falls on both alike, and each turn saves a switch of server."""
+    records: list[Record] = []
+    for n in range(rounds):
+        for side in sides if n % 2 == 0 else sides[::-1]:
+            records += side(n)
+    return records
+
+
 async def measure_stage_async(target: Any, loads: Iterable[Load], labels: Labels,
                               clients: Sequence[Client] = (servelab_client(),)) -> list[Record]:
     """``measure_stage`` from inside a running event loop (a notebook's): in a thread, since each
@@ -144,11 +152,9 @@ CAP_PER_CORE = 8
 
 @dataclass(frozen=True)
 class Sweep:
-    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling. A level that adds
-    less than ``growth`` over the best so far is a non-gain; at the first, the best level and the one after it are
-    measured again (one noisy point must not end the sweep), and the sweep ends at the knee only on two non-gains in
-    a row; else at the cap (``cap``, else ``CAP_PER_CORE`` × the cores), ``max_levels`` levels in all, or a
-    client-bound step. The capacity is the level with the highest mean throughput over its runs."""
+    """How a capacity is found: one request at a time, then ``start`` senders, doubling, until two levels in a row add
+    less than ``growth`` (each measured twice with the last gain: one noisy point cannot end it), the cap (``cap``,
+    else ``CAP_PER_CORE`` × the cores), ``max_levels`` levels, or a client-bound step; then the highest mean."""
 
     start: int = 2
     cap: int | None = None
@@ -167,8 +173,7 @@ class Sweep:
         return [1, *islice(doubling, None if self.max_levels is None else max(0, self.max_levels - 1))]
 
     def next(self, curve: list[dict[str, Any]]) -> int | str:
-        """The level to measure after ``curve`` (``fractions.curve_point``s, a level measured again appearing
-        again), or why the sweep ends there."""
+        """The level to measure after ``curve`` (``fractions.curve_point``s, again where measured again), or why not."""
         last = curve[-1]
         if not last["throughput_rps"]:
             return f"nothing served at concurrency {last['concurrency']}"
@@ -195,10 +200,8 @@ class Sweep:
 
 def mean_curve(curve: list[dict[str, Any]]) -> dict[int, float]:
     """Each level of ``curve`` -> its mean throughput over its runs, in the order the levels were first measured."""
-    seen: dict[int, list[float]] = {}
-    for p in curve:
-        seen.setdefault(p["concurrency"], []).append(p["throughput_rps"] or 0.0)
-    return {c: statistics.fmean(v) for c, v in seen.items()}
+    return {c: statistics.fmean(p["throughput_rps"] or 0.0 for p in curve if p["concurrency"] == c)
+            for c in dict.fromkeys(p["concurrency"] for p in curve)}
 
 
 def _non_gains(means: dict[int, float], growth: float) -> tuple[int, int]:
@@ -213,9 +216,8 @@ def _non_gains(means: dict[int, float], growth: float) -> tuple[int, int]:
 def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
                    ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
                    others: Sequence[Client] = ()) -> list[Record]:
-    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each, as ``Sweep.next`` says, until it
-    stops (the last record keeps the curve in ``config["capacity"]``); then ``others`` measure the sequential load
-    and the capacity's."""
+    """``loads(c)`` at each level ``sweep.next`` names, with servelab's client (``ours``), the last record keeping the
+    curve in ``config["capacity"]``; then ``others`` measure the sequential load and the capacity's."""
     ours = ours or servelab_client()
     curve: list[dict[str, Any]] = []
     records: list[Record] = []
