@@ -71,11 +71,13 @@ def curve(records: list[Record], stage: str) -> list[dict[str, Any]]:
 
 
 def capacity(records: list[Record], stage: str) -> Record | None:
-    """The stage's capacity: servelab's run at the top of its concurrency sweep (the highest throughput on
+    """The stage's capacity: servelab's run at the top of its concurrency sweep (the highest mean throughput on
     the curve), what the lab takes its open-loop rates as fractions of (``servelab.run.lab``); in records
     made before the sweep, the closed-loop run at the highest concurrency measured; None where it has none."""
-    if found := swept(records, stage):
-        return closed_run(records, stage, found.config[CAPACITY]["concurrency"]) or found
+    if found := swept(records, stage):  # of the runs at its level (measured twice near a knee), the nearest its mean
+        said = found.config[CAPACITY]
+        runs = [r for r in records if r.stage == stage and r is closed_run([r], stage, said["concurrency"])]
+        return min(runs, key=lambda r: abs(r.stats.throughput_rps - said["throughput_rps"]), default=found)
     levels = sorted(_closed_levels(records, stage), reverse=True)
     return next((run for level in levels if (run := closed_run(records, stage, level))), None)
 

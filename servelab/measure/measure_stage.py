@@ -1,14 +1,13 @@
-"""One routine that measures a stage, for every runner (``servelab lab``, the notebooks' walkthrough, ``servelab
-benchmark``): ``measure_stage`` runs each load with each client in turn (servelab's first, perf_analyzer after it
-on the same server state) and hands every record to the runner's ``keep``. ``windowed`` measures in windows of
-seconds, as perf_analyzer does, so that both clients measure alike; ``sweep_capacity`` finds a stage's capacity
-by saturation and keeps the curve in the last record's ``config["capacity"]``, which the report reads.
-"""
+"""One routine that measures a stage, for every runner (``servelab lab``, the notebooks, ``servelab benchmark``):
+``measure_stage`` runs each load with each client in turn (servelab's, then perf_analyzer on the same server state),
+each record kept by the runner's ``keep``; ``alternate`` runs it on two stages in rounds; ``windowed`` measures in
+windows of seconds, as perf_analyzer does; ``sweep_capacity`` finds a capacity, its curve in ``config["capacity"]``."""
 
 import asyncio
 import json
 import os
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import count, islice, takewhile
@@ -85,6 +84,16 @@ def measure_stage(target: Any, loads: Iterable[Load], labels: Labels, clients: S
     return records
 
 
+def alternate(sides: Sequence[Callable[[int], list[Record]]], rounds: int) -> list[Record]:
+    """Two stages side by side in time (``side(round)`` measures one): A B, B A, A B… so that a shared machine's drift
+    falls on both alike, and each turn saves a switch of server."""
+    records: list[Record] = []
+    for n in range(rounds):
+        for side in sides if n % 2 == 0 else sides[::-1]:
+            records += side(n)
+    return records
+
+
 async def measure_stage_async(target: Any, loads: Iterable[Load], labels: Labels,
                               clients: Sequence[Client] = (servelab_client(),)) -> list[Record]:
     """``measure_stage`` from inside a running event loop (a notebook's): in a thread, since each
@@ -143,15 +152,15 @@ CAP_PER_CORE = 8
 
 @dataclass(frozen=True)
 class Sweep:
-    """How a stage's capacity is found: one request at a time, then ``start`` senders, doubling, until a step adds
-    less than ``growth`` to the throughput (the knee), the cap (``cap``, else ``CAP_PER_CORE`` × the cores),
-    ``max_levels`` levels in all, or a client-bound step. The capacity is the highest throughput on the curve."""
+    """How a capacity is found: one request at a time, then ``start`` senders, doubling, until two levels in a row add
+    less than ``growth`` (each measured twice with the last gain: one noisy point cannot end it), the cap (``cap``,
+    else ``CAP_PER_CORE`` × the cores), ``max_levels`` levels, or a client-bound step; then the highest mean."""
 
     start: int = 2
     cap: int | None = None
     growth: float = 0.05
     max_levels: int | None = None
-    fixed: tuple[int, ...] = ()  # these levels after one at a time, each measured, instead of doubling to the knee
+    fixed: tuple[int, ...] = ()  # these levels after one at a time, each measured once, instead of doubling to the knee
 
     def most(self) -> int:
         return max(self.fixed) if self.fixed else self.cap or CAP_PER_CORE * (os.cpu_count() or 1)
@@ -163,51 +172,71 @@ class Sweep:
         doubling = takewhile(lambda c: c <= self.most(), (max(2, self.start) * 2**i for i in count()))
         return [1, *islice(doubling, None if self.max_levels is None else max(0, self.max_levels - 1))]
 
-    def stop(self, curve: list[dict[str, Any]]) -> str | None:
-        """Why the sweep ends after the last point of ``curve`` (``fractions.curve_point``s), or None to go on."""
+    def next(self, curve: list[dict[str, Any]]) -> int | str:
+        """The level to measure after ``curve`` (``fractions.curve_point``s, again where measured again), or why not."""
         last = curve[-1]
         if not last["throughput_rps"]:
             return f"nothing served at concurrency {last['concurrency']}"
         if last.get("client_bound"):  # more senders would measure the client further, never the server
             return f"client-bound at {last['concurrency']} senders: the client's limit, not the server's"
-        if len(curve) > 1 and curve[-2]["throughput_rps"] and not self.fixed:
-            grew = last["throughput_rps"] / curve[-2]["throughput_rps"] - 1
-            if grew < self.growth:
-                return (f"the knee: {curve[-2]['concurrency']} -> {last['concurrency']} senders added "
-                        f"{100 * grew:+.1f} % (< {100 * self.growth:g} %)")
-        levels = self.levels()
-        if last["concurrency"] >= levels[-1]:
-            if self.fixed:
-                return f"the levels asked: {', '.join(map(str, levels))}"
-            if self.max_levels is not None and len(levels) == self.max_levels:
-                return f"the plan's {self.max_levels} levels"
-            return f"the cap: {self.most()} senders" + ("" if self.cap else f" ({CAP_PER_CORE} × {os.cpu_count() or 1} cores)")
-        return None
+        means, runs = mean_curve(curve), Counter(p["concurrency"] for p in curve)
+        left = [c for c in self.levels() if c not in means]
+        best, behind = _non_gains(means, self.growth)
+        if behind and left and not self.fixed:
+            after = list(means)[list(means).index(best) + 1:][:1]
+            if again := [c for c in (best, *after) if runs[c] == 1]:
+                return again[0]  # measured again before a knee is called
+            if behind >= 2:
+                return (f"the knee: {behind} levels in a row after {best} senders ({means[best]:.1f} req/s) added "
+                        f"less than {100 * self.growth:g} % (each level there measured twice)")
+        if left:
+            return left[0]
+        if self.fixed:
+            return f"the levels asked: {', '.join(map(str, self.levels()))}"
+        if self.max_levels is not None and len(self.levels()) == self.max_levels:
+            return f"the plan's {self.max_levels} levels"
+        return f"the cap: {self.most()} senders" + ("" if self.cap else f" ({CAP_PER_CORE} × {os.cpu_count() or 1} cores)")
+
+
+def mean_curve(curve: list[dict[str, Any]]) -> dict[int, float]:
+    """Each level of ``curve`` -> its mean throughput over its runs, in the order the levels were first measured."""
+    return {c: statistics.fmean(p["throughput_rps"] or 0.0 for p in curve if p["concurrency"] == c)
+            for c in dict.fromkeys(p["concurrency"] for p in curve)}
+
+
+def _non_gains(means: dict[int, float], growth: float) -> tuple[int, int]:
+    """(the last level that added ``growth`` or more, how many levels after it in a row added less)."""
+    levels = list(means)
+    best, behind = levels[0], 0
+    for c in levels[1:]:
+        best, behind = (c, 0) if means[c] >= means[best] * (1 + growth) else (best, behind + 1)
+    return best, behind
 
 
 def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
                    ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
                    others: Sequence[Client] = ()) -> list[Record]:
-    """``sweep``'s levels with servelab's client (``ours``), ``loads(c)`` at each, until it stops (the last record
-    keeps the curve in ``config["capacity"]``); then ``others`` measure the sequential load and the capacity's."""
+    """``loads(c)`` at each level ``sweep.next`` names, with servelab's client (``ours``), the last record keeping the
+    curve in ``config["capacity"]``; then ``others`` measure the sequential load and the capacity's."""
     ours = ours or servelab_client()
     curve: list[dict[str, Any]] = []
     records: list[Record] = []
-    for level in sweep.levels():
+    level: int | str = 1
+    while isinstance(level, int):
         def step(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
+            nonlocal level
             record = ours(target, load, labels, earlier)
             curve.append(curve_point(record))
-            if why := sweep.stop(curve) if not record.failed else f"the run at {load.concurrency} senders failed":
-                best = max(curve, key=lambda p: p["throughput_rps"] or 0)
+            level = sweep.next(curve) if not record.failed else f"the run at {load.concurrency} senders failed"
+            if isinstance(level, str):
+                means = mean_curve(curve)
+                best = max(means, key=means.get)
                 record.config = {**record.config, CAPACITY: {
-                    "throughput_rps": best["throughput_rps"], "concurrency": best["concurrency"], "stopped": why,
+                    "throughput_rps": round(means[best], 3), "concurrency": best, "stopped": level,
                     "growth_pct": 100 * sweep.growth, "cap": sweep.most(), "curve": list(curve)}}
             return record
 
-        [record] = measure_stage(target, [loads(level)], labels, [step], keep)
-        records.append(record)
-        if CAPACITY in record.config:
-            break
+        records += measure_stage(target, [loads(level)], labels, [step], keep)
     if others:
         best = records[[p["concurrency"] for p in curve].index(records[-1].config[CAPACITY]["concurrency"])]
         for mine in [records[0]] + ([best] if best is not records[0] else []):  # one at a time, and the capacity's

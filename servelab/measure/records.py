@@ -32,6 +32,7 @@ class RunKind(StrEnum):
     ROLLOUT = "rollout"  # a new model version under load
     STEP_LOAD = "step load"  # low -> high -> low arrivals, replicas over time (Ray Serve's autoscaling)
     NODE_FAILURE = "node failure"  # a worker node killed mid-run (Ray Serve)
+    ROUNDS = "rounds"  # a lesson's two stages alternating in rounds (``measure_stage.alternate``)
 
 
 class Load(BaseModel):

@@ -2,8 +2,8 @@
 server a child process stopped by PID (also on Ctrl-C); a ``Plan`` and a ``Budget`` say how much and how long.
 
 Per stage: its *capacity*, found by saturation (``sweep_capacity``), then Poisson arrivals at fractions of it,
-where queueing delay appears well before saturation; the lessons compare capacities, never two stages held to
-one number of senders. perf_analyzer, where it can feed a stage, measures the same loads right after ours. What
+where queueing delay appears well before saturation; then each lesson's two stages alternate in rounds
+(``Lab.rounds``), at the senders its question needs. perf_analyzer, where it can feed a stage, measures the same loads right after ours. What
 this environment cannot run (``preflight``) is skipped, saying why. Each record names the device and where the
 stage really ran (``runs_on``, as the server reports it), never what was asked for.
 """
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ from servelab.core.catalogue import (
     CACHED,
     OVERLOADED,
     ROLLED,
+    STAGES,
     Lesson,
     Stage,
     bounded,
     cached_name,
+    compared,
     queue_bound,
     with_cache,
 )
@@ -40,6 +43,7 @@ from servelab.measure.limit import LIMIT_FILE, Limit
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import (
     Labels,
+    alternate,
     measure_stage,
     model_stand_in,
     perf_analyzer_client,
@@ -49,10 +53,11 @@ from servelab.measure.measure_stage import (
     windowed,
 )
 from servelab.measure.monitoring import run_series
+from servelab.measure.perf_analyzer import Windows
 from servelab.measure.records import Load, Record, RunKind, append_record
 from servelab.measure.targets import PhotoMix
 from servelab.report import compare
-from servelab.report.lessons import summary
+from servelab.report.lessons import IN_ROUNDS, round_levels, summary
 from servelab.report.render import render_report, summary_table
 from servelab.run.families import FAMILIES, Family, Runs, family_of
 from servelab.run.lab_metrics import LabPrometheus, Scraped
@@ -259,6 +264,26 @@ class Lab:
             self.guard(shed, lambda: self.measure_on(adapter, shed, manifest))
         if stage.name in self.rolled:
             self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
+        self.guard(stage, lambda: self.rounds(adapter, stage, manifest))
+
+    def rounds(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
+        """Each lesson ``stage`` completes in its family: both stages alternating in the plan's rounds, ``stage`` (served
+        now) first, each at the senders the lesson's question needs (``round_levels``)."""
+        p = self.plan
+        for lesson, pair in ((k, pair) for k in IN_ROUNDS for pair in compared(k) if stage.name in pair):
+            caps = [capacity_of(self.records, name) for name in pair]
+            if not all(caps) or any(STAGES[name].family != stage.family for name in pair):
+                continue
+            levels, compares = round_levels(lesson, *(c.load.concurrency for c in caps))
+            self.log(f"[{' ÷ '.join(pair)}] {p.rounds} rounds alternating, {compares}")
+
+            def side(name: str, level: int, n: int, pair=pair, compares=compares) -> list[Record]:
+                extra = {"run": RunKind.ROUNDS, "pair": " ÷ ".join(pair), "round": n, "compares": compares}
+                with self.on(adapter, STAGES[name], manifest, extra) as (target, labels):
+                    return measure_stage(target, [p.load(level, p.round_window_s)], labels,
+                                         [windowed(Windows(1000.0, 3, p.round_window_s))], self.keep)
+            sides = [partial(side, name, level) for name, level in zip(pair, levels)]
+            alternate(sides if pair[0] == stage.name else sides[::-1], p.rounds)
 
     def cache_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
         """The same skewed mix of photos on ``stage``, then ``with_cache`` (Triton's own cache, or Redis)."""

@@ -204,12 +204,14 @@ def lab_plans() -> str:
         s = p.sweep
         cap = f"{s.cap} senders" if s.cap else f"{CAP_PER_CORE} × the cores"
         levels = f", at most {s.max_levels} levels" if s.max_levels else ""
-        return (f"one at a time, then {s.start}, {2 * s.start}, ... senders until a doubling adds less than "
-                f"{100 * s.growth:g} % (the knee) or {cap}{levels}")
+        return (f"one at a time, then {s.start}, {2 * s.start}, ... senders until two doublings in a row add less "
+                f"than {100 * s.growth:g} % (the knee) or {cap}{levels}")
 
     plans = (Plan.tour(), Plan.full())
     rows = [("every closed-loop run", windows),
             ("capacity: the highest throughput of a concurrency sweep", sweep),
+            ("each lesson's two stages, alternating", lambda p: f"{p.rounds} rounds, each run {Windows.COUNT} windows "
+                                                             f"of {p.round_window_s:g} s"),
             ("Poisson arrivals, of the capacity", lambda p: f"{pct(p.poisson_fractions)}, {p.poisson_seconds:g} s each"),
             ("requests of 16 images, one at a time, where the stage batches", lambda p: "one closed-loop run"),
             ("perf_analyzer after servelab's client, same load", perf),
