@@ -11,7 +11,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAS_GPU = nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
-.PHONY: lab lab-full test check models notebooks benchmark perf-analyzer prometheus redis dashboard containers-up containers-down images images-push images-save clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
+.PHONY: lab lab-full test check rehearse models notebooks benchmark perf-analyzer prometheus redis dashboard containers-up containers-down images images-push images-save clean gpu-check gpu-wheelhouse gpu-carry gpu-wheelhouse-join gpu-constraints-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ TEST_WORKERS ?= 0
 test: $(STAMP)
 	@$(call SOFT_TOOLS,$(BIN))
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The dress rehearsal alone (`make test` runs it too, in tests/e2e): the node path played in order on a fresh clone,
+# on a private Docker engine (root, docker.io, debootstrap); its step times go to docs/records/rehearsal-2cpu.*.
+rehearse: $(STAMP)
+	REHEARSAL_RECORD=1 $(BIN)/python -m pytest tests/e2e/test_rehearsal.py
 
 # The unit tier alone (tests/unit), under 2 minutes on 2 CPUs; `make test` runs every tier (docs/testing.md).
 check: $(STAMP)

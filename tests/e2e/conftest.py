@@ -10,10 +10,13 @@ by the tests (docs/testing.md, "Shared per session").
   requests (GourmetGram in front of it, the Ray walkthrough's stand-in front, the FastAPI notebook).
 - ``local_triton``: one real tritonserver (at pt-1, a scratch model repository); a test that needs a stage
   switches it first, as `servelab triton stage` does.
+- ``docker_engine`` and ``standin_args``: one private dockerd on the cache's data root, and the stand-in bases built
+  on it once, for the container tests, the registry test and the rehearsal (skipped where no engine can start).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -22,8 +25,12 @@ import pytest
 from lab_process import READERS, FinishedLab, quick_lab_folder
 from servelab.core.catalogue import STAGES
 from servelab.core.procs import ServerProcess, free_port
+from servelab.core.settings import get_settings
 from servelab.servers.triton import server as triton_server
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
+from servelab.tools.containers import compose_tool, standins
+from servelab.tools.containers.engine import Engine, EngineState
+from servelab.tools.docker_versions import read_env_file
 from triton_repo import make_repository
 
 
@@ -60,3 +67,21 @@ def local_triton(artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with triton_server.start_local(TRITON_STAGES["pt-1"], kind="cpu", repository=repository, log=log) as local:
         yield local
 
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[EngineState]:
+    """A private dockerd on the cache's data root (its layer cache makes a second session quick); CI must have one."""
+    if reason := Engine.available():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the container tests: {reason}")
+        pytest.skip(f"no Docker engine can be started here: {reason}")
+    with Engine(get_settings().servelab_containers_cache) as state:
+        yield state
+
+
+@pytest.fixture(scope="session")
+def standin_args(docker_engine: EngineState) -> dict[str, str]:
+    """The bake variables that pick the stand-in bases, built once per session (kept by their inputs' key)."""
+    cache = get_settings().servelab_containers_cache.expanduser()
+    return standins.build_args(compose_tool.docker(docker_engine.env, cache), cache, read_env_file())

@@ -18,10 +18,9 @@ import requests
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import get_settings
-from servelab.tools.containers import compose_tool, images, standins
+from servelab.tools.containers import compose_tool, images
 from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
 from servelab.tools.containers.engine import Engine
-from servelab.tools.docker_versions import read_env_file
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -52,42 +51,40 @@ def registry(tmp_path_factory):
     server.stop()
 
 
-def test_a_stage_runs_from_the_registry_alone(registry, artifacts, tmp_path):
+def test_a_stage_runs_from_the_registry_alone(registry, docker_engine, standin_args, artifacts, tmp_path):
     cache = get_settings().servelab_containers_cache.expanduser()
     tag = images.tag()
     lab = {"SERVELAB_REGISTRY": registry, "SERVELAB_TAG": tag}
     refs = [f"{registry}/{name}:{tag}" for name in ("fastapi_pt", "flask", "jupyter")]
 
-    # The instructor's machine: bake the stage's images on the stand-ins with this commit's tag, push them.
-    # It keeps the cache's data root while the node's engine runs, so that one starts with an empty one.
-    with Engine(cache) as state:
-        docker = compose_tool.docker(state.env, cache)
-        bases = standins.build_args(docker, cache, read_env_file())
-        targets = images.plan(docker, ("default",), images.variables({**bases, **lab}))
-        pushed = images.build(docker, targets, images.for_images(targets, set(refs)))
-        for ref in pushed:
-            docker.run("push", ref, timeout=1800)
-        catalog = requests.get(f"http://{registry.split('/')[0]}/v2/_catalog", timeout=10).json()["repositories"]
-        assert {"servelab/fastapi_pt", "servelab/flask", "servelab/jupyter", "servelab/python-torch"} <= set(catalog)
+    # The instructor's machine: the session's engine (its stand-ins built once) bakes the stage's images with this
+    # commit's tag and pushes them. It keeps the cache's data root, so the node's engine starts with an empty one.
+    docker = compose_tool.docker(docker_engine.env, cache)
+    targets = images.plan(docker, ("default",), images.variables({**standin_args, **lab}))
+    pushed = images.build(docker, targets, images.for_images(targets, set(refs)))
+    for ref in pushed:
+        docker.run("push", ref, timeout=1800)
+    catalog = requests.get(f"http://{registry.split('/')[0]}/v2/_catalog", timeout=10).json()["repositories"]
+    assert {"servelab/fastapi_pt", "servelab/flask", "servelab/jupyter", "servelab/python-torch"} <= set(catalog)
 
-        # A student's node: an engine with nothing in it, docker/.env's registry set, compose pulls.
-        with Engine(cache) as node:
-            assert not node.owns_cache, "a data root of its own: nothing built before is there"
-            pulled_by = compose_tool.docker(node.env, cache)
-            assert pulled_by.run("image", "ls", "--quiet").stdout.split() == []
-            settings = get_settings()
-            (tmp_path / "notebooks").mkdir()  # Jupyter's folder: the stage mounts it
-            mounts = checkout_mounts(settings.model_dir, settings.triton_model_repository, tmp_path / "results",
-                                     tmp_path / "notebooks")
-            runner = StageRunner(pulled_by, tmp_path / "work", {}, mounts=mounts, free_ports=True)
-            try:
-                running = runner.up(STAGE, extra={**lab, "SERVELAB_PULL_POLICY": "missing"}, build=False)
-                assert_pulled_not_built(runner, pulled_by, refs)
-                answer = requests.post(f"{running.url('fastapi_server', 8000)}/predict", timeout=60,
-                                       json={"image": base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()})
-                assert answer.status_code == 200 and answer.json()["prediction"]
-            finally:
-                runner.down(STAGE)
+    # A student's node: an engine with nothing in it, docker/.env's registry set, compose pulls.
+    with Engine(cache) as node:
+        assert not node.owns_cache, "a data root of its own: nothing built before is there"
+        pulled_by = compose_tool.docker(node.env, cache)
+        assert pulled_by.run("image", "ls", "--quiet").stdout.split() == []
+        settings = get_settings()
+        (tmp_path / "notebooks").mkdir()  # Jupyter's folder: the stage mounts it
+        mounts = checkout_mounts(settings.model_dir, settings.triton_model_repository, tmp_path / "results",
+                                 tmp_path / "notebooks")
+        runner = StageRunner(pulled_by, tmp_path / "work", {}, mounts=mounts, free_ports=True)
+        try:
+            running = runner.up(STAGE, extra={**lab, "SERVELAB_PULL_POLICY": "missing"}, build=False)
+            assert_pulled_not_built(runner, pulled_by, refs)
+            answer = requests.post(f"{running.url('fastapi_server', 8000)}/predict", timeout=60,
+                                   json={"image": base64.b64encode(DEFAULT_IMAGE.read_bytes()).decode()})
+            assert answer.status_code == 200 and answer.json()["prediction"]
+        finally:
+            runner.down(STAGE)
 
 
 def assert_pulled_not_built(runner: StageRunner, docker, refs: list[str]) -> None:

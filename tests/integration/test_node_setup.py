@@ -1,17 +1,16 @@
-"""bin/node-setup, the node's setup (3_fastapi_setup), on a copy of this checkout: on a prepared node (what the
-instructor's image holds: the environment, the model, every image) each step says it is skipped and nothing is
-fetched; where images are missing they are pulled from a named registry or built, and a failed fetch says so.
+"""bin/node-setup, the node's setup (3_fastapi_setup), on a copy of this checkout, where the rehearsal
+(tests/e2e/test_rehearsal.py) cannot go: a pull from a class registry that answers, a build that fails, an unknown
+option. The rehearsal plays the rest for real (no registry, a prepared node, a registry that fails and the way on).
 
 servelab's own environment and model steps run for real (this machine's .venv, the packaged stand-in model);
-Docker is a recording double on PATH, the one part a test machine does not have with the node's images: it records
-each call with the registry and tag its environment gives (bake reads only that; compose reads docker/.env too)."""
+Docker is a recording double on PATH: it records each call with the registry and tag its environment gives (bake
+reads only that; compose reads docker/.env too)."""
 
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -78,19 +77,6 @@ def refs(tag: str, registry: str = "servelab") -> list[str]:
     return [f"{registry}/{name}:{tag}" for name in ("fastapi_pt", "fastapi_onnx", "triton_server")]
 
 
-def test_a_prepared_node_skips_every_step_and_fetches_nothing(checkout: Path, tmp_path: Path):
-    first, _ = setup(checkout, tmp_path / "first", "--no-images")  # the instructor's node: the model built
-    assert first.returncode == 0, first.stderr
-    tag = images.tag(checkout)
-    done, calls = setup(checkout, tmp_path / "home", has=refs(tag))
-    assert done.returncode == 0, done.stderr
-    assert "servelab's environment: ready in .venv (skipped)" in done.stdout
-    assert "models: up to date" in done.stdout
-    assert f"images: all 3 of this commit ({tag}) on this node (skipped)" in done.stdout
-    assert calls == [] and (tmp_path / "home" / "images.log").read_text() == "images: done\n"
-    assert (checkout / ".secrets" / "lab.env").is_file()  # each node's own, made at its first setup
-
-
 def test_missing_images_are_pulled_from_the_class_registry(checkout: Path, tmp_path: Path):
     registry, tag = "registry.example.edu/servelab", images.tag(checkout)
     done, calls = setup(checkout, tmp_path, "--wait", has=refs(tag, registry)[:1], registry=registry)
@@ -101,34 +87,6 @@ def test_missing_images_are_pulled_from_the_class_registry(checkout: Path, tmp_p
         "compose -f docker/docker-compose-fastapi.yaml pull fastapi_server",
         "compose -f docker/docker-compose-triton.yaml pull")]
     assert (tmp_path / "images.log").read_text().endswith("images: done\n")
-
-
-def test_without_a_registry_the_images_are_built_under_the_tag_compose_runs(checkout: Path, tmp_path: Path):
-    """docker/.env says SERVELAB_TAG=local: bake must still tag what compose, run with this commit's tag, looks for."""
-    done, calls = setup(checkout, tmp_path, "--wait")
-    assert done.returncode == 0, done.stderr
-    assert "names no registry: building every image on this node" in done.stdout
-    assert calls == [f"buildx bake core  # servelab/*:{images.tag(checkout)}"]
-
-
-def test_a_failed_pull_says_what_to_do_and_the_build_it_names_takes_the_registry_s_names(checkout: Path,
-                                                                                          tmp_path: Path):
-    registry = "registry.example.edu/servelab"
-    done, _ = setup(checkout, tmp_path, registry=registry, fails=True)
-    assert done.returncode == 0, done.stderr  # in the background: the log says the rest
-    for _ in range(600):  # the background pull and its advice, within a minute
-        log = (tmp_path / "images.log").read_text()
-        if "docs/class.md" in log:
-            break
-        time.sleep(0.1)
-    assert "images: FAILED" in log and "images: done" not in log.splitlines()
-    assert runbook.REGISTRY.advice() in log and "`bin/node-setup --build`" in runbook.REGISTRY.todo
-    done, calls = setup(checkout, tmp_path / "again", "--build", "--wait", registry=registry)
-    assert done.returncode == 0, done.stderr
-    assert "--build: building every image on this node" in done.stdout
-    # compose, with the pull policy `missing`, runs what is here under the registry's names: none is pulled.
-    assert calls == [f"buildx bake core  # {registry}/*:{images.tag(checkout)}"]
-    assert (tmp_path / "again" / "images.log").read_text().endswith("images: done\n")
 
 
 def test_a_failed_build_says_so_and_fails(checkout: Path, tmp_path: Path):

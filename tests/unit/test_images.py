@@ -111,8 +111,8 @@ def test_the_tag_says_dirty_where_tracked_inputs_differ_and_local_without_git(tm
     assert images.tag(root) == "0.1.0-local"
 
 
-def test_a_named_registry_pulls_and_none_builds():
-    assert images.compose_env({"SERVELAB_REGISTRY": "servelab"})["SERVELAB_PULL_POLICY"] == "build"
+def test_a_named_registry_pulls_and_none_builds_only_what_is_missing():
+    assert images.compose_env({"SERVELAB_REGISTRY": "servelab"})["SERVELAB_PULL_POLICY"] == "never"
     assert images.compose_env({"SERVELAB_REGISTRY": "registry.example.edu/servelab"})["SERVELAB_PULL_POLICY"] == "missing"
 
 

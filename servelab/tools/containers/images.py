@@ -77,9 +77,11 @@ def compose_ref(name: str) -> str:
 
 
 def compose_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What `docker compose` needs to run this commit's images: its tag, and pull where a registry is named."""
+    """What `docker compose` needs to run this commit's images: its tag, and the policy. A named registry: pull
+    what is missing. None: `never`, which Compose reads as "run the image there (node-setup built it, or `docker
+    load` put it), build it only where it is missing, never pull": `build` would rebuild it on every `up`."""
     pulls = registry(env) != LOCAL
-    return {"SERVELAB_TAG": tag(), "SERVELAB_PULL_POLICY": "missing" if pulls else "build"}
+    return {"SERVELAB_TAG": tag(), "SERVELAB_PULL_POLICY": "missing" if pulls else "never"}
 
 
 def variables(overrides: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,0 +1,170 @@
+"""The dress rehearsal: the node path played in order, as a student's node plays it (issue 62).
+
+A fresh clone of this checkout's HEAD is the node's ~/servelab, with a HOME of its own; every step is a login shell
+(`bash -l`) running the shell blocks of 3_fastapi_setup and 5_triton_setup as the notebooks write them (and
+2_create_server_nvidia's node commands from servelab.run.walkthrough.node_setup), on the session's private Docker
+engine. Stand-ins only for what this machine lacks, declared in tests/rehearsal.py's STAND_INS. The ways a node
+gets its images, in turn: none named (built on the node), a prepared node (all there), a class registry that
+fails and the runbook's way on (`bin/node-setup --build`). Then a later SSH session, the Triton stage, and
+11_delete_resources' lines that save the results. With REHEARSAL_RECORD set (`make rehearse`), each step's wall
+time goes to docs/records/rehearsal-2cpu.json and .md."""
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from rehearsal import Node, shell_blocks, write_record
+from servelab.core.paths import REPO_ROOT
+from servelab.core.procs import free_port
+from servelab.core.settings import get_settings
+from servelab.run.walkthrough import node_setup, runbook
+from servelab.tools.containers import compose_tool, images
+from servelab.tools.containers.compose_stages import STAGES, StageRunner
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(5400)]
+
+RECORD = REPO_ROOT / "docs" / "records" / "rehearsal-2cpu"
+NOTEBOOKS = REPO_ROOT / "notebooks"
+SETUP = shell_blocks(NOTEBOOKS / "3_fastapi_setup.md")
+TRITON = shell_blocks(NOTEBOOKS / "5_triton_setup.md")
+SAVE = shell_blocks(NOTEBOOKS / "11_delete_resources.md")
+EVERY_SESSION = next(b for b in SETUP if "containers tag" in b)
+FIRST_SETUP = SETUP[0]  # cd ~/servelab; bin/node-setup
+FASTAPI_UP = next(b for b in SETUP if "docker-compose-fastapi.yaml up" in b)
+READY = next(b for b in SETUP if "/ready" in b)
+
+
+@pytest.fixture(scope="module")
+def docker(docker_engine):
+    return compose_tool.docker(docker_engine.env, get_settings().servelab_containers_cache.expanduser())
+
+
+@pytest.fixture(scope="module")
+def node(docker_engine, standin_args, docker, artifacts, tmp_path_factory):
+    """The node: its HOME and ~/.profile (the stand-ins' variables), and the local compose overrides."""
+    cache = get_settings().servelab_containers_cache.expanduser()
+    root = tmp_path_factory.mktemp("rehearsal")
+    work = root / "overrides"
+    runner = StageRunner(docker, work, standin_args)
+    for stage in (STAGES["fastapi-pt"], STAGES["triton"]):  # health checks every 3 s, ulimits within this VM's
+        runner._write_local_override(stage, None)
+        (work / f"{stage.project}.local.yaml").rename(work / stage.compose_file)
+    home = root / "home"
+    home.mkdir()
+    profile = {**docker_engine.env, "DOCKER_CONFIG": str(compose_tool.docker_config(cache)),
+               "REHEARSAL_CACHE": str(cache), "REHEARSAL_WORK": str(work), "PYTHONPATH": str(home / "servelab"),
+               "MODEL_SOURCE": "offline", **standin_args}
+    node = Node(home, profile)
+    node.write_profile(root / "stand-ins")
+    yield node
+    for name in ("fastapi", "triton"):
+        node.session(f"teardown {name}", [f"cd ~/servelab\ndocker compose -f docker/docker-compose-{name}.yaml down"],
+                     check=False)
+    node.steps = [s for s in node.steps if not s["step"].startswith("teardown")]
+    if os.environ.get("REHEARSAL_RECORD"):
+        write_record(node.steps, RECORD)
+
+
+def image_events(docker, since: float) -> list[str]:
+    """The engine's image events since ``since``: a build tags, a pull pulls."""
+    out = docker.run("events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}", "--filter",
+                     "type=image", "--format", "{{.Action}} {{.Actor.ID}}").stdout
+    return [e for e in out.splitlines() if e.startswith(("tag", "pull", "build"))]
+
+
+def remove_tagged(docker, tag: str) -> None:
+    """A node without this commit's images (the engine keeps its layer cache: a build replays it)."""
+    refs = [r for r in docker.run("image", "ls", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+            if r.endswith(f":{tag}")]
+    if refs:
+        docker.run("rmi", *refs)
+
+
+def test_the_node_s_commands_then_no_registry_builds_once(node, docker):
+    """2_create_server_nvidia's node commands, then 3_fastapi_setup with no registry: node-setup builds the images
+    under the tag compose runs, `up --wait` builds nothing more, and a second node-setup (a prepared node) skips."""
+    node.session("2: clone", [node_setup.clone(str(REPO_ROOT))])
+    (node.checkout / ".venv").symlink_to(Path(sys.prefix))  # stand-ins: this machine's environment, the model
+    shutil.copytree(get_settings().model_dir, node.checkout / "models")
+    out = node.session("2: docker present, bin/node-setup --no-images", [node_setup.DOCKER[0], *node_setup.SERVELAB])
+    assert "servelab's environment: ready in .venv (skipped)" in out
+    tag = images.tag(node.checkout)
+    remove_tagged(docker, tag)
+
+    out = node.session("3: bin/node-setup (no registry)", [FIRST_SETUP])
+    assert "docker/.env names no registry: building every image on this node" in out
+    assert "images: done" in node.wait_for_images("3: images built on the node (layer cache warm)").splitlines()
+    since = time.time()
+    out = node.session("3: every SSH session, fastapi up --wait, /ready", [EVERY_SESSION, FASTAPI_UP, READY])
+    assert json.JSONDecoder().raw_decode(out[out.index("{"):])[0]["status"] == "ready", out
+    assert image_events(docker, since) == [], "compose built again what node-setup built"
+
+    out = node.session("3: a prepared node: bin/node-setup again", [FIRST_SETUP])
+    assert re.search(rf"images: all \d+ of this commit \({tag}\) on this node \(skipped\)", out), out
+
+
+def test_a_later_ssh_session_reaches_the_same_images(node, docker):
+    """A new login shell with the notebook's three lines finds this commit's images and builds none; the stage's
+    first measurement runs against the container."""
+    since = time.time()
+    ps = "docker compose -f docker/docker-compose-fastapi.yaml ps --format json"
+    out = node.session("later SSH session: its three lines, up --wait, ps", [EVERY_SESSION, FASTAPI_UP, ps])
+    services = {json.loads(line)["Service"]: json.loads(line) for line in out.splitlines() if line.startswith("{")}
+    tag = images.tag(node.checkout)
+    assert services["fastapi_server"]["Image"] == f"servelab/fastapi_pt:{tag}", services
+    assert image_events(docker, since) == []
+    load = ("servelab load fastapi --url http://127.0.0.1:8000 --requests 20 --concurrency 1 "
+            "--out results/rehearsal-fastapi.jsonl")
+    node.session("4: first measurement (servelab load, concurrency 1)", [EVERY_SESSION, load])
+    (record,) = [json.loads(line) for line in (node.checkout / "results/rehearsal-fastapi.jsonl").read_text().splitlines()]
+    assert record["stats"]["successes"] == 20, record
+
+
+def test_the_triton_stage_from_its_notebook(node):
+    """5_triton_setup's blocks as written: the FastAPI stage down, Triton up on the image node-setup built, pt-1
+    loaded; then its first measurement."""
+    blocks = [b for b in TRITON if "nvidia-smi" not in b]  # stand-in: no GPU
+    out = node.session("5: stop fastapi, the repository, up --wait, stage pt-1", [EVERY_SESSION, *blocks])
+    assert "stage pt-1" in out, out
+    load = ("servelab load triton --url 127.0.0.1:8000 --model food_classifier --requests 20 --concurrency 1 "
+            "--out results/rehearsal-triton.jsonl")
+    node.session("6: first measurement on Triton (servelab load)", [EVERY_SESSION, load])
+    answer = requests.get("http://127.0.0.1:8000/v2/models/food_classifier/ready", timeout=10)
+    assert answer.status_code == 200
+
+
+def test_a_failed_registry_then_the_way_on(node, docker):
+    """docker/.env names a registry that does not answer: node-setup's log says FAILED and the runbook's row; the
+    way on it names (`bin/node-setup --build`) builds under the registry's names, and compose pulls nothing."""
+    node.session("teardown triton", ["cd ~/servelab\ndocker compose -f docker/docker-compose-triton.yaml down"])
+    env_file = node.checkout / "docker" / ".env"
+    env_file.write_text(re.sub(r"(?m)^SERVELAB_REGISTRY=.*$", f"SERVELAB_REGISTRY=127.0.0.1:{free_port()}/servelab",
+                               env_file.read_text()))
+    (node.home / "images.log").unlink()
+    node.session("registry fails: bin/node-setup", [FIRST_SETUP])
+    log = node.wait_for_images("registry fails: ~/images.log")
+    assert "images: FAILED" in log and runbook.REGISTRY.advice() in log and "images: done" not in log.splitlines(), log
+    way_on = re.search(r"`(bin/node-setup --build)`", runbook.REGISTRY.todo).group(1)
+    (node.home / "images.log").unlink()
+    node.session("the way on: bin/node-setup --build", [f"cd ~/servelab\n{way_on}"])
+    assert "images: done" in node.wait_for_images("the way on: images built under the registry's names").splitlines()
+    since = time.time()
+    node.session("the way on: every SSH session, fastapi up --wait", [EVERY_SESSION, FASTAPI_UP, READY])
+    assert image_events(docker, since) == [], "compose pulled or built after the way on"
+
+
+def test_the_results_are_saved_as_11_delete_resources_says(node, tmp_path):
+    """11_delete_resources' scp lines, on the student's computer (a HOME of its own), bring the node's results."""
+    laptop = Node(tmp_path / "laptop", {"REHEARSAL_NODE_HOME": str(node.home)}, node.steps)
+    laptop.home.mkdir()
+    laptop.write_profile(tmp_path / "laptop-tools")
+    laptop.session("11: save the results (scp)", SAVE)
+    saved = laptop.home / "servelab-results"
+    assert (saved / "rehearsal-fastapi.jsonl").is_file() and (laptop.home / "servelab-notebooks").is_dir()

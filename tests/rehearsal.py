@@ -1,0 +1,153 @@
+"""The dress rehearsal's node: a fresh clone with a HOME of its own, whose login shells run the notebooks' shell
+blocks as written, and the stand-ins for what this machine lacks, declared once in STAND_INS (the record repeats
+the table). Used by tests/e2e/test_rehearsal.py."""
+
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servelab.core.paths import REPO_ROOT
+
+# What this machine lacks, and what stands in for it: (the part, on a student's node, here).
+STAND_INS = [
+    ("GPU", "2x P100 with NVIDIA's driver and container toolkit",
+     "none: docker/no-gpu/'s override beside each compose file, added by the `docker` below; 2_create_server_nvidia's "
+     "toolkit, cgroupfs, Docker restart, nvtop and GPU checks are not run, nor `servelab doctor --node`"),
+    ("Docker", "Docker's current engine with buildx and Compose",
+     "a private dockerd 20.10 (tests' engine) behind a `docker` first on the node's PATH: `buildx bake` builds bake's "
+     "targets one by one with the legacy builder (its BuildKit refuses `target:` contexts), `compose` adds the no-GPU "
+     "override and one with faster health checks and ulimits within this VM's; the rest is Debian's docker"),
+    ("NVIDIA base images", "nvcr.io/nvidia/tritonserver, ubuntu:22.04, PyTorch's CUDA build",
+     "the stand-in bases (docker/standin/), picked by bake variables exported in the node's ~/.profile"),
+    ("servelab's environment", "bin/node-setup makes .venv", ".venv links to this machine's, PYTHONPATH names the clone"),
+    ("the lab's model", "downloaded and built by `servelab models build --source lab` (bin/node-setup)",
+     "MODEL_SOURCE=offline in ~/.profile; the packaged stand-in and its variants, built once per test session "
+     "(tests/conftest.py's artifacts), copied into the clone: bin/node-setup finds them up to date"),
+    ("the repository", "git clone of the class's GitHub repository", "git clone of this checkout's HEAD"),
+    ("Chameleon and SSH", "python-chi makes the server; the student SSHes in as cc",
+     "a login shell (`bash -l`) with the node's HOME; `sudo usermod -aG docker` is not run here"),
+    ("scp", "the student's computer copies from the node over SSH",
+     "an `scp` on the student's PATH that copies cc@A.B.C.D:PATH from the node's HOME"),
+]
+
+# What the rehearsal does not play, and where it is tested instead.
+NOT_PLAYED = [
+    "a class registry that answers: tests/e2e/test_image_registry.py pushes to a real docker-registry and brings the "
+    "FastAPI stage up on a second, empty engine from it alone; tests/integration/test_node_setup.py's pull",
+    "the core cells of 4, 6, 7 and 8 against these containers: each stage's first measurement is `servelab load` here; "
+    "the notebooks run against local servers in tests/e2e/test_notebooks*.py",
+    "`servelab doctor --node` (its GPU checks fail without a GPU) and 5_triton_setup's `nvidia-smi`",
+]
+
+DOCKER = '''#!{python}
+"""The rehearsal's `docker` (tests/rehearsal.py, STAND_INS): bake by the legacy builder, compose without a GPU."""
+import os, sys
+from pathlib import Path
+from servelab.tools.containers import compose_tool, images
+args, cache = sys.argv[1:], Path(os.environ["REHEARSAL_CACHE"])
+docker = compose_tool.docker({{"DOCKER_HOST": os.environ["DOCKER_HOST"]}}, cache, log=lambda *_: None)
+if args[:2] == ["buildx", "bake"]:
+    names = tuple(a for a in args[2:] if not a.startswith("-")) or ("default",)
+    targets = images.plan(docker, names, images.variables(dict(os.environ)))
+    for ref in images.build(docker, targets):
+        if "--push" in args:
+            docker.run("push", ref, timeout=1800)
+    sys.exit(0)
+if args[:1] == ["compose"]:  # each stage file gets its no-GPU override and the local one, right after it
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if i and args[i - 1] == "-f":
+            name = Path(arg).name
+            for f in (Path(arg).parent / "no-gpu" / name, Path(os.environ["REHEARSAL_WORK"]) / name):
+                out += ["-f", str(f)] if f.exists() else []
+    args = out
+os.execv("/usr/bin/docker", ["docker", *args])
+'''
+
+SCP = '''#!/usr/bin/env bash
+# The rehearsal's scp (tests/rehearsal.py, STAND_INS): cc@A.B.C.D:PATH is PATH in the node's HOME.
+args=()
+for a in "$@"; do case "$a" in -i) skip=1 ;; cc@*:*) args+=("$REHEARSAL_NODE_HOME/${a#*:}") ;;
+  *) [ -n "$skip" ] && skip= || args+=("$a") ;; esac; done
+exec cp "${args[@]}"
+'''
+
+
+def shell_blocks(notebook: Path) -> list[str]:
+    """The notebook's ```shell blocks, as written."""
+    return re.findall(r"```shell\n(.*?)```", notebook.read_text(), re.DOTALL)
+
+
+@dataclass
+class Node:
+    """A student's node: its HOME, its checkout (~/servelab), and the steps it played with their wall times."""
+
+    home: Path
+    profile: dict[str, str]
+    steps: list[dict] = field(default_factory=list)
+
+    @property
+    def checkout(self) -> Path:
+        return self.home / "servelab"
+
+    def write_profile(self, tools: Path) -> None:
+        """~/.profile: the stand-ins' variables (a login shell reads it after /etc/profile resets PATH)."""
+        tools.mkdir(parents=True, exist_ok=True)
+        (tools / "docker").write_text(DOCKER.format(python=sys.executable))
+        (tools / "scp").write_text(SCP)
+        for tool in ("docker", "scp"):
+            (tools / tool).chmod(0o755)
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.profile.items()]
+        (self.home / ".profile").write_text("\n".join([*lines, f'export PATH="{tools}:$PATH"', ""]))
+
+    def session(self, step: str, blocks: list[str], check: bool = True, timeout: float = 1800) -> str:
+        """One SSH session: a login shell that runs ``blocks`` as written, one after another; its output."""
+        started = time.monotonic()
+        script = "set -e\n" + "\n".join(blocks)
+        done = subprocess.run(["bash", "-l", "-s"], input=script, cwd=self.home, capture_output=True, text=True,
+                              env={"HOME": str(self.home), "USER": "cc", "TERM": "dumb"}, timeout=timeout)
+        self.steps.append({"step": step, "wall_s": round(time.monotonic() - started, 1), "rc": done.returncode})
+        if check:
+            assert done.returncode == 0, f"{step}:\n{script}\n--- out:\n{done.stdout[-4000:]}\n--- err:\n{done.stderr[-4000:]}"
+        return done.stdout + done.stderr
+
+    def wait_for_images(self, step: str, timeout: float = 3600) -> str:
+        """The student's `tail -f ~/images.log` until it ends: the line `images: done`, or a failure with what to do
+        (each ends with the runbook's pointer; the advice quotes `images: done`, so only the whole line counts)."""
+        started, log = time.monotonic(), self.home / "images.log"
+        while time.monotonic() - started < timeout:
+            text = log.read_text() if log.exists() else ""
+            done = "images: done" in text.splitlines()
+            if done or ("images: FAILED" in text and "(docs/class.md, When something fails)" in text):
+                self.steps.append({"step": step, "wall_s": round(time.monotonic() - started, 1), "rc": 0 if done else 1})
+                return text
+            time.sleep(2)
+        raise AssertionError(f"{step}: ~/images.log did not end within {timeout:.0f} s:\n{text[-2000:]}")
+
+
+def write_record(steps: list[dict], out: Path) -> None:
+    """docs/records/rehearsal-2cpu.json and .md: each step's wall time, the machine, the commit, the stand-ins."""
+    commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    record = {"kind": "rehearsal", "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cpus": os.cpu_count(), "system": platform.platform(), "python": platform.python_version()},
+              "steps": steps, "not_played": NOT_PLAYED, "stand_ins": [dict(zip(("part", "on the node", "here"), row, strict=True))
+                                            for row in STAND_INS]}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    rows = [f"| {s['step']} | {s['wall_s']:.1f} | {s['rc']} |" for s in steps]
+    stand_ins = [f"| {part} | {node} | {here} |" for part, node, here in STAND_INS]
+    out.with_suffix(".md").write_text("\n".join([
+        f"# The dress rehearsal at {commit} ({record['date']})", "",
+        f"`make rehearse` on {os.cpu_count()} CPUs ({record['machine']['system']}): the node path played in order "
+        "(tests/e2e/test_rehearsal.py). Figures from rehearsal-2cpu.json.", "",
+        "| step | wall s | rc |", "|---|---:|---:|", *rows, "", "## Stand-ins", "",
+        "| part | on a student's node | here |", "|---|---|---|", *stand_ins, "", "## Not played here", "",
+        *(f"- {line}" for line in NOT_PLAYED), ""]))
