@@ -158,23 +158,29 @@ def cell_times() -> dict:
     return json.loads(CELL_TIMES.read_text(encoding="utf-8"))
 
 
+def code_cells(text: str) -> list[tuple[bool, str, str]]:
+    """(optional, source, its section's text) per code cell of a notebook's source, in order: the plan prices
+    each in its part, and tests/unit/test_notebook_names.py checks the names each takes from the cells before."""
+    code = [c.source for c in jupytext.reads(text, fmt="md").cells if c.cell_type == "code"]  # as committed
+    found, at, index = [], 0, 0
+    for is_optional, section in sections(text):
+        end = at + len(section)
+        while index < len(code) and 0 <= text.find(code[index], at) < end:  # the code cells it holds, in order
+            found.append((is_optional, code[index], section))
+            at, index = text.find(code[index], at) + len(code[index]), index + 1
+        at = end
+    return found + [(False, source, "") for source in code[index:]]  # a cell not found as written (none today)
+
+
 def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
     """``record``: the cells' seconds per notebook, ``cell_times()`` unless given."""
     text = path.read_text(encoding="utf-8")
     cells = (cell_times() if record is None else record).get(path.stem, {}).get("cells", [])
-    code = [c.source for c in jupytext.reads(text, fmt="md").cells if c.cell_type == "code"]  # as committed
     core, optional = Part(), Part()
-    at, index = 0, 0
     for is_optional, section in sections(text):
-        part = optional if is_optional else core
-        count_text(section, part)
-        end = at + len(section)
-        while index < len(code) and 0 <= text.find(code[index], at) < end:  # the code cells it holds, in order
-            count_cell(code[index], cells[index] if index < len(cells) else None, part)
-            at, index = text.find(code[index], at) + len(code[index]), index + 1
-        at = end
-    for index in range(index, len(code)):  # a cell not found as written (none today): core, and named if unrecorded
-        count_cell(code[index], cells[index] if index < len(cells) else None, core)
+        count_text(section, optional if is_optional else core)
+    for index, (is_optional, source, _) in enumerate(code_cells(text)):
+        count_cell(source, cells[index] if index < len(cells) else None, optional if is_optional else core)
     return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in WAITS.get(path.stem, []))))
 
 

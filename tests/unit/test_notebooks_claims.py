@@ -361,7 +361,8 @@ def test_students_type_perf_analyzer_for_each_triton_lesson_and_the_helper_is_th
             assert after.startswith("print(") and f'lab.check_perf_analyzer("{stage}", f"{{RESULTS}}/{csv}"' in after, after[:200]
         else:  # what it printed is checked by the next cell, against the step's run of the same load
             after = text[at:].split("```python\n", 1)[1]
-            assert after.startswith(f'print(lab.check_printed_run(pa, "{stage}"))'), after[:200]
+            assert after.startswith(f'print(lab.check_printed_run(given("pa", by="perf_analyzer at {stage}"), "{stage}"))'), \
+                after[:200]
 
 
 def _last_flags(argv: list[str]) -> dict[str, str]:
