@@ -1,38 +1,26 @@
-"""What a check cell takes from the cell a student writes before it.
-
-A student who skips a cell, or runs one that stops at its ``raise NotImplementedError``, should read which cell
-to run, in one line, not a ``NameError``'s traceback; and a name an earlier cell set (pt-1's ``pa`` at pt-2x2's
-check) must not pass for the skipped cell's.
-"""
+"""What a check cell takes from the cell a student writes before it: a skipped cell (or one stopped at its
+``raise``) gets one line naming the cell to run, not a NameError, and no earlier cell's value passes for its."""
 
 import sys
 from typing import Any
 
 
 class CellNotRun(NameError):
-    """A name its cell has not set (yet). IPython shows ``_render_traceback_``'s lines in place of a traceback."""
-
-    def _render_traceback_(self) -> list[str]:
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines in place of a traceback
         return [f"{type(self).__name__}: {self}"]
 
 
-# Per notebook namespace (id of its globals), per name: the object ``given`` last handed out, and to which cell.
-_HANDED: dict[tuple[int, str], tuple[Any, str]] = {}
+_HANDED: dict[tuple[int, str], tuple[Any, str]] = {}  # (namespace, name): the value last handed out, and to whom
 
 
 def given(*names: str, by: str) -> Any:
-    """The values of ``names`` in the calling cell's namespace, all set by the cell that starts ``# YOUR CODE:
-    {by}``; CellNotRun, naming that cell, where one is missing or is still the value handed to another cell's
-    check (its cell was skipped, so the earlier one's value would be checked in its place). One name: its value;
-    several: a tuple."""
+    """The calling cell's ``names``, set by the cell starting ``# YOUR CODE: {by}`` (one name: its value; several:
+    a tuple); CellNotRun where one is missing or still the value another cell's check took (pt-1's ``pa``)."""
     space = sys._getframe(1).f_globals
-    values = []
     for name in names:
         handed = _HANDED.get((id(space), name))
         if name not in space or (handed and handed[0] is space[name] and handed[1] != by):
             why = "is not set" if name not in space else f"is still the one `{handed[1]}` set"  # type: ignore[index]
-            raise CellNotRun(f"`{name}` {why}: run the cell that starts `# YOUR CODE: {by}` (above this one), "
-                             "then this one")
+            raise CellNotRun(f"`{name}` {why}: run the cell that starts `# YOUR CODE: {by}` (above this one), then this one")
         _HANDED[(id(space), name)] = space[name], by
-        values.append(space[name])
-    return values[0] if len(values) == 1 else tuple(values)
+    return space[names[0]] if len(names) == 1 else tuple(space[name] for name in names)

@@ -24,7 +24,7 @@ def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float,
     waits for); TimeoutError after ``wait_s``, with the runbook's advice. Past ``nudge_s`` it says once what it
     waits for and, where the wait is for a line the student types (``to_type``), that line: a switch not typed
     yet otherwise looks like a slow one for the whole of ``wait_s``."""
-    start, shown, nudged = time.monotonic(), None, False
+    start, shown, nudge_at = time.monotonic(), None, nudge_s
     hint = f"; if you have not typed it yet, in your SSH session (in ~/servelab): {to_type}" if to_type else ""
     while (now := probe()) != want:
         waited = time.monotonic() - start
@@ -34,8 +34,8 @@ def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float,
         if now != shown:
             print(f"waiting for {what}; now: {now}")
             shown = now
-        if waited > nudge_s and not nudged:
-            nudged = True
+        if waited > nudge_at:
+            nudge_at = math.inf  # once
             print(f"still waiting after {nudge_s / 60:g} min (at most {wait_s / 60:g}) for {what}{hint}")
         time.sleep(interval_s)
 

@@ -190,12 +190,12 @@ def check_shed(metrics: list[str], url: str, run: Record) -> str:
 
 def switch_line(want: Serving) -> str:
     """The notebook's ```shell line that makes the service serve ``want``: what a wait tells a student to type."""
-    env = [*(["CACHE_URL=redis://redis:6379/0"] if want.cache else []), f"FASTAPI_STAGE={want.service}",
-           *(["MAX_BATCH_SIZE=16", "BATCH_TIMEOUT_MS=5"] if want.batching else []),
-           *([f"ONNX_VARIANT={want.variant}"] if want.variant not in (None, "fp32") else []),
-           *([f"MAX_QUEUE_REQUESTS={want.max_queue_requests}"] if want.max_queue_requests else [])]
-    profile = " --profile cache up -d redis" if want.cache else " up -d"
-    return f"{' '.join(env)} docker compose -f docker/docker-compose-fastapi.yaml{profile} fastapi_server"
+    env = ["CACHE_URL=redis://redis:6379/0"] * want.cache + [f"FASTAPI_STAGE={want.service}"] \
+        + ["MAX_BATCH_SIZE=16", "BATCH_TIMEOUT_MS=5"] * bool(want.batching) \
+        + [f"ONNX_VARIANT={want.variant}"] * (want.variant not in (None, "fp32")) \
+        + [f"MAX_QUEUE_REQUESTS={want.max_queue_requests}"] * bool(want.max_queue_requests)
+    return " ".join([*env, "docker compose -f docker/docker-compose-fastapi.yaml",
+                     "--profile cache up -d redis" if want.cache else "up -d", "fastapi_server"])
 
 
 @dataclass
