@@ -56,7 +56,7 @@ def test_commands_are_found_in_every_kind_of_place():
     assert ("docs/local-lab.md", ".venv/bin/servelab report results/records.jsonl", False) in found  # ```bash
     assert ("README.md", "make gpu-check", True) in found  # a `code span` in the README
     assert ("models_staging/README.md", "servelab triton stage pt-2x2", False) in found  # indented block
-    assert ("notebooks/6_triton_python.md", "servelab triton stage pt-dyn", False) in found  # ```shell
+    assert ("notebooks/6_triton_python.md", "servelab triton stage pt-1", False) in found  # ```shell
     assert ("notebooks/6_triton_python.md", "servelab triton stage {name} --url triton_server:8000", True) in found  # ```python
     inside = {tuple(c.argv) for c in COMMANDS if c.document == "notebooks/10_ray.md" and c.text.startswith("docker compose")}
     assert ("servelab", "ray", "deploy", "--stage", "ray-1") in inside  # `docker compose ... exec ray_head servelab ...`
