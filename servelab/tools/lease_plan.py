@@ -34,6 +34,8 @@ QUESTION = re.compile(r"[*_]*Questions?(?![a-z])")  # *Questions:*, *Questions,*
 # In a paragraph, not a heading; "open" followed by what it opens ("open a second SSH connection" is no page).
 BROWSER = re.compile(r"\bbrowser\b|\bopen\s+(the\s+)?`?(https?://|Jupyter|GourmetGram)", re.IGNORECASE)
 YOUR_CODE = re.compile(r"^# YOUR CODE: (.+)$", re.MULTILINE)
+PRINTS = re.compile(r"\b(print|display)\(|\blab\.\w+\(|^await ", re.MULTILINE)  # a cell whose output is read
+PA_FLAG = re.compile(r"--(measurement-interval|max-trials|concurrency-range|request-rate-range)[ =](\S+)")
 Span = tuple[float, float, float]  # seconds: low, median, high
 
 
@@ -61,6 +63,8 @@ class Part:  # the core or the optional part of one notebook
     shell_waits: Counter[str] = field(default_factory=Counter)  # [shell.NAME]: how many lines start one
     unrecorded: list[str] = field(default_factory=list)  # its code cells the record lacks (first lines)
     read_before_s: float = 0.0  # its reading done during an earlier notebook's waits (``read_during_waits``)
+    typed_pa: list[Span] = field(default_factory=list)  # each perf_analyzer line typed, at the node (``typed_run``)
+    chores: Span = (0.0, 0.0, 0.0)  # what its text does not count (``[[task.NAME]]``)
 
     @property
     def reading_s(self) -> float:
@@ -69,7 +73,7 @@ class Part:  # the core or the optional part of one notebook
     @property
     def students(self) -> Span:
         allowance = rates()["allowance"]
-        return _add(*(_times(n, allowance[name]["seconds"]) for name, n in self.tasks.items()))
+        return _add(self.chores, *(_times(n, allowance[name]["seconds"]) for name, n in self.tasks.items()))
 
     @property
     def shell_s(self) -> Span:
@@ -77,7 +81,7 @@ class Part:  # the core or the optional part of one notebook
 
     @property
     def machine(self) -> Span:
-        return _add((self.cells_s * rates()["cells"]["factor"],) * 3, self.shell_s)
+        return _add((self.cells_s * rates()["cells"]["factor"],) * 3, self.shell_s, *self.typed_pa)
 
     def total(self, waits: Span = (0, 0, 0)) -> Span:
         return _add((self.reading_s,) * 3, self.students, self.machine, waits)
@@ -138,43 +142,61 @@ def count_text(section: str, part: Part) -> None:
     part.tasks["excerpt_line"] += sum(len(shown.strip().splitlines()) for shown in SHOWN.findall(section))
 
 
+def typed_run(line: str) -> Span:
+    """A typed perf_analyzer line's seconds on the node, by its flags (``[typed_perf_analyzer]``)."""
+    flags = dict(PA_FLAG.findall(line))
+    start, end, step = (flags.get("concurrency-range", flags.get("request-rate-range", "1")) + "::").split(":")[:3]
+    steps = len(range(int(start), int(end or start) + 1, int(step or 1)))
+    window_s, trials = int(flags.get("measurement-interval", 5000)) / 1000, int(flags.get("max-trials", 10))
+    return _times(steps * window_s, (3, (3 + trials) / 2, trials))
+
+
 def count_cell(source: str, recorded: dict | None, part: Part) -> None:
-    """A code cell: its recorded seconds, and, where students write it, its answer's length."""
-    first = source.partition("\n")[0]
+    """A code cell: its recorded seconds (a typed perf_analyzer line: its node time by its flags, as the record
+    ran it at 1 s windows), the reading of what it prints, and, where students write it, its answer's length."""
+    first, written = source.partition("\n")[0], YOUR_CODE.match(source)
+    lines = [line for line in (answers().get(written[1], source) if written else source).splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]  # no comment
+    part.typed_pa += [typed_run(line) for line in lines if written and "perf_analyzer " in line]
     if recorded is None or recorded["first_line"] != first:
         part.unrecorded.append(first)
-    else:
+    elif not (written and "perf_analyzer " in "".join(lines)):
         part.cells_s += recorded["seconds"]
-    written = YOUR_CODE.match(source)
+    part.tasks["printed_output"] += bool(not written and PRINTS.search(source))
     if written or "# TODO" in source:
         given = set(source.splitlines()) if written else set()  # the answer's lines the cell holds already
-        typed = [line for line in (answers().get(written[1], source) if written else source).splitlines()
-                 if line.strip() and not line.lstrip().startswith("#") and line not in given]  # no comment
         part.tasks["written_cell"] += 1
-        part.tasks["written_line"] += max(1, len(typed))
+        part.tasks["written_line"] += max(1, len([line for line in lines if line not in given]))
 
 
 def cell_times() -> dict:
     return json.loads(CELL_TIMES.read_text(encoding="utf-8"))
 
 
+def code_cells(text: str) -> list[tuple[bool, str, str]]:
+    """(optional, source, its section) per code cell, in order: the plan prices each in its part; a unit test
+    checks the names each takes from the cells before."""
+    code = [c.source for c in jupytext.reads(text, fmt="md").cells if c.cell_type == "code"]  # as committed
+    found, at, index = [], 0, 0
+    for is_optional, section in sections(text):
+        end = at + len(section)
+        while index < len(code) and 0 <= text.find(code[index], at) < end:  # the code cells it holds, in order
+            found.append((is_optional, code[index], section))
+            at, index = text.find(code[index], at) + len(code[index]), index + 1
+        at = end
+    return found + [(False, source, "") for source in code[index:]]  # a cell not found as written (none today)
+
+
 def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
     """``record``: the cells' seconds per notebook, ``cell_times()`` unless given."""
     text = path.read_text(encoding="utf-8")
     cells = (cell_times() if record is None else record).get(path.stem, {}).get("cells", [])
-    code = [c.source for c in jupytext.reads(text, fmt="md").cells if c.cell_type == "code"]  # as committed
     core, optional = Part(), Part()
-    at, index = 0, 0
     for is_optional, section in sections(text):
-        part = optional if is_optional else core
-        count_text(section, part)
-        end = at + len(section)
-        while index < len(code) and 0 <= text.find(code[index], at) < end:  # the code cells it holds, in order
-            count_cell(code[index], cells[index] if index < len(cells) else None, part)
-            at, index = text.find(code[index], at) + len(code[index]), index + 1
-        at = end
-    for index in range(index, len(code)):  # a cell not found as written (none today): core, and named if unrecorded
-        count_cell(code[index], cells[index] if index < len(cells) else None, core)
+        count_text(section, optional if is_optional else core)
+    for index, (is_optional, source, _) in enumerate(code_cells(text)):
+        count_cell(source, cells[index] if index < len(cells) else None, optional if is_optional else core)
+    core.chores = _add(*(task["seconds"] for task in rates().get("task", {}).get(path.stem, [])))
     return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in WAITS.get(path.stem, []))))
 
 
@@ -194,6 +216,21 @@ def lease_plan(folder: Path = REPO_ROOT / "notebooks", record: dict | None = Non
 
 def core_minutes(plans: list[NotebookPlan]) -> Span:
     return _times(1 / 60, _add(*(p.core.total(p.waits) for p in plans if p.name in CORE)))
+
+
+def catch_up(plans: list[NotebookPlan]) -> str:
+    """The cuts that save core-path minutes, each with its median minutes (issue #66: skipping what is optional
+    saves nothing on the core path)."""
+    a = {name: row["seconds"][1] for name, row in rates()["allowance"].items()}
+    questions = sum(p.core.tasks["question"] for p in plans if p.name in CORE)
+    typed = [(p.name, run[1] + a["written_cell"] + a["written_line"] + a["printed_output"]) for p in plans
+             if p.name in CORE for run in p.core.typed_pa]  # the line, its run, and its check's output
+    where, typed_s = " and ".join(f"`{name}`" for name in dict.fromkeys(n for n, _ in typed)), sum(s for _, s in typed)
+    return (f"Behind at a checkpoint? These save core-path minutes (medians): answer the {questions} question paragraphs "
+            f"after the lease ({_m(questions * a['question'])} min); skip typing the {len(typed)} perf_analyzer lines "
+            f"(in {where}) and their check cells: `servelab load` measured the same stages in the step before each "
+            f"({_m(typed_s)} min). Sections "
+            "marked *(optional)* are not in the core path: skipping them saves nothing on it.")
 
 
 def _m(seconds: float) -> str:
@@ -225,7 +262,7 @@ def plan_table() -> str:
     lines += ["", f"Minutes, rounded up. **Core path: {_clock(median)} at the median** (low {_clock(low)}, high "
               f"{_clock(high)}) of a {_clock(LEASE_MIN)} lease; the aim, ≤ {_clock(CORE_AIM_MIN)}: "
               f"{'met' if median <= CORE_AIM_MIN else 'MISSED'}. An estimate, not a timed class "
-              "(`servelab/tools/lease_plan.py`).", "",
+              "(`servelab/tools/lease_plan.py`).", "", prose(catch_up(plans)), "",
               prose("- The node: booted from the class's prepared image (docs/instructors.md, \"A prepared node\"); from "
                     "Chameleon's own image, `2_create_server_nvidia` and `bin/node-setup` also install and fetch (the "
                     "rows below).", indent="  "),

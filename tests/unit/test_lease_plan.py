@@ -174,3 +174,31 @@ def test_the_instructors_guide_has_no_generated_line_over_200_characters():
 
 def test_the_clock_rounds_the_whole_time_up():
     assert (lp._clock(119.5), lp._clock(120), lp._clock(61)) == ("2 h 00", "2 h 00", "1 h 01")
+
+
+def test_a_typed_perf_analyzer_line_is_priced_at_the_node_by_its_flags_not_by_the_record(tmp_path):
+    """Issue #66: the record ran it at 1 s windows; on the node 7's Poisson lines at 10 s windows and 10 trials
+    took 1 to 3.3 min (the walk), which the count by flags gives."""
+    assert lp.typed_run("!perf_analyzer --request-rate-range 40:120:80 --measurement-interval 10000 --max-trials 10") \
+        == (60, 130, 200)
+    assert lp.typed_run("pa = !perf_analyzer --concurrency-range 8 --measurement-interval 5000 --max-trials 5") == (15, 20, 25)
+    part = plan(tmp_path, """\
+        ```python
+        # YOUR CODE: perf_analyzer at pt-1
+        raise NotImplementedError("type the perf_analyzer line here")
+        ```
+
+        ```python
+        print(lab.check_printed_run(given("pa", by="perf_analyzer at pt-1"), "pt-1"))
+        ```
+        """, [("# YOUR CODE: perf_analyzer at pt-1", 9.0), ("print(lab.check_printed_run(", 1.0)], stem="6_triton_python").core
+    assert part.cells_s == 0 and len(part.typed_pa) == 1  # the check cell's record does not match its first line
+    assert part.tasks["printed_output"] == 1 and part.tasks["written_cell"] == 1
+
+
+def test_the_core_path_meets_its_aim_and_the_catch_up_names_cuts_with_their_minutes():
+    plans = lp.lease_plan()
+    assert lp.core_minutes(plans)[1] <= lp.CORE_AIM_MIN
+    assert {task["what"] for task in lp.rates()["task"]["2_create_server_nvidia"]}  # 2's own tasks are priced
+    assert re.search(r"answer the \d+ question paragraphs after the lease \(\d+ min\); skip typing the \d+ perf_analyzer "
+                     r"lines .* \(\d+ min\)", lp.catch_up(plans).replace("\n", " "))

@@ -54,7 +54,6 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("notebooks/6_triton_python.md", "5 s"): "perf_analyzer's --measurement-interval 5000 shown in the cell",
     ("docs/instructors.md", "5 s"): "PA_WINDOW_S = 5: the windows of the step's perf_analyzer runs, in 6's answer",
     ("notebooks/7_triton_onnx.md", "5 s"): "perf_analyzer's --measurement-interval 5000, the helper's PA_WINDOW_S",
-    ("notebooks/7_triton_onnx.md", "10 s"): "perf_analyzer's --measurement-interval 10000 for the typed Poisson runs",
     ("notebooks/6_triton_python.md", "120 req/s"): "--request-rate-range 120, an example option of perf_analyzer",
     ("notebooks/6_triton_python.md", "100 %"): "full utilisation, a bound (the GPU busy all the time)",
     ("notebooks/7_triton_onnx.md", "40 req/s"): "RATES[0], an open-loop rate the notebook sets",

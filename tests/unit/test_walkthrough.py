@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import free_port
 from servelab.measure.records import CacheStats, GpuSeries, Load, PerRequest, Record, Rollout, Timeline, read_records
 from servelab.run.walkthrough.common import gourmetgram_label, latest, utilization, wait_until
 from servelab.run.walkthrough.production import by_version, caching, over_time, queue_words, shedding
 from servelab.run.walkthrough.stage_switch import COMPOSE_LOG, run_switch
-from servelab.run.walkthrough.walk_fastapi import ServingStage, check_timing, queueing, serving
+from servelab.run.walkthrough.walk_fastapi import Serving, ServingStage, check_timing, queueing, serving, switch_line
 from servelab.run.walkthrough.walk_triton import (
     TritonWalkthrough,
     batch_count_change,
@@ -177,6 +178,29 @@ def test_wait_until_reports_each_new_state_once(capsys: pytest.CaptureFixture[st
 def test_wait_until_gives_up_saying_what_it_saw() -> None:
     with pytest.raises(TimeoutError, match="waited 0.05 s for stage x; still: loading"):
         wait_until("stage x", lambda: "loading", "ready", wait_s=0.05, interval_s=0.01)
+
+
+def test_a_long_wait_says_once_what_it_waits_for_and_what_to_type(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #66: a switch not typed yet must not look like a slow one for 20 min."""
+    states = iter(["pt-1"] * 6 + ["pt-dyn"])
+    wait_until("Triton to run pt-dyn", lambda: next(states), "pt-dyn", wait_s=60, interval_s=0.01, nudge_s=0.02,
+               to_type="servelab triton stage pt-dyn")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "waiting for Triton to run pt-dyn; now: pt-1"
+    assert out[1:] == ["still waiting after 0.000333333 min (at most 1) for Triton to run pt-dyn; if you have not typed "
+                       "it yet, in your SSH session (in ~/servelab): servelab triton stage pt-dyn"]
+
+
+def test_a_wait_for_the_fastapi_service_names_the_line_that_switches_it() -> None:
+    assert switch_line(Serving("fastapi_onnx", True, "fp32", 0, False)) == (
+        "FASTAPI_STAGE=fastapi_onnx MAX_BATCH_SIZE=16 BATCH_TIMEOUT_MS=5 docker compose -f "
+        "docker/docker-compose-fastapi.yaml up -d fastapi_server")
+    assert switch_line(Serving("fastapi_onnx", False, "fp32", 0, True)) == (
+        "CACHE_URL=redis://redis:6379/0 FASTAPI_STAGE=fastapi_onnx docker compose -f docker/docker-compose-fastapi.yaml "
+        "--profile cache up -d redis fastapi_server")
+    notebook = (REPO_ROOT / "notebooks" / "4_fastapi.md").read_text(encoding="utf-8")
+    for want in [Serving("fastapi_onnx", False, "int8", 0, False), Serving("fastapi_onnx", False, "fp32", 8, False)]:
+        assert switch_line(want) in notebook
 
 
 def test_probes_say_when_nothing_answers() -> None:

@@ -14,20 +14,29 @@ from servelab.measure.records import Load, Record
 from servelab.run.walkthrough import runbook
 
 # GourmetGram's page title names the predicted class: "<label> · GourmetGram".
+NUDGE_S = 120  # issue #66: a wait past 2 min says what it waits for and what to type
 _TITLE = re.compile(r"<title>(.+?) · GourmetGram</title>")
 
 
-def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float, interval_s: float = 2.0) -> None:
+def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float, interval_s: float = 2.0,
+               to_type: str = "", nudge_s: float = NUDGE_S) -> None:
     """Call ``probe()`` until it returns ``want``, printing each new thing it sees (a student knows what the step
-    waits for); TimeoutError after ``wait_s``, with the runbook's advice."""
-    deadline, shown = time.monotonic() + wait_s, None
+    waits for); TimeoutError after ``wait_s``, with the runbook's advice. Past ``nudge_s`` it says once what it
+    waits for and, where the wait is for a line the student types (``to_type``), that line: a switch not typed
+    yet otherwise looks like a slow one for the whole of ``wait_s``."""
+    start, shown, nudge_at = time.monotonic(), None, nudge_s
+    hint = f"; if you have not typed it yet, in your SSH session (in ~/servelab): {to_type}" if to_type else ""
     while (now := probe()) != want:
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if waited > wait_s:
             print(runbook.UNHEALTHY.advice())
-            raise TimeoutError(f"waited {wait_s:g} s for {what}; still: {now}")
+            raise TimeoutError(f"waited {wait_s:g} s for {what}; still: {now}{hint}")
         if now != shown:
             print(f"waiting for {what}; now: {now}")
             shown = now
+        if waited > nudge_at:
+            nudge_at = math.inf  # once
+            print(f"still waiting after {nudge_s / 60:g} min (at most {wait_s / 60:g}) for {what}{hint}")
         time.sleep(interval_s)
 
 
@@ -69,7 +78,8 @@ def try_gourmetgram(url: str, photo: Path, *, backend: str | None = None, wait_s
             except (requests.RequestException, ValueError, KeyError) as exc:
                 return f"no answer ({type(exc).__name__})"
 
-        wait_until(f"GourmetGram with BACKEND={backend}", serving, backend, wait_s=wait_s)
+        wait_until(f"GourmetGram with BACKEND={backend}", serving, backend, wait_s=wait_s,
+                   to_type=f"BACKEND={backend} docker compose -f docker/docker-compose-triton.yaml up -d flask")
     page = requests.post(f"{url}/classify", files={"photo": (photo.name, photo.read_bytes())}, timeout=60)
     name = f"GourmetGram ({backend})" if backend else "GourmetGram"
     print(f"{name}: HTTP {page.status_code}, {gourmetgram_label(page.text) or 'no prediction'}")

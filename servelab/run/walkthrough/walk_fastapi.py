@@ -188,6 +188,16 @@ def check_shed(metrics: list[str], url: str, run: Record) -> str:
     return f"right: the service counts {counted:.0f} shed since it started; the run counted {sum(run.stats.shed.values())}"
 
 
+def switch_line(want: Serving) -> str:
+    """The notebook's ```shell line that makes the service serve ``want``: what a wait tells a student to type."""
+    env = ["CACHE_URL=redis://redis:6379/0"] * want.cache + [f"FASTAPI_STAGE={want.service}"] \
+        + ["MAX_BATCH_SIZE=16", "BATCH_TIMEOUT_MS=5"] * bool(want.batching) \
+        + [f"ONNX_VARIANT={want.variant}"] * (want.variant not in (None, "fp32")) \
+        + [f"MAX_QUEUE_REQUESTS={want.max_queue_requests}"] * bool(want.max_queue_requests)
+    return " ".join([*env, "docker compose -f docker/docker-compose-fastapi.yaml",
+                     "--profile cache up -d redis" if want.cache else "up -d", "fastapi_server"])
+
+
 @dataclass
 class FastAPIWalkthrough:
     """The notebook's steps. Every stage is the service at ``url``, switched from the node's shell, or at
@@ -233,7 +243,8 @@ class FastAPIWalkthrough:
         want = Serving(service, batching, variant, max_queue_requests, cache)
         extra = (f", {variant}" if variant else "") + (f", queue bound {max_queue_requests}" if max_queue_requests
                                                        else "") + (", cache on" if cache else "")
-        wait_until(f"{service} (batching {on_off}{extra}) at {url}", lambda: serving(url), want, wait_s=self.wait_s)
+        wait_until(f"{service} (batching {on_off}{extra}) at {url}", lambda: serving(url), want, wait_s=self.wait_s,
+                   to_type=switch_line(want))
         ready = requests.get(f"{url}/ready", timeout=5).json()
         print(f"{stage}: {url} is {service}, batching {on_off}, model {ready['model']}")
         print("runtime:", json.dumps(ready["runtime"]))

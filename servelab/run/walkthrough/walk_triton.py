@@ -213,8 +213,8 @@ class TritonWalkthrough:
             took = run_switch(self.stage_command.format(name=name), self.url, stage.triton.models, wait_s=self.wait_s)
             print(f"switched to {name} in {took:.0f} s")
         try:
-            wait_until(f"`servelab triton stage {name}` in your SSH session", lambda: running_stage(self.url, stage.triton.model),
-                       name, wait_s=max(0.0, deadline - time.monotonic()))
+            wait_until(f"Triton to run {name}", lambda: running_stage(self.url, stage.triton.model),
+                       name, wait_s=max(0.0, deadline - time.monotonic()), to_type=f"servelab triton stage {name}")
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}{diagnosis(self.url, stage.triton.models)}") from None
         target = switch_target(self.url)  # read back what Triton loaded: a config it runs otherwise is refused
