@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import median
 
 from servelab.core import original_lab
-from servelab.core.catalogue import CATALOGUE, CORE_PATH, of_family
+from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.tables import markdown, prose
 from servelab.report import TEMPLATES
@@ -288,7 +288,7 @@ def original_figure(key: str, *measures: str) -> str:
 def class_rubric() -> str:
     """The rubric's points (``servelab class grade``) and each graded ratio's predictions and range, from the records."""
     rows = [("no finding from the check, held to the student's leases", "—", "—", "—", str(CHECK_POINTS)),
-            (f"each of the core path's {len(CORE_PATH)} stages with all its runs", "—", "—", "—", f"{STAGE_POINTS} each")]
+            ("each stage of the core path (`CORE_PATH`) with all its runs", "—", "—", "—", f"{STAGE_POINTS} each")]
     for g in RUBRIC:
         (low, high), said = g.bounds(), g.predictions()
         p100 = f"{said['P100, original lab']:.2f}× ({' ÷ '.join(g.p100)})" if g.p100 else "—"
