@@ -1,21 +1,21 @@
 """``servelab benchmark --measure ray``: Ray Serve's batching stage against FastAPI's, same pipeline, machine and
-photo, alternating in ``--rounds`` windows. ``Server-Timing`` gives the time inside the app; the rest is outside
-it: for FastAPI the loopback hop and uvicorn, for Ray Serve also its proxy and the hop to the replica and back.
+photo, alternating in ``--rounds`` windows (A B, B A…). ``Server-Timing`` gives the time inside the app; the rest is
+outside it: for FastAPI the loopback hop and uvicorn, for Ray Serve also its proxy and the hop to the replica and back.
 """
 
 import argparse
 import statistics
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.core.catalogue import Lesson, of_family
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
-from servelab.measure.measure_stage import Labels, measure_stage
-from servelab.measure.records import Load, Record
-from servelab.measure.targets import FastAPITarget
+from servelab.measure.limit import closed_window
+from servelab.measure.measure_stage import alternate
+from servelab.measure.records import Record
 from servelab.run.families import RayFamily, serve_fastapi
 
 # Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
@@ -26,7 +26,7 @@ FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == Les
 @dataclass
 class Side:
     what: str
-    records: list[Record] = field(default_factory=list)
+    records: list[Record]
 
     @property
     def throughput_rps(self) -> float:
@@ -46,22 +46,19 @@ class Side:
 
 def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     settings, image, c = get_settings(), DEFAULT_IMAGE.read_bytes(), args.concurrency
-    fastapi_side = Side(f"{FASTAPI_STAGE.name}: 1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms")
-    ray_side = Side(f"{RAY_MEASURE.name}: {RAY_MEASURE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
-               f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms")
+    whats = {FASTAPI_STAGE.name: f"1 process, batching ≤ {args.max_batch_size} / {args.batch_timeout_ms:g} ms",
+             RAY_MEASURE.name: f"{RAY_MEASURE.ray.replicas} replicas on 2 nodes, @serve.batch ≤ "
+                               f"{settings.ray_batch_max_size} / {settings.ray_batch_wait_ms:g} ms"}
     with ExitStack() as stack:
         url = serve_fastapi(stack, FASTAPI_STAGE, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                  "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)}).url
         ray = stack.enter_context(RayFamily(logs, settings.ray_node_cpus).start())
         ray.switch(RAY_MEASURE)
         window = args.duration / args.rounds
-        for _ in range(args.rounds):
-            for side, target in ((fastapi_side, url), (ray_side, ray.url)):
-                load = Load.closed(c, requests=None, duration_s=window, warmup=2 * c)
-                [record] = measure_stage(FastAPITarget(target, image), [load], Labels(side.what.split(":")[0]))
-                if record.stats.errors:
-                    raise RuntimeError(f"{side.what}: requests failed: {record.stats.errors}")
-                side.records.append(record)
+        records = alternate([lambda _, name=name, url=url: [closed_window(url, image, c, window, name, 2 * c)]
+                             for name, url in ((FASTAPI_STAGE.name, url), (RAY_MEASURE.name, ray.url))], args.rounds)
+    fastapi_side, ray_side = (Side(f"{name}: {what}", [r for r in records if r.stage == name])
+                              for name, what in whats.items())
     return markdown((f"{c} senders", "req/s", "ratio", "p50 ms", "mean ms", "queue ms", "preprocess ms", "infer ms",
                      "in the app ms", "outside the app ms", "mean batch"),
                     [fastapi_side.row(None), ray_side.row(fastapi_side)], "l" + "r" * 10)
