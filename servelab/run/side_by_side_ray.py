@@ -6,7 +6,6 @@ outside it: for FastAPI the loopback hop and uvicorn, for Ray Serve also its pro
 import argparse
 import statistics
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.core.catalogue import Lesson, of_family
@@ -23,25 +22,19 @@ RAY_MEASURE = next(s for s in of_family("ray").values() if s.ray.batching)
 FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == Lesson.BATCHING)
 
 
-@dataclass
-class Side:
-    what: str
-    records: list[Record]
+def _rps(records: list[Record]) -> float:
+    """Successes per second over all of a side's windows."""
+    return sum(r.stats.successes for r in records) / sum(r.stats.wall_s for r in records)
 
-    @property
-    def throughput_rps(self) -> float:
-        return sum(r.stats.successes for r in self.records) / sum(r.stats.wall_s for r in self.records)
 
-    def mean(self, value) -> float:
-        return statistics.mean(value(r) for r in self.records)
-
-    def row(self, base: "Side | None") -> tuple[str, ...]:
-        part = lambda name: self.mean(lambda r: r.breakdown.parts_ms.get(name, 0.0))  # noqa: E731
-        latency, total = self.mean(lambda r: r.stats.latency.mean_ms), part("total")
-        ratio = self.throughput_rps / base.throughput_rps if base else 1.0
-        return (self.what, num(self.throughput_rps), num(ratio, 2), num(self.mean(lambda r: r.stats.latency.p50_ms)),
-                *(num(v) for v in (latency, part("queue"), part("preprocess"), part("infer"), total, latency - total,
-                                   self.mean(lambda r: r.breakdown.mean_batch_size or 1))))
+def _row(what: str, records: list[Record], base_rps: float) -> tuple[str, ...]:
+    """A side's row: its req/s against ``base_rps`` (FastAPI's), each other figure its windows' mean."""
+    mean = lambda value: statistics.mean(value(r) for r in records)  # noqa: E731
+    part = lambda name: mean(lambda r: r.breakdown.parts_ms.get(name, 0.0))  # noqa: E731
+    latency, total = mean(lambda r: r.stats.latency.mean_ms), part("total")
+    return (what, num(_rps(records)), num(_rps(records) / base_rps, 2), num(mean(lambda r: r.stats.latency.p50_ms)),
+            *(num(v) for v in (latency, part("queue"), part("preprocess"), part("infer"), total, latency - total,
+                               mean(lambda r: r.breakdown.mean_batch_size or 1))))
 
 
 def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
@@ -57,8 +50,8 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
         window = args.duration / args.rounds
         records = alternate([lambda _, name=name, url=url: [closed_window(url, image, c, window, name, 2 * c)]
                              for name, url in ((FASTAPI_STAGE.name, url), (RAY_MEASURE.name, ray.url))], args.rounds)
-    fastapi_side, ray_side = (Side(f"{name}: {what}", [r for r in records if r.stage == name])
-                              for name, what in whats.items())
+    sides = {f"{name}: {what}": [r for r in records if r.stage == name] for name, what in whats.items()}
+    base = _rps([r for r in records if r.stage == FASTAPI_STAGE.name])  # the ratios' denominator
     return markdown((f"{c} senders", "req/s", "ratio", "p50 ms", "mean ms", "queue ms", "preprocess ms", "infer ms",
                      "in the app ms", "outside the app ms", "mean batch"),
-                    [fastapi_side.row(None), ray_side.row(fastapi_side)], "l" + "r" * 10)
+                    [_row(what, side, base) for what, side in sides.items()], "l" + "r" * 10)
