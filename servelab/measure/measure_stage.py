@@ -84,14 +84,20 @@ def measure_stage(target: Any, loads: Iterable[Load], labels: Labels, clients: S
     return records
 
 
-def alternate(sides: Sequence[Callable[[int], list[Record]]], rounds: int) -> list[Record]:
-    """Two stages side by side in time (``side(round)`` measures one): A B, B A, A B… so that a shared machine's drift
-    falls on both alike, and each turn saves a switch of server."""
+def alternate(sides: Sequence[Callable[[int], list[Record] | None]], rounds: int) -> list[Record]:
+    """Stages side by side in time (``side(round)`` measures one; a side that keeps its own tally returns None):
+    A B, B A, A B… so that a shared machine's drift falls on all alike, and each turn saves a switch of server."""
     records: list[Record] = []
     for n in range(rounds):
         for side in sides if n % 2 == 0 else sides[::-1]:
-            records += side(n)
+            records += side(n) or []
     return records
+
+
+def alternate_windows(windows: Sequence[Callable[[float], object]], rounds: int, seconds: float) -> None:
+    """``alternate`` for the benchmarks' windows (``window(s)`` measures one of ``seconds / rounds`` s, tallied
+    by itself): one loop of rounds for every side-by-side measurement, so all share one order."""
+    alternate([lambda _, window=window: window(seconds / rounds) and None for window in windows], rounds)
 
 
 async def measure_stage_async(target: Any, loads: Iterable[Load], labels: Labels,

@@ -67,6 +67,7 @@ from servelab.core.tables import markdown
 from servelab.core.variants.build import agreements, machine
 from servelab.measure.ceiling import ceiling_markdown, measure_ceiling
 from servelab.measure.fractions import fractions_markdown
+from servelab.measure.measure_stage import alternate_windows
 from servelab.measure.records import read_records
 from servelab.measure.targets import FastAPITarget
 from servelab.run.families import serve_fastapi
@@ -203,11 +204,9 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
                                                                   "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)}).url
         sequential, http_sequential = asyncio.run(_sequential(load_backend(kind, off), url_off, image, args.requests))
         backend = load_backend(kind, on)
-        window = args.duration / args.rounds
-        for _ in range(args.rounds):
-            asyncio.run(_in_process_window(ceiling, backend, on, text, c, window))
-            _http_window(http_off, url_off, image, c, window, stage)
-            _http_window(http_on, url_on, image, c, window, stage)
+        alternate_windows([lambda w: asyncio.run(_in_process_window(ceiling, backend, on, text, c, w)),
+                           lambda w: _http_window(http_off, url_off, image, c, w, stage),
+                           lambda w: _http_window(http_on, url_on, image, c, w, stage)], args.rounds, args.duration)
     http_sequential.ratio = http_sequential.median_ms / sequential.median_ms
     http_sequential.aim = f"≤ {SEQUENTIAL_AIM} (median latency)"
     ceiling.ratio = 1.0
@@ -228,10 +227,8 @@ def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str, str]
              f"{n} threads": {"preprocess_processes": 0, "worker_threads": n},
              f"{n} worker processes": {"preprocess_processes": n}}
     runs = [(Row(f"{name}, {c} callers"), settings.model_copy(update=update)) for name, update in modes.items()]
-    window = args.duration / args.rounds
-    for _ in range(args.rounds):
-        for row, mode in runs:
-            asyncio.run(_in_process_window(row, backend, mode, text, c, window, preprocess_only=True))
+    alternate_windows([lambda w, row=row, mode=mode: asyncio.run(_in_process_window(
+        row, backend, mode, text, c, w, preprocess_only=True)) for row, mode in runs], args.rounds, args.duration)
     rows = [row for row, _ in runs]
     one, threads, processes = rows
     for row in rows:
@@ -331,11 +328,10 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
     with ExitStack() as stack:
         urls = {row.variant: serve_fastapi(stack, FP32_STAGE, logs, {"MAX_BATCH_SIZE": "1", "ONNX_VARIANT": row.variant}).url
                 for row in rows}
-        window = args.duration / args.rounds
-        for _ in range(args.rounds):
-            for row in rows:
-                asyncio.run(_in_process_window(row.in_process, backends[row.variant], settings, text, c, window))
-                _http_window(row.http, urls[row.variant], image, c, window, f"{FP32_STAGE.name}-{row.variant}")
+        alternate_windows([lambda w, row=row: (  # a variant's side of a round: in-process, then HTTP
+            asyncio.run(_in_process_window(row.in_process, backends[row.variant], settings, text, c, w)),
+            _http_window(row.http, urls[row.variant], image, c, w, f"{FP32_STAGE.name}-{row.variant}"))
+            for row in rows], args.rounds, args.duration)
     fp32 = rows[0]
     for row in rows:
         row.in_process.ratio = row.in_process.throughput_rps / fp32.in_process.throughput_rps
