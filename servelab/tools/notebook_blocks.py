@@ -22,10 +22,16 @@ from servelab.core import original_lab
 from servelab.core.catalogue import CATALOGUE, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.tables import markdown, prose
+from servelab.measure.measure_stage import CAP_PER_CORE
+from servelab.measure.perf_analyzer import Windows
 from servelab.report import TEMPLATES
 from servelab.report.check import CHECK_POINTS, STAGE_POINTS
 from servelab.report.lessons import RUBRIC
+from servelab.run.families import RayFamily, TritonFamily, family_of
 from servelab.run.lab_run import LabRun, minutes
+from servelab.run.plan import LAB_STAGES, Plan
+from servelab.servers.triton.configs import STAGES, base_config, effective_config, render
+from servelab.servers.triton.server import ALL_MODELS
 
 # A part on lines of its own (``-->`` then a line break), or inline (``-->`` then the text, on one line, with no
 # backquote or ``<`` in it: the markers quoted in inline code are no part).
@@ -63,9 +69,6 @@ def excerpt(path: str, qualname: str) -> str:
 
 def node_config(stage_name: str) -> str:
     """The stage model's config as the node's Triton runs it (GPUs, onnxruntime), less every stage's label."""
-    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.servers.triton.configs import STAGES, effective_config, render
-
     stage = STAGES[stage_name]
     config = effective_config(stage, stage.triton.model, kind="gpu", onnxruntime=True, repository=MODELS_STAGING)
     del config.parameters["servelab_stage"]
@@ -74,9 +77,6 @@ def node_config(stage_name: str) -> str:
 
 def stage_config(name: str, previous: str = "") -> str:
     """A stage's config on the node, as a diff from ``previous``'s, or without one as its committed base file."""
-    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.servers.triton.configs import STAGES
-
     if not previous:
         stage = STAGES[name]
         if stage.triton.changes:
@@ -115,10 +115,6 @@ def config_diff(before: str, after: str, before_name: str, after_name: str, cont
 
 def triton_models() -> str:
     """Each model of the repository: which backend runs it on the node, and which locally."""
-    # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
-    from servelab.servers.triton.configs import STAGES, base_config, effective_config
-    from servelab.servers.triton.server import ALL_MODELS
-
     def runner(config) -> str:
         if config.HasField("ensemble_scheduling"):  # an ensemble: Triton schedules its steps
             return "Triton's ensemble scheduler (no code of ours)"
@@ -139,10 +135,6 @@ def triton_models() -> str:
 
 def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the tour (`make lab`) does, and those only the node runs."""
-    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.run.families import RayFamily, TritonFamily, family_of
-    from servelab.run.plan import LAB_STAGES
-
     notes = {TritonFamily.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
              RayFamily.STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
     table = markdown(("stage", "what it serves", "in `make lab` (else `--full` only)"), [
@@ -181,10 +173,6 @@ def lab_time() -> str:
 
 def lab_plans() -> str:
     """The loads of the tour (`make lab`) and of `--full`, from ``servelab.run.plan.Plan``."""
-    # Deferred, not a circle: importing it loads aiohttp, prometheus-client (optional extras) only when this runs.
-    from servelab.measure.measure_stage import CAP_PER_CORE
-    from servelab.measure.perf_analyzer import Windows
-    from servelab.run.plan import Plan
 
     def pct(values) -> str:
         said = [f"{100 * v:g} %" for v in values]
