@@ -220,8 +220,9 @@ def test_measuring_binds_no_socket_and_starts_only_its_senders_and_perf_analyzer
         sampler.start()
         try:
             labels = Labels("tiny")
+            # Two sender processes asked for: on a quiet machine the client would plan one, and start none.
             swept = sweep_capacity(FastAPITarget(url, b"photo"), plan.load, labels, Sweep(start=2, max_levels=2),
-                                   windowed(plan.windows))
+                                   windowed(plan.windows, processes=2))
             pa = measure_stage(TritonTarget(url.split("//")[-1], "food_classifier", b"photo"),
                                [Load.sequential(2, warmup=0)], labels, [perf_analyzer_client(timeout_s=30)])
         finally:
