@@ -262,9 +262,11 @@ class Lab:
             shed = bounded(stage)
             self.log(f"[{shed.name}] {shed.about}")
             self.guard(shed, lambda: self.measure_on(adapter, shed, manifest))
+        # The rounds before the rollout: a rollout leaves a second version of a Triton model loaded, which
+        # switching back to the stage for its round would wait out in vain.
+        self.guard(stage, lambda: self.rounds(adapter, stage, manifest))
         if stage.name in self.rolled:
             self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
-        self.guard(stage, lambda: self.rounds(adapter, stage, manifest))
 
     def rounds(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
         """Each lesson ``stage`` completes in its family: both stages alternating in the plan's rounds, ``stage`` (served
