@@ -169,7 +169,7 @@ def test_quick_lab_writes_the_report_the_run_record_and_the_printout(quick_lab):
     records, output = quick_lab.records, quick_lab.output
     report, tables = quick_lab.text("report.md"), quick_lab.text("report-tables.md")  # the long tables, linked
     assert "| pt-2x2 |" in tables and (quick_lab.out / "latency_cdf.png").exists()
-    assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, capacity " in report
+    assert "## What this run shows" in report and "- onnx-1 ÷ pt-1, capacities: each at its own capacity's senders" in report  # its rounds' line (#65)
     assert "## Capacity: each stage's concurrency sweep" in report
     assert "lab finished" in output and "p50" in output
     run = LabRun.read(quick_lab.out / "run.json")  # what the run was and how long it took, as printed
