@@ -397,8 +397,10 @@ def grade(verdicts: Mapping[str, Verdict]) -> str:
         measured = [f for _, fs in findings(v.records) for f in fs if f.ratio is not None]
         stages = core_stages(v.records)
         ratios = [(g, next((f.ratio for f in measured if f.pair.startswith(g.pair)), None)) for g in RUBRIC]
-        points = STAGE_POINTS * len(stages) + sum(g.points_for(x) for g, x in ratios)
-        shown = ["-" if x is None else f"{x:.2f} {'in' if g.points_for(x) == g.points else 'out'}" for g, x in ratios]
+        earned = [g.points_for(x) for g, x in ratios]
+        points = STAGE_POINTS * len(stages) + sum(earned)
+        shown = ["-" if x is None else f"{x:.2f} {'in' if got == g.points else 'out'}"
+                 for (g, x), got in zip(ratios, earned)]
         rows.append((student, str(len(v.findings)), f"{len(stages)}/{len(CORE_PATH)}", *shown,
                      f"review: {points:g} + ?" if v.findings else f"{points + CHECK_POINTS:g}/{most}"))
     columns = ("student", "findings", "core stages", *(g.pair.rstrip(",") for g in RUBRIC), "points")

@@ -216,12 +216,11 @@ def _throughput(key: Lesson, extra: Callable[[Record, Record], str] = lambda a, 
     """Findings of the capacity ratios of the lesson's pairs; ``expect``: where the bound is the top record's."""
     def find(records: list[Record], device: str) -> Iterator[Finding]:
         for top, bottom in compared(key):
-            got = fractions.capacity_ratio(records, top, bottom)
             if found := rounds(records, top, bottom):
                 e, said = expect(found[0][0], device) if expect else (_expect(key, device), "")
                 yield _in_rounds(top, bottom, found, e, "; ".join(filter(None, (
                     _latency_at(records, top, bottom), extra(*found[0]), said))))
-            elif got:
+            elif got := fractions.capacity_ratio(records, top, bottom):  # no rounds: the capacities' ratio
                 a, b, ratio = got
                 e, said = expect(a, device) if expect else (_expect(key, device), "")
                 bound = fractions.client_bound_note(a, b)  # the client's limit: no lesson is read from it
@@ -433,7 +432,6 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
         pairs=len(pairs), agree=sum(p.verdict == "agree" for p in pairs), tolerance=compare.TOLERANCE,
         failed=sum(bool(r.failed) for r in records), runs=len(records),
         stand_ins=len({r.stage for r in records if r.stand_in}), tables_file=tables_file).split("\n")[:-1]
-
 
 
 H200_RUN = REPO_ROOT / "docs/records/gpu-h200-2026-11-28/records.jsonl"  # the one GPU run of the lab's stages here
