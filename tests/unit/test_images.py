@@ -1,5 +1,5 @@
 """docker-bake.hcl as the one definition of the images, the tag, and the images' self-check, without a
-Docker engine (tests/e2e/test_image_registry.py builds, pushes and pulls them for real)."""
+Docker engine (tests/e2e/test_rehearsal.py builds, pushes and pulls them for real)."""
 
 import json
 import re
@@ -100,13 +100,22 @@ def test_the_tag_changes_with_what_the_images_are_made_of_and_only_with_that(tmp
         seen.add(images.tag(root))
 
 
-def test_the_tag_says_dirty_where_tracked_inputs_differ_and_local_without_git(tmp_path):
+def test_each_edit_of_an_input_gets_a_dirty_tag_of_its_own_and_local_without_git(tmp_path):
     root = _repo(tmp_path)
     clean = images.tag(root)
     (root / "notebooks/n.md").write_text("a student's saved notebook\n")
     assert images.tag(root) == clean, "notebooks are mounted, not built in"
     (root / "servelab/x.py").write_text("2\n")
-    assert images.tag(root) == f"{clean}-dirty"
+    first = images.tag(root)
+    assert re.fullmatch(rf"{clean}-dirty-[0-9a-f]{{8}}", first), first
+    assert images.tag(root) == first, "the same edit, the same tag: compose finds the image it built"
+    (root / "servelab/x.py").write_text("3\n")
+    assert images.tag(root) not in (clean, first), "a second edit: a tag of its own, so compose builds it"
+    (root / "servelab/new.py").write_text("untracked\n")
+    assert images.tag(root) not in (clean, first), "a new file an image copies"
+    (root / "servelab/new.py").unlink()
+    (root / "servelab/x.py").write_text("1\n")
+    assert images.tag(root) == clean, "edits undone: the commit's tag again"
     shutil.rmtree(root / ".git")
     assert images.tag(root) == "0.1.0-local"
 

@@ -42,8 +42,10 @@ def _excluded(path: str, patterns: list[str]) -> bool:
 
 def tag(root: Path = REPO_ROOT) -> str:
     """servelab's version and a hash of the image inputs at HEAD, so a node never runs images of other inputs
-    unawares, and a commit that changes none (a notebook, a doc) keeps the images pushed before it. "-dirty"
-    where tracked inputs differ from HEAD (saved notebooks do not count), "local" where git cannot say."""
+    unawares, and a commit that changes none (a notebook, a doc) keeps the images pushed before it. Where inputs
+    differ from HEAD (edited, or new and untracked; saved notebooks do not count), "-dirty-" and a hash of their
+    content: compose's `never` builds only a missing image, so each edit needs a tag of its own. "local" where git
+    cannot say."""
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
     paths, excluded = _inputs(root)
 
@@ -53,11 +55,18 @@ def tag(root: Path = REPO_ROOT) -> str:
     try:
         # "mode type blob<TAB>path": every input's content and name at HEAD.
         tree = [line for line in git("ls-tree", "-r", "HEAD") if not _excluded(line.split("\t", 1)[1], excluded)]
-        changed = [path for path in git("diff", "--name-only", "--no-renames", "HEAD") if not _excluded(path, excluded)]
+        changed = sorted(path for path in {*git("diff", "--name-only", "--no-renames", "HEAD"),
+                                           *git("ls-files", "--others", "--exclude-standard")}
+                         if not _excluded(path, excluded))
     except (OSError, subprocess.SubprocessError):
         return f"{version}-local"
     digest = hashlib.sha256("\n".join(tree).encode()).hexdigest()[:12]
-    return f"{version}-{digest}" + ("-dirty" if changed else "")
+    if not changed:
+        return f"{version}-{digest}"
+    edits = hashlib.sha256()
+    for path in changed:  # a deleted input counts by its name alone
+        edits.update(path.encode() + b"\0" + ((root / path).read_bytes() if (root / path).is_file() else b"") + b"\0")
+    return f"{version}-{digest}-dirty-{edits.hexdigest()[:8]}"
 
 
 def lab_env() -> dict[str, str]:
