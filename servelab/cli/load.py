@@ -23,7 +23,7 @@ from servelab.core.catalogue import PT
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.tables import num
 from servelab.measure.loadgen import ClientOptions, Labels, run_bench
-from servelab.measure.perf_analyzer import run_perf_analyzer, write_input_data
+from servelab.measure.perf_analyzer import PerfAnalyzerOptions, run_perf_analyzer, write_input_data
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import FastAPITarget, Target, TritonTarget
 from servelab.report.render import summary_table
@@ -186,10 +186,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
     target = _target(args)
-    records = [run_perf_analyzer(
-        target, load, stage=_default_stage(args), input_data_path=args.input_data, extra=args.extra.split(),
-        server_pid=args.server_pid, monitor_interval_s=args.monitor_interval, stand_in=args.stand_in, out=args.out,
-    ) for load in loads_from_args(args)]
+    labels = Labels(_default_stage(args), stand_in=args.stand_in, server_pid=args.server_pid)
+    options = PerfAnalyzerOptions(input_data_path=args.input_data, extra=tuple(args.extra.split()),
+                                  monitor_interval_s=args.monitor_interval, out=args.out)
+    records = [run_perf_analyzer(target, load, labels, options) for load in loads_from_args(args)]
     return _finish(records, args.out)
 
 

@@ -18,7 +18,7 @@ from servelab.core.hardware import options_in_force, runs_on_fastapi
 from servelab.core.procs import DIRECT
 from servelab.measure.fractions import CAPACITY, WINDOWS, curve_point
 from servelab.measure.loadgen import ClientOptions, Labels, run_bench
-from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
+from servelab.measure.perf_analyzer import PerfAnalyzerOptions, Windows, run_perf_analyzer
 from servelab.measure.records import Load, Record
 from servelab.measure.targets import Target
 
@@ -53,16 +53,15 @@ def servelab_client(**options: Any) -> Client:
     return run
 
 
-def perf_analyzer_client(**options: Any) -> Client:
-    """perf_analyzer on a Triton target (``options``: ``run_perf_analyzer``'s), its time windows stretched to hold
-    a few requests at the rate servelab's client just measured of the same load. What it ran is in its command."""
+def perf_analyzer_client(options: PerfAnalyzerOptions = PerfAnalyzerOptions()) -> Client:
+    """perf_analyzer on a Triton target, its time windows (where ``options`` gives some) stretched to hold a few
+    requests at the rate servelab's client just measured of the same load. What it ran is in its command."""
     def run(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
-        kwargs = dict(options)
         ours = next((r for r in reversed(earlier) if r.tool == "servelab" and not r.failed), None)
-        if "windows" in kwargs and ours is not None:
-            kwargs["windows"] = kwargs["windows"].fitted(ours.stats.throughput_rps)
-        return run_perf_analyzer(target, load, stage=labels.stage, stand_in=labels.stand_in,
-                                 server_pid=labels.server_pid, **kwargs)
+        fitted = options
+        if options.windows is not None and ours is not None:
+            fitted = replace(options, windows=options.windows.fitted(ours.stats.throughput_rps))
+        return run_perf_analyzer(target, load, labels, fitted)
     return run
 
 

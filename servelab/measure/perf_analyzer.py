@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.measure.monitor import Monitor
@@ -24,6 +24,9 @@ from servelab.measure.records import Breakdown, Latency, Load, Record, Stats, ap
 from servelab.measure.targets import TritonTarget, model_input_tensor
 from servelab.measure.triton_stats import stats_delta
 from servelab.servers.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
+
+if TYPE_CHECKING:  # a type only: Windows' readers (the plan, the notebook blocks) need not load the load generator
+    from servelab.measure.loadgen import Labels
 
 # perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
 _PARTS = {
@@ -198,13 +201,24 @@ def failed_record(target: TritonTarget, load: Load, *, stage: str, message: str,
     return record
 
 
-def run_perf_analyzer(
-    target: TritonTarget, load: Load, *, stage: str, input_data_path: Path | None = None,
-    extra: list[str] | tuple[str, ...] = (), windows: Windows = Windows(), server_pid: int | None = None,
-    monitor_interval_s: float = 0.5, timeout_s: float = DEFAULT_TIMEOUT_S, stand_in: str | None = None, out: Path | None = None,
-) -> Record:
+@dataclass(frozen=True)
+class PerfAnalyzerOptions:
+    """How perf_analyzer runs a load, beside the load itself (what ``ClientOptions`` is to servelab's client): built
+    once, passed to every run of a measurement."""
+
+    windows: Windows | None = None  # None: Windows(), never fitted to servelab's rate (``perf_analyzer_client``)
+    extra: tuple[str, ...] = ()  # perf_analyzer's own flags, after servelab's: the last of a repeated flag counts
+    input_data_path: Path | None = None  # None: written from the target's photo
+    monitor_interval_s: float = 0.5
+    timeout_s: float = DEFAULT_TIMEOUT_S  # perf_analyzer is killed past it, and the record says so
+    out: Path | None = None  # each record appended here, one JSON line
+
+
+def run_perf_analyzer(target: TritonTarget, load: Load, labels: "Labels",
+                      options: PerfAnalyzerOptions = PerfAnalyzerOptions()) -> Record:
     """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record (one that could
-    not measure, perf_analyzer missing, failing or past ``timeout_s``, with ``failed`` set: never an exception)."""
+    not measure, perf_analyzer missing, failing or past its timeout, with ``failed`` set: never an exception)."""
+    stage, stand_in, out, windows = labels.stage, labels.stand_in, options.out, options.windows or Windows()
     fail = partial(failed_record, target, load, stage=stage, stand_in=stand_in, out=out)
     try:
         pa = locate()
@@ -212,19 +226,19 @@ def run_perf_analyzer(
         return fail(message=str(exc))
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="servelab-pa-") as tmp:
-        data = input_data_path or write_input_data(Path(tmp) / "input.json", target.image, target.input, target.manifest)
+        data = options.input_data_path or write_input_data(Path(tmp) / "input.json", target.image, target.input, target.manifest)
         csv_path = Path(tmp) / "perf.csv"
         cmd = perf_analyzer_command(url=target.url, model=target.model, protocol=target.protocol, batch=target.batch,
-                                    load=load, input_data=data, csv_path=csv_path, windows=windows, extra=extra,
+                                    load=load, input_data=data, csv_path=csv_path, windows=windows, extra=options.extra,
                                     binary=str(pa.path))
         before = _try_stats(target, warnings)
-        with Monitor(monitor_interval_s, server_pid) as monitor:
+        with Monitor(options.monitor_interval_s, labels.server_pid) as monitor:
             started = time.time()  # its window: perf_analyzer's own trials lie within this run of it
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=pa.env())
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s, env=pa.env())
             except subprocess.TimeoutExpired as exc:  # subprocess.run has killed it
                 printed = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-                return fail(message=f"timed out after {timeout_s:g} s (killed); last output: {_message(printed, '')}",
+                return fail(message=f"timed out after {options.timeout_s:g} s (killed); last output: {_message(printed, '')}",
                             command=cmd)
         window = [started, time.time()]
         after = _try_stats(target, warnings) if before is not None else None

@@ -53,7 +53,7 @@ from servelab.measure.measure_stage import (
     windowed,
 )
 from servelab.measure.monitoring import run_series
-from servelab.measure.perf_analyzer import Windows
+from servelab.measure.perf_analyzer import PerfAnalyzerOptions, Windows
 from servelab.measure.records import Load, Record, RunKind, append_record
 from servelab.measure.targets import PhotoMix
 from servelab.report import compare
@@ -125,7 +125,7 @@ class Lab:
         # Both clients where the plan has perf_analyzer measure the stage, over the same windows; it runs right after
         # ours, on the same load.
         ours = windowed(p.windows)
-        others = ([perf_analyzer_client(windows=p.windows, timeout_s=p.pa_timeout_s)]
+        others = ([perf_analyzer_client(PerfAnalyzerOptions(windows=p.windows, timeout_s=p.pa_timeout_s))]
                   if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped else [])
         clients = [ours, *others]
 

@@ -26,7 +26,7 @@ from servelab.measure.measure_stage import (
     sweep_capacity,
     windowed,
 )
-from servelab.measure.perf_analyzer import Windows
+from servelab.measure.perf_analyzer import PerfAnalyzerOptions, Windows
 from servelab.measure.records import Load, read_records
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.run.lab import Lab
@@ -224,7 +224,7 @@ def test_measuring_binds_no_socket_and_starts_only_its_senders_and_perf_analyzer
             swept = sweep_capacity(FastAPITarget(url, b"photo"), plan.load, labels, Sweep(start=2, max_levels=2),
                                    windowed(plan.windows, processes=2))
             pa = measure_stage(TritonTarget(url.split("//")[-1], "food_classifier", b"photo"),
-                               [Load.sequential(2, warmup=0)], labels, [perf_analyzer_client(timeout_s=30)])
+                               [Load.sequential(2, warmup=0)], labels, [perf_analyzer_client(PerfAnalyzerOptions(timeout_s=30))])
         finally:
             watching.clear()
             sampler.join()

@@ -18,7 +18,8 @@ from servelab.core.catalogue import get_stage
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, install_dir, locate
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import free_port
-from servelab.measure.perf_analyzer import Windows, run_perf_analyzer
+from servelab.measure.loadgen import Labels
+from servelab.measure.perf_analyzer import PerfAnalyzerOptions, Windows, run_perf_analyzer
 from servelab.measure.records import Load, read_records
 from servelab.measure.targets import TritonTarget
 from servelab.servers.triton import server
@@ -55,8 +56,8 @@ def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> N
     triton.apply_stage(get_stage("pt-1"))
     target = TritonTarget(triton.url, "food_classifier", PHOTO, "http", "bytes", image_name="coffee.jpg")
     out = tmp_path / "records.jsonl"
-    record = run_perf_analyzer(target, Load.closed(2, requests=30), stage="pt-1", windows=QUICK,
-                               server_pid=triton.process.pid, monitor_interval_s=0.1, out=out)
+    record = run_perf_analyzer(target, Load.closed(2, requests=30), Labels("pt-1", server_pid=triton.process.pid),
+                               PerfAnalyzerOptions(windows=QUICK, monitor_interval_s=0.1, out=out))
     measured(record, 30)
     assert record.load.label() == "concurrency 2" and record.batch == 1
     # Triton's own statistics around the run: every request perf_analyzer counted reached the model.
@@ -70,7 +71,7 @@ def test_concurrency_over_http_with_the_image_model(triton, tmp_path: Path) -> N
 def test_concurrency_over_grpc_with_the_onnx_model_and_a_batch(triton) -> None:
     triton.apply_stage(get_stage("onnx-1"))
     target = TritonTarget(triton.grpc_url, "food_classifier_onnx", PHOTO, "grpc", "tensor", batch=4)
-    record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-1", windows=QUICK)
+    record = run_perf_analyzer(target, Load.sequential(12), Labels("onnx-1"), PerfAnalyzerOptions(windows=QUICK))
     measured(record, 12)
     assert record.batch == 4 and record.stats.items_per_s == pytest.approx(4 * record.stats.throughput_rps)
     assert record.breakdown.batch_sizes == {4: record.breakdown.server_requests}  # one execution per request
@@ -80,7 +81,7 @@ def test_uint8_input_data_against_the_model_with_preprocessing_inside(triton) ->
     """The real photo's uint8 crop as perf_analyzer's --input-data (b64 UINT8), over gRPC."""
     triton.apply_stage(get_stage("onnx-u8"))
     target = TritonTarget(triton.grpc_url, "food_classifier_onnx_u8", PHOTO, "grpc", "uint8", batch=2)
-    record = run_perf_analyzer(target, Load.sequential(12), stage="onnx-u8", windows=QUICK)
+    record = run_perf_analyzer(target, Load.sequential(12), Labels("onnx-u8"), PerfAnalyzerOptions(windows=QUICK))
     measured(record, 12)
     assert record.breakdown.batch_sizes == {2: record.breakdown.server_requests}
 
@@ -91,7 +92,7 @@ def test_request_rate_mode(triton, arrivals: str) -> None:
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
     # 20 req/s, well under the stand-in's capacity on a busy 2-CPU runner (at 40 perf_analyzer's few
     # threads were all waiting on answers there, and it sent at ~30).
-    record = run_perf_analyzer(target, Load.open(20, arrivals, requests=150), stage="onnx-dyn", windows=QUICK)
+    record = run_perf_analyzer(target, Load.open(20, arrivals, requests=150), Labels("onnx-dyn"), PerfAnalyzerOptions(windows=QUICK))
     measured(record, 150)
     # The load as asked, and what perf_analyzer says it sent, recorded; how close it came to the rate is a
     # speed on a shared machine (a busy CI runner sent 13.8 of 20 req/s), so no test holds it to one.
@@ -102,7 +103,8 @@ def test_request_rate_mode(triton, arrivals: str) -> None:
 def test_a_rate_it_cannot_reach_is_recorded_with_what_it_really_sent(triton) -> None:
     triton.apply_stage(get_stage("onnx-1"))
     target = TritonTarget(triton.url, "food_classifier_onnx", PHOTO, "http", "tensor")
-    record = run_perf_analyzer(target, Load.open(20000, "constant", requests=60), stage="onnx-1", windows=QUICK)
+    record = run_perf_analyzer(target, Load.open(20000, "constant", requests=60), Labels("onnx-1"),
+                               PerfAnalyzerOptions(windows=QUICK))
     measured(record, 60)
     # Recorded as what perf_analyzer says it sent (its own words, in a warning), not as the 20000 asked.
     assert record.load.rate == 20000 and any("not able to keep up" in w for w in record.warnings)
@@ -113,7 +115,7 @@ def test_a_rate_it_cannot_reach_is_recorded_with_what_it_really_sent(triton) -> 
 def test_a_stopped_server_is_a_failed_measurement(perf_analyzer, tmp_path: Path) -> None:
     target = TritonTarget(f"127.0.0.1:{free_port()}", "food_classifier", PHOTO)  # nothing listens there
     out = tmp_path / "records.jsonl"
-    record = run_perf_analyzer(target, Load.closed(2, requests=10), stage="pt-1", windows=QUICK, out=out)
+    record = run_perf_analyzer(target, Load.closed(2, requests=10), Labels("pt-1"), PerfAnalyzerOptions(windows=QUICK, out=out))
     assert record.failed and "exited with code" in record.failed
     assert "failed to get model metadata" in record.failed  # perf_analyzer's own words
     assert record.stats.throughput_rps == 0 and record.stats.successes is None
@@ -125,7 +127,7 @@ def test_bad_input_data_is_a_failed_measurement(triton, tmp_path: Path) -> None:
     bad = tmp_path / "input.json"
     bad.write_text(json.dumps({"data": [{"NOT_AN_INPUT": ["x"]}]}))
     target = TritonTarget(triton.url, "food_classifier", PHOTO)
-    record = run_perf_analyzer(target, Load.sequential(10), stage="pt-1", input_data_path=bad, windows=QUICK)
+    record = run_perf_analyzer(target, Load.sequential(10), Labels("pt-1"), PerfAnalyzerOptions(input_data_path=bad, windows=QUICK))
     assert record.failed and "exited with code" in record.failed
     assert "INPUT_IMAGE" in record.failed or "NOT_AN_INPUT" in record.failed
 
@@ -133,7 +135,8 @@ def test_bad_input_data_is_a_failed_measurement(triton, tmp_path: Path) -> None:
 def test_a_run_past_its_time_limit_is_stopped_and_recorded(triton) -> None:
     triton.apply_stage(get_stage("pt-1"))
     target = TritonTarget(triton.url, "food_classifier", PHOTO)
-    record = run_perf_analyzer(target, Load.closed(1, requests=100000), stage="pt-1", windows=QUICK, timeout_s=3)
+    record = run_perf_analyzer(target, Load.closed(1, requests=100000), Labels("pt-1"),
+                               PerfAnalyzerOptions(windows=QUICK, timeout_s=3))
     assert record.failed and record.failed.startswith("timed out after 3 s")
 
 

@@ -28,7 +28,7 @@ from servelab.measure.measure_stage import (
     servelab_client,
     stand_in_note,
 )
-from servelab.measure.perf_analyzer import records_from_csv, write_input_data
+from servelab.measure.perf_analyzer import PerfAnalyzerOptions, records_from_csv, write_input_data
 from servelab.measure.records import Load, Record, append_record
 from servelab.measure.targets import TritonTarget, model_input_tensor
 from servelab.report.render import summary_table
@@ -402,8 +402,9 @@ class TritonWalkthrough:
             print(f"perf_analyzer: windows of {seconds:.1f} s instead of {self.pa_window_s:g} s "
                   f"(servelab measured p50 {ours.stats.latency.p50_ms:.0f} ms per request)")
         window = load.model_copy(update={"requests": None, "duration_s": round(seconds, 1)})
-        result = perf_analyzer_client(input_data_path=self.inputs[target.input], extra=self.pa_extra,
-                                      out=self.records_file)(target, window, labels, earlier)
+        options = PerfAnalyzerOptions(input_data_path=self.inputs[target.input], extra=tuple(self.pa_extra),
+                                      out=self.records_file)
+        result = perf_analyzer_client(options)(target, window, labels, earlier)
         if result.target.get("command"):
             print("$", shlex.join(result.target["command"]))
         if result.failed:
