@@ -75,12 +75,15 @@ def test_a_gpu_head_and_a_cpu_worker_are_two_reservations(chi_api) -> None:
 
 def test_each_server_boots_on_its_own_reservation_with_a_floating_ip(chi_api) -> None:
     found = a_lease(chi_api.real_lease, reservation("res-gpu", "gpu_p100"), reservation("res-cpu", "compute_cascadelake_r"))
-    head, worker = ray_nodes.start_servers(found, NODES, "gpu_p100", "compute_cascadelake_r")
+    head, worker = ray_nodes.start_servers(found, NODES, "gpu_p100", "compute_cascadelake_r", "servelab-abc1234")
 
-    assert chi_api.Server.call_args_list == [
-        mock.call("node-ray-head-ab1234", reservation_id="res-gpu", image_name="CC-Ubuntu24.04-CUDA"),
-        mock.call("node-ray-worker-ab1234", reservation_id="res-cpu", image_name="CC-Ubuntu24.04-CUDA"),
+    assert chi_api.Server.call_args_list == [  # the class's prepared image, as 9_ray_setup's IMAGE names it
+        mock.call("node-ray-head-ab1234", reservation_id="res-gpu", image_name="servelab-abc1234"),
+        mock.call("node-ray-worker-ab1234", reservation_id="res-cpu", image_name="servelab-abc1234"),
     ]
+    # The instructor's security groups: SSH on both, GourmetGram on the head alone (2_create_server_nvidia's).
+    assert [c.args[0] for c in head.add_security_group.call_args_list] == ["servelab-allow-tcp-22", "servelab-allow-tcp-5000"]
+    assert [c.args[0] for c in worker.add_security_group.call_args_list] == ["servelab-allow-tcp-22"]
     assert [head, worker] == list(chi_api.made.values())
     for s in (head, worker):
         s.submit.assert_called_once_with(idempotent=True, wait_for_active=False)

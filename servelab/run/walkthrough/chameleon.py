@@ -12,7 +12,7 @@ from chi import lease, server
 from chi.exception import ResourceError, ServiceError
 from invoke.exceptions import UnexpectedExit  # what python-chi's `Server.execute` raises (it runs fabric)
 
-from servelab.run.walkthrough import runbook
+from servelab.run.walkthrough import node_setup, runbook
 
 
 def origin_url() -> str:
@@ -35,6 +35,20 @@ def wait_active(s: server.Server) -> None:
     if s.status == "ERROR":
         print(runbook.SERVER_ERROR.advice())
         raise RuntimeError(f"{s.name} is in ERROR")
+
+
+def open_ports(s: server.Server, ports: Iterable[int]) -> None:
+    """Attach the instructor's security groups (node_setup.SECURITY_GROUPS) for ``ports``; one attached already is
+    kept, so the cell can run again."""
+    for name, port, why in node_setup.SECURITY_GROUPS:
+        if port not in ports:
+            continue
+        try:
+            s.add_security_group(name)
+        except Exception as exc:
+            if "already" not in str(exc):
+                raise
+        print(f"open to the internet: port {port} ({why})")
 
 
 def reach(s: server.Server) -> str:

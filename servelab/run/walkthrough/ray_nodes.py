@@ -60,14 +60,17 @@ def reservation_id(found: lease.Lease, node_type: str) -> str:
 
 def start_servers(found: lease.Lease, nodes: RayNodes, head_type: str, worker_type: str,
                   image: str = IMAGE) -> tuple[server.Server, server.Server]:
-    """Both servers, booted in parallel (about 10 minutes), each with a floating IP and SSH answering."""
+    """Both servers, booted in parallel (about 10 minutes) from ``image`` (the class's prepared image, or
+    Chameleon's own), each with the instructor's security groups (SSH; GourmetGram on the head), a floating IP and
+    SSH answering. The firewall below still closes Ray's ports where a site applies no security group."""
     made = []
     for name, node_type in ((nodes.head, head_type), (nodes.worker, worker_type)):
         s = server.Server(name, reservation_id=reservation_id(found, node_type), image_name=image)
         s.submit(idempotent=True, wait_for_active=False)
         made.append(s)
-    for s in made:
+    for s, ports in zip(made, ((SSH_PORT, GOURMETGRAM_PORT), (SSH_PORT,)), strict=True):
         chameleon.wait_active(s)
+        chameleon.open_ports(s, ports)
         chameleon.reach(s)
     return made[0], made[1]
 
