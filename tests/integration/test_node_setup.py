@@ -1,6 +1,7 @@
 """bin/node-setup, the node's setup (3_fastapi_setup), on a copy of this checkout, where the rehearsal
-(tests/e2e/test_rehearsal.py) cannot go: a pull from a class registry that answers, a build that fails, an unknown
-option. The rehearsal plays the rest for real (no registry, a prepared node, a registry that fails and the way on).
+(tests/e2e/test_rehearsal.py) cannot go: a snapshot's clean-up in a HOME of its own, a build that fails, an unknown
+option. The rehearsal plays the rest for real (no registry, a prepared node, a class registry, a registry that fails
+and the way on).
 
 servelab's own environment and model steps run for real (this machine's .venv, the packaged stand-in model);
 Docker is a recording double on PATH: it records each call with the registry and tag its environment gives (bake
@@ -20,8 +21,9 @@ from servelab.run.walkthrough import runbook
 from servelab.tools.containers import images
 
 # A stand-in for Docker: `compose ... config --images` lists the images, `image inspect` finds those in
-# $DOCKER_HAS, and every other call is recorded in $DOCKER_CALLS with the images its environment names (it fails
-# where $DOCKER_FAILS is set).
+# $DOCKER_HAS, `save -o FILE REF...` writes the refs into FILE and `load -i FILE` adds them to $DOCKER_HAS; every call
+# but the first two is recorded in $DOCKER_CALLS with the images its environment names (it fails where $DOCKER_FAILS
+# is set).
 DOCKER = textwrap.dedent("""\
     #!/usr/bin/env bash
     case "$*" in
@@ -29,6 +31,8 @@ DOCKER = textwrap.dedent("""\
                           echo "$registry/${FASTAPI_STAGE:-fastapi_pt}:$SERVELAB_TAG"
                           echo "$registry/triton_server:$SERVELAB_TAG" ;;
       "image inspect "*) grep -qxF "$3" "$DOCKER_HAS" ;;
+      "save -o "*) printf '%s\n' "${@:4}" > "$3"; echo "save  # ${*:4}" >> "$DOCKER_CALLS" ;;
+      "load -i "*) cat "$3" >> "$DOCKER_HAS"; echo "load -i $3" >> "$DOCKER_CALLS" ;;
       *) echo "$*  # ${SERVELAB_REGISTRY:-}/*:${SERVELAB_TAG:-}" >> "$DOCKER_CALLS"; [ -z "$DOCKER_FAILS" ] ;;
     esac
     """)
@@ -57,13 +61,14 @@ def checkout(tmp_path_factory) -> Path:
     return root
 
 
-def setup(root: Path, home: Path, *args: str, has: list[str] = (), registry: str = "", fails: bool = False):
+def setup(root: Path, home: Path, *args: str, has: list[str] = (), registry: str = "", fails: bool = False,
+          env: dict[str, str] | None = None):
     home.mkdir(exist_ok=True)
     (home / "has").write_text("".join(f"{ref}\n" for ref in has))
     env = {**os.environ, "HOME": str(home), "PATH": f"{root / 'bin'}:{os.environ['PATH']}",
            "PYTHONPATH": str(root),  # the copy's servelab: its REPO_ROOT is the copy
            "MODEL_SOURCE": "offline", "DOCKER_HAS": str(home / "has"),
-           "DOCKER_CALLS": str(home / "calls"), "DOCKER_FAILS": "1" if fails else ""}
+           "DOCKER_CALLS": str(home / "calls"), "DOCKER_FAILS": "1" if fails else "", **(env or {})}
     env.pop("SERVELAB_TAG", None)
     env.pop("SERVELAB_REGISTRY", None)
     env.update({"SERVELAB_REGISTRY": registry} if registry else {})
@@ -77,16 +82,37 @@ def refs(tag: str, registry: str = "servelab") -> list[str]:
     return [f"{registry}/{name}:{tag}" for name in ("fastapi_pt", "fastapi_onnx", "triton_server")]
 
 
-def test_missing_images_are_pulled_from_the_class_registry(checkout: Path, tmp_path: Path):
-    registry, tag = "registry.example.edu/servelab", images.tag(checkout)
-    done, calls = setup(checkout, tmp_path, "--wait", has=refs(tag, registry)[:1], registry=registry)
+def test_a_snapshot_saves_the_images_and_removes_what_no_two_nodes_may_share(checkout: Path, tmp_path: Path):
+    """`bin/node-setup --snapshot` on a node with every image: the archive holds them, the instructor's logins, keys,
+    history and secrets are gone, and it prints the cc-snapshot command; a node booted from it loads the archive."""
+    tag, home = images.tag(checkout), tmp_path / "instructor"
+    secrets = {".docker/config.json": '{"auths": {"registry.example.edu": {"auth": "c2VjcmV0"}}}',
+               ".git-credentials": "https://me:token@github.com", ".bash_history": "docker login\n",
+               ".ssh/id_rsa": "PRIVATE", ".gitconfig": "[credential]\n\thelper = store\n"}
+    for path, text in {**secrets, ".ssh/authorized_keys": "ssh-rsa AAAA instructor"}.items():
+        (home / path).parent.mkdir(parents=True, exist_ok=True)
+        (home / path).write_text(text)
+    (checkout / "results").mkdir(exist_ok=True)
+    (checkout / "results" / "mine.jsonl").write_text("{}\n")
+    done, calls = setup(checkout, home, "--snapshot", has=refs(tag), env={"SNAPSHOT_ROOT": str(checkout / "docker")})
     assert done.returncode == 0, done.stderr
-    assert f"pulling this commit's images ({tag}) from the class registry" in done.stdout
-    assert calls == [f"{call}  # {registry}/*:{tag}" for call in (
-        "compose -f docker/docker-compose-fastapi.yaml pull",
-        "compose -f docker/docker-compose-fastapi.yaml pull fastapi_server",
-        "compose -f docker/docker-compose-triton.yaml pull")]
-    assert (tmp_path / "images.log").read_text().endswith("images: done\n")
+    assert calls == [f"save  # {' '.join(sorted(refs(tag)))}"]
+    assert sorted((home / "servelab-images.tar").read_text().split()) == sorted(refs(tag))
+    left = [path for path in secrets if (home / path).exists() and path != ".gitconfig"]
+    assert left == [] and "helper" not in (home / ".gitconfig").read_text(), left
+    assert (home / ".ssh/authorized_keys").read_text() == "" and not (checkout / ".secrets").exists()
+    assert list((checkout / "results").iterdir()) == []
+    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    assert f"  sudo cc-snapshot -e /var/lib/docker servelab-{commit}\n" in done.stdout, done.stdout
+
+    booted = tmp_path / "booted"  # Docker's folder stayed out of the snapshot: no image, the archive in HOME
+    booted.mkdir()
+    shutil.copy(home / "servelab-images.tar", booted)
+    done, calls = setup(checkout, booted, "--wait")
+    assert done.returncode == 0 and "loading this commit's images from" in done.stdout, done.stdout + done.stderr
+    assert calls == [f"load -i {booted / 'servelab-images.tar'}"]
+    assert (booted / "images.log").read_text().endswith("images: done\n")
 
 
 def test_a_failed_build_says_so_and_fails(checkout: Path, tmp_path: Path):

@@ -33,8 +33,8 @@ REGISTRY = Failure(
     "`~/images.log` says `images: FAILED` after `pulling this commit's images` (the registry does not answer, "
     "asks for a login, or lacks this tag: `not found`, `manifest unknown`)",
     "`bin/node-setup --build` builds every image on the node under the tag compose runs (slow: about half an hour); "
-    "or, given the instructor's `make images-save` archive, `docker load -i servelab-images.tar` and "
-    "`bin/node-setup` again. Either way, start the services once `~/images.log` ends with `images: done`.")
+    "or, given the instructor's `make images-save` archive, copy it to `~/servelab-images.tar` and run "
+    "`bin/node-setup` again: it loads the archive (minutes). Either way, start the services once `~/images.log` ends with `images: done`.")
 CHI_TIMEOUT = Failure(
     "python-chi times out", "`Timeout waiting for server to reach ACTIVE status` (`2_create_server_nvidia`, `9_ray_setup`)",
     "Run the cell again: it finds the same server and waits again. If it times out twice, look at the server in "
