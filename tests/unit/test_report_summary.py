@@ -168,6 +168,21 @@ def test_a_lesson_measured_in_rounds_takes_the_median_round_and_the_rounds_sprea
     assert "⚠" not in noisy
 
 
+def test_rounds_with_windows_are_judged_by_every_round_s_windows() -> None:
+    """Issue 65's four tours: three rounds' ratios (0.93–0.99) did not bound the next tour's (1.18–1.54); each round's
+    windows, one stage's over the other's in the same round, did. Rounds that agree within 5 % but whose windows
+    reach past the band read too noisy to tell; windows that clear it, higher."""
+    def rounds(windows: list[tuple[list[float], list[float]]]) -> str:
+        raw = _rounds(_raw(), "ray-2", "ray-1", [(sum(a) / len(a), sum(b) / len(b)) for a, b in windows])
+        for run, w in zip([r for r in raw if r["config"].get("run") == "rounds"], [w for pair in windows for w in pair]):
+            run["config"]["windows"] = {"window_s": 1.0, "throughput_rps": w, "p50_ms": [None] * len(w)}
+        return _ray_line(raw)
+    close = rounds([([10.0, 12.0], [10.0, 12.0]), ([11.0, 11.0], [10.5, 11.5]), ([10.5, 11.5], [11.0, 11.0])])
+    assert "= **1.00×** (rounds 0.83–1.20×: " + lessons.TOO_NOISY in close, close
+    clear = rounds([([15.0, 16.0], [10.0, 10.5]), ([16.0, 16.5], [10.0, 10.2]), ([15.5, 16.0], [10.1, 10.3])])
+    assert "(rounds 1.43–1.65×: higher)" in clear, clear
+
+
 # The flags a record keeps of its CPU (machine.cpu_flags, servelab.core.hardware.recorded_flags).
 AVX2_ONLY = ["sse2", "avx2", "f16c"]  # the 2-CPU AMD EPYC the committed tour ran on (its machine line: avx2 f16c)
 VNNI = ["sse2", "avx2", "avx512f", "f16c", "avx512_vnni"]
