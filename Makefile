@@ -96,12 +96,15 @@ containers-down: $(STAMP)
 
 # Every image of docker-bake.hcl, on a machine with Docker and buildx (no GPU needed), before the term
 # (docs/instructors.md): `make images`, `make images-push REGISTRY=registry.example.edu/servelab`, or
-# `make images-save` for a class without a registry (one archive; students `docker load -i` it). The tag is
+# `make images-save` for a class without a registry (one archive; copied to a node's ~/servelab-images.tar, bin/node-setup loads it). The tag is
 # this commit's (`servelab containers tag`, a hash of what the images are made of): students of any commit with
 # the same image inputs pull exactly these images.
 REGISTRY ?=
 IMAGES_ARCHIVE ?= servelab-images.tar
-IMAGES_ENV = set -a && . docker/.env && set +a && eval "$$($(BIN)/servelab containers tag)" \
+# docker/.env's values where the shell exports none (as Compose and bin/node-setup read it): a shell's own, such as
+# the stand-in bases `make rehearse` exports, are kept.
+IMAGES_ENV = eval "$$(sed -nE 's/^([A-Z_]+)=(.*)$$/export \1="$${\1-\2}"/p' docker/.env)" \
+	&& eval "$$($(BIN)/servelab containers tag)" \
 	$(if $(REGISTRY),&& export SERVELAB_REGISTRY=$(REGISTRY))
 images: $(STAMP)
 	$(IMAGES_ENV) && docker buildx bake
