@@ -23,7 +23,12 @@ STAND_INS = [
     ("Docker", "Docker's current engine with buildx and Compose",
      "a private dockerd 20.10 (tests' engine) behind a `docker` first on the node's PATH: `buildx bake` builds bake's "
      "targets one by one with the legacy builder (its BuildKit refuses `target:` contexts), `compose` adds the no-GPU "
-     "override and one with faster health checks and ulimits within this VM's; the rest is Debian's docker"),
+     "override and one with faster health checks and ulimits within this VM's; `buildx bake --push` (`make images-push`) "
+     "pushes bake's core group, not the ray and redis images, which nothing in the rehearsal runs; the rest is "
+     "Debian's docker"),
+    ("the class registry", "a registry the instructor runs or rents (docs/instructors.md)",
+     "Debian's `docker-registry` (the CNCF distribution registry) on 127.0.0.1, plain HTTP; the student's node is a "
+     "second private dockerd with an empty data root of its own"),
     ("NVIDIA base images", "nvcr.io/nvidia/tritonserver, ubuntu:22.04, PyTorch's CUDA build",
      "the stand-in bases (docker/standin/), picked by bake variables exported in the node's ~/.profile"),
     ("servelab's environment", "bin/node-setup makes .venv", ".venv links to this machine's, PYTHONPATH names the clone"),
@@ -39,8 +44,7 @@ STAND_INS = [
 
 # What the rehearsal does not play, and where it is tested instead.
 NOT_PLAYED = [
-    "a class registry that answers: tests/e2e/test_image_registry.py pushes to a real docker-registry and brings the "
-    "FastAPI stage up on a second, empty engine from it alone; tests/integration/test_node_setup.py's pull",
+    "the ray and redis images pushed to the class registry (9_ray_setup's and the cache stage's)",
     "the core cells of 4, 6, 7 and 8 against these containers: each stage's first measurement is `servelab load` here; "
     "the notebooks run against local servers in tests/e2e/test_notebooks*.py",
     "`servelab doctor --node` (its GPU checks fail without a GPU) and 5_triton_setup's `nvidia-smi`",
@@ -54,7 +58,8 @@ from servelab.tools.containers import compose_tool, images
 args, cache = sys.argv[1:], Path(os.environ["REHEARSAL_CACHE"])
 docker = compose_tool.docker({{"DOCKER_HOST": os.environ["DOCKER_HOST"]}}, cache, log=lambda *_: None)
 if args[:2] == ["buildx", "bake"]:
-    names = tuple(a for a in args[2:] if not a.startswith("-")) or ("default",)
+    # --push alone: the core group, what a node's core path runs (STAND_INS: no ray, no redis image here)
+    names = tuple(a for a in args[2:] if not a.startswith("-")) or (("core",) if "--push" in args else ("default",))
     targets = images.plan(docker, names, images.variables(dict(os.environ)))
     for ref in images.build(docker, targets):
         if "--push" in args:

@@ -11,7 +11,7 @@ by the tests (docs/testing.md, "Shared per session").
 - ``local_triton``: one real tritonserver (at pt-1, a scratch model repository); a test that needs a stage
   switches it first, as `servelab triton stage` does.
 - ``docker_engine`` and ``standin_args``: one private dockerd on the cache's data root, and the stand-in bases built
-  on it once, for the container tests, the registry test and the rehearsal (skipped where no engine can start).
+  on it once, for the container tests and the rehearsal (skipped where no engine can start).
 """
 
 from __future__ import annotations

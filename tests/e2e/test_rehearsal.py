@@ -5,8 +5,9 @@ A fresh clone of this checkout's HEAD is the node's ~/servelab, with a HOME of i
 2_create_server_nvidia's node commands from servelab.run.walkthrough.node_setup), on the session's private Docker
 engine. Stand-ins only for what this machine lacks, declared in tests/rehearsal.py's STAND_INS. The ways a node
 gets its images, in turn: none named (built on the node), a prepared node (all there), a class registry that
-fails and the runbook's way on (`bin/node-setup --build`). Then a later SSH session, the Triton stage, and
-11_delete_resources' lines that save the results. With REHEARSAL_RECORD set (`make rehearse`), each step's wall
+fails and the runbook's way on (`bin/node-setup --build`), and a class registry (a real `docker-registry` on 127.0.0.1)
+that the instructor pushes to as docs/instructors.md says and a second node, on an empty engine, pulls from. Then a
+later SSH session, the Triton stage, and 11_delete_resources' lines that save the results. With REHEARSAL_RECORD set (`make rehearse`), each step's wall
 time goes to docs/records/rehearsal-2cpu.json and .md."""
 
 import json
@@ -15,6 +16,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,12 @@ import requests
 
 from rehearsal import Node, shell_blocks, write_record
 from servelab.core.paths import REPO_ROOT
-from servelab.core.procs import free_port
+from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import get_settings
 from servelab.run.walkthrough import node_setup, runbook
 from servelab.tools.containers import compose_tool, images
 from servelab.tools.containers.compose_stages import STAGES, StageRunner
+from servelab.tools.containers.engine import Engine
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -39,6 +42,9 @@ EVERY_SESSION = next(b for b in SETUP if "containers tag" in b)
 FIRST_SETUP = SETUP[0]  # cd ~/servelab; bin/node-setup
 FASTAPI_UP = next(b for b in SETUP if "docker-compose-fastapi.yaml up" in b)
 READY = next(b for b in SETUP if "/ready" in b)
+# The instructor's push, as docs/instructors.md writes it (its example registry replaced by the rehearsal's).
+IMAGES_PUSH = re.search(r"`make (images-push REGISTRY=)\S+`", (REPO_ROOT / "docs/instructors.md").read_text()).group(1)
+FASTAPI_DOWN = "cd ~/servelab\ndocker compose -f docker/docker-compose-fastapi.yaml down"
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +76,21 @@ def node(docker_engine, standin_args, docker, artifacts, tmp_path_factory):
     node.steps = [s for s in node.steps if not s["step"].startswith("teardown")]
     if os.environ.get("REHEARSAL_RECORD"):
         write_record(node.steps, RECORD)
+
+
+@pytest.fixture(scope="module")
+def class_registry(tmp_path_factory) -> Iterator[str]:
+    """A class registry on 127.0.0.1: Debian's `docker-registry` (the CNCF distribution registry); its name as
+    docker/.env writes it. CI must have it (.ci/run installs it)."""
+    if not (binary := shutil.which("docker-registry")):
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)("no `docker-registry` (apt-get install it)")
+    root, port = tmp_path_factory.mktemp("registry"), free_port()
+    config = root / "config.yml"
+    config.write_text(json.dumps({"version": 0.1, "log": {"level": "warn"},
+                                  "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+                                  "http": {"addr": f"127.0.0.1:{port}"}}))
+    with ServerProcess([binary, "serve", str(config)], ready_url=f"http://127.0.0.1:{port}/v2/", log=root / "log"):
+        yield f"127.0.0.1:{port}/servelab"
 
 
 def image_events(docker, since: float) -> list[str]:
@@ -158,6 +179,52 @@ def test_a_failed_registry_then_the_way_on(node, docker):
     since = time.time()
     node.session("the way on: every SSH session, fastapi up --wait", [EVERY_SESSION, FASTAPI_UP, READY])
     assert image_events(docker, since) == [], "compose pulled or built after the way on"
+
+
+def test_a_class_registry_the_instructor_pushes_and_an_empty_node_pulls(node, class_registry, tmp_path):
+    """The class's way (docs/instructors.md): the instructor names the registry in docker/.env, commits it and runs
+    `make images-push`; a student's node with an empty engine (no base, no layer cache: nothing to build from)
+    clones that repository and runs 3_fastapi_setup: node-setup pulls this commit's images, and the stage comes up
+    on them alone, building and pulling nothing more."""
+    node.session("teardown fastapi", [FASTAPI_DOWN])
+    node.session("registry: the instructor names it in docker/.env, commits, make images-push", [
+        "cd ~/servelab", f"sed -i 's|^SERVELAB_REGISTRY=.*|SERVELAB_REGISTRY={class_registry}|' docker/.env",
+        "git -c user.name=instructor -c user.email=i@example.edu commit -qm 'class registry' docker/.env",
+        # stand-in: the environment is this machine's (.venv links to it), so make must not rebuild it
+        f"make -o .venv/.installed {IMAGES_PUSH}{class_registry}"], timeout=3600)
+    catalog = requests.get(f"http://{class_registry.split('/')[0]}/v2/_catalog", timeout=10).json()["repositories"]
+    assert {f"servelab/{name}" for name in ("fastapi_pt", "fastapi_onnx", "flask", "jupyter", "triton_server")} <= set(catalog)
+
+    with Engine(get_settings().servelab_containers_cache.expanduser()) as engine:
+        assert not engine.owns_cache, "the student's engine has a data root of its own: nothing built is there"
+        docker = compose_tool.docker(engine.env, get_settings().servelab_containers_cache.expanduser())
+        student = Node(tmp_path / "student", {**node.profile, **engine.env,
+                                               "PYTHONPATH": str(tmp_path / "student" / "servelab")}, node.steps)
+        student.home.mkdir()
+        student.write_profile(tmp_path / "student-tools")
+        student.session("registry: 2: clone the class's repository", [node_setup.clone(str(node.checkout))])
+        (student.checkout / ".venv").symlink_to(Path(sys.prefix))
+        shutil.copytree(get_settings().model_dir, student.checkout / "models")
+        out = student.session("registry: 3: bin/node-setup", [FIRST_SETUP])
+        assert "pulling this commit's images" in out, out
+        assert "images: done" in student.wait_for_images("registry: 3: images pulled").splitlines()
+        since = time.time()
+        try:
+            student.session("registry: every SSH session, fastapi up --wait, /ready", [EVERY_SESSION, FASTAPI_UP, READY])
+            assert image_events(docker, since) == [], "compose pulled or built after node-setup's pull"
+            assert_pulled_not_built(docker, class_registry, images.tag(student.checkout))
+        finally:
+            student.session("teardown student", [FASTAPI_DOWN], check=False)
+
+
+def assert_pulled_not_built(docker, registry: str, tag: str) -> None:
+    """The engine holds this commit's images from the registry, each with its digest there, and nothing else: a
+    build would have needed (and left) a base and intermediate images."""
+    listed = docker.run("image", "ls", "--all", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    assert listed and all(ref.startswith(f"{registry}/") and ref.endswith(f":{tag}") for ref in listed), listed
+    for ref in listed:
+        (image,) = json.loads(docker.run("image", "inspect", ref).stdout)
+        assert any(d.startswith(ref.rpartition(":")[0] + "@sha256:") for d in image["RepoDigests"]), image
 
 
 def test_the_results_are_saved_as_11_delete_resources_says(node, tmp_path):
