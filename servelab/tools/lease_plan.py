@@ -24,6 +24,7 @@ from servelab.core.tables import prose
 
 RATES_FILE = DATA_DIR / "node_rates.toml"
 CELL_TIMES = REPO_ROOT / "docs" / "records" / "notebook-cell-times.json"
+REHEARSAL = REPO_ROOT / "docs" / "records" / "rehearsal-2cpu.json"  # `make rehearse`'s step times (issue #62)
 CORE = tuple(name for name, notebook in NOTEBOOKS.items() if notebook.core)
 LEASE_MIN = 175  # the lease: 2 h 55
 CORE_AIM_MIN = 125  # issue #52: a core path of 2 h 05, so that a walk's median fits in 2 h 15
@@ -41,7 +42,20 @@ Span = tuple[float, float, float]  # seconds: low, median, high
 
 @cache
 def rates() -> dict:
-    return tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
+    """node_rates.toml; a [shell.NAME] that names a ``rehearsal`` step gets its seconds from the dress rehearsal's
+    record: that step's wall time times its ``scale`` (low, median, high), and its source says so."""
+    loaded = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
+    record = json.loads(REHEARSAL.read_text(encoding="utf-8"))
+    walls = {step["step"]: step["wall_s"] for step in record["steps"] if step["rc"] == 0}
+    for row in loaded["shell"].values():
+        if step := row.get("rehearsal"):
+            if step not in walls:
+                raise ValueError(f"{RATES_FILE.name}: the rehearsal step {step!r} is not in {REHEARSAL.name}")
+            row["seconds"] = [round(walls[step] * s, 1) for s in row["scale"]]
+            row["source"] = (f"measured: `{step}` took {walls[step]:g} s in the dress rehearsal (docs/records/"
+                             f"{REHEARSAL.name}, {record['machine']['cpus']} CPUs, at {record['commit'][:7]}) × "
+                             f"{' / '.join(f'{s:g}' for s in row['scale'])}; {row['source']}")
+    return loaded
 
 
 WAITS: dict[str, list[dict]] = rates()["wait"]  # per notebook: the waits no cell or shell line shows

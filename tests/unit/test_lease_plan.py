@@ -1,5 +1,6 @@
 """servelab/tools/lease_plan.py: the students' time counted in the text, the machine's from the e2e run's record."""
 
+import json
 import re
 import textwrap
 
@@ -202,3 +203,21 @@ def test_the_core_path_meets_its_aim_and_the_catch_up_names_cuts_with_their_minu
     assert {task["what"] for task in lp.rates()["task"]["2_create_server_nvidia"]}  # 2's own tasks are priced
     assert re.search(r"answer the \d+ question paragraphs after the lease \(\d+ min\); skip typing the \d+ perf_analyzer "
                      r"lines .* \(\d+ min\)", lp.catch_up(plans).replace("\n", " "))
+
+
+def test_a_setup_wait_the_rehearsal_measured_is_its_step_s_wall_time_scaled(tmp_path, monkeypatch):
+    """Issue #62: the plan takes the prepared node's setup and a stage's start from `make rehearse`'s record, and
+    refuses a step name the record lacks (a renamed step must not fall back to a typed figure)."""
+    record = {"commit": "abc1234def", "machine": {"cpus": 2},
+              "steps": [{"step": "3: a prepared node: bin/node-setup again", "wall_s": 40.0, "rc": 0},
+                        {"step": "3: every SSH session, fastapi up --wait, /ready", "wall_s": 10.0, "rc": 0}]}
+    monkeypatch.setattr(lp, "REHEARSAL", tmp_path / "rehearsal.json")
+    lp.REHEARSAL.write_text(json.dumps(record))
+    shell = lp.rates.__wrapped__()["shell"]
+    assert shell["node_setup"]["seconds"] == [20.0, 40.0, 80.0]
+    assert shell["container_start"]["seconds"] == [10.0, 20.0, 40.0]
+    assert "took 40 s in the dress rehearsal" in shell["node_setup"]["source"] and "abc1234" in shell["node_setup"]["source"]
+    record["steps"][0]["rc"] = 1  # a failed step measured nothing
+    lp.REHEARSAL.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="a prepared node"):
+        lp.rates.__wrapped__()
