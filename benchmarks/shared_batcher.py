@@ -41,7 +41,7 @@ from servelab.core.settings import get_settings
 from servelab.core.simulated_gpu import label
 from servelab.measure.loadgen import run_bench
 from servelab.measure.records import Load
-from servelab.run.families import TritonFamily, serve_fastapi
+from servelab.run.families import TritonAdapter, serve_fastapi
 from servelab.run.lab_run import machine_line
 from servelab.run.reference import defaults
 
@@ -130,7 +130,7 @@ def main() -> None:
                 measure[f"{stage}, {name}"] = partial(window, server.target(as_run, image), load, stage, stand_in,
                                                       f"{server.url}/metrics", FASTAPI_BATCHES, server.pid)
         if args.simulated_gpu_ms:
-            triton = stack.enter_context(TritonFamily(args.logs / "triton", settings.triton_model_repository, "cpu",
+            triton = stack.enter_context(TritonAdapter(args.logs / "triton", settings.triton_model_repository, "cpu",
                                                       manifest=settings.model_dir / "food11.json").start(STAGES["onnx-1"]))
 
             def triton_window(stage: Stage) -> dict:

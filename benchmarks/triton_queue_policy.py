@@ -22,7 +22,7 @@ from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
 from servelab.measure.loadgen import Labels, overload_load, run_bench
-from servelab.run.families import TritonFamily
+from servelab.run.families import TritonAdapter
 
 BATCH = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) .*executing (\d+) requests")
 STALL_MS = 450  # a batch start this long after the last one: the 500 ms timer, not a batch's own time
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     base = STAGES["onnx-dyn"]
     settings = get_settings()
-    family = TritonFamily(Path(tempfile.mkdtemp()), settings.triton_model_repository, "cpu",
+    family = TritonAdapter(Path(tempfile.mkdtemp()), settings.triton_model_repository, "cpu",
                           manifest=settings.model_dir / "food11.json")
     with family.start(base) as triton:
         body = json.dumps({"log_verbose_level": 1}).encode()

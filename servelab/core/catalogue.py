@@ -1,13 +1,15 @@
 """The stage catalogue: every stage of the lab, once, with the part that says how its family runs it and what
 it teaches (its ``lesson``, measured against its ``baseline``: the report's ratio is this stage ÷ its baseline);
-``MODELS`` holds each Triton model once. No other file of ``servelab/`` spells a stage's or a model's name
-(tests/unit/test_catalogue.py); docs/architecture.md ("Adding things") says what a new stage needs.
+``MODELS`` holds each Triton model once, ``FAMILIES`` each family. No other file of ``servelab/`` spells a stage's
+or a model's name (tests/unit/test_catalogue.py); docs/architecture.md ("Adding things") says what a new stage needs.
 """
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
+
+from servelab.core.family import FASTAPI_QUERIES, RAY_QUERIES, TRITON_QUERIES, Family
 
 Input = Literal["bytes", "tensor", "uint8"]
 
@@ -110,7 +112,6 @@ SERVICES: dict[str, Literal["pytorch", "onnx"]] = {"fastapi-pt": "pytorch", "fas
 
 @dataclass(frozen=True)
 class FastAPIPart:
-    family: ClassVar[str] = "fastapi"  # the family that runs it: its adapter in servelab.run.families.FAMILIES
     service: Literal["fastapi-pt", "fastapi-onnx"]  # the `servelab serve` service (a key of SERVICES)
     env: Mapping[str, str] = field(default_factory=dict)  # its settings (servelab.core.settings.ServeSettings)
     compose: bool = False  # also a compose stage on the node (docker/docker-compose-fastapi.yaml)
@@ -123,7 +124,6 @@ class FastAPIPart:
 
 @dataclass(frozen=True)
 class TritonPart:
-    family: ClassVar[str] = "triton"
     model: str  # the model clients call (a key of MODELS)
     changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model -> replaced config fields
     needs: tuple[str, ...] = ()  # models loaded before ``model`` (an ensemble's steps)
@@ -145,7 +145,6 @@ class TritonPart:
 
 @dataclass(frozen=True)
 class RayPart:
-    family: ClassVar[str] = "ray"
     replicas: int = 1  # fixed replicas; for autoscaling, the most
     batching: bool = False  # @serve.batch (RAY_BATCH_MAX_SIZE, RAY_BATCH_WAIT_MS)
     autoscaling: bool = False  # RAY_AUTOSCALE_* settings
@@ -155,6 +154,11 @@ class RayPart:
 
 
 Part = FastAPIPart | TritonPart | RayPart
+# The families, in the order the lab runs them and the report shows them; a stage's part says which runs it.
+FASTAPI = Family("fastapi", "FastAPI", FastAPIPart, FASTAPI_QUERIES)
+TRITON = Family("triton", "Triton", TritonPart, TRITON_QUERIES)
+RAY = Family("ray", "Ray Serve", RayPart, RAY_QUERIES)
+FAMILIES: dict[str, Family] = {f.name: f for f in (FASTAPI, TRITON, RAY)}
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,11 @@ class Stage:
 
     @property
     def family(self) -> str:
-        return self.part.family
+        """Its family's name: the record in ``FAMILIES`` whose part it carries."""
+        for family in FAMILIES.values():
+            if isinstance(self.part, family.part):
+                return family.name
+        raise ValueError(f"{self.name}: its {type(self.part).__name__} is no family's part in FAMILIES")
 
     @property
     def fastapi(self) -> FastAPIPart:

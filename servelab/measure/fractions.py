@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.core.catalogue import STAGES, compared
+from servelab.core.catalogue import FASTAPI, STAGES, TRITON, compared
 from servelab.core.tables import markdown, num
 from servelab.measure.ceiling import Ceiling
 from servelab.measure.records import Record
@@ -19,7 +19,7 @@ from servelab.measure.records import Record
 RATIO_LESSONS = {"batching": "dynamic batching ÷ no batching", "instances": "two instances per GPU ÷ one instance"}
 # The families whose ratios are shown, in this order: Triton's, then FastAPI's; not Ray Serve's, which
 # runs on the CPU only (the GPU environment carries no Ray).
-RATIO_FAMILIES = ("triton", "fastapi")
+RATIO_FAMILIES = (TRITON.name, FASTAPI.name)
 # (what, numerator stage, denominator stage): each stage of those lessons against its baseline, as the
 # catalogue pairs them.
 RATIOS = tuple((what, top, bottom) for lesson, what in RATIO_LESSONS.items() for family in RATIO_FAMILIES

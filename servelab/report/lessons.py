@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from servelab.core import original_lab
-from servelab.core.catalogue import CATALOGUE, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, Lesson, compared
+from servelab.core.catalogue import CATALOGUE, FASTAPI, QUEUE_BOUND, QUEUE_WAIT_US, STAGES, TRITON, Lesson, compared
 from servelab.core.hardware import int8_compute
 from servelab.core.paths import REPO_ROOT
 from servelab.core.settings import get_settings
@@ -280,7 +280,7 @@ def _proxy(records: list[Record], device: str) -> Iterator[Finding]:
 
 def _queueing(records: list[Record], device: str) -> Iterator[Finding]:
     # The stage the lab offers both arrival processes, and its baseline: batching on and off, the same load.
-    queued = [n for s in CATALOGUE if s.family == "triton" and s.triton.both_arrivals for n in (s.baseline, s.name)]
+    queued = [n for s in CATALOGUE if s.family == TRITON.name and s.triton.both_arrivals for n in (s.baseline, s.name)]
     for stage in queued:
         cap, alone = fractions.capacity(records, stage), fractions.closed_run(records, stage, 1)
         runs = [r for r in records if r.stage == stage and r.tool == "servelab" and r.load.mode == "open"
@@ -318,7 +318,7 @@ def _shedding(records: list[Record], device: str) -> Iterator[Finding]:
                  *([] if times is None else [f"accepted p99 = {times:.1f}× the service time"])]
         # The stated multiple holds where the bound counts every request inside the server: FastAPI's.
         beyond = (f"contradicts {said.notebook}, which expects at most {QUEUE_BOUND}× the service time behind FastAPI"
-                  if STAGES[bottom].family == "fastapi" and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
+                  if STAGES[bottom].family == FASTAPI.name and times is not None and times > QUEUE_BOUND * (1 + NOISE) else "")
         yield _finding(f"{top} ÷ {bottom}, {a.load.label()} ({a.config.get('multiple', '')}× capacity)",
                        f"p99 {num(a.stats.latency.p99_ms)} vs {num(b.stats.latency.p99_ms)} ms", ratio,
                        "; ".join(extra), said, a, b, "p99_ms", top, also=beyond)

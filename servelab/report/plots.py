@@ -7,11 +7,10 @@ perf_analyzer's runs and batched requests are in the tables.
 from collections import defaultdict
 from pathlib import Path
 
-from servelab.core.catalogue import CATALOGUE
+from servelab.core.catalogue import CATALOGUE, FAMILIES
 from servelab.measure.fractions import capacity
 from servelab.measure.records import Record
 
-FAMILIES = (("fastapi", "FastAPI"), ("triton", "Triton"), ("ray", "Ray Serve"), ("", "other stages"))
 # Twelve colours told apart at a glance; a family has at most eleven stages.
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
            "tab:olive", "tab:cyan", "black", "gold")
@@ -36,11 +35,13 @@ def _ours(records: list[Record]) -> list[Record]:
 
 
 def _rows(records: list[Record]) -> list[tuple[str, str, list[Record]]]:
-    """(family, title, its records) for each family with records, in FAMILIES' order."""
+    """(family, title, its records) for each family with records, in FAMILIES' order, then the stages of no
+    family of the catalogue (a benchmark's)."""
     by: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         by[family(r.stage)].append(r)
-    return [(f, title, by[f]) for f, title in FAMILIES if by[f]]
+    rows = [(f.name, f.title) for f in FAMILIES.values()] + [("", "other stages")]
+    return [(f, title, by[f]) for f, title in rows if by[f]]
 
 
 def figure(rows: int, cols: int, width: float = 4.6, height: float = 3.2, legend_room: float = 2.2, **subplots):

@@ -1,9 +1,9 @@
 """One adapter per family, between a runner and ``measure_stage``: how a stage of that family is served
 (``start``, ``switch``, ``roll_out``: all it started is stopped by PID), where a load goes (``target``), where
-the stage really runs (``runs_on``), and what the lab does differently for its stages. A new family is one
-``Family`` in ``FAMILIES``. ``pid`` is the server measured (its CPU time goes into the records), ``scraped`` its
-series in Prometheus. The notebooks' walkthroughs wait for a student's switch instead, then call the same
-``measure_stage``.
+the stage really runs (``runs_on``), and what the lab does differently for its stages. A new family is its record
+in ``servelab.core.catalogue.FAMILIES`` and one ``Adapter`` in ``ADAPTERS``. ``pid`` is the server measured (its CPU
+time goes into the records), ``scraped`` its series in Prometheus. The notebooks' walkthroughs wait for a student's
+switch instead, then call the same ``measure_stage``.
 """
 
 import asyncio
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from servelab.core.artifacts import Manifest
-from servelab.core.catalogue import MODELS, PT, Stage
+from servelab.core.catalogue import FASTAPI, MODELS, PT, RAY, TRITON, Stage
+from servelab.core.family import Family
 from servelab.core.hardware import Device, instances_say, runs_on_triton, stage_env
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.core.procs import free_port
@@ -48,10 +49,10 @@ class Runs:
         """Every stage ran, the server still up."""
 
 
-class Family:
+class Adapter:
     """An adapter's defaults (a family with none of the extras); each family writes the serving parts and ``in_lab``."""
 
-    name: ClassVar[str]  # its stages' ``part.family``
+    family: ClassVar[Family]  # the record of the family it runs
     redis: ClassVar[bool] = False  # the cache case puts the lab's Redis in front (else: the server's own cache)
     STAND_IN: ClassVar[str] = ""  # what stands in here for the node's set-up, named in each of its records
     url: str = ""
@@ -92,15 +93,15 @@ class Family:
         return served_runtime(self.url)
 
 
-def _scrape(prometheus: LabPrometheus | None, address: str, family: str, **labels: str):
-    return prometheus.scrape(address, family, **labels) if prometheus else nullcontext(None)
+def _scrape(prometheus: LabPrometheus | None, address: str, family: Family, **labels: str):
+    return prometheus.scrape(address, family.name, **labels) if prometheus else nullcontext(None)
 
 
-class FastAPIFamily(Family):
+class FastAPIAdapter(Adapter):
     """Each stage its own ``servelab serve`` process on 127.0.0.1 (a switch stops the last one), with
     the stage's settings over ``env`` (the device's, or a benchmark's)."""
 
-    name, redis = "fastapi", True
+    family, redis = FASTAPI, True
 
     def __init__(self, logs: Path, env: dict[str, str] | None = None, prometheus: LabPrometheus | None = None,
                  ready_timeout: float = 180):
@@ -111,7 +112,7 @@ class FastAPIFamily(Family):
         self.serving: Stage | None = None  # the stage its server runs as started (None after a rollout)
 
     @classmethod
-    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "FastAPIFamily":
+    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "FastAPIAdapter":
         # A GPU stage may build a TensorRT engine before it is ready: minutes on a first run.
         return cls(logs, stage_env(device), prometheus, ready_timeout=900 if device == "gpu" else 180)
 
@@ -120,7 +121,7 @@ class FastAPIFamily(Family):
         return stage.fastapi.env
 
     @contextmanager
-    def start(self, first: Stage | None = None) -> Iterator["FastAPIFamily"]:
+    def start(self, first: Stage | None = None) -> Iterator["FastAPIAdapter"]:
         try:
             if first is not None:
                 self.switch(first)
@@ -142,7 +143,7 @@ class FastAPIFamily(Family):
             # Registered before the server starts: Prometheus takes up to 5 s to pick up a new target,
             # time the server spends loading its model anyway.
             self.scraped = self._serving.enter_context(
-                _scrape(self.prometheus, f"127.0.0.1:{port}", "fastapi", stage=stage.name))
+                _scrape(self.prometheus, f"127.0.0.1:{port}", FASTAPI, stage=stage.name))
             server = self._serving.enter_context(fastapi_process(
                 stage.fastapi.service, port, self.logs / f"{stage.name}-{port}.log",
                 {**self.env, **stage.fastapi.env, "ADMIN_TOKEN": self.admin_token},
@@ -158,19 +159,19 @@ class FastAPIFamily(Family):
         return await reload(self.url, variant=variant, token=self.admin_token)
 
 
-def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> "FastAPIFamily":
+def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> "FastAPIAdapter":
     """``stage``'s service in a process of its own until ``stack`` closes, with ``env`` over the stage's
     settings (a benchmark's batching or model variant, beside the same stage with others); its ``url``, ``pid``."""
-    server = stack.enter_context(FastAPIFamily(logs).start())
+    server = stack.enter_context(FastAPIAdapter(logs).start())
     server.switch(replace(stage, part=replace(stage.fastapi, env={**stage.fastapi.env, **env})))
     return server
 
 
-class TritonFamily(Family):
+class TritonAdapter(Adapter):
     """One local tritonserver for every stage: a switch reloads the stage's models (explicit model
     control), as students switch stages on the lab node without restarting the server."""
 
-    name = "triton"
+    family = TRITON
     # Triton's Python-backend stand-in for the ONNX Runtime backend (the wheel's tritonserver has no other).
     STAND_IN = "Triton ONNX Runtime backend replaced by a Python-backend model calling ONNX Runtime (local stand-in)"
 
@@ -188,7 +189,7 @@ class TritonFamily(Family):
         self._staged: list[Path] = []  # the version folders ``roll_out`` wrote, removed at the next switch
 
     @classmethod
-    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "TritonFamily":
+    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "TritonAdapter":
         # The lab's device decides the instance kind (TRITON_INSTANCE_KIND is for `servelab triton`).
         return cls(logs, get_settings().triton_model_repository, device, prometheus, manifest)
 
@@ -218,12 +219,12 @@ class TritonFamily(Family):
         return self.logs / "tritonserver.log"
 
     @contextmanager
-    def start(self, first: Stage) -> Iterator["TritonFamily"]:
+    def start(self, first: Stage) -> Iterator["TritonAdapter"]:
         # Deferred, not a circle: importing it loads tritonclient (an optional extra) only when this runs.
         from servelab.servers.triton.server import Ports, start_local
 
         ports = Ports.pick()  # the metrics port registered before the server starts, as for FastAPI
-        with _scrape(self.prometheus, f"127.0.0.1:{ports.metrics}", "triton") as self._scraped, \
+        with _scrape(self.prometheus, f"127.0.0.1:{ports.metrics}", TRITON) as self._scraped, \
                 start_local(first, kind=self.kind, repository=self.repository, log=self.log, ports=ports) as server:
             self.server, self.pid = server, server.process.pid
             try:
@@ -281,11 +282,11 @@ class TritonFamily(Family):
         return runs_on_triton(self.config, said), {"triton_config": self.server.running}
 
 
-class RayFamily(Family):
+class RayAdapter(Adapter):
     """One local Ray cluster (a head and ``workers`` worker nodes, ``ray start`` processes) for every
     stage: a switch deploys the stage with ``servelab ray deploy``, the command the node's notebook runs."""
 
-    name = "ray"
+    family = RAY
     STAND_IN = ("Ray nodes are `ray start` processes on one machine sharing its CPUs (logical CPUs per node), "
                 "not separate machines (local stand-in)")
 
@@ -298,7 +299,7 @@ class RayFamily(Family):
         self.deployed: Stage | None = None  # the stage deployed as it starts (None after a rollout)
 
     @classmethod
-    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "RayFamily":
+    def in_lab(cls, logs: Path, device: Device, prometheus: LabPrometheus, manifest: Path) -> "RayAdapter":
         return cls(logs, get_settings().ray_node_cpus, stage_env(device), prometheus)
 
     @staticmethod
@@ -313,7 +314,7 @@ class RayFamily(Family):
         return RayRuns(lab, self, manifest)
 
     @contextmanager
-    def start(self, first: Stage | None = None) -> Iterator["RayFamily"]:
+    def start(self, first: Stage | None = None) -> Iterator["RayAdapter"]:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # The nodes' environment reaches every replica: RAY_SERVE_PORT for the deploy, MODEL_DIR etc. as set here.
@@ -324,10 +325,10 @@ class RayFamily(Family):
             self.pid = self.cluster.head.pid
             stack.callback(setattr, self, "cluster", None)
             # Prometheus scrapes every node's metrics agent; the head's (the HTTP proxy's) counts the requests.
-            self.scraped = stack.enter_context(_scrape(self.prometheus, self.cluster.metrics["head"], "ray"))
+            self.scraped = stack.enter_context(_scrape(self.prometheus, self.cluster.metrics["head"], RAY))
             for name, address in self.cluster.metrics.items():
                 if name != "head":
-                    stack.enter_context(_scrape(self.prometheus, address, "ray", node=name))
+                    stack.enter_context(_scrape(self.prometheus, address, RAY, node=name))
             if first is not None:
                 self.switch(first)
             yield self
@@ -351,11 +352,11 @@ class RayFamily(Family):
         return runs_on, {**self.where, **options}
 
 
-# The families ``servelab lab`` runs, in this order.
-FAMILIES: dict[str, type[Family]] = {f.name: f for f in (FastAPIFamily, TritonFamily, RayFamily)}
+# Each family's adapter, by its name (``servelab lab`` runs them in the order of ``catalogue.FAMILIES``).
+ADAPTERS: dict[str, type[Adapter]] = {a.family.name: a for a in (FastAPIAdapter, TritonAdapter, RayAdapter)}
 
 
-def family_of(stage: Stage) -> type[Family]:
-    if stage.family not in FAMILIES:
-        raise ValueError(f"{stage.name}: no adapter for the {stage.family} family in FAMILIES ({', '.join(FAMILIES)})")
-    return FAMILIES[stage.family]
+def adapter_of(stage: Stage) -> type[Adapter]:
+    if stage.family not in ADAPTERS:
+        raise ValueError(f"{stage.name}: no adapter for the {stage.family} family in ADAPTERS ({', '.join(ADAPTERS)})")
+    return ADAPTERS[stage.family]

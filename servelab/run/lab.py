@@ -22,6 +22,7 @@ from servelab.core import simulated_gpu
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
 from servelab.core.catalogue import (
     CACHED,
+    FAMILIES,
     OVERLOADED,
     ROLLED,
     STAGES,
@@ -59,7 +60,7 @@ from servelab.measure.targets import PhotoMix
 from servelab.report import compare
 from servelab.report.lessons import IN_ROUNDS, round_levels, summary
 from servelab.report.render import render_report, summary_table
-from servelab.run.families import FAMILIES, Family, Runs, family_of
+from servelab.run.families import Adapter, Runs, adapter_of
 from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
 from servelab.run.plan import BATCH, CACHE_CONCURRENCY, PLANS, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
@@ -95,16 +96,16 @@ class Lab:
 
     def labels(self, stage: Stage, manifest: Manifest, pid: int | None, runs_on: str, extra: dict | None = None) -> Labels:
         """What each of the stage's records carries: its settings, where it ran, its server, its stand-ins."""
-        config = {"about": stage.about, **family_of(stage).settings(stage),
+        config = {"about": stage.about, **adapter_of(stage).settings(stage),
                   **({"variant": stage.variant} if stage.variant else {}),
                   "device": self.device, "runs_on": runs_on, **(extra or {})}
         settings = get_settings()
         simulated = settings.simulated_gpu_ms and simulated_gpu.label(settings.simulated_gpu_ms, settings.max_batch_size)
-        return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), family_of(stage).stand_in(stage),
+        return Labels(stage.name, config, stand_in_note(model_stand_in(manifest), adapter_of(stage).stand_in(stage),
                                                         simulated or None), pid)
 
     @contextmanager
-    def on(self, adapter: Family, stage: Stage, manifest: Manifest, extra: dict | None = None,
+    def on(self, adapter: Adapter, stage: Stage, manifest: Manifest, extra: dict | None = None,
            switch: bool = True) -> Iterator[tuple[Any, Labels]]:
         """``adapter``'s server at ``stage``, its series scraped while the block runs: yields the stage's target and
         its records' labels (``extra`` in their config)."""
@@ -145,8 +146,8 @@ class Lab:
             said = swept[-1].config[CAPACITY]
             self.log(f"    capacity: {said['throughput_rps']:.1f} req/s at {senders(top)}; sweep ended at "
                      f"{swept[-1].load.concurrency} senders: {said['stopped']}")
-        both_arrivals = family_of(stage).both_arrivals(stage)
-        if family_of(stage).batches(stage):
+        both_arrivals = adapter_of(stage).both_arrivals(stage)
+        if adapter_of(stage).batches(stage):
             measured(replace(target, batch=BATCH), [p.load(1)])
         for seed, fraction in enumerate(p.poisson_fractions if capacity else ()):
             rate = round(fraction * capacity, 1)
@@ -168,7 +169,7 @@ class Lab:
         over = labels._replace(config={**(labels.config or {}), **config, "bound": queue_bound(stage)})
         measure_stage(target, [load], over, [servelab_client(timeline_bin_s=1.0, keep_requests=True)], self.keep)
 
-    def measure_on(self, adapter: Family, stage: Stage, manifest: Manifest) -> float | None:
+    def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
         """Switch ``adapter``'s server to ``stage`` and measure it there; returns its capacity."""
         with self.on(adapter, stage, manifest) as (target, labels):
             return self.measure(stage, target, labels)
@@ -207,7 +208,7 @@ class Lab:
         with ExitStack() as stack:
             stack.enter_context(self.prometheus)
             # Soft, as Prometheus is: without redis-server the FastAPI cache case is skipped, saying so.
-            if any(family_of(s).redis for s in stages if s.name in self.cached) and (binary := find_redis(self.log)):
+            if any(adapter_of(s).redis for s in stages if s.name in self.cached) and (binary := find_redis(self.log)):
                 self.redis = stack.enter_context(LocalRedis(binary, self.logs / "redis"))
             self._run_stages(stages, manifest, paths)
         self.ran = [name for name in self.ran if name not in self.not_run]
@@ -226,13 +227,13 @@ class Lab:
                 self.log(f"[{stage.name}] skipped: it needs a GPU (float16 has no fast path on a CPU) and {why}")
             stages = [s for s in stages if not s.needs_gpu]
         self.ran = [s.name for s in stages]
-        # The families in the order the lab runs them, each on one adapter (and its own runs beside the loads).
-        for name, family in FAMILIES.items():
+        # The families in the catalogue's order, each on one adapter (and its own runs beside the loads).
+        for name in FAMILIES:
             if (ours := [s for s in stages if s.family == name]) and name not in self.skipped:
-                adapter = family.in_lab(self.logs, self.device, self.prometheus, paths.manifest)
+                adapter = adapter_of(ours[0]).in_lab(self.logs, self.device, self.prometheus, paths.manifest)
                 self._run_family(adapter, ours, manifest, adapter.runs(self, manifest))
 
-    def _run_family(self, adapter: Family, stages: list[Stage], manifest: Manifest, runs: Runs) -> None:
+    def _run_family(self, adapter: Adapter, stages: list[Stage], manifest: Manifest, runs: Runs) -> None:
         """One family's stages on one adapter, each if it fits the budget; a failed stage is reported and the
         others go on, a server that does not start fails the family."""
         if not stages or not self._fits(stages[0]):
@@ -254,7 +255,7 @@ class Lab:
 
         self.guard(None, run_all, stages[0].family)
 
-    def _stage(self, adapter: Family, stage: Stage, manifest: Manifest, runs: Runs) -> None:
+    def _stage(self, adapter: Adapter, stage: Stage, manifest: Manifest, runs: Runs) -> None:
         runs.after(stage, self.measure_on(adapter, stage, manifest))
         if stage.name in self.cached:
             self.guard(stage, lambda: self.cache_case(adapter, stage, manifest))
@@ -268,7 +269,7 @@ class Lab:
         if stage.name in self.rolled:
             self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
 
-    def rounds(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
+    def rounds(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """Each lesson ``stage`` completes in its family: both stages alternating in the plan's rounds, ``stage`` (served
         now) first, each at the senders the lesson's question needs (``round_levels``)."""
         p = self.plan
@@ -287,7 +288,7 @@ class Lab:
             sides = [partial(side, name, level) for name, level in zip(pair, levels)]
             alternate(sides if pair[0] == stage.name else sides[::-1], p.rounds)
 
-    def cache_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
+    def cache_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """The same skewed mix of photos on ``stage``, then ``with_cache`` (Triton's own cache, or Redis)."""
         if adapter.redis and self.redis is None:
             self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
@@ -305,7 +306,7 @@ class Lab:
             with self.on(adapter, s, manifest, {"run": RunKind.CACHE}, switch=s is cached) as (target, labels):
                 measure_stage(replace(target, mix=mix), [load], labels, [servelab_client()], self.keep)
 
-    def rollout_case(self, adapter: Family, stage: Stage, manifest: Manifest) -> None:
+    def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """A new version of the stage's model (the ``ROLLED`` variant) rolled out under 16 closed-loop senders."""
         variant = ROLLED[stage.name]
         self.log(f"[{stage.name}] rollout under load: a new version serving {variant}")
@@ -330,7 +331,7 @@ class Lab:
 
 def preflight(stages: list[Stage]) -> dict[str, str]:
     """The parts of these stages this environment cannot run (each family's ``missing``), with why."""
-    return {part: why for family in dict.fromkeys(map(family_of, stages)) for part, why in family.missing().items()}
+    return {part: why for family in dict.fromkeys(map(adapter_of, stages)) for part, why in family.missing().items()}
 
 
 def _model(paths: ArtifactPaths) -> Manifest:

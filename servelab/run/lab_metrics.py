@@ -10,13 +10,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from servelab.core.catalogue import FAMILIES
 from servelab.core.installers.opt_tools import ToolBinary
 from servelab.core.installers.prometheus_install import PrometheusNotFound, locate
 from servelab.core.procs import ChildServer, ServerProcess, free_port
 from servelab.core.settings import get_settings
 from servelab.measure.monitoring.machine_exporter import MachineCollector
 from servelab.measure.monitoring.prometheus_server import TARGETS_FILE, PrometheusClient, Targets, config_yaml
-from servelab.measure.monitoring.run_series import FAMILIES, Before, PromWatch
+from servelab.measure.monitoring.run_series import Before, PromWatch
 from servelab.measure.records import Record, ServerSeries
 
 
@@ -110,7 +111,7 @@ class LabPrometheus:
     def scrape(self, address: str, family: str, **labels: str) -> Iterator[Scraped]:
         """Scrape ``address`` (host:port, path /metrics) while the block runs; Ray Serve adds its family."""
         if family not in FAMILIES:
-            raise ValueError(f"no queries for the {family!r} family; add them to servelab.measure.monitoring.run_series")
+            raise ValueError(f"no queries for the {family!r} family; add its record to servelab.core.catalogue.FAMILIES")
         if self.server is not None:
             self.server.targets.add(address, family, **labels)
         try:

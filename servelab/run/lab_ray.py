@@ -40,7 +40,7 @@ class RayRuns:
     """Ray Serve's ``families.Runs``: its cluster, each stage's placement and step load, the node failures last."""
 
     lab: Measurer
-    ray: Any  # servelab.run.families.RayFamily
+    ray: Any  # servelab.run.families.RayAdapter
     manifest: Manifest
     measured: list[Stage] = field(default_factory=list)
 

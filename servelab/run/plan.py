@@ -8,7 +8,7 @@ from servelab.core.catalogue import CATALOGUE, Lesson, Stage
 from servelab.measure.measure_stage import Sweep
 from servelab.measure.perf_analyzer import Windows
 from servelab.measure.records import Load
-from servelab.run.families import family_of
+from servelab.run.families import adapter_of
 
 LAB_STAGES: tuple[Stage, ...] = tuple(s for s in CATALOGUE if s.in_lab)
 TOUR_STAGES: tuple[Stage, ...] = tuple(s for s in LAB_STAGES if s.tour)
@@ -19,14 +19,14 @@ def _each_way_in(stages: tuple[Stage, ...]) -> tuple[str, ...]:
     """The first stage per way perf_analyzer is fed, and every stage with both arrival processes: each of its paths."""
     firsts: dict[tuple, str] = {}
     for s in stages:
-        if (way := family_of(s).fed(s)) is not None:
+        if (way := adapter_of(s).fed(s)) is not None:
             firsts.setdefault(way, s.name)
-    return tuple(s.name for s in stages if s.name in firsts.values() or family_of(s).both_arrivals(s))
+    return tuple(s.name for s in stages if s.name in firsts.values() or adapter_of(s).both_arrivals(s))
 
 
 def _teach_batching(stages: tuple[Stage, ...]) -> tuple[str, ...]:
     """The stages among ``stages`` perf_analyzer can measure that teach batching: where it is the second opinion."""
-    return tuple(s.name for s in stages if family_of(s).fed(s) is not None and s.lesson == Lesson.BATCHING)
+    return tuple(s.name for s in stages if adapter_of(s).fed(s) is not None and s.lesson == Lesson.BATCHING)
 
 
 def warm_up(seconds: float) -> dict[str, Any]:
@@ -103,7 +103,7 @@ class Plan:
                    perf_analyzer=_teach_batching(GPU_CHECK_STAGES), stages=GPU_CHECK_STAGES, rounds=2)
 
     def with_perf_analyzer(self, stage: Stage) -> bool:
-        return family_of(stage).fed(stage) is not None and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
+        return adapter_of(stage).fed(stage) is not None and (self.perf_analyzer is None or stage.name in self.perf_analyzer)
 
     def load(self, concurrency: int, window_s: float | None = None) -> Load:
         """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows (of

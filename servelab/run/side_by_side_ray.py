@@ -15,7 +15,7 @@ from servelab.core.tables import markdown, num
 from servelab.measure.limit import closed_window
 from servelab.measure.measure_stage import alternate
 from servelab.measure.records import Record
-from servelab.run.families import RayFamily, serve_fastapi
+from servelab.run.families import RayAdapter, serve_fastapi
 
 # Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
 RAY_MEASURE = next(s for s in of_family("ray").values() if s.ray.batching)
@@ -45,7 +45,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     with ExitStack() as stack:
         url = serve_fastapi(stack, FASTAPI_STAGE, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                  "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)}).url
-        ray = stack.enter_context(RayFamily(logs, settings.ray_node_cpus).start())
+        ray = stack.enter_context(RayAdapter(logs, settings.ray_node_cpus).start())
         ray.switch(RAY_MEASURE)
         window = args.duration / args.rounds
         records = alternate([lambda _, name=name, url=url: [closed_window(url, image, c, window, name, 2 * c)]

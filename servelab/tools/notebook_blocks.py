@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import median
 
 from servelab.core import original_lab
-from servelab.core.catalogue import CATALOGUE, of_family
+from servelab.core.catalogue import CATALOGUE, FAMILIES, of_family
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.core.tables import markdown, prose
 from servelab.measure.measure_stage import CAP_PER_CORE
@@ -27,7 +27,7 @@ from servelab.measure.perf_analyzer import Windows
 from servelab.report import TEMPLATES
 from servelab.report.check import CHECK_POINTS, STAGE_POINTS
 from servelab.report.lessons import RUBRIC
-from servelab.run.families import RayFamily, TritonFamily, family_of
+from servelab.run.families import RayAdapter, TritonAdapter, adapter_of
 from servelab.run.lab_run import LabRun, minutes
 from servelab.run.plan import LAB_STAGES, Plan
 from servelab.servers.triton.configs import STAGES, base_config, effective_config, render
@@ -135,10 +135,10 @@ def triton_models() -> str:
 
 def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the tour (`make lab`) does, and those only the node runs."""
-    notes = {TritonFamily.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
-             RayFamily.STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
+    notes = {TritonAdapter.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
+             RayAdapter.STAND_IN: " (**LOCAL STAND-IN**: the Ray nodes are processes on this machine)", "": ""}
     table = markdown(("stage", "what it serves", "in `make lab` (else `--full` only)"), [
-        (f"`{s.name}`", s.about + notes[family_of(s).stand_in(s)], "yes" if s.tour else "") for s in LAB_STAGES])
+        (f"`{s.name}`", s.about + notes[adapter_of(s).stand_in(s)], "yes" if s.tour else "") for s in LAB_STAGES])
     left_out = [f"`{s.name}` ({s.about})" for s in CATALOGUE if not s.in_lab]
     return table + (f"\n\nOnly on the node: {', '.join(left_out)}." if left_out else "")
 
@@ -218,8 +218,7 @@ def family_stages(family: str) -> str:
     """How many stages the catalogue has in ``family``, and their names in the order it teaches them:
     a count typed in prose went stale when a stage was added."""
     names = list(of_family(family))  # type: ignore[arg-type]
-    title = {"fastapi": "FastAPI", "triton": "Triton", "ray": "Ray Serve"}[family]
-    return f"The catalogue (`servelab/core/catalogue.py`) has {len(names)} {title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
+    return f"The catalogue (`servelab/core/catalogue.py`) has {len(names)} {FAMILIES[family].title} stages: " + ", ".join(f"`{n}`" for n in names) + "."
 
 
 GPU_RECORD = REPO_ROOT / "docs" / "records" / "gpu-h100-2026-11-24.toml"  # the first GPU run's figures

@@ -1,8 +1,8 @@
 """docs/architecture.md's "Adding things": a stage, followed to the letter in a copy of the checkout: one `Stage`
 in `CATALOGUE`, its pair in `PAIRS` of the catalogue's test, then `make notebooks`; then the tests that read the
 catalogue pass with the new stage in them (the lease plan times a notebook from its recorded cells, so a stage needs
-no rate of its own). A step the doc forgets fails here. And a family: one `Family` registered in `FAMILIES`, which
-the lab then runs as it runs the others."""
+no rate of its own). A step the doc forgets fails here. And a family: its `Family` record in `FAMILIES` and one
+`Adapter` in `ADAPTERS`, which the lab then runs as it runs the others."""
 
 import os
 import re
@@ -18,11 +18,12 @@ import psutil
 import pytest
 
 from servelab.core.artifacts import load_manifest
-from servelab.core.catalogue import Stage
+from servelab.core.catalogue import FAMILIES, Stage
+from servelab.core.family import Family, Queries
 from servelab.core.paths import REPO_ROOT
 from servelab.measure.targets import FastAPITarget
 from servelab.report.render import render_report
-from servelab.run.families import FAMILIES, Family, Runs
+from servelab.run.families import ADAPTERS, Adapter, Runs
 from servelab.run.lab import Lab, preflight
 from servelab.run.plan import BATCH, Plan
 from tinyserver import running
@@ -85,8 +86,11 @@ def test_a_stage_added_as_the_architecture_doc_says_reaches_every_reader(tmp_pat
 class TinyPart:
     """A stage of the new family: tests/tinyserver.py at a service time."""
 
-    family: ClassVar[str] = "tiny"
     service_ms: float
+
+
+# Its record: the adapter registers no Prometheus target, so its queries are never run.
+TINY = Family("tiny", "Tiny", TinyPart, Queries(all_requests="", successes="", series={}))
 
 
 class Seen(Runs):
@@ -97,15 +101,15 @@ class Seen(Runs):
         self.stages.append(stage.name)
 
 
-class TinyFamily(Family):
+class TinyAdapter(Adapter):
     """Each stage its own tinyserver process (a switch stops the last one); requests of ``BATCH`` images and both
     arrival processes besides the common loads."""
 
-    name = "tiny"
+    family = TINY
     seen: ClassVar[Seen]  # the test's, given it
 
     @classmethod
-    def in_lab(cls, logs, device, prometheus, manifest) -> "TinyFamily":
+    def in_lab(cls, logs, device, prometheus, manifest) -> "TinyAdapter":
         return cls()
 
     @contextmanager
@@ -145,14 +149,15 @@ class TinyFamily(Family):
 
 
 def test_a_family_registered_in_one_place_runs_in_the_lab(model, tmp_path, monkeypatch):
-    monkeypatch.setitem(FAMILIES, TinyFamily.name, TinyFamily)
-    monkeypatch.setattr(TinyFamily, "seen", Seen(), raising=False)
+    monkeypatch.setitem(FAMILIES, TINY.name, TINY)
+    monkeypatch.setitem(ADAPTERS, TINY.name, TinyAdapter)
+    monkeypatch.setattr(TinyAdapter, "seen", Seen(), raising=False)
     stages = [Stage(f"tiny-{ms}ms", f"tinyserver, {ms} ms a request", TinyPart(ms)) for ms in (5, 10)]
     lines: list[str] = []
     lab = Lab(Plan.quick(), tmp_path / "lab", log=lines.append)
     lab.run(stages, load_manifest(model.manifest), model)
     assert lab.failures == [] and lab.ran == ["tiny-5ms", "tiny-10ms"], "\n".join(lines)
-    assert preflight(stages) == {} and TinyFamily.seen.stages == lab.ran
+    assert preflight(stages) == {} and TinyAdapter.seen.stages == lab.ran
     by_stage = {s.name: [r for r in lab.records if r.stage == s.name] for s in stages}
     pids = set()
     for stage in stages:

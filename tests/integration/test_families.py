@@ -9,13 +9,13 @@ from servelab.core.catalogue import of_family
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure.measure_stage import Labels, measure_stage
 from servelab.measure.records import Load
-from servelab.run.families import FastAPIFamily, serve_fastapi
+from servelab.run.families import FastAPIAdapter, serve_fastapi
 
 FASTAPI = of_family("fastapi")
 
 
 def test_a_switch_serves_the_next_stage_and_stops_the_last_by_pid(model, tmp_path):
-    family = FastAPIFamily(tmp_path, {"ORT_PROVIDERS": "cpu"})
+    family = FastAPIAdapter(tmp_path, {"ORT_PROVIDERS": "cpu"})
     with family.start(FASTAPI["fastapi-pt"]):
         first, pt = family.pid, family.runs_on(FASTAPI["fastapi-pt"])
         family.switch(FASTAPI["fastapi-pt"])  # the lab switches to the stage its adapter started with: no restart
@@ -36,7 +36,7 @@ def test_after_a_rollout_a_switch_to_the_same_stage_starts_it_afresh(artifacts, 
     import requests
 
     onnx = FASTAPI["fastapi-onnx"]
-    family = FastAPIFamily(tmp_path, {"ORT_PROVIDERS": "cpu"})
+    family = FastAPIAdapter(tmp_path, {"ORT_PROVIDERS": "cpu"})
     with family.start(onnx):
         first, version = family.pid, requests.get(f"{family.url}/ready", timeout=10).json()["model_version"]
         rolled = asyncio.run(family.roll_out(onnx, "u8"))

@@ -30,7 +30,7 @@ from servelab.core.paths import MODELS_STAGING
 from servelab.core.variants.build import VARIANTS
 from servelab.measure import fractions
 from servelab.report import lessons
-from servelab.run.families import TritonFamily
+from servelab.run.families import TritonAdapter
 from servelab.servers.triton.configs import base_config
 from servelab.tools import lease_plan
 
@@ -192,4 +192,4 @@ def test_a_triton_stage_rolls_out_to_the_variant_it_serves_and_the_lab_refuses_a
         if stage.family == "triton":
             assert MODELS[stage.triton.model].variant == variant, name
     with pytest.raises(ValueError, match="cannot roll out to int8"):
-        asyncio.run(TritonFamily(Path("logs"), Path("repository")).roll_out(STAGES["onnx-1"], "int8"))
+        asyncio.run(TritonAdapter(Path("logs"), Path("repository")).roll_out(STAGES["onnx-1"], "int8"))

@@ -14,8 +14,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel
 
 from dockerspec import DOCKER, MONITORING_COMPOSE, load_compose, run_tool, variables, venv_tool
+from servelab.core.catalogue import FAMILIES
 from servelab.measure.monitoring import dashboard
-from servelab.measure.monitoring.run_series import FAMILIES
 from servelab.tools.docker_versions import read_env_file
 
 

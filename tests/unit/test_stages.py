@@ -7,20 +7,20 @@ file of a compose stage; and the lab, the benchmark and the notebooks' lists rea
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import pytest
 import yaml
 from google.protobuf import json_format
 
 from servelab.cli import build_parser
-from servelab.core.catalogue import CATALOGUE, STAGES, Stage, get_stage, of_family
+from servelab.core.catalogue import CATALOGUE, FAMILIES, FASTAPI, STAGES, Stage, get_stage, of_family
+from servelab.core.family import Family
 from servelab.core.paths import MODELS_STAGING
 from servelab.core.settings import RaySettings, ServeSettings
 from servelab.core.variants.build import VARIANTS
 from servelab.run import plan as plans
 from servelab.run import side_by_side
-from servelab.run.families import FAMILIES, RayFamily, TritonFamily, family_of
+from servelab.run.families import ADAPTERS, RayAdapter, TritonAdapter, adapter_of
 from servelab.servers.rayserve import options as ray_stages
 from servelab.servers.triton import configs as triton_stages
 from servelab.tools.containers import compose_stages as compose
@@ -33,15 +33,20 @@ def by_family(family: str) -> list[Stage]:
 
 @dataclass(frozen=True)
 class TinyPart:
-    family: ClassVar[str] = "tiny"
+    pass
 
 
-def test_each_stage_is_named_once_and_belongs_to_one_family() -> None:
+def test_each_stage_is_named_once_and_belongs_to_one_family(monkeypatch) -> None:
     assert len(STAGES) == len(CATALOGUE)
-    assert {s.family for s in CATALOGUE} == {"fastapi", "triton", "ray"} == set(FAMILIES)  # each with its adapter
-    assert [family_of(STAGES[name]) for name in ("fastapi-pt", "pt-1", "ray-1")] == list(FAMILIES.values())
-    with pytest.raises(ValueError, match="tiny-1: no adapter for the tiny family in FAMILIES"):
-        family_of(Stage("tiny-1", "a family nobody registered", TinyPart()))
+    # Each family with its adapter.
+    assert {s.family for s in CATALOGUE} == {"fastapi", "triton", "ray"} == set(FAMILIES) == set(ADAPTERS)
+    assert [adapter_of(STAGES[name]) for name in ("fastapi-pt", "pt-1", "ray-1")] == list(ADAPTERS.values())
+    tiny = Stage("tiny-1", "a family nobody registered", TinyPart())
+    with pytest.raises(ValueError, match="tiny-1: its TinyPart is no family's part in FAMILIES"):
+        tiny.family
+    monkeypatch.setitem(FAMILIES, "tiny", Family("tiny", "Tiny", TinyPart, FASTAPI.queries))
+    with pytest.raises(ValueError, match="tiny-1: no adapter for the tiny family in ADAPTERS"):
+        adapter_of(tiny)
     assert sum(len(of_family(f)) for f in ("fastapi", "triton", "ray")) == len(CATALOGUE)
     assert all(s.about for s in CATALOGUE)
     with pytest.raises(TypeError, match="pt-1 is a triton stage"):
@@ -107,8 +112,8 @@ def test_the_lab_the_benchmark_and_the_notebooks_read_the_catalogue() -> None:
     assert all(f"| `{s.name}` | {s.about}" in table for s in CATALOGUE if s.in_lab)
     assert "| `onnx-dyn` | " in table and table.count("| yes |") == sum(s.tour for s in CATALOGUE)
     assert f"Only on the node: `pt-4x4` ({STAGES['pt-4x4'].about})." in table
-    stand_in = {name: family_of(STAGES[name]).stand_in(STAGES[name]) for name in ("pt-1", "onnx-dyn", "ray-2", "fastapi-pt")}
-    assert stand_in == {"pt-1": "", "onnx-dyn": TritonFamily.STAND_IN, "ray-2": RayFamily.STAND_IN, "fastapi-pt": ""}
+    stand_in = {name: adapter_of(STAGES[name]).stand_in(STAGES[name]) for name in ("pt-1", "onnx-dyn", "ray-2", "fastapi-pt")}
+    assert stand_in == {"pt-1": "", "onnx-dyn": TritonAdapter.STAND_IN, "ray-2": RayAdapter.STAND_IN, "fastapi-pt": ""}
 
 
 def test_the_tour_shows_every_lesson_once() -> None:

@@ -11,8 +11,9 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as models
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
+from servelab.core.catalogue import RAY
+from servelab.core.family import FASTAPI_PREDICT
 from servelab.core.paths import REPO_ROOT
-from servelab.measure.monitoring.run_series import FASTAPI_PREDICT
 
 GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
 DASHBOARD_UID = "servelab"
@@ -73,7 +74,7 @@ ROWS: dict[str, list[tuple[str, str, list[tuple[str, str]]]]] = {
         ("Replica processing time per request", "ms", [
             (_per("ray", "replica", "ray_serve_deployment_processing_latency_ms"), "{{replica}}")]),
         ("Healthy replicas / mean @serve.batch size", "short", [
-            ('sum(ray_serve_deployment_replica_healthy{job="ray"})', "healthy replicas"),
+            (RAY.queries.series["running replicas"], "healthy replicas"),
             (f'sum(rate(ray_serve_actual_batch_size_sum{{job="ray"}}[{W}])) / '
              f'sum(rate(ray_serve_actual_batch_size_count{{job="ray"}}[{W}]))', "mean batch")]),
     ],

@@ -1,6 +1,7 @@
 """Prometheus read back over each run: what the servers counted, beside what the client measured. A fresh scrape
 just before and just after each run makes the difference of the server's request counter exact; over the measured
-window come its success rate and range queries of its own series. Queries are data per stage family.
+window come its success rate and range queries of its own series. Queries are data, in each family's record
+(``servelab.core.catalogue.FAMILIES``).
 """
 
 import math
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from string import Template
 from typing import Any
 
+from servelab.core.catalogue import FAMILIES
+from servelab.core.family import FASTAPI_PREDICT
 from servelab.measure.monitoring.prometheus_server import PrometheusClient, PrometheusError
 from servelab.measure.records import Record, ServerSeries
 
@@ -19,86 +22,12 @@ RATE_TOLERANCE = 0.05
 MIN_RATE_REQUESTS = 100
 
 
-@dataclass(frozen=True)
-class Family:
-    """PromQL for one kind of server; ``$sel`` is the target's label matchers, ``$w`` the rate window."""
-
-    all_requests: str  # an expression: every request the server counted, whatever its outcome
-    successes: str  # a plain selector of counters (summed per scrape): successful requests
-    series: dict[str, str]
-    note: str = ""  # what this family cannot show
-    lag_s: float = 0.0  # how long the server may take to publish what it counted (read back after a run)
-    per_version: bool = False  # counters per model version: a run that changed the version cannot be counted
-
-
-# Request routes of the FastAPI services and Ray Serve's proxy (not /metrics, /ready, ...): ``$predict``.
-FASTAPI_PREDICT = 'route=~"/predict|/predict/batch"'
-FASTAPI = Family(
-    all_requests="sum(servelab_http_requests_total{$sel,$predict})",
-    successes='servelab_http_requests_total{$sel,$predict,status=~"2.."}',
-    series={
-        "request rate (req/s)": 'sum(rate(servelab_http_requests_total{$sel,$predict,status=~"2.."}[$w]))',
-        "p50 (ms)": "1000 * histogram_quantile(0.5, sum by (le) "
-                    "(rate(servelab_http_request_duration_seconds_bucket{$sel,$predict}[$w])))",
-        "p99 (ms)": "1000 * histogram_quantile(0.99, sum by (le) "
-                    "(rate(servelab_http_request_duration_seconds_bucket{$sel,$predict}[$w])))",
-        "queue (ms)": "1000 * sum(rate(servelab_queue_seconds_sum{$sel}[$w])) "
-                      "/ sum(rate(servelab_queue_seconds_count{$sel}[$w]))",
-        "compute (ms)": "1000 * (sum(rate(servelab_preprocess_seconds_sum{$sel}[$w])) "
-                        "/ sum(rate(servelab_preprocess_seconds_count{$sel}[$w])) "
-                        "+ sum(rate(servelab_inference_seconds_sum{$sel}[$w])) "
-                        "/ sum(rate(servelab_inference_seconds_count{$sel}[$w])))",
-        "mean batch": "sum(rate(servelab_batch_size_sum{$sel}[$w])) / sum(rate(servelab_batch_size_count{$sel}[$w]))",
-    },
-    note="p50/p99 interpolated within the latency histogram's buckets; compute = preprocessing per request + "
-         "one inference call",
-)
-TRITON = Family(
-    per_version=True,  # the old version's series end when it unloads, with what it counted
-    all_requests="sum(nv_inference_request_success{$sel}) + sum(nv_inference_request_failure{$sel})",
-    successes="nv_inference_request_success{$sel}",
-    series={
-        "request rate (req/s)": "sum(rate(nv_inference_request_success{$sel}[$w]))",
-        "mean latency (ms)": "sum(rate(nv_inference_request_duration_us{$sel}[$w])) "
-                             "/ sum(rate(nv_inference_request_success{$sel}[$w])) / 1000",
-        "queue (ms)": "sum(rate(nv_inference_queue_duration_us{$sel}[$w])) "
-                      "/ sum(rate(nv_inference_request_success{$sel}[$w])) / 1000",
-        "compute (ms)": "(sum(rate(nv_inference_compute_input_duration_us{$sel}[$w])) "
-                        "+ sum(rate(nv_inference_compute_infer_duration_us{$sel}[$w])) "
-                        "+ sum(rate(nv_inference_compute_output_duration_us{$sel}[$w]))) "
-                        "/ sum(rate(nv_inference_request_success{$sel}[$w])) / 1000",
-        "mean batch": "sum(rate(nv_inference_count{$sel}[$w])) / sum(rate(nv_inference_exec_count{$sel}[$w]))",
-    },
-    note="Triton 2.51 exports latency as sums, not histograms: a mean, no p50/p99",
-)
-# Ray Serve, from each node's metrics agent: the HTTP proxy (on the head, `$sel`) counts requests and
-# their latency; the replicas, on every node of the job, their processing time and @serve.batch sizes.
-RAY = Family(
-    all_requests="sum(ray_serve_num_http_requests_total{$sel,$predict})",
-    successes='ray_serve_num_http_requests_total{$sel,$predict,status_code=~"2.."}',
-    series={
-        "request rate (req/s)": 'sum(rate(ray_serve_num_http_requests_total{$sel,$predict,status_code=~"2.."}[$w]))',
-        "p50 (ms)": "histogram_quantile(0.5, sum by (le) "
-                    "(rate(ray_serve_http_request_latency_ms_bucket{$sel,$predict}[$w])))",
-        "p99 (ms)": "histogram_quantile(0.99, sum by (le) "
-                    "(rate(ray_serve_http_request_latency_ms_bucket{$sel,$predict}[$w])))",
-        "compute (ms)": 'sum(rate(ray_serve_deployment_processing_latency_ms_sum{job="ray"}[$w])) '
-                        '/ sum(rate(ray_serve_deployment_processing_latency_ms_count{job="ray"}[$w]))',
-        "mean batch": 'sum(rate(ray_serve_actual_batch_size_sum{job="ray"}[$w])) '
-                      '/ sum(rate(ray_serve_actual_batch_size_count{job="ray"}[$w]))',
-        "running replicas": 'sum(ray_serve_deployment_replica_healthy{job="ray"})',
-    },
-    note="Ray's own metrics: latency at the proxy (p50/p99 within its histogram's buckets), compute = the "
-         "replica's processing time; mean batch = Serve's actual_batch_size",
-    lag_s=1.5,  # RAY_metrics_report_interval_ms (500 ms locally) and the agent's export
-)
 # The machine as a whole (the lab's psutil exporter locally; node and dcgm exporters on the node).
 MACHINE = {
     "CPU busy (%)": '100 * (1 - avg(rate(node_cpu_seconds_total{mode="idle"}[$w])))',
     "memory used (GiB)": "(sum(node_memory_MemTotal_bytes) - sum(node_memory_MemAvailable_bytes)) / 2^30",
     "GPU utilization (%)": "avg(DCGM_FI_DEV_GPU_UTIL)",
 }
-FAMILIES = {"fastapi": FASTAPI, "triton": TRITON, "ray": RAY}
 
 
 def _selector(labels: dict[str, str]) -> str:
@@ -134,7 +63,7 @@ class PromWatch:
         """A fresh scrape of the server, and its request count; or why not."""
         try:
             at = self._settled.pop(labels["instance"], None) or self.client.settle(time.time(), {labels["instance"]})
-            count = _scalar(self.client.query(self._fill(FAMILIES[family].all_requests, labels), at))
+            count = _scalar(self.client.query(self._fill(FAMILIES[family].queries.all_requests, labels), at))
             return Before(at, count or 0.0)
         except PrometheusError as exc:
             return f"Prometheus: {exc}"
@@ -149,19 +78,20 @@ class PromWatch:
         sent = None if record.tool != "servelab" or record.stats.requests is None else record.stats.requests + (
             record.load.warmup if record.warmup_requests is None else record.warmup_requests)
         out = ServerSeries(source=source, start_unix=start, end_unix=end, step_s=self.step_s, client_requests=sent)
-        notes = [FAMILIES[family].note]
+        queries = FAMILIES[family].queries
+        notes = [queries.note]
         try:
-            time.sleep(FAMILIES[family].lag_s)
+            time.sleep(queries.lag_s)
             at = self._settled[labels["instance"]] = self.client.settle(time.time(), {labels["instance"]})
-            after = _scalar(self.client.query(self._fill(FAMILIES[family].all_requests, labels), at)) or 0.0
-            if FAMILIES[family].per_version and record.rollout and record.rollout.new_version:
+            after = _scalar(self.client.query(self._fill(queries.all_requests, labels), at)) or 0.0
+            if queries.per_version and record.rollout and record.rollout.new_version:
                 notes.append("the model's version changed in the run, and the server counts per version: no count")
             else:
                 out.requests = round(after - before.requests)
-            out.rate_rps, out.rate_span_s = self._rate(FAMILIES[family].successes, labels, start, end)
+            out.rate_rps, out.rate_span_s = self._rate(queries.successes, labels, start, end)
             if out.rate_rps is None:
                 notes.append(f"fewer than two scrapes inside the {end - start:.1f} s window: no server-side rate")
-            for name, expr in {**FAMILIES[family].series, **MACHINE}.items():
+            for name, expr in {**queries.series, **MACHINE}.items():
                 points = self._range(self._fill(expr, labels), start, end)
                 if points:
                     out.series[name] = points
