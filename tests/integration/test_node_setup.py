@@ -105,6 +105,7 @@ def test_a_snapshot_saves_the_images_and_removes_what_no_two_nodes_may_share(che
     commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     assert f"  sudo cc-snapshot -e /var/lib/docker servelab-{commit}\n" in done.stdout, done.stdout
+    assert "no systemd here: each node's bin/node-setup loads" in done.stdout  # SNAPSHOT_ROOT has no systemd
 
     booted = tmp_path / "booted"  # Docker's folder stayed out of the snapshot: no image, the archive in HOME
     booted.mkdir()
