@@ -32,7 +32,7 @@ from servelab.core.settings import get_settings
 from servelab.servers.triton import client as triton_client
 from servelab.servers.triton.configs import STAGES as TRITON_STAGES
 from servelab.servers.triton.server import apply_stage
-from servelab.tools.containers import compose_tool, images, node_secrets
+from servelab.tools.containers import compose_tool, node_secrets
 from servelab.tools.containers.compose_stages import STAGES, StageRunner, checkout_mounts
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -198,27 +198,6 @@ def test_fastapi_pt_stage(runner, expected, tmp_path):
 
     kill_and_recover(runner, "fastapi-pt", "fastapi_server", app)
     assert page_label(classify(app, PHOTO).text) == expected.label
-
-
-def test_without_a_registry_compose_runs_the_images_there(runner):
-    """No registry named: `up` runs the images node-setup built under this commit's tag, in this session and in a
-    later one, and builds none (Compose's `build` policy rebuilt them on every `up`)."""
-    lab = images.compose_env({"SERVELAB_REGISTRY": images.LOCAL})  # what `servelab containers tag` exports
-    node = StageRunner(runner.docker, runner.work_dir, {**runner.build_args, "SERVELAB_TAG": lab["SERVELAB_TAG"]},
-                       mounts=runner.mounts, free_ports=True)
-    stage = STAGES["fastapi-pt"]
-    try:
-        node.up(stage, extra=lab)  # node-setup's build (bake's targets, here one by one), then the notebook's `up`
-        node.compose(stage, "down", extra=lab)
-        since = time.time()
-        node.up(stage, extra=lab, build=False)  # a later SSH session's `up`
-        events = runner.docker.run("events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}",
-                                   "--filter", "type=image", "--format", "{{.Action}} {{.Actor.ID}}").stdout.split("\n")
-        assert not [e for e in events if e.startswith(("tag", "build", "pull"))], events
-        assert container(runner, "fastapi-pt", "fastapi_server")["Config"]["Image"] == \
-            f"servelab/fastapi_pt:{lab['SERVELAB_TAG']}"
-    finally:
-        node.down(stage)
 
 
 def test_fastapi_onnx_stages_with_and_without_batching(runner, expected, tmp_path):
