@@ -205,7 +205,9 @@ def test_measuring_binds_no_socket_and_starts_only_its_senders_and_perf_analyzer
         while watching.is_set():
             for child in me.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    if child.pid not in before:
+                    # New, and not started by a process that was there before (another test's Ray cluster
+                    # starts workers of its own whenever it likes).
+                    if child.pid not in before and not before & {a.pid for a in child.parents()}:
                         seen["commands"].append(" ".join(child.cmdline()))
                         if any(c.status == psutil.CONN_LISTEN for c in child.net_connections("inet")):
                             seen["listening"].add(child.pid)
