@@ -14,6 +14,7 @@ from servelab.core.artifacts import load_manifest
 from servelab.core.catalogue import STAGES
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.measure.fractions import CAPACITY, WINDOWS, capacity, curve, curve_point
+from servelab.measure.loadgen import _sender_main
 from servelab.measure.measure_stage import (
     Labels,
     Sweep,
@@ -28,6 +29,7 @@ from servelab.measure.measure_stage import (
 )
 from servelab.measure.perf_analyzer import PerfAnalyzerOptions, Windows
 from servelab.measure.records import Load, read_records
+from servelab.measure.senders import pool
 from servelab.measure.targets import FastAPITarget, TritonTarget
 from servelab.run.lab import Lab
 from servelab.run.plan import Plan
@@ -215,6 +217,7 @@ def test_measuring_binds_no_socket_and_starts_only_its_senders_and_perf_analyzer
 
     sys.addaudithook(audit)
     plan = Plan.quick()
+    pool(_sender_main).close()  # senders outlive a test: an earlier one's would be "there before" and go unseen
     with running(service_ms=5, slots=2) as url:
         before = {c.pid for c in me.children(recursive=True)}  # the stub target itself listens: it is not measure/'s
         watching.set()
