@@ -39,6 +39,29 @@ from servelab.tools.render_notebooks import NOTEBOOK_DIR, to_notebook
 TESTS_DIR = Path(__file__).resolve().parent
 KERNEL_NAME = "python3"
 
+# The perf_analyzer lines students type in the Triton notebooks (docs/instructors.md's answers) as a quick test runs
+# them: 1 s windows, no stability search and, at onnx-1 and onnx-dyn, the quick rates (RATES = [20, 40]).
+# 6's lines carry the step's stability settings after the window (issue 52): the quick ones replace them there; 7 and
+# 8's carry the helper's, which would win over flags added before them (7's Poisson lines: 5 trials, issue #66).
+_STABLE = {"--measurement-interval 5000": "--measurement-interval 1000",
+           "--stability-percentage 10 --max-trials 10": "--stability-percentage 1000 --max-trials 3"}
+TRITON_QUICK_EDITS = {
+    "6_triton_python": {"--measurement-interval 5000 --stability-percentage 10 --max-trials 5":
+                        "--measurement-interval 1000 --stability-percentage 1000 --max-trials 3"},
+    "7_triton_onnx": {**_STABLE, "--stability-percentage 10 --max-trials 5": "--stability-percentage 1000 --max-trials 3",
+                      "--request-rate-range 40:120:80": "--request-rate-range 20:40:20"},
+    "8_triton_more": _STABLE}
+
+
+def perf_analyzer_on_path() -> str:
+    """A prologue that puts the project's perf_analyzer on the kernel's PATH for the `!perf_analyzer` lines, as the
+    node's Jupyter image has it."""
+    from servelab.core.installers.perf_analyzer_install import locate
+
+    pa = locate()
+    return (f"import os\nos.environ['PATH'] = {str(pa.path.parent)!r} + os.pathsep + os.environ['PATH']\n"
+            f"os.environ['LD_LIBRARY_PATH'] = {pa.env().get('LD_LIBRARY_PATH', '')!r}")
+
 
 def parameter_names(cell: nbformat.NotebookNode) -> list[str]:
     """The names a ``parameters`` cell assigns, in order."""
@@ -74,23 +97,15 @@ def _code_cell(source: str, tag: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_code_cell(source, metadata={"tags": [tag]})
 
 
-def execute(
-    stem: str,
-    kernel_dir: Path,
-    workdir: Path,
-    *,
-    parameters: dict[str, Any] | None = None,
-    prologue: str = "",
-    epilogue: str = "",
-    timeout: int = 60,
-    answer_edits: dict[str, str] | None = None,
-) -> nbformat.NotebookNode:
-    """Run ``notebooks/<stem>.md`` top to bottom in ``workdir``; raise on the first failing cell.
+def prepare(stem: str, *, parameters: dict[str, Any] | None = None, prologue: str = "", epilogue: str = "",
+            answer_edits: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """``notebooks/<stem>.md`` as a test runs it: the parameters given, each student's cell as its answer, the
+    prologue first and the epilogue last. A notebook's own cells stay the same objects (tests/rehearsal.py
+    finds them by identity).
 
     ``answer_edits``: text replaced in the answers run for the cells students write (e.g. perf_analyzer's
     5 s windows made shorter for a quick test), each of which must occur in some answer the notebook runs."""
     nb = to_notebook(NOTEBOOK_DIR / f"{stem}.md")
-    own = [(cell, cell.source.partition("\n")[0]) for cell in nb.cells if cell.cell_type == "code"]
     pending = dict(parameters or {})
     for cell in parameters_cells(nb):
         given = {name: pending.pop(name) for name in parameter_names(cell) if name in pending}
@@ -114,18 +129,29 @@ def execute(
         nb.cells.insert(0, _code_cell(prologue, "injected-prologue"))
     if epilogue:
         nb.cells.append(_code_cell(epilogue, "injected-epilogue"))
-    client = NotebookClient(
-        nb,
-        km=kernel_manager(kernel_dir),
-        timeout=timeout,
-        startup_timeout=60,
-        resources={"metadata": {"path": str(workdir)}},
-    )
-    client.execute()
+    return nb
+
+
+def injected(cell: nbformat.NotebookNode) -> bool:
+    """Put in by ``prepare`` (not an answer, which stands in a cell of the notebook's own)."""
+    return bool({"injected-parameters", "injected-prologue", "injected-epilogue"} & set(cell.metadata.get("tags", [])))
+
+
+def client(nb: nbformat.NotebookNode, kernel_dir: Path, workdir: Path, timeout: int) -> NotebookClient:
+    return NotebookClient(nb, km=kernel_manager(kernel_dir), timeout=timeout, startup_timeout=60,
+                          resources={"metadata": {"path": str(workdir)}})
+
+
+def execute(stem: str, kernel_dir: Path, workdir: Path, *, parameters: dict[str, Any] | None = None,
+            prologue: str = "", epilogue: str = "", timeout: int = 60,
+            answer_edits: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """Run ``notebooks/<stem>.md`` top to bottom in ``workdir`` (``prepare``); raise on the first failing cell."""
+    nb = prepare(stem, parameters=parameters, prologue=prologue, epilogue=epilogue, answer_edits=answer_edits)
+    own = [(cell, cell.source.partition("\n")[0]) for cell in nb.cells if cell.cell_type == "code" and not injected(cell)]
+    client(nb, kernel_dir, workdir, timeout).execute()
     if os.environ.get("SERVELAB_RECORD_CELL_TIMES") == "1":
         record_cell_times(stem, own, parameters or {})
     return nb
-
 
 
 def _seconds(cell: nbformat.NotebookNode) -> float:

@@ -13,7 +13,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from notebook_harness import client, injected, prepare
 from servelab.core.paths import REPO_ROOT
+from servelab.tools.lease_plan import code_cells, sections
+from servelab.tools.render_notebooks import NOTEBOOK_DIR
 
 # What this machine lacks, and what stands in for it: (the part, on a student's node, here).
 STAND_INS = [
@@ -30,7 +33,12 @@ STAND_INS = [
      "Debian's `docker-registry` (the CNCF distribution registry) on 127.0.0.1, plain HTTP; the student's node is a "
      "second private dockerd with an empty data root of its own"),
     ("NVIDIA base images", "nvcr.io/nvidia/tritonserver, ubuntu:22.04, PyTorch's CUDA build",
-     "the stand-in bases (docker/standin/), picked by bake variables exported in the node's ~/.profile"),
+     "the stand-in bases (docker/standin/), picked by bake variables exported in the node's ~/.profile; the stand-in "
+     "Triton has no onnxruntime backend, so ~/.profile also exports TRITON_ONNXRUNTIME=false and the ONNX stages "
+     "run as the LOCAL STAND-IN (a Python model on ONNX Runtime), which their records say"),
+    ("Jupyter", "the notebooks run in the jupyter container, on the compose network",
+     "a kernel on this machine with the jupyter service's environment as `docker compose config` gives it "
+     "(its /lab/ paths made the checkout's), reaching the services at their published 127.0.0.1 ports"),
     ("servelab's environment", "bin/node-setup makes .venv", ".venv links to this machine's, PYTHONPATH names the clone"),
     ("the lab's model", "downloaded and built by `servelab models build --source lab` (bin/node-setup)",
      "MODEL_SOURCE=offline in ~/.profile; the packaged stand-in and its variants, built once per test session "
@@ -45,8 +53,8 @@ STAND_INS = [
 # What the rehearsal does not play, and where it is tested instead.
 NOT_PLAYED = [
     "the ray and redis images pushed to the class registry (9_ray_setup's and the cache stage's)",
-    "the core cells of 4, 6, 7 and 8 against these containers: each stage's first measurement is `servelab load` here; "
-    "the notebooks run against local servers in tests/e2e/test_notebooks*.py",
+    "the optional cells of 4, 6, 7 and 8 (the core's are played): they run against local servers in "
+    "tests/e2e/test_notebooks_measure.py",
     "`servelab doctor --node` (its GPU checks fail without a GPU) and 5_triton_setup's `nvidia-smi`",
 ]
 
@@ -86,9 +94,28 @@ exec cp "${args[@]}"
 '''
 
 
+SHELL = re.compile(r"```shell\n(.*?)```", re.DOTALL)
+
+
 def shell_blocks(notebook: Path) -> list[str]:
     """The notebook's ```shell blocks, as written."""
-    return re.findall(r"```shell\n(.*?)```", notebook.read_text(), re.DOTALL)
+    return SHELL.findall(notebook.read_text())
+
+
+def core(text: str) -> list[tuple[str, str | int]]:
+    """A notebook's core path in the order a student meets it: ("shell", block) for each ```shell block and
+    ("cell", n) for its n-th code cell; the sections marked (optional) are left out, as the lease plan leaves
+    them out of the core (servelab/tools/lease_plan.py's ``sections``, ``code_cells``)."""
+    found, at = [], 0
+    for n, (optional, source, _) in enumerate(code_cells(text)):
+        at = text.find(source, at)
+        found.append((at, optional, "cell", n))
+        at += len(source)
+    start = 0
+    for optional, section in sections(text):
+        found += [(start + m.start(), optional, "shell", m[1]) for m in SHELL.finditer(section)]
+        start += len(section)
+    return [(kind, what) for _, optional, kind, what in sorted(found, key=lambda f: f[0]) if not optional]
 
 
 @dataclass
@@ -123,6 +150,39 @@ class Node:
         if check:
             assert done.returncode == 0, f"{step}:\n{script}\n--- out:\n{done.stdout[-4000:]}\n--- err:\n{done.stderr[-4000:]}"
         return done.stdout + done.stderr
+
+    def jupyter_env(self, every_session: str, compose_file: str) -> dict[str, str]:
+        """The Jupyter service's environment as compose gives it (its secrets file included), its /lab/ paths
+        made the checkout's: the kernel runs here, not in the container (STAND_INS)."""
+        out = self.session(f"Jupyter's environment ({compose_file})", [
+            every_session, f"docker compose -f docker/{compose_file} config --format json jupyter"])
+        env = json.loads(out[out.index("{"):])["services"]["jupyter"].get("environment") or {}
+        return {k: (v or "").replace("/lab/", f"{self.checkout}/") for k, v in env.items()}
+
+    def play(self, stem: str, every_session: str, kernel_dir: Path, parameters: dict, env: dict[str, str],
+             prologue: str = "", answer_edits: dict[str, str] | None = None, timeout: int = 600) -> str:
+        """A notebook's core as a student plays it (``core``): each ```shell block typed into a new SSH session
+        after ``every_session``'s lines, the code cells run in one kernel in ~/servelab/notebooks with ``env`` (the
+        Jupyter service's, ``jupyter_env``), in order, each
+        student's cell as its answer (tests/notebook_harness.py's ``prepare``). The cells' output, as shown."""
+        nb = prepare(stem, parameters=parameters, prologue=prologue, answer_edits=answer_edits)
+        own = [cell for cell in nb.cells if cell.cell_type == "code" and not injected(cell)]
+        run = client(nb, kernel_dir, self.checkout / "notebooks", timeout)
+        started, done, shown = time.monotonic(), 0, []
+        env = {"PATH": os.environ["PATH"], **self.profile, **env, "HOME": str(self.home)}
+        with run.setup_kernel(env=env):
+            for kind, what in core((NOTEBOOK_DIR / f"{stem}.md").read_text()):
+                if kind == "shell":
+                    self.session(f"{stem}: {what.strip().splitlines()[-1][:60]}", [every_session, what])
+                    continue
+                for index in range(done, nb.cells.index(own[what]) + 1):  # with the injected cells before it
+                    cell = nb.cells[index]
+                    if cell.cell_type == "code" and (injected(cell) or cell is own[what]):
+                        run.execute_cell(cell, index)
+                        shown.append("".join(out.get("text", "") for out in cell.get("outputs", [])))
+                done = nb.cells.index(own[what]) + 1
+        self.steps.append({"step": f"{stem}: the core cells", "wall_s": round(time.monotonic() - started, 1), "rc": 0})
+        return "\n".join(shown)
 
     def wait_for_images(self, step: str, timeout: float = 3600) -> str:
         """The student's `tail -f ~/images.log` until it ends: the line `images: done`, or a failure with what to do

@@ -95,6 +95,7 @@ class TritonSettings(_Env):
 
     triton_model_repository: Path = Field(REPO_ROOT / "models_staging", description="Triton's model repository; `servelab triton stage` writes each model's effective config to `<model>/configs/stage.pbtxt` there (on the lab node: the folder mounted into the Triton container).")
     triton_instance_kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="Render stages with `KIND_GPU` or `KIND_CPU` instance groups; `auto` = gpu where `nvidia-smi` lists a GPU (set `gpu` where servelab runs without GPU access but drives a GPU server). A server started by `servelab triton up` keeps the kind it was started with; `servelab lab` takes the kind from its device (`LAB_DEVICE`).")
+    triton_onnxruntime: bool = Field(True, description="Whether the Triton that `servelab triton stage` switches has the onnxruntime backend, as NVIDIA's images do; false (a Triton on the stand-in base, docker/standin/): the ONNX stages are rendered as the LOCAL STAND-IN and say so. A server started by `servelab triton up` knows its own.")
     triton_cache_bytes: int = Field(64 * 1024**2, ge=0, description="The local tritonserver's response cache (`--cache-config local,size=N`), in bytes; only models whose config says `response_cache { enable: true }` use it; 0 = started without one.")
     triton_threads_per_instance: int = Field(0, ge=0, description="CPU threads per Python-backend model instance (PyTorch `set_num_threads`, ONNX Runtime intra-op threads); 0 = the CPUs but one, divided by the model's instance count, at least 1.")
 

@@ -29,9 +29,8 @@ import pytest
 from pydantic import ValidationError
 
 from dockerspec import REPO, dockerfile_for, load_compose
-from notebook_harness import execute, parameters_cells
+from notebook_harness import TRITON_QUICK_EDITS, execute, parameters_cells, perf_analyzer_on_path
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, stages_taught_in, with_cache
-from servelab.core.installers.perf_analyzer_install import locate
 from servelab.core.installers.redis_install import RedisNotFound
 from servelab.core.installers.redis_install import locate as locate_redis
 from servelab.core.labels import CLASSES
@@ -463,22 +462,7 @@ def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, s
         "8_triton_more": {},
     }
     checks = {"6_triton_python": CHECK_PYTHON, "7_triton_onnx": CHECK_ONNX, "8_triton_more": CHECK_MORE}
-    # The perf_analyzer lines students type (docs/instructors.md's answers) run as typed, with shorter windows and,
-    # at onnx-1 and onnx-dyn, the rates of RATES above.
-    # 6's lines carry the step's stability settings after the window (issue 52): the quick ones replace them there.
-    quick6 = {"--measurement-interval 5000 --stability-percentage 10 --max-trials 5":
-              "--measurement-interval 1000 --stability-percentage 1000 --max-trials 3"}
-    # 7 and 8's lines carry the helper's stability settings, which would win over flags added before them (7's Poisson
-    # lines: 5 trials, issue #66).
-    stable = {"--measurement-interval 5000": "--measurement-interval 1000",
-              "--stability-percentage 10 --max-trials 10": "--stability-percentage 1000 --max-trials 3"}
-    edits = {"6_triton_python": quick6,
-             "7_triton_onnx": {**stable, "--stability-percentage 10 --max-trials 5": "--stability-percentage 1000 --max-trials 3",
-                               "--request-rate-range 40:120:80": "--request-rate-range 20:40:20"},
-             "8_triton_more": stable}
-    pa = locate()  # on PATH for the `!perf_analyzer` lines, as the node's Jupyter image has it
-    prologue = (f"{PROLOGUE}\nimport os\nos.environ['PATH'] = {str(pa.path.parent)!r} + os.pathsep + os.environ['PATH']\n"
-                f"os.environ['LD_LIBRARY_PATH'] = {pa.env().get('LD_LIBRARY_PATH', '')!r}")
+    edits, prologue = TRITON_QUICK_EDITS, f"{PROLOGUE}\n{perf_analyzer_on_path()}"
     all_stages = [stage for stages in QUICK_STAGES.values() for stage in stages]
     texts = {}
     for stem in TRITON_NOTEBOOKS:

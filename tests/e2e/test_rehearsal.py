@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from notebook_harness import TRITON_QUICK_EDITS, perf_analyzer_on_path
 from rehearsal import Node, shell_blocks, write_record
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import get_settings
+from servelab.measure.records import read_records
 from servelab.run.walkthrough import node_setup, runbook
 from servelab.tools.containers import compose_tool, images
 from servelab.tools.containers.compose_stages import STAGES, StageRunner
@@ -44,6 +46,23 @@ FASTAPI_UP = next(b for b in SETUP if "docker-compose-fastapi.yaml up" in b)
 READY = next(b for b in SETUP if "/ready" in b)
 # The instructor's push, as docs/instructors.md writes it (its example registry replaced by the rehearsal's).
 IMAGES_PUSH = re.search(r"`make (images-push REGISTRY=)\S+`", (REPO_ROOT / "docs/instructors.md").read_text()).group(1)
+# 4_fastapi's core in quick mode (a few requests per measurement); the kernel is on this machine (STAND_INS).
+QUICK_4 = {"FASTAPI_URL": "http://127.0.0.1:8000", "FLASK_URL": "http://127.0.0.1:5000", "WAIT_S": 300,
+           "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "APP_PORT": free_port()}
+PROLOGUE = "%colors nocolor"
+# The Triton notebooks' cores in quick mode; stages switched by the clone's own servelab, as the node's image has it.
+QUICK_TRITON = {"TRITON_URL": "127.0.0.1:8000", "FLASK_URL": "http://127.0.0.1:5000", "WAIT_S": 300, "REQUESTS": 4,
+                "WARMUP": 1, "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url 127.0.0.1:8000",
+                "PA_WINDOW_S": 1.0, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"]}
+QUICK_TRITON_OWN = {
+    "6_triton_python": {"TRITON_GRPC_URL": "127.0.0.1:8001", "BATCH_REQUESTS": 2,
+                        "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
+                                             "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n"},
+    "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4, "BATCH_REQUESTS": 2,
+                      "MY_INSTANCE_GROUP": "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]\n",
+                      "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
+                                             "  max_queue_delay_microseconds: 100\n}\n"},
+    "8_triton_more": {}}
 FASTAPI_DOWN = "cd ~/servelab\ndocker compose -f docker/docker-compose-fastapi.yaml down"
 
 
@@ -76,6 +95,11 @@ def node(docker_engine, standin_args, docker, artifacts, tmp_path_factory):
     node.steps = [s for s in node.steps if not s["step"].startswith("teardown")]
     if os.environ.get("REHEARSAL_RECORD"):
         write_record(node.steps, RECORD)
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernel")
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +156,7 @@ def test_the_node_s_commands_then_no_registry_builds_once(node, docker):
 
 
 def test_a_later_ssh_session_reaches_the_same_images(node, docker):
-    """A new login shell with the notebook's three lines finds this commit's images and builds none; the stage's
-    first measurement runs against the container."""
+    """A new login shell with the notebook's three lines finds this commit's images and builds none."""
     since = time.time()
     ps = "docker compose -f docker/docker-compose-fastapi.yaml ps --format json"
     out = node.session("later SSH session: its three lines, up --wait, ps", [EVERY_SESSION, FASTAPI_UP, ps])
@@ -141,24 +164,50 @@ def test_a_later_ssh_session_reaches_the_same_images(node, docker):
     tag = images.tag(node.checkout)
     assert services["fastapi_server"]["Image"] == f"servelab/fastapi_pt:{tag}", services
     assert image_events(docker, since) == []
-    load = ("servelab load fastapi --url http://127.0.0.1:8000 --requests 20 --concurrency 1 "
-            "--out results/rehearsal-fastapi.jsonl")
-    node.session("4: first measurement (servelab load, concurrency 1)", [EVERY_SESSION, load])
-    (record,) = [json.loads(line) for line in (node.checkout / "results/rehearsal-fastapi.jsonl").read_text().splitlines()]
-    assert record["stats"]["successes"] == 20, record
+
+
+def test_4_fastapi_s_core_against_the_containers(node, kernel_dir):
+    """4_fastapi's core as a student plays it: the cells in a kernel, the stage switches typed in SSH sessions,
+    every measurement against the compose service; each student's cell (its answer) and its check."""
+    env = node.jupyter_env(EVERY_SESSION, "docker-compose-fastapi.yaml")
+    text = node.play("4_fastapi", EVERY_SESSION, kernel_dir, QUICK_4, env, prologue=PROLOGUE)
+    records = read_records(node.checkout / "results" / "records.jsonl")
+    assert [(r.stage, r.load.label()) for r in records] == [
+        ("fastapi-pt", "sequential"), ("fastapi-pt", "concurrency 3"), ("fastapi-onnx", "sequential"),
+        ("fastapi-onnx", "concurrency 3"), ("fastapi-onnx-dyn", "concurrency 3")], records
+    assert all(r.stats.successes == r.load.requests and r.stats.error_count == 0 for r in records)
+    checks = re.findall(r"^(right|wrong)\b.*$", text, re.MULTILINE)
+    assert checks and "wrong" not in checks, text
+    assert re.search(r"^right: .+ as the service says, and 400 for a non-photo$", text, re.MULTILINE), text
 
 
 def test_the_triton_stage_from_its_notebook(node):
     """5_triton_setup's blocks as written: the FastAPI stage down, Triton up on the image node-setup built, pt-1
-    loaded; then its first measurement."""
+    loaded."""
     blocks = [b for b in TRITON if "nvidia-smi" not in b]  # stand-in: no GPU
     out = node.session("5: stop fastapi, the repository, up --wait, stage pt-1", [EVERY_SESSION, *blocks])
     assert "stage pt-1" in out, out
-    load = ("servelab load triton --url 127.0.0.1:8000 --model food_classifier --requests 20 --concurrency 1 "
-            "--out results/rehearsal-triton.jsonl")
-    node.session("6: first measurement on Triton (servelab load)", [EVERY_SESSION, load])
     answer = requests.get("http://127.0.0.1:8000/v2/models/food_classifier/ready", timeout=10)
     assert answer.status_code == 200
+
+
+def test_6_7_and_8_s_cores_against_the_container(node, kernel_dir):
+    """The Triton notebooks' cores one after another, as a student plays them: stages switched from the SSH session
+    and from the cells (the student's config blocks), every measurement and check against the compose Triton."""
+    prologue = f"{PROLOGUE}\n{perf_analyzer_on_path()}"
+    env = node.jupyter_env(EVERY_SESSION, "docker-compose-triton.yaml")
+    assert env["TRITON_INSTANCE_KIND"] == "cpu" and env["ADMIN_TOKEN"], "compose's no-GPU override, the secrets file"
+    texts = {stem: node.play(stem, EVERY_SESSION, kernel_dir, {**QUICK_TRITON, **QUICK_TRITON_OWN[stem]}, env,
+                             prologue=prologue, answer_edits=TRITON_QUICK_EDITS[stem])
+             for stem in ("6_triton_python", "7_triton_onnx", "8_triton_more")}
+    text = "\n".join(texts.values())
+    records = read_records(node.checkout / "results" / "records.jsonl")
+    measured = {(r.stage, r.tool) for r in records}
+    assert {(stage, "servelab") for stage in ("pt-1", "pt-2x2", "onnx-1", "onnx-dyn")} <= measured, measured
+    assert all(r.stats.error_count == 0 and r.stats.successes for r in records if r.tool == "servelab")
+    checks = re.findall(r"^(right|correct|wrong)\b.*$", text, re.MULTILINE)
+    assert checks and "wrong" not in checks, text
+    assert (node.checkout / "results" / "report.md").exists() or list((node.checkout / "results").glob("*/report.md"))
 
 
 def test_a_failed_registry_then_the_way_on(node, docker):
@@ -234,4 +283,4 @@ def test_the_results_are_saved_as_11_delete_resources_says(node, tmp_path):
     laptop.write_profile(tmp_path / "laptop-tools")
     laptop.session("11: save the results (scp)", SAVE)
     saved = laptop.home / "servelab-results"
-    assert (saved / "rehearsal-fastapi.jsonl").is_file() and (laptop.home / "servelab-notebooks").is_dir()
+    assert (saved / "records.jsonl").is_file() and (laptop.home / "servelab-notebooks").is_dir()

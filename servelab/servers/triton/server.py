@@ -418,8 +418,8 @@ def switch_target(url: str | None = None, kind: str | None = None) -> SwitchTarg
     url = server_address(url or (running["url"] if running else settings.triton_server_url))
     ours = running if running is not None and running["url"] == url else None
     kind = resolve_kind(kind or (ours["kind"] if ours else settings.triton_instance_kind))
-    # Only the server `up` started lacks the onnxruntime backend; Triton's images have it.
-    onnxruntime = ours["onnxruntime"] if ours else True
+    # The server `up` started lacks the onnxruntime backend, and so does a Triton on the stand-in base.
+    onnxruntime = ours["onnxruntime"] if ours else settings.triton_onnxruntime
     repository = Path(ours["repository"]) if ours else settings.triton_model_repository
     return SwitchTarget(url, kind, onnxruntime, repository, ours)
 

@@ -36,7 +36,9 @@ def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
 
 
 def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print) -> dict[str, str]:
-    """Build the stand-ins (once) and return the bake variables that select them."""
+    """Build the stand-ins (once) and return the bake variables that select them, and TRITON_ONNXRUNTIME=false:
+    the stand-in Triton has no onnxruntime backend (`servelab triton stage`, in the shell and in Jupyter, renders
+    the ONNX stages as the LOCAL STAND-IN)."""
     wheels = wheelhouse.ensure(cache, versions, log)
     key = f"{base_image.key()}-{wheels.name}"
     args = {"UBUNTU_IMAGE": f"{PYTHON_BASE}:{key}", "TRITON_IMAGE": TRITON, "TORCH_VERSION": wheelhouse.cpu_torch()}
@@ -58,4 +60,4 @@ def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print)
         if docker.image_label(f"{TRITON}:{release}-py3-sdk", images.LABEL) != key:
             extract_pinned(work / "sdk", work, log)
         images.build(docker, targets, log=log)
-    return args
+    return {**args, "TRITON_ONNXRUNTIME": "false"}
