@@ -4,9 +4,9 @@ the order ``depends_on`` says, `servelab load` gets correct answers through the 
 127.0.0.1, bad input gets a 4xx, a killed serving container makes GourmetGram answer 502/503 until
 the restart policy brings it back, and ``down -v`` leaves nothing behind.
 
-One engine and one runner for the module; stages run in an order that reuses images (fastapi_pt,
-then fastapi_onnx with and without batching on one image, then Triton reusing the GourmetGram and
-Jupyter images). Skipped where no engine can be started (no root, no dockerd), never in CI."""
+One engine and one runner for the module; stages run in an order that reuses images (fastapi_pt, then
+Triton reusing the GourmetGram and Jupyter images). fastapi_onnx with and without batching, on one image,
+is played by the dress rehearsal (tests/e2e/test_rehearsal.py: 4_fastapi's core against the containers). Skipped where no engine can be started (no root, no dockerd), never in CI."""
 
 import base64
 import json
@@ -165,11 +165,6 @@ def image_id(runner: StageRunner, stage: str, service: str) -> str:
     return container(runner, stage, service)["Image"]
 
 
-def metric_sum(url: str, name: str) -> float:
-    text = requests.get(f"{url}/metrics", timeout=10).text
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
-
-
 # --- FastAPI stages -------------------------------------------------------------------------------
 
 
@@ -198,32 +193,6 @@ def test_fastapi_pt_stage(runner, expected, tmp_path):
 
     kill_and_recover(runner, "fastapi-pt", "fastapi_server", app)
     assert page_label(classify(app, PHOTO).text) == expected.label
-
-
-def test_fastapi_onnx_stages_with_and_without_batching(runner, expected, tmp_path):
-    running = runner.up(STAGES["fastapi-onnx"], extra={"JUPYTER_TOKEN": TOKEN})
-    assert_healthy_in_order(runner, "fastapi-onnx", "fastapi_server", ("fastapi_server", "flask"))
-    api, app = running.url("fastapi_server", 8000), running.url("flask", 5000)
-    onnx_image = image_id(runner, "fastapi-onnx", "fastapi_server")
-    bench("fastapi", api, tmp_path)
-    answer = requests.post(f"{api}/predict", json={"image": base64.b64encode(PHOTO).decode()}, timeout=60).json()
-    assert (answer["prediction"], answer["probability"]) == (expected.label, pytest.approx(expected.probability, abs=1e-4))
-    assert requests.post(f"{api}/predict", json={"image": "%%%"}, timeout=30).status_code in (400, 422)
-    assert page_label(classify(app, PHOTO).text) == expected.label
-    assert metric_sum(api, "servelab_batch_size_sum") == metric_sum(api, "servelab_batch_size_count")  # batches of 1
-
-    # The same image with dynamic batching switched on by the shell variables alone.
-    running = runner.up(STAGES["fastapi-onnx-dyn"], extra={"JUPYTER_TOKEN": TOKEN})
-    assert image_id(runner, "fastapi-onnx-dyn", "fastapi_server") == onnx_image, "no rebuild for batching"
-    env = container(runner, "fastapi-onnx-dyn", "fastapi_server")["Config"]["Env"]
-    assert "MAX_BATCH_SIZE=16" in env and "BATCH_TIMEOUT_MS=5" in env
-    api, app = running.url("fastapi_server", 8000), running.url("flask", 5000)
-    bench("fastapi", api, tmp_path)
-    assert metric_sum(api, "servelab_batch_size_sum") > metric_sum(api, "servelab_batch_size_count"), "no batch formed"
-    assert page_label(classify(app, PHOTO).text) == expected.label
-
-    runner.down(STAGES["fastapi-onnx-dyn"])
-    assert_nothing_left(runner, "fastapi-onnx-dyn")
 
 
 # --- Triton ---------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import requests
 
 from notebook_harness import TRITON_QUICK_EDITS, perf_analyzer_on_path
 from rehearsal import Node, shell_blocks, write_record
-from servelab.core.paths import REPO_ROOT
+from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import get_settings
 from servelab.measure.records import read_records
@@ -166,11 +166,15 @@ def test_a_later_ssh_session_reaches_the_same_images(node, docker):
     assert image_events(docker, since) == []
 
 
-def test_4_fastapi_s_core_against_the_containers(node, kernel_dir):
+def test_4_fastapi_s_core_against_the_containers(node, docker, kernel_dir):
     """4_fastapi's core as a student plays it: the cells in a kernel, the stage switches typed in SSH sessions,
-    every measurement against the compose service; each student's cell (its answer) and its check."""
+    every measurement against the compose service; each student's cell (its answer) and its check. The switches
+    build nothing (batching is the ONNX image with two variables), and the batching service, as the notebook
+    leaves it, batches, refuses a non-photo and answers through GourmetGram."""
     env = node.jupyter_env(EVERY_SESSION, "docker-compose-fastapi.yaml")
+    since = time.time()
     text = node.play("4_fastapi", EVERY_SESSION, kernel_dir, QUICK_4, env, prologue=PROLOGUE)
+    assert image_events(docker, since) == [], "a stage switch built or pulled"
     records = read_records(node.checkout / "results" / "records.jsonl")
     assert [(r.stage, r.load.label()) for r in records] == [
         ("fastapi-pt", "sequential"), ("fastapi-pt", "concurrency 3"), ("fastapi-onnx", "sequential"),
@@ -179,6 +183,12 @@ def test_4_fastapi_s_core_against_the_containers(node, kernel_dir):
     checks = re.findall(r"^(right|wrong)\b.*$", text, re.MULTILINE)
     assert checks and "wrong" not in checks, text
     assert re.search(r"^right: .+ as the service says, and 400 for a non-photo$", text, re.MULTILINE), text
+    assert re.search(r"^right: [\d.]+ images per inference, on average", text, re.MULTILINE), text
+    bad = requests.post("http://127.0.0.1:8000/predict", json={"image": "%%%"}, timeout=30)
+    assert bad.status_code in (400, 422), bad.text
+    page = requests.post("http://127.0.0.1:5000/classify", files={"photo": ("dish.jpg", DEFAULT_IMAGE.read_bytes(),
+                                                                            "image/jpeg")}, timeout=60)
+    assert page.status_code == 200 and re.search(r'id="label">[^<]+<', page.text), page.text[:500]
 
 
 def test_the_triton_stage_from_its_notebook(node):
