@@ -259,3 +259,19 @@ def test_kind_gpu_on_the_gpus_there_are(name, one_gpu):
     if len(one_gpu) > 1:
         assert "this machine has 1, so the instances of GPU 1 run on GPU 0" in \
             on_one.parameters["servelab_gpu_placement"].string_value
+
+
+@pytest.mark.parametrize(("value", "onnxruntime"), [(None, True), ("false", False)])
+def test_a_server_up_did_not_start_has_the_onnxruntime_backend_unless_told(monkeypatch, value, onnxruntime):
+    """`servelab triton stage` against a compose Triton: NVIDIA's image has the backend; a Triton on the stand-in
+    base has not (TRITON_ONNXRUNTIME=false, `servelab containers` and the dress rehearsal)."""
+    from servelab.servers.triton import server
+
+    if value is not None:
+        monkeypatch.setenv("TRITON_ONNXRUNTIME", value)
+    get_settings.cache_clear()
+    try:
+        assert server.switch_target("127.0.0.1:1", "cpu").onnxruntime is onnxruntime  # not a server `up` started
+    finally:
+        monkeypatch.delenv("TRITON_ONNXRUNTIME", raising=False)
+        get_settings.cache_clear()
