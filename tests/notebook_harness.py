@@ -155,7 +155,9 @@ def execute(stem: str, kernel_dir: Path, workdir: Path, *, parameters: dict[str,
 
 
 def _seconds(cell: nbformat.NotebookNode) -> float:
-    timing = cell.metadata["execution"]  # nbclient's record_timing
+    timing = cell.metadata.get("execution")  # nbclient's record_timing
+    if not timing:
+        return 0.0  # a cell the run left out (tests/rehearsal.py's ``play``), as a cell that skips its step
     start, end = (datetime.fromisoformat(timing[key].replace("Z", "+00:00"))
                   for key in ("iopub.execute_input", "shell.execute_reply"))
     return round((end - start).total_seconds(), 3)

@@ -10,10 +10,11 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from notebook_harness import client, injected, prepare
+from notebook_harness import client, injected, prepare, record_cell_times
 from servelab.core.paths import REPO_ROOT
 from servelab.tools.lease_plan import code_cells, sections
 from servelab.tools.render_notebooks import NOTEBOOK_DIR
@@ -43,6 +44,10 @@ STAND_INS = [
     ("the lab's model", "downloaded and built by `servelab models build --source lab` (bin/node-setup)",
      "MODEL_SOURCE=offline in ~/.profile; the packaged stand-in and its variants, built once per test session "
      "(tests/conftest.py's artifacts), copied into the clone: bin/node-setup finds them up to date"),
+    ("the prepared image", "`sudo cc-snapshot` uploads the instructor's node; students' nodes boot from it, and a "
+     "systemd unit loads ~/servelab-images.tar at boot",
+     "SNAPSHOT_ROOT is an empty folder of the node's HOME (no systemd: no unit; bin/node-setup loads the archive "
+     "itself); the booted node is the same node with this commit's images removed from its engine"),
     ("the repository", "git clone of the class's GitHub repository", "git clone of this checkout's HEAD"),
     ("Chameleon and SSH", "python-chi makes the server; the student SSHes in as cc",
      "a login shell (`bash -l`) with the node's HOME; `sudo usermod -aG docker` is not run here"),
@@ -55,6 +60,7 @@ NOT_PLAYED = [
     "the ray and redis images pushed to the class registry (9_ray_setup's and the cache stage's)",
     "the optional cells of 4, 6, 7 and 8 (the core's are played): they run against local servers in "
     "tests/e2e/test_notebooks_measure.py",
+    "`cc-snapshot` and a boot from its image, and the systemd unit that loads the archive at boot",
     "`servelab doctor --node` (its GPU checks fail without a GPU) and 5_triton_setup's `nvidia-smi`",
 ]
 
@@ -102,20 +108,26 @@ def shell_blocks(notebook: Path) -> list[str]:
     return SHELL.findall(notebook.read_text())
 
 
-def core(text: str) -> list[tuple[str, str | int]]:
-    """A notebook's core path in the order a student meets it: ("shell", block) for each ```shell block and
-    ("cell", n) for its n-th code cell; the sections marked (optional) are left out, as the lease plan leaves
-    them out of the core (servelab/tools/lease_plan.py's ``sections``, ``code_cells``)."""
+def core_only(optional: bool, heading: str) -> bool:
+    """The sections a student on the core path leaves out: those marked (optional), as the lease plan does."""
+    return optional
+
+
+def path(text: str, left_out: Callable[[bool, str], bool] = core_only) -> list[tuple[str, str | int]]:
+    """A notebook in the order a student meets it: ("shell", block) for each ```shell block and ("cell", n) for its
+    n-th code cell, without the sections ``left_out(optional, heading)`` names (servelab/tools/lease_plan.py's
+    ``sections``, ``code_cells``)."""
     found, at = [], 0
-    for n, (optional, source, _) in enumerate(code_cells(text)):
+    for n, (optional, source, section) in enumerate(code_cells(text)):
         at = text.find(source, at)
-        found.append((at, optional, "cell", n))
+        found.append((at, left_out(optional, section.strip().partition("\n")[0]), "cell", n))
         at += len(source)
     start = 0
     for optional, section in sections(text):
-        found += [(start + m.start(), optional, "shell", m[1]) for m in SHELL.finditer(section)]
+        out = left_out(optional, section.strip().partition("\n")[0])
+        found += [(start + m.start(), out, "shell", m[1]) for m in SHELL.finditer(section)]
         start += len(section)
-    return [(kind, what) for _, optional, kind, what in sorted(found, key=lambda f: f[0]) if not optional]
+    return [(kind, what) for _, out, kind, what in sorted(found, key=lambda f: f[0]) if not out]
 
 
 @dataclass
@@ -159,29 +171,35 @@ class Node:
         env = json.loads(out[out.index("{"):])["services"]["jupyter"].get("environment") or {}
         return {k: (v or "").replace("/lab/", f"{self.checkout}/") for k, v in env.items()}
 
-    def play(self, stem: str, every_session: str, kernel_dir: Path, parameters: dict, env: dict[str, str],
-             prologue: str = "", answer_edits: dict[str, str] | None = None, timeout: int = 600) -> str:
-        """A notebook's core as a student plays it (``core``): each ```shell block typed into a new SSH session
-        after ``every_session``'s lines, the code cells run in one kernel in ~/servelab/notebooks with ``env`` (the
-        Jupyter service's, ``jupyter_env``), in order, each
-        student's cell as its answer (tests/notebook_harness.py's ``prepare``). The cells' output, as shown."""
-        nb = prepare(stem, parameters=parameters, prologue=prologue, answer_edits=answer_edits)
+    def play(self, stem: str, every_session: str, kernel_dir: Path, parameters: dict, env: dict[str, str], *,
+             left_out: Callable[[bool, str], bool] = core_only, prologue: str = "", epilogue: str = "",
+             answer_edits: dict[str, str] | None = None, timeout: int = 600) -> str:
+        """A notebook as a student plays it (``path``; by default its core): each ```shell block typed into a new SSH
+        session after ``every_session``'s lines, the code cells run in one kernel in ~/servelab/notebooks with
+        ``env`` (the Jupyter service's, ``jupyter_env``), in order, each student's cell as its answer
+        (tests/notebook_harness.py's ``prepare``), the epilogue last. The cells' output, as shown."""
+        nb = prepare(stem, parameters=parameters, prologue=prologue, epilogue=epilogue, answer_edits=answer_edits)
         own = [cell for cell in nb.cells if cell.cell_type == "code" and not injected(cell)]
         run = client(nb, kernel_dir, self.checkout / "notebooks", timeout)
         started, done, shown = time.monotonic(), 0, []
         env = {"PATH": os.environ["PATH"], **self.profile, **env, "HOME": str(self.home)}
         with run.setup_kernel(env=env):
-            for kind, what in core((NOTEBOOK_DIR / f"{stem}.md").read_text()):
+            for kind, what in [*path((NOTEBOOK_DIR / f"{stem}.md").read_text(), left_out), ("cell", None)]:
                 if kind == "shell":
                     self.session(f"{stem}: {what.strip().splitlines()[-1][:60]}", [every_session, what])
                     continue
-                for index in range(done, nb.cells.index(own[what]) + 1):  # with the injected cells before it
+                end = len(nb.cells) if what is None else nb.cells.index(own[what]) + 1  # None: the epilogue
+                for index in range(done, end):  # with the injected cells before it
                     cell = nb.cells[index]
-                    if cell.cell_type == "code" and (injected(cell) or cell is own[what]):
+                    if cell.cell_type == "code" and (injected(cell) or what is not None and cell is own[what]):
                         run.execute_cell(cell, index)
                         shown.append("".join(out.get("text", "") for out in cell.get("outputs", [])))
-                done = nb.cells.index(own[what]) + 1
-        self.steps.append({"step": f"{stem}: the core cells", "wall_s": round(time.monotonic() - started, 1), "rc": 0})
+                done = end
+        if os.environ.get("SERVELAB_RECORD_CELL_TIMES") == "1":
+            record_cell_times(stem, [(cell, cell.source.partition("\n")[0]) for cell in own], parameters)
+        part = "the core" if left_out is core_only else "played"
+        self.steps.append({"step": f"{stem}: {part}, shell steps included", "wall_s": round(time.monotonic() - started, 1),
+                           "rc": 0})
         return "\n".join(shown)
 
     def wait_for_images(self, step: str, timeout: float = 3600) -> str:

@@ -1,15 +1,12 @@
 """The lab's stage notebooks (3_ to 8_, and 10_ray): their shell commands match the compose files (their
-servelab commands parse: test_shown_commands.py), and the measurement notebooks run end to end against
-real local stages (10_ray: test_ray_walkthrough.py).
+servelab commands parse: test_shown_commands.py), and 4_fastapi runs end to end against real local stages
+(10_ray: test_ray_walkthrough.py; the Triton notebooks are played against the compose Triton by the dress
+rehearsal, tests/e2e/test_rehearsal.py, and their walkthrough's failure paths are held here against the bundled
+tritonserver).
 
-``4_fastapi`` runs against three ``servelab serve`` processes (PyTorch, ONNX Runtime, ONNX Runtime
-with dynamic batching) and a GourmetGram in front of the first; the Triton notebooks (``6_triton_python``,
-``7_triton_onnx``, ``8_triton_more``, one after another into one results folder) against the bundled
-tritonserver, which each notebook itself walks through its stages with ``servelab triton stage NAME``,
-as a student does from the node's shell, plus one GourmetGram per Triton mode. All in quick mode
-(a few requests per measurement) through their parameters cells; the Triton notebooks run the project's
-perf_analyzer beside ``servelab load`` at every load of the stages in their ``PA_STAGES``, with short
-windows.
+``4_fastapi`` runs against ``servelab serve`` processes (PyTorch, ONNX Runtime with and without dynamic batching,
+the variants, the bounded and the cached service) and a GourmetGram in front of the first, in quick mode (a few
+requests per measurement) through its parameters cells.
 """
 
 from __future__ import annotations
@@ -29,11 +26,10 @@ import pytest
 from pydantic import ValidationError
 
 from dockerspec import REPO, dockerfile_for, load_compose
-from notebook_harness import TRITON_QUICK_EDITS, execute, parameters_cells, perf_analyzer_on_path
+from notebook_harness import execute, parameters_cells
 from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded, cached_name, stages_taught_in, with_cache
 from servelab.core.installers.redis_install import RedisNotFound
 from servelab.core.installers.redis_install import locate as locate_redis
-from servelab.core.labels import CLASSES
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import Settings
@@ -362,177 +358,6 @@ def triton_stages(local_triton, tmp_path_factory: pytest.TempPathFactory) -> Ite
                   for backend in ("triton", "triton_onnx", "triton_ensemble")}
         _start_all(stack, [server for server, _ in flasks.values()])
         yield {"server": local.url, "grpc": local.grpc_url, **{backend: url for backend, (_, url) in flasks.items()}}
-
-
-# Each notebook's stages in quick mode (pt-4x4: 8 CPU instances; the variants: as in `make lab`, not here).
-QUICK_STAGES = {"6_triton_python": ["pt-1", "pt-dyn", "pt-2x2"],
-                "7_triton_onnx": ["onnx-1", "onnx-2", "onnx-dyn", "onnx-b16"], "8_triton_more": ["ensemble"]}
-
-# After each notebook: its runs are the newest records of the file the three share (RECORDS_BEFORE were there
-# before it), servelab's are EXPECTED, and perf_analyzer ran right after servelab at every load of the stages in
-# PA_STAGES, with the same stage, load and batch.
-CHECK_TRITON = """
-from servelab.measure.records import read_records
-
-records = read_records(records_file)
-assert len(records) == RECORDS_BEFORE + len(runs) and records[RECORDS_BEFORE:] == runs
-measured_by = {tool: [r for r in runs if r.tool == tool] for tool in ("servelab", "perf_analyzer")}
-# The runs students typed, whose CSV a check cell read (7_triton_onnx, 8_triton_more), at loads servelab measured.
-typed = [r for r in measured_by["perf_analyzer"] if "typed" in r.target]
-assert {(r.stage, r.load.label()) for r in typed} <= {(r.stage, r.load.label()) for r in measured_by["servelab"]}
-assert all(r.stats.throughput_rps > 0 and r.stats.latency.p95_ms for r in typed), typed
-measured_by["perf_analyzer"] = [r for r in measured_by["perf_analyzer"] if r not in typed]
-assert [(r.stage, r.load.label(), r.batch) for r in measured_by["perf_analyzer"]] == [
-    (r.stage, r.load.label(), r.batch) for r in measured_by["servelab"] if r.stage in PA_STAGES]
-for r in measured_by["perf_analyzer"]:
-    assert r.failed is None and r.stats.successes and r.stats.latency.p95_ms, (r.stage, r.failed)
-    assert "--percentile=95" in r.target["command"] and "--input-data" in r.target["command"]
-records = measured_by["servelab"]
-assert [(r.stage, r.load.label(), r.batch) for r in records] == EXPECTED
-for r in records:
-    assert r.tool == "servelab" and r.stats.error_count == 0 and r.stats.successes, (r.stage, r.stats)
-    assert r.breakdown.source == "triton-stats" and r.breakdown.server_requests >= r.stats.successes
-    assert r.stand_in, r.stage  # the offline model everywhere, and the local ONNX stand-in where used
-    if r.stage.startswith(("onnx", "ensemble")):
-        assert "LOCAL STAND-IN" in r.stand_in
-"""
-
-CHECK_PYTHON = CHECK_TRITON + """
-# Without dynamic batching Triton runs exactly the batches clients send.
-assert {b for r in records if r.stage == "pt-1" for b in r.breakdown.batch_sizes} == {1, 16}
-assert set(records[3].breakdown.batch_sizes) == {16}
-assert [g["count"] for g in records[5].config["instance_group"]] == [4]  # 2 + 2, on the CPU here
-"""
-
-CHECK_ONNX = CHECK_TRITON + """
-assert {b for r in records if r.stage == "onnx-1" for b in r.breakdown.batch_sizes} == {1}
-assert {b for r in records if r.stage == "onnx-b16" for b in r.breakdown.batch_sizes} == {16}  # the client's batches
-assert sum(after.values()) > sum(before.values())
-"""
-
-CHECK_MORE = CHECK_TRITON + """
-assert "ensemble" not in PA_STAGES  # by default the optional stages are measured by servelab load alone
-assert records[-1].config["platform"] == "ensemble"
-# The report covers every stage the three notebooks measured, the open-loop runs of 7_triton_onnx too.
-assert {r.stage for r in newest} == set(ALL_STAGES), {r.stage for r in newest}
-for plot in ("report.md", "latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png",
-             "batch_sizes.png", "utilization.png"):
-    assert (report.parent / plot).exists(), plot
-assert all(stage in report.read_text() for stage in ALL_STAGES)
-"""
-
-EXPECTED = {
-    "6_triton_python": [("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1),
-                        ("pt-1", "sequential", 16), ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1)],
-    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-1", "concurrency 8", 1),
-                      *[("onnx-1", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
-                      ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
-                      *[("onnx-dyn", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
-                      ("onnx-b16", "sequential", 16), ("onnx-b16", "concurrency 4", 16)],
-    "8_triton_more": [("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1)],
-}
-
-
-@pytest.mark.slow
-def test_triton_notebooks_walk_and_measure_the_stages(triton_stages: dict[str, str], kernel_dir: Path, tmp_path: Path) -> None:
-    """The three Triton notebooks, one after another as a student runs them, into one results folder."""
-    from servelab.measure.records import read_records
-
-    results = tmp_path / "results"
-    common = {
-        "TRITON_URL": triton_stages["server"],
-        "FLASK_URLS": {mode: triton_stages[mode] for mode in ("triton", "triton_onnx", "triton_ensemble")},
-        # As typed after `servelab triton up`; --url so that it never switches anyone else's server.
-        "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url {triton_stages['server']}",
-        "WAIT_S": 60, "REQUESTS": 4, "WARMUP": 1, "RESULTS": str(results),
-        # Short windows and no stability search (the last of a repeated flag counts): bounded.
-        "PA_WINDOW_S": 1.0, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"],
-    }
-    own = {
-        # perf_analyzer on one stage, at each of its loads (the same command on other stages and arrival
-        # processes, onnx-dyn's constant and Poisson rates too, runs in the quick lab: test_lab.py).
-        # The blocks students write (docs/instructors.md's answers), as they would type them.
-        "6_triton_python": {"BATCH_REQUESTS": 2, "PA_STAGES": ["pt-1"], "TRITON_GRPC_URL": triton_stages["grpc"],
-                            "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
-                                                 "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n"},
-        "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4, "BATCH_REQUESTS": 2, "PA_STAGES": [],
-                          "MY_INSTANCE_GROUP": "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]\n",
-                          "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
-                                                 "  max_queue_delay_microseconds: 100\n}\n"},
-        "8_triton_more": {},
-    }
-    checks = {"6_triton_python": CHECK_PYTHON, "7_triton_onnx": CHECK_ONNX, "8_triton_more": CHECK_MORE}
-    edits, prologue = TRITON_QUICK_EDITS, f"{PROLOGUE}\n{perf_analyzer_on_path()}"
-    all_stages = [stage for stages in QUICK_STAGES.values() for stage in stages]
-    texts = {}
-    for stem in TRITON_NOTEBOOKS:
-        before = len(read_records(results / "records.jsonl")) if (results / "records.jsonl").exists() else 0
-        epilogue = f"RECORDS_BEFORE = {before}\nEXPECTED = {EXPECTED[stem]!r}\nALL_STAGES = {all_stages!r}\n" + checks[stem]
-        nb = execute(stem, kernel_dir, tmp_path, parameters={**common, "STAGES": QUICK_STAGES[stem], **own[stem]},
-                     prologue=prologue, epilogue=epilogue, timeout=180, answer_edits=edits[stem])
-        texts[stem] = _outputs(nb)
-    python, onnx, more = (texts[stem] for stem in TRITON_NOTEBOOKS)
-    # The ONNX-backend client students write (its answer): a Food-11 class and its softmax probability.
-    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
-    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", python, re.MULTILINE), python  # 6's client
-    # 6's two clients (HTTP, gRPC), each checked against servelab's own request; its two perf_analyzer runs, each
-    # checked against the step's settings, at pt-2x2 a sweep of concurrency 8 and 16.
-    assert len(re.findall(r"^right: .+ \([\d.]+\), as servelab's own request for the photo gets$", python, re.MULTILINE)) == 2
-    # Its optional cells' checks: the batch of 16, Triton's statistics, the upload to GourmetGram.
-    assert re.search(r"^right: .+, for each of the 16 photos$", python, re.MULTILINE), python
-    assert re.search(r"^right: [1-9]\d* successful requests since the model was loaded$", python, re.MULTILINE), python
-    assert "right: GourmetGram shows " in python
-    assert python.count("right: the step's settings and load") == 2, python
-    assert re.search(r"^  Concurrency: 16, throughput: [\d.]+ infer/sec, latency \d+ usec \(the step did not measure it\)$",
-                     python, re.MULTILINE), python
-    # The runs students type: perf_analyzer's own summary of each, and no run that could not start.
-    typed = {"6_triton_python": 2, "7_triton_onnx": 7, "8_triton_more": 1}  # 7: two sweeps of two, two of one
-    for stem, text in texts.items():
-        said = [line for line in text.splitlines() if "rror" in line or "ailed" in line or "not found" in line]
-        assert text.count(" infer/sec, latency ") >= typed[stem] and "command not found" not in text, (stem, said)
-    # tritonclient code students write: a batch of 16 (6 and 7), the batch statistics (7), the ensemble's steps and
-    # a request to it (8).
-    assert re.search(r"^16 answers in \d+ ms: \[", python, re.MULTILINE), python
-    assert re.search(r"^16 rows: \[", onnx, re.MULTILINE), onnx
-    assert re.search(r"^batch of \d+: [1-9]\d* executions, [\d.]+ ms each$", onnx, re.MULTILINE), onnx
-    assert re.search(r"^food_preprocess: .* -> .*$", more, re.MULTILINE), more
-    # Triton's statistics, read by students: pt-1's time per request by step (6), and per ensemble step (8).
-    assert re.search(r"^queue: [\d.]+ ms per request$", python, re.MULTILINE) and "compute_infer: " in python, python
-    for model in ("food_preprocess", "food_classifier_onnx", "food_postprocess"):
-        assert re.search(rf"^{model}: [1-9]\d* requests, queue [\d.]+ ms, compute [\d.]+ ms per request$", more,
-                         re.MULTILINE), more
-    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", more, re.MULTILINE), more
-    assert "$ servelab load triton --url " in python and " --model food_classifier_onnx --input tensor --stage onnx-1" in onnx
-    for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):
-        assert f"GourmetGram ({mode}): HTTP 200" in text
-    assert "skipped: pt-4x4 is not in STAGES" in python
-    assert "skipped: onnx-u8 is not in STAGES" in more
-    # Each written cell's check says right: the client's class, the batch counts, each typed run's CSV.
-    assert re.search(r"^correct: .* [01]\.\d{3}, as the logits food_classifier_onnx returns", onnx, re.MULTILINE), onnx
-    assert "executions per batch size, as Triton counts them" in onnx
-    for stage, loads, text in (("onnx-2", "concurrency 8, concurrency 16", onnx), ("onnx-1", "poisson 20 req/s, poisson 40 req/s", onnx),
-                               ("onnx-dyn", "poisson 20 req/s, poisson 40 req/s", onnx), ("onnx-b16", "concurrency 4", onnx),
-                               ("ensemble", "concurrency 8", more)):
-        assert f"correct: your perf_analyzer run measured {stage} at {loads}; it joins the report" in text, (stage, text)
-    for stage, field, text in (("pt-2x2", "instance_group", python), ("onnx-2", "instance_group", onnx),
-                               ("onnx-dyn", "dynamic_batching", onnx)):
-        assert f": {stage} with your block (cpu instances here)" in text  # written, then loaded by the student's cell
-        assert f"correct: Triton reads this as {stage}'s `{field}`" in text
-    assert "[{'name': 'food_classifier_0', 'kind': 'KIND_CPU', 'count': 4" in python  # as Triton loaded it
-    # 7 shows each written config beside the one Triton runs, one line each (issue 63): for onnx-dyn they agree.
-    shown = re.findall(r"^the file \(.+\): (.+)\nTriton runs \(get_model_config\): (.+)$", onnx, re.MULTILINE)
-    batcher = "dynamic_batching { preferred_batch_size: [4, 6, 8] max_queue_delay_microseconds: 100 }"
-    assert any(written == running and batcher in running for written, running in shown), shown
-    assert any("scheduler: none" in running for _, running in shown), shown  # onnx-2: no batcher added
-    assert "$ " + common["STAGE_COMMAND"].format(name="pt-dyn") in python  # each switch shows its command,
-    assert "switched to pt-dyn in " in python  # and how long it took
-    assert "switched to onnx-1 in " in onnx and "switched to ensemble in " in more  # each notebook switches itself
-    assert "perf_analyzer: windows of " in python  # pt-1's batch of 16 takes longer than the test's 1 s windows
-    shown = {stem: [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
-             for stem, text in texts.items()}
-    assert {stem: len(lines) for stem, lines in shown.items()} == {  # every load of the PA_STAGES given
-        "6_triton_python": 4, "7_triton_onnx": 0, "8_triton_more": 0}
-    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it" in more
 
 
 def test_a_stage_switch_that_does_not_finish_fails_in_time_with_the_servers_log(

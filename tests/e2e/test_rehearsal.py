@@ -4,10 +4,12 @@ A fresh clone of this checkout's HEAD is the node's ~/servelab, with a HOME of i
 (`bash -l`) running the shell blocks of 3_fastapi_setup and 5_triton_setup as the notebooks write them (and
 2_create_server_nvidia's node commands from servelab.run.walkthrough.node_setup), on the session's private Docker
 engine. Stand-ins only for what this machine lacks, declared in tests/rehearsal.py's STAND_INS. The ways a node
-gets its images, in turn: none named (built on the node), a prepared node (all there), a class registry that
-fails and the runbook's way on (`bin/node-setup --build`), and a class registry (a real `docker-registry` on 127.0.0.1)
-that the instructor pushes to as docs/instructors.md says and a second node, on an empty engine, pulls from. Then a
-later SSH session, the Triton stage, and 11_delete_resources' lines that save the results. With REHEARSAL_RECORD set (`make rehearse`), each step's wall
+gets its images, in turn: none named (built on the node), a prepared node (the instructor's `bin/node-setup
+--snapshot`, then a node without the images loading its archive), a class registry that fails and the runbook's way
+on (`bin/node-setup --build`), and a class registry (a real `docker-registry` on 127.0.0.1) that the instructor
+pushes to as docs/instructors.md says and a second node, on an empty engine, pulls from. Between them: a later SSH
+session, the cores of 4_fastapi, 6_triton_python, 7_triton_onnx and 8_triton_more played against the containers
+(tests/rehearsal.py's ``Node.play``), and 11_delete_resources' lines that save the results. With REHEARSAL_RECORD set (`make rehearse`), each step's wall
 time goes to docs/records/rehearsal-2cpu.json and .md."""
 
 import json
@@ -24,6 +26,7 @@ import requests
 
 from notebook_harness import TRITON_QUICK_EDITS, perf_analyzer_on_path
 from rehearsal import Node, shell_blocks, write_record
+from servelab.core.labels import CLASSES
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import ServerProcess, free_port
 from servelab.core.settings import get_settings
@@ -50,20 +53,95 @@ IMAGES_PUSH = re.search(r"`make (images-push REGISTRY=)\S+`", (REPO_ROOT / "docs
 QUICK_4 = {"FASTAPI_URL": "http://127.0.0.1:8000", "FLASK_URL": "http://127.0.0.1:5000", "WAIT_S": 300,
            "SEQUENTIAL_REQUESTS": 4, "SENDERS": 3, "CONCURRENT_REQUESTS": 9, "WARMUP": 1, "APP_PORT": free_port()}
 PROLOGUE = "%colors nocolor"
-# The Triton notebooks' cores in quick mode; stages switched by the clone's own servelab, as the node's image has it.
+# The Triton notebooks in quick mode; stages switched by the clone's own servelab, as the node's image has it.
 QUICK_TRITON = {"TRITON_URL": "127.0.0.1:8000", "FLASK_URL": "http://127.0.0.1:5000", "WAIT_S": 300, "REQUESTS": 4,
                 "WARMUP": 1, "STAGE_COMMAND": f"{sys.executable} -m servelab triton stage {{name}} --url 127.0.0.1:8000",
                 "PA_WINDOW_S": 1.0, "PA_EXTRA": ["--percentile=95", "--max-trials=3", "--stability-percentage=1000"]}
 QUICK_TRITON_OWN = {
-    "6_triton_python": {"TRITON_GRPC_URL": "127.0.0.1:8001", "BATCH_REQUESTS": 2,
+    # perf_analyzer on one stage, at each of its loads (the same command on other stages and arrival processes,
+    # onnx-dyn's constant and Poisson rates too, runs in the quick lab: test_lab.py). The blocks students write
+    # (docs/instructors.md's answers), as they would type them.
+    "6_triton_python": {"TRITON_GRPC_URL": "127.0.0.1:8001", "BATCH_REQUESTS": 2, "PA_STAGES": ["pt-1"],
                         "MY_INSTANCE_GROUP": "instance_group [\n  { count: 2, kind: KIND_GPU, gpus: [ 0 ] },\n"
                                              "  { count: 2, kind: KIND_GPU, gpus: [ 1 ] }\n]\n"},
-    "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4, "BATCH_REQUESTS": 2,
+    "7_triton_onnx": {"RATES": [20, 40], "RATE_SECONDS": 0.4, "BATCH_REQUESTS": 2, "PA_STAGES": [],
                       "MY_INSTANCE_GROUP": "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]\n",
                       "MY_DYNAMIC_BATCHING": "dynamic_batching {\n  preferred_batch_size: [ 4, 6, 8 ]\n"
                                              "  max_queue_delay_microseconds: 100\n}\n"},
     "8_triton_more": {}}
+# The instructor's line on the node to be snapshotted (docs/instructors.md, "A prepared node").
+SNAPSHOT = re.search(r"`(cd ~/servelab && bin/node-setup --snapshot)`", (REPO_ROOT / "docs/instructors.md").read_text()).group(1)
 FASTAPI_DOWN = "cd ~/servelab\ndocker compose -f docker/docker-compose-fastapi.yaml down"
+
+
+TRITON_NOTEBOOKS = ["6_triton_python", "7_triton_onnx", "8_triton_more"]
+# Each notebook's stages in quick mode (pt-4x4: 8 CPU instances; the variants: as in `make lab`, not here).
+QUICK_STAGES = {"6_triton_python": ["pt-1", "pt-dyn", "pt-2x2"],
+                "7_triton_onnx": ["onnx-1", "onnx-2", "onnx-dyn", "onnx-b16"], "8_triton_more": ["ensemble"]}
+
+# After each notebook: its runs are the newest records of the file the three share (RECORDS_BEFORE were there
+# before it), servelab's are EXPECTED, and perf_analyzer ran right after servelab at every load of the stages in
+# PA_STAGES, with the same stage, load and batch.
+CHECK_TRITON = """
+from servelab.measure.records import read_records
+
+records = read_records(records_file)
+assert len(records) == RECORDS_BEFORE + len(runs) and records[RECORDS_BEFORE:] == runs
+measured_by = {tool: [r for r in runs if r.tool == tool] for tool in ("servelab", "perf_analyzer")}
+# The runs students typed, whose CSV a check cell read (7_triton_onnx, 8_triton_more), at loads servelab measured.
+typed = [r for r in measured_by["perf_analyzer"] if "typed" in r.target]
+assert {(r.stage, r.load.label()) for r in typed} <= {(r.stage, r.load.label()) for r in measured_by["servelab"]}
+assert all(r.stats.throughput_rps > 0 and r.stats.latency.p95_ms for r in typed), typed
+measured_by["perf_analyzer"] = [r for r in measured_by["perf_analyzer"] if r not in typed]
+assert [(r.stage, r.load.label(), r.batch) for r in measured_by["perf_analyzer"]] == [
+    (r.stage, r.load.label(), r.batch) for r in measured_by["servelab"] if r.stage in PA_STAGES]
+for r in measured_by["perf_analyzer"]:
+    assert r.failed is None and r.stats.successes and r.stats.latency.p95_ms, (r.stage, r.failed)
+    assert "--percentile=95" in r.target["command"] and "--input-data" in r.target["command"]
+records = measured_by["servelab"]
+assert [(r.stage, r.load.label(), r.batch) for r in records] == EXPECTED
+for r in records:
+    assert r.tool == "servelab" and r.stats.error_count == 0 and r.stats.successes, (r.stage, r.stats)
+    assert r.breakdown.source == "triton-stats" and r.breakdown.server_requests >= r.stats.successes
+    assert r.stand_in, r.stage  # the offline model everywhere, and the local ONNX stand-in where used
+    if r.stage.startswith(("onnx", "ensemble")):
+        assert "LOCAL STAND-IN" in r.stand_in
+"""
+
+CHECK_PYTHON = CHECK_TRITON + """
+# Without dynamic batching Triton runs exactly the batches clients send.
+assert {b for r in records if r.stage == "pt-1" for b in r.breakdown.batch_sizes} == {1, 16}
+assert set(records[3].breakdown.batch_sizes) == {16}
+assert [g["count"] for g in records[5].config["instance_group"]] == [4]  # 2 + 2, on the CPU here
+"""
+
+CHECK_ONNX = CHECK_TRITON + """
+assert {b for r in records if r.stage == "onnx-1" for b in r.breakdown.batch_sizes} == {1}
+assert {b for r in records if r.stage == "onnx-b16" for b in r.breakdown.batch_sizes} == {16}  # the client's batches
+assert sum(after.values()) > sum(before.values())
+"""
+
+CHECK_MORE = CHECK_TRITON + """
+assert "ensemble" not in PA_STAGES  # by default the optional stages are measured by servelab load alone
+assert records[-1].config["platform"] == "ensemble"
+# The report covers every stage the three notebooks measured, the open-loop runs of 7_triton_onnx too.
+assert {r.stage for r in newest} == set(ALL_STAGES), {r.stage for r in newest}
+for plot in ("report.md", "latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png",
+             "batch_sizes.png", "utilization.png"):
+    assert (report.parent / plot).exists(), plot
+assert all(stage in report.read_text() for stage in ALL_STAGES)
+"""
+
+EXPECTED = {
+    "6_triton_python": [("pt-1", "sequential", 1), ("pt-1", "concurrency 8", 1), ("pt-1", "concurrency 16", 1),
+                        ("pt-1", "sequential", 16), ("pt-dyn", "concurrency 8", 1), ("pt-2x2", "concurrency 8", 1)],
+    "7_triton_onnx": [("onnx-1", "sequential", 1), ("onnx-1", "concurrency 8", 1),
+                      *[("onnx-1", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
+                      ("onnx-2", "concurrency 8", 1), ("onnx-2", "concurrency 16", 1),
+                      *[("onnx-dyn", f"{arrivals} {rate} req/s", 1) for rate in (20, 40) for arrivals in ("constant", "poisson")],
+                      ("onnx-b16", "sequential", 16), ("onnx-b16", "concurrency 4", 16)],
+    "8_triton_more": [("ensemble", "sequential", 1), ("ensemble", "concurrency 8", 1)],
+}
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +233,27 @@ def test_the_node_s_commands_then_no_registry_builds_once(node, docker):
     assert re.search(rf"images: all \d+ of this commit \({tag}\) on this node \(skipped\)", out), out
 
 
+def test_a_node_booted_from_the_instructor_s_snapshot_loads_the_archive(node, docker):
+    """docs/instructors.md's prepared node: its `bin/node-setup --snapshot` saves this commit's images into
+    ~/servelab-images.tar and removes what no two nodes may share; a node booted from the snapshot has an engine
+    without them (cc-snapshot leaves Docker's folder out), and its bin/node-setup loads the archive: `up --wait`
+    then builds and pulls nothing."""
+    root = node.home / "snapshot-root"  # stand-in: the filesystem cc-snapshot archives (no systemd: no unit)
+    root.mkdir()
+    node.session("teardown fastapi", [FASTAPI_DOWN])
+    out = node.session("prepared node: the instructor's bin/node-setup --snapshot",
+                       [f"export SNAPSHOT_ROOT={root}", SNAPSHOT])
+    assert re.search(r"^  sudo cc-snapshot -e /var/lib/docker (-f )?servelab-\w+$", out, re.MULTILINE), out
+    assert (node.home / "servelab-images.tar").stat().st_size > 0 and not (node.checkout / ".secrets").exists()
+    remove_tagged(docker, images.tag(node.checkout))
+    out = node.session("prepared node: 3: bin/node-setup (a node booted from the snapshot)", [FIRST_SETUP])
+    assert "images: loading this commit's images from" in out, out
+    assert "images: done" in node.wait_for_images("prepared node: 3: the archive loaded").splitlines()
+    since = time.time()
+    node.session("prepared node: every SSH session, fastapi up --wait, /ready", [EVERY_SESSION, FASTAPI_UP, READY])
+    assert image_events(docker, since) == [], "compose built or pulled after the archive's load"
+
+
 def test_a_later_ssh_session_reaches_the_same_images(node, docker):
     """A new login shell with the notebook's three lines finds this commit's images and builds none."""
     since = time.time()
@@ -201,23 +300,96 @@ def test_the_triton_stage_from_its_notebook(node):
     assert answer.status_code == 200
 
 
-def test_6_7_and_8_s_cores_against_the_container(node, kernel_dir):
-    """The Triton notebooks' cores one after another, as a student plays them: stages switched from the SSH session
-    and from the cells (the student's config blocks), every measurement and check against the compose Triton."""
-    prologue = f"{PROLOGUE}\n{perf_analyzer_on_path()}"
+def left_out_here(optional: bool, heading: str) -> bool:
+    """Every section but those of stages QUICK_STAGES leaves out (pt-4x4: 8 CPU instances; the variants, as in
+    `make lab`) and the monitoring's (Prometheus and Grafana images: none here)."""
+    return any(words in heading for words in ("Four on each GPU", "INT8, fp16", "Watch it live"))
+
+
+def test_the_triton_notebooks_against_the_container(node, kernel_dir):
+    """6_triton_python, 7_triton_onnx and 8_triton_more one after another, as a student plays them, into the node's
+    results folder: stages switched from the SSH session and from the cells (the student's config blocks),
+    GourmetGram's backend switched by compose, every measurement and check against the compose Triton."""
+    from servelab.measure.records import read_records
+
     env = node.jupyter_env(EVERY_SESSION, "docker-compose-triton.yaml")
     assert env["TRITON_INSTANCE_KIND"] == "cpu" and env["ADMIN_TOKEN"], "compose's no-GPU override, the secrets file"
-    texts = {stem: node.play(stem, EVERY_SESSION, kernel_dir, {**QUICK_TRITON, **QUICK_TRITON_OWN[stem]}, env,
-                             prologue=prologue, answer_edits=TRITON_QUICK_EDITS[stem])
-             for stem in ("6_triton_python", "7_triton_onnx", "8_triton_more")}
-    text = "\n".join(texts.values())
-    records = read_records(node.checkout / "results" / "records.jsonl")
-    measured = {(r.stage, r.tool) for r in records}
-    assert {(stage, "servelab") for stage in ("pt-1", "pt-2x2", "onnx-1", "onnx-dyn")} <= measured, measured
-    assert all(r.stats.error_count == 0 and r.stats.successes for r in records if r.tool == "servelab")
-    checks = re.findall(r"^(right|correct|wrong)\b.*$", text, re.MULTILINE)
-    assert checks and "wrong" not in checks, text
-    assert (node.checkout / "results" / "report.md").exists() or list((node.checkout / "results").glob("*/report.md"))
+    results = node.checkout / "results"
+    common = {**QUICK_TRITON, "RESULTS": str(results)}
+    checks = {"6_triton_python": CHECK_PYTHON, "7_triton_onnx": CHECK_ONNX, "8_triton_more": CHECK_MORE}
+    prologue = f"{PROLOGUE}\n{perf_analyzer_on_path()}"
+    all_stages = [stage for stages in QUICK_STAGES.values() for stage in stages]
+    texts = {}
+    for stem in TRITON_NOTEBOOKS:
+        before = len(read_records(results / "records.jsonl")) if (results / "records.jsonl").exists() else 0
+        epilogue = f"RECORDS_BEFORE = {before}\nEXPECTED = {EXPECTED[stem]!r}\nALL_STAGES = {all_stages!r}\n" + checks[stem]
+        texts[stem] = node.play(stem, EVERY_SESSION, kernel_dir, {**common, "STAGES": QUICK_STAGES[stem], **QUICK_TRITON_OWN[stem]},
+                                env, left_out=left_out_here, prologue=prologue, epilogue=epilogue,
+                                answer_edits=TRITON_QUICK_EDITS[stem])
+    python, onnx, more = (texts[stem] for stem in TRITON_NOTEBOOKS)
+    # The ONNX-backend client students write (its answer): a Food-11 class and its softmax probability.
+    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) (0\.\d{{3}}|1\.000)$", onnx, re.MULTILINE), onnx
+    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", python, re.MULTILINE), python  # 6's client
+    # 6's two clients (HTTP, gRPC), each checked against servelab's own request; its two perf_analyzer runs, each
+    # checked against the step's settings, at pt-2x2 a sweep of concurrency 8 and 16.
+    assert len(re.findall(r"^right: .+ \([\d.]+\), as servelab's own request for the photo gets$", python, re.MULTILINE)) == 2
+    # Its optional cells' checks: the batch of 16, Triton's statistics, the upload to GourmetGram.
+    assert re.search(r"^right: .+, for each of the 16 photos$", python, re.MULTILINE), python
+    assert re.search(r"^right: [1-9]\d* successful requests since the model was loaded$", python, re.MULTILINE), python
+    assert "right: GourmetGram shows " in python
+    assert python.count("right: the step's settings and load") == 2, python
+    assert re.search(r"^  Concurrency: 16, throughput: [\d.]+ infer/sec, latency \d+ usec \(the step did not measure it\)$",
+                     python, re.MULTILINE), python
+    # The runs students type: perf_analyzer's own summary of each, and no run that could not start.
+    typed = {"6_triton_python": 2, "7_triton_onnx": 7, "8_triton_more": 1}  # 7: two sweeps of two, two of one
+    for stem, text in texts.items():
+        said = [line for line in text.splitlines() if "rror" in line or "ailed" in line or "not found" in line]
+        assert text.count(" infer/sec, latency ") >= typed[stem] and "command not found" not in text, (stem, said)
+    # tritonclient code students write: a batch of 16 (6 and 7), the batch statistics (7), the ensemble's steps and
+    # a request to it (8).
+    assert re.search(r"^16 answers in \d+ ms: \[", python, re.MULTILINE), python
+    assert re.search(r"^16 rows: \[", onnx, re.MULTILINE), onnx
+    assert re.search(r"^batch of \d+: [1-9]\d* executions, [\d.]+ ms each$", onnx, re.MULTILINE), onnx
+    assert re.search(r"^food_preprocess: .* -> .*$", more, re.MULTILINE), more
+    # Triton's statistics, read by students: pt-1's time per request by step (6), and per ensemble step (8).
+    assert re.search(r"^queue: [\d.]+ ms per request$", python, re.MULTILINE) and "compute_infer: " in python, python
+    for model in ("food_preprocess", "food_classifier_onnx", "food_postprocess"):
+        assert re.search(rf"^{model}: [1-9]\d* requests, queue [\d.]+ ms, compute [\d.]+ ms per request$", more,
+                         re.MULTILINE), more
+    assert re.search(rf"^({'|'.join(map(re.escape, CLASSES))}) [0-9.e-]+$", more, re.MULTILINE), more
+    assert "$ servelab load triton --url " in python and " --model food_classifier_onnx --input tensor --stage onnx-1" in onnx
+    for mode, text in (("triton", python), ("triton_onnx", onnx), ("triton_ensemble", more)):
+        assert f"GourmetGram ({mode}): HTTP 200" in text
+    assert "skipped: pt-4x4 is not in STAGES" in python
+    assert "skipped: onnx-u8 is not in STAGES" in more
+    # Each written cell's check says right: the client's class, the batch counts, each typed run's CSV.
+    assert re.search(r"^correct: .* [01]\.\d{3}, as the logits food_classifier_onnx returns", onnx, re.MULTILINE), onnx
+    assert "executions per batch size, as Triton counts them" in onnx
+    for stage, loads, text in (("onnx-2", "concurrency 8, concurrency 16", onnx), ("onnx-1", "poisson 20 req/s, poisson 40 req/s", onnx),
+                               ("onnx-dyn", "poisson 20 req/s, poisson 40 req/s", onnx), ("onnx-b16", "concurrency 4", onnx),
+                               ("ensemble", "concurrency 8", more)):
+        assert f"correct: your perf_analyzer run measured {stage} at {loads}; it joins the report" in text, (stage, text)
+    for stage, field, text in (("pt-2x2", "instance_group", python), ("onnx-2", "instance_group", onnx),
+                               ("onnx-dyn", "dynamic_batching", onnx)):
+        assert f": {stage} with your block (cpu instances here)" in text  # written, then loaded by the student's cell
+        assert f"correct: Triton reads this as {stage}'s `{field}`" in text
+    assert "[{'name': 'food_classifier_0', 'kind': 'KIND_CPU', 'count': 4" in python  # as Triton loaded it
+    # 7 shows each written config beside the one Triton runs, one line each (issue 63): for onnx-dyn they agree.
+    shown = re.findall(r"^the file \(.+\): (.+)\nTriton runs \(get_model_config\): (.+)$", onnx, re.MULTILINE)
+    batcher = "dynamic_batching { preferred_batch_size: [4, 6, 8] max_queue_delay_microseconds: 100 }"
+    assert any(written == running and batcher in running for written, running in shown), shown
+    assert any("scheduler: none" in running for _, running in shown), shown  # onnx-2: no batcher added
+    assert "$ " + QUICK_TRITON["STAGE_COMMAND"].format(name="pt-dyn") in python  # each switch shows its command,
+    assert "switched to pt-dyn in " in python  # and how long it took
+    assert "switched to onnx-1 in " in onnx and "switched to ensemble in " in more  # each notebook switches itself
+    assert "perf_analyzer: windows of " in python  # pt-1's batch of 16 takes longer than the test's 1 s windows
+    shown = {stem: [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
+             for stem, text in texts.items()}
+    assert {stem: len(lines) for stem, lines in shown.items()} == {  # every load of the PA_STAGES given
+        "6_triton_python": 4, "7_triton_onnx": 0, "8_triton_more": 0}
+    assert "perf_analyzer: not run for ensemble (not in PA_STAGES); servelab load measures it" in more
+
+
 
 
 def test_a_failed_registry_then_the_way_on(node, docker):
