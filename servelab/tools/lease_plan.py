@@ -59,7 +59,10 @@ def rates() -> dict:
     return loaded
 
 
-WAITS: dict[str, list[dict]] = rates()["wait"]  # per notebook: the waits no cell or shell line shows
+def waits() -> dict[str, list[dict]]:
+    """Per notebook: the waits no cell or shell line shows. Read when a plan is made, not on import: the dress
+    rehearsal, which writes the record they may name, imports this module's readers of the answers."""
+    return rates()["wait"]
 
 
 def _add(*spans: Span) -> Span:
@@ -212,7 +215,7 @@ def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
     for index, (is_optional, source, _) in enumerate(code_cells(text)):
         count_cell(source, cells[index] if index < len(cells) else None, optional if is_optional else core)
     core.chores = _add(*(task["seconds"] for task in rates().get("task", {}).get(path.stem, [])))
-    return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in WAITS.get(path.stem, []))))
+    return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in waits().get(path.stem, []))))
 
 
 def lease_plan(folder: Path = REPO_ROOT / "notebooks", record: dict | None = None) -> list[NotebookPlan]:
@@ -292,9 +295,9 @@ def plan_table() -> str:
     for name, row in [*r["allowance"].items(), *r["shell"].items()]:
         lines.append(prose(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).",
                            indent="  "))
-    for name, waits in WAITS.items():
+    for name, rows in waits().items():
         lines += [prose(f"- `{name}`, {w['what']}: {' / '.join(f'{s / 60:g}' for s in w['seconds'])} min ({w['source']}).",
-                        indent="  ") for w in waits]
+                        indent="  ") for w in rows]
     missing = [f"`{p.name}` ({len(p.core.unrecorded) + len(p.optional.unrecorded)})" for p in plans
                if p.core.unrecorded or p.optional.unrecorded]
     if missing:

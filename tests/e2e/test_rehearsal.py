@@ -124,8 +124,9 @@ assert sum(after.values()) > sum(before.values())
 CHECK_MORE = CHECK_TRITON + """
 assert "ensemble" not in PA_STAGES  # by default the optional stages are measured by servelab load alone
 assert records[-1].config["platform"] == "ensemble"
-# The report covers every stage the three notebooks measured, the open-loop runs of 7_triton_onnx too.
-assert {r.stage for r in newest} == set(ALL_STAGES), {r.stage for r in newest}
+# The report covers every stage the three notebooks measured, the open-loop runs of 7_triton_onnx too (and
+# 4_fastapi's: the node has one results folder).
+assert set(ALL_STAGES) <= {r.stage for r in newest}, {r.stage for r in newest}
 for plot in ("report.md", "latency_throughput_vs_concurrency.png", "latency_throughput_vs_rate.png",
              "batch_sizes.png", "utilization.png"):
     assert (report.parent / plot).exists(), plot
@@ -400,6 +401,7 @@ def test_a_failed_registry_then_the_way_on(node, docker):
     env_file.write_text(re.sub(r"(?m)^SERVELAB_REGISTRY=.*$", f"SERVELAB_REGISTRY=127.0.0.1:{free_port()}/servelab",
                                env_file.read_text()))
     (node.home / "images.log").unlink()
+    (node.home / "servelab-images.tar").unlink()  # a node booted from Chameleon's image: no prepared archive
     node.session("registry fails: bin/node-setup", [FIRST_SETUP])
     log = node.wait_for_images("registry fails: ~/images.log")
     assert "images: FAILED" in log and runbook.REGISTRY.advice() in log and "images: done" not in log.splitlines(), log
