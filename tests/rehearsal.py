@@ -108,23 +108,23 @@ def shell_blocks(notebook: Path) -> list[str]:
     return SHELL.findall(notebook.read_text())
 
 
-def core_only(optional: bool, heading: str) -> bool:
+def core_only(optional: bool, heading: str, kind: str) -> bool:
     """The sections a student on the core path leaves out: those marked (optional), as the lease plan does."""
     return optional
 
 
-def path(text: str, left_out: Callable[[bool, str], bool] = core_only) -> list[tuple[str, str | int]]:
+def path(text: str, left_out: Callable[[bool, str, str], bool] = core_only) -> list[tuple[str, str | int]]:
     """A notebook in the order a student meets it: ("shell", block) for each ```shell block and ("cell", n) for its
-    n-th code cell, without the sections ``left_out(optional, heading)`` names (servelab/tools/lease_plan.py's
-    ``sections``, ``code_cells``)."""
+    n-th code cell, without those ``left_out(optional, heading, "shell" or "cell")`` names in their section
+    (servelab/tools/lease_plan.py's ``sections``, ``code_cells``)."""
     found, at = [], 0
     for n, (optional, source, section) in enumerate(code_cells(text)):
         at = text.find(source, at)
-        found.append((at, left_out(optional, section.strip().partition("\n")[0]), "cell", n))
+        found.append((at, left_out(optional, section.strip().partition("\n")[0], "cell"), "cell", n))
         at += len(source)
     start = 0
     for optional, section in sections(text):
-        out = left_out(optional, section.strip().partition("\n")[0])
+        out = left_out(optional, section.strip().partition("\n")[0], "shell")
         found += [(start + m.start(), out, "shell", m[1]) for m in SHELL.finditer(section)]
         start += len(section)
     return [(kind, what) for _, out, kind, what in sorted(found, key=lambda f: f[0]) if not out]
@@ -172,7 +172,7 @@ class Node:
         return {k: (v or "").replace("/lab/", f"{self.checkout}/") for k, v in env.items()}
 
     def play(self, stem: str, every_session: str, kernel_dir: Path, parameters: dict, env: dict[str, str], *,
-             left_out: Callable[[bool, str], bool] = core_only, prologue: str = "", epilogue: str = "",
+             left_out: Callable[[bool, str, str], bool] = core_only, prologue: str = "", epilogue: str = "",
              answer_edits: dict[str, str] | None = None, timeout: int = 600) -> str:
         """A notebook as a student plays it (``path``; by default its core): each ```shell block typed into a new SSH
         session after ``every_session``'s lines, the code cells run in one kernel in ~/servelab/notebooks with
