@@ -380,9 +380,10 @@ def test_the_triton_notebooks_against_the_container(node, kernel_dir):
     batcher = "dynamic_batching { preferred_batch_size: [4, 6, 8] max_queue_delay_microseconds: 100 }"
     assert any(written == running and batcher in running for written, running in shown), shown
     assert any("scheduler: none" in running for _, running in shown), shown  # onnx-2: no batcher added
-    assert "$ " + QUICK_TRITON["STAGE_COMMAND"].format(name="pt-dyn") in python  # each switch shows its command,
-    assert "switched to pt-dyn in " in python  # and how long it took
-    assert "switched to onnx-1 in " in onnx and "switched to ensemble in " in more  # each notebook switches itself
+    # The switches the notebooks have students type ran in the SSH session (the steps' record): where a cell finds
+    # another stage loaded, it runs STAGE_COMMAND itself, shows it and says how long it took.
+    assert all(f"switched to {name} in " not in text for name, text in (("pt-dyn", python), ("onnx-1", onnx),
+                                                                          ("ensemble", more))), texts
     assert "perf_analyzer: windows of " in python  # pt-1's batch of 16 takes longer than the test's 1 s windows
     shown = {stem: [line for line in text.splitlines() if line.startswith("$ ") and "perf_analyzer -m" in line]
              for stem, text in texts.items()}
