@@ -296,7 +296,7 @@ def plan_table() -> str:
         lines.append(prose(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).",
                            indent="  "))
     for name, rows in waits().items():
-        lines += [prose(f"- `{name}`, {w['what']}: {' / '.join(f'{s / 60:g}' for s in w['seconds'])} min ({w['source']}).",
+        lines += [prose(f"- `{name}`, {w['what']}: {' / '.join(f'{round(s / 60, 2):g}' for s in w['seconds'])} min ({w['source']}).",
                         indent="  ") for w in rows]
     missing = [f"`{p.name}` ({len(p.core.unrecorded) + len(p.optional.unrecorded)})" for p in plans
                if p.core.unrecorded or p.optional.unrecorded]

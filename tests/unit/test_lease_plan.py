@@ -209,7 +209,7 @@ def test_a_setup_wait_the_rehearsal_measured_is_its_step_s_wall_time_scaled(tmp_
     """Issue #62: the plan takes the prepared node's setup and a stage's start from `make rehearse`'s record, and
     refuses a step name the record lacks (a renamed step must not fall back to a typed figure)."""
     record = {"commit": "abc1234def", "machine": {"cpus": 2},
-              "steps": [{"step": "3: a prepared node: bin/node-setup again", "wall_s": 40.0, "rc": 0},
+              "steps": [{"step": "prepared node: 3: bin/node-setup (a node booted from the snapshot)", "wall_s": 40.0, "rc": 0},
                         {"step": "3: every SSH session, fastapi up --wait, /ready", "wall_s": 10.0, "rc": 0}]}
     monkeypatch.setattr(lp, "REHEARSAL", tmp_path / "rehearsal.json")
     lp.REHEARSAL.write_text(json.dumps(record))
@@ -219,5 +219,5 @@ def test_a_setup_wait_the_rehearsal_measured_is_its_step_s_wall_time_scaled(tmp_
     assert "took 40 s in the dress rehearsal" in shell["node_setup"]["source"] and "abc1234" in shell["node_setup"]["source"]
     record["steps"][0]["rc"] = 1  # a failed step measured nothing
     lp.REHEARSAL.write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="a prepared node"):
+    with pytest.raises(ValueError, match="prepared node: 3"):
         lp.rates.__wrapped__()
