@@ -147,7 +147,7 @@ def execute(stem: str, kernel_dir: Path, workdir: Path, *, parameters: dict[str,
             answer_edits: dict[str, str] | None = None) -> nbformat.NotebookNode:
     """Run ``notebooks/<stem>.md`` top to bottom in ``workdir`` (``prepare``); raise on the first failing cell."""
     nb = prepare(stem, parameters=parameters, prologue=prologue, epilogue=epilogue, answer_edits=answer_edits)
-    own = [(cell, cell.source.partition("\n")[0]) for cell in nb.cells if cell.cell_type == "code" and not injected(cell)]
+    own = [cell for cell in nb.cells if cell.cell_type == "code" and not injected(cell)]
     client(nb, kernel_dir, workdir, timeout).execute()
     if os.environ.get("SERVELAB_RECORD_CELL_TIMES") == "1":
         record_cell_times(stem, own, parameters or {})
@@ -163,7 +163,7 @@ def _seconds(cell: nbformat.NotebookNode) -> float:
     return round((end - start).total_seconds(), 3)
 
 
-def record_cell_times(stem: str, own: list[tuple[nbformat.NotebookNode, str]], parameters: dict[str, Any]) -> None:
+def record_cell_times(stem: str, own: list[nbformat.NotebookNode], parameters: dict[str, Any]) -> None:
     """Keep this run's seconds per code cell of the notebook (by index and first line, an answer run in place of a
     student's cell under the cell's own first line), the machine, the commit and the parameters the run gave."""
     def git(*args: str) -> str:
@@ -177,7 +177,8 @@ def record_cell_times(stem: str, own: list[tuple[nbformat.NotebookNode, str]], p
         "machine": machine(), "commit": commit,
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
         "parameters": sorted(parameters),
-        "cells": [{"index": i, "first_line": first, "seconds": _seconds(cell)} for i, (cell, first) in enumerate(own)],
+        "cells": [{"index": i, "first_line": cell.source.partition("\n")[0], "seconds": _seconds(cell)}
+                  for i, cell in enumerate(own)],
     }
     write_atomic(CELL_TIMES, lambda tmp: tmp.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n",
                                                         encoding="utf-8"))

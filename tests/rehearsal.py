@@ -58,8 +58,9 @@ STAND_INS = [
 # What the rehearsal does not play, and where it is tested instead.
 NOT_PLAYED = [
     "the ray and redis images pushed to the class registry (9_ray_setup's and the cache stage's)",
-    "the optional cells of 4, 6, 7 and 8 (the core's are played): they run against local servers in "
-    "tests/e2e/test_notebooks_measure.py",
+    "4_fastapi's optional sections (its core is played): they run against local servers in "
+    "tests/e2e/test_notebooks_measure.py; of 6, 7 and 8, the switches to pt-4x4 and the variants (their cells run "
+    "and say they skip) and the monitoring sections (no Prometheus or Grafana image here)",
     "`cc-snapshot` and a boot from its image, and the systemd unit that loads the archive at boot",
     "`servelab doctor --node` (its GPU checks fail without a GPU) and 5_triton_setup's `nvidia-smi`",
 ]
@@ -180,6 +181,7 @@ class Node:
         (tests/notebook_harness.py's ``prepare``), the epilogue last. The cells' output, as shown."""
         nb = prepare(stem, parameters=parameters, prologue=prologue, epilogue=epilogue, answer_edits=answer_edits)
         own = [cell for cell in nb.cells if cell.cell_type == "code" and not injected(cell)]
+        position = {id(cell): index for index, cell in enumerate(nb.cells)}  # by identity: two cells may read alike
         run = client(nb, kernel_dir, self.checkout / "notebooks", timeout)
         started, done, shown = time.monotonic(), 0, []
         env = {"PATH": os.environ["PATH"], **self.profile, **env, "HOME": str(self.home)}
@@ -188,7 +190,7 @@ class Node:
                 if kind == "shell":
                     self.session(f"{stem}: {what.strip().splitlines()[-1][:60]}", [every_session, what])
                     continue
-                end = len(nb.cells) if what is None else nb.cells.index(own[what]) + 1  # None: the epilogue
+                end = len(nb.cells) if what is None else position[id(own[what])] + 1  # None: the epilogue
                 for index in range(done, end):  # with the injected cells before it
                     cell = nb.cells[index]
                     if cell.cell_type == "code" and (injected(cell) or what is not None and cell is own[what]):
@@ -196,7 +198,7 @@ class Node:
                         shown.append("".join(out.get("text", "") for out in cell.get("outputs", [])))
                 done = end
         if os.environ.get("SERVELAB_RECORD_CELL_TIMES") == "1":
-            record_cell_times(stem, [(cell, cell.source.partition("\n")[0]) for cell in own], parameters)
+            record_cell_times(stem, own, parameters)
         part = "the core" if left_out is core_only else "played"
         self.steps.append({"step": f"{stem}: {part}, shell steps included", "wall_s": round(time.monotonic() - started, 1),
                            "rc": 0})

@@ -42,13 +42,12 @@ Span = tuple[float, float, float]  # seconds: low, median, high
 
 @cache
 def rates() -> dict:
-    """node_rates.toml; a [shell.NAME] or [[wait.NOTEBOOK]] that names a ``rehearsal`` step gets its seconds from
-    the dress rehearsal's record: that step's wall time times its ``scale`` (low, median, high), and its source says
-    so."""
+    """node_rates.toml; a [shell.NAME] that names a ``rehearsal`` step gets its seconds from the dress rehearsal's
+    record: that step's wall time times its ``scale`` (low, median, high), and its source says so."""
     loaded = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
     record = json.loads(REHEARSAL.read_text(encoding="utf-8"))
     walls = {step["step"]: step["wall_s"] for step in record["steps"] if step["rc"] == 0}
-    for row in [*loaded["shell"].values(), *(row for rows in loaded["wait"].values() for row in rows)]:
+    for row in loaded["shell"].values():
         if step := row.get("rehearsal"):
             if step not in walls:
                 raise ValueError(f"{RATES_FILE.name}: the rehearsal step {step!r} is not in {REHEARSAL.name}")
@@ -60,8 +59,8 @@ def rates() -> dict:
 
 
 def waits() -> dict[str, list[dict]]:
-    """Per notebook: the waits no cell or shell line shows. Read when a plan is made, not on import: the dress
-    rehearsal, which writes the record they may name, imports this module's readers of the answers."""
+    """Per notebook: the waits no cell or shell line shows. Read when a plan is made, not on import: ``rates`` reads
+    the dress rehearsal's record, and the rehearsal, which writes it, imports this module's readers of the answers."""
     return rates()["wait"]
 
 
