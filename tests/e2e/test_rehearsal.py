@@ -197,8 +197,9 @@ def class_registry(tmp_path_factory) -> Iterator[str]:
 
 
 def image_events(docker, since: float) -> list[str]:
-    """The engine's image events since ``since``: a build tags, a pull pulls."""
-    out = docker.run("events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}", "--filter",
+    """The engine's image events since ``since``: a build tags, a pull pulls. To the millisecond: a whole second
+    rounded to the nearest could reach back to the tag of a build that ended just before."""
+    out = docker.run("events", "--since", f"{since:.3f}", "--until", f"{time.time() + 1:.3f}", "--filter",
                      "type=image", "--format", "{{.Action}} {{.Actor.ID}}").stdout
     return [e for e in out.splitlines() if e.startswith(("tag", "pull", "build"))]
 
