@@ -122,6 +122,13 @@ def test_runs_as_non_root_with_a_health_check(dockerfile: Path):
     assert any(i.keyword == "CMD" for i in instructions)
 
 
+def test_triton_s_health_is_that_it_answers_not_that_every_model_is_ready():
+    """/v2/health/ready says no while any model loads or has failed to load (strict readiness): a CI run's
+    `up -d flask` right after a slow stage switch found the container unhealthy and refused to start."""
+    check = next(i.args for i in parse_dockerfile(REPO / "docker" / "Dockerfile.triton") if i.keyword == "HEALTHCHECK")
+    assert "/v2/health/live" in check and "/v2/health/ready" not in check
+
+
 def test_versions_are_explained():
     """docker/VERSIONS.md gives the reason for every entry of docker/.env."""
     text = (DOCKER / "VERSIONS.md").read_text()
