@@ -12,6 +12,7 @@ Routes (any of them under a prefix that misbehaves on purpose):
   POST [prefix]/predict        200 {"prediction": ...} + a Server-Timing header
   POST [prefix]/predict/batch  200 {"predictions": [one per image in {"images": [...]}]} + Server-Timing
   GET  /health, /count                            200 {"status": "ok", "count": <predict requests so far>}
+  GET  /metrics                                   Prometheus text: tiny_requests_total by status
   prefixes: /status/<code> answers <code>; /fail-every/<k> answers 500 to every k-th request;
             /bad-body answers 200 with an error body (the original lab counted those as successes).
 
@@ -20,6 +21,7 @@ Routes (any of them under a prefix that misbehaves on purpose):
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -43,6 +45,7 @@ class App:
         self.free_at = [0.0] * slots  # when each slot's current job ends, in loop time
         self.lock: asyncio.Lock | None = None
         self.count = 0
+        self.answered: collections.Counter[int] = collections.Counter()  # predict requests by the status answered
 
     async def _serve(self) -> tuple[float, float]:
         """Hold a slot for exactly service_s; returns (queue, service) seconds."""
@@ -75,15 +78,22 @@ class App:
         if scope["method"] == "GET" and path in ("/health", "/count"):
             await _respond(send, 200, json.dumps({"status": "ok", "count": self.count}).encode())
             return
+        if scope["method"] == "GET" and path == "/metrics":  # what a new family's record queries (test_adding_a_stage)
+            lines = ["# TYPE tiny_requests_total counter"] + [
+                f'tiny_requests_total{{status="{status}"}} {n}' for status, n in sorted(self.answered.items())]
+            await _respond(send, 200, "\n".join(lines).encode() + b"\n", content_type=b"text/plain; version=0.0.4")
+            return
         if scope["method"] != "POST" or not path.endswith(("/predict", "/predict/batch")):
             await _respond(send, 404, b'{"detail":"not found"}')
             return
         self.count += 1
         parts = path.strip("/").split("/")
         if parts[0] == "status":
+            self.answered[int(parts[1])] += 1
             await _respond(send, int(parts[1]), b'{"detail":"as asked"}')
             return
         if parts[0] == "fail-every" and self.count % int(parts[1]) == 0:
+            self.answered[500] += 1
             await _respond(send, 500, b'{"detail":"planned failure"}')
             return
         t0 = time.perf_counter()
@@ -96,11 +106,13 @@ class App:
             answer = json.dumps({"predictions": [json.loads(OK_BODY)] * len(json.loads(body)["images"])}).encode()
         else:
             answer = OK_BODY
+        self.answered[200] += 1
         await _respond(send, 200, answer, timing)
 
 
-async def _respond(send, status: int, body: bytes, timing: str | None = None) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def _respond(send, status: int, body: bytes, timing: str | None = None,
+                   content_type: bytes = b"application/json") -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if timing:
         headers.append((b"server-timing", timing.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})

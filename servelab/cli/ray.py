@@ -4,7 +4,7 @@ import json
 import os
 from typing import Any
 
-from servelab.core.catalogue import default_stage
+from servelab.core.catalogue import RAY, default_stage
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import save_state
 from servelab.core.settings import get_settings
@@ -100,7 +100,7 @@ def register(subparsers) -> None:
     ray = subparsers.add_parser("ray", help="Ray Serve stages on a (local, multi-node) Ray cluster")
     sub = ray.add_subparsers(dest="ray_command", required=True)
     up = sub.add_parser("up", help="start a local head + worker nodes (by PID), then deploy a stage")
-    up.add_argument("--stage", choices=list(STAGES), default=default_stage("ray"))
+    up.add_argument("--stage", choices=list(STAGES), default=default_stage(RAY.name))
     up.add_argument("--workers", type=int, default=1, help="worker nodes besides the head (default 1)")
     up.set_defaults(func=_up)
     deploy = sub.add_parser("deploy", help="deploy (or redeploy) a stage onto a running cluster")

@@ -3,7 +3,7 @@
 import json
 from urllib.parse import urlsplit
 
-from servelab.core.catalogue import default_stage
+from servelab.core.catalogue import TRITON, default_stage
 from servelab.core.settings import get_settings
 from servelab.servers.triton import configs as stages
 from servelab.servers.triton import server
@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                         help="render the ONNX model as the local Python-backend stand-in")
     render.set_defaults(func=_render)
     up = sub.add_parser("up", help="start the bundled tritonserver (127.0.0.1) and wait until the stage is READY")
-    up.add_argument("--stage", default=default_stage("triton"), choices=list(stages.STAGES))
+    up.add_argument("--stage", default=default_stage(TRITON.name), choices=list(stages.STAGES))
     up.add_argument("--port", type=int, help="HTTP port (default: the port of TRITON_SERVER_URL)")
     up.add_argument("--grpc-port", type=int, help="default: HTTP port + 1")
     up.add_argument("--metrics-port", type=int, help="default: HTTP port + 2")

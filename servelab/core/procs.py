@@ -38,15 +38,8 @@ def die_with_parent(parent: int) -> None:
 # Readiness checks go straight to 127.0.0.1, never through a proxy set in the environment.
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-# A server process's share of the CPUs, where several share a port (servelab.servers.fastapi.workers).
-SHARE_ENV = "SERVELAB_CPU_SHARE"
-
-
 def cpu_count() -> int:
-    """CPUs this process may run on (a container's CPU set, not the host's), or its share of them where it
-    is one of a service's server processes (``SHARE_ENV``, set by ``servelab.servers.fastapi.workers``)."""
-    if share := os.environ.get(SHARE_ENV):
-        return int(share)
+    """CPUs this process may run on (a container's CPU set, not the host's)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from itertools import dropwhile, takewhile
 from pathlib import Path
 
-from servelab.core.catalogue import CORE_PATH, STAGES
+from servelab.core.catalogue import CORE_PATH, STAGES, TRITON
 from servelab.core.hardware import NODE_TYPES, UNKNOWN_INSTANCE, node_type_of, runs_on_cpu
 from servelab.core.paths import MODELS_STAGING
 from servelab.core.tables import text
@@ -178,7 +178,7 @@ def _triton_config(r: Record) -> list[str]:
     """A Triton stage's record carries the config Triton reported running (``triton_config``): the catalogue's stage
     as rendered for the record's GPUs, or Triton ran something else under the stage's name."""
     stage = STAGES.get(r.stage)
-    if stage is None or stage.family != "triton":  # derived stages (a bound, a cache) are checked as they load
+    if stage is None or stage.family != TRITON.name:  # derived stages (a bound, a cache) are checked as they load
         return []
     running = r.config.get("triton_config")
     if not isinstance(running, dict) or not running:

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from servelab.core.catalogue import Stage, of_family
+from servelab.core.catalogue import FASTAPI, Stage, of_family
 from servelab.core.hardware import Device, environment_gaps, gpu_count, resolve, stage_env
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.procs import ServerProcess, cpu_count, free_port
@@ -24,7 +24,7 @@ __all__ = ["FP32_STAGE", "benchmark_limit", "closed_window", "limit_here"]  # cl
 SIMPLE_AIM, LIMIT_AIM = 1.0, 0.9
 # The fp32 ONNX stage: its service runs with no settings beside the simple app (and the variants against it).
 SIMPLE_APP = REPO_ROOT / "benchmarks" / "simple_app.py"  # its /noop/predict is the limit's HTTP route
-FP32_STAGE = next(s for s in of_family("fastapi").values() if s.variant == "fp32")
+FP32_STAGE = next(s for s in of_family(FASTAPI.name).values() if s.variant == "fp32")
 SIMPLE, DEFAULTS = "simple app", f"{FP32_STAGE.name}, no settings"
 ONE_PER_CPU = f"{FP32_STAGE.name}, one inference per CPU"
 
@@ -107,7 +107,7 @@ def device_here() -> Device:
 def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     model_dir = Path(get_settings().model_dir)
-    stages = [s for s in of_family("fastapi").values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
+    stages = [s for s in of_family(FASTAPI.name).values() if s.runtime == "onnx" and "ONNX_VARIANT" not in s.fastapi.env]
     with ExitStack() as stack:
         servers = {SIMPLE: serve_simple_app(stack, logs, model_dir),
                    DEFAULTS: serve(stack, defaults(FP32_STAGE), logs, {}),

@@ -49,7 +49,7 @@ from time import perf_counter, process_time
 import numpy as np
 from PIL import Image
 
-from servelab.core.catalogue import CATALOGUE, NO_BATCHING, of_family
+from servelab.core.catalogue import CATALOGUE, FASTAPI, NO_BATCHING, of_family
 from servelab.core.hardware import cpu_int8
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.postprocess import top1
@@ -77,7 +77,7 @@ from servelab.servers.fastapi.pipeline import Pipeline
 from servelab.servers.fastapi.runtimes import GPUUnavailable
 
 # The FastAPI stages as the lab's first notebook serves them (one request per inference) -> backend.
-STAGES = {s.name: s.fastapi.backend for s in of_family("fastapi").values() if s.fastapi.env == NO_BATCHING}
+STAGES = {s.name: s.fastapi.backend for s in of_family(FASTAPI.name).values() if s.fastapi.env == NO_BATCHING}
 VARIANTS_MEASURE = "variants"
 RAY_MEASURE = "ray"  # Ray Serve against fastapi-onnx-dyn (servelab.run.side_by_side_ray)
 PREPROCESS_MEASURE = "preprocess"  # threads against worker processes, decoding and preprocessing alone
@@ -199,8 +199,8 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
     http_off = Row(f"HTTP, {c} senders, batching off")
     http_on = Row(f"HTTP, {c} senders, batching ≤ {on.max_batch_size} / {on.batch_timeout_ms:g} ms")
     with ExitStack() as stack:
-        url_off = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": "1"}).url
-        url_on = serve_fastapi(stack, of_family("fastapi")[stage], logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
+        url_off = serve_fastapi(stack, of_family(FASTAPI.name)[stage], logs, {"MAX_BATCH_SIZE": "1"}).url
+        url_on = serve_fastapi(stack, of_family(FASTAPI.name)[stage], logs, {"MAX_BATCH_SIZE": str(on.max_batch_size),
                                                                   "BATCH_TIMEOUT_MS": str(on.batch_timeout_ms)}).url
         sequential, http_sequential = asyncio.run(_sequential(load_backend(kind, off), url_off, image, args.requests))
         backend = load_backend(kind, on)

@@ -8,7 +8,7 @@ import statistics
 from contextlib import ExitStack
 from pathlib import Path
 
-from servelab.core.catalogue import Lesson, of_family
+from servelab.core.catalogue import FASTAPI, RAY, Lesson, of_family
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
 from servelab.core.tables import markdown, num
@@ -18,8 +18,8 @@ from servelab.measure.records import Record
 from servelab.run.families import RayAdapter, serve_fastapi
 
 # Ray Serve's batching stage against the FastAPI stage that batches, both serving the ONNX Runtime pipeline.
-RAY_MEASURE = next(s for s in of_family("ray").values() if s.ray.batching)
-FASTAPI_STAGE = next(s for s in of_family("fastapi").values() if s.lesson == Lesson.BATCHING)
+RAY_MEASURE = next(s for s in of_family(RAY.name).values() if s.ray.batching)
+FASTAPI_STAGE = next(s for s in of_family(FASTAPI.name).values() if s.lesson == Lesson.BATCHING)
 
 
 def _rps(records: list[Record]) -> float:

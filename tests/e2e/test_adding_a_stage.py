@@ -2,7 +2,8 @@
 in `CATALOGUE`, its pair in `PAIRS` of the catalogue's test, then `make notebooks`; then the tests that read the
 catalogue pass with the new stage in them (the lease plan times a notebook from its recorded cells, so a stage needs
 no rate of its own). A step the doc forgets fails here. And a family: its `Family` record in `FAMILIES` and one
-`Adapter` in `ADAPTERS`, which the lab then runs as it runs the others."""
+`Adapter` in `ADAPTERS`, which the lab then runs, scrapes with the record's queries and reports as it does the
+others."""
 
 import os
 import re
@@ -20,13 +21,17 @@ import pytest
 from servelab.core.artifacts import load_manifest
 from servelab.core.catalogue import FAMILIES, Stage
 from servelab.core.family import Family, Queries
+from servelab.core.installers.prometheus_install import PrometheusNotFound
+from servelab.core.installers.prometheus_install import locate as locate_prometheus
 from servelab.core.paths import REPO_ROOT
 from servelab.measure.targets import FastAPITarget
+from servelab.report import server_view
 from servelab.report.render import render_report
 from servelab.run.families import ADAPTERS, Adapter, Runs
 from servelab.run.lab import Lab, preflight
 from servelab.run.plan import BATCH, Plan
 from tinyserver import running
+from tools import located_or_skipped
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +94,11 @@ class TinyPart:
     service_ms: float
 
 
-# Its record: the adapter registers no Prometheus target, so its queries are never run.
-TINY = Family("tiny", "Tiny", TinyPart, Queries(all_requests="", successes="", series={}))
+# Its record: tinyserver's /metrics counts its answers by status, which the lab's Prometheus scrapes.
+TINY = Family("tiny", "Tiny", TinyPart, Queries(
+    all_requests="sum(tiny_requests_total{$sel})", successes='tiny_requests_total{$sel,status="200"}',
+    series={"request rate (req/s)": 'sum(rate(tiny_requests_total{$sel,status="200"}[$w]))'},
+    note="tinyserver counts answers, nothing of their latency"))
 
 
 class Seen(Runs):
@@ -108,9 +116,12 @@ class TinyAdapter(Adapter):
     family = TINY
     seen: ClassVar[Seen]  # the test's, given it
 
+    def __init__(self, prometheus) -> None:
+        self.prometheus = prometheus
+
     @classmethod
     def in_lab(cls, logs, device, prometheus, manifest) -> "TinyAdapter":
-        return cls()
+        return cls(prometheus)
 
     @contextmanager
     def start(self, first: Stage):
@@ -122,6 +133,7 @@ class TinyAdapter(Adapter):
         self.serving.close()
         self.url = self.serving.enter_context(running(service_ms=stage.part.service_ms, slots=2))
         [self.pid] = [p.pid for p in psutil.Process().children() if "tinyserver.py" in " ".join(p.cmdline())]
+        self.scraped = self.serving.enter_context(self.prometheus.scrape(self.url.removeprefix("http://"), TINY.name))
 
     def target(self, stage: Stage, image: bytes, image_name: str = "") -> FastAPITarget:
         return FastAPITarget(self.url, image, image_name=image_name)
@@ -175,3 +187,12 @@ def test_a_family_registered_in_one_place_runs_in_the_lab(model, tmp_path, monke
     assert len(pids) == 2 and not any(psutil.pid_exists(pid) for pid in pids)
     # And the report writes its stages up with the others'.
     assert "tiny-10ms" in render_report(lab.records, tmp_path / "lab", sources=[lab.records_path]).read_text()
+    located_or_skipped(locate_prometheus, PrometheusNotFound, "Prometheus")  # else the lab ran unscraped
+    # Its record's queries ran: Prometheus scraped each stage's server, which counted what servelab sent, and the
+    # report's Prometheus section has both stages.
+    ours = [r for r in lab.records if r.tool == "servelab" and r.prometheus and r.prometheus.requests is not None]
+    assert {r.stage for r in ours} == set(lab.ran), [r.prometheus for r in lab.records]
+    assert [(r.stage, r.prometheus.requests, r.prometheus.client_requests) for r in ours
+            if r.prometheus.requests != r.prometheus.client_requests] == []
+    assert all("request rate (req/s)" in r.prometheus.series for r in ours)
+    assert all(name in server_view.section(lab.records)["table"] for name in lab.ran)

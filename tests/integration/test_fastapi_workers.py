@@ -26,13 +26,14 @@ from fastapi_service import b64, metric_samples
 from load_cases import rollout
 from servelab.core.catalogue import SERVICES
 from servelab.core.photos import evaluation_set
-from servelab.core.procs import SHARE_ENV, ServerProcess, free_port, wait_until
+from servelab.core.procs import ServerProcess, free_port, wait_until
 from servelab.core.settings import ServeSettings, Settings
 from servelab.measure.targets import FastAPITarget
 from servelab.servers.fastapi.admin import reload
 from servelab.servers.fastapi.child import fastapi_process
 from servelab.servers.fastapi.shared import BATCHER_MODULE, SharedBatcher
-from servelab.servers.fastapi.workers import FOLDER_ENV, START_S, WANTED, shares_batcher, worker_count
+from servelab.servers.fastapi.siblings import WANTED, WIRING_ENV
+from servelab.servers.fastapi.workers import START_S, shares_batcher, worker_count
 
 ONNX = next(name for name, runtime in SERVICES.items() if runtime == "onnx")
 WORKERS = 2
@@ -204,7 +205,7 @@ def test_no_process_follows_the_wanted_model_until_uvicorn_restarts_them(service
     The file's access time, set before its change, stays while the processes serve; a SIGHUP to the
     supervisor starts processes that read it."""
     server, url = service
-    wanted = Path(workers_of(server)[0].environ()[FOLDER_ENV]) / WANTED
+    wanted = Path(json.loads(workers_of(server)[0].environ()[WIRING_ENV])["folder"]) / WANTED
     version = httpx.get(f"{url}/ready").json()["model_version"]
     wanted.write_text(json.dumps({"model_dir": str(artifacts.manifest.parent), "variant": "fp32"}))  # served now
     unread = wanted.stat().st_mtime_ns - 10**9
@@ -302,7 +303,7 @@ def test_workers_default_to_one_per_cpu_on_the_cpu_and_follow_the_setting(monkey
     assert worker_count(ServeSettings(workers=3), "onnx") == 3
     assert worker_count(ServeSettings(ort_providers="cpu"), "onnx") == min(len(os.sched_getaffinity(0)), 8)
     assert worker_count(ServeSettings(torch_device="cpu"), "pytorch") == min(len(os.sched_getaffinity(0)), 8)
-    monkeypatch.setenv(SHARE_ENV, "48")  # a machine of 48 CPUs: auto stops at 8, a setting does not
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(48)))  # 48 CPUs: auto stops at 8, a setting does not
     assert worker_count(ServeSettings(ort_providers="cpu"), "onnx") == 8
     assert worker_count(ServeSettings(ort_providers="cpu", workers=12), "onnx") == 12
     # On the CPU each process keeps its model unless asked; one process never needs a batcher of its own.

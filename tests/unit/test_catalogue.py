@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2
 from servelab.core.catalogue import (
     CATALOGUE,
     CORE_PATH,
+    FAMILIES,
     MODELS,
     NOTEBOOKS,
     OVERLOADED,
@@ -76,6 +77,24 @@ def test_no_file_but_the_catalogue_spells_a_stage_name() -> None:
 
 def test_no_file_but_the_catalogue_spells_a_triton_model_name() -> None:
     assert _spelt(SERVELAB, set(MODELS)) == []
+
+
+def test_no_file_asks_for_a_family_by_a_typed_name() -> None:
+    """A family is named once, in its record (``catalogue.FAMILIES``): code asks for its stages, or compares a
+    stage's family, through the record (``TRITON.name``), so a renamed or added family is one edit."""
+    asking = {"of_family", "default_stage", "get_stage", "catalogue_stage"}
+    found = []
+    for path in sorted(SERVELAB.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in asking:
+                typed = [a for a in node.args[1:] if isinstance(a, ast.Constant)] + \
+                        [a for a in node.args[:1] if isinstance(a, ast.Constant) and a.value in FAMILIES]
+            elif isinstance(node, ast.Compare) and getattr(node.left, "attr", None) == "family":
+                typed = [c for c in node.comparators if isinstance(c, ast.Constant)]
+            else:
+                continue
+            found += [f"{path.relative_to(SERVELAB)}:{node.lineno} {a.value!r}" for a in typed]
+    assert found == []
 
 
 def test_the_scan_finds_a_spelt_name(tmp_path: Path) -> None:

@@ -133,6 +133,29 @@ def test_gourmetgram_imports_without_the_model_services_stack():
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+def test_a_runtime_s_names_load_no_process_machinery():
+    """What a server process knows of its siblings is one light module: the model's side (runtimes) reads it
+    without uvicorn's supervisor (workers), which only ``servelab serve`` needs."""
+    blocked = ("uvicorn", "servelab.servers.fastapi.workers")
+    code = f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\nimport servelab.servers.fastapi.runtimes"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_core_reads_the_environment_only_through_its_settings():
+    """core/ reads no variable by itself but CUDA's own: a server process's share of the CPUs, once a variable
+    that servers/ set and core read (a dependency upward that import-linter cannot see), is now in ``Siblings``."""
+    read = []
+    for path in (REPO / "servelab" / "core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            environ = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("get", "pop") else node.value if isinstance(node, ast.Subscript) else None
+            if isinstance(environ, ast.Attribute) and environ.attr == "environ":
+                key = node.args[0] if isinstance(node, ast.Call) else node.slice
+                read.append(key.value if isinstance(key, ast.Constant) else ast.unparse(key))
+    assert read and set(read) == {"CUDA_VISIBLE_DEVICES"}, read
+
+
 def local_imports_without_a_reason(root: Path) -> list[str]:
     """Imports inside a function that neither load a third-party package (an optional extra, or one too heavy
     to load for every command) nor say why on their line or in the comment just above: the standard library

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from servelab.core.wire import SECONDS_BUCKETS, VERSION_HEADER
 from servelab.servers.fastapi.errors import SHED_KEY
 from servelab.servers.fastapi.schemas import ShedReason
-from servelab.servers.fastapi.workers import METRICS_ENV
+from servelab.servers.fastapi.siblings import METRICS_ENV
 
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 START_KEY = "servelab.started"  # scope key: when the request entered the app (perf_counter)

@@ -10,7 +10,6 @@ is a loud warning, or under ``REQUIRE_GPU=1`` a refusal to start. The fp16 varia
 """
 
 import logging
-import os
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -22,12 +21,11 @@ import numpy as np
 from servelab.core.artifacts import ArtifactPaths, Manifest, load_manifest
 from servelab.core.fetch import sha256_file
 from servelab.core.inference import GPU_PROVIDERS, OnnxClassifier, preload_cuda_libraries, tensorrt_load_error
-from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.core.simulated_gpu import SimulatedGPU
 from servelab.core.variants.build import PRECISION, variant_path
-from servelab.servers.fastapi.shared import SOCKET_ENV, SharedBatcher
-from servelab.servers.fastapi.workers import Siblings, claim
+from servelab.servers.fastapi.shared import SharedBatcher
+from servelab.servers.fastapi.siblings import Siblings, cpus
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -91,7 +89,7 @@ def intra_op_threads(settings: ServeSettings) -> int:
     """INTRA_OP_THREADS, else the CPUs shared out among the instances that may infer at once (with
     MODEL_INSTANCES left to the machine: one thread each, where one inference per core costs the least
     CPU per image; on a GPU the CPU threads only run what the GPU does not)."""
-    return settings.intra_op_threads or max(1, cpu_count() // (settings.model_instances or cpu_count()))
+    return settings.intra_op_threads or max(1, cpus() // (settings.model_instances or cpus()))
 
 
 PreprocessMode = Literal["threads", "processes"]
@@ -104,8 +102,8 @@ def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Prepr
     gives each what the other leaves (keeping the two apart left cores idle whenever one side waited)."""
     processes = settings.preprocess_processes
     if processes == "auto":  # a server process beside a batcher process has one core of its own: threads
-        processes = max(1, cpu_count() - 1) if backend.on_gpu and backend.remote is None else 0
-    return ("processes", processes) if processes else ("threads", settings.worker_threads or cpu_count())
+        processes = max(1, cpus() - 1) if backend.on_gpu and backend.remote is None else 0
+    return ("processes", processes) if processes else ("threads", settings.worker_threads or cpus())
 
 
 # Inferences in flight per CPU where the model runs on the CPU, each on one intra-op thread (the least CPU per
@@ -121,7 +119,7 @@ def model_instances(settings: ServeSettings, backend: Backend) -> int:
     GPU or its stand-in (one inference already fills it; more would only interleave)."""
     if settings.model_instances:
         return settings.model_instances
-    return 1 if backend.on_gpu or "stand_in" in backend.details else max(1, INFERENCES_PER_CPU * cpu_count() // backend.intra_op_threads)
+    return 1 if backend.on_gpu or "stand_in" in backend.details else max(1, INFERENCES_PER_CPU * cpus() // backend.intra_op_threads)
 
 
 def why_threads(settings: ServeSettings, backend: Backend) -> str:
@@ -132,7 +130,7 @@ def why_threads(settings: ServeSettings, backend: Backend) -> str:
         return "set: " + ", ".join(name.upper() for name in chosen)
     if backend.on_gpu:
         return "the machine's defaults: one inference fills the GPU, every CPU preprocesses"
-    return (f"the machine's defaults for {cpu_count()} CPUs: single-threaded inferences, where an image costs the "
+    return (f"the machine's defaults for {cpus()} CPUs: single-threaded inferences, where an image costs the "
             f"least CPU, {INFERENCES_PER_CPU} per CPU so that no core waits for one, and preprocessing threads "
             "take the cores in between")
 
@@ -170,11 +168,9 @@ def _checked(backend: Backend, settings: ServeSettings, allow_gpu_only_on_cpu: b
 def _batchers_model(settings: ServeSettings) -> Backend | None:
     """Beside a batcher process (SHARED_BATCHER): the model it serves, which this process never loads, with
     inference there (``shared.SharedBatcher``, the pipeline's batcher); else None."""
-    if not (paths := os.environ.get(SOCKET_ENV)):
+    if not (siblings := Siblings.here()) or not siblings.batchers:
         return None
-    paths = paths.split(os.pathsep)  # one batcher per GPU: this process's is the one its place gives
-    path = paths[claim(siblings.folder, siblings.expected) % len(paths)] if (siblings := Siblings.here()) else paths[0]
-    remote = SharedBatcher(path, settings, max_infer_batch(settings))
+    remote = SharedBatcher(siblings.batcher(), settings, max_infer_batch(settings))
     d = remote.described
     return Backend(d["kind"], remote.infer, model_manifest(settings)[1], d["on_gpu"], d["intra_op_threads"],
                    {**d["details"], "batcher": "a process shared by every server process"}, d["warnings"],

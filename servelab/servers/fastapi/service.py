@@ -29,7 +29,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.preprocess import ImageError
-from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
 from servelab.core.wire import VERSION_HEADER
 from servelab.servers.fastapi.batcher import MicroBatcher
@@ -50,8 +49,8 @@ from servelab.servers.fastapi.schemas import (
     ReloadRequest,
     Workers,
 )
+from servelab.servers.fastapi.siblings import Siblings, cpus
 from servelab.servers.fastapi.timing import Timing
-from servelab.servers.fastapi.workers import Siblings
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -165,7 +164,7 @@ class Service:
             return
         self.ready = True
         log.info("%s: ready (warm-up at batch sizes %s took %.0f ms)", self.name, sizes, (perf_counter() - started) * 1000)
-        log.info("%s: start-up probe, %s: %s", self.name, DEFAULT_IMAGE.name, probe.describe(cpu_count(), self.backend.on_gpu))
+        log.info("%s: start-up probe, %s: %s", self.name, DEFAULT_IMAGE.name, probe.describe(cpus(), self.backend.on_gpu))
 
     def ready_pipeline(self) -> Pipeline:
         if not self.ready:

@@ -45,7 +45,6 @@ from servelab.servers.fastapi.errors import Overloaded, WorkerLost
 log = logging.getLogger("servelab.servers.fastapi")
 
 BATCHER_MODULE = "servelab.servers.fastapi.batcher_process"  # what the batcher process runs
-SOCKET_ENV = "SERVELAB_BATCHER_SOCKET"  # set in the server processes only: their model is the batcher's
 ARENA_SLOTS = 32  # images a server process may have at the batcher at once (more wait for a slot)
 CONNECT_S = 600.0  # how long a server process waits for the batcher: a restart loads and warms the model
 RETRY_S = 0.1

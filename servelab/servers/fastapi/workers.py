@@ -3,11 +3,11 @@
 One process carries every request's HTTP, JSON and base64 on one event loop and one GIL: on 16 cores
 without a GPU that turned 40 % of the machine's limit into answers (docs/gpu/nvidia-h200.md). So ``serve``
 starts ``WORKERS`` copies of the app under uvicorn's supervisor (the parent binds the port and replaces a
-child that dies), each on its share of the CPUs (``SHARE_ENV``, read by ``servelab.core.procs.cpu_count``).
+child that dies), each on its share of the CPUs. Each learns of the others from one object, ``Siblings``.
 With ``SHARED_BATCHER`` the children load no model (``servelab.servers.fastapi.shared``); each takes a place
 (``claim``), and place i goes to batcher i modulo their number.
 
-The children share a folder (``Siblings``), so the service still answers as one:
+The children share a folder (``Siblings.folder``), so the service still answers as one:
 
 * a child takes connections only once warm (``warm_up_first``), so a restarted child never answers 503;
   ``/ready`` says 200 only while every child is warm;
@@ -21,28 +21,20 @@ The children share a folder (``Siblings``), so the service still answers as one:
 ``uvicorn fastapi_onnx.app:app``, the app file students read, stays one process: none of this is set there.
 """
 
-import json
 import os
-import signal
 import sys
 import tempfile
 from contextlib import ExitStack
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import uvicorn
-from prometheus_client import multiprocess
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from servelab.core.artifacts import write_atomic
 from servelab.core.hardware import gpu_count, visible_gpus
-from servelab.core.procs import SHARE_ENV, cpu_count, take_place
+from servelab.core.procs import cpu_count
 from servelab.core.settings import ServeSettings
+from servelab.servers.fastapi.siblings import METRICS_ENV, Siblings
 
-FOLDER_ENV, COUNT_ENV = "SERVELAB_WORKERS_DIR", "SERVELAB_WORKERS"
-METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
-WANTED = "model.json"
 # How long uvicorn waits for a replacement to load and warm its model before it keeps the old process; also how
 # long its supervisor may wait on the health check of a process that died as it was asked (its one setting).
 START_S = 60
@@ -71,15 +63,6 @@ def batcher_devices(settings: ServeSettings, runtime: str) -> list[str | None]:
     return [gpus[i % len(gpus)] if gpus else None for i in range(count)]
 
 
-@cache
-def claim(folder: Path, count: int) -> int:
-    """One of ``count`` places, kept while this process lives (a reload asks again: the same one): the server
-    processes of a service hold different ones (``take_place``)."""
-    fd = os.open(folder / "processes.places", os.O_RDWR | os.O_CREAT, 0o600)  # open for life: closing drops locks
-    place = take_place(fd, count, set())
-    return os.getpid() % count if place is None else place  # one more for a moment (a replacement): any will do
-
-
 def shares_batcher(settings: ServeSettings, runtime: str, workers: int) -> bool:  # SHARED_BATCHER
     return workers > 1 and (on_gpu(settings, runtime) if settings.shared_batcher == "auto" else settings.shared_batcher)
 
@@ -93,16 +76,14 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
     share = max(1, cpu_count() // workers)
     with tempfile.TemporaryDirectory(prefix="servelab-workers-") as folder, ExitStack() as batcher:
         (Path(folder) / "metrics").mkdir()
-        metrics = {METRICS_ENV: str(Path(folder) / "metrics")}
-        # The children inherit these (uvicorn spawns them); this process imports no prometheus_client.
-        children = {FOLDER_ENV: folder, COUNT_ENV: str(workers), SHARE_ENV: str(share), **metrics}
+        metrics = {METRICS_ENV: str(Path(folder) / "metrics")}  # set before any child imports prometheus_client
         shared = shares_batcher(settings, runtime, workers)
         devices = batcher_devices(settings, runtime) if shared else []
+        paths = [str(Path(folder) / f"batcher-{i}.sock") for i in range(len(devices))]
         if shared:
             # Deferred: the batcher's side of the service imports the model's (numpy, the pipeline).
-            from servelab.servers.fastapi.shared import SOCKET_ENV, BatcherProcess, hello
+            from servelab.servers.fastapi.shared import BatcherProcess, hello
 
-            paths = [str(Path(folder) / f"batcher-{i}.sock") for i in range(len(devices))]
             for path, device in zip(paths, devices):  # every CPU is theirs; a GPU each where there are GPUs
                 gpu = {} if device is None else {"CUDA_VISIBLE_DEVICES": device}
                 batcher.enter_context(BatcherProcess(app, Path(path), {**os.environ, **metrics, **gpu}))
@@ -111,8 +92,8 @@ def serve(app: str, settings: ServeSettings, runtime: str, host: str, port: int)
                     hello(path, settings)[0].close()
             except Exception as exc:  # noqa: BLE001 - said in a line, as a server process's start would
                 sys.exit(f"ERROR:    servelab: the batcher process cannot serve the model: {exc}")
-            children[SOCKET_ENV] = os.pathsep.join(paths)
-        os.environ.update(children)
+        # The children inherit these (uvicorn spawns them); this process imports no prometheus_client.
+        os.environ.update({**Siblings(Path(folder), workers, share, tuple(paths)).env(), **metrics})
         where = "on the CPU" if None in devices else f"on GPUs {','.join(devices)}"
         # uvicorn's logging is set up once it runs; this line goes before it, beside its own.
         print(f"INFO:     servelab: {workers} server processes on port {port}, {share} CPU(s) each "
@@ -140,62 +121,3 @@ class Draining(HttpToolsProtocol):
         super().on_headers_complete()
         if Draining.stopping and self.cycle is not None:
             self.cycle.keep_alive = False
-
-
-class Siblings:
-    def __init__(self, folder: Path, expected: int):
-        self.folder, self.expected, self.supervisor = folder, expected, os.getppid()  # uvicorn's, which started it
-
-    @classmethod
-    def here(cls) -> "Siblings | None":  # None: a process of its own
-        folder = os.environ.get(FOLDER_ENV)
-        return cls(Path(folder), int(os.environ[COUNT_ENV])) if folder else None
-
-    def _write(self, name: str, data: dict[str, Any]) -> None:
-        write_atomic(self.folder / name, lambda tmp: tmp.write_text(json.dumps(data)))  # read whole, old or new
-
-    def announce(self, version: str) -> None:  # this process is warm
-        self._write(f"worker-{os.getpid()}.json", {"version": version})
-
-    def leave(self) -> None:
-        (self.folder / f"worker-{os.getpid()}.json").unlink(missing_ok=True)
-        _forget_metrics(os.getpid())  # its live gauges (the version it served) go with it
-
-    def serving(self) -> dict[int, str]:
-        """Warm processes alive now and the version each serves; a dead one's files are cleared."""
-        found = {}
-        for path in self.folder.glob("worker-*.json"):
-            pid = int(path.stem.removeprefix("worker-"))
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:  # killed before it could leave: its live gauges go with it
-                path.unlink(missing_ok=True)
-                _forget_metrics(pid)
-                continue
-            try:
-                found[pid] = json.loads(path.read_text())["version"]
-            except (FileNotFoundError, json.JSONDecodeError, KeyError):
-                continue  # left or being replaced meanwhile
-        return found
-
-    def wanted(self) -> dict[str, str] | None:
-        """The model the last reload asked for (None: the one each process started on)."""
-        try:
-            return json.loads((self.folder / WANTED).read_text())
-        except FileNotFoundError:
-            return None
-
-    def want(self, model_dir: Path, variant: str) -> None:
-        self._write(WANTED, {"model_dir": str(model_dir), "variant": variant})
-
-    def restart(self) -> None:
-        """uvicorn's supervisor, on SIGHUP, replaces every process by one started afresh (on ``wanted``), one
-        at a time, each replacement up before it stops the one it replaces."""
-        if os.getppid() != self.supervisor:  # never a signal to a process that is not ours
-            raise RuntimeError(f"the supervisor (pid {self.supervisor}) is gone: restart the service")
-        os.kill(self.supervisor, signal.SIGHUP)
-
-
-def _forget_metrics(pid: int) -> None:
-    if os.environ.get(METRICS_ENV):
-        multiprocess.mark_process_dead(pid)

@@ -5,7 +5,7 @@ Ray Serve's HTTP proxy, with the FastAPI stages' API. Replicas are spread over t
 (``max_replicas_per_node``), so a stage with two or more replicas uses two nodes.
 """
 
-from servelab.core.catalogue import NO_BATCHING, Stage, of_family
+from servelab.core.catalogue import NO_BATCHING, RAY, Stage, of_family
 from servelab.core.settings import RaySettings
 
 APP_NAME = "food11"  # the Serve application every stage deploys (a redeploy replaces it)
@@ -51,4 +51,4 @@ def serve_env(stage: Stage, settings: RaySettings) -> dict[str, str]:
     return env
 
 
-STAGES: dict[str, Stage] = of_family("ray")
+STAGES: dict[str, Stage] = of_family(RAY.name)

@@ -16,7 +16,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from servelab.core.artifacts import write_atomic
-from servelab.core.catalogue import ONNX, Stage, of_family
+from servelab.core.catalogue import ONNX, TRITON, Stage, of_family
 from servelab.core.catalogue import get_stage as catalogue_stage
 from servelab.core.hardware import gpu_count
 from servelab.core.settings import get_settings
@@ -30,11 +30,11 @@ STAND_IN_NOTE = ("LOCAL STAND-IN: Python backend running ONNX Runtime on model.o
                  "tritonserver has no onnxruntime backend; timings differ from the ONNX Runtime backend")
 
 
-STAGES: dict[str, Stage] = of_family("triton")
+STAGES: dict[str, Stage] = of_family(TRITON.name)
 
 
 def get_stage(name: str) -> Stage:
-    return catalogue_stage(name, "triton")
+    return catalogue_stage(name, TRITON.name)
 
 
 def resolve_kind(kind: str) -> Kind:
