@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from servelab.core.catalogue import STAGES
+from servelab.core.catalogue import OVERLOADED, STAGES
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.procs import cpu_count
 from servelab.core.settings import get_settings
@@ -58,7 +58,7 @@ def main() -> None:
         servers = {}
         bound = {"MAX_QUEUE_REQUESTS": str(args.bound)}
         for name, extra in (("unbounded", {}), ("bounded", bound), ("bounded, no hold", {**bound, "SHED_HOLD_MS": "0"})):
-            server = serve_fastapi(stack, defaults(STAGES["fastapi-onnx"]), args.logs / name.replace(" ", "-"), {**env, **extra})
+            server = serve_fastapi(stack, defaults(STAGES[OVERLOADED[0]]), args.logs / name.replace(" ", "-"), {**env, **extra})
             servers[name] = (server.url, server.pid)
         window = dict(requests=None, duration_s=args.seconds, warmup=2 * args.storm)
         capacity, _ = run(*servers["unbounded"], Load.closed(args.senders, **window), "unbounded")

@@ -35,7 +35,7 @@ from statistics import median
 import httpx
 import psutil
 
-from servelab.core.catalogue import STAGES, Stage
+from servelab.core.catalogue import FASTAPI, STAGES, TRITON, Lesson, Stage, compared
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.simulated_gpu import label
@@ -46,12 +46,15 @@ from servelab.run.lab_run import machine_line
 from servelab.run.reference import defaults
 
 SERVICES = {"own models": "0", "shared batcher": "1"}
+# The batching lesson's ONNX pair of each family, from the catalogue: (batching, one at a time).
+DYN, ONE, TRITON_DYN, TRITON_ONE = (name for family in (FASTAPI, TRITON) for name in next(
+    pair for pair in compared(Lesson.BATCHING) if STAGES[pair[0]].family == family.name and STAGES[pair[0]].runtime == "onnx"))
 # (numerator, denominator, aim) of each ratio printed; the first where only SHARED_BATCHER differs.
-RATIOS = [("fastapi-onnx, shared batcher", "fastapi-onnx, own models", 0.9)]
-SIMULATED_RATIOS = [("fastapi-onnx-dyn, own models", "fastapi-onnx, own models", 2.0),
-                    ("fastapi-onnx-dyn, shared batcher", "fastapi-onnx, shared batcher", 2.0),
-                    ("fastapi-onnx-dyn, shared batcher", "fastapi-onnx-dyn, own models", 1.0),
-                    ("onnx-dyn", "onnx-1", 2.0)]
+RATIOS = [(f"{ONE}, shared batcher", f"{ONE}, own models", 0.9)]
+SIMULATED_RATIOS = [(f"{DYN}, own models", f"{ONE}, own models", 2.0),
+                    (f"{DYN}, shared batcher", f"{ONE}, shared batcher", 2.0),
+                    (f"{DYN}, shared batcher", f"{DYN}, own models", 1.0),
+                    (TRITON_DYN, TRITON_ONE, 2.0)]
 
 
 def cpu_s(pid: int) -> dict[int, float]:
@@ -105,11 +108,11 @@ def main() -> None:
     args = parser.parse_args()
     settings = get_settings()
     env = {"MODEL_DIR": str(settings.model_dir), "ORT_PROVIDERS": "cpu", "WORKERS": str(os.cpu_count())}
-    stages, ratios, stand_in = ["fastapi-onnx"], RATIOS, None
+    stages, ratios, stand_in = [ONE], RATIOS, None
     if args.simulated_gpu_ms:
         # Triton's stubs read it from the server's environment, inherited from this process.
         os.environ["SIMULATED_GPU_MS"] = env["SIMULATED_GPU_MS"] = f"{args.simulated_gpu_ms:g}"
-        stages, ratios = ["fastapi-onnx", "fastapi-onnx-dyn"], RATIOS + SIMULATED_RATIOS
+        stages, ratios = [ONE, DYN], RATIOS + SIMULATED_RATIOS
         stand_in = label(args.simulated_gpu_ms, settings.max_batch_size)
     load = Load.closed(args.senders, requests=None, duration_s=args.seconds, warmup_s=2.0)
     image = DEFAULT_IMAGE.read_bytes()
@@ -131,14 +134,14 @@ def main() -> None:
                                                       f"{server.url}/metrics", FASTAPI_BATCHES, server.pid)
         if args.simulated_gpu_ms:
             triton = stack.enter_context(TritonAdapter(args.logs / "triton", settings.triton_model_repository, "cpu",
-                                                      manifest=settings.model_dir / "food11.json").start(STAGES["onnx-1"]))
+                                                      manifest=settings.model_dir / "food11.json").start(STAGES[TRITON_ONE]))
 
             def triton_window(stage: Stage) -> dict:
                 triton.switch(stage)
                 return window(triton.target(stage, image), load, stage.name, stand_in,
                               f"http://127.0.0.1:{triton.server.ports.metrics}/metrics", TRITON_BATCHES, triton.pid,
                               model=stage.triton.model)
-            measure |= {name: partial(triton_window, STAGES[name]) for name in ("onnx-1", "onnx-dyn")}
+            measure |= {name: partial(triton_window, STAGES[name]) for name in (TRITON_ONE, TRITON_DYN)}
         for round_ in range(1, args.rounds + 1):
             rows = {name: measured() for name, measured in measure.items()}
             for name, row in rows.items():

@@ -18,7 +18,7 @@ import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-from servelab.core.catalogue import QUEUE_BOUND, STAGES, bounded
+from servelab.core.catalogue import OVERLOADED, QUEUE_BOUND, STAGES, TRITON, bounded
 from servelab.core.paths import DEFAULT_IMAGE
 from servelab.core.settings import get_settings
 from servelab.measure.loadgen import Labels, overload_load, run_bench
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, required=True, help="onnx-dyn's measured capacity, req/s")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long each overload lasts")
     args = parser.parse_args()
-    base = STAGES["onnx-dyn"]
+    base = next(STAGES[name] for name in OVERLOADED if STAGES[name].family == TRITON.name)  # the overload case's
     settings = get_settings()
     family = TritonAdapter(Path(tempfile.mkdtemp()), settings.triton_model_repository, "cpu",
                           manifest=settings.model_dir / "food11.json")

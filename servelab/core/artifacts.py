@@ -107,6 +107,7 @@ class ModelSource:
 
 
 def load_manifest(path: Path) -> Manifest:
+    """FileNotFoundError where there is none; pydantic's ValidationError, naming the field, where it is malformed."""
     return Manifest.model_validate_json(Path(path).read_text())
 
 

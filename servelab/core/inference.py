@@ -48,6 +48,7 @@ class TorchClassifier:
         self._torch = torch
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        """float32 [N, 3, H, W], normalised (``preprocess``) -> float32 logits [N, classes]. Thread-safe: no state."""
         torch = self._torch
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(batch)).to(self.device, self.dtype)
@@ -263,6 +264,8 @@ class OnnxClassifier:
         return min(size for size in self.sessions if size >= n)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        """[N, 3, H, W] (cast to the model's input dtype) -> float32 logits [N, classes], N padded up to its session's
+        size and the padding dropped. ValueError: N above the largest session. Thread-safe (ONNX Runtime's run is)."""
         x = np.ascontiguousarray(batch, self.input_dtype)
         n = len(x)
         size = self._bucket(n)

@@ -96,6 +96,9 @@ class MicroBatcher:
         return await in_threads(self._executor, threads or self.instances, fn)
 
     async def submit(self, x: np.ndarray) -> BatchResult:
+        """One request's images [n, 3, H, W] -> their logits [n, classes], inferred with whatever else is waiting.
+        On the event loop that ``start`` ran on, only. Overloaded: shed past MAX_QUEUE_DELAY_MS; RuntimeError: not
+        running, or closed meanwhile."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
         future = asyncio.get_running_loop().create_future()

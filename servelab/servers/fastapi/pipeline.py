@@ -212,6 +212,8 @@ class Pipeline:
         return top1(done.logits, self.backend.manifest.classes), timing
 
     async def predict(self, images: list[str]) -> tuple[list[Prediction], Timing]:
+        """Base64 photos -> one top-1 Prediction each, in order, and where the time went. ImageError (the handler's
+        400) names the first photo that is not one; the batcher's Overloaded and RuntimeError pass through."""
         prepared = await self.preprocess(images)
         return self.postprocess(prepared, await self.batcher.submit(prepared.x))
 

@@ -127,6 +127,7 @@ class Arena:
         self.freed = asyncio.Condition()
 
     async def put(self, x: np.ndarray) -> list[int]:
+        """Copies ``x`` [n, *shape] into n free slots, waiting for them; their indices. One event loop's, not threads'."""
         async with self.freed:
             await self.freed.wait_for(lambda: len(self.free) >= len(x))
             slots = [self.free.pop() for _ in range(len(x))]
@@ -245,6 +246,8 @@ class SharedBatcher:
                                               header["infer_s"], header["batch_size"]))
 
     async def submit(self, x: np.ndarray) -> BatchResult:
+        """``MicroBatcher.submit``'s contract, through the batcher process: images [n, 3, H, W] -> logits [n, classes].
+        WorkerLost: the batcher process died, or did not come back within CONNECT_S; its refusals as Overloaded or RuntimeError."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher connection is not running")
         slots = await self.arena.put(x)

@@ -59,6 +59,7 @@ def _module(protocol: Protocol):
 
 def image_inputs(protocol: Protocol, images: Sequence[bytes],
                  encoding: Literal["base64", "raw"] = "base64") -> list[Any]:
+    """INPUT_IMAGE as BYTES [N, 1], one photo a row (base64 text, or the raw bytes), for the Python backend."""
     array = np.empty((len(images), 1), dtype=np.object_)  # BYTES [N, 1]
     array[:, 0] = [base64.b64encode(im).decode("ascii") if encoding == "base64" else im for im in images]
     infer_input = _module(protocol).InferInput(IMAGE_INPUT, list(array.shape), "BYTES")
@@ -67,6 +68,7 @@ def image_inputs(protocol: Protocol, images: Sequence[bytes],
 
 
 def tensor_inputs(protocol: Protocol, batch: np.ndarray) -> list[Any]:
+    """uint8 [N, H, W, 3] pixels -> the uint8 model's input; any other dtype, [N, 3, H, W] -> FP32 ``input``."""
     name, datatype, dtype = (PIXELS_INPUT, "UINT8", np.uint8) if batch.dtype == np.uint8 else (TENSOR_INPUT, "FP32", np.float32)
     batch = np.ascontiguousarray(batch, dtype=dtype)
     infer_input = _module(protocol).InferInput(name, list(batch.shape), datatype)
@@ -84,6 +86,7 @@ def tensor_outputs(protocol: Protocol) -> list[Any]:
 
 
 def predictions(result) -> list[Prediction]:
+    """FOOD_LABEL and PROBABILITY ([N, 1] each) -> N Predictions. ValueError: a label not among the classes."""
     names = [label.decode() if isinstance(label, bytes) else str(label)
              for label in result.as_numpy(LABEL_OUTPUT).reshape(-1)]
     probabilities = result.as_numpy(PROBABILITY_OUTPUT).reshape(-1)
@@ -91,6 +94,7 @@ def predictions(result) -> list[Prediction]:
 
 
 def tensor_predictions(result, classes: Sequence[str] = CLASSES) -> list[Prediction]:
+    """The logits output [N, classes] -> N top-1 Predictions (softmax on this side)."""
     return top1(result.as_numpy(TENSOR_OUTPUT), classes)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from servelab.core.catalogue import FASTAPI, of_family
+from servelab.core.catalogue import FASTAPI, TRITON, of_family
 from servelab.core.paths import REPO_ROOT
 from servelab.core.procs import free_port
 from servelab.tools.containers import images, node_secrets
@@ -51,7 +51,7 @@ def _compose_stages() -> dict[str, ComposeStage]:
                                     {"FASTAPI_STAGE": s.fastapi.service.replace("-", "_"), **s.fastapi.env},
                                     f"{s.about}; GourmetGram, Jupyter")
                for s in of_family(FASTAPI.name).values() if s.fastapi.compose}
-    triton = ComposeStage("triton", "docker-compose-triton.yaml", {"BACKEND": "triton"},
+    triton = ComposeStage(TRITON.name, "docker-compose-triton.yaml", {"BACKEND": "triton"},
                           "Triton (switch its stage with `servelab triton stage`), GourmetGram, Jupyter")
     return {**fastapi, triton.name: triton}
 
