@@ -116,6 +116,27 @@ def test_a_snapshot_saves_the_images_and_removes_what_no_two_nodes_may_share(che
     assert (booted / "images.log").read_text().endswith("images: done\n")
 
 
+def test_an_archive_of_an_earlier_commit_takes_the_rest_from_the_class_registry_or_names_the_way_on(
+        checkout: Path, tmp_path: Path):
+    """A prepared node whose archive was saved before a commit that changed an image: the class registry, where
+    docker/.env names one, has this commit's images; without one the setup fails and says to build."""
+    tag, registry = images.tag(checkout), "registry.example.edu"
+    for home, named in ((tmp_path / "with-registry", registry), (tmp_path / "no-registry", "")):
+        home.mkdir()
+        (home / "servelab-images.tar").write_text("".join(f"{ref}\n" for ref in refs("0.1.0-older", named or "servelab")))
+        done, calls = setup(checkout, home, "--wait", registry=named)
+        log = (home / "images.log").read_text()
+        assert f"load -i {home / 'servelab-images.tar'}" in calls and "(saved at another commit)" in log, log
+        if named:
+            assert done.returncode == 0 and log.endswith("images: done\n"), log
+            assert [c for c in calls if " pull" in c] == [f"compose -f docker/docker-compose-{f}.yaml pull{s}  # {registry}/*:{tag}"
+                                                        for f, s in (("fastapi", ""), ("fastapi", " fastapi_server"),
+                                                                     ("triton", ""))], calls
+        else:
+            assert done.returncode != 0 and "images: FAILED" in log and runbook.ARCHIVE.advice() in log, log
+            assert not [c for c in calls if " pull" in c], calls
+
+
 def test_a_failed_build_says_so_and_fails(checkout: Path, tmp_path: Path):
     done, _ = setup(checkout, tmp_path, "--wait", fails=True)
     assert done.returncode != 0

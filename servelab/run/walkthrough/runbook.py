@@ -35,6 +35,13 @@ REGISTRY = Failure(
     "`bin/node-setup --build` builds every image on the node under the tag compose runs (slow: about half an hour); "
     "or, given the instructor's `make images-save` archive, copy it to `~/servelab-images.tar` and run "
     "`bin/node-setup` again: it loads the archive (minutes). Either way, start the services once `~/images.log` ends with `images: done`.")
+ARCHIVE = Failure(
+    "A prepared node's archive is of an earlier commit",
+    "`~/images.log` says `not in ~/servelab-images.tar (saved at another commit)`, then `images: FAILED` (the "
+    "snapshot was taken before a commit the class now runs, and no class registry has this commit's images)",
+    "`bin/node-setup --build` builds what the archive lacks on the node, under the tag compose runs (slow: up to "
+    "half an hour). Before the next class, the instructor pushes this commit's images (`make images-push`) or "
+    "prepares the snapshot again at this commit.")
 CHI_TIMEOUT = Failure(
     "python-chi times out", "`Timeout waiting for server to reach ACTIVE status` (`2_create_server_nvidia`, `9_ray_setup`)",
     "Run the cell again: it finds the same server and waits again. If it times out twice, look at the server in "
@@ -81,8 +88,8 @@ NO_VIEW = Failure(
     "No view of where the class stands", "—",
     "`servelab class status NETID...` (or the status cell of `1_create_lease`): each student's lease, node, "
     "server, floating IP and where they stand.")
-RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, FLOATING_IP, LEASE_ENDED,
-           TWO_LEASES, UNHEALTHY, NO_VIEW)
+RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, ARCHIVE, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, FLOATING_IP,
+           LEASE_ENDED, TWO_LEASES, UNHEALTHY, NO_VIEW)
 # Words in a failed command's output that name its cause better than the step that failed.
 SYMPTOMS = {"toomanyrequests": RATE_LIMIT, "no space left on device": DISK_FULL, "multiple leases found": TWO_LEASES}
 
