@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from servelab.cli import main
-from servelab.core.catalogue import STAGES
+from servelab.core.catalogue import CORE_PATH, STAGES
 from servelab.core.hardware import instance_id
 from servelab.core.paths import MODELS_STAGING, REPO_ROOT
 from servelab.measure.records import read_records
 from servelab.report.check import check, check_all, leases_of
+from servelab.report.lessons import RUBRIC
 from servelab.report.render import render_report
 from servelab.servers.triton.configs import meant
 
@@ -397,6 +398,15 @@ def test_the_instance_comes_from_cloud_init_else_the_metadata_service_else_unkno
     assert time.monotonic() - began < 2.0
 
 
+def test_the_rubric_grades_only_ratios_of_the_core_path() -> None:
+    """A student who skips every optional section loses no points: each graded ratio's two stages are on the core
+    path (pt-dyn, once graded, is optional in 6_triton_python since #66)."""
+    for graded in RUBRIC:
+        stages = [part.split(",")[0].strip() for part in graded.pair.split("÷")] if "÷" in graded.pair else \
+            [graded.pair.split(",")[0]]
+        assert all(stage in CORE_PATH for stage in stages), (graded.pair, stages)
+
+
 def test_a_class_is_graded_in_one_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """ab1 handed in a real-shaped P100 run and its report; cd2 the CPU quick lab edited to claim a P100 node."""
     (tmp_path / "ab1" / "results").mkdir(parents=True)
@@ -409,7 +419,8 @@ def test_a_class_is_graded_in_one_table(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["class", "grade", str(tmp_path), "--leases", str(tmp_path / "leases.json")]) == 1
     head, ab1, cd2, *findings = capsys.readouterr().out.splitlines()
     assert head.split()[:5] == ["student", "findings", "core", "stages", "fastapi-onnx"]
-    # pt-dyn's and pt-2x2's runs are copies of onnx-1's (p100_records): 1.00, below their P100 range but not below 1.
+    # pt-1's and pt-2x2's runs are copies of onnx-1's (p100_records): onnx-1 ÷ pt-1 and pt-2x2 ÷ pt-1 read 1.00,
+    # below their P100 range but not below 1.
     assert ab1.split() == ["ab1", "0", "7/7", "3.04", "in", "1.03", "in", "1.00", "out", "1.00", "out", "1.63", "in",
                            "64/70"]
     assert cd2.split()[:3] == ["cd2", "6", "1/7"] and cd2.endswith("review: 2 + ?")
