@@ -402,8 +402,7 @@ def test_the_rubric_grades_only_ratios_of_the_core_path() -> None:
     """A student who skips every optional section loses no points: each graded ratio's two stages are on the core
     path (pt-dyn, once graded, is optional in 6_triton_python since #66)."""
     for graded in RUBRIC:
-        stages = [part.split(",")[0].strip() for part in graded.pair.split("÷")] if "÷" in graded.pair else \
-            [graded.pair.split(",")[0]]
+        stages = [stage.strip() for stage in graded.pair.split(",")[0].split("÷")]
         assert all(stage in CORE_PATH for stage in stages), (graded.pair, stages)
 
 
