@@ -2,7 +2,8 @@
 
 ``status NETID ...``: where each student stands, from what Chameleon reports (``servelab.run.walkthrough.classroom``,
 the status cell of ``1_create_lease`` too): each lease ``serve_system_<netID>`` (``serve_ray_<netID>`` with
-``--ray-worker``), its nodes and servers; with ``--leases FILE``, each student's leases and servers are added to FILE
+``--ray-worker``), its nodes and servers; with ``--progress``, which notebooks' runs each active node holds, read over
+SSH with the staff key that 2_create_server_nvidia added from notebooks/staff_keys.pub; with ``--leases FILE``, each student's leases and servers are added to FILE
 for the grader's check (run it while the servers are up: Nova forgets a deleted one). It needs python-chi and your
 Chameleon credentials (an OpenStack RC file, sourced). ``grade SUBMISSIONS/``: ``servelab report --check`` over each
 student's ``SUBMISSIONS/<netID>/results``, held to their leases with ``--leases FILE``, as one table (docs/class.md).
@@ -29,6 +30,10 @@ def register(subparsers: Any) -> None:
                         help="also the Ray part's leases, whose worker is of this node type")
     status.add_argument("--project", help="the Chameleon project (default: the one of your credentials)")
     status.add_argument("--leases", type=Path, metavar="FILE", help="add each student's leases and servers to FILE")
+    status.add_argument("--progress", action="store_true",
+                        help="also the runs each active node holds, by notebook, read over SSH (who is stuck)")
+    status.add_argument("--ssh-key", type=Path, metavar="FILE", help="with --progress: the private key of a key in "
+                        "notebooks/staff_keys.pub (default: python-chi's own, Chameleon Jupyter's key pair)")
     status.set_defaults(func=_cmd_status)
     grade = sub.add_parser("grade", help="check every student's submission: one table with the rubric's points")
     grade.add_argument("submissions", type=Path, metavar="SUBMISSIONS", help="one folder per student, named by netID")
@@ -63,6 +68,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     try:
         known = _lease_file(args.leases)
         rows = classroom.status(args.students, classroom.parts(args.node_type, args.ray_worker))
+        if args.progress:
+            key = args.ssh_key and args.ssh_key.expanduser()
+            if key and not key.is_file():
+                raise ValueError(f"no key file {args.ssh_key}: --ssh-key names the staff key's private half")
+            rows = classroom.with_progress(rows, key and str(key))
         held = classroom.leases_held(args.students, known) if args.leases else {}
     except ValueError as exc:
         print(f"error: {exc}")

@@ -138,6 +138,7 @@ def step(fragment):
     return index
 
 assert "git clone https://git.example.org/course/servelab.git ~/servelab" in commands[step("git clone")]
+assert step("staff_keys.pub") == step("git clone") + 1  # the class's staff keys, from the clone
 assert "/etc/docker/daemon.json" in commands[step("native.cgroupdriver=cgroupfs")]
 step("apt-get install -y -q nvidia-container-toolkit")
 step("apt-get install -y -q nvtop")

@@ -215,7 +215,7 @@ def remove_tagged(docker, tag: str) -> None:
 def test_the_node_s_commands_then_no_registry_builds_once(node, docker):
     """2_create_server_nvidia's node commands, then 3_fastapi_setup with no registry: node-setup builds the images
     under the tag compose runs, `up --wait` builds nothing more, and a second node-setup (a prepared node) skips."""
-    node.session("2: clone", [node_setup.clone(str(REPO_ROOT))])
+    node.session("2: clone", [node_setup.clone(str(REPO_ROOT)), node_setup.STAFF_KEYS])
     (node.checkout / ".venv").symlink_to(Path(sys.prefix))  # stand-ins: this machine's environment, the model
     shutil.copytree(get_settings().model_dir, node.checkout / "models")
     out = node.session("2: docker present, bin/node-setup --no-images", [node_setup.DOCKER[0], *node_setup.SERVELAB])

@@ -4,6 +4,8 @@ a call the real library would refuse (a wrong keyword, a method it does not have
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import date, datetime, timedelta, timezone
@@ -13,11 +15,16 @@ from unittest import mock
 import chi.exception
 import chi.lease
 import chi.server
+import invoke
+import paramiko
 import pytest
 
 from chi_doubles import a_server, arguments, blazar_hosts, existing_lease, node
 from servelab.cli import main
+from servelab.core.paths import REPO_ROOT as REPO
+from servelab.run.walkthrough import node_setup
 from servelab.run.walkthrough.classroom import (
+    RUNS,
     Row,
     book_class,
     budget,
@@ -32,6 +39,7 @@ from servelab.run.walkthrough.classroom import (
     starts,
     status,
     table,
+    with_progress,
 )
 
 UTC = timezone.utc
@@ -375,3 +383,53 @@ def test_the_lease_file_keeps_each_student_s_windows_and_every_server_seen(the_c
     assert json.loads(out.read_text())["ij5"][0] == {**window, "servers": ["uuid-node-serve-system-ij5"]}
     out.write_text("[1, 2]")
     assert main(["class", "status", "ij5", "--leases", str(out)]) == 2
+
+
+def test_the_staff_keys_join_the_node_s_authorized_keys_once(tmp_path) -> None:
+    """2_create_server_nvidia's command, run twice in bash on a node's home: the keys of notebooks/staff_keys.pub
+    (the committed file's comments skipped) join the student's own, each once."""
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/authorized_keys").write_text("ssh-ed25519 AAAAstudent student@jupyter\n")
+    (tmp_path / "servelab/notebooks").mkdir(parents=True)
+    staff = "ssh-ed25519 AAAAstaff instructor@course"
+    (tmp_path / "servelab/notebooks/staff_keys.pub").write_text(
+        (REPO / "notebooks/staff_keys.pub").read_text() + f"{staff}\n\nnot a key\n")
+    for _ in range(2):
+        subprocess.run(["bash", "-c", node_setup.STAFF_KEYS], env={**os.environ, "HOME": str(tmp_path)}, check=True)
+    assert (tmp_path / ".ssh/authorized_keys").read_text().splitlines() == [
+        "ssh-ed25519 AAAAstudent student@jupyter", staff]
+    assert node_setup.node_commands("https://example.org/s.git", gpu=True)[:2] == [
+        node_setup.clone("https://example.org/s.git"), node_setup.STAFF_KEYS]  # 9_ray_setup's nodes too
+
+
+def test_the_progress_says_which_notebooks_runs_each_active_node_holds(the_class_on_the_day, tmp_path, capsys) -> None:
+    """``servelab class status --progress``: RUNS runs for real in a shell on a node's home that holds a lab's records
+    (the H200 run's, one failed and a torn line added); a node that refuses the staff key says so in its row."""
+    results = tmp_path / "servelab/results"
+    results.mkdir(parents=True)
+    lines = (REPO / "docs/records/gpu-h200-2026-11-28/records.jsonl").read_text().splitlines()
+    failed = {**json.loads(lines[0]), "failed": "connection refused", "started_at": "2030-01-07T14:02:09+00:00"}
+    (results / "records.jsonl").write_text("\n".join([*lines, json.dumps(failed), '{"stage": "torn']) + "\n")
+    servers = {s.name: s for s in chi.server.list_servers.return_value}
+    node = servers["node-serve-system-ij5"].ssh_connection.return_value.__enter__.return_value
+    node.run.side_effect = lambda command, **kw: invoke.run(command, env={"HOME": str(tmp_path)}, in_stream=False, **kw)
+    refusing = a_server(chi.server.Server, "node-serve-system-ef3", "ACTIVE", "192.0.2.32")
+    refusing.ssh_connection.side_effect = paramiko.AuthenticationException("Authentication failed.")
+    chi.server.list_servers.return_value.append(refusing)
+    rows = with_progress(status(["ij5", "ef3", "gh4"], parts("gpu_p100")), key="/home/staff/.ssh/id_staff")
+    # The H200 run measured 4's, 7's and 8's stages, not the Python backend's (pt-1, pt-2x2: 6's core).
+    assert rows[0].progress == "runs of notebook 4: 12 (1 failed), 7: 16, 8: 4; core path 5/7 stages; last run 14:02 UTC"
+    servers["node-serve-system-ij5"].ssh_connection.assert_called_once_with(
+        connect_timeout=10, connect_kwargs={"key_filename": "/home/staff/.ssh/id_staff"})
+    node.run.assert_called_once_with(RUNS, hide=True, warn=True)
+    assert rows[1].progress == "no SSH: AuthenticationException: Authentication failed."
+    assert rows[2].progress == "-"  # still building
+    assert table(rows).splitlines()[0].split()[-2:] == ["status", "progress"]
+    key = tmp_path / "id_staff"
+    assert main(["class", "status", "ij5", "--progress", "--ssh-key", str(key)]) == 2
+    assert f"no key file {key}" in capsys.readouterr().out
+    key.write_text("a private key")
+    assert main(["class", "status", "ij5", "--progress", "--ssh-key", str(key)]) == 0
+    assert "core path 5/7 stages; last run 14:02 UTC" in capsys.readouterr().out
+    (results / "records.jsonl").unlink()
+    assert with_progress(rows[:1])[0].progress == "no runs yet"

@@ -47,6 +47,13 @@ GPU_CHECKS = ["nvidia-smi", "docker run --rm --gpus all ubuntu:24.04 nvidia-smi"
 # and which skips what a prepared node has done.
 SERVELAB = [f"cd {CHECKOUT} && bin/node-setup --no-images"]
 
+# The class's staff keys (notebooks/staff_keys.pub, which the instructor commits; none by default) join the node's
+# authorized keys, each once, so that `servelab class status --progress` can read which runs the node holds.
+STAFF_KEYS = (f"mkdir -p -m 700 ~/.ssh && touch ~/.ssh/authorized_keys && "
+              f"grep -sE '^(ssh-|ecdsa-|sk-)' {CHECKOUT}/notebooks/staff_keys.pub | while read -r key; do "
+              'grep -qxF "$key" ~/.ssh/authorized_keys || echo "$key" >> ~/.ssh/authorized_keys; done')
+
+
 def clone(repo_url: str) -> str:
     return f"test -d {CHECKOUT}/.git || git clone {shlex.quote(repo_url)} {CHECKOUT}"
 
@@ -54,5 +61,5 @@ def clone(repo_url: str) -> str:
 def node_commands(repo_url: str, *, gpu: bool) -> list[str]:
     """Every command, in order: a GPU node also gets the toolkit, the cgroupfs driver, nvtop and the GPU checks."""
     gpu_setup = [*NVIDIA_TOOLKIT, CGROUPFS] if gpu else []
-    return [clone(repo_url), *DOCKER, *gpu_setup, RESTART_DOCKER, *([NVTOP] if gpu else []), *SERVELAB,
+    return [clone(repo_url), STAFF_KEYS, *DOCKER, *gpu_setup, RESTART_DOCKER, *([NVTOP] if gpu else []), *SERVELAB,
             *(GPU_CHECKS if gpu else [])]

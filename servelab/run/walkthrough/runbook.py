@@ -87,7 +87,9 @@ UNHEALTHY = Failure(
 NO_VIEW = Failure(
     "No view of where the class stands", "—",
     "`servelab class status NETID...` (or the status cell of `1_create_lease`): each student's lease, node, "
-    "server, floating IP and where they stand.")
+    "server, floating IP and where they stand. With `--progress` (the staff keys in `notebooks/staff_keys.pub`: "
+    "instructors.md, *Before the class*), also the runs each node holds by notebook, the core path's stages done and "
+    "the last run's time: who is stuck.")
 RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, ARCHIVE, CHI_TIMEOUT, SERVER_ERROR, INSTALL, BAD_NODE, FLOATING_IP,
            LEASE_ENDED, TWO_LEASES, UNHEALTHY, NO_VIEW)
 # Words in a failed command's output that name its cause better than the step that failed.
