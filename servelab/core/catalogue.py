@@ -14,7 +14,6 @@ from servelab.core.family import FASTAPI_QUERIES, RAY_QUERIES, TRITON_QUERIES, F
 Input = Literal["bytes", "tensor", "uint8"]
 
 
-
 class Lesson(StrEnum):
     """What the lab teaches, once: a stage names its lesson by one of these (a typo fails at import), and the
     report writes each one up. Its value is the name records and reports use."""
@@ -138,10 +137,6 @@ class TritonPart:
         """Every model this stage loads, dependencies first."""
         return (*self.needs, self.model)
 
-    @property
-    def input(self) -> Input:
-        return MODELS[self.model].input
-
 
 @dataclass(frozen=True)
 class RayPart:
@@ -204,7 +199,7 @@ class Stage:
     @property
     def input(self) -> Input:
         """What its client sends: FastAPI and Ray stages take encoded photos."""
-        return self.part.input if isinstance(self.part, TritonPart) else "bytes"
+        return MODELS[self.part.model].input if isinstance(self.part, TritonPart) else "bytes"
 
     @property
     def runtime(self) -> Literal["pytorch", "onnx"]:

@@ -127,13 +127,10 @@ class NoGpu(RuntimeError):
 
 def gpu_count() -> int:
     """NVIDIA GPUs visible here (0 without a driver)."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
+    with suppress(OSError, subprocess.TimeoutExpired):  # OSError: no nvidia-smi here
         result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return 0
-    return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
+        return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
+    return 0
 
 
 def visible_gpus() -> list[str]:
@@ -288,8 +285,7 @@ def _nvidia_smi() -> dict[str, Any]:
         found = parse_gpus(out.stdout) if out.returncode == 0 else []
     except (subprocess.TimeoutExpired, ValueError) as exc:
         return {"gpus": [], "gpu_note": f"nvidia-smi: {exc}"}
-    return {"gpus": [f"{g.index}: {g.name}, compute capability {g.capability[0]}.{g.capability[1]}, {g.memory}"
-                     for g in found],
+    return {"gpus": [f"{g.index}: {g.name}, compute capability {cc(g.capability)}, {g.memory}" for g in found],
             "driver": ", ".join(sorted({g.driver for g in found})) or None, **({} if found else {"gpu_note": NO_GPU})}
 
 
@@ -309,12 +305,10 @@ def _onnxruntime() -> dict[str, Any]:
         return {}
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
-    try:
-        # Deferred: an optional extra (onnx), loaded only when this runs.
+    cuda = None
+    with suppress(ImportError):  # deferred as onnxruntime is; a build may lack its build info
         from onnxruntime.capi import build_and_package_info as build
         cuda = getattr(build, "cuda_version", None) or None
-    except ImportError:
-        cuda = None
     return {"onnxruntime": f"{package} {ort.__version__}", "onnxruntime_cuda": cuda,
             "onnxruntime_providers": ort.get_available_providers()}
 
@@ -357,7 +351,7 @@ def options_in_force(runtime: dict[str, Any]) -> dict[str, Any]:
     return {"provider_options": runtime["provider_options"]} if "provider_options" in runtime else {}
 
 
-GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")  # servelab.servers.fastapi.runtimes unpacks them
 
 
 def runs_on_cpu(runs_on: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from servelab.core.artifacts import Manifest, load_manifest
+from servelab.core.hardware import GPU_PROVIDERS
 from servelab.core.models import build_model
 
 log = logging.getLogger(__name__)
@@ -181,9 +182,6 @@ def options_not_in_force(requested: Mapping[str, Mapping[str, object]],
 
 # ONNX Runtime's names for the input types our models take.
 ONNX_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(float16)": "float16"}
-
-
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 ShapePolicy = Literal["auto", "off", "buckets", "pad"]
 
 

@@ -17,9 +17,6 @@ class Figure:
     value: float
     unit: str  # "ms", "req/s" or "infer/s"
 
-    def __str__(self) -> str:
-        return f"{self.measures} {self.value:g} {self.unit}"
-
 
 @dataclass(frozen=True)
 class Step:
@@ -38,9 +35,10 @@ class Step:
 
     def sentence(self) -> str:
         """The step's figures as one sentence for a notebook, with their source."""
+        figures = ", ".join(f"{f.measures} {f.value:g} {f.unit}" for f in self.figures)
         method = f" ({self.method})" if self.method else ""
         return (f"**The original lab reported** on its 2× P100 node, {self.load} ({self.tool}): "
-                f"{', '.join(map(str, self.figures))}{method}. *Source:* {self.source}.")
+                f"{figures}{method}. *Source:* {self.source}.")
 
 
 @cache

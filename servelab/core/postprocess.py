@@ -26,5 +26,4 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def top1(logits: np.ndarray, classes: tuple[str, ...] | list[str] = CLASSES) -> list[Prediction]:
     """The most likely class of each row and its softmax probability."""
     probs = softmax(np.atleast_2d(logits))
-    best = probs.argmax(axis=-1)
-    return [Prediction(classes[i], float(p[i]), int(i)) for i, p in zip(best, probs)]
+    return [Prediction(classes[i], float(p[i]), int(i)) for i, p in zip(probs.argmax(axis=-1), probs)]

@@ -122,7 +122,17 @@ def log_tail(log: Path | None, lines: int = 20) -> str:
     return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
 
 
-class ServerProcess:
+class _StartStop:
+    """Started on entering a ``with`` block, stopped on leaving it."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ServerProcess(_StartStop):
     """A child server process in its own process group, logging to a file, as a context manager or through
     ``start()``/``stop()`` (idempotent). Unless ``detach`` is set, it also ends when our process dies, however."""
 
@@ -194,14 +204,8 @@ class ServerProcess:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class ChildServer:
+class ChildServer(_StartStop):
     """A server this process runs as a child (``process``, a ``ServerProcess`` its subclass makes), started
     and stopped with it, as a context manager."""
 
@@ -217,12 +221,6 @@ class ChildServer:
 
     def stop(self) -> None:
         self.process.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 # --- servers an `up` command leaves running (detached), for later commands to find and stop ---

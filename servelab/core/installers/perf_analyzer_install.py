@@ -107,9 +107,8 @@ def _manifest() -> dict:
 
 def installed() -> bool:
     """The project's copy is there and was made from the current pins."""
-    stamp = install_dir() / "installed.json"
     try:
-        return json.loads(stamp.read_text()).get("wheels") == _manifest()
+        return json.loads((install_dir() / "installed.json").read_text()).get("wheels") == _manifest()
     except (OSError, ValueError):
         return False
 

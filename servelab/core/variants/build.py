@@ -141,12 +141,10 @@ def reusable_record(model_dir: Path, key: str) -> VariantsRecord | None:
     return record if record.build_key == key and holds(built) else None
 
 
-def session(path: Path, threads: int = 0):
+def session(path: Path):
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 def run_batches(sess, pixels: np.ndarray, float_input: bool, manifest: Manifest, batch: int = 16) -> np.ndarray:

@@ -15,10 +15,10 @@ from servelab.core.tables import markdown
 from servelab.core.variants.build import VARIANTS, load_variants, machine, run_batches, session, variant_path
 
 
-def time_variants(model_dir: Path, manifest, rounds: int = 5, threads: int = 0) -> dict[str, dict[int, float]]:
+def time_variants(model_dir: Path, manifest, rounds: int = 5) -> dict[str, dict[int, float]]:
     """name -> {batch: median ms per image}."""
     images = pixels(evaluation_set()[:16], manifest.resize, manifest.crop)
-    sessions = {name: session(variant_path(model_dir, name), threads) for name in VARIANTS}
+    sessions = {name: session(variant_path(model_dir, name)) for name in VARIANTS}
     times: dict[str, dict[int, list[float]]] = {name: {1: [], 16: []} for name in VARIANTS}
     for _ in range(rounds):
         for name, sess in sessions.items():
