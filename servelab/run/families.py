@@ -283,7 +283,7 @@ class TritonAdapter(Adapter):
 
 
 class RayAdapter(Adapter):
-    """One local Ray cluster (a head and ``workers`` worker nodes, ``ray start`` processes) for every
+    """One local Ray cluster (a head and a worker node, ``ray start`` processes) for every
     stage: a switch deploys the stage with ``servelab ray deploy``, the command the node's notebook runs."""
 
     family = RAY
@@ -291,9 +291,8 @@ class RayAdapter(Adapter):
                 "not separate machines (local stand-in)")
 
     def __init__(self, logs: Path, cpus_per_node: int, env: dict[str, str] | None = None,
-                 prometheus: LabPrometheus | None = None, workers: int = 1):
+                 prometheus: LabPrometheus | None = None):
         self.logs, self.cpus_per_node, self.env, self.prometheus = logs, cpus_per_node, env or {}, prometheus
-        self.workers = workers
         self.cluster: Any = None  # servelab.servers.rayserve.cluster.LocalCluster, while started
         self.where: dict[str, Any] = {}  # the running replicas per Ray node id, after a switch
         self.deployed: Stage | None = None  # the stage deployed as it starts (None after a rollout)
@@ -320,7 +319,7 @@ class RayAdapter(Adapter):
         # The nodes' environment reaches every replica: RAY_SERVE_PORT for the deploy, MODEL_DIR etc. as set here.
         env = {**self.env, "RAY_SERVE_PORT": str(self.port), "RAY_SERVE_HOST": "127.0.0.1"}
         with ExitStack() as stack:
-            self.cluster = stack.enter_context(LocalCluster(workers=self.workers, cpus_per_node=self.cpus_per_node,
+            self.cluster = stack.enter_context(LocalCluster(workers=1, cpus_per_node=self.cpus_per_node,
                                                             log_dir=self.logs, env=env))
             self.pid = self.cluster.head.pid
             stack.callback(setattr, self, "cluster", None)

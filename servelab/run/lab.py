@@ -34,7 +34,7 @@ from servelab.core.catalogue import (
     queue_bound,
     with_cache,
 )
-from servelab.core.hardware import Device, NoGpu, describe, environment_gaps, gpu_count, resolve, stack
+from servelab.core.hardware import Device, NoGpu, describe, gpu_count, stack
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import build_variants
@@ -64,7 +64,7 @@ from servelab.run.families import Adapter, Runs, adapter_of
 from servelab.run.lab_metrics import LabPrometheus, Scraped
 from servelab.run.lab_run import RUN_FILE, LabRun, machine_line
 from servelab.run.plan import BATCH, CACHE_CONCURRENCY, PLANS, ROLLOUT_WARMUP, Budget, Plan, select_stages, warm_up
-from servelab.run.reference import limit_here
+from servelab.run.reference import device_here, limit_here
 from servelab.servers.fastapi.cache import LocalRedis, find_redis
 
 RESULTS = REPO_ROOT / "results"
@@ -72,11 +72,11 @@ RESULTS = REPO_ROOT / "results"
 
 class Lab:
     def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
-                 prometheus: LabPrometheus | None = None, budget: Budget | None = None):
+                 budget: Budget | None = None):
         self.plan, self.out_dir, self.log, self.device = plan, out_dir, log, device
         self.budget = budget or Budget(None)
         # Prometheus scrapes each server while it runs; absent or down, each record says so.
-        self.prometheus = prometheus or LabPrometheus(out_dir / "prometheus", log)
+        self.prometheus = LabPrometheus(out_dir / "prometheus", log)
         self.scraped: Scraped | None = None  # the server being measured now
         self.image = image.read_bytes()
         self.image_name = image.name
@@ -123,8 +123,7 @@ class Lab:
         """The stage's loads; returns its capacity (the top of its concurrency sweep)."""
         self.log(f"    runs on: {labels.config['runs_on']}")
         p = self.plan
-        # Both clients where the plan has perf_analyzer measure the stage, over the same windows; it runs right after
-        # ours, on the same load.
+        # Both clients where the plan has perf_analyzer measure the stage, over the same windows, it right after ours.
         ours = windowed(p.windows)
         others = ([perf_analyzer_client(PerfAnalyzerOptions(windows=p.windows, timeout_s=p.pa_timeout_s))]
                   if p.with_perf_analyzer(stage) and "perf_analyzer" not in self.skipped else [])
@@ -249,25 +248,25 @@ class Lab:
                     if i and not self._fits(stage):  # the first was checked before the server started
                         continue
                     self.log(f"[{stage.name}] {stage.about}")
-                    self.guard(stage, lambda stage=stage: self._stage(adapter, stage, manifest, runs))
+                    self.guard(stage.name, lambda stage=stage: self._stage(adapter, stage, manifest, runs))
                     self.budget.took()
                 runs.finish(stages)
 
-        self.guard(None, run_all, stages[0].family)
+        self.guard(stages[0].family, run_all)
 
     def _stage(self, adapter: Adapter, stage: Stage, manifest: Manifest, runs: Runs) -> None:
         runs.after(stage, self.measure_on(adapter, stage, manifest))
         if stage.name in self.cached:
-            self.guard(stage, lambda: self.cache_case(adapter, stage, manifest))
+            self.guard(stage.name, lambda: self.cache_case(adapter, stage, manifest))
         if stage.name in self.overloaded:  # the same server, its queue bounded, under the same overload
             shed = bounded(stage)
             self.log(f"[{shed.name}] {shed.about}")
-            self.guard(shed, lambda: self.measure_on(adapter, shed, manifest))
+            self.guard(shed.name, lambda: self.measure_on(adapter, shed, manifest))
         # The rounds before the rollout: a rollout leaves a second version of a Triton model loaded, which
         # switching back to the stage for its round would wait out in vain.
-        self.guard(stage, lambda: self.rounds(adapter, stage, manifest))
+        self.guard(stage.name, lambda: self.rounds(adapter, stage, manifest))
         if stage.name in self.rolled:
-            self.guard(stage, lambda: self.rollout_case(adapter, stage, manifest))
+            self.guard(stage.name, lambda: self.rollout_case(adapter, stage, manifest))
 
     def rounds(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """Each lesson ``stage`` completes in its family: both stages alternating in the plan's rounds, ``stage`` (served
@@ -317,14 +316,11 @@ class Lab:
         with self.on(adapter, stage, manifest, {**config, "to_variant": variant}) as (target, labels):
             measure_stage(target, [load], labels, [client], self.keep)
 
-    def guard(self, stage: Stage | None, work, family: str = "") -> None:
-        """A failing stage is reported and the lab goes on; Ctrl-C stops everything."""
+    def guard(self, name: str, work) -> None:
+        """A failing stage (or family: ``name``) is reported and the lab goes on; Ctrl-C stops everything."""
         try:
             work()
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:
-            name = stage.name if stage else family
+        except Exception as exc:  # not KeyboardInterrupt (a BaseException): Ctrl-C goes on up
             self.failures.append(f"{name}: {type(exc).__name__}: {exc}")
             self.log(f"    FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]} (log in {self.logs})")
 
@@ -355,8 +351,7 @@ def run_lab(args) -> int:
         plan = replace(plan, sweep=replace(plan.sweep, fixed=tuple(int(c) for c in args.concurrency.split(","))))
     stages = select_stages(args.stages, plan)
     try:
-        gpus = gpu_count()
-        device = resolve(args.device or get_settings().lab_device, gpus, environment_gaps() if gpus else [])
+        device = device_here(args.device or get_settings().lab_device)
     except NoGpu as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -372,12 +367,10 @@ def run_lab(args) -> int:
     # The limit is what the stages are set against: with none measured (all cut by --budget), not worth its servers.
     limit = measure_limit(paths, args.image, lab.logs / "limit", device) if lab.records else None
     if limit:
-        limit_path = args.out / LIMIT_FILE
-        write_atomic(limit_path, lambda tmp: tmp.write_text(limit.model_dump_json(indent=1) + "\n"))
+        write_atomic(args.out / LIMIT_FILE, lambda tmp: tmp.write_text(limit.model_dump_json(indent=1) + "\n"))
     report = render_report(lab.records, args.out, sources=[lab.records_path], limit=limit,
                            skipped={**lab.skipped, **{f"{name} (not run)": why for name, why in lab.not_run.items()}})
-    print()
-    print(summary_table(lab.records))
+    print(f"\n{summary_table(lab.records)}")
     if found := compare.pairs(lab.records):
         print(f"\nperf_analyzer vs servelab, same stage and load (ratio = perf_analyzer / servelab; aim "
               f"{1 - compare.TOLERANCE:.1f}-{1 + compare.TOLERANCE:.1f}):")

@@ -25,10 +25,8 @@ class LocalPrometheus(ChildServer):
     """``prometheus`` as a child process on 127.0.0.1, its data and targets under ``home``."""
 
     def __init__(self, binary: ToolBinary, home: Path, scrape_interval_s: float,
-                 retention_time: str = "2d", retention_size: str = "512MB", port: int = 0):
-        self.home = Path(home)
-        self.port = port or free_port()
-        self.scrape_interval_s = scrape_interval_s
+                 retention_time: str, retention_size: str):
+        self.home, self.port = Path(home), free_port()
         self.home.mkdir(parents=True, exist_ok=True)
         self.targets = Targets(self.home / TARGETS_FILE)
         config = self.home / "prometheus.yml"
@@ -47,9 +45,8 @@ class MachineExporter:
 
     def __init__(self, port: int):
         self.address = f"127.0.0.1:{port}"
-        self.collector = MachineCollector()
         registry = CollectorRegistry()
-        registry.register(self.collector)
+        registry.register(MachineCollector())
         self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=registry)
 
     def stop(self) -> None:

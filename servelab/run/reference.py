@@ -98,10 +98,10 @@ def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, device:
     return limit.model_copy(update={"simple_app": {what: s.rps for what, s in served.items()}})
 
 
-def device_here() -> Device:
-    """Where the model runs here, as `servelab lab` decides with no ``--device``."""
+def device_here(asked: str = "auto") -> Device:
+    """Where the model runs here for ``asked`` (``--device``), as `servelab lab` decides; NoGpu where it cannot."""
     gpus = gpu_count()
-    return resolve("auto", gpus, environment_gaps() if gpus else [])
+    return resolve(asked, gpus, environment_gaps() if gpus else [])
 
 
 def benchmark_limit(args: argparse.Namespace, logs: Path) -> str:

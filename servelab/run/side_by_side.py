@@ -217,8 +217,7 @@ def benchmark_stage(stage: str, args: argparse.Namespace, logs: Path) -> list[Ro
 
 
 def benchmark_preprocess(args: argparse.Namespace) -> tuple[list[Row], str, str]:
-    """One thread, then one thread and one worker process per CPU, how far each scales, and
-    ``core_time_table``."""
+    """One thread, then one thread and one worker process per CPU, how far each scales, and ``core_time_table``."""
     n, c, image = cpu_count(), args.concurrency, DEFAULT_IMAGE.read_bytes()
     text = base64.b64encode(image).decode()
     settings = get_settings()
@@ -311,7 +310,6 @@ class VariantRows:
 
 def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[VariantRows], list[str]]:
     """The variants' rows (fp32 first) and the variants left out, with why."""
-
     image, c = DEFAULT_IMAGE.read_bytes(), args.concurrency
     text = base64.b64encode(image).decode()
     settings = get_settings().model_copy(update={"max_batch_size": 1})
@@ -387,7 +385,6 @@ def stage_inputs() -> dict[str, str]:
 
 def benchmark_ceiling(args: argparse.Namespace) -> str:
     """The ceiling table and, with ``--records``, the stages against it; ``--ceiling-json`` keeps the result."""
-
     result = measure_ceiling(Path(get_settings().model_dir), repeats=args.ceiling_repeats,
                              max_seconds=args.ceiling_seconds, log=lambda line: print(line, flush=True))
     if args.ceiling_json:

@@ -87,8 +87,7 @@ def try_gourmetgram(url: str, photo: Path, *, backend: str | None = None, wait_s
 
 def latest(records: Iterable[Record]) -> list[Record]:
     """The newest record of each measurement, in first-run order: a step run twice counts once."""
-    newest = {(r.stage, r.tool, r.load.label(), r.batch): r for r in records}
-    return list(newest.values())
+    return list({(r.stage, r.tool, r.load.label(), r.batch): r for r in records}.values())
 
 
 def check_best(best: dict[str, float], records: Iterable[Record]) -> str:

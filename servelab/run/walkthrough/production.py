@@ -27,18 +27,17 @@ def over_time(record: Record) -> str:
 
 
 def shedding(alone: Record, *runs: Record) -> str:
-    """Overload runs side by side: shed and failed apart, accepted p99 against ``alone``'s median."""
+    """Overload runs side by side: shed and failed apart, accepted p99 against ``alone``'s median (the service time)."""
     service = alone.stats.latency.p50_ms
-    lines = []
+    rows = []
     for r in runs:
-        s, p99s = r.stats, [p for p in r.timeline.p99_ms if p is not None]
-        shed = ", ".join(f"{why} {n}" for why, n in s.shed.items()) or "0"
+        s, p99s = r.stats, [p for p in r.timeline.p99_ms if p is not None] or [None]
         p99 = s.latency.p99_ms
-        lines.append(f"{r.stage:<20} bound {r.config.get('bound', 'none')}: {s.successes} ok, shed {shed}, "
-                     f"failed {s.error_count}; p99 first second {num(p99s[0] if p99s else None, 0)} ms -> last "
-                     f"{num(p99s[-1] if p99s else None, 0)} ms; accepted p99 {num(p99, 0)} ms = "
-                     f"{'-' if not (p99 and service) else f'{p99 / service:.1f}'} x the service time")
-    return "\n".join(lines)
+        rows.append([r.stage, str(r.config.get("bound", "none")), str(s.successes),
+                     ", ".join(f"{why} {n}" for why, n in s.shed.items()) or "0", str(s.error_count),
+                     num(p99s[0], 0), num(p99s[-1], 0), num(p99, 0), num(p99 / service if p99 and service else None)])
+    return text(["stage", "bound", "ok", "shed", "failed", "p99 first second ms", "p99 last second ms",
+                 "accepted p99 ms", "x the service time"], rows)
 
 
 def caching(uncached: Record, cached: Record) -> str:
@@ -66,12 +65,11 @@ def by_version(record: Record) -> str:
     last = max((i for i, _ in counts), default=-1)
     rows = [[f"{i * bin_s:g}", *(str(counts[i, k]) for k in [*versions, "failed"])] for i in range(last + 1)]
     o = record.rollout
-    lines = [text(["t s", *(f"answered by {v}" for v in versions), "failed"], rows), "",
-             f"reload asked at {o.trigger_s:g} s, returned at {num(o.done_s)} s"
-             + (f"; it failed: {o.error}" if o.error else f": {o.result}"),
-             f"{', '.join(o.old_versions) or '?'} -> {o.new_version or '?'}, first answer of the new version "
-             f"{num(o.first_new_s)} s after the reload was asked",
-             f"failed requests: {o.failed} (the aim: none); p99 before {num(o.p99_before_ms)} ms, during the swap "
-             f"{num(o.p99_during_ms)} ms, after {num(o.p99_after_ms)} ms"]
-    return "\n".join(lines)
+    return "\n".join([text(["t s", *(f"answered by {v}" for v in versions), "failed"], rows), "",
+                      f"reload asked at {o.trigger_s:g} s, returned at {num(o.done_s)} s"
+                      + (f"; it failed: {o.error}" if o.error else f": {o.result}"),
+                      f"{', '.join(o.old_versions) or '?'} -> {o.new_version or '?'}, first answer of the new version "
+                      f"{num(o.first_new_s)} s after the reload was asked",
+                      f"failed requests: {o.failed} (the aim: none); p99 before {num(o.p99_before_ms)} ms, during the "
+                      f"swap {num(o.p99_during_ms)} ms, after {num(o.p99_after_ms)} ms"])
 

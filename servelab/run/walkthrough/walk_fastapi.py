@@ -1,5 +1,4 @@
-"""``4_fastapi``: one FastAPI service, switched between stages and model variants, measured with
-``servelab load``."""
+"""``4_fastapi``: one FastAPI service, switched between stages and model variants, measured with ``servelab load``."""
 
 import base64
 import json
@@ -16,6 +15,7 @@ import uvicorn
 
 from servelab.core.artifacts import load_manifest
 from servelab.core.preprocess import crop_pixels
+from servelab.core.tables import num, text
 from servelab.core.variants.build import agreement, run_batches, session, variant_path
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import Labels, measure_stage_async, servelab_client, stand_in_note
@@ -77,14 +77,13 @@ def compare_variants(runs: dict[str, tuple[ServingStage, Record]]) -> str:
     """Busy runs of the model variants (fp32 first) side by side: file, size, precision, throughput against
     fp32's, the service's split into preprocessing and inference, and CPU time per request."""
     fp32 = runs["fp32"][1].stats.throughput_rps
-    lines = []
+    rows = []
     for name, (service, record) in runs.items():
-        v, parts, cpu = service.ready["variant"], record.breakdown.parts_ms, cpu_ms_per_request(record)
-        lines.append(f"{name:<8} {v['file']:<24} {v['size_bytes'] / 1e6:5.1f} MB {v['precision']:<5} "
-                     f"{record.stats.throughput_rps:6.1f} req/s = {record.stats.throughput_rps / fp32:.2f} x fp32; "
-                     f"preprocess {parts.get('preprocess', 0):.2f} ms + infer {parts.get('infer', 0):.2f} ms; "
-                     f"CPU {'-' if cpu is None else f'{cpu:.1f}'} ms per request")
-    return "\n".join(lines)
+        v, part, rps = service.ready["variant"], record.breakdown.parts_ms.get, record.stats.throughput_rps
+        rows.append([name, v["file"], num(v["size_bytes"] / 1e6), v["precision"], num(rps), num(rps / fp32, 2),
+                     num(part("preprocess", 0), 2), num(part("infer", 0), 2), num(cpu_ms_per_request(record))])
+    return text(["variant", "file", "MB", "precision", "req/s", "x fp32", "preprocess ms", "infer ms",
+                 "CPU ms per request"], rows)
 
 
 def queueing(alone: Record, busy: Record) -> str:
@@ -252,8 +251,7 @@ class FastAPIWalkthrough:
 
     async def measure(self, service: ServingStage, load: Load, config: dict[str, Any] | None = None,
                       mix: PhotoMix | None = None, **options: Any) -> Record:
-        """Measure ``service`` under ``load`` (``config``: the case's; ``options``: ``run_bench``'s), record it
-        and print it."""
+        """Measure ``service`` under ``load`` (``config``: the case's; ``options``: ``run_bench``'s), keep, print."""
         target = FastAPITarget(service.url, self.photo.read_bytes(), image_name=self.photo.name, mix=mix)
         labels = Labels(service.stage, {**service.config, **(config or {})}, service.stand_in)
         print(load_command("fastapi", ["--url", service.url], load, service.stage))

@@ -6,13 +6,14 @@ import json
 import re
 import shlex
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any, get_args
 
 import numpy as np
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 
 from servelab.core.artifacts import load_manifest
 from servelab.core.catalogue import ENSEMBLE, ONNX, ONNX_FP16, ONNX_INT8, ONNX_U8, PT
@@ -71,8 +72,7 @@ def batch_count_change(before: dict[int, int], after: dict[int, int]) -> dict[in
     return {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
 
 
-def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int] = (6, 10),
-                  repeats: int = 8) -> dict[str, float]:
+def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int], repeats: int) -> dict[str, float]:
     """Median ms per request of ``model`` with batch sizes that alternate (as a dynamic batcher's do) and
     repeated; each size runs once first, untimed: a first run is slow everywhere."""
     import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
@@ -92,8 +92,6 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
 
 def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
     """The fields stage ``name`` changes, as `servelab triton stage` renders them for the lab node."""
-    from google.protobuf import json_format  # deferred: tritonclient's, an optional extra (bench)
-
     stage = STAGES[name]
     model = stage.triton.model
     config = effective_config(stage, model, kind="gpu", onnxruntime=True,
@@ -106,20 +104,15 @@ def _comparable(key: str, value: Any) -> Any:
     """A field where equivalent spellings agree: an ``instance_group`` as its instances per kind and GPU."""
     if key != "instance_group" or not value:
         return value
-    placed: dict[tuple[str, int | None], int] = {}
+    placed: Counter[tuple[str, int | None]] = Counter()
     for group in value:
         for gpu in group.get("gpus") or [None]:
-            where = (group.get("kind", "KIND_AUTO"), gpu)
-            placed[where] = placed.get(where, 0) + int(group.get("count", 1))
+            placed[group.get("kind", "KIND_AUTO"), gpu] += int(group.get("count", 1))
     return sorted(placed.items(), key=str)
 
 
 def pbtxt(values: dict[str, Any]) -> str:
     """Config fields (None: not set) as config.pbtxt writes them."""
-    # Deferred: tritonclient and its protobuf, an optional extra (bench), loaded only when this runs.
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
-
     present = {k: v for k, v in values.items() if v is not None}
     return text_format.MessageToString(json_format.ParseDict(present, model_config_pb2.ModelConfig()),
                                        use_short_repeated_primitives=True)
@@ -128,8 +121,6 @@ def pbtxt(values: dict[str, Any]) -> str:
 def check_block(name: str, text: str, repository: Path | None = None) -> str:
     """A student's block for stage ``name``, read as Triton reads config.pbtxt, against the catalogue's
     (``stage_fields``); ValueError says what Triton could not read or, as a diff, what differs."""
-    from google.protobuf import text_format  # deferred: an optional extra (bench), loaded only when this runs
-
     expected = stage_fields(name, repository)
     wanted = " and ".join(f"`{key}`" for key in expected)
     try:
@@ -253,8 +244,7 @@ class TritonWalkthrough:
         return f"the file ({where}): {written}\nTriton runs (get_model_config): {served_line(served(running))}"
 
     def check_block(self, name: str, block: str) -> str:
-        """``check_block``; once it passes, ``measure`` may run the catalogue's stage, whose fields (the answer)
-        are shown only now."""
+        """``check_block``; once passed, ``measure`` may run the catalogue's stage, whose fields (the answer) show."""
         said = check_block(name, block, self.repository)
         self.passed.add(name)
         return f"{said}; the catalogue's, as Triton reads them:\n{pbtxt(stage_fields(name, self.repository))}"
@@ -434,8 +424,7 @@ class TritonWalkthrough:
         return done
 
     def check_client(self, result: Any, images: int = 1) -> str:
-        """A student's tritonclient answer for ``images`` photos: right where each is what servelab's own request
-        gets."""
+        """A student's tritonclient answer for ``images`` photos: right where each is servelab's own request's."""
         import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
 
         try:
