@@ -6,6 +6,7 @@ request of the server's processes says where one process saturates on more cores
 
 import argparse
 import sys
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -65,22 +66,20 @@ class SideBySide:
 
     def __init__(self, servers: dict[str, tuple[str, int]], image: bytes, concurrency: int, window: float):
         self.servers, self.image, self.concurrency, self.window = servers, image, concurrency, window
-        self.done = {what: [0, 0.0, 0.0, 0] for what in servers}  # successes, wall s, CPU s, requests the CPU s served
+        self.done: dict[str, Counter[str]] = {what: Counter() for what in servers}  # each server's sums over the rounds
 
     def round(self, _: int = 0) -> None:
         """Each server's window, in turn: its req/s and its processes' CPU."""
         for what, (url, pid) in self.servers.items():
             before = tree_cpu_s(pid)
             record = closed_window(url, self.image, self.concurrency, self.window, what, 2 * self.concurrency)
-            done = self.done[what]
-            done[0] += record.stats.successes
-            done[1] += record.stats.wall_s
-            done[2] += cpu_since(before, pid)  # the warm-up's requests are in it too
-            done[3] += record.stats.successes + (record.warmup_requests or 2 * self.concurrency)
+            self.done[what].update(successes=record.stats.successes, wall_s=record.stats.wall_s,
+                                   cpu_s=cpu_since(before, pid),  # the warm-up's requests are in it too
+                                   requests=record.stats.successes + (record.warmup_requests or 2 * self.concurrency))
 
     def served(self) -> dict[str, Served]:
-        return {what: Served(successes / wall, cpu * 1e3 / requests, len(tree_cpu_s(self.servers[what][1])))
-                for what, (successes, wall, cpu, requests) in self.done.items()}
+        return {what: Served(d["successes"] / d["wall_s"], d["cpu_s"] * 1e3 / d["requests"],
+                             len(tree_cpu_s(self.servers[what][1]))) for what, d in self.done.items()}
 
 
 def limit_here(model_dir: Path, photo: Path, logs: Path, seconds: float, device: Device, concurrency: int = 16) -> Limit:

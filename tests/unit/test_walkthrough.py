@@ -284,8 +284,8 @@ def test_over_time_and_shedding_count_shed_apart_from_failed(records: list[Recor
     assert lines[-1].split() == ["1", "60", "40", "7", "1", "20", "25"] and lines[-2].split()[-1] == "-"
     header, *both = shedding(alone, unbounded, shed).splitlines()
     assert header.split()[:5] == ["stage", "bound", "ok", "shed", "failed"] and header.endswith("x the service time")
-    assert re.search(r"  none +\d+ +0 +1 +30 +90 ", both[0]), both[0]
-    assert re.search(r"  8 requests +\d+ +queue_full 7 +1 +25 +25 ", both[1]), both[1]
+    assert re.search(r"  none +\d+ +0 +1 +30 -> 90 ", both[0]), both[0]
+    assert re.search(r"  8 requests +\d+ +queue_full 7 +1 +25 -> 25 ", both[1]), both[1]
     service = alone.stats.latency.p50_ms
     assert both[1].split()[-1] == f"{base.stats.latency.p99_ms / service:.1f}"
 

@@ -35,9 +35,10 @@ def shedding(alone: Record, *runs: Record) -> str:
         p99 = s.latency.p99_ms
         rows.append([r.stage, str(r.config.get("bound", "none")), str(s.successes),
                      ", ".join(f"{why} {n}" for why, n in s.shed.items()) or "0", str(s.error_count),
-                     num(p99s[0], 0), num(p99s[-1], 0), num(p99, 0), num(p99 / service if p99 and service else None)])
-    return text(["stage", "bound", "ok", "shed", "failed", "p99 first second ms", "p99 last second ms",
-                 "accepted p99 ms", "x the service time"], rows)
+                     f"{num(p99s[0], 0)} -> {num(p99s[-1], 0)}", num(p99, 0),
+                     num(p99 / service if p99 and service else None)])
+    return text(["stage", "bound", "ok", "shed", "failed", "p99 first -> last second ms", "accepted p99 ms",
+                 "x the service time"], rows)
 
 
 def caching(uncached: Record, cached: Record) -> str:

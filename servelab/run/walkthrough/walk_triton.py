@@ -13,6 +13,7 @@ from statistics import median
 from typing import Any, get_args
 
 import numpy as np
+import tritonclient.http as http
 from google.protobuf import json_format, text_format
 
 from servelab.core.artifacts import load_manifest
@@ -75,8 +76,6 @@ def batch_count_change(before: dict[int, int], after: dict[int, int]) -> dict[in
 def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int], repeats: int) -> dict[str, float]:
     """Median ms per request of ``model`` with batch sizes that alternate (as a dynamic batcher's do) and
     repeated; each size runs once first, untimed: a first run is slow everywhere."""
-    import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
-
     batches = {n: np.repeat(image[None], n, axis=0) for n in sizes}
     with http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300) as client:
         def ms(n: int) -> float:
@@ -295,8 +294,6 @@ class TritonWalkthrough:
     def check_answer(self, name: str, label: str | list[str], probability: float | None = None) -> str:
         """A student's class (a list: one per image) and softmax probability, against the logits the stage's ONNX
         model gives servelab's own request; ValueError says what is wrong and why."""
-        import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
-
         stage = STAGES[name]
         (model,) = [m for m in stage.triton.models if m in (ONNX, ONNX_U8, ONNX_INT8, ONNX_FP16)]
         labels = [label] if isinstance(label, str) else list(label)
@@ -425,8 +422,6 @@ class TritonWalkthrough:
 
     def check_client(self, result: Any, images: int = 1) -> str:
         """A student's tritonclient answer for ``images`` photos: right where each is servelab's own request's."""
-        import tritonclient.http as http  # deferred: an optional extra (bench), loaded only when this runs
-
         try:
             yours = predictions(result)
         except (AttributeError, TypeError, ValueError) as exc:  # no result, no such output, not a Food-11 class
