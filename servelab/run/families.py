@@ -45,7 +45,7 @@ class Runs:
     def after(self, stage: Stage, capacity: float | None) -> None:
         """A stage's loads ran."""
 
-    def finish(self, stages: list[Stage]) -> None:
+    def finish(self) -> None:
         """Every stage ran, the server still up."""
 
 
@@ -121,10 +121,9 @@ class FastAPIAdapter(Adapter):
         return stage.fastapi.env
 
     @contextmanager
-    def start(self, first: Stage | None = None) -> Iterator["FastAPIAdapter"]:
+    def start(self, first: Stage) -> Iterator["FastAPIAdapter"]:
         try:
-            if first is not None:
-                self.switch(first)
+            self.switch(first)
             yield self
         finally:
             self._stop()
@@ -162,9 +161,8 @@ class FastAPIAdapter(Adapter):
 def serve_fastapi(stack: ExitStack, stage: Stage, logs: Path, env: dict[str, str]) -> "FastAPIAdapter":
     """``stage``'s service in a process of its own until ``stack`` closes, with ``env`` over the stage's
     settings (a benchmark's batching or model variant, beside the same stage with others); its ``url``, ``pid``."""
-    server = stack.enter_context(FastAPIAdapter(logs).start())
-    server.switch(replace(stage, part=replace(stage.fastapi, env={**stage.fastapi.env, **env})))
-    return server
+    as_run = replace(stage, part=replace(stage.fastapi, env={**stage.fastapi.env, **env}))
+    return stack.enter_context(FastAPIAdapter(logs).start(as_run))
 
 
 class TritonAdapter(Adapter):
@@ -313,7 +311,7 @@ class RayAdapter(Adapter):
         return RayRuns(lab, self, manifest)
 
     @contextmanager
-    def start(self, first: Stage | None = None) -> Iterator["RayAdapter"]:
+    def start(self, first: Stage) -> Iterator["RayAdapter"]:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # The nodes' environment reaches every replica: RAY_SERVE_PORT for the deploy, MODEL_DIR etc. as set here.
@@ -328,8 +326,7 @@ class RayAdapter(Adapter):
             for name, address in self.cluster.metrics.items():
                 if name != "head":
                     stack.enter_context(_scrape(self.prometheus, address, RAY, node=name))
-            if first is not None:
-                self.switch(first)
+            self.switch(first)
             yield self
 
     def switch(self, stage: Stage) -> None:

@@ -250,7 +250,7 @@ class Lab:
                     self.log(f"[{stage.name}] {stage.about}")
                     self.guard(stage.name, lambda stage=stage: self._stage(adapter, stage, manifest, runs))
                     self.budget.took()
-                runs.finish(stages)
+                runs.finish()
 
         self.guard(stages[0].family, run_all)
 

@@ -58,7 +58,7 @@ class RayRuns:
         if stage.ray.step_load and capacity:
             self.step_load(stage, capacity)
 
-    def finish(self, stages: list[Stage]) -> None:
+    def finish(self) -> None:
         """The node-failure runs, last: each kills a worker node."""
         for stage in (s for s in self.measured if s.ray.node_failure):
             self.lab.log(f"[{stage.name}] node failure: a worker node killed mid-load")

@@ -45,8 +45,7 @@ def benchmark_ray(args: argparse.Namespace, logs: Path) -> str:
     with ExitStack() as stack:
         url = serve_fastapi(stack, FASTAPI_STAGE, logs, {"MAX_BATCH_SIZE": str(args.max_batch_size),
                                                  "BATCH_TIMEOUT_MS": str(args.batch_timeout_ms)}).url
-        ray = stack.enter_context(RayAdapter(logs, settings.ray_node_cpus).start())
-        ray.switch(RAY_MEASURE)
+        ray = stack.enter_context(RayAdapter(logs, settings.ray_node_cpus).start(RAY_MEASURE))
         window = args.duration / args.rounds
         records = alternate([lambda _, name=name, url=url: [closed_window(url, image, c, window, name, 2 * c)]
                              for name, url in ((FASTAPI_STAGE.name, url), (RAY_MEASURE.name, ray.url))], args.rounds)

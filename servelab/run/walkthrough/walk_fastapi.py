@@ -91,12 +91,10 @@ def queueing(alone: Record, busy: Record) -> str:
     and the most its one-at-a-time inference allows (decoding and HTTP overlap with it; inference does not)."""
     n, x, w = busy.load.concurrency, busy.stats.throughput_rps, busy.stats.latency.mean_ms
     service, x_alone = alone.stats.latency.mean_ms, alone.stats.throughput_rps
-    lines = [
-        f"one at a time: {service:.1f} ms per request, {x_alone:.0f} req/s",
-        f"{n} senders: {x:.0f} req/s = {x / x_alone:.2f} x the rate alone, mean latency {w:.1f} ms = "
-        f"{w / service:.1f} x the time alone",
-        f"Little's law: {n} requests in flight / {x:.0f} req/s = {1000 * n / x:.1f} ms each",
-    ]
+    lines = [f"one at a time: {service:.1f} ms per request, {x_alone:.0f} req/s",
+             f"{n} senders: {x:.0f} req/s = {x / x_alone:.2f} x the rate alone, mean latency {w:.1f} ms = "
+             f"{w / service:.1f} x the time alone",
+             f"Little's law: {n} requests in flight / {x:.0f} req/s = {1000 * n / x:.1f} ms each"]
     b = busy.breakdown
     if b and b.queue_ms is not None and b.service_ms is not None:
         lines.append(f"the service's own account: {b.queue_ms:.1f} ms waiting + {b.service_ms:.1f} ms being worked on")
