@@ -188,8 +188,7 @@ class TritonWalkthrough:
 
     def __post_init__(self) -> None:
         self.records_file = Path(self.results) / "records.jsonl"
-        if self.repository is None:
-            self.repository = get_settings().triton_model_repository
+        self.repository = self.repository or get_settings().triton_model_repository
         # perf_analyzer's --input-data: the same real photo, as bytes, the preprocessed tensor and the uint8 crop.
         image = self.photo.read_bytes()
         self.inputs = {kind: write_input_data(Path(self.results) / f"input-{kind}.json", image, kind) for kind in INPUTS}
@@ -256,7 +255,7 @@ class TritonWalkthrough:
         """Why the stage's numbers are not the lab's own, if they are not: the stand-ins it runs."""
         notes = [model_config(self.url, m).get("parameters", {}).get("servelab_stand_in", {}).get("string_value")
                  for m in STAGES[name].triton.models]
-        manifest = Path(self.repository or "") / PT / "1" / "food11.json"
+        manifest = Path(self.repository) / PT / "1" / "food11.json"
         return stand_in_note(*notes, model_stand_in(load_manifest(manifest)) if manifest.exists() else None)
 
     def _checked(self, name: str) -> None:
