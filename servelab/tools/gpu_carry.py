@@ -57,8 +57,7 @@ def installed() -> dict[str, tuple[str, str]]:
     """{canonical name: (name, version)} in those folders; the first on the path wins, as for import and pip."""
     found: dict[str, tuple[str, str]] = {}
     for dist in importlib.metadata.distributions(path=site_folders()):
-        name = dist.metadata["Name"]
-        if name:  # a dist-info without METADATA names nothing
+        if name := dist.metadata["Name"]:  # a dist-info without METADATA names nothing
             found.setdefault(canonical(name), (name, dist.version))
     return found
 
@@ -125,11 +124,10 @@ def first_fit_decreasing(pieces: list[Piece], capacity: int) -> list[list[Piece]
     folders: list[list[Piece]] = []
     room: list[int] = []
     for piece in sorted(pieces, key=lambda p: (-p.length, p.name)):
-        slot = next((i for i, free in enumerate(room) if piece.length <= free), None)
-        if slot is None:
+        slot = next((i for i, free in enumerate(room) if piece.length <= free), len(folders))
+        if slot == len(folders):
             folders.append([])
             room.append(capacity)
-            slot = len(folders) - 1
         folders[slot].append(piece)
         room[slot] -= piece.length
     return folders
@@ -328,7 +326,7 @@ def check_folder(folder: Path) -> str:
 def join(root: Path, house: Path) -> str:
     """The whole files of the carry folders under ``root`` in ``house``, with a SHA256SUMS of them and the
     manifest; every part checked first, and nothing written unless all of them check."""
-    found = sorted(p for p in root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
+    found = sorted(root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
     if not found:
         raise CarryError(f"{root}: no carry folders (NN/{MANIFEST}); copy the folders of `make gpu-carry` there")
     versions: dict[bytes, list[str]] = {}

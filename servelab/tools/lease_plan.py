@@ -89,8 +89,7 @@ class Part:  # the core or the optional part of one notebook
 
     @property
     def students(self) -> Span:
-        allowance = rates()["allowance"]
-        return _add(self.chores, *(_times(n, allowance[name]["seconds"]) for name, n in self.tasks.items()))
+        return _add(self.chores, *(_times(n, rates()["allowance"][name]["seconds"]) for name, n in self.tasks.items()))
 
     @property
     def shell_s(self) -> Span:
@@ -147,12 +146,10 @@ def count_text(section: str, part: Part) -> None:
     """A section's prose and the student's tasks its text shows (the code cells: ``count_cell``)."""
     part.words += len(re.findall(r"[A-Za-z0-9][\w'’.-]*", _prose(section)))
     for block in SHELL.findall(section):
-        waits: Counter[str] = Counter()
         for line in (line.strip() for line in block.splitlines()):
             if line and not line.startswith("#"):
                 part.tasks["ssh_line" if line.startswith("ssh ") else "shell_line"] += 1
-                waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
-        part.shell_waits.update(waits)
+                part.shell_waits.update(name for name, wait in rates()["shell"].items() if re.match(wait["line"], line))
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", _prose(section))]
     part.tasks["question"] += sum(1 for p in paragraphs if QUESTION.match(p))
     part.tasks["browser_step"] += sum(1 for p in paragraphs if BROWSER.search(p) and not p.startswith("#"))
@@ -217,10 +214,10 @@ def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
     return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in waits().get(path.stem, []))))
 
 
-def lease_plan(folder: Path = REPO_ROOT / "notebooks", record: dict | None = None) -> list[NotebookPlan]:
+def lease_plan() -> list[NotebookPlan]:
     order = lambda p: int(p.stem.split("_")[0])  # noqa: E731
-    record = cell_times() if record is None else record
-    plans = [plan_notebook(p, record) for p in sorted(folder.glob("[0-9]*_*.md"), key=order)]
+    record = cell_times()
+    plans = [plan_notebook(p, record) for p in sorted((REPO_ROOT / "notebooks").glob("[0-9]*_*.md"), key=order)]
     by_name = {p.name: p for p in plans}
     for p in plans:  # unattended waits hold the reading of the notebooks they ask for, up to their median
         left = p.waits[1] + p.core.shell_s[1]

@@ -49,7 +49,6 @@ def definition_source(path: Path, qualname: str) -> str:
     """The source of ``qualname`` (``Class.method``, ``outer.inner``) in ``path``, decorators included, dedented."""
     text = path.read_text(encoding="utf-8")
     scope: list[ast.stmt] = ast.parse(text).body
-    node = None
     for name in qualname.split("."):
         found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                  and n.name == name]
@@ -210,8 +209,7 @@ def lab_plans() -> str:
 
 def lab_summary() -> str:
     """What the recorded `make lab` showed: its report's first screen."""
-    run = LabRun.read(LAB_RUN)
-    return "\n".join(line for line in run.summary if not line.startswith("## ")).strip()
+    return "\n".join(line for line in LabRun.read(LAB_RUN).summary if not line.startswith("## ")).strip()
 
 
 def family_stages(family: str) -> str:

@@ -5,8 +5,6 @@ ids, so rendering twice gives the same bytes and ``--check`` compares files exac
 sources, README.md and docs/ (``servelab.tools.notebook_blocks``) are rewritten from the project first.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 from pathlib import Path
@@ -68,10 +66,8 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
     messages = [said for path, name in files if (said := _expand_file(path, name, check))]
     if not check:  # a second pass: the lease plan reads what the first pass wrote into the notebooks
         messages += [said for path, name in files if (said := _expand_file(path, name, check)) not in ("", *messages)]
-    targets = set()
     for source in sources(directory):
         target = source.with_suffix(".ipynb")
-        targets.add(target)
         nbformat.validate(nb := to_notebook(source))
         text = nbformat.writes(nb, version=4) + "\n"
         if target.exists() and target.read_text(encoding="utf-8") == text:
@@ -79,7 +75,7 @@ def render(check: bool = False, directory: Path = NOTEBOOK_DIR) -> list[str]:
         if not check:
             target.write_text(text, encoding="utf-8")
         messages.append(f"{target.name} is out of sync with {source.name}" if check else f"rendered {target.name}")
-    for orphan in sorted(set(directory.glob("*.ipynb")) - targets):
+    for orphan in sorted(set(directory.glob("*.ipynb")) - {s.with_suffix(".ipynb") for s in sources(directory)}):
         if not check:
             orphan.unlink()
         messages.append(f"{orphan.name} has no Markdown source" if check

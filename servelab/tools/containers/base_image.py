@@ -15,12 +15,11 @@ from servelab.tools.containers.docker import Docker
 SUITE = "bookworm"
 VARIANT = "minbase"
 MIRROR = "http://deb.debian.org/debian"
-PACKAGES: tuple[str, ...] = ()
 IMAGE = "servelab-standin/debian12"
 
 
 def key() -> str:
-    spec = {"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": PACKAGES}
+    spec = {"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": []}  # none: the Dockerfiles' apt
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -39,8 +38,7 @@ def make_tarball(cache: Path, log=print) -> Path:
     with tempfile.TemporaryDirectory(prefix="servelab-rootfs-", dir=target.parent) as tmp:
         root = Path(tmp) / "rootfs"
         log(f"base image: debootstrap --variant={VARIANT} {SUITE} (about a minute, once)")
-        include = [f"--include={','.join(PACKAGES)}"] if PACKAGES else []
-        done = subprocess.run(["debootstrap", f"--variant={VARIANT}", *include, SUITE, str(root), MIRROR], capture_output=True, text=True, timeout=900)
+        done = subprocess.run(["debootstrap", f"--variant={VARIANT}", SUITE, str(root), MIRROR], capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"debootstrap failed: {(done.stdout + done.stderr)[-1500:]}")
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):

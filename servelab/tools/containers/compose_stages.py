@@ -29,7 +29,6 @@ class ComposeStage:
     name: str
     compose_file: str  # in docker/
     shell: Mapping[str, str] = field(default_factory=dict)  # variables set in the shell, as the notebooks do
-    description: str = ""
 
     @property
     def path(self) -> Path:
@@ -48,11 +47,9 @@ class ComposeStage:
 def _compose_stages() -> dict[str, ComposeStage]:
     """The catalogue's FastAPI stages with ``compose=True``, and one Triton stage (`servelab triton stage` switches)."""
     fastapi = {s.name: ComposeStage(s.name, "docker-compose-fastapi.yaml",
-                                    {"FASTAPI_STAGE": s.fastapi.service.replace("-", "_"), **s.fastapi.env},
-                                    f"{s.about}; GourmetGram, Jupyter")
+                                    {"FASTAPI_STAGE": s.fastapi.service.replace("-", "_"), **s.fastapi.env})
                for s in of_family(FASTAPI.name).values() if s.fastapi.compose}
-    triton = ComposeStage(TRITON.name, "docker-compose-triton.yaml", {"BACKEND": "triton"},
-                          "Triton (switch its stage with `servelab triton stage`), GourmetGram, Jupyter")
+    triton = ComposeStage(TRITON.name, "docker-compose-triton.yaml", {"BACKEND": "triton"})
     return {**fastapi, triton.name: triton}
 
 
@@ -93,15 +90,15 @@ class StageRunner:
         return [a for f in files for a in ("-f", str(f))]
 
     def compose(self, stage: ComposeStage, *args: str, extra: Mapping[str, str] | None = None,
-                check: bool = True, timeout: float | None = None):
+                timeout: float | None = None):
         node_secrets.write()  # the env files the compose files read (kept where they exist), as on the node
-        return self.docker.compose(*self.files(stage), *args, extra_env=self.shell(stage, extra),
-                                   check=check, timeout=timeout)
+        return self.docker.compose(*self.files(stage), *args, extra_env=self.shell(stage, extra), timeout=timeout)
 
     def build(self, config: dict) -> list[str]:
         """The images the stage runs (and the stages they start from), as docker-bake.hcl defines them."""
         targets = images.plan(self.docker, ("default",), images.variables(self.build_args))
-        wanted = images.for_images(targets, {service["image"] for service in config["services"].values()})
+        refs = {service["image"] for service in config["services"].values()}
+        wanted = tuple(name for name, target in targets.items() if refs & set(target.get("tags", [])))
         return images.build(self.docker, targets, wanted, log=self.log)
 
     def _write_local_override(self, stage: ComposeStage, extra: Mapping[str, str] | None) -> tuple[dict, dict]:
@@ -115,10 +112,9 @@ class StageRunner:
         known = self.ports.get(stage.project, {})
         lines, ports = ["services:"], {}
         for name, service in config["services"].items():
-            lines.append(f"  {name}:")
             # The images' checks run every 10-15 s, and Docker 20.10 has no faster start_interval: check
             # every HEALTH_INTERVAL here (the image's own test command and timeouts stay).
-            lines.append(f"    healthcheck: {{interval: {HEALTH_INTERVAL}}}")
+            lines += [f"  {name}:", f"    healthcheck: {{interval: {HEALTH_INTERVAL}}}"]
             published = {}
             for port in service.get("ports", []):
                 target = int(port["target"])
@@ -128,8 +124,7 @@ class StageRunner:
                 lines.append("    ports: !override")
                 lines += [f"      - {json.dumps(f'127.0.0.1:{host}:{target}')}" for target, host in published.items()]
                 ports[name] = published
-            ulimits = _within_host_limits(service.get("ulimits") or {})
-            if ulimits:
+            if ulimits := _within_host_limits(service.get("ulimits") or {}):
                 lines.append(f"    ulimits: !override {json.dumps(ulimits)}")
             volumes = service.get("volumes", [])
             if any(v["type"] == "bind" and self._remap(v["source"]) != v["source"] for v in volumes):
@@ -154,16 +149,14 @@ class StageRunner:
                 return str(other / path.relative_to(checkout))
         return source
 
-    def up(self, stage: ComposeStage, services: tuple[str, ...] = (), extra: Mapping[str, str] | None = None,
-           wait_timeout: int = WAIT_TIMEOUT_S, build: bool = True) -> Running:
-        """Build what the stage needs (else compose pulls it), start it and wait until every service is healthy."""
+    def up(self, stage: ComposeStage, extra: Mapping[str, str] | None = None) -> Running:
+        """Build what the stage needs, start it and wait until every service is healthy."""
         config, ports = self._write_local_override(stage, extra)
-        if build:
-            self.build(config)
+        self.build(config)
         self.log(f"stage {stage.name}: compose up ({stage.compose_file}"
                  + (f" + no-gpu/{stage.compose_file}" if stage.no_gpu else "") + ")")
-        self.compose(stage, "up", "-d", "--wait", "--wait-timeout", str(wait_timeout), *services,
-                     extra=extra, timeout=wait_timeout + 1200)
+        self.compose(stage, "up", "-d", "--wait", "--wait-timeout", str(WAIT_TIMEOUT_S),
+                     extra=extra, timeout=WAIT_TIMEOUT_S + 1200)
         return Running(stage, ports)
 
     def down(self, stage: ComposeStage) -> None:

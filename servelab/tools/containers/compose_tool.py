@@ -9,7 +9,7 @@ from pathlib import Path
 
 from servelab.core.fetch import sha256_file
 from servelab.core.installers.opt_tools import place
-from servelab.tools.containers.docker import Docker
+from servelab.tools.containers.docker import Docker, DockerError
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,6 @@ BUILDX = Plugin("docker-buildx", "0.13.1+ds1-3",  # buildx 0.13.1: `bake --print
 SOURCE = "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main"
 
 
-class ComposeError(RuntimeError):
-    pass
-
-
 def docker_config(cache: Path) -> Path:
     """A DOCKER_CONFIG folder whose cli-plugins/ holds our Compose, so `docker compose` finds it."""
     return Path(cache).expanduser() / "compose"
@@ -43,7 +39,7 @@ def ensure(cache: Path, log=print, plugin: Plugin = COMPOSE) -> Path:
     if target.exists() and stamp.exists() and stamp.read_text() == pin:
         return target
     if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        raise ComposeError(f"{plugin.package} is needed: install Docker's plugin (compose 2.24 or later)")
+        raise DockerError(f"{plugin.package} is needed: install Docker's plugin (compose 2.24 or later)")
     with tempfile.TemporaryDirectory(prefix="servelab-compose-") as tmp:
         work = Path(tmp)
         (work / "lists" / "partial").mkdir(parents=True)
@@ -55,10 +51,10 @@ def ensure(cache: Path, log=print, plugin: Plugin = COMPOSE) -> Path:
         for args in (["update"], ["download", f"{plugin.package}={plugin.version}"]):
             done = subprocess.run(["apt-get", *options, *args], cwd=work, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
-                raise ComposeError(f"apt-get {args[0]} ({plugin.package} from trixie) failed: {done.stderr.strip()[-800:]}")
+                raise DockerError(f"apt-get {args[0]} ({plugin.package} from trixie) failed: {done.stderr.strip()[-800:]}")
         [deb] = work.glob(f"{plugin.package}_*.deb")
         if sha256_file(deb) != plugin.sha256:
-            raise ComposeError(f"{deb.name}: sha256 differs from the pinned {plugin.sha256}")
+            raise DockerError(f"{deb.name}: sha256 differs from the pinned {plugin.sha256}")
         subprocess.run(["dpkg", "-x", str(deb), str(work / "x")], check=True, capture_output=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         place(work / "x" / "usr/libexec/docker/cli-plugins" / plugin.package, target)

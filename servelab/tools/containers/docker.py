@@ -3,7 +3,7 @@
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -27,7 +27,6 @@ class Docker:
     compose_binary: Path | None = None
     buildx_binary: Path | None = None
     timeout: float = 900.0
-    log: object = field(default=print, repr=False)
 
     def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.env, **(extra or {})}

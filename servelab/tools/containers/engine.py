@@ -95,8 +95,6 @@ class Engine:
         self.state: EngineState | None = None
         self._server: ServerProcess | None = None
 
-    # --- where things are ---------------------------------------------------------------------
-
     @staticmethod
     def dockerd() -> str:
         if found := shutil.which("dockerd", path=f"{os.environ.get('PATH', os.defpath)}:/usr/sbin"):
@@ -122,11 +120,8 @@ class Engine:
         state = _read_state(owner_file(cache))
         return state if state and _alive(state.pid) and ping(Path(state.socket)) else None
 
-    # --- start --------------------------------------------------------------------------------
-
     def start(self) -> EngineState:
-        reason = self.available()
-        if reason:
+        if reason := self.available():
             raise EngineError(reason)
         self._clean_stale()
         token = secrets.token_hex(3)
@@ -142,8 +137,7 @@ class Engine:
         if octet is None:
             raise EngineError("no free 10.X.0.0/16 range for the engine's networks")
         sock = run_dir / "docker.sock"
-        state = EngineState(0, str(sock), str(run_dir), str(data_root), bridge, octet, owns_cache)
-        self.state = state
+        self.state = state = EngineState(0, str(sock), str(run_dir), str(data_root), bridge, octet, owns_cache)
         try:
             for args in (["link", "add", "name", bridge, "type", "bridge"],
                          ["addr", "add", f"10.{octet}.0.1/24", "dev", bridge],
@@ -179,16 +173,13 @@ class Engine:
             if (state := _read_state(state_file)) and not _alive(state.pid):
                 _cleanup(state, self.log)
 
-    # --- stop ---------------------------------------------------------------------------------
-
     def stop(self) -> None:
         state, self.state = self.state, None
         if state is None:
             return
         # dockerd alone first: it stops its containers through containerd, then containerd.
         if state.pid and _alive(state.pid):
-            remove_containers(state)
-            stop_pid(state.pid)
+            stop_dockerd(state)
         if self._server is not None:
             self._server.stop()  # whatever is left of its process group
             self._server = None
@@ -219,21 +210,20 @@ def stop_detached(cache: Path, log=print) -> bool:
     if state is None:
         owner_file(cache).unlink(missing_ok=True)
         return False
-    remove_containers(state)
-    stop_pid(state.pid)
+    stop_dockerd(state)
     _cleanup(state, log)
     return True
 
 
-def remove_containers(state: EngineState) -> None:
-    """Every container, network and volume of the engine (all ours): `restart: unless-stopped` would start them
-    again with the next daemon on the cached data root."""
+def stop_dockerd(state: EngineState) -> None:
+    """Remove every container, network and volume of the engine (all ours): `restart: unless-stopped` would start
+    them again with the next daemon on the cached data root. Then stop its dockerd."""
     docker = Docker(state.env, timeout=120)
-    ids = docker.run("ps", "--all", "--quiet", check=False).stdout.split()
-    if ids:
+    if ids := docker.run("ps", "--all", "--quiet", check=False).stdout.split():
         docker.run("rm", "--force", "--volumes", *ids, check=False)
     docker.run("network", "prune", "--force", check=False)
     docker.run("volume", "prune", "--force", check=False)
+    stop_pid(state.pid)
 
 
 def _cleanup(state: EngineState, log) -> None:

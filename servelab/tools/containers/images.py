@@ -89,8 +89,7 @@ def compose_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """What `docker compose` needs to run this commit's images: its tag, and the policy. A named registry: pull
     what is missing. None: `never`, which Compose reads as "run the image there (node-setup built it, or `docker
     load` put it), build it only where it is missing, never pull": `build` would rebuild it on every `up`."""
-    pulls = registry(env) != LOCAL
-    return {"SERVELAB_TAG": tag(), "SERVELAB_PULL_POLICY": "missing" if pulls else "never"}
+    return {"SERVELAB_TAG": tag(), "SERVELAB_PULL_POLICY": "missing" if registry(env) != LOCAL else "never"}
 
 
 def variables(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -102,10 +101,6 @@ def plan(docker: Docker, targets: tuple[str, ...], env: Mapping[str, str]) -> di
     done = docker.buildx("bake", "--file", str(BAKE_FILE), "--print", *targets, cwd=REPO_ROOT, extra_env=dict(env),
                          timeout=120)
     return json.loads(done.stdout)["target"]
-
-
-def for_images(targets: Mapping[str, dict], refs: set[str]) -> tuple[str, ...]:
-    return tuple(name for name, target in targets.items() if refs & set(target.get("tags", [])))
 
 
 def order(targets: Mapping[str, dict], names: tuple[str, ...] = ()) -> list[str]:

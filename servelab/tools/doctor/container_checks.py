@@ -50,9 +50,8 @@ def docker(ctx: Context) -> Result:
         return Result(name, _needed(ctx), "Docker is not installed" + ("" if ctx.node else " (the local lab needs none)"),
                       "2_create_server_nvidia installs it; run its Docker step again" if ctx.node else "")
     if not out.ok:
-        denied = "permission denied" in out.stderr.lower()
         fix = ("add yourself to the docker group (sudo usermod -aG docker $USER) and open a new SSH session"
-               if denied else "start it: sudo systemctl start docker")
+               if "permission denied" in out.stderr.lower() else "start it: sudo systemctl start docker")
         detail = f"the Docker daemon is not reachable: {out.why()}" + ("" if ctx.node else " (the local lab needs none)")
         return Result(name, _needed(ctx), detail, fix if ctx.node else "")
     return Result(name, "pass", f"Docker {json.loads(out.stdout).get('ServerVersion', '?')}, daemon reachable")
@@ -159,8 +158,7 @@ def triton_container_result(out: Output, found: Sequence[Gpu]) -> Result:
     if not seen["cuda"] or len(seen["capabilities"]) != len(found):
         return Result(name, "fail", f"{torch} sees {len(seen['capabilities'])} GPU(s), the host has {len(found)}",
                       "the container needs --gpus all (compose: deploy.resources.reservations.devices)")
-    missing = [c for c in seen["capabilities"] if not has_kernels(seen["arch_list"], (c[0], c[1]))]
-    if missing:
+    if missing := [c for c in seen["capabilities"] if not has_kernels(seen["arch_list"], (c[0], c[1]))]:
         return Result(name, "fail", f"{torch} has no kernels for compute capability {missing[0][0]}.{missing[0][1]} "
                       f"(it has {', '.join(seen['arch_list'])})", "pin TORCH_VERSION to a +cu126 build in docker/.env and rebuild")
     return Result(name, "pass", f"the Python-backend stub starts; {torch} sees {len(found)} GPU(s) and has kernels "

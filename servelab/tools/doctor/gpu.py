@@ -47,8 +47,7 @@ def gpus_result(ctx: Context) -> Result:
                                     "the local lab runs on the CPU")
     if not out.ok:
         return Result(name, "fail" if ctx.node else "warn", f"nvidia-smi failed: {out.why()}",
-                      "the NVIDIA driver is not working; `nvidia-smi` alone says why (after a driver "
-                      "update, reboot)")
+                      "the NVIDIA driver is not working; `nvidia-smi` alone says why (after a driver update, reboot)")
     try:
         found = parse_gpus(out.stdout)
     except ValueError as exc:
@@ -61,15 +60,13 @@ def gpu_list_result(found: Sequence[Gpu], *, node: bool) -> Result:
     name = "gpus"
     if not found:
         return Result(name, "fail" if node else "skip", "nvidia-smi lists no GPU")
-    old = [g for g in found if g.capability < LAB_NODE_CAPABILITY]
-    if old:
+    if old := [g for g in found if g.capability < LAB_NODE_CAPABILITY]:
         return Result(name, "fail", "; ".join(g.describe() for g in old) + ": older than compute capability "
                       f"{cc(LAB_NODE_CAPABILITY)}, the oldest the pinned CUDA 12.6 builds run on",
                       "use a node with newer GPUs (gpu_p100 or later)")
     drivers = sorted({g.driver for g in found})
     detail = f"{len(found)} GPU(s), driver {', '.join(drivers)}: " + "; ".join(g.describe() for g in found)
-    old_driver = [d for d in drivers if tuple(int(x) for x in d.split(".")[:2]) < MIN_DRIVER]
-    if old_driver:
+    if old_driver := [d for d in drivers if tuple(int(x) for x in d.split(".")[:2]) < MIN_DRIVER]:
         return Result(name, "warn", detail + f"; driver {old_driver[0]} is older than {MIN_DRIVER[0]}.{MIN_DRIVER[1]}, "
                       "the oldest documented for CUDA 12.6 containers", "use a newer node image (CC-Ubuntu24.04-CUDA)")
     if node:
@@ -104,8 +101,7 @@ def has_kernels(arch_list: Sequence[str], capability: Capability) -> bool:
 def torch_kernels_result(found: Sequence[Gpu], arch_list: Sequence[str], version: str,
                          versions: Mapping[str, str]) -> Result:
     name = "torch-kernels"
-    missing = [g for g in found if not has_kernels(arch_list, g.capability)]
-    if missing:
+    if missing := [g for g in found if not has_kernels(arch_list, g.capability)]:
         sms = sorted({f"sm_{g.capability[0]}{g.capability[1]}" for g in missing})
         pinned = versions.get("TORCH_VERSION", "2.13.0+cu126")
         index = versions.get("TORCH_INDEX_URL", "https://download.pytorch.org/whl/cu126")
@@ -138,8 +134,7 @@ def pinned_torch_result(pinned: str, found: Sequence[Gpu]) -> Result:
         return Result(name, "warn", f"docker/.env pins torch {pinned}, a build whose GPU range this check "
                       "does not know", "pin a +cu126 build: PyTorch's CUDA 12.6 wheels keep sm_60")
     targets = {LAB_NODE_CAPABILITY: "the lab node's P100s", **{g.capability: g.name for g in found}}
-    too_old = [f"{what} ({cc(capability)})" for capability, what in targets.items() if capability < floor]
-    if too_old:
+    if too_old := [f"{what} ({cc(capability)})" for capability, what in targets.items() if capability < floor]:
         return Result(name, "fail", f"docker/.env pins torch {pinned}, whose kernels start at compute capability "
                       f"{cc(floor)}: nothing for {', '.join(too_old)}",
                       "pin TORCH_VERSION to a +cu126 build (and TORCH_INDEX_URL to .../whl/cu126) in docker/.env")
@@ -190,8 +185,7 @@ def onnxruntime_result(version: str, found: Sequence[Gpu], available: Sequence[s
     if not on_gpu:
         return Result(name, "skip", f"onnxruntime {version} here has no GPU provider (it has: {', '.join(available)}); "
                       "the fastapi_onnx container brings onnxruntime-gpu (ONNXRUNTIME_GPU_VERSION in docker/.env)")
-    fell_back = {key: got for key, got in on_gpu.items() if isinstance(got, str) or key[0] not in got}
-    if fell_back:
+    if fell_back := {key: got for key, got in on_gpu.items() if isinstance(got, str) or key[0] not in got}:
         (provider, index), got = next(iter(fell_back.items()))
         said = got if isinstance(got, str) else f"it ran on {', '.join(got)}"
         return Result(name, "fail", f"{provider} is in onnxruntime {version} but did not start on GPU {index}: {said}",
@@ -221,8 +215,7 @@ def tensorrt_result(found: Sequence[Gpu], available: Sequence[str]) -> Result:
     name = "tensorrt"
     if not found:
         return _no_gpu(name)
-    old = [g for g in found if g.capability < TENSORRT_MIN_CAPABILITY]
-    if old:
+    if old := [g for g in found if g.capability < TENSORRT_MIN_CAPABILITY]:
         return Result(name, "skip", f"not applicable: current TensorRT releases need compute capability "
                       f"{cc(TENSORRT_MIN_CAPABILITY)} or newer and the {old[0].name} is {cc(old[0].capability)}; "
                       "the ONNX stages use the CUDA execution provider here (ORT_PROVIDERS=cuda,cpu), as expected")

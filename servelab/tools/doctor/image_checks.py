@@ -4,6 +4,7 @@ provider; Triton's stub; perf_analyzer). A stand-in build says so instead of pas
 """
 
 import json
+from functools import partial
 
 from servelab.tools.containers import images
 from servelab.tools.doctor.container_checks import STUB
@@ -55,32 +56,30 @@ IMAGES = {
 }
 
 
-def lab_image(name: str):
-    def check(ctx: Context) -> Result:
-        label = f"image {name}"
-        registry = images.registry()
-        ref = f"{registry}/{name}:{images.tag(ctx.repo)}"
-        pulled = ""
-        if registry != images.LOCAL:
-            out = ctx.output(("docker", "pull", "--quiet", ref), timeout_s=3600)
-            if not out.ok:
-                return Result(label, "fail", f"cannot pull {ref}: {out.why()}",
-                              "push this commit's images: make images-push REGISTRY=... (docs/instructors.md)")
-            pulled = " (pulled)"
-        elif not ctx.output(("docker", "image", "inspect", "--format", "{{.Id}}", ref)).ok:
-            return Result(label, "fail", f"{ref} is not here and docker/.env names no registry",
-                          "build them: make images, or `docker load -i` the class's archive")
-        modules, extra = IMAGES[name]
-        probe = PROBE.format(modules=modules, extra=extra, stub=STUB)
-        out = ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint", "python", ref, "-c", probe),
-                         timeout_s=300)
+def lab_image(name: str, ctx: Context) -> Result:
+    label = f"image {name}"
+    registry = images.registry()
+    ref = f"{registry}/{name}:{images.tag(ctx.repo)}"
+    pulled = ""
+    if registry != images.LOCAL:
+        out = ctx.output(("docker", "pull", "--quiet", ref), timeout_s=3600)
         if not out.ok:
-            return Result(label, "fail", f"{ref} did not run: {out.why()}", "rebuild it: make images (docs/instructors.md)")
-        said = json.loads(out.stdout.strip().splitlines()[-1])
-        if said["problems"]:
-            return Result(label, "fail", f"{ref}: {'; '.join(said['problems'])}", "rebuild it: make images")
-        return Result(label, "pass", f"{ref}{pulled}: " + "; ".join(["imports load", *said["seen"]]))
-    return check
+            return Result(label, "fail", f"cannot pull {ref}: {out.why()}",
+                          "push this commit's images: make images-push REGISTRY=... (docs/instructors.md)")
+        pulled = " (pulled)"
+    elif not ctx.output(("docker", "image", "inspect", "--format", "{{.Id}}", ref)).ok:
+        return Result(label, "fail", f"{ref} is not here and docker/.env names no registry",
+                      "build them: make images, or `docker load -i` the class's archive")
+    modules, extra = IMAGES[name]
+    probe = PROBE.format(modules=modules, extra=extra, stub=STUB)
+    out = ctx.output(("docker", "run", "--rm", "--pull", "never", "--entrypoint", "python", ref, "-c", probe),
+                     timeout_s=300)
+    if not out.ok:
+        return Result(label, "fail", f"{ref} did not run: {out.why()}", "rebuild it: make images (docs/instructors.md)")
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    if said["problems"]:
+        return Result(label, "fail", f"{ref}: {'; '.join(said['problems'])}", "rebuild it: make images")
+    return Result(label, "pass", f"{ref}{pulled}: " + "; ".join(["imports load", *said["seen"]]))
 
 
-CHECKS: tuple[Check, ...] = tuple(Check(f"image {name}", lab_image(name)) for name in IMAGES)
+CHECKS: tuple[Check, ...] = tuple(Check(f"image {name}", partial(lab_image, name)) for name in IMAGES)

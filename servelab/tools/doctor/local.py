@@ -26,8 +26,7 @@ def python_version(ctx: Context) -> Result:
 
 
 def linux(ctx: Context) -> Result:
-    system = platform.system()
-    if system != "Linux":
+    if (system := platform.system()) != "Linux":
         return Result("linux", "fail", f"{system}: the bundled tritonserver and the server process handling need Linux",
                       "use a Linux machine or VM (Debian 12, Ubuntu 22.04 or newer), or WSL2 on Windows")
     return Result("linux", "pass", f"Linux {platform.release()} ({platform.machine()})")
@@ -41,8 +40,7 @@ def int8_instructions(ctx: Context) -> Result:
 
 def model_artifacts(ctx: Context) -> Result:
     paths = ArtifactPaths.in_dir(ModelSettings().model_dir)
-    missing = [p.name for p in (paths.state_dict, paths.manifest, paths.onnx) if not p.is_file()]
-    if missing:
+    if missing := [p.name for p in (paths.state_dict, paths.manifest, paths.onnx) if not p.is_file()]:
         return Result("model-artifacts", "fail", f"{', '.join(missing)} missing in {paths.onnx.parent}",
                       "build them: servelab models build (offline stand-in) or servelab models build --source lab")
     manifest = load_manifest(paths.manifest)

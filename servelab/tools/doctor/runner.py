@@ -11,14 +11,11 @@ from typing import Literal
 
 from servelab.core.paths import REPO_ROOT
 
-Status = Literal["pass", "warn", "fail", "skip"]
-Where = Literal["node", "local"]
-
 
 @dataclass(frozen=True)
 class Result:
     name: str
-    status: Status
+    status: Literal["pass", "warn", "fail", "skip"]
     detail: str
     fix: str = ""
 
@@ -47,9 +44,6 @@ class Output:
         return self.problem or (said[0] if said else f"exit status {self.returncode}")
 
 
-Runner = Callable[[Sequence[str], float], Output]
-
-
 def run_command(argv: Sequence[str], timeout_s: float) -> Output:
     """Run a program, never waiting more than ``timeout_s`` (a hung driver or daemon must not hang us)."""
     if shutil.which(argv[0]) is None:
@@ -68,7 +62,7 @@ class Context:
     """The machine under examination. ``node``: the lab's GPU node, where GPUs and Docker are required."""
 
     node: bool = False
-    run: Runner = run_command
+    run: Callable[[Sequence[str], float], Output] = run_command
     repo: Path = REPO_ROOT
     _outputs: dict[tuple[tuple[str, ...], float], Output] = field(default_factory=dict, repr=False)
 
@@ -83,7 +77,7 @@ class Context:
 class Check:
     name: str
     run: Callable[[Context], Result]
-    where: frozenset[Where] = frozenset({"node", "local"})
+    where: frozenset[Literal["node", "local"]] = frozenset({"node", "local"})
 
 
 def run_checks(checks: Sequence[Check], ctx: Context) -> list[Result]:
