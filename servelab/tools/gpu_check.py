@@ -13,7 +13,6 @@ record as not run, never counted as passed. The record is built from the lab's o
 """
 
 import datetime as dt
-import json
 import re
 import shutil
 import subprocess
@@ -40,7 +39,7 @@ from servelab.measure.targets import FastAPITarget
 from servelab.report import TEMPLATES
 from servelab.report.render import triton_config_table
 from servelab.run.lab import preflight
-from servelab.run.lab_run import RUN_FILE
+from servelab.run.lab_run import RUN_FILE, LabRun
 from servelab.run.plan import LAB_STAGES
 from servelab.run.side_by_side import stage_inputs
 from servelab.servers.fastapi.child import fastapi_process
@@ -215,9 +214,8 @@ def run_lab(out: Path, full: bool, stages: str | None, budget_s: float | None,
     if lab_code is None:
         not_run["lab"] = f"stopped by the time budget ({budget_s:.0f} s for it) while a stage ran"
     elif run_path.exists():
-        run = json.loads(run_path.read_text(encoding="utf-8"))
-        not_run.update(run.get("not_run", {}))
-        failures = run.get("failures", [])
+        run = LabRun.read(run_path)
+        not_run, failures = run.not_run, run.failures
     label = f"`servelab lab {' '.join(lab_args)}`, " + (f"exit {lab_code}" if lab_code is not None else "stopped")
     return lab_code, label, records, not_run, failures
 
@@ -272,8 +270,7 @@ def check(out: Path, docs: Path, full: bool = False, stages: str | None = None, 
     path = docs / f"{slug(name)}.md"
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(record_markdown(records, found, tests, label, when, skipped, ceiling, not_run, checkout_commit(),
-                                    designs, failures),
-                    encoding="utf-8")
+                                    designs, failures), encoding="utf-8")
     ok = code == 0 and lab_code == 0 and tests is not None and tests.failed == 0
     for part, why in not_run.items():
         log(f"gpu-check: NOT RUN {part}: {why}")

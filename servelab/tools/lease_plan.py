@@ -42,8 +42,10 @@ Span = tuple[float, float, float]  # seconds: low, median, high
 
 @cache
 def rates() -> dict:
-    """node_rates.toml; a [shell.NAME] that names a ``rehearsal`` step gets its seconds from the dress rehearsal's
-    record: that step's wall time times its ``scale`` (low, median, high), and its source says so."""
+    """node_rates.toml (its ``wait``: per notebook, the waits no cell or shell line shows), read when a plan is made,
+    not on import: the dress rehearsal, which writes its record, imports this module's readers of the answers. A
+    [shell.NAME] that names a ``rehearsal`` step gets its seconds from that record: the step's wall time times its
+    ``scale`` (low, median, high), and its source says so."""
     loaded = tomllib.loads(RATES_FILE.read_text(encoding="utf-8"))
     record = json.loads(REHEARSAL.read_text(encoding="utf-8"))
     walls = {step["step"]: step["wall_s"] for step in record["steps"] if step["rc"] == 0}
@@ -56,12 +58,6 @@ def rates() -> dict:
                              f"{REHEARSAL.name}, {record['machine']['cpus']} CPUs, at {record['commit'][:7]}) × "
                              f"{' / '.join(f'{s:g}' for s in row['scale'])}; {row['source']}")
     return loaded
-
-
-def waits() -> dict[str, list[dict]]:
-    """Per notebook: the waits no cell or shell line shows. Read when a plan is made, not on import: ``rates`` reads
-    the dress rehearsal's record, and the rehearsal, which writes it, imports this module's readers of the answers."""
-    return rates()["wait"]
 
 
 def _add(*spans: Span) -> Span:
@@ -211,7 +207,7 @@ def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
     for index, (is_optional, source, _) in enumerate(code_cells(text)):
         count_cell(source, cells[index] if index < len(cells) else None, optional if is_optional else core)
     core.chores = _add(*(task["seconds"] for task in rates().get("task", {}).get(path.stem, [])))
-    return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in waits().get(path.stem, []))))
+    return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in rates()["wait"].get(path.stem, []))))
 
 
 def lease_plan() -> list[NotebookPlan]:
@@ -291,7 +287,7 @@ def plan_table() -> str:
     for name, row in [*r["allowance"].items(), *r["shell"].items()]:
         lines.append(prose(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).",
                            indent="  "))
-    for name, rows in waits().items():
+    for name, rows in r["wait"].items():
         lines += [prose(f"- `{name}`, {w['what']}: {' / '.join(f'{round(s / 60, 2):g}' for s in w['seconds'])} min ({w['source']}).",
                         indent="  ") for w in rows]
     missing = [f"`{p.name}` ({len(p.core.unrecorded) + len(p.optional.unrecorded)})" for p in plans

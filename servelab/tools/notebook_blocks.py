@@ -43,8 +43,6 @@ BLOCK = re.compile(r"(?P<start><!-- generated: (?P<spec>[^>]*?) -->(?P<newline>\
 BLOCKS = TEMPLATES.get_template("notebook-blocks.md.j2").module
 
 
-# --- code ----------------------------------------------------------------------------------------
-
 def definition_source(path: Path, qualname: str) -> str:
     """The source of ``qualname`` (``Class.method``, ``outer.inner``) in ``path``, decorators included, dedented."""
     text = path.read_text(encoding="utf-8")
@@ -60,11 +58,8 @@ def definition_source(path: Path, qualname: str) -> str:
 
 
 def excerpt(path: str, qualname: str) -> str:
-    code = definition_source(REPO_ROOT / path, qualname)
-    return f"`{qualname}` in `{path}`:\n\n```python\n{code}\n```"
+    return f"`{qualname}` in `{path}`:\n\n```python\n{definition_source(REPO_ROOT / path, qualname)}\n```"
 
-
-# --- Triton stage configs ------------------------------------------------------------------------
 
 def node_config(stage_name: str) -> str:
     """The stage model's config as the node's Triton runs it (GPUs, onnxruntime), less every stage's label."""
@@ -130,8 +125,6 @@ def triton_models() -> str:
             any_stage[model], model, kind="cpu", onnxruntime=False, repository=MODELS_STAGING))) for model in ALL_MODELS])
 
 
-# --- what `make lab` runs ------------------------------------------------------------------------
-
 def lab_stages() -> str:
     """The stages `servelab lab --full` measures, those the tour (`make lab`) does, and those only the node runs."""
     notes = {TritonAdapter.STAND_IN: " (**LOCAL STAND-IN** for the ONNX Runtime backend)",
@@ -155,11 +148,10 @@ def lab_requirements() -> str:
     glibc, arch = re.search(r"manylinux_(\d+_\d+)_(\w+)", wheel.read_text("WHEEL") or "").groups()
     stubs = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver" / "python_backend_stubs"
     pythons = sorted((v.name for v in stubs.iterdir() if v.name in requires), key=lambda v: tuple(map(int, v.split("."))))
-    numpy = pins(REPO_ROOT / "constraints.txt")["numpy"]
     # The bundled tritonserver has stubs for more Pythons than the pins install on: the claim is the
     # version CI runs (`.ci/run`, `make test`), not every stub's.
     return prose(BLOCKS.lab_requirements(arch.replace("_", "-"), glibc.replace("_", "."), pythons[0],
-                                         " and ".join(pythons[1:]), numpy))
+                                         " and ".join(pythons[1:]), pins(REPO_ROOT / "constraints.txt")["numpy"]))
 
 
 LAB_RUN = REPO_ROOT / "docs" / "records" / "make-lab.json"  # a copy of a tour's results/run.json

@@ -115,7 +115,7 @@ def test_the_notebooks_table_is_the_notebooks_folder_and_what_names_a_notebook_n
     assert {s.notebook for s in CATALOGUE} - {""} <= set(NOTEBOOKS)
     said = {e.notebook for v in lessons.EXPECT.values() for e in (v.values() if isinstance(v, dict) else [v])}
     assert said - {"", "the lab"} <= set(NOTEBOOKS)
-    assert set(lease_plan.waits()) <= set(NOTEBOOKS) and set(lease_plan.CORE) < set(NOTEBOOKS)
+    assert set(lease_plan.rates()["wait"]) <= set(NOTEBOOKS) and set(lease_plan.CORE) < set(NOTEBOOKS)
 
 
 MEASURED = re.compile(r"await lab\.measure\((\w+|\"[\w-]+\"),(.*?)\)\n", re.DOTALL)

@@ -140,7 +140,7 @@ def test_reading_during_a_wait_is_counted_once():
 
 def test_every_figure_says_where_it_comes_from_and_the_table_reads_as_lines_for_people():
     r = lp.rates()
-    rows = [*r["allowance"].values(), *r["shell"].values(), *(w for ws in lp.waits().values() for w in ws)]
+    rows = [*r["allowance"].values(), *r["shell"].values(), *(w for ws in r["wait"].values() for w in ws)]
     assert all(row["source"] and 0 < row["seconds"][0] <= row["seconds"][1] <= row["seconds"][2] for row in rows)
     assert r["cells"]["factor"] > 0 and "original_lab.toml" in r["cells"]["source"]
     table = lp.plan_table()

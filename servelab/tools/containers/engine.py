@@ -48,13 +48,9 @@ def _alive(pid: int) -> bool:
 
 def _used_second_octets() -> set[int]:
     """10.X of every address and route on the machine, so our range collides with none."""
-    used = set()
-    for args in (["ip", "-4", "-o", "addr"], ["ip", "-4", "route"]):
-        out = subprocess.run(args, capture_output=True, text=True).stdout
-        for word in out.split():
-            if word.startswith("10."):
-                used.add(int(word.split(".")[1]))
-    return used
+    out = " ".join(subprocess.run(args, capture_output=True, text=True).stdout
+                   for args in (["ip", "-4", "-o", "addr"], ["ip", "-4", "route"]))
+    return {int(word.split(".")[1]) for word in out.split() if word.startswith("10.")}
 
 
 def owner_file(cache: Path) -> Path:

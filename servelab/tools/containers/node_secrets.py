@@ -29,8 +29,7 @@ def write(folder: Path = SECRETS_DIR, rotate: bool = False) -> dict[str, str]:
             done[name] = "kept"
             continue
         # Created with mode 0600 before a byte is written: never readable by others, not even for a moment.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
             out.write(f"# Written by `servelab secrets`; never commit or print it (docs/security.md).\n"
                       f"{variable}={secrets.token_urlsafe(TOKEN_BYTES)}\n")
         path.chmod(0o600)

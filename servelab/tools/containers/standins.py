@@ -31,8 +31,7 @@ def _unzip(wheel: Path, prefix: str, dest: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(info) as src, target.open("wb") as out:
                 shutil.copyfileobj(src, out)
-            mode = info.external_attr >> 16
-            target.chmod(0o755 if mode & stat.S_IXUSR else 0o644)
+            target.chmod(0o755 if (info.external_attr >> 16) & stat.S_IXUSR else 0o644)  # its Unix mode: the high bits
 
 
 def build_args(docker: Docker, cache: Path, versions: dict[str, str], log=print) -> dict[str, str]:

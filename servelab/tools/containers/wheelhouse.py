@@ -34,12 +34,9 @@ def cpu_torch() -> str:
 
 def image_extras() -> list[str]:
     """The extras the Dockerfiles' ``pip install ".[...]"`` lines name (Ray's image is built on the node only)."""
-    found: set[str] = set()
-    for path in [*REPO_ROOT.glob("*/Dockerfile"), *(REPO_ROOT / "docker").glob("Dockerfile.*")]:
-        if path.name != "Dockerfile.ray":
-            for extras in re.findall(r'"\.\[([\w,]+)\]"', path.read_text()):
-                found |= set(extras.split(","))
-    return sorted(found)
+    dockerfiles = [*REPO_ROOT.glob("*/Dockerfile"), *(REPO_ROOT / "docker").glob("Dockerfile.*")]
+    return sorted({extra for path in dockerfiles if path.name != "Dockerfile.ray"
+                   for extras in re.findall(r'"\.\[([\w,]+)\]"', path.read_text()) for extra in extras.split(",")})
 
 
 def requirements(versions: dict[str, str]) -> list[str]:

@@ -70,9 +70,6 @@ def nvidia_runtime(ctx: Context) -> Result:
                   "(the NVIDIA container toolkit step of 2_create_server_nvidia)")
 
 
-# --- /dev/shm for the Python backend -------------------------------------------------------------
-
-
 def compose_bytes(text: str) -> int:
     """A Compose byte value: ``2gb``, ``512m``, ``1048576`` (units are powers of 1024)."""
     found = re.fullmatch(r"(\d+)\s*([kmg]?)b?", text.strip().strip("'\"").lower())
@@ -133,9 +130,6 @@ def triton_shm(ctx: Context) -> Result:
         return Result(name, "fail", f"Triton's /dev/shm: {have}, but the Python backend may need {estimate}",
                       f"set shm_size of triton_server in {TRITON_COMPOSE} to at least {mib(need)}")
     return Result(name, "pass", f"Triton's /dev/shm: {have}, enough for {estimate}")
-
-
-# --- the Triton image: its Python-backend stub and its torch on the GPUs ---------------------------
 
 
 def container_probe_command(image: str) -> tuple[str, ...]:

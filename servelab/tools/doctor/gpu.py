@@ -34,9 +34,6 @@ def _no_gpu(name: str) -> Result:
     return Result(name, "skip", "no NVIDIA GPU here (see the gpus line)")
 
 
-# --- GPUs and driver -----------------------------------------------------------------------------
-
-
 def gpus_result(ctx: Context) -> Result:
     name, out = "gpus", ctx.output(NVIDIA_SMI_QUERY)
     if out.missing:
@@ -80,9 +77,6 @@ def gpu_list_result(found: Sequence[Gpu], *, node: bool) -> Result:
     return Result(name, "pass", detail)
 
 
-# --- PyTorch kernels -----------------------------------------------------------------------------
-
-
 def has_kernels(arch_list: Sequence[str], capability: Capability) -> bool:
     """Whether a build with these ``torch.cuda.get_arch_list()`` entries runs on that GPU: a cubin of the
     same major version and an equal or lower minor, or PTX of an equal or lower version (JIT-compiled)."""
@@ -104,11 +98,10 @@ def torch_kernels_result(found: Sequence[Gpu], arch_list: Sequence[str], version
     if missing := [g for g in found if not has_kernels(arch_list, g.capability)]:
         sms = sorted({f"sm_{g.capability[0]}{g.capability[1]}" for g in missing})
         pinned = versions.get("TORCH_VERSION", "2.13.0+cu126")
-        index = versions.get("TORCH_INDEX_URL", "https://download.pytorch.org/whl/cu126")
         return Result(name, "fail", f"PyTorch {version} has no kernels for {', '.join(sms)} "
                       f"({missing[0].name}); it has: {', '.join(arch_list) or 'none'}",
                       f"install PyTorch's CUDA 12.6 build (cu126), which has sm_60: pip install 'torch=={pinned}' "
-                      f"--index-url {index}")
+                      f"--index-url {versions.get('TORCH_INDEX_URL', 'https://download.pytorch.org/whl/cu126')}")
     return Result(name, "pass", f"PyTorch {version} has kernels for every GPU here ({', '.join(arch_list)})")
 
 
@@ -147,9 +140,6 @@ def pinned_torch(ctx: Context) -> Result:
     if pinned is None:
         return Result("pinned-torch", "skip", "no docker/.env here (servelab runs outside its checkout)")
     return pinned_torch_result(pinned, gpus(ctx))
-
-
-# --- ONNX Runtime and TensorRT -------------------------------------------------------------------
 
 
 def tiny_model() -> bytes:
@@ -203,11 +193,9 @@ def onnxruntime(ctx: Context) -> Result:
     except ImportError as exc:
         return Result("onnxruntime", "skip", f"{exc.name} is not installed in this environment")
     found, available = gpus(ctx), ort.get_available_providers()
-    on_gpu = {
-        (provider, g.index): active_providers(model, provider, g.index)
-        for g in found for provider in (TENSORRT, CUDA)
-        if provider in available and (provider != TENSORRT or g.capability >= TENSORRT_MIN_CAPABILITY)
-    }
+    on_gpu = {(provider, g.index): active_providers(model, provider, g.index)
+              for g in found for provider in (TENSORRT, CUDA)
+              if provider in available and (provider != TENSORRT or g.capability >= TENSORRT_MIN_CAPABILITY)}
     return onnxruntime_result(ort.__version__, found, available, active_providers(model, CPU), on_gpu)
 
 
