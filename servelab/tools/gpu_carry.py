@@ -45,9 +45,6 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(src, "sha256").hexdigest()
 
 
-# --- on the GPU machine: what its Python already has --------------------------------------------------
-
-
 def site_folders() -> list[str]:
     """This Python's own site folders: what .venv-gpu's gpu-python.pth names (the Makefile's $(GPU_STAMP))."""
     return [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
@@ -86,9 +83,6 @@ def read_have(path: Path) -> dict[str, str]:
     return have
 
 
-# --- on the networked machine: the folders ------------------------------------------------------------
-
-
 @dataclass
 class Piece:
     """One file of a folder: a whole wheelhouse file or a part of one (``length`` bytes from ``offset``)."""
@@ -106,8 +100,7 @@ def read_sums(house: Path) -> dict[str, str]:
         raise CarryError(f"{house}: no {SUMS}; make the wheelhouse with `make gpu-wheelhouse`")
     sums = {}
     for number, line in enumerate(sums_file.read_text().splitlines(), 1):
-        match = re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)  # `sha256sum`'s text or binary mark
-        if not match:
+        if not (match := re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)):  # `sha256sum`'s text or binary mark
             raise CarryError(f"{sums_file} line {number}: {line!r} is not `sha256  name`")
         sums[match[2]] = match[1]
     return sums
@@ -272,9 +265,6 @@ def summary(out: Path, manifest: dict) -> str:
     lines += [f"  left out {e['name']}: {e['reason']}" for e in manifest["left_out"]]
     lines += [f"  kept {f['name']}: {f['kept']}" for f in manifest["files"] if "kept" in f]
     return "\n".join(lines)
-
-
-# --- on the GPU machine: check and join ---------------------------------------------------------------
 
 
 def load_manifest(folder: Path) -> dict:

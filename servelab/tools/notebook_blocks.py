@@ -256,8 +256,7 @@ def original_figure(key: str, *measures: str) -> str:
     """One figure of servelab/data/original_lab.toml, as a sentence writes it (``18.7 ms``)."""
     step = original_lab.step(key)
     wanted = " ".join(measures)
-    found = [f for f in step.figures if f.measures == wanted]
-    if not found:
+    if not (found := [f for f in step.figures if f.measures == wanted]):
         raise LookupError(f"{key} has no figure {wanted!r}; it has: {', '.join(f.measures for f in step.figures)}")
     return f"{found[0].value:g} {found[0].unit}"
 

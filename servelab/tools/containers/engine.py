@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -190,14 +191,12 @@ class Engine:
 
 def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM a detached dockerd of ours (it stops its containers first), SIGKILL if it lingers."""
-    try:
+    with suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
         proc = psutil.Process(pid)
         proc.terminate()
         for lingering in psutil.wait_procs([proc], timeout)[1]:
             lingering.kill()
             lingering.wait(10.0)
-    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-        pass
 
 
 def stop_detached(cache: Path, log=print) -> bool:

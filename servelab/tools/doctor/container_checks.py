@@ -72,8 +72,7 @@ def nvidia_runtime(ctx: Context) -> Result:
 
 def compose_bytes(text: str) -> int:
     """A Compose byte value: ``2gb``, ``512m``, ``1048576`` (units are powers of 1024)."""
-    found = re.fullmatch(r"(\d+)\s*([kmg]?)b?", text.strip().strip("'\"").lower())
-    if found is None:
+    if (found := re.fullmatch(r"(\d+)\s*([kmg]?)b?", text.strip().strip("'\"").lower())) is None:
         raise ValueError(f"not a Compose size: {text!r}")
     return int(found[1]) * 1024 ** " kmg".index(found[2] or " ")
 
@@ -161,8 +160,7 @@ def triton_container_result(out: Output, found: Sequence[Gpu]) -> Result:
 
 def triton_container(ctx: Context) -> Result:
     name, compose = "triton-container", ctx.repo / TRITON_COMPOSE
-    found = gpus(ctx)
-    if not found:
+    if not (found := gpus(ctx)):
         return Result(name, "skip", "no NVIDIA GPU here (see the gpus line)")
     info = docker_info(ctx)
     if info is None or "nvidia" not in (info.get("Runtimes") or {}):

@@ -81,8 +81,7 @@ def has_kernels(arch_list: Sequence[str], capability: Capability) -> bool:
     """Whether a build with these ``torch.cuda.get_arch_list()`` entries runs on that GPU: a cubin of the
     same major version and an equal or lower minor, or PTX of an equal or lower version (JIT-compiled)."""
     for arch in arch_list:
-        found = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", arch)
-        if found is None:
+        if (found := re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", arch)) is None:
             continue
         built = (int(found[2]), int(found[3]))
         if found[1] == "sm" and built[0] == capability[0] and built[1] <= capability[1]:
@@ -122,8 +121,7 @@ def torch_kernels(ctx: Context) -> Result:
 def pinned_torch_result(pinned: str, found: Sequence[Gpu]) -> Result:
     """Whether the containers' pinned PyTorch build has kernels for the lab node's P100s and the GPUs here."""
     name, tag = "pinned-torch", pinned.partition("+")[2]
-    floor = TORCH_BUILD_MIN_CAPABILITY.get(tag)
-    if floor is None:
+    if (floor := TORCH_BUILD_MIN_CAPABILITY.get(tag)) is None:
         return Result(name, "warn", f"docker/.env pins torch {pinned}, a build whose GPU range this check "
                       "does not know", "pin a +cu126 build: PyTorch's CUDA 12.6 wheels keep sm_60")
     targets = {LAB_NODE_CAPABILITY: "the lab node's P100s", **{g.capability: g.name for g in found}}
@@ -136,8 +134,7 @@ def pinned_torch_result(pinned: str, found: Sequence[Gpu]) -> Result:
 
 
 def pinned_torch(ctx: Context) -> Result:
-    pinned = pins(ctx).get("TORCH_VERSION")
-    if pinned is None:
+    if (pinned := pins(ctx).get("TORCH_VERSION")) is None:
         return Result("pinned-torch", "skip", "no docker/.env here (servelab runs outside its checkout)")
     return pinned_torch_result(pinned, gpus(ctx))
 
