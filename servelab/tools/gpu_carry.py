@@ -128,8 +128,7 @@ def first_fit_decreasing(pieces: list[Piece], capacity: int) -> list[list[Piece]
 
 def cut(house: Path, name: str, capacity: int) -> list[Piece]:
     """The whole file where it fits a folder, else parts of ``capacity`` bytes (the last one shorter)."""
-    size = (house / name).stat().st_size
-    if size <= capacity:
+    if (size := (house / name).stat().st_size) <= capacity:
         return [Piece(house / name, name, 0, size)]
     count = -(-size // capacity)
     width = max(2, len(str(count - 1)))
@@ -169,8 +168,7 @@ def plan(house: Path, sums: dict[str, str], carried: list[str], left_out: dict[s
                          f"and it takes {reserve} bytes or more")
     while True:
         folders, manifest = layout(limit - reserve)
-        needed = len(render(manifest))
-        if needed <= reserve:
+        if (needed := len(render(manifest))) <= reserve:
             return folders, manifest
         reserve = needed
 

@@ -30,8 +30,7 @@ def pins(path: Path) -> dict[str, str]:
     """``name==version`` lines of a constraints file, by canonical name."""
     found = {}
     for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
+        if line := line.split("#", 1)[0].strip():
             name, _, version = line.partition("==")
             found[canonicalize_name(name)] = version.strip()
     return found

@@ -137,7 +137,6 @@ def lab_stages() -> str:
 
 def lab_requirements() -> str:
     """What `make lab` needs: our Python, and the platform and Pythons nvidia-pytriton's tritonserver runs on."""
-
     # Deferred: pip's, not a declared dependency; only this check needs it.
     from packaging.specifiers import SpecifierSet
 

@@ -159,8 +159,7 @@ def _jpeg_end(data: bytes, start: int) -> int:
     """Index just past the EOI marker of the JPEG at ``start``, walking its segments."""
     i = start + 2
     while i < len(data):
-        marker = data[i + 1]
-        if marker == 0xD9:
+        if (marker := data[i + 1]) == 0xD9:
             return i + 2
         if marker == 0xDA:  # start of scan: entropy-coded data until the next non-RST marker
             i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
@@ -231,8 +230,7 @@ def collect(debs: Path, dest: Path = PHOTO_DIR) -> list[Photo]:
                     photos.append(Photo(
                         file=name, sha256=hashlib.sha256((dest / name).read_bytes()).hexdigest(),
                         package=package, package_version=version, path="/" + path, quadrant=q,
-                        source_sha256=hashlib.sha256(data).hexdigest(),
-                        licence=licence, copyright=holder))
+                        source_sha256=hashlib.sha256(data).hexdigest(), licence=licence, copyright=holder))
     (dest / MANIFEST).write_text(json.dumps([p.model_dump() for p in photos], indent=1) + "\n")
     return photos
 

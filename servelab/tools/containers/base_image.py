@@ -19,7 +19,7 @@ IMAGE = "servelab-standin/debian12"
 
 
 def key() -> str:
-    spec = {"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": []}  # none: the Dockerfiles' apt
+    spec = {"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": []}  # no --include; the key stays
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -29,8 +29,7 @@ def tarball(cache: Path) -> Path:
 
 def make_tarball(cache: Path, log=print) -> Path:
     """debootstrap into a scratch folder, drop apt's caches and lists, tar it (numeric owners)."""
-    target = tarball(cache)
-    if target.exists():
+    if (target := tarball(cache)).exists():
         return target
     if not shutil.which("debootstrap"):
         raise RuntimeError("debootstrap is needed to make the base image: `apt-get install debootstrap`")

@@ -78,11 +78,6 @@ class StageRunner:
         self.free_ports, self.log = free_ports, log
         self.ports: dict[str, dict[str, dict[int, int]]] = {}  # project -> service -> ports
 
-    def shell(self, stage: ComposeStage, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        # Compose builds nothing: `up` builds the stage's images from docker-bake.hcl first (or they were
-        # pulled: `extra` names a registry and the policy `missing`).
-        return {"SERVELAB_PULL_POLICY": "never", **self.build_args, **stage.shell, **(extra or {})}
-
     def files(self, stage: ComposeStage) -> list[str]:
         files = [stage.path] + ([stage.no_gpu] if stage.no_gpu else [])
         local = self.work_dir / f"{stage.project}.local.yaml"
@@ -92,7 +87,10 @@ class StageRunner:
     def compose(self, stage: ComposeStage, *args: str, extra: Mapping[str, str] | None = None,
                 timeout: float | None = None):
         node_secrets.write()  # the env files the compose files read (kept where they exist), as on the node
-        return self.docker.compose(*self.files(stage), *args, extra_env=self.shell(stage, extra), timeout=timeout)
+        # Compose builds nothing: `up` builds the stage's images from docker-bake.hcl first (or they were
+        # pulled: `extra` names a registry and the policy `missing`).
+        env = {"SERVELAB_PULL_POLICY": "never", **self.build_args, **stage.shell, **(extra or {})}
+        return self.docker.compose(*self.files(stage), *args, extra_env=env, timeout=timeout)
 
     def build(self, config: dict) -> list[str]:
         """The images the stage runs (and the stages they start from), as docker-bake.hcl defines them."""

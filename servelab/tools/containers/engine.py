@@ -201,8 +201,7 @@ def stop_pid(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
 
 def stop_detached(cache: Path, log=print) -> bool:
     """Stop the engine a detached `servelab containers up` started; False if none runs."""
-    state = Engine.attach(cache)
-    if state is None:
+    if (state := Engine.attach(cache)) is None:
         owner_file(cache).unlink(missing_ok=True)
         return False
     stop_dockerd(state)
@@ -250,9 +249,8 @@ def _remove_iptables_rules(bridges: set[str], prefix: str) -> None:
     """Delete only the rules that name one of our bridges or addresses; the chains stay (shared)."""
     if not shutil.which("iptables-save"):
         return
-    dump = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     table = ""
-    for line in dump.splitlines():
+    for line in subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines():
         if line.startswith("*"):
             table = line[1:]
         elif line.startswith("-A ") and (any(f" {b} " in f"{line} " for b in bridges) or f" {prefix}" in line

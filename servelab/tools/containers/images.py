@@ -129,8 +129,7 @@ def build(docker: Docker, targets: Mapping[str, dict], names: tuple[str, ...] = 
         tags = target.get("tags", [])
         for ref, source in target.get("contexts", {}).items():
             assert source.startswith("target:") and ref in targets[source[7:]]["tags"], f"{name}: context {ref}"
-        key = target.get("labels", {}).get(LABEL)
-        if key and all(docker.image_label(t, LABEL) == key for t in tags):
+        if (key := target.get("labels", {}).get(LABEL)) and all(docker.image_label(t, LABEL) == key for t in tags):
             built += tags
             continue
         context = Path(REPO_ROOT, target["context"])

@@ -162,8 +162,7 @@ def triton_container(ctx: Context) -> Result:
     name, compose = "triton-container", ctx.repo / TRITON_COMPOSE
     if not (found := gpus(ctx)):
         return Result(name, "skip", "no NVIDIA GPU here (see the gpus line)")
-    info = docker_info(ctx)
-    if info is None or "nvidia" not in (info.get("Runtimes") or {}):
+    if (info := docker_info(ctx)) is None or "nvidia" not in (info.get("Runtimes") or {}):
         return Result(name, "skip", "needs Docker with the NVIDIA runtime (see the docker and nvidia-runtime lines)")
     if not compose.is_file():
         return Result(name, "skip", f"no {TRITON_COMPOSE} here (servelab runs outside its checkout)")

@@ -143,8 +143,7 @@ def tiny_model() -> bytes:
     """A one-node ONNX graph (y = relu(x)), built in memory: enough for a session to pick its providers."""
     from onnx import TensorProto, helper  # deferred: an optional extra (torch), loaded only when this runs
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y"))
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "doctor", [x], [y])
     # IR 8 / opset 17: old enough for every onnxruntime the lab uses (Triton 24.10 has 1.19).
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
