@@ -73,14 +73,14 @@ def main(argv: list[str]) -> int:
         return 1
     for version, recorded in checked.items():
         live = index_requires(version)
+        problems = conflicts(pinned, live)
         if sorted(live) != sorted(recorded):
-            failed = True
-            print(f"torch=={version}: the index says\n  {' | '.join(live)}\nbut {path} records\n  {' | '.join(recorded)}")
-        for problem in conflicts(pinned, live):
-            failed = True
+            problems.insert(0, f"the index says\n  {' | '.join(live)}\nbut {path} records\n  {' | '.join(recorded)}")
+        for problem in problems:  # each version on its own: one that fails does not silence the next one's OK
             print(f"torch=={version}: {problem}")
-        if not failed:
+        if not problems:
             print(f"torch=={version}: its {len(live)} requirements agree with the header and every pin of {path}")
+        failed = failed or bool(problems)
     return 1 if failed else 0
 
 
