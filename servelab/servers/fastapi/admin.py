@@ -11,8 +11,7 @@ from servelab.core.settings import get_settings
 
 
 class ReloadRefused(RuntimeError):
-    """The service refused the reload (the model missing or broken, another reload running); it still
-    serves the model it had."""
+    """The service refused the reload (model missing or broken, another reload running); the old model still serves."""
 
 
 def admin_headers(token: str | None = None) -> dict[str, str]:

@@ -1,10 +1,9 @@
 """An async micro-batcher: FastAPI's counterpart of Triton's dynamic batcher.
 
-One loop takes queued requests in arrival order, stacks up to ``max_batch_size`` images into one
-inference (in its own thread, off the event loop) and hands each request its rows. With fewer waiting, it
-waits until the oldest has waited ``timeout_s`` (Triton's ``max_queue_delay``); while an inference runs, new
-requests queue, so a busy server forms full batches with no added delay. A request's images stay
-together, so one larger than ``max_batch_size`` runs alone.
+One loop takes queued requests in arrival order, stacks up to ``max_batch_size`` images into one inference (in its own
+thread, off the event loop) and hands each request its rows. With fewer waiting, it waits until the oldest has waited
+``timeout_s`` (Triton's ``max_queue_delay``); while an inference runs, new requests queue, so a busy server forms full
+batches with no added delay. A request's images stay together, so one larger than ``max_batch_size`` runs alone.
 
 ``instances`` inferences may run at once (Triton's instance count): on a CPU two inferences on one
 intra-op thread each cost less CPU per image than one on two threads, and a batch forms only while every
@@ -39,20 +38,7 @@ class BatchResult:
 
 
 T = TypeVar("T")
-THREADS_START_S = 30.0  # how long the calls of ``in_threads`` wait for each other to start
-
-
-async def in_threads(executor: ThreadPoolExecutor, threads: int, fn: Callable[[], T]) -> list[T]:
-    """``fn()`` once in each of ``threads`` threads (each waits for all to start, so no thread runs two): a
-    runtime that keeps per-thread state (PyTorch) is warm only in the threads that ran it."""
-    started = threading.Barrier(threads)
-
-    def call() -> T:
-        started.wait(THREADS_START_S)
-        return fn()
-
-    loop = asyncio.get_running_loop()
-    return list(await asyncio.gather(*(loop.run_in_executor(executor, call) for _ in range(threads))))
+THREADS_START_S = 30.0  # how long the calls of ``MicroBatcher.warm_up`` wait for each other to start
 
 
 @dataclass
@@ -92,8 +78,17 @@ class MicroBatcher:
                 item.future.set_exception(RuntimeError("the service is shutting down"))
         self._executor.shutdown(wait=True)
 
-    async def warm_up(self, fn: Callable[[], T], threads: int | None = None) -> list[T]:  # default: every thread
-        return await in_threads(self._executor, threads or self.instances, fn)
+    async def warm_up(self, fn: Callable[[], T], threads: int | None = None) -> list[T]:
+        """``fn()`` once in each of ``threads`` inference threads (default: all; each waits for all to start, so
+        no thread runs two): a runtime that keeps per-thread state (PyTorch) is warm only in the threads that ran it."""
+        started = threading.Barrier(threads or self.instances)
+
+        def call() -> T:
+            started.wait(THREADS_START_S)
+            return fn()
+
+        loop = asyncio.get_running_loop()
+        return list(await asyncio.gather(*(loop.run_in_executor(self._executor, call) for _ in range(started.parties))))
 
     async def submit(self, x: np.ndarray) -> BatchResult:
         """One request's images [n, 3, H, W] -> their logits [n, classes], inferred with whatever else is waiting.
@@ -111,8 +106,7 @@ class MicroBatcher:
     async def _fill(self) -> None:
         deadline = self._pending[0].submitted + self.timeout_s
         while sum(len(p.x) for p in self._pending) < self.max_batch_size:
-            remaining = deadline - perf_counter()
-            if remaining <= 0:
+            if (remaining := deadline - perf_counter()) <= 0:
                 return
             self._arrived.clear()
             try:

@@ -116,7 +116,7 @@ class Batcher:
             while True:
                 header = json.loads(await received(conn))
                 if images is None:  # the server process sized its arena before it sent anything
-                    memory, images = slots_of(fd, held.described["image"]["shape"], held.described["image"]["dtype"])
+                    memory, images = slots_of(fd, **held.described["image"])
                 task = asyncio.create_task(self._infer(held.pipeline, images[header["slots"]], header, conn))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
@@ -153,8 +153,7 @@ class Batcher:
 
 
 async def _serve(app: str, path: str) -> int:
-    settings = get_settings()
-    batcher = Batcher(importlib.import_module(app.partition(":")[0]).load, settings)
+    batcher = Batcher(importlib.import_module(app.partition(":")[0]).load, get_settings())
     loop = asyncio.get_running_loop()
     connections: set[asyncio.Task] = set()
     stop = asyncio.Event()

@@ -1,9 +1,8 @@
 """A response cache in front of ``POST /predict`` (``CACHE_URL``, ``CACHE_TTL_S``), and the redis-server it uses.
 
-The key is the sha256 of the *decoded* image bytes (a ``data:`` prefix or line breaks in the base64 do not
-matter) and ``cache_version`` (anything that changes an answer changes the key, a reload included). Each
-response says ``X-Cache: hit``, ``miss`` or ``error``, also counted, so a load generator reads the hit ratio
-from the server.
+The key is the sha256 of the *decoded* image bytes (a ``data:`` prefix or line breaks in the base64 do not matter) and
+``cache_version`` (anything that changes an answer changes the key, a reload included). Each response says ``X-Cache:
+hit``, ``miss`` or ``error``, also counted, so a load generator reads the hit ratio from the server.
 
 Redis is an optimisation, never a dependency: when it does not answer (down, slow, refused) the model
 answers, the failure is logged once (and once more when Redis is back), and Redis is left alone for
@@ -52,17 +51,13 @@ class ResponseCache:
     """``lookup`` before the model, ``keep`` after it; with no ``url``, a miss that sets no header."""
 
     def __init__(self, url: str, ttl_s: float, counter):
-        self.url, self.ttl_s = url, ttl_s
+        self.url, self.ttl_s, self.enabled = url, ttl_s, bool(url)
         self.counter = counter  # Metrics.cache, by result
         for result in RESULTS if self.enabled else ():  # at 0 from the start: a reader's first delta counts them all
             counter.labels(result)
         self._client = None
         self._down_until = 0.0
         self._down = False
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.url)
 
     def start(self, backend: Backend) -> None:
         """Open the client (it connects on first use); ``backend``: for the log."""
@@ -86,9 +81,10 @@ class ResponseCache:
             await self._client.aclose()
             self._client = None
 
-    def _note(self, response: Response, result: str) -> None:
+    def _noted(self, response: Response, result: str, lookup: Lookup) -> Lookup:
         response.headers[HEADER] = result
         self.counter.labels(result).inc()
+        return lookup
 
     def _failed(self, what: str, exc: Exception) -> None:
         self._down_until = time.monotonic() + RETRY_AFTER_S
@@ -103,28 +99,23 @@ class ResponseCache:
         # The request's own model (a reload may swap another in while it runs): its answers, its keys.
         key = f"servelab:predict:{cache_version(SERVING.get())}:{hashlib.sha256(decode_base64(image)).hexdigest()}"
         if time.monotonic() < self._down_until:
-            self._note(response, "error")
-            return Lookup(None)
+            return self._noted(response, "error", Lookup(None))
         try:
             value = await self._client.get(key)
         except Exception as exc:  # any failure of the cache falls back to the model
             self._failed("lookup", exc)
-            self._note(response, "error")
-            return Lookup(None)
+            return self._noted(response, "error", Lookup(None))
         if self._down:
             self._down = False
             log.info("response cache: Redis at %s answers again", self.url)
         if value is None:
-            self._note(response, "miss")
-            return Lookup(key)
+            return self._noted(response, "miss", Lookup(key))
         try:
             answer = PredictResponse.model_validate_json(value)
         except ValueError as exc:  # not ours, or from an older schema: ask the model, overwrite it
             self._failed("read (the entry is not a prediction)", exc)
-            self._note(response, "error")
-            return Lookup(key)
-        self._note(response, "hit")
-        return Lookup(key, answer)
+            return self._noted(response, "error", Lookup(key))
+        return self._noted(response, "hit", Lookup(key, answer))
 
     async def keep(self, lookup: Lookup, answer: PredictResponse) -> None:
         if lookup.key is None or time.monotonic() < self._down_until:
@@ -150,6 +141,7 @@ class LocalRedis(ChildServer):
 
     def __init__(self, binary: ToolBinary, home: Path, port: int = 0, max_memory: str = "256mb"):
         self.home, self.port = Path(home), port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
         self.home.mkdir(parents=True, exist_ok=True)
         # allkeys-lru: a full cache drops its least recently used answers rather than refusing new ones.
         self.process = ServerProcess(
@@ -157,10 +149,6 @@ class LocalRedis(ChildServer):
              "--dir", str(self.home), "--maxmemory", max_memory, "--maxmemory-policy", "allkeys-lru"],
             None, self.home / f"redis-{self.port}.log", env=binary.env(), ready_timeout=30, stop_timeout=10,
             ready_check=self.answers)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self):  # for reading the cache back (tests, the lab)
         import redis  # deferred: an optional extra (serve), only with a response cache

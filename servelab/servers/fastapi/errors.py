@@ -1,10 +1,9 @@
 """Every error is a JSON ``{"detail": "..."}`` with a 4xx/5xx status, never an HTTP 200: which status when
 is ``ERROR_RESPONSES`` (shown in ``/docs``); a 500 is a bug, its traceback in the log, not sent to the client.
 
-Shedding answers 503, not 429: 429 says *this client* sent too many requests (a quota it can keep to
-by itself), while a full queue is the *server's* state, whoever sent the requests; 503 with
-``Retry-After`` is HTTP's "overloaded, come back later", which proxies, load balancers and client
-retry policies already treat as retryable on another replica or later.
+Shedding answers 503, not 429: 429 says *this client* sent too many requests (a quota it can keep to by itself), while a
+full queue is the *server's* state, whoever sent the requests; 503 with ``Retry-After`` is HTTP's "overloaded, come back
+later", which proxies, load balancers and client retry policies already treat as retryable on another replica or later.
 """
 
 import asyncio
@@ -140,8 +139,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > self.limit:
+        if (declared := Headers(scope=scope).get("content-length", "")).isdigit() and int(declared) > self.limit:
             await JSONResponse({"detail": self._detail(declared)}, status_code=413)(scope, receive, send)
             return
         received = 0
@@ -175,8 +173,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     # The offending input is not echoed back: it may be megabytes of base64.
     errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
     detail = "invalid request: " + "; ".join(_describe(e) for e in exc.errors())
-    content_type = request.headers.get("content-type", "")
-    if content_type and "json" not in content_type:
+    if (content_type := request.headers.get("content-type", "")) and "json" not in content_type:
         detail += f" (the body must be JSON, sent as Content-Type: application/json, not {content_type})"
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
 

@@ -107,8 +107,7 @@ class SessionCollector(Collector):
         for count in self.counts():
             runs.add_metric([count["session_batch"]], count["runs"])
             changes.add_metric([count["session_batch"]], count["shape_changes"])
-        yield runs
-        yield changes
+        yield from (runs, changes)
 
 
 class MetricsMiddleware:

@@ -3,15 +3,14 @@
 Decoding and preprocessing run in a bounded pool of workers, inference in the micro-batcher's thread.
 ``servelab benchmark`` drives the same ``Pipeline`` in-process to measure what HTTP adds.
 
-**Threads or processes** (``PREPROCESS_PROCESSES``): the workers run ``servelab.core.preprocess.prepare_timed``
-in threads of the server process or in worker processes. Pillow and NumPy release the GIL, but the rest
-of each image holds it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the lab's 2-CPU VM;
-about a tenth in all), which caps threads near ten cores' worth less the event loop's share; and a thread
-back from C code waits up to the 5 ms switch interval for one busy in Python (on that VM a preprocessing
-thread next to one ran at 7-36 % of its speed alone, a worker process at 49-63 %). A worker process has
-its own GIL for ~0.1 ms of pickling: the default where the model runs on a GPU and the CPUs would
-otherwise idle. On the CPU, inference needs the cores and the server process would take one from the
-workers (on that VM 2 worker processes preprocessed 0.72-0.77x as fast as 2 threads), so threads stay.
+**Threads or processes** (``PREPROCESS_PROCESSES``): the workers run ``servelab.core.preprocess.prepare_timed`` in
+threads of the server process or in worker processes. Pillow and NumPy release the GIL, but the rest of each image holds
+it (base64 alone took 0.43 of 6.1 ms for the bundled photo on the lab's 2-CPU VM; about a tenth in all), which caps
+threads near ten cores' worth less the event loop's share; and a thread back from C code waits up to the 5 ms switch
+interval for one busy in Python (on that VM a preprocessing thread next to one ran at 7-36 % of its speed alone, a
+worker process at 49-63 %). A worker process has its own GIL for ~0.1 ms of pickling: the default where the model runs
+on a GPU and the CPUs would otherwise idle. On the CPU, inference needs the cores and the server process would take one
+from the workers (on that VM 2 worker processes preprocessed 0.72-0.77x as fast as 2 threads), so threads stay.
 
 A worker process that dies (killed, out of memory, a decoder crash) breaks the whole pool: a new one replaces
 it and the requests waiting run again on it, once (``prepare_in_worker``): an image that crashes the decoder
@@ -41,7 +40,6 @@ from servelab.servers.fastapi.batcher import BatchResult, MicroBatcher
 from servelab.servers.fastapi.errors import WorkerLost
 from servelab.servers.fastapi.metrics import Metrics
 from servelab.servers.fastapi.runtimes import Backend, model_instances, preprocess_workers
-from servelab.servers.fastapi.timing import Timing
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -52,6 +50,24 @@ class Prepared:
     submitted: float  # perf_counter() when the request asked for its workers
     started: float  # when the first worker started on it
     ended: float  # when the last one finished
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where one request's time went, as a standard ``Server-Timing`` header (milliseconds): ``queue`` is time
+    waiting (for a preprocessing worker, then for a place in a batch), ``preprocess`` decoding and preprocessing,
+    ``infer`` the inference call, ``total`` the whole request inside the service; ``batch;desc=N`` how many images
+    that inference held. ``servelab.measure.server_timing`` splits client-side latency with it, as perf_analyzer
+    does for Triton."""
+
+    queue_s: float
+    preprocess_s: float
+    infer_s: float
+    batch_size: int
+
+    def header(self, total_s: float) -> str:
+        parts = [("queue", self.queue_s), ("preprocess", self.preprocess_s), ("infer", self.infer_s), ("total", total_s)]
+        return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in parts) + f", batch;desc={self.batch_size}"
 
 
 PROBE_RUNS = 3  # after the warm-up, each cost's fastest of a few: the start-up log's measured "why"
@@ -116,10 +132,10 @@ class Pipeline:
         self._prepare = partial(prepare_timed, step=step, **kwargs, max_pixels=settings.max_image_pixels)
         # ``batcher``: anything with MicroBatcher's interface (Ray Serve's stages pass their @serve.batch one);
         # beside a batcher process (SHARED_BATCHER), the model and its batcher are that process's.
-        self.batcher = backend.remote if backend.remote is not None else batcher(backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
-                               on_batch=metrics.observe_batch if metrics else None,
-                               instances=model_instances(settings, backend),
-                               max_queue_delay_s=settings.max_queue_delay_ms / 1000)
+        self.batcher = backend.remote or batcher(
+            backend.infer, settings.max_batch_size, settings.batch_timeout_ms / 1000,
+            on_batch=metrics.observe_batch if metrics else None, instances=model_instances(settings, backend),
+            max_queue_delay_s=settings.max_queue_delay_ms / 1000)
 
     def _new_pool(self) -> Executor:
         if self.mode == "threads":
@@ -156,7 +172,7 @@ class Pipeline:
         raise WorkerLost("preprocessing worker processes died twice while this request waited for them "
                                    "(the pool was restarted each time); retry the request")
 
-    def _replace(self, broken: Executor) -> Executor:
+    def _replace(self, broken: Executor) -> None:
         """A new pool for one whose worker died (only the first request to notice replaces it)."""
         if broken is self._pool:
             log.error("a preprocessing worker process died; starting a new pool of %d", self.workers)
@@ -167,7 +183,6 @@ class Pipeline:
             self._pool = self._new_pool()
             if self.metrics is not None:
                 self.metrics.preprocess_pool_restarts.inc()
-        return self._pool
 
     async def warm_up(self, text: str, batch_sizes: list[int]) -> Probe:
         """Preprocess a real photo once per worker (worker processes start and import here, not on the first
@@ -183,10 +198,8 @@ class Pipeline:
             log.info("warm-up: %d inference thread(s), each at batch sizes %s, then single images until their times "
                      "settled: %s runs, the last %s ms", len(singles), batch_sizes,
                      "/".join(str(len(ms)) for ms in singles), "/".join(f"{ms[-1]:.1f}" for ms in singles))
-        preprocess_ms = []
-        for _ in range(PROBE_RUNS):
-            _, started, ended = await self.prepare_in_worker(text)
-            preprocess_ms.append((ended - started) * 1e3)
+        runs = [await self.prepare_in_worker(text) for _ in range(PROBE_RUNS)]  # one after another: each alone
+        preprocess_ms = [(ended - started) * 1e3 for _, started, ended in runs]
         return Probe(min(preprocess_ms), min(min(ms[-PROBE_RUNS:]) for ms in singles))
 
     async def preprocess(self, images: list[str]) -> Prepared:

@@ -29,7 +29,6 @@ from servelab.servers.fastapi.siblings import Siblings, cpus
 
 log = logging.getLogger("servelab.servers.fastapi")
 
-BackendKind = Literal["pytorch", "onnx"]
 TENSORRT, CUDA = GPU_PROVIDERS
 CPU = "CPUExecutionProvider"
 PROVIDER_ALIASES = {"tensorrt": TENSORRT, "trt": TENSORRT, "cuda": CUDA, "cpu": CPU}
@@ -47,7 +46,7 @@ class OptionsNotInForce(RuntimeError):
 @dataclass
 class Backend:
     """A loaded classifier and what /ready and the startup log say about it."""
-    kind: BackendKind
+    kind: Literal["pytorch", "onnx"]
     infer: Callable[[np.ndarray], np.ndarray]  # a batch of model inputs -> logits, in the calling thread
     manifest: Manifest
     on_gpu: bool
@@ -92,10 +91,7 @@ def intra_op_threads(settings: ServeSettings) -> int:
     return settings.intra_op_threads or max(1, cpus() // (settings.model_instances or cpus()))
 
 
-PreprocessMode = Literal["threads", "processes"]
-
-
-def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[PreprocessMode, int]:
+def preprocess_workers(settings: ServeSettings, backend: Backend) -> tuple[Literal["threads", "processes"], int]:
     """How images are decoded and preprocessed, and by how many workers. On a GPU, worker processes
     on every CPU but one (the server's event loop and the thread driving the GPU keep that one); on
     the CPU, WORKER_THREADS threads, else one per CPU, sharing the cores with the inferences: the scheduler
@@ -224,8 +220,7 @@ def requested_providers(spec: str, available: list[str]) -> tuple[list[str], lis
         return [p for p in (TENSORRT, CUDA, CPU) if p in available], []
     wanted, warnings = [], []
     for name in (part.strip() for part in spec.split(",") if part.strip()):
-        full = PROVIDER_ALIASES.get(name.lower(), name)
-        if full not in available:
+        if (full := PROVIDER_ALIASES.get(name.lower(), name)) not in available:
             warnings.append(f"ORT_PROVIDERS asks for {full}, which this onnxruntime build does not have "
                             f"(available: {', '.join(available)})")
         elif full not in wanted:
@@ -243,10 +238,9 @@ def tensorrt_options(settings: ServeSettings, path: Path) -> dict[str, Any]:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     model_input = ort.InferenceSession(str(path), options, providers=[CPU]).get_inputs()[0]
-    input_name, image_shape = model_input.name, model_input.shape[1:]
+    input_name, shape = model_input.name, "x".join(map(str, model_input.shape[1:]))
     cache = settings.trt_cache_path.expanduser()
     cache.mkdir(parents=True, exist_ok=True)
-    shape = "x".join(map(str, image_shape))
     return {
         "trt_fp16_enable": settings.trt_fp16,
         "trt_engine_cache_enable": settings.trt_engine_cache,
@@ -311,15 +305,12 @@ def onnx_backend(settings: ServeSettings, open_session: SessionOpener, *, allow_
         log.info("this onnxruntime build has no GPU execution provider (available: %s); running on the CPU",
                  ", ".join(available))
     # provider_options (in describe): what each active provider really runs with, read back from the session.
-    details = {
-        **classifier.describe(), "requested_providers": wanted, "onnxruntime": ort.__version__,
-        "intra_op_threads": threads, "inter_op_threads": settings.inter_op_threads,
-        "execution_mode": settings.ort_execution_mode, "graph_optimization": settings.ort_graph_optimization,
-    }
+    details = {**classifier.describe(), "requested_providers": wanted, "onnxruntime": ort.__version__,
+               "intra_op_threads": threads, "inter_op_threads": settings.inter_op_threads,
+               "execution_mode": settings.ort_execution_mode, "graph_optimization": settings.ort_graph_optimization}
     variant = {"name": settings.onnx_variant, "file": path.name, "size_bytes": path.stat().st_size,
                "precision": PRECISION[settings.onnx_variant],
                "input": f"{classifier.input_name} {classifier.input_dtype} {classifier.input_shape}"}
-    return _checked(Backend("onnx", classifier.infer, manifest, on_gpu, threads, details, warnings, variant,
-                            classifier, model_version(path), classifier.input_dtype == np.uint8),
-                    settings, allow_gpu_only_on_cpu)
+    return _checked(Backend("onnx", classifier.infer, manifest, on_gpu, threads, details, warnings, variant, classifier,
+                            model_version(path), classifier.input_dtype == np.uint8), settings, allow_gpu_only_on_cpu)
 

@@ -35,7 +35,7 @@ from servelab.servers.fastapi.batcher import MicroBatcher
 from servelab.servers.fastapi.cache import ResponseCache
 from servelab.servers.fastapi.errors import ERROR_RESPONSES, RELOAD_RESPONSES, install_error_handlers
 from servelab.servers.fastapi.metrics import START_KEY, Metrics, MetricsMiddleware
-from servelab.servers.fastapi.pipeline import Pipeline, warm
+from servelab.servers.fastapi.pipeline import Pipeline, Timing, warm
 from servelab.servers.fastapi.runtimes import Backend, max_infer_batch, why_threads
 from servelab.servers.fastapi.schemas import (
     SERVING,
@@ -50,7 +50,6 @@ from servelab.servers.fastapi.schemas import (
     Workers,
 )
 from servelab.servers.fastapi.siblings import Siblings, cpus
-from servelab.servers.fastapi.timing import Timing
 
 log = logging.getLogger("servelab.servers.fastapi")
 
@@ -86,7 +85,7 @@ class Service:
         self.not_ready_reason = "the model is loading"
         self.generations = Generations()
         self._reloading = asyncio.Lock()
-        self._retiring: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()  # the warm-up, replaced models draining: they end with serving
 
     @property
     def model_name(self) -> str:
@@ -104,7 +103,6 @@ class Service:
         self.metrics.serving.labels(backend.version, backend.manifest.name).set(1)
         self.not_ready_reason = "the model is warming up"
         self._log_startup()
-        warm_up = None
         # Beside other processes, one takes connections only once warm: the others answer meanwhile.
         warm_up_first = warm_up_first or self.siblings is not None
         try:
@@ -115,18 +113,15 @@ class Service:
                 if self.siblings:
                     self.siblings.announce(backend.version)
             else:
-                warm_up = asyncio.create_task(self.warm_up())
+                self._background.add(asyncio.create_task(self.warm_up()))
             yield
         finally:
-            if warm_up is not None:
-                warm_up.cancel()
-                await asyncio.gather(warm_up, return_exceptions=True)
             if self.siblings:
                 self.siblings.leave()
             self.ready = False
-            for task in self._retiring:  # replaced models still draining close now
+            for task in self._background:  # a warm-up still running, replaced models still draining: end now
                 task.cancel()
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+            await asyncio.gather(*self._background, return_exceptions=True)
             await self.pipeline.close()
             await self.cache.close()
 
@@ -259,8 +254,8 @@ class Service:
                 await old.close()
 
         task = asyncio.create_task(drain_then_close())
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def readiness(self) -> Ready:
         self.ready_pipeline()
@@ -306,9 +301,7 @@ class Generations:
         return self.current
 
     def leave(self, generation: int) -> None:
-        self.open[generation] -= 1
-        if not self.open[generation]:
-            del self.open[generation]
+        self.open -= Counter([generation])  # in place; a generation none is open in drops out
 
     async def drained(self, generation: int, timeout_s: float) -> bool:
         deadline = perf_counter() + timeout_s
@@ -320,9 +313,8 @@ class Generations:
 
 
 class AdminGuardMiddleware:
-    """What ``/admin/*`` asks of a request, before its body is read: nothing is there without ADMIN_TOKEN
-    (404, as for any unknown path), and with it ``Authorization: Bearer <ADMIN_TOKEN>`` (401 without a
-    token, 403 with another)."""
+    """What ``/admin/*`` asks of a request, before its body is read: nothing is there without ADMIN_TOKEN (404, as for
+    any unknown path), and with it ``Authorization: Bearer <ADMIN_TOKEN>`` (401 without a token, 403 with another)."""
 
     def __init__(self, app: ASGIApp, token: str):
         self.app, self.expected = app, token.encode()

@@ -78,12 +78,11 @@ async def received(conn: Connection) -> bytes:
     return conn.recv_bytes()
 
 
-def hello(path: str, settings: ServeSettings, arena: int | None = None,
-          timeout_s: float = CONNECT_S) -> tuple[Connection, dict[str, Any]]:
+def hello(path: str, settings: ServeSettings, arena: int | None = None) -> tuple[Connection, dict[str, Any]]:
     """A blocking connection to the batcher at ``path`` serving ``settings``' model (loaded and warmed first),
     and the model's description; ``arena``'s descriptor goes after the hello (SCM_RIGHTS). Retries while the
     batcher starts; a model it cannot load raises FileNotFoundError, else RuntimeError."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + CONNECT_S
     while True:
         conn = None
         try:
@@ -101,7 +100,7 @@ def hello(path: str, settings: ServeSettings, arena: int | None = None,
             if not isinstance(exc, (FileNotFoundError, ConnectionError, EOFError)):
                 raise
             if time.monotonic() > deadline:
-                raise WorkerLost(f"no batcher process answers at {path} after {timeout_s:g} s") from None
+                raise WorkerLost(f"no batcher process answers at {path} after {CONNECT_S:g} s") from None
             time.sleep(RETRY_S)
     if error := described.get("error"):
         conn.close()
@@ -111,8 +110,7 @@ def hello(path: str, settings: ServeSettings, arena: int | None = None,
 
 def slots_of(fd: int, shape: list[int], dtype: str) -> tuple[mmap.mmap, np.ndarray]:  # as many as the file holds
     memory = mmap.mmap(fd, os.fstat(fd).st_size)
-    return memory, np.ndarray((len(memory) // (int(np.prod(shape)) * np.dtype(dtype).itemsize), *shape), dtype,
-                              buffer=memory)
+    return memory, np.frombuffer(memory, dtype).reshape(-1, *shape)
 
 
 class Arena:
@@ -165,9 +163,8 @@ class SharedBatcher:
             os.close(fd)
             raise
         self.instances = self.described["instances"]  # the batcher's inferences at once
-        image = self.described["image"]
         # Sized before any request goes: the batcher maps it when the first arrives.
-        self.arena = Arena(fd, max(ARENA_SLOTS, slots), image["shape"], image["dtype"])
+        self.arena = Arena(fd, max(ARENA_SLOTS, slots), **self.described["image"])
         self._waiting: dict[int, _Waiting] = {}
         self._ids = 0
         self._connected = asyncio.Event()
@@ -303,8 +300,7 @@ class BatcherProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", BATCHER_MODULE, self.app, str(self.path),
                                           str(os.getpid())], env=self.env)
             self._started.set()
-            code = self.proc.wait()
-            if code == 0:  # stopped after every server process had gone: the service is stopping
+            if (code := self.proc.wait()) == 0:  # stopped after every server process had gone: the service is stopping
                 return
             if not self._stopping.is_set():
                 print(f"ERROR:    servelab: the batcher process (pid {self.proc.pid}) ended with {code}; starting "

@@ -7,6 +7,7 @@ Light on purpose: the model's side (``runtimes``) reads it without loading uvico
 import json
 import os
 import signal
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -32,10 +33,8 @@ class Siblings:
     batchers: tuple[str, ...] = ()
     supervisor: int = field(default_factory=os.getppid, compare=False)  # uvicorn's, which started this process
 
-    def env(self) -> dict[str, str]:  # what the server processes inherit
-        wiring = {**asdict(self), "folder": str(self.folder), "batchers": list(self.batchers)}
-        del wiring["supervisor"]
-        return {WIRING_ENV: json.dumps(wiring)}
+    def env(self) -> dict[str, str]:  # what the server processes inherit (each finds its supervisor itself)
+        return {WIRING_ENV: json.dumps({k: v for k, v in asdict(self).items() if k != "supervisor"}, default=str)}
 
     @staticmethod
     @cache
@@ -70,10 +69,8 @@ class Siblings:
                 path.unlink(missing_ok=True)
                 _forget_metrics(pid)
                 continue
-            try:
+            with suppress(FileNotFoundError, json.JSONDecodeError, KeyError):  # left or being replaced meanwhile
                 found[pid] = json.loads(path.read_text())["version"]
-            except (FileNotFoundError, json.JSONDecodeError, KeyError):
-                continue  # left or being replaced meanwhile
         return found
 
     def wanted(self) -> dict[str, str] | None:

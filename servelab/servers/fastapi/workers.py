@@ -49,8 +49,7 @@ def on_gpu(settings: ServeSettings, runtime: str) -> bool:  # decided before any
 
 
 def worker_count(settings: ServeSettings, runtime: str) -> int:
-    """WORKERS, else one process per CPU, but one on a GPU without a shared batcher (each process would load a
-    model of its own there)."""
+    """WORKERS, else one process per CPU, but one on a GPU without a shared batcher (each would load its own model)."""
     if settings.workers != "auto":
         return settings.workers
     return 1 if on_gpu(settings, runtime) and settings.shared_batcher is False else min(cpu_count(), AUTO_WORKERS_MAX)

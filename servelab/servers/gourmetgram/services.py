@@ -1,10 +1,9 @@
 """The services GourmetGram asks for a prediction: one class per ``BACKEND``.
 
-Every call goes through ``_Http``: one ``requests.Session`` per process (urllib3's pool is thread-safe, so
-gunicorn's threads share its keep-alive connections, and a restarted backend is picked up by itself), a
-timeout on every call, and failures turned into a ``BackendError`` carrying the status the page answers
-with. A request the backend *shed* under load is no failure of the app: the page says "busy, try again in
-N s".
+Every call goes through ``_Http``: one ``requests.Session`` per process (urllib3's pool is thread-safe, so gunicorn's
+threads share its keep-alive connections, and a restarted backend is picked up by itself), a timeout on every call, and
+failures turned into a ``BackendError`` carrying the status the page answers with. A request the backend *shed* under
+load is no failure of the app: the page says "busy, try again in N s".
 
 Triton is spoken to over HTTP/REST with ``servelab.servers.triton.client`` and tritonclient's own body
 codecs (``generate_request_body`` / ``parse_response_body``): tritonclient's HTTP client itself is not
@@ -77,9 +76,7 @@ class BackendError(Exception):
 
     def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
+        self.status, self.message, self.retry_after = status, message, retry_after
         self.route = STABLE  # with a canary: which backend failed
 
 
@@ -113,16 +110,14 @@ def _shed_retry_after(response: requests.Response) -> int | None:
     """Seconds to wait where the backend shed this request (FastAPI's ``shed`` body, Triton's queue-policy
     message): its ``Retry-After``, 1 where it names none (Triton never does)."""
     body = _body(response)
-    shed = isinstance(body.get("shed"), str) or triton.shed_reason(str(body.get("error", ""))) is not None
-    if not shed:
+    if not (isinstance(body.get("shed"), str) or triton.shed_reason(str(body.get("error", ""))) is not None):
         return None
     header = response.headers.get("Retry-After", "")
     return max(1, min(int(header), 60)) if header.isdigit() else 1
 
 
 def _check_probability(value: Any) -> float:
-    probability = float(value)
-    if not (math.isfinite(probability) and 0.0 <= probability <= 1.0):
+    if not (math.isfinite(probability := float(value)) and 0.0 <= probability <= 1.0):
         raise ValueError(f"probability {probability}")
     return probability
 
@@ -211,8 +206,7 @@ class FastAPIBackend:
         ready = self.http.get_json(self.base + "/ready")
         runtime = ready.get("runtime") if isinstance(ready.get("runtime"), dict) else {}
         where = runtime.get("providers") or runtime.get("device")
-        stage = ready.get("service")
-        if isinstance(stage, str) and where:
+        if isinstance(stage := ready.get("service"), str) and where:
             stage += f" ({', '.join(where) if isinstance(where, list) else where})"
         stand_in = ready.get("stand_in")
         return About(stage if isinstance(stage, str) else None, stand_in if isinstance(stand_in, bool) else None)
@@ -220,10 +214,9 @@ class FastAPIBackend:
 
 class _TritonBackend:
     def __init__(self, name: str, url: str, model: str, timeout: float, manifest: Manifest | None) -> None:
-        self.name, self.model, self.description = name, model, TRITON_DESCRIPTIONS[name]
+        self.name, self.model, self.manifest, self.description = name, model, manifest, TRITON_DESCRIPTIONS[name]
         self.base = f"http://{triton.server_address(url)}/v2/models/{quote(model, safe='')}"
         self.endpoint = self.base + "/infer"
-        self.manifest = manifest
         # Triton's 400 means the request does not fit the model's inputs (the app already checked
         # the image): a configuration problem, not the user's.
         self.http = _Http("Triton server", timeout, image_errors=())

@@ -1,9 +1,8 @@
 """The GourmetGram Flask app: an upload form, the prediction, and failures in plain words.
 
-``POST /classify`` takes an uploaded photo (field ``photo``) or a bundled sample (field ``sample``).
-``GET /health`` is the app's own liveness: it never calls the backend, so a stopped backend does not
-restart the front end. ``GET /metrics`` counts predictions by route (stable or canary), model version and
-outcome, and how long the backend took.
+``POST /classify`` takes an uploaded photo (field ``photo``) or a bundled sample (field ``sample``). ``GET /health`` is
+the app's own liveness: it never calls the backend, so a stopped backend does not restart the front end. ``GET
+/metrics`` counts predictions by route (stable or canary), model version and outcome, and how long the backend took.
 """
 
 import base64
@@ -59,16 +58,13 @@ def _preview(image: Image.Image) -> str:
 
 
 def _upload(samples: dict[str, Path], max_bytes: int) -> bytes:
-    name = request.form.get("sample", "")
-    if name:
+    if name := request.form.get("sample", ""):
         if name not in samples:
             raise ImageError(f"there is no sample photo named {name!r}")
         return samples[name].read_bytes()
-    upload = request.files.get("photo")
-    if upload is None or not upload.filename:
+    if (upload := request.files.get("photo")) is None or not upload.filename:
         raise ImageError("no photo was sent; choose a file (or the sample photo) and press Classify")
-    data = upload.stream.read(max_bytes + 1)
-    if len(data) > max_bytes:
+    if len(data := upload.stream.read(max_bytes + 1)) > max_bytes:
         raise RequestEntityTooLarge()
     if not data:
         raise ImageError("the file is empty")
@@ -82,7 +78,7 @@ def _drain_body() -> None:
     """Read what the view left unread of a body within the size limit (JSON sent to the form, a form
     refused early). gunicorn drains at most 64 kB of it, and otherwise closes the kept-alive connection
     without a word: the client's next request on it would fail. A body over the limit is not read (413):
-    the answer says ``Connection: close`` instead (``_CloseWhenAsked``)."""
+    the answer says ``Connection: close`` instead (``_close_when_asked``)."""
     try:
         while request.stream.read(64 * 1024):
             pass
@@ -90,22 +86,20 @@ def _drain_body() -> None:
         request.environ[CLOSE_KEY] = True
 
 
-class _CloseWhenAsked:
+def _close_when_asked(app):
     """WSGI middleware: where the app could not read a body to its end, tell gunicorn to answer with
     ``Connection: close`` (a hop-by-hop header the app itself may not set) so that no client sends its next
     request on a connection the server is about to drop. Elsewhere (Werkzeug's server) it changes nothing."""
-
-    def __init__(self, app):
-        self.app = app
-
-    def __call__(self, environ, start_response):
+    def wsgi_app(environ, start_response):
         def start(status, headers, exc_info=None):
             owner = getattr(start_response, "__self__", None)  # gunicorn's Response
             if environ.get(CLOSE_KEY) and callable(getattr(owner, "force_close", None)):
                 owner.force_close()
             return start_response(status, headers, exc_info)
 
-        return self.app(environ, start)
+        return app(environ, start)
+
+    return wsgi_app
 
 
 def _metrics(canary_share: float) -> tuple[CollectorRegistry, Counter, Histogram]:
@@ -156,7 +150,7 @@ def create_app(settings: Settings | None = None, root: Path = FLASK_DIR) -> Flas
     settings = settings or get_settings()
     app = Flask("gourmetgram", root_path=str(root))
     app.request_class = _InMemoryRequest
-    app.wsgi_app = _CloseWhenAsked(app.wsgi_app)
+    app.wsgi_app = _close_when_asked(app.wsgi_app)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FORM_OVERHEAD
     backend = make_backend(settings)
     registry, predictions, latency = _metrics(settings.canary_share if settings.canary_url else 0.0)

@@ -1,10 +1,9 @@
 """A real multi-node Ray cluster on this machine: a head and worker nodes as child processes (docs/ray.md).
 
-Each node is its own ``ray start --block`` process on 127.0.0.1, in a session of its own, stopped by its
-PID: ``ServerProcess`` ends the process group and then whatever is left of the session (Ray's worker
-processes leave the group). ``RAY_NODE_CPUS`` logical CPUs and a ``servelab_node`` resource per node are a
-CPU stand-in for a lab node's capacity. ``kill_worker`` is the node-failure run: SIGKILL to a worker's
-whole session, as a lost machine.
+Each node is its own ``ray start --block`` process on 127.0.0.1, in a session of its own, stopped by its PID:
+``ServerProcess`` ends the process group and then whatever is left of the session (Ray's worker processes leave the
+group). ``RAY_NODE_CPUS`` logical CPUs and a ``servelab_node`` resource per node are a CPU stand-in for a lab node's
+capacity. ``kill_worker`` is the node-failure run: SIGKILL to a worker's whole session, as a lost machine.
 
 Ray's own gRPC servers listen on every interface (Ray has no option to bind them to 127.0.0.1), so the
 cluster uses token authentication with a token of its own (``client_env()`` is what a driver needs to
@@ -19,7 +18,8 @@ import shutil
 import signal
 import sys
 import tempfile
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +56,6 @@ class LocalCluster:
     cpus_per_node: int = 2
     log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
     env: dict[str, str] = field(default_factory=dict)
-    dashboard: bool = True  # its REST API reports replicas and their nodes (`serve_state`)
     port: int = 0
     temp_dir: Path | None = None  # Ray's session folder; short, for its unix sockets (≤ 107 bytes)
     head: ServerProcess | None = None
@@ -96,9 +95,8 @@ class LocalCluster:
 
     def _start_node(self, name: str, args: list[str]) -> ServerProcess:
         for attempt in range(1, START_TRIES + 1):
-            node = self._node(name, args)
             try:
-                return node.start()
+                return self._node(name, args).start()
             except RuntimeError as exc:
                 if attempt == START_TRIES or MISSED_REGISTRATION not in str(exc):
                     raise
@@ -107,16 +105,14 @@ class LocalCluster:
 
     def start(self) -> "LocalCluster":
         self.port = self.port or free_port()
-        if self.temp_dir is None:
-            self.temp_dir = Path(tempfile.mkdtemp(prefix="slray-", dir="/tmp"))
+        self.temp_dir = self.temp_dir or Path(tempfile.mkdtemp(prefix="slray-", dir="/tmp"))
         self.token = secrets.token_hex(32)  # 256 bits, as `ray get-auth-token --generate` makes
         self.token_path.touch(mode=0o600)
         self.token_path.write_text(self.token)
+        self.dashboard_port = free_port()  # its REST API reports replicas and their nodes (`serve_state`)
         head = ["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir), "--ray-client-server-port",
-                str(free_port()), "--include-dashboard", str(self.dashboard).lower(), "--dashboard-host", "127.0.0.1"]
-        if self.dashboard:
-            self.dashboard_port = free_port()
-            head += ["--dashboard-port", str(self.dashboard_port)]
+                str(free_port()), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                "--dashboard-port", str(self.dashboard_port)]
         try:
             self.head = self._start_node("head", head)
             for i in range(self.workers):
@@ -158,21 +154,18 @@ class LocalCluster:
         self.stop()
 
 
-def connect(address: str) -> str | None:
-    """This process a Ray driver on the cluster at ``address``; the dashboard's URL."""
+@contextmanager
+def driver(address: str) -> Iterator[str | None]:
+    """This process a Ray driver on the cluster at ``address`` while inside; yields the dashboard's URL."""
     import ray  # deferred: an optional extra (ray), loaded only when this runs
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    context = ray.init(address=address, log_to_driver=False, logging_level="WARNING", namespace="servelab")
-    url = context.dashboard_url
-    return (url if "://" in url else f"http://{url}") if url else None
-
-
-def disconnect() -> None:
-    import ray  # deferred: an optional extra (ray), loaded only when this runs
-
-    if ray.is_initialized():
-        ray.shutdown()
+    url = ray.init(address=address, log_to_driver=False, logging_level="WARNING", namespace="servelab").dashboard_url
+    try:
+        yield (url if "://" in url else f"http://{url}") if url else None
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def alive_nodes() -> list[dict]:

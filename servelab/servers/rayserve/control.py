@@ -17,7 +17,7 @@ from servelab.core.artifacts import ArtifactPaths
 from servelab.core.paths import REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import variant_path
-from servelab.servers.rayserve.cluster import STOP_TIMEOUT_S, alive_nodes, connect, disconnect
+from servelab.servers.rayserve.cluster import STOP_TIMEOUT_S, alive_nodes, driver
 from servelab.servers.rayserve.options import STAGES
 from servelab.servers.rayserve.serve_state import placement, replica_rows, serve_details
 
@@ -28,16 +28,13 @@ def deploy_stage(name: str, address: str) -> dict[str, Any]:
     # Deferred, not a circle: importing it loads ray (an optional extra) only when this runs.
     from servelab.servers.rayserve.deployment import deploy
 
-    dashboard = connect(address)
-    try:
+    with driver(address) as dashboard:
         started = time.monotonic()
         deploy(STAGES[name], get_settings())
         nodes = alive_nodes()
         where = placement(dashboard) if dashboard else {}
         return {"stage": name, "deploy_s": round(time.monotonic() - started, 1), "nodes": nodes,
                 "dashboard": dashboard, **where}
-    finally:
-        disconnect()
 
 
 def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float = 300.0) -> None:
@@ -53,9 +50,7 @@ def deploy_in_child(name: str, cluster, port: int, log: Path, timeout_s: float =
                                    "RAY_SERVE_HOST": "127.0.0.1"})
     if done.returncode:
         # The log may sit in a folder the caller deletes: the error carries the child's last words.
-        with open(log, "rb") as written:
-            written.seek(start)
-            tail = written.read().decode(errors="replace").strip().splitlines()[-25:]
+        tail = log.read_bytes()[start:].decode(errors="replace").strip().splitlines()[-25:]
         raise RuntimeError(f"servelab ray deploy --stage {name} exited {done.returncode} ({log}):\n"
                            + "\n".join(f"    {line}" for line in tail))
 
@@ -75,8 +70,7 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
     for path in (ArtifactPaths.in_dir(model_dir).manifest, variant_path(model_dir, variant)):
         if not path.is_file():
             raise FileNotFoundError(f"cannot roll out {variant} from {model_dir}: no {path.name} there")
-    dashboard = connect(address)
-    try:
+    with driver(address) as dashboard:
         before = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
         started = time.monotonic()
         reconfigure(STAGES[name], settings, {"model_dir": str(model_dir), "variant": variant})
@@ -84,8 +78,6 @@ def roll_out(name: str, address: str, model_dir: Path | str | None = None, varia
         after = sorted(placement(dashboard)["replica_nodes"]) if dashboard else []
         return {"stage": name, "model_dir": str(model_dir), "variant": variant, "rollout_s": round(rollout_s, 3),
                 "ready_unix": round(ready_unix, 3), "replicas_before": before, "replicas_after": after}
-    finally:
-        disconnect()
 
 
 async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = None, variant: str | None = None,
@@ -114,12 +106,9 @@ async def roll_out_in_child(name: str, cluster, model_dir: Path | str | None = N
 
 
 def status(address: str) -> dict[str, Any]:
-    dashboard = connect(address)
-    try:
+    with driver(address) as dashboard:
         details = serve_details(dashboard) if dashboard else {}
         return {"address": address, "dashboard": dashboard, "nodes": alive_nodes(), "replicas": replica_rows(details)}
-    finally:
-        disconnect()
 
 
 # --- the cluster `up` leaves running ---------------------------------------------------------

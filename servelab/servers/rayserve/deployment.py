@@ -1,8 +1,7 @@
 """The Serve deployment: the ``fastapi-onnx`` stage's FastAPI app in every replica, deployed by stage.
 
-Each replica builds ``fastapi_onnx/app.py``'s app (``replica_app``: the same routes, error contract,
-Server-Timing and metrics) behind ``@serve.ingress``; Ray runs its lifespan, so the model loads and warms
-up in the replica. What differs:
+Each replica builds ``fastapi_onnx/app.py``'s app (``replica_app``: the same routes, error contract, Server-Timing and
+metrics) behind ``@serve.ingress``; Ray runs its lifespan, so the model loads and warms up in the replica. What differs:
 
 * ``ServeBatcher`` replaces the micro-batcher by Ray Serve's own ``@serve.batch`` (the ``ray-dyn`` stage);
 * ``/ready`` names the stage and the replica's Ray node and replica ids (``placement``);
@@ -90,10 +89,9 @@ def application(stage: Stage, settings: RaySettings, model: dict[str, str] | Non
             return self.fastapi
 
         async def reconfigure(self, model: dict[str, str]) -> None:
-            """Ray calls it with the ``user_config`` after startup and on every change of it (``Service.reload``
-            swaps the model in one step). A model that is there but cannot load or warm up raises: Ray then
-            replaces the replica, whose replacement fails the same way, so the driver refuses a missing one
-            first (``control.roll_out``)."""
+            """Ray calls it with the ``user_config`` after startup and on each change of it (``Service.reload`` swaps
+            the model in one step). A model there that cannot load or warm up raises: Ray then replaces the replica,
+            whose replacement fails the same way, so the driver refuses a missing one first (``control.roll_out``)."""
             reloaded = await self.fastapi.state.service.reload(Path(model["model_dir"]), model["variant"])
             log.info("reconfigured: version %s (was %s)", reloaded.model_version, reloaded.previous_version)
 

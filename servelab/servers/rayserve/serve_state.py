@@ -1,6 +1,5 @@
-"""What Ray Serve is running, read from the head's dashboard REST API (no Ray driver needed): the
-deployment's replicas, and ``ReplicaSampler``, which samples the running ones while a load runs (the
-step-load and node-failure runs).
+"""What Ray Serve is running, read from the head's dashboard REST API (no Ray driver needed): the deployment's replicas,
+and ``ReplicaSampler``, which samples the running ones while a load runs (the step-load and node-failure runs).
 """
 
 import json
@@ -9,6 +8,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,11 @@ from servelab.servers.rayserve.options import APP_NAME, DEPLOYMENT_NAME
 
 
 def serve_details(dashboard: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
-    """``token``: the cluster's, when it uses token authentication (default: Ray's own variables, as a driver
-    finds it)."""
+    """``token``: the cluster's under token authentication (default: Ray's own variables, as a driver finds it)."""
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "")
     token = token or os.environ.get("RAY_AUTH_TOKEN") or (path.read_text() if path.name and path.is_file() else None)
-    request = urllib.request.Request(f"{dashboard.rstrip('/')}/api/serve/applications/")
-    if token:
-        request.add_header("Authorization", f"Bearer {token.strip()}")
+    request = urllib.request.Request(f"{dashboard.rstrip('/')}/api/serve/applications/",
+                                     headers={"Authorization": f"Bearer {token.strip()}"} if token else {})
     with DIRECT.open(request, timeout=timeout_s) as response:
         return json.load(response)
 
@@ -59,11 +57,9 @@ class ReplicaSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
+            with suppress(OSError, ValueError):  # a missed sample; the dashboard may be busy for a moment
                 rows = replica_rows(serve_details(self.dashboard, timeout_s=2.0, token=self.token))
                 self.samples.append((time.perf_counter(), sum(r["state"] == "RUNNING" for r in rows)))
-            except (OSError, ValueError):
-                pass  # a missed sample; the dashboard may be busy for a moment
             self._stop.wait(self.interval_s)
 
     def mark(self, name: str) -> None:

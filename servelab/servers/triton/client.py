@@ -1,6 +1,5 @@
-"""Build Triton requests and read their results, for every tritonclient flavour (``"http"`` or ``"grpc"``;
-the asyncio clients use the same input and output classes): one place for the tests, the web front end and
-the load generator.
+"""Build Triton requests and read their results, for every tritonclient flavour (``"http"`` or ``"grpc"``; the asyncio
+clients use the same input and output classes): one place for the tests, the web front end and the load generator.
 
 Which input a model takes is the catalogue's to say (``servelab.core.catalogue.MODELS``, ``input_kind``):
 
@@ -77,8 +76,7 @@ def tensor_inputs(protocol: Protocol, batch: np.ndarray) -> list[Any]:
 
 
 def label_outputs(protocol: Protocol) -> list[Any]:
-    module = _module(protocol)
-    return [module.InferRequestedOutput(LABEL_OUTPUT), module.InferRequestedOutput(PROBABILITY_OUTPUT)]
+    return [_module(protocol).InferRequestedOutput(name) for name in (LABEL_OUTPUT, PROBABILITY_OUTPUT)]
 
 
 def tensor_outputs(protocol: Protocol) -> list[Any]:

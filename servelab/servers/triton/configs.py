@@ -66,8 +66,7 @@ def onnx_warm_up(fields: dict[str, Any]) -> dict[str, Any]:
     each new shape on a GPU (1.19.2, the node's, once per shape; from 1.20 on every change of shape, which no
     warm-up avoids: stage ``onnx-b16`` keeps one). The cost, 16 runs of 136 images per instance for the lab's
     models, is paid while the model loads instead of during a measurement."""
-    max_batch = int(fields.get("max_batch_size", 0))
-    if not max_batch:
+    if not (max_batch := int(fields.get("max_batch_size", 0))):
         return {}
     inputs = {i["name"]: {"data_type": i["data_type"], "dims": i["dims"], "zero_data": True} for i in fields["input"]}
     return {"model_warmup": [{"name": f"batch {n}", "batch_size": n, "inputs": inputs}
@@ -159,9 +158,6 @@ def write_effective(stage: Stage, *, kind: Kind, onnxruntime: bool, repository: 
 
 # --- what Triton runs: a config read back after a load, against the stage's ---------------------------------
 
-SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
-
-
 def served(config: dict[str, Any] | model_config_pb2.ModelConfig) -> dict[str, Any]:
     """What decides how a model serves, from a config as Triton reports it (``GET /v2/models/<m>/config``) or as
     servelab renders it: max_batch_size, the scheduler with its settings (one pbtxt line; "none": each instance
@@ -173,15 +169,13 @@ def served(config: dict[str, Any] | model_config_pb2.ModelConfig) -> dict[str, A
     if isinstance(config, dict):
         config = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
     which = config.WhichOneof("scheduling_choice")
-    scheduler = "none"
+    scheduler = which or "none"  # an ensemble's steps, a sequence batcher's settings: not what a lesson varies
     if which == "dynamic_batching":
         batcher = model_config_pb2.ModelDynamicBatching()
         batcher.CopyFrom(config.dynamic_batching)
         if not batcher.preferred_batch_size and config.max_batch_size:
             batcher.preferred_batch_size.append(config.max_batch_size)
         scheduler = f"dynamic_batching {{ {text_format.MessageToString(batcher, as_one_line=True, use_short_repeated_primitives=True)} }}"
-    elif which:
-        scheduler = which  # an ensemble's steps, a sequence batcher's settings: not what a lesson varies
     groups = [f"{g.count}x {model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)}"
               + (f" on GPU {','.join(map(str, g.gpus))}" if g.gpus else "") for g in config.instance_group]
     return {"max_batch_size": config.max_batch_size, "scheduler": scheduler, "instances": " + ".join(groups) or "none",

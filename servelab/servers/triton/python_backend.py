@@ -65,24 +65,18 @@ def threads_per_instance(model_config: dict) -> int:
     Python-backend instance is its own process that would start one thread per core, oversubscribing the
     CPU N times. One core stays free for the server's own threads (HTTP/gRPC, scheduling, tensor copies):
     on a 2-core machine two PyTorch threads competing with them made p95 latency 20x the median."""
-    configured = get_settings().triton_threads_per_instance
-    if configured:
+    if configured := get_settings().triton_threads_per_instance:
         return configured
-    instances = instance_count(model_config.get("instance_group", []))
-    return max(1, (cpu_count() - 1) // max(1, instances))
+    return max(1, (cpu_count() - 1) // max(1, instance_count(model_config.get("instance_group", []))))
 
 
 def instance_count(groups: Sequence[dict]) -> int:  # ``count`` per GPU listed (or once, without GPUs)
     return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus", []))) for g in groups)
 
 
-def parameter(model_config: dict, key: str, default: str | None = None) -> str | None:
-    value = model_config.get("parameters", {}).get(key)
-    return value["string_value"] if value else default
-
-
 def manifest_path(args: dict, model_config: dict) -> Path:
-    relative = parameter(model_config, "manifest", f"{args['model_version']}/food11.json")
+    value = model_config.get("parameters", {}).get("manifest")
+    relative = value["string_value"] if value else f"{args['model_version']}/food11.json"
     return (Path(args["model_repository"]) / relative).resolve()
 
 
@@ -108,11 +102,9 @@ class SessionMetrics:
         """Add what each count gained since the last update (Triton's counters only increase)."""
         for count in counts:
             for key, family in self._families.items():
-                slot = (key, count["session_batch"])
-                if slot not in self._metrics:
+                if (slot := (key, count["session_batch"])) not in self._metrics:
                     self._metrics[slot] = family.Metric(labels={**self._labels, "session_batch": slot[1]})
-                    self._exported[slot] = 0
-                if gained := count[key] - self._exported[slot]:
+                if gained := count[key] - self._exported.get(slot, 0):
                     self._metrics[slot].increment(gained)
                     self._exported[slot] = count[key]
 

@@ -1,32 +1,29 @@
 """A real tritonserver without Docker, and stage switching on any running Triton.
 
-The ``nvidia-pytriton`` wheel bundles ``tritonserver`` (2.51) with the Python backend only; ``install`` copies
-it to a writable cache with the backend stub built for this Python. The stub embeds ``libpython3.X.so``, found
-through ``LD_LIBRARY_PATH`` (``server_env``: so a shared pyenv/uv Python needs no system libpython).
-``PYTHONPATH`` is the checkout root only: no folder named ``triton`` may be on ``sys.path`` (torch would take
-it for OpenAI Triton).
+The ``nvidia-pytriton`` wheel bundles ``tritonserver`` (2.51) with the Python backend only; ``install`` copies it to a
+writable cache with the backend stub built for this Python. The stub embeds ``libpython3.X.so``, found through
+``LD_LIBRARY_PATH`` (``server_env``: so a shared pyenv/uv Python needs no system libpython). ``PYTHONPATH`` is the
+checkout root only: no folder named ``triton`` may be on ``sys.path`` (torch would take it for OpenAI Triton).
 
 The server reads the configs ``configs`` writes (``--model-config-name=stage``), so ``apply_stage`` switches
 any running Triton (this one or the lab's container) through the model-control API; no image is rebuilt. Every
 server runs with auto-complete off, and ``check_running`` reads back what each load made Triton run.
 
-A new version rolls out while serving (``stage_version``, then ``roll_out_version``; docs/production.md):
-under Triton's default ``version_policy`` (``latest { num_versions: 1 }``) one load serves the new version
-beside the old, which unloads once its requests have answered. Measured on the bundled 2.51 (Python
-backend, 2 CPUs, 16 senders): a load with a config override (``specific: { versions: [1, 2] }``, then
-``[2]``) loads *every* version again, the one serving too; and a load over HTTP stalled every HTTP
-inference for as long as it ran (about 4 s; Triton issues #8117, #8958: the load blocks its HTTP worker
-thread), where the same load over gRPC cost none.
+A new version rolls out while serving (``stage_version``, then ``roll_out_version``; docs/production.md): under Triton's
+default ``version_policy`` (``latest { num_versions: 1 }``) one load serves the new version beside the old, which
+unloads once its requests have answered. Measured on the bundled 2.51 (Python backend, 2 CPUs, 16 senders): a load with
+a config override (``specific: { versions: [1, 2] }``, then ``[2]``) loads *every* version again, the one serving too;
+and a load over HTTP stalled every HTTP inference for as long as it ran (about 4 s; Triton issues #8117, #8958: the load
+blocks its HTTP worker thread), where the same load over gRPC cost none.
 
 Each Python-backend stub shares a segment of /dev/shm (10-16 MB) with tritonserver, which unlinks it as it unloads
 the model, or the stub does where tritonserver died first; a SIGKILL of both leaves it. So each server started here
 names its stubs' segments (``SHM_PREFIX`` and a name of its own) and its stop removes what is left of them. Its exit
 timeout is Triton's default, 30 s: 5 s made it exit with the eight stubs of pt-4x4 still loaded, on 2 CPUs.
 
-Model control (load, unload, the repository index) answers only a request carrying the server's key in an
-``admin-token`` header (Triton's ``--http-restricted-api``, ``--grpc-restricted-protocol``: ``control_flags``;
-docs/security.md). The key is the node's ADMIN_TOKEN; a server started here without one gets a new key,
-which ``control_key`` finds again.
+Model control (load, unload, the repository index) answers only requests carrying the server's key in an ``admin-token``
+header (Triton's ``--http-restricted-api``, ``--grpc-restricted-protocol``: ``control_flags``; docs/security.md): the
+node's ADMIN_TOKEN, or for a server started here without one a new key, which ``control_key`` finds again.
 """
 
 import importlib.metadata
@@ -40,6 +37,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,8 +82,7 @@ _started_keys: dict[str, str] = {}
 
 def wheel_dirs() -> tuple[Path, Path]:
     """(the wheel's tritonserver folder, its shared libraries), found without importing pytriton."""
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
+    if (spec := importlib.util.find_spec("pytriton")) is None or not spec.submodule_search_locations:
         raise RuntimeError("nvidia-pytriton is not installed (pip install 'servelab[triton]')")
     package = Path(spec.submodule_search_locations[0])
     return package / "tritonserver", package.parent / "nvidia_pytriton.libs"
@@ -96,11 +93,9 @@ def install(dest: Path = INSTALL_DIR) -> Path:
     server, _ = wheel_dirs()
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = f"nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}, python {python}\n"
-    marker = dest / ".servelab-install"
-    if marker.exists() and marker.read_text() == stamp:
+    if (marker := dest / ".servelab-install").exists() and marker.read_text() == stamp:
         return dest
-    stub = server / "python_backend_stubs" / python / "triton_python_backend_stub"
-    if not stub.exists():
+    if not (stub := server / "python_backend_stubs" / python / "triton_python_backend_stub").exists():
         raise RuntimeError(f"the bundled tritonserver has no Python backend stub for Python {python}")
     tmp = dest.with_name(dest.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -112,14 +107,12 @@ def install(dest: Path = INSTALL_DIR) -> Path:
     return dest
 
 
-def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+def server_env() -> dict[str, str]:
     _, libs = wheel_dirs()
-    library_path = [str(libs), sysconfig.get_config_var("LIBDIR") or "", env.get("LD_LIBRARY_PATH", "")]
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in library_path if p)
-    env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    return env
+    library_path = [str(libs), sysconfig.get_config_var("LIBDIR") or "", os.environ.get("LD_LIBRARY_PATH", "")]
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(p for p in library_path if p),
+            "PATH": os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")]),
+            "PYTHONPATH": str(REPO_ROOT)}
 
 
 @dataclass(frozen=True)
@@ -145,11 +138,9 @@ def control_flags(key: str) -> list[str]:
 def control_key(url: str) -> str:
     """The key the Triton at ``url`` asks model control for: the one this process started it with, else the one
     `servelab triton up` saved for it, else ADMIN_TOKEN (on the node, Jupyter's environment holds it)."""
-    address = server_address(url)
-    if address in _started_keys:
+    if (address := server_address(url)) in _started_keys:
         return _started_keys[address]
-    saved = load_state()
-    if saved is not None and server_address(saved["url"]) == address:
+    if (saved := load_state()) is not None and server_address(saved["url"]) == address:
         return saved.get("key", "")
     return get_settings().admin_token
 
@@ -169,7 +160,7 @@ def cache_flags(install_dir: Path, size_bytes: int) -> list[str]:
 
 
 @dataclass
-class LocalTriton:
+class LocalTriton(AbstractContextManager):
     """A tritonserver we started; ``url`` is ``host:port`` as tritonclient wants it."""
 
     process: ServerProcess
@@ -206,16 +197,12 @@ class LocalTriton:
         remove_segments(self.shm_prefix)
         _started_keys.pop(self.url, None)
 
-    def __enter__(self) -> "LocalTriton":
-        return self
-
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
 def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, kind: str = "auto",
-                log: Path | None = None, ready_timeout_s: float = LOAD_TIMEOUT_S,
-                detach: bool = False, key: str = "") -> LocalTriton:
+                log: Path | None = None, detach: bool = False, key: str = "") -> LocalTriton:
     """The bundled tritonserver, its ``stage``'s model READY. Model control asks for ``key`` (default:
     ADMIN_TOKEN, else a new key for this server)."""
     key = key or get_settings().admin_token or secrets.token_urlsafe(24)
@@ -227,10 +214,8 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
     shm_prefix = f"{SHM_PREFIX}servelab_{secrets.token_hex(4)}_"
     cmd = [
         str(install_dir / "bin" / "tritonserver"),
-        f"--model-repository={Path(repository).resolve()}",
-        f"--backend-directory={install_dir / 'backends'}",
-        "--model-control-mode=explicit",
-        *(f"--load-model={m}" for m in stage.triton.models),
+        f"--model-repository={Path(repository).resolve()}", f"--backend-directory={install_dir / 'backends'}",
+        "--model-control-mode=explicit", *(f"--load-model={m}" for m in stage.triton.models),
         f"--model-config-name={CONFIG_NAME}",
         # The stage's config is the one Triton runs: auto-complete would add a default dynamic batcher to an ONNX
         # Runtime model that names no scheduler (onnx-1), behind the lesson's back. check_running holds it.
@@ -238,16 +223,13 @@ def start_local(stage: Stage, *, repository: Path, ports: Ports | None = None, k
         "--http-address=127.0.0.1", f"--http-port={ports.http}",
         "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
         "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
-        f"--allow-gpu-metrics={str(resolved == 'gpu').lower()}",
-        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        f"--allow-gpu-metrics={str(resolved == 'gpu').lower()}", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        *control_flags(key),
-        *cache_flags(install_dir, get_settings().triton_cache_bytes),
+        *control_flags(key), *cache_flags(install_dir, get_settings().triton_cache_bytes),
     ]
-    process = ServerProcess(
-        cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
+    process = ServerProcess(cmd, f"http://127.0.0.1:{ports.http}/v2/models/{stage.triton.model}/ready",
         log or CACHE_DIR / "logs" / f"tritonserver-{ports.http}.log", env=server_env(), cwd=REPO_ROOT,
-        ready_timeout=ready_timeout_s, stop_timeout=EXIT_TIMEOUT_S + 15, detach=detach)
+        ready_timeout=LOAD_TIMEOUT_S, stop_timeout=EXIT_TIMEOUT_S + 15, detach=detach)
     local = LocalTriton(process, ports, stage.name, resolved, onnxruntime, Path(repository), key, shm_prefix)
     try:  # tritonserver opens its metrics port after HTTP (~40 ms): ready means every endpoint answers
         process.start()
@@ -286,10 +268,9 @@ def repository_index(url: str, ready: bool = False, timeout: float = 30.0, key: 
 
 def apply_stage(url: str, stage: Stage, *, kind: Kind, onnxruntime: bool, repository: Path,
                 timeout_s: float = LOAD_TIMEOUT_S, key: str | None = None, check: bool = True) -> dict[str, Any]:
-    """Make a running Triton serve ``stage``; returns the config it reports, once ``check_running`` (unless
-    ``check`` is False) found it the stage's. Models the stage does not use unload first (they would hold memory
-    and compete for cores); a loaded model reloads with the new config while in-flight requests finish on the
-    old instances."""
+    """Make a running Triton serve ``stage``; returns the config it reports, once ``check_running`` (unless ``check`` is
+    False) found it the stage's. Models the stage does not use unload first (they would hold memory and compete for
+    cores); a loaded model reloads with the new config while in-flight requests finish on the old instances."""
     index = repository_index(url, ready=True, key=key)  # fails early if unreachable, or with no key
     write_effective(stage, kind=kind, onnxruntime=onnxruntime, repository=repository)
     loaded = {entry["name"] for entry in index if entry.get("state") == "READY"}
@@ -332,9 +313,8 @@ def stage_version(repository: Path, model: str, version: int, model_dir: Path) -
     files += [(getattr(paths, name), dest / getattr(paths, name).name) for name in entry.files]
     if entry.variant:
         files.append((variant_path(model_dir, entry.variant), dest / "model.onnx"))
-    for src, target in files:
-        if not src.exists():
-            raise FileNotFoundError(f"cannot stage {model} version {version}: no {src}")
+    if missing := [src for src, _ in files if not src.exists()]:
+        raise FileNotFoundError(f"cannot stage {model} version {version}: no {missing[0]}")
     dest.mkdir(exist_ok=True)
     for src, target in files:
         copy_atomic(src, target)
@@ -343,8 +323,7 @@ def stage_version(repository: Path, model: str, version: int, model_dir: Path) -
 
 def model_versions(url: str, model: str, states: tuple[str, ...] = ("READY",)) -> list[int]:
     """``model``'s versions in ``states`` (READY; UNLOADING while requests drain)."""
-    index = repository_index(url)
-    return sorted(int(e["version"]) for e in index if e["name"] == model and e.get("state") in states)
+    return sorted(int(e["version"]) for e in repository_index(url) if e["name"] == model and e.get("state") in states)
 
 
 def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_s: float = LOAD_TIMEOUT_S,
@@ -361,11 +340,8 @@ def roll_out_version(url: str, grpc_url: str, model: str, version: int, timeout_
         raise ValueError(f"{model}: version_policy {policy} would not swap versions on a load; roll_out_version needs "
                          "latest { num_versions: 1 } (Triton's default)")
     old = [v for v in model_versions(url, model) if v != version]
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
+    with grpcclient.InferenceServerClient(grpc_url) as client:
         client.load_model(model, headers=control_headers(url, "grpc"), client_timeout=timeout_s)
-    finally:
-        client.close()
     ready_s = time.monotonic() - started
     if (serving := model_versions(url, model)) and max(serving) != version:
         raise RuntimeError(f"{model}: serving versions {serving} after the load, not {version}: is it staged?")
