@@ -35,8 +35,7 @@ def image_bytes(element: bytes | str) -> bytes:
 
 def split_rows(counts: Sequence[int]) -> list[slice]:
     """Each request's rows in the batch its images were stacked into, in order: [2, 1] -> [0:2, 2:3]."""
-    ends = np.cumsum(counts).tolist()
-    return [slice(end - n, end) for n, end in zip(counts, ends)]
+    return [slice(end - n, end) for n, end in zip(counts, np.cumsum(counts).tolist())]
 
 
 def request_images(request: np.ndarray, **preprocess_kwargs) -> list[np.ndarray]:
@@ -55,9 +54,8 @@ def request_images(request: np.ndarray, **preprocess_kwargs) -> list[np.ndarray]
 def prediction_outputs(logits: np.ndarray, classes: Sequence[str]) -> dict[str, np.ndarray]:
     """Logits [N, classes] -> FOOD_LABEL (BYTES) and PROBABILITY (float32), each [N, 1]; N may be 0."""
     predictions = top1(logits, classes) if len(logits) else []
-    labels = np.array([p.label.encode() for p in predictions], dtype=np.object_).reshape(-1, 1)
-    probabilities = np.array([p.probability for p in predictions], dtype=np.float32).reshape(-1, 1)
-    return {"FOOD_LABEL": labels, "PROBABILITY": probabilities}
+    return {"FOOD_LABEL": np.array([p.label.encode() for p in predictions], dtype=np.object_).reshape(-1, 1),
+            "PROBABILITY": np.array([p.probability for p in predictions], dtype=np.float32).reshape(-1, 1)}
 
 
 def threads_per_instance(model_config: dict) -> int:
