@@ -172,6 +172,5 @@ async def infer_batch(executor: ThreadPoolExecutor, infer: Callable[[np.ndarray]
     infer_s = perf_counter() - started
     if on_batch is not None:
         on_batch(len(x), infer_s)
-    ends = np.cumsum([len(part) for part, _ in items])
     return [BatchResult(logits[end - len(part):end], started - submitted, infer_s, len(x))
-            for (part, submitted), end in zip(items, ends)]
+            for (part, submitted), end in zip(items, np.cumsum([len(part) for part, _ in items]))]

@@ -286,8 +286,7 @@ class TritonTensorBackend(_TritonBackend):
 def in_canary(share: float, seed: int, number: int) -> bool:
     """A hash of the seed and the number, read as a fraction in [0, 1), below ``share``: reproducible, and over
     N requests the share is that of N independent draws, whichever threads send them."""
-    digest = hashlib.sha256(f"{seed}:{number}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < share
+    return int.from_bytes(hashlib.sha256(f"{seed}:{number}".encode()).digest()[:8], "big") / 2**64 < share
 
 
 class CanaryBackend:
