@@ -1,21 +1,19 @@
 """The `servelab` command: the top layer, argparse fronts only.
 
-Each module here adds its own subcommand with ``register`` and calls into the layers below it
-(orchestration, report, measurement, servers, core; see docs/architecture.md).
+Each module here adds its own subcommand with ``register``, whose ``func`` returns the exit status (None: 0), and
+calls into the layers below it (orchestration, report, measurement, servers, core; see docs/architecture.md).
 """
 
 import argparse
 import importlib
 import sys
 
-# Subcommand modules (in the order `servelab --help` lists them), imported only when present so each role
-# installs only what it needs.
+# Subcommand modules, in `servelab --help`'s order, imported only where present: each role installs what it needs.
 COMMAND_MODULES = tuple(f"servelab.cli.{name}" for name in (
     "models", "serve", "triton", "ray", "load", "installers", "report", "benchmark", "lab", "doctor", "gpu_check",
     "containers", "node_secrets", "classroom"))
 
-# servelab packages that .dockerignore keeps out of every image: the local container runner runs on
-# the host only (`servelab containers` is simply absent inside a container).
+# Kept out of every image by .dockerignore: the local container runner runs on the host only (no `servelab containers`).
 LEFT_OUT_OF_IMAGES = ("servelab.tools.containers",)
 
 
@@ -46,6 +44,3 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

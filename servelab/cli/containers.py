@@ -35,54 +35,43 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("containers", help="run a lab stage from its compose file on a private Docker engine",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    names = sorted(STAGES)
     up = sub.add_parser("up", help="build the images and bring a stage up (waits until healthy)")
-    up.add_argument("--stage", choices=names, required=True)
     up.add_argument("--free-ports", action="store_true", help="publish on free ports instead of the files' own")
-    up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="stop a stage and remove its containers, networks and volumes")
-    down.add_argument("--stage", choices=names, required=True)
-    down.set_defaults(func=_cmd_down)
+    for command in (up, down):  # the option they share, last
+        command.add_argument("--stage", choices=sorted(STAGES), required=True)
     stop = sub.add_parser("stop", help="stop the private Docker engine (its containers stop with it)")
-    stop.set_defaults(func=_cmd_stop)
     env = sub.add_parser("env", help="print the shell variables for running `docker compose` by hand")
-    env.set_defaults(func=_cmd_env)
     tag = sub.add_parser("tag", help="print the exports that make `docker compose` run this commit's images")
-    tag.set_defaults(func=_cmd_tag)
+    for command, func in ((up, _cmd_up), (down, _cmd_down), (stop, _cmd_stop), (env, _cmd_env), (tag, _cmd_tag)):
+        command.set_defaults(func=func)
 
 
-def _cmd_up(args) -> int:
+def _cmd_up(args) -> None:
     runner = _runner(Engine.attach(_cache()) or Engine(_cache(), detach=True).start(), args.free_ports)
-    running = runner.up(STAGES[args.stage])
-    for service, ports in running.ports.items():
+    for service, ports in runner.up(STAGES[args.stage]).ports.items():
         for target, host in ports.items():
             print(f"{service}: http://127.0.0.1:{host} (container port {target})")
-    return 0
 
 
 def _running() -> EngineState | None:
-    state = Engine.attach(_cache())
-    if state is None:
+    if (state := Engine.attach(_cache())) is None:
         print("# no engine of ours is running: `servelab containers up --stage ...` starts one")
     return state
 
 
-def _cmd_down(args) -> int:
-    state = _running()
-    if state is not None:
+def _cmd_down(args) -> None:
+    if (state := _running()) is not None:
         _runner(state).down(STAGES[args.stage])
-    return 0
 
 
-def _cmd_stop(args) -> int:
+def _cmd_stop(args) -> None:
     if not stop_detached(_cache()):
         print("no engine of ours is running")
-    return 0
 
 
 def _cmd_env(args) -> int:
-    state = _running()
-    if state is None:
+    if (state := _running()) is None:
         return 1
     variables = {**state.env, "DOCKER_CONFIG": str(compose_tool.docker_config(_cache())), "DOCKER_BUILDKIT": "0",
                  **_runner(state).build_args}
@@ -91,7 +80,5 @@ def _cmd_env(args) -> int:
     return 0
 
 
-def _cmd_tag(args) -> int:
-    for name, value in images.compose_env().items():
-        print(f"export {name}={shlex.quote(value)}")
-    return 0
+def _cmd_tag(args) -> None:
+    print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in images.compose_env().items()))

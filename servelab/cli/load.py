@@ -16,6 +16,7 @@ over half the window). ``--out FILE`` appends one JSON record per run; the summa
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, get_args
 
@@ -29,20 +30,15 @@ from servelab.measure.targets import FastAPITarget, Target, TritonTarget
 from servelab.report.render import summary_table
 from servelab.servers.triton.client import InputKind, input_kind
 
-MANIFEST = "model manifest with the preprocessing sizes (tensor or uint8 input)"
 
-
-def _numbers(kind: type):
-    def parse(text: str) -> list:
-        try:
-            values = [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-        if not values or min(values) <= 0:
-            raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-        return values
-
-    return parse
+def _numbers(kind: type, text: str) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -67,31 +63,33 @@ def register(subparsers: Any) -> None:
     bench = subparsers.add_parser("load", help="measure latency and throughput of a stage",
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = bench.add_subparsers(dest="bench_command", required=True)
+    model = argparse.ArgumentParser(add_help=False)  # the Triton model's options: triton, perf-analyzer, input-data
+    model.add_argument("--model", default=PT, help="model name (default %(default)s)")
+    model.add_argument("--input", choices=get_args(InputKind),
+                       help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop "
+                            "(default: what the catalogue's model takes, servelab.core.catalogue.MODELS)")
+    model.add_argument("--manifest", type=Path, help="model manifest with the preprocessing sizes (tensor or uint8 input)")
     for name, help_text, func in (
         ("fastapi", "POST /predict (base64 JSON) to a FastAPI service", _cmd_bench),
         ("triton", "infer through tritonclient's asyncio HTTP or gRPC client", _cmd_bench),
         ("perf-analyzer", "run perf_analyzer (see `servelab perf-analyzer check`) and record its results",
          _cmd_perf_analyzer),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, parents=[] if name == "fastapi" else [model])
         if name == "fastapi":
             p.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (default %(default)s)")
         else:
             p.add_argument("--url", default="127.0.0.1:8000", help="Triton HOST:PORT, no scheme (default %(default)s)")
-            p.add_argument("--model", default=PT, help="model name (default %(default)s)")
             p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-            p.add_argument("--input", choices=get_args(InputKind),
-                           help="INPUT_IMAGE bytes, the preprocessed `input` tensor, or the uint8 `image` crop "
-                                "(default: what the catalogue's model takes, servelab.core.catalogue.MODELS)")
-            p.add_argument("--manifest", type=Path, help=MANIFEST)
-        p.add_argument("--image", type=Path, help="photo to send (default: the bundled real photo)")
+        p.add_argument("--image", type=Path, default=DEFAULT_IMAGE,
+                       help="photo to send (default: the bundled real photo)")
         p.add_argument("--batch", type=int, default=1, help="images per request (default 1)")
         g = p.add_argument_group("load (latency in ms, throughput in requests/s)")
         g.add_argument("--requests", type=int, help="measured requests per run (alone: a sequential run)")
         g.add_argument("--duration", type=float, help="measure for this many seconds instead (or as well)")
         g.add_argument("--warmup", type=int, default=10, help="unmeasured requests first (default %(default)s)")
-        g.add_argument("--concurrency", type=_numbers(int), help="closed loop: senders, e.g. 8 or 1,2,4,8,16")
-        g.add_argument("--rate", type=_numbers(float), help="open loop: requests/s, e.g. 120 or 120,180,240")
+        g.add_argument("--concurrency", type=partial(_numbers, int), help="closed loop: senders, e.g. 8 or 1,2,4,8,16")
+        g.add_argument("--rate", type=partial(_numbers, float), help="open loop: requests/s, e.g. 120 or 120,180,240")
         g.add_argument("--arrivals", choices=("constant", "poisson"), default="poisson", help="open-loop arrivals")
         g.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule")
         if func is _cmd_bench:  # servelab's own client (perf_analyzer has its own)
@@ -110,11 +108,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--input-data", type=Path, help="existing --input-data JSON (default: written from --image)")
     p.add_argument("--extra", default="", help="more perf_analyzer arguments, e.g. '--async'")
 
-    data = sub.add_parser("input-data", help="write perf_analyzer --input-data JSON from a real photo")
-    data.add_argument("--model", default=PT, help="model the data is for (default %(default)s)")
-    data.add_argument("--input", choices=get_args(InputKind), help="default: by model, as for `bench triton`")
-    data.add_argument("--image", type=Path, help="photo (default: the bundled real photo)")
-    data.add_argument("--manifest", type=Path, help=MANIFEST)
+    data = sub.add_parser("input-data", parents=[model],
+                          help="write perf_analyzer --input-data JSON from a real photo")
+    data.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="photo (default: the bundled real photo)")
     data.add_argument("--out", type=Path, default=Path("input.json"), help="where to write (default %(default)s)")
     data.set_defaults(func=_cmd_input_data)
 
@@ -136,11 +132,6 @@ def loads_from_args(args: argparse.Namespace) -> list[Load]:
     return [Load.sequential(**window)]
 
 
-def _image(path: Path | None) -> tuple[bytes, str]:
-    path = path or DEFAULT_IMAGE
-    return path.read_bytes(), path.name
-
-
 def _input_kind(args: argparse.Namespace) -> str:
     try:
         return args.input or input_kind(args.model)
@@ -149,7 +140,7 @@ def _input_kind(args: argparse.Namespace) -> str:
 
 
 def _target(args: argparse.Namespace) -> Target:
-    image, name = _image(args.image)
+    image, name = args.image.read_bytes(), args.image.name
     if args.bench_command == "fastapi":
         return FastAPITarget(args.url, image, args.batch, name)
     return TritonTarget(args.url, args.model, image, args.protocol, _input_kind(args), args.batch, name, args.manifest)
@@ -189,13 +180,10 @@ def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
     labels = Labels(_default_stage(args), stand_in=args.stand_in, server_pid=args.server_pid)
     options = PerfAnalyzerOptions(input_data_path=args.input_data, extra=tuple(args.extra.split()),
                                   monitor_interval_s=args.monitor_interval, out=args.out)
-    records = [run_perf_analyzer(target, load, labels, options) for load in loads_from_args(args)]
-    return _finish(records, args.out)
+    return _finish([run_perf_analyzer(target, load, labels, options) for load in loads_from_args(args)], args.out)
 
 
-def _cmd_input_data(args: argparse.Namespace) -> int:
-    image, name = _image(args.image)
+def _cmd_input_data(args: argparse.Namespace) -> None:
     kind = _input_kind(args)
-    path = write_input_data(args.out, image, kind, args.manifest)
-    print(f"wrote {path} ({kind} input from {name}); use: perf_analyzer -m {args.model} --input-data {path}")
-    return 0
+    path = write_input_data(args.out, args.image.read_bytes(), kind, args.manifest)
+    print(f"wrote {path} ({kind} input from {args.image.name}); use: perf_analyzer -m {args.model} --input-data {path}")

@@ -17,7 +17,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=_cli)
 
 
-def _cli(args: argparse.Namespace) -> int:
+def _cli(args: argparse.Namespace) -> None:
     for name, what in write(rotate=args.rotate).items():
         print(f"{what} {(SECRETS_DIR / name).relative_to(REPO_ROOT)} ({FILES[name]})")
-    return 0

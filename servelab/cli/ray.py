@@ -2,6 +2,7 @@
 
 import json
 import os
+from collections import Counter
 from typing import Any
 
 from servelab.core.catalogue import RAY, default_stage
@@ -26,19 +27,16 @@ def _address(args) -> str:
 
 
 def _print_placement(info: dict[str, Any]) -> None:
-    heads = {n["node_id"] for n in info["nodes"] if n["head"]}
     for node in info["nodes"]:
-        role = "head" if node["node_id"] in heads else "worker"
-        print(f"  node {node['node_id']} ({role}, {node['cpus']:g} logical CPUs): "
+        print(f"  node {node['node_id']} ({'head' if node['head'] else 'worker'}, {node['cpus']:g} logical CPUs): "
               f"{info.get('replicas_per_node', {}).get(node['node_id'], 0)} running replica(s)")
 
 
-def _up(args) -> int:
+def _up(args) -> None:
     if control.load_state() is not None:
         raise SystemExit(f"a cluster from `servelab ray up` is running ({control.STATE_FILE}); "
                          "`servelab ray down` first")
-    settings = get_settings()
-    cluster = LocalCluster(workers=args.workers, cpus_per_node=settings.ray_node_cpus, detach=True,
+    cluster = LocalCluster(workers=args.workers, cpus_per_node=get_settings().ray_node_cpus, detach=True,
                            log_dir=REPO_ROOT / ".servelab" / "ray-logs").start()
     save_state(control.STATE_FILE, {"address": cluster.address, "dashboard": cluster.dashboard_url,
                                     "pids": cluster.pids(), "temp_dir": str(cluster.temp_dir),
@@ -47,53 +45,48 @@ def _up(args) -> int:
     print(f"Ray cluster up: head {cluster.address} (PID {cluster.head.pid}), {args.workers} worker node(s) "
           f"(PIDs {', '.join(str(n.pid) for n in cluster.nodes)}); dashboard {cluster.dashboard_url}")
     try:
-        return _deploy(args, cluster.address)
+        _deploy(args, cluster.address)
     except BaseException:
         control.stop_saved()
         raise
 
 
-def _deploy(args, address: str | None = None) -> int:
+def _deploy(args, address: str | None = None) -> None:
     settings, info = get_settings(), control.deploy_stage(args.stage, address or _address(args))
     print(f"{args.stage} deployed in {info['deploy_s']} s: http://{settings.ray_serve_host}:{settings.ray_serve_port}/predict")
     _print_placement(info)
-    return 0
 
 
-def _rollout(args) -> int:
+def _rollout(args) -> None:
     try:
         info = control.roll_out(args.stage, _address(args), args.model_dir, args.variant)
     except FileNotFoundError as exc:
         raise SystemExit(f"servelab ray rollout: {exc}") from None
     if args.json:
         print(json.dumps(info))
-        return 0
+        return
     restarted = set(info["replicas_before"]) - set(info["replicas_after"])
     how = (f"{len(restarted)} replica(s) restarted (not the stage or settings deployed?)" if restarted
            else f"{len(info['replicas_after'])} replica(s), in place")
     print(f"{args.stage} rolled out to {info['variant']} from {info['model_dir']} in {info['rollout_s']} s: {how}")
-    return 0
 
 
-def _status(args) -> int:
+def _status(args) -> None:
     info = control.status(_address(args))
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return
     print(f"cluster {info['address']}, dashboard {info['dashboard']}")
-    running = [r for r in info["replicas"] if r["state"] == "RUNNING"]
-    info["replicas_per_node"] = {n["node_id"]: sum(r["node_id"] == n["node_id"] for r in running) for n in info["nodes"]}
+    info["replicas_per_node"] = Counter(r["node_id"] for r in info["replicas"] if r["state"] == "RUNNING")
     _print_placement(info)
     for r in info["replicas"]:
         print(f"  replica {r['replica']}: {r['state']} on node {r['node_id']} (PID {r['pid']})")
-    return 0
 
 
-def _down(args) -> int:
+def _down(args) -> None:
     state = control.stop_saved()
     print("no cluster from `servelab ray up` is running" if state is None
           else f"stopped the Ray cluster at {state['address']} (PIDs {', '.join(map(str, state['pids']))})")
-    return 0
 
 
 def register(subparsers) -> None:

@@ -7,7 +7,6 @@ from typing import Any
 
 from servelab.measure.records import DEFAULT_RECORDS, read_records
 from servelab.report import check, render
-from servelab.report.render import render_report, summary_table
 
 
 def register(subparsers: Any) -> None:
@@ -41,22 +40,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return 1 if any(v.findings for v in verdicts) else 0
     # A folder stands for its records file: `servelab report results` is what the check tells a student to run.
     files = [p / DEFAULT_RECORDS.name if p.is_dir() else p for p in given] or [DEFAULT_RECORDS]
-    missing = [p for p in files if not p.is_file()]
-    if missing:
-        print(f"error: no records at {', '.join(map(str, missing))}; run `servelab load ... --out FILE` first")
-        return 2
-    try:
-        records = read_records(files)
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8 or not a record: one line, not a traceback
+    try:  # missing, unreadable, not UTF-8, not a record or none: one line, not a traceback
+        if missing := [p for p in files if not p.is_file()]:
+            raise ValueError(f"no records at {', '.join(map(str, missing))}; run `servelab load ... --out FILE` first")
+        if not (records := read_records(files)):
+            raise ValueError("the record files are empty")
+    except (OSError, ValueError) as exc:
         print(f"error: {exc}")
         return 2
-    if not records:
-        print("error: the record files are empty")
-        return 2
-    folders = [p for p in given if p.is_dir()]
-    out_dir = args.out_dir or (folders[0] if len(given) == 1 and folders else DEFAULT_RECORDS.parent)
-    path = render_report(records, out_dir, files)
-    print(summary_table(records))
-    print(f"wrote {path}")
+    out_dir = args.out_dir or (given[0] if len(given) == 1 and given[0].is_dir() else DEFAULT_RECORDS.parent)
+    path = render.render_report(records, out_dir, files)
+    print(f"{render.summary_table(records)}\nwrote {path}")
     return 0
 

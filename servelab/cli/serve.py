@@ -16,7 +16,7 @@ GUNICORN_OPTIONS = {"worker_class": "gthread", "threads": 8, "graceful_timeout":
                     "control_socket_disable": True}
 
 
-def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
+def _run_fastapi(kind: str, args: argparse.Namespace) -> None:
     # Deferred: uvicorn, FastAPI and each app's runtime (optional extras) are absent from the Flask image,
     # which has `serve flask`. Each stage's app file is what runs: `uvicorn fastapi_onnx.app:app` serves the same.
     from servelab.servers.fastapi.workers import serve
@@ -24,10 +24,9 @@ def _run_fastapi(kind: str, args: argparse.Namespace) -> int:
     settings = get_settings()  # the app's own, read once
     app = "fastapi_pt.app:app" if kind == "pytorch" else "fastapi_onnx.app:app"
     serve(app, settings, kind, args.host or settings.host, args.port or settings.port)
-    return 0
 
 
-def _run_flask(args: argparse.Namespace) -> int:
+def _run_flask(args: argparse.Namespace) -> None:
     # Deferred: gunicorn and Flask (the flask extra) are absent from the FastAPI images.
     from gunicorn.app.base import BaseApplication
 
@@ -49,7 +48,6 @@ def _run_flask(args: argparse.Namespace) -> int:
 
     print(f"GourmetGram on http://{args.host}:{args.port} asking {settings.backend}", flush=True)
     GourmetGram().run()
-    return 0
 
 
 def register(subparsers) -> None:

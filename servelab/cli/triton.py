@@ -15,33 +15,29 @@ def register(subparsers) -> None:
     sub.add_parser("stages", help="list the named stages").set_defaults(func=_stages)
     render = sub.add_parser("render", help="print a stage's effective configs without touching a server")
     render.add_argument("name", choices=list(stages.STAGES))
-    render.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")
     render.add_argument("--stand-in", action="store_true",
                         help="render the ONNX model as the local Python-backend stand-in")
-    render.set_defaults(func=_render)
     up = sub.add_parser("up", help="start the bundled tritonserver (127.0.0.1) and wait until the stage is READY")
     up.add_argument("--stage", default=default_stage(TRITON.name), choices=list(stages.STAGES))
     up.add_argument("--port", type=int, help="HTTP port (default: the port of TRITON_SERVER_URL)")
     up.add_argument("--grpc-port", type=int, help="default: HTTP port + 1")
     up.add_argument("--metrics-port", type=int, help="default: HTTP port + 2")
-    up.add_argument("--kind", choices=["auto", "gpu", "cpu"], help="default: TRITON_INSTANCE_KIND")
-    up.set_defaults(func=_up)
     stage = sub.add_parser("stage", help="write a stage's configs into the model repository and (re)load it")
     stage.add_argument("name", choices=list(stages.STAGES))
     stage.add_argument("--url", help="Triton HTTP host:port (default: the server `up` started, else TRITON_SERVER_URL)")
-    stage.add_argument("--kind", choices=["auto", "gpu", "cpu"],
-                       help="default: the kind `up` started with, else TRITON_INSTANCE_KIND")
-    stage.set_defaults(func=_stage)
+    for command, func, kind_default in ((render, _render, "TRITON_INSTANCE_KIND"), (up, _up, "TRITON_INSTANCE_KIND"),
+                                        (stage, _stage, "the kind `up` started with, else TRITON_INSTANCE_KIND")):
+        command.add_argument("--kind", choices=["auto", "gpu", "cpu"], help=f"default: {kind_default}")
+        command.set_defaults(func=func)
     sub.add_parser("down", help="stop the tritonserver `up` started").set_defaults(func=_down)
 
 
-def _stages(args) -> int:
+def _stages(args) -> None:
     for stage in stages.STAGES.values():
         print(f"{stage.name:9} {stage.triton.model:25} {stage.about}")
-    return 0
 
 
-def _render(args) -> int:
+def _render(args) -> None:
     settings = get_settings()
     kind = stages.resolve_kind(args.kind or settings.triton_instance_kind)
     stage = stages.STAGES[args.name]
@@ -49,12 +45,10 @@ def _render(args) -> int:
         config = stages.effective_config(stage, model, kind=kind, onnxruntime=not args.stand_in,
                                          repository=settings.triton_model_repository)
         print(f"# {model}/configs/{stages.CONFIG_NAME}.pbtxt\n{stages.render(config)}")
-    return 0
 
 
 def _up(args) -> int:
-    running = server.load_state()
-    if running:
+    if running := server.load_state():
         print(f"triton: already running (pid {running['pids'][0]}, {running['url']}, stage {running['stage']}); "
               "`servelab triton stage NAME` switches it, `servelab triton down` stops it")
         return 1
@@ -95,8 +89,7 @@ def _stage(args) -> int:
     for model, view in wanted.items():
         print(f"# {model}, the stage's config: {stages.served_line(view)}")
         print(f"# {model}, as Triton runs it: {stages.served_line(stages.served(server.model_config(target.url, model)))}")
-    print(f"# GET /v2/models/{stage.triton.model}/config:")
-    print(json.dumps(config, indent=2))
+    print(f"# GET /v2/models/{stage.triton.model}/config:\n{json.dumps(config, indent=2)}")
     return 0
 
 
@@ -109,12 +102,10 @@ def _control_key(url: str) -> str:
         from servelab.tools.containers import node_secrets
     except ImportError:
         return ""
-    secrets_file = node_secrets.SECRETS_DIR / "lab.env"
-    return node_secrets.read(secrets_file).get(node_secrets.FILES["lab.env"], "") if secrets_file.exists() else ""
+    return node_secrets.read(node_secrets.SECRETS_DIR / "lab.env").get(node_secrets.FILES["lab.env"], "")  # {}: none
 
 
-def _down(args) -> int:
+def _down(args) -> None:
     state = server.stop_saved()
     print("triton: no tritonserver started by `servelab triton up` is running" if state is None
           else f"triton: stopped pid {state['pids'][0]} ({state['url']}, stage {state['stage']})")
-    return 0
