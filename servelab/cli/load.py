@@ -177,7 +177,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_perf_analyzer(args: argparse.Namespace) -> int:
     target = _target(args)
-    labels = Labels(_default_stage(args), stand_in=args.stand_in, server_pid=args.server_pid)
+    labels = Labels(_default_stage(args), dict(args.config), args.stand_in, args.server_pid)
     options = PerfAnalyzerOptions(input_data_path=args.input_data, extra=tuple(args.extra.split()),
                                   monitor_interval_s=args.monitor_interval, out=args.out)
     return _finish([run_perf_analyzer(target, load, labels, options) for load in loads_from_args(args)], args.out)
