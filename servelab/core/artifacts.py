@@ -79,8 +79,7 @@ class ArtifactPaths:
 
     @classmethod
     def in_dir(cls, model_dir: Path) -> "ArtifactPaths":
-        model_dir = Path(model_dir)
-        return cls(model_dir / "food11.pt", model_dir / "food11.json", model_dir / "food11.onnx")
+        return cls(*(Path(model_dir) / f"food11.{suffix}" for suffix in ("pt", "json", "onnx")))
 
 
 @dataclass(frozen=True)
@@ -163,9 +162,8 @@ def _check_parity(model, onnx_path: Path) -> float:
                             rng.standard_normal((3, 3, DEFAULT_CROP, DEFAULT_CROP)).astype(np.float32)])
     with torch.inference_mode():
         expected = model(torch.from_numpy(batch)).numpy()
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    actual = session.run(["output"], {"input": batch})[0]
-    return float(np.abs(actual - expected).max())
+    actual = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(["output"], {"input": batch})
+    return float(np.abs(actual[0] - expected).max())
 
 
 def build_artifacts(source: ModelSource, model_dir: Path, staging: Path | None, force: bool = False,
@@ -179,8 +177,7 @@ def build_artifacts(source: ModelSource, model_dir: Path, staging: Path | None, 
         [source.kind, source.location, sha256_file(weights), versions, ONNX_OPSET], sort_keys=True
     ).encode()).hexdigest()
 
-    manifest = _reusable(paths, key) if not force else None
-    if manifest is not None:
+    if not force and (manifest := _reusable(paths, key)) is not None:
         log(f"models: up to date ({manifest.name}) in {model_dir}")
     else:
         manifest = _build(source, weights, paths, key, versions, log)

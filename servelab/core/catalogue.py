@@ -174,9 +174,8 @@ class Stage:
     @property
     def family(self) -> str:
         """Its family's name: the record in ``FAMILIES`` whose part it carries."""
-        for family in FAMILIES.values():
-            if isinstance(self.part, family.part):
-                return family.name
+        if found := [family.name for family in FAMILIES.values() if isinstance(self.part, family.part)]:
+            return found[0]
         raise ValueError(f"{self.name}: its {type(self.part).__name__} is no family's part in FAMILIES")
 
     @property

@@ -37,8 +37,7 @@ def ingress_ports() -> dict[int, str]:
 
 def tunnel(address: str, ports: tuple[int, ...] = (8888, 8000, 3000), key: str = "~/.ssh/id_rsa_chameleon") -> str:
     """The ``ssh -L`` command that forwards ``ports`` of the node's 127.0.0.1 to the same ports here."""
-    unknown = set(ports) - set(TUNNELLED)
-    if unknown:
+    if unknown := set(ports) - set(TUNNELLED):
         raise ValueError(f"not tunnelled: {sorted(unknown)}")
     forwards = " ".join(f"-L {port}:127.0.0.1:{port}" for port in ports)
     return f"ssh {forwards} -i {key} cc@{address}"

@@ -63,8 +63,7 @@ def fetch(url: str, dest: Path, expected_git_sha1: str, timeout: float = 60.0) -
         raise FetchError(f"download of {what} failed: HTTP {exc.code} {exc.reason}") from None
     except Exception as exc:
         raise FetchError(f"download of {what} failed: {type(exc).__name__}: {exc}") from None
-    actual = git_blob_sha1(data)
-    if actual != expected_git_sha1:
+    if (actual := git_blob_sha1(data)) != expected_git_sha1:
         raise FetchError(f"download of {what} got {len(data)} bytes with git blob SHA-1 {actual}; refusing it")
     write_atomic(dest, lambda tmp: tmp.write_bytes(data))
     return dest

@@ -257,8 +257,7 @@ def cpu_int8(cpuinfo: Path = CPUINFO) -> Int8Compute:
 
 def recorded_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
     """The flags a record keeps of this machine's CPU (``CPU_FLAGS`` it has); None where they cannot be read."""
-    flags = cpu_flags(cpuinfo)
-    return None if flags is None else [f for f in CPU_FLAGS if f in flags]
+    return None if (flags := cpu_flags(cpuinfo)) is None else [f for f in CPU_FLAGS if f in flags]
 
 
 def stage_env(device: Device) -> dict[str, str]:
@@ -300,8 +299,7 @@ def _torch() -> dict[str, Any]:
 
 
 def _onnxruntime() -> dict[str, Any]:
-    package = next((p for p in ("onnxruntime-gpu", "onnxruntime") if _version(p)), None)
-    if package is None:
+    if (package := next((p for p in ("onnxruntime-gpu", "onnxruntime") if _version(p)), None)) is None:
         return {}
     import onnxruntime as ort  # deferred: an optional extra (onnx), loaded only when this runs
 

@@ -87,10 +87,9 @@ def load_cuda_libraries(folders: Sequence[Path], cuda_major: str | None = None) 
             continue
         try:
             ctypes.CDLL(str(found), mode=os.RTLD_GLOBAL)
+            loaded[found.name] = found
         except OSError as exc:  # a provider that needs it stays inactive, which the caller reads back
             log.warning("CUDA for ONNX Runtime: %s did not load: %s", found, exc)
-            continue
-        loaded[found.name] = found
     by_folder: dict[Path, list[str]] = {}
     for path in loaded.values():
         by_folder.setdefault(path.parent, []).append(path.name)
@@ -169,8 +168,7 @@ def options_not_in_force(requested: Mapping[str, Mapping[str, object]],
     run with, in words: ONNX Runtime drops them all, silently, when it retries a session with fallback providers."""
     problems = []
     for provider, options in requested.items():
-        held = in_force.get(provider)
-        if held is None:
+        if (held := in_force.get(provider)) is None:
             continue
         for key, value in options.items():
             if key not in held:

@@ -18,8 +18,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, row by row (never across the batch); each row's maximum subtracted first, so
     exp() cannot overflow."""
     z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 

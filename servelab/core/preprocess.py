@@ -56,13 +56,11 @@ def decode_base64(text: str) -> bytes:
 
 
 def _to_rgb(im: Image.Image) -> Image.Image:
-    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-        # 16-bit (or 32-bit integer) grey: Pillow's convert() would clip at 255, so rescale.
-        scale = 257.0 if im.mode.startswith("I;16") or np.asarray(im).max() > 255 else 1.0
+    if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        # 16-bit (or 32-bit integer) grey: Pillow's convert() would clip at 255, so rescale; float grey is clipped.
+        scale = 257.0 if im.mode.startswith("I;16") or (im.mode == "I" and np.asarray(im).max() > 255) else 1.0
         grey = np.clip(np.asarray(im, dtype=np.float64) / scale, 0, 255).round().astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
-    if im.mode == "F":
-        return Image.fromarray(np.clip(np.asarray(im), 0, 255).round().astype(np.uint8), "L").convert("RGB")
     if im.mode == "P":
         im = im.convert("RGBA" if "transparency" in im.info else "RGB")
     if im.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
@@ -119,8 +117,7 @@ def resize_and_crop(im: Image.Image, resize: int = DEFAULT_RESIZE, crop: int = D
     short, long = sorted((width, height))
     new_long = int(resize * long / short)
     size = (resize, new_long) if width <= height else (new_long, resize)
-    left = int(round((size[0] - crop) / 2.0))
-    top = int(round((size[1] - crop) / 2.0))
+    left, top = (int(round((side - crop) / 2.0)) for side in size)
     sx, sy = width / size[0], height / size[1]
     box = (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy)
     return im.resize((crop, crop), Image.BILINEAR, box=box)

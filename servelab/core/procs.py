@@ -50,14 +50,13 @@ def take_place(fd: int, count: int, mine: set[int]) -> int | None:
     """One of ``count`` places that no process holds, now this one's; None where all are held. A place is a
     byte of the file ``fd``, held with a POSIX record lock, which the kernel releases when the process dies,
     however it dies. ``mine``: the places this process holds (its own locks never conflict with each other)."""
-    for place in range(count):
-        if place not in mine:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, place)
-            except OSError:  # another process holds it
-                continue
-            mine.add(place)
-            return place
+    for place in sorted(set(range(count)) - mine):
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, place)
+        except OSError:  # another process holds it
+            continue
+        mine.add(place)
+        return place
     return None
 
 
@@ -70,8 +69,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def wait_http_ok(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     """Poll ``url`` until it answers 200; fail early if ``proc`` exits."""
-    deadline = time.monotonic() + timeout
-    last = "no answer yet"
+    deadline, last = time.monotonic() + timeout, "no answer yet"
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before {url} was ready{log_tail(log)}")
@@ -118,8 +116,7 @@ def log_tail(log: Path | None, lines: int = 20) -> str:
     """The last lines of a server's log, to end an error message with (empty without a log)."""
     if log is None or not Path(log).exists():
         return ""
-    text = Path(log).read_text(errors="replace").splitlines()[-lines:]
-    return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
+    return f"\n--- last lines of {log} ---\n" + "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
 
 
 class _StartStop:
@@ -142,9 +139,8 @@ class ServerProcess(_StartStop):
         # Ready when ready_url answers 200, or (no URL: a process without HTTP) when ready_check() is true.
         self.cmd, self.ready_url, self.ready_check, self.log = cmd, ready_url, ready_check, Path(log)
         self.env = {**os.environ, **(env or {})}
-        self.cwd, self.ready_timeout, self.stop_timeout = cwd, ready_timeout, stop_timeout
         # A detached server outlives us (`servelab triton up`); others end when our process ends.
-        self.detach = detach
+        self.cwd, self.ready_timeout, self.stop_timeout, self.detach = cwd, ready_timeout, stop_timeout, detach
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -165,12 +161,10 @@ class ServerProcess(_StartStop):
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.cwd, start_new_session=True,
                                          preexec_fn=self._preexec())
-        if self.ready_url is None and self.ready_check is None:  # the caller checks readiness its own way
-            return self
         try:
             if self.ready_url is not None:
                 wait_http_ok(self.ready_url, self.ready_timeout, self.proc, self.log)
-            else:
+            elif self.ready_check is not None:  # neither: the caller checks readiness its own way
                 wait_until(self.ready_check, "ready", self.ready_timeout, self.proc, self.log)
         except BaseException:
             self.stop()

@@ -54,8 +54,7 @@ class EfficientNetLite0Food11(nn.Module):
             self.food11_map[list(IMAGENET_TO_FOOD11[name]), j] = 1.0
 
     def forward(self, x):
-        probs = torch.softmax(self.backbone(x), dim=1) @ self.food11_map
-        return torch.log(probs.clamp_min(_FLOOR))
+        return torch.log((torch.softmax(self.backbone(x), dim=1) @ self.food11_map).clamp_min(_FLOOR))
 
 
 def packaged_imagenet_weights() -> str:

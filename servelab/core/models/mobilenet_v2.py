@@ -55,9 +55,7 @@ class MobileNetV2(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x):
-        x = self.features(x)
-        x = nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
-        return self.classifier(x)
+        return self.classifier(nn.functional.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
 def food11_mobilenet_v2() -> MobileNetV2:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -111,11 +112,9 @@ MACHINE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "f16c
 def machine() -> str:
     """The CPU model and the instruction sets that decide which INT8 kernels are fast."""
     model, flags = platform.processor() or platform.machine(), cpu_flags() or set()
-    if CPUINFO.exists():
-        for line in CPUINFO.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
+    cpuinfo = CPUINFO.read_text() if CPUINFO.exists() else ""
+    if names := re.findall(r"^\s*model name\s*:(.*)$", cpuinfo, re.MULTILINE):
+        model = names[-1].strip()
     simd = [f for f in MACHINE_FLAGS if f in flags]
     return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}; {' '.join(simd) or 'no AVX2'}"
 
@@ -174,13 +173,12 @@ def _describe(model_dir: Path, name: str, reference: np.ndarray, pixels: np.ndar
 
     path = variant_path(model_dir, name)
     sess = session(path)
-    first = sess.get_inputs()[0]
     float_input = name == "fp32"
     quantization = {"int8": {**STATIC_OPTIONS, "calibration_photos": len(photos.calibration_set())},
                     "int8dyn": DYNAMIC_OPTIONS, "fp16": FP16_OPTIONS}.get(name, {})
     return Variant(
         name=name, file=path.name, size_bytes=path.stat().st_size, sha256=sha256_file(path), precision=PRECISION[name],
-        input_name=first.name, input_dtype="float32" if float_input else "uint8",
+        input_name=sess.get_inputs()[0].name, input_dtype="float32" if float_input else "uint8",
         input_layout="NCHW" if float_input else "NHWC", quantization=quantization,
         agreement=agreement(reference, run_batches(sess, pixels, float_input, manifest)),
     )
@@ -200,8 +198,7 @@ def build_variants(model_dir: Path, manifest: Manifest, staging: Path | None = N
         [RECIPE, manifest.onnx_sha256, manifest.crop, manifest.mean, manifest.std, versions, quantize.STATIC_OPTIONS,
          quantize.DYNAMIC_OPTIONS, quantize.FP16_OPTIONS, photos.set_digest(photos.calibration_set()),
          photos.set_digest(photos.evaluation_set())], sort_keys=True).encode()).hexdigest()
-    record = None if force else reusable_record(model_dir, key)
-    if record is not None:
+    if not force and (record := reusable_record(model_dir, key)) is not None:
         log(f"models: variants up to date in {model_dir}")
     else:
         started = time.monotonic()

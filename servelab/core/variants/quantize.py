@@ -46,22 +46,17 @@ FP16_OPTIONS = {"converter": "onnxruntime.transformers.float16", "keep_io_types"
 FORMAT_MEASUREMENTS_MACHINE = ("2-CPU Debian 12 VM, AMD EPYC (AVX2, AVX512-VNNI, AVX-VNNI), ONNX Runtime "
                                "1.31.1, 2 intra-op threads, offline stand-in, 28 calibration / 168 evaluation pictures "
                                "of the earlier 49-photograph set")
-FORMAT_MEASUREMENTS = [
-    {"format": "fp32 uint8-input", "top1_agreement": 1.0, "ms_per_image_b1": 7.5, "ms_per_image_b16": 9.4},
-    {"format": "QDQ U8/S8 per-channel", "top1_agreement": 0.982, "ms_per_image_b1": 6.2, "ms_per_image_b16": 5.1},
-    {"format": "QDQ U8/S8 per-channel reduce_range", "top1_agreement": 0.970, "ms_per_image_b1": 6.9,
-     "ms_per_image_b16": 5.3},
-    {"format": "QDQ S8/S8 per-channel", "top1_agreement": 0.982, "ms_per_image_b1": 13.7, "ms_per_image_b16": 8.6},
-    {"format": "QOperator U8/S8 per-channel", "top1_agreement": 0.982, "ms_per_image_b1": 6.8,
-     "ms_per_image_b16": 5.6},
-    {"format": "QDQ U8/S8 per-tensor", "top1_agreement": 0.958, "ms_per_image_b1": 6.2, "ms_per_image_b16": 4.9},
-    {"format": "QDQ U8/S8 per-channel, head and preprocessing quantized too", "top1_agreement": 0.446,
-     "ms_per_image_b1": 6.6, "ms_per_image_b16": 5.9},
-    {"format": "dynamic U8 weights per-tensor", "top1_agreement": 0.994, "ms_per_image_b1": 32.3,
-     "ms_per_image_b16": 20.3},
-    {"format": "dynamic S8 weights per-channel", "top1_agreement": 0.970, "ms_per_image_b1": 70.1,
-     "ms_per_image_b16": 73.1},
-]
+FORMAT_MEASUREMENTS = [dict(zip(("format", "top1_agreement", "ms_per_image_b1", "ms_per_image_b16"), row)) for row in (
+    ("fp32 uint8-input", 1.0, 7.5, 9.4),
+    ("QDQ U8/S8 per-channel", 0.982, 6.2, 5.1),
+    ("QDQ U8/S8 per-channel reduce_range", 0.970, 6.9, 5.3),
+    ("QDQ S8/S8 per-channel", 0.982, 13.7, 8.6),
+    ("QOperator U8/S8 per-channel", 0.982, 6.8, 5.6),
+    ("QDQ U8/S8 per-tensor", 0.958, 6.2, 4.9),
+    ("QDQ U8/S8 per-channel, head and preprocessing quantized too", 0.446, 6.6, 5.9),
+    ("dynamic U8 weights per-tensor", 0.994, 32.3, 20.3),
+    ("dynamic S8 weights per-channel", 0.970, 70.1, 73.1),
+)]
 
 
 def float_nodes(model: onnx.ModelProto) -> list[str]:

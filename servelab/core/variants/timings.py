@@ -39,8 +39,7 @@ def food11_labels(folder: Path) -> tuple[list[Path], np.ndarray]:
     for path in sorted(Path(folder).rglob("*")):
         if path.suffix.lower() not in (".jpg", ".jpeg", ".png"):
             continue
-        match = re.fullmatch(r"class_(\d+)", path.parent.name) or re.match(r"(\d+)_", path.name)
-        if match:
+        if match := re.fullmatch(r"class_(\d+)", path.parent.name) or re.match(r"(\d+)_", path.name):
             files.append(path)
             labels.append(int(match.group(1)))
     return files, np.array(labels)
