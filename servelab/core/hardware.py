@@ -185,9 +185,8 @@ def resolve(requested: str, gpus: int, gaps: list[str] | None = None, log=print)
 
 
 CPUINFO = Path("/proc/cpuinfo")
-# The instructions that make INT8 fast, as /proc/cpuinfo names them -> as people do: x86's u8 x s8 dot
-# products (VNNI) and tile multiplies (AMX), ARM's 8-bit dot products (asimddp, "dotprod") and matrix
-# multiply (i8mm).
+# The instructions that make INT8 fast, as /proc/cpuinfo names them -> as people do: x86's u8 x s8 dot products (VNNI)
+# and tile multiplies (AMX), ARM's 8-bit dot products (asimddp, "dotprod") and matrix multiply (i8mm).
 INT8_INSTRUCTIONS = {"amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
                      "i8mm": "ARM I8MM", "asimddp": "ARM dot product"}
 # What a record keeps of its CPU's flags: the architecture's base (x86-64 always has sse2, ARM64 asimd), the

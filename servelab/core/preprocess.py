@@ -141,12 +141,7 @@ def to_tensor(im: Image.Image | np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD
 
 
 def preprocess_image(
-    im: Image.Image,
-    *,
-    resize: int = DEFAULT_RESIZE,
-    crop: int = DEFAULT_CROP,
-    mean=IMAGENET_MEAN,
-    std=IMAGENET_STD,
+    im: Image.Image, *, resize: int = DEFAULT_RESIZE, crop: int = DEFAULT_CROP, mean=IMAGENET_MEAN, std=IMAGENET_STD
 ) -> np.ndarray:
     """An upright RGB image (from ``load_image``) -> float32 [3, crop, crop]."""
     return to_tensor(resize_and_crop(im, resize, crop), mean, std)
@@ -170,8 +165,7 @@ def preprocess_batch(images: list[bytes], **kwargs) -> np.ndarray:
     return np.stack([preprocess(data, **kwargs) for data in images])
 
 
-def prepare_timed(text: str, step: Callable[..., np.ndarray] = preprocess,
-                  **kwargs) -> tuple[np.ndarray, float, float]:
+def prepare_timed(text: str, step: Callable[..., np.ndarray] = preprocess, **kwargs) -> tuple[np.ndarray, float, float]:
     """base64 text -> (``step``'s output: ``preprocess`` or ``crop_pixels``, when it started, when it ended): a
     request's whole CPU side in one picklable call, the same in a thread or a worker process (``perf_counter``
     is the system's monotonic clock, comparable across processes)."""

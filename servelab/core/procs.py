@@ -26,9 +26,8 @@ except (OSError, AttributeError):  # not Linux: stop() remains the only way
 
 
 def die_with_parent(parent: int) -> None:
-    """In the child (before exec, or first thing in a worker process): Linux sends it SIGTERM when the
-    thread that started it (our main thread, so in effect our process) ends, even when our process
-    is killed with SIGKILL."""
+    """In the child (before exec, or first thing in a worker process): Linux sends it SIGTERM when the thread that
+    started it (our main thread, so in effect our process) ends, even when our process is killed with SIGKILL."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # we died before prctl took effect

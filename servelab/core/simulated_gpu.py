@@ -27,7 +27,6 @@ def label(ms: float, max_batch: int) -> str:
 
 
 class SimulatedGPU:
-
     def __init__(self, infer: Callable[[np.ndarray], np.ndarray], ms: float, max_batch: int):
         self.model, self.seconds, self.max_batch, self.label = infer, ms / 1000, max_batch, label(ms, max_batch)
         self._kept: dict[bytes, np.ndarray] = {}

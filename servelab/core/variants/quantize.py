@@ -1,21 +1,19 @@
 """The conversions behind the cheaper model variants: INT8 static (QDQ), INT8 dynamic, fp16.
 
-Every conversion starts from the uint8-input model (``uint8_input``) and leaves two parts of it in
-float32: the preprocessing nodes (cast, transpose, scale, shift: quantizing the normalized input
-would add a rounding step on top of the pixels' own) and everything after the classifier's last
-Gemm (the stand-in's Softmax -> class-mapping MatMul -> Clip -> Log: quantized, the Log sees zeros
-and agreement collapses to 45 %, measured).
+Every conversion starts from the uint8-input model (``uint8_input``) and leaves two parts of it in float32: the
+preprocessing nodes (cast, transpose, scale, shift: quantizing the normalized input would add a rounding step on top of
+the pixels' own) and everything after the classifier's last Gemm (the stand-in's Softmax -> class-mapping MatMul ->
+Clip -> Log: quantized, the Log sees zeros and agreement collapses to 45 %, measured).
 
 Which INT8 format: ``FORMAT_MEASUREMENTS``, each format measured side by side on the machine
 ``FORMAT_MEASUREMENTS_MACHINE`` names (agreement = top-1 equal to the fp32 model's; ms/image medians of 5
 interleaved rounds), not re-measured since the photo set grew to 139 photographs.
 
-Why U8/S8 QDQ per-channel without reduce_range: that CPU has VNNI, whose u8 x s8 dot product does
-not saturate, so reduce_range (the AVX2-without-VNNI workaround) only loses a bit of precision;
-ONNX Runtime's x86 kernels are built for U8S8, and S8S8 runs ~2x slower here; QOperator agrees
-exactly as much and is no faster; per-tensor weights cost 2.4 points of agreement for nothing
-measurable. Dynamic quantization turns each Conv into ConvInteger, which has no fast kernel on
-x86: it is 4-10x slower than fp32 on this CNN, kept only as the comparison.
+Why U8/S8 QDQ per-channel without reduce_range: that CPU has VNNI, whose u8 x s8 dot product does not saturate, so
+reduce_range (the AVX2-without-VNNI workaround) only loses a bit of precision; ONNX Runtime's x86 kernels are built for
+U8S8, and S8S8 runs ~2x slower here; QOperator agrees exactly as much and is no faster; per-tensor weights cost 2.4
+points of agreement for nothing measurable. Dynamic quantization turns each Conv into ConvInteger, which has no fast
+kernel on x86: it is 4-10x slower than fp32 on this CNN, kept only as the comparison.
 """
 
 import logging

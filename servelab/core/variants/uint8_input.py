@@ -1,11 +1,10 @@
 """The fp32 model with its preprocessing moved into the graph: it takes uint8 pixels.
 
-Input ``image``: uint8 ``[N, 224, 224, 3]`` (NHWC), the center crop exactly as Pillow decodes it, so
-the client does no float math and sends a quarter of the bytes of the float32 tensor. NHWC because
-that is the layout every decoder produces: the transpose to the model's NCHW becomes the graph's
-job, where ONNX Runtime does it in one pass with the cast, instead of NumPy making a copy per image.
-The first nodes do what ``servelab.core.preprocess.to_tensor`` does in NumPy, folded into one multiply and
-one subtract. Output ``output``: the same float32 logits.
+Input ``image``: uint8 ``[N, 224, 224, 3]`` (NHWC), the center crop exactly as Pillow decodes it, so the client does no
+float math and sends a quarter of the bytes of the float32 tensor. NHWC because that is the layout every decoder
+produces: the transpose to the model's NCHW becomes the graph's job, where ONNX Runtime does it in one pass with the
+cast, instead of NumPy making a copy per image. The first nodes do what ``servelab.core.preprocess.to_tensor`` does in
+NumPy, folded into one multiply and one subtract. Output ``output``: the same float32 logits.
 """
 
 from pathlib import Path
