@@ -18,22 +18,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from servelab.core import simulated_gpu
+from servelab.core import catalogue, simulated_gpu
 from servelab.core.artifacts import ArtifactPaths, Manifest, ModelSource, build_artifacts, load_manifest, write_atomic
-from servelab.core.catalogue import (
-    CACHED,
-    FAMILIES,
-    OVERLOADED,
-    ROLLED,
-    STAGES,
-    Lesson,
-    Stage,
-    bounded,
-    cached_name,
-    compared,
-    queue_bound,
-    with_cache,
-)
+from servelab.core.catalogue import Lesson, Stage
 from servelab.core.hardware import Device, NoGpu, describe, gpu_count, stack
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
@@ -165,7 +152,7 @@ class Lab:
             self.log(f"    overload: not run: no capacity measured for {stage.baseline or stage.name} in this run")
             return
         load, config = overload_load(capacity.stats.throughput_rps, self.plan.overload_s)
-        over = labels._replace(config={**(labels.config or {}), **config, "bound": queue_bound(stage)})
+        over = labels._replace(config={**(labels.config or {}), **config, "bound": catalogue.queue_bound(stage)})
         measure_stage(target, [load], over, [servelab_client(timeline_bin_s=1.0, keep_requests=True)], self.keep)
 
     def measure_on(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> float | None:
@@ -199,9 +186,9 @@ class Lab:
         self.skipped = preflight(stages)
         names = {s.name for s in stages}
         # The overload and cache cases, on the stages of this run that have them (a plan's choice).
-        self.overloaded = set(OVERLOADED) & names if self.plan.overload_s else set()
-        self.cached = set(CACHED) & names if self.plan.cache else set()
-        self.rolled = set(ROLLED) & names if self.plan.rollout_s else set()
+        self.overloaded = set(catalogue.OVERLOADED) & names if self.plan.overload_s else set()
+        self.cached = set(catalogue.CACHED) & names if self.plan.cache else set()
+        self.rolled = set(catalogue.ROLLED) & names if self.plan.rollout_s else set()
         for part, why in self.skipped.items():
             self.log(f"[{part}] skipped: {why}")
         with ExitStack() as stack:
@@ -227,7 +214,7 @@ class Lab:
             stages = [s for s in stages if not s.needs_gpu]
         self.ran = [s.name for s in stages]
         # The families in the catalogue's order, each on one adapter (and its own runs beside the loads).
-        for name in FAMILIES:
+        for name in catalogue.FAMILIES:
             if (ours := [s for s in stages if s.family == name]) and name not in self.skipped:
                 adapter = adapter_of(ours[0]).in_lab(self.logs, self.device, self.prometheus, paths.manifest)
                 self._run_family(adapter, ours, manifest, adapter.runs(self, manifest))
@@ -259,7 +246,7 @@ class Lab:
         if stage.name in self.cached:
             self.guard(stage.name, lambda: self.cache_case(adapter, stage, manifest))
         if stage.name in self.overloaded:  # the same server, its queue bounded, under the same overload
-            shed = bounded(stage)
+            shed = catalogue.bounded(stage)
             self.log(f"[{shed.name}] {shed.about}")
             self.guard(shed.name, lambda: self.measure_on(adapter, shed, manifest))
         # The rounds before the rollout: a rollout leaves a second version of a Triton model loaded, which
@@ -272,16 +259,16 @@ class Lab:
         """Each lesson ``stage`` completes in its family: both stages alternating in the plan's rounds, ``stage`` (served
         now) first, each at the senders the lesson's question needs (``round_levels``)."""
         p = self.plan
-        for lesson, pair in ((k, pair) for k in IN_ROUNDS for pair in compared(k) if stage.name in pair):
+        for lesson, pair in ((k, pair) for k in IN_ROUNDS for pair in catalogue.compared(k) if stage.name in pair):
             caps = [capacity_of(self.records, name) for name in pair]
-            if not all(caps) or any(STAGES[name].family != stage.family for name in pair):
+            if not all(caps) or any(catalogue.STAGES[name].family != stage.family for name in pair):
                 continue
             levels, compares = round_levels(lesson, *(c.load.concurrency for c in caps))
             self.log(f"[{' ÷ '.join(pair)}] {p.rounds} rounds alternating, {compares}")
 
             def side(name: str, level: int, n: int, pair=pair, compares=compares) -> list[Record]:
                 extra = {"run": RunKind.ROUNDS, "pair": " ÷ ".join(pair), "round": n, "compares": compares}
-                with self.on(adapter, STAGES[name], manifest, extra) as (target, labels):
+                with self.on(adapter, catalogue.STAGES[name], manifest, extra) as (target, labels):
                     return measure_stage(target, [p.load(level, p.round_window_s)], labels,
                                          [windowed(Windows(1000.0, 3, p.round_window_s))], self.keep)
             sides = [partial(side, name, level) for name, level in zip(pair, levels)]
@@ -290,7 +277,7 @@ class Lab:
     def cache_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """The same skewed mix of photos on ``stage``, then ``with_cache`` (Triton's own cache, or Redis)."""
         if adapter.redis and self.redis is None:
-            self.log(f"    cache: {cached_name(stage.name)} not run: no redis-server (`make redis`)")
+            self.log(f"    cache: {catalogue.cached_name(stage.name)} not run: no redis-server (`make redis`)")
             return
         mix, p = PhotoMix.zipf(seed=0), self.plan
         # Longer than a closed-loop run (a hit ratio needs photos to come round again), at the stage's capacity.
@@ -298,7 +285,7 @@ class Lab:
         window = dict(duration_s=p.cache_s, **warm_up(p.warmup_s))
         load = (Load.closed(top.load.concurrency if top else CACHE_CONCURRENCY, None, **window)
                 if not top or top.load.mode == "closed" else Load.sequential(None, **window))
-        cached = with_cache(stage, self.redis.url if adapter.redis else "")
+        cached = catalogue.with_cache(stage, self.redis.url if adapter.redis else "")
         for s in (stage, cached):
             if s is cached:
                 self.log(f"[{s.name}] {s.about}")
@@ -307,7 +294,7 @@ class Lab:
 
     def rollout_case(self, adapter: Adapter, stage: Stage, manifest: Manifest) -> None:
         """A new version of the stage's model (the ``ROLLED`` variant) rolled out under 16 closed-loop senders."""
-        variant = ROLLED[stage.name]
+        variant = catalogue.ROLLED[stage.name]
         self.log(f"[{stage.name}] rollout under load: a new version serving {variant}")
         at_s, seconds, after_s = self.plan.rollout_s
         load, config, trigger = rollout_load(lambda: adapter.roll_out(stage, variant), at_s, seconds, after_s,

@@ -21,15 +21,8 @@ from servelab.core.catalogue import ENSEMBLE, ONNX, ONNX_FP16, ONNX_INT8, ONNX_U
 from servelab.core.postprocess import top1
 from servelab.core.procs import DIRECT
 from servelab.core.settings import get_settings
-from servelab.measure.measure_stage import (
-    Client,
-    Labels,
-    measure_stage_async,
-    model_stand_in,
-    perf_analyzer_client,
-    servelab_client,
-    stand_in_note,
-)
+from servelab.measure import measure_stage
+from servelab.measure.measure_stage import Client, Labels, model_stand_in, servelab_client, stand_in_note
 from servelab.measure.perf_analyzer import PerfAnalyzerOptions, records_from_csv, write_input_data
 from servelab.measure.records import Load, Record, append_record
 from servelab.measure.targets import TritonTarget, model_input_tensor
@@ -37,29 +30,14 @@ from servelab.report.render import summary_table
 from servelab.run.walkthrough.common import load_command, try_gourmetgram, utilization, wait_until
 from servelab.run.walkthrough.stage_switch import diagnosis, run_switch, server_log
 from servelab.servers.gourmetgram.services import DEFAULT_MODELS
-from servelab.servers.triton.client import (
-    InputKind,
-    image_inputs,
-    label_outputs,
-    predictions,
-    tensor_inputs,
-    tensor_outputs,
-)
-from servelab.servers.triton.configs import (
-    CONFIG_NAME,
-    STAGES,
-    block_fields,
-    effective_config,
-    model_config_pb2,
-    served,
-    served_line,
-    write_effective,
-)
+from servelab.servers.triton import client as triton_io
+from servelab.servers.triton import configs
+from servelab.servers.triton.configs import CONFIG_NAME, STAGES, block_fields, model_config_pb2, served, served_line
 from servelab.servers.triton.server import check_running, model_config, server_address, switch_target
 
 # The parts of a model's config that say what a measurement measured; they go into its record.
 CONFIG_KEYS = ("backend", "platform", "instance_group", "dynamic_batching")
-INPUTS: tuple[InputKind, ...] = get_args(InputKind)
+INPUTS: tuple[triton_io.InputKind, ...] = get_args(triton_io.InputKind)
 
 
 def open_loads(rates: list[float], seconds: float, warmup: int) -> list[Load]:
@@ -80,7 +58,7 @@ def shape_timings(url: str, model: str, image: np.ndarray, sizes: tuple[int, int
     with http.InferenceServerClient(server_address(url), connection_timeout=60, network_timeout=300) as client:
         def ms(n: int) -> float:
             started = time.perf_counter()
-            client.infer(model, tensor_inputs("http", batches[n]))
+            client.infer(model, triton_io.tensor_inputs("http", batches[n]))
             return (time.perf_counter() - started) * 1000
 
         for n in sizes:
@@ -93,8 +71,8 @@ def stage_fields(name: str, repository: Path | None = None) -> dict[str, Any]:
     """The fields stage ``name`` changes, as `servelab triton stage` renders them for the lab node."""
     stage = STAGES[name]
     model = stage.triton.model
-    config = effective_config(stage, model, kind="gpu", onnxruntime=True,
-                              repository=repository or get_settings().triton_model_repository)
+    config = configs.effective_config(stage, model, kind="gpu", onnxruntime=True,
+                                      repository=repository or get_settings().triton_model_repository)
     rendered = json_format.MessageToDict(config, preserving_proto_field_name=True)
     return {key: rendered.get(key) for key in stage.triton.changes.get(model, {})}
 
@@ -220,8 +198,8 @@ class TritonWalkthrough:
             print(f"skipped: {name} is not in STAGES")
             return None
         stage, target = STAGES[name], switch_target(self.url)
-        written = write_effective(stage, kind=target.kind, onnxruntime=target.onnxruntime,
-                                  repository=target.repository, block=block)
+        written = configs.write_effective(stage, kind=target.kind, onnxruntime=target.onnxruntime,
+                                          repository=target.repository, block=block)
         (path,) = [p for p in written if p.parent.parent.name == stage.triton.model]
         self.written.add(name)
         self.passed.discard(name)  # a new block is checked again
@@ -301,7 +279,8 @@ class TritonWalkthrough:
                              f"{stage.triton.images} rows back, one class each")
         tensor = model_input_tensor(self.photo.read_bytes(), input="uint8" if stage.input == "uint8" else "tensor")[None]
         with http.InferenceServerClient(server_address(self.url), connection_timeout=60, network_timeout=300) as client:
-            logits = client.infer(model, tensor_inputs("http", tensor), outputs=tensor_outputs("http")).as_numpy("output")[0]
+            inputs = triton_io.tensor_inputs("http", tensor)
+            logits = client.infer(model, inputs, outputs=triton_io.tensor_outputs("http")).as_numpy("output")[0]
         (ours,) = top1(logits)  # the pipeline's own postprocessing: softmax, then the largest
         want, chance = ours.label, ours.probability
         if wrong := [one for one in labels if one != want]:
@@ -390,7 +369,7 @@ class TritonWalkthrough:
         window = load.model_copy(update={"requests": None, "duration_s": round(seconds, 1)})
         options = PerfAnalyzerOptions(input_data_path=self.inputs[target.input], extra=tuple(self.pa_extra),
                                       out=self.records_file)
-        result = perf_analyzer_client(options)(target, window, labels, earlier)
+        result = measure_stage.perf_analyzer_client(options)(target, window, labels, earlier)
         if result.target.get("command"):
             print("$", shlex.join(result.target["command"]))
         if result.failed:
@@ -412,7 +391,7 @@ class TritonWalkthrough:
         where = ["--url", server_address(self.url), "--model", model, "--input", STAGES[name].input]
         for load in loads:  # perf_analyzer prints its own command beside its run
             print(load_command("triton", where, load, name, target.batch))
-        done = await measure_stage_async(target, loads, labels, self.clients(name))
+        done = await measure_stage.measure_stage_async(target, loads, labels, self.clients(name))
         self.runs.extend(done)
         print(summary_table(done))
         for r in done:
@@ -422,15 +401,15 @@ class TritonWalkthrough:
     def check_client(self, result: Any, images: int = 1) -> str:
         """A student's tritonclient answer for ``images`` photos: right where each is servelab's own request's."""
         try:
-            yours = predictions(result)
+            yours = triton_io.predictions(result)
         except (AttributeError, TypeError, ValueError) as exc:  # no result, no such output, not a Food-11 class
             return (f"wrong: no Food-11 FOOD_LABEL with its PROBABILITY ({type(exc).__name__}: {exc}); keep "
                     f"client.infer's answer as `result` and send the photo as INPUT_IMAGE, BYTES, shape [{images}, 1]")
         if len(yours) != images:
             return f"wrong: {len(yours)} answers for {images} photos: send INPUT_IMAGE of shape [{images}, 1]"
         with http.InferenceServerClient(server_address(self.url), network_timeout=300) as client:
-            (ours,) = predictions(client.infer(PT, image_inputs("http", [self.photo.read_bytes()], "raw"),
-                                               outputs=label_outputs("http")))
+            photo = triton_io.image_inputs("http", [self.photo.read_bytes()], "raw")
+            (ours,) = triton_io.predictions(client.infer(PT, photo, outputs=triton_io.label_outputs("http")))
         for p in yours:
             if p.label != ours.label or abs(p.probability - ours.probability) > 1e-3:
                 return f"wrong: yours says {p.label} ({p.probability:.3f}), Triton {ours.label} ({ours.probability:.3f}) for the photo"
