@@ -1,10 +1,9 @@
-"""One adapter per family, between a runner and ``measure_stage``: how a stage of that family is served
-(``start``, ``switch``, ``roll_out``: all it started is stopped by PID), where a load goes (``target``), where
-the stage really runs (``runs_on``), and what the lab does differently for its stages. A new family is its record
-in ``servelab.core.catalogue.FAMILIES`` and one ``Adapter`` in ``ADAPTERS``. ``pid`` is the server measured (its CPU
-time goes into the records), ``scraped`` its series in Prometheus. The notebooks' walkthroughs wait for a student's
-switch instead, then call the same ``measure_stage``.
-"""
+"""One adapter per family, between a runner and ``measure_stage``: how a stage of that family is served (``start``,
+``switch``, ``roll_out``: all it started is stopped by PID), where a load goes (``target``), where the stage really runs
+(``runs_on``), and what the lab does differently for its stages. A new family is its record in
+``servelab.core.catalogue.FAMILIES`` and one ``Adapter`` in ``ADAPTERS``. ``pid`` is the server measured (its CPU time
+goes into the records), ``scraped`` its series in Prometheus. The notebooks' walkthroughs wait for a student's switch
+instead, then call the same ``measure_stage``."""
 
 import asyncio
 import importlib.util

@@ -1,12 +1,11 @@
 """``servelab lab``: the whole lab, locally, one stage after another, on the CPU or the GPU (``--device``), each
 server a child process stopped by PID (also on Ctrl-C); a ``Plan`` and a ``Budget`` say how much and how long.
 
-Per stage: its *capacity*, found by saturation (``sweep_capacity``), then Poisson arrivals at fractions of it,
-where queueing delay appears well before saturation; then each lesson's two stages alternate in rounds
-(``Lab.rounds``), at the senders its question needs. perf_analyzer, where it can feed a stage, measures the same loads right after ours. What
-this environment cannot run (``preflight``) is skipped, saying why. Each record names the device and where the
-stage really ran (``runs_on``, as the server reports it), never what was asked for.
-"""
+Per stage: its *capacity*, found by saturation (``sweep_capacity``), then Poisson arrivals at fractions of it, where
+queueing delay appears well before saturation; then each lesson's two stages alternate in rounds (``Lab.rounds``), at
+the senders its question needs. perf_analyzer, where it can feed a stage, measures the same loads right after ours. What
+this environment cannot run (``preflight``) is skipped, saying why. Each record names the device and where the stage
+really ran (``runs_on``, as the server reports it), never what was asked for."""
 
 import sys
 import time

@@ -1,8 +1,7 @@
-"""The Ray Serve stages' own runs in ``servelab lab``: a step load on the autoscaling stage (Poisson arrivals at
-15 %, 90 %, 15 % of its capacity, the replicas sampled), and last a node failure (the worker SIGKILLed a third of
-the way in; failed requests counted by kind, none waiting past ``FAILURE_TIMEOUT_S``). The lab comes in as a
-``Measurer``: this module imports neither the lab nor the adapters, which import it.
-"""
+"""The Ray Serve stages' own runs in ``servelab lab``: a step load on the autoscaling stage (Poisson arrivals at 15 %,
+90 %, 15 % of its capacity, the replicas sampled), and last a node failure (the worker SIGKILLed a third of the way in;
+failed requests counted by kind, none waiting past ``FAILURE_TIMEOUT_S``). The lab comes in as a ``Measurer``: this
+module imports neither the lab nor the adapters, which import it."""
 
 import threading
 from collections.abc import Callable

@@ -1,8 +1,7 @@
-"""``servelab benchmark --measure limit``: the FastAPI stages against this machine's limit (``machine_limit``,
-which the lab's report calls too) and against the simplest app a newcomer would write (``benchmarks/simple_app.py``),
-a window each in every one of the limit's rounds, so that a neighbour's load hits all alike. Each row's CPU ms per
-request of the server's processes says where one process saturates on more cores than this run had.
-"""
+"""``servelab benchmark --measure limit``: the FastAPI stages against this machine's limit (``machine_limit``, which the
+lab's report calls too) and against the simplest app a newcomer would write (``benchmarks/simple_app.py``), a window
+each in every one of the limit's rounds, so that a neighbour's load hits all alike. Each row's CPU ms per request of the
+server's processes says where one process saturates on more cores than this run had."""
 
 import argparse
 import sys

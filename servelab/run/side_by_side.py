@@ -18,12 +18,11 @@ images/s over the threads'); then the same photo on one thread, in process CPU t
 Pillow and torch where torchvision does not import; the table says which). Aim: at most torchvision's time.
 
 ``--measure variants``: fastapi-onnx's model variants (``ONNX_VARIANT``) against fp32, alternating in each round,
-in-process (``--concurrency`` callers, batching off as in the lab) and over HTTP, each divided by fp32's (aims:
-the uint8-input model at least 1.15x; the best INT8 model at least 1.5x with top-1 agreement of at least 98 %, as
+in-process (``--concurrency`` callers, batching off as in the lab) and over HTTP, each divided by fp32's (aims: the
+uint8-input model at least 1.15x; the best INT8 model at least 1.5x with top-1 agreement of at least 98 %, as
 ``servelab models build`` recorded it; INT8 pays only with fast 8-bit instructions, which the header says, from
-``servelab.core.hardware.cpu_int8``). A missed aim is explained by the in-process split of each request's time
-into preprocessing and inference, and the ceiling that split allows (fp32's CPU time per request over the
-variant's).
+``servelab.core.hardware.cpu_int8``). A missed aim is explained by the in-process split of each request's time into
+preprocessing and inference, and the ceiling that split allows (fp32's CPU time per request over the variant's).
 
 ``--measure ray``: Ray Serve against FastAPI (``servelab.run.side_by_side_ray``); ``--measure limit``: this
 machine's limit, and the FastAPI stages against it and the simplest app (``servelab.run.reference``);

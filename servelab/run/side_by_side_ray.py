@@ -1,7 +1,6 @@
-"""``servelab benchmark --measure ray``: Ray Serve's batching stage against FastAPI's, same pipeline, machine and
-photo, alternating in ``--rounds`` windows (A B, B A…). ``Server-Timing`` gives the time inside the app; the rest is
-outside it: for FastAPI the loopback hop and uvicorn, for Ray Serve also its proxy and the hop to the replica and back.
-"""
+"""``servelab benchmark --measure ray``: Ray Serve's batching stage against FastAPI's, same pipeline, machine and photo,
+alternating in ``--rounds`` windows (A B, B A…). ``Server-Timing`` gives the time inside the app; the rest is outside
+it: for FastAPI the loopback hop and uvicorn, for Ray Serve also its proxy and the hop to the replica and back."""
 
 import argparse
 import statistics
