@@ -64,10 +64,8 @@ class Lab:
         # Prometheus scrapes each server while it runs; absent or down, each record says so.
         self.prometheus = LabPrometheus(out_dir / "prometheus", log)
         self.scraped: Scraped | None = None  # the server being measured now
-        self.image = image.read_bytes()
-        self.image_name = image.name
-        self.records_path = out_dir / "records.jsonl"
-        self.logs = out_dir / "logs"
+        self.image, self.image_name = image.read_bytes(), image.name
+        self.records_path, self.logs = out_dir / "records.jsonl", out_dir / "logs"
         self.records: list[Record] = []
         self.failures: list[str] = []
         self.skipped: dict[str, str] = {}  # part -> why (``preflight``)

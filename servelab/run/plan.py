@@ -109,9 +109,7 @@ class Plan:
         """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows (of
         ``window_s``, else the plan's)."""
         window = dict(duration_s=Windows.COUNT * (window_s or self.windows.window_s), **warm_up(self.warmup_s))
-        if concurrency == 1:
-            return Load.sequential(None, **window)
-        return Load.closed(concurrency, None, **window)
+        return Load.sequential(None, **window) if concurrency == 1 else Load.closed(concurrency, None, **window)
 
 
 PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}
@@ -155,7 +153,6 @@ def select_stages(names: str | None, plan: Plan | None = None) -> list[Stage]:
     if not names:
         return list((plan or Plan.tour()).stages)
     by_name = {s.name: s for s in LAB_STAGES}
-    unknown = [n for n in names.split(",") if n not in by_name]
-    if unknown:
+    if unknown := [n for n in names.split(",") if n not in by_name]:
         raise SystemExit(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
     return [by_name[n] for n in names.split(",")]

@@ -75,16 +75,13 @@ def the_lease(name: str) -> lease.Lease:
         return lease.get_lease(name)
 
 
-def jupyter_user() -> str:
-    """Who runs this Jupyter: Chameleon Jupyter's user name (JUPYTERHUB_USER, else USER); "" where neither is set."""
-    return os.environ.get("JUPYTERHUB_USER") or os.environ.get("USER") or ""
-
-
 def not_yours(names: Sequence[str], net_id: str, confirm: str = "", user: str | None = None) -> None:
-    """Refuse, naming them, to delete servers or leases whose name does not end in a part of this Jupyter's user
-    name (``jupyter_user``): a mistyped NET_ID names a classmate's node. ``confirm`` equal to ``net_id`` is the
-    student's second, explicit yes (their Chameleon user name may not hold their netID)."""
-    user = (jupyter_user() if user is None else user).lower()
+    """Refuse, naming them, to delete servers or leases whose name does not end in a part of this Jupyter's user name
+    (JUPYTERHUB_USER, else USER; "" where neither is set): a mistyped NET_ID names a classmate's node. ``confirm`` equal
+    to ``net_id`` is the student's second, explicit yes (their Chameleon user name may not hold their netID)."""
+    if user is None:
+        user = os.environ.get("JUPYTERHUB_USER") or os.environ.get("USER") or ""
+    user = user.lower()
     parts = {user, *re.split(r"[^a-z0-9]+", user)} - {""}
     foreign = [n for n in names if not any(n.lower().endswith(sep + part) for part in parts for sep in "_-")]
     if foreign and confirm != net_id:
@@ -95,16 +92,12 @@ def not_yours(names: Sequence[str], net_id: str, confirm: str = "", user: str | 
 
 def release(servers: Iterable[str], lease_name: str) -> list[str]:
     """Delete each named server, then the lease; what is gone is said, not raised, so the cell can run again."""
+    named = [*(("server", name, server.get_server) for name in servers), ("lease", lease_name, lease.get_lease)]
     done = []
-    for name in servers:
+    for kind, name, get in named:
         try:
-            server.get_server(name).delete()
-            done.append(f"deleted server {name}")
+            get(name).delete()
+            done.append(f"deleted {kind} {name}")
         except Exception as exc:  # noqa: BLE001 - python-chi raises several kinds for "not found"
-            done.append(f"no server {name} ({type(exc).__name__}: {exc})")
-    try:
-        lease.get_lease(lease_name).delete()
-        done.append(f"deleted lease {lease_name}")
-    except Exception as exc:  # noqa: BLE001 - likewise
-        done.append(f"no lease {lease_name} ({type(exc).__name__}: {exc})")
+            done.append(f"no {kind} {name} ({type(exc).__name__}: {exc})")
     return done

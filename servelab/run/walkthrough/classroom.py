@@ -157,8 +157,7 @@ def site(node_types: Iterable[str]) -> Site:
     blazar = clients.blazar()
     uid_of_host = {host["id"]: host["hypervisor_hostname"] for host in blazar.host.list()}
     for allocation in blazar.host.list_allocations():
-        known = type_of.get(uid_of_host.get(allocation["resource_id"], ""))
-        if known is None:
+        if (known := type_of.get(uid_of_host.get(allocation["resource_id"], ""))) is None:
             continue
         node_type, name = known
         for r in allocation["reservations"]:
@@ -252,8 +251,7 @@ def book_class(students: Iterable[str], windows: Sequence[Interval], *, node_typ
     bad: set[str] = set()
     replaced: set[str] = set()
     for s in students:
-        old = existing.get(f"{prefix}{s}")
-        if old is None:
+        if (old := existing.get(f"{prefix}{s}")) is None:
             continue
         held = found.nodes_of_lease.get(old.id, set())
         if (replace or {}).get(s) not in held:  # not replaced, or already off the bad node
@@ -290,8 +288,7 @@ def delete_class_leases(students: Iterable[str], *, prefix: str) -> list[Row]:
     rows = []
     for student in dict.fromkeys(students):
         name = f"{prefix}{student}"
-        found = existing.get(name)
-        if found is None:
+        if (found := existing.get(name)) is None:
             rows.append(Row(student, name, "", None, None, "no lease"))
             continue
         try:
@@ -367,19 +364,17 @@ RUNS = f"python3 -c {shlex.quote(_RUNS)}"
 def runs_summary(lines: str) -> str:
     """``RUNS``'s output in a phrase: the runs of each notebook (failed ones apart), the core path's stages whose
     every run is there (what the grader's check asks, servelab.report.check) and when the last run started."""
-    runs = []
+    runs, ok, failed = [], Counter(), Counter()
     for line in lines.splitlines():
         try:
-            stage, mode, failed, started = json.loads(line)
+            stage, mode, bad, started = json.loads(line)
         except (ValueError, TypeError):
             continue
-        runs.append((stage, mode, failed, started))
-    if not runs:
-        return "no runs yet"
-    ok, failed = Counter(), Counter()
-    for stage, _, bad, _ in runs:
+        runs.append((stage, mode, bad, started))
         notebook = STAGES[stage].notebook.split("_")[0] if stage in STAGES else "other"
         (failed if bad else ok)[notebook] += 1
+    if not runs:
+        return "no runs yet"
     order = sorted(ok | failed, key=lambda n: int(n) if n.isdigit() else 99)  # 4 before 10, "other" last
     shown = [f"{n}: {ok[n]}" + (f" ({failed[n]} failed)" if failed[n] else "") for n in order]
     have = {(stage, mode) for stage, mode, bad, _ in runs if not bad}
@@ -430,8 +425,7 @@ def leases_held(students: Iterable[str], known: Mapping[str, list[dict]] | None 
             continue
         window = {"start": utc(held.start_date).isoformat(), "end": utc(held.end_date).isoformat()}
         ids = [s.id for s in servers if s.name in server_names(prefix, student)] if held.status == "ACTIVE" else []
-        same = next((old for old in found[student] if window.items() <= old.items()), None)
-        if same is None:
+        if (same := next((old for old in found[student] if window.items() <= old.items()), None)) is None:
             found[student].append({**window, "servers": ids})
         else:
             same["servers"] = sorted({*same.get("servers", []), *ids})

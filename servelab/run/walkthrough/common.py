@@ -42,8 +42,7 @@ def wait_until(what: str, probe: Callable[[], Any], want: Any, *, wait_s: float,
 
 def utilization(record: Record) -> str:
     """How busy the CPU and each GPU were, on average, during the measured run."""
-    m = record.monitors
-    if m is None:
+    if (m := record.monitors) is None:
         return "no utilization recorded"
     gpus = [f"GPU {g.index} {sum(g.util_pct) / len(g.util_pct):.0f}% busy" for g in m.gpus if g.util_pct]
     # Without GPU samples, gpu_note says why (e.g. no NVML on this machine).

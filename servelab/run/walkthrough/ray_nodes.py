@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import shlex
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -39,11 +40,8 @@ class RayNodes:
 def reserve(name: str, start: datetime, length: timedelta, head_type: str, worker_type: str) -> lease.Lease:
     """Submit the lease: one reservation of two nodes when both are of one type, else one per type."""
     new = lease.Lease(name, start_date=start, end_date=start + length)
-    if head_type == worker_type:
-        new.add_node_reservation(amount=2, node_type=head_type)
-    else:
-        new.add_node_reservation(amount=1, node_type=head_type)
-        new.add_node_reservation(amount=1, node_type=worker_type)
+    for node_type, amount in Counter([head_type, worker_type]).items():
+        new.add_node_reservation(amount=amount, node_type=node_type)
     # idempotent: running the cell again keeps the lease of that name instead of booking a second one.
     new.submit(idempotent=True, wait_for_active=False)
     return new

@@ -114,8 +114,7 @@ def check_timing(latencies_ms: list[float], wall_s: float, record: Record, slack
     mine = {"median": (median(latencies_ms), record.stats.latency.p50_ms, "ms"),
             "throughput": (n / wall_s if wall_s > 0 else 0.0, record.stats.throughput_rps, "req/s")}
     said = "; ".join(f"{what} {a:.1f} {unit} (servelab load: {b:.1f})" for what, (a, b, unit) in mine.items())
-    off = [what for what, (a, b, _) in mine.items() if not (b / slack <= a <= b * slack)]
-    if off:
+    if off := [what for what, (a, b, _) in mine.items() if not (b / slack <= a <= b * slack)]:
         return (f"wrong: {said}; your {' and '.join(off)} is over {slack:g} x off: time each request in ms "
                 "(time.perf_counter() before and after), and req/s over the timed requests' wall time")
     return f"right: {said}"
