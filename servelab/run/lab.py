@@ -24,8 +24,7 @@ from servelab.core.hardware import Device, NoGpu, describe, gpu_count, stack
 from servelab.core.paths import DEFAULT_IMAGE, REPO_ROOT
 from servelab.core.settings import get_settings
 from servelab.core.variants.build import build_variants
-from servelab.measure.fractions import CAPACITY, senders
-from servelab.measure.fractions import capacity as capacity_of
+from servelab.measure import fractions
 from servelab.measure.limit import LIMIT_FILE, Limit
 from servelab.measure.loadgen import overload_load, rollout_load
 from servelab.measure.measure_stage import (
@@ -119,15 +118,15 @@ class Lab:
 
         if stage.lesson == Lesson.SHEDDING:  # bounded: its service time, then the load above capacity its baseline had
             measured(target, [p.load(1)], clients[:1])
-            self.overload(stage, target, labels, capacity_of(self.records, stage.baseline))
+            self.overload(stage, target, labels, fractions.capacity(self.records, stage.baseline))
             return None
         swept = [r for r in sweep_capacity(target, p.load, labels, p.sweep, ours, self.keep, others)
                  if r.tool == "servelab"]
-        top = capacity_of(self.records, stage.name)
+        top = fractions.capacity(self.records, stage.name)
         capacity = top.stats.throughput_rps if top and top.stats.throughput_rps else None
-        if swept and CAPACITY in swept[-1].config:
-            said = swept[-1].config[CAPACITY]
-            self.log(f"    capacity: {said['throughput_rps']:.1f} req/s at {senders(top)}; sweep ended at "
+        if swept and fractions.CAPACITY in swept[-1].config:
+            said = swept[-1].config[fractions.CAPACITY]
+            self.log(f"    capacity: {said['throughput_rps']:.1f} req/s at {fractions.senders(top)}; sweep ended at "
                      f"{swept[-1].load.concurrency} senders: {said['stopped']}")
         both_arrivals = adapter_of(stage).both_arrivals(stage)
         if adapter_of(stage).batches(stage):
@@ -257,7 +256,7 @@ class Lab:
         now) first, each at the senders the lesson's question needs (``round_levels``)."""
         p = self.plan
         for lesson, pair in ((k, pair) for k in IN_ROUNDS for pair in catalogue.compared(k) if stage.name in pair):
-            caps = [capacity_of(self.records, name) for name in pair]
+            caps = [fractions.capacity(self.records, name) for name in pair]
             if not all(caps) or any(catalogue.STAGES[name].family != stage.family for name in pair):
                 continue
             levels, compares = round_levels(lesson, *(c.load.concurrency for c in caps))
@@ -278,7 +277,7 @@ class Lab:
             return
         mix, p = PhotoMix.zipf(seed=0), self.plan
         # Longer than a closed-loop run (a hit ratio needs photos to come round again), at the stage's capacity.
-        top = capacity_of(self.records, stage.name)
+        top = fractions.capacity(self.records, stage.name)
         window = dict(duration_s=p.cache_s, **warm_up(p.warmup_s))
         load = (Load.closed(top.load.concurrency if top else CACHE_CONCURRENCY, None, **window)
                 if not top or top.load.mode == "closed" else Load.sequential(None, **window))
