@@ -144,8 +144,7 @@ class FastAPIAdapter(Adapter):
                 _scrape(self.prometheus, f"127.0.0.1:{port}", FASTAPI, stage=stage.name))
             server = self._serving.enter_context(fastapi_process(
                 stage.fastapi.service, port, self.logs / f"{stage.name}-{port}.log",
-                {**self.env, **stage.fastapi.env, "ADMIN_TOKEN": self.admin_token},
-                ready_timeout=self.ready_timeout))
+                {**self.env, **stage.fastapi.env, "ADMIN_TOKEN": self.admin_token}, ready_timeout=self.ready_timeout))
         except BaseException:
             self._stop()
             raise
