@@ -58,8 +58,7 @@ RESULTS = REPO_ROOT / "results"
 class Lab:
     def __init__(self, plan: Plan, out_dir: Path, image: Path = DEFAULT_IMAGE, log=print, device: Device = "cpu",
                  budget: Budget | None = None):
-        self.plan, self.out_dir, self.log, self.device = plan, out_dir, log, device
-        self.budget = budget or Budget(None)
+        self.plan, self.out_dir, self.log, self.device, self.budget = plan, out_dir, log, device, budget or Budget(None)
         # Prometheus scrapes each server while it runs; absent or down, each record says so.
         self.prometheus = LabPrometheus(out_dir / "prometheus", log)
         self.scraped: Scraped | None = None  # the server being measured now

@@ -51,8 +51,7 @@ def utilization(record: Record) -> str:
 
 def gourmetgram_label(page: str) -> str | None:
     """The class a GourmetGram result page shows, or None when it shows none."""
-    found = _TITLE.search(page)
-    return found.group(1) if found else None
+    return found.group(1) if (found := _TITLE.search(page)) else None
 
 
 def check_gourmetgram(page: requests.Response) -> str:

@@ -96,18 +96,15 @@ RUNBOOK = (RATE_LIMIT, DISK_FULL, REGISTRY, ARCHIVE, CHI_TIMEOUT, SERVER_ERROR, 
 SYMPTOMS = {"toomanyrequests": RATE_LIMIT, "no space left on device": DISK_FULL, "multiple leases found": TWO_LEASES}
 
 
-def diagnose(exc: BaseException, failure: Failure) -> Failure:
-    """The runbook's entry for ``exc``: a symptom its message or its command's output holds, else ``failure``."""
-    result = getattr(exc, "result", None)  # a failed `s.execute`: invoke's UnexpectedExit keeps what the command wrote
-    text = " ".join([str(exc), getattr(result, "stdout", ""), getattr(result, "stderr", "")]).lower()
-    return next((found for symptom, found in SYMPTOMS.items() if symptom in text), failure)
-
-
 @contextmanager
 def step(failure: Failure, *kinds: type[BaseException]) -> Iterator[None]:
-    """Print the runbook's advice when the step raises one of ``kinds``, then re-raise: the cell still stops."""
+    """Print the runbook's advice when the step raises one of ``kinds``, then re-raise: the cell still stops. The advice
+    is that of a symptom in the exception's message or its command's output (``SYMPTOMS``), else ``failure``'s."""
     try:
         yield
     except kinds as exc:
-        print(diagnose(exc, failure).advice())
+        # A failed `s.execute`: invoke's UnexpectedExit keeps what the command wrote.
+        result = getattr(exc, "result", None)
+        text = " ".join([str(exc), getattr(result, "stdout", ""), getattr(result, "stderr", "")]).lower()
+        print(next((found for symptom, found in SYMPTOMS.items() if symptom in text), failure).advice())
         raise

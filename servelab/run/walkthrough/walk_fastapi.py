@@ -156,8 +156,7 @@ def check_mean_batch(mean: float, url: str) -> str:
 
 def check_sessions(runtime: dict[str, Any], url: str) -> str:
     """A student's ``runtime`` from /ready, against the service's now (no request runs in between)."""
-    want = requests.get(f"{url}/ready", timeout=5).json()["runtime"]
-    if runtime != want:
+    if runtime != (want := requests.get(f"{url}/ready", timeout=5).json()["runtime"]):
         return f'wrong: not the "runtime" of {url}/ready\'s JSON now'
     return f"right: {len(want.get('session_counts', []))} session(s), shape policy {want.get('shape_policy', '-')}"
 

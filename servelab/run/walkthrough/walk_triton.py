@@ -295,16 +295,14 @@ class TritonWalkthrough:
     def check_counts(self, name: str, counts: dict[int, int]) -> str:
         """A student's executions per batch size, against Triton's statistics for stage ``name``'s model now."""
         want = self.batch_counts(name)
-        got = {int(size): int(n) for size, n in counts.items()}
-        if got != want:
+        if (got := {int(size): int(n) for size, n in counts.items()}) != want:
             raise ValueError(f"not Triton's counts: yours {got}, Triton's {want}; one entry per batch_stats item, "
                              "its batch_size and its compute_infer count")
         return f"correct: {want} executions per batch size, as Triton counts them"
 
     def check_steps(self, config: dict[str, Any]) -> str:
         """A student's ensemble config, against Triton's own: the steps, in order."""
-        want = model_config(self.url, ENSEMBLE)
-        if config != want:
+        if config != (want := model_config(self.url, ENSEMBLE)):
             return "wrong: not food_classifier_ensemble's config as Triton gives it (client.get_model_config)"
         return "right: " + " -> ".join(s["model_name"] for s in want["ensemble_scheduling"]["step"])
 
