@@ -109,7 +109,9 @@ class Plan:
         """One closed-loop run of this plan (one request at a time at 1): its warm-up window, then its windows (of
         ``window_s``, else the plan's)."""
         window = dict(duration_s=Windows.COUNT * (window_s or self.windows.window_s), **warm_up(self.warmup_s))
-        return Load.sequential(None, **window) if concurrency == 1 else Load.closed(concurrency, None, **window)
+        if concurrency == 1:
+            return Load.sequential(None, **window)
+        return Load.closed(concurrency, None, **window)
 
 
 PLANS = {"tour": Plan.tour, "full": Plan.full, "quick": Plan.quick, "gpu-check": Plan.gpu_check}

@@ -329,10 +329,9 @@ def benchmark_variants(args: argparse.Namespace, logs: Path) -> tuple[list[Varia
             asyncio.run(_in_process_window(row.in_process, backends[row.variant], settings, text, c, w)),
             _http_window(row.http, urls[row.variant], image, c, w, f"{FP32_STAGE.name}-{row.variant}"))
             for row in rows], args.rounds, args.duration)
-    fp32 = rows[0]
-    for row in rows:
-        row.in_process.ratio = row.in_process.throughput_rps / fp32.in_process.throughput_rps
-        row.http.ratio = row.http.throughput_rps / fp32.http.throughput_rps
+    for row in rows:  # fp32's first
+        row.in_process.ratio = row.in_process.throughput_rps / rows[0].in_process.throughput_rps
+        row.http.ratio = row.http.throughput_rps / rows[0].http.throughput_rps
     return rows, skipped
 
 

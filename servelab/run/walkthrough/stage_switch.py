@@ -26,8 +26,7 @@ def _states_line(url: str, models: tuple[str, ...]) -> str:
 
 def server_log(url: str) -> str:
     """The end of the server's log where `servelab triton up` started it here, else how to read it on the node."""
-    state = load_state()
-    if state is not None and server_address(state["url"]) == server_address(url):
+    if (state := load_state()) is not None and server_address(state["url"]) == server_address(url):
         return log_tail(state["log"], 30)
     return f"\nTriton's log is not readable from here; in your SSH session on the node: {COMPOSE_LOG}"
 
