@@ -9,8 +9,7 @@ there. Each finding is one line; bad input is a finding too, never an exception.
 
 What it cannot prove: that a submission whose every field agrees was run by its student. Without the leases, a
 classmate's records, or a laptop run edited in every field read, pass; with them, a laptop run must also be given
-the student's server id and times by hand. Only ``gpu_p100``'s GPU count is recorded (``hardware.NODE_TYPES``).
-"""
+the student's server id and times by hand. Only ``gpu_p100``'s GPU count is recorded (``hardware.NODE_TYPES``)."""
 
 from __future__ import annotations
 
@@ -164,11 +163,10 @@ def record_findings(p: Placed) -> list[str]:
     s, shed = r.stats, sum(r.stats.shed.values())
     if not r.failed and None not in (s.requests, s.successes) and s.requests != s.successes + s.error_count + shed:
         found.append(f"requests {s.requests} != successes {s.successes} + errors {s.error_count} + shed {shed}")
-    if not r.failed and r.tool == "servelab" and s.successes is not None and s.wall_s:
-        expected = s.successes / s.wall_s
-        if not _close(s.throughput_rps, expected):
-            found.append(f"throughput {s.throughput_rps:.4g} req/s is not its {s.successes} successes / {s.wall_s:.4g} s "
-                         f"= {expected:.4g} req/s")
+    if (not r.failed and r.tool == "servelab" and s.successes is not None and s.wall_s
+            and not _close(s.throughput_rps, expected := s.successes / s.wall_s)):
+        found.append(f"throughput {s.throughput_rps:.4g} req/s is not its {s.successes} successes / {s.wall_s:.4g} s "
+                     f"= {expected:.4g} req/s")
     if not r.failed and s.throughput_rps > 0 and not _close(s.items_per_s, s.throughput_rps * r.batch):
         found.append(f"{s.items_per_s:.4g} img/s is not throughput {s.throughput_rps:.4g} req/s x batch {r.batch}")
     return found + _percentiles(r) + _times(r) + _triton_config(r)
@@ -199,9 +197,8 @@ def _percentiles(r: Record) -> list[str]:
         if len(cdf) != 101 or any(b < a for a, b in zip(cdf, cdf[1:])):
             found.append("the latency curve (cdf_ms) is not 101 rising percentiles")
         else:
-            off = [f"{name} {getattr(lat, name):.4g} (curve {cdf[q]:.4g})" for name, q in PERCENTILES
-                   if not _close(getattr(lat, name), cdf[q], 0.0, MS)]
-            if off:
+            if off := [f"{name} {getattr(lat, name):.4g} (curve {cdf[q]:.4g})" for name, q in PERCENTILES
+                       if not _close(getattr(lat, name), cdf[q], 0.0, MS)]:
                 found.append("percentiles do not match the latencies kept (cdf_ms): " + ", ".join(off))
             if lat.mean_ms is not None and not cdf[0] - MS <= lat.mean_ms <= cdf[100] + MS:
                 found.append(f"mean {lat.mean_ms:.4g} ms lies outside its latencies ({cdf[0]:.4g} to {cdf[100]:.4g} ms)")
@@ -212,9 +209,8 @@ def _percentiles(r: Record) -> list[str]:
         elif ok:
             # The load generator's own summary of the kept latencies (``latency_summary``), not a second one.
             again = latency_summary([ms / 1e3 for ms in ok])
-            off = [f"{name} {getattr(lat, name):.4g} (requests {getattr(again, name):.4g})" for name, _ in PERCENTILES
-                   if not _close(getattr(lat, name), getattr(again, name), 1e-4, KEPT_MS)]
-            if off:
+            if off := [f"{name} {getattr(lat, name):.4g} (requests {getattr(again, name):.4g})" for name, _ in PERCENTILES
+                       if not _close(getattr(lat, name), getattr(again, name), 1e-4, KEPT_MS)]:
                 found.append("percentiles do not match the requests kept (per_request): " + ", ".join(off))
     return found
 
@@ -273,8 +269,7 @@ def _core_path(placed: Sequence[Placed]) -> list[str]:
     have = {(p.record.stage, p.record.load.mode) for p in placed if not p.record.failed}
     missing = []
     for stage, modes in CORE_PATH.items():
-        absent = [mode for mode in modes if (stage, mode) not in have]
-        if absent:
+        if absent := [mode for mode in modes if (stage, mode) not in have]:
             missing.append(stage if len(absent) == len(modes) else f"{stage} ({', '.join(absent)})")
     return [f"the core path (notebooks 4, 6 and 7) is missing runs of {len(missing)} of its {len(CORE_PATH)} stages: "
             f"{', '.join(missing)}"] if missing else []
@@ -403,5 +398,4 @@ def grade(verdicts: Mapping[str, Verdict]) -> str:
                  for (g, x), got in zip(ratios, earned)]
         rows.append((student, str(len(v.findings)), f"{len(stages)}/{len(CORE_PATH)}", *shown,
                      f"review: {points:g} + ?" if v.findings else f"{points + CHECK_POINTS:g}/{most}"))
-    columns = ("student", "findings", "core stages", *(g.pair.rstrip(",") for g in RUBRIC), "points")
-    return text(columns, rows)
+    return text(("student", "findings", "core stages", *(g.pair.rstrip(",") for g in RUBRIC), "points"), rows)

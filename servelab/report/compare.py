@@ -5,8 +5,7 @@ median differ by more than ``TOLERANCE`` it is the clients (or the machine's noi
 flagged (the tail is shown, not flagged: a few hundred requests make it noisy). An open loop is compared like with
 like: servelab's p50 from the actual send, as perf_analyzer counts it (``Stats.p50_from_send_ms``; the lessons
 count from the scheduled send), each client's throughput as a share of the rate it sent (perf_analyzer draws its
-own Poisson arrivals), and a rate as a fraction of the capacity the same client measured (``own_capacity``).
-"""
+own Poisson arrivals), and a rate as a fraction of the capacity the same client measured (``own_capacity``)."""
 
 from dataclasses import dataclass
 
@@ -56,8 +55,7 @@ class Pair:
             return "perf_analyzer failed"
         if self.servelab.failed or not self.servelab.stats.successes:
             return "servelab measured nothing"
-        ratios = [r for r in (self.throughput_ratio, self.p50_ratio) if r is not None]
-        off = [r for r in ratios if abs(r - 1) > TOLERANCE]
+        off = [r for r in (self.throughput_ratio, self.p50_ratio) if r is not None and abs(r - 1) > TOLERANCE]
         said = f"DISAGREE (> {TOLERANCE:.0%})" if off else "agree"
         # servelab's client could not keep up: where they disagree, that is why (servelab.measure.senders)
         return f"{said}; servelab's run was client-bound" if self.servelab.client_bound else said
@@ -79,17 +77,10 @@ def _fraction(records: list[Record], run: Record) -> float | None:
 
 def pairs(records: list[Record]) -> list[Pair]:
     """Each perf_analyzer record with the latest servelab record of the same stage, load and batch."""
-    ours: dict[tuple[str, str, int], Record] = {}
-    for r in records:
-        if r.tool == "servelab":
-            ours[(r.stage, r.load.label(), r.batch)] = r
-    found = []
-    for r in records:
-        key = (r.stage, r.load.label(), r.batch)
-        if r.tool == "perf_analyzer" and key in ours:
-            found.append(Pair(*key, servelab=ours[key], perf_analyzer=r,
-                              fractions=(_fraction(records, ours[key]), _fraction(records, r))))
-    return found
+    ours = {(r.stage, r.load.label(), r.batch): r for r in records if r.tool == "servelab"}
+    return [Pair(*key, servelab=ours[key], perf_analyzer=r,
+                 fractions=(_fraction(records, ours[key]), _fraction(records, r)))
+            for r in records if r.tool == "perf_analyzer" and (key := (r.stage, r.load.label(), r.batch)) in ours]
 
 
 COLUMNS = ("stage", "load", "batch", "req/s servelab", "req/s perf_analyzer", "req/s ratio", "sent req/s servelab",

@@ -408,16 +408,6 @@ def findings(records: list[Record]) -> list[tuple[LessonReport, list[Finding]]]:
             if not (device == "cpu" and lesson.pairs and all(_needs_gpu(t, b) for t, b in lesson.pairs))]
 
 
-def _line(f: Finding) -> str:
-    said = verdict(f.ratio, f.spread)
-    spread = "no windows recorded: spread unknown" if f.spread is None else (
-        f"{f.over} {f.spread[0]:.2f}–{f.spread[1]:.2f}×: {said}" + (f" — the {f.over} disagree: {RETRY}" if said == TOO_NOISY else ""))
-    ratio = "" if f.ratio is None else f" = **{f.ratio:.2f}×** ({spread})"
-    extra = f"; {f.extra}" if f.extra else ""
-    flag = f" — ⚠ **{f.contradicts}**" if f.contradicts else ""
-    return f"  - {f.pair}: {f.figures}{ratio}{extra}{flag}"
-
-
 def summary(records: list[Record], tables_file: str = "") -> list[str]:
     """The report's first section (``lessons.md.j2``) as Markdown lines."""
     device, found, pairs = fractions.device_of(records), findings(records), compare.pairs(records)
@@ -428,11 +418,11 @@ def summary(records: list[Record], tables_file: str = "") -> list[str]:
             unmeasured.append(lesson.title)
             continue
         notebooks = e.notebook or ", ".join(dict.fromkeys(notebook_of(t) for t, _ in lesson.pairs))
-        measured.append((lesson.title, e.says, notebooks, [_line(f) for f in fs]))
+        measured.append((lesson.title, e.says, notebooks, [(f, verdict(f.ratio, f.spread)) for f in fs]))
         missing += [f"{t} ÷ {b}" for t, b in lesson.pairs if not any(f.pair.startswith(f"{t} ÷ {b},") for f in fs)
                     and not (device == "cpu" and _needs_gpu(t, b))]
     return TEMPLATES.get_template("lessons.md.j2").render(
-        device=device, rule=RULE, noise=NOISE, flagged=sum(bool(f.contradicts) for _, fs in found for f in fs),
+        device=device, rule=RULE, noise=NOISE, too_noisy=TOO_NOISY, retry=RETRY, flagged=sum(bool(f.contradicts) for _, fs in found for f in fs),
         measured=measured, not_measured="; ".join(filter(None, (", ".join(unmeasured), ", ".join(missing)))),
         pairs=len(pairs), agree=sum(p.verdict == "agree" for p in pairs), tolerance=compare.TOLERANCE,
         failed=sum(bool(r.failed) for r in records), runs=len(records),

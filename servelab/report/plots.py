@@ -1,10 +1,9 @@
 """The report's comparison plots as small multiples: a row of panels per stage family, each stage in one colour in
 every plot and every run, legends beside the panels, never over them. Open-loop rates are a fraction of each stage's
 own capacity, so that stages of very different speed share one axis. servelab's client only, one image per request:
-perf_analyzer's runs and batched requests are in the tables.
-"""
+perf_analyzer's runs and batched requests are in the tables."""
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from servelab.core.catalogue import CATALOGUE, FAMILIES
@@ -14,11 +13,7 @@ from servelab.measure.records import Record
 # Twelve colours told apart at a glance; a family has at most eleven stages.
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
            "tab:olive", "tab:cyan", "black", "gold")
-_FAMILY = {s.name: s.family for s in CATALOGUE}
-
-
-def family(stage: str) -> str:
-    return _FAMILY.get(stage, "")
+_FAMILY = {s.name: s.family for s in CATALOGUE}  # a stage outside the catalogue (a benchmark's) has none
 
 
 def colour(stage: str, others: list[str] = ()) -> str:
@@ -39,7 +34,7 @@ def _rows(records: list[Record]) -> list[tuple[str, str, list[Record]]]:
     family of the catalogue (a benchmark's)."""
     by: dict[str, list[Record]] = defaultdict(list)
     for r in records:
-        by[family(r.stage)].append(r)
+        by[_FAMILY.get(r.stage, "")].append(r)
     rows = [(f.name, f.title) for f in FAMILIES.values()] + [("", "other stages")]
     return [(f, title, by[f]) for f, title in rows if by[f]]
 
@@ -76,17 +71,14 @@ def _legend(*axes) -> None:
 def sweep_concurrency(records: list[Record], out: Path) -> bool:
     """Latency and throughput against closed-loop senders, one row per family."""
     runs = [r for r in _ours(records) if r.load.mode in ("sequential", "closed")]
-    series: dict[str, list[Record]] = defaultdict(list)
-    for r in runs:
-        series[r.stage].append(r)
-    if not any(len(points) > 1 for points in series.values()):
+    if max(Counter(r.stage for r in runs).values(), default=0) < 2:  # no stage has a curve
         return False
     rows = _rows(runs)
-    others = [s for s in series if not family(s)]
+    others = [r.stage for r in runs if r.stage not in _FAMILY]
     fig, axes = figure(len(rows), 2)
     for (fam, title, fam_runs), (lat_ax, tput_ax) in zip(rows, axes):
         for stage in dict.fromkeys(r.stage for r in fam_runs):
-            points = sorted(series[stage], key=lambda r: r.load.concurrency)
+            points = sorted((r for r in fam_runs if r.stage == stage), key=lambda r: r.load.concurrency)
             xs, c = [r.load.concurrency for r in points], colour(stage, others)
             lat_ax.plot(xs, [r.stats.latency.p50_ms for r in points], "-o", color=c, ms=4)
             lat_ax.plot(xs, [r.stats.latency.p99_ms for r in points], ":", color=c)
@@ -114,17 +106,15 @@ def _fraction(r: Record, caps: dict[str, float]) -> float | None:
 def sweep_rate(records: list[Record], out: Path) -> bool:
     """Open loop: latency and throughput against the offered rate as a fraction of each stage's capacity."""
     ours = _ours(records)
-    runs = [r for r in ours if r.load.mode == "open" and r.load.rate]
-    if not runs:
+    if not (runs := [r for r in ours if r.load.mode == "open" and r.load.rate]):
         return False
     caps = {s: run.stats.throughput_rps for s in {r.stage for r in ours} if (run := capacity(ours, s))}
     # A stage measured only in open loop (a notebook's rate step) has no capacity to divide by: then
     # every stage is drawn against the offered rate itself, in req/s.
-    relative = all(r.stage in caps for r in runs)
-    if not relative:
+    if not (relative := all(r.stage in caps for r in runs)):
         caps = {r.stage: 1.0 for r in runs}
     rows = _rows(runs)
-    others = [r.stage for r in runs if not family(r.stage)]
+    others = [r.stage for r in runs if r.stage not in _FAMILY]
     fig, axes = figure(len(rows), 2)
     for (fam, title, fam_runs), (lat_ax, tput_ax) in zip(rows, axes):
         for (stage, arrivals) in dict.fromkeys((r.stage, r.load.arrivals) for r in fam_runs):
@@ -166,24 +156,20 @@ def _cdf_columns(runs: list[Record], caps: dict[str, float]) -> list[tuple[str, 
                  and _fraction(r, caps) is not None]
     if open_runs:
         top_fraction = max(_fraction(r, caps) for r in open_runs)
-        nearest: dict[str, Record] = {}
-        for r in open_runs:
-            if r.stage not in nearest or (abs(_fraction(r, caps) - top_fraction)
-                                          < abs(_fraction(nearest[r.stage], caps) - top_fraction)):
-                nearest[r.stage] = r
+        nearest = {s: min((r for r in open_runs if r.stage == s), key=lambda r: abs(_fraction(r, caps) - top_fraction))
+                   for s in dict.fromkeys(r.stage for r in open_runs)}
         columns.append((f"Poisson at ≈{top_fraction:.2f} × capacity", nearest))
     return [(title, chosen) for title, chosen in columns if chosen]
 
 
 def cdf(records: list[Record], out: Path) -> bool:
     """Latency CDFs: a row per family, a column per comparable load, a line per stage."""
-    runs = [r for r in _ours(records) if r.stats.latency.cdf_ms]
-    if not runs:
+    if not (runs := [r for r in _ours(records) if r.stats.latency.cdf_ms]):
         return False
     caps = {s: run.stats.throughput_rps for s in {r.stage for r in runs} if (run := capacity(_ours(records), s))}
     rows = _rows(runs)
     columns = _cdf_columns(runs, caps)
-    others = [r.stage for r in runs if not family(r.stage)]
+    others = [r.stage for r in runs if r.stage not in _FAMILY]
     fig, axes = figure(len(rows), len(columns), width=4.0)
     fractions = [p / 100 for p in range(101)]
     for (fam, title, fam_runs), row in zip(rows, axes):

@@ -1,8 +1,7 @@
 """The model variants side by side: what each costs and what it gives up, from the lab's records.
 
 CPU time per request is the whole machine's, client included (``cpu_ms_per_request``), so it compares variants
-measured alike, not the model alone; agreement with fp32 is what ``servelab models build`` recorded, where it is.
-"""
+measured alike, not the model alone; agreement with fp32 is what ``servelab models build`` recorded, where it is."""
 
 from pathlib import Path
 

@@ -3,8 +3,7 @@
 curve its sweep measured, then the plots and the short sections; and ``results/report-tables.md``, the long
 tables (a row per run, the two clients, the servers' own counts, the warnings). Their prose and the order of
 their sections are Jinja2 templates (``servelab/data/report.md.j2``, ``report-tables.md.j2``); the sections'
-tables, lines and plots (matplotlib, Agg; each only where the records hold its data) come from here.
-"""
+tables, lines and plots (matplotlib, Agg; each only where the records hold its data) come from here."""
 
 import datetime as dt
 import json
@@ -69,12 +68,10 @@ def markdown_table(records: list[Record]) -> str:
 def _plot_batches(records: list[Record], out: Path) -> bool:
     runs = [r for r in records if r.breakdown and r.breakdown.batch_sizes]
     # Runs where the server actually combined requests tell the story; all-ones runs only pad it.
-    runs = sorted(runs, key=lambda r: set(r.breakdown.batch_sizes) == {1})[:MAX_BATCH_RUNS]
-    if not runs:
+    if not (runs := sorted(runs, key=lambda r: set(r.breakdown.batch_sizes) == {1})[:MAX_BATCH_RUNS]):
         return False
     sizes = sorted({b for r in runs for b in r.breakdown.batch_sizes})
-    fig, axes = plots.figure(1, 1, width=8.0, height=3.6, legend_room=0)
-    ax = axes[0][0]
+    fig, [[ax]] = plots.figure(1, 1, width=8.0, height=3.6, legend_room=0)
     width = 0.8 / len(runs)
     for i, r in enumerate(runs):
         hist, tool = r.breakdown.batch_sizes, " (perf_analyzer)" * (r.tool == "perf_analyzer")
@@ -92,13 +89,11 @@ def _plot_batches(records: list[Record], out: Path) -> bool:
 
 def _plot_utilization(records: list[Record], out: Path) -> bool:
     """All runs end to end on one time axis, like watching nvtop/htop through the whole session."""
-    runs = [r for r in records if r.monitors and r.monitors.t_s]
-    if not runs:
+    if not (runs := [r for r in records if r.monitors and r.monitors.t_s]):
         return False
     have_gpu = any(r.monitors.gpus for r in runs)
-    have_rss = any(r.monitors.rss_mib for r in runs)
     panels = {"cpu": "CPU %", **({"gpu": "GPU util %", "gpu_mem": "GPU memory (MiB)"} if have_gpu else {}),
-              **({"rss": "server RSS (MiB)"} if have_rss else {})}  # name -> its y label
+              **({"rss": "server RSS (MiB)"} if any(r.monitors.rss_mib for r in runs) else {})}  # name -> y label
     fig, axes = plots.figure(len(panels), 1, width=11.0, height=2.6, legend_room=0)
     ax_of = {name: axes[i][0] for i, name in enumerate(panels)}
     for name, label in panels.items():
@@ -114,7 +109,7 @@ def _plot_utilization(records: list[Record], out: Path) -> bool:
         for g in m.gpus:
             ax_of["gpu"].plot(t[:len(g.util_pct)], g.util_pct, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
             ax_of["gpu_mem"].plot(t[:len(g.mem_used_mib)], g.mem_used_mib, ".-", color=f"C{g.index % 10}", lw=1, ms=3)
-        if have_rss and m.rss_mib:
+        if m.rss_mib:
             ax_of["rss"].plot(t[:len(m.rss_mib)], m.rss_mib, ".-", color="tab:green", lw=1, ms=3)
         for ax in ax_of.values():
             ax.axvline(offset, color="grey", lw=0.5)
@@ -150,6 +145,9 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
     generated = f"Generated {now.isoformat(timespec='seconds')} from {len(records)} run records ({where})."
     warnings = [f"- {r.stage} [{r.load.label()}]: {w}" for r in records for w in r.warnings]
     found, model_dir = precision.rows(records), get_settings().model_dir
+    machines: dict[str, dict] = {}  # each host's first record's machine (report.md.j2 writes it)
+    for m in (r.machine for r in records if r.machine):
+        machines.setdefault(m.get("hostname", "?"), m)
     path = out_dir / "report.md"
     path.write_text(TEMPLATES.get_template("report.md.j2").render(
         generated=generated, lessons=lessons.summary(records, TABLES), capacity=capacity_section(records), limit=limit,
@@ -159,7 +157,7 @@ def render_report(records: list[Record], out_dir: Path = DEFAULT_RECORDS.parent,
         **timelines.sections(records, out_dir),
         skipped=skipped, failed=[r for r in records if r.failed], warnings=warnings,
         stand_ins=sorted({f"**{r.stage}**: {r.stand_in}" for r in records if r.stand_in}),
-        hardware=hardware_section(records), machines=_machines(records)), encoding="utf-8")
+        hardware=hardware_section(records), machines=machines.values()), encoding="utf-8")
     pairs = compare.pairs(records)
     (out_dir / TABLES).write_text(TEMPLATES.get_template("report-tables.md.j2").render(
         generated=generated, runs=markdown_table(records), client_bound=CLIENT_BOUND, tolerance=compare.TOLERANCE,
@@ -184,24 +182,20 @@ def capacity_section(records: list[Record]) -> list[str]:
                                       "sweep ended"), rows, "lrlll")]
 
 
-def hardware_section(records: list[Record]) -> list[str]:
-    """The hardware and library versions the runs had, and where each stage really ran: every report's header."""
+def hardware_section(records: list[Record]) -> dict[str, Any]:
+    """The hardware and library versions the runs had, and where each stage really ran: every report's header
+    (``report.md.j2`` writes it)."""
     stacks = {json.dumps(r.machine["stack"], sort_keys=True) for r in records if r.machine.get("stack")}
-    devices = sorted({str(r.config.get("device")) for r in records if r.config.get("device")})
-    md = ["## Hardware and versions", ""]
-    md += [f"- {line}" for stack in sorted(stacks) for line in describe(json.loads(stack))] or ["- not recorded"]
     # Where INT8 ran on the CPU: what that CPU can do, from the flags the records kept (none kept: not said).
     flags = {tuple(r.machine["cpu_flags"]) for r in records
              if r.machine.get("cpu_flags") is not None and r.config.get("device") != "gpu"}
-    md += [f"- INT8: {int8_compute(f).sentence('the CPU that ran these runs', 'there')}" for f in sorted(flags)]
-    if devices:
-        md.append(f"- lab device: {', '.join(devices)}")
     runs_on = {r.stage: r.config["runs_on"] for r in records if r.config.get("runs_on")}
-    if runs_on:
-        md += ["", tables.markdown(("stage", "runs on (read back from the server)"), list(runs_on.items()))]
-    if ran := triton_config_table(records):
-        md += ["", ran]
-    return md + [""]
+    return {"stacks": [line for stack in sorted(stacks) for line in describe(json.loads(stack))],
+            "int8": [int8_compute(f).sentence("the CPU that ran these runs", "there") for f in sorted(flags)],
+            "devices": sorted({str(r.config.get("device")) for r in records if r.config.get("device")}),
+            "runs_on": runs_on and tables.markdown(("stage", "runs on (read back from the server)"),
+                                                   list(runs_on.items())),
+            "triton": triton_config_table(records)}
 
 
 def triton_config_table(records: list[Record]) -> str:
@@ -211,14 +205,3 @@ def triton_config_table(records: list[Record]) -> str:
            for model, view in (r.config.get("triton_config") or {}).items() if isinstance(view, dict)}
     return ran and tables.markdown(("stage", "model", "config Triton ran (GET /v2/models/<model>/config)"),
                                    [(stage, model, line) for (stage, model), line in ran.items()])
-
-
-def _machines(records: list[Record]) -> list[str]:
-    seen: dict[str, Any] = {}
-    for m in (r.machine for r in records if r.machine):
-        versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
-        gpus = ", ".join(m.get("gpus") or []) or "no GPU"
-        seen.setdefault(m.get("hostname", "?"), f"`{m.get('hostname', '?')}`: {m.get('processor', '?')}, "
-                        f"{m.get('cpu_logical', '?')} logical CPUs, {m.get('memory_gib', '?')} GiB, {gpus}; "
-                        f"Python {m.get('python', '?')}; {versions}")
-    return list(seen.values()) or ["not recorded"]

@@ -22,8 +22,7 @@ PANELS = (  # panel title, the series drawn in it (by name, as run_series names 
 
 def section(records: list[Record]) -> dict[str, Any] | None:
     """The Prometheus section of ``report-tables.md.j2``; None where no run had Prometheus."""
-    with_prom = [r for r in records if r.prometheus is not None]
-    if not with_prom:
+    if not (with_prom := [r for r in records if r.prometheus is not None]):
         return None
     found = agreements(records)
     verdict = {True: "agree", False: "**DIFFER**", None: "-"}
@@ -39,8 +38,7 @@ def section(records: list[Record]) -> dict[str, Any] | None:
 
 def plot(records: list[Record], out) -> bool:
     """Every run's range-query series end to end; dashed: the client's own figure for that run."""
-    runs = [r for r in records if r.prometheus is not None and r.prometheus.series and not r.failed]
-    if not runs:
+    if not (runs := [r for r in records if r.prometheus is not None and r.prometheus.series and not r.failed]):
         return False
     fig, axes = figure(len(PANELS), 1, width=12, height=2.4, legend_room=0)
     axes = axes[:, 0]
@@ -50,8 +48,7 @@ def plot(records: list[Record], out) -> bool:
         length = (p.end_unix - p.start_unix) if p.end_unix and p.start_unix else 0.0
         for ax, (title, names, client) in zip(axes, PANELS):
             for i, name in enumerate(names):
-                points = p.series.get(name)
-                if points:
+                if points := p.series.get(name):
                     ax.plot([offset + t for t, _ in points], [v for _, v in points], ".-", lw=1, ms=3,
                             color=f"C{i}", label=None if name in drawn else name)
                     drawn.add(name)

@@ -10,8 +10,7 @@ from servelab.report.plots import figure
 
 
 def plot_timelines(records: list[Record], out: Path) -> bool:
-    runs = [r for r in records if r.timeline is not None]
-    if not runs:
+    if not (runs := [r for r in records if r.timeline is not None]):
         return False
     # A third row of running replicas only where a run sampled them (Ray's step load and node failure).
     rows = 3 if any(r.timeline.replicas for r in runs) else 2
