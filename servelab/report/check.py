@@ -342,16 +342,15 @@ def check(path: Path, now: float | None = None, leases: Sequence[Lease] = ()) ->
         verdict.findings.append(f"{records_file.name} holds no record")
         return verdict
     per_record: dict[str, list[str]] = defaultdict(list)
+    copies = []
     for p in placed:
         for what in record_findings(p) + _leased(p.record, leases):
             per_record[what].append(p.where)
+        if len(w := p.record.window_unix or ()) == 2:  # a measured window twice: a copied record
+            if (first := verdict.windows.setdefault(tuple(w), where := p.where)) is not where:
+                copies.append(f"{where} is a copy of {first} (the same measured window)")
     when, span = _span(placed, dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now)
     machine, machines = _machines(placed)
-    copies = []
-    for p in placed:  # a measured window twice: a copied record
-        if p.record.window_unix and len(p.record.window_unix) == 2:
-            if (first := verdict.windows.setdefault(tuple(p.record.window_unix), where := p.where)) is not where:
-                copies.append(f"{where} is a copy of {first} (the same measured window)")
     # One line per finding, naming the records it holds for (the first few, then how many more).
     verdict.findings += [f"{'; '.join(places[:SHOWN])}{f' and {len(places) - SHOWN} more' * (len(places) > SHOWN)}: "
                          f"{what}" for what, places in per_record.items()] + span + machines + copies + _core_path(placed)

@@ -93,8 +93,7 @@ EXPECT: dict[Lesson, Expect | dict[str, Expect]] = {
         "cpu, INT8 faster": Expect("on x86 with VNNI INT8 is faster than fp32", at_least=1.0, notebook="4_fastapi"),
         "cpu, INT8 slower": Expect("on x86 with AVX2 alone INT8 is slower than fp32", at_most=1.0,
                                    notebook="4_fastapi"),
-        "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0,
-                      notebook="8_triton_more"),
+        "gpu": Expect("on the P100 INT8 is no faster than fp32, perhaps slower", at_most=1.0, notebook="8_triton_more"),
     },
     Lesson.VARIANT_FP16: Expect("fp16 is the GPU lever, paying mostly at larger batches", at_least=1.0),
     Lesson.SERVER_PREPROCESSING: Expect("the server now decodes and resizes every photo itself: the notebook asks when "
