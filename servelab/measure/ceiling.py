@@ -123,8 +123,7 @@ def measure_ceiling(model_dir: Path, *, batches: tuple[int, ...] = BATCHES, prec
 
 
 def ceiling_markdown(result: Ceiling) -> str:
-    """The ceiling table (batch × precision: ms per batch, images/s), each precision's ceiling, and
-    every failed point with its reason."""
+    """The ceiling table (batch × precision: ms per batch, images/s), each precision's ceiling, each failure and why."""
     precisions = list(dict.fromkeys(p.precision for p in result.points))
     by = {(p.precision, p.batch): p for p in result.points}
     head = ["batch", *(f"{p} {unit}" for p in precisions for unit in ("ms", "img/s"))]
@@ -144,7 +143,6 @@ def ceiling_markdown(result: Ceiling) -> str:
               f"{result.repeats} timed runs per batch size (at most {result.max_seconds:g} s), each after one "
               "untimed run of the same shape."), "", markdown(head, rows, "r" * len(head)), "",
              f"Ceiling (best img/s): {'; '.join(best)}."]
-    failed = [p for p in result.points if p.failed]
-    if failed:
+    if failed := [p for p in result.points if p.failed]:
         lines += ["", "Failed:", *(f"- {p.precision} batch {p.batch}: {p.failed.splitlines()[0][:200]}" for p in failed)]
     return "\n".join(lines)

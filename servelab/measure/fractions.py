@@ -20,8 +20,7 @@ RATIO_LESSONS = {"batching": "dynamic batching ÷ no batching", "instances": "tw
 # The families whose ratios are shown, in this order: Triton's, then FastAPI's; not Ray Serve's, which
 # runs on the CPU only (the GPU environment carries no Ray).
 RATIO_FAMILIES = (TRITON.name, FASTAPI.name)
-# (what, numerator stage, denominator stage): each stage of those lessons against its baseline, as the
-# catalogue pairs them.
+# (what, numerator stage, denominator stage): each stage of those lessons against its catalogue baseline.
 RATIOS = tuple((what, top, bottom) for lesson, what in RATIO_LESSONS.items() for family in RATIO_FAMILIES
                for top, bottom in compared(lesson) if STAGES[top].family == family)
 RATIO_CONCURRENCY = 16  # latency compared at this many senders, else at the most both stages were measured at
@@ -66,8 +65,7 @@ def swept(records: list[Record], stage: str) -> Record | None:
 
 def curve(records: list[Record], stage: str) -> list[dict[str, Any]]:
     """``stage``'s capacity curve (concurrency, throughput_rps, p50_ms, p99_ms per level), [] without a sweep."""
-    found = swept(records, stage)
-    return list(found.config[CAPACITY]["curve"]) if found else []
+    return list(found.config[CAPACITY]["curve"]) if (found := swept(records, stage)) else []
 
 
 def capacity(records: list[Record], stage: str) -> Record | None:
@@ -110,8 +108,7 @@ def ratio_runs(records: list[Record], top: str, bottom: str,
                concurrency: int = RATIO_CONCURRENCY) -> tuple[int, Record, Record] | None:
     """(concurrency, ``top``'s run, ``bottom``'s run) at ``concurrency``, else at the highest closed-loop
     concurrency both stages were measured at; None where there is none (or ``bottom`` served nothing)."""
-    levels = sorted(_closed_levels(records, top) & _closed_levels(records, bottom))
-    if not levels:
+    if not (levels := sorted(_closed_levels(records, top) & _closed_levels(records, bottom))):
         return None
     level = concurrency if concurrency in levels else levels[-1]
     a, b = closed_run(records, top, level), closed_run(records, bottom, level)
@@ -147,13 +144,11 @@ class StageFraction:
 
 def input_kind(stage: str, inputs: Mapping[str, str]) -> str:
     """"image" (the server decodes a photo), "tensor" (the client sent the crop) or "-" (unknown)."""
-    sent = inputs.get(stage)
-    return "-" if sent is None else "image" if sent == "bytes" else "tensor"
+    return "-" if (sent := inputs.get(stage)) is None else "image" if sent == "bytes" else "tensor"
 
 
 def best_runs(records: list[Record]) -> dict[str, Record]:
-    """stage -> its best servelab closed-loop or sequential run (one image per request), in the records'
-    order of stages."""
+    """stage -> its best servelab closed-loop or sequential run (one image per request), in the records' stage order."""
     runs = [r for r in records if r.tool == "servelab" and not r.failed and r.batch == 1
             and r.load.mode in ("sequential", "closed") and r.stats.items_per_s > 0 and not r.config.get("run")]
     return {stage: max((r for r in runs if r.stage == stage), key=lambda r: r.stats.items_per_s)

@@ -120,8 +120,7 @@ class Limit(BaseModel):
     @property
     def cpu_time_rps(self) -> float | None:
         """What CPU time alone would say (cores ÷ CPU ms per request), which overstates it (this module's doc)."""
-        cpu_ms = self.cpu_ms_per_request
-        return self.cores * 1e3 / cpu_ms if cpu_ms else None
+        return self.cores * 1e3 / cpu_ms if (cpu_ms := self.cpu_ms_per_request) else None
 
 
 def thread_counts(cores: int) -> tuple[int, ...]:
@@ -188,8 +187,7 @@ def _preprocess_worker(text: str, kwargs: dict, seconds: float, start) -> tuple[
 
 
 def preprocess_part(image: bytes, manifest: Path, seconds: float, cores: int) -> Part:
-    """Images/s of base64 text → float32 tensor with ``cores`` worker processes at once, all started
-    together once every one is warm."""
+    """Images/s of base64 text → float32 tensor on ``cores`` worker processes, started together once all are warm."""
     text, kwargs = base64.b64encode(image).decode(), load_manifest(manifest).preprocess_kwargs()
     ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads
     with ctx.Manager() as manager, ctx.Pool(cores) as pool:  # a worker each: every one waits at the barrier
@@ -280,10 +278,9 @@ def _rate(per_s: float | None, unit: str) -> str:
 
 def limit_markdown(limit: Limit) -> str:
     """How the limit was made: what each part delivered with every core busy, the sum and what binds."""
-    best = limit.best
     rows = [[f"model alone, batch {p.batch}, {p.threads} thread{'s' * (p.threads > 1)}"
              + (f" × {p.sessions} sessions at once" if p.sessions > 1 else ""),
-             _rate(p.images_per_s, "img/s") + (" ← best" if p is best else ""), num(p.cpu_ms_per_image, 2)]
+             _rate(p.images_per_s, "img/s") + (" ← best" if p is limit.best else ""), num(p.cpu_ms_per_image, 2)]
             for p in limit.model]
     http = limit.http
     rows += [[f"preprocessing ({limit.photo}), {limit.preprocess.processes} processes at once",

@@ -12,7 +12,6 @@ warm-up says it needs (``servelab.measure.senders``), each this engine on its sh
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import json
 import logging
@@ -21,11 +20,11 @@ import operator
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from servelab.measure.records import (
     Breakdown,
     CacheStats,
     ClientSide,
+    Labels,
     Load,
     PerRequest,
     Record,
@@ -181,11 +181,8 @@ class WarmUp:
 
 async def warm_up(client: Client, load: Load) -> WarmUp:
     """Unmeasured requests, a closed loop at the load's concurrency: at least ``load.warmup`` of them and, where
-    ``load.warmup_s`` is set, on until that many seconds have passed (both met; senders then finish the request
-    they are on)."""
-    done = WarmUp()
-    if load.warmup == 0 and not load.warmup_s:
-        return done
+    ``load.warmup_s`` is set, on until that many seconds have passed (both met; senders finish the one in flight)."""
+    done = WarmUp(senders=load.warmup_senders)  # none where neither ``warmup`` nor ``warmup_s`` asks for any
     until = clock() + (load.warmup_s or 0.0)
 
     async def sender() -> None:
@@ -199,7 +196,6 @@ async def warm_up(client: Client, load: Load) -> WarmUp:
             elif ok:
                 done.latencies_s.append(clock() - t0)
 
-    done.senders = load.warmup_senders
     cpu = time.thread_time()
     await asyncio.gather(*(sender() for _ in range(done.senders)))
     done.cpu_s = time.thread_time() - cpu
@@ -214,15 +210,13 @@ async def _start(start_at: float | None) -> float:
     return start_at
 
 
-async def _closed_loop(client: Client, load: Load, hold: Fired | None = None, start_at: float | None = None,
-                       part: tuple[int, int] = (0, 1)) -> RawRun:
+async def _closed_loop(client: Client, load: Load, hold: Fired, start_at: float | None,
+                       part: tuple[int, int]) -> RawRun:
     k, n = part
-    started = await _start(start_at)
-    run = RawRun(timing=TimingSums(client.batch), started=started)
+    run = RawRun(timing=TimingSums(client.batch), started=await _start(start_at))
     stop_at = run.started + min(load.duration_s or math.inf, load.max_duration_s)
     give_up = run.started + load.max_duration_s
     limit = load.requests if load.requests is not None else math.inf
-    hold = hold or Fired()
     issued = 0
 
     async def sender() -> None:
@@ -242,17 +236,14 @@ async def _closed_loop(client: Client, load: Load, hold: Fired | None = None, st
 
 
 def _schedule(load: Load, n: int) -> np.ndarray:
-    if not load.phases:
-        return send_times(n, load.rate, load.arrivals, load.seed)
     parts, offset = [], 0.0
-    for i, (rate, seconds) in enumerate(load.phases):
+    for i, (rate, seconds) in enumerate(load.phases or [(load.rate, n / load.rate)]):  # no steps: one phase of n
         parts.append(offset + send_times(max(1, round(rate * seconds)), rate, load.arrivals, load.seed + i))
         offset += seconds
     return np.concatenate(parts)
 
 
-async def _open_loop(client: Client, load: Load, start_at: float | None = None,
-                     part: tuple[int, int] = (0, 1)) -> RawRun:
+async def _open_loop(client: Client, load: Load, start_at: float | None, part: tuple[int, int]) -> RawRun:
     """The schedule's sends ``k``, ``k + n``, ... of ``part`` = (k, n): one process's share (all of it for (0, 1))."""
     assert load.rate is not None and load.arrivals is not None
     k, n_parts = part
@@ -260,15 +251,13 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
     if load.duration_s is not None:
         n = min(n, max(1, math.ceil(load.rate * load.duration_s)))
     times = _schedule(load, int(n))
-    started = (await _start(start_at)) + OPEN_LOOP_LEAD_S
-    run = RawRun(timing=TimingSums(client.batch), started=started, window_s=len(times) / load.rate,
-                 offered_rps=load.rate, scheduled_s=times[k::n_parts])
+    run = RawRun(timing=TimingSums(client.batch), started=await _start(start_at) + OPEN_LOOP_LEAD_S,
+                 window_s=len(times) / load.rate, offered_rps=load.rate, scheduled_s=times[k::n_parts])
     give_up = run.started + load.max_duration_s
     slots = asyncio.Semaphore(load.max_inflight)
 
     async def one(i: int, due: float) -> None:
-        if clock() - due > LATE_AFTER_S:  # the loop itself ran this send late: the client was busy
-            run.loop_late += 1
+        run.loop_late += clock() - due > LATE_AFTER_S  # the loop itself ran this send late: the client was busy
         async with slots:  # waiting here means the client is behind its schedule
             sent = clock()
             if sent > give_up:
@@ -288,8 +277,7 @@ async def _open_loop(client: Client, load: Load, start_at: float | None = None,
             run.warnings.append(f"schedule cut at max_duration_s={load.max_duration_s:g} after {i} requests")
             run.window_s, run.offered_rps = load.max_duration_s, i / load.max_duration_s
             break
-        delay = due - clock()
-        if delay > 0:
+        if (delay := due - clock()) > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i, due)))
     await asyncio.gather(*tasks)
@@ -318,10 +306,8 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *
         hold = Fired()
         fired = asyncio.create_task(_fire(trigger, clock() + trigger.at_s, hold)) if trigger else None
         cpu = time.thread_time()  # this event loop's thread only: how busy the sender was, not the machine
-        if load.mode == "open":
-            run = await _open_loop(client, load, start_at, part)
-        else:
-            run = await _closed_loop(client, load, hold, start_at, part)
+        run = await (_open_loop(client, load, start_at, part) if load.mode == "open"
+                     else _closed_loop(client, load, hold, start_at, part))
         run.loop_cpu_s.append(time.thread_time() - cpu)
         if fired is not None:
             run.fired = await fired
@@ -335,9 +321,13 @@ async def run_load(client: Client, load: Load, trigger: Trigger | None = None, *
 def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
     """One run of several sender processes' shares (started together: one ``started``), each request once."""
     first = runs[0]
+    offered = [r.offered_rps for r in runs if r.offered_rps is not None]  # a schedule cut short offered less
+    scheduled = [r.scheduled_s for r in runs if r.scheduled_s is not None]
     merged = RawRun(timing=TimingSums(first.timing.images_per_request), started=first.started,
-                    window_s=max(r.window_s for r in runs), offered_rps=first.offered_rps)
-    scheduled = []
+                    window_s=max(r.window_s for r in runs), loop_late=sum(r.loop_late for r in runs),
+                    last_done=max(r.last_done for r in runs),
+                    offered_rps=min(offered) if first.offered_rps is not None else None,
+                    scheduled_s=np.sort(np.concatenate(scheduled)) if scheduled else None)
     for run in runs:
         for name in ("index", "latency_s", "send_lag_s", "from_send_s", "loop_cpu_s"):
             getattr(merged, name).extend(getattr(run, name))
@@ -345,16 +335,9 @@ def merge_runs(runs: list[RawRun], load: Load) -> RawRun:
             getattr(merged, counts).update(getattr(run, counts))
         for counts in ("sums", "counts", "images_by_batch"):
             getattr(merged.timing, counts).update(getattr(run.timing, counts))
-        merged.loop_late += run.loop_late
         merged.outcomes += [(done + run.started - merged.started, *rest) for done, *rest in run.outcomes]
-        merged.last_done = max(merged.last_done, run.last_done)
         merged.warnings += [w for w in run.warnings if w not in merged.warnings]
-        if run.scheduled_s is not None:
-            scheduled.append(run.scheduled_s)
-        if run.offered_rps is not None and first.offered_rps is not None:
-            merged.offered_rps = min(merged.offered_rps, run.offered_rps)  # a schedule cut short offered less
     merged.outcomes.sort(key=lambda outcome: outcome[0])
-    merged.scheduled_s = np.sort(np.concatenate(scheduled)) if scheduled else None
     _warn_late(merged, load)
     return merged
 
@@ -434,13 +417,12 @@ def share(load: Load, k: int, n: int) -> Load:
         return load
     if load.mode == "closed":
         senders = load.concurrency // n + (k < load.concurrency % n)
-        update: dict[str, Any] = {"concurrency": senders, "warmup": min(senders, load.warmup), "warmup_s": None}
+        update: dict[str, Any] = {"concurrency": senders, "warmup": min(senders, load.warmup)}
         if load.requests is not None:
             update["requests"] = load.requests // n + (k < load.requests % n)
     else:
-        update = {"max_inflight": math.ceil(load.max_inflight / n), "warmup": math.ceil(load.warmup / n),
-                  "warmup_s": None}
-    return load.model_copy(update=update)
+        update = {"max_inflight": math.ceil(load.max_inflight / n), "warmup": math.ceil(load.warmup / n)}
+    return load.model_copy(update={**update, "warmup_s": None})
 
 
 def _sender_main(conn: Connection, parent: int) -> None:
@@ -457,10 +439,9 @@ def _sender_main(conn: Connection, parent: int) -> None:
 def _mix_share(target: Target, k: int, n: int) -> Target:
     """A target with a ``PhotoMix``: process ``k`` of ``n`` sends every ``n``-th photo of its order from the ``k``-th,
     so that the processes together send the photos the one order says (a cache sees the same popularity)."""
-    mix = getattr(target, "mix", None)
-    if mix is None or n == 1:
+    if (mix := getattr(target, "mix", None)) is None or n == 1:
         return target
-    return dataclasses.replace(target, mix=dataclasses.replace(mix, order=mix.order[k::n]))
+    return replace(target, mix=replace(mix, order=mix.order[k::n]))
 
 
 async def _sender_job(conn: Connection, target: Target, load: Load, timeout_s: float, part: tuple[int, int]) -> None:
@@ -492,32 +473,13 @@ async def _reply(conn: Connection, wait_s: float) -> tuple[Any, ...]:
     return await asyncio.to_thread(receive)
 
 
-async def _senders_warm(conns: list[Connection], target: Target, load: Load, timeout_s: float) -> tuple[int, int]:
-    """Hand each sender process its share; once all are connected and warm: (warm-up requests sent, failed)."""
-    n = len(conns)
-    for k, conn in enumerate(conns):
-        conn.send((target, share(load, k, n), timeout_s, (k, n)))
-    replies = await asyncio.gather(*(_reply(c, timeout_s * 4 + 60 + (load.warmup_s or 0)) for c in conns))
-    return sum(r[1] for r in replies), sum(r[2] for r in replies)
-
-
 async def _senders_run(conns: list[Connection], load: Load, timeout_s: float) -> RawRun:
     """Start every sender process's share at one time (``START_AHEAD_S`` from now, on the shared clock); merge."""
     start_at = clock() + START_AHEAD_S
     for conn in conns:
         conn.send(start_at)
-    wait_s = load.max_duration_s + timeout_s + 60
-    replies = await asyncio.gather(*(_reply(c, wait_s) for c in conns))
+    replies = await asyncio.gather(*(_reply(c, load.max_duration_s + timeout_s + 60) for c in conns))
     return merge_runs([r[1] for r in replies], load)
-
-
-class Labels(NamedTuple):
-    """What every record of one stage's measurement carries."""
-
-    stage: str
-    config: dict[str, Any] | None = None
-    stand_in: str | None = None  # the model is a stand-in, and the reports say so
-    server_pid: int | None = None  # the server whose memory (with its children) the monitors sample
 
 
 @dataclass(frozen=True)
@@ -539,21 +501,17 @@ class ClientOptions:
     max_processes: int | None = None
 
 
-async def _more_senders(n: int, target: Target, load: Load, timeout_s: float,
-                        warnings: list[str]) -> tuple[list[Connection], int]:
-    """``n`` sender processes (none where one, this one, sends alone), each warmed up: them and the warm-up requests
-    they sent. None is left running if their warm-up fails."""
-    if n <= 1:
-        return [], 0
-    senders = pool(_sender_main).take(n)
-    try:
-        sent, failed = await _senders_warm(senders, target, load, timeout_s)
-    except BaseException:
-        pool(_sender_main).close(wait_s=0)
-        raise
+async def _senders_warm(conns: list[Connection], target: Target, load: Load, timeout_s: float,
+                        warnings: list[str]) -> int:
+    """Hand each sender process its share; once all are connected and warm: the warm-up requests they sent."""
+    n = len(conns)
+    for k, conn in enumerate(conns):
+        conn.send((target, share(load, k, n), timeout_s, (k, n)))
+    replies = await asyncio.gather(*(_reply(c, timeout_s * 4 + 60 + (load.warmup_s or 0)) for c in conns))
+    sent, failed = sum(r[1] for r in replies), sum(r[2] for r in replies)
     if failed:
         warnings.append(f"{failed} of {sent} of the sender processes' warm-up requests failed")
-    return senders, sent
+    return sent
 
 
 def _client_side(run: RawRun, stats: Any, seen_key: Any, n: int, chosen: str, expected: float | None,
@@ -577,10 +535,9 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
     """One measured run against ``target`` under ``load``, run as ``options`` say; returns (and, with
     ``options.out``, appends) its Record, which carries ``labels``."""
     trigger, timeout_s = options.trigger, options.timeout_s
-    connections = load.max_inflight if load.mode == "open" else load.concurrency
     warnings: list[str] = []
     senders: list[Connection] = []
-    client = await target.connect(connections, timeout_s)
+    client = await target.connect(load.max_inflight if load.mode == "open" else load.concurrency, timeout_s)
     try:
         warm = await warm_up(client, load)
         if warm.failed:
@@ -590,8 +547,8 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         held = f"a trigger ({trigger.name}) runs beside the load in this process" if trigger else None
         own = warm.own_rps()
         n, chosen = plan_processes(load, own or seen_own, expected, options.max_processes, options.processes, held)
-        senders, warm_sent = await _more_senders(n, target, load, timeout_s, warnings)
-        warm_sent += warm.sent
+        senders = pool(_sender_main).take(n) if n > 1 else []  # none where one, this one, sends alone
+        warm_sent = await _senders_warm(senders, target, load, timeout_s, warnings)
         # Statistics once the warm-up has reached them: two reads in a row that agree.
         before = (await _settled(partial(_extra, client.server_stats, "server statistics", warnings), operator.eq)
                   if client.has_server_stats else None)
@@ -604,7 +561,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
                      await _server_breakdown(client, before, getattr(target, "model", ""), len(run.latency_s), warnings))
         cache = await _cache_stats(client, cache_before, len(run.latency_s), warnings)
     except BaseException:
-        if senders:  # no sender process is left mid-job: the next run starts fresh ones
+        if senders:  # no sender process is left mid-job (its warm-up's too): the next run starts fresh ones
             pool(_sender_main).close(wait_s=0)
         raise
     finally:
@@ -621,7 +578,7 @@ async def run_bench_async(target: Target, load: Load, labels: Labels,
         stage=labels.stage, target=target.describe(), config=labels.config or {}, load=load, batch=target.batch,
         stats=stats, breakdown=breakdown, monitors=monitors, warnings=warnings, stand_in=labels.stand_in,
         machine=machine_info([g.name for g in monitors.gpus] or None), first_request_ms=warm.first_ms,
-        warmup_requests=warm_sent, window_unix=[window_start, window_end], cache=cache,
+        warmup_requests=warm.sent + warm_sent, window_unix=[window_start, window_end], cache=cache,
         timeline=(build_timeline(run, options.sampler, options.timeline_bin_s or 1.0)
                   if options.sampler or options.timeline_bin_s else None),
         per_request=per_request(run) if options.keep_requests else None,
@@ -687,8 +644,7 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
     """Per ``bin_s``: throughput, errors, shed requests and latency of the requests completed in it; the
     sampler's replica counts and events (where there is one), on the same clock (seconds from the measured
     window's start)."""
-    end = max([run.wall_s] + [t for t, *_ in run.outcomes])
-    bins = max(1, math.ceil(end / bin_s))
+    bins = max(1, math.ceil(max(run.wall_s, *(t for t, *_ in run.outcomes)) / bin_s))
     ok: list[list[float]] = [[] for _ in range(bins)]
     errors, shed = [0] * bins, [0] * bins
     for done, latency, kind, _ in run.outcomes:
@@ -739,10 +695,9 @@ def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOA
 def rollout_load(action: Callable[[], Awaitable[dict[str, Any] | None]], at_s: float = 3.0, seconds: float = 10.0,
                  after_s: float = 3.0, concurrency: int = 16, warmup: int = 32,
                  name: str = "rollout") -> tuple[Load, dict[str, Any], Trigger]:
-    """The rollout case: a closed loop for ``seconds`` and on until ``after_s`` after ``action`` (the rollout,
-    started ``at_s`` in; it returns what it did, with ``ready_s`` where the new version answered before it returned)
-    returned, for a steady state after the swap to compare with the one before; its record's ``config``; the
-    trigger for ``run_bench``."""
+    """The rollout case: a closed loop for ``seconds``, then on until ``after_s`` after ``action`` (the rollout, started
+    ``at_s`` in; it returns what it did, with ``ready_s`` where the new version answered before it returned) returns,
+    for a steady state to compare with the one before the swap; its record's ``config``; ``run_bench``'s trigger."""
     if not 0 < at_s < seconds:
         raise ValueError(f"the rollout must start inside the run: at_s={at_s:g} of seconds={seconds:g}")
     load = Load.closed(concurrency, requests=None, duration_s=seconds, warmup=warmup)

@@ -47,20 +47,15 @@ Client = Callable[[Any, Load, Labels, list[Record]], Record]
 def servelab_client(**options: Any) -> Client:
     """servelab's load generator (``run_bench``), its ``ClientOptions`` built once from ``options``."""
     client = ClientOptions(**options)
-
-    def run(target: Target, load: Load, labels: Labels, earlier: list[Record]) -> Record:
-        return run_bench(target, load, labels, client)
-    return run
+    return lambda target, load, labels, earlier: run_bench(target, load, labels, client)
 
 
 def perf_analyzer_client(options: PerfAnalyzerOptions = PerfAnalyzerOptions()) -> Client:
     """perf_analyzer on a Triton target, its time windows (where ``options`` gives some) stretched to hold a few
     requests at the rate servelab's client just measured of the same load. What it ran is in its command."""
     def run(target: Any, load: Load, labels: Labels, earlier: list[Record]) -> Record:
-        ours = next((r for r in reversed(earlier) if r.tool == "servelab" and not r.failed), None)
-        fitted = options
-        if options.windows is not None and ours is not None:
-            fitted = replace(options, windows=options.windows.fitted(ours.stats.throughput_rps))
+        rps = next((r.stats.throughput_rps for r in reversed(earlier) if r.tool == "servelab" and not r.failed), None)
+        fitted = replace(options, windows=options.windows.fitted(rps)) if options.windows is not None else options
         return run_perf_analyzer(target, load, labels, fitted)
     return run
 
@@ -110,8 +105,7 @@ def _spread(values: list[float | None]) -> float | None:
     """The largest distance of any value from their mean, as a fraction of it (perf_analyzer's test)."""
     if not values or any(v is None for v in values):
         return None
-    mean = statistics.fmean(values)
-    return max(abs(v - mean) for v in values) / mean if mean else None
+    return max(abs(v - mean) for v in values) / mean if (mean := statistics.fmean(values)) else None
 
 
 def windowed(windows: Windows, **options: Any) -> Client:
@@ -218,12 +212,11 @@ def _non_gains(means: dict[int, float], growth: float) -> tuple[int, int]:
     return best, behind
 
 
-def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep,
-                   ours: Client | None = None, keep: Callable[[Callable[[], Record], Load], Record] = kept,
+def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep, ours: Client,
+                   keep: Callable[[Callable[[], Record], Load], Record] = kept,
                    others: Sequence[Client] = ()) -> list[Record]:
     """``loads(c)`` at each level ``sweep.next`` names, with servelab's client (``ours``), the last record keeping the
     curve in ``config["capacity"]``; then ``others`` measure the sequential load and the capacity's."""
-    ours = ours or servelab_client()
     curve: list[dict[str, Any]] = []
     records: list[Record] = []
     level: int | str = 1

@@ -28,8 +28,7 @@ def open_nvml() -> tuple[Any, list[Any], str | None]:
 
 
 def gpu_name(nvml: Any, handle: Any) -> str:
-    name = nvml.nvmlDeviceGetName(handle)
-    return name.decode() if isinstance(name, bytes) else str(name)
+    return name.decode() if isinstance(name := nvml.nvmlDeviceGetName(handle), bytes) else str(name)
 
 
 class Monitor:

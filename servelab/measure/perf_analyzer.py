@@ -16,17 +16,14 @@ import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from servelab.core.installers.perf_analyzer_install import PerfAnalyzerNotFound, locate
 from servelab.measure.monitor import Monitor
-from servelab.measure.records import Breakdown, Latency, Load, Record, Stats, append_record, machine_info
+from servelab.measure.records import Breakdown, Labels, Latency, Load, Record, Stats, append_record, machine_info
 from servelab.measure.targets import TritonTarget, model_input_tensor
-from servelab.measure.triton_stats import stats_delta
+from servelab.measure.triton_stats import PHASES, stats_delta
 from servelab.servers.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
-
-if TYPE_CHECKING:  # a type only: Windows' readers (the plan, the notebook blocks) need not load the load generator
-    from servelab.measure.loadgen import Labels
 
 # perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
 _PARTS = {
@@ -35,7 +32,6 @@ _PARTS = {
     "Server Compute Infer": "compute_infer", "Server Compute Output": "compute_output",
     "Client Recv": "client_recv",
 }
-_COMPUTE = ("compute_input", "compute_infer", "compute_output")
 
 
 def input_data(image: bytes, input: InputKind, manifest: Path | None = None) -> dict[str, Any]:
@@ -51,9 +47,6 @@ def write_input_data(path: Path, image: bytes, input: InputKind, manifest: Path 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(input_data(image, input, manifest)))
     return path
-
-
-DEFAULT_TIMEOUT_S = 300.0  # a perf_analyzer run past this is killed and recorded as such
 
 
 @dataclass(frozen=True)
@@ -93,8 +86,7 @@ def perf_analyzer_command(
     *, url: str, model: str, protocol: str, batch: int, load: Load, input_data: Path, csv_path: Path,
     windows: Windows = Windows(), extra: list[str] | tuple[str, ...] = (), binary: str = "perf_analyzer",
 ) -> list[str]:
-    """One perf_analyzer run of ``load``. It has no warm-up option (2.50): unstable first windows are
-    what its stability check discards."""
+    """One perf_analyzer run of ``load``. No warm-up option (2.50): its stability check drops unstable first windows."""
     cmd = [binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
            "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv",
            "--stability-percentage", f"{windows.stability_pct:g}", "--max-trials", str(windows.max_trials)]
@@ -137,7 +129,7 @@ def records_from_csv(
         parts = {name: v for column, name in _PARTS.items() if (v := _float(row, column, 1000)) is not None}
         infer_per_s = _float(row, "Inferences/Second") or 0.0
         ms = {f"p{p}_ms": _float(row, f"p{p} latency", 1000) for p in (50, 90, 95, 99)}
-        compute = [parts[p] for p in _COMPUTE if p in parts]
+        compute = [parts[p] for p in PHASES[1:] if p in parts]  # Triton's compute phases
         records.append(Record(
             tool="perf_analyzer", stage=stage, target=target, load=load, batch=batch,
             stats=Stats(throughput_rps=infer_per_s / batch, items_per_s=infer_per_s,
@@ -163,8 +155,7 @@ def _try_stats(target: TritonTarget, warnings: list[str]) -> dict[str, Any] | No
 
 
 def _message(out: str, err: str) -> str:
-    """perf_analyzer's own words for a failure: what it wrote to stderr, else its error lines, else
-    the end of what it printed."""
+    """perf_analyzer's own words for a failure: its stderr, else its error lines, else the end of what it printed."""
     said = [line.strip() for line in err.splitlines() if line.strip()]
     lines = [line.strip() for line in out.splitlines() if line.strip()]
     errors = [line for line in lines if line.lower().startswith(("error", "failed"))]
@@ -210,11 +201,11 @@ class PerfAnalyzerOptions:
     extra: tuple[str, ...] = ()  # perf_analyzer's own flags, after servelab's: the last of a repeated flag counts
     input_data_path: Path | None = None  # None: written from the target's photo
     monitor_interval_s: float = 0.5
-    timeout_s: float = DEFAULT_TIMEOUT_S  # perf_analyzer is killed past it, and the record says so
+    timeout_s: float = 300.0  # perf_analyzer is killed past it, and the record says so
     out: Path | None = None  # each record appended here, one JSON line
 
 
-def run_perf_analyzer(target: TritonTarget, load: Load, labels: "Labels",
+def run_perf_analyzer(target: TritonTarget, load: Load, labels: Labels,
                       options: PerfAnalyzerOptions = PerfAnalyzerOptions()) -> Record:
     """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record (one that could
     not measure, perf_analyzer missing, failing or past its timeout, with ``failed`` set: never an exception)."""

@@ -10,7 +10,7 @@ from contextlib import suppress
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -169,8 +169,7 @@ class CacheStats(BaseModel):
 
     @property
     def hit_ratio(self) -> float | None:
-        lookups = self.hits + self.misses + self.errors
-        return self.hits / lookups if lookups else None
+        return self.hits / lookups if (lookups := self.hits + self.misses + self.errors) else None
 
 
 class GpuSeries(BaseModel):
@@ -194,13 +193,11 @@ class Monitors(BaseModel):
 
     @property
     def cpu_mean_pct(self) -> float | None:
-        flat = [v for sample in self.cpu_pct for v in sample]
-        return sum(flat) / len(flat) if flat else None
+        return sum(flat) / len(flat) if (flat := [v for sample in self.cpu_pct for v in sample]) else None
 
     @property
     def gpu_util_mean_pct(self) -> float | None:
-        flat = [v for g in self.gpus for v in g.util_pct]
-        return sum(flat) / len(flat) if flat else None
+        return sum(flat) / len(flat) if (flat := [v for g in self.gpus for v in g.util_pct]) else None
 
 
 class ServerSeries(BaseModel):
@@ -302,6 +299,15 @@ class ClientSide(BaseModel):
     loop_late: int = 0  # open loop: sends the client's own event loop started over 10 ms late (not a slot's wait)
     bound: bool = False
     why: str | None = None  # why the run counts as client-bound
+
+
+class Labels(NamedTuple):
+    """What every record of one stage's measurement carries."""
+
+    stage: str
+    config: dict[str, Any] | None = None
+    stand_in: str | None = None  # the model is a stand-in, and the reports say so
+    server_pid: int | None = None  # the server whose memory (with its children) the monitors sample
 
 
 class Record(BaseModel):

@@ -39,8 +39,7 @@ def little_rate(load: Load, warm_latencies_s: list[float]) -> float | None:
     """A closed loop's rate from its warm-up, by Little's law: senders / median latency (None: too few answers)."""
     if load.mode != "closed" or len(warm_latencies_s) < 3:
         return None
-    median = statistics.median_high(warm_latencies_s)
-    return load.warmup_senders / median if median > 0 else None
+    return load.warmup_senders / median if (median := statistics.median_high(warm_latencies_s)) > 0 else None
 
 
 def most_processes(load: Load, limit: int) -> int:
@@ -127,7 +126,4 @@ class SenderPool:
             conn.close()
 
 
-@cache
-def pool(main: Callable[[Connection, int], None]) -> SenderPool:
-    """This process's pool for ``main`` (closed when the process exits)."""
-    return SenderPool(main)
+pool = cache(SenderPool)  # ``pool(main)``: this process's pool for ``main`` (closed when the process exits)

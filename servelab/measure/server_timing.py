@@ -47,8 +47,7 @@ class TimingSums:
         for name, value in timing.durations_ms.items():
             self.sums[name] += value
             self.counts[name] += 1
-        batch = timing.descriptions.get("batch", "")
-        if batch.isdigit() and int(batch) > 0:
+        if (batch := timing.descriptions.get("batch", "")).isdigit() and int(batch) > 0:
             self.images_by_batch[int(batch)] += self.images_per_request
 
     def breakdown(self) -> Breakdown | None:

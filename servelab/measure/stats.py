@@ -12,10 +12,7 @@ def latency_summary(latencies_s: Sequence[float]) -> Latency:
     if len(latencies_s) == 0:
         return Latency()
     ms = np.asarray(latencies_s, dtype=np.float64) * 1000.0
-    p50, p90, p95, p99 = np.percentile(ms, [50, 90, 95, 99])
-    return Latency(
-        mean_ms=float(ms.mean()), p50_ms=float(p50), p90_ms=float(p90), p95_ms=float(p95),
-        p99_ms=float(p99), max_ms=float(ms.max()),
-        cdf_ms=[round(float(v), 4) for v in np.percentile(ms, np.arange(101))],
-    )
+    cdf = np.percentile(ms, np.arange(101))  # the named percentiles are its points (100: the max)
+    return Latency(mean_ms=float(ms.mean()), p50_ms=float(cdf[50]), p90_ms=float(cdf[90]), p95_ms=float(cdf[95]),
+                   p99_ms=float(cdf[99]), max_ms=float(cdf[100]), cdf_ms=[round(float(v), 4) for v in cdf])
 

@@ -66,8 +66,7 @@ class Target(Protocol):
 
 def classify(exc: BaseException) -> str:
     """A short, stable name for why a request failed."""
-    # Deferred: an optional extra (bench), loaded only when this runs.
-    from tritonclient.utils import InferenceServerException
+    from tritonclient.utils import InferenceServerException  # deferred: an optional extra (bench)
 
     if isinstance(exc, asyncio.TimeoutError):
         return "timeout"
@@ -87,8 +86,7 @@ def classify(exc: BaseException) -> str:
 
 def _errors() -> tuple[type[BaseException], ...]:
     """Exceptions a request may legitimately end with (anything else is a bug and propagates)."""
-    # Deferred: an optional extra (bench), loaded only when this runs.
-    from tritonclient.utils import InferenceServerException
+    from tritonclient.utils import InferenceServerException  # deferred: an optional extra (bench)
 
     return (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException)
 
@@ -298,8 +296,7 @@ class _TritonClient:
         except self.errors as exc:
             reason = triton_io.shed_reason(str(exc))
             return Outcome(False, reason, shed=True) if reason else Outcome(False, classify(exc))
-        out = result.as_numpy(self.check)
-        if out is None or out.shape[0] != self.batch:
+        if (out := result.as_numpy(self.check)) is None or out.shape[0] != self.batch:
             return Outcome(False, "bad_response")
         return Outcome(True, version=triton_io.answered_version(result))
 
@@ -309,8 +306,7 @@ class _TritonClient:
         if self.steps is None:
             config = await self.client.get_model_config(self.model, **self.as_json)
             config = config.get("config", config)  # gRPC wraps it
-            steps = config.get("ensemble_scheduling", {}).get("step", [])
-            self.steps = [step["model_name"] for step in steps]
+            self.steps = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
         stats = await self.client.get_inference_statistics(model_name="" if self.steps else self.model, **self.as_json)
         return {**stats, "ensemble_steps": {self.model: self.steps}} if self.steps else stats
 

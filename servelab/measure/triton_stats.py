@@ -48,8 +48,7 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any], model: str) -> Br
     inferences = int(new.get("inference_count", 0)) - int(old.get("inference_count", 0))
     executions = int(new.get("execution_count", 0)) - int(old.get("execution_count", 0))
     failed = _counter(new, "inference_stats", "fail")[0] - _counter(old, "inference_stats", "fail")[0]
-    steps = after.get("ensemble_steps", {}).get(model)
-    if steps and succeeded > 0:
+    if (steps := after.get("ensemble_steps", {}).get(model)) and succeeded > 0:
         # Triton counts an ensemble's queueing in its steps' statistics, not its own.
         waited_ns = sum(_counter(_model_entry(after, m), "inference_stats", "queue")[1]
                         - _counter(_model_entry(before, m), "inference_stats", "queue")[1] for m in steps)

@@ -1,11 +1,9 @@
 """What the local lab's Prometheus scrapes (a ``Targets`` file of ``file_sd_configs``, rewritten atomically) and
-how it is read back (``PrometheusClient``, whose ``settle()`` waits until every target was scraped after a given
-moment, so that a counter read afterwards includes everything that happened before it).
+how it is read back (``PrometheusClient``, whose ``settle()`` waits until each target it names was scraped after a
+given moment, so that a counter read afterwards includes everything that happened before it).
 """
 
 import json
-import os
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -15,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from servelab.core.fetch import write_atomic
 from servelab.core.procs import DIRECT
 
 TARGETS_FILE = "targets.json"
@@ -25,14 +24,12 @@ class Targets:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._entries: dict[str, dict[str, Any]] = {}
         self._write()
 
-    def add(self, address: str, job: str, metrics_path: str = "/metrics", **labels: str) -> None:
-        """Scrape ``address`` (host:port) from now on; registering it again replaces its labels."""
-        self._entries[address] = {"targets": [address],
-                                  "labels": {"job": job, "__metrics_path__": metrics_path, **labels}}
+    def add(self, address: str, job: str, **labels: str) -> None:
+        """Scrape ``address`` (host:port, its /metrics) from now on; registering it again replaces its labels."""
+        self._entries[address] = {"targets": [address], "labels": {"job": job, **labels}}
         self._write()
 
     def remove(self, address: str) -> None:
@@ -40,11 +37,9 @@ class Targets:
         self._write()
 
     def _write(self) -> None:
-        # Prometheus may read the file at any moment: it must never see half of it.
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(json.dumps(list(self._entries.values()), indent=1) + "\n")
-        os.replace(tmp, self.path)
+        # Prometheus may read the file at any moment: it must never see half of it (its folder is made too).
+        text = json.dumps(list(self._entries.values()), indent=1) + "\n"
+        write_atomic(self.path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def config_yaml(targets: Path, scrape_interval_s: float) -> str:
@@ -96,17 +91,16 @@ class PrometheusClient:
     def targets(self) -> list[dict[str, Any]]:
         return self._get("/api/v1/targets", state="active")["activeTargets"]
 
-    def settle(self, after: float, instances: set[str] | None = None, timeout: float = 10.0) -> float:
-        """Wait until each target (or those ``instances``) was scraped successfully after Unix time
-        ``after``; returns a time at which an instant query sees those scrapes."""
+    def settle(self, after: float, instances: set[str], timeout: float = 10.0) -> float:
+        """Wait until each of ``instances`` (targets) was scraped successfully after Unix time ``after``; returns a
+        time at which an instant query sees those scrapes."""
         deadline = time.monotonic() + timeout
         while True:
             found = {t["labels"].get("instance"): t for t in self.targets()}
-            wanted = instances if instances is not None else set(found)
             # lastScrape is RFC 3339 in nanoseconds: fromisoformat keeps the microseconds.
-            stale = sorted(map(str, (i for i in wanted if (t := found.get(i)) is None or t["health"] != "up"
-                                     or datetime.fromisoformat(t["lastScrape"]).timestamp() <= after)))
-            if wanted and not stale:
+            stale = sorted(i for i in instances if (t := found.get(i)) is None or t["health"] != "up"
+                           or datetime.fromisoformat(t["lastScrape"]).timestamp() <= after)
+            if instances and not stale:
                 return time.time()
             if time.monotonic() > deadline:
                 raise PrometheusError(f"no fresh scrape of {', '.join(stale)} within {timeout:.0f} s")

@@ -92,8 +92,7 @@ class PromWatch:
             if out.rate_rps is None:
                 notes.append(f"fewer than two scrapes inside the {end - start:.1f} s window: no server-side rate")
             for name, expr in {**queries.series, **MACHINE}.items():
-                points = self._range(self._fill(expr, labels), start, end)
-                if points:
+                if points := self._range(self._fill(expr, labels), start, end):
                     out.series[name] = points
         except PrometheusError as exc:
             notes.append(f"Prometheus: {exc}")
@@ -162,8 +161,7 @@ class Agreement:
 
     @property
     def rates_agree(self) -> bool | None:
-        ratio = self.rate_ratio
-        return None if ratio is None else abs(ratio - 1) <= RATE_TOLERANCE
+        return None if (ratio := self.rate_ratio) is None else abs(ratio - 1) <= RATE_TOLERANCE
 
 
 def agreements(records: list[Record]) -> list[Agreement]:
