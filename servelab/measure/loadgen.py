@@ -366,9 +366,8 @@ async def _settled(read: Callable[[], Awaitable[Any]], enough: Callable[[Any, An
     return value
 
 
-async def _server_breakdown(
-    client: Client, before: dict[str, Any], model: str, successes: int, warnings: list[str]
-) -> Breakdown | None:
+async def _server_breakdown(client: Client, before: dict[str, Any], model: str, successes: int,
+                            warnings: list[str]) -> Breakdown | None:
     """Triton's statistics diffed, once they count every success the client saw."""
     async def read() -> Breakdown | None:
         after = await _extra(client.server_stats, "server statistics", warnings)
@@ -632,18 +631,16 @@ def rollout_summary(run: RawRun) -> Rollout:
         error=fired.error, old_versions=old, new_version=new_version,
         first_new_s=round(first_new_s - trigger_s, 4) if first_new_s is not None else None,
         switch_after_ready_s=round(first_new_s - ready_s, 4) if first_new_s is not None and ready_s is not None else None,
-        old_done_after_new=old_done, old_sent_after_new=old_sent,
-        old_sent_after_ready=old_after_ready, failed=failed, failed_during=failed_during,
-        shed=shed, requests=[len(w) for w in windows], p99_before_ms=_p99(windows[0]),
+        old_done_after_new=old_done, old_sent_after_new=old_sent, old_sent_after_ready=old_after_ready, failed=failed,
+        failed_during=failed_during, shed=shed, requests=[len(w) for w in windows], p99_before_ms=_p99(windows[0]),
         p99_during_ms=_p99(windows[1]), p99_after_ms=_p99(windows[2]),
         during_s=[round(trigger_s, 4), round(end_during, 4)],
     )
 
 
 def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Timeline:
-    """Per ``bin_s``: throughput, errors, shed requests and latency of the requests completed in it; the
-    sampler's replica counts and events (where there is one), on the same clock (seconds from the measured
-    window's start)."""
+    """Per ``bin_s``: throughput, errors, shed requests and latency of the requests completed in it; the sampler's
+    replica counts and events (where there is one), on the same clock (seconds from the measured window's start)."""
     bins = max(1, math.ceil(max(run.wall_s, *(t for t, *_ in run.outcomes)) / bin_s))
     ok: list[list[float]] = [[] for _ in range(bins)]
     errors, shed = [0] * bins, [0] * bins
@@ -669,8 +666,7 @@ def build_timeline(run: RawRun, sampler: Any = None, bin_s: float = 1.0) -> Time
     recovery = None if first_event is None else round(after[-1] - first_event, 3) if after else 0.0
     return Timeline(
         bin_s=bin_s, t_s=[b * bin_s for b in range(bins)], throughput_rps=[len(v) / bin_s for v in ok], errors=errors,
-        shed=shed,
-        p50_ms=[float(np.percentile(v, 50)) if v else None for v in ok],
+        shed=shed, p50_ms=[float(np.percentile(v, 50)) if v else None for v in ok],
         p99_ms=[float(np.percentile(v, 99)) if v else None for v in ok], offered_rps=offered,
         replicas_t_s=[round(t - run.started, 3) for t, _ in samples], replicas=[n for _, n in samples],
         events=events, first_error_s=failed_at[0] if failed_at else None,

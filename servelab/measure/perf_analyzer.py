@@ -26,12 +26,9 @@ from servelab.measure.triton_stats import PHASES, stats_delta
 from servelab.servers.triton.client import IMAGE_INPUT, PIXELS_INPUT, TENSOR_INPUT, InputKind
 
 # perf_analyzer's CSV columns (microseconds) -> our breakdown part names.
-_PARTS = {
-    "Client Send": "client_send", "Network+Server Send/Recv": "network_server_send_recv",
-    "Server Queue": "queue", "Server Compute Input": "compute_input",
-    "Server Compute Infer": "compute_infer", "Server Compute Output": "compute_output",
-    "Client Recv": "client_recv",
-}
+_PARTS = {"Client Send": "client_send", "Network+Server Send/Recv": "network_server_send_recv", "Server Queue": "queue",
+          "Server Compute Input": "compute_input", "Server Compute Infer": "compute_infer",
+          "Server Compute Output": "compute_output", "Client Recv": "client_recv"}
 
 
 def input_data(image: bytes, input: InputKind, manifest: Path | None = None) -> dict[str, Any]:
@@ -82,10 +79,9 @@ class Windows:
         return replace(self, window_s=max(self.window_s, round(self.MIN_REQUESTS / rps, 2)))
 
 
-def perf_analyzer_command(
-    *, url: str, model: str, protocol: str, batch: int, load: Load, input_data: Path, csv_path: Path,
-    windows: Windows = Windows(), extra: list[str] | tuple[str, ...] = (), binary: str = "perf_analyzer",
-) -> list[str]:
+def perf_analyzer_command(*, url: str, model: str, protocol: str, batch: int, load: Load, input_data: Path,
+                          csv_path: Path, windows: Windows = Windows(), extra: list[str] | tuple[str, ...] = (),
+                          binary: str = "perf_analyzer") -> list[str]:
     """One perf_analyzer run of ``load``. No warm-up option (2.50): its stability check drops unstable first windows."""
     cmd = [binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
            "--input-data", str(input_data), "-f", str(csv_path), "--verbose-csv",
@@ -112,10 +108,9 @@ def _float(row: dict[str, str], column: str, per: float = 1.0) -> float | None:
         return None
 
 
-def records_from_csv(
-    text: str, *, stage: str, target: dict[str, Any], batch: int = 1,
-    arrivals: Literal["constant", "poisson"] = "constant", template: Load | None = None,
-) -> list[Record]:
+def records_from_csv(text: str, *, stage: str, target: dict[str, Any], batch: int = 1,
+                     arrivals: Literal["constant", "poisson"] = "constant",
+                     template: Load | None = None) -> list[Record]:
     """One record per CSV row. Throughput is converted from inferences/s to requests/s (÷ batch)."""
     records = []
     window = (template or Load.sequential()).model_dump(include={"requests", "duration_s", "warmup", "seed"})
@@ -130,13 +125,11 @@ def records_from_csv(
         infer_per_s = _float(row, "Inferences/Second") or 0.0
         ms = {f"p{p}_ms": _float(row, f"p{p} latency", 1000) for p in (50, 90, 95, 99)}
         compute = [parts[p] for p in PHASES[1:] if p in parts]  # Triton's compute phases
-        records.append(Record(
-            tool="perf_analyzer", stage=stage, target=target, load=load, batch=batch,
-            stats=Stats(throughput_rps=infer_per_s / batch, items_per_s=infer_per_s,
-                        latency=Latency(mean_ms=_float(row, "Avg latency", 1000), **ms)),
-            breakdown=Breakdown(source="perf_analyzer", queue_ms=parts.get("queue"),
-                                service_ms=sum(compute) if compute else None, parts_ms=parts),
-        ))
+        records.append(Record(tool="perf_analyzer", stage=stage, target=target, load=load, batch=batch,
+                              stats=Stats(throughput_rps=infer_per_s / batch, items_per_s=infer_per_s,
+                                          latency=Latency(mean_ms=_float(row, "Avg latency", 1000), **ms)),
+                              breakdown=Breakdown(source="perf_analyzer", queue_ms=parts.get("queue"),
+                                                  service_ms=sum(compute) if compute else None, parts_ms=parts)))
     return records
 
 
@@ -181,12 +174,10 @@ def _printed_stats(out: str, load: Load, batch: int, warnings: list[str]) -> dic
 def failed_record(target: TritonTarget, load: Load, *, stage: str, message: str, command: list[str] | None = None,
                   stand_in: str | None = None, out: Path | None = None) -> Record:
     """A perf_analyzer run that measured nothing, kept as a measurement with its reason."""
-    record = Record(
-        tool="perf_analyzer", stage=stage, target={**target.describe(), "command": command or []},
-        load=load.model_copy(update={"warmup": 0}), batch=target.batch,
-        stats=Stats(throughput_rps=0.0, items_per_s=0.0, latency=Latency(), offered_rps=load.rate),
-        machine=machine_info(), stand_in=stand_in, failed=message,
-    )
+    record = Record(tool="perf_analyzer", stage=stage, target={**target.describe(), "command": command or []},
+                    load=load.model_copy(update={"warmup": 0}), batch=target.batch, machine=machine_info(),
+                    stats=Stats(throughput_rps=0.0, items_per_s=0.0, latency=Latency(), offered_rps=load.rate),
+                    stand_in=stand_in, failed=message)
     if out is not None:
         append_record(out, record)
     return record
@@ -250,9 +241,8 @@ def run_perf_analyzer(target: TritonTarget, load: Load, labels: Labels,
     record = record.model_copy(update={
         "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,
         "warnings": warnings, "stand_in": stand_in, "machine": machine_info([g.name for g in monitors.gpus] or None),
-        "window_unix": window,
-        "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
-                   "max_trials": windows.max_trials, "window_s": windows.window_s},
+        "window_unix": window, "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
+                                          "max_trials": windows.max_trials, "window_s": windows.window_s},
     })
     if out is not None:
         append_record(out, record)

@@ -183,11 +183,9 @@ class _FastAPIClient:
         self.metrics_url = target.url.rstrip("/") + "/metrics"
         # The URL parsed once and no cookie jar: per-request client work is part of every latency.
         self.endpoint, self.batch, self.errors = yarl.URL(target.endpoint), target.batch, _errors()
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
+                                             timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                             cookie_jar=aiohttp.DummyCookieJar())
 
     async def send(self) -> Outcome:
         try:
