@@ -180,9 +180,12 @@ class Sweep:
             return f"client-bound at {last['concurrency']} senders: the client's limit, not the server's"
         means, runs = mean_curve(curve), Counter(p["concurrency"] for p in curve)
         left = [c for c in self.levels() if c not in means]
-        best, behind = _non_gains(means, self.growth)
+        measured = list(means)
+        best, behind = measured[0], 0  # the last level that added ``growth`` or more, and how many after it added less
+        for c in measured[1:]:
+            best, behind = (c, 0) if means[c] >= means[best] * (1 + self.growth) else (best, behind + 1)
         if behind and left and not self.fixed:
-            after = list(means)[list(means).index(best) + 1:][:1]
+            after = measured[measured.index(best) + 1:][:1]
             if again := [c for c in (best, *after) if runs[c] == 1]:
                 return again[0]  # measured again before a knee is called
             if behind >= 2:
@@ -201,15 +204,6 @@ def mean_curve(curve: list[dict[str, Any]]) -> dict[int, float]:
     """Each level of ``curve`` -> its mean throughput over its runs, in the order the levels were first measured."""
     return {c: statistics.fmean(p["throughput_rps"] or 0.0 for p in curve if p["concurrency"] == c)
             for c in dict.fromkeys(p["concurrency"] for p in curve)}
-
-
-def _non_gains(means: dict[int, float], growth: float) -> tuple[int, int]:
-    """(the last level that added ``growth`` or more, how many levels after it in a row added less)."""
-    levels = list(means)
-    best, behind = levels[0], 0
-    for c in levels[1:]:
-        best, behind = (c, 0) if means[c] >= means[best] * (1 + growth) else (best, behind + 1)
-    return best, behind
 
 
 def sweep_capacity(target: Any, loads: Callable[[int], Load], labels: Labels, sweep: Sweep, ours: Client,
