@@ -683,8 +683,7 @@ def overload_load(capacity_rps: float, seconds: float, multiple: float = OVERLOA
                   warmup: int = 10, max_inflight: int = 512) -> tuple[Load, dict[str, Any]]:
     """The overload case: an open loop at ``multiple`` x the stage's capacity for ``seconds``, long enough for an
     unbounded queue to grow, and its record's ``config``."""
-    load = Load.open(multiple * capacity_rps, arrivals, requests=None, duration_s=seconds, warmup=warmup,
-                     max_inflight=max_inflight)
+    load = Load.open(multiple * capacity_rps, arrivals, duration_s=seconds, warmup=warmup, max_inflight=max_inflight)
     return load, {"run": RunKind.OVERLOAD, "capacity_rps": round(capacity_rps, 3), "multiple": multiple}
 
 
