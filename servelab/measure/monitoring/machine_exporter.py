@@ -34,5 +34,4 @@ class MachineCollector(Collector):
                 labels = [str(index), gpu_name(self.nvml, handle)]
                 util.add_metric(labels, float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
                 used.add_metric(labels, self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20)
-            yield util
-            yield used
+            yield from (util, used)
