@@ -170,13 +170,13 @@ def _printed_stats(out: str, load: Load, batch: int, warnings: list[str]) -> dic
     return update
 
 
-def failed_record(target: TritonTarget, load: Load, *, stage: str, message: str, command: list[str] | None = None,
-                  stand_in: str | None = None, out: Path | None = None) -> Record:
-    """A perf_analyzer run that measured nothing, kept as a measurement with its reason."""
-    record = Record(tool="perf_analyzer", stage=stage, target={**target.describe(), "command": command or []},
+def failed_record(target: TritonTarget, load: Load, labels: Labels, *, message: str, command: list[str] | None = None,
+                  out: Path | None = None) -> Record:
+    """A perf_analyzer run that measured nothing, kept as a measurement with its reason (and its stage's config)."""
+    record = Record(tool="perf_analyzer", stage=labels.stage, target={**target.describe(), "command": command or []},
                     load=load.model_copy(update={"warmup": 0}), batch=target.batch, machine=machine_info(),
                     stats=Stats(throughput_rps=0.0, items_per_s=0.0, latency=Latency(), offered_rps=load.rate),
-                    stand_in=stand_in, failed=message)
+                    stand_in=labels.stand_in, failed=message, config=dict(labels.config or {}))
     if out is not None:
         append_record(out, record)
     return record
@@ -200,7 +200,7 @@ def run_perf_analyzer(target: TritonTarget, load: Load, labels: Labels,
     """Run perf_analyzer for one load against a Triton target; its numbers in a servelab Record (one that could
     not measure, perf_analyzer missing, failing or past its timeout, with ``failed`` set: never an exception)."""
     stage, stand_in, out, windows = labels.stage, labels.stand_in, options.out, options.windows or Windows()
-    fail = partial(failed_record, target, load, stage=stage, stand_in=stand_in, out=out)
+    fail = partial(failed_record, target, load, labels, out=out)
     try:
         pa = locate()
     except PerfAnalyzerNotFound as exc:
@@ -240,7 +240,7 @@ def run_perf_analyzer(target: TritonTarget, load: Load, labels: Labels,
     record = record.model_copy(update={
         "load": load.model_copy(update={"warmup": 0}), "stats": stats, "breakdown": breakdown, "monitors": monitors,
         "warnings": warnings, "stand_in": stand_in, "machine": machine_info([g.name for g in monitors.gpus] or None),
-        "window_unix": window, "config": {"perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
+        "window_unix": window, "config": {**(labels.config or {}), "perf_analyzer": pa.describe(), "stability_pct": windows.stability_pct,
                                           "max_trials": windows.max_trials, "window_s": windows.window_s},
     })
     if out is not None:

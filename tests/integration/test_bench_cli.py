@@ -86,7 +86,9 @@ def test_input_data_and_missing_perf_analyzer(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert list(json.loads(path.read_text())["data"][0]) == ["INPUT_IMAGE"]
     # No perf_analyzer to be found: a failed measurement that says how to get one, and a failing exit.
-    done = subprocess.run([sys.executable, "-m", "servelab", "load", "perf-analyzer", "--concurrency", "8"],
-                          capture_output=True, text=True, timeout=60,
+    records = tmp_path / "records.jsonl"
+    done = subprocess.run([sys.executable, "-m", "servelab", "load", "perf-analyzer", "--concurrency", "8",
+                           "--config", "instances=2", "--out", str(records)], capture_output=True, text=True, timeout=60,
                           env={"PATH": str(tmp_path), "PERF_ANALYZER": str(tmp_path / "nowhere")})
     assert done.returncode == 1 and "FAILED" in done.stdout and "make perf-analyzer" in done.stdout
+    assert json.loads(records.read_text())["config"]["instances"] == "2"  # the stage's config, as servelab load's
