@@ -6,6 +6,7 @@ import contextlib
 import sys
 import threading
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -116,7 +117,9 @@ def test_the_sweep_stops_at_the_knee_and_its_last_record_keeps_the_curve(slots, 
         records = _sweep(url, sweep, plan, tmp_path)
     levels = [r.load.concurrency for r in records]
     assert list(dict.fromkeys(levels)) == sweep.levels()[:len(set(levels))] and levels[-1] in knee  # doubling
-    assert len(levels) == len(set(levels)) + 2  # the last gain and the first non-gain, each measured again
+    # The last gain and the first non-gain, each measured again once: at least two levels twice, none three times
+    # (a busy machine's noise can move the last gain up a level, which is then measured again too).
+    assert len(levels) >= len(set(levels)) + 2 and max(Counter(levels).values()) == 2, levels
     assert all(CAPACITY not in r.config for r in records[:-1])
     said = records[-1].config[CAPACITY]
     assert said["stopped"].startswith("the knee: ") and said["cap"] == 64 and said["growth_pct"] == 5
