@@ -474,7 +474,6 @@ def _h200() -> list[tuple[LessonReport, list[Finding]]]:
 
 RUBRIC = (
     Graded("fastapi-onnx ÷ fastapi-pt,", Lesson.ONNX, ("fastapi-onnx-sequential", "fastapi-pt-sequential")),
-    Graded("fastapi-onnx-dyn ÷ fastapi-onnx,", Lesson.BATCHING),
     Graded("onnx-1 ÷ pt-1,", Lesson.ONNX, ("onnx-1-concurrency-1", "pt-1-concurrency-1")),
     Graded("pt-2x2 ÷ pt-1,", Lesson.INSTANCES, ("pt-2x2-concurrency-8", "pt-1-concurrency-8")),
     Graded("onnx-1, Poisson", Lesson.QUEUEING),

@@ -340,9 +340,21 @@ def test_the_block_a_student_writes_is_what_loads(triton, tmp_path, monkeypatch)
     lab = TritonWalkthrough(triton.url, DEFAULT_IMAGE, tmp_path, wait_s=60, stages=["onnx-dyn"])
     connection = http(triton)
     try:
+        before = connection.get_model_config("food_classifier_onnx")
+        assert lab.check_loaded("onnx-1", before).startswith("correct: this is what Triton runs for onnx-1")
         lab.write_config("onnx-dyn", "dynamic_batching {\n  preferred_batch_size: [ 2, 3 ]\n}\n")
+        # Written, not loaded: Triton still runs onnx-1, and lab.check_loaded says to load it.
+        with pytest.raises(ValueError, match="Triton still runs onnx-1, not your onnx-dyn: load food_classifier_onnx"):
+            lab.check_loaded("onnx-dyn", before)
         connection.load_model("food_classifier_onnx", headers=server.control_headers(triton.url))
+        with pytest.raises(ValueError, match="is not the config Triton runs now .*read it again, after the load"):
+            lab.check_loaded("onnx-dyn", before)  # read before the load
+        with pytest.raises(ValueError, match="is not food_classifier_onnx's config"):
+            lab.check_loaded("onnx-dyn", connection.get_model_config("food_classifier_onnx")["dynamic_batching"])
         loaded = connection.get_model_config("food_classifier_onnx")
+        said = lab.check_loaded("onnx-dyn", loaded)
+        assert said.startswith("correct: this is what Triton runs for onnx-dyn (yours)"), said
+        assert "Triton runs (get_model_config): max_batch_size 16; scheduler: dynamic_batching" in said, said
         assert loaded["dynamic_batching"]["preferred_batch_size"] == [2, 3]
         assert loaded["parameters"]["servelab_stage"]["string_value"] == "onnx-dyn (yours, cpu)"
         assert running_stage(triton.url, "food_classifier_onnx") == "onnx-dyn (yours)"  # never the stage itself

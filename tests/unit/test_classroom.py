@@ -418,7 +418,7 @@ def test_the_progress_says_which_notebooks_runs_each_active_node_holds(the_class
     chi.server.list_servers.return_value.append(refusing)
     rows = with_progress(status(["ij5", "ef3", "gh4"], parts("gpu_p100")), key="/home/staff/.ssh/id_staff")
     # The H200 run measured 4's, 7's and 8's stages, not the Python backend's (pt-1, pt-2x2: 6's core).
-    assert rows[0].progress == "runs of notebook 4: 12 (1 failed), 7: 16, 8: 4; core path 5/7 stages; last run 14:02 UTC"
+    assert rows[0].progress == "runs of notebook 4: 12 (1 failed), 7: 16, 8: 4; core path 4/6 stages; last run 14:02 UTC"
     servers["node-serve-system-ij5"].ssh_connection.assert_called_once_with(
         connect_timeout=10, connect_kwargs={"key_filename": "/home/staff/.ssh/id_staff"})
     node.run.assert_called_once_with(RUNS, hide=True, warn=True)
@@ -430,6 +430,6 @@ def test_the_progress_says_which_notebooks_runs_each_active_node_holds(the_class
     assert f"no key file {key}" in capsys.readouterr().out
     key.write_text("a private key")
     assert main(["class", "status", "ij5", "--progress", "--ssh-key", str(key)]) == 0
-    assert "core path 5/7 stages; last run 14:02 UTC" in capsys.readouterr().out
+    assert "core path 4/6 stages; last run 14:02 UTC" in capsys.readouterr().out
     (results / "records.jsonl").unlink()
     assert with_progress(rows[:1])[0].progress == "no runs yet"

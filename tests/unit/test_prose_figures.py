@@ -109,7 +109,6 @@ SETTINGS: dict[tuple[str, str], str] = {
     ("docs/gpu/README.md", "15 min"): "the lent GPU machine's device time per session",
     # queueing theory: the load's concurrency as a bound (Little's law), not a measurement
     ("docs/instructors.md", "16 ×"): "16 senders: latency grows to about 16 × the service time",
-    ("notebooks/6_triton_python.md", "8 ×"): "concurrency 8: latency about 8 × the latency alone",
     ("docs/instructors.md", "8 ×"): "concurrency 8: latency about 8 × the latency alone",
 }
 

@@ -219,6 +219,27 @@ class TritonWalkthrough:
         where = path.relative_to(path.parents[2]) if len(path.parents) > 2 else path
         return f"the file ({where}): {written}\nTriton runs (get_model_config): {served_line(served(running))}"
 
+    def check_loaded(self, name: str, running: Any) -> str:
+        """A student's ``running`` (``client.get_model_config``) is the config Triton runs for stage ``name`` now,
+        after their own load where they wrote its block: only then does a measurement measure what they meant.
+        ValueError says which step to redo; the answer: their file beside Triton's config (``beside_file``)."""
+        model = STAGES[name].triton.model
+        if not isinstance(running, dict) or running.get("name") != model:
+            raise ValueError(f"`running` is not {model}'s config: keep what client.get_model_config({model!r}) "
+                             "returns (a dict)")
+        now = model_config(self.url, model)
+        if served(running) != served(now):
+            raise ValueError(f"`running` is not the config Triton runs now ({served_line(served(now))}): read it "
+                             "again, after the load")
+        label = stage_label(now.get("parameters", {}).get("servelab_stage", {}).get("string_value", "?"))
+        if name in self.written and label != f"{name} (yours)":
+            raise ValueError(f"Triton still runs {label}, not your {name}: load {model} (client.load_model with "
+                             "headers=ADMIN), then read its config again")
+        if name not in self.written and label != name:
+            raise ValueError(f"Triton runs {label}, not {name}: type `servelab triton stage {name}` in your SSH "
+                             "session, then run your cell and this one again")
+        return f"correct: this is what Triton runs for {label}\n{self.beside_file(name, running)}"
+
     def check_block(self, name: str, block: str) -> str:
         """``check_block``; once passed, ``measure`` may run the catalogue's stage, whose fields (the answer) show."""
         said = check_block(name, block, self.repository)
