@@ -67,12 +67,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         context.use_project(args.project)
     try:
         known = _lease_file(args.leases)
-        rows = classroom.status(args.students, classroom.parts(args.node_type, args.ray_worker))
-        if args.progress:
-            key = args.ssh_key and args.ssh_key.expanduser()
-            if key and not key.is_file():
-                raise ValueError(f"no key file {args.ssh_key}: --ssh-key names the staff key's private half")
-            rows = classroom.with_progress(rows, key and str(key))
+        key = args.ssh_key and args.ssh_key.expanduser()
+        if args.progress and key and not key.is_file():
+            raise ValueError(f"no key file {args.ssh_key}: --ssh-key names the staff key's private half")
+        rows = classroom.status(args.students, classroom.parts(args.node_type, args.ray_worker), args.progress,
+                                key and str(key))
         held = classroom.leases_held(args.students, known) if args.leases else {}
     except ValueError as exc:
         print(f"error: {exc}")

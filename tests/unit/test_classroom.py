@@ -416,7 +416,9 @@ def test_the_progress_says_which_notebooks_runs_each_active_node_holds(the_class
     refusing = a_server(chi.server.Server, "node-serve-system-ef3", "ACTIVE", "192.0.2.32")
     refusing.ssh_connection.side_effect = paramiko.AuthenticationException("Authentication failed.")
     chi.server.list_servers.return_value.append(refusing)
-    rows = with_progress(status(["ij5", "ef3", "gh4"], parts("gpu_p100")), key="/home/staff/.ssh/id_staff")
+    listed = chi.server.list_servers.call_count
+    rows = status(["ij5", "ef3", "gh4"], parts("gpu_p100"), progress=True, key="/home/staff/.ssh/id_staff")
+    assert chi.server.list_servers.call_count == listed + 1  # the progress reads the servers the status listed
     # The H200 run measured 4's, 7's and 8's stages, not the Python backend's (pt-1, pt-2x2: 6's core).
     assert rows[0].progress == "runs of notebook 4: 12 (1 failed), 7: 16, 8: 4; core path 4/6 stages; last run 14:02 UTC"
     servers["node-serve-system-ij5"].ssh_connection.assert_called_once_with(
@@ -432,4 +434,4 @@ def test_the_progress_says_which_notebooks_runs_each_active_node_holds(the_class
     assert main(["class", "status", "ij5", "--progress", "--ssh-key", str(key)]) == 0
     assert "core path 4/6 stages; last run 14:02 UTC" in capsys.readouterr().out
     (results / "records.jsonl").unlink()
-    assert with_progress(rows[:1])[0].progress == "no runs yet"
+    assert with_progress(rows[:1], servers)[0].progress == "no runs yet"

@@ -323,8 +323,10 @@ def standing(found: lease.Lease, servers: Sequence[server.Server]) -> str:
     return "server active" if all(s.status == "ACTIVE" for s in servers) else "server building"
 
 
-def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) -> list[Row]:
-    """A Row per student and part, from the leases (a live one before an ended one), their nodes and servers."""
+def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]], progress: bool = False,
+           key: str | None = None) -> list[Row]:
+    """A Row per student and part, from the leases (a live one before an ended one), their nodes and servers;
+    ``progress``: with each active node's runs (``with_progress``, ``key``: the staff key)."""
     students = list(dict.fromkeys(students))
     if not students:
         return []
@@ -344,7 +346,7 @@ def status(students: Iterable[str], class_parts: Mapping[str, Sequence[str]]) ->
             else:
                 rows.append(Row(student, name, ", ".join(sorted(nodes_of_lease.get(found.id, ()))), utc(found.start_date),
                                 utc(found.end_date), f"{standing(found, theirs)} (lease {found.status})", shown))
-    return rows
+    return with_progress(rows, servers, key) if progress else rows
 
 
 # Run on a student's node over SSH (``progress``): per run record of the lab's results its stage, load mode, whether it
@@ -397,11 +399,9 @@ def node_progress(found: server.Server, key: str | None = None) -> str:
     return runs_summary(out.stdout)
 
 
-def with_progress(rows: Sequence[Row], key: str | None = None) -> list[Row]:
-    """``rows`` with the progress of each student's working node (the single node, or the Ray part's head) where it
-    is active with a floating IP, read from up to eight nodes at once (a class of forty in seconds, not minutes)."""
-    servers = {s.name: s for s in server.list_servers()}
-
+def with_progress(rows: Sequence[Row], servers: Mapping[str, server.Server], key: str | None = None) -> list[Row]:
+    """``rows`` with the progress of each student's working node (the single node, or the Ray part's head; ``servers``
+    by name) where it is active with a floating IP, read from up to eight nodes at once (a class of forty in seconds)."""
     def of(row: Row) -> str:
         found = servers.get(server_names(row.lease.removesuffix(row.student), row.student)[0])
         if found is None or found.status != "ACTIVE" or not found.get_floating_ip():
