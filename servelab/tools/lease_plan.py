@@ -9,6 +9,9 @@ lacks are named in the plan's notes, never counted as no time silently.
 import json
 import math
 import re
+import subprocess
+import sys
+import tempfile
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +31,8 @@ REHEARSAL = REPO_ROOT / "docs" / "records" / "rehearsal-2cpu.json"  # `make rehe
 CORE = tuple(name for name, notebook in NOTEBOOKS.items() if notebook.core)
 LEASE_MIN = 175  # the lease: 2 h 55
 CORE_AIM_MIN = 125  # issue #52: a core path of 2 h 05, so that a walk's median fits in 2 h 15
+CALIBRATED = ("4_fastapi", "6_triton_python", "7_triton_onnx", "8_triton_more")  # the notebooks [cells] prices
+WALK = REPO_ROOT / "docs" / "records" / "lease-walk.json"  # issue #66's walk, and these rules on what it walked
 OPTIONAL = re.compile(r"\(optional\)\s*$")
 SHELL = re.compile(r"^```shell\n(.*?)^```", re.DOTALL | re.MULTILINE)
 SHOWN = re.compile(r"<!-- generated: (?:excerpt|stage-config) .*?-->(.*?)<!-- end generated -->", re.DOTALL)
@@ -78,6 +83,7 @@ class Part:  # the core or the optional part of one notebook
     read_before_s: float = 0.0  # its reading done during an earlier notebook's waits (``read_during_waits``)
     typed_pa: list[Span] = field(default_factory=list)  # each perf_analyzer line typed, at the node (``typed_run``)
     chores: Span = (0.0, 0.0, 0.0)  # what its text does not count (``[[task.NAME]]``)
+    factor: float = 1.0  # the node's seconds per second of the record (``node_factor``)
 
     @property
     def reading_s(self) -> float:
@@ -93,7 +99,7 @@ class Part:  # the core or the optional part of one notebook
 
     @property
     def machine(self) -> Span:
-        return _add((self.cells_s * rates()["cells"]["factor"],) * 3, self.shell_s, *self.typed_pa)
+        return _add((self.cells_s * self.factor,) * 3, self.shell_s, *self.typed_pa)
 
     def total(self, waits: Span = (0, 0, 0)) -> Span:
         return _add((self.reading_s,) * 3, self.students, self.machine, waits)
@@ -131,9 +137,9 @@ def _prose(text: str) -> str:
 
 
 @cache
-def answers() -> dict[str, str]:
+def answers(root: Path = REPO_ROOT) -> dict[str, str]:
     """docs/instructors.md's answer to each cell students write, by the name in its first line."""
-    text = (REPO_ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    text = (root / "docs" / "instructors.md").read_text(encoding="utf-8")
     return {YOUR_CODE.match(block)[1]: block  # type: ignore[index]
             for block in re.findall(r"^```python\n(# YOUR CODE: .*?)^```", text, re.DOTALL | re.MULTILINE)}
 
@@ -161,11 +167,11 @@ def typed_run(line: str) -> Span:
     return _times(steps * window_s, (3, (3 + trials) / 2, trials))
 
 
-def count_cell(source: str, recorded: dict | None, part: Part) -> None:
+def count_cell(source: str, recorded: dict | None, part: Part, key: dict[str, str] | None = None) -> None:
     """A code cell: its recorded seconds (a typed perf_analyzer line: its node time by its flags, as the record
     ran it at 1 s windows), the reading of what it prints, and, where students write it, its answer's length."""
     first, written = source.partition("\n")[0], YOUR_CODE.match(source)
-    lines = [line for line in (answers().get(written[1], source) if written else source).splitlines()
+    lines = [line for line in ((answers() if key is None else key).get(written[1], source) if written else source).splitlines()
              if line.strip() and not line.lstrip().startswith("#")]  # no comment
     part.typed_pa += [typed_run(line) for line in lines if written and "perf_analyzer " in line]
     if recorded is None or recorded["first_line"] != first:
@@ -197,23 +203,35 @@ def code_cells(text: str) -> list[tuple[bool, str, str]]:
     return found + [(False, source, "") for source in code[index:]]  # a cell not found as written (none today)
 
 
-def plan_notebook(path: Path, record: dict | None = None) -> NotebookPlan:
-    """``record``: the cells' seconds per notebook, ``cell_times()`` unless given."""
+def node_factor(record: dict) -> float:
+    """The node's seconds per second of ``record``: [cells] node_loads_s over its seconds of the CALIBRATED notebooks
+    (calibrated with each record, so a record taken another way cannot shift the node's total)."""
+    return round(rates()["cells"]["node_loads_s"] / sum(c["seconds"] for n in CALIBRATED for c in record[n]["cells"]), 2)
+
+
+def plan_notebook(path: Path, record: dict | None = None, factor: float | None = None,
+                  key: dict[str, str] | None = None) -> NotebookPlan:
+    """``record``: the cells' seconds per notebook, ``cell_times()`` unless given; ``factor``: its ``node_factor``,
+    the committed record's unless given; ``key``: the answers (``answers()``)."""
     text = path.read_text(encoding="utf-8")
     cells = (cell_times() if record is None else record).get(path.stem, {}).get("cells", [])
-    core, optional = Part(), Part()
+    factor = node_factor(cell_times()) if factor is None else factor
+    core, optional = Part(factor=factor), Part(factor=factor)
     for is_optional, section in sections(text):
         count_text(section, optional if is_optional else core)
     for index, (is_optional, source, _) in enumerate(code_cells(text)):
-        count_cell(source, cells[index] if index < len(cells) else None, optional if is_optional else core)
+        count_cell(source, cells[index] if index < len(cells) else None, optional if is_optional else core, key)
     core.chores = _add(*(task["seconds"] for task in rates().get("task", {}).get(path.stem, [])))
     return NotebookPlan(path.stem, core, optional, _add(*(w["seconds"] for w in rates()["wait"].get(path.stem, []))))
 
 
-def lease_plan() -> list[NotebookPlan]:
+def lease_plan(root: Path = REPO_ROOT, record: dict | None = None) -> list[NotebookPlan]:
+    """The plan of the notebooks under ``root`` with its answers, priced with ``record`` (the committed one unless
+    given) at its own ``node_factor``."""
     order = lambda p: int(p.stem.split("_")[0])  # noqa: E731
-    record = cell_times()
-    plans = [plan_notebook(p, record) for p in sorted((REPO_ROOT / "notebooks").glob("[0-9]*_*.md"), key=order)]
+    record = cell_times() if record is None else record
+    factor, key = node_factor(record), answers(root)
+    plans = [plan_notebook(p, record, factor, key) for p in sorted((root / "notebooks").glob("[0-9]*_*.md"), key=order)]
     by_name = {p.name: p for p in plans}
     for p in plans:  # unattended waits hold the reading of the notebooks they ask for, up to their median
         left = p.waits[1] + p.core.shell_s[1]
@@ -226,6 +244,35 @@ def lease_plan() -> list[NotebookPlan]:
 
 def core_minutes(plans: list[NotebookPlan]) -> Span:
     return _times(1 / 60, _add(*(p.core.total(p.waits) for p in plans if p.name in CORE)))
+
+
+def walked(commit: str) -> Span:
+    """The core path's minutes by these rules on the notebooks, answers and cell record of ``commit`` (read with
+    git): a plan that agrees with a walk prices what the walk walked as the walk did."""
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        listed = subprocess.run(["git", "ls-tree", "--name-only", commit, "notebooks/"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, check=True).stdout.split()
+        for path in [p for p in listed if p.endswith(".md")] + ["docs/instructors.md"]:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(show(path), encoding="utf-8")
+        return core_minutes(lease_plan(root, json.loads(show(f"docs/records/{CELL_TIMES.name}"))))
+
+
+def write_walk_record() -> dict:
+    """``WALK``: the walk's minutes ([walk] of node_rates.toml) beside ``walked`` of its commit, at this commit."""
+    walk = rates()["walk"]
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
+    at = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--", ".", f":!{WALK.relative_to(REPO_ROOT)}") else "")
+    record = {"walk": walk, "rules": [round(m, 1) for m in walked(walk["commit"])], "at": at}
+    WALK.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
 
 
 def catch_up(plans: list[NotebookPlan]) -> str:
@@ -281,9 +328,15 @@ def plan_table() -> str:
               prose(f"- The node type: `gpu_p100`, the original lab's. On {', '.join(f'`{t}`' for t in NODE_TYPES if t != 'gpu_p100')}, "
                     f"a prediction (no run recorded): {r['other_node_types']['prediction']}.", indent="  "),
               f"- Machine: each code cell's seconds in the e2e notebook run's `docs/records/{CELL_TIMES.name}` "
-              f"× {r['cells']['factor']:g}:", prose(f"  {r['cells']['source']}.", indent="  ")]
+              f"× {node_factor(cell_times()):g}:", prose(f"  {r['cells']['source']}.", indent="  ")]
     runs = {f"{run['machine']}, at {run['commit']}" for run in cell_times().values()}
     lines += [f"  Recorded on {run}." for run in sorted(runs)]
+    walk = json.loads(WALK.read_text(encoding="utf-8"))
+    (low_w, med_w, high_w), (low_r, med_r, high_r) = walk["walk"]["minutes"], walk["rules"]
+    lines.append(prose(f"- Against a walk: {walk['walk']['source']}, took {low_w:g} / {med_w:g} / {high_w:g} min; these "
+                       f"rules, on the notebooks, answers and cell record it walked, give {low_r:.0f} / {med_r:.0f} / "
+                       f"{high_r:.0f} (the median {100 * (med_r / med_w - 1):+.0f} %; `docs/records/{WALK.name}`, at "
+                       f"{walk['at']}).", indent="  "))
     for name, row in [*r["allowance"].items(), *r["shell"].items()]:
         lines.append(prose(f"- {name.replace('_', ' ')}: {' / '.join(f'{s:g}' for s in row['seconds'])} s ({row['source']}).",
                            indent="  "))
@@ -295,3 +348,9 @@ def plan_table() -> str:
     if missing:
         lines.append(prose(f"- Code cells not in the record, counted as no time: {', '.join(missing)}.", indent="  "))
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # `python -m servelab.tools.lease_plan --walked`: write WALK again
+    if sys.argv[1:] != ["--walked"]:
+        sys.exit("usage: python -m servelab.tools.lease_plan --walked")
+    print(json.dumps(write_walk_record()))
