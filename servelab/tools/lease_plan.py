@@ -171,8 +171,8 @@ def count_cell(source: str, recorded: dict | None, part: Part, key: dict[str, st
     """A code cell: its recorded seconds (a typed perf_analyzer line: its node time by its flags, as the record
     ran it at 1 s windows), the reading of what it prints, and, where students write it, its answer's length."""
     first, written = source.partition("\n")[0], YOUR_CODE.match(source)
-    lines = [line for line in ((answers() if key is None else key).get(written[1], source) if written else source).splitlines()
-             if line.strip() and not line.lstrip().startswith("#")]  # no comment
+    shown = (answers() if key is None else key).get(written[1], source) if written else source
+    lines = [line for line in shown.splitlines() if line.strip() and not line.lstrip().startswith("#")]  # no comment
     part.typed_pa += [typed_run(line) for line in lines if written and "perf_analyzer " in line]
     if recorded is None or recorded["first_line"] != first:
         part.unrecorded.append(first)
@@ -246,31 +246,28 @@ def core_minutes(plans: list[NotebookPlan]) -> Span:
     return _times(1 / 60, _add(*(p.core.total(p.waits) for p in plans if p.name in CORE)))
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+
+
 def walked(commit: str) -> Span:
     """The core path's minutes by these rules on the notebooks, answers and cell record of ``commit`` (read with
     git): a plan that agrees with a walk prices what the walk walked as the walk did."""
-    def show(path: str) -> str:
-        return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=True).stdout
-
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        listed = subprocess.run(["git", "ls-tree", "--name-only", commit, "notebooks/"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, check=True).stdout.split()
-        for path in [p for p in listed if p.endswith(".md")] + ["docs/instructors.md"]:
+        pages = [p for p in _git("ls-tree", "--name-only", commit, "notebooks/").split() if p.endswith(".md")]
+        for path in [*pages, "docs/instructors.md"]:
             (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_text(show(path), encoding="utf-8")
-        return core_minutes(lease_plan(root, json.loads(show(f"docs/records/{CELL_TIMES.name}"))))
+            (root / path).write_text(_git("show", f"{commit}:{path}"), encoding="utf-8")
+        return core_minutes(lease_plan(root, json.loads(_git("show", f"{commit}:docs/records/{CELL_TIMES.name}"))))
 
 
 def write_walk_record() -> dict:
     """``WALK``: the walk's minutes ([walk] of node_rates.toml) beside ``walked`` of its commit, at this commit."""
     walk = rates()["walk"]
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
-
-    at = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--", ".", f":!{WALK.relative_to(REPO_ROOT)}") else "")
-    record = {"walk": walk, "rules": [round(m, 1) for m in walked(walk["commit"])], "at": at}
+    dirty = _git("status", "--porcelain", "--", ".", f":!{WALK.relative_to(REPO_ROOT)}").strip()
+    record = {"walk": walk, "rules": [round(m, 1) for m in walked(walk["commit"])],
+              "at": _git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty else "")}
     WALK.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
 
