@@ -298,7 +298,8 @@ def _clock(minutes: float) -> str:
 
 def plan_table() -> str:
     """The plan as Markdown, lines of at most 200 characters: a row per notebook, then each figure's source."""
-    plans = lease_plan()
+    record = cell_times()
+    plans = lease_plan(record=record)
     lines = ["| notebook | reading | students' tasks | machine | core: low / median / high | core path, by | optional |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     clock = 0.0
@@ -325,8 +326,8 @@ def plan_table() -> str:
               prose(f"- The node type: `gpu_p100`, the original lab's. On {', '.join(f'`{t}`' for t in NODE_TYPES if t != 'gpu_p100')}, "
                     f"a prediction (no run recorded): {r['other_node_types']['prediction']}.", indent="  "),
               f"- Machine: each code cell's seconds in the e2e notebook run's `docs/records/{CELL_TIMES.name}` "
-              f"× {node_factor(cell_times()):g}:", prose(f"  {r['cells']['source']}.", indent="  ")]
-    runs = {f"{run['machine']}, at {run['commit']}" for run in cell_times().values()}
+              f"× {node_factor(record):g}:", prose(f"  {r['cells']['source']}.", indent="  ")]
+    runs = {f"{run['machine']}, at {run['commit']}" for run in record.values()}
     lines += [f"  Recorded on {run}." for run in sorted(runs)]
     walk = json.loads(WALK.read_text(encoding="utf-8"))
     (low_w, med_w, high_w), (low_r, med_r, high_r) = walk["walk"]["minutes"], walk["rules"]
