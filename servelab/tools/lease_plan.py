@@ -136,10 +136,13 @@ def _prose(text: str) -> str:
     return re.sub(r"<!-- generated:.*?<!-- end generated -->|<!--.*?-->", " ", prose, flags=re.DOTALL)
 
 
-@cache
 def answers(root: Path = REPO_ROOT) -> dict[str, str]:
     """docs/instructors.md's answer to each cell students write, by the name in its first line."""
-    text = (root / "docs" / "instructors.md").read_text(encoding="utf-8")
+    return _answers((root / "docs" / "instructors.md").read_text(encoding="utf-8"))
+
+
+@cache  # by the text, not the path: ``walked`` writes another commit's answers into a temporary folder
+def _answers(text: str) -> dict[str, str]:
     return {YOUR_CODE.match(block)[1]: block  # type: ignore[index]
             for block in re.findall(r"^```python\n(# YOUR CODE: .*?)^```", text, re.DOTALL | re.MULTILINE)}
 
@@ -167,11 +170,12 @@ def typed_run(line: str) -> Span:
     return _times(steps * window_s, (3, (3 + trials) / 2, trials))
 
 
-def count_cell(source: str, recorded: dict | None, part: Part, key: dict[str, str] | None = None) -> None:
+def count_cell(source: str, recorded: dict | None, part: Part, key: dict[str, str]) -> None:
     """A code cell: its recorded seconds (a typed perf_analyzer line: its node time by its flags, as the record
-    ran it at 1 s windows), the reading of what it prints, and, where students write it, its answer's length."""
+    ran it at 1 s windows), the reading of what it prints, and, where students write it, the length of its answer
+    in ``key`` (``answers()``)."""
     first, written = source.partition("\n")[0], YOUR_CODE.match(source)
-    shown = (answers() if key is None else key).get(written[1], source) if written else source
+    shown = key.get(written[1], source) if written else source
     lines = [line for line in shown.splitlines() if line.strip() and not line.lstrip().startswith("#")]  # no comment
     part.typed_pa += [typed_run(line) for line in lines if written and "perf_analyzer " in line]
     if recorded is None or recorded["first_line"] != first:
@@ -216,6 +220,7 @@ def plan_notebook(path: Path, record: dict | None = None, factor: float | None =
     text = path.read_text(encoding="utf-8")
     cells = (cell_times() if record is None else record).get(path.stem, {}).get("cells", [])
     factor = node_factor(cell_times()) if factor is None else factor
+    key = answers() if key is None else key
     core, optional = Part(factor=factor), Part(factor=factor)
     for is_optional, section in sections(text):
         count_text(section, optional if is_optional else core)
