@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from servelab.core.artifacts import write_atomic
-from servelab.core.paths import REPO_ROOT
+from servelab.core.paths import recorded_at
 from servelab.core.variants.build import machine
 from servelab.tools.lease_plan import CELL_TIMES, YOUR_CODE, answers  # one reader of docs/instructors.md's answers
 from servelab.tools.render_notebooks import NOTEBOOK_DIR, to_notebook
@@ -166,12 +165,7 @@ def _seconds(cell: nbformat.NotebookNode) -> float:
 def record_cell_times(stem: str, own: list[nbformat.NotebookNode], parameters: dict[str, Any]) -> None:
     """Keep this run's seconds per code cell of the notebook (by index and first line, an answer run in place of a
     student's cell under the cell's own first line), the machine, the commit and the parameters the run gave."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
-
-    # Dirty: changed besides this record, which the run itself writes.
-    commit = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--", ".",
-                                                                   f":!{CELL_TIMES.relative_to(REPO_ROOT)}") else "")
+    commit = recorded_at(CELL_TIMES)
     record = json.loads(CELL_TIMES.read_text(encoding="utf-8")) if CELL_TIMES.exists() else {}
     record[stem] = {
         "machine": machine(), "commit": commit,

@@ -9,7 +9,6 @@ lacks are named in the plan's notes, never counted as no time silently.
 import json
 import math
 import re
-import subprocess
 import sys
 import tempfile
 import tomllib
@@ -22,7 +21,7 @@ import jupytext
 
 from servelab.core.catalogue import NOTEBOOKS
 from servelab.core.hardware import NODE_TYPES
-from servelab.core.paths import DATA_DIR, REPO_ROOT
+from servelab.core.paths import DATA_DIR, REPO_ROOT, git, recorded_at
 from servelab.core.tables import prose
 
 RATES_FILE = DATA_DIR / "node_rates.toml"
@@ -251,28 +250,22 @@ def core_minutes(plans: list[NotebookPlan]) -> Span:
     return _times(1 / 60, _add(*(p.core.total(p.waits) for p in plans if p.name in CORE)))
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-
-
 def walked(commit: str) -> Span:
     """The core path's minutes by these rules on the notebooks, answers and cell record of ``commit`` (read with
     git): a plan that agrees with a walk prices what the walk walked as the walk did."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        pages = [p for p in _git("ls-tree", "--name-only", commit, "notebooks/").split() if p.endswith(".md")]
+        pages = [p for p in git("ls-tree", "--name-only", commit, "notebooks/").split() if p.endswith(".md")]
         for path in [*pages, "docs/instructors.md"]:
             (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_text(_git("show", f"{commit}:{path}"), encoding="utf-8")
-        return core_minutes(lease_plan(root, json.loads(_git("show", f"{commit}:docs/records/{CELL_TIMES.name}"))))
+            (root / path).write_text(git("show", f"{commit}:{path}"), encoding="utf-8")
+        return core_minutes(lease_plan(root, json.loads(git("show", f"{commit}:docs/records/{CELL_TIMES.name}"))))
 
 
 def write_walk_record() -> dict:
     """``WALK``: the walk's minutes ([walk] of node_rates.toml) beside ``walked`` of its commit, at this commit."""
     walk = rates()["walk"]
-    dirty = _git("status", "--porcelain", "--", ".", f":!{WALK.relative_to(REPO_ROOT)}").strip()
-    record = {"walk": walk, "rules": [round(m, 1) for m in walked(walk["commit"])],
-              "at": _git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty else "")}
+    record = {"walk": walk, "rules": [round(m, 1) for m in walked(walk["commit"])], "at": recorded_at(WALK)}
     WALK.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
 

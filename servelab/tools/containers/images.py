@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from servelab.core.paths import REPO_ROOT
+from servelab.core.paths import REPO_ROOT, git
 from servelab.tools.containers.docker import Docker
 from servelab.tools.docker_versions import read_env_file
 
@@ -49,14 +49,13 @@ def tag(root: Path = REPO_ROOT) -> str:
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
     paths, excluded = _inputs(root)
 
-    def git(*args: str) -> list[str]:
-        return subprocess.run(["git", "-C", str(root), *args, "--", *paths], capture_output=True, text=True,
-                              timeout=30, check=True).stdout.splitlines()
+    def of_inputs(*args: str) -> list[str]:
+        return git(*args, "--", *paths, root=root).splitlines()
     try:
         # "mode type blob<TAB>path": every input's content and name at HEAD.
-        tree = [line for line in git("ls-tree", "-r", "HEAD") if not _excluded(line.split("\t", 1)[1], excluded)]
-        changed = sorted(path for path in {*git("diff", "--name-only", "--no-renames", "HEAD"),
-                                           *git("ls-files", "--others", "--exclude-standard")}
+        tree = [line for line in of_inputs("ls-tree", "-r", "HEAD") if not _excluded(line.split("\t", 1)[1], excluded)]
+        changed = sorted(path for path in {*of_inputs("diff", "--name-only", "--no-renames", "HEAD"),
+                                           *of_inputs("ls-files", "--others", "--exclude-standard")}
                          if not _excluded(path, excluded))
     except (OSError, subprocess.SubprocessError):
         return f"{version}-local"
